@@ -1,0 +1,349 @@
+package actors
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/provider"
+)
+
+// Errors a session replies with.
+var (
+	// ErrSandboxExists: the session already has a sandbox (or one is
+	// starting).
+	ErrSandboxExists = errors.New("session already has a sandbox")
+	// ErrNoSandbox: the session holds no sandbox.
+	ErrNoSandbox = errors.New("session holds no sandbox")
+)
+
+// Phase is where a session is in its life.
+type Phase int
+
+// Phases. A session moves Empty → Starting → Ready → Stopping → Ended; a
+// failed start goes back to Empty, a failed stop back to Ready (so a retry
+// stops it), and a restore installs a session directly in Ready.
+const (
+	PhaseEmpty Phase = iota
+	PhaseStarting
+	PhaseReady
+	PhaseStopping
+	PhaseEnded
+)
+
+func (p Phase) String() string {
+	return [...]string{"empty", "starting", "ready", "stopping", "ended"}[p]
+}
+
+// request is a message with the party to answer.
+type request struct {
+	msg    any
+	sender any
+}
+
+// Effects the session logic asks its shell to perform. Each carries the
+// operation's sequence number; the shell feeds the outcome back as the
+// matching *Done input with the same Seq.
+type (
+	// effStart: start the sandbox, run setup, find the workdir.
+	effStart struct {
+		Seq     uint64
+		Ctx     context.Context
+		Spec    provider.Spec
+		Setup   messages.SetupFunc
+		Workdir string
+	}
+	// effDo: run a DoFunc against the sandbox.
+	effDo struct {
+		Seq     uint64
+		Ctx     context.Context
+		Fn      messages.DoFunc
+		Sandbox messages.Sandbox
+	}
+	// effSnapshot: snapshot the sandbox.
+	effSnapshot struct {
+		Seq      uint64
+		Name     string
+		Round    uint64
+		Deadline time.Time
+		Sandbox  messages.Sandbox
+	}
+	// effStop: stop the sandbox.
+	effStop struct {
+		Seq    uint64
+		Handle provider.Handle
+		Reason messages.StopReason
+	}
+	// effRenew: move the sandbox's lease to Until.
+	effRenew struct {
+		Seq    uint64
+		Handle provider.Handle
+		Until  time.Time
+	}
+	// effReply: answer To with Msg.
+	effReply struct {
+		To  any
+		Msg any
+	}
+	// effEnded: the session is over; the supervisor may forget it.
+	effEnded struct {
+		Stopped *provider.Handle
+		Reason  messages.StopReason
+	}
+)
+
+// Completions of effects, fed back into Step.
+type (
+	startDone struct {
+		Seq     uint64
+		Sandbox messages.Sandbox
+		Err     error
+	}
+	doDone struct {
+		Seq uint64
+		Err error
+	}
+	snapshotDone struct {
+		Seq        uint64
+		SnapshotID string
+		At         time.Time
+		Err        error
+	}
+	stopDone struct {
+		Seq uint64
+		Err error
+	}
+	renewDone struct {
+		Seq   uint64
+		Until time.Time
+		Err   error
+	}
+)
+
+// Session is the pure state of one session: what it holds and which
+// operation runs. It performs no I/O; Step returns the effects to perform.
+// Operations are serialised: while one effect is outstanding, later requests
+// queue, so a stop never races its own start and a snapshot never races a
+// tool call.
+type Session struct {
+	ID        string
+	Phase     Phase
+	Sandbox   messages.Sandbox
+	Snapshots []string
+
+	seq     uint64
+	running *request // the request whose effect is outstanding
+	queue   []request
+	// renewSeq is the outstanding lease renewal, if any; renewals do not
+	// serialise with other operations (they do not touch the sandbox's
+	// contents), but only one runs at a time.
+	renewSeq     uint64
+	renewCounter uint64
+}
+
+// NewSession returns an empty session.
+func NewSession(id string) *Session { return &Session{ID: id} }
+
+// NewInstalledSession returns a session holding a sandbox a restore forked.
+func NewInstalledSession(id string, sb messages.Sandbox, snapshots []string) *Session {
+	if len(sb.Data) == 0 {
+		sb.Data = json.RawMessage("{}")
+	}
+	return &Session{ID: id, Phase: PhaseReady, Sandbox: sb, Snapshots: append([]string(nil), snapshots...)}
+}
+
+// Busy reports whether an operation is outstanding.
+func (s *Session) Busy() bool { return s.running != nil }
+
+// Step takes one input (a request with its sender, or an effect's
+// completion) and returns the effects to perform, in order.
+func (s *Session) Step(in any, sender any) []any {
+	switch m := in.(type) {
+	case startDone, doDone, snapshotDone, stopDone:
+		return s.complete(m)
+	case renewDone:
+		if m.Seq != s.renewSeq {
+			return nil
+		}
+		s.renewSeq = 0
+		if m.Err == nil && s.Phase == PhaseReady {
+			s.Sandbox.ExpiresAt = m.Until
+		}
+		return nil
+	case *messages.GetSandbox:
+		// Answered at once, even while an operation runs: it reads state.
+		return []any{effReply{To: sender, Msg: s.view()}}
+	case *messages.SnapshotsDiscarded:
+		s.Snapshots = without(s.Snapshots, m.SnapshotIDs)
+		return nil
+	case *messages.RenewLease:
+		return s.renew(m.Now)
+	}
+	s.queue = append(s.queue, request{msg: in, sender: sender})
+	return s.next()
+}
+
+func (s *Session) view() *messages.GetSandboxReply {
+	return &messages.GetSandboxReply{
+		SessionID: s.ID,
+		Sandbox:   s.Sandbox,
+		Held:      s.Phase == PhaseReady || s.Phase == PhaseStopping,
+		Starting:  s.Phase == PhaseStarting,
+	}
+}
+
+// next starts queued requests until one needs an effect.
+func (s *Session) next() []any {
+	var out []any
+	for s.running == nil && len(s.queue) > 0 {
+		r := s.queue[0]
+		s.queue = s.queue[1:]
+		out = append(out, s.begin(r)...)
+	}
+	return out
+}
+
+// begin decides what a request does in the current phase.
+func (s *Session) begin(r request) []any {
+	reply := func(msg any) []any { return []any{effReply{To: r.sender, Msg: msg}} }
+	switch m := r.msg.(type) {
+	case *messages.StartSandbox:
+		switch s.Phase {
+		case PhaseReady:
+			if s.Sandbox.Restored {
+				// A replacement attempt re-seeding a restored session
+				// gets the fork; setup does not run again.
+				return reply(&messages.StartReply{ReqID: m.ReqID, Sandbox: s.Sandbox, Existing: true})
+			}
+			return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSandboxExists})
+		case PhaseEmpty:
+			s.Phase = PhaseStarting
+			return s.run(r, effStart{Seq: s.seq, Ctx: m.Ctx, Spec: m.Spec, Setup: m.Setup, Workdir: m.Workdir})
+		default:
+			return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSandboxExists})
+		}
+	case *messages.Do:
+		if s.Phase != PhaseReady {
+			return reply(&messages.DoReply{ReqID: m.ReqID, Err: ErrNoSandbox})
+		}
+		return s.run(r, effDo{Seq: s.seq, Ctx: m.Ctx, Fn: m.Fn, Sandbox: s.Sandbox})
+	case *messages.TakeSnapshot:
+		if s.Phase != PhaseReady {
+			return reply(&messages.SnapshotReply{Round: m.Round, SessionID: s.ID, Skipped: true})
+		}
+		return s.run(r, effSnapshot{Seq: s.seq, Name: m.Name, Round: m.Round, Deadline: m.Deadline, Sandbox: s.Sandbox})
+	case *messages.StopSandbox:
+		if s.Phase != PhaseReady {
+			// Nothing held: stopping is idempotent.
+			out := reply(&messages.StopReply{ReqID: m.ReqID, SessionID: s.ID})
+			if s.Phase == PhaseEmpty {
+				s.Phase = PhaseEnded
+				out = append(out, effEnded{Reason: m.Reason})
+			}
+			return out
+		}
+		s.Phase = PhaseStopping
+		return s.run(r, effStop{Seq: s.seq, Handle: s.Sandbox.Handle, Reason: m.Reason})
+	}
+	return nil
+}
+
+func (s *Session) run(r request, eff any) []any {
+	s.running = &r
+	return []any{eff}
+}
+
+// complete applies an effect's outcome, answers the request that caused it
+// and starts the next queued one.
+func (s *Session) complete(done any) []any {
+	if s.running == nil || seqOf(done) != s.seq {
+		return nil // stale: not the outstanding operation
+	}
+	r := *s.running
+	s.running = nil
+	s.seq++
+	var out []any
+	reply := func(msg any) { out = append(out, effReply{To: r.sender, Msg: msg}) }
+	switch d := done.(type) {
+	case startDone:
+		m := r.msg.(*messages.StartSandbox)
+		if d.Err != nil {
+			s.Phase = PhaseEmpty
+			reply(&messages.StartReply{ReqID: m.ReqID, Err: d.Err})
+			break
+		}
+		s.Phase = PhaseReady
+		s.Sandbox = d.Sandbox
+		reply(&messages.StartReply{ReqID: m.ReqID, Sandbox: s.Sandbox})
+	case doDone:
+		reply(&messages.DoReply{ReqID: r.msg.(*messages.Do).ReqID, Err: d.Err})
+	case snapshotDone:
+		m := r.msg.(*messages.TakeSnapshot)
+		if d.Err == nil {
+			s.Snapshots = append(s.Snapshots, d.SnapshotID)
+		}
+		reply(&messages.SnapshotReply{Round: m.Round, SessionID: s.ID, SnapshotID: d.SnapshotID, Sandbox: s.Sandbox, At: d.At, Err: d.Err})
+	case stopDone:
+		m := r.msg.(*messages.StopSandbox)
+		if d.Err != nil {
+			// Keep the session so that a retry stops it.
+			s.Phase = PhaseReady
+			reply(&messages.StopReply{ReqID: m.ReqID, SessionID: s.ID, Err: d.Err})
+			break
+		}
+		h := s.Sandbox.Handle
+		s.Phase = PhaseEnded
+		reply(&messages.StopReply{ReqID: m.ReqID, SessionID: s.ID, Stopped: &h})
+		out = append(out, effEnded{Stopped: &h, Reason: m.Reason})
+	}
+	return append(out, s.next()...)
+}
+
+// renew asks for a lease renewal once half the lease has passed.
+func (s *Session) renew(now time.Time) []any {
+	ttl := s.Sandbox.Spec.TTL()
+	if s.Phase != PhaseReady || ttl <= 0 || s.renewSeq != 0 || s.Sandbox.ExpiresAt.IsZero() {
+		return nil
+	}
+	if s.Sandbox.ExpiresAt.Sub(now) > ttl/2 {
+		return nil
+	}
+	// Renewals count on their own, so that one never matches an
+	// operation's completion.
+	s.renewCounter++
+	s.renewSeq = s.renewCounter
+	return []any{effRenew{Seq: s.renewSeq, Handle: s.Sandbox.Handle, Until: now.Add(ttl)}}
+}
+
+func seqOf(done any) uint64 {
+	switch d := done.(type) {
+	case startDone:
+		return d.Seq
+	case doDone:
+		return d.Seq
+	case snapshotDone:
+		return d.Seq
+	case stopDone:
+		return d.Seq
+	}
+	return 0
+}
+
+func without(ids, drop []string) []string {
+	if len(drop) == 0 {
+		return ids
+	}
+	gone := make(map[string]bool, len(drop))
+	for _, id := range drop {
+		gone[id] = true
+	}
+	out := ids[:0]
+	for _, id := range ids {
+		if !gone[id] {
+			out = append(out, id)
+		}
+	}
+	return out
+}

@@ -1,0 +1,285 @@
+package actors
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/provider"
+)
+
+// MaxSessionData bounds the JSON object a setup may return.
+const MaxSessionData = 64 << 10
+
+// ErrSetup wraps every failure of a session's setup (including one that
+// returned something other than a JSON object).
+var ErrSetup = errors.New("session setup failed")
+
+// SessionEnv is what every session actor shares: the provider, the clock,
+// the logger, the checkpoint limiter and the owner's callback for ended
+// sandboxes.
+type SessionEnv struct {
+	Provider provider.Provider
+	Clock    clock.Clock
+	Log      logrus.FieldLogger
+	Limiter  *Limiter
+	// OnEnded is told (from an actor goroutine) when a session's sandbox is
+	// gone for good; the owner keeps it to answer "ended" to stale agent
+	// tokens. It must be safe for concurrent use.
+	OnEnded func(sessionID string, stopped *provider.Handle, reason messages.StopReason)
+	// StopTimeout bounds a Stop call (default 2 minutes).
+	StopTimeout time.Duration
+}
+
+// sessionActor is the protoactor shell around Session: it translates
+// messages into Step calls and performs the effects Step returns, running
+// provider calls on goroutines and feeding their outcomes back as messages.
+type sessionActor struct {
+	env *SessionEnv
+	s   *Session
+	log logrus.FieldLogger
+}
+
+// SessionProps returns the props of a session actor starting from state.
+// The producer has no side effects (protoactor runs it even when a spawn
+// fails).
+func SessionProps(env *SessionEnv, state func() *Session) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor {
+		s := state()
+		return &sessionActor{env: env, s: s, log: env.Log.WithField("session", s.ID)}
+	})
+}
+
+func (a *sessionActor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started, *actor.Stopping, *actor.Restarting:
+		return
+	case *actor.Stopped:
+		a.abandon()
+		return
+	case startDone, doDone, snapshotDone, stopDone, renewDone:
+		a.perform(ctx, a.s.Step(m, nil))
+	default:
+		a.perform(ctx, a.s.Step(m, ctx.Sender()))
+	}
+}
+
+// abandon runs when the actor stops. A session stopped for a panic (the
+// supervisor's decision) still holds its sandbox: stop it, so that nothing
+// leaks and no checkpoint exports a session whose state is suspect.
+func (a *sessionActor) abandon() {
+	if a.s.Phase != PhaseReady && a.s.Phase != PhaseStopping {
+		return
+	}
+	h := a.s.Sandbox.Handle
+	a.log.WithField("sandbox", h.SandboxID).Warn("session actor stopped while holding a sandbox; stopping it")
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), a.stopTimeout())
+		defer cancel()
+		if err := a.env.Provider.Stop(ctx, h); err != nil {
+			a.log.WithError(err).Warn("stopping an abandoned sandbox failed; its lease will reap it")
+		}
+		if a.env.OnEnded != nil {
+			a.env.OnEnded(a.s.ID, &h, messages.StopEnd)
+		}
+	}()
+}
+
+func (a *sessionActor) stopTimeout() time.Duration {
+	if a.env.StopTimeout > 0 {
+		return a.env.StopTimeout
+	}
+	return 2 * time.Minute
+}
+
+func (a *sessionActor) perform(ctx actor.Context, effects []any) {
+	root, self := ctx.ActorSystem().Root, ctx.Self()
+	feed := func(msg any) { root.Send(self, msg) }
+	for _, e := range effects {
+		switch e := e.(type) {
+		case effReply:
+			if pid, ok := e.To.(*actor.PID); ok && pid != nil {
+				ctx.Send(pid, e.Msg)
+			}
+		case effStart:
+			go a.start(e, feed)
+		case effDo:
+			go a.do(e, feed)
+		case effSnapshot:
+			go a.snapshot(e, feed)
+		case effStop:
+			go a.stop(e, feed)
+		case effRenew:
+			go a.renew(e, feed)
+		case effEnded:
+			if a.env.OnEnded != nil {
+				a.env.OnEnded(a.s.ID, e.Stopped, e.Reason)
+			}
+			if parent := ctx.Parent(); parent != nil {
+				ctx.Send(parent, &messages.ForgetSession{SessionID: a.s.ID})
+			}
+		}
+	}
+}
+
+// guard turns a panic in a resources server's code into an error, so that a
+// bad setup or tool call fails its request instead of the session.
+func guard(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("panic: %v\n%s", r, debug.Stack())
+	}
+}
+
+func orBackground(ctx context.Context) context.Context {
+	if ctx == nil {
+		return context.Background()
+	}
+	return ctx
+}
+
+func (a *sessionActor) start(e effStart, feed func(any)) {
+	ctx := orBackground(e.Ctx)
+	p := a.env.Provider
+	h, err := p.Start(ctx, e.Spec)
+	if err != nil {
+		feed(startDone{Seq: e.Seq, Err: fmt.Errorf("start sandbox: %w", err)})
+		return
+	}
+	sb := messages.Sandbox{Handle: h, Spec: e.Spec, Workdir: e.Workdir}
+	if ttl := e.Spec.TTL(); ttl > 0 {
+		sb.ExpiresAt = a.env.Clock.Now().Add(ttl)
+	}
+	data, err := a.runSetup(ctx, e.Setup, sb)
+	if err == nil && sb.Workdir == "" {
+		sb.Workdir, err = workdirOf(ctx, p, h)
+	}
+	if err != nil {
+		// Nothing is tracked for a failed setup: stop what was started.
+		stopCtx, cancel := context.WithTimeout(context.Background(), a.stopTimeout())
+		defer cancel()
+		if serr := p.Stop(stopCtx, h); serr != nil {
+			a.log.WithError(serr).WithField("sandbox", h.SandboxID).Warn("stopping the sandbox of a failed setup failed")
+		}
+		feed(startDone{Seq: e.Seq, Err: err})
+		return
+	}
+	sb.Data = data
+	feed(startDone{Seq: e.Seq, Sandbox: sb})
+}
+
+func (a *sessionActor) runSetup(ctx context.Context, setup messages.SetupFunc, sb messages.Sandbox) (data json.RawMessage, err error) {
+	if setup == nil {
+		return json.RawMessage("{}"), nil
+	}
+	err = func() (err error) {
+		defer guard(&err)
+		data, err = setup(ctx, a.env.Provider, sb)
+		return err
+	}()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSetup, err)
+	}
+	return ValidateSessionData(data)
+}
+
+// ValidateSessionData accepts a JSON object of at most MaxSessionData bytes
+// (nil or empty means {}).
+func ValidateSessionData(data json.RawMessage) (json.RawMessage, error) {
+	if len(data) == 0 {
+		return json.RawMessage("{}"), nil
+	}
+	if len(data) > MaxSessionData {
+		return nil, fmt.Errorf("%w: session data is %d bytes, more than %d", ErrSetup, len(data), MaxSessionData)
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(data, &obj); err != nil || obj == nil {
+		return nil, fmt.Errorf("%w: session data must be a JSON object", ErrSetup)
+	}
+	return append(json.RawMessage(nil), data...), nil
+}
+
+func workdirOf(ctx context.Context, p provider.Provider, h provider.Handle) (string, error) {
+	res, err := p.Exec(ctx, h, provider.ExecRequest{Command: "pwd", Timeout: 30 * time.Second})
+	if err != nil {
+		return "", fmt.Errorf("find workdir: %w", err)
+	}
+	if res.ExitCode != 0 {
+		return "", fmt.Errorf("find workdir: pwd exited %d: %s", res.ExitCode, res.Stderr)
+	}
+	return strings.TrimSpace(res.Stdout), nil
+}
+
+func (a *sessionActor) do(e effDo, feed func(any)) {
+	err := func() (err error) {
+		defer guard(&err)
+		return e.Fn(orBackground(e.Ctx), a.env.Provider, e.Sandbox)
+	}()
+	feed(doDone{Seq: e.Seq, Err: err})
+}
+
+func (a *sessionActor) snapshot(e effSnapshot, feed func(any)) {
+	ctx := context.Background()
+	if !e.Deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, e.Deadline)
+		defer cancel()
+	}
+	snap, ok := a.env.Provider.(provider.Snapshotter)
+	if !ok {
+		feed(snapshotDone{Seq: e.Seq, Err: fmt.Errorf("provider %q cannot snapshot: %w", a.env.Provider.Name(), provider.ErrUnsupported)})
+		return
+	}
+	if err := a.env.Limiter.Acquire(ctx); err != nil {
+		feed(snapshotDone{Seq: e.Seq, Err: fmt.Errorf("waiting to snapshot: %w", err)})
+		return
+	}
+	id, err := snap.Snapshot(ctx, e.Sandbox.Handle, e.Name)
+	a.env.Limiter.Release()
+	if err != nil {
+		err = fmt.Errorf("session %q could not be snapshotted: %w", a.s.ID, err)
+	}
+	feed(snapshotDone{Seq: e.Seq, SnapshotID: id, At: a.env.Clock.Now(), Err: err})
+}
+
+func (a *sessionActor) stop(e effStop, feed func(any)) {
+	ctx, cancel := context.WithTimeout(context.Background(), a.stopTimeout())
+	defer cancel()
+	if e.Reason != messages.StopEnd {
+		// Parks and retires come in bulk from the control plane: bound them
+		// like the other checkpoint calls.
+		if err := a.env.Limiter.Acquire(ctx); err != nil {
+			feed(stopDone{Seq: e.Seq, Err: err})
+			return
+		}
+		defer a.env.Limiter.Release()
+	}
+	err := a.env.Provider.Stop(ctx, e.Handle)
+	if err != nil {
+		err = fmt.Errorf("stop sandbox %s: %w", e.Handle.SandboxID, err)
+	}
+	feed(stopDone{Seq: e.Seq, Err: err})
+}
+
+func (a *sessionActor) renew(e effRenew, feed func(any)) {
+	l, ok := a.env.Provider.(provider.Leaser)
+	if !ok {
+		feed(renewDone{Seq: e.Seq, Err: provider.ErrUnsupported})
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := l.Renew(ctx, e.Handle, e.Until)
+	if err != nil {
+		a.log.WithError(err).WithField("sandbox", e.Handle.SandboxID).Warn("lease renewal failed")
+	}
+	feed(renewDone{Seq: e.Seq, Until: e.Until, Err: err})
+}

@@ -1,0 +1,190 @@
+// Package messages holds every message exchanged between the owner's actors:
+// plain structs, no behaviour. Requests that can be answered late carry a
+// correlation id (ReqID, Round) that the reply echoes, so a receiver can drop
+// a stale or duplicate reply instead of acting on it.
+//
+// Function-typed fields (Setup, Fn) are the owner's way to run a resources
+// server's code against a sandbox; they are executed off the actor's mailbox.
+package messages
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+// Sandbox is what a session holds: the handle of its sandbox, the spec it was
+// started (or forked) from, its workdir and the session data its setup
+// returned.
+type Sandbox struct {
+	Handle  provider.Handle
+	Spec    provider.Spec
+	Workdir string
+	// Data is the setup's JSON object; never nil once installed ("{}").
+	Data json.RawMessage
+	// Restored is true when the sandbox is a fork a restore installed.
+	Restored bool
+	// FromSnapshot is the snapshot the sandbox was forked from, if any.
+	FromSnapshot string
+	// ExpiresAt is the lease the owner last set; zero without one.
+	ExpiresAt time.Time
+}
+
+// SetupFunc runs a resources server's setup against a freshly started
+// sandbox. It returns the session data (a JSON object, or nil for {}).
+type SetupFunc func(ctx context.Context, p provider.Provider, sb Sandbox) (json.RawMessage, error)
+
+// DoFunc is one operation on a session's sandbox (a tool call, a patch
+// extraction), serialised with the session's other operations.
+type DoFunc func(ctx context.Context, p provider.Provider, sb Sandbox) error
+
+// StopReason says why a session's sandbox is stopped.
+type StopReason string
+
+// Stop reasons.
+const (
+	StopEnd    StopReason = "end"    // the episode is over (verify, close)
+	StopRetire StopReason = "retire" // the attempt was discarded
+	StopPark   StopReason = "park"   // a commit with stop: true parked it
+)
+
+// --- session actor requests ---
+
+// StartSandbox asks a session to start its sandbox and run setup.
+type StartSandbox struct {
+	// Ctx bounds the start and the setup; nil means no bound.
+	Ctx     context.Context
+	ReqID   uint64
+	Spec    provider.Spec
+	Setup   SetupFunc
+	Workdir string
+}
+
+// StartReply answers StartSandbox.
+type StartReply struct {
+	ReqID   uint64
+	Sandbox Sandbox
+	// Existing is true when the session already held a sandbox that a
+	// restore installed: setup did not run again.
+	Existing bool
+	Err      error
+}
+
+// Do asks a session to run Fn against its sandbox.
+type Do struct {
+	// Ctx bounds Fn; nil means no bound.
+	Ctx   context.Context
+	ReqID uint64
+	Fn    DoFunc
+}
+
+// DoReply answers Do.
+type DoReply struct {
+	ReqID uint64
+	Err   error
+}
+
+// GetSandbox asks a session for its sandbox.
+type GetSandbox struct{}
+
+// GetSandboxReply answers GetSandbox.
+type GetSandboxReply struct {
+	SessionID string
+	Sandbox   Sandbox
+	// Held is false when the session holds no sandbox (before setup
+	// returned, after it ended).
+	Held bool
+	// Starting is true while the sandbox is starting or in setup.
+	Starting bool
+}
+
+// StopSandbox asks a session to stop its sandbox.
+type StopSandbox struct {
+	ReqID  uint64
+	Reason StopReason
+}
+
+// StopReply answers StopSandbox. Stopped lists the sandbox that was stopped,
+// if any.
+type StopReply struct {
+	ReqID     uint64
+	SessionID string
+	Stopped   *provider.Handle
+	Err       error
+}
+
+// TakeSnapshot asks a session for a snapshot of its sandbox as part of
+// commit round Round.
+type TakeSnapshot struct {
+	Round uint64
+	Name  string
+	// Deadline ends the snapshot call (the commit round's deadline).
+	Deadline time.Time
+}
+
+// SnapshotReply answers TakeSnapshot. Skipped is set when the session had
+// nothing to export (still in setup, already ended).
+type SnapshotReply struct {
+	Round      uint64
+	SessionID  string
+	Skipped    bool
+	SnapshotID string
+	Sandbox    Sandbox
+	At         time.Time
+	Err        error
+}
+
+// SnapshotsDiscarded tells a session that snapshots it reported were not
+// committed (the round failed) and are being deleted.
+type SnapshotsDiscarded struct {
+	SnapshotIDs []string
+}
+
+// RenewLease asks a session to renew its sandbox's lease if it is due.
+type RenewLease struct {
+	Now time.Time
+}
+
+// --- supervisor requests ---
+
+// SpawnSession asks the supervisor for the session's actor, spawning it
+// (empty, or holding Install) when there is none.
+type SpawnSession struct {
+	SessionID string
+	// Install, when set, is the sandbox a restore forked for the session.
+	Install *Sandbox
+	// Snapshots are the snapshot ids the installed sandbox stands on.
+	Snapshots []string
+}
+
+// LookupSession asks the supervisor for a session's actor.
+type LookupSession struct {
+	SessionID string
+}
+
+// SessionRef answers SpawnSession and LookupSession. PID is nil when the
+// session is unknown. Its type is any so that this package does not import
+// protoactor; the actors package stores *actor.PID in it.
+type SessionRef struct {
+	SessionID string
+	PID       any
+	// Spawned is true when SpawnSession created the actor.
+	Spawned bool
+	Err     error
+}
+
+// ForgetSession asks the supervisor to stop a session's actor once its
+// sandbox is gone.
+type ForgetSession struct {
+	SessionID string
+}
+
+// ListSessions asks the supervisor for the live set.
+type ListSessions struct{}
+
+// SessionList answers ListSessions, sorted by session id.
+type SessionList struct {
+	Sessions []SessionRef
+}
