@@ -17,6 +17,9 @@ var (
 	ErrSandboxExists = errors.New("session already has a sandbox")
 	// ErrNoSandbox: the session holds no sandbox.
 	ErrNoSandbox = errors.New("session holds no sandbox")
+	// ErrSessionEnded: the session is over and its actor on its way out;
+	// a new start must go to a new actor.
+	ErrSessionEnded = errors.New("session ended")
 )
 
 // Phase is where a session is in its life.
@@ -86,6 +89,10 @@ type (
 	effReply struct {
 		To  any
 		Msg any
+	}
+	// effHeld: the session now holds Sandbox (the owner indexes it).
+	effHeld struct {
+		Sandbox messages.Sandbox
 	}
 	// effEnded: the session is over; the supervisor may forget it.
 	effEnded struct {
@@ -221,6 +228,8 @@ func (s *Session) begin(r request) []any {
 		case PhaseEmpty:
 			s.Phase = PhaseStarting
 			return s.run(r, effStart{Seq: s.seq, Ctx: m.Ctx, Spec: m.Spec, Setup: m.Setup, Workdir: m.Workdir})
+		case PhaseEnded:
+			return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSessionEnded})
 		default:
 			return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSandboxExists})
 		}
@@ -276,6 +285,7 @@ func (s *Session) complete(done any) []any {
 		}
 		s.Phase = PhaseReady
 		s.Sandbox = d.Sandbox
+		out = append(out, effHeld{Sandbox: s.Sandbox})
 		reply(&messages.StartReply{ReqID: m.ReqID, Sandbox: s.Sandbox})
 	case doDone:
 		reply(&messages.DoReply{ReqID: r.msg.(*messages.Do).ReqID, Err: d.Err})

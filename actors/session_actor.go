@@ -36,8 +36,21 @@ type SessionEnv struct {
 	// gone for good; the owner keeps it to answer "ended" to stale agent
 	// tokens. It must be safe for concurrent use.
 	OnEnded func(sessionID string, stopped *provider.Handle, reason messages.StopReason)
+	// OnHeld is told when a session's start succeeded, before the reply.
+	OnHeld func(sessionID string, sb messages.Sandbox)
 	// StopTimeout bounds a Stop call (default 2 minutes).
 	StopTimeout time.Duration
+	// Context, when set, bounds every provider call the session makes on
+	// its own (snapshots, stops, renewals); the owner cancels it when it is
+	// dropped, as a crash would end those calls.
+	Context context.Context
+}
+
+func (e *SessionEnv) base() context.Context {
+	if e.Context == nil {
+		return context.Background()
+	}
+	return e.Context
 }
 
 // sessionActor is the protoactor shell around Session: it translates
@@ -83,7 +96,7 @@ func (a *sessionActor) abandon() {
 	h := a.s.Sandbox.Handle
 	a.log.WithField("sandbox", h.SandboxID).Warn("session actor stopped while holding a sandbox; stopping it")
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), a.stopTimeout())
+		ctx, cancel := context.WithTimeout(a.env.base(), a.stopTimeout())
 		defer cancel()
 		if err := a.env.Provider.Stop(ctx, h); err != nil {
 			a.log.WithError(err).Warn("stopping an abandoned sandbox failed; its lease will reap it")
@@ -120,12 +133,16 @@ func (a *sessionActor) perform(ctx actor.Context, effects []any) {
 			go a.stop(e, feed)
 		case effRenew:
 			go a.renew(e, feed)
+		case effHeld:
+			if a.env.OnHeld != nil {
+				a.env.OnHeld(a.s.ID, e.Sandbox)
+			}
 		case effEnded:
 			if a.env.OnEnded != nil {
 				a.env.OnEnded(a.s.ID, e.Stopped, e.Reason)
 			}
 			if parent := ctx.Parent(); parent != nil {
-				ctx.Send(parent, &messages.ForgetSession{SessionID: a.s.ID})
+				ctx.Send(parent, &messages.ForgetSession{SessionID: a.s.ID, PID: ctx.Self()})
 			}
 		}
 	}
@@ -164,7 +181,7 @@ func (a *sessionActor) start(e effStart, feed func(any)) {
 	}
 	if err != nil {
 		// Nothing is tracked for a failed setup: stop what was started.
-		stopCtx, cancel := context.WithTimeout(context.Background(), a.stopTimeout())
+		stopCtx, cancel := context.WithTimeout(a.env.base(), a.stopTimeout())
 		defer cancel()
 		if serr := p.Stop(stopCtx, h); serr != nil {
 			a.log.WithError(serr).WithField("sandbox", h.SandboxID).Warn("stopping the sandbox of a failed setup failed")
@@ -227,7 +244,7 @@ func (a *sessionActor) do(e effDo, feed func(any)) {
 }
 
 func (a *sessionActor) snapshot(e effSnapshot, feed func(any)) {
-	ctx := context.Background()
+	ctx := a.env.base()
 	if !e.Deadline.IsZero() {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, e.Deadline)
@@ -251,7 +268,7 @@ func (a *sessionActor) snapshot(e effSnapshot, feed func(any)) {
 }
 
 func (a *sessionActor) stop(e effStop, feed func(any)) {
-	ctx, cancel := context.WithTimeout(context.Background(), a.stopTimeout())
+	ctx, cancel := context.WithTimeout(a.env.base(), a.stopTimeout())
 	defer cancel()
 	if e.Reason != messages.StopEnd {
 		// Parks and retires come in bulk from the control plane: bound them
@@ -275,7 +292,7 @@ func (a *sessionActor) renew(e effRenew, feed func(any)) {
 		feed(renewDone{Seq: e.Seq, Err: provider.ErrUnsupported})
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(a.env.base(), time.Minute)
 	defer cancel()
 	err := l.Renew(ctx, e.Handle, e.Until)
 	if err != nil {

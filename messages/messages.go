@@ -179,6 +179,9 @@ type SessionRef struct {
 // sandbox is gone.
 type ForgetSession struct {
 	SessionID string
+	// PID, when set, names the incarnation to forget: a newer actor of the
+	// same session is left alone.
+	PID any
 }
 
 // ListSessions asks the supervisor for the live set.

@@ -78,6 +78,9 @@ func (s *supervisor) Receive(ctx actor.Context) {
 		if !ok {
 			return
 		}
+		if want, _ := m.PID.(*actor.PID); want != nil && want.Id != pid.Id {
+			return
+		}
 		delete(s.byID, m.SessionID)
 		delete(s.byPID, pid.Id)
 		// A poison pill, not a stop: requests already queued at the session

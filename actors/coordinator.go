@@ -1,0 +1,212 @@
+package actors
+
+import (
+	"sort"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/scheduler"
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/messages"
+)
+
+// Round is the pure state of one snapshot round: which sessions were asked,
+// which answered, and how. It does no I/O. A round is done when no session is
+// still waited for; it succeeded when, in addition, none failed.
+type Round struct {
+	ID uint64
+	// waiting holds the sessions still to answer; byPID maps a session
+	// actor's PID id to its session id (for Terminated).
+	waiting map[string]bool
+	byPID   map[string]string
+	Taken   []messages.SnapshotReply
+	Skipped []string
+	// Failed maps a session id to why it did not deliver a snapshot.
+	Failed map[string]string
+}
+
+// NewRound starts a round over the given sessions.
+func NewRound(id uint64, sessions []messages.SessionRef) *Round {
+	r := &Round{ID: id, waiting: map[string]bool{}, byPID: map[string]string{}, Failed: map[string]string{}}
+	for _, s := range sessions {
+		if pid, ok := s.PID.(*actor.PID); ok && pid != nil {
+			r.waiting[s.SessionID] = true
+			r.byPID[pid.Id] = s.SessionID
+		}
+	}
+	return r
+}
+
+// Reply takes a session's answer. It reports false for a reply the round
+// did not wait for (stale round, unknown or duplicate session); a stale reply
+// that carries a snapshot is the caller's to clean up.
+func (r *Round) Reply(m *messages.SnapshotReply) bool {
+	sid := m.SessionID
+	if m.Round != r.ID || !r.waiting[sid] {
+		return false
+	}
+	delete(r.waiting, sid)
+	switch {
+	case m.Err != nil:
+		r.Failed[sid] = m.Err.Error()
+		if m.SnapshotID != "" {
+			// The provider said both: keep the id so the snapshot is
+			// cleaned up with the others.
+			r.Taken = append(r.Taken, *m)
+		}
+	case m.Skipped:
+		r.Skipped = append(r.Skipped, sid)
+	default:
+		r.Taken = append(r.Taken, *m)
+	}
+	return true
+}
+
+// Terminated fails a session whose actor stopped before answering.
+func (r *Round) Terminated(pidID string) {
+	if sid, ok := r.byPID[pidID]; ok && r.waiting[sid] {
+		delete(r.waiting, sid)
+		r.Failed[sid] = "session stopped during the checkpoint"
+	}
+}
+
+// Timeout fails every session still waited for.
+func (r *Round) Timeout() {
+	for sid := range r.waiting {
+		r.Failed[sid] = "no snapshot before the checkpoint's deadline"
+		delete(r.waiting, sid)
+	}
+}
+
+// Done reports whether every session answered (or was given up on).
+func (r *Round) Done() bool { return len(r.waiting) == 0 }
+
+// OK reports whether the round can be committed.
+func (r *Round) OK() bool { return r.Done() && len(r.Failed) == 0 }
+
+// Result is the round's outcome, sorted by session id.
+func (r *Round) Result() *RoundResult {
+	res := &RoundResult{Round: r.ID, Taken: append([]messages.SnapshotReply(nil), r.Taken...),
+		Skipped: append([]string(nil), r.Skipped...), Failed: map[string]string{}}
+	for k, v := range r.Failed {
+		res.Failed[k] = v
+	}
+	sort.Slice(res.Taken, func(i, j int) bool { return res.Taken[i].SessionID < res.Taken[j].SessionID })
+	sort.Strings(res.Skipped)
+	return res
+}
+
+// StartRound asks the coordinator to snapshot Sessions. Names gives each
+// session's snapshot name. The coordinator answers with a *RoundResult.
+type StartRound struct {
+	ID       uint64
+	Sessions []messages.SessionRef
+	Names    map[string]string
+	Deadline time.Time
+}
+
+// RoundResult is the outcome of a round. Taken includes snapshots of
+// sessions that also failed (an error after the effect); a commit that fails
+// must delete all of them.
+type RoundResult struct {
+	Round   uint64
+	Taken   []messages.SnapshotReply
+	Skipped []string
+	Failed  map[string]string
+	// Busy is set when another round was running; nothing was asked.
+	Busy bool
+}
+
+type roundTimeout struct{ Round uint64 }
+
+// CoordinatorEnv is what the coordinator needs from the owner.
+type CoordinatorEnv struct {
+	Log logrus.FieldLogger
+	// OnOrphan is told about a snapshot that arrived after its round ended
+	// (the round timed out). Nothing names it: the owner deletes it. It is
+	// called from the coordinator's goroutine and must not block.
+	OnOrphan func(sessionID, snapshotID string)
+}
+
+// coordinator runs one snapshot round at a time: it fans TakeSnapshot out to
+// every session of the round, watches them, and gathers the replies until
+// every session answered, stopped, or the round's deadline passed. It never
+// blocks its mailbox.
+type coordinator struct {
+	env    *CoordinatorEnv
+	cur    *Round
+	asker  *actor.PID
+	cancel scheduler.CancelFunc
+	pids   []*actor.PID
+}
+
+// CoordinatorProps returns the coordinator's props.
+func CoordinatorProps(env *CoordinatorEnv) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor { return &coordinator{env: env} })
+}
+
+func (c *coordinator) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *StartRound:
+		if c.cur != nil {
+			ctx.Respond(&RoundResult{Round: m.ID, Busy: true})
+			return
+		}
+		c.cur = NewRound(m.ID, m.Sessions)
+		c.asker = ctx.Sender()
+		c.pids = c.pids[:0]
+		for _, s := range m.Sessions {
+			pid, ok := s.PID.(*actor.PID)
+			if !ok || pid == nil {
+				continue
+			}
+			c.pids = append(c.pids, pid)
+			ctx.Watch(pid)
+			ctx.Request(pid, &messages.TakeSnapshot{Round: m.ID, Name: m.Names[s.SessionID], Deadline: m.Deadline})
+		}
+		d := time.Until(m.Deadline)
+		if d < 0 {
+			d = 0
+		}
+		c.cancel = scheduler.NewTimerScheduler(ctx).SendOnce(d, ctx.Self(), &roundTimeout{Round: m.ID})
+		c.maybeFinish(ctx)
+	case *messages.SnapshotReply:
+		if c.cur != nil && c.cur.Reply(m) {
+			c.maybeFinish(ctx)
+			return
+		}
+		if m.SnapshotID != "" && c.env.OnOrphan != nil {
+			c.env.OnOrphan(m.SessionID, m.SnapshotID)
+		}
+	case *actor.Terminated:
+		if c.cur != nil {
+			c.cur.Terminated(m.Who.Id)
+			c.maybeFinish(ctx)
+		}
+	case *roundTimeout:
+		if c.cur != nil && c.cur.ID == m.Round {
+			c.cur.Timeout()
+			c.maybeFinish(ctx)
+		}
+	}
+}
+
+func (c *coordinator) maybeFinish(ctx actor.Context) {
+	if c.cur == nil || !c.cur.Done() {
+		return
+	}
+	if c.cancel != nil {
+		c.cancel()
+		c.cancel = nil
+	}
+	for _, pid := range c.pids {
+		ctx.Unwatch(pid)
+	}
+	res := c.cur.Result()
+	c.cur = nil
+	if c.asker != nil {
+		ctx.Send(c.asker, res)
+	}
+	c.asker = nil
+}

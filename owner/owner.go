@@ -1,0 +1,677 @@
+// Package owner is the sandbox owner that resources servers are written
+// against: the Go form of NeMo Gym's SandboxOwnerResourcesServer.
+//
+// An Owner holds one sandbox per agent session. A resources server starts a
+// session's sandbox with StartSessionSandbox (start, run its setup, then
+// track), works in it with Do or SessionSandbox, and ends it with
+// EndSessionSandbox. With checkpointing on, Commit snapshots every live
+// session's sandbox into the snapshot index (all or nothing), Restore forks
+// them back in a fresh process (all or nothing), Retire stops discarded
+// attempts, and Release deletes the snapshots no kept checkpoint needs.
+//
+// Inside, every session is a protoactor actor (package actors) owned by a
+// supervisor (package supervisor); a coordinator actor runs snapshot rounds.
+// Control operations (Commit, Restore, Retire, Release) run one at a time.
+//
+// Crash safety rests on three things written to the index before the effect
+// they guard: a commit intent (names the round's snapshots, so a crash
+// mid-round leaks none), tombstones (snapshots decided for deletion), and
+// sandbox labels (every sandbox carries ng.owner and ng.incarnation metadata,
+// so a fresh owner stops what a crashed one left running).
+package owner
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/sirupsen/logrus"
+	logrusslog "github.com/sirupsen/logrus/hooks/slog"
+
+	"github.com/sandboxowner/owner/actors"
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/snapshotindex"
+	"github.com/sandboxowner/owner/supervisor"
+)
+
+// Sandbox is what a session holds: handle, spec, workdir, session data.
+type Sandbox = messages.Sandbox
+
+// SetupFunc runs a resources server's setup against a new sandbox and
+// returns the session data (a JSON object, or nil for {}).
+type SetupFunc = messages.SetupFunc
+
+// DoFunc is one operation on a session's sandbox.
+type DoFunc = messages.DoFunc
+
+// Mode is the checkpoint mode in effect, decided at startup.
+type Mode string
+
+// Modes.
+const (
+	// ModeOff: checkpointing is disabled; nothing is checked.
+	ModeOff Mode = "off"
+	// ModeRestartOnly: nothing of the server is in a checkpoint; its
+	// rollouts restart after a crash.
+	ModeRestartOnly Mode = "restart_only"
+	// ModeExported: every live session's sandbox is snapshotted at commit.
+	ModeExported Mode = "exported"
+)
+
+// OnStop values: what a commit with stop does with the exported sandboxes.
+const (
+	OnStopKill = "kill"
+	OnStopNone = "none"
+)
+
+// Sandbox metadata labels the owner sets on every sandbox it starts.
+const (
+	LabelOwner       = "ng.owner"
+	LabelIncarnation = "ng.incarnation"
+	LabelSession     = "ng.session"
+	LabelRestore     = "ng.restore"
+)
+
+// Errors callers branch on.
+var (
+	// ErrNoSessionSandbox: the session holds no sandbox (HTTP 409).
+	ErrNoSessionSandbox = errors.New("no session sandbox")
+	// ErrSandboxExists: the session already has a sandbox.
+	ErrSandboxExists = actors.ErrSandboxExists
+	// ErrSetup: the session's setup failed; nothing is tracked.
+	ErrSetup = actors.ErrSetup
+	// ErrConfig: the configuration is not usable.
+	ErrConfig = errors.New("owner config")
+	// ErrCheckpointingOff: a checkpoint operation on an owner without one.
+	ErrCheckpointingOff = errors.New("checkpointing is off")
+	// ErrCommitFailed: at least one session could not be snapshotted, or
+	// the index refused the commit; nothing was recorded.
+	ErrCommitFailed = errors.New("checkpoint commit failed")
+	// ErrRestoreFailed: the restore installed nothing.
+	ErrRestoreFailed = errors.New("checkpoint restore failed")
+	// ErrInvalidRecord: a checkpoint record cannot be restored.
+	ErrInvalidRecord = errors.New("invalid checkpoint record")
+	// ErrUnknownCheckpoint: the index has no such checkpoint.
+	ErrUnknownCheckpoint = errors.New("unknown checkpoint")
+	// ErrClosed: the owner was closed.
+	ErrClosed = errors.New("owner closed")
+)
+
+// CheckpointConfig is the checkpoint.* part of the configuration.
+type CheckpointConfig struct {
+	Enabled bool
+	// StateDir holds the snapshot index (required in exported mode).
+	StateDir string
+	// Parallelism bounds concurrent provider calls of a checkpoint
+	// operation (default 16).
+	Parallelism int
+	// OnStop is "kill" (default: a commit with stop stops the exported
+	// sandboxes) or "none".
+	OnStop string
+	// RoundTimeout bounds a commit's snapshot round (default 10 minutes).
+	RoundTimeout time.Duration
+}
+
+// Config configures an Owner.
+type Config struct {
+	// Name is the resources server's name, used in logs and labels.
+	Name string
+	// Provider starts the sandboxes. nil means the server lends none.
+	Provider   provider.Provider
+	Checkpoint CheckpointConfig
+	// NumWorkers mirrors upstream's key; exported mode refuses more than 1.
+	NumWorkers int
+	// Clock drives leases (default the wall clock).
+	Clock clock.Clock
+	// Logger is the one logger; protoactor's and Badger's logs go to it.
+	Logger *logrus.Logger
+	// RenewEvery starts a lease-renewal ticker on the wall clock; zero
+	// leaves renewal to Tick (tests, the simulation).
+	RenewEvery time.Duration
+	// FateMemory bounds how many ended sandboxes are remembered for
+	// SandboxFate (default 65536).
+	FateMemory int
+}
+
+// Owner owns the sessions' sandboxes. It is safe for concurrent use.
+type Owner struct {
+	cfg         Config
+	name        string
+	mode        Mode
+	prov        provider.Provider
+	clk         clock.Clock
+	log         logrus.FieldLogger
+	incarnation string
+
+	system  *actor.ActorSystem
+	sup     *actor.PID
+	coord   *actor.PID
+	limiter *actors.Limiter
+	index   *snapshotindex.Index
+
+	// ctl serialises control operations (commit, restore, retire,
+	// release) with each other.
+	ctl   sync.Mutex
+	round uint64
+
+	fates *fateMemory
+
+	// base bounds the provider calls the owner makes on its own; Abandon
+	// cancels it, as a crash ends them.
+	base       context.Context
+	cancelBase context.CancelFunc
+
+	closeOnce sync.Once
+	closed    chan struct{}
+	bg        sync.WaitGroup
+}
+
+// New decides the mode in effect, opens the index, recovers what a crashed
+// predecessor left (tombstones, unfinished commits, running sandboxes) and
+// starts the actors.
+func New(ctx context.Context, cfg Config) (*Owner, error) {
+	if cfg.Name == "" {
+		cfg.Name = "owner"
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = logrus.New()
+		cfg.Logger.SetOutput(io.Discard)
+	}
+	if cfg.Checkpoint.Parallelism <= 0 {
+		cfg.Checkpoint.Parallelism = 16
+	}
+	if cfg.Checkpoint.OnStop == "" {
+		cfg.Checkpoint.OnStop = OnStopKill
+	}
+	if cfg.Checkpoint.RoundTimeout <= 0 {
+		cfg.Checkpoint.RoundTimeout = 10 * time.Minute
+	}
+	if cfg.FateMemory <= 0 {
+		cfg.FateMemory = 1 << 16
+	}
+	o := &Owner{
+		cfg:         cfg,
+		name:        cfg.Name,
+		prov:        cfg.Provider,
+		clk:         cfg.Clock,
+		log:         cfg.Logger.WithField("server", cfg.Name),
+		incarnation: newIncarnation(),
+		limiter:     actors.NewLimiter(cfg.Checkpoint.Parallelism),
+		fates:       newFateMemory(cfg.FateMemory),
+		closed:      make(chan struct{}),
+	}
+	o.base, o.cancelBase = context.WithCancel(context.Background())
+	mode, err := o.decideMode()
+	if err != nil {
+		return nil, err
+	}
+	o.mode = mode
+	if mode == ModeExported {
+		idx, err := snapshotindex.Open(cfg.Checkpoint.StateDir, snapshotindex.Options{Logger: o.log.WithField("lib", "badger")})
+		if err != nil {
+			return nil, fmt.Errorf("open snapshot index: %w", err)
+		}
+		o.index = idx
+	}
+	o.startActors()
+	if err := o.recover(ctx); err != nil {
+		o.Close()
+		return nil, err
+	}
+	if cfg.RenewEvery > 0 && o.prov != nil {
+		o.bg.Add(1)
+		go o.renewLoop(cfg.RenewEvery)
+	}
+	o.log.WithFields(logrus.Fields{"mode": mode, "incarnation": o.incarnation}).Info("sandbox owner started")
+	return o, nil
+}
+
+func (o *Owner) decideMode() (Mode, error) {
+	c := o.cfg
+	if !c.Checkpoint.Enabled {
+		return ModeOff, nil
+	}
+	if c.Checkpoint.OnStop != OnStopKill && c.Checkpoint.OnStop != OnStopNone {
+		return "", fmt.Errorf("%w: checkpoint.on_stop must be %q or %q, not %q", ErrConfig, OnStopKill, OnStopNone, c.Checkpoint.OnStop)
+	}
+	if c.Provider == nil {
+		return ModeRestartOnly, nil
+	}
+	if !provider.CapabilitiesOf(c.Provider).Snapshot {
+		o.log.Warnf("%s: sandbox provider '%s' cannot snapshot; its rollouts restart after a crash instead of continuing", c.Name, c.Provider.Name())
+		return ModeRestartOnly, nil
+	}
+	if c.Checkpoint.StateDir == "" {
+		return "", fmt.Errorf("%w: checkpoint.state_dir is required to export sandbox snapshots", ErrConfig)
+	}
+	if c.NumWorkers > 1 {
+		return "", fmt.Errorf("%w: num_workers is %d, but an exported owner runs in one process (it serves all sessions concurrently); set num_workers to 1", ErrConfig, c.NumWorkers)
+	}
+	return ModeExported, nil
+}
+
+func newIncarnation() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (o *Owner) startActors() {
+	lg := o.cfg.Logger
+	o.system = actor.NewActorSystem(
+		actor.WithLoggerFactory(func(s *actor.ActorSystem) *slog.Logger {
+			return slog.New(logrusslog.NewHandler(lg, nil)).With("lib", "protoactor", "server", o.name)
+		}),
+		actor.WithDeadLetterRequestLogging(false),
+	)
+	env := &actors.SessionEnv{
+		Provider: o.prov,
+		Clock:    o.clk,
+		Log:      o.log,
+		Limiter:  o.limiter,
+		OnEnded:  o.onEnded,
+		OnHeld:   o.onHeld,
+		Context:  o.base,
+	}
+	props := func(sessionID string, install *messages.Sandbox, snapshots []string) *actor.Props {
+		return actors.SessionProps(env, func() *actors.Session {
+			if install != nil {
+				return actors.NewInstalledSession(sessionID, *install, snapshots)
+			}
+			return actors.NewSession(sessionID)
+		})
+	}
+	root := o.system.Root
+	o.sup, _ = root.SpawnNamed(supervisor.Props(props), "sessions")
+	o.coord, _ = root.SpawnNamed(actors.CoordinatorProps(&actors.CoordinatorEnv{
+		Log:      o.log,
+		OnOrphan: o.onOrphan,
+	}), "coordinator")
+}
+
+// Mode reports the checkpoint mode in effect.
+func (o *Owner) Mode() Mode { return o.mode }
+
+// Name is the server's name.
+func (o *Owner) Name() string { return o.name }
+
+// Incarnation identifies this process's owner in sandbox labels.
+func (o *Owner) Incarnation() string { return o.incarnation }
+
+// SharedProvider is the provider, for sandboxes that are not session state
+// (a grading sandbox). nil when the server lends none.
+func (o *Owner) SharedProvider() provider.Provider { return o.prov }
+
+// Index is the snapshot index (nil unless the mode is exported).
+func (o *Owner) Index() *snapshotindex.Index { return o.index }
+
+// --- actor plumbing ---
+
+const askTimeout = time.Hour
+
+// ask sends msg to pid and waits for the reply, bounded by ctx.
+func (o *Owner) ask(ctx context.Context, pid *actor.PID, msg any) (any, error) {
+	select {
+	case <-o.closed:
+		return nil, ErrClosed
+	default:
+	}
+	timeout := askTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+		if timeout <= 0 {
+			return nil, context.DeadlineExceeded
+		}
+	}
+	f := o.system.Root.RequestFuture(pid, msg, timeout)
+	type result struct {
+		v   any
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		v, err := f.Result()
+		ch <- result{v, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, fmt.Errorf("actor %s: %w", pid.Id, r.err)
+		}
+		return r.v, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-o.closed:
+		return nil, ErrClosed
+	}
+}
+
+// supervisorAsk is for the supervisor, which answers at once.
+func (o *Owner) supervisorAsk(msg any) (any, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return o.ask(ctx, o.sup, msg)
+}
+
+func (o *Owner) lookup(sessionID string) (*actor.PID, error) {
+	v, err := o.supervisorAsk(&messages.LookupSession{SessionID: sessionID})
+	if err != nil {
+		return nil, err
+	}
+	pid, _ := v.(*messages.SessionRef).PID.(*actor.PID)
+	return pid, nil
+}
+
+func (o *Owner) spawn(sessionID string, install *messages.Sandbox, snapshots []string) (*messages.SessionRef, error) {
+	v, err := o.supervisorAsk(&messages.SpawnSession{SessionID: sessionID, Install: install, Snapshots: snapshots})
+	if err != nil {
+		return nil, err
+	}
+	ref := v.(*messages.SessionRef)
+	if ref.Err != nil {
+		return ref, ref.Err
+	}
+	return ref, nil
+}
+
+func (o *Owner) sessions() ([]messages.SessionRef, error) {
+	v, err := o.supervisorAsk(&messages.ListSessions{})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*messages.SessionList).Sessions, nil
+}
+
+// view asks a session for its sandbox.
+func (o *Owner) view(ctx context.Context, pid *actor.PID) (*messages.GetSandboxReply, error) {
+	v, err := o.ask(ctx, pid, &messages.GetSandbox{})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*messages.GetSandboxReply), nil
+}
+
+// --- the session API ---
+
+// labelled returns spec with the owner's labels added.
+func (o *Owner) labelled(spec provider.Spec, sessionID string, extra map[string]string) provider.Spec {
+	md := make(map[string]string, len(spec.Metadata)+4)
+	for k, v := range spec.Metadata {
+		md[k] = v
+	}
+	md[LabelOwner] = o.name
+	md[LabelIncarnation] = o.incarnation
+	md[LabelSession] = sessionID
+	for k, v := range extra {
+		md[k] = v
+	}
+	spec.Metadata = md
+	return spec
+}
+
+// StartSessionSandbox starts the session's sandbox on the shared provider,
+// runs setup against it, and only then tracks it. A failed setup (or one
+// returning anything but a JSON object of at most 64 KiB) stops the sandbox
+// and tracks nothing. workdir "" means the sandbox's pwd after setup. A
+// session that already has a sandbox gets ErrSandboxExists, except a session
+// a restore rebuilt: a replacement attempt gets the fork (Restored is set)
+// and setup does not run again.
+func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec provider.Spec, setup SetupFunc, workdir string) (Sandbox, error) {
+	if o.prov == nil {
+		return Sandbox{}, fmt.Errorf("%w: server %q lends no sandboxes", provider.ErrUnsupported, o.name)
+	}
+	if sessionID == "" {
+		return Sandbox{}, fmt.Errorf("%w: empty session id", provider.ErrInvalidSpec)
+	}
+	spec = o.labelled(spec, sessionID, nil)
+	// An ended session's actor may still be on its way out: retry once it
+	// is forgotten.
+	for attempt := 0; ; attempt++ {
+		ref, err := o.spawn(sessionID, nil, nil)
+		if err != nil {
+			return Sandbox{}, err
+		}
+		pid := ref.PID.(*actor.PID)
+		v, err := o.ask(ctx, pid, &messages.StartSandbox{Ctx: ctx, Spec: spec, Setup: setup, Workdir: workdir})
+		if err != nil {
+			return Sandbox{}, err
+		}
+		rep := v.(*messages.StartReply)
+		if errors.Is(rep.Err, actors.ErrSessionEnded) && attempt < 100 {
+			o.forget(sessionID, pid)
+			continue
+		}
+		if rep.Err != nil {
+			if ref.Spawned && !errors.Is(rep.Err, actors.ErrSandboxExists) {
+				// Nothing is tracked for a failed start: drop the empty actor.
+				o.forget(sessionID, pid)
+			}
+			return Sandbox{}, rep.Err
+		}
+		return rep.Sandbox, nil
+	}
+}
+
+func (o *Owner) forget(sessionID string, pid *actor.PID) {
+	o.system.Root.Send(o.sup, &messages.ForgetSession{SessionID: sessionID, PID: pid})
+}
+
+// SessionSandbox returns the session's sandbox, including one a restore
+// rebuilt. ok is false when it holds none (unknown, in setup, ended).
+func (o *Owner) SessionSandbox(sessionID string) (Sandbox, bool) {
+	sb, err := o.RequireSessionSandbox(sessionID)
+	return sb, err == nil
+}
+
+// RequireSessionSandbox is SessionSandbox with ErrNoSessionSandbox when
+// there is none, so that a resent verify is refused instead of graded 0.
+func (o *Owner) RequireSessionSandbox(sessionID string) (Sandbox, error) {
+	pid, err := o.lookup(sessionID)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if pid == nil {
+		return Sandbox{}, fmt.Errorf("%w: session %q", ErrNoSessionSandbox, sessionID)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rep, err := o.view(ctx, pid)
+	if err != nil || !rep.Held {
+		return Sandbox{}, fmt.Errorf("%w: session %q", ErrNoSessionSandbox, sessionID)
+	}
+	return rep.Sandbox, nil
+}
+
+// SessionData is the session's setup object ({} when setup returned none or
+// the session holds no sandbox).
+func (o *Owner) SessionData(sessionID string) json.RawMessage {
+	sb, ok := o.SessionSandbox(sessionID)
+	if !ok || len(sb.Data) == 0 {
+		return json.RawMessage("{}")
+	}
+	return sb.Data
+}
+
+// Do runs fn against the session's sandbox, serialised with the session's
+// other operations (a stop or a snapshot never runs during it).
+func (o *Owner) Do(ctx context.Context, sessionID string, fn DoFunc) error {
+	pid, err := o.lookup(sessionID)
+	if err != nil {
+		return err
+	}
+	if pid == nil {
+		return fmt.Errorf("%w: session %q", ErrNoSessionSandbox, sessionID)
+	}
+	v, err := o.ask(ctx, pid, &messages.Do{Ctx: ctx, Fn: fn})
+	if err != nil {
+		return err
+	}
+	if err := v.(*messages.DoReply).Err; err != nil {
+		if errors.Is(err, actors.ErrNoSandbox) {
+			return fmt.Errorf("%w: session %q", ErrNoSessionSandbox, sessionID)
+		}
+		return err
+	}
+	return nil
+}
+
+// EndSessionSandbox stops the session's sandbox and forgets the session.
+// Ending a session without a sandbox is success. The session's snapshots
+// stay until a release drops the checkpoints that name them.
+func (o *Owner) EndSessionSandbox(ctx context.Context, sessionID string) error {
+	_, err := o.stopSession(ctx, sessionID, messages.StopEnd)
+	return err
+}
+
+// stopSession stops a session's sandbox for reason and reports the handle
+// stopped (nil when none was held).
+func (o *Owner) stopSession(ctx context.Context, sessionID string, reason messages.StopReason) (*provider.Handle, error) {
+	pid, err := o.lookup(sessionID)
+	if err != nil || pid == nil {
+		return nil, err
+	}
+	v, err := o.ask(ctx, pid, &messages.StopSandbox{Reason: reason})
+	if err != nil {
+		return nil, err
+	}
+	rep := v.(*messages.StopReply)
+	return rep.Stopped, rep.Err
+}
+
+// Sessions lists the ids of the sessions the owner tracks.
+func (o *Owner) Sessions() ([]string, error) {
+	refs, err := o.sessions()
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(refs))
+	for i, r := range refs {
+		ids[i] = r.SessionID
+	}
+	return ids, nil
+}
+
+// --- fates, orphans, leases ---
+
+func (o *Owner) onHeld(sessionID string, sb messages.Sandbox) {
+	o.fates.hold(sessionID, sb.Handle, sb.FromSnapshot)
+}
+
+func (o *Owner) onEnded(sessionID string, stopped *provider.Handle, reason messages.StopReason) {
+	if stopped != nil {
+		o.fates.set(stopped.SandboxID, FateEnded)
+	}
+}
+
+// SandboxFate tells what became of a sandbox the owner held: live (with the
+// session holding it and its handle), ended, superseded by a restore's fork,
+// or unknown.
+func (o *Owner) SandboxFate(sandboxID string) (sessionID string, h provider.Handle, fate Fate) {
+	l, fate := o.fates.get(sandboxID)
+	return l.sessionID, l.handle, fate
+}
+
+// onOrphan deletes a snapshot that arrived after its round gave up on it.
+func (o *Owner) onOrphan(sessionID, snapshotID string) {
+	if o.index == nil {
+		return
+	}
+	o.log.WithFields(logrus.Fields{"session": sessionID, "snapshot": snapshotID}).Warn("snapshot arrived after its checkpoint failed; deleting it")
+	o.bg.Add(1)
+	go func() {
+		defer o.bg.Done()
+		ts := []snapshotindex.Tombstone{{SnapshotID: snapshotID, Provider: o.prov.Name(), Reason: "late snapshot of a failed commit", At: o.clk.Now()}}
+		if err := o.index.AddTombstones(ts); err != nil {
+			o.log.WithError(err).Warn("could not tombstone a late snapshot")
+			return
+		}
+		o.deleteTombstoned(o.base, ts)
+	}()
+}
+
+// Tick asks every session to renew its sandbox's lease if half of it has
+// passed at now. The simulation and tests call it with logical time.
+func (o *Owner) Tick(now time.Time) error {
+	refs, err := o.sessions()
+	if err != nil {
+		return err
+	}
+	for _, r := range refs {
+		o.system.Root.Send(r.PID.(*actor.PID), &messages.RenewLease{Now: now})
+	}
+	return nil
+}
+
+func (o *Owner) renewLoop(every time.Duration) {
+	defer o.bg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-o.closed:
+			return
+		case <-t.C:
+			if err := o.Tick(o.clk.Now()); err != nil {
+				o.log.WithError(err).Debug("lease renewal tick failed")
+			}
+		}
+	}
+}
+
+// Close shuts the owner down: every session's sandbox is stopped (a fresh
+// process could not serve them; checkpoints keep their snapshots), the
+// actors stop, and the index is closed cleanly.
+func (o *Owner) Close() error {
+	var err error
+	o.closeOnce.Do(func() {
+		if ids, lerr := o.Sessions(); lerr == nil && len(ids) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			_, failed := o.stopMany(ctx, ids, messages.StopEnd)
+			cancel()
+			if len(failed) > 0 {
+				o.log.WithField("failed", len(failed)).Warn("some sandboxes could not be stopped at shutdown; the next start stops them")
+			}
+		}
+		close(o.closed)
+		o.cancelBase()
+		if o.sup != nil {
+			_ = o.system.Root.PoisonFuture(o.sup).Wait()
+			_ = o.system.Root.PoisonFuture(o.coord).Wait()
+		}
+		o.bg.Wait()
+		o.system.Shutdown()
+		if o.index != nil {
+			err = o.index.Close()
+		}
+	})
+	return err
+}
+
+// Abandon drops the owner as a crash would: no sandbox is stopped, no
+// session is told, and the index is closed without any further write. For
+// tests and the simulation: a fresh owner on the same state_dir and provider
+// then recovers.
+func (o *Owner) Abandon() {
+	o.closeOnce.Do(func() {
+		close(o.closed)
+		o.cancelBase()
+		o.bg.Wait()
+		o.system.Shutdown()
+		if o.index != nil {
+			_ = o.index.Close()
+		}
+	})
+}

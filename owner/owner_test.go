@@ -1,0 +1,244 @@
+package owner_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
+)
+
+func TestStartTwiceIsTyped(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	seed(t, o, "s1")
+	_, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, nil, "")
+	if !errors.Is(err, owner.ErrSandboxExists) {
+		t.Fatalf("second start: got %v, want ErrSandboxExists", err)
+	}
+	if got := e.fk.Stats().LiveSandboxes; got != 1 {
+		t.Fatalf("live sandboxes = %d, want 1", got)
+	}
+}
+
+func TestWorkdirDefaultsToPwdAndDataRoundTrips(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	sb := seed(t, o, "s1")
+	if sb.Workdir != fake.DefaultWorkdir {
+		t.Fatalf("workdir = %q, want %q", sb.Workdir, fake.DefaultWorkdir)
+	}
+	if diff := cmp.Diff(`{"seed_token":"tok-s1"}`, string(o.SessionData("s1"))); diff != "" {
+		t.Fatalf("session data (-want +got):\n%s", diff)
+	}
+	// A setup that returns nothing gives {}.
+	if _, err := o.StartSessionSandbox(context.Background(), "s2", provider.Spec{}, nil, "/w"); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(o.SessionData("s2")); got != "{}" {
+		t.Fatalf("data without setup = %s, want {}", got)
+	}
+	if got := string(o.SessionData("nobody")); got != "{}" {
+		t.Fatalf("data of unknown session = %s, want {}", got)
+	}
+}
+
+func TestFailedSetupStopsSandboxAndTracksNothing(t *testing.T) {
+	cases := map[string]owner.SetupFunc{
+		"error": func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) {
+			return nil, errors.New("boom")
+		},
+		"not an object": func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) {
+			return json.RawMessage(`[1,2]`), nil
+		},
+		"too big": func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) {
+			return json.RawMessage(`{"x":"` + strings.Repeat("a", 70<<10) + `"}`), nil
+		},
+		"panic": func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) {
+			panic("setup exploded")
+		},
+	}
+	for name, setup := range cases {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			o := e.open()
+			_, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, setup, "")
+			if !errors.Is(err, owner.ErrSetup) {
+				t.Fatalf("start: got %v, want ErrSetup", err)
+			}
+			if got := e.fk.Stats().LiveSandboxes; got != 0 {
+				t.Fatalf("live sandboxes after failed setup = %d, want 0", got)
+			}
+			if _, err := o.RequireSessionSandbox("s1"); !errors.Is(err, owner.ErrNoSessionSandbox) {
+				t.Fatalf("require after failed setup: %v", err)
+			}
+			// Nothing can export it.
+			res := commit(t, o, "c1")
+			if len(res.Sessions) != 0 {
+				t.Fatalf("exported %v after a failed setup", res.Sessions)
+			}
+			// And the session can be seeded again.
+			seed(t, o, "s1")
+		})
+	}
+}
+
+func TestRequireWithoutSandboxIsTyped(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	if _, err := o.RequireSessionSandbox("s1"); !errors.Is(err, owner.ErrNoSessionSandbox) {
+		t.Fatalf("got %v, want ErrNoSessionSandbox", err)
+	}
+	seed(t, o, "s1")
+	if err := o.EndSessionSandbox(context.Background(), "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.RequireSessionSandbox("s1"); !errors.Is(err, owner.ErrNoSessionSandbox) {
+		t.Fatalf("after end: got %v, want ErrNoSessionSandbox", err)
+	}
+	err := o.Do(context.Background(), "s1", func(context.Context, provider.Provider, owner.Sandbox) error { return nil })
+	if !errors.Is(err, owner.ErrNoSessionSandbox) {
+		t.Fatalf("Do after end: got %v", err)
+	}
+}
+
+func TestEndIsIdempotentKeepsSnapshotsAndAllowsReseed(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	sb := seed(t, o, "s1")
+	commit(t, o, "c1")
+	for i := 0; i < 3; i++ {
+		if err := o.EndSessionSandbox(context.Background(), "s1"); err != nil {
+			t.Fatalf("end #%d: %v", i, err)
+		}
+	}
+	if err := o.EndSessionSandbox(context.Background(), "never-seen"); err != nil {
+		t.Fatalf("end of unknown session: %v", err)
+	}
+	st := e.fk.Stats()
+	if st.LiveSandboxes != 0 || st.LiveSnapshots != 1 {
+		t.Fatalf("after end: %d sandboxes, %d snapshots; want 0, 1", st.LiveSandboxes, st.LiveSnapshots)
+	}
+	if _, _, fate := o.SandboxFate(sb.Handle.SandboxID); fate != owner.FateEnded {
+		t.Fatalf("fate of ended sandbox = %s", fate)
+	}
+	sb2 := seed(t, o, "s1")
+	if sb2.Handle.SandboxID == sb.Handle.SandboxID {
+		t.Fatal("re-seed after end reused the stopped sandbox")
+	}
+}
+
+func TestConcurrentOperationsOnOneSessionAreSerialised(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	seed(t, o, "s1")
+	var mu sync.Mutex
+	inside, peak := 0, 0
+	var wg sync.WaitGroup
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = o.Do(context.Background(), "s1", func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+				mu.Lock()
+				inside++
+				if inside > peak {
+					peak = inside
+				}
+				mu.Unlock()
+				_, err := p.Exec(ctx, sb.Handle, provider.ExecRequest{Command: "echo x >> notes.txt"})
+				mu.Lock()
+				inside--
+				mu.Unlock()
+				return err
+			})
+		}()
+	}
+	wg.Wait()
+	if peak != 1 {
+		t.Fatalf("%d operations of one session ran at once, want 1", peak)
+	}
+	if got := len(notes(t, o, "s1")); got != 20 {
+		t.Fatalf("%d notes, want 20", got)
+	}
+}
+
+func TestModes(t *testing.T) {
+	t.Run("off needs nothing", func(t *testing.T) {
+		o, err := owner.New(context.Background(), owner.Config{Name: "x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer o.Close()
+		if o.Mode() != owner.ModeOff {
+			t.Fatalf("mode %s", o.Mode())
+		}
+		if _, err := o.Commit(context.Background(), owner.CommitRequest{CheckpointID: "c"}); !errors.Is(err, owner.ErrCheckpointingOff) {
+			t.Fatalf("commit with checkpointing off: %v", err)
+		}
+	})
+	t.Run("lends nothing: restart_only", func(t *testing.T) {
+		o, err := owner.New(context.Background(), owner.Config{Name: "x", Checkpoint: owner.CheckpointConfig{Enabled: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer o.Close()
+		if o.Mode() != owner.ModeRestartOnly {
+			t.Fatalf("mode %s", o.Mode())
+		}
+	})
+	t.Run("no snapshots: restart_only with one warning, commit records nothing", func(t *testing.T) {
+		e := newEnv(t)
+		ns := fake.NewWithoutSnapshots(fake.Options{Name: "plain"})
+		cfg := e.config(func(c *owner.Config) { c.Provider = ns })
+		o, err := owner.New(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer o.Close()
+		if o.Mode() != owner.ModeRestartOnly {
+			t.Fatalf("mode %s", o.Mode())
+		}
+		want := "notes: sandbox provider 'plain' cannot snapshot; its rollouts restart after a crash instead of continuing"
+		if n := warnings(e.hook, want); n != 1 {
+			t.Fatalf("%d warnings %q, want exactly 1", n, want)
+		}
+		if _, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, nil, ""); err != nil {
+			t.Fatal(err)
+		}
+		res, err := o.Commit(context.Background(), owner.CommitRequest{CheckpointID: "c1"})
+		if err != nil || len(res.Sessions) != 0 || res.Mode != owner.ModeRestartOnly {
+			t.Fatalf("restart_only commit: %+v, %v", res, err)
+		}
+		if got := ns.Fake().Stats().LiveSandboxes; got != 1 {
+			t.Fatalf("the in-flight sandbox was touched: %d live", got)
+		}
+	})
+	t.Run("exported needs state_dir", func(t *testing.T) {
+		e := newEnv(t)
+		cfg := e.config(func(c *owner.Config) { c.Checkpoint.StateDir = "" })
+		if _, err := owner.New(context.Background(), cfg); !errors.Is(err, owner.ErrConfig) || !strings.Contains(err.Error(), "state_dir") {
+			t.Fatalf("got %v", err)
+		}
+	})
+	t.Run("exported refuses num_workers > 1", func(t *testing.T) {
+		e := newEnv(t)
+		cfg := e.config(func(c *owner.Config) { c.NumWorkers = 2 })
+		if _, err := owner.New(context.Background(), cfg); !errors.Is(err, owner.ErrConfig) || !strings.Contains(err.Error(), "num_workers") {
+			t.Fatalf("got %v", err)
+		}
+	})
+	t.Run("on_stop is validated", func(t *testing.T) {
+		e := newEnv(t)
+		if _, err := owner.New(context.Background(), e.config(onStop("pause"))); !errors.Is(err, owner.ErrConfig) {
+			t.Fatalf("got %v", err)
+		}
+	})
+}
