@@ -1,0 +1,217 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+// basePath is the PATH of every command before the spec's and request's env.
+const basePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// pipeGrace bounds how long Exec waits for output pipes after the command's
+// process group was killed (a process that left the group can hold them).
+const pipeGrace = 2 * time.Second
+
+// Exec runs req.Command with /bin/sh -c in the sandbox: in the workdir (or
+// req.Cwd), with a small base environment (PATH, HOME, LANG), the spec's env,
+// req.Env and SandboxIDEnv. Under bubblewrap the tree is at the workdir, the
+// host is read-only, /tmp is private and there is no network unless the spec
+// asked for it; unisolated, the command runs in the tree's host directory.
+//
+// The command's whole process group is killed when its timeout (req.Timeout,
+// else Options.DefaultExecTimeout) passes (TimedOut is set and the exit code
+// is 137), when ctx ends (the error wraps ctx.Err()), and when the shell
+// exits: nothing a command starts outlives its Exec. stdout and stderr keep
+// their first Options.OutputCap bytes each; Truncated reports a cut. A
+// command killed by signal N exits 128+N, as in a shell.
+func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.ExecRequest) (provider.ExecResult, error) {
+	if err := ctxErr(ctx, "exec"); err != nil {
+		return provider.ExecResult{}, err
+	}
+	s, err := p.live(h, true)
+	if err != nil {
+		return provider.ExecResult{}, err
+	}
+	if err := checkEnv(req.Env); err != nil {
+		return provider.ExecResult{}, err
+	}
+	if req.Timeout < 0 {
+		return provider.ExecResult{}, fmt.Errorf("local: exec: negative timeout %s: %w", req.Timeout, provider.ErrInvalidSpec)
+	}
+	timeout := req.Timeout
+	if timeout == 0 {
+		timeout = p.execTimeout
+	}
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = "."
+	}
+	rel, err := sandboxRel(s.meta.Workdir, cwd)
+	if err != nil {
+		return provider.ExecResult{}, fmt.Errorf("local: exec cwd: %w", err)
+	}
+	if err := checkDir(s.fsDir(), rel); err != nil {
+		return provider.ExecResult{}, err
+	}
+
+	cmd := p.command(s, rel, req)
+	stdout, stderr := &cappedBuffer{max: p.outputCap}, &cappedBuffer{max: p.outputCap}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.WaitDelay = pipeGrace
+
+	began := time.Now()
+	s.gate.RLock()
+	if err := p.stillLive(s); err != nil {
+		s.gate.RUnlock()
+		return provider.ExecResult{}, err
+	}
+	if err := cmd.Start(); err != nil {
+		s.gate.RUnlock()
+		return provider.ExecResult{}, fmt.Errorf("local: exec: start: %w", err)
+	}
+	pgid := cmd.Process.Pid
+	s.mu.Lock()
+	s.groups[pgid] = struct{}{}
+	s.mu.Unlock()
+	s.gate.RUnlock()
+
+	exited := make(chan error, 1)
+	go func() { exited <- waitExited(pgid) }()
+	timer := time.NewTimer(timeout)
+	var timedOut, canceled bool
+	select {
+	case <-exited:
+	case <-timer.C:
+		timedOut = true
+		killGroup(pgid)
+		<-exited
+	case <-ctx.Done():
+		canceled = true
+		killGroup(pgid)
+		<-exited
+	}
+	timer.Stop()
+	// The leader has exited but is not reaped, so its group id is still
+	// ours: kill whatever the command left behind.
+	killGroup(pgid)
+	waitErr := cmd.Wait()
+
+	s.mu.Lock()
+	delete(s.groups, pgid)
+	stopped := s.stopped
+	s.mu.Unlock()
+
+	log := p.log.WithFields(logrus.Fields{"sandbox_id": s.id, "duration_ms": time.Since(began).Milliseconds()})
+	var exitErr *exec.ExitError
+	if waitErr != nil && !errors.As(waitErr, &exitErr) && !errors.Is(waitErr, exec.ErrWaitDelay) {
+		return provider.ExecResult{}, fmt.Errorf("local: exec: %w", waitErr)
+	}
+	if stopped {
+		return provider.ExecResult{}, fmt.Errorf("local: sandbox %s was stopped while a command ran: %w", s.id, provider.ErrSandboxNotFound)
+	}
+	if canceled {
+		return provider.ExecResult{}, fmt.Errorf("local: exec: %w", ctx.Err())
+	}
+	res := provider.ExecResult{
+		Stdout:    string(stdout.buf),
+		Stderr:    string(stderr.buf),
+		ExitCode:  exitCode(cmd.ProcessState),
+		Truncated: stdout.cut || stderr.cut,
+		TimedOut:  timedOut,
+	}
+	log.WithFields(logrus.Fields{"exit_code": res.ExitCode, "timed_out": timedOut, "truncated": res.Truncated}).Debug("local: exec")
+	return res, nil
+}
+
+// command builds the process for req in s, with its cwd at rel in the tree.
+func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest) *exec.Cmd {
+	s.mu.Lock()
+	meta := s.meta
+	s.mu.Unlock()
+	var cmd *exec.Cmd
+	home := s.fsDir()
+	if p.bwrap != nil {
+		home = meta.Workdir
+		cwd := path.Join(meta.Workdir, rel)
+		cmd = exec.Command(p.bwrap.bin, p.bwrap.args(s.fsDir(), meta.Workdir, cwd, meta.Network, req.Command)...)
+	} else {
+		cmd = exec.Command("/bin/sh", "-c", req.Command)
+		cmd.Dir = filepath.Join(s.fsDir(), filepath.FromSlash(rel))
+	}
+	env := map[string]string{"PATH": basePath, "HOME": home, "LANG": "C.UTF-8"}
+	for k, v := range meta.Env {
+		env[k] = v
+	}
+	for k, v := range req.Env {
+		env[k] = v
+	}
+	env[SandboxIDEnv] = s.id
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	cmd.Env = make([]string, 0, len(keys))
+	for _, k := range keys {
+		cmd.Env = append(cmd.Env, k+"="+env[k])
+	}
+	return cmd
+}
+
+// checkDir checks that rel is a directory inside the tree at fsDir.
+func checkDir(fsDir, rel string) error {
+	root, err := os.OpenRoot(fsDir)
+	if err != nil {
+		return fmt.Errorf("local: open sandbox tree: %w", err)
+	}
+	defer root.Close()
+	fi, err := root.Stat(filepath.FromSlash(rel))
+	if err != nil {
+		return rootErr("exec cwd", rel, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("local: exec cwd %q: %w", rel, syscall.ENOTDIR)
+	}
+	return nil
+}
+
+func exitCode(ps *os.ProcessState) int {
+	if ps == nil {
+		return -1
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+// cappedBuffer keeps the first max bytes written to it and notes a cut. Each
+// of os/exec's copying goroutines owns one, and reads happen after Wait.
+type cappedBuffer struct {
+	buf []byte
+	max int
+	cut bool
+}
+
+func (b *cappedBuffer) Write(p []byte) (int, error) {
+	if room := b.max - len(b.buf); len(p) > room {
+		b.buf = append(b.buf, p[:max(room, 0)]...)
+		b.cut = true
+	} else {
+		b.buf = append(b.buf, p...)
+	}
+	return len(p), nil
+}

@@ -1,0 +1,174 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+func TestExecOutputExitCodeEnvAndCwd(t *testing.T) {
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{Env: map[string]string{"A": "spec", "B": "spec"}})
+		ctx := context.Background()
+		if err := p.WriteFile(ctx, h, "sub/dir/f.txt", []byte("in sub")); err != nil {
+			t.Fatal(err)
+		}
+		cases := []struct {
+			name string
+			req  provider.ExecRequest
+			want provider.ExecResult
+		}{
+			{"stdout", provider.ExecRequest{Command: "echo hello"}, provider.ExecResult{Stdout: "hello\n"}},
+			{"stderr and exit code", provider.ExecRequest{Command: "echo oops >&2; exit 3"}, provider.ExecResult{Stderr: "oops\n", ExitCode: 3}},
+			{"exit code 255", provider.ExecRequest{Command: "exit 255"}, provider.ExecResult{ExitCode: 255}},
+			{"killed by a signal", provider.ExecRequest{Command: "kill -TERM $$"}, provider.ExecResult{ExitCode: 128 + 15}},
+			{"spec env, request env wins", provider.ExecRequest{Command: `echo "$A $B $C"`, Env: map[string]string{"B": "req", "C": "req"}},
+				provider.ExecResult{Stdout: "spec req req\n"}},
+			{"sandbox id in env", provider.ExecRequest{Command: `echo "$` + SandboxIDEnv + `"`}, provider.ExecResult{Stdout: h.SandboxID + "\n"}},
+			{"the server's env is not leaked", provider.ExecRequest{Command: `echo "[$GOPATH$GOROOT$LOCAL_PROVIDER_TEST_HELPER]"`}, provider.ExecResult{Stdout: "[]\n"}},
+			{"relative cwd", provider.ExecRequest{Command: "cat f.txt", Cwd: "sub/dir"}, provider.ExecResult{Stdout: "in sub"}},
+			{"absolute cwd under the workdir", provider.ExecRequest{Command: "cat dir/f.txt", Cwd: DefaultWorkdir + "/sub"}, provider.ExecResult{Stdout: "in sub"}},
+		}
+		for _, c := range cases {
+			got, err := p.Exec(ctx, h, c.req)
+			if err != nil {
+				t.Fatalf("%s: %v", c.name, err)
+			}
+			if d := cmp.Diff(c.want, got); d != "" {
+				t.Errorf("%s (-want +got):\n%s", c.name, d)
+			}
+		}
+		// A missing cwd is an error, not a result.
+		_, err := p.Exec(ctx, h, provider.ExecRequest{Command: "true", Cwd: "nope"})
+		if !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("missing cwd: err = %v, want fs.ErrNotExist", err)
+		}
+	})
+}
+
+func TestExecTimeoutKillsTheProcessTree(t *testing.T) {
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{})
+		began := time.Now()
+		// Children in the background and in a subshell: all must die.
+		res, err := p.Exec(context.Background(), h, provider.ExecRequest{
+			Command: "sleep 600 & (sleep 601; echo never) & echo started; wait",
+			Timeout: 300 * time.Millisecond,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff(provider.ExecResult{Stdout: "started\n", ExitCode: 137, TimedOut: true}, res); d != "" {
+			t.Errorf("result (-want +got):\n%s", d)
+		}
+		if el := time.Since(began); el > 30*time.Second {
+			t.Errorf("Exec took %s with a 300ms timeout", el)
+		}
+		if pids := markedProcesses(h.SandboxID); len(pids) != 0 {
+			t.Errorf("processes of the sandbox still alive after the timeout: %v", pids)
+		}
+	})
+}
+
+func TestExecDefaultTimeout(t *testing.T) {
+	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{DefaultExecTimeout: 200 * time.Millisecond})
+	h := start(t, p, provider.Spec{})
+	res, err := p.Exec(context.Background(), h, provider.ExecRequest{Command: "sleep 600"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.TimedOut || res.ExitCode != 137 {
+		t.Errorf("got %+v, want a timeout by the default", res)
+	}
+}
+
+func TestExecNothingOutlivesTheCall(t *testing.T) {
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{})
+		// The background sleep keeps stdout open; Exec must not wait for it
+		// and must not leave it running.
+		res := run(t, p, h, "sleep 600 & echo bg")
+		if res.Stdout != "bg\n" || res.ExitCode != 0 || res.TimedOut {
+			t.Errorf("got %+v", res)
+		}
+		if pids := markedProcesses(h.SandboxID); len(pids) != 0 {
+			t.Errorf("a background process outlived its Exec: %v", pids)
+		}
+	})
+}
+
+func TestExecContextCancelKills(t *testing.T) {
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := execRunning(t, ctx, p, h, "sleep 600; echo not reached")
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("err = %v, want context.Canceled", err)
+		}
+		if pids := markedProcesses(h.SandboxID); len(pids) != 0 {
+			t.Errorf("processes alive after cancel: %v", pids)
+		}
+		// A context already done runs nothing.
+		if _, err := p.Exec(ctx, h, provider.ExecRequest{Command: "touch ran"}); !errors.Is(err, context.Canceled) {
+			t.Errorf("done ctx: err = %v", err)
+		}
+		if _, err := p.ReadFile(context.Background(), h, "ran"); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("a command ran on a done context: %v", err)
+		}
+	})
+}
+
+func TestExecOutputCap(t *testing.T) {
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{OutputCap: 1000})
+		h := start(t, p, provider.Spec{})
+		res := run(t, p, h, "head -c 5000 /dev/zero | tr '\\0' o; head -c 3000 /dev/zero | tr '\\0' e >&2; exit 4")
+		want := provider.ExecResult{Stdout: strings.Repeat("o", 1000), Stderr: strings.Repeat("e", 1000), ExitCode: 4, Truncated: true}
+		if d := cmp.Diff(want, res); d != "" {
+			t.Errorf("over the cap (-want +got):\n%s", d)
+		}
+		res = run(t, p, h, "head -c 1000 /dev/zero | tr '\\0' o")
+		if len(res.Stdout) != 1000 || res.Truncated {
+			t.Errorf("exactly the cap: len %d, truncated %v; want 1000, false", len(res.Stdout), res.Truncated)
+		}
+	})
+}
+
+func TestExecBadRequests(t *testing.T) {
+	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
+	h := start(t, p, provider.Spec{})
+	ctx := context.Background()
+	cases := []struct {
+		name string
+		req  provider.ExecRequest
+		want error
+	}{
+		{"cwd ..", provider.ExecRequest{Command: "true", Cwd: ".."}, provider.ErrPathEscape},
+		{"cwd absolute outside", provider.ExecRequest{Command: "true", Cwd: "/etc"}, provider.ErrPathEscape},
+		{"env key with =", provider.ExecRequest{Command: "true", Env: map[string]string{"A=B": "x"}}, provider.ErrInvalidSpec},
+		{"negative timeout", provider.ExecRequest{Command: "true", Timeout: -time.Second}, provider.ErrInvalidSpec},
+	}
+	for _, c := range cases {
+		if _, err := p.Exec(ctx, h, c.req); !errors.Is(err, c.want) {
+			t.Errorf("%s: err = %v, want %v", c.name, err, c.want)
+		}
+	}
+	if _, err := p.Exec(ctx, provider.Handle{SandboxID: "sb-0000000000000000"}, provider.ExecRequest{Command: "true"}); !errors.Is(err, provider.ErrSandboxNotFound) {
+		t.Errorf("unknown sandbox: %v", err)
+	}
+	if _, err := p.Exec(ctx, provider.Handle{SandboxID: "../../etc"}, provider.ExecRequest{Command: "true"}); !errors.Is(err, provider.ErrSandboxNotFound) {
+		t.Errorf("malformed id: %v", err)
+	}
+}

@@ -1,0 +1,157 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+func TestFilesRoundTripAndWorkdirPaths(t *testing.T) {
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{Workdir: "/wk-test/space"})
+		writeFile(t, p, h, "a/b/c.txt", "deep")
+		if got := readFile(t, p, h, "/wk-test/space/a/b/c.txt"); got != "deep" {
+			t.Errorf("absolute read = %q", got)
+		}
+		writeFile(t, p, h, "/wk-test/space/top.txt", "top")
+		if got := mustRun(t, p, h, "cat top.txt a/b/c.txt"); got != "topdeep" {
+			t.Errorf("command sees %q", got)
+		}
+		// A command's file is readable; a symlink inside the tree is followed.
+		mustRun(t, p, h, "printf made > made.txt && ln -s a/b inner")
+		if got := readFile(t, p, h, "made.txt"); got != "made" {
+			t.Errorf("read a command's file: %q", got)
+		}
+		if got := readFile(t, p, h, "inner/c.txt"); got != "deep" {
+			t.Errorf("read through an inner symlink: %q", got)
+		}
+		if _, err := p.ReadFile(context.Background(), h, "missing"); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("missing file: %v", err)
+		}
+	})
+}
+
+func TestPathEscapesAreRefused(t *testing.T) {
+	forModes(t, func(t *testing.T, m mode) {
+		outside := t.TempDir()
+		if err := os.WriteFile(filepath.Join(outside, "secret"), []byte("s"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{})
+		// Symlinks a command (an agent) could plant: absolute, relative
+		// climbing out, and a chain.
+		tree := fsDir(p, h)
+		for name, target := range map[string]string{"abs": outside, "up": "../../../../../../../..", "chain": "up"} {
+			if err := os.Symlink(target, filepath.Join(tree, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ctx := context.Background()
+		for _, name := range []string{
+			"../x", "a/../../x", "/etc/passwd", DefaultWorkdir + "/../etc/passwd", DefaultWorkdir + "x/y", "",
+			"abs/secret", "up" + outside + "/secret", "chain" + outside + "/secret",
+		} {
+			if _, err := p.ReadFile(ctx, h, name); !errors.Is(err, provider.ErrPathEscape) {
+				t.Errorf("ReadFile(%q): err = %v, want ErrPathEscape", name, err)
+			}
+			if name == "" {
+				name = "/"
+			}
+			if err := p.WriteFile(ctx, h, name+"-w", []byte("x")); !errors.Is(err, provider.ErrPathEscape) {
+				t.Errorf("WriteFile(%q): err = %v, want ErrPathEscape", name+"-w", err)
+			}
+		}
+		if err := p.WriteFile(ctx, h, "abs/new", []byte("x")); !errors.Is(err, provider.ErrPathEscape) {
+			t.Errorf("write through an escaping symlink: %v", err)
+		}
+		if _, err := os.Stat(filepath.Join(outside, "new")); err == nil {
+			t.Errorf("a write escaped the sandbox")
+		}
+		if _, err := p.Exec(ctx, h, provider.ExecRequest{Command: "true", Cwd: "abs"}); !errors.Is(err, provider.ErrPathEscape) {
+			t.Errorf("exec cwd through an escaping symlink: %v", err)
+		}
+		// Spec files are checked too, and a refused start leaves nothing.
+		if _, err := p.Start(ctx, provider.Spec{Files: map[string]string{"../evil": "x"}}); !errors.Is(err, provider.ErrPathEscape) {
+			t.Errorf("Start with an escaping file: %v", err)
+		}
+	})
+}
+
+func TestFileCallsRefuseSpecialFiles(t *testing.T) {
+	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
+	h := start(t, p, provider.Spec{})
+	if err := syscall.Mkfifo(filepath.Join(fsDir(p, h), "fifo"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, p, h, "mkdir d")
+	ctx := context.Background()
+	// A FIFO must neither hang the server nor be read.
+	if _, err := p.ReadFile(ctx, h, "fifo"); !errors.Is(err, ErrNotRegular) {
+		t.Errorf("read a FIFO: %v", err)
+	}
+	if err := p.WriteFile(ctx, h, "fifo", []byte("x")); err == nil {
+		t.Errorf("write a FIFO with no reader succeeded")
+	}
+	if _, err := p.ReadFile(ctx, h, "d"); !errors.Is(err, ErrNotRegular) {
+		t.Errorf("read a directory: %v", err)
+	}
+	if err := p.WriteFile(ctx, h, ".", []byte("x")); err == nil {
+		t.Errorf("write the workdir itself succeeded")
+	}
+}
+
+// os.Root does not export its escape error; rootErr matches its text. This
+// pins it, so a Go release that changes it fails here.
+func TestRootEscapeErrorIsClassified(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Symlink("/", filepath.Join(dir, "out")); err != nil {
+		t.Fatal(err)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	_, err = root.Open("out/etc")
+	if err == nil {
+		t.Fatal("os.Root followed an escaping symlink")
+	}
+	if got := rootErr("read", "out/etc", err); !errors.Is(got, provider.ErrPathEscape) {
+		t.Errorf("rootErr(%v) = %v, want ErrPathEscape", err, got)
+	}
+	if got := rootErr("read", "x", fs.ErrNotExist); errors.Is(got, provider.ErrPathEscape) || !errors.Is(got, fs.ErrNotExist) {
+		t.Errorf("rootErr(ErrNotExist) = %v", got)
+	}
+}
+
+func TestSandboxRel(t *testing.T) {
+	cases := []struct {
+		in, want string
+		escape   bool
+	}{
+		{"a", "a", false}, {"./a/../b", "b", false}, {".", ".", false},
+		{"/sandbox", ".", false}, {"/sandbox/", ".", false}, {"/sandbox/a/b", "a/b", false},
+		{"/sandbox/a/../../x", "", true}, {"/sandboxx", "", true}, {"/", "", true},
+		{"..", "", true}, {"../a", "", true}, {"a/../..", "", true}, {"", "", true}, {"a\x00b", "", true},
+	}
+	for _, c := range cases {
+		got, err := sandboxRel("/sandbox", c.in)
+		if c.escape {
+			if !errors.Is(err, provider.ErrPathEscape) {
+				t.Errorf("sandboxRel(%q) = %q, %v; want ErrPathEscape", c.in, got, err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("sandboxRel(%q) = %q, %v; want %q", c.in, got, err, c.want)
+		}
+	}
+}

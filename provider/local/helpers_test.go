@@ -1,0 +1,260 @@
+package local
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+// helperEnv makes the test binary act as a fresh server process (see
+// TestMain): the value names what it does.
+const helperEnv = "LOCAL_PROVIDER_TEST_HELPER"
+
+func TestMain(m *testing.M) {
+	if action := os.Getenv(helperEnv); action != "" {
+		os.Exit(runHelper(action))
+	}
+	os.Exit(m.Run())
+}
+
+// runHelper is a fresh process using a root: "stop" stops the handle in
+// LOCAL_TEST_HANDLE; "exec" runs LOCAL_TEST_COMMAND in it (and is killed by
+// the test mid-command).
+func runHelper(action string) int {
+	p, err := New(Options{
+		Root:      os.Getenv("LOCAL_TEST_ROOT"),
+		Isolation: os.Getenv("LOCAL_TEST_ISOLATION"),
+		Overlay:   os.Getenv("LOCAL_TEST_OVERLAY"),
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	var h provider.Handle
+	if err := json.Unmarshal([]byte(os.Getenv("LOCAL_TEST_HANDLE")), &h); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	ctx := context.Background()
+	switch action {
+	case "stop":
+		err = p.Stop(ctx, h)
+	case "exec":
+		_, err = p.Exec(ctx, h, provider.ExecRequest{Command: os.Getenv("LOCAL_TEST_COMMAND")})
+	default:
+		err = fmt.Errorf("unknown helper action %q", action)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// mode is one isolation × filesystem combination.
+type mode struct {
+	name      string
+	isolation string
+	overlay   string
+}
+
+func allModes() []mode {
+	return []mode{
+		{"none-copy", IsolationNone, OverlayOff},
+		{"none-overlay", IsolationNone, OverlayOn},
+		{"bwrap-copy", IsolationBwrap, OverlayOff},
+		{"bwrap-overlay", IsolationBwrap, OverlayOn},
+	}
+}
+
+// forModes runs f once per mode that can run here, in parallel subtests.
+func forModes(t *testing.T, f func(t *testing.T, m mode)) {
+	t.Helper()
+	for _, m := range allModes() {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, m)
+		})
+	}
+}
+
+func testLogger(t *testing.T) logrus.FieldLogger {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	if testing.Verbose() {
+		l.SetOutput(tWriter{t})
+		l.SetLevel(logrus.DebugLevel)
+	}
+	return l
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
+
+// newProvider makes a provider in mode m on opts (a fresh root when
+// opts.Root is empty), skipping when the mode cannot run here, and stops
+// every sandbox it lists at the end so that no overlay stays mounted.
+func newProvider(t *testing.T, m mode, opts Options) *Provider {
+	t.Helper()
+	if opts.Root == "" {
+		opts.Root = t.TempDir()
+	}
+	opts.Isolation, opts.Overlay = m.isolation, m.overlay
+	if opts.Logger == nil {
+		opts.Logger = testLogger(t)
+	}
+	p, err := New(opts)
+	switch {
+	case errors.Is(err, ErrBwrapUnavailable):
+		t.Skipf("SKIP: bubblewrap cannot run here (install the bubblewrap package; .ci/run does): %v", err)
+	case errors.Is(err, ErrOverlayUnavailable):
+		t.Skipf("SKIP: overlayfs cannot be mounted here (needs root): %v", err)
+	case err != nil:
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { stopAll(t, p) })
+	return p
+}
+
+func stopAll(t *testing.T, p *Provider) {
+	t.Helper()
+	ctx := context.Background()
+	ids, err := p.sandboxIDs()
+	if err != nil {
+		t.Errorf("cleanup: %v", err)
+		return
+	}
+	for _, id := range ids {
+		if err := p.Stop(ctx, provider.Handle{SandboxID: id, Provider: Name}); err != nil {
+			t.Errorf("cleanup: stop %s: %v", id, err)
+		}
+	}
+}
+
+func start(t *testing.T, p *Provider, spec provider.Spec) provider.Handle {
+	t.Helper()
+	h, err := p.Start(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Start(%+v): %v", spec, err)
+	}
+	return h
+}
+
+func run(t *testing.T, p *Provider, h provider.Handle, command string) provider.ExecResult {
+	t.Helper()
+	res, err := p.Exec(context.Background(), h, provider.ExecRequest{Command: command, Timeout: time.Minute})
+	if err != nil {
+		t.Fatalf("Exec(%q): %v", command, err)
+	}
+	return res
+}
+
+// mustRun runs command and fails the test unless it exits 0.
+func mustRun(t *testing.T, p *Provider, h provider.Handle, command string) string {
+	t.Helper()
+	res := run(t, p, h, command)
+	if res.ExitCode != 0 {
+		t.Fatalf("Exec(%q) exit %d, stderr %q", command, res.ExitCode, res.Stderr)
+	}
+	return res.Stdout
+}
+
+func readFile(t *testing.T, p *Provider, h provider.Handle, name string) string {
+	t.Helper()
+	b, err := p.ReadFile(context.Background(), h, name)
+	if err != nil {
+		t.Fatalf("ReadFile(%q): %v", name, err)
+	}
+	return string(b)
+}
+
+func writeFile(t *testing.T, p *Provider, h provider.Handle, name, data string) {
+	t.Helper()
+	if err := p.WriteFile(context.Background(), h, name, []byte(data)); err != nil {
+		t.Fatalf("WriteFile(%q): %v", name, err)
+	}
+}
+
+func snapshot(t *testing.T, p *Provider, h provider.Handle) string {
+	t.Helper()
+	id, err := p.Snapshot(context.Background(), h, "test")
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	return id
+}
+
+func fork(t *testing.T, p *Provider, snap string) provider.Handle {
+	t.Helper()
+	h, err := p.Fork(context.Background(), provider.Spec{}, snap)
+	if err != nil {
+		t.Fatalf("Fork(%s): %v", snap, err)
+	}
+	return h
+}
+
+// fsDir is the host directory of a sandbox's tree.
+func fsDir(p *Provider, h provider.Handle) string {
+	return filepath.Join(p.sandboxDir(h.SandboxID), "fs")
+}
+
+// mkfifo makes a FIFO in the sandbox's tree and returns a func that waits
+// (bounded) for a command to write a line into it.
+func mkfifo(t *testing.T, p *Provider, h provider.Handle, name string) func() {
+	t.Helper()
+	path := filepath.Join(fsDir(p, h), name)
+	if err := syscall.Mkfifo(path, 0o666); err != nil {
+		t.Fatalf("mkfifo: %v", err)
+	}
+	return func() {
+		t.Helper()
+		got := make(chan error, 1)
+		go func() {
+			f, err := os.Open(path) // blocks until the command opens it to write
+			if err == nil {
+				_, err = io.ReadAll(f)
+				f.Close()
+			}
+			got <- err
+		}()
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatalf("fifo: %v", err)
+			}
+		case <-time.After(time.Minute): // a bound on a broken test, not a synchronisation
+			t.Fatal("the command never wrote the fifo")
+		}
+	}
+}
+
+// execRunning starts command in the sandbox in the background and returns
+// once it runs (it signals through a FIFO), with the channel its Exec's
+// error will arrive on.
+func execRunning(t *testing.T, ctx context.Context, p *Provider, h provider.Handle, command string) <-chan error {
+	t.Helper()
+	ready := mkfifo(t, p, h, "ready")
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Exec(ctx, h, provider.ExecRequest{Command: "echo > ready; " + command, Timeout: time.Minute})
+		done <- err
+	}()
+	ready()
+	return done
+}

@@ -1,0 +1,353 @@
+package local
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/provider"
+)
+
+// Name is what (*Provider).Name returns and what Handle.Provider holds.
+const Name = "local"
+
+// Isolation modes (Options.Isolation, (*Provider).Isolation).
+const (
+	IsolationAuto  = "auto"
+	IsolationBwrap = "bwrap"
+	IsolationNone  = "none"
+)
+
+// Overlay modes (Options.Overlay).
+const (
+	OverlayAuto = "auto"
+	OverlayOn   = "on"
+	OverlayOff  = "off"
+)
+
+// Defaults for zero Options fields.
+const (
+	DefaultWorkdir     = "/sandbox"
+	DefaultOutputCap   = 1 << 20
+	DefaultExecTimeout = 10 * time.Minute
+	DefaultCopyWorkers = 4
+)
+
+// SandboxIDEnv is set in every command's environment to the sandbox's id. The
+// provider also uses it to find a sandbox's processes that outlived a crashed
+// server, so a command that clears its environment escapes that sweep.
+const SandboxIDEnv = "LOCAL_SANDBOX_ID"
+
+// Errors of this package (the provider's sentinels are in package provider).
+var (
+	// ErrBwrapUnavailable: Isolation "bwrap" was asked for and bubblewrap
+	// cannot run here.
+	ErrBwrapUnavailable = errors.New("local: bubblewrap unavailable")
+	// ErrOverlayUnavailable: Overlay "on" was asked for and overlayfs cannot
+	// be mounted here.
+	ErrOverlayUnavailable = errors.New("local: overlayfs unavailable")
+	// ErrBadOptions: New was given options it cannot use.
+	ErrBadOptions = errors.New("local: bad options")
+	// ErrNotRegular: ReadFile or WriteFile met a directory, FIFO, device or
+	// socket at the path.
+	ErrNotRegular = errors.New("local: not a regular file")
+)
+
+// Options configure a Provider. Only Root is required.
+type Options struct {
+	// Root is the directory that holds every sandbox and snapshot. It is
+	// created if missing. One server process owns a root at a time.
+	Root string
+	// Templates maps an image name (Spec.Image) to a directory the sandbox
+	// starts from. An empty directory value means an empty tree, so
+	// Templates{"notes": ""} makes image "notes" start empty. A Spec.Image
+	// that is not a template name must be an absolute path to a directory.
+	Templates map[string]string
+	// Isolation: "auto" (the default) runs commands in bubblewrap when it
+	// works here and unisolated otherwise, "bwrap" fails New when bubblewrap
+	// does not work, "none" never uses it.
+	Isolation string
+	// BwrapPath is the bubblewrap binary; empty means "bwrap" on the PATH.
+	BwrapPath string
+	// Overlay: "auto" (the default) makes sandboxes overlayfs mounts when the
+	// server can mount overlayfs and copies otherwise, "on" fails New when it
+	// cannot, "off" always copies.
+	Overlay string
+	// DefaultWorkdir is the workdir of a spec that names none
+	// (DefaultWorkdir when empty). Under bubblewrap the tree is mounted there.
+	DefaultWorkdir string
+	// OutputCap caps each of stdout and stderr of a command, in bytes
+	// (DefaultOutputCap when zero).
+	OutputCap int
+	// DefaultExecTimeout is the timeout of a command that names none
+	// (DefaultExecTimeout when zero).
+	DefaultExecTimeout time.Duration
+	// CopyWorkers is how many files a snapshot or a copy-mode start or fork
+	// copies at once (DefaultCopyWorkers when zero).
+	CopyWorkers int
+	// Clock reads time for leases and records (clock.Real when nil).
+	Clock clock.Clock
+	// Logger receives structured logs (a discarding logger when nil).
+	Logger logrus.FieldLogger
+}
+
+// Provider is the local provider. It implements provider.Provider,
+// provider.Snapshotter, provider.Leaser and provider.Lister. It is safe for
+// concurrent use.
+type Provider struct {
+	root        string
+	templates   map[string]string
+	workdir     string
+	outputCap   int
+	execTimeout time.Duration
+	copyWorkers int
+	clk         clock.Clock
+	log         logrus.FieldLogger
+	bwrap       *bwrapConfig // nil: commands run unisolated
+	overlay     bool
+
+	// hook, when set by a test in this package, runs during a snapshot
+	// while the sandbox's commands are paused.
+	hook func(stage string, sandboxID string)
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox // loaded sandboxes, by id
+	pending   map[string]int      // ids of sandboxes and snapshots being made, and snapshots being read by a fork
+	// snapMu serialises changes to snapshot records and the collection of
+	// deleted snapshots.
+	snapMu sync.Mutex
+	// garbage: deleted snapshots or a failed snapshot's leftovers may be
+	// waiting for collection (true at start, for a previous server's).
+	garbage bool
+}
+
+var (
+	_ provider.Provider    = (*Provider)(nil)
+	_ provider.Snapshotter = (*Provider)(nil)
+	_ provider.Leaser      = (*Provider)(nil)
+	_ provider.Lister      = (*Provider)(nil)
+)
+
+// New makes the root's directories, probes bubblewrap and overlayfs as the
+// options ask, and logs once which isolation and filesystem mode are in
+// effect. It does not touch sandboxes a previous server left: they are found
+// again on first use, by Reap and by the Lister.
+func New(opts Options) (*Provider, error) {
+	if opts.Root == "" {
+		return nil, fmt.Errorf("%w: Root is required", ErrBadOptions)
+	}
+	root, err := filepath.Abs(opts.Root)
+	if err != nil {
+		return nil, fmt.Errorf("%w: root %q: %v", ErrBadOptions, opts.Root, err)
+	}
+	p := &Provider{
+		root:        root,
+		templates:   map[string]string{},
+		workdir:     opts.DefaultWorkdir,
+		outputCap:   opts.OutputCap,
+		execTimeout: opts.DefaultExecTimeout,
+		copyWorkers: opts.CopyWorkers,
+		clk:         opts.Clock,
+		log:         opts.Logger,
+		sandboxes:   map[string]*sandbox{},
+		pending:     map[string]int{},
+		garbage:     true,
+	}
+	if p.workdir == "" {
+		p.workdir = DefaultWorkdir
+	}
+	if _, err := cleanWorkdir(p.workdir); err != nil {
+		return nil, fmt.Errorf("%w: DefaultWorkdir: %v", ErrBadOptions, err)
+	}
+	if p.outputCap <= 0 {
+		p.outputCap = DefaultOutputCap
+	}
+	if p.execTimeout <= 0 {
+		p.execTimeout = DefaultExecTimeout
+	}
+	if p.copyWorkers <= 0 {
+		p.copyWorkers = DefaultCopyWorkers
+	}
+	if p.clk == nil {
+		p.clk = clock.Real{}
+	}
+	if p.log == nil {
+		l := logrus.New()
+		l.SetOutput(io.Discard)
+		p.log = l
+	}
+	p.log = p.log.WithField("provider", Name)
+	for name, dir := range opts.Templates {
+		if dir != "" {
+			abs, err := filepath.Abs(dir)
+			if err != nil {
+				return nil, fmt.Errorf("%w: template %q: %v", ErrBadOptions, name, err)
+			}
+			dir = abs
+		}
+		p.templates[name] = dir
+	}
+	for _, d := range []string{p.sandboxesDir(), p.snapshotsDir(), p.trashDir(), p.emptyDir()} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("local: make root: %w", err)
+		}
+	}
+
+	if err := p.chooseIsolation(opts.Isolation, opts.BwrapPath); err != nil {
+		return nil, err
+	}
+	if err := p.chooseOverlay(opts.Overlay); err != nil {
+		return nil, err
+	}
+	mode := "copy"
+	if p.overlay {
+		mode = "overlay"
+	}
+	p.log.WithFields(logrus.Fields{"root": p.root, "isolation": p.Isolation(), "fs_mode": mode}).Info("local provider ready")
+	return p, nil
+}
+
+func (p *Provider) chooseIsolation(mode, bwrapPath string) error {
+	switch mode {
+	case "", IsolationAuto, IsolationBwrap:
+	case IsolationNone:
+		p.log.WithField("isolation", IsolationNone).Warn("local provider: commands run unisolated (isolation: none)")
+		return nil
+	default:
+		return fmt.Errorf("%w: isolation %q (want auto, bwrap or none)", ErrBadOptions, mode)
+	}
+	cfg, err := newBwrapConfig(bwrapPath, p.root)
+	if err == nil {
+		err = cfg.probe(p.trashDir())
+	}
+	if err != nil {
+		if mode == IsolationBwrap {
+			return fmt.Errorf("%w: %v", ErrBwrapUnavailable, err)
+		}
+		p.log.WithError(err).Warn("local provider: bubblewrap does not work here; commands run unisolated")
+		return nil
+	}
+	p.bwrap = cfg
+	return nil
+}
+
+func (p *Provider) chooseOverlay(mode string) error {
+	switch mode {
+	case OverlayOff:
+		return nil
+	case "", OverlayAuto, OverlayOn:
+	default:
+		return fmt.Errorf("%w: overlay %q (want auto, on or off)", ErrBadOptions, mode)
+	}
+	if err := probeOverlay(p.trashDir()); err != nil {
+		if mode == OverlayOn {
+			return fmt.Errorf("%w: %v", ErrOverlayUnavailable, err)
+		}
+		p.log.WithError(err).Info("local provider: overlayfs cannot be mounted here; sandboxes and snapshots are copies")
+		return nil
+	}
+	p.overlay = true
+	return nil
+}
+
+// Name returns "local".
+func (p *Provider) Name() string { return Name }
+
+// Isolation reports the isolation in effect: "bwrap" or "none".
+func (p *Provider) Isolation() string {
+	if p.bwrap != nil {
+		return IsolationBwrap
+	}
+	return IsolationNone
+}
+
+// Overlay reports whether new sandboxes are overlayfs mounts (true) or copies.
+func (p *Provider) Overlay() bool { return p.overlay }
+
+// Root returns the absolute root directory.
+func (p *Provider) Root() string { return p.root }
+
+func (p *Provider) sandboxesDir() string { return filepath.Join(p.root, "sandboxes") }
+func (p *Provider) snapshotsDir() string { return filepath.Join(p.root, "snapshots") }
+func (p *Provider) trashDir() string     { return filepath.Join(p.root, "trash") }
+func (p *Provider) emptyDir() string     { return filepath.Join(p.root, "empty") }
+
+func (p *Provider) sandboxDir(id string) string  { return filepath.Join(p.sandboxesDir(), id) }
+func (p *Provider) snapshotDir(id string) string { return filepath.Join(p.snapshotsDir(), id) }
+
+// newID returns prefix + 16 random hex digits.
+func newID(prefix string) string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("local: crypto/rand: %v", err)) // never fails on Linux
+	}
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// validID accepts the ids this package makes (and nothing that could name a
+// path outside the root).
+func validID(id, prefix string) bool {
+	if len(id) != len(prefix)+16 || id[:len(prefix)] != prefix {
+		return false
+	}
+	_, err := hex.DecodeString(id[len(prefix):])
+	return err == nil
+}
+
+const (
+	sandboxPrefix  = "sb-"
+	snapshotPrefix = "snap-"
+)
+
+// cleanWorkdir checks that w is an absolute path other than "/" and returns
+// it cleaned.
+func cleanWorkdir(w string) (string, error) {
+	if !path.IsAbs(w) {
+		return "", fmt.Errorf("workdir %q is not absolute", w)
+	}
+	w = path.Clean(w)
+	if w == "/" {
+		return "", fmt.Errorf("workdir %q is the root", w)
+	}
+	return w, nil
+}
+
+// markPending records that id (a sandbox or snapshot being made, or a
+// snapshot a fork is reading) must not be collected; the returned func
+// undoes it.
+func (p *Provider) markPending(id string) func() {
+	p.mu.Lock()
+	p.pending[id]++
+	p.mu.Unlock()
+	return func() {
+		p.mu.Lock()
+		if p.pending[id]--; p.pending[id] <= 0 {
+			delete(p.pending, id)
+		}
+		p.mu.Unlock()
+	}
+}
+
+func (p *Provider) isPending(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pending[id] > 0
+}
+
+func ctxErr(ctx context.Context, what string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("local: %s: %w", what, err)
+	}
+	return nil
+}

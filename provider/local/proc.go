@@ -1,0 +1,156 @@
+package local
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+// Linux waitid constants (the syscall package has WEXITED but not these).
+const (
+	pPID    = 1
+	wNoWait = 0x1000000
+)
+
+// waitExited blocks until process pid has exited, without reaping it, so
+// that its process group id cannot be reused while the group is killed.
+func waitExited(pid int) error {
+	var info [128]byte // siginfo_t
+	for {
+		_, _, errno := syscall.Syscall6(syscall.SYS_WAITID, pPID, uintptr(pid),
+			uintptr(unsafe.Pointer(&info[0])), syscall.WEXITED|wNoWait, 0, 0)
+		switch errno {
+		case 0:
+			return nil
+		case syscall.EINTR:
+			continue
+		default:
+			return errno
+		}
+	}
+}
+
+// killGroup sends SIGKILL to process group pgid; a group already gone is fine.
+func killGroup(pgid int) { signalGroup(pgid, syscall.SIGKILL) }
+
+func signalGroup(pgid int, sig syscall.Signal) {
+	if pgid > 1 {
+		_ = syscall.Kill(-pgid, sig)
+	}
+}
+
+// procEntry is what this package reads of one /proc/<pid>/stat.
+type procEntry struct {
+	pid   int
+	state byte
+	pgrp  int
+}
+
+// listProcs reads every process's state and process group.
+func listProcs() []procEntry {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	out := make([]procEntry, 0, len(entries))
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// "pid (comm) state ppid pgrp ...": comm may hold spaces and ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := bytes.Fields(b[i+1:])
+		if len(f) < 3 || len(f[0]) != 1 {
+			continue
+		}
+		pgrp, err := strconv.Atoi(string(f[2]))
+		if err != nil {
+			continue
+		}
+		out = append(out, procEntry{pid: pid, state: f[0][0], pgrp: pgrp})
+	}
+	return out
+}
+
+// markedProcesses returns the pids of processes whose environment holds
+// SandboxIDEnv=id.
+func markedProcesses(id string) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	marker := []byte("\x00" + SandboxIDEnv + "=" + id + "\x00")
+	self := os.Getpid()
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil || len(env) == 0 {
+			continue
+		}
+		if bytes.Contains(append([]byte{0}, env...), marker) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// killMarked kills every process marked with the sandbox's id, in rounds
+// until none is left (a process may fork while it is being killed), and
+// returns how many it signalled.
+func killMarked(id string) int {
+	n := 0
+	for range 10 {
+		pids := markedProcesses(id)
+		if len(pids) == 0 {
+			return n
+		}
+		for _, pid := range pids {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err == nil {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// errNotStopped: a process of a paused group did not reach the stopped
+// state in time (it may be in uninterruptible sleep).
+var errNotStopped = errors.New("local: a paused command did not stop in time")
+
+// waitStopped waits until every process of the groups is stopped (or dead),
+// polling /proc, for at most limit.
+func waitStopped(groups map[int]bool, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		pending := false
+		for _, e := range listProcs() {
+			if groups[e.pgrp] && e.state != 'T' && e.state != 't' && e.state != 'Z' && e.state != 'X' {
+				pending = true
+				break
+			}
+		}
+		if !pending {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errNotStopped
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -1,0 +1,469 @@
+package local
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+// Descriptor is the JSON in a local Handle's Descriptor. The sandbox id is
+// all a fresh provider on the same root needs; Root and Workdir make the
+// handle self-describing, and a handle naming another root is refused.
+type Descriptor struct {
+	SandboxID string `json:"sandbox_id"`
+	Root      string `json:"root"`
+	Workdir   string `json:"workdir"`
+}
+
+// sandboxMeta is a sandbox's metadata file, meta.json in its directory.
+type sandboxMeta struct {
+	ID        string    `json:"id"`
+	CreatedAt time.Time `json:"created_at"`
+	// ExpiresAt is the lease; zero means none.
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	// Workdir is the path the tree has in the sandbox's view.
+	Workdir      string            `json:"workdir"`
+	Env          map[string]string `json:"env,omitempty"`
+	Metadata     map[string]string `json:"metadata,omitempty"`
+	Network      bool              `json:"network,omitempty"`
+	Image        string            `json:"image,omitempty"`
+	FromSnapshot string            `json:"from_snapshot,omitempty"`
+	// Overlay: the tree is an overlayfs mount of Lowers (topmost first)
+	// under the sandbox's own upper layer.
+	Overlay bool     `json:"overlay,omitempty"`
+	Lowers  []string `json:"lowers,omitempty"`
+	// Layers are the snapshots whose layers Lowers include; they are kept
+	// while this sandbox lives.
+	Layers []string `json:"layers,omitempty"`
+	// Spec is the spec it was started with, without Files.
+	Spec provider.Spec `json:"spec"`
+}
+
+// sandbox is a loaded sandbox.
+type sandbox struct {
+	id  string
+	dir string
+	// gate is held shared while a command starts or a file is read or
+	// written, and exclusively by Snapshot and Stop.
+	gate sync.RWMutex
+
+	mu      sync.Mutex
+	meta    sandboxMeta
+	stopped bool
+	adopted bool             // its tree is mounted and a crashed server's leftovers are gone
+	groups  map[int]struct{} // process groups of the commands running now
+}
+
+func (s *sandbox) fsDir() string    { return filepath.Join(s.dir, "fs") }
+func (s *sandbox) upperDir() string { return filepath.Join(s.dir, "upper") }
+func (s *sandbox) workDir() string  { return filepath.Join(s.dir, "work") }
+func (s *sandbox) metaPath() string { return filepath.Join(s.dir, "meta.json") }
+
+// origin is what a new sandbox's tree starts from.
+type origin struct {
+	image        string
+	copyFrom     string   // copy mode: the tree to copy; "" is an empty tree
+	lowers       []string // overlay mode: the layers, topmost first
+	layers       []string // overlay mode: snapshots among lowers
+	fromSnapshot string
+	files        map[string]string
+}
+
+// Start makes a sandbox from spec.Image (a template name from Options, an
+// absolute directory, or "" for an empty tree), writes spec.Files into it and
+// returns once commands can run in it. ReadyTimeoutSeconds bounds the call.
+func (p *Provider) Start(ctx context.Context, spec provider.Spec) (provider.Handle, error) {
+	ctx, cancel := readyContext(ctx, spec)
+	defer cancel()
+	src, err := p.resolveImage(spec.Image)
+	if err != nil {
+		return provider.Handle{}, err
+	}
+	o := origin{image: spec.Image, copyFrom: src, lowers: []string{src}, files: spec.Files}
+	if src == "" {
+		o.lowers = []string{p.emptyDir()}
+	}
+	return p.create(ctx, spec, o)
+}
+
+func readyContext(ctx context.Context, spec provider.Spec) (context.Context, context.CancelFunc) {
+	if spec.ReadyTimeoutSeconds > 0 {
+		return context.WithTimeout(ctx, time.Duration(spec.ReadyTimeoutSeconds*float64(time.Second)))
+	}
+	return context.WithCancel(ctx)
+}
+
+// resolveImage returns the directory an image starts from ("" for empty).
+func (p *Provider) resolveImage(image string) (string, error) {
+	if image == "" {
+		return "", nil
+	}
+	dir, ok := p.templates[image]
+	if !ok {
+		if !filepath.IsAbs(image) {
+			return "", fmt.Errorf("local: image %q is neither a template nor an absolute directory: %w", image, provider.ErrInvalidSpec)
+		}
+		dir = filepath.Clean(image)
+	}
+	if dir == "" {
+		return "", nil
+	}
+	fi, err := os.Stat(dir)
+	if err != nil || !fi.IsDir() {
+		return "", fmt.Errorf("local: image %q: %s is not a directory: %w", image, dir, provider.ErrInvalidSpec)
+	}
+	return dir, nil
+}
+
+// checkSpec validates what create uses of spec and returns the workdir.
+func (p *Provider) checkSpec(spec provider.Spec, files map[string]string) (string, error) {
+	workdir := spec.Workdir
+	if workdir == "" {
+		workdir = p.workdir
+	}
+	workdir, err := cleanWorkdir(workdir)
+	if err != nil {
+		return "", fmt.Errorf("local: %v: %w", err, provider.ErrInvalidSpec)
+	}
+	if p.bwrap != nil {
+		if err := p.bwrap.checkWorkdir(workdir); err != nil {
+			return "", fmt.Errorf("local: %v: %w", err, provider.ErrInvalidSpec)
+		}
+	}
+	if spec.TTLSeconds < 0 {
+		return "", fmt.Errorf("local: negative ttl_s %v: %w", spec.TTLSeconds, provider.ErrInvalidSpec)
+	}
+	if err := checkEnv(spec.Env); err != nil {
+		return "", err
+	}
+	for name := range files {
+		if _, err := sandboxRel(workdir, name); err != nil {
+			return "", fmt.Errorf("local: spec file: %w", err)
+		}
+	}
+	return workdir, nil
+}
+
+func checkEnv(env map[string]string) error {
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return fmt.Errorf("local: environment variable %q: %w", k, provider.ErrInvalidSpec)
+		}
+	}
+	return nil
+}
+
+// create makes a sandbox directory from o; the metadata file is written last,
+// so a directory without one is a start that did not finish.
+func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h provider.Handle, err error) {
+	began := time.Now()
+	workdir, err := p.checkSpec(spec, o.files)
+	if err != nil {
+		return provider.Handle{}, err
+	}
+	if err := ctxErr(ctx, "start"); err != nil {
+		return provider.Handle{}, err
+	}
+	id := newID(sandboxPrefix)
+	defer p.markPending(id)()
+	s := &sandbox{id: id, dir: p.sandboxDir(id), adopted: true, groups: map[int]struct{}{}}
+	if err := os.Mkdir(s.dir, 0o755); err != nil {
+		return provider.Handle{}, fmt.Errorf("local: start: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = unmount(s.fsDir())
+			if rmErr := os.RemoveAll(s.dir); rmErr != nil {
+				p.log.WithError(rmErr).WithField("sandbox_id", id).Warn("local: remove a sandbox that failed to start")
+			}
+		}
+	}()
+	now := p.clk.Now()
+	meta := sandboxMeta{
+		ID: id, CreatedAt: now, Workdir: workdir, Env: spec.Env, Metadata: spec.Metadata,
+		Network: spec.Network, Image: o.image, FromSnapshot: o.fromSnapshot,
+	}
+	if ttl := spec.TTL(); ttl > 0 {
+		meta.ExpiresAt = now.Add(ttl)
+	}
+	meta.Spec = spec
+	meta.Spec.Files = nil
+	if p.overlay {
+		meta.Overlay, meta.Lowers, meta.Layers = true, o.lowers, o.layers
+		for _, d := range []string{s.upperDir(), s.workDir(), s.fsDir()} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				return provider.Handle{}, fmt.Errorf("local: start: %w", err)
+			}
+		}
+		if err := mountOverlay(s.fsDir(), o.lowers, s.upperDir(), s.workDir()); err != nil {
+			return provider.Handle{}, fmt.Errorf("local: start: %w", err)
+		}
+	} else if o.copyFrom != "" {
+		if err := copyTree(ctx, o.copyFrom, s.fsDir(), p.copyWorkers); err != nil {
+			return provider.Handle{}, fmt.Errorf("local: start: %w", err)
+		}
+	} else if err := os.Mkdir(s.fsDir(), 0o755); err != nil {
+		return provider.Handle{}, fmt.Errorf("local: start: %w", err)
+	}
+	if err := writeFiles(s.fsDir(), workdir, o.files); err != nil {
+		return provider.Handle{}, err
+	}
+	if err := ctxErr(ctx, "start"); err != nil {
+		return provider.Handle{}, err
+	}
+	s.meta = meta
+	if err := writeJSON(s.metaPath(), meta); err != nil {
+		return provider.Handle{}, fmt.Errorf("local: start: %w", err)
+	}
+	p.mu.Lock()
+	p.sandboxes[id] = s
+	p.mu.Unlock()
+	p.log.WithFields(logrus.Fields{
+		"sandbox_id": id, "image": o.image, "from_snapshot": o.fromSnapshot, "overlay": p.overlay,
+		"duration_ms": time.Since(began).Milliseconds(),
+	}).Info("local: sandbox started")
+	return p.handle(id, workdir), nil
+}
+
+func (p *Provider) handle(id, workdir string) provider.Handle {
+	d, err := json.Marshal(Descriptor{SandboxID: id, Root: p.root, Workdir: workdir})
+	if err != nil {
+		panic(fmt.Sprintf("local: marshal descriptor: %v", err)) // plain strings never fail
+	}
+	return provider.Handle{SandboxID: id, Provider: Name, Descriptor: d}
+}
+
+// loaded returns the sandbox h names, loading its metadata from disk if this
+// process has not yet: stopped or never existing is ErrSandboxNotFound. It
+// does not check the lease.
+func (p *Provider) loaded(h provider.Handle) (*sandbox, error) {
+	if h.Provider != "" && h.Provider != Name {
+		return nil, fmt.Errorf("local: handle %s is from provider %q: %w", h, h.Provider, provider.ErrInvalidSpec)
+	}
+	if len(h.Descriptor) > 0 {
+		var d Descriptor
+		if err := json.Unmarshal(h.Descriptor, &d); err != nil {
+			return nil, fmt.Errorf("local: handle %s: descriptor: %v: %w", h, err, provider.ErrInvalidSpec)
+		}
+		if d.Root != "" && filepath.Clean(d.Root) != p.root {
+			return nil, fmt.Errorf("local: handle %s is for root %s, this provider's is %s: %w", h, d.Root, p.root, provider.ErrInvalidSpec)
+		}
+		if d.SandboxID != "" && d.SandboxID != h.SandboxID {
+			return nil, fmt.Errorf("local: handle %s: descriptor names sandbox %q: %w", h, d.SandboxID, provider.ErrInvalidSpec)
+		}
+	}
+	id := h.SandboxID
+	if !validID(id, sandboxPrefix) {
+		return nil, fmt.Errorf("local: sandbox %q: %w", id, provider.ErrSandboxNotFound)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if s, ok := p.sandboxes[id]; ok {
+		return s, nil
+	}
+	s := &sandbox{id: id, dir: p.sandboxDir(id), groups: map[int]struct{}{}}
+	if err := readJSON(s.metaPath(), &s.meta); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("local: sandbox %s: %w", id, provider.ErrSandboxNotFound)
+		}
+		return nil, fmt.Errorf("local: sandbox %s: %w", id, err)
+	}
+	p.sandboxes[id] = s
+	return s, nil
+}
+
+// live returns the sandbox h names if it is running and its lease has not
+// run out, adopted (tree mounted, a crashed server's leftover processes
+// killed) when adopt is set.
+func (p *Provider) live(h provider.Handle, adopt bool) (*sandbox, error) {
+	s, err := p.loaded(h)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := p.checkLiveLocked(s); err != nil {
+		return nil, err
+	}
+	if adopt && !s.adopted {
+		if err := p.adoptLocked(s); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (p *Provider) checkLiveLocked(s *sandbox) error {
+	if s.stopped {
+		return fmt.Errorf("local: sandbox %s: %w", s.id, provider.ErrSandboxNotFound)
+	}
+	if exp := s.meta.ExpiresAt; !exp.IsZero() && !p.clk.Now().Before(exp) {
+		return fmt.Errorf("local: sandbox %s: lease ran out at %s: %w", s.id, exp.Format(time.RFC3339Nano), provider.ErrSandboxNotFound)
+	}
+	return nil
+}
+
+// adoptLocked takes over a sandbox a previous server left: commands do not
+// outlive their Exec call, so any process still marked with the sandbox's id
+// belongs to a server that died mid-call and is killed; an overlay tree that
+// is no longer mounted (after a reboot) is mounted again.
+func (p *Provider) adoptLocked(s *sandbox) error {
+	if n := killMarked(s.id); n > 0 {
+		p.log.WithFields(logrus.Fields{"sandbox_id": s.id, "processes": n}).Info("local: killed processes a previous server left in the sandbox")
+	}
+	if s.meta.Overlay {
+		mounted, err := isMountPoint(s.fsDir())
+		if err != nil {
+			return fmt.Errorf("local: sandbox %s: %w", s.id, err)
+		}
+		if !mounted {
+			if err := mountOverlay(s.fsDir(), s.meta.Lowers, s.upperDir(), s.workDir()); err != nil {
+				return fmt.Errorf("local: sandbox %s: remount: %w", s.id, err)
+			}
+		}
+	}
+	s.adopted = true
+	return nil
+}
+
+// Status reports StatusRunning for a live sandbox; a stopped, expired or
+// unknown one is ErrSandboxNotFound.
+func (p *Provider) Status(ctx context.Context, h provider.Handle) (provider.Status, error) {
+	if err := ctxErr(ctx, "status"); err != nil {
+		return provider.StatusUnknown, err
+	}
+	if _, err := p.live(h, false); err != nil {
+		return provider.StatusUnknown, err
+	}
+	return provider.StatusRunning, nil
+}
+
+// Stop kills the sandbox's commands, unmounts and deletes its tree. A sandbox
+// already gone (or never made) is success. A fresh process on the same root
+// can stop a sandbox from its handle alone.
+func (p *Provider) Stop(ctx context.Context, h provider.Handle) error {
+	if err := ctxErr(ctx, "stop"); err != nil {
+		return err
+	}
+	s, err := p.loaded(h)
+	if errors.Is(err, provider.ErrSandboxNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return p.stop(s, "stop")
+}
+
+func (p *Provider) stop(s *sandbox, reason string) error {
+	s.gate.Lock()
+	defer s.gate.Unlock()
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return nil
+	}
+	s.stopped = true
+	groups := make([]int, 0, len(s.groups))
+	for g := range s.groups {
+		groups = append(groups, g)
+	}
+	overlay := s.meta.Overlay
+	s.mu.Unlock()
+
+	for _, g := range groups {
+		killGroup(g)
+	}
+	killMarked(s.id)
+	if overlay {
+		if err := unmount(s.fsDir()); err != nil {
+			return p.stopFailed(s, err)
+		}
+	}
+	trash := filepath.Join(p.trashDir(), s.id+"-"+newID("")[:8])
+	if err := os.Rename(s.dir, trash); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return p.stopFailed(s, err)
+	}
+	if err := os.RemoveAll(trash); err != nil {
+		p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: remove a stopped sandbox's tree (Reap retries)")
+	}
+	p.mu.Lock()
+	delete(p.sandboxes, s.id)
+	p.mu.Unlock()
+	p.log.WithFields(logrus.Fields{"sandbox_id": s.id, "reason": reason}).Info("local: sandbox stopped")
+	p.collectSnapshots()
+	return nil
+}
+
+// stopFailed undoes the stopped mark so that a retried Stop tries again.
+func (p *Provider) stopFailed(s *sandbox, err error) error {
+	s.mu.Lock()
+	s.stopped = false
+	s.adopted = false
+	s.mu.Unlock()
+	return fmt.Errorf("local: stop %s: %w", s.id, err)
+}
+
+// sandboxIDs lists the ids of sandbox directories on disk, sorted.
+func (p *Provider) sandboxIDs() ([]string, error) {
+	entries, err := os.ReadDir(p.sandboxesDir())
+	if err != nil {
+		return nil, fmt.Errorf("local: list sandboxes: %w", err)
+	}
+	var ids []string
+	for _, e := range entries {
+		if e.IsDir() && validID(e.Name(), sandboxPrefix) {
+			ids = append(ids, e.Name())
+		}
+	}
+	sort.Strings(ids)
+	return ids, nil
+}
+
+// writeJSON writes v to path atomically (a temporary file, synced, renamed).
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("marshal %s: %w", filepath.Base(path), err)
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}

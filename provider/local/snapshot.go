@@ -1,0 +1,344 @@
+package local
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+// stopLimit bounds how long Snapshot waits for paused commands to stop.
+const stopLimit = 2 * time.Second
+
+// snapshotMeta is a snapshot's metadata file, meta.json in its directory;
+// its tree is layer/ beside it.
+type snapshotMeta struct {
+	ID        string            `json:"id"`
+	Name      string            `json:"name,omitempty"`
+	SandboxID string            `json:"sandbox_id"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+	// Overlay: layer/ is a diff (an overlayfs upper layer, whiteouts and
+	// all) to stack on Lowers; otherwise it is the whole tree.
+	Overlay bool     `json:"overlay,omitempty"`
+	Lowers  []string `json:"lowers,omitempty"`
+	// Depends are the snapshots whose layers Lowers include.
+	Depends []string `json:"depends,omitempty"`
+	// Deleted: DeleteSnapshot was called; the layer stays while a sandbox
+	// or another snapshot stands on it.
+	Deleted bool `json:"deleted,omitempty"`
+}
+
+func (p *Provider) snapshotMetaPath(id string) string {
+	return filepath.Join(p.snapshotDir(id), "meta.json")
+}
+func (p *Provider) snapshotLayer(id string) string { return filepath.Join(p.snapshotDir(id), "layer") }
+
+// Snapshot takes a consistent copy of the sandbox's tree: new commands and
+// file calls wait, the running commands are paused with SIGSTOP for the copy
+// and resumed with SIGCONT after. In overlay mode only the sandbox's own
+// layer (its diff from what it stands on) is copied; a sandbox already
+// standing on many layers is copied whole. The sandbox keeps running, and
+// the snapshot survives a server restart.
+func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string) (string, error) {
+	if err := ctxErr(ctx, "snapshot"); err != nil {
+		return "", err
+	}
+	s, err := p.live(h, true)
+	if err != nil {
+		return "", err
+	}
+	began := time.Now()
+	id := newID(snapshotPrefix)
+	defer p.markPending(id)()
+	dir := p.snapshotDir(id)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return "", fmt.Errorf("local: snapshot: %w", err)
+	}
+	meta, err := p.copySandbox(ctx, s, id)
+	if err == nil {
+		meta.Name = name
+		err = writeJSON(p.snapshotMetaPath(id), meta)
+	}
+	if err != nil {
+		if rmErr := os.RemoveAll(dir); rmErr != nil {
+			p.log.WithError(rmErr).WithField("snapshot_id", id).Warn("local: remove a failed snapshot (Reap retries)")
+			p.snapMu.Lock()
+			p.garbage = true
+			p.snapMu.Unlock()
+		}
+		return "", err
+	}
+	p.log.WithFields(logrus.Fields{
+		"sandbox_id": s.id, "snapshot_id": id, "overlay": meta.Overlay,
+		"duration_ms": time.Since(began).Milliseconds(),
+	}).Info("local: snapshot taken")
+	return id, nil
+}
+
+// copySandbox copies s's tree into snapshot id's layer with s paused.
+func (p *Provider) copySandbox(ctx context.Context, s *sandbox, id string) (snapshotMeta, error) {
+	s.gate.Lock()
+	defer s.gate.Unlock()
+	s.mu.Lock()
+	if err := p.checkLiveLocked(s); err != nil {
+		s.mu.Unlock()
+		return snapshotMeta{}, err
+	}
+	sm := s.meta
+	groups := make(map[int]bool, len(s.groups))
+	for g := range s.groups {
+		groups[g] = true
+	}
+	s.mu.Unlock()
+
+	for g := range groups {
+		signalGroup(g, syscall.SIGSTOP)
+	}
+	resume := func() {
+		for g := range groups {
+			signalGroup(g, syscall.SIGCONT)
+		}
+		groups = nil
+	}
+	defer func() { resume() }()
+	if len(groups) > 0 {
+		if err := waitStopped(groups, stopLimit); err != nil {
+			p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: snapshot copies a sandbox whose commands did not all stop")
+		}
+	}
+	if p.hook != nil {
+		p.hook("paused", s.id)
+	}
+	meta := snapshotMeta{ID: id, SandboxID: s.id, Metadata: sm.Metadata, CreatedAt: p.clk.Now()}
+	src := s.fsDir()
+	if sm.Overlay && len(sm.Lowers) < maxLayers {
+		meta.Overlay, meta.Lowers, meta.Depends = true, sm.Lowers, sm.Layers
+		src = s.upperDir()
+	}
+	if err := copyTree(ctx, src, p.snapshotLayer(id), p.copyWorkers); err != nil {
+		return snapshotMeta{}, fmt.Errorf("local: snapshot %s: %w", s.id, err)
+	}
+	resume()
+	if p.hook != nil {
+		p.hook("resumed", s.id)
+	}
+	return meta, nil
+}
+
+// Fork starts a new sandbox from a snapshot: spec gives everything but the
+// tree (its Image and Files are ignored). In overlay mode the fork stands on
+// the snapshot's layer and copies nothing; otherwise the snapshot is copied.
+func (p *Provider) Fork(ctx context.Context, spec provider.Spec, snapshotID string) (provider.Handle, error) {
+	ctx, cancel := readyContext(ctx, spec)
+	defer cancel()
+	if err := ctxErr(ctx, "fork"); err != nil {
+		return provider.Handle{}, err
+	}
+	if !validID(snapshotID, snapshotPrefix) {
+		return provider.Handle{}, fmt.Errorf("local: snapshot %q: %w", snapshotID, provider.ErrSnapshotNotFound)
+	}
+	p.snapMu.Lock()
+	var sm snapshotMeta
+	err := readJSON(p.snapshotMetaPath(snapshotID), &sm)
+	if err == nil && sm.Deleted {
+		err = fs.ErrNotExist
+	}
+	if err != nil {
+		p.snapMu.Unlock()
+		if errors.Is(err, fs.ErrNotExist) {
+			return provider.Handle{}, fmt.Errorf("local: snapshot %s: %w", snapshotID, provider.ErrSnapshotNotFound)
+		}
+		return provider.Handle{}, fmt.Errorf("local: snapshot %s: %w", snapshotID, err)
+	}
+	release := sync.OnceFunc(p.markPending(snapshotID)) // kept until the fork stands on it
+	defer release()
+	p.snapMu.Unlock()
+
+	layer := p.snapshotLayer(snapshotID)
+	o := origin{fromSnapshot: snapshotID, copyFrom: layer, lowers: []string{layer}, layers: []string{snapshotID}}
+	if sm.Overlay {
+		if !p.overlay {
+			return provider.Handle{}, fmt.Errorf("local: snapshot %s is an overlay layer and this provider has overlay off: %w", snapshotID, provider.ErrUnsupported)
+		}
+		o.lowers = append(o.lowers, sm.Lowers...)
+		o.layers = append(o.layers, sm.Depends...)
+		for _, l := range o.lowers {
+			if _, err := os.Stat(l); err != nil {
+				return provider.Handle{}, fmt.Errorf("local: snapshot %s stands on %s: %v: %w", snapshotID, l, err, provider.ErrSnapshotNotFound)
+			}
+		}
+	}
+	spec.Files = nil
+	h, err := p.create(ctx, spec, o)
+	if err != nil {
+		return provider.Handle{}, err
+	}
+	release()
+	p.collectSnapshots() // the snapshot may have been deleted while the fork read it
+	return h, nil
+}
+
+// DeleteSnapshot deletes a snapshot; a missing one is success. A snapshot
+// that a live fork (or another snapshot) still stands on is no longer listed
+// or forkable, and its layer is removed once nothing stands on it.
+func (p *Provider) DeleteSnapshot(ctx context.Context, snapshotID string) error {
+	if err := ctxErr(ctx, "delete snapshot"); err != nil {
+		return err
+	}
+	if !validID(snapshotID, snapshotPrefix) {
+		return nil
+	}
+	p.snapMu.Lock()
+	var sm snapshotMeta
+	err := readJSON(p.snapshotMetaPath(snapshotID), &sm)
+	if err == nil && !sm.Deleted {
+		sm.Deleted = true
+		err = writeJSON(p.snapshotMetaPath(snapshotID), sm)
+	}
+	p.garbage = true
+	p.snapMu.Unlock()
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("local: delete snapshot %s: %w", snapshotID, err)
+	}
+	p.collectSnapshots()
+	return nil
+}
+
+// collectSnapshots removes deleted snapshots nothing stands on, and
+// snapshot directories without a metadata file that no call is making
+// (a crashed Snapshot's). Failures are logged; the next call retries.
+func (p *Provider) collectSnapshots() {
+	if err := p.collect(); err != nil {
+		p.log.WithError(err).Warn("local: collect deleted snapshots")
+	}
+}
+
+func (p *Provider) collect() (err error) {
+	p.snapMu.Lock()
+	defer p.snapMu.Unlock()
+	if !p.garbage {
+		return nil
+	}
+	kept := 0
+	defer func() { p.garbage = err != nil || kept > 0 }()
+	entries, err := os.ReadDir(p.snapshotsDir())
+	if err != nil {
+		return fmt.Errorf("list snapshots: %w", err)
+	}
+	metas := map[string]snapshotMeta{}
+	var deleted, orphans []string
+	for _, e := range entries {
+		id := e.Name()
+		if !validID(id, snapshotPrefix) || p.isPending(id) {
+			continue
+		}
+		var sm snapshotMeta
+		if err := readJSON(p.snapshotMetaPath(id), &sm); err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				orphans = append(orphans, id)
+			}
+			continue
+		}
+		metas[id] = sm
+		if sm.Deleted {
+			deleted = append(deleted, id)
+		}
+	}
+	var errs []error
+	for _, id := range orphans {
+		errs = append(errs, os.RemoveAll(p.snapshotDir(id)))
+	}
+	if len(deleted) == 0 {
+		return errors.Join(errs...)
+	}
+	// What is still stood on: every live snapshot, every sandbox's layers,
+	// every snapshot a fork is reading now, and what those stand on.
+	needed := map[string]bool{}
+	for id, sm := range metas {
+		if !sm.Deleted {
+			needed[id] = true
+		}
+	}
+	p.mu.Lock()
+	for id := range p.pending {
+		needed[id] = true
+	}
+	p.mu.Unlock()
+	ids, err := p.sandboxIDs()
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		var m sandboxMeta
+		if err := readJSON(filepath.Join(p.sandboxDir(id), "meta.json"), &m); err != nil {
+			continue
+		}
+		for _, l := range m.Layers {
+			needed[l] = true
+		}
+	}
+	for id := range needed {
+		for _, d := range metas[id].Depends {
+			needed[d] = true
+		}
+	}
+	sort.Strings(deleted)
+	for _, id := range deleted {
+		if needed[id] {
+			kept++
+			continue
+		}
+		trash := filepath.Join(p.trashDir(), id)
+		if err := os.Rename(p.snapshotDir(id), trash); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		errs = append(errs, os.RemoveAll(trash))
+		p.log.WithField("snapshot_id", id).Info("local: snapshot removed")
+	}
+	return errors.Join(errs...)
+}
+
+// ListSnapshots lists the snapshots not deleted, oldest first.
+func (p *Provider) ListSnapshots(ctx context.Context) ([]provider.SnapshotInfo, error) {
+	if err := ctxErr(ctx, "list snapshots"); err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(p.snapshotsDir())
+	if err != nil {
+		return nil, fmt.Errorf("local: list snapshots: %w", err)
+	}
+	var out []provider.SnapshotInfo
+	for _, e := range entries {
+		if !validID(e.Name(), snapshotPrefix) {
+			continue
+		}
+		var sm snapshotMeta
+		if err := readJSON(p.snapshotMetaPath(e.Name()), &sm); err != nil || sm.Deleted {
+			continue
+		}
+		out = append(out, provider.SnapshotInfo{
+			ID: sm.ID, Name: sm.Name, SandboxID: sm.SandboxID, Metadata: sm.Metadata, CreatedAt: sm.CreatedAt,
+		})
+	}
+	slices.SortFunc(out, func(a, b provider.SnapshotInfo) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.ID, b.ID)
+	})
+	return out, nil
+}

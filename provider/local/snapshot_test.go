@@ -1,0 +1,269 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+func TestAWriteAfterASnapshotIsNotInItsFork(t *testing.T) {
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{Files: map[string]string{"notes": "one\n", "gone": "x"}})
+		mustRun(t, p, h, "mkdir -p d/e && echo deep > d/e/f")
+		snap := snapshot(t, p, h)
+		// Drift after the snapshot: append, add, delete a file and a dir.
+		mustRun(t, p, h, "echo two >> notes && echo new > added && rm gone && rm -r d")
+
+		f := fork(t, p, snap)
+		want := "one\n|absent|x|deep\n"
+		if got := mustRun(t, p, f, "cat notes; printf '|'; cat added 2>/dev/null || printf absent; printf '|'; cat gone; printf '|'; cat d/e/f"); got != want {
+			t.Errorf("fork sees %q, want %q", got, want)
+		}
+		if got := readFile(t, p, h, "notes"); got != "one\ntwo\n" {
+			t.Errorf("the original lost its drift: %q", got)
+		}
+		// The fork's own writes reach neither the snapshot nor the original.
+		mustRun(t, p, f, "echo fork >> notes")
+		f2 := fork(t, p, snap)
+		if got := readFile(t, p, f2, "notes"); got != "one\n" {
+			t.Errorf("second fork sees %q", got)
+		}
+		if got := readFile(t, p, h, "notes"); got != "one\ntwo\n" {
+			t.Errorf("the original sees the fork's write: %q", got)
+		}
+		// A snapshot of the fork (a second generation) carries both.
+		snap2 := snapshot(t, p, f)
+		mustRun(t, p, f, "rm notes")
+		if got := readFile(t, p, fork(t, p, snap2), "notes"); got != "one\nfork\n" {
+			t.Errorf("second-generation fork sees %q", got)
+		}
+
+		infos, err := p.ListSandboxes(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		from := map[string]string{}
+		for _, in := range infos {
+			from[in.Handle.SandboxID] = in.FromSnapshot
+		}
+		if from[f.SandboxID] != snap || from[h.SandboxID] != "" {
+			t.Errorf("from_snapshot: %v", from)
+		}
+	})
+}
+
+func TestSnapshotPausesRunningCommands(t *testing.T) {
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{})
+		states := map[string]string{}
+		var mu sync.Mutex
+		p.hook = func(stage, id string) {
+			mu.Lock()
+			defer mu.Unlock()
+			states[stage] = groupStates(p, id)
+		}
+		done := execRunning(t, context.Background(), p, h, "while :; do :; done")
+		snapshot(t, p, h)
+		mu.Lock()
+		got := fmt.Sprint(states)
+		mu.Unlock()
+		// While copying every process of the command is stopped (T); after,
+		// none is.
+		if !strings.Contains(states["paused"], "T") || strings.Trim(states["paused"], "TtZX") != "" {
+			t.Errorf("during the copy the command's processes were %s", got)
+		}
+		if strings.ContainsAny(states["resumed"], "Tt") {
+			t.Errorf("after the copy the command's processes were %s", got)
+		}
+		if err := p.Stop(context.Background(), h); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+	})
+}
+
+// groupStates returns the states of the processes of the sandbox's running
+// command groups, concatenated.
+func groupStates(p *Provider, id string) string {
+	p.mu.Lock()
+	s := p.sandboxes[id]
+	p.mu.Unlock()
+	s.mu.Lock()
+	groups := map[int]bool{}
+	for g := range s.groups {
+		groups[g] = true
+	}
+	s.mu.Unlock()
+	var b strings.Builder
+	for _, e := range listProcs() {
+		if groups[e.pgrp] {
+			b.WriteByte(e.state)
+		}
+	}
+	return b.String()
+}
+
+func TestDeleteSnapshot(t *testing.T) {
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		ctx := context.Background()
+		h := start(t, p, provider.Spec{Files: map[string]string{"f": "1"}})
+		snap := snapshot(t, p, h)
+		if err := p.DeleteSnapshot(ctx, "snap-0000000000000000"); err != nil {
+			t.Errorf("a missing snapshot: %v", err)
+		}
+		if err := p.DeleteSnapshot(ctx, "../../etc"); err != nil {
+			t.Errorf("a malformed id: %v", err)
+		}
+		f := fork(t, p, snap)
+		if err := p.DeleteSnapshot(ctx, snap); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.DeleteSnapshot(ctx, snap); err != nil {
+			t.Errorf("deleted twice: %v", err)
+		}
+		if list, _ := p.ListSnapshots(ctx); len(list) != 0 {
+			t.Errorf("a deleted snapshot is listed: %+v", list)
+		}
+		if _, err := p.Fork(ctx, provider.Spec{}, snap); !errors.Is(err, provider.ErrSnapshotNotFound) {
+			t.Errorf("fork of a deleted snapshot: %v", err)
+		}
+		// The fork still works; in overlay mode it stands on the layer, which
+		// is kept until the fork is gone.
+		if got := readFile(t, p, f, "f"); got != "1" {
+			t.Errorf("the fork lost its tree: %q", got)
+		}
+		_, statErr := os.Stat(p.snapshotDir(snap))
+		if m.overlay == OverlayOn && statErr != nil {
+			t.Errorf("overlay: the layer a live fork stands on was removed: %v", statErr)
+		}
+		if m.overlay == OverlayOff && !errors.Is(statErr, fs.ErrNotExist) {
+			t.Errorf("copy: the deleted snapshot is still on disk: %v", statErr)
+		}
+		if err := p.Stop(ctx, f); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(p.snapshotDir(snap)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("the layer outlived its last fork: %v", err)
+		}
+	})
+}
+
+func TestDeletedSnapshotKeptForASnapshotStandingOnIt(t *testing.T) {
+	p := newProvider(t, mode{"none-overlay", IsolationNone, OverlayOn}, Options{})
+	ctx := context.Background()
+	h := start(t, p, provider.Spec{Files: map[string]string{"a": "1"}})
+	s1 := snapshot(t, p, h)
+	f1 := fork(t, p, s1)
+	writeFile(t, p, f1, "b", "2")
+	s2 := snapshot(t, p, f1) // stands on s1's layer
+	if err := p.Stop(ctx, f1); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.DeleteSnapshot(ctx, s1); err != nil {
+		t.Fatal(err)
+	}
+	f2 := fork(t, p, s2)
+	if got := mustRun(t, p, f2, "cat a b"); got != "12" {
+		t.Errorf("fork of the second snapshot sees %q", got)
+	}
+	if err := p.Stop(ctx, f2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(p.snapshotDir(s1)); err != nil {
+		t.Errorf("s1's layer went while s2 stands on it: %v", err)
+	}
+	if err := p.DeleteSnapshot(ctx, s2); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{s1, s2} {
+		if _, err := os.Stat(p.snapshotDir(s)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s outlived everything standing on it: %v", s, err)
+		}
+	}
+}
+
+func TestOverlayChainsAreFlattened(t *testing.T) {
+	p := newProvider(t, mode{"none-overlay", IsolationNone, OverlayOn}, Options{})
+	ctx := context.Background()
+	h := start(t, p, provider.Spec{})
+	want := ""
+	for i := range maxLayers + 3 {
+		mustRun(t, p, h, fmt.Sprintf("echo %d >> log", i))
+		want += fmt.Sprintf("%d\n", i)
+		next := fork(t, p, snapshot(t, p, h))
+		if err := p.Stop(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		h = next
+	}
+	if got := readFile(t, p, h, "log"); got != want {
+		t.Errorf("after %d generations the log is %q", maxLayers+3, got)
+	}
+	s, err := p.live(h, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(s.meta.Lowers); n > maxLayers+1 {
+		t.Errorf("the sandbox stands on %d layers, more than %d", n, maxLayers+1)
+	}
+}
+
+func TestForkErrors(t *testing.T) {
+	ctx := context.Background()
+	overlay := newProvider(t, mode{"none-overlay", IsolationNone, OverlayOn}, Options{})
+	for _, id := range []string{"snap-0000000000000000", "../x", ""} {
+		if _, err := overlay.Fork(ctx, provider.Spec{}, id); !errors.Is(err, provider.ErrSnapshotNotFound) {
+			t.Errorf("Fork(%q): %v", id, err)
+		}
+	}
+	if _, err := overlay.Snapshot(ctx, provider.Handle{SandboxID: "sb-0000000000000000"}, ""); !errors.Is(err, provider.ErrSandboxNotFound) {
+		t.Errorf("Snapshot of an unknown sandbox: %v", err)
+	}
+	// An overlay diff cannot be forked by a provider with overlay off on
+	// the same root; a copy snapshot can be forked by an overlay provider.
+	h := start(t, overlay, provider.Spec{Files: map[string]string{"f": "o"}})
+	diff := snapshot(t, overlay, h)
+	copyP := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{Root: overlay.Root()})
+	if _, err := copyP.Fork(ctx, provider.Spec{}, diff); !errors.Is(err, provider.ErrUnsupported) {
+		t.Errorf("copy provider forking an overlay diff: %v", err)
+	}
+	h2 := start(t, copyP, provider.Spec{Files: map[string]string{"f": "c"}})
+	full := snapshot(t, copyP, h2)
+	if got := readFile(t, overlay, fork(t, overlay, full), "f"); got != "c" {
+		t.Errorf("overlay fork of a copy snapshot sees %q", got)
+	}
+}
+
+func TestListSnapshotsCarriesMetadata(t *testing.T) {
+	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
+	ctx := context.Background()
+	md := map[string]string{"owner": "o1", "session": "s1", "checkpoint": "c1"}
+	h := start(t, p, provider.Spec{Metadata: md})
+	id, err := p.Snapshot(ctx, h, "ckpt-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := p.ListSnapshots(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 {
+		t.Fatalf("listed %d snapshots", len(list))
+	}
+	want := provider.SnapshotInfo{ID: id, Name: "ckpt-1", SandboxID: h.SandboxID, Metadata: md, CreatedAt: list[0].CreatedAt}
+	if d := cmp.Diff(want, list[0]); d != "" {
+		t.Errorf("snapshot info (-want +got):\n%s", d)
+	}
+}
