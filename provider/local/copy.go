@@ -221,6 +221,9 @@ func copySparse(in, out *os.File, size int64) error {
 		if err != nil {
 			return err
 		}
+		if _, err := in.Seek(data, io.SeekStart); err != nil { // SEEK_HOLE moved it
+			return err
+		}
 		if _, err := out.Seek(data, io.SeekStart); err != nil {
 			return err
 		}

@@ -1,0 +1,211 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+func TestImages(t *testing.T) {
+	forModes(t, func(t *testing.T, m mode) {
+		tmpl := t.TempDir()
+		if err := os.MkdirAll(filepath.Join(tmpl, "src"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(tmpl, "src", "main.py"), []byte("print(1)\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		p := newProvider(t, m, Options{Templates: map[string]string{"repo": tmpl, "notes": ""}})
+		ctx := context.Background()
+
+		h := start(t, p, provider.Spec{Image: "repo", Files: map[string]string{"extra.txt": "e", "src/cfg": "c"}})
+		if got := mustRun(t, p, h, "cat src/main.py extra.txt src/cfg; test -x src/main.py && echo exec"); got != "print(1)\necexec\n" {
+			t.Errorf("template sandbox sees %q", got)
+		}
+		// Writes in the sandbox never reach the template.
+		mustRun(t, p, h, "echo changed > src/main.py && rm -r src && echo x > new")
+		if b, err := os.ReadFile(filepath.Join(tmpl, "src", "main.py")); err != nil || string(b) != "print(1)\n" {
+			t.Errorf("the template changed: %q, %v", b, err)
+		}
+		if _, err := os.Stat(filepath.Join(tmpl, "new")); err == nil {
+			t.Errorf("a sandbox wrote into its template")
+		}
+		// An absolute directory is an image too; an empty template is empty.
+		abs := start(t, p, provider.Spec{Image: tmpl})
+		if got := readFile(t, p, abs, "src/main.py"); got != "print(1)\n" {
+			t.Errorf("absolute image: %q", got)
+		}
+		empty := start(t, p, provider.Spec{Image: "notes"})
+		if got := mustRun(t, p, empty, "ls -A | wc -l"); strings.TrimSpace(got) != "0" {
+			t.Errorf("the empty template holds %q entries", got)
+		}
+		for _, image := range []string{"unknown", "relative/dir", filepath.Join(tmpl, "src", "main.py"), "/no/such/dir"} {
+			if _, err := p.Start(ctx, provider.Spec{Image: image}); !errors.Is(err, provider.ErrInvalidSpec) {
+				t.Errorf("Start(image %q): %v, want ErrInvalidSpec", image, err)
+			}
+		}
+		for _, w := range []string{"relative", "/"} {
+			if _, err := p.Start(ctx, provider.Spec{Workdir: w}); !errors.Is(err, provider.ErrInvalidSpec) {
+				t.Errorf("Start(workdir %q): %v, want ErrInvalidSpec", w, err)
+			}
+		}
+		if _, err := p.Start(ctx, provider.Spec{TTLSeconds: -1}); !errors.Is(err, provider.ErrInvalidSpec) {
+			t.Errorf("negative ttl: %v", err)
+		}
+		// A refused start leaves no directory behind.
+		ids, err := p.sandboxIDs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ids) != 3 {
+			t.Errorf("%d sandbox directories, want the 3 started", len(ids))
+		}
+	})
+}
+
+func TestStartHonoursItsContext(t *testing.T) {
+	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := p.Start(ctx, provider.Spec{}); !errors.Is(err, context.Canceled) {
+		t.Errorf("Start on a done context: %v", err)
+	}
+	if _, err := p.Fork(ctx, provider.Spec{}, "snap-0000000000000000"); !errors.Is(err, context.Canceled) {
+		t.Errorf("Fork on a done context: %v", err)
+	}
+}
+
+func TestBubblewrapIsolation(t *testing.T) {
+	for _, ov := range []string{OverlayOff, OverlayOn} {
+		t.Run(ov, func(t *testing.T) {
+			t.Parallel()
+			p := newProvider(t, mode{"bwrap", IsolationBwrap, ov}, Options{})
+			if p.Isolation() != IsolationBwrap {
+				t.Fatalf("Isolation() = %q", p.Isolation())
+			}
+			h := start(t, p, provider.Spec{})
+			// The tree is at the workdir; HOME is the workdir.
+			if got := mustRun(t, p, h, `pwd; echo "$HOME"`); got != DefaultWorkdir+"\n"+DefaultWorkdir+"\n" {
+				t.Errorf("pwd, HOME = %q", got)
+			}
+			// The host is read-only.
+			if res := run(t, p, h, "touch /usr/local-provider-test 2>&1"); res.ExitCode == 0 {
+				t.Errorf("wrote the host's /usr: %+v", res)
+			}
+			if _, err := os.Stat("/usr/local-provider-test"); err == nil {
+				os.Remove("/usr/local-provider-test")
+				t.Errorf("a sandboxed command wrote the host")
+			}
+			// /tmp is private to each command, and not the host's.
+			mustRun(t, p, h, "echo x > /tmp/local-provider-test")
+			if res := run(t, p, h, "cat /tmp/local-provider-test"); res.ExitCode == 0 {
+				t.Errorf("/tmp outlived its command: %+v", res)
+			}
+			if _, err := os.Stat("/tmp/local-provider-test"); err == nil {
+				t.Errorf("a sandboxed command wrote the host's /tmp")
+			}
+			// Other sandboxes (the provider's root) are hidden.
+			other := start(t, p, provider.Spec{Files: map[string]string{"secret": "s"}})
+			if res := run(t, p, h, "cat "+filepath.Join(fsDir(p, other), "secret")); res.ExitCode == 0 {
+				t.Errorf("a sandbox read another's file: %+v", res)
+			}
+			// No network but loopback, unless the spec asks.
+			// (/proc is the sandbox's own; /sys is the host's, read-only.)
+			ifaces := "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"
+			if got := mustRun(t, p, h, ifaces); strings.TrimSpace(got) != "lo" {
+				t.Errorf("without network the interfaces are %q", got)
+			}
+			netH := start(t, p, provider.Spec{Network: true})
+			if got := mustRun(t, p, netH, ifaces); strings.TrimSpace(got) == "lo" {
+				t.Errorf("with network only lo is there")
+			}
+			// Root in the sandbox cannot remount the host read-write.
+			if res := run(t, p, h, "mount -o remount,rw / 2>&1"); res.ExitCode == 0 {
+				t.Errorf("remounted /: %+v", res)
+			}
+		})
+	}
+}
+
+func TestBubblewrapWorkdirs(t *testing.T) {
+	p := newProvider(t, mode{"bwrap", IsolationBwrap, OverlayOff}, Options{})
+	ctx := context.Background()
+	// A workdir under a host directory bound read-only cannot be made.
+	if _, err := p.Start(ctx, provider.Spec{Workdir: "/usr/no-such-dir-here"}); !errors.Is(err, provider.ErrInvalidSpec) {
+		t.Errorf("workdir under /usr: %v", err)
+	}
+	if _, err := p.Start(ctx, provider.Spec{Workdir: "/proc/x"}); !errors.Is(err, provider.ErrInvalidSpec) {
+		t.Errorf("workdir under /proc: %v", err)
+	}
+	for _, w := range []string{"/testbed", "/tmp/wd", "/opt"} {
+		if _, err := os.Stat(filepath.Dir(w)); err != nil {
+			continue
+		}
+		h, err := p.Start(ctx, provider.Spec{Workdir: w, Files: map[string]string{"f": "x"}})
+		if err != nil {
+			t.Errorf("workdir %s: %v", w, err)
+			continue
+		}
+		if got := mustRun(t, p, h, "pwd; cat f"); got != w+"\nx" {
+			t.Errorf("workdir %s: %q", w, got)
+		}
+	}
+}
+
+func TestUnisolatedCommandsRunInTheHostDirectory(t *testing.T) {
+	p := newProvider(t, mode{"none", IsolationNone, OverlayOff}, Options{})
+	if p.Isolation() != IsolationNone {
+		t.Fatalf("Isolation() = %q", p.Isolation())
+	}
+	h := start(t, p, provider.Spec{})
+	if got := strings.TrimSpace(mustRun(t, p, h, "pwd")); got != fsDir(p, h) {
+		t.Errorf("pwd = %q, want %q", got, fsDir(p, h))
+	}
+}
+
+func TestAutoModesPickWhatWorks(t *testing.T) {
+	p, err := New(Options{Root: t.TempDir(), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopAll(t, p) })
+	_, bwrapErr := New(Options{Root: t.TempDir(), Isolation: IsolationBwrap, Overlay: OverlayOff})
+	if want := map[bool]string{true: IsolationBwrap, false: IsolationNone}[bwrapErr == nil]; p.Isolation() != want {
+		t.Errorf("auto isolation = %q, want %q (bwrap error: %v)", p.Isolation(), want, bwrapErr)
+	}
+	_, ovErr := New(Options{Root: t.TempDir(), Isolation: IsolationNone, Overlay: OverlayOn})
+	if p.Overlay() != (ovErr == nil) {
+		t.Errorf("auto overlay = %v, but overlay on gives %v", p.Overlay(), ovErr)
+	}
+	h := start(t, p, provider.Spec{})
+	if got := mustRun(t, p, h, "echo ok"); got != "ok\n" {
+		t.Errorf("auto: %q", got)
+	}
+	// A bubblewrap that is not there: auto falls back, bwrap refuses.
+	q, err := New(Options{Root: t.TempDir(), BwrapPath: "/no/such/bwrap", Overlay: OverlayOff})
+	if err != nil || q.Isolation() != IsolationNone {
+		t.Errorf("auto without bwrap: %v, %v", q, err)
+	}
+	if _, err := New(Options{Root: t.TempDir(), Isolation: IsolationBwrap, BwrapPath: "/no/such/bwrap"}); !errors.Is(err, ErrBwrapUnavailable) {
+		t.Errorf("bwrap without bwrap: %v", err)
+	}
+}
+
+func TestNewRefusesBadOptions(t *testing.T) {
+	for name, o := range map[string]Options{
+		"no root":           {},
+		"isolation":         {Root: t.TempDir(), Isolation: "docker"},
+		"overlay":           {Root: t.TempDir(), Overlay: "maybe"},
+		"relative workdir":  {Root: t.TempDir(), DefaultWorkdir: "sandbox"},
+		"root as a workdir": {Root: t.TempDir(), DefaultWorkdir: "/"},
+	} {
+		if _, err := New(o); !errors.Is(err, ErrBadOptions) {
+			t.Errorf("%s: %v, want ErrBadOptions", name, err)
+		}
+	}
+}
