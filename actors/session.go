@@ -187,6 +187,12 @@ func (s *Session) Step(in any, sender any) []any {
 		return nil
 	case *messages.RenewLease:
 		return s.renew(m.Now)
+	case *messages.TakeSnapshot:
+		if s.Phase == PhaseStarting || s.Phase == PhaseEmpty || s.Phase == PhaseEnded {
+			// Nothing to export, and waiting for a setup to finish would
+			// hold the whole commit: answer at once.
+			return []any{effReply{To: sender, Msg: &messages.SnapshotReply{Round: m.Round, SessionID: s.ID, Skipped: true}}}
+		}
 	}
 	s.queue = append(s.queue, request{msg: in, sender: sender})
 	return s.next()

@@ -440,7 +440,7 @@ func (o *Owner) Restore(ctx context.Context, req RestoreRequest) (RestoreResult,
 
 	forks, failed := o.forkAll(ctx, req.CheckpointID, records)
 	if len(failed) > 0 {
-		o.stopHandles(forks)
+		o.stopHandles(o.withListedForks(req.CheckpointID, forks))
 		return res, fmt.Errorf("%w: %d of %d forks failed: %s", ErrRestoreFailed, len(failed), len(records), joinFailures(failed))
 	}
 	installed, err := o.install(records, forks)
@@ -517,6 +517,34 @@ func (o *Owner) forkAll(ctx context.Context, checkpointID string, records []snap
 		}
 	}
 	return forks, failed
+}
+
+// withListedForks adds to forks the sandboxes this incarnation forked for
+// the checkpoint that the provider lists: a fork whose call failed after
+// the effect never reported its id.
+func (o *Owner) withListedForks(checkpointID string, forks []provider.Handle) []provider.Handle {
+	l, ok := o.prov.(provider.Lister)
+	if !ok {
+		return forks
+	}
+	ctx, cancel := context.WithTimeout(o.base, time.Minute)
+	defer cancel()
+	list, err := l.ListSandboxes(ctx)
+	if err != nil {
+		o.log.WithError(err).Warn("listing sandboxes after a failed restore failed")
+		return forks
+	}
+	known := map[string]bool{}
+	for _, h := range forks {
+		known[h.SandboxID] = true
+	}
+	out := append([]provider.Handle(nil), forks...)
+	for _, s := range list {
+		if s.Metadata[LabelRestore] == checkpointID && s.Metadata[LabelIncarnation] == o.incarnation && !known[s.Handle.SandboxID] {
+			out = append(out, s.Handle)
+		}
+	}
+	return out
 }
 
 // install spawns a session actor holding each fork. If one cannot be
