@@ -1,0 +1,359 @@
+package sandboxapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local"
+)
+
+// Prefix is where the routes are mounted: /sandboxes/{sandbox_id}/...
+const Prefix = "/sandboxes/"
+
+// DefaultMaxBody bounds request bodies when Handler.MaxBody is zero.
+const DefaultMaxBody = 4 << 20
+
+// fileCallTimeout bounds one ReadFile or WriteFile.
+const fileCallTimeout = time.Minute
+
+// execGrace is added to a command's timeout to bound the whole Exec call.
+const execGrace = 30 * time.Second
+
+// Fate is what became of a sandbox a token may name.
+type Fate int
+
+// The fates a Resolver reports.
+const (
+	// FateUnknown: no session ever held the sandbox (404).
+	FateUnknown Fate = iota
+	// FateLive: the sandbox is its session's current one.
+	FateLive
+	// FateSuperseded: a restore replaced it with a fork (410 superseded).
+	FateSuperseded
+	// FateEnded: its session ended (410 ended).
+	FateEnded
+)
+
+func (f Fate) String() string {
+	switch f {
+	case FateLive:
+		return "live"
+	case FateSuperseded:
+		return "superseded"
+	case FateEnded:
+		return "ended"
+	}
+	return "unknown"
+}
+
+// Resolver tells what became of a sandbox id and, when it is live, its
+// handle. The owner answers it from its sessions (and what it remembers of
+// superseded and ended sandboxes); it must be safe for concurrent use.
+type Resolver func(sandboxID string) (provider.Handle, Fate)
+
+// Handler serves the agent-facing sandbox routes:
+//
+//	POST /sandboxes/{sandbox_id}/exec   {"command", "cwd", "env", "timeout_ms"}
+//	     → 200 {"stdout", "stderr", "exit_code", "truncated", "timed_out"?}
+//	GET  /sandboxes/{sandbox_id}/files?path=P  → 200 the file's bytes
+//	PUT  /sandboxes/{sandbox_id}/files?path=P  (body: the bytes)
+//	     → 200 {"path", "size"}
+//
+// each with "Authorization: Bearer <token>" for that sandbox. Errors are
+// {"error":{"code","detail"}}:
+//
+//	401 unauthorized     missing, forged, or another sandbox's token
+//	401 token_expired    a genuine token past its expiry
+//	410 superseded       a restore replaced the sandbox: ask /sandbox_access again
+//	410 ended            the sandbox's session ended
+//	404 sandbox_not_found, file_not_found, not_found (no such route)
+//	405 method_not_allowed
+//	400 path_escape, bad_request (no path parameter)
+//	413 body_too_large
+//	422 invalid_request  malformed JSON, wrong types, unknown fields, no command
+//	422 not_a_file, invalid_cwd
+//	500 provider_error, 504 timeout
+//
+// Mount it with Serve for every path under Prefix, or call ServeSandbox
+// from a router that already split the path.
+type Handler struct {
+	Provider provider.Provider
+	Tokens   *Tokens
+	Resolve  Resolver
+	// Logger receives one line per failed request (nil: none).
+	Logger logrus.FieldLogger
+	// MaxBody bounds request bodies (DefaultMaxBody when zero). The
+	// fasthttp server's own MaxRequestBodySize must be at least this, and
+	// its ErrorHandler should answer fasthttp.ErrBodyTooLarge with 413.
+	MaxBody int
+	// MaxTimeout caps timeout_ms (no cap when zero).
+	MaxTimeout time.Duration
+}
+
+// SplitPath splits "/sandboxes/{sandbox_id}/{rest}" into its sandbox id and
+// rest ("exec", "files"); ok is false for any other path.
+func SplitPath(path string) (sandboxID, rest string, ok bool) {
+	tail, found := strings.CutPrefix(path, Prefix)
+	if !found {
+		return "", "", false
+	}
+	sandboxID, rest, found = strings.Cut(tail, "/")
+	if !found || sandboxID == "" || rest == "" {
+		return "", "", false
+	}
+	return sandboxID, rest, true
+}
+
+// Serve handles any request whose path is under Prefix.
+func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
+	id, rest, ok := SplitPath(string(ctx.Path()))
+	if !ok {
+		h.fail(ctx, "", fasthttp.StatusNotFound, "not_found", "no such route")
+		return
+	}
+	h.ServeSandbox(ctx, id, rest)
+}
+
+// ServeSandbox handles the route rest ("exec" or "files") of sandbox
+// sandboxID: it checks the method, the token, and the sandbox's fate, then
+// runs the call on the provider.
+func (h *Handler) ServeSandbox(ctx *fasthttp.RequestCtx, sandboxID, rest string) {
+	var allow []string
+	switch rest {
+	case "exec":
+		allow = []string{fasthttp.MethodPost}
+	case "files":
+		allow = []string{fasthttp.MethodGet, fasthttp.MethodPut}
+	default:
+		h.fail(ctx, sandboxID, fasthttp.StatusNotFound, "not_found", "no such route")
+		return
+	}
+	method := string(ctx.Method())
+	if !slices.Contains(allow, method) {
+		ctx.Response.Header.Set("Allow", strings.Join(allow, ", "))
+		h.fail(ctx, sandboxID, fasthttp.StatusMethodNotAllowed, "method_not_allowed", method+" is not allowed here")
+		return
+	}
+	if err := h.authorize(ctx, sandboxID); err != nil {
+		code := "unauthorized"
+		if errors.Is(err, ErrTokenExpired) {
+			code = "token_expired"
+		}
+		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="sandbox"`)
+		h.fail(ctx, sandboxID, fasthttp.StatusUnauthorized, code, err.Error())
+		return
+	}
+	handle, fate := h.Resolve(sandboxID)
+	switch fate {
+	case FateLive:
+	case FateSuperseded:
+		h.fail(ctx, sandboxID, fasthttp.StatusGone, "superseded", "a restore replaced this sandbox; ask /sandbox_access for the current one")
+		return
+	case FateEnded:
+		h.fail(ctx, sandboxID, fasthttp.StatusGone, "ended", "the session that held this sandbox has ended")
+		return
+	default:
+		h.fail(ctx, sandboxID, fasthttp.StatusNotFound, "sandbox_not_found", "no such sandbox")
+		return
+	}
+	if n := len(ctx.Request.Body()); n > h.maxBody() {
+		h.fail(ctx, sandboxID, fasthttp.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("the body is %d bytes, more than %d", n, h.maxBody()))
+		return
+	}
+	switch {
+	case rest == "exec":
+		h.exec(ctx, handle)
+	case method == fasthttp.MethodGet:
+		h.readFile(ctx, handle)
+	default:
+		h.writeFile(ctx, handle)
+	}
+}
+
+func (h *Handler) maxBody() int {
+	if h.MaxBody > 0 {
+		return h.MaxBody
+	}
+	return DefaultMaxBody
+}
+
+func (h *Handler) authorize(ctx *fasthttp.RequestCtx, sandboxID string) error {
+	auth := string(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
+	scheme, token, ok := strings.Cut(auth, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
+		return fmt.Errorf("%w: missing bearer token", ErrTokenInvalid)
+	}
+	_, err := h.Tokens.Verify(strings.TrimSpace(token), sandboxID)
+	return err
+}
+
+// execRequest is the exec route's body.
+type execRequest struct {
+	Command   *string           `json:"command"`
+	Cwd       string            `json:"cwd"`
+	Env       map[string]string `json:"env"`
+	TimeoutMS int64             `json:"timeout_ms"`
+}
+
+func (h *Handler) exec(ctx *fasthttp.RequestCtx, handle provider.Handle) {
+	var req execRequest
+	if err := decodeStrict(ctx.Request.Body(), &req); err != nil {
+		h.fail(ctx, handle.SandboxID, fasthttp.StatusUnprocessableEntity, "invalid_request", err.Error())
+		return
+	}
+	switch {
+	case req.Command == nil || *req.Command == "":
+		h.fail(ctx, handle.SandboxID, fasthttp.StatusUnprocessableEntity, "invalid_request", `"command" is required`)
+		return
+	case req.TimeoutMS < 0:
+		h.fail(ctx, handle.SandboxID, fasthttp.StatusUnprocessableEntity, "invalid_request", `"timeout_ms" must not be negative`)
+		return
+	}
+	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
+	if h.MaxTimeout > 0 && (timeout == 0 || timeout > h.MaxTimeout) {
+		timeout = h.MaxTimeout
+	}
+	callCtx, cancel := context.Background(), context.CancelFunc(func() {})
+	if timeout > 0 {
+		callCtx, cancel = context.WithTimeout(callCtx, timeout+execGrace)
+	}
+	defer cancel()
+	res, err := h.Provider.Exec(callCtx, handle, provider.ExecRequest{Command: *req.Command, Cwd: req.Cwd, Env: req.Env, Timeout: timeout})
+	if err != nil {
+		h.providerError(ctx, handle.SandboxID, err, "invalid_cwd")
+		return
+	}
+	h.reply(ctx, res)
+}
+
+func (h *Handler) readFile(ctx *fasthttp.RequestCtx, handle provider.Handle) {
+	path, ok := h.pathArg(ctx, handle.SandboxID)
+	if !ok {
+		return
+	}
+	callCtx, cancel := context.WithTimeout(context.Background(), fileCallTimeout)
+	defer cancel()
+	b, err := h.Provider.ReadFile(callCtx, handle, path)
+	if err != nil {
+		h.providerError(ctx, handle.SandboxID, err, "file_not_found")
+		return
+	}
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("application/octet-stream")
+	ctx.SetBody(b)
+}
+
+func (h *Handler) writeFile(ctx *fasthttp.RequestCtx, handle provider.Handle) {
+	path, ok := h.pathArg(ctx, handle.SandboxID)
+	if !ok {
+		return
+	}
+	data := bytes.Clone(ctx.Request.Body())
+	callCtx, cancel := context.WithTimeout(context.Background(), fileCallTimeout)
+	defer cancel()
+	if err := h.Provider.WriteFile(callCtx, handle, path, data); err != nil {
+		h.providerError(ctx, handle.SandboxID, err, "file_not_found")
+		return
+	}
+	h.reply(ctx, map[string]any{"path": path, "size": len(data)})
+}
+
+func (h *Handler) pathArg(ctx *fasthttp.RequestCtx, sandboxID string) (string, bool) {
+	path := string(ctx.QueryArgs().Peek("path"))
+	if path == "" {
+		h.fail(ctx, sandboxID, fasthttp.StatusBadRequest, "bad_request", `the query parameter "path" is required`)
+		return "", false
+	}
+	return path, true
+}
+
+// providerError maps a provider error to a status; notExistCode names a
+// missing path (a file, or an exec's cwd).
+func (h *Handler) providerError(ctx *fasthttp.RequestCtx, sandboxID string, err error, notExistCode string) {
+	status, code, detail := fasthttp.StatusInternalServerError, "provider_error", "the sandbox provider failed"
+	switch {
+	case errors.Is(err, provider.ErrPathEscape):
+		status, code, detail = fasthttp.StatusBadRequest, "path_escape", "the path leaves the sandbox"
+	case errors.Is(err, provider.ErrSandboxNotFound):
+		status, code, detail = fasthttp.StatusNotFound, "sandbox_not_found", "the sandbox is gone"
+	case errors.Is(err, fs.ErrNotExist):
+		status, code, detail = fasthttp.StatusNotFound, notExistCode, "no such file or directory"
+		if notExistCode == "invalid_cwd" {
+			status = fasthttp.StatusUnprocessableEntity
+		}
+	case errors.Is(err, local.ErrNotRegular):
+		status, code, detail = fasthttp.StatusUnprocessableEntity, "not_a_file", "the path is not a regular file"
+	case errors.Is(err, provider.ErrInvalidSpec):
+		status, code, detail = fasthttp.StatusUnprocessableEntity, "invalid_request", err.Error()
+	case errors.Is(err, provider.ErrUnsupported):
+		status, code, detail = fasthttp.StatusNotImplemented, "unsupported", "the sandbox provider cannot do this"
+	case errors.Is(err, context.DeadlineExceeded):
+		status, code, detail = fasthttp.StatusGatewayTimeout, "timeout", "the sandbox call took too long"
+	}
+	if h.Logger != nil {
+		h.Logger.WithError(err).WithFields(logrus.Fields{"sandbox_id": sandboxID, "status": status, "code": code}).Info("sandboxapi: provider call failed")
+	}
+	h.writeError(ctx, status, code, detail)
+}
+
+func (h *Handler) fail(ctx *fasthttp.RequestCtx, sandboxID string, status int, code, detail string) {
+	if h.Logger != nil {
+		h.Logger.WithFields(logrus.Fields{"sandbox_id": sandboxID, "status": status, "code": code, "path": string(ctx.Path())}).Debug("sandboxapi: refused")
+	}
+	h.writeError(ctx, status, code, detail)
+}
+
+// errorBody is the error envelope.
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Code   string `json:"code"`
+	Detail string `json:"detail"`
+}
+
+func (h *Handler) writeError(ctx *fasthttp.RequestCtx, status int, code, detail string) {
+	h.writeJSON(ctx, status, errorBody{Error: errorDetail{Code: code, Detail: detail}})
+}
+
+func (h *Handler) reply(ctx *fasthttp.RequestCtx, v any) { h.writeJSON(ctx, fasthttp.StatusOK, v) }
+
+func (h *Handler) writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = fasthttp.StatusInternalServerError, []byte(`{"error":{"code":"internal","detail":"encode the reply"}}`)
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// decodeStrict decodes exactly one JSON object, refusing unknown fields and
+// trailing data.
+func decodeStrict(body []byte, v any) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return errors.New("the body must be a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("malformed body: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("malformed body: data after the JSON object")
+	}
+	return nil
+}

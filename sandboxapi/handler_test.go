@@ -1,0 +1,322 @@
+package sandboxapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/sirupsen/logrus"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttputil"
+
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local"
+)
+
+// world is a handler over a real local provider, with fates the test sets.
+type world struct {
+	p      *local.Provider
+	tokens *Tokens
+	clk    *clock.Manual
+	h      *Handler
+
+	mu      sync.Mutex
+	fates   map[string]Fate
+	handles map[string]provider.Handle
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	p, err := local.New(local.Options{Root: t.TempDir(), Isolation: local.IsolationNone, Overlay: local.OverlayOff, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clock.NewManual(time.Now())
+	w := &world{p: p, tokens: newTokens(t, "test-secret", clk), clk: clk, fates: map[string]Fate{}, handles: map[string]provider.Handle{}}
+	w.h = &Handler{Provider: p, Tokens: w.tokens, Logger: log, MaxBody: 1 << 10, Resolve: func(id string) (provider.Handle, Fate) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.handles[id], w.fates[id]
+	}}
+	t.Cleanup(func() {
+		for _, h := range w.handles {
+			_ = p.Stop(context.Background(), h)
+		}
+	})
+	return w
+}
+
+// sandbox starts a live sandbox and returns its id and a token for it.
+func (w *world) sandbox(t *testing.T) (string, string) {
+	t.Helper()
+	h, err := w.p.Start(context.Background(), provider.Spec{Files: map[string]string{"notes": "one\n"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.mu.Lock()
+	w.handles[h.SandboxID], w.fates[h.SandboxID] = h, FateLive
+	w.mu.Unlock()
+	return h.SandboxID, w.tokens.Mint(h.SandboxID, w.clk.Now().Add(time.Hour))
+}
+
+func (w *world) setFate(id string, f Fate) {
+	w.mu.Lock()
+	w.fates[id] = f
+	w.mu.Unlock()
+}
+
+type reply struct {
+	Status int
+	Body   string
+}
+
+// do serves one request straight through Serve.
+func (w *world) do(method, uri, token string, body []byte) reply {
+	var ctx fasthttp.RequestCtx
+	ctx.Request.Header.SetMethod(method)
+	ctx.Request.SetRequestURI(uri)
+	if token != "" {
+		ctx.Request.Header.Set("Authorization", "Bearer "+token)
+	}
+	ctx.Request.SetBody(body)
+	w.h.Serve(&ctx)
+	return reply{ctx.Response.StatusCode(), string(ctx.Response.Body())}
+}
+
+func errReply(status int, code string) reply {
+	return reply{Status: status, Body: code}
+}
+
+// codeOf reduces an error reply to its code, checking the envelope.
+func codeOf(t *testing.T, r reply) reply {
+	t.Helper()
+	if r.Status == 200 {
+		return r
+	}
+	var env struct {
+		Error struct {
+			Code   string `json:"code"`
+			Detail string `json:"detail"`
+		} `json:"error"`
+	}
+	dec := json.NewDecoder(strings.NewReader(r.Body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&env); err != nil || env.Error.Code == "" || env.Error.Detail == "" {
+		t.Errorf("status %d body %q is not the error envelope (%v)", r.Status, r.Body, err)
+	}
+	return reply{r.Status, env.Error.Code}
+}
+
+func TestExecWithAValidToken(t *testing.T) {
+	w := newWorld(t)
+	id, token := w.sandbox(t)
+	r := w.do("POST", "/sandboxes/"+id+"/exec", token, []byte(`{"command":"cat notes; echo err >&2; exit 3","env":{"A":"1"},"cwd":".","timeout_ms":60000}`))
+	if r.Status != 200 {
+		t.Fatalf("status %d: %s", r.Status, r.Body)
+	}
+	var got map[string]any
+	if err := json.Unmarshal([]byte(r.Body), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"stdout": "one\n", "stderr": "err\n", "exit_code": 3.0, "truncated": false}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("exec reply (-want +got):\n%s", d)
+	}
+	r = w.do("POST", "/sandboxes/"+id+"/exec", token, []byte(`{"command":"sleep 60","timeout_ms":100}`))
+	if !strings.Contains(r.Body, `"timed_out":true`) || !strings.Contains(r.Body, `"exit_code":137`) {
+		t.Errorf("timeout reply: %d %s", r.Status, r.Body)
+	}
+	r = w.do("POST", "/sandboxes/"+id+"/exec", token, []byte(`{"command":"echo \"$A\""}`))
+	if !strings.Contains(r.Body, `"stdout":"\n"`) {
+		t.Errorf("env leaked from a previous request: %s", r.Body)
+	}
+}
+
+func TestFilesWithAValidToken(t *testing.T) {
+	w := newWorld(t)
+	id, token := w.sandbox(t)
+	base := "/sandboxes/" + id + "/files?path="
+	if r := w.do("PUT", base+"dir/new.txt", token, []byte("hello")); r.Status != 200 || r.Body != `{"path":"dir/new.txt","size":5}` {
+		t.Errorf("PUT: %d %s", r.Status, r.Body)
+	}
+	if r := w.do("GET", base+"/sandbox/dir/new.txt", token, nil); r != (reply{200, "hello"}) {
+		t.Errorf("GET: %+v", r)
+	}
+	if r := w.do("POST", "/sandboxes/"+id+"/exec", token, []byte(`{"command":"cat dir/new.txt"}`)); !strings.Contains(r.Body, `"stdout":"hello"`) {
+		t.Errorf("a command does not see the PUT file: %s", r.Body)
+	}
+}
+
+func TestSupersededEndedUnknownAndForgedTokens(t *testing.T) {
+	w := newWorld(t)
+	id, token := w.sandbox(t)
+	other, otherToken := w.sandbox(t)
+	exec := func(id, token string) reply {
+		return codeOf(t, w.do("POST", "/sandboxes/"+id+"/exec", token, []byte(`{"command":"echo > ran-`+id+`"}`)))
+	}
+	forger := newTokens(t, "not-the-secret", w.clk)
+	cases := []struct {
+		name  string
+		id    string
+		token string
+		want  reply
+	}{
+		{"no token", id, "", errReply(401, "unauthorized")},
+		{"garbage token", id, "garbage", errReply(401, "unauthorized")},
+		{"forged with another secret", id, forger.Mint(id, w.clk.Now().Add(time.Hour)), errReply(401, "unauthorized")},
+		{"another sandbox's token", id, otherToken, errReply(401, "unauthorized")},
+		{"expired", id, w.tokens.Mint(id, w.clk.Now().Add(-time.Second)), errReply(401, "token_expired")},
+		{"unknown sandbox", "sb-0000000000000000", w.tokens.Mint("sb-0000000000000000", w.clk.Now().Add(time.Hour)), errReply(404, "sandbox_not_found")},
+	}
+	for _, c := range cases {
+		if got := exec(c.id, c.token); got != c.want {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+	// A restore superseded the sandbox: its (genuine) token answers 410,
+	// and nothing runs in the old sandbox.
+	w.setFate(id, FateSuperseded)
+	if got := exec(id, token); got != errReply(410, "superseded") {
+		t.Errorf("superseded: %+v", got)
+	}
+	if got := codeOf(t, w.do("PUT", "/sandboxes/"+id+"/files?path=x", token, []byte("x"))); got != errReply(410, "superseded") {
+		t.Errorf("superseded PUT: %+v", got)
+	}
+	w.setFate(other, FateEnded)
+	if got := exec(other, otherToken); got != errReply(410, "ended") {
+		t.Errorf("ended: %+v", got)
+	}
+	for _, sb := range []string{id, other} {
+		h := w.handles[sb]
+		if _, err := w.p.ReadFile(context.Background(), h, "ran-"+sb); err == nil {
+			t.Errorf("a refused request ran in %s", sb)
+		}
+	}
+	// The header's scheme is checked.
+	var ctx fasthttp.RequestCtx
+	ctx.Request.Header.SetMethod("GET")
+	ctx.Request.SetRequestURI("/sandboxes/" + id + "/files?path=notes")
+	ctx.Request.Header.Set("Authorization", "Basic "+token)
+	w.h.Serve(&ctx)
+	if ctx.Response.StatusCode() != 401 || len(ctx.Response.Header.Peek("WWW-Authenticate")) == 0 {
+		t.Errorf("Basic scheme: %d", ctx.Response.StatusCode())
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	w := newWorld(t)
+	id, token := w.sandbox(t)
+	execURI := "/sandboxes/" + id + "/exec"
+	filesURI := "/sandboxes/" + id + "/files?path="
+	cases := []struct {
+		name   string
+		method string
+		uri    string
+		body   string
+		want   reply
+	}{
+		{"malformed json", "POST", execURI, `{"command":`, errReply(422, "invalid_request")},
+		{"not an object", "POST", execURI, `["ls"]`, errReply(422, "invalid_request")},
+		{"empty body", "POST", execURI, ``, errReply(422, "invalid_request")},
+		{"null body", "POST", execURI, `null`, errReply(422, "invalid_request")},
+		{"trailing data", "POST", execURI, `{"command":"ls"} {}`, errReply(422, "invalid_request")},
+		{"unknown field", "POST", execURI, `{"command":"ls","timeout":5}`, errReply(422, "invalid_request")},
+		{"wrong type", "POST", execURI, `{"command":["ls"]}`, errReply(422, "invalid_request")},
+		{"wrong env type", "POST", execURI, `{"command":"ls","env":{"A":1}}`, errReply(422, "invalid_request")},
+		{"no command", "POST", execURI, `{"cwd":"."}`, errReply(422, "invalid_request")},
+		{"negative timeout", "POST", execURI, `{"command":"ls","timeout_ms":-1}`, errReply(422, "invalid_request")},
+		{"bad env key", "POST", execURI, `{"command":"ls","env":{"A=B":"1"}}`, errReply(422, "invalid_request")},
+		{"cwd escape", "POST", execURI, `{"command":"ls","cwd":"../.."}`, errReply(400, "path_escape")},
+		{"missing cwd", "POST", execURI, `{"command":"ls","cwd":"nope"}`, errReply(422, "invalid_cwd")},
+		{"oversized exec body", "POST", execURI, `{"command":"` + strings.Repeat("x", 2000) + `"}`, errReply(413, "body_too_large")},
+		{"oversized file", "PUT", filesURI + "big", strings.Repeat("x", 1025), errReply(413, "body_too_large")},
+		{"file escape ..", "GET", filesURI + "../../etc/passwd", "", errReply(400, "path_escape")},
+		{"file escape absolute", "PUT", filesURI + "/etc/evil", "x", errReply(400, "path_escape")},
+		{"no path", "GET", filesURI, "", errReply(400, "bad_request")},
+		{"missing file", "GET", filesURI + "nope", "", errReply(404, "file_not_found")},
+		{"a directory", "GET", filesURI + ".", "", errReply(422, "not_a_file")},
+		{"exec by GET", "GET", execURI, "", errReply(405, "method_not_allowed")},
+		{"files by DELETE", "DELETE", filesURI + "notes", "", errReply(405, "method_not_allowed")},
+		{"unknown route", "POST", "/sandboxes/" + id + "/shell", "", errReply(404, "not_found")},
+		{"no sandbox id", "POST", "/sandboxes//exec", "", errReply(404, "not_found")},
+		{"bare prefix", "GET", "/sandboxes/", "", errReply(404, "not_found")},
+	}
+	for _, c := range cases {
+		if got := codeOf(t, w.do(c.method, c.uri, token, []byte(c.body))); got != c.want {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+	// The oversized file was not written.
+	if got := codeOf(t, w.do("GET", filesURI+"big", token, nil)); got != errReply(404, "file_not_found") {
+		t.Errorf("an oversized PUT left a file: %+v", got)
+	}
+}
+
+func TestSplitPath(t *testing.T) {
+	cases := map[string][3]string{
+		"/sandboxes/sb-1/exec":      {"sb-1", "exec", "true"},
+		"/sandboxes/sb-1/files":     {"sb-1", "files", "true"},
+		"/sandboxes/sb-1/files/x":   {"sb-1", "files/x", "true"},
+		"/sandboxes/sb-1":           {"", "", "false"},
+		"/sandboxes/sb-1/":          {"", "", "false"},
+		"/sandboxes//exec":          {"", "", "false"},
+		"/other/sb-1/exec":          {"", "", "false"},
+		"/ng-rollout/k/sandboxes/x": {"", "", "false"},
+	}
+	for in, want := range cases {
+		id, rest, ok := SplitPath(in)
+		if got := [3]string{id, rest, map[bool]string{true: "true", false: "false"}[ok]}; got != want {
+			t.Errorf("SplitPath(%q) = %v, want %v", in, got, want)
+		}
+	}
+}
+
+// Over a real (in-memory) fasthttp server, as an agent would call it, with
+// the server's own body limit answering 413 too.
+func TestOverAServer(t *testing.T) {
+	w := newWorld(t)
+	id, token := w.sandbox(t)
+	ln := fasthttputil.NewInmemoryListener()
+	srv := &fasthttp.Server{
+		Handler:            w.h.Serve,
+		MaxRequestBodySize: 1 << 16,
+		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
+			ctx.SetStatusCode(fasthttp.StatusRequestEntityTooLarge)
+		},
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	client := &fasthttp.Client{Dial: func(string) (net.Conn, error) { return ln.Dial() }}
+	call := func(method, path string, body []byte) (int, []byte) {
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		req.Header.SetMethod(method)
+		req.SetRequestURI("http://sandbox.test" + path)
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.SetBody(body)
+		if err := client.DoTimeout(req, resp, 30*time.Second); err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		return resp.StatusCode(), bytes.Clone(resp.Body())
+	}
+	if st, body := call("POST", "/sandboxes/"+id+"/exec", []byte(`{"command":"echo hi"}`)); st != 200 || !strings.Contains(string(body), `"stdout":"hi\n"`) {
+		t.Errorf("exec over the wire: %d %s", st, body)
+	}
+	if st, body := call("GET", "/sandboxes/"+id+"/files?path=notes", nil); st != 200 || string(body) != "one\n" {
+		t.Errorf("GET over the wire: %d %q", st, body)
+	}
+	if st, _ := call("PUT", "/sandboxes/"+id+"/files?path=x", bytes.Repeat([]byte("x"), 1<<17)); st != 413 {
+		t.Errorf("over the server's limit: %d", st)
+	}
+}
