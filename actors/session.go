@@ -273,7 +273,7 @@ func (s *Session) run(r request, eff any) []any {
 // complete applies an effect's outcome, answers the request that caused it
 // and starts the next queued one.
 func (s *Session) complete(done any) []any {
-	if s.running == nil || seqOf(done) != s.seq {
+	if s.running == nil || seqOf(done) != s.seq || !answers(done, s.running.msg) {
 		return nil // stale: not the outstanding operation
 	}
 	r := *s.running
@@ -331,6 +331,27 @@ func (s *Session) renew(now time.Time) []any {
 	s.renewCounter++
 	s.renewSeq = s.renewCounter
 	return []any{effRenew{Seq: s.renewSeq, Handle: s.Sandbox.Handle, Until: now.Add(ttl)}}
+}
+
+// answers reports whether a completion is of the kind the request's effect
+// produces: a completion of another kind with a matching seq is a bug
+// elsewhere, not a reason to misread it.
+func answers(done, req any) bool {
+	switch done.(type) {
+	case startDone:
+		_, ok := req.(*messages.StartSandbox)
+		return ok
+	case doDone:
+		_, ok := req.(*messages.Do)
+		return ok
+	case snapshotDone:
+		_, ok := req.(*messages.TakeSnapshot)
+		return ok
+	case stopDone:
+		_, ok := req.(*messages.StopSandbox)
+		return ok
+	}
+	return false
 }
 
 func seqOf(done any) uint64 {

@@ -1,0 +1,125 @@
+package supervisor_test
+
+import (
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/actors"
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/supervisor"
+)
+
+type harness struct {
+	sys   *actor.ActorSystem
+	sup   *actor.PID
+	fk    *fake.Provider
+	ended chan string
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	lg := logrus.New()
+	lg.SetOutput(io.Discard)
+	h := &harness{sys: actor.NewActorSystem(), fk: fake.New(fake.Options{}), ended: make(chan string, 16)}
+	env := &actors.SessionEnv{
+		Provider: h.fk, Clock: clock.Real{}, Log: lg, Limiter: actors.NewLimiter(4),
+		OnEnded: func(sid string, stopped *provider.Handle, _ messages.StopReason) {
+			if stopped != nil {
+				h.ended <- stopped.SandboxID
+			}
+		},
+	}
+	props := func(sid string, install *messages.Sandbox, snaps []string) *actor.Props {
+		return actors.SessionProps(env, func() *actors.Session {
+			if install != nil {
+				return actors.NewInstalledSession(sid, *install, snaps)
+			}
+			return actors.NewSession(sid)
+		})
+	}
+	h.sup = h.sys.Root.Spawn(supervisor.Props(props))
+	t.Cleanup(func() {
+		_ = h.sys.Root.PoisonFuture(h.sup).Wait()
+		h.sys.Shutdown()
+	})
+	return h
+}
+
+func (h *harness) ask(t *testing.T, pid *actor.PID, msg any) any {
+	t.Helper()
+	v, err := h.sys.Root.RequestFuture(pid, msg, 10*time.Second).Result()
+	if err != nil {
+		t.Fatalf("ask %T: %v", msg, err)
+	}
+	return v
+}
+
+func TestPanickingSessionIsStoppedWithItsSandbox(t *testing.T) {
+	h := newHarness(t)
+	hd, err := h.fk.Start(context.Background(), provider.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := messages.Sandbox{Handle: hd, Data: []byte("{}")}
+	ref := h.ask(t, h.sup, &messages.SpawnSession{SessionID: "s1", Install: &sb}).(*messages.SessionRef)
+	pid := ref.PID.(*actor.PID)
+	other := h.ask(t, h.sup, &messages.SpawnSession{SessionID: "s2"}).(*messages.SessionRef)
+
+	// A malformed message makes the session's Receive panic.
+	h.sys.Root.Send(pid, (*messages.StartSandbox)(nil))
+
+	if got := <-h.ended; got != hd.SandboxID {
+		t.Fatalf("stopped %s, want %s", got, hd.SandboxID)
+	}
+	if n := h.fk.Stats().LiveSandboxes; n != 0 {
+		t.Fatalf("%d sandboxes still live after the panic", n)
+	}
+	// The supervisor forgot it once it terminated, and kept its sibling.
+	for {
+		list := h.ask(t, h.sup, &messages.ListSessions{}).(*messages.SessionList)
+		if len(list.Sessions) == 1 {
+			if list.Sessions[0].SessionID != "s2" || list.Sessions[0].PID.(*actor.PID).Id != other.PID.(*actor.PID).Id {
+				t.Fatalf("live set %+v", list.Sessions)
+			}
+			break
+		}
+		// The Terminated notice is in flight: wait for the supervisor to
+		// process it (each ask is a full mailbox round trip).
+	}
+	// A new seed of the session spawns a fresh actor.
+	again := h.ask(t, h.sup, &messages.SpawnSession{SessionID: "s1"}).(*messages.SessionRef)
+	if !again.Spawned {
+		t.Fatal("re-seed after the panic did not spawn a new actor")
+	}
+}
+
+func TestSpawnLookupForget(t *testing.T) {
+	h := newHarness(t)
+	a := h.ask(t, h.sup, &messages.SpawnSession{SessionID: "s1"}).(*messages.SessionRef)
+	b := h.ask(t, h.sup, &messages.SpawnSession{SessionID: "s1"}).(*messages.SessionRef)
+	if !a.Spawned || b.Spawned || a.PID.(*actor.PID).Id != b.PID.(*actor.PID).Id {
+		t.Fatalf("get-or-create: %+v then %+v", a, b)
+	}
+	sb := messages.Sandbox{Data: []byte("{}")}
+	if c := h.ask(t, h.sup, &messages.SpawnSession{SessionID: "s1", Install: &sb}).(*messages.SessionRef); c.Err == nil {
+		t.Fatal("installing over a live session succeeded")
+	}
+	// Forgetting another incarnation's pid leaves the live one alone.
+	stale := actor.NewPID("nonhost", "stale")
+	h.sys.Root.Send(h.sup, &messages.ForgetSession{SessionID: "s1", PID: stale})
+	if l := h.ask(t, h.sup, &messages.LookupSession{SessionID: "s1"}).(*messages.SessionRef); l.PID == nil {
+		t.Fatal("a stale forget removed the live session")
+	}
+	h.sys.Root.Send(h.sup, &messages.ForgetSession{SessionID: "s1"})
+	if l := h.ask(t, h.sup, &messages.LookupSession{SessionID: "s1"}).(*messages.SessionRef); l.PID != nil {
+		t.Fatal("forget left the session")
+	}
+}
