@@ -156,13 +156,17 @@ func (o *Owner) Commit(ctx context.Context, req CommitRequest) (CommitResult, er
 
 	records := make([]snapshotindex.Record, 0, len(rr.Taken))
 	for _, t := range rr.Taken {
+		spec := t.Sandbox.Spec
+		// The snapshot holds the filesystem; the seed's files would only
+		// bloat the record (and must not be replayed over a fork).
+		spec.Files = nil
 		records = append(records, snapshotindex.Record{
 			SessionID:  t.SessionID,
 			Episode:    req.Episodes[t.SessionID],
 			Provider:   o.prov.Name(),
 			Sandbox:    t.Sandbox.Handle,
 			SnapshotID: t.SnapshotID,
-			Spec:       t.Sandbox.Spec,
+			Spec:       spec,
 			Workdir:    t.Sandbox.Workdir,
 			Data:       t.Sandbox.Data,
 			SnapshotAt: t.At,

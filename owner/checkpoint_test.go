@@ -22,7 +22,8 @@ import (
 func TestCommitSnapshotsLiveSessionsAndLeavesThemRunning(t *testing.T) {
 	e := newEnv(t)
 	o := e.open()
-	spec := provider.Spec{Image: "notes", Env: map[string]string{"A": "1"}, Ports: []int{8080}, TTLSeconds: 600}
+	spec := provider.Spec{Image: "notes", Env: map[string]string{"A": "1"}, Ports: []int{8080}, TTLSeconds: 600,
+		Files: map[string]string{"notes.txt": ""}}
 	if _, err := o.StartSessionSandbox(context.Background(), "session-with-a-long-id", spec, notesSetup("tok"), ""); err != nil {
 		t.Fatal(err)
 	}
@@ -41,8 +42,8 @@ func TestCommitSnapshotsLiveSessionsAndLeavesThemRunning(t *testing.T) {
 	if diff := cmp.Diff(spec.Ports, r.Spec.Ports); diff != "" {
 		t.Fatalf("spec ports (-want +got):\n%s", diff)
 	}
-	if r.Spec.Image != "notes" || r.Spec.Env["A"] != "1" || r.Spec.TTLSeconds != 600 {
-		t.Fatalf("spec did not round-trip: %+v", r.Spec)
+	if r.Spec.Image != "notes" || r.Spec.Env["A"] != "1" || r.Spec.TTLSeconds != 600 || len(r.Spec.Files) != 0 {
+		t.Fatalf("spec did not round-trip with its files emptied: %+v", r.Spec)
 	}
 	info, ok := e.fk.SnapshotInfo(r.SnapshotID)
 	if !ok || !strings.HasPrefix(info.Name, "ng-session-with-a-l-") {

@@ -17,8 +17,9 @@
 // A sandbox is a map from absolute path to contents. Start writes spec.Files
 // into it (relative paths under the workdir, default DefaultWorkdir). Ids are
 // counters, "<IDPrefix>sb-<N>" and "<IDPrefix>snap-<N>", so a test can predict
-// them. Snapshot copies the files; Fork starts from a copy of them, with
-// spec.Files written over, so a fork and its original never share state.
+// them. Snapshot copies the files; Fork starts from a copy of them (spec.Files
+// are ignored, as provider.Snapshotter says), so a fork and its original never
+// share state.
 // Paths that climb above "/" are refused with provider.ErrPathEscape.
 //
 // Exec interprets one simple command: pwd, cat FILE..., ls [DIR], echo

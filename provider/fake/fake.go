@@ -496,10 +496,15 @@ func (p *Provider) createLocked(spec provider.Spec, from *snapshot, fromID strin
 		return nil, fmt.Errorf("fake: workdir: %w: %w", provider.ErrInvalidSpec, err)
 	}
 	files := map[string]string{}
+	specFiles := spec.Files
 	if from != nil {
+		// A fork is the snapshot's filesystem: the spec's files are ignored,
+		// as provider.Snapshotter documents (a restore must not reset them
+		// to what the seed wrote).
 		files = maps.Clone(from.files)
+		specFiles = nil
 	}
-	for name, data := range spec.Files {
+	for name, data := range specFiles {
 		full, err := resolve(workdir, name)
 		if err != nil {
 			return nil, fmt.Errorf("fake: spec file: %w: %w", provider.ErrInvalidSpec, err)

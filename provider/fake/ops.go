@@ -243,9 +243,9 @@ func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string)
 	return c.SnapshotID, nil
 }
 
-// Fork starts a sandbox from a copy of the snapshot's files with spec.Files
-// written over them. The metadata, lease and the rest come from spec; an
-// empty spec.Workdir means the snapshot's.
+// Fork starts a sandbox from a copy of the snapshot's files; spec.Files are
+// ignored. The metadata, lease and the rest come from spec; an empty
+// spec.Workdir means the snapshot's.
 func (p *Provider) Fork(ctx context.Context, spec provider.Spec, snapshotID string) (provider.Handle, error) {
 	return p.launch(ctx, OpFork, spec, snapshotID)
 }
