@@ -1,0 +1,44 @@
+// Package swebench is the SWE-bench resources server on the owner base: one
+// sandbox per agent session holding the task repository at its base commit,
+// scrubbed so that the fix is unreachable, and a verify that extracts the
+// agent's patch and grades it in a fresh sandbox exactly as SWE-bench does.
+//
+// # Rows
+//
+// Rows are SWE-bench's JSONL rows, the original format and the Multilingual
+// one (ParseRow): FAIL_TO_PASS and PASS_TO_PASS are JSON lists or
+// JSON-encoded strings of lists; eval_script, log_parser and image are used
+// when present; every other field is ignored. Without eval_script the eval
+// script is built from test_patch and the repository's test command
+// (BuildEvalScript).
+//
+// # Seed
+//
+// On the local provider the image is the task repository checked out at
+// base_commit, cloned once per (repo, base commit) from the git repository the
+// config names for the repo (swebench.repos) into a template directory, so a
+// second sandbox of the same instance costs the provider's copy or overlay,
+// not a clone. On other providers the image is the row's image. The sandbox's
+// setup runs the anti-cheat scrub (Scrub): only the work branch _nel_work at
+// the base commit survives, every other ref, the reflogs and the remotes are
+// removed and git gc --prune=now drops the fix commit. It records the base
+// commit and the files already untracked as session data (SessionData). A
+// failing scrub refuses the seed; the owner stops the sandbox.
+//
+// # Verify
+//
+// ExtractPatch diffs the agent's sandbox against the base commit (new
+// untracked files and committed work included, the files untracked at seed
+// excluded); the agent's session ends; a grading sandbox starts from the same
+// image; ApplyPatch tries git apply, git apply --reject and patch --fuzz=5;
+// RunEval runs the eval script with stdout and stderr merged in order under
+// the evaluation timeout; ParseLog reads the section between the
+// ">>>>> Start Test Output" and ">>>>> End Test Output" markers (the whole log
+// when that section yields nothing); Resolve applies SWE-bench's rule. The
+// grading sandbox is stopped on every path.
+//
+// # Golden-patch instance
+//
+// With is_verifying_golden_patch the server lends no sandbox: seed starts
+// nothing and verify grades the row's own patch.
+package swebench

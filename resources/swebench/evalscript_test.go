@@ -1,0 +1,128 @@
+package swebench
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+const sampleTestPatch = `diff --git a/calc_test.go b/calc_test.go
+index 1111111..2222222 100644
+--- a/calc_test.go
++++ b/calc_test.go
+@@ -1,3 +1,4 @@
+ package calc
++// more
+diff --git a/new_test.go b/new_test.go
+new file mode 100644
+index 0000000..3333333
+--- /dev/null
++++ b/new_test.go
+@@ -0,0 +1 @@
++package calc
+diff --git "a/dir with space/\303\251_test.go" "b/dir with space/\303\251_test.go"
+index 1111111..2222222 100644
+--- "a/dir with space/\303\251_test.go"
++++ "b/dir with space/\303\251_test.go"
+@@ -1 +1 @@
+-a
++b
+diff --git a/old_test.go b/old_test.go
+deleted file mode 100644
+index 4444444..0000000
+--- a/old_test.go
++++ /dev/null
+@@ -1 +0,0 @@
+-package calc
+`
+
+func TestPatchFiles(t *testing.T) {
+	want := []PatchFile{
+		{Path: "calc_test.go"},
+		{Path: "new_test.go", New: true},
+		{Path: "dir with space/é_test.go"},
+		{Path: "old_test.go", Deleted: true},
+	}
+	if d := cmp.Diff(want, PatchFiles(sampleTestPatch)); d != "" {
+		t.Errorf("files (-want +got):\n%s", d)
+	}
+}
+
+func TestDiffGitPathsWithSpaces(t *testing.T) {
+	a, b := diffGitPaths("a/x b/y.go b/x b/y.go")
+	if a != "x b/y.go" || b != "x b/y.go" {
+		t.Errorf("paths = %q, %q", a, b)
+	}
+}
+
+func TestBuildEvalScriptFromTestPatch(t *testing.T) {
+	r := Row{InstanceID: "o__r-1", Repo: "o/r", BaseCommit: "abcdef0", TestPatch: sampleTestPatch}
+	got, err := BuildEvalScript(r, "go test -v ./...", "/testbed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "#!/bin/bash\nset -uxo pipefail\ncd '/testbed'\n" +
+		"git -c core.fileMode=false diff abcdef0\n" +
+		"git checkout abcdef0 -- 'calc_test.go' 'dir with space/é_test.go' 'old_test.go'\n" +
+		"rm -rf -- 'new_test.go'\n" +
+		"git apply --verbose - <<'EOF_114329324912'\n" + sampleTestPatch + "EOF_114329324912\n" +
+		"echo '>>>>> Start Test Output'\ngo test -v ./...\necho '>>>>> End Test Output'\n" +
+		"git checkout abcdef0 -- 'calc_test.go' 'dir with space/é_test.go' 'old_test.go'\n"
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("script (-want +got):\n%s", d)
+	}
+}
+
+func TestBuildEvalScriptKeepsTheRowsScript(t *testing.T) {
+	r := Row{InstanceID: "x", EvalScript: "#!/bin/bash\nmake test\n"}
+	got, err := BuildEvalScript(r, "", "/testbed")
+	if err != nil || got != r.EvalScript {
+		t.Errorf("script = %q, %v", got, err)
+	}
+}
+
+func TestBuildEvalScriptNeedsATestCommand(t *testing.T) {
+	r := Row{InstanceID: "x", Repo: "o/r", BaseCommit: "abcdef0", TestPatch: sampleTestPatch}
+	if _, err := BuildEvalScript(r, " ", "/testbed"); !errors.Is(err, ErrNoTestCommand) {
+		t.Errorf("err = %v, want ErrNoTestCommand", err)
+	}
+}
+
+func TestHeredocDelimiterAvoidsThePatch(t *testing.T) {
+	d := heredocDelimiter("a\nEOF_114329324912\nb\n")
+	if d == "EOF_114329324912" || strings.Contains("a\nEOF_114329324912\nb\n", d+"\n") {
+		t.Errorf("delimiter %q is a line of the body", d)
+	}
+}
+
+func TestDropSections(t *testing.T) {
+	patch := `diff --git a/keep.go b/keep.go
+new file mode 100644
+--- /dev/null
++++ b/keep.go
+@@ -0,0 +1 @@
++package x
+diff --git a/vendor/dep/a.go b/vendor/dep/a.go
+new file mode 100644
+--- /dev/null
++++ b/vendor/dep/a.go
+@@ -0,0 +1 @@
++package dep
+diff --git a/build.log b/build.log
+new file mode 100644
+--- /dev/null
++++ b/build.log
+@@ -0,0 +1 @@
++log
+`
+	got, dropped := dropSections(patch, newPristineSet([]string{"vendor/", "build.log"}))
+	want := "diff --git a/keep.go b/keep.go\nnew file mode 100644\n--- /dev/null\n+++ b/keep.go\n@@ -0,0 +1 @@\n+package x\n"
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("patch (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]string{"vendor/dep/a.go", "build.log"}, dropped); d != "" {
+		t.Errorf("dropped (-want +got):\n%s", d)
+	}
+}
