@@ -1,0 +1,28 @@
+package control
+
+import "sync"
+
+// broadcast wakes every goroutine waiting on the channel Wait returned
+// before the last Fire: a channel closed on each change and replaced.
+type broadcast struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func newBroadcast() *broadcast { return &broadcast{ch: make(chan struct{})} }
+
+// Wait returns a channel closed at the next Fire. Take it before checking
+// the condition, so a change in between is not missed.
+func (b *broadcast) Wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ch
+}
+
+// Fire wakes the current waiters.
+func (b *broadcast) Fire() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	close(b.ch)
+	b.ch = make(chan struct{})
+}
