@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"unsafe"
 )
 
 // ficlone is the FICLONE ioctl: make dst share src's blocks (a reflink).
@@ -131,7 +132,10 @@ func (c *treeCopier) run(ctx context.Context, src, dst string, workers int) erro
 			if err := os.Symlink(link, target); err != nil {
 				return err
 			}
-			return c.chown(target, st, true)
+			if err := c.chown(target, st, true); err != nil {
+				return err
+			}
+			return lutimes(target, st)
 		default: // devices (overlayfs whiteouts among them), fifos, sockets
 			if err := syscall.Mknod(target, st.Mode, int(st.Rdev)); err != nil {
 				return fmt.Errorf("mknod %s: %w", target, err)
@@ -304,6 +308,23 @@ func copyXattrs(src, dst string) error {
 		if err := syscall.Setxattr(dst, name, val, 0); err != nil && !errors.Is(err, syscall.ENOTSUP) {
 			return fmt.Errorf("setxattr %s %s: %w", dst, name, err)
 		}
+	}
+	return nil
+}
+
+// lutimes sets a symlink's own times (utimensat with AT_SYMLINK_NOFOLLOW).
+func lutimes(p string, st *syscall.Stat_t) error {
+	const atFDCWD, atSymlinkNofollow = -0x64, 0x100
+	path, err := syscall.BytePtrFromString(p)
+	if err != nil {
+		return err
+	}
+	ts := [2]syscall.Timespec{st.Atim, st.Mtim}
+	dirfd := atFDCWD
+	_, _, errno := syscall.Syscall6(syscall.SYS_UTIMENSAT, uintptr(dirfd), uintptr(unsafe.Pointer(path)),
+		uintptr(unsafe.Pointer(&ts[0])), atSymlinkNofollow, 0, 0)
+	if errno != 0 {
+		return fmt.Errorf("utimes %s: %w", p, errno)
 	}
 	return nil
 }

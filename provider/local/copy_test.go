@@ -126,6 +126,8 @@ func TestCopyTreeKeepsWhatCpAKeeps(t *testing.T) {
 	for _, p := range []string{"a/b/file", "empty", "sparse", "fifo"} {
 		must(os.Chtimes(filepath.Join(src, p), old, old))
 	}
+	oldTS := syscall.NsecToTimespec(old.UnixNano())
+	must(lutimes(filepath.Join(src, "rel-link"), &syscall.Stat_t{Atim: oldTS, Mtim: oldTS}))
 
 	dst := filepath.Join(t.TempDir(), "dst")
 	if err := copyTree(context.Background(), src, dst, 3); err != nil {

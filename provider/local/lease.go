@@ -31,7 +31,7 @@ func (p *Provider) Renew(ctx context.Context, h provider.Handle, expiresAt time.
 	}
 	m := s.meta
 	m.ExpiresAt = expiresAt
-	if err := writeJSON(s.metaPath(), m); err != nil {
+	if err := writeJSON(s.metaPath(), m, p.durable); err != nil {
 		return fmt.Errorf("local: renew %s: %w", s.id, err)
 	}
 	s.meta = m

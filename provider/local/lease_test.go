@@ -332,3 +332,15 @@ func TestReapFinishesWhatACrashLeft(t *testing.T) {
 		}
 	}
 }
+
+func TestDurableMode(t *testing.T) {
+	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{Durable: true, Clock: clk})
+	h := start(t, p, provider.Spec{Files: map[string]string{"f": "x"}, TTLSeconds: 10})
+	if err := p.Renew(context.Background(), h, clk.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, p, fork(t, p, snapshot(t, p, h)), "f"); got != "x" {
+		t.Errorf("durable fork sees %q", got)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -224,7 +225,10 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 		return provider.Handle{}, err
 	}
 	s.meta = meta
-	if err := writeJSON(s.metaPath(), meta); err != nil {
+	if p.durable {
+		syscall.Sync() // the tree, before the record that makes it a sandbox
+	}
+	if err := writeJSON(s.metaPath(), meta, p.durable); err != nil {
 		return provider.Handle{}, fmt.Errorf("local: start: %w", err)
 	}
 	p.mu.Lock()
@@ -432,8 +436,12 @@ func (p *Provider) sandboxIDs() ([]string, error) {
 	return ids, nil
 }
 
-// writeJSON writes v to path atomically (a temporary file, synced, renamed).
-func writeJSON(path string, v any) error {
+// writeJSON writes v to path atomically: a temporary file, renamed over
+// path, so a crashed server leaves the old file or the new one. It does not
+// fsync: a server crash keeps the page cache, and on ext4 an fsync would
+// flush every block written since the last commit (a whole snapshot's tree).
+// With sync (Options.Durable) the file is fsynced before the rename.
+func writeJSON(path string, v any, sync bool) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return fmt.Errorf("marshal %s: %w", filepath.Base(path), err)
@@ -447,9 +455,11 @@ func writeJSON(path string, v any) error {
 		f.Close()
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+	if sync {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if err := f.Close(); err != nil {
 		return err

@@ -70,7 +70,10 @@ func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string)
 	meta, err := p.copySandbox(ctx, s, id)
 	if err == nil {
 		meta.Name = name
-		err = writeJSON(p.snapshotMetaPath(id), meta)
+		if p.durable {
+			syscall.Sync() // the layer's blocks, before the record that names it
+		}
+		err = writeJSON(p.snapshotMetaPath(id), meta, p.durable)
 	}
 	if err != nil {
 		if rmErr := os.RemoveAll(dir); rmErr != nil {
@@ -206,7 +209,7 @@ func (p *Provider) DeleteSnapshot(ctx context.Context, snapshotID string) error 
 	err := readJSON(p.snapshotMetaPath(snapshotID), &sm)
 	if err == nil && !sm.Deleted {
 		sm.Deleted = true
-		err = writeJSON(p.snapshotMetaPath(snapshotID), sm)
+		err = writeJSON(p.snapshotMetaPath(snapshotID), sm, p.durable)
 	}
 	p.garbage = true
 	p.snapMu.Unlock()
