@@ -1,0 +1,130 @@
+package swebench
+
+import (
+	"fmt"
+	"path"
+	"time"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+// Defaults of zero Config fields.
+const (
+	DefaultWorkdir           = "/testbed"
+	DefaultEvaluationTimeout = 1800 * time.Second
+	DefaultSetupTimeout      = 600 * time.Second
+	DefaultTestOutputCap     = 64 << 10
+	DefaultImageNamespace    = "swebench"
+)
+
+// Config is the swebench.* part of the server's configuration (upstream's
+// SwebenchResourcesServerConfig, plus what the local provider needs).
+type Config struct {
+	// IsVerifyingGoldenPatch: the golden-patch instance lends no sandbox and
+	// grades each row's own patch.
+	IsVerifyingGoldenPatch bool `yaml:"is_verifying_golden_patch" json:"is_verifying_golden_patch"`
+	// EvaluationTimeout bounds the eval script, in seconds (1800).
+	EvaluationTimeout float64 `yaml:"evaluation_timeout" json:"evaluation_timeout"`
+	// SetupTimeout bounds each of the scrub, the patch extraction and the
+	// patch application, in seconds (600).
+	SetupTimeout float64 `yaml:"setup_timeout" json:"setup_timeout"`
+	// Repos maps "owner/name" to a git repository on this machine: on the
+	// local provider, an instance's image is a clone of it at base_commit.
+	Repos map[string]string `yaml:"repos" json:"repos"`
+	// TemplateDir holds those clones, one per (repo, base commit). The
+	// server binary defaults it to <data dir>/swebench-templates.
+	TemplateDir string `yaml:"template_dir" json:"template_dir"`
+	// TestCommands maps "owner/name" to the command that runs the
+	// repository's tests, for rows without eval_script (for a Go module,
+	// "go test -v -count=1 ./..."); DefaultTestCommand is used for a
+	// repository not in the map.
+	TestCommands       map[string]string `yaml:"test_commands" json:"test_commands"`
+	DefaultTestCommand string            `yaml:"default_test_command" json:"default_test_command"`
+	// Workdir is where the repository is in a sandbox ("/testbed").
+	Workdir string `yaml:"workdir" json:"workdir"`
+	// ImageNamespace names SWE-bench's instance images on other providers
+	// for rows without an image: <ns>/sweb.eval.x86_64.<id>:latest.
+	ImageNamespace string `yaml:"image_namespace" json:"image_namespace"`
+	// TestOutputCap caps test_output in the verify reply, in bytes (64 KiB).
+	TestOutputCap int `yaml:"test_output_cap" json:"test_output_cap"`
+	// SandboxConfig is applied to the agent's and the grading sandboxes.
+	SandboxConfig SandboxConfig `yaml:"sandbox_config" json:"sandbox_config"`
+}
+
+// SandboxConfig is upstream's sandbox_config: what every sandbox of the server
+// is started with.
+type SandboxConfig struct {
+	TTLSeconds          float64           `yaml:"ttl_s" json:"ttl_s"`
+	ReadyTimeoutSeconds float64           `yaml:"ready_timeout_s" json:"ready_timeout_s"`
+	Resources           *Resources        `yaml:"resources" json:"resources,omitempty"`
+	Env                 map[string]string `yaml:"env" json:"env,omitempty"`
+	Metadata            map[string]string `yaml:"metadata" json:"metadata,omitempty"`
+	// Network lets commands reach the network (the local provider isolates
+	// it otherwise): needed to download modules a cache does not hold.
+	Network         bool           `yaml:"network" json:"network"`
+	ProviderOptions map[string]any `yaml:"provider_options" json:"provider_options,omitempty"`
+}
+
+// Resources is provider.Resources with YAML keys.
+type Resources struct {
+	CPU       float64 `yaml:"cpu" json:"cpu,omitempty"`
+	MemoryMiB int     `yaml:"memory_mib" json:"memory_mib,omitempty"`
+	DiskGiB   int     `yaml:"disk_gib" json:"disk_gib,omitempty"`
+	GPU       int     `yaml:"gpu" json:"gpu,omitempty"`
+	GPUType   string  `yaml:"gpu_type" json:"gpu_type,omitempty"`
+}
+
+// LendsSandboxes reports whether sessions get a sandbox: false for the
+// golden-patch instance, whose owner should then have no provider (so the
+// mode in effect is restart_only) while grading uses one.
+func (c Config) LendsSandboxes() bool { return !c.IsVerifyingGoldenPatch }
+
+// withDefaults fills zero fields and checks the rest.
+func (c Config) withDefaults() (Config, error) {
+	if c.Workdir == "" {
+		c.Workdir = DefaultWorkdir
+	}
+	if !path.IsAbs(c.Workdir) || path.Clean(c.Workdir) == "/" {
+		return c, fmt.Errorf("%w: workdir %q must be an absolute path other than /", ErrConfig, c.Workdir)
+	}
+	c.Workdir = path.Clean(c.Workdir)
+	if c.EvaluationTimeout < 0 || c.SetupTimeout < 0 || c.TestOutputCap < 0 {
+		return c, fmt.Errorf("%w: negative evaluation_timeout, setup_timeout or test_output_cap", ErrConfig)
+	}
+	if c.ImageNamespace == "" {
+		c.ImageNamespace = DefaultImageNamespace
+	}
+	if c.TestOutputCap == 0 {
+		c.TestOutputCap = DefaultTestOutputCap
+	}
+	if len(c.Repos) > 0 && c.TemplateDir == "" {
+		return c, fmt.Errorf("%w: template_dir is required with repos", ErrConfig)
+	}
+	return c, nil
+}
+
+func seconds(s float64, def time.Duration) time.Duration {
+	if s <= 0 {
+		return def
+	}
+	return time.Duration(s * float64(time.Second))
+}
+
+func (c Config) evaluationTimeout() time.Duration {
+	return seconds(c.EvaluationTimeout, DefaultEvaluationTimeout)
+}
+func (c Config) setupTimeout() time.Duration { return seconds(c.SetupTimeout, DefaultSetupTimeout) }
+
+func (c Config) testCommand(repo string) string {
+	if cmd, ok := c.TestCommands[repo]; ok {
+		return cmd
+	}
+	return c.DefaultTestCommand
+}
+
+func (r *Resources) provider() *provider.Resources {
+	if r == nil {
+		return nil
+	}
+	return &provider.Resources{CPU: r.CPU, MemoryMiB: r.MemoryMiB, DiskGiB: r.DiskGiB, GPU: r.GPU, GPUType: r.GPUType}
+}

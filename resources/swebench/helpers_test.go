@@ -1,0 +1,342 @@
+package swebench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/sandboxapi"
+)
+
+// needTools skips the test, saying why, unless every tool is on the PATH.
+func needTools(t *testing.T, tools ...string) {
+	t.Helper()
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("SKIP: %s is not on the PATH (CI installs git, patch and bubblewrap; Go is the toolchain)", tool)
+		}
+	}
+}
+
+func testLogger(t *testing.T) *logrus.Logger {
+	l := logrus.New()
+	l.SetLevel(logrus.InfoLevel)
+	if os.Getenv("SWEBENCH_TEST_LOG") == "" {
+		l.SetOutput(discard{})
+	} else {
+		l.SetOutput(testWriter{t})
+	}
+	return l
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func git(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com",
+		"GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com", "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_SYSTEM=/dev/null")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func writeFiles(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	for name, body := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The task repository: a Go module whose Abs is wrong for negative numbers.
+const (
+	taskRepo   = "example/calc"
+	taskGoMod  = "module example.com/calc\n\ngo 1.22\n"
+	buggyCalc  = "package calc\n\n// Abs returns the absolute value of x.\nfunc Abs(x int) int {\n\tif x < 0 {\n\t\treturn x\n\t}\n\treturn x\n}\n\n// Add returns a+b.\nfunc Add(a, b int) int { return a + b }\n"
+	fixedCalc  = "package calc\n\n// Abs returns the absolute value of x.\nfunc Abs(x int) int {\n\tif x < 0 {\n\t\treturn -x\n\t}\n\treturn x\n}\n\n// Add returns a+b.\nfunc Add(a, b int) int { return a + b }\n"
+	baseTests  = "package calc\n\nimport \"testing\"\n\nfunc TestAdd(t *testing.T) {\n\tif Add(2, 3) != 5 {\n\t\tt.Fatal(\"Add(2, 3)\")\n\t}\n}\n"
+	fixTests   = baseTests + "\nfunc TestAddZero(t *testing.T) {\n\tif Add(0, 0) != 0 {\n\t\tt.Fatal(\"Add(0, 0)\")\n\t}\n}\n"
+	absTests   = "package calc\n\nimport \"testing\"\n\nfunc TestAbs(t *testing.T) {\n\tt.Run(\"positive\", func(t *testing.T) {\n\t\tif Abs(3) != 3 {\n\t\t\tt.Fatal(\"Abs(3)\")\n\t\t}\n\t})\n\tt.Run(\"negative\", func(t *testing.T) {\n\t\tif got := Abs(-3); got != 3 {\n\t\t\tt.Fatalf(\"Abs(-3) = %d\", got)\n\t\t}\n\t})\n}\n"
+	goTestCmd  = "go test -v -count=1 ./..."
+	fixMessage = "Fix Abs for negative numbers"
+)
+
+var (
+	failToPass = []string{"TestAbs", "TestAbs/negative"}
+	passToPass = []string{"TestAbs/positive", "TestAdd", "TestAddZero"}
+)
+
+// task is a task repository on the host and its rows.
+type task struct {
+	dir       string
+	base, fix string
+	patch     string // the fix, as the row's patch
+	testPatch string
+}
+
+// newTask makes the repository: the base commit, then the fix commit (tagged,
+// on main, and on a remote-tracking-like branch), which the agent must never
+// see.
+func newTask(t *testing.T) task {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "calc")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	git(t, dir, "init", "-q", "-b", "main")
+	writeFiles(t, dir, map[string]string{"go.mod": taskGoMod, "calc.go": buggyCalc, "calc_test.go": baseTests, "README.md": "calc\n"})
+	git(t, dir, "add", "-A")
+	git(t, dir, "commit", "-q", "-m", "Add calc")
+	base := git(t, dir, "rev-parse", "HEAD")
+	git(t, dir, "tag", "v1.0")
+	writeFiles(t, dir, map[string]string{"calc.go": fixedCalc, "calc_test.go": fixTests, "abs_test.go": absTests})
+	git(t, dir, "add", "-A")
+	git(t, dir, "commit", "-q", "-m", fixMessage)
+	fix := git(t, dir, "rev-parse", "HEAD")
+	git(t, dir, "tag", "-a", "v1.1", "-m", "release with the fix")
+	git(t, dir, "branch", "release", fix)
+	git(t, dir, "notes", "add", "-m", "a note on the fix", fix)
+	tk := task{dir: dir, base: base, fix: fix}
+	tk.patch = git(t, dir, "diff", base, fix, "--", "calc.go") + "\n"
+	tk.testPatch = git(t, dir, "diff", base, fix, "--", "abs_test.go", "calc_test.go") + "\n"
+	return tk
+}
+
+// row is the task as an original-format SWE-bench row (test lists as JSON
+// strings, no eval_script: the script is built from test_patch and the
+// configured test command).
+func (tk task) row(id string) map[string]any {
+	f2p, _ := json.Marshal(failToPass)
+	p2p, _ := json.Marshal(passToPass)
+	return map[string]any{
+		"repo": taskRepo, "instance_id": id, "base_commit": tk.base, "patch": tk.patch, "test_patch": tk.testPatch,
+		"problem_statement": "Abs(-3) returns -3", "hints_text": "", "created_at": "2026-01-01T00:00:00Z", "version": "1.0",
+		"FAIL_TO_PASS": string(f2p), "PASS_TO_PASS": string(p2p), "environment_setup_commit": tk.base,
+		"responses_create_params": map[string]any{"input": []any{}},
+	}
+}
+
+// multilingualRow is the task in SWE-bench Multilingual's format: lists as
+// JSON lists, its own eval_script (whose markers are `: '…'` lines that only
+// the shell's -x trace on stderr prints), a log parser.
+func (tk task) multilingualRow(id string) map[string]any {
+	r := tk.row(id)
+	r["FAIL_TO_PASS"], r["PASS_TO_PASS"] = failToPass, passToPass
+	r["log_parser"] = "parse_log_gotest"
+	r["eval_script"] = "#!/bin/bash\nset -uxo pipefail\ncd /testbed\ngit status\n" +
+		"git checkout " + tk.base + " -- calc_test.go\nrm -f abs_test.go\n" +
+		"git apply --verbose --reject - <<'EOF_114329324912'\n" + tk.testPatch + "EOF_114329324912\n" +
+		": '>>>>> Start Test Output'\n" + goTestCmd + "\n: '>>>>> End Test Output'\n" +
+		"git checkout " + tk.base + " -- calc_test.go\n"
+	return r
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// world is a swebench server on a real local provider with checkpointing,
+// and the agent-facing sandbox API.
+type world struct {
+	t       *testing.T
+	tk      task
+	root    string // the provider's root
+	state   string // the owner's state_dir
+	tmpl    string // template_dir
+	cfg     Config
+	log     *logrus.Logger
+	prov    *local.Provider
+	own     *owner.Owner
+	srv     *Server
+	tokens  *sandboxapi.Tokens
+	api     *sandboxapi.Handler
+	closeMu sync.Mutex
+}
+
+type worldOpt func(*world)
+
+func withConfig(f func(*Config)) worldOpt { return func(w *world) { f(&w.cfg) } }
+
+func newWorld(t *testing.T, tk task, opts ...worldOpt) *world {
+	t.Helper()
+	needTools(t, "git", "go", "patch")
+	w := &world{t: t, tk: tk, root: t.TempDir(), state: t.TempDir(), tmpl: t.TempDir(), log: testLogger(t)}
+	w.cfg = Config{
+		Repos:        map[string]string{taskRepo: tk.dir},
+		TemplateDir:  w.tmpl,
+		TestCommands: map[string]string{taskRepo: goTestCmd},
+		SandboxConfig: SandboxConfig{
+			TTLSeconds: 3600,
+			Env:        sharedGoCaches(t),
+		},
+		EvaluationTimeout: 300,
+	}
+	for _, o := range opts {
+		o(w)
+	}
+	w.open()
+	return w
+}
+
+// open starts the provider, the owner and the server on the world's dirs.
+func (w *world) open() {
+	t := w.t
+	t.Helper()
+	p, err := local.New(local.Options{Root: w.root, Logger: w.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := owner.New(context.Background(), owner.Config{
+		Name: "swebench", Provider: p, Logger: w.log,
+		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: w.state},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := o
+	t.Cleanup(func() { _ = own.Close() })
+	srv, err := New(w.cfg, Deps{Owner: o, Logger: w.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := sandboxapi.NewTokens([]byte("test-secret"), clock.Real{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.prov, w.own, w.srv, w.tokens = p, o, srv, tokens
+	w.api = &sandboxapi.Handler{Provider: p, Tokens: tokens, Logger: w.log, Resolve: func(id string) (provider.Handle, sandboxapi.Fate) {
+		_, h, fate := own.SandboxFate(id)
+		switch fate {
+		case owner.FateLive:
+			return h, sandboxapi.FateLive
+		case owner.FateSuperseded:
+			return h, sandboxapi.FateSuperseded
+		case owner.FateEnded:
+			return h, sandboxapi.FateEnded
+		}
+		return h, sandboxapi.FateUnknown
+	}}
+}
+
+// crash drops the owner as a SIGKILL would (nothing stopped, nothing told),
+// then opens a fresh provider, owner and server on the same directories.
+func (w *world) crash() {
+	w.own.Abandon()
+	w.open()
+}
+
+func (w *world) seed(sid string, row map[string]any) SeedResult {
+	w.t.Helper()
+	res, err := w.srv.Seed(context.Background(), sid, mustJSON(w.t, row))
+	if err != nil {
+		w.t.Fatalf("seed %s: %v", sid, err)
+	}
+	return res
+}
+
+func (w *world) verify(sid string, row map[string]any) VerifyResult {
+	w.t.Helper()
+	res, err := w.srv.Verify(context.Background(), sid, mustJSON(w.t, row))
+	if err != nil {
+		w.t.Fatalf("verify %s: %v", sid, err)
+	}
+	return res
+}
+
+// agentExec runs a command in a sandbox the way an agent does: through the
+// sandbox exec API with a token for that sandbox.
+func (w *world) agentExec(sandboxID, command string) provider.ExecResult {
+	w.t.Helper()
+	var ctx fasthttp.RequestCtx
+	ctx.Request.Header.SetMethod("POST")
+	ctx.Request.SetRequestURI(sandboxapi.Prefix + sandboxID + "/exec")
+	ctx.Request.Header.Set("Authorization", "Bearer "+w.tokens.Mint(sandboxID, time.Now().Add(time.Hour)))
+	ctx.Request.SetBody(mustJSON(w.t, map[string]any{"command": command, "timeout_ms": 120000}))
+	w.api.Serve(&ctx)
+	if ctx.Response.StatusCode() != 200 {
+		w.t.Fatalf("agent exec %q: %d %s", command, ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	var res provider.ExecResult
+	if err := json.Unmarshal(ctx.Response.Body(), &res); err != nil {
+		w.t.Fatal(err)
+	}
+	return res
+}
+
+// agentRun is agentExec that must succeed.
+func (w *world) agentRun(sandboxID, command string) string {
+	w.t.Helper()
+	res := w.agentExec(sandboxID, command)
+	if res.ExitCode != 0 {
+		w.t.Fatalf("agent command %q exited %d:\n%s%s", command, res.ExitCode, res.Stdout, res.Stderr)
+	}
+	return res.Stdout
+}
+
+// applyAsAgent applies a patch in the sandbox through the exec API.
+func (w *world) applyAsAgent(sandboxID, patch string) {
+	w.t.Helper()
+	w.agentRun(sandboxID, "git apply --verbose - <<'AGENT_EOF'\n"+patch+"AGENT_EOF\n")
+}
+
+func (w *world) liveSandboxes() []string {
+	w.t.Helper()
+	infos, err := w.prov.ListSandboxes(context.Background())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	var ids []string
+	for _, i := range infos {
+		ids = append(ids, i.Handle.SandboxID)
+	}
+	return ids
+}
+
+// sharedGoCaches is the environment that points Go's caches at directories
+// every sandbox of the test binary shares (filled in with the local
+// provider's named caches).
+func sharedGoCaches(t *testing.T) map[string]string {
+	return nil
+}
+
+func describe(res VerifyResult) string {
+	b, _ := json.MarshalIndent(res, "", "  ")
+	return fmt.Sprintf("%s", b)
+}

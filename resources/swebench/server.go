@@ -1,0 +1,517 @@
+package swebench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local"
+)
+
+// maxSessionData keeps the session data under the owner's 64 KiB bound.
+const maxSessionData = 60 << 10
+
+// Failure kinds in a verify reply (failure_kind).
+const (
+	// FailureGrading: the grading sandbox could not be started or used; the
+	// sample is masked (mask_sample), since the reward says nothing of the
+	// agent.
+	FailureGrading = "grading_error"
+	// FailurePatchApply: no method applied the model patch.
+	FailurePatchApply = "patch_apply_failed"
+	// FailureEvalTimeout: the eval script outlived evaluation_timeout.
+	FailureEvalTimeout = "evaluation_timeout"
+)
+
+// Patch sources (patch_source), besides Extraction's.
+const PatchSourceGolden = "golden"
+
+// Deps are what a Server works with.
+type Deps struct {
+	// Owner holds the sessions' sandboxes. In the golden-patch instance it
+	// should have no provider (Config.LendsSandboxes).
+	Owner *owner.Owner
+	// Grader starts grading sandboxes; nil means Owner.SharedProvider().
+	Grader provider.Provider
+	// Name is the server's name, in sandbox metadata (Owner.Name() when
+	// empty).
+	Name string
+	// Logger receives structured logs (a discarding logger when nil).
+	Logger logrus.FieldLogger
+}
+
+// Server is the SWE-bench resources server. It is safe for concurrent use.
+type Server struct {
+	cfg       Config
+	name      string
+	own       *owner.Owner
+	grader    provider.Provider
+	templates *Templates // nil without repos
+	log       logrus.FieldLogger
+}
+
+// New checks cfg and returns a server.
+func New(cfg Config, deps Deps) (*Server, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if deps.Owner == nil {
+		return nil, fmt.Errorf("%w: no owner", ErrConfig)
+	}
+	s := &Server{cfg: cfg, name: deps.Name, own: deps.Owner, grader: deps.Grader, log: deps.Logger}
+	if s.name == "" {
+		s.name = deps.Owner.Name()
+	}
+	if s.log == nil {
+		l := logrus.New()
+		l.SetOutput(io.Discard)
+		s.log = l
+	}
+	s.log = s.log.WithField("resources", "swebench")
+	if s.grader == nil {
+		s.grader = deps.Owner.SharedProvider()
+	}
+	if s.grader == nil {
+		return nil, fmt.Errorf("%w: no provider to start grading sandboxes on", ErrConfig)
+	}
+	if cfg.LendsSandboxes() && deps.Owner.SharedProvider() == nil {
+		return nil, fmt.Errorf("%w: the owner has no provider to lend sandboxes from (only the golden-patch instance lends none)", ErrConfig)
+	}
+	if len(cfg.Repos) > 0 {
+		if s.templates, err = NewTemplates(cfg.TemplateDir, cfg.Repos, s.log); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Config returns the configuration in effect (defaults filled).
+func (s *Server) Config() Config { return s.cfg }
+
+// LendsSandboxes reports whether sessions get a sandbox (/sandbox_access).
+func (s *Server) LendsSandboxes() bool { return s.cfg.LendsSandboxes() }
+
+// SessionData is what a session's setup records, next to its sandbox in a
+// checkpoint: the base commit the patch is taken against and the files that
+// were untracked before the agent started (they never enter the patch).
+type SessionData struct {
+	InstanceID        string      `json:"instance_id"`
+	Repo              string      `json:"repo"`
+	BaseCommit        string      `json:"base_commit"`
+	Image             string      `json:"image"`
+	PristineUntracked []string    `json:"pristine_untracked"`
+	Scrub             ScrubReport `json:"scrub"`
+}
+
+// ParseSessionData decodes a session's data ({} decodes to the zero value).
+func ParseSessionData(raw json.RawMessage) (SessionData, error) {
+	var d SessionData
+	if len(raw) == 0 {
+		return d, nil
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return d, fmt.Errorf("swebench: session data: %w", err)
+	}
+	return d, nil
+}
+
+// SeedResult is the seed reply (upstream's legacy shape, plus what a
+// restored session got).
+type SeedResult struct {
+	// SandboxHandle is the agent's sandbox id; null in the golden-patch
+	// instance.
+	SandboxHandle *string `json:"sandbox_handle"`
+	Workdir       string  `json:"workdir,omitempty"`
+	InstanceID    string  `json:"instance_id"`
+	// Restored: the session's sandbox is a restore's fork (setup did not run
+	// again).
+	Restored      bool    `json:"restored,omitempty"`
+	SeedTimeTaken float64 `json:"seed_time_taken"`
+}
+
+// Seed starts the session's sandbox for the row in body: the instance's image
+// at workdir, scrubbed, its base commit and pristine untracked files recorded
+// as session data. A session a restore rebuilt gets its fork. The golden-patch
+// instance starts nothing.
+func (s *Server) Seed(ctx context.Context, sessionID string, body []byte) (SeedResult, error) {
+	began := time.Now()
+	row, err := ParseRow(body)
+	if err != nil {
+		return SeedResult{}, err
+	}
+	if _, err := BuildEvalScript(row, s.cfg.testCommand(row.Repo), s.cfg.Workdir); err != nil {
+		return SeedResult{}, err
+	}
+	res := SeedResult{InstanceID: row.InstanceID}
+	log := s.log.WithFields(logrus.Fields{"session_id": sessionID, "instance_id": row.InstanceID})
+	if !s.LendsSandboxes() {
+		if strings.TrimSpace(row.Patch) == "" {
+			return SeedResult{}, fmt.Errorf("%w: %s: the golden-patch instance needs the row's patch", ErrInvalidRow, row.InstanceID)
+		}
+		res.SeedTimeTaken = time.Since(began).Seconds()
+		log.Info("swebench: seeded (golden patch, no sandbox)")
+		return res, nil
+	}
+	p := s.own.SharedProvider()
+	image, err := s.image(ctx, p, row)
+	if err != nil {
+		return SeedResult{}, err
+	}
+	sb, err := s.own.StartSessionSandbox(ctx, sessionID, s.spec(image, row, "agent"), s.setup(row, image), s.cfg.Workdir)
+	if err != nil {
+		return SeedResult{}, fmt.Errorf("swebench: seed %s: %w", row.InstanceID, err)
+	}
+	if sb.Restored {
+		if d, err := ParseSessionData(sb.Data); err == nil && d.InstanceID != "" && d.InstanceID != row.InstanceID {
+			return SeedResult{}, fmt.Errorf("%w: the restored session holds %s, the seed names %s", ErrSessionMismatch, d.InstanceID, row.InstanceID)
+		}
+	}
+	id := sb.Handle.SandboxID
+	res.SandboxHandle, res.Workdir, res.Restored = &id, sb.Workdir, sb.Restored
+	res.SeedTimeTaken = time.Since(began).Seconds()
+	log.WithFields(logrus.Fields{"sandbox_id": id, "restored": sb.Restored, "duration_ms": time.Since(began).Milliseconds()}).Info("swebench: seeded")
+	return res, nil
+}
+
+// setup is the agent sandbox's setup: the scrub, then the pristine list.
+func (s *Server) setup(row Row, image string) owner.SetupFunc {
+	return func(ctx context.Context, p provider.Provider, sb owner.Sandbox) (json.RawMessage, error) {
+		rep, err := Scrub(ctx, p, sb.Handle, row.BaseCommit, s.cfg.setupTimeout())
+		if err != nil {
+			return nil, err
+		}
+		pristine, err := Untracked(ctx, p, sb.Handle, s.cfg.setupTimeout())
+		if err != nil {
+			return nil, fmt.Errorf("%w: list the untracked files: %w", ErrScrub, err)
+		}
+		if pristine == nil {
+			pristine = []string{}
+		}
+		data, err := json.Marshal(SessionData{
+			InstanceID: row.InstanceID, Repo: row.Repo, BaseCommit: rep.Base, Image: image,
+			PristineUntracked: pristine, Scrub: rep,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("swebench: session data: %w", err)
+		}
+		if len(data) > maxSessionData {
+			return nil, fmt.Errorf("%w: %d untracked entries before the agent started make %d bytes of session data (at most %d)", ErrScrub, len(pristine), len(data), maxSessionData)
+		}
+		s.log.WithFields(logrus.Fields{"sandbox_id": sb.Handle.SandboxID, "instance_id": row.InstanceID, "base_commit": rep.Base,
+			"commits_before": rep.CommitsBefore, "commits_after": rep.CommitsAfter, "pristine_untracked": len(pristine)}).Info("swebench: scrubbed")
+		return data, nil
+	}
+}
+
+// image returns the image of row's sandboxes on p: on the local provider the
+// template of (repo, base commit) when the repo is configured, else the row's
+// image, else (other providers) SWE-bench's instance image name.
+func (s *Server) image(ctx context.Context, p provider.Provider, row Row) (string, error) {
+	isLocal := p.Name() == local.Name
+	if isLocal && s.templates != nil && s.templates.Has(row.Repo) {
+		dir, _, err := s.templates.Ensure(ctx, row.Repo, row.BaseCommit)
+		return dir, err
+	}
+	if row.Image != "" {
+		return row.Image, nil
+	}
+	if isLocal {
+		return "", fmt.Errorf("%w: %s: add %q to swebench.repos (a git repository on this machine)", ErrUnknownRepo, row.InstanceID, row.Repo)
+	}
+	id := strings.ToLower(strings.ReplaceAll(row.InstanceID, "__", "_1776_"))
+	return fmt.Sprintf("%s/sweb.eval.x86_64.%s:latest", s.cfg.ImageNamespace, id), nil
+}
+
+// spec is the spec of a sandbox of row (role "agent" or "grading"); both
+// are built alike, as upstream's.
+func (s *Server) spec(image string, row Row, role string) provider.Spec {
+	sc := s.cfg.SandboxConfig
+	md := map[string]string{}
+	for k, v := range sc.Metadata {
+		md[k] = v
+	}
+	id := row.InstanceID
+	if len(id) > 63 {
+		id = id[:63]
+	}
+	md["nemo_gym_agent"], md["instance_id"], md["swebench_role"] = s.name, id, role
+	env := map[string]string{}
+	if s.grader.Name() == local.Name {
+		// The local provider's HOME is the work tree: tools that write
+		// under HOME (go's caches, git's global config) would put files
+		// into the patch. Its sandboxes see the host's tools (read-only
+		// under bubblewrap), so they get the server's PATH.
+		env["HOME"] = "/tmp"
+		if path := os.Getenv("PATH"); path != "" {
+			env["PATH"] = path
+		}
+		env["GOTOOLCHAIN"] = "local"
+		env["GOFLAGS"] = "-modcacherw"
+	}
+	for k, v := range sc.Env {
+		env[k] = v
+	}
+	var opts map[string]any
+	if len(sc.ProviderOptions) > 0 {
+		opts = make(map[string]any, len(sc.ProviderOptions))
+		for k, v := range sc.ProviderOptions {
+			opts[k] = v
+		}
+	}
+	return provider.Spec{
+		Image: image, Workdir: s.cfg.Workdir, Env: env, Metadata: md,
+		TTLSeconds: sc.TTLSeconds, ReadyTimeoutSeconds: sc.ReadyTimeoutSeconds,
+		Resources: sc.Resources.provider(), Network: sc.Network, ProviderOptions: opts,
+	}
+}
+
+// VerifyResult is the verify reply: upstream's fields, the model patch's
+// provenance, and the time each phase took (seconds).
+type VerifyResult struct {
+	Reward              float64      `json:"reward"`
+	Resolved            bool         `json:"resolved"`
+	EvaluationCompleted bool         `json:"evaluation_completed"`
+	InstanceID          string       `json:"instance_id"`
+	ModelPatch          *string      `json:"model_patch"`
+	TestsStatus         *TestsStatus `json:"tests_status"`
+	// TestOutput is the marked test section of the eval log (the whole log
+	// without markers; the apply log when the patch did not apply), cut to
+	// test_output_cap around the middle.
+	TestOutput          string `json:"test_output"`
+	TestOutputTruncated bool   `json:"test_output_truncated,omitempty"`
+	MaskSample          bool   `json:"mask_sample"`
+	FailureKind         string `json:"failure_kind,omitempty"`
+	FailureReason       string `json:"failure_reason,omitempty"`
+
+	PatchSource      string   `json:"patch_source"`
+	PatchTip         string   `json:"patch_tip,omitempty"`
+	PatchCommits     int      `json:"patch_commits,omitempty"`
+	WorktreeDirty    bool     `json:"worktree_dirty,omitempty"`
+	PristineDropped  []string `json:"pristine_dropped,omitempty"`
+	ModelPatchBytes  int      `json:"model_patch_bytes"`
+	PatchApplied     bool     `json:"patch_applied"`
+	PatchApplyMethod string   `json:"patch_apply_method,omitempty"`
+
+	PatchExtractionTimeTaken  float64 `json:"patch_extraction_time_taken"`
+	EvalSandboxStartTimeTaken float64 `json:"eval_sandbox_start_time_taken"`
+	PatchApplyTimeTaken       float64 `json:"patch_apply_time_taken"`
+	EvalTimeTaken             float64 `json:"eval_time_taken"`
+	// PatchVerificationTimeTaken is the whole grading: sandbox start, apply,
+	// eval, stop.
+	PatchVerificationTimeTaken float64 `json:"patch_verification_time_taken"`
+	TotalTimeTaken             float64 `json:"total_time_taken"`
+}
+
+// Verify grades the session: the model patch (the row's own in the
+// golden-patch instance) is extracted from the agent's sandbox, the session
+// ends, and the patch is graded in a fresh sandbox of the same image. A
+// session without a sandbox is owner.ErrNoSessionSandbox (409), never a
+// reward. Failures of the patch or the tests are a reward of 0 with a
+// failure_kind; failures of the grading sandbox are a masked sample.
+func (s *Server) Verify(ctx context.Context, sessionID string, body []byte) (VerifyResult, error) {
+	began := time.Now()
+	row, err := ParseRow(body)
+	if err != nil {
+		return VerifyResult{}, err
+	}
+	res := VerifyResult{InstanceID: row.InstanceID}
+	log := s.log.WithFields(logrus.Fields{"session_id": sessionID, "instance_id": row.InstanceID})
+	var patch string
+	if !s.LendsSandboxes() {
+		patch, res.PatchSource = row.Patch, PatchSourceGolden
+	} else {
+		if patch, err = s.takePatch(ctx, sessionID, row, &res, log); err != nil {
+			return VerifyResult{}, err
+		}
+	}
+	res.ModelPatch, res.ModelPatchBytes = &patch, len(patch)
+	s.grade(ctx, row, patch, &res, log)
+	res.TotalTimeTaken = time.Since(began).Seconds()
+	log.WithFields(logrus.Fields{
+		"reward": res.Reward, "resolved": res.Resolved, "evaluation_completed": res.EvaluationCompleted,
+		"failure_kind": res.FailureKind, "patch_source": res.PatchSource, "patch_bytes": res.ModelPatchBytes,
+		"extract_s": res.PatchExtractionTimeTaken, "start_s": res.EvalSandboxStartTimeTaken,
+		"apply_s": res.PatchApplyTimeTaken, "eval_s": res.EvalTimeTaken, "total_s": res.TotalTimeTaken,
+	}).Info("swebench: verified")
+	return res, nil
+}
+
+// takePatch extracts the model patch from the session's sandbox and ends the
+// session. An extraction that fails gives an empty patch (as upstream's), with
+// the reason in the reply.
+func (s *Server) takePatch(ctx context.Context, sessionID string, row Row, res *VerifyResult, log logrus.FieldLogger) (string, error) {
+	sb, err := s.own.RequireSessionSandbox(sessionID)
+	if err != nil {
+		return "", fmt.Errorf("swebench: verify %s: %w", row.InstanceID, err)
+	}
+	data, err := ParseSessionData(sb.Data)
+	if err != nil {
+		return "", err
+	}
+	if data.InstanceID != "" && data.InstanceID != row.InstanceID {
+		return "", fmt.Errorf("%w: the session holds %s, the verify names %s", ErrSessionMismatch, data.InstanceID, row.InstanceID)
+	}
+	base := data.BaseCommit
+	if base == "" {
+		log.Warn("swebench: the session has no session data; the patch is taken against the row's base commit and may include files the image shipped untracked")
+		base = row.BaseCommit
+	} else if !strings.HasPrefix(base, row.BaseCommit) {
+		return "", fmt.Errorf("%w: the session's base commit is %s, the verify names %s", ErrSessionMismatch, base, row.BaseCommit)
+	}
+	t := time.Now()
+	var ex Extraction
+	var exErr error
+	err = s.own.Do(ctx, sessionID, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+		ex, exErr = ExtractPatch(ctx, p, sb.Handle, base, data.PristineUntracked, s.cfg.setupTimeout())
+		return nil
+	})
+	res.PatchExtractionTimeTaken = time.Since(t).Seconds()
+	if errors.Is(err, owner.ErrNoSessionSandbox) {
+		return "", fmt.Errorf("swebench: verify %s: %w", row.InstanceID, err)
+	}
+	if err != nil {
+		exErr = err
+	}
+	if exErr != nil {
+		log.WithError(exErr).Warn("swebench: patch extraction failed; grading an empty patch")
+		ex = Extraction{Source: "none"}
+		res.FailureReason = exErr.Error()
+	}
+	res.PatchSource, res.PatchTip, res.PatchCommits = ex.Source, ex.Tip, ex.Commits
+	res.WorktreeDirty, res.PristineDropped = ex.WorktreeDirty, ex.Dropped
+	if err := s.own.EndSessionSandbox(ctx, sessionID); err != nil {
+		log.WithError(err).Warn("swebench: could not end the agent's session after extracting its patch")
+	}
+	return ex.Patch, nil
+}
+
+// grade runs patch against row in a fresh grading sandbox and fills res. The
+// grading sandbox is stopped on every path.
+func (s *Server) grade(ctx context.Context, row Row, patch string, res *VerifyResult, log logrus.FieldLogger) {
+	began := time.Now()
+	defer func() { res.PatchVerificationTimeTaken = time.Since(began).Seconds() }()
+	infra := func(what string, err error) {
+		res.MaskSample, res.FailureKind = true, FailureGrading
+		res.FailureReason = joinReason(res.FailureReason, fmt.Errorf("%w: %s: %w", ErrGrading, what, err).Error())
+		log.WithError(err).Warn("swebench: grading failed: " + what)
+	}
+	p := s.grader
+	image, err := s.image(ctx, p, row)
+	if err != nil {
+		infra("the instance's image", err)
+		return
+	}
+	t := time.Now()
+	h, err := p.Start(ctx, s.spec(image, row, "grading"))
+	res.EvalSandboxStartTimeTaken = time.Since(t).Seconds()
+	if err != nil {
+		infra("start the grading sandbox", err)
+		return
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer cancel()
+		if err := p.Stop(stopCtx, h); err != nil {
+			log.WithError(err).WithField("sandbox_id", h.SandboxID).Warn("swebench: could not stop the grading sandbox")
+		}
+	}()
+
+	t = time.Now()
+	ar, err := ApplyPatch(ctx, p, h, patch, s.cfg.setupTimeout())
+	res.PatchApplyTimeTaken = time.Since(t).Seconds()
+	if err != nil {
+		infra("apply the patch", err)
+		return
+	}
+	res.PatchApplied, res.PatchApplyMethod = ar.Applied, ar.Method
+	if !ar.Applied {
+		res.FailureKind = FailurePatchApply
+		res.FailureReason = joinReason(res.FailureReason, "no method applied the model patch (git apply, git apply --reject, patch --fuzz=5)")
+		res.TestOutput, res.TestOutputTruncated = capOutput(ar.Log, s.cfg.TestOutputCap)
+		return
+	}
+
+	script, err := s.evalScript(ctx, p, h, row)
+	if err != nil {
+		infra("build the eval script", err)
+		return
+	}
+	t = time.Now()
+	ev, err := RunEval(ctx, p, h, script, s.cfg.evaluationTimeout())
+	res.EvalTimeTaken = time.Since(t).Seconds()
+	if err != nil {
+		infra("run the eval script", err)
+		return
+	}
+	section, ok := TestSection(ev.Log)
+	if !ok {
+		section = ev.Log
+	}
+	res.TestOutput, res.TestOutputTruncated = capOutput(section, s.cfg.TestOutputCap)
+	if ev.TimedOut {
+		res.FailureKind = FailureEvalTimeout
+		res.FailureReason = joinReason(res.FailureReason, fmt.Sprintf("the eval script ran past evaluation_timeout (%s)", s.cfg.evaluationTimeout()))
+		return
+	}
+	statuses, err := ParseLog(row.LogParser, ev.Log)
+	if err != nil { // Validate checked the name
+		infra("parse the log", err)
+		return
+	}
+	ts, resolved := Resolve(row.FailToPass, row.PassToPass, statuses)
+	res.EvaluationCompleted, res.TestsStatus, res.Resolved = true, &ts, resolved
+	if resolved {
+		res.Reward = 1
+	}
+}
+
+// evalScript is the row's eval script for the grading sandbox h. Where the
+// provider runs commands in a host directory rather than at the workdir (the
+// local provider without bubblewrap), the workdir's path in the script is
+// replaced by the directory commands actually run in.
+func (s *Server) evalScript(ctx context.Context, p provider.Provider, h provider.Handle, row Row) (string, error) {
+	res, err := run(ctx, p, h, "pwd -P", nil, time.Minute)
+	if err != nil {
+		return "", err
+	}
+	wd := strings.TrimSpace(res.Stdout)
+	if res.ExitCode != 0 || wd == "" {
+		wd = s.cfg.Workdir
+	}
+	script, err := BuildEvalScript(row, s.cfg.testCommand(row.Repo), wd)
+	if err != nil {
+		return "", err
+	}
+	if row.EvalScript != "" && wd != s.cfg.Workdir {
+		script = strings.ReplaceAll(script, s.cfg.Workdir, wd)
+	}
+	return script, nil
+}
+
+// capOutput keeps at most max bytes of s: its head and its tail.
+func capOutput(s string, max int) (string, bool) {
+	if max <= 0 || len(s) <= max {
+		return s, false
+	}
+	marker := fmt.Sprintf("\n…[%d bytes cut]…\n", len(s)-max)
+	head := max / 2
+	tail := max - head
+	return strings.ToValidUTF8(s[:head], "") + marker + strings.ToValidUTF8(s[len(s)-tail:], ""), true
+}
+
+func joinReason(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}

@@ -1,0 +1,141 @@
+package swebench
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+)
+
+// Templates prepares, on the host, the image of a (repo, base commit) for the
+// local provider: a clone of the configured repository with its work tree at
+// the base commit (HEAD detached there), in its own directory under Root. A
+// template is made once and then only read: the provider starts sandboxes
+// from it (a copy, or an overlay whose lower layer it is), so a second sandbox
+// of the same instance costs no clone. The clone keeps the whole history, as
+// SWE-bench's images do; the scrub in each agent sandbox removes what the
+// agent must not see. It is safe for concurrent use.
+type Templates struct {
+	root  string
+	repos map[string]string
+	log   logrus.FieldLogger
+
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex // one per template being made or checked
+}
+
+// NewTemplates returns a store under root for the repositories in repos
+// ("owner/name" → a git repository on the host).
+func NewTemplates(root string, repos map[string]string, log logrus.FieldLogger) (*Templates, error) {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, fmt.Errorf("%w: template_dir %q: %v", ErrConfig, root, err)
+	}
+	rs := make(map[string]string, len(repos))
+	for name, path := range repos {
+		if !repoName.MatchString(name) {
+			return nil, fmt.Errorf("%w: repos: %q is not owner/name", ErrConfig, name)
+		}
+		p, err := filepath.Abs(path)
+		if err != nil {
+			return nil, fmt.Errorf("%w: repos[%q]: %v", ErrConfig, name, err)
+		}
+		rs[name] = p
+	}
+	return &Templates{root: abs, repos: rs, log: log, locks: map[string]*sync.Mutex{}}, nil
+}
+
+// Has reports whether repo is configured.
+func (t *Templates) Has(repo string) bool {
+	_, ok := t.repos[repo]
+	return ok
+}
+
+// Root is the directory the templates are kept in.
+func (t *Templates) Root() string { return t.root }
+
+// Ensure returns the template directory of (repo, base), making it if
+// needed, and the base commit's full id. base may be abbreviated.
+func (t *Templates) Ensure(ctx context.Context, repo, base string) (dir, fullBase string, err error) {
+	src, ok := t.repos[repo]
+	if !ok {
+		return "", "", fmt.Errorf("%w: %q is not in swebench.repos", ErrUnknownRepo, repo)
+	}
+	if !hexCommit.MatchString(base) {
+		return "", "", fmt.Errorf("%w: base commit %q is not a commit id", ErrTemplate, base)
+	}
+	out, err := hostGit(ctx, src, "rev-parse", "--verify", "-q", base+"^{commit}")
+	if err != nil {
+		return "", "", fmt.Errorf("%w: %s has no commit %s: %w", ErrTemplate, src, base, err)
+	}
+	fullBase = strings.TrimSpace(out)
+	dir = filepath.Join(t.root, strings.ReplaceAll(repo, "/", "__"), fullBase)
+
+	lock := t.lock(dir)
+	lock.Lock()
+	defer lock.Unlock()
+	if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+		return dir, fullBase, nil
+	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return "", "", fmt.Errorf("%w: %w", ErrTemplate, err)
+	}
+	began := time.Now()
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrTemplate, err)
+	}
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	tmp := filepath.Join(filepath.Dir(dir), ".tmp-"+fullBase[:12]+"-"+hex.EncodeToString(rnd[:]))
+	defer os.RemoveAll(tmp) // a no-op once renamed
+	if _, err := hostGit(ctx, "", "clone", "--quiet", "--no-hardlinks", "--no-checkout", src, tmp); err != nil {
+		return "", "", fmt.Errorf("%w: clone %s: %w", ErrTemplate, src, err)
+	}
+	if _, err := hostGit(ctx, tmp, "-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", fullBase); err != nil {
+		return "", "", fmt.Errorf("%w: check out %s: %w", ErrTemplate, fullBase, err)
+	}
+	head, err := hostGit(ctx, tmp, "rev-parse", "HEAD")
+	if err != nil || strings.TrimSpace(head) != fullBase {
+		return "", "", fmt.Errorf("%w: the clone's HEAD is %q, not %s (%v)", ErrTemplate, strings.TrimSpace(head), fullBase, err)
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrTemplate, err)
+	}
+	t.log.WithFields(logrus.Fields{"repo": repo, "base_commit": fullBase, "dir": dir, "duration_ms": time.Since(began).Milliseconds()}).Info("swebench: template prepared")
+	return dir, fullBase, nil
+}
+
+func (t *Templates) lock(key string) *sync.Mutex {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l, ok := t.locks[key]
+	if !ok {
+		l = &sync.Mutex{}
+		t.locks[key] = l
+	}
+	return l
+}
+
+// hostGit runs git on the host (in dir when not empty) and returns stdout.
+func hostGit(ctx context.Context, dir string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "git", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "GIT_CONFIG_COUNT=1",
+		"GIT_CONFIG_KEY_0=safe.directory", "GIT_CONFIG_VALUE_0=*", "LC_ALL=C")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("git %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.String(), nil
+}
