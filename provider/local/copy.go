@@ -239,14 +239,22 @@ func copySparse(in, out *os.File, size int64) error {
 	return out.Truncate(size)
 }
 
+// chown gives p st's owner. Like cp -a, a server that is not root keeps
+// what it cannot give away as its own.
 func (c *treeCopier) chown(p string, st *syscall.Stat_t, link bool) error {
 	if int(st.Uid) == c.euid && int(st.Gid) == c.egid {
 		return nil
 	}
+	var err error
 	if link {
-		return os.Lchown(p, int(st.Uid), int(st.Gid))
+		err = os.Lchown(p, int(st.Uid), int(st.Gid))
+	} else {
+		err = os.Chown(p, int(st.Uid), int(st.Gid))
 	}
-	return os.Chown(p, int(st.Uid), int(st.Gid))
+	if err != nil && c.euid != 0 && errors.Is(err, syscall.EPERM) {
+		return nil
+	}
+	return err
 }
 
 // fixMeta gives dst src's owner, mode, extended attributes and times.

@@ -209,3 +209,17 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		}
 	}
 }
+
+// Under bubblewrap a command that leaves its process group (setsid) still
+// dies with its Exec: the sandbox's pid namespace goes with it.
+func TestBubblewrapCommandsCannotEscapeTheirExec(t *testing.T) {
+	p := newProvider(t, mode{"bwrap", IsolationBwrap, OverlayOff}, Options{})
+	h := start(t, p, provider.Spec{})
+	res := run(t, p, h, "setsid sleep 600 > /dev/null 2>&1 < /dev/null & echo started")
+	if res.Stdout != "started\n" {
+		t.Errorf("got %+v", res)
+	}
+	if pids := markedProcesses(h.SandboxID); len(pids) != 0 {
+		t.Errorf("a setsid process outlived its Exec: %v", pids)
+	}
+}

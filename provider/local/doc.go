@@ -1,0 +1,108 @@
+// Package local is the local sandbox provider: real sandboxes on one
+// machine, with no service to run. It is the server's embedded default
+// provider (issue 4) and implements provider.Provider, provider.Snapshotter,
+// provider.Leaser and provider.Lister.
+//
+// # Using it
+//
+//	p, err := local.New(local.Options{
+//		Root:      filepath.Join(stateDir, "sandboxes"),
+//		Templates: map[string]string{"notes": ""}, // image "notes" starts empty
+//		Logger:    log,
+//	})
+//	go p.RunReaper(ctx, 5*time.Second) // makes lease expiry real
+//	h, err := p.Start(ctx, provider.Spec{Image: "notes", Files: map[string]string{"notes": ""}, TTLSeconds: 600})
+//	res, err := p.Exec(ctx, h, provider.ExecRequest{Command: "echo one >> notes"})
+//
+// New probes what the machine can do and logs, once, what is in effect
+// (Isolation() and Overlay() report it too). With Isolation "auto" (the
+// default) commands run under bubblewrap when `bwrap` is on the PATH and
+// works, and unisolated otherwise, with a warning; "bwrap" makes New fail
+// instead (ErrBwrapUnavailable), "none" never isolates. Overlay "auto" (the
+// default) makes sandboxes overlayfs mounts when the server can mount
+// overlayfs (it must be root), copies otherwise; "on" fails New instead
+// (ErrOverlayUnavailable), "off" always copies.
+//
+// # On disk
+//
+// Everything is under Options.Root, so a restarted server finds its
+// sandboxes, their leases and their snapshots again:
+//
+//	sandboxes/<sb-id>/meta.json   id, spec (without files), workdir, lease, layers
+//	sandboxes/<sb-id>/fs/         the tree (overlay mode: the merged mount)
+//	sandboxes/<sb-id>/upper/      overlay mode: the sandbox's own layer
+//	sandboxes/<sb-id>/work/       overlay mode: overlayfs's work directory
+//	snapshots/<snap-id>/meta.json the source sandbox, its metadata, layers, deleted mark
+//	snapshots/<snap-id>/layer/    the whole tree, or (overlay mode) the diff
+//	trash/                        what a Stop or a collection is removing
+//	empty/                        the lower layer of an empty image
+//
+// A metadata file is written last (atomically, by rename), so a directory
+// without one is a start or snapshot that did not finish; Reap removes it.
+// A Handle's Descriptor is JSON {"sandbox_id", "root", "workdir"}: the id is
+// all a fresh process on the same root needs to stop the sandbox, which is
+// how a restarted server stops the sandboxes a crashed one left. One server
+// process owns a root at a time.
+//
+// # Images and files
+//
+// Spec.Image is a template name from Options.Templates (a directory, or ""
+// for an empty tree), an absolute directory, or "" (empty); anything else is
+// provider.ErrInvalidSpec. In copy mode the image is copied; in overlay mode
+// it is the sandbox's lowest layer, read in place, so a template must not
+// change while sandboxes or snapshots stand on it. Spec.Files are written at
+// start. File paths, and ExecRequest.Cwd, are relative to the workdir or
+// absolute under it; a path whose spelling (.., an absolute path elsewhere)
+// or whose symlinks (checked by os.Root, so a command cannot race the
+// check) leave the tree is an error wrapping provider.ErrPathEscape. A FIFO,
+// device or directory where a file is expected is ErrNotRegular.
+//
+// # Commands
+//
+// Exec runs /bin/sh -c in its own process group with a small environment
+// (PATH, HOME, LANG, the spec's env, the request's env, and SandboxIDEnv).
+// Under bubblewrap the tree is mounted at the workdir (Spec.Workdir, default
+// /sandbox), every top-level host directory is bound read-only over a tmpfs
+// root, /tmp is private, /dev and /proc are the sandbox's own, the provider's
+// root is hidden, CAP_SYS_ADMIN and other non-default capabilities are
+// dropped, and there is no network but loopback unless Spec.Network. A
+// workdir under a host directory that does not hold it (/usr/x) is
+// ErrInvalidSpec there. Unisolated, commands run as the server does, with
+// their cwd in the tree's host directory (pwd shows it), and may touch
+// anything the server can.
+//
+// No command outlives its Exec: the group is killed on timeout (TimedOut,
+// exit 137), when ctx ends, and when the shell exits (so `sleep 9 &` does
+// not hang the call or linger). A server killed mid-command leaves nothing
+// under bubblewrap (--die-with-parent); unisolated, the next server to use or
+// stop the sandbox kills every process still carrying its SandboxIDEnv.
+// Output beyond Options.OutputCap per stream is dropped and reported as
+// Truncated. A command killed by signal N exits 128+N.
+//
+// # Snapshots and forks
+//
+// Snapshot stops new commands and file calls, pauses the running commands
+// with SIGSTOP, copies, and resumes them with SIGCONT: the copy is
+// consistent, and the sandbox keeps running. In copy mode the whole tree is
+// copied (reflinks where the filesystem has them, copy_file_range otherwise,
+// several files at once; about what `cp -a` costs, see bench/). In overlay
+// mode only the sandbox's own layer is copied, and a fork is a new overlay on
+// the snapshot's layer and everything beneath it: it copies nothing, so it
+// costs about a millisecond whatever the tree's size. A snapshot of a
+// sandbox already standing on 24 layers is taken whole, so that chains stay
+// short. DeleteSnapshot of a missing snapshot is success; a snapshot that a
+// live sandbox or another snapshot still stands on is unlisted and
+// unforkable at once and removed when the last of them goes.
+//
+// Snapshots, forks and leases survive a server crash (the page cache does).
+// Options.Durable also makes them survive a machine crash, at the cost of a
+// sync(2) per start and snapshot.
+//
+// # Leases
+//
+// A spec's TTLSeconds gives the sandbox an expiry; Renew moves it. A sandbox
+// whose expiry has passed (by Options.Clock) is at once ErrSandboxNotFound to
+// every call, and Reap (or RunReaper, every interval) deletes it. Reap also
+// finishes what a crash left half done. Tests drive leases with a
+// clock.Manual and call Reap directly.
+package local
