@@ -1,0 +1,267 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
+)
+
+// errCrashed is what a provider call of a crashed owner process returns.
+var errCrashed = errors.New("sim: the owner process crashed")
+
+// process is one owner incarnation's view of the shared fake provider: every
+// call the owner makes goes through it. It models what a crash does to a
+// process that the simulation cannot kill (its goroutines keep running after
+// owner.Abandon): from the moment the process dies, no call of it reaches the
+// backend any more, and no call in flight returns a result to it.
+//
+// A crash is either ordered by the harness (kill) or fired by a trigger armed
+// for one step: "before the n-th call of op" (that call never reaches the
+// fake) or "after the n-th call of op" (its effect happened, the process
+// died before learning the result). Calls of a dead process block until the
+// harness has abandoned the owner (bury) or their context ends, then fail:
+// the owner is frozen at the crash point instead of running on past it.
+type process struct {
+	fk *fake.Provider
+	// observe is told about every call that reached the fake, after it
+	// returned (the renewal waiter uses it).
+	observe func(op fake.Op, sandboxID string, err error)
+
+	mu       sync.Mutex
+	dead     bool
+	trig     *trigger
+	inFlight int
+	crashed  chan struct{} // closed when the process dies
+	buried   chan struct{} // closed once the owner is abandoned
+	changed  chan struct{} // a call left (drain waits on it)
+}
+
+// trigger crashes the process at one provider call.
+type trigger struct {
+	op    fake.Op
+	n     int  // the n-th call of op (1-based)
+	after bool // after its effect; else before it
+	seen  int
+	fired bool
+}
+
+func (t *trigger) String() string {
+	when := "before"
+	if t.after {
+		when = "after"
+	}
+	return fmt.Sprintf("%s %s #%d", when, t.op, t.n)
+}
+
+func newProcess(fk *fake.Provider, observe func(fake.Op, string, error)) *process {
+	return &process{
+		fk:      fk,
+		observe: observe,
+		crashed: make(chan struct{}),
+		buried:  make(chan struct{}),
+		changed: make(chan struct{}, 1),
+	}
+}
+
+// arm sets the crash trigger for the next calls (nil disarms).
+func (p *process) arm(t *trigger) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.trig = t
+}
+
+// fired reports whether the armed trigger crashed the process.
+func (p *process) fired() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.trig != nil && p.trig.fired
+}
+
+// kill makes the process dead now.
+func (p *process) kill() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dieLocked()
+}
+
+func (p *process) dieLocked() {
+	if !p.dead {
+		p.dead = true
+		close(p.crashed)
+	}
+}
+
+// bury releases the frozen calls: the owner has been abandoned.
+func (p *process) bury() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.buried:
+	default:
+		close(p.buried)
+	}
+}
+
+// drain waits until no call of the process is in flight, or until timeout.
+func (p *process) drain(timeout time.Duration) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		p.mu.Lock()
+		n := p.inFlight
+		p.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-p.changed:
+		case <-deadline.C:
+			return fmt.Errorf("%d provider calls of the crashed owner still in flight after %v", n, timeout)
+		}
+	}
+}
+
+// frozen holds a call of the dead process until it is buried or ctx ends.
+func (p *process) frozen(ctx context.Context) error {
+	select {
+	case <-p.buried:
+	case <-ctx.Done():
+	}
+	return errCrashed
+}
+
+func (p *process) leave() {
+	p.mu.Lock()
+	p.inFlight--
+	p.mu.Unlock()
+	select {
+	case p.changed <- struct{}{}:
+	default:
+	}
+}
+
+// enter admits a call of op, or fails it if the process is (or now becomes)
+// dead.
+func (p *process) enter(ctx context.Context, op fake.Op) error {
+	p.mu.Lock()
+	p.inFlight++
+	if t := p.trig; !p.dead && t != nil && !t.fired && !t.after && t.op == op {
+		t.seen++
+		if t.seen == t.n {
+			t.fired = true
+			p.dieLocked()
+		}
+	}
+	dead := p.dead
+	p.mu.Unlock()
+	if dead {
+		err := p.frozen(ctx)
+		p.leave()
+		return err
+	}
+	return nil
+}
+
+// exit ends a call that reached the fake. A dead process (or one the call's
+// own trigger kills) does not get the result.
+func (p *process) exit(ctx context.Context, op fake.Op, sandboxID string, err error) error {
+	if p.observe != nil {
+		p.observe(op, sandboxID, err)
+	}
+	p.mu.Lock()
+	if t := p.trig; !p.dead && t != nil && !t.fired && t.after && t.op == op {
+		t.seen++
+		if t.seen == t.n {
+			t.fired = true
+			p.dieLocked()
+		}
+	}
+	dead := p.dead
+	p.mu.Unlock()
+	if dead {
+		err = p.frozen(ctx)
+	}
+	p.leave()
+	return err
+}
+
+// call runs one provider call through the process.
+func call[T any](p *process, ctx context.Context, op fake.Op, sandboxID string, fn func() (T, error)) (T, error) {
+	var zero T
+	if err := p.enter(ctx, op); err != nil {
+		return zero, err
+	}
+	v, err := fn()
+	if err := p.exit(ctx, op, sandboxID, err); err != nil {
+		return zero, err
+	}
+	return v, nil
+}
+
+func call0(p *process, ctx context.Context, op fake.Op, sandboxID string, fn func() error) error {
+	_, err := call(p, ctx, op, sandboxID, func() (struct{}, error) { return struct{}{}, fn() })
+	return err
+}
+
+// The provider interfaces, delegated to the fake.
+var (
+	_ provider.Provider    = (*process)(nil)
+	_ provider.Snapshotter = (*process)(nil)
+	_ provider.Leaser      = (*process)(nil)
+	_ provider.Lister      = (*process)(nil)
+)
+
+func (p *process) Name() string { return p.fk.Name() }
+
+func (p *process) Start(ctx context.Context, spec provider.Spec) (provider.Handle, error) {
+	return call(p, ctx, fake.OpStart, "", func() (provider.Handle, error) { return p.fk.Start(ctx, spec) })
+}
+
+func (p *process) Stop(ctx context.Context, h provider.Handle) error {
+	return call0(p, ctx, fake.OpStop, h.SandboxID, func() error { return p.fk.Stop(ctx, h) })
+}
+
+func (p *process) Exec(ctx context.Context, h provider.Handle, req provider.ExecRequest) (provider.ExecResult, error) {
+	return call(p, ctx, fake.OpExec, h.SandboxID, func() (provider.ExecResult, error) { return p.fk.Exec(ctx, h, req) })
+}
+
+func (p *process) WriteFile(ctx context.Context, h provider.Handle, path string, data []byte) error {
+	return call0(p, ctx, fake.OpWriteFile, h.SandboxID, func() error { return p.fk.WriteFile(ctx, h, path, data) })
+}
+
+func (p *process) ReadFile(ctx context.Context, h provider.Handle, path string) ([]byte, error) {
+	return call(p, ctx, fake.OpReadFile, h.SandboxID, func() ([]byte, error) { return p.fk.ReadFile(ctx, h, path) })
+}
+
+func (p *process) Status(ctx context.Context, h provider.Handle) (provider.Status, error) {
+	return call(p, ctx, fake.OpStatus, h.SandboxID, func() (provider.Status, error) { return p.fk.Status(ctx, h) })
+}
+
+func (p *process) Snapshot(ctx context.Context, h provider.Handle, name string) (string, error) {
+	return call(p, ctx, fake.OpSnapshot, h.SandboxID, func() (string, error) { return p.fk.Snapshot(ctx, h, name) })
+}
+
+func (p *process) Fork(ctx context.Context, spec provider.Spec, snapshotID string) (provider.Handle, error) {
+	return call(p, ctx, fake.OpFork, "", func() (provider.Handle, error) { return p.fk.Fork(ctx, spec, snapshotID) })
+}
+
+func (p *process) DeleteSnapshot(ctx context.Context, snapshotID string) error {
+	return call0(p, ctx, fake.OpDeleteSnapshot, "", func() error { return p.fk.DeleteSnapshot(ctx, snapshotID) })
+}
+
+func (p *process) Renew(ctx context.Context, h provider.Handle, expiresAt time.Time) error {
+	return call0(p, ctx, fake.OpRenew, h.SandboxID, func() error { return p.fk.Renew(ctx, h, expiresAt) })
+}
+
+func (p *process) ListSandboxes(ctx context.Context) ([]provider.SandboxInfo, error) {
+	return call(p, ctx, fake.OpList, "", func() ([]provider.SandboxInfo, error) { return p.fk.ListSandboxes(ctx) })
+}
+
+func (p *process) ListSnapshots(ctx context.Context) ([]provider.SnapshotInfo, error) {
+	return call(p, ctx, fake.OpList, "", func() ([]provider.SnapshotInfo, error) { return p.fk.ListSnapshots(ctx) })
+}

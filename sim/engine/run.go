@@ -1,0 +1,609 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/snapshotindex"
+)
+
+// Invariant names a property the simulation checks.
+type Invariant string
+
+// The invariants of issue 5 §3, and two the harness needs besides.
+const (
+	// NoLeak: every sandbox and snapshot that exists is held by a live
+	// session, named by a committed checkpoint, or tombstoned; once every
+	// session ended and a release kept nothing, nothing exists.
+	NoLeak Invariant = "no leak"
+	// AllOrNone: a failed restore installed nothing and left no fork
+	// running; a successful one installed every session it was asked for.
+	AllOrNone Invariant = "all or none"
+	// ExactRestore: a restored session holds exactly its checkpoint's
+	// notes and seed token, and verifies to 1.0.
+	ExactRestore Invariant = "exact restore"
+	// Restorable: every checkpoint a successful commit made and no release
+	// dropped is in the index, and every snapshot it names exists.
+	Restorable Invariant = "restorable"
+	// WholeCheckpoints: each checkpoint in the index is wholly present or
+	// absent: it loads, holds exactly the sessions it exported with the
+	// notes and token they had, and no failed commit left one.
+	WholeCheckpoints Invariant = "whole checkpoints"
+	// NoEmptyGrading: a verify without a sandbox is refused, never graded.
+	NoEmptyGrading Invariant = "no empty grading"
+	// LiveState: the owner holds exactly the sessions the workload
+	// seeded, each with the notes and token it was given (no loss, no
+	// lease running out under a live session).
+	LiveState Invariant = "live state"
+	// Unexpected: an operation failed although no fault was injected, or
+	// the owner could not be driven (did not start, did not return).
+	Unexpected Invariant = "unexpected error"
+)
+
+// Invariants lists the invariants in report order.
+func Invariants() []Invariant {
+	return []Invariant{NoLeak, AllOrNone, ExactRestore, Restorable, WholeCheckpoints, NoEmptyGrading, LiveState, Unexpected}
+}
+
+// Violation is one broken invariant, with what reproduces it.
+type Violation struct {
+	Seed      int64
+	Step      int // 0: startup; Steps+1: the final clean-up
+	Invariant Invariant
+	Detail    string
+}
+
+func (v Violation) String() string {
+	return fmt.Sprintf("seed %d step %d: %s: %s", v.Seed, v.Step, v.Invariant, v.Detail)
+}
+
+// Result is what one run did.
+type Result struct {
+	Seed  int64
+	Steps int
+	// Armed counts the faults a step set up; Fired those that happened
+	// (a fault armed for a call that never came does not fire).
+	Armed, Fired map[Fault]int
+	Violations   []Violation
+	Elapsed      time.Duration
+}
+
+// The model: what each session and checkpoint should hold.
+type sessionState struct {
+	live     bool
+	notes    []string
+	token    string
+	restored bool
+}
+
+type recordState struct {
+	notes []string
+	token string
+}
+
+type checkpointState struct {
+	id      string
+	records map[string]recordState
+}
+
+type model struct {
+	ids      []string // session ids, sorted
+	sessions map[string]*sessionState
+	ckpts    map[string]*checkpointState
+}
+
+func (m *model) live() []string {
+	var out []string
+	for _, id := range m.ids {
+		if m.sessions[id].live {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func (m *model) absent() []string {
+	var out []string
+	for _, id := range m.ids {
+		if !m.sessions[id].live {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func (m *model) checkpointIDs() []string {
+	out := make([]string, 0, len(m.ckpts))
+	for id := range m.ckpts {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// snapshotOf is the record a commit now would make of a live session.
+func (m *model) recordOf(sid string) recordState {
+	s := m.sessions[sid]
+	return recordState{notes: append([]string(nil), s.notes...), token: s.token}
+}
+
+// pendingCommit is a commit whose outcome a crash left open: the index on
+// disk decides it.
+type pendingCommit struct {
+	id      string
+	records map[string]recordState
+	// durable: the crash came after the index transaction.
+	durable bool
+}
+
+// run is one simulation run.
+type run struct {
+	seed  int64
+	cfg   Config
+	res   *Result
+	trace io.Writer
+	log   *logrus.Logger
+
+	clk         *clock.Manual
+	fk          *fake.Provider
+	dir         string
+	ttl         time.Duration
+	parallelism int
+	onStop      string
+
+	o        *owner.Owner
+	proc     *process
+	life     context.Context
+	stopLife context.CancelFunc
+	renew    *renewWaiter
+
+	m        model
+	step     int
+	rng      *rand.Rand
+	injected map[fake.Op]int // the fake's injected counters when the step began
+	nextCkpt int
+	nextLine int
+	broken   bool // a violation was found: the run stops after this step
+
+	pendingCommit  *pendingCommit
+	pendingRelease []string // kept ids of a release a crash interrupted
+	releasing      bool
+
+	// sabotage, when set (by the engine's own tests), runs after every
+	// step to break the real state behind the owner's back.
+	sabotage func(r *run)
+}
+
+// Run performs one seeded run and reports it.
+func Run(seed int64, cfg Config) Result {
+	cfg = cfg.withDefaults()
+	return newRun(seed, cfg).exec()
+}
+
+func newRun(seed int64, cfg Config) *run {
+	cfg = cfg.withDefaults()
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	clk := clock.NewManual(time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
+	r := &run{
+		seed:        seed,
+		cfg:         cfg,
+		res:         &Result{Seed: seed, Armed: map[Fault]int{}, Fired: map[Fault]int{}},
+		trace:       cfg.Trace,
+		clk:         clk,
+		fk:          fake.New(fake.Options{Clock: clk, Seed: seed}),
+		ttl:         600 * time.Second,
+		parallelism: 1 + rng.IntN(4),
+		onStop:      owner.OnStopKill,
+		renew:       newRenewWaiter(),
+	}
+	if rng.IntN(4) == 0 {
+		r.onStop = owner.OnStopNone
+	}
+	r.log = logrus.New()
+	r.log.SetOutput(io.Discard)
+	if r.trace != nil {
+		r.log.SetOutput(r.trace)
+		r.log.SetLevel(logrus.WarnLevel)
+		r.log.SetFormatter(&logrus.TextFormatter{DisableTimestamp: true, DisableQuote: true})
+	}
+	r.m = model{sessions: map[string]*sessionState{}, ckpts: map[string]*checkpointState{}}
+	for i := 0; i < cfg.Sessions; i++ {
+		id := fmt.Sprintf("s%d", i)
+		r.m.ids = append(r.m.ids, id)
+		r.m.sessions[id] = &sessionState{}
+	}
+	return r
+}
+
+func (r *run) exec() Result {
+	began := time.Now()
+	defer func() { r.res.Elapsed = time.Since(began) }()
+	dir, err := os.MkdirTemp(r.cfg.TempDir, "sim-state-")
+	if err != nil {
+		r.violate(Unexpected, "make state_dir: %v", err)
+		return *r.res
+	}
+	defer os.RemoveAll(dir)
+	r.dir = dir
+	r.tracef("run seed %d: %d sessions, %d steps, parallelism %d, on_stop %s, ttl %v, faults %s",
+		r.seed, r.cfg.Sessions, r.cfg.Steps, r.parallelism, r.onStop, r.ttl, r.cfg.Faults)
+	if !r.startOwner() {
+		return *r.res
+	}
+	defer func() {
+		if r.o != nil {
+			r.abandon()
+		}
+	}()
+	for i := 1; i <= r.cfg.Steps && !r.broken; i++ {
+		r.beginStep(i)
+		r.doStep()
+		r.endStep()
+		if r.broken {
+			break
+		}
+		if r.chance(FaultCrash) {
+			r.fire(FaultCrash)
+			r.tracef("crash between steps")
+			r.crash()
+			r.afterCrash()
+		}
+		if r.o != nil && !r.broken {
+			r.check()
+		}
+		r.res.Steps++
+	}
+	if !r.broken {
+		r.beginStep(r.cfg.Steps + 1)
+		r.final()
+	}
+	return *r.res
+}
+
+func (r *run) beginStep(i int) {
+	r.step = i
+	r.rng = rand.New(rand.NewPCG(uint64(r.seed), uint64(i)))
+	r.injected = r.fk.Stats().Injected
+}
+
+// endStep removes every fault the step armed and did not use, so that none
+// leaks into a later step.
+func (r *run) endStep() {
+	r.fk.ClearFaults()
+	r.fk.SetLatency(fake.OpSnapshot, 0)
+	if r.proc != nil {
+		r.proc.arm(nil)
+	}
+	if r.sabotage != nil {
+		r.sabotage(r)
+	}
+}
+
+// chance draws once from the step's stream (always, so that the draws of a
+// step do not depend on which faults are enabled) and reports whether f
+// strikes; it counts f as armed when it does.
+func (r *run) chance(f Fault) bool {
+	v := r.rng.Float64()
+	if v < r.cfg.Faults[f] {
+		r.res.Armed[f]++
+		return true
+	}
+	return false
+}
+
+func (r *run) fire(f Fault) { r.res.Fired[f]++ }
+
+// injectedNow is how many faults of op the fake consumed in this step.
+func (r *run) injectedNow(op fake.Op) int {
+	return r.fk.Stats().Injected[op] - r.injected[op]
+}
+
+func (r *run) violate(inv Invariant, format string, args ...any) {
+	v := Violation{Seed: r.seed, Step: r.step, Invariant: inv, Detail: fmt.Sprintf(format, args...)}
+	r.res.Violations = append(r.res.Violations, v)
+	r.broken = true
+	r.tracef("VIOLATION %s: %s", inv, v.Detail)
+}
+
+func (r *run) tracef(format string, args ...any) {
+	if r.trace == nil {
+		return
+	}
+	fmt.Fprintf(r.trace, "[%3d] %s\n", r.step, fmt.Sprintf(format, args...))
+}
+
+// --- the owner's life ---
+
+func (r *run) ownerConfig() owner.Config {
+	return owner.Config{
+		Name:     "notes",
+		Provider: r.proc,
+		Checkpoint: owner.CheckpointConfig{
+			Enabled:     true,
+			StateDir:    r.dir,
+			Parallelism: r.parallelism,
+			OnStop:      r.onStop,
+		},
+		Clock:  r.clk,
+		Logger: r.log,
+	}
+}
+
+// startOwner starts a fresh owner on the run's state_dir and fake.
+func (r *run) startOwner() bool {
+	r.life, r.stopLife = context.WithCancel(context.Background())
+	r.proc = newProcess(r.fk, r.renew.observe)
+	o, err := owner.New(r.life, r.ownerConfig())
+	if err != nil {
+		r.violate(Unexpected, "owner.New on the state_dir: %v", err)
+		r.stopLife()
+		return false
+	}
+	r.o = o
+	r.tracef("owner started (incarnation %s)", o.Incarnation())
+	return true
+}
+
+// crash abandons the owner as a crash would: its process makes no provider
+// call from now on, the calls in flight end, and its sessions are gone.
+func (r *run) crash() {
+	r.proc.kill()
+	r.stopLife()
+	r.abandon()
+	for _, s := range r.m.sessions {
+		s.live, s.restored = false, false
+	}
+}
+
+func (r *run) abandon() {
+	r.o.Abandon()
+	r.proc.bury()
+	if err := r.proc.drain(30 * time.Second); err != nil {
+		r.violate(Unexpected, "after the crash: %v", err)
+	}
+	r.o = nil
+}
+
+// afterCrash checks what the crash left on disk, settles what it left open,
+// lets leases run out if the owner stays down past the TTL, and starts a
+// fresh owner.
+func (r *run) afterCrash() {
+	if r.broken {
+		return
+	}
+	r.checkDisk()
+	if r.broken {
+		return
+	}
+	if r.chance(FaultLease) {
+		r.fire(FaultLease)
+		r.clk.Advance(r.ttl + time.Second)
+		reaped := r.fk.Reap()
+		r.tracef("owner down past the ttl: the backend reaped %d sandboxes", len(reaped))
+	}
+	r.startOwner()
+}
+
+// guarded runs fn (an owner call) on its own goroutine and waits for it or
+// for the process to crash; on a crash it abandons the owner and then waits
+// for fn to return. A watchdog turns a call that never returns into a
+// violation instead of a hung simulation.
+func (r *run) guarded(fn func(ctx context.Context) error) (err error, crashed bool) {
+	done := make(chan error, 1)
+	ctx := r.life
+	go func() { done <- fn(ctx) }()
+	watchdog := time.NewTimer(2 * time.Minute)
+	defer watchdog.Stop()
+	select {
+	case err = <-done:
+		select {
+		case <-r.proc.crashed:
+		default:
+			return err, false
+		}
+		r.crash()
+		return err, true
+	case <-r.proc.crashed:
+	case <-watchdog.C:
+		r.violate(Unexpected, "an owner call did not return within 2 minutes")
+		r.proc.kill()
+	}
+	r.crash()
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		r.violate(Unexpected, "an owner call did not return after the owner was abandoned")
+	}
+	return err, true
+}
+
+// --- leases ---
+
+// renewWaiter lets the harness wait for the lease renewals a Tick asked
+// for: renewals run on the session actors' goroutines.
+type renewWaiter struct {
+	mu   sync.Mutex
+	want map[string]bool
+	done chan struct{}
+}
+
+func newRenewWaiter() *renewWaiter { return &renewWaiter{} }
+
+func (w *renewWaiter) expect(ids []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.want = map[string]bool{}
+	for _, id := range ids {
+		w.want[id] = true
+	}
+	w.done = make(chan struct{})
+	if len(w.want) == 0 {
+		close(w.done)
+	}
+}
+
+func (w *renewWaiter) observe(op fake.Op, sandboxID string, _ error) {
+	if op != fake.OpRenew {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.want[sandboxID] {
+		delete(w.want, sandboxID)
+		if len(w.want) == 0 {
+			close(w.done)
+		}
+	}
+}
+
+// wait returns the renewals that did not come within timeout.
+func (w *renewWaiter) wait(timeout time.Duration) []string {
+	w.mu.Lock()
+	done := w.done
+	w.mu.Unlock()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for id := range w.want {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// --- disk ---
+
+// checkDisk opens the index on the state_dir while no owner has it open,
+// settles a commit or release a crash interrupted, and checks every
+// checkpoint on disk.
+func (r *run) checkDisk() {
+	idx, err := snapshotindex.Open(r.dir, snapshotindex.Options{})
+	if err != nil {
+		r.violate(WholeCheckpoints, "the index on the state_dir cannot be opened after the crash: %v", err)
+		return
+	}
+	defer idx.Close()
+	metas, err := idx.Checkpoints()
+	if err != nil {
+		r.violate(WholeCheckpoints, "list checkpoints on disk: %v", err)
+		return
+	}
+	onDisk := map[string]bool{}
+	for _, m := range metas {
+		onDisk[m.ID] = true
+	}
+	if pc := r.pendingCommit; pc != nil {
+		r.pendingCommit = nil
+		switch {
+		case onDisk[pc.id]:
+			r.m.ckpts[pc.id] = &checkpointState{id: pc.id, records: pc.records}
+			r.tracef("the interrupted commit %s is on disk", pc.id)
+		case pc.durable:
+			r.violate(Restorable, "commit %s crashed after its index transaction, but the checkpoint is not on disk", pc.id)
+			return
+		default:
+			r.tracef("the interrupted commit %s is not on disk", pc.id)
+		}
+	}
+	if r.releasing {
+		r.releasing = false
+		kept := toSet(r.pendingRelease)
+		before := r.m.checkpointIDs()
+		var after []string
+		for _, id := range before {
+			if kept[id] {
+				after = append(after, id)
+			}
+		}
+		now := sortedKeys(onDisk)
+		switch {
+		case equalStrings(now, before):
+			r.tracef("the interrupted release dropped nothing")
+		case equalStrings(now, after):
+			for _, id := range before {
+				if !kept[id] {
+					delete(r.m.ckpts, id)
+				}
+			}
+			r.tracef("the interrupted release dropped %d checkpoints", len(before)-len(after))
+		default:
+			r.violate(WholeCheckpoints, "an interrupted release left checkpoints %v: neither all before it %v nor the kept ones %v", now, before, after)
+			return
+		}
+	}
+	r.checkCheckpoints(idx, "on disk after the crash")
+}
+
+// --- helpers ---
+
+func toSet(ids []string) map[string]bool {
+	m := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		m[id] = true
+	}
+	return m
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// parseNotes splits a notes file into its lines.
+func parseNotes(s string) []string {
+	s = strings.TrimSuffix(s, "\n")
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, "\n")
+}
+
+func sample[T any](rng *rand.Rand, items []T) T {
+	return items[rng.IntN(len(items))]
+}
+
+// subset picks each item with probability 1/2.
+func subset(rng *rand.Rand, items []string) []string {
+	var out []string
+	for _, it := range items {
+		if rng.IntN(2) == 0 {
+			out = append(out, it)
+		}
+	}
+	return out
+}
