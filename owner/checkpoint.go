@@ -602,7 +602,7 @@ func (o *Owner) stopHandles(hs []provider.Handle) ([]string, map[string]string) 
 		if h.SandboxID == "" {
 			return
 		}
-		err := o.prov.Stop(ctx, h)
+		err := stopRetrying(ctx, o.prov, h)
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {
@@ -613,6 +613,19 @@ func (o *Owner) stopHandles(hs []provider.Handle) ([]string, map[string]string) 
 	})
 	sort.Strings(stopped)
 	return stopped, failed
+}
+
+// stopRetrying stops a sandbox no session holds, retrying a failed stop up
+// to three times while ctx lasts: nothing else would stop it (a startup
+// sweep's, a failed restore's forks, a superseded one).
+func stopRetrying(ctx context.Context, p provider.Provider, h provider.Handle) error {
+	var err error
+	for i := 0; i < 3; i++ {
+		if err = p.Stop(ctx, h); err == nil || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
 }
 
 // ReleaseResult is what a release deleted.

@@ -1,0 +1,47 @@
+package owner_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
+)
+
+// Regression tests for bugs the simulation (go run ./sim) found; each names
+// the seed that found it.
+
+// Seed 284 (step 3): a setup fails and the stop of its sandbox fails once;
+// nothing tracks the sandbox, so it ran on, leaked.
+func TestFailedSetupStopsItsSandboxDespiteAFailedStop(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	e.fk.FailNext(fake.OpStop, 1)
+	failing := func(ctx context.Context, p provider.Provider, sb owner.Sandbox) (json.RawMessage, error) {
+		return nil, errors.New("setup failed")
+	}
+	if _, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, failing, ""); !errors.Is(err, owner.ErrSetup) {
+		t.Fatalf("got %v, want ErrSetup", err)
+	}
+	if got := e.fk.LiveSandboxIDs(); len(got) != 0 {
+		t.Fatalf("the sandbox of a failed setup still runs: %v", got)
+	}
+}
+
+// Seeds 9 (step 22) and 102 (step 8): the fresh owner's sweep of what a
+// crashed one left running did not retry a failed stop, so the sandbox ran
+// on, held by nobody.
+func TestStartupSweepStopsEarlierSandboxesDespiteAFailedStop(t *testing.T) {
+	e := newEnv(t)
+	o1 := e.open()
+	seed(t, o1, "s1")
+	o1.Abandon()
+	e.fk.FailNext(fake.OpStop, 1)
+	e.open()
+	if got := e.fk.LiveSandboxIDs(); len(got) != 0 {
+		t.Fatalf("the crashed owner's sandboxes still run: %v", got)
+	}
+}
