@@ -78,10 +78,13 @@ func newBwrapConfig(bin, root string) (*bwrapConfig, error) {
 
 // args returns bwrap's arguments for a command in the tree fsDir mounted at
 // workdir, starting in cwd (a path in the sandbox's view).
-func (c *bwrapConfig) args(fsDir, workdir, cwd string, network bool, command string) []string {
-	a := make([]string, 0, len(c.hostArgs)+40)
+// extra are more mount arguments (the caches' binds), after the tree's.
+func (c *bwrapConfig) args(fsDir, workdir, cwd string, network bool, command string, extra ...string) []string {
+	a := make([]string, 0, len(c.hostArgs)+40+len(extra))
 	a = append(a, c.hostArgs...)
-	a = append(a, "--bind", fsDir, workdir, "--remount-ro", "/", "--chdir", cwd,
+	a = append(a, "--bind", fsDir, workdir)
+	a = append(a, extra...)
+	a = append(a, "--remount-ro", "/", "--chdir", cwd,
 		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 		"--die-with-parent", "--cap-drop", "ALL")
 	for _, c := range strings.Fields(capsKept) {

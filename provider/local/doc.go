@@ -79,6 +79,16 @@
 // Output beyond Options.OutputCap per stream is dropped and reported as
 // Truncated. A command killed by signal N exits 128+N.
 //
+// # Shared caches
+//
+// Spec.ProviderOptions[CachesOption] ("caches") maps cache names to paths in
+// the sandbox: {"caches": {"gomod": "/caches/gomod"}}. A named cache is one
+// host directory (Options.Caches[name], else <Root>/caches/<name>) shared
+// read-write by every sandbox that names it, bind-mounted at its path under
+// bubblewrap; unisolated, environment values naming the path are rewritten to
+// the host directory. Caches are not part of the tree: snapshots do not copy
+// them.
+//
 // # Snapshots and forks
 //
 // Snapshot stops new commands and file calls, pauses the running commands

@@ -66,7 +66,10 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 		return provider.ExecResult{}, err
 	}
 
-	cmd := p.command(s, rel, req)
+	cmd, err := p.command(s, rel, req)
+	if err != nil {
+		return provider.ExecResult{}, err
+	}
 	stdout, stderr := &cappedBuffer{max: p.outputCap}, &cappedBuffer{max: p.outputCap}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -137,16 +140,23 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 }
 
 // command builds the process for req in s, with its cwd at rel in the tree.
-func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest) *exec.Cmd {
+func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest) (*exec.Cmd, error) {
 	s.mu.Lock()
 	meta := s.meta
 	s.mu.Unlock()
+	caches, err := p.cacheMounts(meta.Spec, meta.Workdir)
+	if err == nil {
+		err = makeCacheDirs(caches)
+	}
+	if err != nil {
+		return nil, err
+	}
 	var cmd *exec.Cmd
 	home := s.fsDir()
 	if p.bwrap != nil {
 		home = meta.Workdir
 		cwd := path.Join(meta.Workdir, rel)
-		cmd = exec.Command(p.bwrap.bin, p.bwrap.args(s.fsDir(), meta.Workdir, cwd, meta.Network, req.Command)...)
+		cmd = exec.Command(p.bwrap.bin, p.bwrap.args(s.fsDir(), meta.Workdir, cwd, meta.Network, req.Command, cacheBindArgs(caches)...)...)
 	} else {
 		cmd = exec.Command("/bin/sh", "-c", req.Command)
 		cmd.Dir = filepath.Join(s.fsDir(), filepath.FromSlash(rel))
@@ -158,6 +168,9 @@ func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest) *ex
 	for k, v := range req.Env {
 		env[k] = v
 	}
+	if p.bwrap == nil {
+		rewriteCacheEnv(env, caches)
+	}
 	env[SandboxIDEnv] = s.id
 	keys := make([]string, 0, len(env))
 	for k := range env {
@@ -168,7 +181,7 @@ func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest) *ex
 	for _, k := range keys {
 		cmd.Env = append(cmd.Env, k+"="+env[k])
 	}
-	return cmd
+	return cmd, nil
 }
 
 // checkDir checks that rel is a directory inside the tree at fsDir.

@@ -93,6 +93,9 @@ type Options struct {
 	// DefaultExecTimeout is the timeout of a command that names none
 	// (DefaultExecTimeout when zero).
 	DefaultExecTimeout time.Duration
+	// Caches places named shared caches (see CachesOption): name → host
+	// directory. A cache not listed is at <Root>/caches/<name>.
+	Caches map[string]string
 	// Durable makes Start, Snapshot and Renew survive a machine crash, not
 	// only a server crash: metadata files are fsynced and a snapshot's tree
 	// is flushed (sync(2)) before its record is written. Off, a snapshot
@@ -113,6 +116,7 @@ type Options struct {
 type Provider struct {
 	root        string
 	templates   map[string]string
+	cacheDirs   map[string]string
 	workdir     string
 	outputCap   int
 	execTimeout time.Duration
@@ -160,6 +164,7 @@ func New(opts Options) (*Provider, error) {
 	p := &Provider{
 		root:        root,
 		templates:   map[string]string{},
+		cacheDirs:   map[string]string{},
 		workdir:     opts.DefaultWorkdir,
 		outputCap:   opts.OutputCap,
 		execTimeout: opts.DefaultExecTimeout,
@@ -204,6 +209,16 @@ func New(opts Options) (*Provider, error) {
 			dir = abs
 		}
 		p.templates[name] = dir
+	}
+	for name, dir := range opts.Caches {
+		if !cacheNameRE.MatchString(name) || dir == "" {
+			return nil, fmt.Errorf("%w: cache %q at %q", ErrBadOptions, name, dir)
+		}
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			return nil, fmt.Errorf("%w: cache %q: %v", ErrBadOptions, name, err)
+		}
+		p.cacheDirs[name] = abs
 	}
 	for _, d := range []string{p.sandboxesDir(), p.snapshotsDir(), p.trashDir(), p.emptyDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {

@@ -149,6 +149,9 @@ func (p *Provider) checkSpec(spec provider.Spec, files map[string]string) (strin
 	if err := checkEnv(spec.Env); err != nil {
 		return "", err
 	}
+	if _, err := p.cacheMounts(spec, workdir); err != nil {
+		return "", err
+	}
 	for name := range files {
 		if _, err := sandboxRel(workdir, name); err != nil {
 			return "", fmt.Errorf("local: spec file: %w", err)

@@ -1,0 +1,129 @@
+package local
+
+import (
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+// CachesOption is the Spec.ProviderOptions key that asks for named shared
+// caches: {"caches": {"<name>": "<absolute path in the sandbox>"}}. A cache
+// is a host directory that every sandbox naming it shares, read-write (Go's
+// module and build caches, say): Options.Caches[name], or <Root>/caches/<name>
+// when the options do not place it. It is outside the sandbox's tree, so
+// snapshots and forks do not copy it; a fork whose spec names it shares it
+// again. Under bubblewrap it is bind-mounted at its path. Unisolated nothing
+// can be mounted: instead an environment value (the spec's or the
+// request's) that is a cache's path, or a path under it, is rewritten to the
+// cache's host directory, so that GOCACHE=/caches/gobuild works either way.
+const CachesOption = "caches"
+
+var cacheNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+
+// cacheMount is one cache a sandbox's commands see.
+type cacheMount struct {
+	name string
+	host string // the directory on the host
+	path string // where the sandbox sees it
+}
+
+// cacheMounts parses spec's caches option, sorted by path. Names and paths
+// are checked: a path must be absolute, not /, and neither contain the
+// workdir nor lie inside it.
+func (p *Provider) cacheMounts(spec provider.Spec, workdir string) ([]cacheMount, error) {
+	raw, ok := spec.ProviderOptions[CachesOption]
+	if !ok || raw == nil {
+		return nil, nil
+	}
+	named := map[string]string{}
+	switch m := raw.(type) {
+	case map[string]string:
+		for k, v := range m {
+			named[k] = v
+		}
+	case map[string]any:
+		for k, v := range m {
+			s, ok := v.(string)
+			if !ok {
+				return nil, fmt.Errorf("local: cache %q: its path must be a string, not %T: %w", k, v, provider.ErrInvalidSpec)
+			}
+			named[k] = s
+		}
+	default:
+		return nil, fmt.Errorf("local: provider option %q must map cache names to paths, not %T: %w", CachesOption, raw, provider.ErrInvalidSpec)
+	}
+	mounts := make([]cacheMount, 0, len(named))
+	seen := map[string]string{}
+	for name, at := range named {
+		if !cacheNameRE.MatchString(name) {
+			return nil, fmt.Errorf("local: cache name %q: %w", name, provider.ErrInvalidSpec)
+		}
+		clean, err := cleanWorkdir(at)
+		if err != nil {
+			return nil, fmt.Errorf("local: cache %q: %v: %w", name, err, provider.ErrInvalidSpec)
+		}
+		if within(clean, workdir) || within(workdir, clean) {
+			return nil, fmt.Errorf("local: cache %q at %s overlaps the workdir %s: %w", name, clean, workdir, provider.ErrInvalidSpec)
+		}
+		if other, dup := seen[clean]; dup {
+			return nil, fmt.Errorf("local: caches %q and %q are both at %s: %w", other, name, clean, provider.ErrInvalidSpec)
+		}
+		seen[clean] = name
+		if p.bwrap != nil {
+			if err := p.bwrap.checkWorkdir(clean); err != nil {
+				return nil, fmt.Errorf("local: cache %q: %v: %w", name, err, provider.ErrInvalidSpec)
+			}
+		}
+		mounts = append(mounts, cacheMount{name: name, host: p.cacheDir(name), path: clean})
+	}
+	sort.Slice(mounts, func(i, j int) bool { return mounts[i].path < mounts[j].path })
+	return mounts, nil
+}
+
+func within(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+
+// cacheDir is the host directory of the named cache.
+func (p *Provider) cacheDir(name string) string {
+	if d, ok := p.cacheDirs[name]; ok {
+		return d
+	}
+	return filepath.Join(p.root, "caches", name)
+}
+
+// makeCacheDirs creates the caches' host directories.
+func makeCacheDirs(mounts []cacheMount) error {
+	for _, m := range mounts {
+		if err := os.MkdirAll(m.host, 0o755); err != nil {
+			return fmt.Errorf("local: cache %q: %w", m.name, err)
+		}
+	}
+	return nil
+}
+
+// rewriteCacheEnv points environment values that name a cache's path at its
+// host directory (unisolated commands cannot see a mount).
+func rewriteCacheEnv(env map[string]string, mounts []cacheMount) {
+	for k, v := range env {
+		for _, m := range mounts {
+			if within(v, m.path) {
+				env[k] = m.host + filepath.FromSlash(strings.TrimPrefix(v, m.path))
+				break
+			}
+		}
+	}
+}
+
+// cacheBindArgs are bubblewrap's arguments for the mounts.
+func cacheBindArgs(mounts []cacheMount) []string {
+	a := make([]string, 0, 3*len(mounts))
+	for _, m := range mounts {
+		a = append(a, "--bind", m.host, path.Clean(m.path))
+	}
+	return a
+}
