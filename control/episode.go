@@ -9,8 +9,9 @@ import (
 // idPattern is the grammar of checkpoint and rollout ids.
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
-// attemptSuffix is what a capture key adds for attempts above 0.
-var attemptSuffix = regexp.MustCompile(`-a(0|[1-9][0-9]*)$`)
+// attemptSuffix is what a capture key adds for attempts above 0; a rollout
+// id may not end in it (with any digits), so ParseCaptureKey is exact.
+var attemptSuffix = regexp.MustCompile(`-a([0-9]+)$`)
 
 // MaxIDLen bounds checkpoint ids (the reference) and rollout ids (ours, so
 // a path or a map key stays small).
@@ -62,9 +63,10 @@ func validRolloutID(id string) error {
 // attempt 0 carries no suffix and attempts have no leading zeros.
 func ParseCaptureKey(key string) (EpisodeID, error) {
 	if loc := attemptSuffix.FindStringIndex(key); loc != nil {
-		n, err := strconv.Atoi(key[loc[0]+2:])
-		if err != nil || n == 0 {
-			return EpisodeID{}, ErrInvalidRequest.With("capture key %q: attempt 0 has no -a suffix", key)
+		digits := key[loc[0]+2:]
+		n, err := strconv.Atoi(digits)
+		if err != nil || n == 0 || digits[0] == '0' {
+			return EpisodeID{}, ErrInvalidRequest.With("capture key %q is not canonical (attempt 0 has no suffix, attempts no leading zeros)", key)
 		}
 		e := EpisodeID{RolloutID: key[:loc[0]], Attempt: n}
 		if err := e.Validate(); err != nil {

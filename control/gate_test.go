@@ -1,0 +1,113 @@
+package control_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/control"
+)
+
+// waitUntil blocks until cond holds, woken by the gate's changes.
+func waitUntil(g *control.Gate, cond func() bool) {
+	for {
+		ch := g.Changed()
+		if cond() {
+			return
+		}
+		<-ch
+	}
+}
+
+func TestGateCountsPerSession(t *testing.T) {
+	notified := 0
+	g := control.NewGate(func() { notified++ })
+	a1, err := g.Enter(ctx, control.Entry{Session: "s1", Label: "r1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, _ := g.Enter(ctx, control.Entry{Session: "s1", Label: "r1"})
+	b, _ := g.Enter(ctx, control.Entry{Session: "s2", Label: "r2-a1"})
+	if g.Inflight() != 3 || g.InflightOf("s1") != 2 {
+		t.Fatalf("inflight %d, s1 %d", g.Inflight(), g.InflightOf("s1"))
+	}
+	if diff := cmp.Diff([]string{"r1", "r2-a1"}, g.Busy()); diff != "" {
+		t.Errorf("busy (-want +got):\n%s", diff)
+	}
+	a1()
+	a1() // leaving twice counts once
+	a2()
+	b()
+	if g.Inflight() != 0 || len(g.Busy()) != 0 || notified != 3 {
+		t.Fatalf("after leaving: inflight %d busy %v notified %d", g.Inflight(), g.Busy(), notified)
+	}
+}
+
+func TestGateWaitsWhileClosed(t *testing.T) {
+	g := control.NewGate(nil)
+	g.Close()
+	// A request that need not wait is admitted at once.
+	leave, err := g.Enter(ctx, control.Entry{Session: "s0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leave()
+	admitted := make(chan func())
+	go func() {
+		leave, err := g.Enter(ctx, control.Entry{Session: "s1", Wait: true})
+		if err != nil {
+			t.Errorf("enter: %v", err)
+		}
+		admitted <- leave
+	}()
+	waitUntil(g, func() bool { return g.Waiting() == 1 })
+	if g.Inflight() != 0 {
+		t.Fatal("a waiting request is counted in flight")
+	}
+	g.Open()
+	(<-admitted)()
+}
+
+func TestGateShutdownReleasesWaiters(t *testing.T) {
+	g := control.NewGate(nil)
+	g.Close()
+	errc := make(chan error)
+	go func() {
+		_, err := g.Enter(ctx, control.Entry{Session: "s1", Wait: true})
+		errc <- err
+	}()
+	waitUntil(g, func() bool { return g.Waiting() == 1 })
+	g.Shutdown()
+	wantCode(t, <-errc, control.ErrShuttingDown)
+	_, err := g.Enter(ctx, control.Entry{Session: "s2", Wait: true})
+	wantCode(t, err, control.ErrShuttingDown)
+}
+
+func TestGateWaitGivesUpWithItsContext(t *testing.T) {
+	g := control.NewGate(nil)
+	g.Close()
+	c, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err := g.Enter(c, control.Entry{Session: "s1", Wait: true})
+	wantCode(t, err, control.ErrAdmissionClosed)
+	if g.Waiting() != 0 {
+		t.Errorf("waiting %d after giving up", g.Waiting())
+	}
+}
+
+func TestGateWaitIdle(t *testing.T) {
+	g := control.NewGate(nil)
+	leave, _ := g.Enter(ctx, control.Entry{Session: "s1"})
+	other, _ := g.Enter(ctx, control.Entry{Session: "s2"})
+	done := make(chan error)
+	go func() { done <- g.WaitIdle(ctx, []string{"s1"}) }()
+	leave()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	c, cancel := context.WithCancel(ctx)
+	cancel()
+	wantCode(t, g.WaitIdle(c, []string{"s2"}), control.ErrDeadlineExceeded)
+	other()
+}
