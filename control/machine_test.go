@@ -552,7 +552,9 @@ func TestRetireFencesUntilForget(t *testing.T) {
 
 func TestRetireFailureKeepsTheFence(t *testing.T) {
 	r := newRig(t)
-	r.h.retire = func(ctx context.Context, eps []control.EpisodeID) error { return control.ErrDeadlineExceeded.With("still busy") }
+	r.h.retire = func(ctx context.Context, eps []control.EpisodeID) error {
+		return control.ErrDeadlineExceeded.With("still busy")
+	}
 	_, err := r.m.Retire(ctx, control.RetireRequest{Base: r.base("c1", time.Minute), EpisodeIDs: []control.EpisodeID{ep("r1", 0)}})
 	wantCode(t, err, control.ErrDeadlineExceeded)
 	if !r.m.Fenced(ep("r1", 0)) {
