@@ -87,7 +87,8 @@ type Resolver func(sandboxID string) (provider.Handle, Fate)
 //	500 provider_error, 504 timeout
 //
 // Mount it with Serve for every path under Prefix, or call ServeSandbox
-// from a router that already split the path.
+// from a router that already split the path. Provider, Tokens and Resolve
+// are required.
 type Handler struct {
 	Provider provider.Provider
 	Tokens   *Tokens
@@ -130,6 +131,10 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 // sandboxID: it checks the method, the token, and the sandbox's fate, then
 // runs the call on the provider.
 func (h *Handler) ServeSandbox(ctx *fasthttp.RequestCtx, sandboxID, rest string) {
+	if h.Provider == nil || h.Tokens == nil || h.Resolve == nil {
+		h.writeError(ctx, fasthttp.StatusInternalServerError, "internal", "the sandbox routes are not configured")
+		return
+	}
 	var allow []string
 	switch rest {
 	case "exec":

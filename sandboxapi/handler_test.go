@@ -320,3 +320,13 @@ func TestOverAServer(t *testing.T) {
 		t.Errorf("over the server's limit: %d", st)
 	}
 }
+
+func TestAnUnconfiguredHandlerAnswers500(t *testing.T) {
+	var ctx fasthttp.RequestCtx
+	ctx.Request.Header.SetMethod("POST")
+	ctx.Request.SetRequestURI("/sandboxes/sb-1/exec")
+	(&Handler{}).Serve(&ctx)
+	if ctx.Response.StatusCode() != 500 || !strings.Contains(string(ctx.Response.Body()), `"code":"internal"`) {
+		t.Errorf("%d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+}

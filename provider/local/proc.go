@@ -111,13 +111,15 @@ func markedProcesses(id string) []int {
 }
 
 // killMarked kills every process marked with the sandbox's id, in rounds
-// until none is left (a process may fork while it is being killed), and
-// returns how many it signalled.
+// until none is left (a process may fork while it is being killed, and a
+// killed one keeps its environment until it is a zombie), for at most
+// killLimit, and returns how many kills it sent.
 func killMarked(id string) int {
 	n := 0
-	for range 10 {
+	deadline := time.Now().Add(killLimit)
+	for {
 		pids := markedProcesses(id)
-		if len(pids) == 0 {
+		if len(pids) == 0 || time.Now().After(deadline) {
 			return n
 		}
 		for _, pid := range pids {
@@ -125,9 +127,12 @@ func killMarked(id string) int {
 				n++
 			}
 		}
+		time.Sleep(time.Millisecond)
 	}
-	return n
 }
+
+// killLimit bounds killMarked.
+const killLimit = 5 * time.Second
 
 // errNotStopped: a process of a paused group did not reach the stopped
 // state in time (it may be in uninterruptible sleep).

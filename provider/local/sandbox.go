@@ -328,7 +328,7 @@ func (p *Provider) checkLiveLocked(s *sandbox) error {
 // is no longer mounted (after a reboot) is mounted again.
 func (p *Provider) adoptLocked(s *sandbox) error {
 	if n := killMarked(s.id); n > 0 {
-		p.log.WithFields(logrus.Fields{"sandbox_id": s.id, "processes": n}).Info("local: killed processes a previous server left in the sandbox")
+		p.log.WithFields(logrus.Fields{"sandbox_id": s.id, "kills": n}).Info("local: killed processes a previous server left in the sandbox")
 	}
 	if s.meta.Overlay {
 		mounted, err := isMountPoint(s.fsDir())
