@@ -251,13 +251,14 @@ func (s *Session) begin(r request) []any {
 		return s.run(r, effSnapshot{Seq: s.seq, Name: m.Name, Round: m.Round, Deadline: m.Deadline, Sandbox: s.Sandbox})
 	case *messages.StopSandbox:
 		if s.Phase != PhaseReady {
-			// Nothing held: stopping is idempotent.
-			out := reply(&messages.StopReply{ReqID: m.ReqID, SessionID: s.ID})
+			// Nothing held: stopping is idempotent. An ended session is
+			// forgotten before the caller hears of it (see stopDone).
+			var out []any
 			if s.Phase == PhaseEmpty {
 				s.Phase = PhaseEnded
 				out = append(out, effEnded{Reason: m.Reason})
 			}
-			return out
+			return append(out, reply(&messages.StopReply{ReqID: m.ReqID, SessionID: s.ID})...)
 		}
 		s.Phase = PhaseStopping
 		return s.run(r, effStop{Seq: s.seq, Handle: s.Sandbox.Handle, Reason: m.Reason})
@@ -311,8 +312,11 @@ func (s *Session) complete(done any) []any {
 		}
 		h := s.Sandbox.Handle
 		s.Phase = PhaseEnded
-		reply(&messages.StopReply{ReqID: m.ReqID, SessionID: s.ID, Stopped: &h})
+		// Forget first: once the caller hears the stop succeeded, the
+		// supervisor no longer lists the session (so a commit right after
+		// an end does not ask an actor on its way out).
 		out = append(out, effEnded{Stopped: &h, Reason: m.Reason})
+		reply(&messages.StopReply{ReqID: m.ReqID, SessionID: s.ID, Stopped: &h})
 	}
 	return append(out, s.next()...)
 }

@@ -98,7 +98,7 @@ func TestSessionSerialisesStopBehindStart(t *testing.T) {
 		{&messages.StopSandbox{ReqID: 2, Reason: messages.StopEnd}, nil},
 		{&messages.Do{ReqID: 3}, nil},
 		{startDone{Seq: 0, Sandbox: sandbox("sb-1")}, []string{"held", "reply:start-ok", "stop:end"}},
-		{stopDone{Seq: 1}, []string{"reply:stop-ok", "ended:end", "reply:do-err"}},
+		{stopDone{Seq: 1}, []string{"ended:end", "reply:stop-ok", "reply:do-err"}},
 	})
 	if s.Phase != PhaseEnded {
 		t.Fatalf("phase %s", s.Phase)
@@ -131,7 +131,7 @@ func TestSessionFailedStartAndStop(t *testing.T) {
 		// A failed stop keeps the session, so a retry stops it.
 		{stopDone{Seq: 2, Err: errors.New("api down")}, []string{"reply:stop-err"}},
 		{&messages.StopSandbox{ReqID: 5, Reason: messages.StopRetire}, []string{"stop:retire"}},
-		{stopDone{Seq: 3}, []string{"reply:stop-ok", "ended:retire"}},
+		{stopDone{Seq: 3}, []string{"ended:retire", "reply:stop-ok"}},
 		// Stopping again is idempotent; starting again needs a new actor.
 		{&messages.StopSandbox{ReqID: 6}, []string{"reply:stop-ok"}},
 		{&messages.StartSandbox{ReqID: 7}, []string{"reply:start-err"}},
@@ -201,4 +201,22 @@ func TestSessionLeaseRenewal(t *testing.T) {
 	if !s.Busy() {
 		t.Fatal("a renewal completion finished a tool call")
 	}
+}
+
+// Found by the simulation, seed 220 (step 23): the stop's reply went out
+// before the supervisor was told to forget the session, so right after
+// EndSessionSandbox returned, Sessions still listed it and a commit could ask
+// the actor on its way out (and fail). The forget must come first.
+func TestSessionIsForgottenBeforeItsStopIsAnswered(t *testing.T) {
+	s := NewSession("s1")
+	run(t, s, []step{
+		{&messages.StartSandbox{ReqID: 1}, []string{"start"}},
+		{startDone{Seq: 0, Sandbox: sandbox("sb-1")}, []string{"held", "reply:start-ok"}},
+		{&messages.StopSandbox{ReqID: 2, Reason: messages.StopEnd}, []string{"stop:end"}},
+		{stopDone{Seq: 1}, []string{"ended:end", "reply:stop-ok"}},
+	})
+	e := NewSession("s2")
+	run(t, e, []step{
+		{&messages.StopSandbox{ReqID: 1, Reason: messages.StopEnd}, []string{"ended:end", "reply:stop-ok"}},
+	})
 }

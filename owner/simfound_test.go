@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
@@ -43,5 +46,34 @@ func TestStartupSweepStopsEarlierSandboxesDespiteAFailedStop(t *testing.T) {
 	e.open()
 	if got := e.fk.LiveSandboxIDs(); len(got) != 0 {
 		t.Fatalf("the crashed owner's sandboxes still run: %v", got)
+	}
+}
+
+// Seed 220 (step 23): right after EndSessionSandbox returned, Sessions still
+// listed the session (its stop was answered before the supervisor was told to
+// forget it), so a commit right after an end could ask the dying actor and
+// fail with "session stopped during the checkpoint".
+func TestEndedSessionIsForgottenWhenEndReturns(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	seed(t, o, "keep")
+	for i := 0; i < 200; i++ {
+		sid := fmt.Sprintf("s%d", i)
+		seed(t, o, sid)
+		if err := o.EndSessionSandbox(context.Background(), sid); err != nil {
+			t.Fatal(err)
+		}
+		ids, err := o.Sessions()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff([]string{"keep"}, ids); diff != "" {
+			t.Fatalf("round %d: sessions after the end (-want +got):\n%s", i, diff)
+		}
+		if i%20 == 0 {
+			if _, err := o.Commit(context.Background(), owner.CommitRequest{CheckpointID: fmt.Sprintf("c%d", i)}); err != nil {
+				t.Fatalf("a commit right after an end: %v", err)
+			}
+		}
 	}
 }
