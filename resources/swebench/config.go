@@ -3,6 +3,8 @@ package swebench
 import (
 	"fmt"
 	"path"
+	"regexp"
+	"strings"
 	"time"
 
 	"github.com/sandboxowner/owner/provider"
@@ -49,6 +51,26 @@ type Config struct {
 	TestOutputCap int `yaml:"test_output_cap" json:"test_output_cap"`
 	// SandboxConfig is applied to the agent's and the grading sandboxes.
 	SandboxConfig SandboxConfig `yaml:"sandbox_config" json:"sandbox_config"`
+	// Caches are the local provider's named shared caches, cache name →
+	// the environment variable that points at it (mounted at
+	// CacheMountDir/<name>), so that module and build caches are reused
+	// across sandboxes. nil means DefaultCaches (Go's module and build
+	// caches); an empty map turns them off. Other providers ignore them.
+	Caches map[string]string `yaml:"caches" json:"caches"`
+	// ShareCachesWithAgent gives agent sandboxes the grading sandboxes'
+	// caches. By default an agent sandbox gets its own caches (named
+	// <name>-agent), so nothing an agent writes into a cache is read by a
+	// grading.
+	ShareCachesWithAgent bool `yaml:"share_caches_with_agent" json:"share_caches_with_agent"`
+}
+
+// CacheMountDir is where the caches are in a local sandbox.
+const CacheMountDir = "/caches"
+
+// DefaultCaches are the caches of a config that names none: Go's module
+// cache and build cache.
+func DefaultCaches() map[string]string {
+	return map[string]string{"gomod": "GOMODCACHE", "gobuild": "GOCACHE"}
 }
 
 // SandboxConfig is upstream's sandbox_config: what every sandbox of the server
@@ -97,11 +119,21 @@ func (c Config) withDefaults() (Config, error) {
 	if c.TestOutputCap == 0 {
 		c.TestOutputCap = DefaultTestOutputCap
 	}
+	if c.Caches == nil {
+		c.Caches = DefaultCaches()
+	}
+	for name, env := range c.Caches {
+		if !cacheName.MatchString(name) || env == "" || strings.ContainsAny(env, "=\x00") {
+			return c, fmt.Errorf("%w: caches: %q → %q (want a name of letters, digits, '.' and '_', and an environment variable)", ErrConfig, name, env)
+		}
+	}
 	if len(c.Repos) > 0 && c.TemplateDir == "" {
 		return c, fmt.Errorf("%w: template_dir is required with repos", ErrConfig)
 	}
 	return c, nil
 }
+
+var cacheName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.]*$`)
 
 func seconds(s float64, def time.Duration) time.Duration {
 	if s <= 0 {

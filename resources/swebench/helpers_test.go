@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -187,25 +186,26 @@ type world struct {
 	srv     *Server
 	tokens  *sandboxapi.Tokens
 	api     *sandboxapi.Handler
-	closeMu sync.Mutex
+	// caches is where the provider keeps the server's caches.
+	caches string
 }
 
 type worldOpt func(*world)
 
 func withConfig(f func(*Config)) worldOpt { return func(w *world) { f(&w.cfg) } }
 
+// withCaches keeps the world's caches in dir instead of the shared ones.
+func withCaches(dir string) worldOpt { return func(w *world) { w.caches = dir } }
+
 func newWorld(t *testing.T, tk task, opts ...worldOpt) *world {
 	t.Helper()
 	needTools(t, "git", "go", "patch")
-	w := &world{t: t, tk: tk, root: t.TempDir(), state: t.TempDir(), tmpl: t.TempDir(), log: testLogger(t)}
+	w := &world{t: t, tk: tk, root: t.TempDir(), state: t.TempDir(), tmpl: t.TempDir(), log: testLogger(t), caches: testCaches}
 	w.cfg = Config{
 		Repos:        map[string]string{taskRepo: tk.dir},
 		TemplateDir:  w.tmpl,
 		TestCommands: map[string]string{taskRepo: goTestCmd},
-		SandboxConfig: SandboxConfig{
-			TTLSeconds: 3600,
-			Env:        sharedGoCaches(t),
-		},
+		SandboxConfig:     SandboxConfig{TTLSeconds: 3600},
 		EvaluationTimeout: 300,
 	}
 	for _, o := range opts {
@@ -219,7 +219,7 @@ func newWorld(t *testing.T, tk task, opts ...worldOpt) *world {
 func (w *world) open() {
 	t := w.t
 	t.Helper()
-	p, err := local.New(local.Options{Root: w.root, Logger: w.log})
+	p, err := local.New(local.Options{Root: w.root, Logger: w.log, Caches: sharedCaches(w.caches)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,14 +329,35 @@ func (w *world) liveSandboxes() []string {
 	return ids
 }
 
-// sharedGoCaches is the environment that points Go's caches at directories
-// every sandbox of the test binary shares (filled in with the local
-// provider's named caches).
-func sharedGoCaches(t *testing.T) map[string]string {
-	return nil
+// testCaches is the directory of the Go caches every world of the test
+// binary shares (so that only the first grading compiles the standard
+// library), made by TestMain.
+var testCaches string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "swebench-test-caches-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	testCaches = dir
+	code := m.Run()
+	_ = exec.Command("chmod", "-R", "u+w", dir).Run() // the module cache is read-only without -modcacherw
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// sharedCaches places the server's caches (grading and agent) under dir.
+func sharedCaches(dir string) map[string]string {
+	out := map[string]string{}
+	for name := range DefaultCaches() {
+		out[name] = filepath.Join(dir, name)
+		out[name+"-agent"] = filepath.Join(dir, name+"-agent")
+	}
+	return out
 }
 
 func describe(res VerifyResult) string {
 	b, _ := json.MarshalIndent(res, "", "  ")
-	return fmt.Sprintf("%s", b)
+	return string(b)
 }

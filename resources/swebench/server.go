@@ -258,15 +258,30 @@ func (s *Server) spec(image string, row Row, role string) provider.Spec {
 		env["GOTOOLCHAIN"] = "local"
 		env["GOFLAGS"] = "-modcacherw"
 	}
-	for k, v := range sc.Env {
-		env[k] = v
-	}
 	var opts map[string]any
 	if len(sc.ProviderOptions) > 0 {
 		opts = make(map[string]any, len(sc.ProviderOptions))
 		for k, v := range sc.ProviderOptions {
 			opts[k] = v
 		}
+	}
+	if s.grader.Name() == local.Name && len(s.cfg.Caches) > 0 {
+		caches := map[string]any{}
+		for name, envVar := range s.cfg.Caches {
+			at := CacheMountDir + "/" + name
+			env[envVar] = at
+			if role != "grading" && !s.cfg.ShareCachesWithAgent {
+				name += "-agent"
+			}
+			caches[name] = at
+		}
+		if opts == nil {
+			opts = map[string]any{}
+		}
+		opts[local.CachesOption] = caches
+	}
+	for k, v := range sc.Env {
+		env[k] = v
 	}
 	return provider.Spec{
 		Image: image, Workdir: s.cfg.Workdir, Env: env, Metadata: md,

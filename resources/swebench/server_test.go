@@ -79,3 +79,56 @@ func TestVerifyWithoutASandboxIsRefused(t *testing.T) {
 		t.Fatalf("err = %v, want owner.ErrNoSessionSandbox", err)
 	}
 }
+
+func TestChangesThatDoNotFixTheBugDoNotResolve(t *testing.T) {
+	tk := newTask(t)
+	w := newWorld(t, tk)
+	wrongCalc := strings.Replace(buggyCalc, "\t\treturn x\n\t}", "\t\treturn x + 1\n\t}", 1)
+	brokenCalc := strings.Replace(fixedCalc, "return -x", "return -x +", 1)
+	// The agent rewrites the tests so that they pass against the buggy
+	// Abs: the test patch overrides both files.
+	cheatTests := "package calc\n\nimport \"testing\"\n\nfunc TestAbs(t *testing.T) {\n\tt.Run(\"positive\", func(t *testing.T) {})\n\tt.Run(\"negative\", func(t *testing.T) {})\n}\n"
+	cases := []struct {
+		name  string
+		agent string // shell run by the agent in /testbed
+		check func(t *testing.T, res VerifyResult)
+	}{
+		{"no change", "true", func(t *testing.T, res VerifyResult) {
+			if res.PatchSource != "none" || *res.ModelPatch != "" || !res.EvaluationCompleted {
+				t.Errorf("no change: source %q patch %q completed %v", res.PatchSource, *res.ModelPatch, res.EvaluationCompleted)
+			}
+			if d := cmp.Diff([]string{"TestAbs", "TestAbs/negative"}, res.TestsStatus.FailToPass.Failure); d != "" {
+				t.Errorf("FAIL_TO_PASS failures (-want +got):\n%s", d)
+			}
+		}},
+		{"wrong change", "cat > calc.go <<'EOF'\n" + wrongCalc + "EOF\n", func(t *testing.T, res VerifyResult) {
+			if !res.EvaluationCompleted || !strings.Contains(res.TestOutput, "--- FAIL: TestAbs/negative") {
+				t.Errorf("wrong change: completed %v, output:\n%s", res.EvaluationCompleted, res.TestOutput)
+			}
+		}},
+		{"patch that breaks the build", "cat > calc.go <<'EOF'\n" + brokenCalc + "EOF\n", func(t *testing.T, res VerifyResult) {
+			if !strings.Contains(res.TestOutput, "FAIL") || res.TestsStatus == nil || len(res.TestsStatus.PassToPass.Success) != 0 {
+				t.Errorf("broken build: every test is missing, so a failure; got:\n%s", describe(res))
+			}
+		}},
+		{"patch that rewrites the tests", "cat > abs_test.go <<'EOF'\n" + cheatTests + "EOF\nprintf '\\nfunc TestAddZero(t *testing.T) {}\\n' >> calc_test.go\n", func(t *testing.T, res VerifyResult) {
+			if !strings.Contains(*res.ModelPatch, "abs_test.go") || !strings.Contains(*res.ModelPatch, "calc_test.go") {
+				t.Fatalf("the model patch should carry the rewritten tests:\n%s", *res.ModelPatch)
+			}
+			if !strings.Contains(res.TestOutput, "Abs(-3) = -3") {
+				t.Errorf("the test patch's tests did not run:\n%s", res.TestOutput)
+			}
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			row := tk.row("example__calc-1")
+			sid := "s-" + strings.ReplaceAll(c.name, " ", "-")
+			seed := w.seed(sid, row)
+			w.agentRun(*seed.SandboxHandle, c.agent)
+			res := w.verify(sid, row)
+			wantUnresolved(t, res)
+			c.check(t, res)
+		})
+	}
+}
