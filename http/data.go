@@ -1,0 +1,261 @@
+package http
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	nethttp "net/http"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/owner"
+)
+
+// routeKind classifies a data route for admission and bookkeeping.
+type routeKind int
+
+const (
+	kindUnknown routeKind = iota
+	kindSeed
+	kindVerify
+	kindClose
+	kindAccess
+	kindTool
+)
+
+func (s *Server) kindOf(route string) (routeKind, ToolFunc) {
+	switch route {
+	case RouteSeed:
+		return kindSeed, nil
+	case RouteVerify:
+		return kindVerify, nil
+	case RouteClose:
+		return kindClose, nil
+	case RouteSandboxAccess:
+		return kindAccess, nil
+	}
+	if fn, ok := s.tools[route]; ok {
+		return kindTool, fn
+	}
+	return kindUnknown, nil
+}
+
+// sessionOf returns the id of the request's genuine session cookie, or a
+// new id (sent back in Set-Cookie): a forged or tampered cookie is a new
+// session, never somebody else's.
+func (s *Server) sessionOf(ctx *fasthttp.RequestCtx) string {
+	if v := ctx.Request.Header.Cookie(s.cookieName); len(v) > 0 {
+		if id, ok := s.signer.Verify(string(v)); ok {
+			return id
+		}
+	}
+	id := NewID()
+	s.setCookie(ctx, s.signer.Sign(id), false)
+	return id
+}
+
+func (s *Server) setCookie(ctx *fasthttp.RequestCtx, value string, expire bool) {
+	c := fasthttp.AcquireCookie()
+	defer fasthttp.ReleaseCookie(c)
+	c.SetKey(s.cookieName)
+	c.SetValue(value)
+	c.SetPath("/")
+	c.SetHTTPOnly(true)
+	c.SetSameSite(fasthttp.CookieSameSiteLaxMode)
+	if expire {
+		c.SetExpire(fasthttp.CookieExpireDelete)
+	}
+	ctx.Response.Header.SetCookie(c)
+}
+
+// serveData serves a resources route; ep is the rollout prefix's episode.
+func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.EpisodeID) {
+	kind, tool := s.kindOf(route)
+	if kind == kindUnknown {
+		writeError(ctx, nethttp.StatusNotFound, CodeNotFound, "no route "+route)
+		return
+	}
+	if !ctx.IsPost() {
+		methodNotAllowed(ctx, "POST")
+		return
+	}
+	if kind == kindSeed {
+		// On every seed reply, errors included: the episode owner picks
+		// its verify mode and restart mark from them.
+		ctx.Response.Header.Set(HeaderVerify, s.verifyMode)
+		if s.mode == owner.ModeRestartOnly {
+			ctx.Response.Header.Set(HeaderRestart, "1")
+		}
+	}
+	// The body is copied: fasthttp reuses it after the handler returns,
+	// and a resources server may hand it to the owner's goroutines.
+	body := bytes.Clone(ctx.PostBody())
+	sess := &Session{ID: s.sessionOf(ctx), Owner: s.own}
+	if ep != nil {
+		sess.Episode, sess.HasEpisode = *ep, true
+	} else if s.part != nil {
+		sess.Episode, sess.HasEpisode = s.part.boundEpisode(sess.ID)
+	}
+	sess.Log = s.log.WithField("session", sess.ID)
+	if sess.HasEpisode {
+		sess.Log = sess.Log.WithField("episode", sess.Episode.CaptureKey())
+	}
+
+	rctx, cancel := context.WithCancel(s.base)
+	defer cancel()
+	if s.part != nil {
+		leave, err := s.part.admit(rctx, kind, sess)
+		if err != nil {
+			s.fail(ctx, err)
+			return
+		}
+		if leave != nil {
+			defer leave()
+		}
+	}
+
+	var reply any
+	var err error
+	switch kind {
+	case kindSeed:
+		if s.closed.has(sess.ID) {
+			err = Errorf(nethttp.StatusConflict, CodeSessionClosed, "this session was closed; start a new one")
+			break
+		}
+		reply, err = s.res.Seed(rctx, sess, body)
+	case kindVerify:
+		reply, err = s.res.Verify(rctx, sess, body)
+	case kindClose:
+		reply, err = s.closeSession(rctx, ctx, sess, body)
+	case kindAccess:
+		reply, err = s.sandboxAccess(sess)
+	case kindTool:
+		reply, err = tool(rctx, sess, body)
+	}
+	if err != nil {
+		s.fail(ctx, err)
+		return
+	}
+	if s.part != nil {
+		switch {
+		case kind == kindSeed && ep != nil:
+			s.part.bind(sess.ID, *ep)
+		case kind == kindVerify:
+			s.part.unbind(sess.ID)
+		}
+	}
+	writeJSON(ctx, nethttp.StatusOK, reply)
+}
+
+// closeRequest is the typed form of /close_session.
+type closeRequest struct {
+	ResourcesSessionID *string         `json:"resources_session_id"`
+	EpisodeID          json.RawMessage `json:"episode_id"`
+}
+
+// closeSession ends a session: the cookie's ({"closed": true}) for an empty
+// body, the named one ({resources_session_id}) for a typed body. Closing a
+// closed or never-seeded session succeeds; a failed stop fails the call, so
+// a retry stops it again.
+func (s *Server) closeSession(ctx context.Context, rc *fasthttp.RequestCtx, sess *Session, body []byte) (any, error) {
+	var req closeRequest
+	if err := DecodeData(body, &req); err != nil {
+		return nil, err
+	}
+	if req.ResourcesSessionID == nil {
+		if err := s.endSession(ctx, sess.ID); err != nil {
+			return nil, err
+		}
+		s.setCookie(rc, "", true)
+		return map[string]bool{"closed": true}, nil
+	}
+	id := *req.ResourcesSessionID
+	if id == "" {
+		return nil, Invalid("resources_session_id must not be empty")
+	}
+	if err := validEpisodeField(req.EpisodeID); err != nil {
+		return nil, err
+	}
+	if err := s.endSession(ctx, id); err != nil {
+		return nil, err
+	}
+	return map[string]string{"resources_session_id": id}, nil
+}
+
+// validEpisodeField accepts an absent or null episode_id, an EpisodeId
+// object, or a capture key.
+func validEpisodeField(raw json.RawMessage) error {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	if raw[0] == '"' {
+		var key string
+		if err := json.Unmarshal(raw, &key); err != nil {
+			return Invalid("episode_id: %s", jsonProblem(err))
+		}
+		if _, err := control.ParseCaptureKey(key); err != nil {
+			return Invalid("episode_id: %v", err)
+		}
+		return nil
+	}
+	var e control.EpisodeID
+	if err := json.Unmarshal(raw, &e); err != nil {
+		return Invalid("episode_id: %s", jsonProblem(err))
+	}
+	if err := e.Validate(); err != nil {
+		return Invalid("episode_id: %v", err)
+	}
+	return nil
+}
+
+func (s *Server) endSession(ctx context.Context, id string) error {
+	if err := s.own.EndSessionSandbox(ctx, id); err != nil {
+		return err
+	}
+	s.closed.add(id)
+	if s.part != nil {
+		s.part.unbind(id)
+	}
+	return nil
+}
+
+// Access is the JSON of /sandbox_access.
+type Access struct {
+	Connection Connection `json:"connection"`
+	// Workdir is the agent's checkout inside the sandbox.
+	Workdir string `json:"workdir"`
+}
+
+// Connection says how to reach a sandbox.
+type Connection struct {
+	Kind              string         `json:"kind"`
+	ProviderConfigRef string         `json:"provider_config_ref"`
+	Descriptor        map[string]any `json:"descriptor"`
+}
+
+func (s *Server) sandboxAccess(sess *Session) (any, error) {
+	noAccess := Errorf(nethttp.StatusNotFound, CodeNoSandboxAccess, "this session has no sandbox access")
+	if !s.res.LendsSandboxes() {
+		return nil, noAccess
+	}
+	sb, ok := s.own.SessionSandbox(sess.ID)
+	if !ok {
+		return nil, noAccess
+	}
+	var specWorkdir any
+	if sb.Spec.Workdir != "" {
+		specWorkdir = sb.Spec.Workdir
+	}
+	desc := map[string]any{"sandbox_id": sb.Handle.SandboxID, "workdir": specWorkdir}
+	if s.cfg.Access != nil {
+		if err := s.cfg.Access(sess, sb, desc); err != nil {
+			return nil, err
+		}
+	}
+	return Access{
+		Connection: Connection{Kind: "direct", ProviderConfigRef: s.cfg.ProviderConfigRef, Descriptor: desc},
+		Workdir:    sb.Workdir,
+	}, nil
+}

@@ -1,0 +1,165 @@
+package http
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	nethttp "net/http"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/owner"
+)
+
+// Resources is a resources server written on the owner: the notes server,
+// SWE-bench. The http package does everything else — cookies, the rollout
+// prefix, admission, the checkpoint control plane, /close_session,
+// /sandbox_access, the error envelope — and calls these methods with the
+// request's Session.
+//
+// Methods get the request body as a copy they may keep. They return a value
+// to send as JSON, or an error: an *Error is sent as it is,
+// owner.ErrNoSessionSandbox as 409 no_session_sandbox, anything else as 500.
+type Resources interface {
+	// Name is the server's config name ("notes"), the instance in status
+	// and the second half of the cookie name.
+	Name() string
+	// Kind is the server type ("notes", "swebench"), the first half of the
+	// cookie name <kind>___<name>.
+	Kind() string
+	// LendsSandboxes reports whether sessions hold sandboxes. A server that
+	// lends none answers /sandbox_access with 404 and its checkpoint mode in
+	// effect is restart_only.
+	LendsSandboxes() bool
+	// VerifyReplayable declares /verify safe to run again and not state
+	// changing: it is then neither counted in flight nor held at admission,
+	// and seed replies say x-ng-checkpoint-verify: replay.
+	VerifyReplayable() bool
+	// Seed starts the session from a dataset row (typically with
+	// sess.Owner.StartSessionSandbox). A re-seed of a session a restore
+	// rebuilt must hand back the fork, which StartSessionSandbox does.
+	Seed(ctx context.Context, sess *Session, row []byte) (any, error)
+	// Verify grades the episode and ends the session's sandbox; without a
+	// sandbox it must fail with owner.ErrNoSessionSandbox (409), never
+	// reward.
+	Verify(ctx context.Context, sess *Session, body []byte) (any, error)
+	// Tools are the server's own POST routes, keyed by path ("/append_note").
+	Tools() map[string]ToolFunc
+}
+
+// ToolFunc serves one tool route.
+type ToolFunc func(ctx context.Context, sess *Session, body []byte) (any, error)
+
+// Session is what a resources server knows of the request's session.
+type Session struct {
+	// ID is the cookie's session id: the owner's session key.
+	ID string
+	// Episode is the episode the request (its rollout prefix) or the
+	// session (its seed) is bound to; HasEpisode is false for neither.
+	Episode    control.EpisodeID
+	HasEpisode bool
+	// Owner holds the session's sandbox.
+	Owner *owner.Owner
+	Log   logrus.FieldLogger
+}
+
+// Error is an error with its HTTP status and envelope code.
+type Error struct {
+	Status int
+	Code   string
+	Detail string
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Detail }
+
+// Is matches errors of the same code.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code
+}
+
+// Errorf makes an *Error.
+func Errorf(status int, code, format string, args ...any) *Error {
+	return &Error{Status: status, Code: code, Detail: fmt.Sprintf(format, args...)}
+}
+
+// Invalid is a 422 invalid_request: a body that is not JSON, or of the
+// wrong types.
+func Invalid(format string, args ...any) *Error {
+	return Errorf(nethttp.StatusUnprocessableEntity, control.ErrInvalidRequest.Code, format, args...)
+}
+
+// Codes this package answers with besides the protocol's.
+const (
+	CodeNoSessionSandbox = "no_session_sandbox"
+	CodeNoSandboxAccess  = "no_sandbox_access"
+	CodeSessionClosed    = "session_closed"
+	CodeBodyTooLarge     = "body_too_large"
+	CodeBadRequest       = "bad_request"
+	CodeNotFound         = "not_found"
+	CodeMethod           = "method_not_allowed"
+	CodeInternal         = "internal_error"
+	CodeSetupFailed      = "setup_failed"
+	CodeInvalidCapture   = "invalid_capture_key"
+	CodeCommitFailed     = "commit_failed"
+	CodeRestoreFailed    = "restore_failed"
+	CodeRetireFailed     = "retire_failed"
+	CodeReleaseFailed    = "release_failed"
+)
+
+// ErrNoSessionSandbox is the 409 a verify or a tool call gets without a
+// sandbox; errors.Is(err, owner.ErrNoSessionSandbox) is mapped to it.
+var ErrNoSessionSandbox = &Error{Status: nethttp.StatusConflict, Code: CodeNoSessionSandbox, Detail: "this session has no sandbox (seed it first)"}
+
+// DecodeData decodes a data route's body into v as upstream's models do:
+// unknown fields are ignored (dataset rows carry many), an empty body is {},
+// and malformed JSON or a field of the wrong type is a 422.
+func DecodeData(body []byte, v any) error {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 {
+		body = []byte("{}")
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return Invalid("%s", jsonProblem(err))
+	}
+	return nil
+}
+
+// decodeControl is DecodeData for control bodies: unknown fields and
+// trailing data are refused, and a body is required.
+func decodeControl(body []byte, v any) error {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 {
+		return Invalid("a JSON body is required")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return Invalid("%s", jsonProblem(err))
+	}
+	if dec.More() {
+		return Invalid("trailing data after the JSON body")
+	}
+	return nil
+}
+
+// jsonProblem words a decoding error for the envelope's detail.
+func jsonProblem(err error) string {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syn):
+		return fmt.Sprintf("malformed JSON at byte %d: %v", syn.Offset, err)
+	case errors.As(err, &typ):
+		field := typ.Field
+		if field == "" {
+			field = "body"
+		}
+		return fmt.Sprintf("field %s must be %s, not %s", field, typ.Type, typ.Value)
+	default:
+		return "invalid JSON body: " + err.Error()
+	}
+}

@@ -1,0 +1,532 @@
+package http
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	nethttp "net/http"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/owner"
+)
+
+// Routes and headers of the wire protocol.
+const (
+	RouteSeed          = "/seed_session"
+	RouteVerify        = "/verify"
+	RouteClose         = "/close_session"
+	RouteSandboxAccess = "/sandbox_access"
+	RouteHealth        = "/health"
+
+	// ControlPrefix is where the checkpoint control plane lives.
+	ControlPrefix = "/ng-control/v1/checkpoint/"
+	// RolloutPrefix binds a request to an episode:
+	// /ng-rollout/<capture_key>/<route>.
+	RolloutPrefix = "/ng-rollout/"
+	// RouteRelease is our addition to the control plane.
+	RouteRelease = "release"
+
+	HeaderVerify  = "x-ng-checkpoint-verify"
+	HeaderRestart = "x-ng-checkpoint-restart"
+
+	// DefaultProviderConfigRef is the top-level config key of the sandbox
+	// provider, named in /sandbox_access.
+	DefaultProviderConfigRef = "sandbox"
+	// DefaultMaxBody bounds a request body (413 above it).
+	DefaultMaxBody = 4 << 20
+	// MaxControlBody bounds a control request body.
+	MaxControlBody = 1 << 20
+)
+
+// reserved are routes a resources server may not take for a tool.
+var reserved = map[string]bool{
+	RouteSeed: true, RouteVerify: true, RouteClose: true, RouteSandboxAccess: true, RouteHealth: true,
+	"/aggregate_metrics": true, "/mcp": true, "/reverify_mode": true,
+}
+
+// Config configures a Server.
+type Config struct {
+	Owner     *owner.Owner
+	Resources Resources
+	Logger    *logrus.Logger
+	// Clock is the control plane's clock (default the wall clock; the
+	// simulation passes its logical one).
+	Clock clock.Clock
+	// SessionSecret signs session cookies (LoadSessionSecret).
+	SessionSecret []byte
+	// ControlAuthToken guards the control plane; required when the owner
+	// checkpoints (its mode is not off).
+	ControlAuthToken string
+	// LeaseGrace is checkpoint.lease_grace_seconds (default 600 s).
+	LeaseGrace time.Duration
+	// MaxBodyBytes bounds request bodies (default DefaultMaxBody).
+	MaxBodyBytes int
+	// ProviderConfigRef is named in /sandbox_access (default "sandbox").
+	ProviderConfigRef string
+	// LeaseTick is how often a wall-clock ticker checks the lease (default
+	// 1 s); negative starts none, for callers that Tick the machine
+	// themselves.
+	LeaseTick time.Duration
+	// ReadinessPoll bounds a prepare's wait between readiness checks.
+	ReadinessPoll time.Duration
+	// ClosedRetention is how long a closed session's id is refused a new
+	// seed (default 1 h, as upstream).
+	ClosedRetention time.Duration
+	// Access, when set, adds fields to the descriptor /sandbox_access
+	// returns (an exec API's endpoint and token).
+	Access func(sess *Session, sb owner.Sandbox, descriptor map[string]any) error
+	// Mounts serve other path prefixes (the sandbox exec API) with their
+	// own handlers; they get the panic guard and nothing else.
+	Mounts map[string]fasthttp.RequestHandler
+}
+
+// Server serves a resources server, its sessions and its participant
+// control plane over fasthttp.
+type Server struct {
+	cfg        Config
+	own        *owner.Owner
+	res        Resources
+	log        *logrus.Entry
+	clk        clock.Clock
+	mode       owner.Mode
+	cookieName string
+	signer     *Signer
+	tools      map[string]ToolFunc
+	tokenSum   [32]byte
+	verifyMode string
+	mounts     []mount
+
+	part    *participant // nil with checkpointing off
+	machine *control.Machine
+	closed  *closedSessions
+
+	srv    *fasthttp.Server
+	base   context.Context
+	cancel context.CancelFunc
+
+	stopOnce sync.Once
+	stopTick chan struct{}
+	ticker   sync.WaitGroup
+}
+
+type mount struct {
+	prefix string
+	h      fasthttp.RequestHandler
+}
+
+// ErrConfig: the server cannot be built from its Config.
+var ErrConfig = errors.New("http config")
+
+// New builds a server. It starts the lease ticker (unless LeaseTick < 0);
+// Shutdown stops it.
+func New(cfg Config) (*Server, error) {
+	if cfg.Owner == nil || cfg.Resources == nil {
+		return nil, fmt.Errorf("%w: Owner and Resources are required", ErrConfig)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = logrus.New()
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBody
+	}
+	if cfg.ProviderConfigRef == "" {
+		cfg.ProviderConfigRef = DefaultProviderConfigRef
+	}
+	if cfg.LeaseTick == 0 {
+		cfg.LeaseTick = time.Second
+	}
+	if cfg.ClosedRetention <= 0 {
+		cfg.ClosedRetention = time.Hour
+	}
+	res := cfg.Resources
+	name := res.Name()
+	cookieName := res.Kind() + "___" + name
+	signer, err := NewSigner(cookieName, cfg.SessionSecret)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	tools := map[string]ToolFunc{}
+	for route, fn := range res.Tools() {
+		if !strings.HasPrefix(route, "/") || strings.Count(route, "/") != 1 || reserved[route] {
+			return nil, fmt.Errorf("%w: tool route %q must be /<name> and not one of the reserved routes", ErrConfig, route)
+		}
+		tools[route] = fn
+	}
+	s := &Server{
+		cfg:        cfg,
+		own:        cfg.Owner,
+		res:        res,
+		log:        cfg.Logger.WithField("server", name),
+		clk:        cfg.Clock,
+		cookieName: cookieName,
+		signer:     signer,
+		tools:      tools,
+		verifyMode: "wait",
+		closed:     newClosedSessions(cfg.Clock, cfg.ClosedRetention),
+		stopTick:   make(chan struct{}),
+	}
+	if res.VerifyReplayable() {
+		s.verifyMode = "replay"
+	}
+	for p, h := range cfg.Mounts {
+		s.mounts = append(s.mounts, mount{p, h})
+	}
+	sort.Slice(s.mounts, func(i, j int) bool { return len(s.mounts[i].prefix) > len(s.mounts[j].prefix) })
+	s.mode = cfg.Owner.Mode()
+	if s.mode == owner.ModeExported && !res.LendsSandboxes() {
+		// Nothing a session holds is in the owner: nothing to export.
+		s.mode = owner.ModeRestartOnly
+	}
+	s.base, s.cancel = context.WithCancel(context.Background())
+	if s.mode != owner.ModeOff {
+		if cfg.ControlAuthToken == "" {
+			return nil, fmt.Errorf("%w: checkpoint.control_auth_token is required with checkpointing on", ErrConfig)
+		}
+		s.tokenSum = sha256.Sum256([]byte(cfg.ControlAuthToken))
+		s.part = newParticipant(s)
+		s.machine = control.New(control.Config{
+			Kind:       "resources",
+			Instance:   name,
+			Hooks:      s.part,
+			Clock:      cfg.Clock,
+			LeaseGrace: cfg.LeaseGrace,
+			PollEvery:  cfg.ReadinessPoll,
+			Logger:     s.log,
+		})
+		s.part.m = s.machine
+		if cfg.LeaseTick > 0 {
+			s.ticker.Add(1)
+			go s.tickLease(cfg.LeaseTick)
+		}
+	}
+	s.srv = &fasthttp.Server{
+		Handler:            s.Handler(),
+		ErrorHandler:       s.parseError,
+		Name:               "sandbox-owner",
+		MaxRequestBodySize: cfg.MaxBodyBytes,
+		CloseOnShutdown:    true,
+		Logger:             cfg.Logger,
+	}
+	return s, nil
+}
+
+func (s *Server) tickLease(every time.Duration) {
+	defer s.ticker.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stopTick:
+			return
+		case <-t.C:
+			s.machine.Tick()
+		}
+	}
+}
+
+// Mode is the checkpoint mode in effect.
+func (s *Server) Mode() owner.Mode { return s.mode }
+
+// CookieName is the session cookie's name, <kind>___<name>.
+func (s *Server) CookieName() string { return s.cookieName }
+
+// Signer signs and checks this server's cookies.
+func (s *Server) Signer() *Signer { return s.signer }
+
+// Machine is the control plane's phase machine (nil with checkpointing
+// off), for the simulation and tests.
+func (s *Server) Machine() *control.Machine { return s.machine }
+
+// Gate is the admission gate (nil with checkpointing off).
+func (s *Server) Gate() *control.Gate {
+	if s.part == nil {
+		return nil
+	}
+	return s.part.gate
+}
+
+// FastHTTP is the configured fasthttp server, to Serve a listener with.
+func (s *Server) FastHTTP() *fasthttp.Server { return s.srv }
+
+// Serve serves ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+
+// Shutdown stops accepting connections, lets requests waiting at a closed
+// gate go (503), waits for the requests in flight, and stops the lease
+// ticker. The owner is the caller's to close afterwards.
+func (s *Server) Shutdown(ctx context.Context) error {
+	var err error
+	s.stopOnce.Do(func() {
+		close(s.stopTick)
+		if s.part != nil {
+			s.part.gate.Shutdown()
+		}
+		err = s.srv.ShutdownWithContext(ctx)
+		s.ticker.Wait()
+		s.cancel()
+	})
+	return err
+}
+
+// Handler is the request handler, panics included: a panic is logged with
+// its stack and answered 500 with the envelope.
+func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
+
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.WithFields(logrus.Fields{"panic": fmt.Sprint(r), "path": string(ctx.Path()), "stack": string(debug.Stack())}).Error("request handler panicked")
+			ctx.Response.ResetBody()
+			writeError(ctx, nethttp.StatusInternalServerError, CodeInternal, "internal error")
+		}
+	}()
+	path := string(ctx.Path())
+	switch {
+	case path == RouteHealth:
+		s.health(ctx)
+	case strings.HasPrefix(path, ControlPrefix):
+		s.serveControl(ctx, path[len(ControlPrefix):])
+	case strings.HasPrefix(path, RolloutPrefix):
+		rest := path[len(RolloutPrefix):]
+		i := strings.IndexByte(rest, '/')
+		if i <= 0 {
+			writeError(ctx, nethttp.StatusNotFound, CodeNotFound, "expected /ng-rollout/<capture_key>/<route>")
+			return
+		}
+		ep, err := control.ParseCaptureKey(rest[:i])
+		if err != nil {
+			writeError(ctx, nethttp.StatusBadRequest, CodeInvalidCapture, err.Error())
+			return
+		}
+		s.serveData(ctx, rest[i:], &ep)
+	default:
+		for _, m := range s.mounts {
+			if strings.HasPrefix(path, m.prefix) {
+				m.h(ctx)
+				return
+			}
+		}
+		s.serveData(ctx, path, nil)
+	}
+}
+
+func (s *Server) health(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsGet() && !ctx.IsHead() {
+		methodNotAllowed(ctx, "GET")
+		return
+	}
+	writeJSON(ctx, nethttp.StatusOK, map[string]any{"status": "ok", "name": s.res.Name(), "mode": s.mode})
+}
+
+// parseError answers what fasthttp could not parse: 413 for a body over
+// the limit (its default is a bare 400), 400 for the rest.
+func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		writeError(ctx, nethttp.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("request body over %d bytes", s.cfg.MaxBodyBytes))
+		return
+	}
+	writeError(ctx, nethttp.StatusBadRequest, CodeBadRequest, "malformed HTTP request")
+}
+
+// --- responses ---
+
+type envelope struct {
+	Error struct {
+		Code   string `json:"code"`
+		Detail string `json:"detail"`
+	} `json:"error"`
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(ctx, nethttp.StatusInternalServerError, CodeInternal, "reply is not JSON: "+err.Error())
+		return
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+func writeError(ctx *fasthttp.RequestCtx, status int, code, detail string) {
+	var e envelope
+	e.Error.Code, e.Error.Detail = code, detail
+	b, _ := json.Marshal(e)
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
+	ctx.Response.Header.Set("Allow", allow)
+	writeError(ctx, nethttp.StatusMethodNotAllowed, CodeMethod, "use "+allow)
+}
+
+// fail answers an error with its status and code; unexpected ones are 500s
+// and logged.
+func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
+	status, code, detail := classify(err)
+	if status >= 500 {
+		s.log.WithError(err).WithFields(logrus.Fields{"path": string(ctx.Path()), "status": status}).Error("request failed")
+	}
+	writeError(ctx, status, code, detail)
+}
+
+func classify(err error) (status int, code, detail string) {
+	var he *Error
+	var ce *control.Error
+	switch {
+	case errors.As(err, &he):
+		return he.Status, he.Code, he.Detail
+	case errors.As(err, &ce):
+		return ce.Status, ce.Code, ce.Detail
+	case errors.Is(err, owner.ErrNoSessionSandbox):
+		return nethttp.StatusConflict, CodeNoSessionSandbox, err.Error()
+	case errors.Is(err, owner.ErrSetup):
+		return nethttp.StatusInternalServerError, CodeSetupFailed, err.Error()
+	case errors.Is(err, owner.ErrClosed):
+		return nethttp.StatusServiceUnavailable, control.ErrShuttingDown.Code, err.Error()
+	default:
+		return nethttp.StatusInternalServerError, CodeInternal, err.Error()
+	}
+}
+
+// --- control plane ---
+
+func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
+	h := ctx.Request.Header.Peek("Authorization")
+	tok, ok := bytes.CutPrefix(h, []byte("Bearer "))
+	if !ok {
+		return false
+	}
+	// Comparing digests keeps the comparison constant-time in the length
+	// too.
+	sum := sha256.Sum256(bytes.TrimSpace(tok))
+	return subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) == 1
+}
+
+func (s *Server) serveControl(ctx *fasthttp.RequestCtx, op string) {
+	if s.machine == nil {
+		writeError(ctx, nethttp.StatusNotFound, CodeNotFound, "checkpointing is off: this server is not a participant")
+		return
+	}
+	if !s.authorized(ctx) {
+		writeError(ctx, nethttp.StatusUnauthorized, control.ErrUnauthorized.Code, "missing or wrong bearer token")
+		return
+	}
+	if op == "status" {
+		if !ctx.IsGet() {
+			methodNotAllowed(ctx, "GET")
+			return
+		}
+		writeJSON(ctx, nethttp.StatusOK, s.machine.Status())
+		return
+	}
+	if !ctx.IsPost() {
+		methodNotAllowed(ctx, "POST")
+		return
+	}
+	body := ctx.PostBody()
+	if len(body) > MaxControlBody {
+		writeError(ctx, nethttp.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("control body over %d bytes", MaxControlBody))
+		return
+	}
+	rctx, cancel := context.WithCancel(s.base)
+	defer cancel()
+	var reply any
+	var err error
+	switch op {
+	case control.OpPrepare:
+		reply, err = controlCall(body, func(r control.PrepareRequest) (any, error) { return s.machine.Prepare(rctx, r) })
+	case control.OpCommit:
+		reply, err = controlCall(body, func(r control.CommitRequest) (any, error) { return s.machine.Commit(rctx, r) })
+	case control.OpRestore:
+		reply, err = controlCall(body, func(r control.RestoreRequest) (any, error) { return s.machine.Restore(rctx, r) })
+	case control.OpResume:
+		reply, err = controlCall(body, func(r control.ResumeRequest) (any, error) { return s.machine.Resume(rctx, r) })
+	case control.OpRetire:
+		reply, err = controlCall(body, func(r control.RetireRequest) (any, error) { return s.machine.Retire(rctx, r) })
+	case control.OpForget:
+		reply, err = controlCall(body, func(r control.ForgetRequest) (any, error) { return s.machine.Forget(rctx, r) })
+	case control.OpRenew:
+		reply, err = controlCall(body, func(r control.RenewRequest) (any, error) { return s.machine.Renew(rctx, r) })
+	case RouteRelease:
+		reply, err = controlCall(body, func(r releaseRequest) (any, error) { return s.part.release(rctx, r) })
+	default:
+		writeError(ctx, nethttp.StatusNotFound, CodeNotFound, "no control route "+op)
+		return
+	}
+	if err != nil {
+		s.fail(ctx, err)
+		return
+	}
+	writeJSON(ctx, nethttp.StatusOK, reply)
+}
+
+// controlCall decodes a control body strictly and calls fn with it.
+func controlCall[T any](body []byte, fn func(T) (any, error)) (any, error) {
+	var req T
+	if err := decodeControl(body, &req); err != nil {
+		return nil, err
+	}
+	return fn(req)
+}
+
+// --- closed sessions ---
+
+// closedSessions remembers closed session ids for a while, so a late seed
+// with a closed session's cookie does not start a sandbox nobody will end.
+type closedSessions struct {
+	mu     sync.Mutex
+	clk    clock.Clock
+	keep   time.Duration
+	at     map[string]time.Time
+	order  []string
+	maxLen int
+}
+
+func newClosedSessions(clk clock.Clock, keep time.Duration) *closedSessions {
+	return &closedSessions{clk: clk, keep: keep, at: map[string]time.Time{}, maxLen: 1 << 16}
+}
+
+func (c *closedSessions) add(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.clk.Now()
+	if _, ok := c.at[id]; !ok {
+		c.order = append(c.order, id)
+	}
+	c.at[id] = now
+	for len(c.order) > 0 {
+		old := c.order[0]
+		if len(c.order) <= c.maxLen && now.Sub(c.at[old]) < c.keep {
+			break
+		}
+		delete(c.at, old)
+		c.order = c.order[1:]
+	}
+}
+
+func (c *closedSessions) has(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	at, ok := c.at[id]
+	return ok && c.clk.Now().Sub(at) < c.keep
+}

@@ -1,0 +1,220 @@
+// Package notes is the notes resources server, upstream's end-to-end example
+// of a server that owns a sandbox per session: seed starts a sandbox whose
+// setup writes a random token to .seed_token and keeps it as session data,
+// POST /append_note appends a line to notes.txt, and /verify rewards 1.0 only
+// when the file's lines equal expected_notes and the session data's token
+// equals the sandbox's (so a restore that lost either rewards 0), then ends
+// the session.
+//
+// Files are read and written through the provider's ReadFile and WriteFile
+// inside owner.Do, which serialises a session's operations, so the server
+// runs unchanged on the fake provider and on a real one.
+package notes
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"slices"
+	"strings"
+
+	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+)
+
+// Names inside the sandbox and of the server.
+const (
+	Kind      = "notes"
+	Image     = "notes"
+	NotesFile = "notes.txt"
+	TokenFile = ".seed_token"
+	// RouteAppend is the server's tool route.
+	RouteAppend = "/append_note"
+	// MaxLine bounds one note.
+	MaxLine = 64 << 10
+)
+
+// Options configure the server.
+type Options struct {
+	// Name is the config name (default "notes").
+	Name string
+	// Image is the sandboxes' image (default "notes").
+	Image string
+	// Workdir of the sandboxes; empty is the provider's default.
+	Workdir string
+	// TTLSeconds is the sandboxes' lease (0: none).
+	TTLSeconds float64
+}
+
+// Server is the notes resources server; it implements httpapi.Resources.
+type Server struct {
+	opts Options
+}
+
+var _ httpapi.Resources = (*Server)(nil)
+
+// New returns a notes server.
+func New(opts Options) *Server {
+	if opts.Name == "" {
+		opts.Name = "notes"
+	}
+	if opts.Image == "" {
+		opts.Image = Image
+	}
+	return &Server{opts: opts}
+}
+
+// Name is the config name.
+func (s *Server) Name() string { return s.opts.Name }
+
+// Kind is "notes".
+func (s *Server) Kind() string { return Kind }
+
+// LendsSandboxes is true: every session holds one.
+func (s *Server) LendsSandboxes() bool { return true }
+
+// VerifyReplayable is false: verify ends the session.
+func (s *Server) VerifyReplayable() bool { return false }
+
+// Tools is /append_note.
+func (s *Server) Tools() map[string]httpapi.ToolFunc {
+	return map[string]httpapi.ToolFunc{RouteAppend: s.appendNote}
+}
+
+// sessionData is what setup returns and seed answers.
+type sessionData struct {
+	SeedToken string `json:"seed_token"`
+}
+
+func (s *Server) spec() provider.Spec {
+	return provider.Spec{Image: s.opts.Image, Workdir: s.opts.Workdir, TTLSeconds: s.opts.TTLSeconds}
+}
+
+// setup writes a fresh token into the sandbox and returns it as session
+// data.
+func setup(ctx context.Context, p provider.Provider, sb owner.Sandbox) (json.RawMessage, error) {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return nil, fmt.Errorf("seed token: %w", err)
+	}
+	tok := hex.EncodeToString(b)
+	if err := p.WriteFile(ctx, sb.Handle, TokenFile, []byte(tok)); err != nil {
+		return nil, fmt.Errorf("write %s: %w", TokenFile, err)
+	}
+	return json.Marshal(sessionData{SeedToken: tok})
+}
+
+// Seed starts the session's sandbox; the row is not needed. A session that
+// already has one (a repeated seed, or a restored session's re-seed) gets
+// its session data back without a second sandbox or a second setup.
+func (s *Server) Seed(ctx context.Context, sess *httpapi.Session, _ []byte) (any, error) {
+	sb, err := sess.Owner.StartSessionSandbox(ctx, sess.ID, s.spec(), setup, s.opts.Workdir)
+	if errors.Is(err, owner.ErrSandboxExists) {
+		sb, err = sess.Owner.RequireSessionSandbox(sess.ID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if sb.Restored {
+		sess.Log.WithField("sandbox", sb.Handle.SandboxID).Info("re-seed of a restored session: the fork")
+	}
+	return json.RawMessage(sb.Data), nil
+}
+
+type appendRequest struct {
+	Line *string `json:"line"`
+}
+
+func (s *Server) appendNote(ctx context.Context, sess *httpapi.Session, body []byte) (any, error) {
+	var req appendRequest
+	if err := httpapi.DecodeData(body, &req); err != nil {
+		return nil, err
+	}
+	if req.Line == nil {
+		return nil, httpapi.Invalid("line is required")
+	}
+	line := *req.Line
+	if strings.ContainsAny(line, "\n\r") || len(line) > MaxLine {
+		return nil, httpapi.Invalid("line must be one line of at most %d bytes", MaxLine)
+	}
+	err := sess.Owner.Do(ctx, sess.ID, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+		old, err := readOptional(ctx, p, sb.Handle, NotesFile)
+		if err != nil {
+			return err
+		}
+		return p.WriteFile(ctx, sb.Handle, NotesFile, append(old, line+"\n"...))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return map[string]bool{"success": true}, nil
+}
+
+// readOptional reads a file, a missing one as empty.
+func readOptional(ctx context.Context, p provider.Provider, h provider.Handle, path string) ([]byte, error) {
+	b, err := p.ReadFile(ctx, h, path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return b, nil
+}
+
+type verifyRequest struct {
+	ExpectedNotes *[]string `json:"expected_notes"`
+}
+
+// VerifyReply is /verify's answer.
+type VerifyReply struct {
+	Reward        float64  `json:"reward"`
+	Notes         []string `json:"notes"`
+	ExpectedNotes []string `json:"expected_notes"`
+	// TokenMatches: the session data's token is the sandbox's.
+	TokenMatches bool `json:"token_matches"`
+}
+
+// Verify grades the notes and ends the session.
+func (s *Server) Verify(ctx context.Context, sess *httpapi.Session, body []byte) (any, error) {
+	var req verifyRequest
+	if err := httpapi.DecodeData(body, &req); err != nil {
+		return nil, err
+	}
+	if req.ExpectedNotes == nil {
+		return nil, httpapi.Invalid("expected_notes is required")
+	}
+	rep := VerifyReply{ExpectedNotes: *req.ExpectedNotes, Notes: []string{}}
+	err := sess.Owner.Do(ctx, sess.ID, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+		notes, err := readOptional(ctx, p, sb.Handle, NotesFile)
+		if err != nil {
+			return err
+		}
+		tok, err := readOptional(ctx, p, sb.Handle, TokenFile)
+		if err != nil {
+			return err
+		}
+		if text := strings.TrimSuffix(string(notes), "\n"); text != "" {
+			rep.Notes = strings.Split(text, "\n")
+		}
+		var data sessionData
+		_ = json.Unmarshal(sb.Data, &data)
+		rep.TokenMatches = data.SeedToken != "" && data.SeedToken == strings.TrimSpace(string(tok))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if rep.TokenMatches && slices.Equal(rep.Notes, rep.ExpectedNotes) {
+		rep.Reward = 1.0
+	}
+	if err := sess.Owner.EndSessionSandbox(ctx, sess.ID); err != nil {
+		return nil, fmt.Errorf("end the session after verify: %w", err)
+	}
+	return rep, nil
+}
