@@ -1,0 +1,329 @@
+package http_test
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttputil"
+
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/control"
+	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/resources/notes"
+)
+
+const token = "test-control-token"
+
+var t0 = time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+
+// harness is one server process: an owner and its HTTP server on an
+// in-memory listener. restart makes a fresh one on the same state_dir and
+// provider, as a process started after a crash.
+type harness struct {
+	t    *testing.T
+	opts options
+	prov provider.Provider
+	dir  string
+	clk  *clock.Manual
+	log  *logtest.Hook
+
+	own *owner.Owner
+	srv *httpapi.Server
+	ln  *fasthttputil.InmemoryListener
+	cl  *fasthttp.Client
+	wg  sync.WaitGroup
+}
+
+type options struct {
+	checkpoint bool
+	prov       provider.Provider
+	res        httpapi.Resources
+	maxBody    int
+}
+
+type opt func(*options)
+
+func checkpointOff() opt                    { return func(o *options) { o.checkpoint = false } }
+func withProvider(p provider.Provider) opt  { return func(o *options) { o.prov = p } }
+func withResources(r httpapi.Resources) opt { return func(o *options) { o.res = r } }
+func withMaxBody(n int) opt                 { return func(o *options) { o.maxBody = n } }
+
+func newHarness(t *testing.T, opts ...opt) *harness {
+	t.Helper()
+	o := options{checkpoint: true}
+	for _, f := range opts {
+		f(&o)
+	}
+	clk := clock.NewManual(t0)
+	if o.prov == nil {
+		o.prov = fake.New(fake.Options{Clock: clk, Seed: 1})
+	}
+	if o.res == nil {
+		o.res = notes.New(notes.Options{})
+	}
+	h := &harness{t: t, opts: o, prov: o.prov, dir: t.TempDir(), clk: clk}
+	h.start()
+	t.Cleanup(h.stop)
+	return h
+}
+
+func (h *harness) fake() *fake.Provider {
+	switch p := h.prov.(type) {
+	case *fake.Provider:
+		return p
+	case *fake.NoSnapshots:
+		return p.Fake()
+	}
+	h.t.Fatalf("provider %T is not a fake", h.prov)
+	return nil
+}
+
+func (h *harness) start() {
+	h.t.Helper()
+	lg, hook := logtest.NewNullLogger()
+	lg.SetLevel(logrus.DebugLevel)
+	h.log = hook
+	own, err := owner.New(context.Background(), owner.Config{
+		Name:       "notes",
+		Provider:   h.prov,
+		Checkpoint: owner.CheckpointConfig{Enabled: h.opts.checkpoint, StateDir: h.dir, Parallelism: 4},
+		Clock:      h.clk,
+		Logger:     lg,
+	})
+	if err != nil {
+		h.t.Fatalf("owner.New: %v", err)
+	}
+	secret, _, err := httpapi.LoadSessionSecret("", h.dir)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	srv, err := httpapi.New(httpapi.Config{
+		Owner:            own,
+		Resources:        h.opts.res,
+		Logger:           lg,
+		Clock:            h.clk,
+		SessionSecret:    secret,
+		ControlAuthToken: token,
+		MaxBodyBytes:     h.opts.maxBody,
+		LeaseTick:        -1,
+	})
+	if err != nil {
+		h.t.Fatalf("http.New: %v", err)
+	}
+	h.own, h.srv = own, srv
+	h.ln = fasthttputil.NewInmemoryListener()
+	h.cl = &fasthttp.Client{Dial: func(string) (net.Conn, error) { return h.ln.Dial() }}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		_ = srv.Serve(h.ln)
+	}()
+}
+
+// stop shuts the server down cleanly (idempotent).
+func (h *harness) stop() {
+	if h.srv == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = h.srv.Shutdown(ctx)
+	h.wg.Wait()
+	_ = h.own.Close()
+	h.srv = nil
+}
+
+// crash drops the owner as a crash would (nothing stopped, the index not
+// cleaned up) and takes the server down with it.
+func (h *harness) crash() {
+	h.own.Abandon()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = h.srv.Shutdown(ctx)
+	h.wg.Wait()
+	h.srv = nil
+}
+
+// restart is a fresh process on the same state_dir and provider.
+func (h *harness) restart() {
+	h.t.Helper()
+	h.stopIfRunning()
+	h.start()
+}
+
+func (h *harness) stopIfRunning() {
+	if h.srv != nil {
+		h.crash()
+	}
+}
+
+// agent is one client with its cookie jar.
+type agent struct {
+	cookie string
+}
+
+type reply struct {
+	status int
+	body   []byte
+	header map[string]string
+	// cookie is what Set-Cookie said ("" when nothing, "-" when deleted).
+	cookie string
+}
+
+func (r reply) json(t *testing.T) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(r.body, &m); err != nil {
+		t.Fatalf("reply %d is not a JSON object: %s", r.status, r.body)
+	}
+	return m
+}
+
+// code is the envelope's error code ("" for none).
+func (r reply) code() string {
+	var e struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	_ = json.Unmarshal(r.body, &e)
+	return e.Error.Code
+}
+
+func (h *harness) do(a *agent, method, path string, body any, headers map[string]string) reply {
+	h.t.Helper()
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://notes" + path)
+	req.Header.SetMethod(method)
+	switch b := body.(type) {
+	case nil:
+	case string:
+		req.SetBodyString(b)
+	case []byte:
+		req.SetBody(b)
+	default:
+		raw, err := json.Marshal(b)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		req.SetBody(raw)
+	}
+	if a != nil && a.cookie != "" {
+		req.Header.SetCookie(h.srv.CookieName(), a.cookie)
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	if err := h.cl.DoTimeout(req, resp, 30*time.Second); err != nil {
+		h.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	r := reply{status: resp.StatusCode(), body: append([]byte(nil), resp.Body()...), header: map[string]string{}}
+	for _, k := range []string{httpapi.HeaderVerify, httpapi.HeaderRestart} {
+		if v := resp.Header.Peek(k); v != nil {
+			r.header[k] = string(v)
+		}
+	}
+	c := fasthttp.AcquireCookie()
+	defer fasthttp.ReleaseCookie(c)
+	c.SetKey(h.srv.CookieName())
+	if resp.Header.Cookie(c) {
+		r.cookie = string(c.Value())
+		if c.Expire().Equal(fasthttp.CookieExpireDelete) {
+			r.cookie = "-"
+		}
+	}
+	if a != nil && r.cookie != "" {
+		a.cookie = r.cookie
+		if r.cookie == "-" {
+			a.cookie = ""
+		}
+	}
+	return r
+}
+
+func (h *harness) post(a *agent, path string, body any) reply {
+	h.t.Helper()
+	return h.do(a, "POST", path, body, nil)
+}
+
+// control calls a control route with the right token.
+func (h *harness) control(op string, body any) reply {
+	h.t.Helper()
+	method := "POST"
+	if op == "status" {
+		method = "GET"
+	}
+	return h.do(nil, method, httpapi.ControlPrefix+op, body, map[string]string{"Authorization": "Bearer " + token})
+}
+
+// deadline is a deadline_ts a minute ahead on the harness's clock.
+func (h *harness) deadline() float64 { return control.UnixSeconds(h.clk.Now().Add(time.Minute)) }
+
+func (h *harness) ok(r reply, what string) map[string]any {
+	h.t.Helper()
+	if r.status != 200 {
+		h.t.Fatalf("%s: status %d: %s", what, r.status, r.body)
+	}
+	return r.json(h.t)
+}
+
+func (h *harness) want(r reply, status int, code, what string) {
+	h.t.Helper()
+	if r.status != status || r.code() != code {
+		h.t.Fatalf("%s: got %d %q (%s), want %d %q", what, r.status, r.code(), r.body, status, code)
+	}
+}
+
+// sandboxID is the session's current sandbox, from /sandbox_access.
+func (h *harness) sandboxID(a *agent) string {
+	h.t.Helper()
+	m := h.ok(h.post(a, "/sandbox_access", nil), "sandbox_access")
+	return m["connection"].(map[string]any)["descriptor"].(map[string]any)["sandbox_id"].(string)
+}
+
+func (h *harness) live(id string) bool {
+	for _, s := range h.fake().LiveSandboxIDs() {
+		if s == id {
+			return true
+		}
+	}
+	return false
+}
+
+// sessionID is the id part of an agent's cookie.
+func sessionID(a *agent) string { return a.cookie[:strings.LastIndexByte(a.cookie, '.')] }
+
+func ep(rollout string, attempt int) map[string]any {
+	return map[string]any{"rollout_id": rollout, "attempt": attempt}
+}
+
+// blockOn makes the fake hold the next call of op at its start until the
+// returned release is called; entered is closed once it is held.
+func blockOn(fk *fake.Provider, op fake.Op) (entered <-chan struct{}, release func()) {
+	in, out := make(chan struct{}), make(chan struct{})
+	var once, rel sync.Once
+	fk.SetHook(func(c fake.Call) {
+		if c.Op != op || c.Phase != fake.PhaseBegin {
+			return
+		}
+		first := false
+		once.Do(func() { first = true })
+		if !first {
+			return
+		}
+		close(in)
+		<-out
+	})
+	return in, func() { rel.Do(func() { close(out) }) }
+}
