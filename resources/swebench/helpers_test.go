@@ -174,18 +174,18 @@ func mustJSON(t *testing.T, v any) []byte {
 // world is a swebench server on a real local provider with checkpointing,
 // and the agent-facing sandbox API.
 type world struct {
-	t       *testing.T
-	tk      task
-	root    string // the provider's root
-	state   string // the owner's state_dir
-	tmpl    string // template_dir
-	cfg     Config
-	log     *logrus.Logger
-	prov    *local.Provider
-	own     *owner.Owner
-	srv     *Server
-	tokens  *sandboxapi.Tokens
-	api     *sandboxapi.Handler
+	t      *testing.T
+	tk     task
+	root   string // the provider's root
+	state  string // the owner's state_dir
+	tmpl   string // template_dir
+	cfg    Config
+	log    *logrus.Logger
+	prov   *local.Provider
+	own    *owner.Owner
+	srv    *Server
+	tokens *sandboxapi.Tokens
+	api    *sandboxapi.Handler
 	// caches is where the provider keeps the server's caches.
 	caches string
 }
@@ -202,9 +202,9 @@ func newWorld(t *testing.T, tk task, opts ...worldOpt) *world {
 	needTools(t, "git", "go", "patch")
 	w := &world{t: t, tk: tk, root: t.TempDir(), state: t.TempDir(), tmpl: t.TempDir(), log: testLogger(t), caches: testCaches}
 	w.cfg = Config{
-		Repos:        map[string]string{taskRepo: tk.dir},
-		TemplateDir:  w.tmpl,
-		TestCommands: map[string]string{taskRepo: goTestCmd},
+		Repos:             map[string]string{taskRepo: tk.dir},
+		TemplateDir:       w.tmpl,
+		TestCommands:      map[string]string{taskRepo: goTestCmd},
 		SandboxConfig:     SandboxConfig{TTLSeconds: 3600},
 		EvaluationTimeout: 300,
 	}

@@ -75,12 +75,21 @@ func (t *Templates) Ensure(ctx context.Context, repo, base string) (dir, fullBas
 	if !hexCommit.MatchString(base) {
 		return "", "", fmt.Errorf("%w: base commit %q is not a commit id", ErrTemplate, base)
 	}
+	base = strings.ToLower(base)
+	if len(base) == 40 || len(base) == 64 {
+		// A full id: an existing template is used without reading the
+		// source at all.
+		dir = t.dir(repo, base)
+		if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+			return dir, base, nil
+		}
+	}
 	out, err := hostGit(ctx, src, "rev-parse", "--verify", "-q", base+"^{commit}")
 	if err != nil {
 		return "", "", fmt.Errorf("%w: %s has no commit %s: %w", ErrTemplate, src, base, err)
 	}
 	fullBase = strings.TrimSpace(out)
-	dir = filepath.Join(t.root, strings.ReplaceAll(repo, "/", "__"), fullBase)
+	dir = t.dir(repo, fullBase)
 
 	lock := t.lock(dir)
 	lock.Lock()
@@ -113,6 +122,10 @@ func (t *Templates) Ensure(ctx context.Context, repo, base string) (dir, fullBas
 	}
 	t.log.WithFields(logrus.Fields{"repo": repo, "base_commit": fullBase, "dir": dir, "duration_ms": time.Since(began).Milliseconds()}).Info("swebench: template prepared")
 	return dir, fullBase, nil
+}
+
+func (t *Templates) dir(repo, fullBase string) string {
+	return filepath.Join(t.root, strings.ReplaceAll(repo, "/", "__"), fullBase)
 }
 
 func (t *Templates) lock(key string) *sync.Mutex {

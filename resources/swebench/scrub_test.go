@@ -1,0 +1,176 @@
+package swebench
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/owner"
+)
+
+func TestScrubLeavesTheFixUnreachable(t *testing.T) {
+	tk := newTask(t)
+	w := newWorld(t, tk)
+	fixBlob := git(t, tk.dir, "rev-parse", tk.fix+":abs_test.go")
+	seed := w.seed("s-scrub", tk.row("example__calc-1"))
+	sb := *seed.SandboxHandle
+	out := func(cmd string) string { return strings.TrimSpace(w.agentRun(sb, cmd)) }
+
+	if got := out("git for-each-ref --format='%(refname)'"); got != "refs/heads/"+WorkBranch {
+		t.Errorf("refs after the scrub: %q, want only the work branch", got)
+	}
+	if got := out("git symbolic-ref HEAD"); got != "refs/heads/"+WorkBranch {
+		t.Errorf("HEAD is %q", got)
+	}
+	if got := out("git rev-parse HEAD"); got != tk.base {
+		t.Errorf("HEAD at %s, want the base commit %s", got, tk.base)
+	}
+	if got := out("git log --all --reflog --format=%H"); got != tk.base {
+		t.Errorf("commits reachable from any ref or reflog: %q, want only the base", got)
+	}
+	for _, obj := range []string{tk.fix, fixBlob} {
+		if res := w.agentExec(sb, "git cat-file -e "+obj); res.ExitCode == 0 {
+			t.Errorf("object %s of the fix is still in the repository", obj)
+		}
+	}
+	for cmd, want := range map[string]string{
+		"git tag -l":                 "",
+		"git remote":                 "",
+		"git notes list 2>/dev/null": "",
+		"git stash list":             "",
+		"git reflog --all":           "",
+		"[ -e .git/logs ] && echo reflogs || true": "",
+		"git log --all --grep=Abs -i":              "",
+		"git status --porcelain":                   "",
+		"git config user.email":                    "agent@nemo-gym.local",
+		// No file in .git (refs, packed refs, logs, special heads)
+		// names the fix.
+		"grep -rl " + tk.fix + " .git || true": "",
+	} {
+		if got := out(cmd); got != want {
+			t.Errorf("%s: %q, want %q", cmd, got, want)
+		}
+	}
+	d, err := ParseSessionData(w.own.SessionData("s-scrub"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.BaseCommit != tk.base || d.InstanceID != "example__calc-1" || d.Scrub.NonAncestor != 0 || d.Scrub.CommitsBefore < 2 || d.Scrub.CommitsAfter != 1 {
+		t.Errorf("session data: %+v", d)
+	}
+	if d.PristineUntracked == nil || len(d.PristineUntracked) != 0 {
+		t.Errorf("pristine untracked of a clean clone: %#v, want []", d.PristineUntracked)
+	}
+	// The template on the host keeps the history (the grading sandbox and
+	// the next agent sandbox start from it); only the sandbox was scrubbed.
+	tmplDir, _, err := w.srv.templates.Ensure(context.Background(), taskRepo, tk.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := git(t, tmplDir, "cat-file", "-t", tk.fix); got != "commit" {
+		t.Errorf("the template lost the fix commit: %q", got)
+	}
+}
+
+// imageDir makes an image directory by hand: a clone of the task at rev,
+// with extra untracked files.
+func imageDir(t *testing.T, tk task, rev string, untracked map[string]string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "image")
+	git(t, "", "clone", "-q", "--no-hardlinks", tk.dir, dir)
+	git(t, dir, "-c", "advice.detachedHead=false", "checkout", "-q", "--detach", rev)
+	writeFiles(t, dir, untracked)
+	return dir
+}
+
+func TestPristineUntrackedFilesNeverEnterThePatch(t *testing.T) {
+	tk := newTask(t)
+	// The image ships untracked files (build output, a local config), as
+	// SWE-bench images do; the row names the image, the repo is not
+	// configured.
+	img := imageDir(t, tk, tk.base, map[string]string{"local.cfg": "shipped\n", "build/out.txt": "shipped\n"})
+	w := newWorld(t, tk, withConfig(func(c *Config) { c.Repos, c.TemplateDir = nil, "" }))
+	row := tk.row("example__calc-1")
+	row["image"] = img
+	seed := w.seed("s-pristine", row)
+	d, _ := ParseSessionData(w.own.SessionData("s-pristine"))
+	if diff := cmp.Diff([]string{"build/", "local.cfg"}, d.PristineUntracked); diff != "" {
+		t.Fatalf("pristine untracked (-want +got):\n%s", diff)
+	}
+	sb := *seed.SandboxHandle
+	w.applyAsAgent(sb, tk.patch)
+	// The agent edits the shipped files, adds its own, and commits
+	// everything, shipped files included.
+	w.agentRun(sb, "echo edited >> local.cfg && echo mine > build/new.txt && echo 'see calc.go' > NOTES.md && "+
+		"git add -A && git commit -q -m work && echo more >> NOTES.md && echo scratch > scratch.txt")
+	res := w.verify("s-pristine", row)
+	wantResolved(t, res)
+	var got []string
+	for _, f := range PatchFiles(*res.ModelPatch) {
+		got = append(got, f.Path)
+	}
+	if diff := cmp.Diff([]string{"NOTES.md", "calc.go", "scratch.txt"}, got); diff != "" {
+		t.Errorf("files in the model patch (-want +got):\n%s", diff)
+	}
+	// build/new.txt is new, but under a directory that was wholly untracked
+	// at seed: like upstream, the whole directory is left out.
+	if diff := cmp.Diff([]string{"build/new.txt", "build/out.txt", "local.cfg"}, res.PristineDropped); diff != "" {
+		t.Errorf("sections dropped (-want +got):\n%s", diff)
+	}
+}
+
+func TestAFailingScrubRefusesTheSeedAndLeavesNothingRunning(t *testing.T) {
+	tk := newTask(t)
+	notRepo := t.TempDir()
+	writeFiles(t, notRepo, map[string]string{"calc.go": buggyCalc})
+	cases := map[string]string{
+		// The image's HEAD is the fix: the scrub refuses to make it the
+		// work branch.
+		"HEAD is not the base commit": imageDir(t, tk, tk.fix, nil),
+		"no repository":               notRepo,
+	}
+	w := newWorld(t, tk, withConfig(func(c *Config) { c.Repos, c.TemplateDir = nil, "" }))
+	for name, img := range cases {
+		t.Run(name, func(t *testing.T) {
+			row := tk.row("example__calc-1")
+			row["image"] = img
+			_, err := w.srv.Seed(context.Background(), "s-bad-scrub", mustJSON(t, row))
+			if !errors.Is(err, ErrScrub) || !errors.Is(err, owner.ErrSetup) {
+				t.Fatalf("seed err = %v, want ErrScrub and owner.ErrSetup", err)
+			}
+			if _, ok := w.own.SessionSandbox("s-bad-scrub"); ok {
+				t.Error("the session holds a sandbox after a failed scrub")
+			}
+			if live := w.liveSandboxes(); len(live) != 0 {
+				t.Errorf("sandboxes running after a failed scrub: %v", live)
+			}
+		})
+	}
+}
+
+func TestASecondSandboxOfAnInstanceDoesNotClone(t *testing.T) {
+	tk := newTask(t)
+	w := newWorld(t, tk)
+	a := w.seed("s-a", tk.row("example__calc-1"))
+	entries, err := os.ReadDir(filepath.Join(w.tmpl, "example__calc"))
+	if err != nil || len(entries) != 1 || entries[0].Name() != tk.base {
+		t.Fatalf("templates after one seed: %v, %v", entries, err)
+	}
+	// The source repository goes away: a second sandbox of the instance
+	// still starts, from the template, without a clone.
+	if err := os.RemoveAll(tk.dir); err != nil {
+		t.Fatal(err)
+	}
+	b := w.seed("s-b", tk.row("example__calc-1"))
+	if *a.SandboxHandle == *b.SandboxHandle {
+		t.Fatal("two sessions share a sandbox")
+	}
+	if got := strings.TrimSpace(w.agentRun(*b.SandboxHandle, "git rev-parse HEAD")); got != tk.base {
+		t.Errorf("second sandbox at %s", got)
+	}
+}
