@@ -1,0 +1,281 @@
+// Package harness measures the sandbox owner against the goals of issue 6:
+// commit, restore and release latency against the ideal schedule on the fake
+// provider, HTTP throughput against a bare fasthttp handler, and resident
+// memory per live session. Run fills a Report; the Report prints itself as
+// markdown tables and an SVG chart. Command bench/run is the thin main
+// around it.
+//
+// Load and memory are measured in child processes (the load generator must
+// not share the server's CPU scheduler and heap; memory wants a clean
+// process): the harness starts its own executable again with ChildEnv set,
+// and that executable's main (or TestMain) hands over to Child.
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"time"
+)
+
+// Options configure a run.
+type Options struct {
+	// Mode picks the plan: ModeFull, ModeQuick (about a minute) or ModeTiny
+	// (seconds; for tests).
+	Mode string
+	// Sections limits the run ("checkpoint", "http", "memory"; or
+	// "commit" for commit and restore, "release" for release, the two
+	// halves of "checkpoint"); nil runs every one.
+	Sections []string
+	// RepoDir is where git is asked for the commit ("" is the working
+	// directory).
+	RepoDir string
+	// Progress receives a line per measured cell (nil discards).
+	Progress io.Writer
+	// Child builds the command of a child process given its arguments;
+	// nil re-runs this executable with ChildEnv set (see Child).
+	Child func(args ...string) *exec.Cmd
+	// Server starts the owner's HTTP server on a loopback listener for the
+	// HTTP section; nil uses DefaultServer.
+	Server ServerFunc
+	// Sessions, Latencies and Parallelism, when set, replace the mode's
+	// matrix (to profile one cell); Sessions also picks the release cases
+	// of K=1 checkpoint of each N.
+	Sessions    []int
+	Latencies   []time.Duration
+	Parallelism []int
+}
+
+// Plan modes.
+const (
+	ModeFull  = "full"
+	ModeQuick = "quick"
+	ModeTiny  = "tiny"
+)
+
+// Sections.
+const (
+	SectionCheckpoint = "checkpoint"
+	SectionCommit     = "commit"
+	SectionRelease    = "release"
+	SectionHTTP       = "http"
+	SectionMemory     = "memory"
+)
+
+// plan is what a mode measures.
+type plan struct {
+	sessions    []int
+	latencies   []time.Duration
+	parallelism []int
+	release     [][2]int // {K checkpoints, N sessions each}
+	// budget is the wall time a cell's repetitions aim for; maxReps caps
+	// them.
+	budget  time.Duration
+	maxReps int
+
+	httpClients  []int
+	httpDuration time.Duration
+	httpWarmup   time.Duration
+
+	memorySessions int
+}
+
+func planFor(mode string) (plan, error) {
+	p := plan{
+		latencies:   []time.Duration{0, 20 * time.Millisecond},
+		parallelism: []int{16, 64, 256},
+		httpClients: []int{64, 1024},
+	}
+	switch mode {
+	case ModeFull, "":
+		p.sessions = []int{1, 10, 100, 1000, 10000}
+		// Release stays at K·N ≤ 1,000: the index's Drop grows with the
+		// square of the snapshots it tombstones (see README.md).
+		p.release = [][2]int{{1, 10}, {1, 100}, {1, 1000}, {10, 100}}
+		p.budget, p.maxReps = 1500*time.Millisecond, 11
+		p.httpDuration, p.httpWarmup = 4*time.Second, time.Second
+		p.memorySessions = 10000
+	case ModeQuick:
+		p.sessions = []int{1, 10, 100, 1000}
+		p.release = [][2]int{{1, 10}, {1, 100}, {10, 10}}
+		p.budget, p.maxReps = 400*time.Millisecond, 5
+		p.httpDuration, p.httpWarmup = 1500*time.Millisecond, 500*time.Millisecond
+		p.memorySessions = 10000
+	case ModeTiny:
+		p.sessions = []int{1, 10}
+		p.latencies = []time.Duration{0, 2 * time.Millisecond}
+		p.parallelism = []int{4}
+		p.release = [][2]int{{2, 5}}
+		p.budget, p.maxReps = 0, 1
+		p.httpClients = []int{4}
+		p.httpDuration, p.httpWarmup = 300*time.Millisecond, 100*time.Millisecond
+		p.memorySessions = 50
+	default:
+		return p, fmt.Errorf("unknown mode %q (want %s, %s or %s)", mode, ModeFull, ModeQuick, ModeTiny)
+	}
+	return p, nil
+}
+
+type harness struct {
+	opts Options
+	plan plan
+	tmp  string
+	// waits maps each latency of the plan to what a fake call of it
+	// really waits here (timerWait).
+	waits map[time.Duration]time.Duration
+}
+
+// Run measures what opts ask for and returns the report. A section that
+// cannot run (the HTTP server is not built yet) is reported as skipped with
+// the reason; any other failure is an error.
+func Run(ctx context.Context, opts Options) (*Report, error) {
+	p, err := planFor(opts.Mode)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Mode == "" {
+		opts.Mode = ModeFull
+	}
+	if opts.Progress == nil {
+		opts.Progress = io.Discard
+	}
+	if opts.Child == nil {
+		opts.Child = selfChild
+	}
+	if opts.Server == nil {
+		opts.Server = DefaultServer
+	}
+	tmp, err := os.MkdirTemp("", "owner-bench-")
+	if err != nil {
+		return nil, fmt.Errorf("temp dir: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	if len(opts.Sessions) > 0 {
+		p.sessions, p.release = opts.Sessions, nil
+		for _, n := range opts.Sessions {
+			p.release = append(p.release, [2]int{1, n})
+		}
+	}
+	if len(opts.Latencies) > 0 {
+		p.latencies = opts.Latencies
+	}
+	if len(opts.Parallelism) > 0 {
+		p.parallelism = opts.Parallelism
+	}
+	h := &harness{opts: opts, plan: p, tmp: tmp}
+	rep := &Report{Mode: opts.Mode, Machine: DescribeMachine(opts.RepoDir), Skipped: map[string]string{}}
+	started := time.Now()
+
+	if err := h.checkpoints(ctx, rep); err != nil {
+		return nil, err
+	}
+	if h.wants(SectionMemory) {
+		m, err := h.memory(ctx)
+		if err != nil {
+			return nil, err
+		}
+		rep.Memory = m
+	}
+	if h.wants(SectionHTTP) {
+		rows, err := h.http(ctx)
+		var skip *SkipError
+		switch {
+		case errors.As(err, &skip):
+			rep.Skipped[SectionHTTP] = skip.Reason
+			fmt.Fprintf(h.opts.Progress, "http: skipped: %s\n", skip.Reason)
+		case err != nil:
+			return nil, err
+		}
+		rep.HTTP = rows
+	}
+	rep.Took = time.Since(started)
+	rep.Machine.LoadEnd = LoadAverage()
+	return rep, nil
+}
+
+// SkipError says a section could not run here, and why.
+type SkipError struct{ Reason string }
+
+func (e *SkipError) Error() string { return "skipped: " + e.Reason }
+
+func (h *harness) wants(section string) bool {
+	return len(h.opts.Sections) == 0 || slices.Contains(h.opts.Sections, section)
+}
+
+func (h *harness) checkpoints(ctx context.Context, rep *Report) error {
+	all := h.wants(SectionCheckpoint)
+	if !all && !h.wants(SectionCommit) && !h.wants(SectionRelease) {
+		return nil
+	}
+	h.waits = map[time.Duration]time.Duration{}
+	rep.Waits = h.waits
+	for _, l := range h.plan.latencies {
+		h.waits[l] = timerWait(l)
+		if l > 0 {
+			fmt.Fprintf(h.opts.Progress, "a %s timer waits %s here\n", fmtDur(l), fmtDur(h.waits[l]))
+		}
+	}
+	for _, n := range h.plan.sessions {
+		if !all && !h.wants(SectionCommit) {
+			break
+		}
+		for _, par := range h.plan.parallelism {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			c, r, err := h.commitAndRestore(ctx, n, par)
+			if err != nil {
+				return err
+			}
+			rep.Commit = append(rep.Commit, c...)
+			rep.Restore = append(rep.Restore, r...)
+		}
+	}
+	for _, kn := range h.plan.release {
+		if !all && !h.wants(SectionRelease) {
+			break
+		}
+		for _, par := range h.plan.parallelism {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			rows, err := h.release(ctx, kn[0], kn[1], par)
+			if err != nil {
+				return err
+			}
+			rep.Release = append(rep.Release, rows...)
+		}
+	}
+	return nil
+}
+
+// reps is how many repetitions a cell gets: as many as fit the budget at
+// the expected cost, at least one, at most maxReps.
+func (h *harness) reps(r CheckpointRow) int {
+	r.Index = 2*time.Millisecond + time.Duration(r.Calls)*40*time.Microsecond
+	expected := r.Ideal()
+	n := int(h.plan.budget / expected)
+	return max(1, min(n, h.plan.maxReps))
+}
+
+func (h *harness) progress(r CheckpointRow) {
+	fmt.Fprintf(h.opts.Progress, "%-7s N=%-5d K=%-2d L=%-7s P=%-3d reps=%-2d measured %-9s ideal %-9s (index %-8s) ratio %.3f, to floor %.3f\n",
+		r.Op, r.Sessions, r.Checkpoints, fmtDur(r.Latency), r.Parallelism, r.Reps,
+		fmtDur(r.Measured), fmtDur(r.Ideal()), fmtDur(r.Index), r.Ratio(), r.FloorRatio())
+}
+
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}

@@ -1,0 +1,164 @@
+package harness
+
+// Go benchmarks of the owner's hot paths (issue 6, part 2):
+//
+//	go test ./bench/harness -run '^$' -bench . -benchmem
+//
+// The index commit of N records is bench/snapshotindex_test.go's
+// BenchmarkCommit1000 (go test ./bench -run '^$' -bench Commit1000), and the
+// whole commit through the owner is owner/bench_test.go's.
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/actors"
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sandboxapi"
+)
+
+func benchOwner(b *testing.B, sessions int) *owner.Owner {
+	b.Helper()
+	env, err := newOwnerEnv(context.Background(), b.TempDir(), 64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(env.remove)
+	if err := SeedSessions(context.Background(), env.o, "s", sessions); err != nil {
+		b.Fatal(err)
+	}
+	return env.o
+}
+
+func noop(context.Context, provider.Provider, owner.Sandbox) error { return nil }
+
+// BenchmarkSessionDo is one request round trip through a session actor:
+// the supervisor lookup, the ask, fn on its own goroutine, the reply.
+func BenchmarkSessionDo(b *testing.B) {
+	o := benchOwner(b, 1)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := o.Do(ctx, "s-000000", noop); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkSessionDoParallel is BenchmarkSessionDo from many callers on
+// 1,024 sessions, as the HTTP server drives it.
+func BenchmarkSessionDoParallel(b *testing.B) {
+	const n = 1024
+	o := benchOwner(b, n)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.SetParallelism(32)
+	next := make(chan int, 1<<16)
+	for i := range cap(next) {
+		next <- i % n
+	}
+	b.RunParallel(func(pb *testing.PB) {
+		sid := fmt.Sprintf("s-%06d", <-next)
+		for pb.Next() {
+			if err := o.Do(ctx, sid, noop); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkSessionSandbox is a read of a session's sandbox (what
+// /sandbox_access asks): the lookup and a GetSandbox answered at once.
+func BenchmarkSessionSandbox(b *testing.B) {
+	o := benchOwner(b, 1)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := o.SessionSandbox("s-000000"); !ok {
+			b.Fatal("no sandbox")
+		}
+	}
+}
+
+// BenchmarkCoordinatorRound is the coordinator's fan-out and fan-in alone:
+// one snapshot round over N installed session actors on the fake at zero
+// latency, without the owner's index transactions. ns/op over N is the
+// per-session cost.
+func BenchmarkCoordinatorRound(b *testing.B) {
+	for _, n := range []int{100, 1000} {
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
+			benchRound(b, n)
+		})
+	}
+}
+
+func benchRound(b *testing.B, n int) {
+	ctx := context.Background()
+	fk := fake.New(fake.Options{Seed: 1})
+	lg := logrus.New()
+	lg.SetLevel(logrus.PanicLevel)
+	sys := actor.NewActorSystem()
+	b.Cleanup(sys.Shutdown)
+	env := &actors.SessionEnv{Provider: fk, Clock: clock.Real{}, Log: lg, Limiter: actors.NewLimiter(64)}
+	refs := make([]messages.SessionRef, n)
+	names := make(map[string]string, n)
+	for i := range refs {
+		sid := fmt.Sprintf("s-%06d", i)
+		h, err := fk.Start(ctx, provider.Spec{Image: "notes", Workdir: fake.DefaultWorkdir})
+		if err != nil {
+			b.Fatal(err)
+		}
+		sb := messages.Sandbox{Handle: h, Spec: provider.Spec{Image: "notes"}, Workdir: fake.DefaultWorkdir}
+		pid := sys.Root.Spawn(actors.SessionProps(env, func() *actors.Session { return actors.NewInstalledSession(sid, sb, nil) }))
+		refs[i] = messages.SessionRef{SessionID: sid, PID: pid}
+		names[sid] = "snap-" + sid
+	}
+	coord := sys.Root.Spawn(actors.CoordinatorProps(&actors.CoordinatorEnv{Log: lg}))
+	b.ReportAllocs()
+	round := uint64(0)
+	for b.Loop() {
+		round++
+		v, err := sys.Root.RequestFuture(coord, &actors.StartRound{ID: round, Sessions: refs, Names: names, Deadline: time.Now().Add(time.Minute)}, time.Minute).Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if rr := v.(*actors.RoundResult); len(rr.Taken) != n || len(rr.Failed) > 0 {
+			b.Fatalf("round took %d of %d, failed %v", len(rr.Taken), n, rr.Failed)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n)/1e3, "µs/session")
+}
+
+// BenchmarkAccessToken mints and verifies a sandbox access token
+// (sandboxapi, the /sandbox_access descriptor's token).
+func BenchmarkAccessToken(b *testing.B) {
+	tk, err := sandboxapi.NewTokens([]byte("0123456789abcdef0123456789abcdef"), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	exp := time.Now().Add(time.Hour)
+	b.Run("mint", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = tk.Mint("fake-sb-123456", exp)
+		}
+	})
+	tok := tk.Mint("fake-sb-123456", exp)
+	b.Run("verify", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := tk.Verify(tok, "fake-sb-123456"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

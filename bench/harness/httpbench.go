@@ -1,0 +1,170 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Target is a running HTTP server under load.
+type Target struct {
+	Addr  string // host:port on loopback
+	Close func() error
+}
+
+// ServerFunc starts the owner's HTTP server (the notes resources server on
+// the fake provider, checkpointing on, state under dir) on a loopback
+// listener. It returns a *SkipError when the server cannot be built here.
+type ServerFunc func(ctx context.Context, dir string) (Target, error)
+
+// HTTPRow is one route at one concurrency, against the owner's server and
+// against bare fasthttp answering the same bytes.
+type HTTPRow struct {
+	Route      string
+	Clients    int
+	ReplyBytes int // body bytes of one iteration's replies
+	Server     LoadResult
+	Bare       LoadResult
+}
+
+// Ratio is the server's throughput over bare fasthttp's.
+func (r HTTPRow) Ratio() float64 {
+	if r.Bare.RPS() == 0 {
+		return 0
+	}
+	return r.Server.RPS() / r.Bare.RPS()
+}
+
+// reply is what the owner's server answered on one route, replayed by the
+// bare handler.
+type reply struct {
+	status      int
+	contentType string
+	setCookie   []byte
+	body        []byte
+}
+
+// capture makes one of each request against the server, as a client would,
+// and records the replies.
+func capture(addr string) (map[string]reply, error) {
+	hc := &fasthttp.HostClient{Addr: addr, MaxConns: 1, ReadTimeout: time.Minute, WriteTimeout: time.Minute}
+	c := &client{hc: hc, addr: addr, req: fasthttp.AcquireRequest(), resp: fasthttp.AcquireResponse()}
+	defer fasthttp.ReleaseRequest(c.req)
+	defer fasthttp.ReleaseResponse(c.resp)
+	out := map[string]reply{}
+	for _, s := range []step{stepSeed, stepAccess, stepAppend, stepClose} {
+		if err := c.do(s); err != nil {
+			return nil, fmt.Errorf("probe %s: %w", s.path, err)
+		}
+		r := reply{
+			status:      c.resp.StatusCode(),
+			contentType: string(c.resp.Header.ContentType()),
+			body:        bytes.Clone(c.resp.Body()),
+		}
+		for _, raw := range c.resp.Header.Cookies() {
+			r.setCookie = bytes.Clone(raw)
+		}
+		out[s.path] = r
+	}
+	return out, nil
+}
+
+// startBare serves the captured replies from a bare fasthttp handler: a
+// route lookup and a write, nothing else.
+func startBare(replies map[string]reply) (Target, error) {
+	handler := func(ctx *fasthttp.RequestCtx) {
+		r, ok := replies[string(ctx.Path())]
+		if !ok {
+			ctx.SetStatusCode(fasthttp.StatusNotFound)
+			return
+		}
+		ctx.SetStatusCode(r.status)
+		ctx.SetContentType(r.contentType)
+		if r.setCookie != nil {
+			ctx.Response.Header.SetBytesV(fasthttp.HeaderSetCookie, r.setCookie)
+		}
+		ctx.SetBody(r.body)
+	}
+	return serve(handler)
+}
+
+// serve runs handler on a fresh loopback listener.
+func serve(handler fasthttp.RequestHandler) (Target, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return Target{}, fmt.Errorf("listen: %w", err)
+	}
+	srv := &fasthttp.Server{Handler: handler, Name: "bare", Concurrency: 1 << 16}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = srv.Serve(ln)
+	}()
+	return Target{Addr: ln.Addr().String(), Close: func() error {
+		err := srv.Shutdown()
+		wg.Wait()
+		return err
+	}}, nil
+}
+
+func (h *harness) http(ctx context.Context) ([]HTTPRow, error) {
+	srv, err := h.opts.Server(ctx, h.tmp)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Close()
+	replies, err := capture(srv.Addr)
+	if err != nil {
+		return nil, err
+	}
+	bare, err := startBare(replies)
+	if err != nil {
+		return nil, err
+	}
+	defer bare.Close()
+
+	var rows []HTTPRow
+	for _, c := range h.plan.httpClients {
+		for _, name := range scenarioOrder {
+			sc, _ := scenarioNamed(name)
+			row := HTTPRow{Route: name, Clients: c}
+			for _, s := range sc.loop {
+				row.ReplyBytes += len(replies[s.path].body)
+			}
+			// Bare first, then the server, back to back, so both see the
+			// same state of this noisy machine.
+			if row.Bare, err = h.load(ctx, bare.Addr, name, c); err != nil {
+				return nil, err
+			}
+			if row.Server, err = h.load(ctx, srv.Addr, name, c); err != nil {
+				return nil, err
+			}
+			fmt.Fprintf(h.opts.Progress, "http %-16s C=%-4d %8.0f req/s p50 %-8s p99 %-8s | bare %8.0f req/s p50 %-8s p99 %-8s | %.0f%% (errors %d)\n",
+				name, c, row.Server.RPS(), fmtDur(row.Server.P50), fmtDur(row.Server.P99),
+				row.Bare.RPS(), fmtDur(row.Bare.P50), fmtDur(row.Bare.P99), row.Ratio()*100, row.Server.Errors)
+			rows = append(rows, row)
+		}
+	}
+	return rows, nil
+}
+
+// load runs the load child against addr.
+func (h *harness) load(ctx context.Context, addr, scenario string, clients int) (LoadResult, error) {
+	var res LoadResult
+	err := h.runChild(ctx, &res, "load", "-addr", addr, "-scenario", scenario,
+		"-clients", strconv.Itoa(clients), "-duration", h.plan.httpDuration.String(), "-warmup", h.plan.httpWarmup.String())
+	if err != nil {
+		return res, fmt.Errorf("load %s C=%d on %s: %w", scenario, clients, addr, err)
+	}
+	if res.Iterations == 0 {
+		return res, fmt.Errorf("load %s C=%d on %s: nothing completed (%d errors, first: %s)", scenario, clients, addr, res.Errors, res.FirstError)
+	}
+	return res, nil
+}

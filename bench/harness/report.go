@@ -1,0 +1,252 @@
+package harness
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Report is everything one run measured.
+type Report struct {
+	Mode    string
+	Machine Machine
+	Took    time.Duration
+	Commit  []CheckpointRow
+	Restore []CheckpointRow
+	Release []CheckpointRow
+	HTTP    []HTTPRow
+	Memory  *MemoryResult
+	// Skipped maps a section that could not run to the reason.
+	Skipped map[string]string
+	// Waits maps each provider latency to what a Go timer of it really
+	// waited on this machine (the floor's unit).
+	Waits map[time.Duration]time.Duration
+}
+
+// The goals of issue 6 (goals to report against, not assertions).
+const (
+	GoalRatio           = 1.05 // commit and restore at N=1000, L=20ms, P=64
+	GoalCoordinatorUS   = 20.0 // µs per session at L=0
+	GoalHTTPRatio       = 0.70 // of bare fasthttp's throughput
+	GoalIdleSessionKiB  = 16.0 // resident KiB per idle session
+	goalSessions        = 1000
+	goalParallelism     = 64
+	goalLatency         = 20 * time.Millisecond
+	chartFile           = "results.svg"
+	resultsFile         = "results.md"
+	notMeasured         = "not measured"
+	goalMetYes, goalNot = "yes", "**no**"
+)
+
+// Goal is one line of the goals table.
+type Goal struct {
+	Name, Target, Measured string
+	// Met is nil when the figure was not measured in this run.
+	Met *bool
+}
+
+func (r *Report) find(rows []CheckpointRow, n int, lat time.Duration, par int) (CheckpointRow, bool) {
+	for _, row := range rows {
+		if row.Sessions == n && row.Latency == lat && row.Parallelism == par {
+			return row, true
+		}
+	}
+	return CheckpointRow{}, false
+}
+
+func met(b bool) *bool { return &b }
+
+// Goals evaluates the issue's goals against the figures.
+func (r *Report) Goals() []Goal {
+	var gs []Goal
+	for _, op := range []struct {
+		name string
+		rows []CheckpointRow
+	}{{OpCommit, r.Commit}, {OpRestore, r.Restore}} {
+		g := Goal{Name: fmt.Sprintf("%s of %d sessions, L=20ms, P=%d, against the ideal", op.name, goalSessions, goalParallelism),
+			Target: fmt.Sprintf("≤ ×%.2f", GoalRatio), Measured: notMeasured}
+		if row, ok := r.find(op.rows, goalSessions, goalLatency, goalParallelism); ok {
+			g.Measured = fmt.Sprintf("×%.3f (%s against %s)", row.Ratio(), fmtDur(row.Measured), fmtDur(row.Ideal()))
+			g.Met = met(row.Ratio() <= GoalRatio)
+		}
+		gs = append(gs, g)
+	}
+	for _, op := range []struct {
+		name string
+		rows []CheckpointRow
+	}{{OpCommit, r.Commit}, {OpRestore, r.Restore}} {
+		g := Goal{Name: fmt.Sprintf("coordinator cost per session, %s of %d at L=0, P=%d", op.name, goalSessions, goalParallelism),
+			Target: fmt.Sprintf("≤ %.0f µs", GoalCoordinatorUS), Measured: notMeasured}
+		if row, ok := r.find(op.rows, goalSessions, 0, goalParallelism); ok {
+			g.Measured = fmt.Sprintf("%.1f µs", row.OverheadMicros())
+			g.Met = met(row.OverheadMicros() <= GoalCoordinatorUS)
+		}
+		gs = append(gs, g)
+	}
+	g := Goal{Name: "HTTP throughput against bare fasthttp (worst route and C)", Target: fmt.Sprintf("≥ %.0f%%", GoalHTTPRatio*100), Measured: notMeasured}
+	if reason, ok := r.Skipped[SectionHTTP]; ok {
+		g.Measured = "skipped: " + reason
+	}
+	if len(r.HTTP) > 0 {
+		worst := r.HTTP[0]
+		for _, h := range r.HTTP {
+			if h.Ratio() < worst.Ratio() {
+				worst = h
+			}
+		}
+		g.Measured = fmt.Sprintf("%.0f%% (%s, C=%d)", worst.Ratio()*100, worst.Route, worst.Clients)
+		g.Met = met(worst.Ratio() >= GoalHTTPRatio)
+	}
+	gs = append(gs, g)
+	g = Goal{Name: "resident memory per idle session (owner's share)", Target: fmt.Sprintf("≤ %.0f KiB", GoalIdleSessionKiB), Measured: notMeasured}
+	if m := r.Memory; m != nil {
+		g.Measured = fmt.Sprintf("%.1f KiB at %d sessions (%.1f KiB with the fake's sandboxes)", m.OwnerRSSPer()/1024, m.Owner.Sessions, m.Owner.RSSPer()/1024)
+		g.Met = met(m.OwnerRSSPer()/1024 <= GoalIdleSessionKiB)
+	}
+	return append(gs, g)
+}
+
+func fmtDur(d time.Duration) string {
+	switch a := max(d, -d); {
+	case a == 0:
+		return "0"
+	case a < time.Millisecond:
+		return fmt.Sprintf("%.0fµs", float64(d)/1e3)
+	case a < 100*time.Millisecond:
+		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	case a < time.Second:
+		return fmt.Sprintf("%.1fms", float64(d)/1e6)
+	default:
+		return fmt.Sprintf("%.3fs", d.Seconds())
+	}
+}
+
+// GoalsMarkdown is the goals table.
+func (r *Report) GoalsMarkdown() string {
+	var b strings.Builder
+	b.WriteString("| goal | target | measured | met |\n|---|---|---|---|\n")
+	for _, g := range r.Goals() {
+		m := "—"
+		if g.Met != nil {
+			m = goalNot
+			if *g.Met {
+				m = goalMetYes
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", g.Name, g.Target, g.Measured, m)
+	}
+	return b.String()
+}
+
+// CheckpointTable is one operation's rows as a markdown table.
+func CheckpointTable(rows []CheckpointRow) string {
+	var b strings.Builder
+	release := len(rows) > 0 && rows[0].Op == OpRelease
+	cols := "| L | P | reps | measured | ideal | index alone | ratio | floor | to floor | overhead µs/%s | peak |\n"
+	align := "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+	if release {
+		b.WriteString("| K | N | deletes " + fmt.Sprintf(cols, "delete") + "|---:|---:|---:" + align + "\n")
+	} else {
+		b.WriteString("| N " + fmt.Sprintf(cols, "session") + "|---:" + align + "\n")
+	}
+	for _, r := range rows {
+		if release {
+			fmt.Fprintf(&b, "| %d | %d | %d ", r.Checkpoints, r.Sessions, r.Calls)
+		} else {
+			fmt.Fprintf(&b, "| %d ", r.Sessions)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %s | %s | %s | %.3f | %s | %.3f | %.1f | %d |\n",
+			fmtDur(r.Latency), r.Parallelism, r.Reps, fmtDur(r.Measured), fmtDur(r.Ideal()), fmtDur(r.Index), r.Ratio(),
+			fmtDur(r.Floor()), r.FloorRatio(), r.OverheadMicros(), r.Peak)
+	}
+	return b.String()
+}
+
+// HTTPTable is the HTTP rows as a markdown table.
+func HTTPTable(rows []HTTPRow) string {
+	var b strings.Builder
+	b.WriteString("| route | C | req/s | p50 | p99 | errors | bare req/s | bare p50 | bare p99 | reply bytes | ratio |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %d | %.0f | %s | %s | %d | %.0f%% |\n",
+			r.Route, r.Clients, r.Server.RPS(), fmtDur(r.Server.P50), fmtDur(r.Server.P99), r.Server.Errors,
+			r.Bare.RPS(), fmtDur(r.Bare.P50), fmtDur(r.Bare.P99), r.ReplyBytes, r.Ratio()*100)
+	}
+	return b.String()
+}
+
+// MemoryTable is the memory section as a markdown table.
+func MemoryTable(m *MemoryResult) string {
+	var b strings.Builder
+	b.WriteString("| process | sessions | RSS before | RSS after | RSS per session | heap per session | goroutines after |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, s := range []MemorySample{m.Owner, m.Fake} {
+		name := "owner on the fake (everything)"
+		if s.What == "fake" {
+			name = "the fake's sandboxes alone"
+		}
+		fmt.Fprintf(&b, "| %s | %d | %.1f MiB | %.1f MiB | %.2f KiB | %.2f KiB | %d |\n",
+			name, s.Sessions, float64(s.RSSBefore)/(1<<20), float64(s.RSSAfter)/(1<<20), s.RSSPer()/1024, s.HeapPer()/1024, s.Goroutines)
+	}
+	fmt.Fprintf(&b, "| **the owner's share** (difference) | | | | **%.2f KiB** | **%.2f KiB** | |\n", m.OwnerRSSPer()/1024, m.OwnerHeapPer()/1024)
+	return b.String()
+}
+
+// Markdown is the whole report, as bench/results.md holds it.
+func (r *Report) Markdown() string {
+	var b strings.Builder
+	b.WriteString("# Benchmark results\n\n")
+	fmt.Fprintf(&b, "Written by `go run ./bench/run%s` in %s. How to read it: bench/README.md.\n\n", map[bool]string{true: " -quick", false: ""}[r.Mode == ModeQuick], r.Took.Round(time.Second))
+	b.WriteString("## Machine\n\n" + r.Machine.markdown())
+	for _, l := range slices.Sorted(maps.Keys(r.Waits)) {
+		if l > 0 {
+			fmt.Fprintf(&b, "| a %s timer waits | %s |\n", fmtDur(l), fmtDur(r.Waits[l]))
+		}
+	}
+	b.WriteString("\n")
+	b.WriteString("## Goals\n\n" + r.GoalsMarkdown() + "\n")
+	section := func(title, intro string, body string) {
+		b.WriteString("## " + title + "\n\n" + intro + "\n\n" + body + "\n")
+	}
+	ideal := "Ideal is ⌈calls/P⌉·L plus the operation's index transaction measured alone in the same run " +
+		"(%s); ratio is measured/ideal; overhead is (measured − ideal)/calls, at L=0 the coordinator's cost per session. " +
+		"Times are medians over reps; peak is the most concurrent provider calls the fake saw. " +
+		"Floor is the ideal with the wait a Go timer of L really gives here (Wait, measured at the start of the run) in place of L: " +
+		"no program sleeping on timers beats it, so 'to floor' (measured/floor) is the owner's own share of the ratio."
+	if len(r.Commit) > 0 {
+		section("Commit", fmt.Sprintf("N live sessions on the fake, snapshot latency L, parallelism P. "+ideal, "the same N records committed straight into snapshotindex"), CheckpointTable(r.Commit))
+	}
+	if len(r.Restore) > 0 {
+		section("Restore", fmt.Sprintf("A fresh owner (as after a restart) forks the N sessions of a checkpoint back, fork latency L. "+ideal, "the checkpoint's N records loaded from snapshotindex"), CheckpointTable(r.Restore))
+	}
+	if len(r.Release) > 0 {
+		section("Release", fmt.Sprintf("Release of K checkpoints of N sessions each: K·N snapshot deletes at delete latency L. "+ideal, "one Drop of the K checkpoints with their K·N tombstones"), CheckpointTable(r.Release))
+	}
+	if len(r.HTTP) > 0 {
+		section("HTTP", "C concurrent keep-alive clients in a separate process, each on its own session, for the same duration against the owner's server and against a bare fasthttp handler answering the same number of bytes on the same route. Ratio is req/s against bare req/s. seed+close counts one seed and one close as one request (their latency is the pair's).", HTTPTable(r.HTTP))
+	} else if reason, ok := r.Skipped[SectionHTTP]; ok {
+		section("HTTP", "Skipped: "+reason+".", "")
+	}
+	if r.Memory != nil {
+		section("Memory", "Resident memory (VmRSS) and live Go heap after GC, before and after starting the sessions, each process fresh. The fake keeps every sandbox's files in memory; a real provider keeps them elsewhere, so the owner's share is the first row less the second.", MemoryTable(r.Memory))
+	}
+	if len(r.Commit) > 0 {
+		b.WriteString("## Chart\n\n![commit and restore time against sessions](" + chartFile + ")\n")
+	}
+	return b.String()
+}
+
+// Write puts results.md and the chart in dir.
+func (r *Report) Write(dir string) error {
+	if err := os.WriteFile(filepath.Join(dir, resultsFile), []byte(r.Markdown()), 0o644); err != nil {
+		return fmt.Errorf("write results: %w", err)
+	}
+	if len(r.Commit) > 0 {
+		if err := os.WriteFile(filepath.Join(dir, chartFile), []byte(r.Chart()), 0o644); err != nil {
+			return fmt.Errorf("write chart: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,168 @@
+// Command run measures the sandbox owner against the goals of issue 6 and
+// writes bench/results.md and bench/results.svg:
+//
+//	go run ./bench/run          # the full run, a few minutes
+//	go run ./bench/run -quick   # about a minute
+//
+// Flags: -sections checkpoint,memory,http to run part of it; -out DIR for
+// where the results go (default bench/); -cpuprofile and -memprofile FILE
+// for runtime/pprof profiles of the harness process (the owner under test
+// runs in it; the load generator and memory probes are children). See
+// bench/README.md.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandboxowner/owner/bench/harness"
+)
+
+func main() {
+	if harness.IsChild() {
+		os.Exit(harness.Child(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	quick := flag.Bool("quick", false, "a one-minute pass: fewer sizes and repetitions")
+	tiny := flag.Bool("tiny", false, "a few-second pass that checks the harness works (figures meaningless)")
+	sections := flag.String("sections", "", "comma-separated sections to run: checkpoint, memory, http (default all)")
+	out := flag.String("out", "", "directory for results.md and results.svg (default bench/ when run from the repository root)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the harness process to this file")
+	memprofile := flag.String("memprofile", "", "write a heap profile of the harness process to this file at the end")
+	var cells cellFlags
+	flag.Var(listFlag[int]{&cells.sessions, positive}, "n", "comma-separated session counts, replacing the mode's (to profile one cell)")
+	flag.Var(listFlag[int]{&cells.parallelism, positive}, "p", "comma-separated parallelisms, replacing the mode's")
+	flag.Var(listFlag[time.Duration]{&cells.latencies, duration}, "l", "comma-separated provider latencies, replacing the mode's (e.g. 0,20ms)")
+	flag.Parse()
+
+	opts := harness.Options{Mode: harness.ModeFull, Progress: os.Stderr}
+	switch {
+	case *tiny:
+		opts.Mode = harness.ModeTiny
+	case *quick:
+		opts.Mode = harness.ModeQuick
+	}
+	opts.Sessions, opts.Parallelism, opts.Latencies = cells.sessions, cells.parallelism, cells.latencies
+	if *sections != "" {
+		opts.Sections = strings.Split(*sections, ",")
+	}
+	dir := *out
+	if dir == "" {
+		dir = defaultOut()
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	rep, err := harness.Run(ctx, opts)
+	if err != nil {
+		return err
+	}
+	if *memprofile != "" {
+		if err := writeHeapProfile(*memprofile); err != nil {
+			return err
+		}
+	}
+	fmt.Print(rep.Markdown())
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("results dir: %w", err)
+	}
+	if err := rep.Write(dir); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "bench: wrote %s/results.md and %s/results.svg\n", dir, dir)
+	return nil
+}
+
+type cellFlags struct {
+	sessions, parallelism []int
+	latencies             []time.Duration
+}
+
+// listFlag is a flag of comma-separated values, each read by parse.
+type listFlag[T any] struct {
+	v     *[]T
+	parse func(string) (T, error)
+}
+
+func (l listFlag[T]) String() string {
+	if l.v == nil {
+		return ""
+	}
+	return fmt.Sprint(*l.v)
+}
+
+func (l listFlag[T]) Set(s string) error {
+	for _, f := range strings.Split(s, ",") {
+		x, err := l.parse(strings.TrimSpace(f))
+		if err != nil {
+			return err
+		}
+		*l.v = append(*l.v, x)
+	}
+	return nil
+}
+
+func positive(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%q is not a positive integer", s)
+	}
+	return n, nil
+}
+
+func duration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("%q is not a duration", s)
+	}
+	return d, nil
+}
+
+// defaultOut is bench/ from the repository root, or . from inside bench/.
+func defaultOut() string {
+	if st, err := os.Stat("bench/harness"); err == nil && st.IsDir() {
+		return "bench"
+	}
+	if st, err := os.Stat("harness"); err == nil && st.IsDir() {
+		return "."
+	}
+	return "."
+}
+
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	defer f.Close()
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	return nil
+}
