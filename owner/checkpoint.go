@@ -544,9 +544,15 @@ func (o *Owner) withListedForks(checkpointID string, forks []provider.Handle) []
 	}
 	out := append([]provider.Handle(nil), forks...)
 	for _, s := range list {
-		if s.Metadata[LabelRestore] == checkpointID && s.Metadata[LabelIncarnation] == o.incarnation && !known[s.Handle.SandboxID] {
-			out = append(out, s.Handle)
+		if s.Metadata[LabelRestore] != checkpointID || s.Metadata[LabelIncarnation] != o.incarnation || known[s.Handle.SandboxID] {
+			continue
 		}
+		// An earlier restore of the same checkpoint made forks with the
+		// same labels: those a session holds are not this restore's.
+		if _, _, fate := o.SandboxFate(s.Handle.SandboxID); fate == FateLive {
+			continue
+		}
+		out = append(out, s.Handle)
 	}
 	return out
 }

@@ -77,3 +77,34 @@ func TestEndedSessionIsForgottenWhenEndReturns(t *testing.T) {
 		}
 	}
 }
+
+// Seed 340 (step 26): a session restored from c1 is live; a second restore of
+// c1 (another session) fails with a fork that failed after its effect, and
+// its rollback, looking for that fork by label, stopped every fork of c1 this
+// owner made: the live session lost its sandbox.
+func TestFailedRestoreRollbackSparesForksLiveSessionsHold(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	seed(t, o, "s1")
+	seed(t, o, "s2")
+	commit(t, o, "c1")
+	for _, sid := range []string{"s1", "s2"} {
+		if err := o.EndSessionSandbox(context.Background(), sid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := o.Restore(context.Background(), owner.RestoreRequest{CheckpointID: "c1", Sessions: []string{"s1"}}); err != nil {
+		t.Fatal(err)
+	}
+	held, err := o.RequireSessionSandbox("s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.fk.FailAfterEffect(fake.OpFork, 1)
+	if _, err := o.Restore(context.Background(), owner.RestoreRequest{CheckpointID: "c1", Sessions: []string{"s2"}}); !errors.Is(err, owner.ErrRestoreFailed) {
+		t.Fatalf("got %v, want ErrRestoreFailed", err)
+	}
+	if diff := cmp.Diff([]string{held.Handle.SandboxID}, e.fk.LiveSandboxIDs()); diff != "" {
+		t.Fatalf("live sandboxes after the failed restore (-want +got):\n%s", diff)
+	}
+}
