@@ -100,7 +100,9 @@ func serve(handler fasthttp.RequestHandler) (Target, error) {
 	if err != nil {
 		return Target{}, fmt.Errorf("listen: %w", err)
 	}
-	srv := &fasthttp.Server{Handler: handler, Name: "bare", Concurrency: 1 << 16}
+	// The settings of package http's server, so that only the handler
+	// differs (the Server header has the same length too).
+	srv := &fasthttp.Server{Handler: handler, Name: "sandbox-owner", MaxRequestBodySize: 4 << 20, CloseOnShutdown: true}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
