@@ -1,0 +1,285 @@
+// Package app is the server binary's logic, importable so that tests, the
+// simulation and the process-level suite can start a server in-process
+// (Start) or run the whole command line (Run) as cmd/server does.
+//
+//	server [-config FILE] [-log-format text|json] [-<key> value ...]
+//	server serve ...        the same, by name
+//
+// Every configuration key is a flag named by its dotted path
+// (-checkpoint.state_dir DIR, -sandbox.provider local); flags win over the
+// file, the file over Defaults. A configuration that cannot be used is one
+// line on stderr and exit status 2. SIGTERM (a cancelled context) drains the
+// requests in flight, stops accepting, closes the owner (stopping its
+// sandboxes; checkpoints keep their snapshots) and the snapshot index.
+package app
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/clock"
+	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+)
+
+// Deps replace parts of what Start builds from the config: for tests and the
+// simulation.
+type Deps struct {
+	// Logger is the one logger, injected everywhere (nil discards logs).
+	Logger *logrus.Logger
+	// Provider replaces sandbox.provider.
+	Provider provider.Provider
+	// Clock replaces the wall clock (owner leases, control deadlines).
+	Clock clock.Clock
+	// Listener replaces host:port.
+	Listener net.Listener
+	// LeaseTick is the control plane's lease ticker (0: 1 s; < 0: none).
+	LeaseTick time.Duration
+}
+
+// App is a running server.
+type App struct {
+	cfg    Config
+	log    *logrus.Logger
+	own    *owner.Owner
+	srv    *httpapi.Server
+	ln     net.Listener
+	served chan error
+}
+
+// Start builds the provider, the owner and the HTTP server from cfg and
+// serves. Errors of the configuration wrap ErrConfig.
+func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := deps.Logger
+	if log == nil {
+		log = logrus.New()
+		log.SetOutput(io.Discard)
+	}
+	clk := deps.Clock
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	entry := resourcesRegistry()[cfg.Resources]
+	res, err := entry.build(&cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: resources %s: %w", ErrConfig, cfg.Resources, err)
+	}
+
+	prov, provName, err := buildProvider(&cfg, deps, providerEnv{log: log, clk: clk, templates: entry.templates})
+	if err != nil {
+		return nil, err
+	}
+	if !res.LendsSandboxes() {
+		prov = withoutSnapshots{prov}
+	}
+	renew := 30 * time.Second
+	if deps.Clock != nil {
+		renew = 0 // logical time: the caller ticks the owner
+	}
+	own, err := owner.New(ctx, owner.Config{
+		Name:     cfg.Name,
+		Provider: prov,
+		Checkpoint: owner.CheckpointConfig{
+			Enabled:     cfg.Checkpoint.Enabled,
+			StateDir:    cfg.Checkpoint.StateDir,
+			Parallelism: cfg.Checkpoint.Parallelism,
+			OnStop:      cfg.Checkpoint.OnStop,
+		},
+		NumWorkers: cfg.NumWorkers,
+		Clock:      clk,
+		Logger:     log,
+		RenewEvery: renew,
+	})
+	if err != nil {
+		if errors.Is(err, owner.ErrConfig) {
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		return nil, fmt.Errorf("start the owner: %w", err)
+	}
+	fail := func(err error) (*App, error) {
+		_ = own.Close()
+		return nil, err
+	}
+	secret, generated, err := httpapi.LoadSessionSecret(cfg.SessionSecret, cfg.Checkpoint.StateDir)
+	if err != nil {
+		return fail(fmt.Errorf("%w: %w", ErrConfig, err))
+	}
+	srv, err := httpapi.New(httpapi.Config{
+		Owner:            own,
+		Resources:        res,
+		Logger:           log,
+		Clock:            clk,
+		SessionSecret:    secret,
+		ControlAuthToken: cfg.Checkpoint.ControlAuthToken,
+		LeaseGrace:       time.Duration(cfg.Checkpoint.LeaseGraceSeconds * float64(time.Second)),
+		LeaseTick:        deps.LeaseTick,
+	})
+	if err != nil {
+		return fail(fmt.Errorf("%w: %w", ErrConfig, err))
+	}
+	ln := deps.Listener
+	if ln == nil {
+		addr := net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port))
+		if ln, err = net.Listen("tcp", addr); err != nil {
+			return fail(fmt.Errorf("listen on %s: %w", addr, err))
+		}
+	}
+	a := &App{cfg: cfg, log: log, own: own, srv: srv, ln: ln, served: make(chan error, 1)}
+	go func() { a.served <- srv.Serve(ln) }()
+
+	secretFrom := "checkpoint.state_dir"
+	switch {
+	case cfg.SessionSecret != "":
+		secretFrom = "config"
+	case generated:
+		secretFrom = "generated for this process (cookies do not survive a restart)"
+	}
+	log.WithFields(logrus.Fields{
+		"addr":           ln.Addr().String(),
+		"name":           cfg.Name,
+		"resources":      cfg.Resources,
+		"provider":       provName,
+		"mode":           srv.Mode(),
+		"checkpointing":  cfg.Checkpoint.Enabled,
+		"state_dir":      cfg.Checkpoint.StateDir,
+		"session_secret": secretFrom,
+	}).Infof("serving %s on %s (checkpoint mode in effect: %s)", cfg.Resources, ln.Addr(), srv.Mode())
+	return a, nil
+}
+
+func buildProvider(cfg *Config, deps Deps, env providerEnv) (provider.Provider, string, error) {
+	if deps.Provider != nil {
+		return deps.Provider, deps.Provider.Name() + " (given)", nil
+	}
+	name := cfg.Sandbox.Provider
+	if name == "" {
+		name = DefaultProvider
+		env.log.Warnf("sandbox.provider not set: using the embedded default, the in-memory %s provider; its sandboxes vanish with the process (set sandbox.provider: local for real ones; local will become the default)", name)
+	}
+	p, err := providerRegistry()[name](cfg, env)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return p, name, nil
+}
+
+// Addr is the address served.
+func (a *App) Addr() net.Addr { return a.ln.Addr() }
+
+// Owner is the server's owner.
+func (a *App) Owner() *owner.Owner { return a.own }
+
+// Server is the HTTP server.
+func (a *App) Server() *httpapi.Server { return a.srv }
+
+// Stop drains the requests in flight (bounded by ctx), stops accepting,
+// and closes the owner and its index.
+func (a *App) Stop(ctx context.Context) error {
+	serr := a.srv.Shutdown(ctx)
+	<-a.served
+	oerr := a.own.Close()
+	if err := errors.Join(serr, oerr); err != nil {
+		return fmt.Errorf("stop: %w", err)
+	}
+	a.log.Info("stopped cleanly")
+	return nil
+}
+
+// command is one subcommand of the binary.
+type command func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+
+// commands are the binary's subcommands; with none named, serve runs.
+func commands() map[string]command {
+	return map[string]command{"serve": serve}
+}
+
+// ShutdownTimeout bounds the drain at SIGTERM.
+const ShutdownTimeout = 60 * time.Second
+
+// Run is the command line: it returns the exit status. ctx ending (SIGTERM
+// in cmd/server) stops the server gracefully.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, ok := commands()[args[0]]
+		if !ok {
+			fmt.Fprintf(stderr, "server: unknown command %q (commands: %s)\n", args[0], strings.Join(sortedKeys(commands()), ", "))
+			return 2
+		}
+		return cmd(ctx, args[1:], stdout, stderr)
+	}
+	return serve(ctx, args, stdout, stderr)
+}
+
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	opts, err := ParseArgs(args, stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "server: %v\n", err)
+		return 2
+	}
+	log, err := NewLogger(stderr, opts.LogFormat, opts.LogLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "server: %v\n", err)
+		return 2
+	}
+	a, err := Start(ctx, opts.Config, Deps{Logger: log})
+	if errors.Is(err, ErrConfig) {
+		fmt.Fprintf(stderr, "server: %v\n", err)
+		return 2
+	}
+	if err != nil {
+		log.WithError(err).Error("server did not start")
+		return 1
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-a.served:
+		// Serve returned on its own: the listener failed.
+		a.served <- err
+		log.WithError(err).Error("serving stopped")
+	}
+	log.Info("stopping: draining requests in flight")
+	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+	defer cancel()
+	if err := a.Stop(sctx); err != nil {
+		log.WithError(err).Error("unclean stop")
+		return 1
+	}
+	return 0
+}
+
+// NewLogger is the binary's logger on w: logrus text (coloured on a
+// terminal) or JSON.
+func NewLogger(w io.Writer, format, level string) (*logrus.Logger, error) {
+	log := logrus.New()
+	log.SetOutput(w)
+	switch format {
+	case "", "text":
+		log.SetFormatter(&logrus.TextFormatter{FullTimestamp: true})
+	case "json":
+		log.SetFormatter(&logrus.JSONFormatter{})
+	default:
+		return nil, fmt.Errorf("%w: -log-format must be text or json, not %q", ErrConfig, format)
+	}
+	lv, err := logrus.ParseLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("%w: -log-level: %v", ErrConfig, err)
+	}
+	log.SetLevel(lv)
+	return log, nil
+}

@@ -1,0 +1,323 @@
+package app
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// ErrConfig: the configuration cannot be used. Run reports it in one line
+// and exits with status 2.
+var ErrConfig = errors.New("config")
+
+// Config is the server's configuration: the YAML file's keys, each also a
+// flag named by its dotted path (-checkpoint.state_dir).
+type Config struct {
+	// Name is the server's config name: the cookie's second half, the
+	// instance in checkpoint status, the ng.owner label of its sandboxes.
+	Name string `yaml:"name"`
+	// Resources is the resources server to run ("notes").
+	Resources     string           `yaml:"resources"`
+	Host          string           `yaml:"host"`
+	Port          int              `yaml:"port"`
+	NumWorkers    int              `yaml:"num_workers"`
+	SessionSecret string           `yaml:"session_secret"`
+	Sandbox       SandboxConfig    `yaml:"sandbox"`
+	Checkpoint    CheckpointConfig `yaml:"checkpoint"`
+}
+
+// SandboxConfig selects the sandbox provider; each provider's options sit
+// under its name.
+type SandboxConfig struct {
+	// Provider is "fake" or "local"; empty is the embedded default.
+	Provider string       `yaml:"provider"`
+	Fake     FakeOptions  `yaml:"fake"`
+	Local    LocalOptions `yaml:"local"`
+}
+
+// FakeOptions configure the in-memory fake provider.
+type FakeOptions struct {
+	Seed     int64  `yaml:"seed"`
+	IDPrefix string `yaml:"id_prefix"`
+}
+
+// LocalOptions configure the local provider (package provider/local).
+type LocalOptions struct {
+	Root           string            `yaml:"root"`
+	Templates      map[string]string `yaml:"templates"`
+	Isolation      string            `yaml:"isolation"`
+	Overlay        string            `yaml:"overlay"`
+	DefaultWorkdir string            `yaml:"default_workdir"`
+}
+
+// CheckpointConfig is the checkpoint block.
+type CheckpointConfig struct {
+	Enabled           bool    `yaml:"enabled"`
+	StateDir          string  `yaml:"state_dir"`
+	ControlAuthToken  string  `yaml:"control_auth_token"`
+	Parallelism       int     `yaml:"parallelism"`
+	OnStop            string  `yaml:"on_stop"`
+	LeaseGraceSeconds float64 `yaml:"lease_grace_seconds"`
+}
+
+// Defaults is the configuration with no file and no flags: a notes server on
+// 127.0.0.1:8080 on the embedded default provider, checkpointing off.
+func Defaults() Config {
+	return Config{
+		Name:       "notes",
+		Resources:  "notes",
+		Host:       "127.0.0.1",
+		Port:       8080,
+		NumWorkers: 1,
+		Checkpoint: CheckpointConfig{Parallelism: 16, OnStop: "kill", LeaseGraceSeconds: 600},
+	}
+}
+
+// keyUsage documents every key, for -h.
+func keyUsage() map[string]string {
+	return map[string]string{
+		"name":                           "the server's name (cookie, status instance, sandbox labels)",
+		"resources":                      "the resources server: notes",
+		"host":                           "address to listen on",
+		"port":                           "port to listen on (0: any free port)",
+		"num_workers":                    "worker processes (an exported owner runs in one)",
+		"session_secret":                 "secret for session cookies (default: generated into checkpoint.state_dir, else per process)",
+		"sandbox.provider":               "sandbox provider: fake or local (default: the embedded default)",
+		"sandbox.fake.seed":              "fake provider: seed of its latency and faults",
+		"sandbox.fake.id_prefix":         "fake provider: prefix of its ids",
+		"sandbox.local.root":             "local provider: directory of sandboxes and snapshots (default: <state_dir>/sandboxes)",
+		"sandbox.local.templates":        "local provider: image=directory (repeatable; an empty directory is an empty tree)",
+		"sandbox.local.isolation":        "local provider: auto, bwrap or none",
+		"sandbox.local.overlay":          "local provider: auto, on or off",
+		"sandbox.local.default_workdir":  "local provider: workdir of specs that name none",
+		"checkpoint.enabled":             "serve the checkpoint control plane",
+		"checkpoint.state_dir":           "directory of the snapshot index (required to export snapshots)",
+		"checkpoint.control_auth_token":  "bearer token of the control plane (required when enabled)",
+		"checkpoint.parallelism":         "concurrent provider calls of a checkpoint operation",
+		"checkpoint.on_stop":             "what a commit with stop does with the sandboxes: kill or none",
+		"checkpoint.lease_grace_seconds": "seconds past deadline_ts before an open checkpoint resumes itself",
+	}
+}
+
+// Options are a parsed command line.
+type Options struct {
+	Config Config
+	// ConfigFile is -config ("" for none).
+	ConfigFile string
+	// LogFormat is "text" or "json".
+	LogFormat string
+	LogLevel  string
+}
+
+// leaf is one configuration key.
+type leaf struct {
+	path  string
+	index []int
+	typ   reflect.Type
+}
+
+// leaves lists Config's keys by their dotted YAML paths.
+func leaves() []leaf {
+	var out []leaf
+	var walk func(t reflect.Type, prefix string, index []int)
+	walk = func(t reflect.Type, prefix string, index []int) {
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			idx := append(append([]int(nil), index...), i)
+			if f.Type.Kind() == reflect.Struct {
+				walk(f.Type, prefix+name+".", idx)
+				continue
+			}
+			out = append(out, leaf{path: prefix + name, index: idx, typ: f.Type})
+		}
+	}
+	walk(reflect.TypeOf(Config{}), "", nil)
+	return out
+}
+
+// setLeaf parses s into the key's field of c.
+func setLeaf(c *Config, l leaf, s string) error {
+	v := reflect.ValueOf(c).Elem().FieldByIndex(l.index)
+	switch l.typ.Kind() {
+	case reflect.String:
+		v.SetString(s)
+	case reflect.Int, reflect.Int64:
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return fmt.Errorf("%s must be an integer, not %q", l.path, s)
+		}
+		v.SetInt(n)
+	case reflect.Float64:
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return fmt.Errorf("%s must be a number, not %q", l.path, s)
+		}
+		v.SetFloat(f)
+	case reflect.Bool:
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return fmt.Errorf("%s must be true or false, not %q", l.path, s)
+		}
+		v.SetBool(b)
+	case reflect.Map:
+		k, val, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("%s takes key=value, not %q", l.path, s)
+		}
+		if v.IsNil() {
+			v.Set(reflect.MakeMap(l.typ))
+		}
+		v.SetMapIndex(reflect.ValueOf(k), reflect.ValueOf(val))
+	default:
+		return fmt.Errorf("%s cannot be set by a flag", l.path)
+	}
+	return nil
+}
+
+// flagValue records a key's flag values in order, to apply over the file.
+type flagValue struct {
+	l   leaf
+	set *[]setting
+}
+
+type setting struct {
+	l leaf
+	v string
+}
+
+func (f flagValue) String() string { return "" }
+func (f flagValue) Set(s string) error {
+	var probe Config
+	if err := setLeaf(&probe, f.l, s); err != nil {
+		return err
+	}
+	*f.set = append(*f.set, setting{f.l, s})
+	return nil
+}
+func (f flagValue) IsBoolFlag() bool { return f.l.typ.Kind() == reflect.Bool }
+
+// ParseArgs parses the command line: -config FILE, -log-format, -log-level
+// and one flag per configuration key. Flags win over the file, the file over
+// the defaults. -h gives flag.ErrHelp (usage written to help).
+func ParseArgs(args []string, helpOut io.Writer) (Options, error) {
+	opts := Options{LogFormat: "text", LogLevel: "info"}
+	fs := flag.NewFlagSet("server", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&opts.ConfigFile, "config", "", "YAML configuration file")
+	fs.StringVar(&opts.LogFormat, "log-format", opts.LogFormat, "log format: text or json")
+	fs.StringVar(&opts.LogLevel, "log-level", opts.LogLevel, "log level: debug, info, warn, error")
+	var settings []setting
+	help := keyUsage()
+	for _, l := range leaves() {
+		fs.Var(flagValue{l: l, set: &settings}, l.path, help[l.path])
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(helpOut)
+			fmt.Fprintln(helpOut, "usage: server [-config FILE] [-log-format text|json] [-<key> value ...]")
+			fs.PrintDefaults()
+			return opts, err
+		}
+		return opts, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	if fs.NArg() > 0 {
+		return opts, fmt.Errorf("%w: unexpected argument %q", ErrConfig, fs.Arg(0))
+	}
+	if opts.LogFormat != "text" && opts.LogFormat != "json" {
+		return opts, fmt.Errorf("%w: -log-format must be text or json, not %q", ErrConfig, opts.LogFormat)
+	}
+	cfg := Defaults()
+	if opts.ConfigFile != "" {
+		if err := loadFile(&cfg, opts.ConfigFile); err != nil {
+			return opts, err
+		}
+	}
+	for _, s := range settings {
+		if err := setLeaf(&cfg, s.l, s.v); err != nil {
+			return opts, fmt.Errorf("%w: %v", ErrConfig, err)
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return opts, err
+	}
+	opts.Config = cfg
+	return opts, nil
+}
+
+func loadFile(cfg *Config, path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
+		// yaml lists problems one per line; the report is one line.
+		msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", ";")), " ")
+		return fmt.Errorf("%w: %s: %s", ErrConfig, path, msg)
+	}
+	return nil
+}
+
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+// Validate checks what can be checked without starting anything.
+func (c *Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, args...))
+	}
+	if !namePattern.MatchString(c.Name) {
+		return bad("name %q must match %s", c.Name, namePattern)
+	}
+	if _, ok := resourcesRegistry()[c.Resources]; !ok {
+		return bad("resources must be one of %s, not %q", strings.Join(sortedKeys(resourcesRegistry()), ", "), c.Resources)
+	}
+	if c.Port < 0 || c.Port > 65535 {
+		return bad("port must be 0-65535, not %d", c.Port)
+	}
+	if c.NumWorkers < 1 {
+		return bad("num_workers must be at least 1, not %d", c.NumWorkers)
+	}
+	if c.SessionSecret != "" && len(c.SessionSecret) < 16 {
+		return bad("session_secret must be at least 16 characters")
+	}
+	if p := c.Sandbox.Provider; p != "" {
+		if _, ok := providerRegistry()[p]; !ok {
+			return bad("sandbox.provider must be one of %s, not %q", strings.Join(sortedKeys(providerRegistry()), ", "), p)
+		}
+	}
+	ck := c.Checkpoint
+	if ck.Enabled && ck.ControlAuthToken == "" {
+		return bad("checkpoint.control_auth_token is required when checkpoint.enabled is true")
+	}
+	if ck.LeaseGraceSeconds <= 0 {
+		return bad("checkpoint.lease_grace_seconds must be > 0, not %v", ck.LeaseGraceSeconds)
+	}
+	if ck.OnStop != "kill" && ck.OnStop != "none" {
+		return bad("checkpoint.on_stop must be kill or none, not %q", ck.OnStop)
+	}
+	if ck.Parallelism < 1 {
+		return bad("checkpoint.parallelism must be at least 1, not %d", ck.Parallelism)
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,81 @@
+package app
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/provider/local"
+)
+
+// DefaultProvider is the embedded default: what a server with no
+// sandbox.provider runs on.
+const DefaultProvider = "fake"
+
+// providerEnv is what a provider factory may use besides the config.
+type providerEnv struct {
+	log *logrus.Logger
+	clk clock.Clock
+	// templates are images the resources server needs (the notes server's
+	// empty "notes" image), added where the config names none.
+	templates map[string]string
+}
+
+// providerFactory builds one provider from its options in the config.
+type providerFactory func(cfg *Config, env providerEnv) (provider.Provider, error)
+
+// providerRegistry maps sandbox.provider values to their factories. Adding a
+// provider is one entry here and its options block in SandboxConfig.
+func providerRegistry() map[string]providerFactory {
+	return map[string]providerFactory{
+		"fake":  newFakeProvider,
+		"local": newLocalProvider,
+	}
+}
+
+func newFakeProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
+	o := cfg.Sandbox.Fake
+	return fake.New(fake.Options{Clock: env.clk, Seed: o.Seed, IDPrefix: o.IDPrefix}), nil
+}
+
+func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
+	o := cfg.Sandbox.Local
+	root := o.Root
+	if root == "" {
+		if cfg.Checkpoint.StateDir != "" {
+			root = filepath.Join(cfg.Checkpoint.StateDir, "sandboxes")
+		} else {
+			root = filepath.Join(os.TempDir(), "sandboxowner-"+cfg.Name, "sandboxes")
+		}
+	}
+	templates := map[string]string{}
+	for k, v := range env.templates {
+		templates[k] = v
+	}
+	for k, v := range o.Templates {
+		templates[k] = v
+	}
+	p, err := local.New(local.Options{
+		Root:           root,
+		Templates:      templates,
+		Isolation:      o.Isolation,
+		Overlay:        o.Overlay,
+		DefaultWorkdir: o.DefaultWorkdir,
+		Clock:          env.clk,
+		Logger:         env.log.WithField("provider", "local"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox.local (root %s): %w", root, err)
+	}
+	return p, nil
+}
+
+// withoutSnapshots hides a provider's optional capabilities, for a server
+// that lends no sandboxes: its owner then runs restart_only, and the
+// provider still serves sandboxes that are not session state (grading).
+type withoutSnapshots struct{ provider.Provider }
