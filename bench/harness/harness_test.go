@@ -3,15 +3,10 @@ package harness
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
-
-	"github.com/valyala/fasthttp"
 )
 
 // TestMain hands over to Child when the harness started this test binary as
@@ -23,52 +18,13 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// stubServer stands in for the owner's HTTP server so that the HTTP section
-// is exercised before issue 3's server exists: the four routes, a session
-// cookie set on first contact, and JSON bodies of realistic sizes.
-func stubServer(ctx context.Context, dir string) (Target, error) {
-	var next atomic.Int64
-	var mu sync.Mutex
-	live := map[string]bool{}
-	const cookie = "resources___notes"
-	return serve(func(c *fasthttp.RequestCtx) {
-		sid := string(c.Request.Header.Cookie(cookie))
-		mu.Lock()
-		if !live[sid] {
-			sid = fmt.Sprintf("sess-%d", next.Add(1))
-			live[sid] = true
-			ck := fasthttp.AcquireCookie()
-			ck.SetKey(cookie)
-			ck.SetValue(sid)
-			c.Response.Header.SetCookie(ck)
-			fasthttp.ReleaseCookie(ck)
-		}
-		mu.Unlock()
-		c.SetContentType("application/json")
-		switch string(c.Path()) {
-		case "/seed_session":
-			c.SetBodyString(`{}`)
-		case "/append_note":
-			c.SetBodyString(`{"success":true}`)
-		case "/sandbox_access":
-			c.SetBodyString(`{"connection":{"kind":"direct","provider_config_ref":"fake","descriptor":{"sandbox_id":"fake-sb-1","workdir":"/workspace"}},"workdir":"/workspace"}`)
-		case "/close_session":
-			mu.Lock()
-			delete(live, sid)
-			mu.Unlock()
-			c.SetBodyString(`{"closed":true}`)
-		default:
-			c.SetStatusCode(fasthttp.StatusNotFound)
-		}
-	})
-}
-
-// TestTinyRun runs every section at toy sizes and checks that the report
-// has its tables and files. Figures are not checked: this is so the harness
+// TestTinyRun runs every section at toy sizes, the HTTP one against the
+// real server (DefaultServer), and checks that the report has its tables and
+// files. Figures are not checked: this is so the harness
 // cannot rot, not a benchmark.
 func TestTinyRun(t *testing.T) {
 	var progress bytes.Buffer
-	rep, err := Run(context.Background(), Options{Mode: ModeTiny, Server: stubServer, Progress: &progress})
+	rep, err := Run(context.Background(), Options{Mode: ModeTiny, Progress: &progress})
 	if err != nil {
 		t.Fatalf("Run: %v\nprogress:\n%s", err, progress.String())
 	}
@@ -115,8 +71,8 @@ func TestTinyRun(t *testing.T) {
 	}
 }
 
-// TestDefaultServerSkipsOrServes: until issue 3's server exists the HTTP
-// section is skipped with a reason, never failed.
+// TestHTTPSkippedWithoutServer: a server that cannot run here skips the
+// HTTP section with a reason instead of failing the run.
 func TestHTTPSkippedWithoutServer(t *testing.T) {
 	rep, err := Run(context.Background(), Options{Mode: ModeTiny, Sections: []string{SectionHTTP},
 		Server: func(context.Context, string) (Target, error) { return Target{}, &SkipError{Reason: "no server here"} }})

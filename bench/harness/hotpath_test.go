@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandboxowner/owner/actors"
 	"github.com/sandboxowner/owner/clock"
+	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
@@ -158,6 +159,31 @@ func BenchmarkAccessToken(b *testing.B) {
 		for b.Loop() {
 			if _, err := tk.Verify(tok, "fake-sb-123456"); err != nil {
 				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkSessionCookie signs and checks a session cookie (package http's
+// Signer), as every request does.
+func BenchmarkSessionCookie(b *testing.B) {
+	s, err := httpapi.NewSigner("notes___notes", []byte("0123456789abcdef0123456789abcdef"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	id := httpapi.NewID()
+	b.Run("sign", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = s.Sign(id)
+		}
+	})
+	v := s.Sign(id)
+	b.Run("verify", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, ok := s.Verify(v); !ok {
+				b.Fatal("a genuine cookie did not verify")
 			}
 		}
 	})
