@@ -29,7 +29,7 @@ var errCrashed = errors.New("sim: the owner process crashed")
 type process struct {
 	fk *fake.Provider
 	// observe is told about every call that reached the fake, after it
-	// returned (the renewal waiter uses it).
+	// returned, with the sandbox (or, for deletes, snapshot) it was about.
 	observe func(op fake.Op, sandboxID string, err error)
 
 	mu       sync.Mutex
@@ -251,7 +251,7 @@ func (p *process) Fork(ctx context.Context, spec provider.Spec, snapshotID strin
 }
 
 func (p *process) DeleteSnapshot(ctx context.Context, snapshotID string) error {
-	return call0(p, ctx, fake.OpDeleteSnapshot, "", func() error { return p.fk.DeleteSnapshot(ctx, snapshotID) })
+	return call0(p, ctx, fake.OpDeleteSnapshot, snapshotID, func() error { return p.fk.DeleteSnapshot(ctx, snapshotID) })
 }
 
 func (p *process) Renew(ctx context.Context, h provider.Handle, expiresAt time.Time) error {

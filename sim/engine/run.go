@@ -167,7 +167,7 @@ type run struct {
 	proc     *process
 	life     context.Context
 	stopLife context.CancelFunc
-	renew    *renewWaiter
+	calls    *callWaiter
 
 	m        model
 	step     int
@@ -206,7 +206,7 @@ func newRun(seed int64, cfg Config) *run {
 		ttl:         600 * time.Second,
 		parallelism: 1 + rng.IntN(4),
 		onStop:      owner.OnStopKill,
-		renew:       newRenewWaiter(),
+		calls:       newCallWaiter(),
 	}
 	if rng.IntN(4) == 0 {
 		r.onStop = owner.OnStopNone
@@ -344,7 +344,7 @@ func (r *run) ownerConfig() owner.Config {
 // startOwner starts a fresh owner on the run's state_dir and fake.
 func (r *run) startOwner() bool {
 	r.life, r.stopLife = context.WithCancel(context.Background())
-	r.proc = newProcess(r.fk, r.renew.observe)
+	r.proc = newProcess(r.fk, r.calls.observe)
 	o, err := owner.New(r.life, r.ownerConfig())
 	if err != nil {
 		r.violate(Unexpected, "owner.New on the state_dir: %v", err)
@@ -429,24 +429,31 @@ func (r *run) guarded(fn func(ctx context.Context) error) (err error, crashed bo
 	return err, true
 }
 
-// --- leases ---
+// --- waiting for the owner's own provider calls ---
 
-// renewWaiter lets the harness wait for the lease renewals a Tick asked
-// for: renewals run on the session actors' goroutines.
-type renewWaiter struct {
+// callKey names one provider call: an op about a sandbox or snapshot id.
+type callKey struct {
+	op fake.Op
+	id string
+}
+
+// callWaiter lets the harness wait for provider calls the owner makes on its
+// own goroutines (lease renewals after a Tick, the deletes of snapshots that
+// landed after their round gave up).
+type callWaiter struct {
 	mu   sync.Mutex
-	want map[string]bool
+	want map[callKey]bool
 	done chan struct{}
 }
 
-func newRenewWaiter() *renewWaiter { return &renewWaiter{} }
+func newCallWaiter() *callWaiter { return &callWaiter{} }
 
-func (w *renewWaiter) expect(ids []string) {
+func (w *callWaiter) expect(op fake.Op, ids []string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.want = map[string]bool{}
+	w.want = map[callKey]bool{}
 	for _, id := range ids {
-		w.want[id] = true
+		w.want[callKey{op, id}] = true
 	}
 	w.done = make(chan struct{})
 	if len(w.want) == 0 {
@@ -454,22 +461,19 @@ func (w *renewWaiter) expect(ids []string) {
 	}
 }
 
-func (w *renewWaiter) observe(op fake.Op, sandboxID string, _ error) {
-	if op != fake.OpRenew {
-		return
-	}
+func (w *callWaiter) observe(op fake.Op, id string, _ error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.want[sandboxID] {
-		delete(w.want, sandboxID)
+	if w.want[callKey{op, id}] {
+		delete(w.want, callKey{op, id})
 		if len(w.want) == 0 {
 			close(w.done)
 		}
 	}
 }
 
-// wait returns the renewals that did not come within timeout.
-func (w *renewWaiter) wait(timeout time.Duration) []string {
+// wait returns the ids whose call did not come within timeout.
+func (w *callWaiter) wait(timeout time.Duration) []string {
 	w.mu.Lock()
 	done := w.done
 	w.mu.Unlock()
@@ -483,8 +487,8 @@ func (w *renewWaiter) wait(timeout time.Duration) []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var out []string
-	for id := range w.want {
-		out = append(out, id)
+	for k := range w.want {
+		out = append(out, k.id)
 	}
 	sort.Strings(out)
 	return out

@@ -456,7 +456,9 @@ func (r *run) opCommit() {
 	if err != nil {
 		if !snapInjected {
 			r.violate(Unexpected, "commit %s failed without a fault: %v", id, err)
+			return
 		}
+		r.awaitOrphans()
 		return
 	}
 	if snapInjected {
@@ -473,6 +475,42 @@ func (r *run) opCommit() {
 	}
 	if drift {
 		r.drift(id)
+	}
+}
+
+// awaitOrphans waits for the owner to clean up the snapshots of a failed
+// round that landed after the round gave up on them (the coordinator hands
+// them to the owner, which tombstones and deletes them on its own
+// goroutine). A no-op Do on every live session waits out its snapshot in
+// flight; then every snapshot nothing accounts for must see its delete.
+func (r *run) awaitOrphans() {
+	for _, sid := range r.m.live() {
+		_ = r.o.Do(r.life, sid, func(context.Context, provider.Provider, owner.Sandbox) error { return nil })
+	}
+	st, ok := r.checkCheckpoints(r.o.Index(), "index")
+	if !ok {
+		return
+	}
+	var orphans []string
+	for _, id := range r.fk.SnapshotIDs() {
+		if len(st.refs[id]) == 0 && !st.tomb[id] {
+			orphans = append(orphans, id)
+		}
+	}
+	if len(orphans) == 0 {
+		return
+	}
+	r.calls.expect(fake.OpDeleteSnapshot, orphans)
+	for _, id := range orphans {
+		if _, ok := r.fk.SnapshotInfo(id); !ok {
+			// Deleted between the listing and expect.
+			r.calls.observe(fake.OpDeleteSnapshot, id, nil)
+		}
+	}
+	missing := r.calls.wait(30 * time.Second)
+	r.tracef("late snapshots of the failed round: %v (not deleted: %v)", orphans, missing)
+	if len(missing) > 0 {
+		r.violate(NoLeak, "snapshots %v landed after their round gave up and were never deleted", missing)
 	}
 }
 
@@ -949,12 +987,12 @@ func (r *run) opAdvance() {
 			due = append(due, sb.Handle.SandboxID)
 		}
 	}
-	r.renew.expect(due)
+	r.calls.expect(fake.OpRenew, due)
 	if err := r.o.Tick(now); err != nil {
 		r.violate(Unexpected, "owner.Tick: %v", err)
 		return
 	}
-	if missing := r.renew.wait(30 * time.Second); len(missing) > 0 {
+	if missing := r.calls.wait(30 * time.Second); len(missing) > 0 {
 		r.violate(LiveState, "the leases of %v were due at %v but never renewed", missing, now)
 		return
 	}
