@@ -1,0 +1,236 @@
+package app_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
+	"github.com/valyala/fasthttp"
+
+	"github.com/sandboxowner/owner/app"
+	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/snapshotindex"
+)
+
+// TestMain lets the test binary be the server: the process-level tests run
+// it again with APP_TEST_MAIN set, so no separate build is needed.
+func TestMain(m *testing.M) {
+	if os.Getenv("APP_TEST_MAIN") == "1" {
+		ctx, stop := signalContext()
+		code := app.Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
+	}
+	os.Exit(m.Run())
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan os.Signal, 1)
+	signalNotify(ch)
+	go func() {
+		<-ch
+		cancel()
+	}()
+	return ctx, cancel
+}
+
+func post(t *testing.T, addr, path, cookie, body string) (int, string, string) {
+	t.Helper()
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + path)
+	req.Header.SetMethod("POST")
+	req.SetBodyString(body)
+	if cookie != "" {
+		req.Header.Set("Cookie", cookie)
+	}
+	if err := fasthttp.DoTimeout(req, resp, 30*time.Second); err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	set := ""
+	resp.Header.VisitAllCookie(func(k, v []byte) {
+		c := fasthttp.AcquireCookie()
+		defer fasthttp.ReleaseCookie(c)
+		_ = c.ParseBytes(v)
+		set = string(c.Key()) + "=" + string(c.Value())
+	})
+	return resp.StatusCode(), string(resp.Body()), set
+}
+
+// TestStopDrainsAndClosesTheIndex: a request in flight when the server is
+// told to stop is answered, and the index is closed cleanly (it opens
+// again at once).
+func TestStopDrainsAndClosesTheIndex(t *testing.T) {
+	dir := t.TempDir()
+	fk := fake.New(fake.Options{})
+	lg, hook := logtest.NewNullLogger()
+	lg.SetLevel(logrus.DebugLevel)
+	cfg := app.Defaults()
+	cfg.Port = 0
+	cfg.Checkpoint = app.CheckpointConfig{Enabled: true, StateDir: dir, ControlAuthToken: "tok", Parallelism: 4, OnStop: "kill", LeaseGraceSeconds: 600}
+	a, err := app.Start(context.Background(), cfg, app.Deps{Logger: lg, Provider: fk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := a.Addr().String()
+	found := false
+	for _, e := range hook.AllEntries() {
+		if strings.HasPrefix(e.Message, "serving notes") && e.Data["mode"] != nil && fmt.Sprint(e.Data["mode"]) == "exported" {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("startup did not log the mode in effect")
+	}
+	status, _, cookie := post(t, addr, "/ng-rollout/r1/seed_session", "", "{}")
+	if status != 200 || cookie == "" {
+		t.Fatalf("seed: %d %q", status, cookie)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	fk.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpReadFile && c.Phase == fake.PhaseBegin {
+			once.Do(func() {
+				close(entered)
+				<-release
+			})
+		}
+	})
+	done := make(chan int)
+	go func() {
+		s, _, _ := post(t, addr, "/ng-rollout/r1/append_note", cookie, `{"line":"one"}`)
+		done <- s
+	}()
+	<-entered
+	stopped := make(chan error)
+	go func() { stopped <- a.Stop(context.Background()) }()
+	// The stop waits for the request in flight, which is answered.
+	select {
+	case err := <-stopped:
+		t.Fatalf("stop returned (%v) with a request in flight", err)
+	case s := <-done:
+		t.Fatalf("the held request was answered (%d) before its release", s)
+	default:
+	}
+	close(release)
+	if s := <-done; s != 200 {
+		t.Errorf("in-flight request got %d", s)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if c, err := net.Dial("tcp", addr); err == nil {
+		c.Close()
+		t.Error("the stopped server still accepts connections")
+	}
+	if n := len(fk.LiveSandboxIDs()); n != 0 {
+		t.Errorf("%d sandboxes left after a clean stop", n)
+	}
+	idx, err := snapshotindex.Open(dir, snapshotindex.Options{})
+	if err != nil {
+		t.Fatalf("index after stop: %v", err)
+	}
+	_ = idx.Close()
+}
+
+// child runs the test binary as the server with args.
+func child(t *testing.T, args ...string) (*exec.Cmd, *bufio.Scanner, *strings.Builder) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "APP_TEST_MAIN=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd, bufio.NewScanner(stderr), &out
+}
+
+func TestProcessSIGTERMIsClean(t *testing.T) {
+	dir := t.TempDir()
+	cmd, lines, _ := child(t, "-port", "0", "-log-format", "json", "-checkpoint.enabled", "-checkpoint.state_dir", dir, "-checkpoint.control_auth_token", "tok")
+	addr := ""
+	var log []string
+	for addr == "" && lines.Scan() {
+		log = append(log, lines.Text())
+		var e map[string]any
+		if err := json.Unmarshal(lines.Bytes(), &e); err != nil {
+			t.Fatalf("log line is not JSON: %s", lines.Text())
+		}
+		if a, ok := e["addr"].(string); ok {
+			addr = a
+			if e["mode"] != "exported" || e["provider"] != "fake" {
+				t.Errorf("startup line %v", e)
+			}
+		}
+	}
+	if addr == "" {
+		t.Fatalf("no startup line: %v", log)
+	}
+	if s, body, _ := post(t, addr, "/seed_session", "", "{}"); s != 200 {
+		t.Fatalf("seed: %d %s", s, body)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	rest := make(chan []string)
+	go func() {
+		var l []string
+		for lines.Scan() {
+			l = append(l, lines.Text())
+		}
+		rest <- l
+	}()
+	err := cmd.Wait()
+	tail := <-rest
+	if err != nil {
+		t.Fatalf("exit: %v; log %v", err, tail)
+	}
+	if !strings.Contains(strings.Join(tail, "\n"), "stopped cleanly") {
+		t.Errorf("no clean stop in the log: %v", tail)
+	}
+}
+
+func TestProcessBadConfigExits2WithOneLine(t *testing.T) {
+	for _, args := range [][]string{{"-port", "99999"}, {"-checkpoint.enabled"}, {"sweep"}} {
+		cmd, lines, _ := child(t, args...)
+		var out []string
+		for lines.Scan() {
+			out = append(out, lines.Text())
+		}
+		err := cmd.Wait()
+		ee, ok := err.(*exec.ExitError)
+		if !ok || ee.ExitCode() != 2 {
+			t.Errorf("%v: exit %v, want status 2", args, err)
+		}
+		if len(out) != 1 || !strings.HasPrefix(out[0], "server: ") {
+			t.Errorf("%v: stderr %q, want one line", args, out)
+		}
+	}
+}
+
+func TestRunHelpExits0(t *testing.T) {
+	var out strings.Builder
+	if code := app.Run(context.Background(), []string{"-h"}, &out, io.Discard); code != 0 || !strings.Contains(out.String(), "usage: server") {
+		t.Errorf("-h: %d %q", code, out.String())
+	}
+}
