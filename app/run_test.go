@@ -62,12 +62,12 @@ func post(t *testing.T, addr, path, cookie, body string) (int, string, string) {
 		t.Fatalf("POST %s: %v", path, err)
 	}
 	set := ""
-	resp.Header.VisitAllCookie(func(k, v []byte) {
+	for _, v := range resp.Header.Cookies() {
 		c := fasthttp.AcquireCookie()
-		defer fasthttp.ReleaseCookie(c)
 		_ = c.ParseBytes(v)
 		set = string(c.Key()) + "=" + string(c.Value())
-	})
+		fasthttp.ReleaseCookie(c)
+	}
 	return resp.StatusCode(), string(resp.Body()), set
 }
 
