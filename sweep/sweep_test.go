@@ -1,0 +1,161 @@
+package sweep_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/snapshotindex"
+	"github.com/sandboxowner/owner/sweep"
+)
+
+// crashed builds the state a crashed server leaves: sessions s1 and s2 in
+// checkpoint c1, s3 seeded after it, a snapshot of an unfinished commit, and
+// a sandbox of somebody else. It returns the fake, the state dir and the
+// ids a sweep must report.
+func crashed(t *testing.T) (*fake.Provider, string, []string, []string) {
+	t.Helper()
+	ctx := context.Background()
+	clk := clock.NewManual(time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
+	fk := fake.New(fake.Options{Clock: clk, Seed: 1})
+	dir := t.TempDir()
+	o, err := owner.New(ctx, owner.Config{Name: "notes", Provider: fk, Clock: clk,
+		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: dir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setup := func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) { return nil, nil }
+	var held []owner.Sandbox
+	for _, sid := range []string{"s1", "s2", "s3"} {
+		if sid == "s3" {
+			if _, err := o.Commit(ctx, owner.CommitRequest{CheckpointID: "c1"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sb, err := o.StartSessionSandbox(ctx, sid, provider.Spec{Image: "notes"}, setup, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, sb)
+	}
+	// A snapshot of the owner's that nothing names (a commit that died
+	// before its intent was written, say).
+	stray, err := fk.Snapshot(ctx, held[2].Handle, "ng-s3-1-deadbeef")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fk.Start(ctx, provider.Spec{Image: "someone-else"}); err != nil {
+		t.Fatal(err)
+	}
+	o.Abandon()
+	return fk, dir, []string{held[2].Handle.SandboxID}, []string{stray}
+}
+
+func open(t *testing.T, dir string) *snapshotindex.Index {
+	t.Helper()
+	idx, err := snapshotindex.Open(dir, snapshotindex.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = idx.Close() })
+	return idx
+}
+
+func ids(rep sweep.Report) ([]string, []string) {
+	var sbs, snaps []string
+	for _, s := range rep.Sandboxes {
+		sbs = append(sbs, s.Handle.SandboxID)
+	}
+	for _, s := range rep.Snapshots {
+		snaps = append(snaps, s.ID)
+	}
+	return sbs, snaps
+}
+
+func TestSweepReportsThenReapsWhatNothingAccountsFor(t *testing.T) {
+	fk, dir, wantSbs, wantSnaps := crashed(t)
+	idx := open(t, dir)
+	ctx := context.Background()
+	opts := sweep.Options{Owner: "notes", Provider: fk, Index: idx}
+
+	before := fk.Stats()
+	rep, err := sweep.Run(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sbs, snaps := ids(rep)
+	if diff := cmp.Diff([2][]string{wantSbs, wantSnaps}, [2][]string{sbs, snaps}); diff != "" {
+		t.Fatalf("unaccounted (-want +got):\n%s", diff)
+	}
+	// s1 and s2's sandboxes are named by c1, so are their snapshots.
+	if rep.KeptSandboxes != 2 || rep.KeptSnapshots != 2 || rep.Foreign != 1 {
+		t.Fatalf("kept %d sandboxes, %d snapshots, %d foreign", rep.KeptSandboxes, rep.KeptSnapshots, rep.Foreign)
+	}
+	after := fk.Stats()
+	if after.Calls[fake.OpStop] != before.Calls[fake.OpStop] || after.Calls[fake.OpDeleteSnapshot] != before.Calls[fake.OpDeleteSnapshot] {
+		t.Fatal("a sweep without -reap removed something")
+	}
+
+	opts.Reap = true
+	rep, err = sweep.Run(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([2][]string{wantSbs, wantSnaps}, [2][]string{rep.Stopped, rep.Deleted}); diff != "" {
+		t.Fatalf("reaped (-want +got):\n%s", diff)
+	}
+	rep, err = sweep.Run(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sbs, snaps := ids(rep); len(sbs)+len(snaps) != 0 {
+		t.Fatalf("a second sweep still found %v %v", sbs, snaps)
+	}
+	if got := len(fk.LiveSandboxIDs()); got != 3 { // c1's two, and the foreign one
+		t.Fatalf("%d sandboxes left, want 3", got)
+	}
+}
+
+func TestSweepFailsClosed(t *testing.T) {
+	ctx := context.Background()
+	for name, prepare := range map[string]func(fk *fake.Provider, idx *snapshotindex.Index){
+		"index unreadable": func(_ *fake.Provider, idx *snapshotindex.Index) { _ = idx.Close() },
+		"listing fails":    func(fk *fake.Provider, _ *snapshotindex.Index) { fk.FailNext(fake.OpList, 1) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			fk, dir, _, _ := crashed(t)
+			idx := open(t, dir)
+			prepare(fk, idx)
+			before := fk.Stats()
+			_, err := sweep.Run(ctx, sweep.Options{Owner: "notes", Provider: fk, Index: idx, Reap: true})
+			if !errors.Is(err, sweep.ErrIndexUnreadable) && !errors.Is(err, sweep.ErrCannotList) {
+				t.Fatalf("got %v, want a refusal", err)
+			}
+			after := fk.Stats()
+			if after.Calls[fake.OpStop] != before.Calls[fake.OpStop] || after.Calls[fake.OpDeleteSnapshot] != before.Calls[fake.OpDeleteSnapshot] {
+				t.Fatal("a refused sweep removed something")
+			}
+		})
+	}
+}
+
+func TestSweepReportsFailedRemovals(t *testing.T) {
+	fk, dir, wantSbs, _ := crashed(t)
+	idx := open(t, dir)
+	fk.FailNextFor(fake.OpStop, wantSbs[0], 1)
+	rep, err := sweep.Run(context.Background(), sweep.Options{Owner: "notes", Provider: fk, Index: idx, Reap: true})
+	if err == nil || len(rep.Failed) != 1 || rep.Failed[wantSbs[0]] == "" {
+		t.Fatalf("failed %v, err %v", rep.Failed, err)
+	}
+	if len(rep.Deleted) != 1 {
+		t.Fatalf("the snapshot was not deleted: %+v", rep)
+	}
+}
