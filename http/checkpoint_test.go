@@ -1,0 +1,91 @@
+package http_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/provider/fake"
+)
+
+func TestLeaseExpiryReopensAdmission(t *testing.T) {
+	h := newHarness(t)
+	a := &agent{}
+	h.ok(h.post(a, "/ng-rollout/r1/seed_session", nil), "seed")
+	h.ok(h.control("prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline()}), "prepare")
+	done := make(chan reply)
+	go func() { done <- h.post(a, "/ng-rollout/r1/append_note", map[string]any{"line": "one"}) }()
+	g := h.srv.Gate()
+	for ch := g.Changed(); g.Waiting() != 1; ch = g.Changed() {
+		<-ch
+	}
+	// The controller is gone: past deadline + grace the lease resumes.
+	h.clk.Advance(time.Minute + control.DefaultLeaseGrace)
+	if !h.srv.Machine().Tick() {
+		t.Fatal("the lease did not expire")
+	}
+	h.ok(<-done, "the waiting append")
+	st := h.ok(h.control("status", nil), "status")
+	if st["phase"] != "idle" || st["checkpoint_id"] != nil {
+		t.Errorf("status after the lease: %v", st)
+	}
+	h.want(h.control("commit", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline(), "checkpoint_dir": "/d"}), 409, "stale_checkpoint", "commit of the expired checkpoint")
+}
+
+// TestCommitLeavingOutARestoredSessionStopsItsFork: a restored session
+// no request has claimed, outside the commit's scope, is deleted (not
+// retired: no fence) and its snapshot kept for the first checkpoint.
+func TestCommitLeavingOutARestoredSessionStopsItsFork(t *testing.T) {
+	h := newHarness(t)
+	a := &agent{}
+	h.ok(h.post(a, "/ng-rollout/r1/seed_session", nil), "seed")
+	h.ok(h.control("prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline()}), "prepare")
+	h.ok(h.control("commit", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline(), "checkpoint_dir": "/d1"}), "commit")
+	h.crash()
+	h.restart()
+	h.ok(h.control("restore", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline(), "checkpoint_dir": "/d1", "episode_ids": []any{ep("r1", 0)}}), "restore")
+	h.ok(h.control("resume", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline()}), "resume")
+	if n := len(h.fake().LiveSandboxIDs()); n != 1 {
+		t.Fatalf("%d live sandboxes after the restore, want the fork", n)
+	}
+	h.ok(h.control("prepare", map[string]any{"checkpoint_id": "ck2", "deadline_ts": h.deadline()}), "prepare 2")
+	c := h.ok(h.control("commit", map[string]any{"checkpoint_id": "ck2", "deadline_ts": h.deadline(), "checkpoint_dir": "/d2", "episode_ids": []any{}}), "commit 2")
+	if diff := cmp.Diff([]any{}, c["episode_ids"]); diff != "" {
+		t.Errorf("episode_ids (-want +got):\n%s", diff)
+	}
+	if n := len(h.fake().LiveSandboxIDs()); n != 0 {
+		t.Errorf("%d sandboxes live, want the unclaimed fork stopped", n)
+	}
+	if n := h.fake().Stats().LiveSnapshots; n != 1 {
+		t.Errorf("%d snapshots, want ck1's kept", n)
+	}
+	h.ok(h.control("resume", map[string]any{"checkpoint_id": "ck2", "deadline_ts": h.deadline()}), "resume 2")
+	// Not a retire: attempt 1 is not fenced.
+	h.ok(h.post(a, "/ng-rollout/r1-a1/seed_session", nil), "seed of the next attempt")
+}
+
+func TestFailedSnapshotFailsTheCommitAndTheEpisodeGoesOn(t *testing.T) {
+	h := newHarness(t)
+	a := &agent{}
+	h.ok(h.post(a, "/ng-rollout/r1/seed_session", nil), "seed")
+	sb := h.sandboxID(a)
+	h.ok(h.control("prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline()}), "prepare")
+	h.fake().FailNext(fake.OpSnapshot, 1)
+	r := h.control("commit", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline(), "checkpoint_dir": "/d"})
+	if r.status != 500 || r.code() != "commit_failed" {
+		t.Fatalf("commit with a failing snapshot: %d %s", r.status, r.body)
+	}
+	if st := h.ok(h.control("status", nil), "status"); st["phase"] != "prepared" {
+		t.Errorf("phase after a failed commit: %v", st["phase"])
+	}
+	if cks, _ := h.own.Checkpoints(); len(cks) != 0 {
+		t.Errorf("a failed commit recorded %v", cks)
+	}
+	h.ok(h.control("resume", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline()}), "resume")
+	h.ok(h.post(a, "/ng-rollout/r1/append_note", map[string]any{"line": "one"}), "append after the failed commit")
+	if got := h.sandboxID(a); got != sb {
+		t.Errorf("sandbox %s after the failed commit, want the same %s", got, sb)
+	}
+}
