@@ -16,6 +16,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/sirupsen/logrus"
+	"github.com/valyala/fasthttp"
 
 	"github.com/sandboxowner/owner/actors"
 	"github.com/sandboxowner/owner/clock"
@@ -187,4 +188,72 @@ func BenchmarkSessionCookie(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkHandler is one request through package http's handler, called
+// directly (no sockets): what the owner's server spends per request beyond
+// fasthttp's own reading and writing. Each parallel caller has its own
+// session, as each agent does.
+func BenchmarkHandler(b *testing.B) {
+	srv, o, err := newServer(context.Background(), b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = srv.Shutdown(context.Background())
+		_ = o.Close()
+	})
+	h := srv.Handler()
+	call := func(rc *fasthttp.RequestCtx, path, body, cookie string) (setCookie string) {
+		rc.Request.Reset()
+		rc.Response.Reset()
+		rc.Request.Header.SetMethod(fasthttp.MethodPost)
+		rc.Request.SetRequestURI(path)
+		rc.Request.SetBodyString(body)
+		if cookie != "" {
+			rc.Request.Header.Set("Cookie", cookie)
+		}
+		h(rc)
+		if rc.Response.StatusCode() != fasthttp.StatusOK {
+			b.Fatalf("%s: %d %s", path, rc.Response.StatusCode(), rc.Response.Body())
+		}
+		for name, raw := range rc.Response.Header.Cookies() {
+			ck := fasthttp.AcquireCookie()
+			if ck.ParseBytes(raw) == nil {
+				setCookie = string(name) + "=" + string(ck.Value())
+			}
+			fasthttp.ReleaseCookie(ck)
+		}
+		return setCookie
+	}
+	for _, sc := range []struct {
+		name  string
+		steps []step
+		setup bool
+	}{
+		{"sandbox_access", []step{stepAccess}, true},
+		{"append_note", []step{stepAppend}, true},
+		{"seed+close", []step{stepSeed, stepClose}, false},
+	} {
+		b.Run(sc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetParallelism(16) // enough callers to keep both CPUs busy
+			b.RunParallel(func(pb *testing.PB) {
+				rc := &fasthttp.RequestCtx{}
+				rc.Init(&fasthttp.Request{}, nil, nil)
+				cookie := ""
+				if sc.setup {
+					cookie = call(rc, stepSeed.path, stepSeed.body, "")
+				}
+				for pb.Next() {
+					c := cookie
+					for _, s := range sc.steps {
+						if set := call(rc, s.path, s.body, c); set != "" {
+							c = set
+						}
+					}
+				}
+			})
+		})
+	}
 }

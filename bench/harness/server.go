@@ -23,32 +23,9 @@ import (
 // admission gate) and the fake provider at zero latency, on a loopback
 // listener.
 func DefaultServer(ctx context.Context, dir string) (Target, error) {
-	lg := logrus.New()
-	lg.SetOutput(io.Discard)
-	o, err := owner.New(ctx, owner.Config{
-		Name:       "notes",
-		Provider:   fake.New(fake.Options{Seed: 1}),
-		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: dir},
-		Logger:     lg,
-	})
+	srv, o, err := newServer(ctx, dir)
 	if err != nil {
-		return Target{}, fmt.Errorf("start owner: %w", err)
-	}
-	secret, _, err := httpapi.LoadSessionSecret("", dir)
-	if err != nil {
-		_ = o.Close()
-		return Target{}, fmt.Errorf("session secret: %w", err)
-	}
-	srv, err := httpapi.New(httpapi.Config{
-		Owner:            o,
-		Resources:        notes.New(notes.Options{}),
-		Logger:           lg,
-		SessionSecret:    secret,
-		ControlAuthToken: "bench-control-token",
-	})
-	if err != nil {
-		_ = o.Close()
-		return Target{}, fmt.Errorf("start HTTP server: %w", err)
+		return Target{}, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -68,4 +45,36 @@ func DefaultServer(ctx context.Context, dir string) (Target, error) {
 		wg.Wait()
 		return errors.Join(err, o.Close())
 	}}, nil
+}
+
+// newServer builds DefaultServer's owner and HTTP server, not yet serving.
+func newServer(ctx context.Context, dir string) (*httpapi.Server, *owner.Owner, error) {
+	lg := logrus.New()
+	lg.SetOutput(io.Discard)
+	o, err := owner.New(ctx, owner.Config{
+		Name:       "notes",
+		Provider:   fake.New(fake.Options{Seed: 1}),
+		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: dir},
+		Logger:     lg,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("start owner: %w", err)
+	}
+	secret, _, err := httpapi.LoadSessionSecret("", dir)
+	if err != nil {
+		_ = o.Close()
+		return nil, nil, fmt.Errorf("session secret: %w", err)
+	}
+	srv, err := httpapi.New(httpapi.Config{
+		Owner:            o,
+		Resources:        notes.New(notes.Options{}),
+		Logger:           lg,
+		SessionSecret:    secret,
+		ControlAuthToken: "bench-control-token",
+	})
+	if err != nil {
+		_ = o.Close()
+		return nil, nil, fmt.Errorf("start HTTP server: %w", err)
+	}
+	return srv, o, nil
 }
