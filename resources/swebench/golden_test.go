@@ -39,7 +39,7 @@ func TestGoldenPatchInstanceResolvesAndLendsNothing(t *testing.T) {
 	if own.Mode() != owner.ModeRestartOnly {
 		t.Fatalf("mode %s, want restart_only", own.Mode())
 	}
-	srv, err := New(cfg, Deps{Owner: own, Grader: prov, Logger: log})
+	srv, err := New(cfg, Deps{Grader: prov, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestGoldenPatchInstanceResolvesAndLendsNothing(t *testing.T) {
 				row = tk.multilingualRow("example__calc-1")
 			}
 			sid := "golden-" + format
-			seed, err := srv.Seed(context.Background(), sid, mustJSON(t, row))
+			seed, err := srv.SeedSession(context.Background(), own, sid, mustJSON(t, row))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -60,7 +60,7 @@ func TestGoldenPatchInstanceResolvesAndLendsNothing(t *testing.T) {
 			if _, err := own.RequireSessionSandbox(sid); !errors.Is(err, owner.ErrNoSessionSandbox) {
 				t.Errorf("RequireSessionSandbox = %v, want ErrNoSessionSandbox (so /sandbox_access is 404)", err)
 			}
-			res, err := srv.Verify(context.Background(), sid, mustJSON(t, row))
+			res, err := srv.VerifySession(context.Background(), own, sid, mustJSON(t, row))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -76,7 +76,7 @@ func TestGoldenPatchInstanceResolvesAndLendsNothing(t *testing.T) {
 	// A row without its patch cannot be graded by the golden instance.
 	row := tk.row("example__calc-2")
 	row["patch"] = ""
-	if _, err := srv.Seed(context.Background(), "golden-nopatch", mustJSON(t, row)); !errors.Is(err, ErrInvalidRow) {
+	if _, err := srv.SeedSession(context.Background(), own, "golden-nopatch", mustJSON(t, row)); !errors.Is(err, ErrInvalidRow) {
 		t.Errorf("seed of a row without patch: %v, want ErrInvalidRow", err)
 	}
 }

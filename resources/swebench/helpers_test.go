@@ -232,7 +232,7 @@ func (w *world) open() {
 	}
 	own := o
 	t.Cleanup(func() { _ = own.Close() })
-	srv, err := New(w.cfg, Deps{Owner: o, Logger: w.log})
+	srv, err := New(w.cfg, Deps{Name: "swebench", Logger: w.log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +264,7 @@ func (w *world) crash() {
 
 func (w *world) seed(sid string, row map[string]any) SeedResult {
 	w.t.Helper()
-	res, err := w.srv.Seed(context.Background(), sid, mustJSON(w.t, row))
+	res, err := w.srv.SeedSession(context.Background(), w.own, sid, mustJSON(w.t, row))
 	if err != nil {
 		w.t.Fatalf("seed %s: %v", sid, err)
 	}
@@ -273,7 +273,7 @@ func (w *world) seed(sid string, row map[string]any) SeedResult {
 
 func (w *world) verify(sid string, row map[string]any) VerifyResult {
 	w.t.Helper()
-	res, err := w.srv.Verify(context.Background(), sid, mustJSON(w.t, row))
+	res, err := w.srv.VerifySession(context.Background(), w.own, sid, mustJSON(w.t, row))
 	if err != nil {
 		w.t.Fatalf("verify %s: %v", sid, err)
 	}

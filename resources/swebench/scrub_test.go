@@ -139,7 +139,7 @@ func TestAFailingScrubRefusesTheSeedAndLeavesNothingRunning(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			row := tk.row("example__calc-1")
 			row["image"] = img
-			_, err := w.srv.Seed(context.Background(), "s-bad-scrub", mustJSON(t, row))
+			_, err := w.srv.SeedSession(context.Background(), w.own, "s-bad-scrub", mustJSON(t, row))
 			if !errors.Is(err, ErrScrub) || !errors.Is(err, owner.ErrSetup) {
 				t.Fatalf("seed err = %v, want ErrScrub and owner.ErrSetup", err)
 			}

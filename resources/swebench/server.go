@@ -35,25 +35,27 @@ const (
 // Patch sources (patch_source), besides Extraction's.
 const PatchSourceGolden = "golden"
 
-// Deps are what a Server works with.
+// Kind is the server type: the first half of its cookie name.
+const Kind = "swebench"
+
+// Deps are what a Server works with besides its config.
 type Deps struct {
-	// Owner holds the sessions' sandboxes. In the golden-patch instance it
-	// should have no provider (Config.LendsSandboxes).
-	Owner *owner.Owner
-	// Grader starts grading sandboxes; nil means Owner.SharedProvider().
-	Grader provider.Provider
-	// Name is the server's name, in sandbox metadata (Owner.Name() when
-	// empty).
+	// Name is the server's config name, in sandbox metadata and the cookie
+	// ("swebench" when empty).
 	Name string
+	// Grader starts grading sandboxes; nil means the owner's
+	// SharedProvider (the golden-patch instance's owner may have none).
+	Grader provider.Provider
 	// Logger receives structured logs (a discarding logger when nil).
 	Logger logrus.FieldLogger
 }
 
-// Server is the SWE-bench resources server. It is safe for concurrent use.
+// Server is the SWE-bench resources server. The owner holding the sessions'
+// sandboxes is given per call (package http passes the request session's).
+// It is safe for concurrent use.
 type Server struct {
 	cfg       Config
 	name      string
-	own       *owner.Owner
 	grader    provider.Provider
 	templates *Templates // nil without repos
 	log       logrus.FieldLogger
@@ -65,28 +67,16 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if deps.Owner == nil {
-		return nil, fmt.Errorf("%w: no owner", ErrConfig)
-	}
-	s := &Server{cfg: cfg, name: deps.Name, own: deps.Owner, grader: deps.Grader, log: deps.Logger}
+	s := &Server{cfg: cfg, name: deps.Name, grader: deps.Grader, log: deps.Logger}
 	if s.name == "" {
-		s.name = deps.Owner.Name()
+		s.name = Kind
 	}
 	if s.log == nil {
 		l := logrus.New()
 		l.SetOutput(io.Discard)
 		s.log = l
 	}
-	s.log = s.log.WithField("resources", "swebench")
-	if s.grader == nil {
-		s.grader = deps.Owner.SharedProvider()
-	}
-	if s.grader == nil {
-		return nil, fmt.Errorf("%w: no provider to start grading sandboxes on", ErrConfig)
-	}
-	if cfg.LendsSandboxes() && deps.Owner.SharedProvider() == nil {
-		return nil, fmt.Errorf("%w: the owner has no provider to lend sandboxes from (only the golden-patch instance lends none)", ErrConfig)
-	}
+	s.log = s.log.WithField("resources", Kind)
 	if len(cfg.Repos) > 0 {
 		if s.templates, err = NewTemplates(cfg.TemplateDir, cfg.Repos, s.log); err != nil {
 			return nil, err
@@ -139,11 +129,23 @@ type SeedResult struct {
 	SeedTimeTaken float64 `json:"seed_time_taken"`
 }
 
-// Seed starts the session's sandbox for the row in body: the instance's image
-// at workdir, scrubbed, its base commit and pristine untracked files recorded
-// as session data. A session a restore rebuilt gets its fork. The golden-patch
-// instance starts nothing.
-func (s *Server) Seed(ctx context.Context, sessionID string, body []byte) (SeedResult, error) {
+// gradingProvider is the provider grading sandboxes start on.
+func (s *Server) gradingProvider(own *owner.Owner) (provider.Provider, error) {
+	if s.grader != nil {
+		return s.grader, nil
+	}
+	if p := own.SharedProvider(); p != nil {
+		return p, nil
+	}
+	return nil, fmt.Errorf("%w: no provider to start grading sandboxes on", ErrConfig)
+}
+
+// SeedSession starts the session's sandbox for the row in body: the
+// instance's image at workdir, scrubbed, its base commit and pristine
+// untracked files recorded as session data. A session a restore rebuilt gets
+// its fork; a repeated seed of the same instance gets the session's sandbox.
+// The golden-patch instance starts nothing.
+func (s *Server) SeedSession(ctx context.Context, own *owner.Owner, sessionID string, body []byte) (SeedResult, error) {
 	began := time.Now()
 	row, err := ParseRow(body)
 	if err != nil {
@@ -162,19 +164,23 @@ func (s *Server) Seed(ctx context.Context, sessionID string, body []byte) (SeedR
 		log.Info("swebench: seeded (golden patch, no sandbox)")
 		return res, nil
 	}
-	p := s.own.SharedProvider()
+	p := own.SharedProvider()
+	if p == nil {
+		return SeedResult{}, fmt.Errorf("%w: the owner has no provider to lend sandboxes from (only the golden-patch instance lends none)", ErrConfig)
+	}
 	image, err := s.image(ctx, p, row)
 	if err != nil {
 		return SeedResult{}, err
 	}
-	sb, err := s.own.StartSessionSandbox(ctx, sessionID, s.spec(image, row, "agent"), s.setup(row, image), s.cfg.Workdir)
+	sb, err := own.StartSessionSandbox(ctx, sessionID, s.spec(p, image, row, "agent"), s.setup(row, image), s.cfg.Workdir)
+	if errors.Is(err, owner.ErrSandboxExists) {
+		sb, err = own.RequireSessionSandbox(sessionID)
+	}
 	if err != nil {
 		return SeedResult{}, fmt.Errorf("swebench: seed %s: %w", row.InstanceID, err)
 	}
-	if sb.Restored {
-		if d, err := ParseSessionData(sb.Data); err == nil && d.InstanceID != "" && d.InstanceID != row.InstanceID {
-			return SeedResult{}, fmt.Errorf("%w: the restored session holds %s, the seed names %s", ErrSessionMismatch, d.InstanceID, row.InstanceID)
-		}
+	if d, err := ParseSessionData(sb.Data); err == nil && d.InstanceID != "" && d.InstanceID != row.InstanceID {
+		return SeedResult{}, fmt.Errorf("%w: the session holds %s, the seed names %s", ErrSessionMismatch, d.InstanceID, row.InstanceID)
 	}
 	id := sb.Handle.SandboxID
 	res.SandboxHandle, res.Workdir, res.Restored = &id, sb.Workdir, sb.Restored
@@ -234,7 +240,7 @@ func (s *Server) image(ctx context.Context, p provider.Provider, row Row) (strin
 
 // spec is the spec of a sandbox of row (role "agent" or "grading"); both
 // are built alike, as upstream's.
-func (s *Server) spec(image string, row Row, role string) provider.Spec {
+func (s *Server) spec(p provider.Provider, image string, row Row, role string) provider.Spec {
 	sc := s.cfg.SandboxConfig
 	md := map[string]string{}
 	for k, v := range sc.Metadata {
@@ -246,7 +252,7 @@ func (s *Server) spec(image string, row Row, role string) provider.Spec {
 	}
 	md["nemo_gym_agent"], md["instance_id"], md["swebench_role"] = s.name, id, role
 	env := map[string]string{}
-	if s.grader.Name() == local.Name {
+	if p.Name() == local.Name {
 		// The local provider's HOME is the work tree: tools that write
 		// under HOME (go's caches, git's global config) would put files
 		// into the patch. Its sandboxes see the host's tools (read-only
@@ -265,7 +271,7 @@ func (s *Server) spec(image string, row Row, role string) provider.Spec {
 			opts[k] = v
 		}
 	}
-	if s.grader.Name() == local.Name && len(s.cfg.Caches) > 0 {
+	if p.Name() == local.Name && len(s.cfg.Caches) > 0 {
 		caches := map[string]any{}
 		for name, envVar := range s.cfg.Caches {
 			at := CacheMountDir + "/" + name
@@ -327,13 +333,13 @@ type VerifyResult struct {
 	TotalTimeTaken             float64 `json:"total_time_taken"`
 }
 
-// Verify grades the session: the model patch (the row's own in the
+// VerifySession grades the session: the model patch (the row's own in the
 // golden-patch instance) is extracted from the agent's sandbox, the session
 // ends, and the patch is graded in a fresh sandbox of the same image. A
 // session without a sandbox is owner.ErrNoSessionSandbox (409), never a
 // reward. Failures of the patch or the tests are a reward of 0 with a
 // failure_kind; failures of the grading sandbox are a masked sample.
-func (s *Server) Verify(ctx context.Context, sessionID string, body []byte) (VerifyResult, error) {
+func (s *Server) VerifySession(ctx context.Context, own *owner.Owner, sessionID string, body []byte) (VerifyResult, error) {
 	began := time.Now()
 	row, err := ParseRow(body)
 	if err != nil {
@@ -345,12 +351,12 @@ func (s *Server) Verify(ctx context.Context, sessionID string, body []byte) (Ver
 	if !s.LendsSandboxes() {
 		patch, res.PatchSource = row.Patch, PatchSourceGolden
 	} else {
-		if patch, err = s.takePatch(ctx, sessionID, row, &res, log); err != nil {
+		if patch, err = s.takePatch(ctx, own, sessionID, row, &res, log); err != nil {
 			return VerifyResult{}, err
 		}
 	}
 	res.ModelPatch, res.ModelPatchBytes = &patch, len(patch)
-	s.grade(ctx, row, patch, &res, log)
+	s.grade(ctx, own, row, patch, &res, log)
 	res.TotalTimeTaken = time.Since(began).Seconds()
 	log.WithFields(logrus.Fields{
 		"reward": res.Reward, "resolved": res.Resolved, "evaluation_completed": res.EvaluationCompleted,
@@ -364,8 +370,8 @@ func (s *Server) Verify(ctx context.Context, sessionID string, body []byte) (Ver
 // takePatch extracts the model patch from the session's sandbox and ends the
 // session. An extraction that fails gives an empty patch (as upstream's), with
 // the reason in the reply.
-func (s *Server) takePatch(ctx context.Context, sessionID string, row Row, res *VerifyResult, log logrus.FieldLogger) (string, error) {
-	sb, err := s.own.RequireSessionSandbox(sessionID)
+func (s *Server) takePatch(ctx context.Context, own *owner.Owner, sessionID string, row Row, res *VerifyResult, log logrus.FieldLogger) (string, error) {
+	sb, err := own.RequireSessionSandbox(sessionID)
 	if err != nil {
 		return "", fmt.Errorf("swebench: verify %s: %w", row.InstanceID, err)
 	}
@@ -386,7 +392,7 @@ func (s *Server) takePatch(ctx context.Context, sessionID string, row Row, res *
 	t := time.Now()
 	var ex Extraction
 	var exErr error
-	err = s.own.Do(ctx, sessionID, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+	err = own.Do(ctx, sessionID, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
 		ex, exErr = ExtractPatch(ctx, p, sb.Handle, base, data.PristineUntracked, s.cfg.setupTimeout())
 		return nil
 	})
@@ -404,7 +410,7 @@ func (s *Server) takePatch(ctx context.Context, sessionID string, row Row, res *
 	}
 	res.PatchSource, res.PatchTip, res.PatchCommits = ex.Source, ex.Tip, ex.Commits
 	res.WorktreeDirty, res.PristineDropped = ex.WorktreeDirty, ex.Dropped
-	if err := s.own.EndSessionSandbox(ctx, sessionID); err != nil {
+	if err := own.EndSessionSandbox(ctx, sessionID); err != nil {
 		log.WithError(err).Warn("swebench: could not end the agent's session after extracting its patch")
 	}
 	return ex.Patch, nil
@@ -412,7 +418,7 @@ func (s *Server) takePatch(ctx context.Context, sessionID string, row Row, res *
 
 // grade runs patch against row in a fresh grading sandbox and fills res. The
 // grading sandbox is stopped on every path.
-func (s *Server) grade(ctx context.Context, row Row, patch string, res *VerifyResult, log logrus.FieldLogger) {
+func (s *Server) grade(ctx context.Context, own *owner.Owner, row Row, patch string, res *VerifyResult, log logrus.FieldLogger) {
 	began := time.Now()
 	defer func() { res.PatchVerificationTimeTaken = time.Since(began).Seconds() }()
 	infra := func(what string, err error) {
@@ -420,14 +426,18 @@ func (s *Server) grade(ctx context.Context, row Row, patch string, res *VerifyRe
 		res.FailureReason = joinReason(res.FailureReason, fmt.Errorf("%w: %s: %w", ErrGrading, what, err).Error())
 		log.WithError(err).Warn("swebench: grading failed: " + what)
 	}
-	p := s.grader
+	p, err := s.gradingProvider(own)
+	if err != nil {
+		infra("the grading provider", err)
+		return
+	}
 	image, err := s.image(ctx, p, row)
 	if err != nil {
 		infra("the instance's image", err)
 		return
 	}
 	t := time.Now()
-	h, err := p.Start(ctx, s.spec(image, row, "grading"))
+	h, err := p.Start(ctx, s.spec(p, image, row, "grading"))
 	res.EvalSandboxStartTimeTaken = time.Since(t).Seconds()
 	if err != nil {
 		infra("start the grading sandbox", err)

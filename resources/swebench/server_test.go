@@ -74,7 +74,7 @@ func TestGoldPatchAppliedByTheAgentResolves(t *testing.T) {
 func TestVerifyWithoutASandboxIsRefused(t *testing.T) {
 	tk := newTask(t)
 	w := newWorld(t, tk)
-	_, err := w.srv.Verify(context.Background(), "never-seeded", mustJSON(t, tk.row("example__calc-1")))
+	_, err := w.srv.VerifySession(context.Background(), w.own, "never-seeded", mustJSON(t, tk.row("example__calc-1")))
 	if !errors.Is(err, owner.ErrNoSessionSandbox) {
 		t.Fatalf("err = %v, want owner.ErrNoSessionSandbox", err)
 	}

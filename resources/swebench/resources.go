@@ -1,0 +1,79 @@
+package swebench
+
+import (
+	"context"
+	"errors"
+	nethttp "net/http"
+
+	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/owner"
+)
+
+// Error codes of this server's refusals, besides package http's.
+const (
+	CodeInvalidRow      = "invalid_row"
+	CodeSessionMismatch = "session_mismatch"
+)
+
+var _ httpapi.Resources = (*Server)(nil)
+
+// Name is the server's config name.
+func (s *Server) Name() string { return s.name }
+
+// Kind is "swebench".
+func (s *Server) Kind() string { return Kind }
+
+// VerifyReplayable is false: a verify ends the session.
+func (s *Server) VerifyReplayable() bool { return false }
+
+// Tools: the agent works in its sandbox through the sandbox API; the server
+// has no tool routes of its own.
+func (s *Server) Tools() map[string]httpapi.ToolFunc { return map[string]httpapi.ToolFunc{} }
+
+// Seed serves /seed_session: SeedSession on the request's session.
+func (s *Server) Seed(ctx context.Context, sess *httpapi.Session, row []byte) (any, error) {
+	res, err := s.SeedSession(ctx, sess.Owner, sess.ID, row)
+	if err != nil {
+		return nil, httpError(err)
+	}
+	return res, nil
+}
+
+// Verify serves /verify: VerifySession on the request's session.
+func (s *Server) Verify(ctx context.Context, sess *httpapi.Session, body []byte) (any, error) {
+	res, err := s.VerifySession(ctx, sess.Owner, sess.ID, body)
+	if err != nil {
+		return nil, httpError(err)
+	}
+	return res, nil
+}
+
+// statusError is an *httpapi.Error (what package http answers with) that
+// still matches this package's sentinels.
+type statusError struct {
+	he  *httpapi.Error
+	err error
+}
+
+func (e *statusError) Error() string   { return e.err.Error() }
+func (e *statusError) Unwrap() []error { return []error{e.he, e.err} }
+
+// httpError gives err its status: a row that cannot be graded is 422
+// invalid_row, a verify or re-seed naming another instance 409
+// session_mismatch; owner.ErrNoSessionSandbox (409) and setup failures (500
+// setup_failed) are package http's.
+func httpError(err error) error {
+	var status int
+	var code string
+	switch {
+	case errors.Is(err, owner.ErrNoSessionSandbox), errors.Is(err, owner.ErrSetup):
+		return err
+	case errors.Is(err, ErrInvalidRow), errors.Is(err, ErrUnknownLogParser), errors.Is(err, ErrNoTestCommand), errors.Is(err, ErrUnknownRepo):
+		status, code = nethttp.StatusUnprocessableEntity, CodeInvalidRow
+	case errors.Is(err, ErrSessionMismatch):
+		status, code = nethttp.StatusConflict, CodeSessionMismatch
+	default:
+		return err
+	}
+	return &statusError{he: httpapi.Errorf(status, code, "%s", err.Error()), err: err}
+}
