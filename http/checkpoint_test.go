@@ -14,13 +14,8 @@ func TestLeaseExpiryReopensAdmission(t *testing.T) {
 	h := newHarness(t)
 	a := &agent{}
 	h.ok(h.post(a, "/ng-rollout/r1/seed_session", nil), "seed")
-	h.ok(h.control("prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline()}), "prepare")
-	done := make(chan reply)
-	go func() { done <- h.post(a, "/ng-rollout/r1/append_note", map[string]any{"line": "one"}) }()
-	g := h.srv.Gate()
-	for ch := g.Changed(); g.Waiting() != 1; ch = g.Changed() {
-		<-ch
-	}
+	h.op("prepare", "ck1", nil)
+	done := h.waitingAppend(a, "/ng-rollout/r1/append_note")
 	// The controller is gone: past deadline + grace the lease resumes.
 	h.clk.Advance(time.Minute + control.DefaultLeaseGrace)
 	if !h.srv.Machine().Tick() {
@@ -41,17 +36,16 @@ func TestCommitLeavingOutARestoredSessionStopsItsFork(t *testing.T) {
 	h := newHarness(t)
 	a := &agent{}
 	h.ok(h.post(a, "/ng-rollout/r1/seed_session", nil), "seed")
-	h.ok(h.control("prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline()}), "prepare")
-	h.ok(h.control("commit", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline(), "checkpoint_dir": "/d1"}), "commit")
+	h.checkpoint("ck1", "/d1")
 	h.crash()
 	h.restart()
-	h.ok(h.control("restore", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline(), "checkpoint_dir": "/d1", "episode_ids": []any{ep("r1", 0)}}), "restore")
-	h.ok(h.control("resume", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline()}), "resume")
+	h.op("restore", "ck1", map[string]any{"checkpoint_dir": "/d1", "episode_ids": []any{ep("r1", 0)}})
+	h.op("resume", "ck1", nil)
 	if n := len(h.fake().LiveSandboxIDs()); n != 1 {
 		t.Fatalf("%d live sandboxes after the restore, want the fork", n)
 	}
-	h.ok(h.control("prepare", map[string]any{"checkpoint_id": "ck2", "deadline_ts": h.deadline()}), "prepare 2")
-	c := h.ok(h.control("commit", map[string]any{"checkpoint_id": "ck2", "deadline_ts": h.deadline(), "checkpoint_dir": "/d2", "episode_ids": []any{}}), "commit 2")
+	h.op("prepare", "ck2", nil)
+	c := h.op("commit", "ck2", map[string]any{"checkpoint_dir": "/d2", "episode_ids": []any{}})
 	if diff := cmp.Diff([]any{}, c["episode_ids"]); diff != "" {
 		t.Errorf("episode_ids (-want +got):\n%s", diff)
 	}
@@ -61,7 +55,7 @@ func TestCommitLeavingOutARestoredSessionStopsItsFork(t *testing.T) {
 	if n := h.fake().Stats().LiveSnapshots; n != 1 {
 		t.Errorf("%d snapshots, want ck1's kept", n)
 	}
-	h.ok(h.control("resume", map[string]any{"checkpoint_id": "ck2", "deadline_ts": h.deadline()}), "resume 2")
+	h.op("resume", "ck2", nil)
 	// Not a retire: attempt 1 is not fenced.
 	h.ok(h.post(a, "/ng-rollout/r1-a1/seed_session", nil), "seed of the next attempt")
 }

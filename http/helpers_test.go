@@ -327,3 +327,37 @@ func blockOn(fk *fake.Provider, op fake.Op) (entered <-chan struct{}, release fu
 	})
 	return in, func() { rel.Do(func() { close(out) }) }
 }
+
+// op calls a phased control route with checkpoint_id, a deadline and extra
+// fields, and wants a 200.
+func (h *harness) op(op, id string, extra map[string]any) map[string]any {
+	h.t.Helper()
+	body := map[string]any{"checkpoint_id": id, "deadline_ts": h.deadline()}
+	for k, v := range extra {
+		body[k] = v
+	}
+	return h.ok(h.control(op, body), op+" "+id)
+}
+
+// checkpoint prepares and commits id with dir (admission stays closed
+// until a resume).
+func (h *harness) checkpoint(id, dir string) map[string]any {
+	h.t.Helper()
+	if p := h.op("prepare", id, nil); p["phase"] != "prepared" {
+		h.t.Fatalf("prepare %s: %v", id, p)
+	}
+	return h.op("commit", id, map[string]any{"checkpoint_dir": dir})
+}
+
+// waitingAppend sends an append that the closed gate holds, and returns
+// once it waits there.
+func (h *harness) waitingAppend(a *agent, path string) <-chan reply {
+	h.t.Helper()
+	done := make(chan reply, 1)
+	go func() { done <- h.post(a, path, map[string]any{"line": "one"}) }()
+	g := h.srv.Gate()
+	for ch := g.Changed(); g.Waiting() != 1; ch = g.Changed() {
+		<-ch
+	}
+	return done
+}

@@ -99,13 +99,8 @@ func TestAdmissionWaitsWhileACheckpointIsOpen(t *testing.T) {
 	h := newHarness(t)
 	a := &agent{}
 	h.ok(h.post(a, "/ng-rollout/r1/seed_session", nil), "seed")
-	h.ok(h.control("prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline()}), "prepare")
-	done := make(chan reply)
-	go func() { done <- h.post(a, "/ng-rollout/r1/append_note", map[string]any{"line": "one"}) }()
-	g := h.srv.Gate()
-	for ch := g.Changed(); g.Waiting() != 1; ch = g.Changed() {
-		<-ch
-	}
+	h.op("prepare", "ck1", nil)
+	done := h.waitingAppend(a, "/ng-rollout/r1/append_note")
 	select {
 	case r := <-done:
 		t.Fatalf("a data request was served while the checkpoint was open: %d %s", r.status, r.body)

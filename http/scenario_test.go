@@ -94,20 +94,19 @@ func TestCrashRestoreScenario(t *testing.T) {
 	}
 }
 
-// TestRestoreLosingTheDataRewardsZero: a session restored from a checkpoint
+// TestRestoreOfAnEarlierCheckpointRewardsZero: a session restored from a checkpoint
 // taken before the note was appended verifies to 0.
 func TestRestoreOfAnEarlierCheckpointRewardsZero(t *testing.T) {
 	h := newHarness(t)
 	a := &agent{}
 	h.ok(h.post(a, "/ng-rollout/r1/seed_session", nil), "seed")
-	h.ok(h.control("prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline()}), "prepare")
-	h.ok(h.control("commit", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline(), "checkpoint_dir": "/d"}), "commit")
-	h.ok(h.control("resume", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline()}), "resume")
+	h.checkpoint("ck1", "/d")
+	h.op("resume", "ck1", nil)
 	h.ok(h.post(a, "/ng-rollout/r1/append_note", map[string]any{"line": "one"}), "append")
 	h.crash()
 	h.restart()
-	h.ok(h.control("restore", map[string]any{"checkpoint_id": "rs", "deadline_ts": h.deadline(), "source_checkpoint_id": "ck1", "episode_ids": []any{ep("r1", 0)}}), "restore")
-	h.ok(h.control("resume", map[string]any{"checkpoint_id": "rs", "deadline_ts": h.deadline()}), "resume")
+	h.op("restore", "rs", map[string]any{"source_checkpoint_id": "ck1", "episode_ids": []any{ep("r1", 0)}})
+	h.op("resume", "rs", nil)
 	h.ok(h.post(a, "/ng-rollout/r1-a1/seed_session", nil), "re-seed")
 	v := h.ok(h.post(a, "/ng-rollout/r1-a1/verify", map[string]any{"expected_notes": []string{"one"}}), "verify")
 	if v["reward"] != 0.0 {
