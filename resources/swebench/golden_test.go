@@ -9,9 +9,12 @@ import (
 	"github.com/sandboxowner/owner/provider/local"
 )
 
-func TestGoldenPatchInstanceResolvesAndLendsNothing(t *testing.T) {
+// newGolden is the golden-patch instance: its owner has no provider (with
+// checkpointing on, no state_dir and 8 workers, the mode in effect is
+// restart_only) and grading runs on a local provider of its own.
+func newGolden(t *testing.T, tk task) (*local.Provider, *owner.Owner, *Server) {
+	t.Helper()
 	needTools(t, "git", "go", "patch")
-	tk := newTask(t)
 	log := testLogger(t)
 	prov, err := local.New(local.Options{Root: t.TempDir(), Logger: log, Caches: sharedCaches(testCaches)})
 	if err != nil {
@@ -23,8 +26,6 @@ func TestGoldenPatchInstanceResolvesAndLendsNothing(t *testing.T) {
 		TemplateDir:            t.TempDir(),
 		TestCommands:           map[string]string{taskRepo: goTestCmd},
 	}
-	// The golden instance's owner has no provider: with checkpointing on,
-	// no state_dir and 8 workers, the mode in effect is restart_only.
 	if cfg.LendsSandboxes() {
 		t.Fatal("the golden-patch instance lends sandboxes")
 	}
@@ -39,10 +40,16 @@ func TestGoldenPatchInstanceResolvesAndLendsNothing(t *testing.T) {
 	if own.Mode() != owner.ModeRestartOnly {
 		t.Fatalf("mode %s, want restart_only", own.Mode())
 	}
-	srv, err := New(cfg, Deps{Grader: prov, Logger: log})
+	srv, err := New(cfg, Deps{Name: "swebench_golden", Grader: prov, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return prov, own, srv
+}
+
+func TestGoldenPatchInstanceResolvesAndLendsNothing(t *testing.T) {
+	tk := newTask(t)
+	prov, own, srv := newGolden(t, tk)
 	for _, format := range []string{"original", "multilingual"} {
 		t.Run(format, func(t *testing.T) {
 			row := tk.row("example__calc-1")

@@ -9,7 +9,6 @@ import (
 
 	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/owner"
-	"github.com/sandboxowner/owner/provider/local"
 )
 
 // client drives an http.Server's handler directly, keeping its cookie.
@@ -115,23 +114,8 @@ func TestOverHTTP(t *testing.T) {
 }
 
 func TestGoldenOverHTTPLendsNothing(t *testing.T) {
-	needTools(t, "git", "go", "patch")
 	tk := newTask(t)
-	log := testLogger(t)
-	prov, err := local.New(local.Options{Root: t.TempDir(), Logger: log, Caches: sharedCaches(testCaches)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	own, err := owner.New(context.Background(), owner.Config{Name: "golden", Logger: log, NumWorkers: 8, Checkpoint: owner.CheckpointConfig{Enabled: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = own.Close() })
-	srv, err := New(Config{IsVerifyingGoldenPatch: true, Repos: map[string]string{taskRepo: tk.dir}, TemplateDir: t.TempDir(),
-		TestCommands: map[string]string{taskRepo: goTestCmd}}, Deps{Name: "golden", Grader: prov, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, own, srv := newGolden(t, tk)
 	c := newHTTP(t, own, srv)
 	row := mustJSON(t, tk.row("example__calc-1"))
 	r := c.post("/ng-rollout/r-1/seed_session", row)
