@@ -203,7 +203,7 @@ type command func(ctx context.Context, args []string, stdout, stderr io.Writer) 
 
 // commands are the binary's subcommands; with none named, serve runs.
 func commands() map[string]command {
-	return map[string]command{"serve": serve}
+	return map[string]command{"serve": serve, "sweep": sweepCommand}
 }
 
 // ShutdownTimeout bounds the drain at SIGTERM.

@@ -211,7 +211,7 @@ func TestProcessSIGTERMIsClean(t *testing.T) {
 }
 
 func TestProcessBadConfigExits2WithOneLine(t *testing.T) {
-	for _, args := range [][]string{{"-port", "99999"}, {"-checkpoint.enabled"}, {"sweep"}} {
+	for _, args := range [][]string{{"-port", "99999"}, {"-checkpoint.enabled"}, {"no-such-command"}} {
 		cmd, lines, _ := child(t, args...)
 		var out []string
 		for lines.Scan() {

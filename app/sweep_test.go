@@ -1,0 +1,80 @@
+package app_test
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/app"
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local"
+)
+
+// TestSweepCommand leaves what a crashed server leaves on the local provider
+// (a checkpointed session, one seeded after the checkpoint), then runs
+// `server sweep` and `server sweep -reap` on the same configuration.
+func TestSweepCommand(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	root := filepath.Join(dir, "sandboxes")
+	lg := logrus.New()
+	lg.SetLevel(logrus.ErrorLevel)
+	p, err := local.New(local.Options{Root: root, Templates: map[string]string{"notes": ""}, Isolation: "none", Overlay: "off", Logger: lg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := owner.New(ctx, owner.Config{Name: "notes", Provider: p, Logger: lg,
+		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: dir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setup := func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) { return nil, nil }
+	if _, err := o.StartSessionSandbox(ctx, "kept", provider.Spec{Image: "notes"}, setup, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Commit(ctx, owner.CommitRequest{CheckpointID: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+	stray, err := o.StartSessionSandbox(ctx, "stray", provider.Spec{Image: "notes"}, setup, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-sandbox.provider", "local", "-sandbox.local.root", root, "-sandbox.local.isolation", "none",
+		"-sandbox.local.overlay", "off", "-checkpoint.enabled", "-checkpoint.state_dir", dir,
+		"-checkpoint.control_auth_token", "tok", "-log-level", "error"}
+
+	// The running owner holds the index: the sweep refuses.
+	var out, errOut strings.Builder
+	if code := app.Run(ctx, append([]string{"sweep", "-reap"}, args...), &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "cannot read the index") {
+		t.Fatalf("sweep with the index held: exit %d, stderr %q", code, errOut.String())
+	}
+	o.Abandon()
+
+	out.Reset()
+	errOut.Reset()
+	if code := app.Run(ctx, append([]string{"sweep"}, args...), &out, &errOut); code != 0 {
+		t.Fatalf("sweep: exit %d, stderr %q", code, errOut.String())
+	}
+	if want := "would stop sandbox " + stray.Handle.SandboxID; !strings.Contains(out.String(), want) || strings.Count(out.String(), "would ") != 1 {
+		t.Fatalf("sweep output %q, want only %q", out.String(), want)
+	}
+	out.Reset()
+	if code := app.Run(ctx, append([]string{"sweep", "-reap"}, args...), &out, &errOut); code != 0 {
+		t.Fatalf("sweep -reap: exit %d, stderr %q", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "stopping sandbox "+stray.Handle.SandboxID) {
+		t.Fatalf("sweep -reap output %q", out.String())
+	}
+	sbs, err := p.ListSandboxes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sbs) != 1 || sbs[0].Metadata[owner.LabelSession] != "kept" {
+		t.Fatalf("left after the reap: %+v", sbs)
+	}
+}
