@@ -75,13 +75,6 @@ func (p *process) arm(t *trigger) {
 	p.trig = t
 }
 
-// fired reports whether the armed trigger crashed the process.
-func (p *process) fired() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.trig != nil && p.trig.fired
-}
-
 // kill makes the process dead now.
 func (p *process) kill() {
 	p.mu.Lock()

@@ -214,6 +214,8 @@ func newRun(seed int64, cfg Config) *run {
 	r.log = logrus.New()
 	r.log.SetOutput(io.Discard)
 	if r.trace != nil {
+		// The owner logs from its own goroutines.
+		r.trace = &syncWriter{w: r.trace}
 		r.log.SetOutput(r.trace)
 		r.log.SetLevel(logrus.WarnLevel)
 		r.log.SetFormatter(&logrus.TextFormatter{DisableTimestamp: true, DisableQuote: true})
@@ -558,6 +560,18 @@ func (r *run) checkDisk() {
 }
 
 // --- helpers ---
+
+// syncWriter serialises writes of the harness and the owner's logger.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
 
 func toSet(ids []string) map[string]bool {
 	m := make(map[string]bool, len(ids))

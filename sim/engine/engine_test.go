@@ -1,0 +1,204 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+// TestRegressionSeeds replays a fixed set of small runs and every seed that
+// ever found a bug: none may violate an invariant.
+func TestRegressionSeeds(t *testing.T) {
+	// Seeds that found bugs (with the default -sessions 4 -steps 40
+	// -faults all); each replays the run that found it. The commits that
+	// fixed them name the seeds.
+	bugSeeds := []int64{
+		9,   // startup sweep did not retry a failed stop (owner)
+		102, // same, mid-seed crash
+		204, // snapshots landing after a round's deadline (harness wait)
+		220, // Sessions listed a session after EndSessionSandbox returned (actors)
+		284, // a failed setup's failed stop leaked the sandbox (actors)
+		319, // snapshots landing after a round's deadline (harness wait)
+		340, // a failed restore's rollback stopped a live session's fork (owner)
+	}
+	small := Config{Sessions: 3, Steps: 16, Faults: DefaultFaults(), TempDir: t.TempDir()}
+	full := Config{Sessions: 4, Steps: 40, Faults: DefaultFaults(), TempDir: t.TempDir()}
+	if testing.Short() {
+		full.Steps = 16
+	}
+	type tc struct {
+		seed int64
+		cfg  Config
+	}
+	var cases []tc
+	for s := int64(1001); s <= 1030; s++ {
+		cases = append(cases, tc{s, small})
+	}
+	for _, s := range bugSeeds {
+		cases = append(cases, tc{s, full})
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("seed-%d", c.seed), func(t *testing.T) {
+			t.Parallel()
+			res := Run(c.seed, c.cfg)
+			for _, v := range res.Violations {
+				t.Errorf("%s\n  replay: go run ./sim -seed %d -runs 1 -sessions %d -steps %d -v", v, c.seed, c.cfg.Sessions, c.cfg.Steps)
+			}
+			if res.Steps == 0 {
+				t.Errorf("the run took no step")
+			}
+		})
+	}
+}
+
+// runSabotaged runs a seed with sabotage after every step and returns the
+// violations.
+func runSabotaged(t *testing.T, seed int64, sabotage func(r *run)) []Violation {
+	t.Helper()
+	r := newRun(seed, Config{Sessions: 3, Steps: 20, TempDir: t.TempDir()})
+	r.sabotage = sabotage
+	return r.exec().Violations
+}
+
+func invariantsOf(vs []Violation) []Invariant {
+	seen := map[Invariant]bool{}
+	var out []Invariant
+	for _, v := range vs {
+		if !seen[v.Invariant] {
+			seen[v.Invariant] = true
+			out = append(out, v.Invariant)
+		}
+	}
+	return out
+}
+
+// The checks read the real state: breaking it behind the owner's back must
+// show as the right invariant, at the step it happened.
+func TestChecksSeeWhatTheOwnerDidNot(t *testing.T) {
+	t.Run("a stray sandbox is a leak", func(t *testing.T) {
+		vs := runSabotaged(t, 7, func(r *run) {
+			if r.step == 3 {
+				if _, err := r.fk.Start(context.Background(), provider.Spec{Image: "stray"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+		if diff := cmp.Diff([]Invariant{NoLeak}, invariantsOf(vs)); diff != "" || vs[0].Step != 3 {
+			t.Fatalf("violations %v (-want +got):\n%s", vs, diff)
+		}
+	})
+	t.Run("a lost snapshot breaks a checkpoint", func(t *testing.T) {
+		done := false
+		vs := runSabotaged(t, 11, func(r *run) {
+			if done || len(r.m.ckpts) == 0 {
+				return
+			}
+			for _, ck := range r.m.ckpts {
+				if len(ck.records) > 0 {
+					idx := r.o.Index()
+					got, err := idx.Checkpoint(ck.id)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := r.fk.DeleteSnapshot(context.Background(), got.Records[0].SnapshotID); err != nil {
+						t.Fatal(err)
+					}
+					done = true
+					return
+				}
+			}
+		})
+		if !done {
+			t.Skip("the seed made no checkpoint with a record")
+		}
+		if diff := cmp.Diff([]Invariant{Restorable}, invariantsOf(vs)); diff != "" {
+			t.Fatalf("violations %v (-want +got):\n%s", vs, diff)
+		}
+	})
+	t.Run("notes changed behind the owner are lost state", func(t *testing.T) {
+		done := false
+		vs := runSabotaged(t, 5, func(r *run) {
+			if done || r.o == nil {
+				return
+			}
+			for _, sid := range r.m.live() {
+				sb, err := r.o.RequireSessionSandbox(sid)
+				if err != nil {
+					continue
+				}
+				if err := r.fk.WriteFile(context.Background(), sb.Handle, notesFile, []byte("forged\n")); err != nil {
+					t.Fatal(err)
+				}
+				done = true
+				return
+			}
+		})
+		if !done {
+			t.Skip("the seed had no live session")
+		}
+		got := invariantsOf(vs)
+		if len(got) != 1 || (got[0] != LiveState && got[0] != ExactRestore) {
+			t.Fatalf("violations %v, want live state (or exact restore)", vs)
+		}
+	})
+}
+
+// One seed replays one run: the traces of two runs of a seed agree, except
+// for the owners' random incarnation ids.
+func TestASeedReplaysItsRun(t *testing.T) {
+	faults, err := ParseFaults("crash,lease,drift,resent-verify,setup-fail,crash-seed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	trace := func() string {
+		var b bytes.Buffer
+		Run(42, Config{Sessions: 3, Steps: 30, Faults: faults, Trace: &b, TempDir: t.TempDir()})
+		var keep []string
+		for _, line := range strings.Split(b.String(), "\n") {
+			// The owner's own log lines come from its goroutines, in
+			// any order.
+			if !strings.Contains(line, "incarnation") && !strings.HasPrefix(line, "level=") {
+				keep = append(keep, line)
+			}
+		}
+		return strings.Join(keep, "\n")
+	}
+	first, second := trace(), trace()
+	if diff := cmp.Diff(first, second); diff != "" {
+		t.Fatalf("two runs of seed 42 differ (-first +second):\n%s", diff)
+	}
+	if !strings.Contains(first, "crash") {
+		t.Fatalf("the replayed run injected no crash:\n%s", first)
+	}
+}
+
+func TestParseFaults(t *testing.T) {
+	f, err := ParseFaults("crash=0.5,race")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(Faults{FaultCrash: 0.5, FaultRace: defaultRates()[FaultRace]}, f); diff != "" {
+		t.Fatalf("(-want +got):\n%s", diff)
+	}
+	all, err := ParseFaults("all,crash=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, on := all[FaultCrash]; on || len(all) != len(Kinds())-1 {
+		t.Fatalf("all,crash=0 gave %v", all)
+	}
+	if f.String() != "crash=0.5,race=0.12" || DefaultFaults().String() != "all" {
+		t.Fatalf("String: %q, %q", f.String(), DefaultFaults().String())
+	}
+	for _, bad := range []string{"nosuch", "crash=2", "crash=x"} {
+		if _, err := ParseFaults(bad); err == nil {
+			t.Errorf("ParseFaults(%q) accepted it", bad)
+		}
+	}
+}
