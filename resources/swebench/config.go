@@ -78,7 +78,7 @@ func DefaultCaches() map[string]string {
 type SandboxConfig struct {
 	TTLSeconds          float64           `yaml:"ttl_s" json:"ttl_s"`
 	ReadyTimeoutSeconds float64           `yaml:"ready_timeout_s" json:"ready_timeout_s"`
-	Resources           *Resources        `yaml:"resources" json:"resources,omitempty"`
+	Resources           Resources         `yaml:"resources" json:"resources"`
 	Env                 map[string]string `yaml:"env" json:"env,omitempty"`
 	Metadata            map[string]string `yaml:"metadata" json:"metadata,omitempty"`
 	// Network lets commands reach the network (the local provider isolates
@@ -154,8 +154,8 @@ func (c Config) testCommand(repo string) string {
 	return c.DefaultTestCommand
 }
 
-func (r *Resources) provider() *provider.Resources {
-	if r == nil {
+func (r Resources) provider() *provider.Resources {
+	if r == (Resources{}) {
 		return nil
 	}
 	return &provider.Resources{CPU: r.CPU, MemoryMiB: r.MemoryMiB, DiskGiB: r.DiskGiB, GPU: r.GPU, GPUType: r.GPUType}

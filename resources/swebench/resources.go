@@ -5,6 +5,8 @@ import (
 	"errors"
 	nethttp "net/http"
 
+	"github.com/sirupsen/logrus"
+
 	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/owner"
 )
@@ -32,7 +34,7 @@ func (s *Server) Tools() map[string]httpapi.ToolFunc { return map[string]httpapi
 
 // Seed serves /seed_session: SeedSession on the request's session.
 func (s *Server) Seed(ctx context.Context, sess *httpapi.Session, row []byte) (any, error) {
-	res, err := s.SeedSession(ctx, sess.Owner, sess.ID, row)
+	res, err := s.seed(ctx, sess.Owner, sess.ID, row, s.requestLog(sess))
 	if err != nil {
 		return nil, httpError(err)
 	}
@@ -41,11 +43,20 @@ func (s *Server) Seed(ctx context.Context, sess *httpapi.Session, row []byte) (a
 
 // Verify serves /verify: VerifySession on the request's session.
 func (s *Server) Verify(ctx context.Context, sess *httpapi.Session, body []byte) (any, error) {
-	res, err := s.VerifySession(ctx, sess.Owner, sess.ID, body)
+	res, err := s.verify(ctx, sess.Owner, sess.ID, body, s.requestLog(sess))
 	if err != nil {
 		return nil, httpError(err)
 	}
 	return res, nil
+}
+
+// requestLog is the logger of a request through package http: the server's
+// when one was injected, else the session's.
+func (s *Server) requestLog(sess *httpapi.Session) logrus.FieldLogger {
+	if s.injected || sess.Log == nil {
+		return s.log
+	}
+	return sess.Log.WithField("resources", Kind)
 }
 
 // statusError is an *httpapi.Error (what package http answers with) that

@@ -68,7 +68,7 @@ func TestScrubLeavesTheFixUnreachable(t *testing.T) {
 	}
 	// The template on the host keeps the history (the grading sandbox and
 	// the next agent sandbox start from it); only the sandbox was scrubbed.
-	tmplDir, _, err := w.srv.templates.Ensure(context.Background(), taskRepo, tk.base)
+	tmplDir, _, err := w.srv.templates.Ensure(context.Background(), taskRepo, tk.base, w.log)
 	if err != nil {
 		t.Fatal(err)
 	}

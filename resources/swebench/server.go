@@ -59,6 +59,9 @@ type Server struct {
 	grader    provider.Provider
 	templates *Templates // nil without repos
 	log       logrus.FieldLogger
+	// injected: log came from Deps; otherwise requests through package
+	// http log to their session's logger.
+	injected bool
 }
 
 // New checks cfg and returns a server.
@@ -67,7 +70,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, name: deps.Name, grader: deps.Grader, log: deps.Logger}
+	s := &Server{cfg: cfg, name: deps.Name, grader: deps.Grader, log: deps.Logger, injected: deps.Logger != nil}
 	if s.name == "" {
 		s.name = Kind
 	}
@@ -78,7 +81,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	s.log = s.log.WithField("resources", Kind)
 	if len(cfg.Repos) > 0 {
-		if s.templates, err = NewTemplates(cfg.TemplateDir, cfg.Repos, s.log); err != nil {
+		if s.templates, err = NewTemplates(cfg.TemplateDir, cfg.Repos); err != nil {
 			return nil, err
 		}
 	}
@@ -146,6 +149,10 @@ func (s *Server) gradingProvider(own *owner.Owner) (provider.Provider, error) {
 // its fork; a repeated seed of the same instance gets the session's sandbox.
 // The golden-patch instance starts nothing.
 func (s *Server) SeedSession(ctx context.Context, own *owner.Owner, sessionID string, body []byte) (SeedResult, error) {
+	return s.seed(ctx, own, sessionID, body, s.log)
+}
+
+func (s *Server) seed(ctx context.Context, own *owner.Owner, sessionID string, body []byte, log logrus.FieldLogger) (SeedResult, error) {
 	began := time.Now()
 	row, err := ParseRow(body)
 	if err != nil {
@@ -155,7 +162,7 @@ func (s *Server) SeedSession(ctx context.Context, own *owner.Owner, sessionID st
 		return SeedResult{}, err
 	}
 	res := SeedResult{InstanceID: row.InstanceID}
-	log := s.log.WithFields(logrus.Fields{"session_id": sessionID, "instance_id": row.InstanceID})
+	log = log.WithFields(logrus.Fields{"session_id": sessionID, "instance_id": row.InstanceID})
 	if !s.LendsSandboxes() {
 		if strings.TrimSpace(row.Patch) == "" {
 			return SeedResult{}, fmt.Errorf("%w: %s: the golden-patch instance needs the row's patch", ErrInvalidRow, row.InstanceID)
@@ -168,11 +175,11 @@ func (s *Server) SeedSession(ctx context.Context, own *owner.Owner, sessionID st
 	if p == nil {
 		return SeedResult{}, fmt.Errorf("%w: the owner has no provider to lend sandboxes from (only the golden-patch instance lends none)", ErrConfig)
 	}
-	image, err := s.image(ctx, p, row)
+	image, err := s.image(ctx, p, row, log)
 	if err != nil {
 		return SeedResult{}, err
 	}
-	sb, err := own.StartSessionSandbox(ctx, sessionID, s.spec(p, image, row, "agent"), s.setup(row, image), s.cfg.Workdir)
+	sb, err := own.StartSessionSandbox(ctx, sessionID, s.spec(p, image, row, "agent"), s.setup(row, image, log), s.cfg.Workdir)
 	if errors.Is(err, owner.ErrSandboxExists) {
 		sb, err = own.RequireSessionSandbox(sessionID)
 	}
@@ -190,7 +197,7 @@ func (s *Server) SeedSession(ctx context.Context, own *owner.Owner, sessionID st
 }
 
 // setup is the agent sandbox's setup: the scrub, then the pristine list.
-func (s *Server) setup(row Row, image string) owner.SetupFunc {
+func (s *Server) setup(row Row, image string, log logrus.FieldLogger) owner.SetupFunc {
 	return func(ctx context.Context, p provider.Provider, sb owner.Sandbox) (json.RawMessage, error) {
 		rep, err := Scrub(ctx, p, sb.Handle, row.BaseCommit, s.cfg.setupTimeout())
 		if err != nil {
@@ -213,7 +220,7 @@ func (s *Server) setup(row Row, image string) owner.SetupFunc {
 		if len(data) > maxSessionData {
 			return nil, fmt.Errorf("%w: %d untracked entries before the agent started make %d bytes of session data (at most %d)", ErrScrub, len(pristine), len(data), maxSessionData)
 		}
-		s.log.WithFields(logrus.Fields{"sandbox_id": sb.Handle.SandboxID, "instance_id": row.InstanceID, "base_commit": rep.Base,
+		log.WithFields(logrus.Fields{"sandbox_id": sb.Handle.SandboxID, "base_commit": rep.Base,
 			"commits_before": rep.CommitsBefore, "commits_after": rep.CommitsAfter, "pristine_untracked": len(pristine)}).Info("swebench: scrubbed")
 		return data, nil
 	}
@@ -222,10 +229,10 @@ func (s *Server) setup(row Row, image string) owner.SetupFunc {
 // image returns the image of row's sandboxes on p: on the local provider the
 // template of (repo, base commit) when the repo is configured, else the row's
 // image, else (other providers) SWE-bench's instance image name.
-func (s *Server) image(ctx context.Context, p provider.Provider, row Row) (string, error) {
+func (s *Server) image(ctx context.Context, p provider.Provider, row Row, log logrus.FieldLogger) (string, error) {
 	isLocal := p.Name() == local.Name
 	if isLocal && s.templates != nil && s.templates.Has(row.Repo) {
-		dir, _, err := s.templates.Ensure(ctx, row.Repo, row.BaseCommit)
+		dir, _, err := s.templates.Ensure(ctx, row.Repo, row.BaseCommit, log)
 		return dir, err
 	}
 	if row.Image != "" {
@@ -340,13 +347,17 @@ type VerifyResult struct {
 // reward. Failures of the patch or the tests are a reward of 0 with a
 // failure_kind; failures of the grading sandbox are a masked sample.
 func (s *Server) VerifySession(ctx context.Context, own *owner.Owner, sessionID string, body []byte) (VerifyResult, error) {
+	return s.verify(ctx, own, sessionID, body, s.log)
+}
+
+func (s *Server) verify(ctx context.Context, own *owner.Owner, sessionID string, body []byte, log logrus.FieldLogger) (VerifyResult, error) {
 	began := time.Now()
 	row, err := ParseRow(body)
 	if err != nil {
 		return VerifyResult{}, err
 	}
 	res := VerifyResult{InstanceID: row.InstanceID}
-	log := s.log.WithFields(logrus.Fields{"session_id": sessionID, "instance_id": row.InstanceID})
+	log = log.WithFields(logrus.Fields{"session_id": sessionID, "instance_id": row.InstanceID})
 	var patch string
 	if !s.LendsSandboxes() {
 		patch, res.PatchSource = row.Patch, PatchSourceGolden
@@ -431,7 +442,7 @@ func (s *Server) grade(ctx context.Context, own *owner.Owner, row Row, patch str
 		infra("the grading provider", err)
 		return
 	}
-	image, err := s.image(ctx, p, row)
+	image, err := s.image(ctx, p, row, log)
 	if err != nil {
 		infra("the instance's image", err)
 		return

@@ -29,7 +29,6 @@ import (
 type Templates struct {
 	root  string
 	repos map[string]string
-	log   logrus.FieldLogger
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex // one per template being made or checked
@@ -37,7 +36,7 @@ type Templates struct {
 
 // NewTemplates returns a store under root for the repositories in repos
 // ("owner/name" → a git repository on the host).
-func NewTemplates(root string, repos map[string]string, log logrus.FieldLogger) (*Templates, error) {
+func NewTemplates(root string, repos map[string]string) (*Templates, error) {
 	abs, err := filepath.Abs(root)
 	if err != nil {
 		return nil, fmt.Errorf("%w: template_dir %q: %v", ErrConfig, root, err)
@@ -53,7 +52,7 @@ func NewTemplates(root string, repos map[string]string, log logrus.FieldLogger) 
 		}
 		rs[name] = p
 	}
-	return &Templates{root: abs, repos: rs, log: log, locks: map[string]*sync.Mutex{}}, nil
+	return &Templates{root: abs, repos: rs, locks: map[string]*sync.Mutex{}}, nil
 }
 
 // Has reports whether repo is configured.
@@ -66,8 +65,9 @@ func (t *Templates) Has(repo string) bool {
 func (t *Templates) Root() string { return t.root }
 
 // Ensure returns the template directory of (repo, base), making it if
-// needed, and the base commit's full id. base may be abbreviated.
-func (t *Templates) Ensure(ctx context.Context, repo, base string) (dir, fullBase string, err error) {
+// needed (and logging that to log), and the base commit's full id. base may
+// be abbreviated.
+func (t *Templates) Ensure(ctx context.Context, repo, base string, log logrus.FieldLogger) (dir, fullBase string, err error) {
 	src, ok := t.repos[repo]
 	if !ok {
 		return "", "", fmt.Errorf("%w: %q is not in swebench.repos", ErrUnknownRepo, repo)
@@ -120,7 +120,7 @@ func (t *Templates) Ensure(ctx context.Context, repo, base string) (dir, fullBas
 	if err := os.Rename(tmp, dir); err != nil {
 		return "", "", fmt.Errorf("%w: %w", ErrTemplate, err)
 	}
-	t.log.WithFields(logrus.Fields{"repo": repo, "base_commit": fullBase, "dir": dir, "duration_ms": time.Since(began).Milliseconds()}).Info("swebench: template prepared")
+	log.WithFields(logrus.Fields{"repo": repo, "base_commit": fullBase, "dir": dir, "duration_ms": time.Since(began).Milliseconds()}).Info("swebench: template prepared")
 	return dir, fullBase, nil
 }
 
