@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sandboxowner/owner/resources/swebench"
 )
 
 // ErrConfig: the configuration cannot be used. Run reports it in one line
@@ -34,6 +36,8 @@ type Config struct {
 	SessionSecret string           `yaml:"session_secret"`
 	Sandbox       SandboxConfig    `yaml:"sandbox"`
 	Checkpoint    CheckpointConfig `yaml:"checkpoint"`
+	// SWEBench configures resources: swebench (package resources/swebench).
+	SWEBench swebench.Config `yaml:"swebench"`
 }
 
 // SandboxConfig selects the sandbox provider; each provider's options sit
@@ -58,6 +62,9 @@ type LocalOptions struct {
 	Isolation      string            `yaml:"isolation"`
 	Overlay        string            `yaml:"overlay"`
 	DefaultWorkdir string            `yaml:"default_workdir"`
+	// Caches places named shared caches: name → host directory (default
+	// <root>/caches/<name>).
+	Caches map[string]string `yaml:"caches"`
 }
 
 // CheckpointConfig is the checkpoint block.
@@ -87,7 +94,7 @@ func Defaults() Config {
 func keyUsage() map[string]string {
 	return map[string]string{
 		"name":                           "the server's name (cookie, status instance, sandbox labels)",
-		"resources":                      "the resources server: notes",
+		"resources":                      "the resources server: notes or swebench",
 		"host":                           "address to listen on",
 		"port":                           "port to listen on (0: any free port)",
 		"num_workers":                    "worker processes (an exported owner runs in one)",
@@ -100,12 +107,37 @@ func keyUsage() map[string]string {
 		"sandbox.local.isolation":        "local provider: auto, bwrap or none",
 		"sandbox.local.overlay":          "local provider: auto, on or off",
 		"sandbox.local.default_workdir":  "local provider: workdir of specs that name none",
+		"sandbox.local.caches":           "local provider: cache name=host directory of a named shared cache (repeatable; default <root>/caches/<name>)",
 		"checkpoint.enabled":             "serve the checkpoint control plane",
 		"checkpoint.state_dir":           "directory of the snapshot index (required to export snapshots)",
 		"checkpoint.control_auth_token":  "bearer token of the control plane (required when enabled)",
 		"checkpoint.parallelism":         "concurrent provider calls of a checkpoint operation",
 		"checkpoint.on_stop":             "what a commit with stop does with the sandboxes: kill or none",
 		"checkpoint.lease_grace_seconds": "seconds past deadline_ts before an open checkpoint resumes itself",
+
+		"swebench.is_verifying_golden_patch":           "swebench: grade each row's own patch and lend no sandbox",
+		"swebench.evaluation_timeout":                  "swebench: seconds the eval script may run (default 1800)",
+		"swebench.setup_timeout":                       "swebench: seconds for the scrub, patch extraction and patch application (default 600)",
+		"swebench.repos":                               "swebench: owner/name=git repository on this machine (repeatable; the local provider's images)",
+		"swebench.template_dir":                        "swebench: where each (repo, base commit) clone is kept (default: <state_dir>/swebench-templates)",
+		"swebench.test_commands":                       "swebench: owner/name=test command, for rows without eval_script (repeatable)",
+		"swebench.default_test_command":                "swebench: test command of repos not in swebench.test_commands",
+		"swebench.workdir":                             "swebench: the repository's path in a sandbox (default /testbed)",
+		"swebench.image_namespace":                     "swebench: namespace of instance images on other providers (default swebench)",
+		"swebench.test_output_cap":                     "swebench: bytes of test_output in a verify reply (default 65536)",
+		"swebench.caches":                              "swebench: cache name=environment variable, local named caches (default gomod=GOMODCACHE, gobuild=GOCACHE)",
+		"swebench.share_caches_with_agent":             "swebench: give agent sandboxes the grading caches (default: their own)",
+		"swebench.sandbox_config.ttl_s":                "swebench: sandbox lease in seconds",
+		"swebench.sandbox_config.ready_timeout_s":      "swebench: seconds a sandbox start may take",
+		"swebench.sandbox_config.resources.cpu":        "swebench: CPUs a sandbox asks for",
+		"swebench.sandbox_config.resources.memory_mib": "swebench: memory a sandbox asks for, MiB",
+		"swebench.sandbox_config.resources.disk_gib":   "swebench: disk a sandbox asks for, GiB",
+		"swebench.sandbox_config.resources.gpu":        "swebench: GPUs a sandbox asks for",
+		"swebench.sandbox_config.resources.gpu_type":   "swebench: GPU type a sandbox asks for",
+		"swebench.sandbox_config.env":                  "swebench: KEY=value in every sandbox command's environment (repeatable)",
+		"swebench.sandbox_config.metadata":             "swebench: key=value sandbox labels (repeatable)",
+		"swebench.sandbox_config.network":              "swebench: let sandbox commands reach the network (module downloads)",
+		"swebench.sandbox_config.provider_options":     "swebench: key=value passed to the provider (repeatable)",
 	}
 }
 

@@ -66,6 +66,7 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 		Isolation:      o.Isolation,
 		Overlay:        o.Overlay,
 		DefaultWorkdir: o.DefaultWorkdir,
+		Caches:         o.Caches,
 		Clock:          env.clk,
 		Logger:         env.log.WithField("provider", "local"),
 	})

@@ -1,8 +1,13 @@
 package app
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
+
 	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/resources/notes"
+	"github.com/sandboxowner/owner/resources/swebench"
 )
 
 // resourcesEntry builds one resources server.
@@ -22,5 +27,24 @@ func resourcesRegistry() map[string]resourcesEntry {
 			},
 			templates: map[string]string{notes.Image: ""},
 		},
+		"swebench": {build: newSWEBench},
 	}
+}
+
+// newSWEBench builds the SWE-bench server. Its sandboxes run git and the
+// repositories' tests, which the fake provider cannot: it needs a real one
+// (sandbox.provider: local on one machine).
+func newSWEBench(cfg *Config) (httpapi.Resources, error) {
+	if p := cfg.Sandbox.Provider; p == "" || p == "fake" {
+		return nil, errors.New("swebench needs a real sandbox provider (sandbox.provider: local), not the fake")
+	}
+	sc := cfg.SWEBench
+	if sc.TemplateDir == "" && len(sc.Repos) > 0 {
+		if cfg.Checkpoint.StateDir != "" {
+			sc.TemplateDir = filepath.Join(cfg.Checkpoint.StateDir, "swebench-templates")
+		} else {
+			sc.TemplateDir = filepath.Join(os.TempDir(), "sandboxowner-"+cfg.Name, "swebench-templates")
+		}
+	}
+	return swebench.New(sc, swebench.Deps{Name: cfg.Name})
 }
