@@ -36,10 +36,10 @@ type Config struct {
 	// TemplateDir holds those clones, one per (repo, base commit). The
 	// server binary defaults it to <data dir>/swebench-templates.
 	TemplateDir string `yaml:"template_dir" json:"template_dir"`
-	// TestCommands maps "owner/name" to the command that runs the
-	// repository's tests, for rows without eval_script (for a Go module,
-	// "go test -v -count=1 ./..."); DefaultTestCommand is used for a
-	// repository not in the map.
+	// TestCommands maps "owner/name" (or an instance_id, which wins: SWE-bench
+	// Multilingual's commands are per instance) to the command that runs the
+	// tests, for rows without eval_script (for a Go module, "go test -v
+	// -count=1 ./..."); DefaultTestCommand is used for the rest.
 	TestCommands       map[string]string `yaml:"test_commands" json:"test_commands"`
 	DefaultTestCommand string            `yaml:"default_test_command" json:"default_test_command"`
 	// Workdir is where the repository is in a sandbox ("/testbed").
@@ -147,8 +147,13 @@ func (c Config) evaluationTimeout() time.Duration {
 }
 func (c Config) setupTimeout() time.Duration { return seconds(c.SetupTimeout, DefaultSetupTimeout) }
 
-func (c Config) testCommand(repo string) string {
-	if cmd, ok := c.TestCommands[repo]; ok {
+// testCommand is the row's test command: test_commands[instance_id], else
+// test_commands[repo], else default_test_command.
+func (c Config) testCommand(r Row) string {
+	if cmd, ok := c.TestCommands[r.InstanceID]; ok {
+		return cmd
+	}
+	if cmd, ok := c.TestCommands[r.Repo]; ok {
 		return cmd
 	}
 	return c.DefaultTestCommand

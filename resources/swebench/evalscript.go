@@ -226,7 +226,7 @@ func BuildEvalScript(r Row, testCommand, workdir string) (string, error) {
 		return r.EvalScript, nil
 	}
 	if strings.TrimSpace(testCommand) == "" {
-		return "", fmt.Errorf("%w: %s (%s): set swebench.test_commands[%q]", ErrNoTestCommand, r.InstanceID, r.Repo, r.Repo)
+		return "", fmt.Errorf("%w: %s (%s): set swebench.test_commands[%q] (or [%q])", ErrNoTestCommand, r.InstanceID, r.Repo, r.Repo, r.InstanceID)
 	}
 	if strings.TrimSpace(r.TestPatch) == "" {
 		return "", fmt.Errorf("%w: %s: no test_patch to build the eval script from", ErrInvalidRow, r.InstanceID)

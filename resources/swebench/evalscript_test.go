@@ -126,3 +126,16 @@ new file mode 100644
 		t.Errorf("dropped (-want +got):\n%s", d)
 	}
 }
+
+func TestTestCommandLookup(t *testing.T) {
+	c := Config{TestCommands: map[string]string{"o/r": "repo-cmd", "o__r-2": "instance-cmd"}, DefaultTestCommand: "default-cmd"}
+	for _, tc := range []struct{ repo, id, want string }{
+		{"o/r", "o__r-1", "repo-cmd"},
+		{"o/r", "o__r-2", "instance-cmd"},
+		{"x/y", "x__y-1", "default-cmd"},
+	} {
+		if got := c.testCommand(Row{Repo: tc.repo, InstanceID: tc.id}); got != tc.want {
+			t.Errorf("%s %s: %q, want %q", tc.repo, tc.id, got, tc.want)
+		}
+	}
+}

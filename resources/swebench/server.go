@@ -158,7 +158,7 @@ func (s *Server) seed(ctx context.Context, own *owner.Owner, sessionID string, b
 	if err != nil {
 		return SeedResult{}, err
 	}
-	if _, err := BuildEvalScript(row, s.cfg.testCommand(row.Repo), s.cfg.Workdir); err != nil {
+	if _, err := BuildEvalScript(row, s.cfg.testCommand(row), s.cfg.Workdir); err != nil {
 		return SeedResult{}, err
 	}
 	res := SeedResult{InstanceID: row.InstanceID}
@@ -524,7 +524,7 @@ func (s *Server) evalScript(ctx context.Context, p provider.Provider, h provider
 	if res.ExitCode != 0 || wd == "" {
 		wd = s.cfg.Workdir
 	}
-	script, err := BuildEvalScript(row, s.cfg.testCommand(row.Repo), wd)
+	script, err := BuildEvalScript(row, s.cfg.testCommand(row), wd)
 	if err != nil {
 		return "", err
 	}
