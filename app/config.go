@@ -120,7 +120,7 @@ func keyUsage() map[string]string {
 		"swebench.setup_timeout":                       "swebench: seconds for the scrub, patch extraction and patch application (default 600)",
 		"swebench.repos":                               "swebench: owner/name=git repository on this machine (repeatable; the local provider's images)",
 		"swebench.template_dir":                        "swebench: where each (repo, base commit) clone is kept (default: <state_dir>/swebench-templates)",
-		"swebench.test_commands":                       "swebench: owner/name=test command, for rows without eval_script (repeatable)",
+		"swebench.test_commands":                       "swebench: owner/name or instance_id=test command, for rows without eval_script (repeatable)",
 		"swebench.default_test_command":                "swebench: test command of repos not in swebench.test_commands",
 		"swebench.workdir":                             "swebench: the repository's path in a sandbox (default /testbed)",
 		"swebench.image_namespace":                     "swebench: namespace of instance images on other providers (default swebench)",
