@@ -169,6 +169,11 @@ func (nopWriter) Write(p []byte) (int, error) { return len(p), nil }
 // Notify wakes waiting prepares; the gate calls it when requests finish.
 func (m *Machine) Notify() { m.changed.Fire() }
 
+// Changed returns a channel closed at the machine's next change (a phase
+// opened or ended, a run finished, a Notify), for tests and the simulation
+// to wait on instead of sleeping.
+func (m *Machine) Changed() <-chan struct{} { return m.changed.Wait() }
+
 // Phase reports the current phase and active checkpoint id.
 func (m *Machine) Phase() (Phase, string) {
 	m.mu.Lock()
@@ -350,8 +355,11 @@ func (m *Machine) Prepare(ctx context.Context, req PrepareRequest) (PrepareReply
 			return PrepareReply{}, ErrCheckpoint.With("close admission: %v", err)
 		}
 		m.log.WithField("checkpoint", id).Info("checkpoint prepare: admission closed")
+		m.mu.Unlock()
+		m.changed.Fire()
+	} else {
+		m.mu.Unlock()
 	}
-	m.mu.Unlock()
 
 	deadline := req.Deadline()
 	timer := time.NewTimer(m.cfg.PollEvery)

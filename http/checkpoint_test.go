@@ -83,3 +83,34 @@ func TestFailedSnapshotFailsTheCommitAndTheEpisodeGoesOn(t *testing.T) {
 		t.Errorf("sandbox %s after the failed commit, want the same %s", got, sb)
 	}
 }
+
+func TestShutdownDoesNotWaitForAPreparesDeadline(t *testing.T) {
+	h := newHarness(t)
+	a := &agent{}
+	h.ok(h.post(a, "/ng-rollout/r1/seed_session", nil), "seed")
+	entered, release := blockOn(h.fake(), fake.OpReadFile)
+	defer release()
+	appended := make(chan reply)
+	go func() { appended <- h.post(a, "/ng-rollout/r1/append_note", map[string]any{"line": "one"}) }()
+	<-entered
+	prepared := make(chan reply)
+	go func() {
+		prepared <- h.control("prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": control.UnixSeconds(h.clk.Now().Add(time.Hour))})
+	}()
+	m := h.srv.Machine()
+	for ch := m.Changed(); ; ch = m.Changed() {
+		if p, _ := m.Phase(); p == control.PhasePreparing {
+			break
+		}
+		<-ch
+	}
+	stopped := make(chan struct{})
+	go func() {
+		h.stop()
+		close(stopped)
+	}()
+	h.want(<-prepared, 409, "deadline_exceeded", "prepare cut by the shutdown")
+	release()
+	h.ok(<-appended, "the in-flight append is drained")
+	<-stopped
+}

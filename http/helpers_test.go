@@ -40,9 +40,11 @@ type harness struct {
 
 	own *owner.Owner
 	srv *httpapi.Server
-	ln  *fasthttputil.InmemoryListener
-	cl  *fasthttp.Client
-	wg  sync.WaitGroup
+	// cookieName is read by requests, which may race a stop that drops srv.
+	cookieName string
+	ln         *fasthttputil.InmemoryListener
+	cl         *fasthttp.Client
+	wg         sync.WaitGroup
 }
 
 type options struct {
@@ -121,7 +123,7 @@ func (h *harness) start() {
 	if err != nil {
 		h.t.Fatalf("http.New: %v", err)
 	}
-	h.own, h.srv = own, srv
+	h.own, h.srv, h.cookieName = own, srv, srv.CookieName()
 	h.ln = fasthttputil.NewInmemoryListener()
 	h.cl = &fasthttp.Client{Dial: func(string) (net.Conn, error) { return h.ln.Dial() }}
 	h.wg.Add(1)
@@ -220,7 +222,7 @@ func (h *harness) do(a *agent, method, path string, body any, headers map[string
 		req.SetBody(raw)
 	}
 	if a != nil && a.cookie != "" {
-		req.Header.SetCookie(h.srv.CookieName(), a.cookie)
+		req.Header.SetCookie(h.cookieName, a.cookie)
 	}
 	for k, v := range headers {
 		req.Header.Set(k, v)
@@ -236,7 +238,7 @@ func (h *harness) do(a *agent, method, path string, body any, headers map[string
 	}
 	c := fasthttp.AcquireCookie()
 	defer fasthttp.ReleaseCookie(c)
-	c.SetKey(h.srv.CookieName())
+	c.SetKey(h.cookieName)
 	if resp.Header.Cookie(c) {
 		r.cookie = string(c.Value())
 		if c.Expire().Equal(fasthttp.CookieExpireDelete) {

@@ -117,6 +117,11 @@ type Server struct {
 	srv    *fasthttp.Server
 	base   context.Context
 	cancel context.CancelFunc
+	// ctlBase bounds control requests: ended when shutdown begins, so a
+	// prepare waiting for its deadline does not hold up the drain (commit
+	// and restore runs are shielded and go on).
+	ctlBase   context.Context
+	ctlCancel context.CancelFunc
 
 	stopOnce sync.Once
 	stopTick chan struct{}
@@ -195,6 +200,7 @@ func New(cfg Config) (*Server, error) {
 		s.mode = owner.ModeRestartOnly
 	}
 	s.base, s.cancel = context.WithCancel(context.Background())
+	s.ctlBase, s.ctlCancel = context.WithCancel(s.base)
 	if s.mode != owner.ModeOff {
 		if cfg.ControlAuthToken == "" {
 			return nil, fmt.Errorf("%w: checkpoint.control_auth_token is required with checkpointing on", ErrConfig)
@@ -269,12 +275,14 @@ func (s *Server) FastHTTP() *fasthttp.Server { return s.srv }
 func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
 
 // Shutdown stops accepting connections, lets requests waiting at a closed
-// gate go (503), waits for the requests in flight, and stops the lease
-// ticker. The owner is the caller's to close afterwards.
+// gate go (503), ends waiting control calls (a prepare, a retire), waits for
+// the data requests in flight, and stops the lease ticker. The owner is the
+// caller's to close afterwards.
 func (s *Server) Shutdown(ctx context.Context) error {
 	var err error
 	s.stopOnce.Do(func() {
 		close(s.stopTick)
+		s.ctlCancel()
 		if s.part != nil {
 			s.part.gate.Shutdown()
 		}
@@ -448,7 +456,7 @@ func (s *Server) serveControl(ctx *fasthttp.RequestCtx, op string) {
 		writeError(ctx, nethttp.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("control body over %d bytes", MaxControlBody))
 		return
 	}
-	rctx, cancel := context.WithCancel(s.base)
+	rctx, cancel := context.WithCancel(s.ctlBase)
 	defer cancel()
 	var reply any
 	var err error
