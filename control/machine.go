@@ -223,7 +223,21 @@ func (m *Machine) admitLocked(op, id, fp string, ring bool, allowed ...Phase) (a
 	if !slices.Contains(allowed, m.phase) {
 		return nil, false, ErrInvalidPhase.With("%s is not allowed in phase %s", op, m.phase)
 	}
+	if m.phase == PhaseIdle && m.active != "" && op == OpPrepare {
+		// Idle with an active id: its restore is still running.
+		return nil, false, ErrInvalidPhase.With("%s: restore of %q is still running", op, m.active)
+	}
 	return nil, false, nil
+}
+
+// runningLocked returns a commit or restore of id still running, if any.
+func (m *Machine) runningLocked(id string) *call {
+	for k, c := range m.running {
+		if k.id == id {
+			return c
+		}
+	}
+	return nil
 }
 
 // armLocked moves the lease to at least deadline + grace.
@@ -617,13 +631,7 @@ func (m *Machine) Resume(ctx context.Context, req ResumeRequest) (ResumeReply, e
 			m.mu.Unlock()
 			return ResumeReply{}, ErrCheckpointConflict.With("checkpoint %q is active, not %q", m.active, id)
 		}
-		var pending *call
-		for k, c := range m.running {
-			if k.id == id {
-				pending = c
-				break
-			}
-		}
+		pending := m.runningLocked(id)
 		if pending == nil {
 			wasActive := m.active == id
 			m.reopenLocked(id)
@@ -656,12 +664,26 @@ func (m *Machine) Retire(ctx context.Context, req RetireRequest) (RetireReply, e
 	}
 	m.Tick()
 	m.mu.Lock()
-	if _, _, err := m.admitLocked(OpRetire, req.CheckpointID, "", false, PhaseIdle, PhaseRestored); err != nil {
-		m.mu.Unlock()
-		if IsCode(err, ErrInvalidPhase) {
-			err = ErrInvalidPhase.With("retire is not allowed while a checkpoint is open (phase %s); resume first", m.phase)
+	for {
+		if _, _, err := m.admitLocked(OpRetire, req.CheckpointID, "", false, PhaseIdle, PhaseRestored); err != nil {
+			phase := m.phase
+			m.mu.Unlock()
+			if IsCode(err, ErrInvalidPhase) {
+				err = ErrInvalidPhase.With("retire is not allowed while a checkpoint is open (phase %s); resume first", phase)
+			}
+			return RetireReply{}, err
 		}
-		return RetireReply{}, err
+		// A retire after a restore that outlived its deadline waits for
+		// the install, so it stops what the install made.
+		c := m.runningLocked(m.active)
+		if m.active == "" || c == nil {
+			break
+		}
+		m.mu.Unlock()
+		if _, err := m.await(ctx, req.Base, c); IsCode(err, ErrDeadlineExceeded) {
+			return RetireReply{}, err
+		}
+		m.mu.Lock()
 	}
 	if m.phase == PhaseRestored {
 		m.armLocked(req.Deadline())

@@ -616,3 +616,40 @@ func TestRestoreReply(t *testing.T) {
 		t.Error("restore did not arm the lease")
 	}
 }
+
+func TestOperationsDuringARunningRestore(t *testing.T) {
+	r := newRig(t)
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	r.h.restore = func(ctx context.Context, req control.RestoreRequest) (control.RestoreResult, error) {
+		close(entered)
+		<-release
+		r.h.note("restore done")
+		return control.RestoreResult{SourceCheckpointID: "src", Restored: []string{"r1-a1"}}, nil
+	}
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err := r.m.Restore(gone, control.RestoreRequest{Base: r.base("c1", time.Minute), SourceCheckpointID: "src", EpisodeIDs: []control.EpisodeID{ep("r1", 0)}})
+	wantCode(t, err, control.ErrDeadlineExceeded)
+	<-entered
+	_, err = r.m.Prepare(ctx, control.PrepareRequest{Base: r.base("c1", time.Minute)})
+	wantCode(t, err, control.ErrInvalidPhase)
+	_, err = r.m.Prepare(ctx, control.PrepareRequest{Base: r.base("c2", time.Minute)})
+	wantCode(t, err, control.ErrCheckpointConflict)
+	retired := make(chan error)
+	go func() {
+		_, err := r.m.Retire(ctx, control.RetireRequest{Base: r.base("c1", time.Minute), EpisodeIDs: []control.EpisodeID{ep("r1", 1)}})
+		retired <- err
+	}()
+	close(release)
+	if err := <-retired; err != nil {
+		t.Fatal(err)
+	}
+	calls := strings.Join(r.h.calls(), "\n")
+	if strings.Index(calls, "restore done") > strings.Index(calls, "retire [r1-a1]") {
+		t.Errorf("retire ran before the restore it follows finished:\n%s", calls)
+	}
+	if r.phase() != control.PhaseRestored {
+		t.Errorf("phase %s, want restored", r.phase())
+	}
+}
