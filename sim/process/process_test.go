@@ -1,0 +1,379 @@
+// Package process_test is the process-level crash suite (issue 5 §6): it
+// builds cmd/server, runs it as a child process on the local provider,
+// SIGKILLs it in the middle of a commit and of a restore, restarts it on the
+// same state_dir, and checks the invariants over HTTP and on disk.
+//
+// The local provider has no option to slow snapshots or forks, so the kill
+// lands at a seeded random moment after the request was sent (before, during
+// or after the operation); every case must keep the invariants, and the test
+// logs where each kill landed.
+package process_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/cookiejar"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/snapshotindex"
+	"github.com/sandboxowner/owner/sweep"
+)
+
+const token = "sim-control-token"
+
+// buildServer builds cmd/server once per test binary run.
+func buildServer(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "server")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/sandboxowner/owner/cmd/server")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/server: %v\n%s", err, out)
+	}
+	return bin
+}
+
+type server struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	addr string
+	log  *bytes.Buffer
+	done chan error
+}
+
+// start runs the server on the local provider over dir and waits for its
+// address.
+func start(t *testing.T, bin, dir string) *server {
+	t.Helper()
+	cmd := exec.Command(bin, "-port", "0", "-log-format", "json", "-log-level", "info",
+		"-sandbox.provider", "local", "-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off",
+		"-checkpoint.enabled", "-checkpoint.state_dir", dir, "-checkpoint.control_auth_token", token)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &server{t: t, cmd: cmd, log: &bytes.Buffer{}, done: make(chan error, 1)}
+	addrc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sent := false
+		for sc.Scan() {
+			s.log.Write(append(sc.Bytes(), '\n'))
+			var e map[string]any
+			if json.Unmarshal(sc.Bytes(), &e) == nil {
+				if a, ok := e["addr"].(string); ok && !sent {
+					addrc <- a
+					sent = true
+				}
+			}
+		}
+		if !sent {
+			close(addrc)
+		}
+		s.done <- cmd.Wait()
+	}()
+	t.Cleanup(func() { s.kill() })
+	select {
+	case a, ok := <-addrc:
+		if !ok {
+			t.Fatalf("the server exited before serving:\n%s", s.log)
+		}
+		s.addr = a
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the server did not start within a minute:\n%s", s.log)
+	}
+	return s
+}
+
+func (s *server) kill() {
+	if s.cmd.ProcessState == nil {
+		_ = s.cmd.Process.Signal(syscall.SIGKILL)
+		<-s.done
+		s.done <- nil
+	}
+}
+
+func (s *server) term() {
+	s.t.Helper()
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-s.done:
+		s.done <- err
+		if err != nil {
+			s.t.Fatalf("the server's SIGTERM exit: %v\n%s", err, s.log)
+		}
+	case <-time.After(2 * time.Minute):
+		s.t.Fatal("the server did not stop on SIGTERM")
+	}
+}
+
+type agent struct {
+	cl *http.Client
+}
+
+func newAgent() *agent {
+	jar, _ := cookiejar.New(nil)
+	return &agent{cl: &http.Client{Jar: jar, Timeout: time.Minute}}
+}
+
+// call posts body to path; the error is the transport's (a killed server).
+func (s *server) call(a *agent, method, path string, body any) (int, map[string]any, error) {
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequest(method, "http://"+s.addr+path, bytes.NewReader(b))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	cl := http.DefaultClient
+	if a != nil {
+		cl = a.cl
+	} else {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := cl.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var m map[string]any
+	_ = json.Unmarshal(raw, &m)
+	return resp.StatusCode, m, nil
+}
+
+func (s *server) ok(a *agent, path string, body any) map[string]any {
+	s.t.Helper()
+	code, m, err := s.call(a, "POST", path, body)
+	if err != nil || code != 200 {
+		s.t.Fatalf("POST %s: %d %v %v\n%s", path, code, m, err, s.log)
+	}
+	return m
+}
+
+func (s *server) control(op string, body map[string]any) (int, map[string]any, error) {
+	if op != "release" {
+		body["deadline_ts"] = float64(time.Now().Add(5*time.Minute).UnixMilli()) / 1000
+	}
+	return s.call(nil, "POST", "/ng-control/v1/checkpoint/"+op, body)
+}
+
+func episodes(n, attempt int) []any {
+	out := make([]any, n)
+	for i := range out {
+		out[i] = map[string]any{"rollout_id": fmt.Sprintf("r%d", i), "attempt": attempt}
+	}
+	return out
+}
+
+// killDuring sends op and SIGKILLs the server after delay; it reports whether
+// the reply came first.
+func killDuring(s *server, delay time.Duration, op func() (int, error)) (replied bool, code int) {
+	type res struct {
+		code int
+		err  error
+	}
+	got := make(chan res, 1)
+	go func() {
+		c, err := op()
+		got <- res{c, err}
+	}()
+	timer := time.NewTimer(delay)
+	defer timer.Stop()
+	select {
+	case r := <-got:
+		s.kill()
+		return r.err == nil, r.code
+	case <-timer.C:
+	}
+	s.kill()
+	r := <-got
+	return r.err == nil, r.code
+}
+
+// checkDisk checks, with no server running, that every checkpoint in the
+// index loads and that every snapshot it names exists; with leaks set (after
+// a server recovered and stopped), also that the sweep finds nothing no
+// checkpoint or tombstone accounts for.
+func checkDisk(t *testing.T, dir string, leaks bool) {
+	t.Helper()
+	idx, err := snapshotindex.Open(dir, snapshotindex.Options{})
+	if err != nil {
+		t.Fatalf("whole checkpoints: the index cannot be opened: %v", err)
+	}
+	defer idx.Close()
+	metas, err := idx.Checkpoints()
+	if err != nil {
+		t.Fatalf("whole checkpoints: %v", err)
+	}
+	for _, m := range metas {
+		if _, err := idx.Checkpoint(m.ID); err != nil {
+			t.Errorf("whole checkpoints: %s does not load: %v", m.ID, err)
+		}
+	}
+	lg := logrus.New()
+	lg.SetOutput(io.Discard)
+	p, err := local.New(local.Options{Root: filepath.Join(dir, "sandboxes"), Templates: map[string]string{"notes": ""}, Isolation: "none", Overlay: "off", Logger: lg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snaps, err := p.ListSnapshots(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	exists := map[string]bool{}
+	for _, s := range snaps {
+		exists[s.ID] = true
+	}
+	refs, err := idx.ReferencedSnapshots()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, cks := range refs {
+		if !exists[id] {
+			t.Errorf("restorable: snapshot %s named by %v is gone", id, cks)
+		}
+	}
+	if !leaks {
+		return
+	}
+	rep, err := sweep.Run(context.Background(), sweep.Options{Owner: "notes", Provider: p, Index: idx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range rep.Sandboxes {
+		t.Errorf("no leak: sandbox %s (%v) runs, held by nobody", s.Handle.SandboxID, s.Metadata)
+	}
+	for _, s := range rep.Snapshots {
+		t.Errorf("no leak: snapshot %s (%s) is named by no checkpoint and no tombstone", s.ID, s.Name)
+	}
+}
+
+// TestSIGKILLMidCommitAndMidRestore: sessions seed and write "one"; a commit
+// is SIGKILLed; the restarted server restores (if the commit landed) and is
+// SIGKILLed mid-restore; the next one restores again and every session
+// verifies to 1.0; without a landed commit, verify is refused (409). The disk
+// is checked after every kill and at the end.
+func TestSIGKILLMidCommitAndMidRestore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the server binary")
+	}
+	bin := buildServer(t)
+	const sessions = 12
+	for iter := 0; iter < 6; iter++ {
+		t.Run(fmt.Sprintf("iteration-%d", iter), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(iter), 5))
+			dir := t.TempDir()
+			s := start(t, bin, dir)
+			agents := make([]*agent, sessions)
+			for i := range agents {
+				agents[i] = newAgent()
+				s.ok(agents[i], fmt.Sprintf("/ng-rollout/r%d/seed_session", i), map[string]any{"instance_id": fmt.Sprintf("row-%d", i)})
+				s.ok(agents[i], fmt.Sprintf("/ng-rollout/r%d/append_note", i), map[string]any{"line": "one"})
+			}
+			if code, m, err := s.control("prepare", map[string]any{"checkpoint_id": "ck1"}); err != nil || code != 200 {
+				t.Fatalf("prepare: %d %v %v", code, m, err)
+			}
+			commit := func() (int, error) {
+				c, _, err := s.control("commit", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": "/ctl/ck1", "episode_ids": episodes(sessions, 0)})
+				return c, err
+			}
+			if iter%2 == 0 {
+				// Odd iterations let the commit land, so that the kill
+				// during the restore has a checkpoint to restore.
+				delay := time.Duration(rng.IntN(15)) * time.Millisecond
+				replied, code := killDuring(s, delay, commit)
+				t.Logf("commit killed after %v: reply came first %v (status %d)", delay, replied, code)
+			} else {
+				if code, err := commit(); err != nil || code != 200 {
+					t.Fatalf("commit: %d %v", code, err)
+				}
+				s.kill()
+			}
+			recovered(t, bin, dir)
+
+			s = start(t, bin, dir)
+			restore := func(s *server) (int, error) {
+				c, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": "/ctl/ck1", "episode_ids": episodes(sessions, 0)})
+				return c, err
+			}
+			delay := time.Duration(rng.IntN(15)) * time.Millisecond
+			replied, code := killDuring(s, delay, func() (int, error) { return restore(s) })
+			t.Logf("restore killed after %v: reply came first %v (status %d)", delay, replied, code)
+			recovered(t, bin, dir)
+
+			s = start(t, bin, dir)
+			code, err := restore(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if code != 200 {
+				// The commit did not land: nothing to restore, and a verify
+				// without a sandbox is refused, never graded.
+				t.Logf("restore: status %d (the commit did not land)", code)
+				vc, m, err := s.call(agents[0], "POST", "/ng-rollout/r0/verify", map[string]any{"expected_notes": []string{"one"}})
+				if err != nil || vc != 409 {
+					t.Errorf("no empty grading: verify without a sandbox: %d %v %v", vc, m, err)
+				}
+			} else {
+				if code, m, err := s.control("resume", map[string]any{"checkpoint_id": "ck1"}); err != nil || code != 200 {
+					t.Fatalf("resume: %d %v %v", code, m, err)
+				}
+				for i, a := range agents {
+					s.ok(a, fmt.Sprintf("/ng-rollout/r%d-a1/seed_session", i), map[string]any{"instance_id": fmt.Sprintf("row-%d", i)})
+					v := s.ok(a, fmt.Sprintf("/ng-rollout/r%d-a1/verify", i), map[string]any{"expected_notes": []string{"one"}})
+					if v["reward"] != 1.0 {
+						t.Errorf("exact restore: session r%d verified %v", i, v)
+					}
+				}
+			}
+			if code, m, err := s.control("release", map[string]any{"kept_checkpoint_ids": []string{}}); err != nil || code != 200 {
+				t.Errorf("release: %d %v %v", code, m, err)
+			}
+			s.term()
+			checkDisk(t, dir, true)
+			if t.Failed() {
+				t.Logf("last server log:\n%s", lastLines(s.log.String(), 30))
+			}
+		})
+	}
+}
+
+// recovered checks the disk a SIGKILL left, then starts a server on it (its
+// startup recovers what the killed one left), stops it gracefully and checks
+// that nothing leaked.
+func recovered(t *testing.T, bin, dir string) {
+	t.Helper()
+	checkDisk(t, dir, false)
+	s := start(t, bin, dir)
+	s.term()
+	checkDisk(t, dir, true)
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(m.Run())
+}
