@@ -141,7 +141,7 @@ func (s *server) call(a *agent, method, path string, body any) (int, map[string]
 		return 0, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	cl := http.DefaultClient
+	cl := &http.Client{Timeout: 2 * time.Minute}
 	if a != nil {
 		cl = a.cl
 	} else {
