@@ -11,6 +11,8 @@ type Error struct {
 	Code   string
 	Status int
 	Detail string
+	// Err is the cause, if any (errors.Is and errors.As see it).
+	Err error
 }
 
 func (e *Error) Error() string {
@@ -27,9 +29,17 @@ func (e *Error) Is(target error) bool {
 	return ok && t.Code == e.Code
 }
 
+// Unwrap exposes the cause.
+func (e *Error) Unwrap() error { return e.Err }
+
 // With returns a copy of e with a detail.
 func (e *Error) With(format string, args ...any) *Error {
 	return &Error{Code: e.Code, Status: e.Status, Detail: fmt.Sprintf(format, args...)}
+}
+
+// Wrap returns a copy of e caused by err, with err's text as the detail.
+func (e *Error) Wrap(err error) *Error {
+	return &Error{Code: e.Code, Status: e.Status, Detail: err.Error(), Err: err}
 }
 
 // The protocol's errors (§1.1 of the reference), for errors.Is. Use With to

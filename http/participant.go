@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	nethttp "net/http"
 	"sort"
 	"strings"
@@ -196,9 +197,9 @@ func (p *participant) Commit(ctx context.Context, req control.CommitRequest) (co
 	})
 	if err != nil {
 		if errors.Is(err, snapshotindex.ErrConflict) {
-			return control.CommitResult{}, control.ErrCheckpointConflict.With("%v", err)
+			return control.CommitResult{}, control.ErrCheckpointConflict.Wrap(err)
 		}
-		return control.CommitResult{}, Errorf(nethttp.StatusInternalServerError, CodeCommitFailed, "%v", err)
+		return control.CommitResult{}, Wrap(nethttp.StatusInternalServerError, CodeCommitFailed, err)
 	}
 	out := control.CommitResult{Manifest: control.Manifest{CheckpointID: req.CheckpointID, RecordsSHA256: emptySHA256}, EpisodeIDs: []string{}}
 	if res.Meta.ID != "" {
@@ -288,9 +289,9 @@ func (p *participant) Restore(ctx context.Context, req control.RestoreRequest) (
 	}
 	if _, err := p.own.Restore(ctx, owner.RestoreRequest{CheckpointID: src, Sessions: sessions}); err != nil {
 		if errors.Is(err, owner.ErrInvalidRecord) || errors.Is(err, owner.ErrUnknownCheckpoint) {
-			return control.RestoreResult{}, control.ErrInvalidCheckpointState.With("%v", err)
+			return control.RestoreResult{}, control.ErrInvalidCheckpointState.Wrap(err)
 		}
-		return control.RestoreResult{}, Errorf(nethttp.StatusInternalServerError, CodeRestoreFailed, "%v", err)
+		return control.RestoreResult{}, Wrap(nethttp.StatusInternalServerError, CodeRestoreFailed, err)
 	}
 	p.mu.Lock()
 	for sid, e := range next {
@@ -351,7 +352,7 @@ func (p *participant) Retire(ctx context.Context, eps []control.EpisodeID) error
 	}
 	p.mu.Unlock()
 	if err != nil {
-		return fail(Errorf(nethttp.StatusInternalServerError, CodeRetireFailed, "%v", err), res.Failed)
+		return fail(Wrap(nethttp.StatusInternalServerError, CodeRetireFailed, err), res.Failed)
 	}
 	p.log.WithFields(logrus.Fields{"episodes": control.CaptureKeys(eps), "sessions": len(sessions)}).Info("retired attempts")
 	return nil
@@ -400,7 +401,9 @@ func (p *participant) release(ctx context.Context, req releaseRequest) (any, err
 	}
 	rep := ReleaseReply{Kept: kept, Dropped: nonNil(res.Dropped), Deleted: nonNil(res.Deleted), Deferred: nonNil(res.Deferred), Failed: res.Failed}
 	if err != nil {
-		return nil, Errorf(nethttp.StatusInternalServerError, CodeReleaseFailed, "%v (dropped %s; a retry deletes the rest)", err, strings.Join(rep.Dropped, ", "))
+		e := Wrap(nethttp.StatusInternalServerError, CodeReleaseFailed, err)
+		e.Detail += fmt.Sprintf(" (dropped %s; a retry deletes the rest)", strings.Join(rep.Dropped, ", "))
+		return nil, e
 	}
 	return rep, nil
 }

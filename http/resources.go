@@ -71,9 +71,19 @@ type Error struct {
 	Status int
 	Code   string
 	Detail string
+	// Err is the cause, if any (errors.Is and errors.As see it).
+	Err error
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Detail }
+
+// Unwrap exposes the cause.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Wrap makes an *Error caused by err, with err's text as the detail.
+func Wrap(status int, code string, err error) *Error {
+	return &Error{Status: status, Code: code, Detail: err.Error(), Err: err}
+}
 
 // Is matches errors of the same code.
 func (e *Error) Is(target error) bool {

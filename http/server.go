@@ -52,10 +52,14 @@ const (
 	MaxControlBody = 1 << 20
 )
 
-// reserved are routes a resources server may not take for a tool.
-var reserved = map[string]bool{
-	RouteSeed: true, RouteVerify: true, RouteClose: true, RouteSandboxAccess: true, RouteHealth: true,
-	"/aggregate_metrics": true, "/mcp": true, "/reverify_mode": true,
+// reserved reports the routes a resources server may not take for a tool.
+func reserved(route string) bool {
+	switch route {
+	case RouteSeed, RouteVerify, RouteClose, RouteSandboxAccess, RouteHealth,
+		"/aggregate_metrics", "/mcp", "/reverify_mode":
+		return true
+	}
+	return false
 }
 
 // Config configures a Server.
@@ -169,7 +173,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	tools := map[string]ToolFunc{}
 	for route, fn := range res.Tools() {
-		if !strings.HasPrefix(route, "/") || strings.Count(route, "/") != 1 || reserved[route] {
+		if !strings.HasPrefix(route, "/") || strings.Count(route, "/") != 1 || reserved(route) {
 			return nil, fmt.Errorf("%w: tool route %q must be /<name> and not one of the reserved routes", ErrConfig, route)
 		}
 		tools[route] = fn
