@@ -88,11 +88,8 @@ func TestShutdownDoesNotWaitForAPreparesDeadline(t *testing.T) {
 	h := newHarness(t)
 	a := &agent{}
 	h.ok(h.post(a, "/ng-rollout/r1/seed_session", nil), "seed")
-	entered, release := blockOn(h.fake(), fake.OpReadFile)
+	appended, release := h.heldAppend(a, "/ng-rollout/r1/append_note")
 	defer release()
-	appended := make(chan reply)
-	go func() { appended <- h.post(a, "/ng-rollout/r1/append_note", map[string]any{"line": "one"}) }()
-	<-entered
 	prepared := make(chan reply)
 	go func() {
 		prepared <- h.control("prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": control.UnixSeconds(h.clk.Now().Add(time.Hour))})

@@ -363,3 +363,14 @@ func (h *harness) waitingAppend(a *agent, path string) <-chan reply {
 	}
 	return done
 }
+
+// heldAppend sends an append that the provider holds in flight (at its
+// read) until release is called, and returns once it is held.
+func (h *harness) heldAppend(a *agent, path string) (<-chan reply, func()) {
+	h.t.Helper()
+	entered, release := blockOn(h.fake(), fake.OpReadFile)
+	done := make(chan reply, 1)
+	go func() { done <- h.post(a, path, map[string]any{"line": "one"}) }()
+	<-entered
+	return done, release
+}

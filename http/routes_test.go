@@ -63,11 +63,8 @@ func TestRestartOnly(t *testing.T) {
 		t.Errorf("seed headers (-want +got):\n%s", diff)
 	}
 	// A request in flight through the checkpoint.
-	entered, release := blockOn(h.fake(), fake.OpReadFile)
+	done, release := h.heldAppend(a, "/ng-rollout/r1/append_note")
 	defer release()
-	done := make(chan reply)
-	go func() { done <- h.post(a, "/ng-rollout/r1/append_note", map[string]any{"line": "one"}) }()
-	<-entered
 
 	prep := h.ok(h.control("prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline()}), "prepare")
 	report := prep["report"].(map[string]any)
@@ -114,11 +111,8 @@ func TestPreparePastItsDeadlineReportsBlockers(t *testing.T) {
 	h := newHarness(t)
 	a := &agent{}
 	h.ok(h.post(a, "/ng-rollout/r7-a2/seed_session", nil), "seed")
-	entered, release := blockOn(h.fake(), fake.OpReadFile)
+	done, release := h.heldAppend(a, "/ng-rollout/r7-a2/append_note")
 	defer release()
-	done := make(chan reply)
-	go func() { done <- h.post(a, "/ng-rollout/r7-a2/append_note", map[string]any{"line": "one"}) }()
-	<-entered
 
 	body := map[string]any{"checkpoint_id": "ck1", "deadline_ts": control.UnixSeconds(h.clk.Now().Add(5 * time.Second))}
 	prepared := make(chan reply)
