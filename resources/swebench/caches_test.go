@@ -12,7 +12,7 @@ import (
 // warm.)
 func TestSharedCachesMakeGradingWarm(t *testing.T) {
 	tk := newTask(t)
-	dir := testCaches
+	dir := testCachesDir()
 	if entries, _ := os.ReadDir(dir); len(entries) > 0 {
 		dir = t.TempDir()
 	}

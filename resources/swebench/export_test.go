@@ -5,7 +5,7 @@ import "testing"
 // Exports for the external tests (package swebench_test).
 
 // SharedCacheDir is where the test binary's shared caches are.
-func SharedCacheDir() string { return testCaches }
+func SharedCacheDir() string { return testCachesDir() }
 
 // SharedCaches is sharedCaches.
 func SharedCaches(dir string) map[string]string { return sharedCaches(dir) }

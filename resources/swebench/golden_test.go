@@ -16,7 +16,7 @@ func newGolden(t *testing.T, tk task) (*local.Provider, *owner.Owner, *Server) {
 	t.Helper()
 	needTools(t, "git", "go", "patch")
 	log := testLogger(t)
-	prov, err := local.New(local.Options{Root: t.TempDir(), Logger: log, Caches: sharedCaches(testCaches)})
+	prov, err := local.New(local.Options{Root: t.TempDir(), Logger: log, Caches: sharedCaches(testCachesDir())})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package swebench
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -200,7 +199,7 @@ func withCaches(dir string) worldOpt { return func(w *world) { w.caches = dir } 
 func newWorld(t *testing.T, tk task, opts ...worldOpt) *world {
 	t.Helper()
 	needTools(t, "git", "go", "patch")
-	w := &world{t: t, tk: tk, root: t.TempDir(), state: t.TempDir(), tmpl: t.TempDir(), log: testLogger(t), caches: testCaches}
+	w := &world{t: t, tk: tk, root: t.TempDir(), state: t.TempDir(), tmpl: t.TempDir(), log: testLogger(t), caches: testCachesDir()}
 	w.cfg = Config{
 		Repos:             map[string]string{taskRepo: tk.dir},
 		TemplateDir:       w.tmpl,
@@ -329,23 +328,13 @@ func (w *world) liveSandboxes() []string {
 	return ids
 }
 
-// testCaches is the directory of the Go caches every world of the test
+// CachesEnv names the directory of the Go caches every world of the test
 // binary shares (so that only the first grading compiles the standard
-// library), made by TestMain.
-var testCaches string
+// library); TestMain (main_test.go) makes it.
+const CachesEnv = "SWEBENCH_TEST_CACHES"
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "swebench-test-caches-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	testCaches = dir
-	code := m.Run()
-	_ = exec.Command("chmod", "-R", "u+w", dir).Run() // the module cache is read-only without -modcacherw
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
+// testCachesDir is that directory.
+func testCachesDir() string { return os.Getenv(CachesEnv) }
 
 // sharedCaches places the server's caches (grading and agent) under dir.
 func sharedCaches(dir string) map[string]string {
