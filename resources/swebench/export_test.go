@@ -1,6 +1,14 @@
 package swebench
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/sandboxapi"
+)
+
+// Resolver is resolver.
+func Resolver(own *owner.Owner) sandboxapi.Resolver { return resolver(own) }
 
 // Exports for the external tests (package swebench_test).
 

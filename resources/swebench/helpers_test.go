@@ -240,7 +240,12 @@ func (w *world) open() {
 		t.Fatal(err)
 	}
 	w.prov, w.own, w.srv, w.tokens = p, o, srv, tokens
-	w.api = &sandboxapi.Handler{Provider: p, Tokens: tokens, Logger: w.log, Resolve: func(id string) (provider.Handle, sandboxapi.Fate) {
+	w.api = &sandboxapi.Handler{Provider: p, Tokens: tokens, Logger: w.log, Resolve: resolver(own)}
+}
+
+// resolver tells the sandbox API what the owner knows of a sandbox.
+func resolver(own *owner.Owner) sandboxapi.Resolver {
+	return func(id string) (provider.Handle, sandboxapi.Fate) {
 		_, h, fate := own.SandboxFate(id)
 		switch fate {
 		case owner.FateLive:
@@ -251,7 +256,7 @@ func (w *world) open() {
 			return h, sandboxapi.FateEnded
 		}
 		return h, sandboxapi.FateUnknown
-	}}
+	}
 }
 
 // crash drops the owner as a SIGKILL would (nothing stopped, nothing told),

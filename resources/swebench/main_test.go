@@ -20,7 +20,6 @@ import (
 	"github.com/sandboxowner/owner/clock"
 	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/owner"
-	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
 	"github.com/sandboxowner/owner/resources/swebench"
 	"github.com/sandboxowner/owner/sandboxapi"
@@ -96,18 +95,7 @@ func childServer(raw string) int {
 	if err != nil {
 		return fail(err)
 	}
-	api := &sandboxapi.Handler{Provider: p, Tokens: tokens, Logger: log, Resolve: func(id string) (provider.Handle, sandboxapi.Fate) {
-		_, h, fate := own.SandboxFate(id)
-		switch fate {
-		case owner.FateLive:
-			return h, sandboxapi.FateLive
-		case owner.FateSuperseded:
-			return h, sandboxapi.FateSuperseded
-		case owner.FateEnded:
-			return h, sandboxapi.FateEnded
-		}
-		return h, sandboxapi.FateUnknown
-	}}
+	api := &sandboxapi.Handler{Provider: p, Tokens: tokens, Logger: log, Resolve: swebench.Resolver(own)}
 	srv, err := httpapi.New(httpapi.Config{
 		Owner: own, Resources: res, Logger: log, SessionSecret: []byte(childSecret), ControlAuthToken: childToken,
 		Mounts: map[string]fasthttp.RequestHandler{sandboxapi.Prefix: api.Serve},
