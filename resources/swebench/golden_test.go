@@ -3,16 +3,18 @@ package swebench
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
 )
 
 // newGolden is the golden-patch instance: its owner has no provider (with
 // checkpointing on, no state_dir and 8 workers, the mode in effect is
 // restart_only) and grading runs on a local provider of its own.
-func newGolden(t *testing.T, tk task) (*local.Provider, *owner.Owner, *Server) {
+func newGolden(t *testing.T, tk task, opts ...func(*Config, *provider.Provider)) (*local.Provider, *owner.Owner, *Server) {
 	t.Helper()
 	needTools(t, "git", "go", "patch")
 	log := testLogger(t)
@@ -25,6 +27,10 @@ func newGolden(t *testing.T, tk task) (*local.Provider, *owner.Owner, *Server) {
 		Repos:                  map[string]string{taskRepo: tk.dir},
 		TemplateDir:            t.TempDir(),
 		TestCommands:           map[string]string{taskRepo: goTestCmd},
+	}
+	grader := provider.Provider(prov)
+	for _, o := range opts {
+		o(&cfg, &grader)
 	}
 	if cfg.LendsSandboxes() {
 		t.Fatal("the golden-patch instance lends sandboxes")
@@ -40,7 +46,7 @@ func newGolden(t *testing.T, tk task) (*local.Provider, *owner.Owner, *Server) {
 	if own.Mode() != owner.ModeRestartOnly {
 		t.Fatalf("mode %s, want restart_only", own.Mode())
 	}
-	srv, err := New(cfg, Deps{Name: "swebench_golden", Grader: prov, Logger: log})
+	srv, err := New(cfg, Deps{Name: "swebench_golden", Grader: grader, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,5 +91,58 @@ func TestGoldenPatchInstanceResolvesAndLendsNothing(t *testing.T) {
 	row["patch"] = ""
 	if _, err := srv.SeedSession(context.Background(), own, "golden-nopatch", mustJSON(t, row)); !errors.Is(err, ErrInvalidRow) {
 		t.Errorf("seed of a row without patch: %v, want ErrInvalidRow", err)
+	}
+}
+
+// failingStart is a provider whose Start fails.
+type failingStart struct{ provider.Provider }
+
+func (failingStart) Start(context.Context, provider.Spec) (provider.Handle, error) {
+	return provider.Handle{}, errors.New("no capacity")
+}
+
+func TestGradingFailuresAreReportedAndLeaveNothingRunning(t *testing.T) {
+	tk := newTask(t)
+	cases := []struct {
+		name   string
+		opt    func(*Config, *provider.Provider)
+		row    func(map[string]any)
+		kind   string
+		masked bool
+		output string
+	}{
+		{"a patch that does not apply", nil, func(r map[string]any) {
+			r["patch"] = "diff --git a/calc.go b/calc.go\n--- a/calc.go\n+++ b/calc.go\n@@ -1,3 +1,3 @@\n-nothing like this\n+line\n context\n"
+		}, FailurePatchApply, false, "patch --batch --fuzz=5"},
+		{"an eval script past evaluation_timeout", func(c *Config, _ *provider.Provider) { c.EvaluationTimeout = 1 }, func(r map[string]any) {
+			r["eval_script"] = "#!/bin/bash\necho '>>>>> Start Test Output'\necho started\nsleep 120\n"
+		}, FailureEvalTimeout, false, "started"},
+		{"a grading sandbox that cannot start", func(_ *Config, p *provider.Provider) { *p = failingStart{*p} }, nil, FailureGrading, true, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var opts []func(*Config, *provider.Provider)
+			if c.opt != nil {
+				opts = append(opts, c.opt)
+			}
+			prov, own, srv := newGolden(t, tk, opts...)
+			row := tk.row("example__calc-1")
+			if c.row != nil {
+				c.row(row)
+			}
+			if _, err := srv.SeedSession(context.Background(), own, "s", mustJSON(t, row)); err != nil {
+				t.Fatal(err)
+			}
+			res, err := srv.VerifySession(context.Background(), own, "s", mustJSON(t, row))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Reward != 0 || res.EvaluationCompleted || res.FailureKind != c.kind || res.MaskSample != c.masked || !strings.Contains(res.TestOutput, c.output) {
+				t.Errorf("reply:\n%s", describe(res))
+			}
+			if live, _ := prov.ListSandboxes(context.Background()); len(live) != 0 {
+				t.Errorf("sandboxes left running: %v", live)
+			}
+		})
 	}
 }

@@ -187,11 +187,16 @@ type world struct {
 	api    *sandboxapi.Handler
 	// caches is where the provider keeps the server's caches.
 	caches string
+	// isolation is the local provider's (auto by default).
+	isolation string
 }
 
 type worldOpt func(*world)
 
 func withConfig(f func(*Config)) worldOpt { return func(w *world) { f(&w.cfg) } }
+
+// unisolated runs the world's commands without bubblewrap.
+func unisolated() worldOpt { return func(w *world) { w.isolation = local.IsolationNone } }
 
 // withCaches keeps the world's caches in dir instead of the shared ones.
 func withCaches(dir string) worldOpt { return func(w *world) { w.caches = dir } }
@@ -218,7 +223,7 @@ func newWorld(t *testing.T, tk task, opts ...worldOpt) *world {
 func (w *world) open() {
 	t := w.t
 	t.Helper()
-	p, err := local.New(local.Options{Root: w.root, Logger: w.log, Caches: sharedCaches(w.caches)})
+	p, err := local.New(local.Options{Root: w.root, Logger: w.log, Caches: sharedCaches(w.caches), Isolation: w.isolation})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
 )
 
 func wantResolved(t *testing.T, res VerifyResult) {
@@ -130,5 +132,65 @@ func TestChangesThatDoNotFixTheBugDoNotResolve(t *testing.T) {
 			wantUnresolved(t, res)
 			c.check(t, res)
 		})
+	}
+}
+
+func TestUnisolatedSandboxesGradeTheMultilingualScript(t *testing.T) {
+	// Without bubblewrap the tree is not at /testbed: the row's eval script
+	// (which does cd /testbed) is pointed at the sandbox's directory.
+	tk := newTask(t)
+	w := newWorld(t, tk, unisolated())
+	if w.prov.Isolation() != "none" {
+		t.Fatalf("isolation %s", w.prov.Isolation())
+	}
+	row := tk.multilingualRow("example__calc-1")
+	seed := w.seed("s-unisolated", row)
+	w.applyAsAgent(*seed.SandboxHandle, tk.patch)
+	wantResolved(t, w.verify("s-unisolated", row))
+}
+
+func TestAnAgentThatBreaksGitGetsAnEmptyPatch(t *testing.T) {
+	tk := newTask(t)
+	w := newWorld(t, tk)
+	row := tk.row("example__calc-1")
+	seed := w.seed("s-nogit", row)
+	w.applyAsAgent(*seed.SandboxHandle, tk.patch)
+	w.agentRun(*seed.SandboxHandle, "rm -rf .git")
+	res := w.verify("s-nogit", row)
+	wantUnresolved(t, res)
+	if *res.ModelPatch != "" || res.PatchSource != "none" || !strings.Contains(res.FailureReason, "extraction") {
+		t.Errorf("patch %q source %q reason %q", *res.ModelPatch, res.PatchSource, res.FailureReason)
+	}
+	if live := w.liveSandboxes(); len(live) != 0 {
+		t.Errorf("sandboxes left: %v", live)
+	}
+}
+
+func TestCommittedWorkOnABranchTheAgentLeft(t *testing.T) {
+	// The agent commits the fix on a branch of its own and goes back to the
+	// work branch: the work tree shows nothing, so the patch is the most
+	// advanced branch's.
+	tk := newTask(t)
+	w := newWorld(t, tk)
+	seed := w.seed("s-branch", tk.row("example__calc-1"))
+	sb := *seed.SandboxHandle
+	w.agentRun(sb, "git checkout -q -b attempt")
+	w.applyAsAgent(sb, tk.patch)
+	w.agentRun(sb, "git commit -q -am one && echo '// two' >> calc.go && git commit -q -am two && git checkout -q "+WorkBranch)
+	var ex Extraction
+	err := w.own.Do(context.Background(), "s-branch", func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+		var err error
+		ex, err = ExtractPatch(ctx, p, sb.Handle, tk.base, nil, time.Minute)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ex.Source != "committed" || ex.Commits != 2 || ex.WorktreeDirty || !strings.Contains(ex.Patch, "return -x") || !strings.Contains(ex.Patch, "// two") {
+		t.Errorf("extraction: %+v\n%s", ex, ex.Patch)
+	}
+	// The extraction left the agent's index alone.
+	if got := w.agentRun(sb, "git status --porcelain"); got != "" {
+		t.Errorf("git status after the extraction: %q", got)
 	}
 }
