@@ -155,6 +155,7 @@ type Owner struct {
 
 	system  *actor.ActorSystem
 	sup     *actor.PID
+	dir     *supervisor.Directory
 	coord   *actor.PID
 	limiter *actors.Limiter
 	index   *snapshotindex.Index
@@ -295,7 +296,8 @@ func (o *Owner) startActors() {
 		})
 	}
 	root := o.system.Root
-	o.sup, _ = root.SpawnNamed(supervisor.Props(props), "sessions")
+	o.dir = supervisor.NewDirectory()
+	o.sup, _ = root.SpawnNamed(supervisor.PropsWithDirectory(props, o.dir), "sessions")
 	o.coord, _ = root.SpawnNamed(actors.CoordinatorProps(&actors.CoordinatorEnv{
 		Log:      o.log,
 		OnOrphan: o.onOrphan,
@@ -366,14 +368,21 @@ func (o *Owner) supervisorAsk(msg any) (any, error) {
 	return o.ask(ctx, o.sup, msg)
 }
 
+// lookup finds the session's actor in the supervisor's directory, without a
+// round trip through its mailbox (this is on every request's path). The
+// actor found may stop before it is asked, as its session ends: see gone.
 func (o *Owner) lookup(sessionID string) (*actor.PID, error) {
-	v, err := o.supervisorAsk(&messages.LookupSession{SessionID: sessionID})
-	if err != nil {
-		return nil, err
+	select {
+	case <-o.closed:
+		return nil, ErrClosed
+	default:
 	}
-	pid, _ := v.(*messages.SessionRef).PID.(*actor.PID)
-	return pid, nil
+	return o.dir.Lookup(sessionID), nil
 }
+
+// gone reports an ask that reached no actor: the session's actor stopped
+// between the lookup and the ask, so its session is over.
+func gone(err error) bool { return errors.Is(err, actor.ErrDeadLetter) }
 
 func (o *Owner) spawn(sessionID string, install *messages.Sandbox, snapshots []string) (*messages.SessionRef, error) {
 	v, err := o.supervisorAsk(&messages.SpawnSession{SessionID: sessionID, Install: install, Snapshots: snapshots})
@@ -458,6 +467,7 @@ func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec 
 			if ref.Spawned && !errors.Is(rep.Err, actors.ErrSandboxExists) {
 				// Nothing is tracked for a failed start: drop the empty actor.
 				o.forget(sessionID, pid)
+				o.settle()
 			}
 			return Sandbox{}, rep.Err
 		}
@@ -467,6 +477,15 @@ func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec 
 
 func (o *Owner) forget(sessionID string, pid *actor.PID) {
 	o.system.Root.Send(o.sup, &messages.ForgetSession{SessionID: sessionID, PID: pid})
+}
+
+// settle waits until the supervisor has processed every message sent to it
+// before (a forget), so that the directory no longer lists a session the
+// caller just ended: a request after an end then finds no actor, instead of
+// reaching one on its way out (a message queued behind its poison pill is
+// dropped, and its asker waits out its timeout).
+func (o *Owner) settle() {
+	_, _ = o.supervisorAsk(&messages.LookupSession{})
 }
 
 // SessionSandbox returns the session's sandbox, including one a restore
@@ -516,6 +535,9 @@ func (o *Owner) Do(ctx context.Context, sessionID string, fn DoFunc) error {
 		return fmt.Errorf("%w: session %q", ErrNoSessionSandbox, sessionID)
 	}
 	v, err := o.ask(ctx, pid, &messages.Do{Ctx: ctx, Fn: fn})
+	if gone(err) {
+		return fmt.Errorf("%w: session %q", ErrNoSessionSandbox, sessionID)
+	}
 	if err != nil {
 		return err
 	}
@@ -544,10 +566,17 @@ func (o *Owner) stopSession(ctx context.Context, sessionID string, reason messag
 		return nil, err
 	}
 	v, err := o.ask(ctx, pid, &messages.StopSandbox{Reason: reason})
+	if gone(err) {
+		return nil, nil // ended meanwhile: nothing held
+	}
 	if err != nil {
 		return nil, err
 	}
 	rep := v.(*messages.StopReply)
+	if rep.Err == nil {
+		// The session told the supervisor to forget it before answering.
+		o.settle()
+	}
 	return rep.Stopped, rep.Err
 }
 

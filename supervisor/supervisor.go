@@ -15,6 +15,7 @@ package supervisor
 import (
 	"fmt"
 	"sort"
+	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -31,15 +32,71 @@ type PropsFunc func(sessionID string, install *messages.Sandbox, snapshots []str
 
 // Props returns the supervisor's props.
 func Props(sessionProps PropsFunc) *actor.Props {
+	return PropsWithDirectory(sessionProps, nil)
+}
+
+// PropsWithDirectory is Props with the supervisor keeping dir in step with
+// its sessions (dir may be nil).
+func PropsWithDirectory(sessionProps PropsFunc, dir *Directory) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &supervisor{props: sessionProps, byID: map[string]*actor.PID{}, byPID: map[string]string{}}
+		dir.reset()
+		return &supervisor{props: sessionProps, byID: map[string]*actor.PID{}, byPID: map[string]string{}, dir: dir}
 	}, actor.WithSupervisor(actor.NewOneForOneStrategy(0, 0, func(any) actor.Directive {
 		return actor.StopDirective
 	})))
 }
 
+// Directory answers LookupSession without a round trip through the
+// supervisor's mailbox, for the owner's per-request path. Only the
+// supervisor writes it, inside its Receive and together with its own map,
+// so a Lookup sees what a LookupSession processed at that instant would.
+// It does not order after messages the caller sent the supervisor before;
+// callers that need that (a spawn after a forget) still ask.
+type Directory struct {
+	mu   sync.RWMutex
+	byID map[string]*actor.PID
+}
+
+// NewDirectory returns an empty directory.
+func NewDirectory() *Directory { return &Directory{byID: map[string]*actor.PID{}} }
+
+// Lookup returns the session's actor, nil when the supervisor has none.
+func (d *Directory) Lookup(sessionID string) *actor.PID {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.byID[sessionID]
+}
+
+func (d *Directory) set(sessionID string, pid *actor.PID) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.byID[sessionID] = pid
+}
+
+func (d *Directory) remove(sessionID string) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.byID, sessionID)
+}
+
+func (d *Directory) reset() {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	clear(d.byID)
+}
+
 type supervisor struct {
 	props PropsFunc
+	dir   *Directory
 	byID  map[string]*actor.PID
 	byPID map[string]string // child PID id -> session id
 	// next numbers incarnations: a session id may come back (re-seeded
@@ -66,6 +123,7 @@ func (s *supervisor) Receive(ctx actor.Context) {
 		}
 		s.byID[m.SessionID] = pid
 		s.byPID[pid.Id] = m.SessionID
+		s.dir.set(m.SessionID, pid)
 		ctx.Respond(&messages.SessionRef{SessionID: m.SessionID, PID: pid, Spawned: true})
 	case *messages.LookupSession:
 		ref := &messages.SessionRef{SessionID: m.SessionID}
@@ -83,6 +141,7 @@ func (s *supervisor) Receive(ctx actor.Context) {
 		}
 		delete(s.byID, m.SessionID)
 		delete(s.byPID, pid.Id)
+		s.dir.remove(m.SessionID)
 		// A poison pill, not a stop: requests already queued at the session
 		// are still answered (a stop would drop them silently).
 		ctx.Poison(pid)
@@ -99,6 +158,7 @@ func (s *supervisor) Receive(ctx actor.Context) {
 			delete(s.byPID, m.Who.Id)
 			if s.byID[id] != nil && s.byID[id].Id == m.Who.Id {
 				delete(s.byID, id)
+				s.dir.remove(id)
 			}
 		}
 	}

@@ -20,6 +20,7 @@ import (
 type harness struct {
 	sys   *actor.ActorSystem
 	sup   *actor.PID
+	props supervisor.PropsFunc
 	fk    *fake.Provider
 	ended chan string
 }
@@ -45,6 +46,7 @@ func newHarness(t *testing.T) *harness {
 			return actors.NewSession(sid)
 		})
 	}
+	h.props = props
 	h.sup = h.sys.Root.Spawn(supervisor.Props(props))
 	t.Cleanup(func() {
 		_ = h.sys.Root.PoisonFuture(h.sup).Wait()

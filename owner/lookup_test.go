@@ -1,0 +1,53 @@
+package owner_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+)
+
+// Requests find a session's actor in the supervisor's directory instead of
+// asking the supervisor. Once an end (or a failed start) has returned, the
+// directory must no longer list the session: a request then gets "no
+// session sandbox" at once, and never reaches the actor on its way out,
+// where a message queued behind its poison pill is dropped and the asker
+// waits out its timeout (the deadline below turns such a wait into a
+// failure).
+func TestRequestsAfterAnEndSeeNoSessionSandbox(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	noop := func(context.Context, provider.Provider, owner.Sandbox) error { return nil }
+	failing := func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) {
+		return nil, errors.New("setup failed")
+	}
+	for i := 0; i < 300; i++ {
+		sid := fmt.Sprintf("s%d", i)
+		if i%3 == 2 {
+			if _, err := o.StartSessionSandbox(context.Background(), sid, provider.Spec{}, failing, ""); !errors.Is(err, owner.ErrSetup) {
+				t.Fatalf("%s: got %v, want ErrSetup", sid, err)
+			}
+		} else {
+			seed(t, o, sid)
+			if err := o.EndSessionSandbox(context.Background(), sid); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		if err := o.Do(ctx, sid, noop); !errors.Is(err, owner.ErrNoSessionSandbox) {
+			t.Fatalf("%s: Do after the end: %v, want ErrNoSessionSandbox", sid, err)
+		}
+		if _, err := o.RequireSessionSandbox(sid); !errors.Is(err, owner.ErrNoSessionSandbox) {
+			t.Fatalf("%s: RequireSessionSandbox after the end: %v", sid, err)
+		}
+		if err := o.EndSessionSandbox(ctx, sid); err != nil {
+			t.Fatalf("%s: a second end: %v", sid, err)
+		}
+		cancel()
+	}
+}
