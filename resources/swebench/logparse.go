@@ -157,7 +157,10 @@ func parseGoTest(log string) Statuses {
 	return m
 }
 
-var pytestStatuses = []Status{StatusPassed, StatusFailed, StatusSkipped, StatusError, StatusXFail}
+// pytestStatuses are the outcome words pytest prints.
+func pytestStatuses() [5]Status {
+	return [5]Status{StatusPassed, StatusFailed, StatusSkipped, StatusError, StatusXFail}
+}
 
 // parsePytest reads pytest's -rA summary lines ("PASSED tests/x.py::test_a",
 // "FAILED tests/x.py::test_b - AssertionError") as SWE-bench's
@@ -167,7 +170,7 @@ func parsePytest(log string) Statuses {
 	m := Statuses{}
 	for _, line := range strings.Split(log, "\n") {
 		line = strings.TrimRight(line, "\r")
-		for _, s := range pytestStatuses {
+		for _, s := range pytestStatuses() {
 			if strings.HasPrefix(line, string(s)+" ") {
 				if s == StatusFailed || s == StatusError {
 					line = strings.Replace(line, " - ", " ", 1)
@@ -179,7 +182,7 @@ func parsePytest(log string) Statuses {
 			}
 		}
 		if f := strings.Fields(line); len(f) >= 2 && strings.Contains(f[0], "::") {
-			for _, s := range pytestStatuses {
+			for _, s := range pytestStatuses() {
 				if f[1] == string(s) {
 					m.add(f[0], s)
 				}
