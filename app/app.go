@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"github.com/valyala/fasthttp"
 
 	"github.com/sandboxowner/owner/clock"
 	httpapi "github.com/sandboxowner/owner/http"
@@ -55,6 +56,8 @@ type App struct {
 	srv    *httpapi.Server
 	ln     net.Listener
 	served chan error
+	// stopReaper ends the local provider's lease reaper.
+	stopReaper context.CancelFunc
 }
 
 // Start builds the provider, the owner and the HTTP server from cfg and
@@ -117,6 +120,15 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if err != nil {
 		return fail(fmt.Errorf("%w: %w", ErrConfig, err))
 	}
+	var lend *lending
+	var access func(*httpapi.Session, owner.Sandbox, map[string]any) error
+	var mounts map[string]fasthttp.RequestHandler
+	if res.LendsSandboxes() {
+		if lend, err = newLending(secret, prov, own, clk, log); err != nil {
+			return fail(fmt.Errorf("%w: sandbox access tokens: %w", ErrConfig, err))
+		}
+		access, mounts = lend.access, lend.mounts()
+	}
 	srv, err := httpapi.New(httpapi.Config{
 		Owner:            own,
 		Resources:        res,
@@ -126,6 +138,8 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		ControlAuthToken: cfg.Checkpoint.ControlAuthToken,
 		LeaseGrace:       time.Duration(cfg.Checkpoint.LeaseGraceSeconds * float64(time.Second)),
 		LeaseTick:        deps.LeaseTick,
+		Access:           access,
+		Mounts:           mounts,
 	})
 	if err != nil {
 		return fail(fmt.Errorf("%w: %w", ErrConfig, err))
@@ -137,7 +151,12 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 			return fail(fmt.Errorf("listen on %s: %w", addr, err))
 		}
 	}
-	a := &App{cfg: cfg, log: log, own: own, srv: srv, ln: ln, served: make(chan error, 1)}
+	if lend != nil {
+		lend.listening(ln.Addr())
+	}
+	reapCtx, stopReaper := context.WithCancel(context.Background())
+	runReaper(reapCtx, prov)
+	a := &App{cfg: cfg, log: log, own: own, srv: srv, ln: ln, served: make(chan error, 1), stopReaper: stopReaper}
 	go func() { a.served <- srv.Serve(ln) }()
 
 	secretFrom := "checkpoint.state_dir"
@@ -167,7 +186,7 @@ func buildProvider(cfg *Config, deps Deps, env providerEnv) (provider.Provider, 
 	name := cfg.Sandbox.Provider
 	if name == "" {
 		name = DefaultProvider
-		env.log.Warnf("sandbox.provider not set: using the embedded default, the in-memory %s provider; its sandboxes vanish with the process (set sandbox.provider: local for real ones; local will become the default)", name)
+		env.log.Infof("sandbox.provider not set: using the embedded default, the %s provider (real sandboxes on this machine)", name)
 	}
 	p, err := providerRegistry()[name](cfg, env)
 	if err != nil {
@@ -190,6 +209,7 @@ func (a *App) Server() *httpapi.Server { return a.srv }
 func (a *App) Stop(ctx context.Context) error {
 	serr := a.srv.Shutdown(ctx)
 	<-a.served
+	a.stopReaper()
 	oerr := a.own.Close()
 	if err := errors.Join(serr, oerr); err != nil {
 		return fmt.Errorf("stop: %w", err)

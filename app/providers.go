@@ -15,7 +15,7 @@ import (
 
 // DefaultProvider is the embedded default: what a server with no
 // sandbox.provider runs on.
-const DefaultProvider = "fake"
+const DefaultProvider = "local"
 
 // providerEnv is what a provider factory may use besides the config.
 type providerEnv struct {

@@ -178,7 +178,7 @@ func TestProcessSIGTERMIsClean(t *testing.T) {
 		}
 		if a, ok := e["addr"].(string); ok {
 			addr = a
-			if e["mode"] != "exported" || e["provider"] != "fake" {
+			if e["mode"] != "exported" || e["provider"] != "local" {
 				t.Errorf("startup line %v", e)
 			}
 		}

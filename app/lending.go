@@ -1,0 +1,101 @@
+package app
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"net"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/sandboxowner/owner/clock"
+	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/sandboxapi"
+)
+
+// TokenLifetime is how long a sandbox access token works. A token stops
+// earlier when its sandbox is superseded or ended (410).
+const TokenLifetime = 12 * time.Hour
+
+// ReapEvery is how often the local provider's reaper looks for sandboxes
+// whose lease ran out.
+const ReapEvery = 30 * time.Second
+
+// lending lends a server's sandboxes to agents over the sandbox exec API:
+// /sandbox_access carries an endpoint and a token, and /sandboxes/ serves
+// exec and file calls authorised by it.
+type lending struct {
+	tokens  *sandboxapi.Tokens
+	handler *sandboxapi.Handler
+	clk     clock.Clock
+	// base is the server's base URL, known once the listener is open.
+	base string
+}
+
+// newLending builds the sandbox exec API over prov. The token secret is
+// derived from the session secret, so tokens survive a restart exactly as
+// cookies do.
+func newLending(secret []byte, prov provider.Provider, own *owner.Owner, clk clock.Clock, log logrus.FieldLogger) (*lending, error) {
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte("sandbox access tokens"))
+	tokens, err := sandboxapi.NewTokens(mac.Sum(nil), clk)
+	if err != nil {
+		return nil, err
+	}
+	return &lending{
+		tokens: tokens,
+		clk:    clk,
+		handler: &sandboxapi.Handler{
+			Provider: prov,
+			Tokens:   tokens,
+			Resolve:  resolver(own),
+			Logger:   log.WithField("api", "sandboxes"),
+		},
+	}, nil
+}
+
+// resolver answers what became of a sandbox from the owner's memory.
+func resolver(own *owner.Owner) sandboxapi.Resolver {
+	return func(sandboxID string) (provider.Handle, sandboxapi.Fate) {
+		_, h, fate := own.SandboxFate(sandboxID)
+		switch fate {
+		case owner.FateLive:
+			return h, sandboxapi.FateLive
+		case owner.FateSuperseded:
+			return provider.Handle{}, sandboxapi.FateSuperseded
+		case owner.FateEnded:
+			return provider.Handle{}, sandboxapi.FateEnded
+		}
+		return provider.Handle{}, sandboxapi.FateUnknown
+	}
+}
+
+// listening records the address agents reach the server at.
+func (l *lending) listening(addr net.Addr) { l.base = "http://" + addr.String() }
+
+// access adds the endpoint and a token for the session's sandbox to the
+// /sandbox_access descriptor.
+func (l *lending) access(_ *httpapi.Session, sb owner.Sandbox, descriptor map[string]any) error {
+	a := l.tokens.Access(l.base, sb.Handle.SandboxID, l.clk.Now().Add(TokenLifetime))
+	descriptor["endpoint"] = a.Endpoint
+	descriptor["token"] = a.Token
+	descriptor["token_expires_at"] = a.TokenExpiresAt
+	return nil
+}
+
+func (l *lending) mounts() map[string]fasthttp.RequestHandler {
+	return map[string]fasthttp.RequestHandler{sandboxapi.Prefix: l.handler.Serve}
+}
+
+// runReaper starts the local provider's lease reaper until ctx ends; other
+// providers enforce their own leases.
+func runReaper(ctx context.Context, prov provider.Provider) {
+	if lp, ok := prov.(*local.Provider); ok {
+		go lp.RunReaper(ctx, ReapEvery)
+	}
+}

@@ -1,0 +1,140 @@
+package app_test
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sandboxowner/owner/app"
+	"github.com/sandboxowner/owner/owner"
+)
+
+// startLocal starts a notes server on the local provider (the embedded
+// default) with checkpointing on, in a state dir shared across restarts.
+func startLocal(t *testing.T, stateDir string) *app.App {
+	t.Helper()
+	cfg := app.Defaults()
+	cfg.Port = 0
+	cfg.SessionSecret = "a-secret-of-sixteen-plus"
+	cfg.Sandbox.Local.Isolation = "none" // bwrap's own tests cover isolation
+	cfg.Checkpoint.Enabled = true
+	cfg.Checkpoint.StateDir = stateDir
+	cfg.Checkpoint.ControlAuthToken = "tok"
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := app.Start(context.Background(), cfg, app.Deps{Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+type access struct {
+	Connection struct {
+		Descriptor struct {
+			SandboxID string `json:"sandbox_id"`
+			Endpoint  string `json:"endpoint"`
+			Token     string `json:"token"`
+		} `json:"descriptor"`
+	} `json:"connection"`
+}
+
+func sandboxAccess(t *testing.T, a *app.App, cookie string) access {
+	t.Helper()
+	s, body, _ := post(t, a.Addr().String(), "/sandbox_access", cookie, "")
+	if s != 200 {
+		t.Fatalf("sandbox_access: %d %s", s, body)
+	}
+	var acc access
+	if err := json.Unmarshal([]byte(body), &acc); err != nil {
+		t.Fatal(err)
+	}
+	if acc.Connection.Descriptor.Endpoint == "" || acc.Connection.Descriptor.Token == "" {
+		t.Fatalf("descriptor without endpoint and token: %s", body)
+	}
+	return acc
+}
+
+// execAs runs a command through the sandbox exec API with a token.
+func execAs(t *testing.T, endpoint, token, command string) (int, string) {
+	t.Helper()
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(endpoint + "/exec")
+	req.Header.SetMethod("POST")
+	req.Header.Set("Authorization", "Bearer "+token)
+	b, _ := json.Marshal(map[string]any{"command": command})
+	req.SetBody(b)
+	if err := fasthttp.DoTimeout(req, resp, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode(), string(resp.Body())
+}
+
+func TestAgentsWorkInTheirSandboxWithFencedTokens(t *testing.T) {
+	dir := t.TempDir()
+	a := startLocal(t, dir)
+	s, body, cookie := post(t, a.Addr().String(), "/ng-rollout/r1/seed_session", "", "{}")
+	if s != 200 {
+		t.Fatalf("seed: %d %s", s, body)
+	}
+	acc := sandboxAccess(t, a, cookie)
+	d := acc.Connection.Descriptor
+	if !strings.HasSuffix(d.Endpoint, "/sandboxes/"+d.SandboxID) {
+		t.Fatalf("endpoint %q does not name sandbox %s", d.Endpoint, d.SandboxID)
+	}
+	if s, body := execAs(t, d.Endpoint, d.Token, "cat .seed_token && echo hi > agent.txt"); s != 200 || !strings.Contains(body, `"exit_code":0`) {
+		t.Fatalf("exec with a valid token: %d %s", s, body)
+	}
+	if s, _ := execAs(t, d.Endpoint, d.Token+"x", "true"); s != 401 {
+		t.Fatalf("forged token: %d, want 401", s)
+	}
+	if s, _ := execAs(t, d.Endpoint, "", "true"); s != 401 {
+		t.Fatalf("missing token: %d, want 401", s)
+	}
+
+	// Commit, then crash; a fresh server restores and supersedes the box.
+	if _, err := a.Owner().Commit(context.Background(), owner.CommitRequest{CheckpointID: "ck1"}); err != nil {
+		t.Fatal(err)
+	}
+	sessions, _ := a.Owner().Sessions()
+	a.Owner().Abandon()
+	_ = a.Server().Shutdown(context.Background())
+
+	b := startLocal(t, dir)
+	defer b.Stop(context.Background())
+	if _, err := b.Owner().Restore(context.Background(), owner.RestoreRequest{CheckpointID: "ck1"}); err != nil {
+		t.Fatal(err)
+	}
+	oldEndpoint := strings.Replace(d.Endpoint, a.Addr().String(), b.Addr().String(), 1)
+	if s, body := execAs(t, oldEndpoint, d.Token, "true"); s != 410 || !strings.Contains(body, "superseded") {
+		t.Fatalf("token of the superseded sandbox: %d %s, want 410 superseded", s, body)
+	}
+	// The fork holds the agent's work; its own token works, until the
+	// session ends.
+	if s, body, _ := post(t, b.Addr().String(), "/seed_session", cookie, "{}"); s != 200 {
+		t.Fatalf("re-seed of the restored session: %d %s", s, body)
+	}
+	acc2 := sandboxAccess(t, b, cookie)
+	fresh, tok := acc2.Connection.Descriptor.Endpoint, acc2.Connection.Descriptor.Token
+	if acc2.Connection.Descriptor.SandboxID == d.SandboxID {
+		t.Fatal("sandbox_access after the restore names the superseded sandbox")
+	}
+	if s, body := execAs(t, fresh, tok, "cat agent.txt"); s != 200 || !strings.Contains(body, "hi") {
+		t.Fatalf("exec in the fork: %d %s", s, body)
+	}
+	if err := b.Owner().EndSessionSandbox(context.Background(), sessions[0]); err != nil {
+		t.Fatal(err)
+	}
+	if s, body := execAs(t, fresh, tok, "true"); s != 410 || !strings.Contains(body, "ended") {
+		t.Fatalf("token after the session ended: %d %s, want 410 ended", s, body)
+	}
+}
