@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/actors"
@@ -557,14 +558,23 @@ func (o *Owner) withListedForks(checkpointID string, forks []provider.Handle) []
 	return out
 }
 
-// install spawns a session actor holding each fork. If one cannot be
-// installed (a seed of the same session raced the restore), the installed
-// ones are ended and the remaining forks stopped: all or none.
+// install spawns a session actor holding each fork. The spawns go to the
+// supervisor all at once and are then collected in order: one round trip
+// per session would hold the restore that long. If one cannot be installed
+// (a seed of the same session raced the restore), the installed ones are
+// ended and the other forks stopped: all or none.
 func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle) ([]RestoredSession, error) {
+	select {
+	case <-o.closed:
+		return nil, ErrClosed
+	default:
+	}
 	now := o.clk.Now()
-	out := make([]RestoredSession, 0, len(records))
+	sbs := make([]messages.Sandbox, len(records))
+	futures := make([]*actor.Future, len(records))
 	for i, r := range records {
-		sb := messages.Sandbox{
+		sb := &sbs[i]
+		*sb = messages.Sandbox{
 			Handle:       forks[i],
 			Spec:         o.labelled(r.Spec, r.SessionID, nil),
 			Workdir:      r.Workdir,
@@ -579,20 +589,38 @@ func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle)
 			sb.ExpiresAt = now.Add(ttl)
 		}
 		o.fates.hold(r.SessionID, sb.Handle, sb.FromSnapshot)
-		if _, err := o.spawn(r.SessionID, &sb, []string{r.SnapshotID}); err != nil {
-			ctx, cancel := context.WithTimeout(o.base, 10*time.Minute)
-			for _, done := range out {
-				if _, serr := o.stopSession(ctx, done.SessionID, messages.StopRetire); serr != nil {
-					o.log.WithError(serr).Warn("could not undo a restored session")
-				}
-			}
-			cancel()
-			o.stopHandles(forks[i:])
-			return nil, fmt.Errorf("install session %q: %w", r.SessionID, err)
-		}
-		out = append(out, RestoredSession{SessionID: r.SessionID, Episode: r.Episode, Sandbox: sb})
+		futures[i] = o.system.Root.RequestFuture(o.sup, &messages.SpawnSession{SessionID: r.SessionID, Install: sb, Snapshots: []string{r.SnapshotID}}, time.Minute)
 	}
-	return out, nil
+	out := make([]RestoredSession, 0, len(records))
+	var notInstalled []provider.Handle
+	var firstErr error
+	for i, f := range futures {
+		r := records[i]
+		v, err := f.Result()
+		if err == nil {
+			err = v.(*messages.SessionRef).Err
+		}
+		if err != nil {
+			notInstalled = append(notInstalled, forks[i])
+			if firstErr == nil {
+				firstErr = fmt.Errorf("install session %q: %w", r.SessionID, err)
+			}
+			continue
+		}
+		out = append(out, RestoredSession{SessionID: r.SessionID, Episode: r.Episode, Sandbox: sbs[i]})
+	}
+	if firstErr == nil {
+		return out, nil
+	}
+	ctx, cancel := context.WithTimeout(o.base, 10*time.Minute)
+	for _, done := range out {
+		if _, serr := o.stopSession(ctx, done.SessionID, messages.StopRetire); serr != nil {
+			o.log.WithError(serr).Warn("could not undo a restored session")
+		}
+	}
+	cancel()
+	o.stopHandles(notInstalled)
+	return nil, firstErr
 }
 
 // stopHandles stops sandboxes that no session holds, at most parallelism

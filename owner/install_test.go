@@ -1,0 +1,74 @@
+package owner_test
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
+)
+
+// A seed that races a restore (after its records were checked, before the
+// forks are installed) makes the restore fail all or none: the sessions it
+// did install are ended, the fork of the raced session is stopped, and the
+// seeded session keeps its own sandbox.
+func TestRestoreRacedBySeedInstallsNothing(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	for _, sid := range []string{"s1", "s2", "s3"} {
+		seed(t, o, sid)
+	}
+	commit(t, o, "c1")
+	for _, sid := range []string{"s1", "s2", "s3"} {
+		if err := o.EndSessionSandbox(context.Background(), sid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The last fork to begin seeds s2 first (the hook runs outside the
+	// fake's lock, on the fork's goroutine).
+	var mu sync.Mutex
+	forks := 0
+	var raced owner.Sandbox
+	var seedErr error
+	e.fk.SetHook(func(c fake.Call) {
+		if c.Op != fake.OpFork || c.Phase != fake.PhaseBegin {
+			return
+		}
+		mu.Lock()
+		forks++
+		last := forks == 3
+		mu.Unlock()
+		if last {
+			raced, seedErr = o.StartSessionSandbox(context.Background(), "s2", provider.Spec{}, notesSetup("tok-s2"), "")
+		}
+	})
+	_, err := o.Restore(context.Background(), owner.RestoreRequest{CheckpointID: "c1"})
+	e.fk.SetHook(nil)
+	if seedErr != nil {
+		t.Fatalf("the racing seed: %v", seedErr)
+	}
+	if !errors.Is(err, owner.ErrRestoreFailed) {
+		t.Fatalf("got %v, want ErrRestoreFailed", err)
+	}
+	ids, err := o.Sessions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"s2"}, ids); diff != "" {
+		t.Fatalf("sessions after the failed restore (-want +got):\n%s", diff)
+	}
+	live := e.fk.LiveSandboxIDs()
+	sort.Strings(live)
+	if diff := cmp.Diff([]string{raced.Handle.SandboxID}, live); diff != "" {
+		t.Fatalf("live sandboxes after the failed restore (-want +got):\n%s", diff)
+	}
+	if sb, err := o.RequireSessionSandbox("s2"); err != nil || sb.Handle.SandboxID != raced.Handle.SandboxID || sb.Restored {
+		t.Fatalf("the raced session holds %+v (%v), want its own sandbox %s", sb.Handle, err, raced.Handle.SandboxID)
+	}
+}
