@@ -174,3 +174,39 @@ func TestASecondSandboxOfAnInstanceDoesNotClone(t *testing.T) {
 		t.Errorf("second sandbox at %s", got)
 	}
 }
+
+func TestScrubRemovesEveryOtherWayToReachTheFix(t *testing.T) {
+	// An image whose repository keeps the fix reachable in every way git
+	// has: a stash, a linked worktree, a replace ref, a remote-tracking
+	// branch, a kept pack, packed refs, ORIG_HEAD and FETCH_HEAD.
+	tk := newTask(t)
+	img := imageDir(t, tk, tk.base, nil)
+	git(t, img, "update-ref", "refs/remotes/origin/fix", tk.fix)
+	git(t, img, "update-ref", "refs/replace/"+tk.base, tk.fix)
+	git(t, img, "update-ref", "ORIG_HEAD", tk.fix)
+	git(t, img, "worktree", "add", "-q", "--detach", filepath.Join(t.TempDir(), "wt"), tk.fix)
+	writeFiles(t, img, map[string]string{"calc.go": fixedCalc})
+	git(t, img, "stash", "-q")
+	git(t, img, "pack-refs", "--all")
+	git(t, img, "repack", "-a", "-d", "-q")
+	packs, _ := filepath.Glob(filepath.Join(img, ".git", "objects", "pack", "*.pack"))
+	for _, p := range packs {
+		writeFiles(t, filepath.Dir(p), map[string]string{strings.TrimSuffix(filepath.Base(p), ".pack") + ".keep": ""})
+	}
+	writeFiles(t, filepath.Join(img, ".git"), map[string]string{"FETCH_HEAD": tk.fix + "\t\tbranch 'main' of somewhere\n"})
+
+	w := newWorld(t, tk, withConfig(func(c *Config) { c.Repos, c.TemplateDir = nil, "" }))
+	row := tk.row("example__calc-1")
+	row["image"] = img
+	seed := w.seed("s-every-way", row)
+	sb := *seed.SandboxHandle
+	if res := w.agentExec(sb, "git cat-file -e "+tk.fix); res.ExitCode == 0 {
+		t.Error("the fix commit survived the scrub")
+	}
+	if got := strings.TrimSpace(w.agentRun(sb, "git log --all --reflog --format=%H; git stash list; git worktree list --porcelain | grep -c worktree")); got != tk.base+"\n1" {
+		t.Errorf("after the scrub: %q, want the base commit and one worktree", got)
+	}
+	if got := strings.TrimSpace(w.agentRun(sb, "git show --no-patch --format=%s "+tk.base)); got != "Add calc" {
+		t.Errorf("the base commit reads %q (a replace ref left?)", got)
+	}
+}
