@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"errors"
 	"os"
 	"path/filepath"
@@ -35,7 +36,7 @@ func resourcesRegistry() map[string]resourcesEntry {
 // repositories' tests, which the fake provider cannot: it needs a real one
 // (sandbox.provider: local on one machine).
 func newSWEBench(cfg *Config) (httpapi.Resources, error) {
-	if p := cfg.Sandbox.Provider; p == "" || p == "fake" {
+	if p := cmp.Or(cfg.Sandbox.Provider, DefaultProvider); p == "fake" {
 		return nil, errors.New("swebench needs a real sandbox provider (sandbox.provider: local), not the fake")
 	}
 	sc := cfg.SWEBench
