@@ -136,7 +136,7 @@ func TestTheBinarysGoldenInstance(t *testing.T) {
 func TestTheBinaryRefusesSWEBenchOnTheFake(t *testing.T) {
 	tr := swebench.NewTaskRepo(t)
 	cfg := baseConfig(t, tr)
-	cfg.Sandbox.Provider = ""
+	cfg.Sandbox.Provider = "fake"
 	if _, err := app.Start(context.Background(), cfg, app.Deps{Listener: fasthttputil.NewInmemoryListener()}); err == nil || !strings.Contains(err.Error(), "real sandbox provider") {
 		t.Errorf("start on the fake: %v", err)
 	}
