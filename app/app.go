@@ -208,6 +208,9 @@ func (a *App) Server() *httpapi.Server { return a.srv }
 // and closes the owner and its index.
 func (a *App) Stop(ctx context.Context) error {
 	serr := a.srv.Shutdown(ctx)
+	// A Serve that had not begun when Shutdown ran would accept forever:
+	// closing the listener ends it either way.
+	_ = a.ln.Close()
 	<-a.served
 	a.stopReaper()
 	oerr := a.own.Close()

@@ -138,3 +138,16 @@ func TestAgentsWorkInTheirSandboxWithFencedTokens(t *testing.T) {
 		t.Fatalf("token after the session ended: %d %s, want 410 ended", s, body)
 	}
 }
+
+// TestStopRightAfterStartReturns: a stop that comes before the server's
+// Serve goroutine has begun still ends it.
+func TestStopRightAfterStartReturns(t *testing.T) {
+	for i := 0; i < 20; i++ {
+		a := startLocal(t, t.TempDir())
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		if err := a.Stop(ctx); err != nil {
+			t.Fatalf("stop %d: %v", i, err)
+		}
+		cancel()
+	}
+}
