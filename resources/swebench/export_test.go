@@ -1,14 +1,6 @@
 package swebench
 
-import (
-	"testing"
-
-	"github.com/sandboxowner/owner/owner"
-	"github.com/sandboxowner/owner/sandboxapi"
-)
-
-// Resolver is resolver.
-func Resolver(own *owner.Owner) sandboxapi.Resolver { return resolver(own) }
+import "testing"
 
 // Exports for the external tests (package swebench_test).
 

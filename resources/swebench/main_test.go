@@ -1,37 +1,40 @@
 package swebench_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/sirupsen/logrus"
-	"github.com/valyala/fasthttp"
+	"go.yaml.in/yaml/v3"
 
-	"github.com/sandboxowner/owner/clock"
-	httpapi "github.com/sandboxowner/owner/http"
-	"github.com/sandboxowner/owner/owner"
-	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/app"
 	"github.com/sandboxowner/owner/resources/swebench"
-	"github.com/sandboxowner/owner/sandboxapi"
 )
 
-// serveEnv makes the test binary a server process (childServer): its value is
-// the JSON of a childConfig.
+// serveEnv makes the test binary the server binary (cmd/server): its value
+// is the JSON list of the command line's arguments.
 const serveEnv = "SWEBENCH_TEST_SERVE"
 
 func TestMain(m *testing.M) {
-	if cfg := os.Getenv(serveEnv); cfg != "" {
-		os.Exit(childServer(cfg))
+	if args := os.Getenv(serveEnv); args != "" {
+		var argv []string
+		if err := json.Unmarshal([]byte(args), &argv); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+		code := app.Run(ctx, argv, os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
 	}
 	dir, err := os.MkdirTemp("", "swebench-test-caches-")
 	if err != nil {
@@ -45,120 +48,96 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// childConfig is what a child server runs on.
-type childConfig struct {
-	Root, State, Templates, Caches string
-	Repos, TestCommands            map[string]string
-}
-
 const (
 	childSecret = "a-session-secret-the-restarted-server-shares"
 	childToken  = "control-token"
 )
 
-// childServer is a whole SWE-bench server as one process: the local
-// provider, an exported owner, the swebench resources, the HTTP surface with
-// the sandbox exec API mounted and its tokens in /sandbox_access. It prints
-// "LISTENING <addr>" and serves until SIGTERM (or a SIGKILL).
-func childServer(raw string) int {
-	var c childConfig
-	if err := json.Unmarshal([]byte(raw), &c); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
+// childConfig is the server binary's configuration for the task: the local
+// provider on root (with the test binary's shared caches), an exported owner
+// on state, the swebench resources, a fixed session secret (cookies and
+// sandbox tokens survive a restart).
+func childConfig(t *testing.T, tr swebench.TaskRepo, root, state string) string {
+	t.Helper()
+	cfg := app.Defaults()
+	cfg.Name, cfg.Resources, cfg.Port, cfg.SessionSecret = "swebench", "swebench", 0, childSecret
+	cfg.Sandbox.Provider = "local"
+	cfg.Sandbox.Local.Root = root
+	cfg.Sandbox.Local.Caches = swebench.SharedCaches(swebench.SharedCacheDir())
+	cfg.Checkpoint.Enabled, cfg.Checkpoint.StateDir, cfg.Checkpoint.ControlAuthToken = true, state, childToken
+	cfg.SWEBench = swebench.Config{
+		Repos:         map[string]string{tr.Repo: tr.Dir},
+		TestCommands:  map[string]string{tr.Repo: tr.TestCommand},
+		SandboxConfig: swebench.SandboxConfig{TTLSeconds: 3600},
 	}
-	log := logrus.New()
-	log.SetOutput(os.Stderr)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	fail := func(err error) int { fmt.Fprintln(os.Stderr, "child server:", err); return 1 }
-	p, err := local.New(local.Options{Root: c.Root, Logger: log, Caches: swebench.SharedCaches(c.Caches)})
+	b, err := yaml.Marshal(cfg)
 	if err != nil {
-		return fail(err)
+		t.Fatal(err)
 	}
-	own, err := owner.New(ctx, owner.Config{Name: "swebench", Provider: p, Logger: log,
-		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: c.State}})
-	if err != nil {
-		return fail(err)
+	path := filepath.Join(t.TempDir(), "swebench.yaml")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
 	}
-	defer own.Close()
-	res, err := swebench.New(swebench.Config{Repos: c.Repos, TemplateDir: c.Templates, TestCommands: c.TestCommands,
-		SandboxConfig: swebench.SandboxConfig{TTLSeconds: 3600}}, swebench.Deps{Name: "swebench", Logger: log})
-	if err != nil {
-		return fail(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return fail(err)
-	}
-	base := "http://" + ln.Addr().String()
-	tokens, err := sandboxapi.NewTokens([]byte(childSecret), clock.Real{})
-	if err != nil {
-		return fail(err)
-	}
-	api := &sandboxapi.Handler{Provider: p, Tokens: tokens, Logger: log, Resolve: swebench.Resolver(own)}
-	srv, err := httpapi.New(httpapi.Config{
-		Owner: own, Resources: res, Logger: log, SessionSecret: []byte(childSecret), ControlAuthToken: childToken,
-		Mounts: map[string]fasthttp.RequestHandler{sandboxapi.Prefix: api.Serve},
-		Access: func(_ *httpapi.Session, sb owner.Sandbox, desc map[string]any) error {
-			a := tokens.Access(base, sb.Handle.SandboxID, time.Now().Add(time.Hour))
-			desc["endpoint"], desc["token"] = a.Endpoint, a.Token
-			return nil
-		},
-	})
-	if err != nil {
-		return fail(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	fmt.Printf("LISTENING %s\n", ln.Addr())
-	<-ctx.Done()
-	sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
-	return 0
+	return path
 }
 
-// child is a running child server.
+// child is a running server process.
 type child struct {
 	cmd  *exec.Cmd
 	base string
 	done chan error
 }
 
-// startChild starts a server process on c and waits for its LISTENING line.
-func startChild(t *testing.T, c childConfig) *child {
+// startChild starts the server binary on the config file and returns once it
+// logs the address it serves.
+func startChild(t *testing.T, config string) *child {
 	t.Helper()
-	raw, _ := json.Marshal(c)
+	argv, _ := json.Marshal([]string{"-config", config, "-log-format", "json"})
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), serveEnv+"="+string(raw))
-	stdout, err := cmd.StdoutPipe()
+	cmd.Env = append(os.Environ(), serveEnv+"="+string(argv))
+	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	logFile, err := os.Create(filepath.Join(t.TempDir(), "child.log"))
+	logPath := filepath.Join(t.TempDir(), "server.log")
+	logFile, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stderr = logFile
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	ch := &child{cmd: cmd, done: make(chan error, 1)}
-	var addr string
-	if _, err := fmt.Fscanf(stdout, "LISTENING %s\n", &addr); err != nil {
-		_ = cmd.Process.Kill()
-		b, _ := os.ReadFile(logFile.Name())
-		t.Fatalf("child server did not start: %v\n%s", err, b)
-	}
+	addr := make(chan string, 1)
 	go func() {
-		_, _ = io.Copy(io.Discard, stdout)
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+		for sc.Scan() {
+			fmt.Fprintln(logFile, sc.Text())
+			var line struct{ Msg, Addr string }
+			if json.Unmarshal(sc.Bytes(), &line) == nil && strings.HasPrefix(line.Msg, "serving ") && line.Addr != "" {
+				select {
+				case addr <- line.Addr:
+				default:
+				}
+			}
+		}
+		close(addr)
 		ch.done <- cmd.Wait()
+		logFile.Close()
 	}()
+	a, ok := <-addr
+	if !ok {
+		<-ch.done
+		b, _ := os.ReadFile(logPath)
+		t.Fatalf("the server did not start:\n%s", b)
+	}
 	t.Cleanup(func() {
 		if ch.cmd.ProcessState == nil {
 			ch.stop(t, syscall.SIGTERM)
 		}
 	})
-	ch.base = "http://" + addr
+	ch.base = "http://" + a
 	return ch
 }
 
@@ -171,6 +150,6 @@ func (c *child) stop(t *testing.T, sig syscall.Signal) {
 	select {
 	case <-c.done:
 	case <-time.After(2 * time.Minute):
-		t.Fatalf("the child server did not exit after %v", sig)
+		t.Fatalf("the server did not exit after %v", sig)
 	}
 }

@@ -90,15 +90,12 @@ func (a *agent) mustExec(endpoint, token, command string) string {
 	return out["stdout"].(string)
 }
 
-// TestSIGKILLBetweenCommitAndVerify: a real server process is killed with
-// SIGKILL after a checkpoint; a fresh one restores it, the re-seed gets the
+// TestSIGKILLBetweenCommitAndVerify: the server binary, as a real process, is
+// killed with SIGKILL after a checkpoint; a fresh one restores it, the re-seed gets the
 // fork with the agent's work as of the checkpoint, and verify grades it.
 func TestSIGKILLBetweenCommitAndVerify(t *testing.T) {
 	tr := swebench.NewTaskRepo(t)
-	cfg := childConfig{
-		Root: t.TempDir(), State: t.TempDir(), Templates: t.TempDir(), Caches: swebench.SharedCacheDir(),
-		Repos: map[string]string{tr.Repo: tr.Dir}, TestCommands: map[string]string{tr.Repo: tr.TestCommand},
-	}
+	cfg := childConfig(t, tr, t.TempDir(), t.TempDir())
 	jar, err := cookiejar.New(nil)
 	if err != nil {
 		t.Fatal(err)
