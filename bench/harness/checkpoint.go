@@ -267,14 +267,16 @@ func (s *sideIndex) load(id string, want int) (time.Duration, error) {
 	return d, nil
 }
 
-// cell measures one cell of the matrix: op's latency set on fk, as many
-// repetitions of rep as the budget allows (rep returns the owner's time and
-// the index transaction's alone), and the row.
+// cell measures one cell of the matrix: op's latency set on fk, repetitions
+// of rep (it returns the owner's time and the index transaction's alone)
+// until the cell has taken the plan's budget, at least one and at most
+// maxReps, and the row.
 func (h *harness) cell(fk *fake.Provider, op fake.Op, base CheckpointRow, rep func(r int) (owner, index time.Duration, err error)) (CheckpointRow, error) {
 	fk.SetLatency(op, base.Latency)
 	defer fk.SetLatency(op, 0)
 	var measured, index []time.Duration
-	for r := range h.reps(base) {
+	start := time.Now()
+	for r := 0; r < h.plan.maxReps && (r == 0 || time.Since(start) < h.plan.budget); r++ {
 		m, i, err := rep(r)
 		if err != nil {
 			return CheckpointRow{}, err

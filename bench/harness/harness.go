@@ -72,8 +72,8 @@ type plan struct {
 	latencies   []time.Duration
 	parallelism []int
 	release     [][2]int // {K checkpoints, N sessions each}
-	// budget is the wall time a cell's repetitions aim for; maxReps caps
-	// them.
+	// budget is the wall time after which a cell stops repeating (it
+	// always measures once); maxReps caps the repetitions.
 	budget  time.Duration
 	maxReps int
 
@@ -96,7 +96,7 @@ func planFor(mode string) (plan, error) {
 		// Release stays at K·N ≤ 1,000: the index's Drop grows with the
 		// square of the snapshots it tombstones (see README.md).
 		p.release = [][2]int{{1, 10}, {1, 100}, {1, 1000}, {10, 100}}
-		p.budget, p.maxReps = 1500*time.Millisecond, 11
+		p.budget, p.maxReps = 1200*time.Millisecond, 11
 		p.httpDuration, p.httpWarmup = 4*time.Second, time.Second
 		p.memorySessions = 10000
 	case ModeQuick:
@@ -251,15 +251,6 @@ func (h *harness) checkpoints(ctx context.Context, rep *Report) error {
 		}
 	}
 	return nil
-}
-
-// reps is how many repetitions a cell gets: as many as fit the budget at
-// the expected cost, at least one, at most maxReps.
-func (h *harness) reps(r CheckpointRow) int {
-	r.Index = 2*time.Millisecond + time.Duration(r.Calls)*40*time.Microsecond
-	expected := r.Ideal()
-	n := int(h.plan.budget / expected)
-	return max(1, min(n, h.plan.maxReps))
 }
 
 func (h *harness) progress(r CheckpointRow) {
