@@ -65,6 +65,10 @@ type LocalOptions struct {
 	// Caches places named shared caches: name → host directory (default
 	// <root>/caches/<name>).
 	Caches map[string]string `yaml:"caches"`
+	// SnapshotDelayMS and ForkDelayMS hold each snapshot and fork, for
+	// crash tests that kill the server mid-commit or mid-restore.
+	SnapshotDelayMS int `yaml:"snapshot_delay_ms"`
+	ForkDelayMS     int `yaml:"fork_delay_ms"`
 }
 
 // CheckpointConfig is the checkpoint block.
@@ -93,27 +97,29 @@ func Defaults() Config {
 // keyUsage documents every key, for -h.
 func keyUsage() map[string]string {
 	return map[string]string{
-		"name":                           "the server's name (cookie, status instance, sandbox labels)",
-		"resources":                      "the resources server: notes or swebench",
-		"host":                           "address to listen on",
-		"port":                           "port to listen on (0: any free port)",
-		"num_workers":                    "worker processes (an exported owner runs in one)",
-		"session_secret":                 "secret for session cookies (default: generated into checkpoint.state_dir, else per process)",
-		"sandbox.provider":               "sandbox provider: fake or local (default: the embedded default)",
-		"sandbox.fake.seed":              "fake provider: seed of its latency and faults",
-		"sandbox.fake.id_prefix":         "fake provider: prefix of its ids",
-		"sandbox.local.root":             "local provider: directory of sandboxes and snapshots (default: <state_dir>/sandboxes)",
-		"sandbox.local.templates":        "local provider: image=directory (repeatable; an empty directory is an empty tree)",
-		"sandbox.local.isolation":        "local provider: auto, bwrap or none",
-		"sandbox.local.overlay":          "local provider: auto, on or off",
-		"sandbox.local.default_workdir":  "local provider: workdir of specs that name none",
-		"sandbox.local.caches":           "local provider: cache name=host directory of a named shared cache (repeatable; default <root>/caches/<name>)",
-		"checkpoint.enabled":             "serve the checkpoint control plane",
-		"checkpoint.state_dir":           "directory of the snapshot index (required to export snapshots)",
-		"checkpoint.control_auth_token":  "bearer token of the control plane (required when enabled)",
-		"checkpoint.parallelism":         "concurrent provider calls of a checkpoint operation",
-		"checkpoint.on_stop":             "what a commit with stop does with the sandboxes: kill or none",
-		"checkpoint.lease_grace_seconds": "seconds past deadline_ts before an open checkpoint resumes itself",
+		"name":                            "the server's name (cookie, status instance, sandbox labels)",
+		"resources":                       "the resources server: notes or swebench",
+		"host":                            "address to listen on",
+		"port":                            "port to listen on (0: any free port)",
+		"num_workers":                     "worker processes (an exported owner runs in one)",
+		"session_secret":                  "secret for session cookies (default: generated into checkpoint.state_dir, else per process)",
+		"sandbox.provider":                "sandbox provider: fake or local (default: the embedded default)",
+		"sandbox.fake.seed":               "fake provider: seed of its latency and faults",
+		"sandbox.fake.id_prefix":          "fake provider: prefix of its ids",
+		"sandbox.local.root":              "local provider: directory of sandboxes and snapshots (default: <state_dir>/sandboxes)",
+		"sandbox.local.templates":         "local provider: image=directory (repeatable; an empty directory is an empty tree)",
+		"sandbox.local.isolation":         "local provider: auto, bwrap or none",
+		"sandbox.local.overlay":           "local provider: auto, on or off",
+		"sandbox.local.default_workdir":   "local provider: workdir of specs that name none",
+		"sandbox.local.caches":            "local provider: cache name=host directory of a named shared cache (repeatable; default <root>/caches/<name>)",
+		"sandbox.local.snapshot_delay_ms": "local provider: hold every snapshot this long (crash tests only)",
+		"sandbox.local.fork_delay_ms":     "local provider: hold every fork this long (crash tests only)",
+		"checkpoint.enabled":              "serve the checkpoint control plane",
+		"checkpoint.state_dir":            "directory of the snapshot index (required to export snapshots)",
+		"checkpoint.control_auth_token":   "bearer token of the control plane (required when enabled)",
+		"checkpoint.parallelism":          "concurrent provider calls of a checkpoint operation",
+		"checkpoint.on_stop":              "what a commit with stop does with the sandboxes: kill or none",
+		"checkpoint.lease_grace_seconds":  "seconds past deadline_ts before an open checkpoint resumes itself",
 
 		"swebench.is_verifying_golden_patch":           "swebench: grade each row's own patch and lend no sandbox",
 		"swebench.evaluation_timeout":                  "swebench: seconds the eval script may run (default 1800)",

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -67,6 +68,8 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 		Overlay:        o.Overlay,
 		DefaultWorkdir: o.DefaultWorkdir,
 		Caches:         o.Caches,
+		SnapshotDelay:  time.Duration(o.SnapshotDelayMS) * time.Millisecond,
+		ForkDelay:      time.Duration(o.ForkDelayMS) * time.Millisecond,
 		Clock:          env.clk,
 		Logger:         env.log.WithField("provider", "local"),
 	})

@@ -101,6 +101,11 @@ type Options struct {
 	// is flushed (sync(2)) before its record is written. Off, a snapshot
 	// costs about what `cp -a` of the tree does.
 	Durable bool
+	// SnapshotDelay and ForkDelay hold every Snapshot and Fork this long
+	// before it starts (the call's context ends the wait). For crash tests:
+	// they widen the window in which a server can be killed mid-commit or
+	// mid-restore. Zero in production.
+	SnapshotDelay, ForkDelay time.Duration
 	// CopyWorkers is how many files a snapshot or a copy-mode start or fork
 	// copies at once (DefaultCopyWorkers when zero).
 	CopyWorkers int
@@ -126,6 +131,8 @@ type Provider struct {
 	bwrap       *bwrapConfig // nil: commands run unisolated
 	overlay     bool
 	durable     bool
+	// snapshotDelay and forkDelay: see Options.
+	snapshotDelay, forkDelay time.Duration
 
 	// hook, when set by a test in this package, runs during a snapshot
 	// while the sandbox's commands are paused.
@@ -162,19 +169,21 @@ func New(opts Options) (*Provider, error) {
 		return nil, fmt.Errorf("%w: root %q: %v", ErrBadOptions, opts.Root, err)
 	}
 	p := &Provider{
-		root:        root,
-		templates:   map[string]string{},
-		cacheDirs:   map[string]string{},
-		workdir:     opts.DefaultWorkdir,
-		outputCap:   opts.OutputCap,
-		execTimeout: opts.DefaultExecTimeout,
-		copyWorkers: opts.CopyWorkers,
-		durable:     opts.Durable,
-		clk:         opts.Clock,
-		log:         opts.Logger,
-		sandboxes:   map[string]*sandbox{},
-		pending:     map[string]int{},
-		garbage:     true,
+		root:          root,
+		templates:     map[string]string{},
+		cacheDirs:     map[string]string{},
+		workdir:       opts.DefaultWorkdir,
+		outputCap:     opts.OutputCap,
+		execTimeout:   opts.DefaultExecTimeout,
+		copyWorkers:   opts.CopyWorkers,
+		durable:       opts.Durable,
+		snapshotDelay: opts.SnapshotDelay,
+		forkDelay:     opts.ForkDelay,
+		clk:           opts.Clock,
+		log:           opts.Logger,
+		sandboxes:     map[string]*sandbox{},
+		pending:       map[string]int{},
+		garbage:       true,
 	}
 	if p.workdir == "" {
 		p.workdir = DefaultWorkdir

@@ -60,6 +60,9 @@ func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string)
 	if err != nil {
 		return "", err
 	}
+	if err := delay(ctx, p.snapshotDelay, "snapshot"); err != nil {
+		return "", err
+	}
 	began := time.Now()
 	id := newID(snapshotPrefix)
 	defer p.markPending(id)()
@@ -148,6 +151,9 @@ func (p *Provider) Fork(ctx context.Context, spec provider.Spec, snapshotID stri
 	ctx, cancel := readyContext(ctx, spec)
 	defer cancel()
 	if err := ctxErr(ctx, "fork"); err != nil {
+		return provider.Handle{}, err
+	}
+	if err := delay(ctx, p.forkDelay, "fork"); err != nil {
 		return provider.Handle{}, err
 	}
 	if !validID(snapshotID, snapshotPrefix) {
@@ -344,4 +350,19 @@ func (p *Provider) ListSnapshots(ctx context.Context) ([]provider.SnapshotInfo, 
 		return cmp.Compare(a.ID, b.ID)
 	})
 	return out, nil
+}
+
+// delay waits d (Options.SnapshotDelay, ForkDelay) unless ctx ends first.
+func delay(ctx context.Context, d time.Duration, op string) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctxErr(ctx, op)
+	}
 }

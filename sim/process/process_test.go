@@ -3,10 +3,12 @@
 // SIGKILLs it in the middle of a commit and of a restore, restarts it on the
 // same state_dir, and checks the invariants over HTTP and on disk.
 //
-// The local provider has no option to slow snapshots or forks, so the kill
-// lands at a seeded random moment after the request was sent (before, during
-// or after the operation); every case must keep the invariants, and the test
-// logs where each kill landed.
+// The server runs with the local provider's crash-test delays
+// (-sandbox.local.snapshot_delay_ms, fork_delay_ms), so a commit or a restore
+// takes about opDelay and the kill, at a seeded random moment within
+// 1.5 opDelay of the request, mostly lands inside it (sometimes just before
+// or after: every case must keep the invariants). The test logs where each
+// kill landed.
 package process_test
 
 import (
@@ -22,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -61,6 +64,8 @@ func start(t *testing.T, bin, dir string) *server {
 	t.Helper()
 	cmd := exec.Command(bin, "-port", "0", "-log-format", "json", "-log-level", "info",
 		"-sandbox.provider", "local", "-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off",
+		"-sandbox.local.snapshot_delay_ms", strconv.Itoa(int(opDelay/time.Millisecond)),
+		"-sandbox.local.fork_delay_ms", strconv.Itoa(int(opDelay/time.Millisecond)),
 		"-checkpoint.enabled", "-checkpoint.state_dir", dir, "-checkpoint.control_auth_token", token)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -280,6 +285,14 @@ func checkDisk(t *testing.T, dir string, leaks bool) {
 	}
 }
 
+// opDelay holds each snapshot and fork of the child server.
+const opDelay = 30 * time.Millisecond
+
+// killDelay is when, after a request, the server is killed.
+func killDelay(rng *rand.Rand) time.Duration {
+	return time.Duration(rng.Int64N(int64(opDelay * 3 / 2)))
+}
+
 // TestSIGKILLMidCommitAndMidRestore: sessions seed and write "one"; a commit
 // is SIGKILLed; the restarted server restores (if the commit landed) and is
 // SIGKILLed mid-restore; the next one restores again and every session
@@ -312,7 +325,7 @@ func TestSIGKILLMidCommitAndMidRestore(t *testing.T) {
 			if iter%2 == 0 {
 				// Odd iterations let the commit land, so that the kill
 				// during the restore has a checkpoint to restore.
-				delay := time.Duration(rng.IntN(15)) * time.Millisecond
+				delay := killDelay(rng)
 				replied, code := killDuring(s, delay, commit)
 				t.Logf("commit killed after %v: reply came first %v (status %d)", delay, replied, code)
 			} else {
@@ -328,7 +341,7 @@ func TestSIGKILLMidCommitAndMidRestore(t *testing.T) {
 				c, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": "/ctl/ck1", "episode_ids": episodes(sessions, 0)})
 				return c, err
 			}
-			delay := time.Duration(rng.IntN(15)) * time.Millisecond
+			delay := killDelay(rng)
 			replied, code := killDuring(s, delay, func() (int, error) { return restore(s) })
 			t.Logf("restore killed after %v: reply came first %v (status %d)", delay, replied, code)
 			recovered(t, bin, dir)
