@@ -56,7 +56,7 @@ type Config struct {
 	// CacheMountDir/<name>), so that module and build caches are reused
 	// across sandboxes. nil means DefaultCaches (Go's module and build
 	// caches); an empty map turns them off. Other providers ignore them.
-	Caches map[string]string `yaml:"caches" json:"caches"`
+	Caches map[string]string `yaml:"caches,omitempty" json:"caches,omitempty"`
 	// ShareCachesWithAgent gives agent sandboxes the grading sandboxes'
 	// caches. By default an agent sandbox gets its own caches (named
 	// <name>-agent), so nothing an agent writes into a cache is read by a

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"go.yaml.in/yaml/v3"
 )
 
 const sampleTestPatch = `diff --git a/calc_test.go b/calc_test.go
@@ -137,5 +138,27 @@ func TestTestCommandLookup(t *testing.T) {
 		if got := c.testCommand(Row{Repo: tc.repo, InstanceID: tc.id}); got != tc.want {
 			t.Errorf("%s %s: %q, want %q", tc.repo, tc.id, got, tc.want)
 		}
+	}
+}
+
+func TestAConfigWithoutCachesGetsTheDefaultOnesAfterAYAMLRoundTrip(t *testing.T) {
+	b, err := yaml.Marshal(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Config
+	if err := yaml.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	c, err := back.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(DefaultCaches(), c.Caches); d != "" {
+		t.Errorf("caches after a round trip (-want +got):\n%s", d)
+	}
+	off, _ := Config{Caches: map[string]string{}}.withDefaults()
+	if len(off.Caches) != 0 {
+		t.Errorf("an empty caches map is not off: %v", off.Caches)
 	}
 }
