@@ -105,7 +105,7 @@ func panel(ox, oy, pw, ph, left, right, top, bottom int, title string, rows []Ch
 	for e := tlo; e <= thi; e++ {
 		yy := y0 + (e-tlo)/(thi-tlo)*(y1-y0)
 		fmt.Fprintf(&b, `<line x1="%.0f" y1="%.1f" x2="%.0f" y2="%.1f" stroke="#eee"/><text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n",
-			x0, yy, x1, yy, x0-4, yy+4, fmtDur(time.Duration(math.Pow(10, e)*1e9)))
+			x0, yy, x1, yy, x0-4, yy+4, decadeLabel(e))
 	}
 	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="middle">sessions N</text>`+"\n", (x0+x1)/2, y0+32)
 	for i, p := range pars {
@@ -128,6 +128,20 @@ func panel(ox, oy, pw, ph, left, right, top, bottom int, title string, rows []Ch
 		}
 	}
 	return b.String()
+}
+
+// decadeLabel names 10^e seconds: 1µs … 100s.
+func decadeLabel(e float64) string {
+	units := []struct {
+		exp  float64
+		name string
+	}{{0, "s"}, {-3, "ms"}, {-6, "µs"}, {-9, "ns"}}
+	for _, u := range units {
+		if e >= u.exp {
+			return fmt.Sprintf("%.0f%s", math.Pow(10, e-u.exp), u.name)
+		}
+	}
+	return fmt.Sprintf("1e%.0fs", e)
 }
 
 func countLabel(v float64) string {

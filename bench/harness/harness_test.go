@@ -51,7 +51,7 @@ func TestTinyRun(t *testing.T) {
 	md := rep.Markdown()
 	for _, want := range []string{
 		"## Machine", "## Goals", "## Commit", "## Restore", "## Release", "## HTTP", "## Memory", "## Chart",
-		"| N | L | P | reps | measured | ideal |", "| K | N | deletes |", "| route | C | req/s |",
+		"| N | L | P | reps | measured | best | ideal |", "| K | N | deletes |", "| route | C | req/s |",
 		"| /sandbox_access | 4 |", "| seed+close | 4 |", "the owner's share", "| commit |",
 	} {
 		if !strings.Contains(md, want) {
@@ -94,6 +94,14 @@ func TestChildRejectsBadArguments(t *testing.T) {
 		errs.Reset()
 		if code := Child(args, &out, &errs); code == 0 {
 			t.Errorf("Child(%q) = 0, want a failure", args)
+		}
+	}
+}
+
+func TestDecadeLabel(t *testing.T) {
+	for e, want := range map[float64]string{-6: "1µs", -5: "10µs", -3: "1ms", -1: "100ms", 0: "1s", 2: "100s"} {
+		if got := decadeLabel(e); got != want {
+			t.Errorf("decadeLabel(%v) = %q, want %q", e, got, want)
 		}
 	}
 }
