@@ -318,6 +318,51 @@ func timerWait(d time.Duration) time.Duration {
 	return median(per)
 }
 
+// fakeCost is what the fake provider itself spends per call of each
+// checkpoint op at zero latency (n calls in a row on one goroutine): part
+// of every L=0 overhead figure, although no real provider would spend it in
+// the owner's process.
+func fakeCost(ctx context.Context, n int) (map[fake.Op]time.Duration, error) {
+	fk := fake.New(fake.Options{Seed: 1})
+	hs := make([]provider.Handle, n)
+	for i := range hs {
+		h, err := fk.Start(ctx, provider.Spec{Image: "notes", Workdir: fake.DefaultWorkdir, Metadata: map[string]string{owner.LabelSession: fmt.Sprint(i)}})
+		if err != nil {
+			return nil, fmt.Errorf("fake start: %w", err)
+		}
+		if err := fk.WriteFile(ctx, h, ".seed_token", []byte("tok")); err != nil {
+			return nil, fmt.Errorf("fake write: %w", err)
+		}
+		hs[i] = h
+	}
+	snaps := make([]string, n)
+	cost := map[fake.Op]time.Duration{}
+	for _, op := range []fake.Op{fake.OpSnapshot, fake.OpFork, fake.OpDeleteSnapshot} {
+		d, err := timed(func() error {
+			for i := range n {
+				var err error
+				switch op {
+				case fake.OpSnapshot:
+					snaps[i], err = fk.Snapshot(ctx, hs[i], "bench")
+				case fake.OpFork:
+					_, err = fk.Fork(ctx, provider.Spec{Image: "notes"}, snaps[i])
+				case fake.OpDeleteSnapshot:
+					err = fk.DeleteSnapshot(ctx, snaps[i])
+				}
+				if err != nil {
+					return fmt.Errorf("fake %s: %w", op, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		cost[op] = d / time.Duration(n)
+	}
+	return cost, nil
+}
+
 // commitAndRestore measures commit and then restore of n sessions at
 // parallelism par for every latency of the plan. Commit runs on one owner;
 // every restore runs on a fresh owner on the same state dir and fake, as

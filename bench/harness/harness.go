@@ -20,6 +20,8 @@ import (
 	"os/exec"
 	"slices"
 	"time"
+
+	"github.com/sandboxowner/owner/provider/fake"
 )
 
 // Options configure a run.
@@ -219,6 +221,13 @@ func (h *harness) checkpoints(ctx context.Context, rep *Report) error {
 			fmt.Fprintf(h.opts.Progress, "a %s timer waits %s here\n", fmtDur(l), fmtDur(h.waits[l]))
 		}
 	}
+	cost, err := fakeCost(ctx, 1000)
+	if err != nil {
+		return err
+	}
+	rep.FakeCost = cost
+	fmt.Fprintf(h.opts.Progress, "the fake's own cost per call: snapshot %s, fork %s, delete %s\n",
+		fmtDur(cost[fake.OpSnapshot]), fmtDur(cost[fake.OpFork]), fmtDur(cost[fake.OpDeleteSnapshot]))
 	for _, n := range h.plan.sessions {
 		if !all && !h.wants(SectionCommit) {
 			break
@@ -233,6 +242,16 @@ func (h *harness) checkpoints(ctx context.Context, rep *Report) error {
 			}
 			rep.Commit = append(rep.Commit, c...)
 			rep.Restore = append(rep.Restore, r...)
+		}
+	}
+	if all || h.wants(SectionCommit) {
+		ph, err := h.phases(ctx)
+		if err != nil {
+			return err
+		}
+		rep.Phases = ph
+		for _, x := range append(append([]Phase(nil), ph.Commit...), ph.Restore...) {
+			fmt.Fprintf(h.opts.Progress, "phases: %-60s %s\n", x.Name, fmtDur(x.Took))
 		}
 	}
 	for _, kn := range h.plan.release {

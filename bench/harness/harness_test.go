@@ -50,7 +50,7 @@ func TestTinyRun(t *testing.T) {
 
 	md := rep.Markdown()
 	for _, want := range []string{
-		"## Machine", "## Goals", "## Commit", "## Restore", "## Release", "## HTTP", "## Memory", "## Chart",
+		"## Machine", "## Goals", "## Commit", "## Restore", "## Where the time goes", "## Release", "## HTTP", "## Memory", "## Chart",
 		"| N | L | P | reps | measured | best | ideal |", "| K | N | deletes |", "| route | C | req/s |",
 		"| /sandbox_access | 4 |", "| seed+close | 4 |", "the owner's share", "| commit |",
 	} {

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/sandboxowner/owner/provider/fake"
 )
 
 // Report is everything one run measured.
@@ -25,6 +27,12 @@ type Report struct {
 	// Waits maps each provider latency to what a Go timer of it really
 	// waited on this machine (the floor's unit).
 	Waits map[time.Duration]time.Duration
+	// FakeCost is the fake provider's own time per call at zero latency
+	// (snapshot, fork, delete_snapshot), included in every L=0 overhead.
+	FakeCost map[fake.Op]time.Duration
+	// Phases splits the goal cell's commit and restore (nil when the
+	// commit section did not run).
+	Phases *Phases
 }
 
 // The goals of issue 6 (goals to report against, not assertions).
@@ -114,6 +122,8 @@ func fmtDur(d time.Duration) string {
 	switch a := max(d, -d); {
 	case a == 0:
 		return "0"
+	case a < 10*time.Microsecond:
+		return fmt.Sprintf("%.1fµs", float64(d)/1e3)
 	case a < time.Millisecond:
 		return fmt.Sprintf("%.0fµs", float64(d)/1e3)
 	case a < 100*time.Millisecond:
@@ -205,6 +215,10 @@ func (r *Report) Markdown() string {
 			fmt.Fprintf(&b, "| a %s timer waits | %s |\n", fmtDur(l), fmtDur(r.Waits[l]))
 		}
 	}
+	if len(r.FakeCost) > 0 {
+		fmt.Fprintf(&b, "| the fake's own cost per call at L=0 (snapshot, fork, delete) | %s, %s, %s |\n",
+			fmtDur(r.FakeCost[fake.OpSnapshot]), fmtDur(r.FakeCost[fake.OpFork]), fmtDur(r.FakeCost[fake.OpDeleteSnapshot]))
+	}
 	b.WriteString("\n")
 	b.WriteString("## Goals\n\n" + r.GoalsMarkdown() + "\n")
 	section := func(title, intro string, body string) {
@@ -220,6 +234,10 @@ func (r *Report) Markdown() string {
 	}
 	if len(r.Restore) > 0 {
 		section("Restore", fmt.Sprintf("A fresh owner (as after a restart) forks the N sessions of a checkpoint back, fork latency L. "+ideal, "the checkpoint's N records loaded from snapshotindex"), CheckpointTable(r.Restore))
+	}
+	if p := r.Phases; p != nil {
+		section("Where the time goes", fmt.Sprintf("One commit and one restore of N=%d sessions at P=%d, L=%s, cut at the first and last provider call of each kind (the fake's call hook); medians of %d. The ideal's provider part is %s.",
+			p.Sessions, p.Parallelism, fmtDur(p.Latency), p.Reps, fmtDur(time.Duration((p.Sessions+p.Parallelism-1)/p.Parallelism)*p.Latency)), PhasesMarkdown(p))
 	}
 	if len(r.Release) > 0 {
 		section("Release", fmt.Sprintf("Release of K checkpoints of N sessions each: K·N snapshot deletes at delete latency L. "+ideal, "one Drop of the K checkpoints with their K·N tombstones"), CheckpointTable(r.Release))
