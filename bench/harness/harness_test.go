@@ -36,8 +36,8 @@ func TestTinyRun(t *testing.T) {
 			t.Errorf("row not measured: %+v", row)
 		}
 	}
-	if len(rep.HTTP) != len(scenarioOrder) {
-		t.Errorf("%d HTTP rows, want %d (skipped: %v)", len(rep.HTTP), len(scenarioOrder), rep.Skipped)
+	if len(rep.HTTP) != len(scenarioNames()) {
+		t.Errorf("%d HTTP rows, want %d (skipped: %v)", len(rep.HTTP), len(scenarioNames()), rep.Skipped)
 	}
 	for _, row := range rep.HTTP {
 		if row.Server.Iterations == 0 || row.Bare.Iterations == 0 || row.Server.Errors > 0 {

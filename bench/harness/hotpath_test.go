@@ -243,12 +243,12 @@ func BenchmarkHandler(b *testing.B) {
 				rc.Init(&fasthttp.Request{}, nil, nil)
 				cookie := ""
 				if sc.setup {
-					cookie = call(rc, stepSeed.path, stepSeed.body, "")
+					cookie = call(rc, stepSeed.path(), stepSeed.body(), "")
 				}
 				for pb.Next() {
 					c := cookie
 					for _, s := range sc.steps {
-						if set := call(rc, s.path, s.body, c); set != "" {
+						if set := call(rc, s.path(), s.body(), c); set != "" {
 							c = set
 						}
 					}

@@ -60,7 +60,7 @@ func capture(addr string) (map[string]reply, error) {
 	out := map[string]reply{}
 	for _, s := range []step{stepSeed, stepAccess, stepAppend, stepClose} {
 		if err := c.do(s); err != nil {
-			return nil, fmt.Errorf("probe %s: %w", s.path, err)
+			return nil, fmt.Errorf("probe %s: %w", s, err)
 		}
 		r := reply{
 			status:      c.resp.StatusCode(),
@@ -70,7 +70,7 @@ func capture(addr string) (map[string]reply, error) {
 		for _, raw := range c.resp.Header.Cookies() {
 			r.setCookie = bytes.Clone(raw)
 		}
-		out[s.path] = r
+		out[s.path()] = r
 	}
 	return out, nil
 }
@@ -134,11 +134,11 @@ func (h *harness) http(ctx context.Context) ([]HTTPRow, error) {
 
 	var rows []HTTPRow
 	for _, c := range h.plan.httpClients {
-		for _, name := range scenarioOrder {
+		for _, name := range scenarioNames() {
 			sc, _ := scenarioNamed(name)
 			row := HTTPRow{Route: name, Clients: c}
 			for _, s := range sc.loop {
-				row.ReplyBytes += len(replies[s.path].body)
+				row.ReplyBytes += len(replies[s.path()].body)
 			}
 			// Bare first, then the server, back to back, so both see the
 			// same state of this noisy machine.

@@ -20,18 +20,33 @@ const (
 	ScenarioSeedClose     = "seed+close"
 )
 
-// Scenarios lists them in report order.
-var scenarioOrder = [...]string{ScenarioSandboxAccess, ScenarioAppendNote, ScenarioSeedClose}
+// scenarioNames lists the scenarios in report order.
+func scenarioNames() []string {
+	return []string{ScenarioSandboxAccess, ScenarioAppendNote, ScenarioSeedClose}
+}
 
-// step is one request of a scenario.
-type step struct{ path, body string }
+// step is one request of a scenario: a POST to the route, with the body a
+// client sends there.
+type step string
 
-var (
-	stepSeed   = step{"/seed_session", `{}`}
-	stepClose  = step{"/close_session", ``}
-	stepAccess = step{"/sandbox_access", `{}`}
-	stepAppend = step{"/append_note", `{"line":"bench"}`}
+const (
+	stepSeed   step = "/seed_session"
+	stepClose  step = "/close_session"
+	stepAccess step = "/sandbox_access"
+	stepAppend step = "/append_note"
 )
+
+func (s step) path() string { return string(s) }
+
+func (s step) body() string {
+	switch s {
+	case stepAppend:
+		return `{"line":"bench"}`
+	case stepClose:
+		return "" // the empty body ends the cookie's session
+	}
+	return `{}`
+}
 
 // scenario: setup once per client (untimed), loop timed, teardown once.
 // fresh clears the client's cookie at the start of every loop, so that each
@@ -86,20 +101,20 @@ type client struct {
 
 func (c *client) do(s step) error {
 	c.req.Reset()
-	c.req.SetRequestURI("http://" + c.addr + s.path)
+	c.req.SetRequestURI("http://" + c.addr + s.path())
 	c.req.Header.SetMethod(fasthttp.MethodPost)
-	if s.body != "" {
+	if body := s.body(); body != "" {
 		c.req.Header.SetContentType("application/json")
-		c.req.SetBodyString(s.body)
+		c.req.SetBodyString(body)
 	}
 	if c.cookie != "" {
 		c.req.Header.Set("Cookie", c.cookie)
 	}
 	if err := c.hc.Do(c.req, c.resp); err != nil {
-		return fmt.Errorf("%s: %w", s.path, err)
+		return fmt.Errorf("%s: %w", s, err)
 	}
 	if code := c.resp.StatusCode(); code/100 != 2 {
-		return fmt.Errorf("%s: status %d: %.200s", s.path, code, c.resp.Body())
+		return fmt.Errorf("%s: status %d: %.200s", s, code, c.resp.Body())
 	}
 	for name, raw := range c.resp.Header.Cookies() {
 		ck := fasthttp.AcquireCookie()
