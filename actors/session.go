@@ -148,6 +148,9 @@ type Session struct {
 	// contents), but only one runs at a time.
 	renewSeq     uint64
 	renewCounter uint64
+	// forgotten: the supervisor forgot this actor; a start must go to a new
+	// one.
+	forgotten bool
 }
 
 // NewSession returns an empty session.
@@ -182,6 +185,12 @@ func (s *Session) Step(in any, sender any) []any {
 	case *messages.GetSandbox:
 		// Answered at once, even while an operation runs: it reads state.
 		return []any{effReply{To: sender, Msg: s.view()}}
+	case *messages.SessionForgotten:
+		s.forgotten = true
+		if s.Phase == PhaseEmpty && s.running == nil {
+			s.Phase = PhaseEnded
+		}
+		return nil
 	case *messages.SnapshotsDiscarded:
 		s.Snapshots = without(s.Snapshots, m.SnapshotIDs)
 		return nil
@@ -232,6 +241,10 @@ func (s *Session) begin(r request) []any {
 			}
 			return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSandboxExists})
 		case PhaseEmpty:
+			if s.forgotten {
+				s.Phase = PhaseEnded
+				return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSessionEnded})
+			}
 			s.Phase = PhaseStarting
 			return s.run(r, effStart{Seq: s.seq, Ctx: m.Ctx, Spec: m.Spec, Setup: m.Setup, Workdir: m.Workdir})
 		case PhaseEnded:

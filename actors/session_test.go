@@ -220,3 +220,20 @@ func TestSessionIsForgottenBeforeItsStopIsAnswered(t *testing.T) {
 		{&messages.StopSandbox{ReqID: 1, Reason: messages.StopEnd}, []string{"ended:end", "reply:stop-ok"}},
 	})
 }
+
+func TestForgottenSessionAnswersAsEnded(t *testing.T) {
+	s := NewSession("s1")
+	run(t, s, []step{
+		{&messages.StartSandbox{ReqID: 1}, []string{"start"}},
+		{startDone{Seq: 0, Err: errors.New("no capacity")}, []string{"reply:start-err"}},
+		{&messages.SessionForgotten{}, nil},
+		// A start that looked the actor up before the forget is sent to a
+		// new actor, never run in this one.
+		{&messages.StartSandbox{ReqID: 2}, []string{"reply:start-err"}},
+		{&messages.Do{ReqID: 3}, []string{"reply:do-err"}},
+		{&messages.StopSandbox{ReqID: 4}, []string{"reply:stop-ok"}},
+	})
+	if s.Phase != PhaseEnded {
+		t.Fatalf("phase %s, want ended", s.Phase)
+	}
+}

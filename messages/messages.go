@@ -184,6 +184,11 @@ type ForgetSession struct {
 	PID any
 }
 
+// SessionForgotten tells a session actor that the supervisor forgot it:
+// from now on it answers as an ended session (a start must go to a new
+// actor) until its poison pill arrives.
+type SessionForgotten struct{}
+
 // ListSessions asks the supervisor for the live set.
 type ListSessions struct{}
 

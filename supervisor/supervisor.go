@@ -16,8 +16,10 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/scheduler"
 
 	"github.com/sandboxowner/owner/messages"
 )
@@ -94,6 +96,12 @@ func (d *Directory) reset() {
 	clear(d.byID)
 }
 
+// ForgetGrace is how long a forgotten session actor lives on, answering as
+// ended, before it is stopped.
+const ForgetGrace = 30 * time.Second
+
+type poisonLater struct{ pid *actor.PID }
+
 type supervisor struct {
 	props PropsFunc
 	dir   *Directory
@@ -142,9 +150,17 @@ func (s *supervisor) Receive(ctx actor.Context) {
 		delete(s.byID, m.SessionID)
 		delete(s.byPID, pid.Id)
 		s.dir.remove(m.SessionID)
+		// The actor answers as ended from now on, and is poisoned only
+		// after a grace period: protoactor drops (without a reply) any
+		// request that reaches an actor after its poison pill, so a request
+		// that looked the session up just before the forget would wait out
+		// its whole timeout.
+		ctx.Send(pid, &messages.SessionForgotten{})
+		scheduler.NewTimerScheduler(ctx).SendOnce(ForgetGrace, ctx.Self(), &poisonLater{pid: pid})
+	case *poisonLater:
 		// A poison pill, not a stop: requests already queued at the session
 		// are still answered (a stop would drop them silently).
-		ctx.Poison(pid)
+		ctx.Poison(m.pid)
 	case *messages.ListSessions:
 		list := &messages.SessionList{Sessions: make([]messages.SessionRef, 0, len(s.byID))}
 		for id, pid := range s.byID {
