@@ -1,4 +1,4 @@
-package bench
+package main
 
 // Benchmarks of the local provider (issue 4): start, exec, snapshot and fork
 // latency, and snapshot/fork of a 100 MB, 5,000-file tree against `cp -a`

@@ -1,5 +1,5 @@
 // Package bench holds benchmarks that cut across packages.
-package bench
+package main
 
 import (
 	"encoding/json"

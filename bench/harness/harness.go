@@ -2,7 +2,7 @@
 // commit, restore and release latency against the ideal schedule on the fake
 // provider, HTTP throughput against a bare fasthttp handler, and resident
 // memory per live session. Run fills a Report; the Report prints itself as
-// markdown tables and an SVG chart. Command bench/run is the thin main
+// markdown tables and an SVG chart. Command bench (bench/main.go) is the thin main
 // around it.
 //
 // Load and memory are measured in child processes (the load generator must

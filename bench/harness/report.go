@@ -208,7 +208,7 @@ func MemoryTable(m *MemoryResult) string {
 func (r *Report) Markdown() string {
 	var b strings.Builder
 	b.WriteString("# Benchmark results\n\n")
-	fmt.Fprintf(&b, "Written by `go run ./bench/run%s` in %s. How to read it: bench/README.md.\n\n", map[bool]string{true: " -quick", false: ""}[r.Mode == ModeQuick], r.Took.Round(time.Second))
+	fmt.Fprintf(&b, "Written by `go run ./bench%s` in %s. How to read it: bench/README.md.\n\n", map[bool]string{true: " -quick", false: ""}[r.Mode == ModeQuick], r.Took.Round(time.Second))
 	b.WriteString("## Machine\n\n" + r.Machine.markdown())
 	for _, l := range slices.Sorted(maps.Keys(r.Waits)) {
 		if l > 0 {

@@ -1,8 +1,8 @@
-// Command run measures the sandbox owner against the goals of issue 6 and
+// Command bench measures the sandbox owner against the goals of issue 6 and
 // writes bench/results.md and bench/results.svg:
 //
-//	go run ./bench/run          # the full run, a few minutes
-//	go run ./bench/run -quick   # about a minute
+//	go run ./bench          # the full run, a few minutes
+//	go run ./bench -quick   # about a minute
 //
 // Flags: -sections checkpoint,memory,http to run part of it; -out DIR for
 // where the results go (default bench/); -cpuprofile and -memprofile FILE
