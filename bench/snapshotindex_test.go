@@ -96,3 +96,34 @@ func BenchmarkCheckpointLoad1000(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkDrop1000 drops a checkpoint of 1,000 sessions and tombstones
+// its 1,000 snapshots in one transaction, as a release does.
+func BenchmarkDrop1000(b *testing.B) {
+	x := openBench(b)
+	recs := benchRecords(1000, "a")
+	ts := make([]snapshotindex.Tombstone, len(recs))
+	for i, r := range recs {
+		ts[i] = snapshotindex.Tombstone{SnapshotID: r.SnapshotID, Provider: "fake"}
+	}
+	ids := make([]string, len(recs))
+	for i, r := range recs {
+		ids[i] = r.SnapshotID
+	}
+	i := 0
+	for b.Loop() {
+		b.StopTimer()
+		id := fmt.Sprintf("ckpt-%d", i)
+		if err := x.ClearTombstones(ids); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := x.Commit(snapshotindex.CheckpointMeta{ID: id}, recs); err != nil {
+			b.Fatal(err)
+		}
+		i++
+		b.StartTimer()
+		if err := x.Drop([]string{id}, ts); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1076,3 +1076,36 @@ func TestBadgerLogsAtDebug(t *testing.T) {
 		t.Error("no badger line reached the injected logger")
 	}
 }
+
+// TestDropManyTombstones covers the one-pass reference check a drop of many
+// snapshots takes: it refuses a snapshot a remaining checkpoint names and
+// accepts the rest.
+func TestDropManyTombstones(t *testing.T) {
+	x, _ := openTemp(t)
+	var recs []Record
+	var ts []Tombstone
+	for i := 0; i < 3*fewTombstones; i++ {
+		snap := fmt.Sprintf("only-a-%03d", i)
+		recs = append(recs, testRecord(fmt.Sprintf("s%03d", i), snap, 100))
+		ts = append(ts, Tombstone{SnapshotID: snap})
+	}
+	mustCommit(t, x, CheckpointMeta{ID: "a"}, append(recs, testRecord("shared-session", "shared", 100)))
+	mustCommit(t, x, CheckpointMeta{ID: "b"}, []Record{testRecord("s1", "shared", 100)})
+
+	err := x.Drop([]string{"a"}, append(ts, Tombstone{SnapshotID: "shared"}))
+	wantErr(t, err, ErrInvalid)
+	if !strings.Contains(err.Error(), `"b"`) {
+		t.Errorf("error %q does not name the checkpoint still using the snapshot", err)
+	}
+	mustCheckpoint(t, x, "a")
+	if err := x.Drop([]string{"a"}, ts); err != nil {
+		t.Fatal(err)
+	}
+	got, err := x.Tombstones()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(ts) {
+		t.Fatalf("%d tombstones, want %d", len(got), len(ts))
+	}
+}
