@@ -284,21 +284,9 @@ func (o *Owner) deleteTombstoned(ctx context.Context, ts []snapshotindex.Tombsto
 	if !ok || len(ts) == 0 {
 		return nil, nil
 	}
-	var mu sync.Mutex
-	var deleted []string
-	failed := map[string]string{}
-	o.each(ctx, len(ts), true, func(i int) {
-		id := ts[i].SnapshotID
-		err := snap.DeleteSnapshot(ctx, id)
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil {
-			failed[id] = err.Error()
-			return
-		}
-		deleted = append(deleted, id)
+	deleted, failed := o.eachOutcome(ctx, len(ts), true, func(i int) (string, error) {
+		return ts[i].SnapshotID, snap.DeleteSnapshot(ctx, ts[i].SnapshotID)
 	})
-	sort.Strings(deleted)
 	if len(deleted) > 0 {
 		if err := o.index.ClearTombstones(deleted); err != nil {
 			o.log.WithError(err).Warn("could not clear tombstones; the next release retries the deletes")
@@ -331,26 +319,41 @@ func (o *Owner) each(ctx context.Context, n int, limited bool, fn func(i int)) {
 	wg.Wait()
 }
 
+// eachOutcome is each for calls that each concern one id: fn returns the id
+// and the call's error ("" for an item with nothing to do). It returns the
+// ids that succeeded, sorted, and the failures by id.
+func (o *Owner) eachOutcome(ctx context.Context, n int, limited bool, fn func(i int) (string, error)) ([]string, map[string]string) {
+	var mu sync.Mutex
+	var done []string
+	failed := map[string]string{}
+	o.each(ctx, n, limited, func(i int) {
+		id, err := fn(i)
+		if id == "" {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			failed[id] = err.Error()
+			return
+		}
+		done = append(done, id)
+	})
+	sort.Strings(done)
+	return done, failed
+}
+
 // stopMany stops sessions' sandboxes for reason, in parallel (the sessions
 // bound their provider calls with the limiter).
 func (o *Owner) stopMany(ctx context.Context, sessionIDs []string, reason messages.StopReason) ([]string, map[string]string) {
-	var mu sync.Mutex
-	var stopped []string
-	failed := map[string]string{}
-	o.each(ctx, len(sessionIDs), false, func(i int) {
+	return o.eachOutcome(ctx, len(sessionIDs), false, func(i int) (string, error) {
 		sid := sessionIDs[i]
 		h, err := o.stopSession(ctx, sid, reason)
-		mu.Lock()
-		defer mu.Unlock()
-		switch {
-		case err != nil:
-			failed[sid] = err.Error()
-		case h != nil:
-			stopped = append(stopped, sid)
+		if err == nil && h == nil {
+			return "", nil // held no sandbox: nothing stopped
 		}
+		return sid, err
 	})
-	sort.Strings(stopped)
-	return stopped, failed
 }
 
 // RetireResult is what a retire stopped.
@@ -628,25 +631,12 @@ func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle)
 func (o *Owner) stopHandles(hs []provider.Handle) ([]string, map[string]string) {
 	ctx, cancel := context.WithTimeout(o.base, 10*time.Minute)
 	defer cancel()
-	var mu sync.Mutex
-	var stopped []string
-	failed := map[string]string{}
-	o.each(ctx, len(hs), true, func(i int) {
-		h := hs[i]
-		if h.SandboxID == "" {
-			return
+	return o.eachOutcome(ctx, len(hs), true, func(i int) (string, error) {
+		if hs[i].SandboxID == "" {
+			return "", nil
 		}
-		err := stopRetrying(ctx, o.prov, h)
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil {
-			failed[h.SandboxID] = err.Error()
-			return
-		}
-		stopped = append(stopped, h.SandboxID)
+		return hs[i].SandboxID, stopRetrying(ctx, o.prov, hs[i])
 	})
-	sort.Strings(stopped)
-	return stopped, failed
 }
 
 // stopRetrying stops a sandbox no session holds, retrying a failed stop up
