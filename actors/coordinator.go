@@ -19,7 +19,12 @@ type Round struct {
 	// waiting holds the sessions still to answer; byPID maps a session
 	// actor's PID id to its session id (for Terminated).
 	waiting map[string]bool
-	byPID   map[string]string
+	// draining holds the sessions given up on at the deadline whose answer
+	// is still awaited: a snapshot call in flight at the deadline may still
+	// take a snapshot, and the round's owner must delete it before it
+	// reports the commit failed.
+	draining map[string]bool
+	byPID    map[string]string
 	Taken   []messages.SnapshotReply
 	Skipped []string
 	// Failed maps a session id to why it did not deliver a snapshot.
@@ -28,7 +33,7 @@ type Round struct {
 
 // NewRound starts a round over the given sessions.
 func NewRound(id uint64, sessions []messages.SessionRef) *Round {
-	r := &Round{ID: id, waiting: map[string]bool{}, byPID: map[string]string{}, Failed: map[string]string{}}
+	r := &Round{ID: id, waiting: map[string]bool{}, draining: map[string]bool{}, byPID: map[string]string{}, Failed: map[string]string{}}
 	for _, s := range sessions {
 		if pid, ok := s.PID.(*actor.PID); ok && pid != nil {
 			r.waiting[s.SessionID] = true
@@ -43,7 +48,18 @@ func NewRound(id uint64, sessions []messages.SessionRef) *Round {
 // that carries a snapshot is the caller's to clean up.
 func (r *Round) Reply(m *messages.SnapshotReply) bool {
 	sid := m.SessionID
-	if m.Round != r.ID || !r.waiting[sid] {
+	if m.Round != r.ID {
+		return false
+	}
+	if r.draining[sid] {
+		// Already failed at the deadline; only a snapshot it took matters.
+		delete(r.draining, sid)
+		if m.SnapshotID != "" {
+			r.Taken = append(r.Taken, *m)
+		}
+		return true
+	}
+	if !r.waiting[sid] {
 		return false
 	}
 	delete(r.waiting, sid)
@@ -65,22 +81,38 @@ func (r *Round) Reply(m *messages.SnapshotReply) bool {
 
 // Terminated fails a session whose actor stopped before answering.
 func (r *Round) Terminated(pidID string) {
-	if sid, ok := r.byPID[pidID]; ok && r.waiting[sid] {
+	sid, ok := r.byPID[pidID]
+	if !ok {
+		return
+	}
+	delete(r.draining, sid)
+	if r.waiting[sid] {
 		delete(r.waiting, sid)
 		r.Failed[sid] = "session stopped during the checkpoint"
 	}
 }
 
-// Timeout fails every session still waited for.
+// Timeout fails every session still waited for. Their answers are still
+// awaited (Draining) so that a snapshot taken just after the deadline is
+// reported for cleanup instead of outliving the failed commit.
 func (r *Round) Timeout() {
 	for sid := range r.waiting {
 		r.Failed[sid] = "no snapshot before the checkpoint's deadline"
 		delete(r.waiting, sid)
+		r.draining[sid] = true
 	}
 }
 
+// GiveUp stops awaiting the sessions failed at the deadline; a snapshot
+// one of them still delivers is an orphan.
+func (r *Round) GiveUp() { clear(r.draining) }
+
+// Draining reports whether the round has failed sessions whose answers are
+// still awaited.
+func (r *Round) Draining() bool { return len(r.draining) > 0 }
+
 // Done reports whether every session answered (or was given up on).
-func (r *Round) Done() bool { return len(r.waiting) == 0 }
+func (r *Round) Done() bool { return len(r.waiting) == 0 && len(r.draining) == 0 }
 
 // OK reports whether the round can be committed.
 func (r *Round) OK() bool { return r.Done() && len(r.Failed) == 0 }
@@ -119,6 +151,15 @@ type RoundResult struct {
 }
 
 type roundTimeout struct{ Round uint64 }
+
+// drainTimeout ends the wait for sessions that were given up on at a
+// round's deadline.
+type drainTimeout struct{ Round uint64 }
+
+// DrainGrace is how long a round that missed its deadline still waits for
+// the answers of its late sessions (whose provider calls end with the
+// deadline's context) before it reports.
+const DrainGrace = 30 * time.Second
 
 // CoordinatorEnv is what the coordinator needs from the owner.
 type CoordinatorEnv struct {
@@ -187,6 +228,14 @@ func (c *coordinator) Receive(ctx actor.Context) {
 	case *roundTimeout:
 		if c.cur != nil && c.cur.ID == m.Round {
 			c.cur.Timeout()
+			if c.cur.Draining() {
+				c.cancel = scheduler.NewTimerScheduler(ctx).SendOnce(DrainGrace, ctx.Self(), &drainTimeout{Round: m.Round})
+			}
+			c.maybeFinish(ctx)
+		}
+	case *drainTimeout:
+		if c.cur != nil && c.cur.ID == m.Round {
+			c.cur.GiveUp()
 			c.maybeFinish(ctx)
 		}
 	}

@@ -72,3 +72,51 @@ func TestRoundKeepsSnapshotsOfFailedRepliesAndTimesOut(t *testing.T) {
 		t.Fatal("an empty round is not done at once")
 	}
 }
+
+func TestRoundAwaitsLateSessionsAfterItsDeadline(t *testing.T) {
+	r := NewRound(3, refs("a", "b", "c"))
+	r.Reply(&messages.SnapshotReply{Round: 3, SessionID: "a", SnapshotID: "snap-a"})
+	r.Timeout()
+	if r.Done() || !r.Draining() {
+		t.Fatalf("after the deadline with b and c in flight: done=%v draining=%v", r.Done(), r.Draining())
+	}
+	// b's call was in flight at the deadline and took a snapshot after it:
+	// the round reports it, so that the failed commit deletes it.
+	if !r.Reply(&messages.SnapshotReply{Round: 3, SessionID: "b", SnapshotID: "snap-b-late"}) {
+		t.Fatal("a late reply of a draining session was refused")
+	}
+	if r.Reply(&messages.SnapshotReply{Round: 3, SessionID: "b", SnapshotID: "dup"}) {
+		t.Fatal("a second late reply was taken")
+	}
+	if r.Done() {
+		t.Fatal("done while c may still deliver a snapshot")
+	}
+	r.Terminated("pid-c")
+	if !r.Done() {
+		t.Fatal("not done once every late session answered or stopped")
+	}
+	res := r.Result()
+	var taken []string
+	for _, s := range res.Taken {
+		taken = append(taken, s.SnapshotID)
+	}
+	if diff := cmp.Diff([]string{"snap-a", "snap-b-late"}, taken); diff != "" {
+		t.Fatalf("taken (-want +got):\n%s", diff)
+	}
+	want := map[string]string{"b": "no snapshot before the checkpoint's deadline", "c": "no snapshot before the checkpoint's deadline"}
+	if diff := cmp.Diff(want, res.Failed); diff != "" {
+		t.Fatalf("failed (-want +got):\n%s", diff)
+	}
+}
+
+func TestRoundGivesUpOnLateSessions(t *testing.T) {
+	r := NewRound(4, refs("a"))
+	r.Timeout()
+	r.GiveUp()
+	if !r.Done() {
+		t.Fatal("not done after giving up on every late session")
+	}
+	if r.Reply(&messages.SnapshotReply{Round: 4, SessionID: "a", SnapshotID: "orphan"}) {
+		t.Fatal("a reply after giving up was taken: nobody would delete it")
+	}
+}

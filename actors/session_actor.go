@@ -275,6 +275,13 @@ func (a *sessionActor) snapshot(e effSnapshot, feed func(any)) {
 		feed(snapshotDone{Seq: e.Seq, Err: fmt.Errorf("waiting to snapshot: %w", err)})
 		return
 	}
+	// A slot freed by a call that ended at the deadline can be won after
+	// it: a snapshot begun then could only be deleted again.
+	if err := ctx.Err(); err != nil {
+		a.env.Limiter.Release()
+		feed(snapshotDone{Seq: e.Seq, Err: fmt.Errorf("waiting to snapshot: %w", err)})
+		return
+	}
 	id, err := snap.Snapshot(ctx, e.Sandbox.Handle, e.Name)
 	a.env.Limiter.Release()
 	if err != nil {
