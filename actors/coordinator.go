@@ -25,8 +25,8 @@ type Round struct {
 	// reports the commit failed.
 	draining map[string]bool
 	byPID    map[string]string
-	Taken   []messages.SnapshotReply
-	Skipped []string
+	Taken    []messages.SnapshotReply
+	Skipped  []string
 	// Failed maps a session id to why it did not deliver a snapshot.
 	Failed map[string]string
 }
