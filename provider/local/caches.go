@@ -31,6 +31,7 @@ type cacheMount struct {
 	name string
 	host string // the directory on the host
 	path string // where the sandbox sees it
+	ro   bool   // bound read-only
 }
 
 // cacheMounts parses spec's caches option, sorted by path. Names and paths
@@ -106,6 +107,35 @@ func makeCacheDirs(mounts []cacheMount) error {
 	return nil
 }
 
+// sandboxMounts are the caches and the mounts (MountsOption) of a sandbox
+// whose directory is dir, sorted by path (so that a bind inside another
+// comes after it), with the caches' host directories made.
+func (p *Provider) sandboxMounts(spec provider.Spec, workdir, dir string, makeDirs bool) ([]cacheMount, error) {
+	caches, err := p.cacheMounts(spec, workdir)
+	if err != nil {
+		return nil, err
+	}
+	if makeDirs {
+		if err := makeCacheDirs(caches); err != nil {
+			return nil, err
+		}
+	}
+	mounts, err := p.mountsOf(spec, workdir, dir)
+	if err != nil {
+		return nil, err
+	}
+	all := append(caches, mounts...)
+	seen := map[string]string{}
+	for _, m := range all {
+		if other, dup := seen[m.path]; dup {
+			return nil, fmt.Errorf("local: %s and %s are both at %s: %w", other, m.name, m.path, provider.ErrInvalidSpec)
+		}
+		seen[m.path] = m.name
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].path < all[j].path })
+	return all, nil
+}
+
 // rewriteCacheEnv points environment values that name a cache's path at its
 // host directory (unisolated commands cannot see a mount).
 func rewriteCacheEnv(env map[string]string, mounts []cacheMount) {
@@ -123,7 +153,11 @@ func rewriteCacheEnv(env map[string]string, mounts []cacheMount) {
 func cacheBindArgs(mounts []cacheMount) []string {
 	a := make([]string, 0, 3*len(mounts))
 	for _, m := range mounts {
-		a = append(a, "--bind", m.host, path.Clean(m.path))
+		bind := "--bind"
+		if m.ro {
+			bind = "--ro-bind"
+		}
+		a = append(a, bind, m.host, path.Clean(m.path))
 	}
 	return a
 }

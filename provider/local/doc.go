@@ -89,6 +89,12 @@
 // the host directory. Caches are not part of the tree: snapshots do not copy
 // them.
 //
+// Spec.ProviderOptions[MountsOption] ("mounts") shows host directories that
+// belong to an image rather than to the provider: a list of {"host", "path",
+// "mode"}, the mode "ro" (read-only), "rw", or "copy" (a writable copy of the
+// sandbox's own, made at start and removed with it, so the host directory is
+// only read). They are bound like caches and, like caches, not snapshotted.
+//
 // # Snapshots and forks
 //
 // Snapshot stops new commands and file calls, pauses the running commands

@@ -144,10 +144,7 @@ func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest) (*e
 	s.mu.Lock()
 	meta := s.meta
 	s.mu.Unlock()
-	caches, err := p.cacheMounts(meta.Spec, meta.Workdir)
-	if err == nil {
-		err = makeCacheDirs(caches)
-	}
+	caches, err := p.sandboxMounts(meta.Spec, meta.Workdir, s.dir, true)
 	if err != nil {
 		return nil, err
 	}

@@ -149,7 +149,10 @@ func (p *Provider) checkSpec(spec provider.Spec, files map[string]string) (strin
 	if err := checkEnv(spec.Env); err != nil {
 		return "", err
 	}
-	if _, err := p.cacheMounts(spec, workdir); err != nil {
+	if _, err := p.sandboxMounts(spec, workdir, "", false); err != nil {
+		return "", err
+	}
+	if err := checkMountHosts(spec); err != nil {
 		return "", err
 	}
 	for name := range files {
@@ -222,6 +225,9 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 		return provider.Handle{}, fmt.Errorf("local: start: %w", err)
 	}
 	if err := writeFiles(s.fsDir(), workdir, o.files); err != nil {
+		return provider.Handle{}, err
+	}
+	if err := p.copyMounts(ctx, spec, s.dir); err != nil {
 		return provider.Handle{}, err
 	}
 	if err := ctxErr(ctx, "start"); err != nil {

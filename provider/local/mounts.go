@@ -1,0 +1,151 @@
+package local
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+// MountsOption is the Spec.ProviderOptions key of host directories a
+// sandbox's commands see at paths of their own, besides the tree and the
+// named caches: a list of Mount ({"host", "path", "mode"}). It serves
+// directories that belong to an image rather than to the provider (a
+// template's module cache, say). Like caches, mounts are outside the tree:
+// snapshots do not copy them, and a fork whose spec names them gets them
+// again (a fresh copy for MountCopy). Under bubblewrap they are bound at
+// their path; unisolated, environment values naming a mount's path are
+// rewritten to its directory on the host, and MountReadOnly is not enforced.
+const MountsOption = "mounts"
+
+// Mount modes.
+const (
+	// MountReadOnly shows the host directory read-only.
+	MountReadOnly = "ro"
+	// MountReadWrite shows the host directory read-write.
+	MountReadWrite = "rw"
+	// MountCopy gives the sandbox a writable copy of the host directory of
+	// its own, made at start in the sandbox's directory and removed with
+	// it: the host directory is only read, and nothing one sandbox writes
+	// reaches another.
+	MountCopy = "copy"
+)
+
+// Mount is one entry of MountsOption.
+type Mount struct {
+	// Host is an absolute directory on the host, outside the provider's root.
+	Host string `json:"host"`
+	// Path is where the sandbox sees it: absolute, not /, neither holding
+	// nor inside the workdir.
+	Path string `json:"path"`
+	// Mode is MountReadOnly, MountReadWrite or MountCopy.
+	Mode string `json:"mode"`
+}
+
+// mountsOf parses spec's mounts option (any JSON-shaped value: the spec may
+// have been read back from its metadata file) and returns them as cache
+// mounts, a MountCopy entry pointing at its copy under sandboxDir.
+func (p *Provider) mountsOf(spec provider.Spec, workdir, sandboxDir string) ([]cacheMount, error) {
+	ms, err := decodeMounts(spec)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]cacheMount, 0, len(ms))
+	for i, m := range ms {
+		name := MountsOption + "[" + strconv.Itoa(i) + "]"
+		if !filepath.IsAbs(m.Host) || filepath.Clean(m.Host) != m.Host {
+			return nil, fmt.Errorf("local: %s: host %q is not a clean absolute path: %w", name, m.Host, provider.ErrInvalidSpec)
+		}
+		if within(m.Host, p.root) || within(p.root, m.Host) {
+			return nil, fmt.Errorf("local: %s: host %q overlaps the provider's root: %w", name, m.Host, provider.ErrInvalidSpec)
+		}
+		at, err := cleanWorkdir(m.Path)
+		if err != nil {
+			return nil, fmt.Errorf("local: %s: %v: %w", name, err, provider.ErrInvalidSpec)
+		}
+		if within(at, workdir) || within(workdir, at) {
+			return nil, fmt.Errorf("local: %s at %s overlaps the workdir %s: %w", name, at, workdir, provider.ErrInvalidSpec)
+		}
+		if p.bwrap != nil {
+			if err := p.bwrap.checkWorkdir(at); err != nil {
+				return nil, fmt.Errorf("local: %s: %v: %w", name, err, provider.ErrInvalidSpec)
+			}
+		}
+		cm := cacheMount{name: name, host: m.Host, path: at}
+		switch m.Mode {
+		case MountReadOnly:
+			cm.ro = true
+		case MountReadWrite:
+		case MountCopy:
+			cm.host = mountCopyDir(sandboxDir, i)
+		default:
+			return nil, fmt.Errorf("local: %s: mode %q (want %s, %s or %s): %w", name, m.Mode, MountReadOnly, MountReadWrite, MountCopy, provider.ErrInvalidSpec)
+		}
+		out = append(out, cm)
+	}
+	return out, nil
+}
+
+// decodeMounts reads spec's mounts option, whatever JSON-shaped value holds
+// it ([]Mount in process, []any once read back from a metadata file).
+func decodeMounts(spec provider.Spec) ([]Mount, error) {
+	raw, ok := spec.ProviderOptions[MountsOption]
+	if !ok || raw == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(raw)
+	if err != nil {
+		return nil, fmt.Errorf("local: provider option %q: %v: %w", MountsOption, err, provider.ErrInvalidSpec)
+	}
+	var ms []Mount
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&ms); err != nil {
+		return nil, fmt.Errorf("local: provider option %q must be a list of {host, path, mode}: %v: %w", MountsOption, err, provider.ErrInvalidSpec)
+	}
+	return ms, nil
+}
+
+func mountCopyDir(sandboxDir string, i int) string {
+	return filepath.Join(sandboxDir, "mounts", strconv.Itoa(i))
+}
+
+// checkMountHosts checks that every mount's host directory exists.
+func checkMountHosts(spec provider.Spec) error {
+	ms, err := decodeMounts(spec)
+	if err != nil {
+		return err
+	}
+	for i, m := range ms {
+		if fi, err := os.Stat(m.Host); err != nil || !fi.IsDir() {
+			return fmt.Errorf("local: %s[%d]: %s is not a directory: %w", MountsOption, i, m.Host, provider.ErrInvalidSpec)
+		}
+	}
+	return nil
+}
+
+// copyMounts makes the sandbox's copies of its MountCopy entries.
+func (p *Provider) copyMounts(ctx context.Context, spec provider.Spec, sandboxDir string) error {
+	ms, err := decodeMounts(spec)
+	if err != nil {
+		return err
+	}
+	for i, m := range ms {
+		if m.Mode != MountCopy {
+			continue
+		}
+		dst := mountCopyDir(sandboxDir, i)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return fmt.Errorf("local: %s[%d]: %w", MountsOption, i, err)
+		}
+		if err := copyTree(ctx, m.Host, dst, p.copyWorkers); err != nil {
+			return fmt.Errorf("local: %s[%d]: copy %s: %w", MountsOption, i, m.Host, err)
+		}
+	}
+	return nil
+}
