@@ -78,9 +78,19 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	rep, err := harness.Run(ctx, opts)
-	if err != nil {
-		return err
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("results dir: %w", err)
+	}
+	// Every finished cell is written at once: a run that dies later keeps
+	// what it measured.
+	opts.OnUpdate = func(r *harness.Report) {
+		if err := r.Write(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+		}
+	}
+	rep, runErr := harness.Run(ctx, opts)
+	if rep == nil {
+		return runErr
 	}
 	if *memprofile != "" {
 		if err := writeHeapProfile(*memprofile); err != nil {
@@ -88,14 +98,11 @@ func run() error {
 		}
 	}
 	fmt.Print(rep.Markdown())
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("results dir: %w", err)
-	}
 	if err := rep.Write(dir); err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "bench: wrote %s/results.md and %s/results.svg\n", dir, dir)
-	return nil
+	return runErr
 }
 
 type cellFlags struct {

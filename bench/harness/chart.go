@@ -35,7 +35,8 @@ func (r *Report) Chart() string {
 	slices.SortFunc(lats, func(a, b time.Duration) int { return int(b - a) }) // largest first
 	colors := []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"}
 
-	w, h := pw*len(ops), legendH+ph*len(lats)
+	const footH = 22
+	w, h := pw*len(ops), legendH+ph*len(lats)+footH
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="11">`+"\n", w, h, w, h)
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", w, h)
@@ -46,7 +47,10 @@ func (r *Report) Chart() string {
 		fmt.Fprintf(&b, `<line x1="%d" y1="16" x2="%d" y2="16" stroke="%s" stroke-width="2"/><text x="%d" y="20">P=%d</text>`+"\n", x, x+24, c, x+28, p)
 		x += 80
 	}
-	fmt.Fprintf(&b, `<text x="%d" y="20">solid: measured (median) · dashed: ideal ⌈N/P⌉·L + index transaction alone</text>`+"\n", x+10)
+	fmt.Fprintf(&b, `<text x="%d" y="20">solid: measured (median) · dashed: ideal ⌈N/P⌉·L + index transaction alone · hollow: flagged</text>`+"\n", x+10)
+	m := r.Machine
+	fmt.Fprintf(&b, `<text x="12" y="%d" fill="#444">%s</text>`+"\n", h-8, xmlEscape(fmt.Sprintf("%s, %d cores, %s · %s · commit %s · load average %s → %s · go run ./bench (%s)",
+		m.CPU, m.Cores, m.GoVersion, m.Date.Format("2006-01-02 15:04 UTC"), m.Commit, m.LoadStart, m.LoadEnd, r.Mode)))
 
 	for li, lat := range lats {
 		for oi, op := range ops {
@@ -107,7 +111,8 @@ func panel(ox, oy, pw, ph, left, right, top, bottom int, title string, rows []Ch
 		fmt.Fprintf(&b, `<line x1="%.0f" y1="%.1f" x2="%.0f" y2="%.1f" stroke="#eee"/><text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n",
 			x0, yy, x1, yy, x0-4, yy+4, decadeLabel(e))
 	}
-	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="middle">sessions N</text>`+"\n", (x0+x1)/2, y0+32)
+	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="middle">sessions N (log scale)</text>`+"\n", (x0+x1)/2, y0+32)
+	fmt.Fprintf(&b, `<text x="%d" y="%.0f" text-anchor="middle" transform="rotate(-90 %d %.0f)">wall time of the operation (log scale)</text>`+"\n", ox+14, (y0+y1)/2, ox+14, (y0+y1)/2)
 	for i, p := range pars {
 		c := colors[i%len(colors)]
 		var meas, ideal []string
@@ -115,17 +120,20 @@ func panel(ox, oy, pw, ph, left, right, top, bottom int, title string, rows []Ch
 			if r.Parallelism != p {
 				continue
 			}
-			meas = append(meas, fmt.Sprintf("%.1f,%.1f", px(r.Sessions), py(r.Measured)))
+			pt := fmt.Sprintf("%.1f,%.1f", px(r.Sessions), py(r.Measured))
+			meas = append(meas, pt)
 			if r.Ideal() > 0 {
 				ideal = append(ideal, fmt.Sprintf("%.1f,%.1f", px(r.Sessions), py(r.Ideal())))
 			}
+			xy := strings.Split(pt, ",")
+			fill := c
+			if r.Flag() != "" {
+				fill = "white"
+			}
+			fmt.Fprintf(&b, `<circle cx="%s" cy="%s" r="3" fill="%s" stroke="%s"/>`+"\n", xy[0], xy[1], fill, c)
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", c, strings.Join(meas, " "))
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.5" stroke-dasharray="5,4" points="%s"/>`+"\n", c, strings.Join(ideal, " "))
-		for _, pt := range meas {
-			xy := strings.Split(pt, ",")
-			fmt.Fprintf(&b, `<circle cx="%s" cy="%s" r="2.5" fill="%s"/>`+"\n", xy[0], xy[1], c)
-		}
 	}
 	return b.String()
 }
@@ -153,4 +161,9 @@ func countLabel(v float64) string {
 	default:
 		return fmt.Sprintf("%.0f", v)
 	}
+}
+
+// xmlEscape makes s safe as SVG text.
+func xmlEscape(s string) string {
+	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;").Replace(s)
 }

@@ -3,6 +3,7 @@ package harness
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -37,11 +38,16 @@ type CheckpointRow struct {
 	Reps        int
 	Measured    time.Duration // median over Reps
 	Best        time.Duration // fastest of Reps (how far the machine's noise reaches)
+	Worst       time.Duration // slowest of Reps
 	Index       time.Duration // median of the index transaction alone
 	Peak        int           // most concurrent provider calls of the op the fake saw
 	// Wait is what one fake call of Latency really waits on this machine
 	// (a Go timer overshoots by up to a millisecond); see Floor.
 	Wait time.Duration
+	// Load is the 1-minute load average when the cell finished.
+	Load string
+	// Err is why the cell could not be measured ("" when it was).
+	Err string
 }
 
 // Floor is the ideal schedule with the waits this machine's timers really
@@ -272,8 +278,15 @@ func (s *sideIndex) load(id string, want int) (time.Duration, error) {
 // cell measures one cell of the matrix: op's latency set on fk, repetitions
 // of rep (it returns the owner's time and the index transaction's alone)
 // until the cell has taken the plan's budget, at least one and at most
-// maxReps, and the row.
-func (h *harness) cell(fk *fake.Provider, op fake.Op, base CheckpointRow, rep func(r int) (owner, index time.Duration, err error)) (CheckpointRow, error) {
+// maxReps. It adds the row to the report, failed if a repetition failed,
+// and reports whether it was measured.
+func (h *harness) cell(fk *fake.Provider, op fake.Op, base CheckpointRow, rep func(r int) (owner, index time.Duration, err error)) bool {
+	if h.opts.breakCell != nil {
+		if err := h.opts.breakCell(base); err != nil {
+			h.add(failedRow(base, err))
+			return false
+		}
+	}
 	fk.SetLatency(op, base.Latency)
 	defer fk.SetLatency(op, 0)
 	var measured, index []time.Duration
@@ -281,15 +294,17 @@ func (h *harness) cell(fk *fake.Provider, op fake.Op, base CheckpointRow, rep fu
 	for r := 0; r < h.plan.maxReps && (r == 0 || time.Since(start) < h.plan.budget); r++ {
 		m, i, err := rep(r)
 		if err != nil {
-			return CheckpointRow{}, err
+			h.add(failedRow(base, fmt.Errorf("rep %d: %w", r+1, err)))
+			return false
 		}
 		measured, index = append(measured, m), append(index, i)
 	}
-	base.Reps, base.Measured, base.Best, base.Index = len(measured), median(measured), slices.Min(measured), median(index)
+	base.Reps, base.Measured, base.Best, base.Worst, base.Index = len(measured), median(measured), slices.Min(measured), slices.Max(measured), median(index)
+	base.Load = LoadAverage()
 	base.Peak = fk.Stats().Peak[op]
 	base.Wait = h.waits[base.Latency]
-	h.progress(base)
-	return base, nil
+	h.add(base)
+	return true
 }
 
 // timerWait measures what a wait of d takes here, the way the fake waits
@@ -367,26 +382,35 @@ func fakeCost(ctx context.Context, n int) (map[fake.Op]time.Duration, error) {
 // parallelism par for every latency of the plan. Commit runs on one owner;
 // every restore runs on a fresh owner on the same state dir and fake, as
 // after a restart.
-func (h *harness) commitAndRestore(ctx context.Context, n, par int) ([]CheckpointRow, []CheckpointRow, error) {
+func (h *harness) commitAndRestore(ctx context.Context, n, par int) {
+	failAll := func(err error) {
+		for _, op := range []string{OpCommit, OpRestore} {
+			for _, lat := range h.plan.latencies {
+				h.add(failedRow(CheckpointRow{Op: op, Sessions: n, Checkpoints: 1, Calls: n, Latency: lat, Parallelism: par}, err))
+			}
+		}
+	}
 	env, err := newOwnerEnv(ctx, h.tmp, par)
 	if err != nil {
-		return nil, nil, err
+		failAll(err)
+		return
 	}
 	defer env.remove()
 	side, err := openSide(h.tmp)
 	if err != nil {
-		return nil, nil, err
+		failAll(err)
+		return
 	}
 	defer side.close()
 	if err := SeedSessions(ctx, env.o, "s", n); err != nil {
-		return nil, nil, err
+		failAll(err)
+		return
 	}
 
-	var commits, restores []CheckpointRow
 	var lastID string
 	for li, lat := range h.plan.latencies {
 		base := CheckpointRow{Op: OpCommit, Sessions: n, Checkpoints: 1, Calls: n, Latency: lat, Parallelism: par}
-		row, err := h.cell(env.fk, fake.OpSnapshot, base, func(r int) (time.Duration, time.Duration, error) {
+		h.cell(env.fk, fake.OpSnapshot, base, func(r int) (time.Duration, time.Duration, error) {
 			id := fmt.Sprintf("c-%d-%d", li, r)
 			var res owner.CommitResult
 			d, err := timed(func() error {
@@ -409,21 +433,24 @@ func (h *harness) commitAndRestore(ctx context.Context, n, par int) ([]Checkpoin
 			// transaction grows with the square of the records dropped) and
 			// leave value-log GC running into the next measurement.
 			di, err := side.commit(id, ck)
-			lastID = id
+			if err == nil {
+				lastID = id
+			}
 			return d, di, err
 		})
-		if err != nil {
-			return nil, nil, err
-		}
-		commits = append(commits, row)
 	}
-	if err := env.close(); err != nil {
-		return nil, nil, err
-	}
-
+	err = env.close()
 	for _, lat := range h.plan.latencies {
 		base := CheckpointRow{Op: OpRestore, Sessions: n, Checkpoints: 1, Calls: n, Latency: lat, Parallelism: par}
-		row, err := h.cell(env.fk, fake.OpFork, base, func(int) (time.Duration, time.Duration, error) {
+		switch {
+		case err != nil:
+			h.add(failedRow(base, err))
+			continue
+		case lastID == "":
+			h.add(failedRow(base, errors.New("no commit of this cell succeeded: nothing to restore")))
+			continue
+		}
+		h.cell(env.fk, fake.OpFork, base, func(int) (time.Duration, time.Duration, error) {
 			if err := env.open(ctx); err != nil {
 				return 0, 0, err
 			}
@@ -445,35 +472,39 @@ func (h *harness) commitAndRestore(ctx context.Context, n, par int) ([]Checkpoin
 			di, err := side.load(lastID, n)
 			return d, di, err
 		})
-		if err != nil {
-			return nil, nil, err
-		}
-		restores = append(restores, row)
+		// A failed restore may leave the owner open.
+		_ = env.close()
 	}
-	return commits, restores, nil
 }
 
 // release measures releasing k checkpoints of n sessions each (k·n snapshot
 // deletes) at parallelism par, for every latency of the plan.
-func (h *harness) release(ctx context.Context, k, n, par int) ([]CheckpointRow, error) {
+func (h *harness) release(ctx context.Context, k, n, par int) {
+	failAll := func(err error) {
+		for _, lat := range h.plan.latencies {
+			h.add(failedRow(CheckpointRow{Op: OpRelease, Sessions: n, Checkpoints: k, Calls: k * n, Latency: lat, Parallelism: par}, err))
+		}
+	}
 	env, err := newOwnerEnv(ctx, h.tmp, par)
 	if err != nil {
-		return nil, err
+		failAll(err)
+		return
 	}
 	defer env.remove()
 	side, err := openSide(h.tmp)
 	if err != nil {
-		return nil, err
+		failAll(err)
+		return
 	}
 	defer side.close()
 	if err := SeedSessions(ctx, env.o, "s", n); err != nil {
-		return nil, err
+		failAll(err)
+		return
 	}
-	var rows []CheckpointRow
 	seq := 0
 	for _, lat := range h.plan.latencies {
 		base := CheckpointRow{Op: OpRelease, Sessions: n, Checkpoints: k, Calls: k * n, Latency: lat, Parallelism: par}
-		row, err := h.cell(env.fk, fake.OpDeleteSnapshot, base, func(int) (time.Duration, time.Duration, error) {
+		h.cell(env.fk, fake.OpDeleteSnapshot, base, func(int) (time.Duration, time.Duration, error) {
 			// K checkpoints of every session, in the owner's index and
 			// the side index alike (untimed; snapshots at zero latency).
 			var ids []string
@@ -521,10 +552,5 @@ func (h *harness) release(ctx context.Context, k, n, par int) ([]CheckpointRow, 
 			}
 			return d, di, nil
 		})
-		if err != nil {
-			return nil, err
-		}
-		rows = append(rows, row)
 	}
-	return rows, nil
 }

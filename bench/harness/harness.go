@@ -44,12 +44,20 @@ type Options struct {
 	// Server starts the owner's HTTP server on a loopback listener for the
 	// HTTP section; nil uses DefaultServer.
 	Server ServerFunc
+	// OnUpdate, when set, receives the report so far each time a cell
+	// finishes (to write it out as the run goes). The report is the one
+	// Run fills: read it before returning, do not keep it.
+	OnUpdate func(*Report)
 	// Sessions, Latencies and Parallelism, when set, replace the mode's
 	// matrix (to profile one cell); Sessions also picks the release cases
 	// of K=1 checkpoint of each N.
 	Sessions    []int
 	Latencies   []time.Duration
 	Parallelism []int
+
+	// breakCell, when set, is asked before each checkpoint cell whether
+	// it should fail (tests of a run that goes on past a failed cell).
+	breakCell func(CheckpointRow) error
 }
 
 // Plan modes.
@@ -129,11 +137,35 @@ type harness struct {
 	// waits maps each latency of the plan to what a fake call of it
 	// really waits here (timerWait).
 	waits map[time.Duration]time.Duration
+	// rep is the report being filled; update changes it and tells
+	// Options.OnUpdate.
+	rep     *Report
+	started time.Time
 }
 
-// Run measures what opts ask for and returns the report. A section that
-// cannot run (the HTTP server is not built yet) is reported as skipped with
-// the reason; any other failure is an error.
+// update applies fn to the report and hands the report so far to
+// Options.OnUpdate, so that a run stopped or killed later keeps every cell
+// finished before.
+func (h *harness) update(fn func(r *Report)) {
+	fn(h.rep)
+	if h.opts.OnUpdate != nil {
+		h.rep.Took = time.Since(h.started)
+		h.rep.Machine.LoadEnd = LoadAverage()
+		h.opts.OnUpdate(h.rep)
+	}
+}
+
+// fail records that a whole section could not run, and goes on.
+func (h *harness) fail(section string, err error) {
+	fmt.Fprintf(h.opts.Progress, "%s: failed: %v\n", section, err)
+	h.update(func(r *Report) { r.Failed[section] = oneLine(err.Error()) })
+}
+
+// Run measures what opts ask for and returns the report. A cell that fails
+// is reported as failed (its row carries the error) and the run goes on; a
+// section that cannot start is in Report.Failed, or in Report.Skipped when
+// it cannot run here at all (the HTTP server is not built). Only a bad
+// option or a cancelled ctx is an error.
 func Run(ctx context.Context, opts Options) (*Report, error) {
 	p, err := planFor(opts.Mode)
 	if err != nil {
@@ -168,35 +200,31 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if len(opts.Parallelism) > 0 {
 		p.parallelism = opts.Parallelism
 	}
-	h := &harness{opts: opts, plan: p, tmp: tmp}
-	rep := &Report{Mode: opts.Mode, Machine: DescribeMachine(opts.RepoDir), Skipped: map[string]string{}}
-	started := time.Now()
-
-	if err := h.checkpoints(ctx, rep); err != nil {
-		return nil, err
-	}
-	if h.wants(SectionMemory) {
-		m, err := h.memory(ctx)
-		if err != nil {
-			return nil, err
+	h := &harness{opts: opts, plan: p, tmp: tmp, started: time.Now(),
+		rep: &Report{Mode: opts.Mode, Machine: DescribeMachine(opts.RepoDir), Skipped: map[string]string{}, Failed: map[string]string{}, Partial: true}}
+	h.checkpoints(ctx)
+	if h.wants(SectionMemory) && ctx.Err() == nil {
+		if m, err := h.memory(ctx); err != nil {
+			h.fail(SectionMemory, err)
+		} else {
+			h.update(func(r *Report) { r.Memory = m })
 		}
-		rep.Memory = m
 	}
-	if h.wants(SectionHTTP) {
-		rows, err := h.http(ctx)
+	if h.wants(SectionHTTP) && ctx.Err() == nil {
 		var skip *SkipError
-		switch {
+		switch err := h.http(ctx); {
 		case errors.As(err, &skip):
-			rep.Skipped[SectionHTTP] = skip.Reason
 			fmt.Fprintf(h.opts.Progress, "http: skipped: %s\n", skip.Reason)
-		case err != nil:
-			return nil, err
+			h.update(func(r *Report) { r.Skipped[SectionHTTP] = skip.Reason })
+		case err != nil && ctx.Err() == nil:
+			h.fail(SectionHTTP, err)
 		}
-		rep.HTTP = rows
 	}
-	rep.Took = time.Since(started)
+	h.update(func(r *Report) { r.Partial = ctx.Err() != nil })
+	rep := h.rep
+	rep.Took = time.Since(h.started)
 	rep.Machine.LoadEnd = LoadAverage()
-	return rep, nil
+	return rep, ctx.Err()
 }
 
 // SkipError says a section could not run here, and why.
@@ -208,74 +236,81 @@ func (h *harness) wants(section string) bool {
 	return len(h.opts.Sections) == 0 || slices.Contains(h.opts.Sections, section)
 }
 
-func (h *harness) checkpoints(ctx context.Context, rep *Report) error {
+// checkpoints runs the commit, restore and release matrices and the phases
+// of the goal cell, adding each row as its cell finishes.
+func (h *harness) checkpoints(ctx context.Context) {
 	all := h.wants(SectionCheckpoint)
 	if !all && !h.wants(SectionCommit) && !h.wants(SectionRelease) {
-		return nil
+		return
 	}
 	h.waits = map[time.Duration]time.Duration{}
-	rep.Waits = h.waits
 	for _, l := range h.plan.latencies {
 		h.waits[l] = timerWait(l)
 		if l > 0 {
 			fmt.Fprintf(h.opts.Progress, "a %s timer waits %s here\n", fmtDur(l), fmtDur(h.waits[l]))
 		}
 	}
-	cost, err := fakeCost(ctx, 1000)
-	if err != nil {
-		return err
-	}
-	rep.FakeCost = cost
-	fmt.Fprintf(h.opts.Progress, "the fake's own cost per call: snapshot %s, fork %s, delete %s\n",
-		fmtDur(cost[fake.OpSnapshot]), fmtDur(cost[fake.OpFork]), fmtDur(cost[fake.OpDeleteSnapshot]))
-	for _, n := range h.plan.sessions {
-		if !all && !h.wants(SectionCommit) {
-			break
-		}
-		for _, par := range h.plan.parallelism {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			c, r, err := h.commitAndRestore(ctx, n, par)
-			if err != nil {
-				return err
-			}
-			rep.Commit = append(rep.Commit, c...)
-			rep.Restore = append(rep.Restore, r...)
-		}
+	h.update(func(r *Report) { r.Waits = h.waits })
+	if cost, err := fakeCost(ctx, 1000); err != nil {
+		h.fail("fake cost", err)
+	} else {
+		h.update(func(r *Report) { r.FakeCost = cost })
+		fmt.Fprintf(h.opts.Progress, "the fake's own cost per call: snapshot %s, fork %s, delete %s\n",
+			fmtDur(cost[fake.OpSnapshot]), fmtDur(cost[fake.OpFork]), fmtDur(cost[fake.OpDeleteSnapshot]))
 	}
 	if all || h.wants(SectionCommit) {
+		for _, n := range h.plan.sessions {
+			for _, par := range h.plan.parallelism {
+				if ctx.Err() != nil {
+					return
+				}
+				h.commitAndRestore(ctx, n, par)
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
 		ph, err := h.phases(ctx)
 		if err != nil {
-			return err
-		}
-		rep.Phases = ph
-		for _, x := range append(append([]Phase(nil), ph.Commit...), ph.Restore...) {
-			fmt.Fprintf(h.opts.Progress, "phases: %-60s %s\n", x.Name, fmtDur(x.Took))
+			h.fail("phases", err)
+		} else {
+			h.update(func(r *Report) { r.Phases = ph })
+			for _, x := range append(append([]Phase(nil), ph.Commit...), ph.Restore...) {
+				fmt.Fprintf(h.opts.Progress, "phases: %-60s %s\n", x.Name, fmtDur(x.Took))
+			}
 		}
 	}
-	for _, kn := range h.plan.release {
-		if !all && !h.wants(SectionRelease) {
-			break
-		}
-		for _, par := range h.plan.parallelism {
-			if err := ctx.Err(); err != nil {
-				return err
+	if all || h.wants(SectionRelease) {
+		for _, kn := range h.plan.release {
+			for _, par := range h.plan.parallelism {
+				if ctx.Err() != nil {
+					return
+				}
+				h.release(ctx, kn[0], kn[1], par)
 			}
-			rows, err := h.release(ctx, kn[0], kn[1], par)
-			if err != nil {
-				return err
-			}
-			rep.Release = append(rep.Release, rows...)
 		}
 	}
-	return nil
+}
+
+// add puts a finished checkpoint row in the report.
+func (h *harness) add(row CheckpointRow) {
+	h.progress(row)
+	h.update(func(r *Report) {
+		switch row.Op {
+		case OpCommit:
+			r.Commit = append(r.Commit, row)
+		case OpRestore:
+			r.Restore = append(r.Restore, row)
+		case OpRelease:
+			r.Release = append(r.Release, row)
+		}
+	})
 }
 
 func (h *harness) progress(r CheckpointRow) {
-	fmt.Fprintf(h.opts.Progress, "%-7s N=%-5d K=%-2d L=%-7s P=%-3d reps=%-2d measured %-9s ideal %-9s (index %-8s) ratio %.3f, to floor %.3f\n",
+	fmt.Fprintf(h.opts.Progress, "%-7s N=%-5d K=%-2d L=%-7s P=%-3d reps=%-2d measured %-9s ideal %-9s (index %-8s) ratio %.3f, to floor %.3f, load %s %s\n",
 		r.Op, r.Sessions, r.Checkpoints, fmtDur(r.Latency), r.Parallelism, r.Reps,
-		fmtDur(r.Measured), fmtDur(r.Ideal()), fmtDur(r.Index), r.Ratio(), r.FloorRatio())
+		fmtDur(r.Measured), fmtDur(r.Ideal()), fmtDur(r.Index), r.Ratio(), r.FloorRatio(), r.Load, r.Flag())
 }
 
 func median(ds []time.Duration) time.Duration {

@@ -40,7 +40,7 @@ func TestTinyRun(t *testing.T) {
 		t.Errorf("%d HTTP rows, want %d (skipped: %v)", len(rep.HTTP), len(scenarioNames()), rep.Skipped)
 	}
 	for _, row := range rep.HTTP {
-		if row.Server.Iterations == 0 || row.Bare.Iterations == 0 || row.Server.Errors > 0 {
+		if row.Server.Iterations == 0 || row.Bare.Iterations == 0 || row.BareAfter.Iterations == 0 || row.Server.Errors > 0 || row.Load == "" {
 			t.Errorf("HTTP row %s C=%d: %+v", row.Route, row.Clients, row)
 		}
 	}
@@ -51,7 +51,7 @@ func TestTinyRun(t *testing.T) {
 	md := rep.Markdown()
 	for _, want := range []string{
 		"## Machine", "## Goals", "## Commit", "## Restore", "## Where the time goes", "## Release", "## HTTP", "## Memory", "## Chart",
-		"| N | L | P | reps | measured | best | ideal |", "| K | N | deletes |", "| route | C | req/s |",
+		"| N | L | P | reps | measured | best | worst | ideal |", "| K | N | deletes |", "| route | C | req/s |",
 		"| /sandbox_access | 4 |", "| seed+close | 4 |", "the owner's share", "| commit |",
 	} {
 		if !strings.Contains(md, want) {
@@ -65,6 +65,11 @@ func TestTinyRun(t *testing.T) {
 	svg, err := os.ReadFile(filepath.Join(dir, chartFile))
 	if err != nil || !bytes.HasPrefix(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("<polyline")) {
 		t.Errorf("chart: %v, %.80q", err, svg)
+	}
+	for _, want := range []string{"sessions N (log scale)", "wall time of the operation (log scale)", "commit " + rep.Machine.Commit, rep.Machine.Date.Format("2006-01-02"), rep.Machine.CPU} {
+		if !bytes.Contains(svg, []byte(xmlEscape(want))) {
+			t.Errorf("the chart does not carry %q", want)
+		}
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, resultsFile)); err != nil || string(b) != md {
 		t.Errorf("results.md: %v", err)

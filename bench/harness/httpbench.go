@@ -31,14 +31,30 @@ type HTTPRow struct {
 	ReplyBytes int // body bytes of one iteration's replies
 	Server     LoadResult
 	Bare       LoadResult
+	// BareAfter is the bare handler again, right after the server's run:
+	// how far it moved from Bare says whether the machine held still.
+	BareAfter LoadResult
+	// Load is the 1-minute load average when the cell finished.
+	Load string
+	// Err is why the cell could not be measured ("" when it was).
+	Err string
+}
+
+// BareRPS is bare fasthttp's throughput: the mean of its runs before and
+// after the server's (the one before alone when there is no second).
+func (r HTTPRow) BareRPS() float64 {
+	if r.BareAfter.RPS() == 0 {
+		return r.Bare.RPS()
+	}
+	return (r.Bare.RPS() + r.BareAfter.RPS()) / 2
 }
 
 // Ratio is the server's throughput over bare fasthttp's.
 func (r HTTPRow) Ratio() float64 {
-	if r.Bare.RPS() == 0 {
+	if r.BareRPS() == 0 {
 		return 0
 	}
-	return r.Server.RPS() / r.Bare.RPS()
+	return r.Server.RPS() / r.BareRPS()
 }
 
 // reply is what the owner's server answered on one route, replayed by the
@@ -116,45 +132,55 @@ func serve(handler fasthttp.RequestHandler) (Target, error) {
 	}}, nil
 }
 
-func (h *harness) http(ctx context.Context) ([]HTTPRow, error) {
+// http measures every route at every concurrency, adding each row to the
+// report as it finishes; an error means the section could not start.
+func (h *harness) http(ctx context.Context) error {
 	srv, err := h.opts.Server(ctx, h.tmp)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer srv.Close()
 	replies, err := capture(srv.Addr)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	bare, err := startBare(replies)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer bare.Close()
 
-	var rows []HTTPRow
 	for _, c := range h.plan.httpClients {
 		for _, name := range scenarioNames() {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 			sc, _ := scenarioNamed(name)
 			row := HTTPRow{Route: name, Clients: c}
 			for _, s := range sc.loop {
 				row.ReplyBytes += len(replies[s.path()].body)
 			}
-			// Bare first, then the server, back to back, so both see the
-			// same state of this noisy machine.
-			if row.Bare, err = h.load(ctx, bare.Addr, name, c); err != nil {
-				return nil, err
+			// Bare, the server, bare again, back to back, so that both see
+			// the same state of this noisy machine and a change of that
+			// state during the cell shows. A failed run fails the cell
+			// only: the next one runs.
+			var err error
+			if row.Bare, err = h.load(ctx, bare.Addr, name, c); err == nil {
+				if row.Server, err = h.load(ctx, srv.Addr, name, c); err == nil {
+					row.BareAfter, err = h.load(ctx, bare.Addr, name, c)
+				}
 			}
-			if row.Server, err = h.load(ctx, srv.Addr, name, c); err != nil {
-				return nil, err
+			if err != nil {
+				row.Err = oneLine(err.Error())
 			}
-			fmt.Fprintf(h.opts.Progress, "http %-16s C=%-4d %8.0f req/s p50 %-8s p99 %-8s | bare %8.0f req/s p50 %-8s p99 %-8s | %.0f%% (errors %d)\n",
+			row.Load = LoadAverage()
+			fmt.Fprintf(h.opts.Progress, "http %-16s C=%-4d %8.0f req/s p50 %-8s p99 %-8s | bare %8.0f req/s p50 %-8s p99 %-8s | %.0f%% (errors %d) load %s %s\n",
 				name, c, row.Server.RPS(), fmtDur(row.Server.P50), fmtDur(row.Server.P99),
-				row.Bare.RPS(), fmtDur(row.Bare.P50), fmtDur(row.Bare.P99), row.Ratio()*100, row.Server.Errors)
-			rows = append(rows, row)
+				row.BareRPS(), fmtDur(row.Bare.P50), fmtDur(row.Bare.P99), row.Ratio()*100, row.Server.Errors, row.Load, row.Flag())
+			h.update(func(r *Report) { r.HTTP = append(r.HTTP, row) })
 		}
 	}
-	return rows, nil
+	return nil
 }
 
 // load runs the load child against addr.

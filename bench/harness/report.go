@@ -22,8 +22,14 @@ type Report struct {
 	Release []CheckpointRow
 	HTTP    []HTTPRow
 	Memory  *MemoryResult
-	// Skipped maps a section that could not run to the reason.
+	// Skipped maps a section that cannot run here to the reason.
 	Skipped map[string]string
+	// Failed maps a section (or a part of one) that failed to start to
+	// the error; the rest of the run went on.
+	Failed map[string]string
+	// Partial is true while the run goes on (a report written as cells
+	// finish), and after a run that was interrupted.
+	Partial bool
 	// Waits maps each provider latency to what a Go timer of it really
 	// waited on this machine (the floor's unit).
 	Waits map[time.Duration]time.Duration
@@ -78,8 +84,12 @@ func (r *Report) Goals() []Goal {
 		g := Goal{Name: fmt.Sprintf("%s of %d sessions, L=20ms, P=%d, against the ideal", op.name, goalSessions, goalParallelism),
 			Target: fmt.Sprintf("≤ ×%.2f", GoalRatio), Measured: notMeasured}
 		if row, ok := r.find(op.rows, goalSessions, goalLatency, goalParallelism); ok {
-			g.Measured = fmt.Sprintf("×%.3f (%s against %s)", row.Ratio(), fmtDur(row.Measured), fmtDur(row.Ideal()))
-			g.Met = met(row.Ratio() <= GoalRatio)
+			if f := row.Flag(); f != "" {
+				g.Measured = "flagged: " + f
+			} else {
+				g.Measured = fmt.Sprintf("×%.3f (%s against %s; ×%.3f against the floor)", row.Ratio(), fmtDur(row.Measured), fmtDur(row.Ideal()), row.FloorRatio())
+				g.Met = met(row.Ratio() <= GoalRatio)
+			}
 		}
 		gs = append(gs, g)
 	}
@@ -90,8 +100,12 @@ func (r *Report) Goals() []Goal {
 		g := Goal{Name: fmt.Sprintf("coordinator cost per session, %s of %d at L=0, P=%d", op.name, goalSessions, goalParallelism),
 			Target: fmt.Sprintf("≤ %.0f µs", GoalCoordinatorUS), Measured: notMeasured}
 		if row, ok := r.find(op.rows, goalSessions, 0, goalParallelism); ok {
-			g.Measured = fmt.Sprintf("%.1f µs", row.OverheadMicros())
-			g.Met = met(row.OverheadMicros() <= GoalCoordinatorUS)
+			if f := row.Flag(); f != "" {
+				g.Measured = "flagged: " + f
+			} else {
+				g.Measured = fmt.Sprintf("%.1f µs", row.OverheadMicros())
+				g.Met = met(row.OverheadMicros() <= GoalCoordinatorUS)
+			}
 		}
 		gs = append(gs, g)
 	}
@@ -99,18 +113,38 @@ func (r *Report) Goals() []Goal {
 	if reason, ok := r.Skipped[SectionHTTP]; ok {
 		g.Measured = "skipped: " + reason
 	}
-	if len(r.HTTP) > 0 {
-		worst := r.HTTP[0]
-		for _, h := range r.HTTP {
-			if h.Ratio() < worst.Ratio() {
-				worst = h
-			}
+	if reason, ok := r.Failed[SectionHTTP]; ok {
+		g.Measured = "failed: " + reason
+	}
+	var worst *HTTPRow
+	var flagged []string
+	for i, h := range r.HTTP {
+		if f := h.Flag(); f != "" {
+			flagged = append(flagged, fmt.Sprintf("%s C=%d", h.Route, h.Clients))
+			continue
 		}
+		if worst == nil || h.Ratio() < worst.Ratio() {
+			worst = &r.HTTP[i]
+		}
+	}
+	switch {
+	case worst != nil:
 		g.Measured = fmt.Sprintf("%.0f%% (%s, C=%d)", worst.Ratio()*100, worst.Route, worst.Clients)
 		g.Met = met(worst.Ratio() >= GoalHTTPRatio)
+		if len(flagged) > 0 {
+			g.Measured += fmt.Sprintf("; flagged, not counted: %s", strings.Join(flagged, ", "))
+			if worst.Ratio() >= GoalHTTPRatio {
+				g.Met = nil // the flagged cells could still miss it
+			}
+		}
+	case len(flagged) > 0:
+		g.Measured = "every cell flagged: " + strings.Join(flagged, ", ")
 	}
 	gs = append(gs, g)
 	g = Goal{Name: "resident memory per idle session (owner's share)", Target: fmt.Sprintf("≤ %.0f KiB", GoalIdleSessionKiB), Measured: notMeasured}
+	if reason, ok := r.Failed[SectionMemory]; ok {
+		g.Measured = "failed: " + reason
+	}
 	if m := r.Memory; m != nil {
 		g.Measured = fmt.Sprintf("%.1f KiB at %d sessions (%.1f KiB with the fake's sandboxes)", m.OwnerRSSPer()/1024, m.Owner.Sessions, m.Owner.RSSPer()/1024)
 		g.Met = met(m.OwnerRSSPer()/1024 <= GoalIdleSessionKiB)
@@ -152,12 +186,14 @@ func (r *Report) GoalsMarkdown() string {
 	return b.String()
 }
 
-// CheckpointTable is one operation's rows as a markdown table.
+// CheckpointTable is one operation's rows as a markdown table. A flagged
+// row (failed, spread, impossible) shows why in place of its ratio and
+// overhead, which are not figures then.
 func CheckpointTable(rows []CheckpointRow) string {
 	var b strings.Builder
 	release := len(rows) > 0 && rows[0].Op == OpRelease
-	cols := "| L | P | reps | measured | best | ideal | index alone | ratio | floor | to floor | overhead µs/%s | peak |\n"
-	align := "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+	cols := "| L | P | reps | measured | best | worst | ideal | index alone | ratio | floor | to floor | overhead µs/%s | peak | load |\n"
+	align := "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 	if release {
 		b.WriteString("| K | N | deletes " + fmt.Sprintf(cols, "delete") + "|---:|---:|---:" + align + "\n")
 	} else {
@@ -169,9 +205,17 @@ func CheckpointTable(rows []CheckpointRow) string {
 		} else {
 			fmt.Fprintf(&b, "| %d ", r.Sessions)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %s | %s | %s | %s | %.3f | %s | %.3f | %.1f | %d |\n",
-			fmtDur(r.Latency), r.Parallelism, r.Reps, fmtDur(r.Measured), fmtDur(r.Best), fmtDur(r.Ideal()), fmtDur(r.Index), r.Ratio(),
-			fmtDur(r.Floor()), r.FloorRatio(), r.OverheadMicros(), r.Peak)
+		if r.Err != "" {
+			fmt.Fprintf(&b, "| %s | %d | — | **failed**: %s | | | | | | | | | | %s |\n", fmtDur(r.Latency), r.Parallelism, r.Err, r.Load)
+			continue
+		}
+		ratio, floorRatio, over := fmt.Sprintf("%.3f", r.Ratio()), fmt.Sprintf("%.3f", r.FloorRatio()), fmt.Sprintf("%.1f", r.OverheadMicros())
+		if f := r.Flag(); f != "" {
+			ratio, floorRatio, over = "**flagged**: "+f, "—", "—"
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n",
+			fmtDur(r.Latency), r.Parallelism, r.Reps, fmtDur(r.Measured), fmtDur(r.Best), fmtDur(r.Worst), fmtDur(r.Ideal()), fmtDur(r.Index), ratio,
+			fmtDur(r.Floor()), floorRatio, over, r.Peak, r.Load)
 	}
 	return b.String()
 }
@@ -179,11 +223,19 @@ func CheckpointTable(rows []CheckpointRow) string {
 // HTTPTable is the HTTP rows as a markdown table.
 func HTTPTable(rows []HTTPRow) string {
 	var b strings.Builder
-	b.WriteString("| route | C | req/s | p50 | p99 | errors | bare req/s | bare p50 | bare p99 | reply bytes | ratio |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| route | C | req/s | p50 | p99 | errors | bare req/s (before, after) | bare p50 | bare p99 | reply bytes | ratio | load |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %d | %.0f | %s | %s | %d | %.0f%% |\n",
+		if r.Err != "" {
+			fmt.Fprintf(&b, "| %s | %d | **failed**: %s | | | | | | | | | %s |\n", r.Route, r.Clients, r.Err, r.Load)
+			continue
+		}
+		ratio := fmt.Sprintf("%.0f%%", r.Ratio()*100)
+		if f := r.Flag(); f != "" {
+			ratio = "**flagged**: " + f
+		}
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %d | %.0f (%.0f, %.0f) | %s | %s | %d | %s | %s |\n",
 			r.Route, r.Clients, r.Server.RPS(), fmtDur(r.Server.P50), fmtDur(r.Server.P99), r.Server.Errors,
-			r.Bare.RPS(), fmtDur(r.Bare.P50), fmtDur(r.Bare.P99), r.ReplyBytes, r.Ratio()*100)
+			r.BareRPS(), r.Bare.RPS(), r.BareAfter.RPS(), fmtDur(r.Bare.P50), fmtDur(r.Bare.P99), r.ReplyBytes, ratio, r.Load)
 	}
 	return b.String()
 }
@@ -209,6 +261,16 @@ func (r *Report) Markdown() string {
 	var b strings.Builder
 	b.WriteString("# Benchmark results\n\n")
 	fmt.Fprintf(&b, "Written by `go run ./bench%s` in %s. How to read it: bench/README.md.\n\n", map[bool]string{true: " -quick", false: ""}[r.Mode == ModeQuick], r.Took.Round(time.Second))
+	if r.Partial {
+		b.WriteString("**Partial**: the run had not finished when this was written (it goes on, or it was interrupted); what is here was measured.\n\n")
+	}
+	if len(r.Failed) > 0 {
+		b.WriteString("**Failed** (the run went on without them):\n\n")
+		for _, k := range slices.Sorted(maps.Keys(r.Failed)) {
+			fmt.Fprintf(&b, "- %s: %s\n", k, r.Failed[k])
+		}
+		b.WriteString("\n")
+	}
 	b.WriteString("## Machine\n\n" + r.Machine.markdown())
 	for _, l := range slices.Sorted(maps.Keys(r.Waits)) {
 		if l > 0 {
@@ -226,7 +288,8 @@ func (r *Report) Markdown() string {
 	}
 	ideal := "Ideal is ⌈calls/P⌉·L plus the operation's index transaction measured alone in the same run " +
 		"(%s); ratio is measured/ideal; overhead is (measured − ideal)/calls, at L=0 the coordinator's cost per session. " +
-		"Times are medians over reps (best: the fastest rep); peak is the most concurrent provider calls the fake saw. " +
+		"Times are medians over reps (best, worst: the fastest and slowest rep); peak is the most concurrent provider calls the fake saw; load is the 1-minute load average when the cell ended. " +
+		fmt.Sprintf("A cell whose reps spread by more than %.0f%% (worst against best), or that beat its ideal, is flagged and its ratio is not a figure. ", MaxSpread*100) +
 		"Floor is the ideal with the wait a Go timer of L really gives here (Wait, measured at the start of the run) in place of L: " +
 		"no program sleeping on timers beats it, so 'to floor' (measured/floor) is the owner's own share of the ratio."
 	if len(r.Commit) > 0 {
@@ -243,7 +306,7 @@ func (r *Report) Markdown() string {
 		section("Release", fmt.Sprintf("Release of K checkpoints of N sessions each: K·N snapshot deletes at delete latency L. "+ideal, "one Drop of the K checkpoints with their K·N tombstones"), CheckpointTable(r.Release))
 	}
 	if len(r.HTTP) > 0 {
-		section("HTTP", "C concurrent keep-alive clients in a separate process, each on its own session, for the same duration against the owner's server and against a bare fasthttp handler answering the same number of bytes on the same route. Ratio is req/s against bare req/s. seed+close counts one seed and one close as one request (their latency is the pair's).", HTTPTable(r.HTTP))
+		section("HTTP", fmt.Sprintf("C concurrent keep-alive clients in a separate process, each on its own session, for the same duration against the owner's server and against a bare fasthttp handler answering the same number of bytes on the same route, run before and again after the server's. Ratio is req/s against the mean of the two bare runs. A cell with errors, whose bare runs differ by more than %.0f%%, or that beats bare by more than %.0f%%, is flagged.", MaxBareDrift*100, (MaxHTTPRatio-1)*100)+" seed+close counts one seed and one close as one request (their latency is the pair's).", HTTPTable(r.HTTP))
 	} else if reason, ok := r.Skipped[SectionHTTP]; ok {
 		section("HTTP", "Skipped: "+reason+".", "")
 	}
