@@ -63,7 +63,7 @@ type App struct {
 // Start builds the provider, the owner and the HTTP server from cfg and
 // serves. Errors of the configuration wrap ErrConfig.
 func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(deps.Provider); err != nil {
 		return nil, err
 	}
 	log := deps.Logger
@@ -238,7 +238,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, ok := commands()[args[0]]
 		if !ok {
-			fmt.Fprintf(stderr, "server: unknown command %q (commands: %s)\n", args[0], strings.Join(sortedKeys(commands()), ", "))
+			ErrorLine(stderr, LogFormatOf(args), fmt.Sprintf("unknown command %q (commands: %s)", args[0], strings.Join(sortedKeys(commands()), ", ")))
 			return 2
 		}
 		return cmd(ctx, args[1:], stdout, stderr)
@@ -252,17 +252,17 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "server: %v\n", err)
+		ErrorLine(stderr, LogFormatOf(args), err.Error())
 		return 2
 	}
 	log, err := NewLogger(stderr, opts.LogFormat, opts.LogLevel)
 	if err != nil {
-		fmt.Fprintf(stderr, "server: %v\n", err)
+		ErrorLine(stderr, opts.LogFormat, err.Error())
 		return 2
 	}
 	a, err := Start(ctx, opts.Config, Deps{Logger: log})
 	if errors.Is(err, ErrConfig) {
-		fmt.Fprintf(stderr, "server: %v\n", err)
+		log.Error(err.Error())
 		return 2
 	}
 	if err != nil {
@@ -284,6 +284,16 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// ErrorLine writes an error that ends the command as one line in the log
+// format asked for (logrus text, or JSON for "json").
+func ErrorLine(w io.Writer, format, msg string) {
+	log, err := NewLogger(w, format, "info")
+	if err != nil {
+		log, _ = NewLogger(w, "text", "info")
+	}
+	log.Error(msg)
 }
 
 // NewLogger is the binary's logger on w: logrus text (coloured on a

@@ -1,7 +1,6 @@
 package app
 
 import (
-	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/resources/swebench"
 )
 
@@ -103,14 +103,14 @@ func keyUsage() map[string]string {
 		"port":                            "port to listen on (0: any free port)",
 		"num_workers":                     "worker processes (an exported owner runs in one)",
 		"session_secret":                  "secret for session cookies (default: generated into checkpoint.state_dir, else per process)",
-		"sandbox.provider":                "sandbox provider: fake or local (default: the embedded default)",
+		"sandbox.provider":                "sandbox provider: fake or local (default: local, the embedded default)",
 		"sandbox.fake.seed":               "fake provider: seed of its latency and faults",
 		"sandbox.fake.id_prefix":          "fake provider: prefix of its ids",
 		"sandbox.local.root":              "local provider: directory of sandboxes and snapshots (default: <state_dir>/sandboxes)",
 		"sandbox.local.templates":         "local provider: image=directory (repeatable; an empty directory is an empty tree)",
-		"sandbox.local.isolation":         "local provider: auto, bwrap or none",
-		"sandbox.local.overlay":           "local provider: auto, on or off",
-		"sandbox.local.default_workdir":   "local provider: workdir of specs that name none",
+		"sandbox.local.isolation":         "local provider: auto, bwrap or none (default: auto)",
+		"sandbox.local.overlay":           "local provider: auto, on or off (default: auto)",
+		"sandbox.local.default_workdir":   "local provider: workdir of specs that name none (default: /sandbox)",
 		"sandbox.local.caches":            "local provider: cache name=host directory of a named shared cache (repeatable; default <root>/caches/<name>)",
 		"sandbox.local.snapshot_delay_ms": "local provider: hold every snapshot this long (crash tests only)",
 		"sandbox.local.fork_delay_ms":     "local provider: hold every fork this long (crash tests only)",
@@ -187,31 +187,32 @@ func leaves() []leaf {
 // setLeaf parses s into the key's field of c.
 func setLeaf(c *Config, l leaf, s string) error {
 	v := reflect.ValueOf(c).Elem().FieldByIndex(l.index)
+	bad := func() error { return fmt.Errorf("%s: want %s, got %q", l.path, wantOf(l.typ), s) }
 	switch l.typ.Kind() {
 	case reflect.String:
 		v.SetString(s)
 	case reflect.Int, reflect.Int64:
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
-			return fmt.Errorf("%s must be an integer, not %q", l.path, s)
+			return bad()
 		}
 		v.SetInt(n)
 	case reflect.Float64:
 		f, err := strconv.ParseFloat(s, 64)
 		if err != nil {
-			return fmt.Errorf("%s must be a number, not %q", l.path, s)
+			return bad()
 		}
 		v.SetFloat(f)
 	case reflect.Bool:
 		b, err := strconv.ParseBool(s)
 		if err != nil {
-			return fmt.Errorf("%s must be true or false, not %q", l.path, s)
+			return bad()
 		}
 		v.SetBool(b)
 	case reflect.Map:
 		k, val, ok := strings.Cut(s, "=")
 		if !ok || k == "" {
-			return fmt.Errorf("%s takes key=value, not %q", l.path, s)
+			return fmt.Errorf("%s: want key=value, got %q", l.path, s)
 		}
 		if v.IsNil() {
 			v.Set(reflect.MakeMap(l.typ))
@@ -227,6 +228,9 @@ func setLeaf(c *Config, l leaf, s string) error {
 type flagValue struct {
 	l   leaf
 	set *[]setting
+	// bad keeps the first value refused, so that the error names the key
+	// in our words rather than the flag package's.
+	bad *error
 }
 
 type setting struct {
@@ -238,12 +242,45 @@ func (f flagValue) String() string { return "" }
 func (f flagValue) Set(s string) error {
 	var probe Config
 	if err := setLeaf(&probe, f.l, s); err != nil {
+		if *f.bad == nil {
+			*f.bad = err
+		}
 		return err
 	}
 	*f.set = append(*f.set, setting{f.l, s})
 	return nil
 }
 func (f flagValue) IsBoolFlag() bool { return f.l.typ.Kind() == reflect.Bool }
+
+// ownFlags are the binary's flags that are not configuration keys: name,
+// placeholder, meaning.
+func ownFlags() [][3]string {
+	return [][3]string{
+		{"config", "FILE", "YAML configuration file"},
+		{"log-format", "text|json", "log format, also of a configuration error's line (default text)"},
+		{"log-level", "LEVEL", "debug, info, warn or error (default info)"},
+	}
+}
+
+// LogFormatOf is the -log-format an argument list asks for ("text" when it
+// names none), read before the arguments are parsed so that an error in
+// them is reported in that format too.
+func LogFormatOf(args []string) string {
+	format := "text"
+	for i := 0; i < len(args); i++ {
+		a := strings.TrimPrefix(strings.TrimPrefix(args[i], "-"), "-")
+		if a == args[i] {
+			continue
+		}
+		if v, ok := strings.CutPrefix(a, "log-format="); ok {
+			format = v
+		} else if a == "log-format" && i+1 < len(args) {
+			format = args[i+1]
+			i++
+		}
+	}
+	return format
+}
 
 // ParseArgs parses the command line: -config FILE, -log-format, -log-level
 // and one flag per configuration key. Flags win over the file, the file over
@@ -252,28 +289,32 @@ func ParseArgs(args []string, helpOut io.Writer) (Options, error) {
 	opts := Options{LogFormat: "text", LogLevel: "info"}
 	fs := flag.NewFlagSet("server", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.StringVar(&opts.ConfigFile, "config", "", "YAML configuration file")
-	fs.StringVar(&opts.LogFormat, "log-format", opts.LogFormat, "log format: text or json")
-	fs.StringVar(&opts.LogLevel, "log-level", opts.LogLevel, "log level: debug, info, warn, error")
+	fs.StringVar(&opts.ConfigFile, "config", "", "")
+	fs.StringVar(&opts.LogFormat, "log-format", opts.LogFormat, "")
+	fs.StringVar(&opts.LogLevel, "log-level", opts.LogLevel, "")
 	var settings []setting
-	help := keyUsage()
+	var bad error
 	for _, l := range leaves() {
-		fs.Var(flagValue{l: l, set: &settings}, l.path, help[l.path])
+		fs.Var(flagValue{l: l, set: &settings, bad: &bad}, l.path, "")
 	}
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(helpOut)
-			fmt.Fprintln(helpOut, "usage: server [-config FILE] [-log-format text|json] [-<key> value ...]")
-			fs.PrintDefaults()
+		switch {
+		case errors.Is(err, flag.ErrHelp):
+			writeUsage(helpOut, ownFlags())
 			return opts, err
+		case bad != nil:
+			return opts, fmt.Errorf("%w: flag -%w", ErrConfig, bad)
+		}
+		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
+			return opts, fmt.Errorf("%w: flag -%s: %s", ErrConfig, name, unknownFlag(name))
 		}
 		return opts, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	if fs.NArg() > 0 {
-		return opts, fmt.Errorf("%w: unexpected argument %q", ErrConfig, fs.Arg(0))
+		return opts, fmt.Errorf("%w: unexpected argument %q (commands come first: %s)", ErrConfig, fs.Arg(0), strings.Join(sortedKeys(commands()), ", "))
 	}
 	if opts.LogFormat != "text" && opts.LogFormat != "json" {
-		return opts, fmt.Errorf("%w: -log-format must be text or json, not %q", ErrConfig, opts.LogFormat)
+		return opts, fmt.Errorf("%w: -log-format: want text or json, got %q", ErrConfig, opts.LogFormat)
 	}
 	cfg := Defaults()
 	if opts.ConfigFile != "" {
@@ -283,7 +324,7 @@ func ParseArgs(args []string, helpOut io.Writer) (Options, error) {
 	}
 	for _, s := range settings {
 		if err := setLeaf(&cfg, s.l, s.v); err != nil {
-			return opts, fmt.Errorf("%w: %v", ErrConfig, err)
+			return opts, fmt.Errorf("%w: flag -%w", ErrConfig, err)
 		}
 	}
 	if err := cfg.Validate(); err != nil {
@@ -293,17 +334,44 @@ func ParseArgs(args []string, helpOut io.Writer) (Options, error) {
 	return opts, nil
 }
 
+// unknownFlag words an unknown flag as an unknown key, with the nearest one.
+func unknownFlag(name string) string {
+	name, _, _ = strings.Cut(name, "=")
+	prefix := ""
+	if i := strings.LastIndexByte(name, '.'); i >= 0 {
+		prefix = name[:i]
+	}
+	siblings := map[string][]int{}
+	for _, l := range leaves() {
+		p, last := "", l.path
+		if i := strings.LastIndexByte(l.path, '.'); i >= 0 {
+			p, last = l.path[:i], l.path[i+1:]
+		}
+		if p == prefix {
+			siblings[last] = nil
+		}
+	}
+	if prefix == "" {
+		for _, f := range ownFlags() {
+			siblings[f[0]] = nil
+		}
+	}
+	return unknownKey(name, siblings, prefix)
+}
+
 func loadFile(cfg *Config, path string) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
-		// yaml lists problems one per line; the report is one line.
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		// A syntax error: yaml's message has the line.
 		msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", ";")), " ")
 		return fmt.Errorf("%w: %s: %s", ErrConfig, path, msg)
+	}
+	if err := decodeNode(&doc, reflect.ValueOf(cfg).Elem(), ""); err != nil {
+		return fmt.Errorf("%w: %s:%w", ErrConfig, path, err)
 	}
 	return nil
 }
@@ -311,7 +379,11 @@ func loadFile(cfg *Config, path string) error {
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 // Validate checks what can be checked without starting anything.
-func (c *Config) Validate() error {
+func (c *Config) Validate() error { return c.validate(nil) }
+
+// validate is Validate for a server on the given provider (nil: the one
+// the configuration names).
+func (c *Config) validate(given provider.Provider) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, args...))
 	}
@@ -347,6 +419,18 @@ func (c *Config) Validate() error {
 	}
 	if ck.Parallelism < 1 {
 		return bad("checkpoint.parallelism must be at least 1, not %d", ck.Parallelism)
+	}
+	// What the owner would refuse once the provider exists, refused before
+	// anything is created: every provider here can snapshot, so a server
+	// that lends sandboxes with checkpointing on exports them.
+	exports := given == nil || provider.CapabilitiesOf(given).Snapshot
+	if ck.Enabled && exports && resourcesRegistry()[c.Resources].lends(c) {
+		if ck.StateDir == "" {
+			return bad("checkpoint.state_dir is required with checkpoint.enabled: the sessions' sandboxes are exported into its index")
+		}
+		if c.NumWorkers > 1 {
+			return bad("num_workers: want 1 with checkpoint.enabled, got %d (an exporting server runs in one process and serves all sessions concurrently)", c.NumWorkers)
+		}
 	}
 	return nil
 }

@@ -72,7 +72,7 @@ func TestParseArgsDefaultsAndFlagsOnly(t *testing.T) {
 	if d := app.Defaults(); d.Host != "127.0.0.1" || d.Port != 8080 || d.Resources != "notes" {
 		t.Errorf("defaults %+v", d)
 	}
-	opts, err = app.ParseArgs([]string{"-checkpoint.enabled", "-checkpoint.control_auth_token=t", "-checkpoint.lease_grace_seconds", "1.5", "-sandbox.fake.seed", "7"}, io.Discard)
+	opts, err = app.ParseArgs([]string{"-checkpoint.enabled", "-checkpoint.control_auth_token=t", "-checkpoint.state_dir", "/s", "-checkpoint.lease_grace_seconds", "1.5", "-sandbox.fake.seed", "7"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,56 +82,109 @@ func TestParseArgsDefaultsAndFlagsOnly(t *testing.T) {
 	}
 }
 
-func TestBadConfigs(t *testing.T) {
+// TestConfigErrorLines: each configuration error is one line naming the
+// key by its dotted path, exactly as written here.
+func TestConfigErrorLines(t *testing.T) {
 	cases := []struct {
 		name string
 		args []string
 		file string
-		want string
+		want string // FILE stands for the file's path
 	}{
-		{name: "unknown key", file: "nmae: x\n", want: "nmae"},
-		{name: "wrong type", file: "port: eighty\n", want: "line 1"},
-		{name: "checkpointing without a token", args: []string{"-checkpoint.enabled"}, want: "control_auth_token"},
-		{name: "bad port", args: []string{"-port", "70000"}, want: "port"},
-		{name: "port not a number", args: []string{"-port", "x"}, want: "port"},
-		{name: "unknown resources", args: []string{"-resources", "weather"}, want: "resources"},
-		{name: "unknown provider", args: []string{"-sandbox.provider", "docker"}, want: "sandbox.provider"},
-		{name: "bad on_stop", args: []string{"-checkpoint.on_stop", "pause"}, want: "on_stop"},
-		{name: "zero grace", args: []string{"-checkpoint.lease_grace_seconds", "0"}, want: "lease_grace_seconds"},
-		{name: "short secret", args: []string{"-session_secret", "short"}, want: "session_secret"},
-		{name: "bad name", args: []string{"-name", "a b"}, want: "name"},
-		{name: "unknown flag", args: []string{"-nope"}, want: "nope"},
-		{name: "bad template flag", args: []string{"-sandbox.local.templates", "novalue"}, want: "key=value"},
-		{name: "bad log format", args: []string{"-log-format", "xml"}, want: "log-format"},
-		{name: "stray argument", args: []string{"-port", "1", "extra"}, want: "extra"},
-		{name: "missing file", args: []string{"-config", "/nonexistent.yaml"}, want: "nonexistent"},
+		{name: "unknown key", file: "prot: 80\n", want: `config: FILE:1: unknown key "prot" (did you mean "port"?)`},
+		{name: "unknown nested key", file: "sandbox:\n  provder: local\n", want: `config: FILE:2: unknown key "sandbox.provder" (did you mean "sandbox.provider"?)`},
+		{name: "key at the wrong level", file: "name: x\nstate_dir: /x\n", want: `config: FILE:2: unknown key "state_dir" (did you mean "checkpoint.state_dir"?)`},
+		{name: "unknown key, nothing near", file: "zzzzzzzz: 1\n", want: `config: FILE:1: unknown key "zzzzzzzz"`},
+		{name: "wrong type", file: "port: eighty\n", want: `config: FILE:1: port: want an integer, got "eighty"`},
+		{name: "wrong nested type", file: "checkpoint:\n  enabled: maybe\n", want: `config: FILE:2: checkpoint.enabled: want true or false, got "maybe"`},
+		{name: "number wanted", file: "checkpoint:\n  lease_grace_seconds: soon\n", want: `config: FILE:2: checkpoint.lease_grace_seconds: want a number, got "soon"`},
+		{name: "scalar for a block", file: "sandbox: local\n", want: `config: FILE:1: sandbox: want a mapping of keys, got "local"`},
+		{name: "list for a map", file: "sandbox:\n  local:\n    templates: [a]\n", want: `config: FILE:3: sandbox.local.templates: want a mapping of key: string, got a list`},
+		{name: "not a mapping", file: "- a\n", want: `config: FILE:1: the file must be a mapping of keys, not a list`},
+		{name: "flag of the wrong type", args: []string{"-port", "eighty"}, want: `config: flag -port: want an integer, got "eighty"`},
+		{name: "unknown flag", args: []string{"-prot", "80"}, want: `config: flag -prot: unknown key "prot" (did you mean "port"?)`},
+		{name: "unknown nested flag", args: []string{"-checkpoint.stat_dir", "x"}, want: `config: flag -checkpoint.stat_dir: unknown key "checkpoint.stat_dir" (did you mean "checkpoint.state_dir"?)`},
+		{name: "bad map flag", args: []string{"-sandbox.local.templates", "novalue"}, want: `config: flag -sandbox.local.templates: want key=value, got "novalue"`},
+		{name: "bad bool flag", args: []string{"-checkpoint.enabled=sure"}, want: `config: flag -checkpoint.enabled: want true or false, got "sure"`},
+		{name: "checkpointing without a token", args: []string{"-checkpoint.enabled"}, want: `config: checkpoint.control_auth_token is required when checkpoint.enabled is true`},
+		{name: "checkpointing without a state_dir", args: []string{"-checkpoint.enabled", "-checkpoint.control_auth_token", "t"},
+			want: `config: checkpoint.state_dir is required with checkpoint.enabled: the sessions' sandboxes are exported into its index`},
+		{name: "exporting with workers", args: []string{"-checkpoint.enabled", "-checkpoint.control_auth_token", "t", "-checkpoint.state_dir", "/s", "-num_workers", "4"},
+			want: `config: num_workers: want 1 with checkpoint.enabled, got 4 (an exporting server runs in one process and serves all sessions concurrently)`},
+		{name: "bad port", args: []string{"-port", "70000"}, want: `config: port must be 0-65535, not 70000`},
+		{name: "unknown resources", args: []string{"-resources", "weather"}, want: `config: resources must be one of notes, swebench, not "weather"`},
+		{name: "unknown provider", args: []string{"-sandbox.provider", "docker"}, want: `config: sandbox.provider must be one of fake, local, not "docker"`},
+		{name: "bad on_stop", args: []string{"-checkpoint.on_stop", "pause"}, want: `config: checkpoint.on_stop must be kill or none, not "pause"`},
+		{name: "zero grace", args: []string{"-checkpoint.lease_grace_seconds", "0"}, want: `config: checkpoint.lease_grace_seconds must be > 0, not 0`},
+		{name: "short secret", args: []string{"-session_secret", "short"}, want: `config: session_secret must be at least 16 characters`},
+		{name: "bad name", args: []string{"-name", "a b"}, want: `config: name "a b" must match ^[A-Za-z0-9][A-Za-z0-9._-]*$`},
+		{name: "bad log format", args: []string{"-log-format", "xml"}, want: `config: -log-format: want text or json, got "xml"`},
+		{name: "stray argument", args: []string{"-port", "1", "extra"}, want: `config: unexpected argument "extra" (commands come first: serve, sweep)`},
+		{name: "missing file", args: []string{"-config", "/nonexistent.yaml"}, want: `config: open /nonexistent.yaml: no such file or directory`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			args := tc.args
+			want := tc.want
 			if tc.file != "" {
-				args = append([]string{"-config", writeFile(t, tc.file)}, args...)
+				path := writeFile(t, tc.file)
+				args = append([]string{"-config", path}, args...)
+				want = strings.ReplaceAll(want, "FILE", path)
 			}
 			_, err := app.ParseArgs(args, io.Discard)
-			if !errors.Is(err, app.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %v, want a config error naming %q", err, tc.want)
+			if !errors.Is(err, app.ErrConfig) {
+				t.Fatalf("error %v, want a config error", err)
 			}
-			if strings.Contains(err.Error(), "\n") {
-				t.Errorf("error is more than one line: %q", err)
+			if diff := cmp.Diff(want, err.Error()); diff != "" {
+				t.Errorf("error line (-want +got):\n%s", diff)
 			}
 		})
 	}
 }
 
+// TestHelp: -h names the commands, the binary's own flags, and every key
+// with its default.
 func TestHelp(t *testing.T) {
 	var out strings.Builder
 	_, err := app.ParseArgs([]string{"-h"}, &out)
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v", err)
 	}
-	for _, key := range []string{"-checkpoint.state_dir", "-sandbox.provider", "-num_workers", "-log-format"} {
-		if !strings.Contains(out.String(), key) {
-			t.Errorf("usage does not name %s", key)
+	lines := strings.Split(out.String(), "\n")
+	find := func(prefix string) string {
+		for _, l := range lines {
+			if f := strings.Fields(l); len(f) > 0 && f[0] == prefix {
+				return l
+			}
+		}
+		t.Errorf("usage has no line for %s:\n%s", prefix, out.String())
+		return ""
+	}
+	for _, cmd := range []string{"serve", "sweep"} {
+		find(cmd)
+	}
+	for _, f := range []string{"-config", "-log-format", "-log-level"} {
+		find(f)
+	}
+	for _, key := range app.Keys() {
+		find("-" + key)
+	}
+	for key, def := range map[string]string{"-port": "(default 8080)", "-host": `(default "127.0.0.1")`, "-name": `(default "notes")`,
+		"-checkpoint.parallelism": "(default 16)", "-checkpoint.lease_grace_seconds": "(default 600)", "-checkpoint.on_stop": `(default "kill")`} {
+		if l := find(key); !strings.HasSuffix(l, def) {
+			t.Errorf("%s: %q does not end with %s", key, l, def)
+		}
+	}
+	if l := find("-checkpoint.state_dir"); strings.Contains(l, "(default") {
+		t.Errorf("a key without a default shows one: %q", l)
+	}
+}
+
+// TestEveryKeyIsDocumented: -h has a meaning for every key.
+func TestEveryKeyIsDocumented(t *testing.T) {
+	for _, key := range app.Keys() {
+		if app.KeyUsage(key) == "" {
+			t.Errorf("key %s has no usage line", key)
 		}
 	}
 }

@@ -17,6 +17,9 @@ type resourcesEntry struct {
 	// templates are images the server's sandboxes start from, for
 	// providers that need them declared (local).
 	templates map[string]string
+	// lends reports whether the configured server lends its sessions
+	// sandboxes (then, with checkpointing on, it exports them).
+	lends func(cfg *Config) bool
 }
 
 // resourcesRegistry maps the resources key to the servers this binary has.
@@ -27,8 +30,9 @@ func resourcesRegistry() map[string]resourcesEntry {
 				return notes.New(notes.Options{Name: cfg.Name}), nil
 			},
 			templates: map[string]string{notes.Image: ""},
+			lends:     func(*Config) bool { return true },
 		},
-		"swebench": {build: newSWEBench},
+		"swebench": {build: newSWEBench, lends: func(cfg *Config) bool { return cfg.SWEBench.LendsSandboxes() }},
 	}
 }
 

@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -210,20 +213,95 @@ func TestProcessSIGTERMIsClean(t *testing.T) {
 	}
 }
 
+// TestProcessBadConfigExits2WithOneLine: a configuration the server cannot
+// use is one error line in the log format asked for, and exit status 2.
 func TestProcessBadConfigExits2WithOneLine(t *testing.T) {
-	for _, args := range [][]string{{"-port", "99999"}, {"-checkpoint.enabled"}, {"no-such-command"}} {
-		cmd, lines, _ := child(t, args...)
-		var out []string
-		for lines.Scan() {
-			out = append(out, lines.Text())
+	cases := []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"-port", "99999"}, "config: port must be 0-65535, not 99999"},
+		{[]string{"-checkpoint.enabled"}, "config: checkpoint.control_auth_token is required when checkpoint.enabled is true"},
+		{[]string{"no-such-command"}, `unknown command "no-such-command" (commands: serve, sweep)`},
+		{[]string{"-prot", "80"}, `config: flag -prot: unknown key "prot" (did you mean "port"?)`},
+	}
+	for _, tc := range cases {
+		for _, format := range []string{"text", "json"} {
+			args := append(append([]string(nil), tc.args...), "-log-format", format)
+			cmd, lines, _ := child(t, args...)
+			var out []string
+			for lines.Scan() {
+				out = append(out, lines.Text())
+			}
+			err := cmd.Wait()
+			ee, ok := err.(*exec.ExitError)
+			if !ok || ee.ExitCode() != 2 {
+				t.Errorf("%v: exit %v, want status 2", args, err)
+			}
+			if len(out) != 1 {
+				t.Errorf("%v: stderr %q, want one line", args, out)
+				continue
+			}
+			var got map[string]any
+			if format == "json" {
+				if err := json.Unmarshal([]byte(out[0]), &got); err != nil {
+					t.Errorf("%v: %q is not JSON", args, out[0])
+					continue
+				}
+			} else {
+				got = map[string]any{}
+				for _, field := range []string{"level", "msg"} {
+					i := strings.Index(out[0], " "+field+"=")
+					if i < 0 {
+						t.Fatalf("%v: no %s in %q", args, field, out[0])
+					}
+					v := out[0][i+len(field)+2:]
+					if strings.HasPrefix(v, `"`) {
+						v, err = strconv.QuotedPrefix(v)
+						if err == nil {
+							v, err = strconv.Unquote(v)
+						}
+						if err != nil {
+							t.Fatalf("%v: %q: %v", args, out[0], err)
+						}
+					} else {
+						v, _, _ = strings.Cut(v, " ")
+					}
+					got[field] = v
+				}
+			}
+			if got["level"] != "error" || got["msg"] != tc.msg {
+				t.Errorf("%v: level %v msg %q, want error %q", args, got["level"], got["msg"], tc.msg)
+			}
 		}
-		err := cmd.Wait()
-		ee, ok := err.(*exec.ExitError)
-		if !ok || ee.ExitCode() != 2 {
-			t.Errorf("%v: exit %v, want status 2", args, err)
+	}
+}
+
+// TestConfigRefusedBeforeAnythingIsCreated: what the owner would refuse
+// (no state_dir to export into, several workers for an exporting server) is
+// refused before the provider creates its root.
+func TestConfigRefusedBeforeAnythingIsCreated(t *testing.T) {
+	for _, extra := range [][]string{
+		{},
+		{"-checkpoint.state_dir", "STATE", "-num_workers", "4"},
+	} {
+		dir := t.TempDir()
+		root := filepath.Join(dir, "root")
+		args := []string{"-port", "0", "-sandbox.local.root", root, "-checkpoint.enabled", "-checkpoint.control_auth_token", "t"}
+		for _, a := range extra {
+			args = append(args, strings.ReplaceAll(a, "STATE", filepath.Join(dir, "state")))
 		}
-		if len(out) != 1 || !strings.HasPrefix(out[0], "server: ") {
-			t.Errorf("%v: stderr %q, want one line", args, out)
+		var stderr strings.Builder
+		if code := app.Run(context.Background(), args, io.Discard, &stderr); code != 2 {
+			t.Errorf("%v: exit %d (%s), want 2", extra, code, stderr.String())
+		}
+		for _, p := range []string{root, filepath.Join(dir, "state")} {
+			if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%v: %s was created (%v) by a server whose configuration is refused", extra, p, err)
+			}
+		}
+		if n := strings.Count(strings.TrimSpace(stderr.String()), "\n"); n != 0 {
+			t.Errorf("%v: %d lines: %s", extra, n+1, stderr.String())
 		}
 	}
 }

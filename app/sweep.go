@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -29,23 +30,26 @@ func sweepCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			rest = append(rest, a)
 		}
 	}
+	if slices.Contains(rest, "-h") || slices.Contains(rest, "-help") || slices.Contains(rest, "--help") {
+		fmt.Fprintln(stdout, "server sweep [-reap] [server flags]: report (and with -reap remove) the sandboxes and snapshots no checkpoint or tombstone accounts for; run it with the server stopped")
+		fmt.Fprintln(stdout)
+	}
 	opts, err := ParseArgs(rest, stdout)
 	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stdout, "server sweep [-reap] [server flags]: report (and with -reap remove) the sandboxes and snapshots no checkpoint or tombstone accounts for; run it with the server stopped")
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "server sweep: %v\n", err)
+		ErrorLine(stderr, LogFormatOf(rest), "sweep: "+err.Error())
 		return 2
 	}
 	cfg := opts.Config
 	if cfg.Checkpoint.StateDir == "" {
-		fmt.Fprintln(stderr, "server sweep: checkpoint.state_dir is not set: there is no index to sweep against")
+		ErrorLine(stderr, opts.LogFormat, "sweep: checkpoint.state_dir is not set: there is no index to sweep against")
 		return 2
 	}
 	log, err := NewLogger(stderr, opts.LogFormat, opts.LogLevel)
 	if err != nil {
-		fmt.Fprintf(stderr, "server sweep: %v\n", err)
+		ErrorLine(stderr, opts.LogFormat, "sweep: "+err.Error())
 		return 2
 	}
 	// Read the index before touching the provider: fail closed.

@@ -1,0 +1,59 @@
+package app_test
+
+import (
+	"io"
+	"path/filepath"
+	"sort"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/app"
+)
+
+// TestExamplesLoad: every configuration in examples/ (the ones the README
+// uses) parses and validates, and says what its name promises.
+func TestExamplesLoad(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "examples", "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := map[string]func(c app.Config) bool{
+		"notes.yaml": func(c app.Config) bool { return c.Resources == "notes" && !c.Checkpoint.Enabled },
+		"notes-checkpoints.yaml": func(c app.Config) bool {
+			return c.Resources == "notes" && c.Checkpoint.Enabled && c.Checkpoint.StateDir != ""
+		},
+		"swebench.yaml": func(c app.Config) bool {
+			return c.Resources == "swebench" && !c.SWEBench.IsVerifyingGoldenPatch && c.Checkpoint.StateDir != "" && len(c.SWEBench.Repos) > 0
+		},
+		"swebench-golden.yaml": func(c app.Config) bool {
+			return c.Resources == "swebench" && c.SWEBench.IsVerifyingGoldenPatch && c.NumWorkers > 1
+		},
+	}
+	var names, want []string
+	for _, f := range files {
+		names = append(names, filepath.Base(f))
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			opts, err := app.ParseArgs([]string{"-config", f}, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if check, ok := checks[filepath.Base(f)]; ok && !check(opts.Config) {
+				t.Errorf("%s does not configure what its name says: %+v", f, opts.Config)
+			}
+		})
+	}
+	for n := range checks {
+		want = append(want, n)
+	}
+	sort.Strings(want)
+	for _, n := range names {
+		if checks[n] == nil {
+			want = append(want, n) // a new example: loaded above, no check of its own
+		}
+	}
+	sort.Strings(want)
+	if diff := cmp.Diff(want, names); diff != "" {
+		t.Errorf("examples/ (-want +got):\n%s", diff)
+	}
+}
