@@ -2,6 +2,7 @@ package http
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	nethttp "net/http"
@@ -91,7 +92,26 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 	// The body is copied: fasthttp reuses it after the handler returns,
 	// and a resources server may hand it to the owner's goroutines.
 	body := bytes.Clone(ctx.PostBody())
+	var typed *typedSeed
+	if kind == kindSeed {
+		var err error
+		if typed, err = parseTypedSeed(body); err != nil {
+			s.fail(ctx, err)
+			return
+		}
+	}
 	sess := &Session{ID: s.sessionOf(ctx), Owner: s.own}
+	if typed != nil {
+		// The caller names the session; the cookie follows it, so that
+		// cookie-bound routes (tools, verify) reach the same session.
+		if ep != nil && *ep != typed.episode {
+			s.fail(ctx, Invalid("episode_id %s is not the rollout prefix's %s", typed.episode.CaptureKey(), ep.CaptureKey()))
+			return
+		}
+		sess.ID = typed.ResourcesSessionID
+		s.setCookie(ctx, s.signer.Sign(sess.ID), false)
+		ep = &typed.episode
+	}
 	if ep != nil {
 		sess.Episode, sess.HasEpisode = *ep, true
 	} else if s.part != nil {
@@ -123,6 +143,10 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 			err = Errorf(nethttp.StatusConflict, CodeSessionClosed, "this session was closed; start a new one")
 			break
 		}
+		if typed != nil {
+			reply, err = s.seedTyped(rctx, sess, typed)
+			break
+		}
 		reply, err = s.res.Seed(rctx, sess, body)
 	case kindVerify:
 		reply, err = s.res.Verify(rctx, sess, body)
@@ -136,6 +160,9 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 	if err != nil {
 		s.fail(ctx, err)
 		return
+	}
+	if kind == kindVerify {
+		s.typed.forget(sess.ID)
 	}
 	if s.part != nil {
 		switch {
@@ -174,7 +201,7 @@ func (s *Server) closeSession(ctx context.Context, rc *fasthttp.RequestCtx, sess
 	if id == "" {
 		return nil, Invalid("resources_session_id must not be empty")
 	}
-	if err := validEpisodeField(req.EpisodeID); err != nil {
+	if _, _, err := parseEpisodeField(req.EpisodeID); err != nil {
 		return nil, err
 	}
 	if err := s.endSession(ctx, id); err != nil {
@@ -183,38 +210,12 @@ func (s *Server) closeSession(ctx context.Context, rc *fasthttp.RequestCtx, sess
 	return map[string]string{"resources_session_id": id}, nil
 }
 
-// validEpisodeField accepts an absent or null episode_id, an EpisodeId
-// object, or a capture key.
-func validEpisodeField(raw json.RawMessage) error {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
-		return nil
-	}
-	if raw[0] == '"' {
-		var key string
-		if err := json.Unmarshal(raw, &key); err != nil {
-			return Invalid("episode_id: %s", jsonProblem(err))
-		}
-		if _, err := control.ParseCaptureKey(key); err != nil {
-			return Invalid("episode_id: %v", err)
-		}
-		return nil
-	}
-	var e control.EpisodeID
-	if err := json.Unmarshal(raw, &e); err != nil {
-		return Invalid("episode_id: %s", jsonProblem(err))
-	}
-	if err := e.Validate(); err != nil {
-		return Invalid("episode_id: %v", err)
-	}
-	return nil
-}
-
 func (s *Server) endSession(ctx context.Context, id string) error {
 	if err := s.own.EndSessionSandbox(ctx, id); err != nil {
 		return err
 	}
 	s.closed.add(id)
+	s.typed.forget(id)
 	if s.part != nil {
 		s.part.unbind(id)
 	}
@@ -235,7 +236,7 @@ type Connection struct {
 	Descriptor        map[string]any `json:"descriptor"`
 }
 
-func (s *Server) sandboxAccess(sess *Session) (any, error) {
+func (s *Server) sandboxAccess(sess *Session) (*Access, error) {
 	noAccess := Errorf(nethttp.StatusNotFound, CodeNoSandboxAccess, "this session has no sandbox access")
 	if !s.res.LendsSandboxes() {
 		return nil, noAccess
@@ -244,17 +245,20 @@ func (s *Server) sandboxAccess(sess *Session) (any, error) {
 	if !ok {
 		return nil, noAccess
 	}
-	var specWorkdir any
-	if sb.Spec.Workdir != "" {
-		specWorkdir = sb.Spec.Workdir
+	// The descriptor's workdir is the spec's, as Gym serialises a sandbox;
+	// a spec that names none runs in the provider's default, which is the
+	// sandbox's workdir.
+	var workdir any
+	if w := cmp.Or(sb.Spec.Workdir, sb.Workdir); w != "" {
+		workdir = w
 	}
-	desc := map[string]any{"sandbox_id": sb.Handle.SandboxID, "workdir": specWorkdir}
+	desc := map[string]any{"sandbox_id": sb.Handle.SandboxID, "workdir": workdir}
 	if s.cfg.Access != nil {
 		if err := s.cfg.Access(sess, sb, desc); err != nil {
 			return nil, err
 		}
 	}
-	return Access{
+	return &Access{
 		Connection: Connection{Kind: "direct", ProviderConfigRef: s.cfg.ProviderConfigRef, Descriptor: desc},
 		Workdir:    sb.Workdir,
 	}, nil

@@ -235,7 +235,7 @@ func TestSandboxAccess(t *testing.T) {
 	h.ok(h.post(a, "/seed_session", nil), "seed")
 	got := h.ok(h.post(a, "/sandbox_access", nil), "access")
 	want := map[string]any{
-		"connection": map[string]any{"kind": "direct", "provider_config_ref": "sandbox", "descriptor": map[string]any{"sandbox_id": "sb-1", "workdir": nil}},
+		"connection": map[string]any{"kind": "direct", "provider_config_ref": "sandbox", "descriptor": map[string]any{"sandbox_id": "sb-1", "workdir": fake.DefaultWorkdir}},
 		"workdir":    fake.DefaultWorkdir,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

@@ -56,7 +56,7 @@ const (
 func reserved(route string) bool {
 	switch route {
 	case RouteSeed, RouteVerify, RouteClose, RouteSandboxAccess, RouteHealth,
-		"/aggregate_metrics", "/mcp", "/reverify_mode":
+		RouteAggregateMetrics, "/mcp", RouteReverifyMode, RouteLiveness:
 		return true
 	}
 	return false
@@ -117,6 +117,7 @@ type Server struct {
 	part    *participant // nil with checkpointing off
 	machine *control.Machine
 	closed  *closedSessions
+	typed   *typedSessions
 
 	srv    *fasthttp.Server
 	base   context.Context
@@ -189,6 +190,7 @@ func New(cfg Config) (*Server, error) {
 		tools:      tools,
 		verifyMode: "wait",
 		closed:     newClosedSessions(cfg.Clock, cfg.ClosedRetention),
+		typed:      newTypedSessions(),
 		stopTick:   make(chan struct{}),
 	}
 	if res.VerifyReplayable() {
@@ -313,6 +315,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	switch {
 	case path == RouteHealth:
 		s.health(ctx)
+	case path == RouteLiveness:
+		s.liveness(ctx)
+	case path == RouteReverifyMode:
+		s.reverifyMode(ctx)
+	case path == RouteAggregateMetrics:
+		s.aggregateMetrics(ctx)
 	case strings.HasPrefix(path, ControlPrefix):
 		s.serveControl(ctx, path[len(ControlPrefix):])
 	case strings.HasPrefix(path, RolloutPrefix):

@@ -1,0 +1,243 @@
+package http
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	nethttp "net/http"
+	"regexp"
+	"sync"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sandboxowner/owner/aggregate"
+	"github.com/sandboxowner/owner/control"
+)
+
+// Gym's routes besides the session routes.
+const (
+	RouteLiveness         = "/"
+	RouteAggregateMetrics = "/aggregate_metrics"
+	RouteReverifyMode     = "/reverify_mode"
+
+	// CodeSessionConflict: a typed seed names a session already seeded for
+	// another episode or task.
+	CodeSessionConflict = "session_conflict"
+)
+
+// Reverify modes (Gym's ReverifyMode): whether a rollout can be graded again
+// from its stored verify request.
+const (
+	ReverifyStateless   = "stateless"
+	ReverifyUnsupported = "unsupported"
+)
+
+func (s *Server) liveness(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsGet() && !ctx.IsHead() {
+		methodNotAllowed(ctx, "GET")
+		return
+	}
+	writeJSON(ctx, nethttp.StatusOK, map[string]any{"status": "ok", "name": s.res.Name()})
+}
+
+// reverifyMode answers the mode as Gym does, a bare JSON string: a server
+// whose verify grades what the request carries (VerifyReplayable) can
+// regrade; one that grades a sandbox it then ends cannot.
+func (s *Server) reverifyMode(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsGet() && !ctx.IsHead() {
+		methodNotAllowed(ctx, "GET")
+		return
+	}
+	mode := ReverifyUnsupported
+	if s.res.VerifyReplayable() {
+		mode = ReverifyStateless
+	}
+	writeJSON(ctx, nethttp.StatusOK, mode)
+}
+
+// aggregateMetrics computes Gym's aggregate of verify responses. It touches
+// no session: no cookie, no admission.
+func (s *Server) aggregateMetrics(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsPost() {
+		methodNotAllowed(ctx, "POST")
+		return
+	}
+	var req struct {
+		VerifyResponses *[]map[string]any `json:"verify_responses"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(ctx.PostBody()))
+	dec.UseNumber()
+	if err := dec.Decode(&req); err != nil {
+		s.fail(ctx, Invalid("%s", jsonProblem(err)))
+		return
+	}
+	if req.VerifyResponses == nil {
+		s.fail(ctx, Invalid("verify_responses is required"))
+		return
+	}
+	m, err := aggregate.Compute(*req.VerifyResponses)
+	if err != nil {
+		s.fail(ctx, Invalid("%v", err))
+		return
+	}
+	writeJSON(ctx, nethttp.StatusOK, m)
+}
+
+// typedSeed is Gym's ResourcesSeedSessionRequest: the session is named by
+// the caller and bound to an episode and a task; task_data is the row.
+type typedSeed struct {
+	ResourcesSessionID string          `json:"resources_session_id"`
+	EpisodeID          json.RawMessage `json:"episode_id"`
+	TaskID             *TaskID         `json:"task_id"`
+	TaskData           json.RawMessage `json:"task_data"`
+
+	episode control.EpisodeID
+}
+
+// TaskID names a task of a taskset.
+type TaskID struct {
+	Taskset string `json:"taskset"`
+	TaskID  string `json:"task_id"`
+}
+
+// TypedSeedReply is Gym's ResourcesSeedSessionResponse.
+type TypedSeedReply struct {
+	ResourcesSessionID string `json:"resources_session_id"`
+	// ResourcesTools is null: tools are this server's own routes.
+	ResourcesTools any `json:"resources_tools"`
+	// SandboxAccess is what /sandbox_access answers (null for a server
+	// that lends no sandbox).
+	SandboxAccess *Access `json:"sandbox_access"`
+}
+
+// sessionIDPattern bounds a caller-named session id: it becomes a sandbox
+// label and a cookie.
+var sessionIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
+
+// parseTypedSeed returns the typed request a seed body holds, or nil for a
+// legacy body (a dataset row, which never has resources_session_id). A typed
+// body is strict: extra keys, a missing field or a bad id are a 422.
+func parseTypedSeed(body []byte) (*typedSeed, error) {
+	var probe map[string]json.RawMessage
+	if json.Unmarshal(body, &probe) != nil {
+		return nil, nil // not an object: the resources server judges it
+	}
+	if _, ok := probe["resources_session_id"]; !ok {
+		return nil, nil
+	}
+	var t typedSeed
+	if err := decodeControl(body, &t); err != nil {
+		return nil, err
+	}
+	switch {
+	case !sessionIDPattern.MatchString(t.ResourcesSessionID):
+		return nil, Invalid("resources_session_id must match %s", sessionIDPattern)
+	case t.TaskID == nil || t.TaskID.Taskset == "" || t.TaskID.TaskID == "":
+		return nil, Invalid("task_id {taskset, task_id} is required")
+	case len(bytes.TrimSpace(t.TaskData)) == 0 || bytes.TrimSpace(t.TaskData)[0] != '{':
+		return nil, Invalid("task_data must be an object")
+	}
+	ep, ok, err := parseEpisodeField(t.EpisodeID)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, Invalid("episode_id is required")
+	}
+	t.episode = ep
+	return &t, nil
+}
+
+// parseEpisodeField reads an episode_id: an EpisodeId object or a capture
+// key; absent or null is no episode.
+func parseEpisodeField(raw json.RawMessage) (control.EpisodeID, bool, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return control.EpisodeID{}, false, nil
+	}
+	if raw[0] == '"' {
+		var key string
+		if err := json.Unmarshal(raw, &key); err != nil {
+			return control.EpisodeID{}, false, Invalid("episode_id: %s", jsonProblem(err))
+		}
+		e, err := control.ParseCaptureKey(key)
+		if err != nil {
+			return control.EpisodeID{}, false, Invalid("episode_id: %v", err)
+		}
+		return e, true, nil
+	}
+	var e control.EpisodeID
+	if err := json.Unmarshal(raw, &e); err != nil {
+		return control.EpisodeID{}, false, Invalid("episode_id: %s", jsonProblem(err))
+	}
+	if err := e.Validate(); err != nil {
+		return control.EpisodeID{}, false, Invalid("episode_id: %v", err)
+	}
+	return e, true, nil
+}
+
+// typedBinding is what a typed session was seeded for.
+type typedBinding struct {
+	episode string
+	task    TaskID
+}
+
+// typedSessions remembers each typed session's episode and task, so that a
+// repeated seed is idempotent and one for another episode or task is
+// refused.
+type typedSessions struct {
+	mu    sync.Mutex
+	bound map[string]typedBinding
+}
+
+func newTypedSessions() *typedSessions { return &typedSessions{bound: map[string]typedBinding{}} }
+
+// claim binds id to b; fresh reports whether it was unbound before.
+func (t *typedSessions) claim(id string, b typedBinding) (fresh bool, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.bound[id]; ok {
+		if old != b {
+			return false, Errorf(nethttp.StatusConflict, CodeSessionConflict,
+				"session %s was seeded for episode %s, task %s/%s", id, old.episode, old.task.Taskset, old.task.TaskID)
+		}
+		return false, nil
+	}
+	t.bound[id] = b
+	return true, nil
+}
+
+func (t *typedSessions) forget(id string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.bound, id)
+}
+
+// seedTyped serves a typed seed: the resources server seeds the session
+// from task_data, and the reply carries the sandbox access.
+func (s *Server) seedTyped(ctx context.Context, sess *Session, t *typedSeed) (any, error) {
+	fresh, err := s.typed.claim(sess.ID, typedBinding{episode: t.episode.CaptureKey(), task: *t.TaskID})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.res.Seed(ctx, sess, t.TaskData); err != nil {
+		if fresh {
+			s.typed.forget(sess.ID)
+		}
+		return nil, err
+	}
+	rep := TypedSeedReply{ResourcesSessionID: sess.ID}
+	if s.res.LendsSandboxes() {
+		a, err := s.sandboxAccess(sess)
+		var he *Error
+		switch {
+		case errors.As(err, &he) && he.Code == CodeNoSandboxAccess:
+		case err != nil:
+			return nil, err
+		default:
+			rep.SandboxAccess = a
+		}
+	}
+	return rep, nil
+}
