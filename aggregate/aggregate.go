@@ -20,7 +20,6 @@ const (
 	RolloutIndexKey = "_ng_rollout_index"
 )
 
-
 // Request is the /aggregate_metrics body.
 type Request struct {
 	VerifyResponses []map[string]any `json:"verify_responses"`
