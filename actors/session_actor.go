@@ -82,7 +82,13 @@ func (a *sessionActor) Receive(ctx actor.Context) {
 	case startDone, doDone, snapshotDone, stopDone, renewDone:
 		a.perform(ctx, a.s.Step(m, nil))
 	default:
-		a.perform(ctx, a.s.Step(m, ctx.Sender()))
+		// An asker outside the actor system waits on the slot its request
+		// carries; an actor (the coordinator) on its PID.
+		var sender any = ctx.Sender()
+		if r := messages.ReplySlot(m); r != nil {
+			sender = r
+		}
+		a.perform(ctx, a.s.Step(m, sender))
 	}
 }
 
@@ -120,8 +126,13 @@ func (a *sessionActor) perform(ctx actor.Context, effects []any) {
 	for _, e := range effects {
 		switch e := e.(type) {
 		case effReply:
-			if pid, ok := e.To.(*actor.PID); ok && pid != nil {
-				ctx.Send(pid, e.Msg)
+			switch to := e.To.(type) {
+			case messages.ReplyTo:
+				to.Deliver(e.Msg)
+			case *actor.PID:
+				if to != nil {
+					ctx.Send(to, e.Msg)
+				}
 			}
 		case effStart:
 			go a.start(e, feed)

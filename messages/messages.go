@@ -50,6 +50,49 @@ const (
 	StopPark   StopReason = "park"   // a commit with stop: true parked it
 )
 
+// --- replies to askers outside the actor system ---
+
+// ReplyTo is where an asker that is not an actor waits for its request's one
+// answer: a channel with room for it (capacity 1), so that the answering
+// actor never blocks. A request whose ReplyTo is nil is answered to its
+// protoactor sender instead.
+type ReplyTo chan any
+
+// Deliver puts the answer in the slot, or drops it if the slot already
+// holds one (which a correct actor never causes).
+func (r ReplyTo) Deliver(msg any) {
+	select {
+	case r <- msg:
+	default:
+	}
+}
+
+// Undelivered is what a ReplyTo receives when its request reached no actor
+// (the actor had stopped): the request was not acted on.
+type Undelivered struct{}
+
+// ReplySlot returns the ReplyTo a request carries (nil for a message that
+// carries none).
+func ReplySlot(msg any) ReplyTo {
+	switch m := msg.(type) {
+	case *StartSandbox:
+		return m.Reply
+	case *Do:
+		return m.Reply
+	case *GetSandbox:
+		return m.Reply
+	case *StopSandbox:
+		return m.Reply
+	case *SpawnSession:
+		return m.Reply
+	case *LookupSession:
+		return m.Reply
+	case *ListSessions:
+		return m.Reply
+	}
+	return nil
+}
+
 // --- session actor requests ---
 
 // StartSandbox asks a session to start its sandbox and run setup.
@@ -60,6 +103,7 @@ type StartSandbox struct {
 	Spec    provider.Spec
 	Setup   SetupFunc
 	Workdir string
+	Reply   ReplyTo
 }
 
 // StartReply answers StartSandbox.
@@ -78,6 +122,7 @@ type Do struct {
 	Ctx   context.Context
 	ReqID uint64
 	Fn    DoFunc
+	Reply ReplyTo
 }
 
 // DoReply answers Do.
@@ -87,7 +132,9 @@ type DoReply struct {
 }
 
 // GetSandbox asks a session for its sandbox.
-type GetSandbox struct{}
+type GetSandbox struct {
+	Reply ReplyTo
+}
 
 // GetSandboxReply answers GetSandbox.
 type GetSandboxReply struct {
@@ -104,6 +151,7 @@ type GetSandboxReply struct {
 type StopSandbox struct {
 	ReqID  uint64
 	Reason StopReason
+	Reply  ReplyTo
 }
 
 // StopReply answers StopSandbox. Stopped lists the sandbox that was stopped,
@@ -157,11 +205,13 @@ type SpawnSession struct {
 	Install *Sandbox
 	// Snapshots are the snapshot ids the installed sandbox stands on.
 	Snapshots []string
+	Reply     ReplyTo
 }
 
 // LookupSession asks the supervisor for a session's actor.
 type LookupSession struct {
 	SessionID string
+	Reply     ReplyTo
 }
 
 // SessionRef answers SpawnSession and LookupSession. PID is nil when the
@@ -190,7 +240,9 @@ type ForgetSession struct {
 type SessionForgotten struct{}
 
 // ListSessions asks the supervisor for the live set.
-type ListSessions struct{}
+type ListSessions struct {
+	Reply ReplyTo
+}
 
 // SessionList answers ListSessions, sorted by session id.
 type SessionList struct {

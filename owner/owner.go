@@ -167,6 +167,10 @@ type Owner struct {
 
 	fates *fateMemory
 
+	// replies recycles the reply slots of answered requests (a slot whose
+	// asker gave up is dropped: its answer may still come).
+	replies chan messages.ReplyTo
+
 	// base bounds the provider calls the owner makes on its own; Abandon
 	// cancels it, as a crash ends them.
 	base       context.Context
@@ -213,6 +217,7 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 		limiter:     actors.NewLimiter(cfg.Checkpoint.Parallelism),
 		fates:       newFateMemory(cfg.FateMemory),
 		closed:      make(chan struct{}),
+		replies:     make(chan messages.ReplyTo, maxFreeReplies),
 	}
 	o.base, o.cancelBase = context.WithCancel(context.Background())
 	mode, err := o.decideMode()
@@ -295,6 +300,15 @@ func (o *Owner) startActors() {
 			return actors.NewSession(sessionID)
 		})
 	}
+	// A request sent to an actor that has stopped is a dead letter: answer
+	// its slot, so that its asker learns at once that nobody acted on it.
+	o.system.EventStream.Subscribe(func(ev any) {
+		if d, ok := ev.(*actor.DeadLetterEvent); ok {
+			if r := messages.ReplySlot(d.Message); r != nil {
+				r.Deliver(messages.Undelivered{})
+			}
+		}
+	})
 	root := o.system.Root
 	o.dir = supervisor.NewDirectory()
 	o.sup, _ = root.SpawnNamed(supervisor.PropsWithDirectory(props, o.dir), "sessions")
@@ -324,7 +338,9 @@ func (o *Owner) Index() *snapshotindex.Index { return o.index }
 
 const askTimeout = time.Hour
 
-// ask sends msg to pid and waits for the reply, bounded by ctx.
+// ask sends msg to pid and waits for the reply through a protoactor future,
+// bounded by ctx. For messages that carry no reply slot (the
+// coordinator's); the per-request paths use call.
 func (o *Owner) ask(ctx context.Context, pid *actor.PID, msg any) (any, error) {
 	select {
 	case <-o.closed:
@@ -361,11 +377,59 @@ func (o *Owner) ask(ctx context.Context, pid *actor.PID, msg any) (any, error) {
 	}
 }
 
-// supervisorAsk is for the supervisor, which answers at once.
-func (o *Owner) supervisorAsk(msg any) (any, error) {
+// maxFreeReplies bounds the reply slots kept for reuse.
+const maxFreeReplies = 4096
+
+// slot is a reply slot for one request, reused or new; call recycles it
+// once answered.
+func (o *Owner) slot() messages.ReplyTo {
+	select {
+	case r := <-o.replies:
+		return r
+	default:
+		return make(messages.ReplyTo, 1)
+	}
+}
+
+func (o *Owner) recycle(r messages.ReplyTo) {
+	select {
+	case o.replies <- r:
+	default:
+	}
+}
+
+// call sends msg, which carries reply (from slot), to pid and waits for the
+// answer, ctx's end or the owner's close: no future, no goroutine. A
+// request that reached no actor fails with actor.ErrDeadLetter (see gone).
+func (o *Owner) call(ctx context.Context, pid *actor.PID, msg any, reply messages.ReplyTo) (any, error) {
+	select {
+	case <-o.closed:
+		return nil, ErrClosed
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	o.system.Root.Send(pid, msg)
+	select {
+	case v := <-reply:
+		o.recycle(reply)
+		if _, ok := v.(messages.Undelivered); ok {
+			return nil, fmt.Errorf("actor %s: %w", pid.Id, actor.ErrDeadLetter)
+		}
+		return v, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-o.closed:
+		return nil, ErrClosed
+	}
+}
+
+// supervisorCall is call for the supervisor, which answers at once.
+func (o *Owner) supervisorCall(msg any, reply messages.ReplyTo) (any, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	return o.ask(ctx, o.sup, msg)
+	return o.call(ctx, o.sup, msg, reply)
 }
 
 // lookup finds the session's actor in the supervisor's directory, without a
@@ -385,7 +449,8 @@ func (o *Owner) lookup(sessionID string) (*actor.PID, error) {
 func gone(err error) bool { return errors.Is(err, actor.ErrDeadLetter) }
 
 func (o *Owner) spawn(sessionID string, install *messages.Sandbox, snapshots []string) (*messages.SessionRef, error) {
-	v, err := o.supervisorAsk(&messages.SpawnSession{SessionID: sessionID, Install: install, Snapshots: snapshots})
+	r := o.slot()
+	v, err := o.supervisorCall(&messages.SpawnSession{SessionID: sessionID, Install: install, Snapshots: snapshots, Reply: r}, r)
 	if err != nil {
 		return nil, err
 	}
@@ -397,7 +462,8 @@ func (o *Owner) spawn(sessionID string, install *messages.Sandbox, snapshots []s
 }
 
 func (o *Owner) sessions() ([]messages.SessionRef, error) {
-	v, err := o.supervisorAsk(&messages.ListSessions{})
+	r := o.slot()
+	v, err := o.supervisorCall(&messages.ListSessions{Reply: r}, r)
 	if err != nil {
 		return nil, err
 	}
@@ -406,7 +472,8 @@ func (o *Owner) sessions() ([]messages.SessionRef, error) {
 
 // view asks a session for its sandbox.
 func (o *Owner) view(ctx context.Context, pid *actor.PID) (*messages.GetSandboxReply, error) {
-	v, err := o.ask(ctx, pid, &messages.GetSandbox{})
+	r := o.slot()
+	v, err := o.call(ctx, pid, &messages.GetSandbox{Reply: r}, r)
 	if err != nil {
 		return nil, err
 	}
@@ -454,7 +521,8 @@ func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec 
 			return Sandbox{}, err
 		}
 		pid := ref.PID.(*actor.PID)
-		v, err := o.ask(ctx, pid, &messages.StartSandbox{Ctx: ctx, Spec: spec, Setup: setup, Workdir: workdir})
+		r := o.slot()
+		v, err := o.call(ctx, pid, &messages.StartSandbox{Ctx: ctx, Spec: spec, Setup: setup, Workdir: workdir, Reply: r}, r)
 		if err != nil {
 			return Sandbox{}, err
 		}
@@ -485,7 +553,8 @@ func (o *Owner) forget(sessionID string, pid *actor.PID) {
 // reaching one on its way out (a message queued behind its poison pill is
 // dropped, and its asker waits out its timeout).
 func (o *Owner) settle() {
-	_, _ = o.supervisorAsk(&messages.LookupSession{})
+	r := o.slot()
+	_, _ = o.supervisorCall(&messages.LookupSession{Reply: r}, r)
 }
 
 // SessionSandbox returns the session's sandbox, including one a restore
@@ -534,7 +603,8 @@ func (o *Owner) Do(ctx context.Context, sessionID string, fn DoFunc) error {
 	if pid == nil {
 		return fmt.Errorf("%w: session %q", ErrNoSessionSandbox, sessionID)
 	}
-	v, err := o.ask(ctx, pid, &messages.Do{Ctx: ctx, Fn: fn})
+	r := o.slot()
+	v, err := o.call(ctx, pid, &messages.Do{Ctx: ctx, Fn: fn, Reply: r}, r)
 	if gone(err) {
 		return fmt.Errorf("%w: session %q", ErrNoSessionSandbox, sessionID)
 	}
@@ -565,7 +635,8 @@ func (o *Owner) stopSession(ctx context.Context, sessionID string, reason messag
 	if err != nil || pid == nil {
 		return nil, err
 	}
-	v, err := o.ask(ctx, pid, &messages.StopSandbox{Reason: reason})
+	r := o.slot()
+	v, err := o.call(ctx, pid, &messages.StopSandbox{Reason: reason, Reply: r}, r)
 	if gone(err) {
 		return nil, nil // ended meanwhile: nothing held
 	}

@@ -120,25 +120,25 @@ func (s *supervisor) Receive(ctx actor.Context) {
 			if m.Install != nil {
 				ref.Err = ErrSessionExists
 			}
-			ctx.Respond(ref)
+			respond(ctx, m.Reply, ref)
 			return
 		}
 		s.next++
 		pid, err := ctx.SpawnNamed(s.props(m.SessionID, m.Install, m.Snapshots), fmt.Sprintf("s%d", s.next))
 		if err != nil {
-			ctx.Respond(&messages.SessionRef{SessionID: m.SessionID, Err: err})
+			respond(ctx, m.Reply, &messages.SessionRef{SessionID: m.SessionID, Err: err})
 			return
 		}
 		s.byID[m.SessionID] = pid
 		s.byPID[pid.Id] = m.SessionID
 		s.dir.set(m.SessionID, pid)
-		ctx.Respond(&messages.SessionRef{SessionID: m.SessionID, PID: pid, Spawned: true})
+		respond(ctx, m.Reply, &messages.SessionRef{SessionID: m.SessionID, PID: pid, Spawned: true})
 	case *messages.LookupSession:
 		ref := &messages.SessionRef{SessionID: m.SessionID}
 		if pid, ok := s.byID[m.SessionID]; ok {
 			ref.PID = pid
 		}
-		ctx.Respond(ref)
+		respond(ctx, m.Reply, ref)
 	case *messages.ForgetSession:
 		pid, ok := s.byID[m.SessionID]
 		if !ok {
@@ -167,7 +167,7 @@ func (s *supervisor) Receive(ctx actor.Context) {
 			list.Sessions = append(list.Sessions, messages.SessionRef{SessionID: id, PID: pid})
 		}
 		sort.Slice(list.Sessions, func(i, j int) bool { return list.Sessions[i].SessionID < list.Sessions[j].SessionID })
-		ctx.Respond(list)
+		respond(ctx, m.Reply, list)
 	case *actor.Terminated:
 		// A child that stopped without being forgotten (it panicked).
 		if id, ok := s.byPID[m.Who.Id]; ok {
@@ -178,4 +178,14 @@ func (s *supervisor) Receive(ctx actor.Context) {
 			}
 		}
 	}
+}
+
+// respond answers a request in its reply slot, or to its sender when it
+// carries none.
+func respond(ctx actor.Context, reply messages.ReplyTo, msg any) {
+	if reply != nil {
+		reply.Deliver(msg)
+		return
+	}
+	ctx.Respond(msg)
 }
