@@ -1,0 +1,25 @@
+// Package opensandbox is the sandbox provider for an OpenSandbox server
+// (Kubernetes or Docker): a client of its lifecycle API and of each
+// sandbox's execd, written from the OpenAPI specs.
+//
+// A sandbox is created with exactly one of image{uri} or snapshotId, this
+// provider's entrypoint, a timeout (the lease, renewed by the owner with an
+// absolute expiresAt), resourceLimits and the owner's labels as metadata
+// (Kubernetes label grammar; values that break it travel encoded). Creation
+// answers 202; Start polls until Running, Failed or the ready deadline, then
+// until execd answers /ping, and deletes a sandbox that does not come up.
+// A snapshot keeps the rootfs only, never processes; a fork is a create from
+// its snapshotId. Commands, uploads and downloads go to execd at the endpoint
+// of port 44772, with the headers the endpoint names.
+//
+// Calls that fail with 408, 425, 429, 5xx or a connection error are retried
+// with jittered backoff (at least Retry-After). A create or snapshot retried
+// after a failure that may have taken effect first looks for what the first
+// attempt made (by a token in its metadata or name), so nothing is made
+// twice. A command is never sent twice. Creates and snapshots in flight are
+// bounded; the rest queue in the client, so that the server's two capture
+// workers are never handed more than they can finish before a deadline.
+//
+// A sandbox that is gone (deleted, or its lease ran out) is reported as an
+// error wrapping provider.ErrSandboxNotFound.
+package opensandbox

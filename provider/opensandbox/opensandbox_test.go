@@ -1,0 +1,501 @@
+package opensandbox_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"net/http"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/opensandbox"
+	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
+)
+
+var t0 = time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)
+
+const key = "test-key"
+
+// env is a fake server and a client on one manual clock: every wait of the
+// client advances the clock instead of sleeping.
+type env struct {
+	clk    *clock.Manual
+	srv    *opensandboxtest.Server
+	p      *opensandbox.Provider
+	mu     sync.Mutex
+	sleeps []time.Duration
+}
+
+func newEnv(t *testing.T, sopts opensandboxtest.Options, popts opensandbox.Options) *env {
+	t.Helper()
+	e := &env{clk: clock.NewManual(t0)}
+	sopts.Clock, sopts.APIKey = e.clk, key
+	if sopts.CreateLatency == 0 {
+		sopts.CreateLatency = 3 * time.Second
+	}
+	if sopts.SnapshotLatency == 0 {
+		sopts.SnapshotLatency = 5 * time.Second
+	}
+	e.srv = opensandboxtest.NewServer(sopts)
+	t.Cleanup(e.srv.Close)
+	popts.Domain, popts.APIKey, popts.Clock, popts.Seed = e.srv.Domain, key, e.clk, 1
+	if popts.PollInterval == 0 {
+		popts.PollInterval = time.Second
+	}
+	popts.Sleep = func(ctx context.Context, d time.Duration) error {
+		e.mu.Lock()
+		e.sleeps = append(e.sleeps, d)
+		e.mu.Unlock()
+		e.clk.Advance(d)
+		runtime.Gosched()
+		return ctx.Err()
+	}
+	p, err := opensandbox.New(popts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.p = p
+	t.Cleanup(func() {
+		if v := e.srv.Violations(); len(v) > 0 {
+			t.Errorf("requests that break the spec:\n%v", v)
+		}
+	})
+	return e
+}
+
+func (e *env) start(t *testing.T, spec provider.Spec) provider.Handle {
+	t.Helper()
+	if spec.Image == "" {
+		spec.Image = "python:3.11"
+	}
+	h, err := e.p.Start(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	return h
+}
+
+func (e *env) exec(t *testing.T, h provider.Handle, cmd string) provider.ExecResult {
+	t.Helper()
+	res, err := e.p.Exec(context.Background(), h, provider.ExecRequest{Command: cmd})
+	if err != nil {
+		t.Fatalf("Exec(%q): %v", cmd, err)
+	}
+	return res
+}
+
+func TestStartExecFilesStop(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		lower bool
+		proxy bool
+	}{{"spec casing, direct", false, false}, {"lower-case states, server proxy", true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, opensandboxtest.Options{LowerCaseStates: tc.lower}, opensandbox.Options{UseServerProxy: tc.proxy})
+			md := map[string]string{"ng.owner": "notes", "ng.restore": "ckpt:1/with spaces"}
+			h := e.start(t, provider.Spec{Files: map[string]string{"notes.txt": "hello\n"}, Metadata: md, TTLSeconds: 600})
+			if h.Provider != opensandbox.Name || h.SandboxID == "" {
+				t.Fatalf("handle %+v", h)
+			}
+			// Start waited through Pending: the sandbox was polled
+			// more than once.
+			if n := e.srv.Stats().Requests["GET /sandboxes/{id}"]; n < 2 {
+				t.Errorf("polled %d times, want at least 2 (Pending, then Running)", n)
+			}
+			if got := e.exec(t, h, "cat notes.txt"); got.Stdout != "hello\n" || got.ExitCode != 0 {
+				t.Errorf("cat = %+v", got)
+			}
+			if got := e.exec(t, h, "cat /workspace/missing"); got.ExitCode == 0 || got.Stderr == "" {
+				t.Errorf("cat missing = %+v, want a failure with stderr", got)
+			}
+			if got := e.exec(t, h, "exit 3"); got.ExitCode != 3 {
+				t.Errorf("exit 3 = %+v", got)
+			}
+			ctx := context.Background()
+			if err := e.p.WriteFile(ctx, h, "sub/a.txt", []byte("A")); err != nil {
+				t.Fatal(err)
+			}
+			if b, err := e.p.ReadFile(ctx, h, "/workspace/sub/a.txt"); err != nil || string(b) != "A" {
+				t.Errorf("ReadFile = %q, %v", b, err)
+			}
+			if _, err := e.p.ReadFile(ctx, h, "nope"); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("ReadFile(missing) = %v, want fs.ErrNotExist", err)
+			}
+			if st, err := e.p.Status(ctx, h); err != nil || st != provider.StatusRunning {
+				t.Errorf("Status = %v, %v", st, err)
+			}
+			// The labels come back as they were set, though one value
+			// had to travel encoded.
+			sbs, err := e.p.ListSandboxes(ctx)
+			if err != nil || len(sbs) != 1 {
+				t.Fatalf("ListSandboxes = %v, %v", sbs, err)
+			}
+			if diff := cmp.Diff(md, sbs[0].Metadata); diff != "" {
+				t.Errorf("listed metadata (-want +got):\n%s", diff)
+			}
+			if want := t0.Add(600 * time.Second); !sbs[0].ExpiresAt.Equal(want) {
+				t.Errorf("expiresAt %v, want %v (the spec's ttl)", sbs[0].ExpiresAt, want)
+			}
+			if err := e.p.Stop(ctx, h); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.p.Stop(ctx, h); err != nil {
+				t.Errorf("second Stop = %v, want success (404 is gone)", err)
+			}
+			if _, err := e.p.Status(ctx, h); !errors.Is(err, provider.ErrSandboxNotFound) {
+				t.Errorf("Status after Stop = %v", err)
+			}
+			if _, err := e.p.Exec(ctx, h, provider.ExecRequest{Command: "true"}); !errors.Is(err, provider.ErrSandboxNotFound) {
+				t.Errorf("Exec after Stop = %v, want ErrSandboxNotFound", err)
+			}
+			if _, err := e.p.ReadFile(ctx, h, "notes.txt"); !errors.Is(err, provider.ErrSandboxNotFound) {
+				t.Errorf("ReadFile after Stop = %v, want ErrSandboxNotFound", err)
+			}
+			if n := e.srv.Stats().LiveSandboxes; n != 0 {
+				t.Errorf("%d sandboxes left", n)
+			}
+		})
+	}
+}
+
+// TestCreateRequest checks what a create sends: the image through the
+// images map, our entrypoint, the timeout and resources.
+func TestCreateRequest(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{
+		Images: map[string]string{"notes": "registry.example/notes:1"}, CPU: "500m", Memory: "512Mi", TTL: 90 * time.Second,
+	})
+	h := e.start(t, provider.Spec{Image: "notes"})
+	var seen map[string]any
+	for _, r := range e.srv.Requests("POST /sandboxes") {
+		if err := json.Unmarshal(r, &seen); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if seen == nil {
+		t.Fatal("no create request recorded")
+	}
+	delete(seen["metadata"].(map[string]any), "sandboxowner.io/create")
+	want := map[string]any{
+		"image":          map[string]any{"uri": "registry.example/notes:1"},
+		"entrypoint":     []any{"tail", "-f", "/dev/null"},
+		"timeout":        float64(90),
+		"resourceLimits": map[string]any{"cpu": "500m", "memory": "512Mi"},
+		"metadata":       map[string]any{},
+	}
+	if diff := cmp.Diff(want, seen); diff != "" {
+		t.Errorf("create body (-want +got):\n%s", diff)
+	}
+	// A spec's own resources win.
+	e.start(t, provider.Spec{Image: "x", Resources: &provider.Resources{CPU: 1.5, MemoryMiB: 1024}})
+	reqs := e.srv.Requests("POST /sandboxes")
+	_ = json.Unmarshal(reqs[len(reqs)-1], &seen)
+	if diff := cmp.Diff(map[string]any{"cpu": "1500m", "memory": "1024Mi"}, seen["resourceLimits"]); diff != "" {
+		t.Errorf("resourceLimits (-want +got):\n%s", diff)
+	}
+	_ = h
+}
+
+func TestStartThatFailsIsDeleted(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	e.srv.FailNextCreates(1)
+	if _, err := e.p.Start(context.Background(), provider.Spec{Image: "x"}); err == nil {
+		t.Fatal("Start of a sandbox that fails succeeded")
+	}
+	st := e.srv.Stats()
+	if st.Created != 1 || st.Deleted != 1 || st.LiveSandboxes != 0 {
+		t.Errorf("created %d, deleted %d, live %d: want the failed sandbox deleted", st.Created, st.Deleted, st.LiveSandboxes)
+	}
+}
+
+func TestStartPastReadyDeadlineIsDeleted(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{CreateLatency: time.Hour}, opensandbox.Options{ReadyTimeout: 30 * time.Second})
+	_, err := e.p.Start(context.Background(), provider.Spec{Image: "x"})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Start = %v, want a deadline error", err)
+	}
+	if st := e.srv.Stats(); st.LiveSandboxes != 0 || st.Deleted != 1 {
+		t.Errorf("live %d, deleted %d: want the late sandbox deleted", st.LiveSandboxes, st.Deleted)
+	}
+	if now := e.clk.Now(); now.Sub(t0) > 32*time.Second {
+		t.Errorf("gave up after %v, want about the 30s ready timeout", now.Sub(t0))
+	}
+}
+
+func TestSnapshotForkDelete(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{ListLabels: map[string]string{"ng.owner": "me"}})
+	ctx := context.Background()
+	h := e.start(t, provider.Spec{Metadata: map[string]string{"ng.owner": "me", "ng.session": "s1"}})
+	if err := e.p.WriteFile(ctx, h, "state.txt", []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	sid, err := e.p.Snapshot(ctx, h, "ck-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.p.WriteFile(ctx, h, "state.txt", []byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	snaps, err := e.p.ListSnapshots(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []provider.SnapshotInfo{{ID: sid, Name: "ck-1", SandboxID: h.SandboxID, Metadata: map[string]string{"ng.owner": "me", "ng.session": "s1"}, CreatedAt: snaps[0].CreatedAt}}
+	if diff := cmp.Diff(want, snaps); diff != "" {
+		t.Errorf("ListSnapshots (-want +got):\n%s", diff)
+	}
+	for i := 0; i < 2; i++ {
+		f, err := e.p.Fork(ctx, provider.Spec{Metadata: map[string]string{"ng.owner": "me"}}, sid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, err := e.p.ReadFile(ctx, f, "state.txt"); err != nil || string(b) != "before" {
+			t.Errorf("fork %d reads %q, %v; want the snapshot's contents", i, b, err)
+		}
+	}
+	if err := e.p.DeleteSnapshot(ctx, sid); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.p.DeleteSnapshot(ctx, sid); err != nil {
+		t.Errorf("second DeleteSnapshot = %v, want success", err)
+	}
+	if _, err := e.p.Fork(ctx, provider.Spec{}, sid); !errors.Is(err, provider.ErrSnapshotNotFound) {
+		t.Errorf("Fork from a deleted snapshot = %v, want ErrSnapshotNotFound", err)
+	}
+	if n := e.srv.Stats().LiveSnapshots; n != 0 {
+		t.Errorf("%d snapshots left", n)
+	}
+}
+
+func TestFailedSnapshotIsAnErrorAndDeleted(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	h := e.start(t, provider.Spec{})
+	e.srv.FailNextSnapshots(1)
+	if _, err := e.p.Snapshot(context.Background(), h, "x"); err == nil {
+		t.Fatal("a snapshot that failed was reported ready")
+	}
+	if n := e.srv.Stats().LiveSnapshots; n != 0 {
+		t.Errorf("%d snapshots left, want the failed one deleted", n)
+	}
+}
+
+func TestDeleteSnapshotWhileCreatingIsRetried(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{SnapshotLatency: time.Minute}, opensandbox.Options{})
+	h := e.start(t, provider.Spec{})
+	sid := rawSnapshot(t, e.srv, h.SandboxID)
+	if err := e.p.DeleteSnapshot(context.Background(), sid); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.srv.Stats().Requests["DELETE /snapshots/{id}"]; n < 2 {
+		t.Errorf("%d deletes, want a refused one and a later one", n)
+	}
+	if ids := e.srv.SnapshotIDs(); len(ids) != 0 {
+		t.Errorf("snapshots left: %v", ids)
+	}
+	if e.clk.Now().Sub(t0) < time.Minute {
+		t.Error("deleted before the capture ended")
+	}
+}
+
+// rawSnapshot asks for a snapshot directly, returning its id while it is
+// still Creating.
+func rawSnapshot(t *testing.T, srv *opensandboxtest.Server, sandboxID string) string {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/sandboxes/"+sandboxID+"/snapshots", bytes.NewReader([]byte(`{}`)))
+	req.Header.Set(opensandbox.APIKeyHeader, key)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var doc struct {
+		ID string `json:"id"`
+	}
+	if res.StatusCode != http.StatusAccepted || json.NewDecoder(res.Body).Decode(&doc) != nil {
+		t.Fatalf("snapshot: %d", res.StatusCode)
+	}
+	return doc.ID
+}
+
+func TestRetriesHonourRetryAfter(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	h := e.start(t, provider.Spec{})
+	e.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Path: "/v1/sandboxes/" + h.SandboxID, Status: 503, RetryAfter: 7, Times: 2})
+	e.mu.Lock()
+	e.sleeps = nil
+	e.mu.Unlock()
+	if st, err := e.p.Status(context.Background(), h); err != nil || st != provider.StatusRunning {
+		t.Fatalf("Status through two 503s = %v, %v", st, err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.sleeps) != 2 || e.sleeps[0] < 7*time.Second || e.sleeps[1] < 7*time.Second {
+		t.Errorf("waits %v, want two of at least Retry-After 7s", e.sleeps)
+	}
+}
+
+func TestRetriesGiveUp(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{MaxRetries: 2})
+	h := e.start(t, provider.Spec{})
+	e.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Path: "/v1/sandboxes/" + h.SandboxID, Status: 500, Times: 5})
+	before := e.srv.Stats().Requests["GET /sandboxes/{id}"]
+	_, err := e.p.Status(context.Background(), h)
+	var aerr *opensandbox.APIError
+	if !errors.As(err, &aerr) || aerr.Status != 500 {
+		t.Fatalf("Status = %v, want the last 500", err)
+	}
+	if n := e.srv.Stats().Requests["GET /sandboxes/{id}"] - before; n != 3 {
+		t.Errorf("%d GETs, want 3 (1 + 2 retries)", n)
+	}
+}
+
+// A create whose answer is lost after it took effect is not made twice.
+func TestCreateRetryAdoptsTheFirstAttempt(t *testing.T) {
+	for _, f := range []opensandboxtest.Fault{
+		{Method: http.MethodPost, Path: "/v1/sandboxes", Status: 502, AfterEffect: true},
+		{Method: http.MethodPost, Path: "/v1/sandboxes", Status: 503},
+		{Method: http.MethodPost, Path: "/v1/sandboxes", Drop: true},
+	} {
+		e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+		e.srv.Inject(f)
+		h := e.start(t, provider.Spec{})
+		if ids := e.srv.SandboxIDs(); len(ids) != 1 || ids[0] != h.SandboxID {
+			t.Errorf("fault %+v: sandboxes %v, want exactly the one returned (%s)", f, ids, h.SandboxID)
+		}
+	}
+}
+
+func TestSnapshotRetryAdoptsTheFirstAttempt(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	h := e.start(t, provider.Spec{})
+	e.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Path: "/v1/sandboxes/" + h.SandboxID + "/snapshots", Status: 504, AfterEffect: true})
+	sid, err := e.p.Snapshot(context.Background(), h, "n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := e.srv.SnapshotIDs(); len(ids) != 1 || ids[0] != sid {
+		t.Errorf("snapshots %v, want exactly %s", ids, sid)
+	}
+}
+
+func TestCommandIsNeverResubmitted(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	h := e.start(t, provider.Spec{})
+	e.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Path: "/direct/" + h.SandboxID + "/proxy/44772/command", Status: 503, AfterEffect: true})
+	if _, err := e.p.Exec(context.Background(), h, provider.ExecRequest{Command: "echo hi > f"}); err == nil {
+		t.Fatal("Exec through a 503 succeeded")
+	}
+	if n := e.srv.Stats().Requests["execd (direct)"]; n != 2 {
+		// One ping at start, one command.
+		t.Errorf("%d execd requests, want 2 (ping, the one command)", n)
+	}
+}
+
+func TestLeaseRenewAndExpiry(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	ctx := context.Background()
+	h := e.start(t, provider.Spec{TTLSeconds: 60})
+	if err := e.p.Renew(ctx, h, e.clk.Now().Add(120*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	e.clk.Advance(100 * time.Second) // past the first lease, inside the renewed one
+	if got := e.exec(t, h, "echo ok"); got.Stdout != "ok\n" {
+		t.Errorf("after renewal: %+v", got)
+	}
+	e.clk.Advance(30 * time.Second)
+	if err := e.p.Renew(ctx, h, e.clk.Now().Add(time.Minute)); !errors.Is(err, provider.ErrSandboxNotFound) {
+		t.Errorf("Renew after expiry = %v, want ErrSandboxNotFound", err)
+	}
+	if _, err := e.p.Exec(ctx, h, provider.ExecRequest{Command: "true"}); !errors.Is(err, provider.ErrSandboxNotFound) {
+		t.Errorf("Exec after expiry = %v, want ErrSandboxNotFound", err)
+	}
+	if _, err := e.p.Snapshot(ctx, h, "x"); !errors.Is(err, provider.ErrSandboxNotFound) {
+		t.Errorf("Snapshot after expiry = %v, want ErrSandboxNotFound", err)
+	}
+	if st := e.srv.Stats(); st.Expired != 1 {
+		t.Errorf("expired %d, want 1", st.Expired)
+	}
+}
+
+func TestListPagesAndFiltersOnTheClient(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{CreateLatency: time.Millisecond}, opensandbox.Options{ListLabels: map[string]string{"ng.owner": "a"}})
+	for i := 0; i < 103; i++ {
+		e.start(t, provider.Spec{Metadata: map[string]string{"ng.owner": "a"}})
+	}
+	for i := 0; i < 2; i++ {
+		e.start(t, provider.Spec{Metadata: map[string]string{"ng.owner": "b"}})
+	}
+	sbs, err := e.p.ListSandboxes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sbs) != 103 {
+		t.Errorf("listed %d, want the 103 labelled ng.owner=a of 105", len(sbs))
+	}
+	if n := e.srv.Stats().Requests["GET /sandboxes"]; n != 2 {
+		t.Errorf("%d list pages, want 2 of 100", n)
+	}
+}
+
+func TestSnapshotsQueueInTheClient(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{MaxConcurrentSnapshots: 2})
+	h := e.start(t, provider.Spec{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 6)
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := e.p.Snapshot(context.Background(), h, "q")
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	st := e.srv.Stats()
+	if st.SnapshotsCreated != 6 || st.PeakUnfinished > 2 || st.PeakCaptures > 2 {
+		t.Errorf("created %d, peak unfinished %d, peak captures %d: want 6, at most 2 in flight", st.SnapshotsCreated, st.PeakUnfinished, st.PeakCaptures)
+	}
+}
+
+func TestBadConfigAndHandles(t *testing.T) {
+	for _, o := range []opensandbox.Options{
+		{},
+		{Domain: "http://x:1"},
+		{Domain: "x:1", Protocol: "ftp"},
+		{Domain: "x:1", TTL: 30 * time.Second},
+	} {
+		if _, err := opensandbox.New(o); !errors.Is(err, provider.ErrInvalidSpec) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidSpec", o, err)
+		}
+	}
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	ctx := context.Background()
+	for _, h := range []provider.Handle{{SandboxID: "x", Provider: "local"}, {SandboxID: "../x", Provider: opensandbox.Name}} {
+		if err := e.p.Stop(ctx, h); !errors.Is(err, provider.ErrSandboxNotFound) {
+			t.Errorf("Stop(%v) = %v", h, err)
+		}
+	}
+	if _, err := e.p.Start(ctx, provider.Spec{Image: "x", Metadata: map[string]string{"bad key!": "v"}}); !errors.Is(err, provider.ErrInvalidSpec) {
+		t.Errorf("Start with a bad label key = %v, want ErrInvalidSpec", err)
+	}
+	if _, err := e.p.Start(ctx, provider.Spec{}); !errors.Is(err, provider.ErrInvalidSpec) {
+		t.Errorf("Start without an image = %v, want ErrInvalidSpec", err)
+	}
+	if n := e.srv.Stats().Created; n != 0 {
+		t.Errorf("%d sandboxes created from bad specs", n)
+	}
+}

@@ -1,0 +1,38 @@
+// Package opensandboxtest is a fake OpenSandbox server for tests, in the
+// manner of net/http/httptest: NewServer serves the lifecycle API (under /v1)
+// and every sandbox's execd on one loopback listener, written from the
+// OpenSandbox OpenAPI specs (sandbox-lifecycle.yml, execd-api.yaml).
+//
+// What it keeps of the real server's contract:
+//   - Create, snapshot: 202, then the client polls. A sandbox is Pending for
+//     Options.CreateLatency, then Running (or Failed, see FailNextCreates).
+//     A snapshot is Creating, then Ready (or Failed); at most
+//     Options.CaptureWorkers (default 2, as upstream) captures run at once,
+//     and later requests queue behind them.
+//   - Every non-2xx answer of the lifecycle API is {"code","message"}.
+//   - OPEN-SANDBOX-API-KEY is required when Options.APIKey is set (401
+//     MISSING_API_KEY, INVALID_API_KEY).
+//   - A sandbox created with a timeout has an absolute expiresAt and is
+//     deleted once Options.Clock passes it; renew-expiration moves it and is
+//     refused (409) for a sandbox created without one.
+//   - Deleting a snapshot that is still Creating is refused (409).
+//   - Endpoints have no scheme and carry a path prefix; execd requires the
+//     header the endpoint names.
+//   - States are spelled as the spec does, or in lower case
+//     (Options.LowerCaseStates), since servers disagree.
+//   - execd: POST /command answers a stream of raw JSON frames (no "data:"
+//     prefix), /files/upload takes multipart metadata/file pairs,
+//     /files/download, /ping.
+//
+// Every request is checked against the spec's schema: required fields,
+// types, and unknown fields where the spec forbids them are refused with 400
+// as the real server does; every departure from the spec (including unknown
+// fields where the spec merely allows them) is also recorded, and a test
+// asserts Violations() is empty after driving the client.
+//
+// State changes are computed from Options.Clock when a request looks, not by
+// timers, so a test on a clock.Manual is deterministic. The sandboxes' files
+// and commands are a Backend's (by default the in-memory fake provider): a
+// snapshot is the backend's snapshot of the files, never the processes, as
+// upstream keeps the rootfs only.
+package opensandboxtest

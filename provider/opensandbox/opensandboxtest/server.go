@@ -1,0 +1,929 @@
+package opensandboxtest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
+)
+
+// ExecdPort is the port execd listens on inside a sandbox.
+const ExecdPort = 44772
+
+// APIKeyHeader authenticates the lifecycle API.
+const APIKeyHeader = "OPEN-SANDBOX-API-KEY"
+
+// ExecdTokenHeader is the header execd checks; endpoints name it.
+const ExecdTokenHeader = "X-EXECD-ACCESS-TOKEN"
+
+// maxBody bounds a request body the fake reads.
+const maxBody = 64 << 20
+
+// Backend holds the sandboxes' files and runs their commands.
+type Backend interface {
+	provider.Provider
+	provider.Snapshotter
+}
+
+// Options configure a Server. The zero value is usable.
+type Options struct {
+	// APIKey, when set, is required in OPEN-SANDBOX-API-KEY.
+	APIKey string
+	// Clock decides state changes and lease expiry; default clock.Real{}.
+	Clock clock.Clock
+	// CreateLatency is how long a new sandbox stays Pending.
+	CreateLatency time.Duration
+	// SnapshotLatency is how long one capture takes.
+	SnapshotLatency time.Duration
+	// CaptureWorkers is how many captures run at once (default 2, as
+	// upstream's snapshot worker pool).
+	CaptureWorkers int
+	// LowerCaseStates spells states "running", "ready", ...
+	LowerCaseStates bool
+	// Backend holds files and runs commands; default an in-memory fake
+	// provider.
+	Backend Backend
+}
+
+// Fault makes matching requests fail. Method "" matches any method; Path is
+// a prefix of the request path.
+type Fault struct {
+	Method string
+	Path   string
+	// Status is answered (with a {code,message} body), unless Drop.
+	Status int
+	// RetryAfter, if > 0, is sent as Retry-After seconds.
+	RetryAfter int
+	// AfterEffect serves the request, then answers Status instead.
+	AfterEffect bool
+	// Drop closes the connection without an answer.
+	Drop bool
+	// Times is how many requests it hits (default 1).
+	Times int
+}
+
+// Stats are the server's counters.
+type Stats struct {
+	LiveSandboxes, LiveSnapshots int
+	// Created counts sandboxes created, Restored those from a snapshot,
+	// Deleted those deleted by a client, Expired those whose lease ran out.
+	Created, Restored, Deleted, Expired int
+	// SnapshotsCreated counts snapshot requests accepted.
+	SnapshotsCreated int
+	// PeakCaptures is the most captures that ever ran at once.
+	PeakCaptures int
+	// PeakUnfinished is the most snapshots Creating (capturing or queued)
+	// seen when a new one was requested: the client's snapshot parallelism.
+	PeakUnfinished int
+	// Requests counts requests per "METHOD route".
+	Requests map[string]int
+}
+
+// Server is a fake OpenSandbox server on loopback. Create it with NewServer
+// and Close it when done.
+type Server struct {
+	// URL is the base URL, http://127.0.0.1:port (the lifecycle API is
+	// under /v1).
+	URL string
+	// Domain is host:port, what sandbox.opensandbox.domain takes.
+	Domain string
+
+	ts      *httptest.Server
+	opts    Options
+	clk     clock.Clock
+	backend Backend
+
+	mu         sync.Mutex
+	sandboxes  map[string]*sandbox
+	snapshots  map[string]*snapshot
+	seq        int
+	workers    []time.Time
+	captures   [][2]time.Time
+	violations []string
+	failCreate int
+	failSnap   int
+	faults     []*Fault
+	stats      Stats
+	bodies     map[string][][]byte
+}
+
+type sandbox struct {
+	id         string
+	seq        int
+	createdAt  time.Time
+	readyAt    time.Time
+	expiresAt  time.Time // zero: manual cleanup
+	metadata   map[string]string
+	entrypoint []string
+	image      string
+	snapshotID string
+	failed     bool
+	backend    provider.Handle
+	token      string
+}
+
+type snapshot struct {
+	id        string
+	seq       int
+	sandboxID string
+	name      string
+	createdAt time.Time
+	readyAt   time.Time
+	failed    bool
+	backendID string
+}
+
+// NewServer starts a fake server on 127.0.0.1.
+func NewServer(opts Options) *Server {
+	if opts.Clock == nil {
+		opts.Clock = clock.Real{}
+	}
+	if opts.CaptureWorkers <= 0 {
+		opts.CaptureWorkers = 2
+	}
+	if opts.Backend == nil {
+		opts.Backend = fake.New(fake.Options{Clock: opts.Clock, IDPrefix: "backend-"})
+	}
+	s := &Server{
+		opts:      opts,
+		clk:       opts.Clock,
+		backend:   opts.Backend,
+		sandboxes: map[string]*sandbox{},
+		snapshots: map[string]*snapshot{},
+		workers:   make([]time.Time, opts.CaptureWorkers),
+		stats:     Stats{Requests: map[string]int{}},
+		bodies:    map[string][][]byte{},
+	}
+	s.ts = httptest.NewServer(s.routes())
+	s.URL = s.ts.URL
+	s.Domain = strings.TrimPrefix(s.ts.URL, "http://")
+	return s
+}
+
+// Close shuts the server down.
+func (s *Server) Close() { s.ts.Close() }
+
+// Backend is the backend holding the sandboxes' files.
+func (s *Server) Backend() Backend { return s.backend }
+
+// Violations are the departures from the spec seen in requests so far.
+func (s *Server) Violations() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.violations...)
+}
+
+// FailNextCreates makes the next n sandboxes end Failed instead of Running.
+func (s *Server) FailNextCreates(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failCreate += n
+}
+
+// FailNextSnapshots makes the next n snapshots end Failed.
+func (s *Server) FailNextSnapshots(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failSnap += n
+}
+
+// Inject adds a fault.
+func (s *Server) Inject(f Fault) {
+	if f.Times <= 0 {
+		f.Times = 1
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = append(s.faults, &f)
+}
+
+// Stats returns the counters (after reaping expired sandboxes).
+func (s *Server) Stats() Stats {
+	s.reap()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stats
+	st.Requests = maps.Clone(s.stats.Requests)
+	st.LiveSandboxes, st.LiveSnapshots = len(s.sandboxes), len(s.snapshots)
+	return st
+}
+
+// Requests returns the JSON bodies received on a route ("POST /sandboxes"),
+// in order.
+func (s *Server) Requests(route string) [][]byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([][]byte(nil), s.bodies[route]...)
+}
+
+// SandboxIDs are the live sandboxes, in creation order.
+func (s *Server) SandboxIDs() []string {
+	s.reap()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return idsBySeq(s.sandboxes, func(sb *sandbox) int { return sb.seq })
+}
+
+// SnapshotIDs are the snapshots, in creation order.
+func (s *Server) SnapshotIDs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return idsBySeq(s.snapshots, func(sn *snapshot) int { return sn.seq })
+}
+
+// SandboxMetadata returns a live sandbox's metadata.
+func (s *Server) SandboxMetadata(id string) (map[string]string, bool) {
+	s.reap()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb, ok := s.sandboxes[id]
+	if !ok {
+		return nil, false
+	}
+	return maps.Clone(sb.metadata), true
+}
+
+// BackendHandle is the backend's handle of a live sandbox, for reading its
+// files in a test.
+func (s *Server) BackendHandle(id string) (provider.Handle, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb, ok := s.sandboxes[id]
+	if !ok {
+		return provider.Handle{}, false
+	}
+	return sb.backend, true
+}
+
+func idsBySeq[T any](m map[string]T, seq func(T) int) []string {
+	ids := make([]string, 0, len(m))
+	for id := range m {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return seq(m[ids[i]]) < seq(m[ids[j]]) })
+	return ids
+}
+
+func (s *Server) state(name string) string {
+	if s.opts.LowerCaseStates {
+		return strings.ToLower(name)
+	}
+	return name
+}
+
+func (s *Server) sandboxState(sb *sandbox, now time.Time) string {
+	switch {
+	case now.Before(sb.readyAt):
+		return s.state("Pending")
+	case sb.failed:
+		return s.state("Failed")
+	}
+	return s.state("Running")
+}
+
+func (s *Server) snapshotState(sn *snapshot, now time.Time) string {
+	switch {
+	case now.Before(sn.readyAt):
+		return s.state("Creating")
+	case sn.failed:
+		return s.state("Failed")
+	}
+	return s.state("Ready")
+}
+
+func (s *Server) running(sb *sandbox, now time.Time) bool {
+	return !now.Before(sb.readyAt) && !sb.failed
+}
+
+// reap deletes the sandboxes whose lease ran out, as the server's expiry
+// timer does.
+func (s *Server) reap() {
+	now := s.clk.Now()
+	var gone []provider.Handle
+	s.mu.Lock()
+	for id, sb := range s.sandboxes {
+		if !sb.expiresAt.IsZero() && !now.Before(sb.expiresAt) {
+			delete(s.sandboxes, id)
+			s.stats.Expired++
+			gone = append(gone, sb.backend)
+		}
+	}
+	s.mu.Unlock()
+	for _, h := range gone {
+		_ = s.backend.Stop(context.Background(), h)
+	}
+}
+
+func newID(prefix string) string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// apiError is the lifecycle API's error body.
+type apiError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, code, format string, args ...any) {
+	writeJSON(w, status, apiError{Code: code, Message: fmt.Sprintf(format, args...)})
+}
+
+// note records a departure from the spec.
+func (s *Server) note(r *http.Request, msgs ...string) {
+	if len(msgs) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range msgs {
+		s.violations = append(s.violations, r.Method+" "+r.URL.Path+": "+m)
+	}
+}
+
+// readChecked reads a JSON body and checks it against sc; on a refusal it
+// answers 400 and returns false.
+func (s *Server) readChecked(w http.ResponseWriter, r *http.Request, sc *schema, optional bool) (map[string]any, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "read body: %v", err)
+		return nil, false
+	}
+	if optional && len(body) == 0 {
+		return map[string]any{}, true
+	}
+	if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+		s.note(r, fmt.Sprintf("Content-Type %q, want application/json", ct))
+	}
+	m, p := decodeChecked(body, sc)
+	s.note(r, p.noted...)
+	s.note(r, p.refused...)
+	if len(p.refused) > 0 {
+		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "%s", strings.Join(p.refused, "; "))
+		return nil, false
+	}
+	return m, true
+}
+
+// route wraps a handler: counting, faults, auth, lease expiry.
+func (s *Server) route(name string, auth bool, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil && strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
+			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+			if err != nil {
+				writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "read body: %v", err)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			s.mu.Lock()
+			s.bodies[name] = append(s.bodies[name], body)
+			s.mu.Unlock()
+		}
+		s.mu.Lock()
+		s.stats.Requests[name]++
+		var hit *Fault
+		for _, f := range s.faults {
+			if f.Times > 0 && (f.Method == "" || f.Method == r.Method) && strings.HasPrefix(r.URL.Path, f.Path) {
+				f.Times--
+				hit = f
+				break
+			}
+		}
+		s.mu.Unlock()
+		if auth && s.opts.APIKey != "" {
+			switch got := r.Header.Get(APIKeyHeader); {
+			case got == "":
+				writeError(w, http.StatusUnauthorized, "MISSING_API_KEY", "missing %s", APIKeyHeader)
+				return
+			case got != s.opts.APIKey:
+				writeError(w, http.StatusUnauthorized, "INVALID_API_KEY", "invalid API key")
+				return
+			}
+		}
+		if hit != nil {
+			if s.fault(w, r, hit, h) {
+				return
+			}
+		}
+		s.reap()
+		h(w, r)
+	}
+}
+
+// fault applies f; it returns true when the request was answered.
+func (s *Server) fault(w http.ResponseWriter, r *http.Request, f *Fault, h http.HandlerFunc) bool {
+	if f.Drop {
+		if hj, ok := w.(http.Hijacker); ok {
+			if conn, _, err := hj.Hijack(); err == nil {
+				_ = conn.Close()
+				return true
+			}
+		}
+		panic(http.ErrAbortHandler)
+	}
+	if f.AfterEffect {
+		s.reap()
+		h(httptest.NewRecorder(), r)
+	}
+	if f.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(f.RetryAfter))
+	}
+	writeError(w, f.Status, "INJECTED", "injected fault: %d", f.Status)
+	return true
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "healthy"})
+	})
+	mux.HandleFunc("POST /v1/sandboxes", s.route("POST /sandboxes", true, s.createSandbox))
+	mux.HandleFunc("GET /v1/sandboxes", s.route("GET /sandboxes", true, s.listSandboxes))
+	mux.HandleFunc("GET /v1/sandboxes/{id}", s.route("GET /sandboxes/{id}", true, s.getSandbox))
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}", s.route("DELETE /sandboxes/{id}", true, s.deleteSandbox))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/renew-expiration", s.route("POST /sandboxes/{id}/renew-expiration", true, s.renew))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/endpoints/{port}", s.route("GET /sandboxes/{id}/endpoints/{port}", true, s.endpoint))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/snapshots", s.route("POST /sandboxes/{id}/snapshots", true, s.createSnapshot))
+	mux.HandleFunc("GET /v1/snapshots", s.route("GET /snapshots", true, s.listSnapshots))
+	mux.HandleFunc("GET /v1/snapshots/{id}", s.route("GET /snapshots/{id}", true, s.getSnapshot))
+	mux.HandleFunc("DELETE /v1/snapshots/{id}", s.route("DELETE /snapshots/{id}", true, s.deleteSnapshot))
+	// execd, through the server proxy (no API key, as upstream) and
+	// "directly" (a per-sandbox path prefix, as a Docker bridge endpoint).
+	mux.HandleFunc("/v1/sandboxes/{id}/proxy/{port}/{path...}", s.route("execd (proxy)", false, s.execd))
+	mux.HandleFunc("/direct/{id}/proxy/{port}/{path...}", s.route("execd (direct)", false, s.execd))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.note(r, "no such route in the spec")
+		writeError(w, http.StatusNotFound, "NOT_FOUND", "no route %s %s", r.Method, r.URL.Path)
+	})
+	return mux
+}
+
+// sandboxJSON is the Sandbox schema (CreateSandboxResponse when create).
+func (s *Server) sandboxJSON(sb *sandbox, now time.Time, create bool) map[string]any {
+	m := map[string]any{
+		"id": sb.id,
+		"status": map[string]any{
+			"state":            s.sandboxState(sb, now),
+			"reason":           "provisioning",
+			"lastTransitionAt": formatTime(sb.createdAt),
+		},
+		"metadata":   sb.metadata,
+		"entrypoint": sb.entrypoint,
+		"createdAt":  formatTime(sb.createdAt),
+	}
+	if !sb.expiresAt.IsZero() {
+		m["expiresAt"] = formatTime(sb.expiresAt)
+	}
+	if !create {
+		if sb.image != "" {
+			m["image"] = map[string]any{"uri": sb.image}
+		} else {
+			m["snapshotId"] = sb.snapshotID
+		}
+	}
+	return m
+}
+
+func (s *Server) snapshotJSON(sn *snapshot, now time.Time) map[string]any {
+	m := map[string]any{
+		"id":        sn.id,
+		"sandboxId": sn.sandboxID,
+		"status":    map[string]any{"state": s.snapshotState(sn, now), "lastTransitionAt": formatTime(sn.createdAt)},
+		"createdAt": formatTime(sn.createdAt),
+	}
+	if sn.name != "" {
+		m["name"] = sn.name
+	}
+	return m
+}
+
+func stringMap(v any) map[string]string {
+	out := map[string]string{}
+	m, _ := v.(map[string]any)
+	for k, e := range m {
+		out[k], _ = e.(string)
+	}
+	return out
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
+	req, ok := s.readChecked(w, r, createSandboxSchema, false)
+	if !ok {
+		return
+	}
+	var p problems
+	_, hasImage := req["image"]
+	_, hasSnap := req["snapshotId"]
+	_, hasPool := stringMap(req["extensions"])["poolRef"]
+	switch {
+	case hasImage == hasSnap:
+		p.refuse("exactly one of image and snapshotId is required")
+	case hasImage && req["entrypoint"] == nil:
+		p.refuse("entrypoint is required with image")
+	}
+	if _, ok := req["resourceLimits"]; !ok && !hasPool {
+		p.refuse("resourceLimits is required")
+	}
+	if md, ok := req["metadata"].(map[string]any); ok {
+		checkLabels(md, &p)
+	}
+	s.note(r, p.refused...)
+	if len(p.refused) > 0 {
+		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "%s", strings.Join(p.refused, "; "))
+		return
+	}
+	now := s.clk.Now()
+	sb := &sandbox{
+		id:        newID("sbx-"),
+		createdAt: now,
+		readyAt:   now.Add(s.opts.CreateLatency),
+		metadata:  stringMap(req["metadata"]),
+		token:     newID("tok-"),
+	}
+	if ep, ok := req["entrypoint"].([]any); ok {
+		for _, e := range ep {
+			sb.entrypoint = append(sb.entrypoint, e.(string))
+		}
+	} else {
+		sb.entrypoint = []string{"tail", "-f", "/dev/null"}
+	}
+	if n, ok := req["timeout"].(json.Number); ok {
+		secs, _ := n.Int64()
+		sb.expiresAt = now.Add(time.Duration(secs) * time.Second)
+	}
+	spec := provider.Spec{Workdir: "/", Env: stringMap(req["env"])}
+	var err error
+	if hasImage {
+		sb.image, _ = req["image"].(map[string]any)["uri"].(string)
+		spec.Image = sb.image
+		sb.backend, err = s.backend.Start(r.Context(), spec)
+	} else {
+		sb.snapshotID = req["snapshotId"].(string)
+		s.mu.Lock()
+		sn, ok := s.snapshots[sb.snapshotID]
+		var st string
+		if ok {
+			st = s.snapshotState(sn, now)
+		}
+		s.mu.Unlock()
+		switch {
+		case !ok:
+			writeError(w, http.StatusNotFound, "SNAPSHOT::NOT_FOUND", "snapshot %s not found", sb.snapshotID)
+			return
+		case !strings.EqualFold(st, "Ready"):
+			writeError(w, http.StatusConflict, "SNAPSHOT::NOT_READY", "snapshot %s is %s", sb.snapshotID, st)
+			return
+		}
+		sb.backend, err = s.backend.Fork(r.Context(), spec, sn.backendID)
+	}
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "SANDBOX::PROVISION_FAILED", "%v", err)
+		return
+	}
+	s.mu.Lock()
+	s.seq++
+	sb.seq = s.seq
+	if s.failCreate > 0 {
+		s.failCreate--
+		sb.failed = true
+	}
+	s.sandboxes[sb.id] = sb
+	s.stats.Created++
+	if hasSnap {
+		s.stats.Restored++
+	}
+	body := s.sandboxJSON(sb, now, true)
+	s.mu.Unlock()
+	w.Header().Set("Location", "/v1/sandboxes/"+sb.id)
+	writeJSON(w, http.StatusAccepted, body)
+}
+
+// lookup finds a live sandbox or answers 404.
+func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (*sandbox, bool) {
+	id := r.PathValue("id")
+	s.mu.Lock()
+	sb, ok := s.sandboxes[id]
+	s.mu.Unlock()
+	if !ok {
+		writeError(w, http.StatusNotFound, "SANDBOX::NOT_FOUND", "sandbox %s not found", id)
+	}
+	return sb, ok
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	body := s.sandboxJSON(sb, s.clk.Now(), false)
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, body)
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	s.mu.Lock()
+	sb, ok := s.sandboxes[id]
+	if ok {
+		delete(s.sandboxes, id)
+		s.stats.Deleted++
+	}
+	s.mu.Unlock()
+	if !ok {
+		writeError(w, http.StatusNotFound, "SANDBOX::NOT_FOUND", "sandbox %s not found", id)
+		return
+	}
+	_ = s.backend.Stop(r.Context(), sb.backend)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
+	req, ok := s.readChecked(w, r, renewSchema, false)
+	if !ok {
+		return
+	}
+	t, err := time.Parse(time.RFC3339Nano, req["expiresAt"].(string))
+	if err != nil {
+		s.note(r, fmt.Sprintf("expiresAt %q is not RFC 3339", req["expiresAt"]))
+		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "expiresAt: %v", err)
+		return
+	}
+	sb, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	now := s.clk.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case sb.expiresAt.IsZero():
+		writeError(w, http.StatusConflict, "SANDBOX::INVALID_STATE", "sandbox %s has no expiration (manual cleanup)", sb.id)
+	case !t.After(now):
+		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_EXPIRATION", "expiresAt %s is not in the future", formatTime(t))
+	default:
+		sb.expiresAt = t
+		writeJSON(w, http.StatusOK, map[string]string{"expiresAt": formatTime(t)})
+	}
+}
+
+func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) {
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil || port < 1 || port > 65535 {
+		s.note(r, "port is not 1-65535")
+		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "bad port %q", r.PathValue("port"))
+		return
+	}
+	proxy := false
+	if v := r.URL.Query().Get("use_server_proxy"); v != "" {
+		if proxy, err = strconv.ParseBool(v); err != nil {
+			s.note(r, "use_server_proxy is not a boolean")
+			writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "use_server_proxy: %v", err)
+			return
+		}
+	}
+	sb, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	ep := fmt.Sprintf("%s/direct/%s/proxy/%d", s.Domain, sb.id, port)
+	if proxy {
+		ep = fmt.Sprintf("%s/v1/sandboxes/%s/proxy/%d", s.Domain, sb.id, port)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"endpoint": ep, "headers": map[string]string{ExecdTokenHeader: sb.token}})
+}
+
+func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
+	req, ok := s.readChecked(w, r, createSnapshotSchema, true)
+	if !ok {
+		return
+	}
+	sb, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	now := s.clk.Now()
+	s.mu.Lock()
+	running := s.running(sb, now)
+	st := s.sandboxState(sb, now)
+	s.mu.Unlock()
+	if !running {
+		writeError(w, http.StatusConflict, "SNAPSHOT::INVALID_SOURCE_STATE", "sandbox %s is %s, not Running", sb.id, st)
+		return
+	}
+	name, _ := req["name"].(string)
+	backendID, err := s.backend.Snapshot(r.Context(), sb.backend, name)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "SNAPSHOT::CREATE_FAILED", "%v", err)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	unfinished := 1
+	for _, o := range s.snapshots {
+		if now.Before(o.readyAt) {
+			unfinished++
+		}
+	}
+	s.stats.PeakUnfinished = max(s.stats.PeakUnfinished, unfinished)
+	// The capture takes the first free worker; until one frees, it queues.
+	w0 := 0
+	for i, t := range s.workers {
+		if t.Before(s.workers[w0]) {
+			w0 = i
+		}
+	}
+	start := now
+	if s.workers[w0].After(now) {
+		start = s.workers[w0]
+	}
+	s.seq++
+	sn := &snapshot{
+		id:        newID("snap-"),
+		seq:       s.seq,
+		sandboxID: sb.id,
+		name:      name,
+		createdAt: now,
+		readyAt:   start.Add(s.opts.SnapshotLatency),
+		backendID: backendID,
+	}
+	s.workers[w0] = sn.readyAt
+	s.captures = append(s.captures, [2]time.Time{start, sn.readyAt})
+	s.stats.PeakCaptures = max(s.stats.PeakCaptures, overlapping(s.captures, start))
+	if s.failSnap > 0 {
+		s.failSnap--
+		sn.failed = true
+	}
+	s.snapshots[sn.id] = sn
+	s.stats.SnapshotsCreated++
+	w.Header().Set("Location", "/v1/snapshots/"+sn.id)
+	writeJSON(w, http.StatusAccepted, s.snapshotJSON(sn, now))
+}
+
+// overlapping counts the captures running at t.
+func overlapping(captures [][2]time.Time, t time.Time) int {
+	n := 0
+	for _, c := range captures {
+		if !t.Before(c[0]) && t.Before(c[1]) {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sn, ok := s.snapshots[id]
+	if !ok {
+		writeError(w, http.StatusNotFound, "SNAPSHOT::NOT_FOUND", "snapshot %s not found", id)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.snapshotJSON(sn, s.clk.Now()))
+}
+
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	now := s.clk.Now()
+	s.mu.Lock()
+	sn, ok := s.snapshots[id]
+	switch {
+	case !ok:
+		s.mu.Unlock()
+		writeError(w, http.StatusNotFound, "SNAPSHOT::NOT_FOUND", "snapshot %s not found", id)
+		return
+	case now.Before(sn.readyAt):
+		s.mu.Unlock()
+		writeError(w, http.StatusConflict, "SNAPSHOT::INVALID_STATE", "snapshot %s is still Creating", id)
+		return
+	}
+	delete(s.snapshots, id)
+	s.mu.Unlock()
+	_ = s.backend.DeleteSnapshot(r.Context(), sn.backendID)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// paging reads page and pageSize (1-200, default 20).
+func (s *Server) paging(w http.ResponseWriter, r *http.Request) (page, size int, ok bool) {
+	page, size = 1, 20
+	q := r.URL.Query()
+	for _, f := range []struct {
+		name string
+		dst  *int
+		max  int
+	}{{"page", &page, 1 << 30}, {"pageSize", &size, 200}} {
+		v := q.Get(f.name)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > f.max {
+			s.note(r, fmt.Sprintf("%s=%q is out of range", f.name, v))
+			writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "%s must be 1-%d", f.name, f.max)
+			return 0, 0, false
+		}
+		*f.dst = n
+	}
+	return page, size, true
+}
+
+func pageOf[T any](items []T, page, size int) ([]T, map[string]any) {
+	total := len(items)
+	from := min((page-1)*size, total)
+	to := min(from+size, total)
+	pages := (total + size - 1) / size
+	return items[from:to], map[string]any{
+		"page": page, "pageSize": size, "totalItems": total, "totalPages": pages, "hasNextPage": page < pages,
+	}
+}
+
+// states returns the state filter, or nil for none. Matching is
+// case-insensitive.
+func states(q url.Values) []string { return q["state"] }
+
+func matchState(filter []string, st string) bool {
+	if len(filter) == 0 {
+		return true
+	}
+	for _, f := range filter {
+		if strings.EqualFold(f, st) {
+			return true
+		}
+	}
+	return false
+}
+
+// listSandboxes pages through the sandboxes. The metadata filter is not
+// applied, as a server may not: clients must filter themselves.
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	page, size, ok := s.paging(w, r)
+	if !ok {
+		return
+	}
+	filter := states(r.URL.Query())
+	now := s.clk.Now()
+	s.mu.Lock()
+	var items []map[string]any
+	for _, id := range idsBySeq(s.sandboxes, func(sb *sandbox) int { return sb.seq }) {
+		sb := s.sandboxes[id]
+		if matchState(filter, s.sandboxState(sb, now)) {
+			items = append(items, s.sandboxJSON(sb, now, false))
+		}
+	}
+	s.mu.Unlock()
+	pageItems, pag := pageOf(items, page, size)
+	if pageItems == nil {
+		pageItems = []map[string]any{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": pageItems, "pagination": pag})
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	page, size, ok := s.paging(w, r)
+	if !ok {
+		return
+	}
+	q := r.URL.Query()
+	filter, source := states(q), q.Get("sandboxId")
+	now := s.clk.Now()
+	s.mu.Lock()
+	var items []map[string]any
+	for _, id := range idsBySeq(s.snapshots, func(sn *snapshot) int { return sn.seq }) {
+		sn := s.snapshots[id]
+		if matchState(filter, s.snapshotState(sn, now)) && (source == "" || sn.sandboxID == source) {
+			items = append(items, s.snapshotJSON(sn, now))
+		}
+	}
+	s.mu.Unlock()
+	pageItems, pag := pageOf(items, page, size)
+	if pageItems == nil {
+		pageItems = []map[string]any{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": pageItems, "pagination": pag})
+}

@@ -1,0 +1,296 @@
+package opensandboxtest_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
+)
+
+var t0 = time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)
+
+const key = "k"
+
+type client struct {
+	t   *testing.T
+	srv *opensandboxtest.Server
+	clk *clock.Manual
+}
+
+func newClient(t *testing.T, o opensandboxtest.Options) *client {
+	clk := clock.NewManual(t0)
+	o.Clock, o.APIKey = clk, key
+	srv := opensandboxtest.NewServer(o)
+	t.Cleanup(srv.Close)
+	return &client{t: t, srv: srv, clk: clk}
+}
+
+// call makes a request with the API key and returns the status and the
+// decoded JSON body (nil when empty).
+func (c *client) call(method, path, body string, hdr map[string]string) (int, map[string]any, http.Header) {
+	c.t.Helper()
+	req, err := http.NewRequest(method, c.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	req.Header.Set(opensandboxtest.APIKeyHeader, key)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range hdr {
+		if v == "" {
+			req.Header.Del(k)
+		} else {
+			req.Header.Set(k, v)
+		}
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	var m map[string]any
+	if len(bytes.TrimSpace(b)) > 0 && b[0] == '{' {
+		if err := json.Unmarshal(b, &m); err != nil {
+			c.t.Fatalf("%s %s: body %q: %v", method, path, b, err)
+		}
+	}
+	return res.StatusCode, m, res.Header
+}
+
+func state(m map[string]any) string {
+	st, _ := m["status"].(map[string]any)
+	s, _ := st["state"].(string)
+	return s
+}
+
+const create = `{"image":{"uri":"python:3.11"},"entrypoint":["tail","-f","/dev/null"],"timeout":120,"resourceLimits":{"cpu":"1","memory":"1Gi"},"metadata":{"ng.owner":"x"}}`
+
+// isError checks the {code,message} error body.
+func isError(t *testing.T, m map[string]any, code string) {
+	t.Helper()
+	if len(m) != 2 || m["code"] != code || m["message"] == "" {
+		t.Errorf("error body %v, want exactly {code: %s, message}", m, code)
+	}
+}
+
+func TestAuth(t *testing.T) {
+	c := newClient(t, opensandboxtest.Options{})
+	st, m, _ := c.call("GET", "/v1/sandboxes", "", map[string]string{opensandboxtest.APIKeyHeader: ""})
+	if st != 401 {
+		t.Errorf("no key: %d", st)
+	}
+	isError(t, m, "MISSING_API_KEY")
+	st, m, _ = c.call("GET", "/v1/sandboxes", "", map[string]string{opensandboxtest.APIKeyHeader: "wrong"})
+	if st != 401 {
+		t.Errorf("wrong key: %d", st)
+	}
+	isError(t, m, "INVALID_API_KEY")
+}
+
+func TestCreatePendingThenRunning(t *testing.T) {
+	for _, lower := range []bool{false, true} {
+		c := newClient(t, opensandboxtest.Options{CreateLatency: 2 * time.Second, LowerCaseStates: lower})
+		st, m, hdr := c.call("POST", "/v1/sandboxes", create, nil)
+		want := map[bool][2]string{false: {"Pending", "Running"}, true: {"pending", "running"}}[lower]
+		if st != 202 || state(m) != want[0] || hdr.Get("Location") == "" {
+			t.Fatalf("create: %d %v", st, m)
+		}
+		if _, ok := m["image"]; ok {
+			t.Error("the create answer carries the image; the spec says it does not")
+		}
+		id := m["id"].(string)
+		if want := t0.Add(120 * time.Second).Format(time.RFC3339Nano); m["expiresAt"] != want {
+			t.Errorf("expiresAt %v, want %s", m["expiresAt"], want)
+		}
+		c.clk.Advance(2 * time.Second)
+		_, m, _ = c.call("GET", "/v1/sandboxes/"+id, "", nil)
+		if state(m) != want[1] || m["image"].(map[string]any)["uri"] != "python:3.11" {
+			t.Errorf("after the latency: %v", m)
+		}
+	}
+}
+
+func TestCreateIsCheckedAgainstTheSchema(t *testing.T) {
+	c := newClient(t, opensandboxtest.Options{})
+	for _, tc := range []struct {
+		body, why string
+	}{
+		{`{"entrypoint":["x"],"resourceLimits":{}}`, "no source"},
+		{`{"image":{"uri":"x"},"snapshotId":"s","entrypoint":["x"],"resourceLimits":{}}`, "both sources"},
+		{`{"image":{"uri":"x"},"resourceLimits":{}}`, "image without entrypoint"},
+		{`{"image":{"uri":"x"},"entrypoint":["x"]}`, "no resourceLimits"},
+		{`{"image":{"uri":"x","tag":"y"},"entrypoint":["x"],"resourceLimits":{}}`, "unknown field of a closed object"},
+		{`{"image":{"uri":"x"},"entrypoint":["x"],"resourceLimits":{},"timeout":59}`, "timeout below 60"},
+		{`{"image":{"uri":"x"},"entrypoint":[],"resourceLimits":{}}`, "empty entrypoint"},
+		{`{"image":{"uri":"x"},"entrypoint":["x"],"resourceLimits":{"cpu":1}}`, "a number where strings are"},
+		{`{"image":{"uri":"x"},"entrypoint":["x"],"resourceLimits":{},"metadata":{"a":"b:c"}}`, "a label value with ':'"},
+		{`{"image":{"uri":"x"},"entrypoint":["x"],"resourceLimits":{},"metadata":{"opensandbox.io/x":"y"}}`, "a reserved label prefix"},
+		{`{"image":{"uri":"x"},"entrypoint":["x"],"resourceLimits":{}} {}`, "trailing data"},
+	} {
+		st, m, _ := c.call("POST", "/v1/sandboxes", tc.body, nil)
+		if st != 400 {
+			t.Errorf("%s: %d, want 400", tc.why, st)
+			continue
+		}
+		isError(t, m, "SANDBOX::INVALID_PARAMETER")
+	}
+	if n := len(c.srv.Violations()); n != 11 {
+		t.Errorf("%d violations recorded, want 11:\n%v", n, c.srv.Violations())
+	}
+	// An unknown top-level field is accepted, as the spec leaves the
+	// object open, but recorded.
+	if st, _, _ := c.call("POST", "/v1/sandboxes", `{"image":{"uri":"x"},"entrypoint":["x"],"resourceLimits":{},"snapshotID":"typo"}`, nil); st != 202 {
+		t.Errorf("open object: %d", st)
+	}
+	if v := c.srv.Violations(); !strings.Contains(v[len(v)-1], `unknown field "snapshotID"`) {
+		t.Errorf("last violation %q", v[len(v)-1])
+	}
+}
+
+func TestSnapshotsCaptureTwoAtATime(t *testing.T) {
+	c := newClient(t, opensandboxtest.Options{CreateLatency: time.Second, SnapshotLatency: 10 * time.Second})
+	_, m, _ := c.call("POST", "/v1/sandboxes", create, nil)
+	id := m["id"].(string)
+	if st, m, _ := c.call("POST", "/v1/sandboxes/"+id+"/snapshots", "", nil); st != 409 {
+		t.Errorf("snapshot of a Pending sandbox: %d", st)
+	} else {
+		isError(t, m, "SNAPSHOT::INVALID_SOURCE_STATE")
+	}
+	c.clk.Advance(time.Second)
+	var snaps []string
+	for i := 0; i < 3; i++ {
+		st, m, _ := c.call("POST", "/v1/sandboxes/"+id+"/snapshots", `{"name":"n"}`, nil)
+		if st != 202 || state(m) != "Creating" {
+			t.Fatalf("snapshot: %d %v", st, m)
+		}
+		snaps = append(snaps, m["id"].(string))
+	}
+	states := func() []string {
+		var out []string
+		for _, s := range snaps {
+			_, m, _ := c.call("GET", "/v1/snapshots/"+s, "", nil)
+			out = append(out, state(m))
+		}
+		return out
+	}
+	// Deleting one still Creating is refused.
+	if st, m, _ := c.call("DELETE", "/v1/snapshots/"+snaps[0], "", nil); st != 409 {
+		t.Errorf("delete while Creating: %d", st)
+	} else {
+		isError(t, m, "SNAPSHOT::INVALID_STATE")
+	}
+	c.clk.Advance(10 * time.Second)
+	if diff := cmp.Diff([]string{"Ready", "Ready", "Creating"}, states()); diff != "" {
+		t.Errorf("after one capture time, the third still queues (-want +got):\n%s", diff)
+	}
+	c.clk.Advance(10 * time.Second)
+	if diff := cmp.Diff([]string{"Ready", "Ready", "Ready"}, states()); diff != "" {
+		t.Errorf("after two (-want +got):\n%s", diff)
+	}
+	if st := c.srv.Stats(); st.PeakCaptures != 2 {
+		t.Errorf("peak captures %d, want 2", st.PeakCaptures)
+	}
+	if st, _, _ := c.call("POST", "/v1/sandboxes/"+id+"/snapshots", `{"name":"n","extra":1}`, nil); st != 400 {
+		t.Errorf("unknown field in a closed schema: %d", st)
+	}
+	if st, _, _ := c.call("DELETE", "/v1/snapshots/"+snaps[0], "", nil); st != 204 {
+		t.Errorf("delete when Ready: %d", st)
+	}
+	if st, m, _ := c.call("DELETE", "/v1/snapshots/"+snaps[0], "", nil); st != 404 {
+		t.Errorf("delete again: %d", st)
+	} else {
+		isError(t, m, "SNAPSHOT::NOT_FOUND")
+	}
+}
+
+func TestLeases(t *testing.T) {
+	c := newClient(t, opensandboxtest.Options{})
+	_, m, _ := c.call("POST", "/v1/sandboxes", create, nil)
+	id := m["id"].(string)
+	manual := strings.Replace(create, `"timeout":120,`, "", 1)
+	_, m, _ = c.call("POST", "/v1/sandboxes", manual, nil)
+	forever := m["id"].(string)
+	if _, ok := m["expiresAt"]; ok {
+		t.Error("a sandbox without timeout has an expiresAt")
+	}
+	at := func(d time.Duration) string { return `{"expiresAt":"` + t0.Add(d).Format(time.RFC3339) + `"}` }
+	if st, m, _ := c.call("POST", "/v1/sandboxes/"+forever+"/renew-expiration", at(time.Hour), nil); st != 409 {
+		t.Errorf("renew without a TTL: %d %v", st, m)
+	}
+	if st, _, _ := c.call("POST", "/v1/sandboxes/"+id+"/renew-expiration", at(-time.Second), nil); st != 400 {
+		t.Errorf("renew into the past: %d", st)
+	}
+	if st, _, _ := c.call("POST", "/v1/sandboxes/"+id+"/renew-expiration", `{"expiresAt":"soon"}`, nil); st != 400 {
+		t.Errorf("renew with a bad time: %d", st)
+	}
+	if st, m, _ := c.call("POST", "/v1/sandboxes/"+id+"/renew-expiration", at(300*time.Second), nil); st != 200 || m["expiresAt"] == nil {
+		t.Errorf("renew: %d %v", st, m)
+	}
+	c.clk.Advance(299 * time.Second)
+	if st, _, _ := c.call("GET", "/v1/sandboxes/"+id, "", nil); st != 200 {
+		t.Errorf("inside the renewed lease: %d", st)
+	}
+	c.clk.Advance(time.Second)
+	if st, m, _ := c.call("GET", "/v1/sandboxes/"+id, "", nil); st != 404 {
+		t.Errorf("past the lease: %d", st)
+	} else {
+		isError(t, m, "SANDBOX::NOT_FOUND")
+	}
+	if st, _, _ := c.call("GET", "/v1/sandboxes/"+forever, "", nil); st != 200 {
+		t.Errorf("manual cleanup sandbox: %d", st)
+	}
+	if got := c.srv.Stats().Expired; got != 1 {
+		t.Errorf("expired %d", got)
+	}
+}
+
+func TestEndpointsAndExecd(t *testing.T) {
+	c := newClient(t, opensandboxtest.Options{})
+	_, m, _ := c.call("POST", "/v1/sandboxes", create, nil)
+	id := m["id"].(string)
+	for _, proxy := range []string{"", "?use_server_proxy=true"} {
+		st, ep, _ := c.call("GET", "/v1/sandboxes/"+id+"/endpoints/44772"+proxy, "", nil)
+		if st != 200 {
+			t.Fatalf("endpoint: %d", st)
+		}
+		addr := ep["endpoint"].(string)
+		if strings.Contains(addr, "://") || !strings.HasPrefix(addr, c.srv.Domain+"/") {
+			t.Errorf("endpoint %q: want host:port/prefix without a scheme", addr)
+		}
+		hdr := map[string]string{}
+		for k, v := range ep["headers"].(map[string]any) {
+			hdr[k] = v.(string)
+		}
+		get := func(path string, h map[string]string) int {
+			req, _ := http.NewRequest("GET", "http://"+addr+path, nil)
+			for k, v := range h {
+				req.Header.Set(k, v)
+			}
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			return res.StatusCode
+		}
+		if st := get("/ping", hdr); st != 200 {
+			t.Errorf("ping with the endpoint's headers: %d", st)
+		}
+		if st := get("/ping", nil); st != 401 {
+			t.Errorf("ping without them: %d", st)
+		}
+	}
+	if st, _, _ := c.call("GET", "/v1/sandboxes?pageSize=201", "", nil); st != 400 {
+		t.Errorf("pageSize 201: %d", st)
+	}
+}

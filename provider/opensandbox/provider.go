@@ -1,0 +1,823 @@
+package opensandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	rand2 "math/rand/v2"
+	"net/http"
+	"net/url"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/provider"
+)
+
+// Name is the provider's name, in handles and records.
+const Name = "opensandbox"
+
+// Provider drives an OpenSandbox server. It implements provider.Provider,
+// Snapshotter, Leaser and Lister, and is safe for concurrent use.
+type Provider struct {
+	opts  Options
+	base  string
+	clk   clock.Clock
+	sleep func(context.Context, time.Duration) error
+	http  *http.Client
+	log   logrus.FieldLogger
+	rng   *jitter
+
+	creates   chan struct{}
+	snapshots chan struct{}
+
+	mu sync.Mutex
+	// endpoints caches each sandbox's execd endpoint.
+	endpoints map[string]endpoint
+	// labels caches the metadata of sandboxes this process made, for
+	// naming their snapshots.
+	labels map[string]map[string]string
+}
+
+var (
+	_ provider.Provider    = (*Provider)(nil)
+	_ provider.Snapshotter = (*Provider)(nil)
+	_ provider.Leaser      = (*Provider)(nil)
+	_ provider.Lister      = (*Provider)(nil)
+)
+
+// New checks opts and fills in the defaults.
+func New(opts Options) (*Provider, error) {
+	if opts.Domain == "" {
+		return nil, fmt.Errorf("opensandbox: domain (host:port of the lifecycle server) is required: %w", provider.ErrInvalidSpec)
+	}
+	if strings.Contains(opts.Domain, "://") {
+		return nil, fmt.Errorf("opensandbox: domain %q must be host:port, without a scheme: %w", opts.Domain, provider.ErrInvalidSpec)
+	}
+	switch opts.Protocol {
+	case "":
+		opts.Protocol = "http"
+	case "http", "https":
+	default:
+		return nil, fmt.Errorf("opensandbox: protocol must be http or https, not %q: %w", opts.Protocol, provider.ErrInvalidSpec)
+	}
+	if opts.TTL == 0 {
+		opts.TTL = DefaultTTL
+	}
+	if opts.TTL < MinTTL {
+		return nil, fmt.Errorf("opensandbox: ttl %v is below the server's minimum %v: %w", opts.TTL, MinTTL, provider.ErrInvalidSpec)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&opts.RequestTimeout, DefaultRequestTimeout)
+	def(&opts.ReadyTimeout, DefaultReadyTimeout)
+	def(&opts.SnapshotTimeout, DefaultSnapshotTimeout)
+	def(&opts.PollInterval, DefaultPollInterval)
+	if opts.MaxConcurrentSnapshots <= 0 {
+		opts.MaxConcurrentSnapshots = DefaultMaxConcurrentSnapshots
+	}
+	if opts.MaxConcurrentCreates <= 0 {
+		opts.MaxConcurrentCreates = DefaultMaxConcurrentCreates
+	}
+	if opts.MaxRetries < 0 {
+		opts.MaxRetries = 0
+	} else if opts.MaxRetries == 0 {
+		opts.MaxRetries = DefaultMaxRetries
+	}
+	if opts.CPU == "" {
+		opts.CPU = DefaultCPU
+	}
+	if opts.Memory == "" {
+		opts.Memory = DefaultMemory
+	}
+	if len(opts.Entrypoint) == 0 {
+		opts.Entrypoint = []string{"tail", "-f", "/dev/null"}
+	}
+	if opts.Workdir == "" {
+		opts.Workdir = DefaultWorkdir
+	}
+	if !path.IsAbs(opts.Workdir) {
+		return nil, fmt.Errorf("opensandbox: workdir %q is not absolute: %w", opts.Workdir, provider.ErrInvalidSpec)
+	}
+	if opts.OutputCap <= 0 {
+		opts.OutputCap = DefaultOutputCap
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.Real{}
+	}
+	if opts.Sleep == nil {
+		opts.Sleep = sleepReal
+	}
+	if opts.HTTPClient == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = 64
+		opts.HTTPClient = &http.Client{Transport: tr}
+	}
+	log := opts.Logger
+	if log == nil {
+		l := logrus.New()
+		l.SetOutput(io.Discard)
+		log = l
+	}
+	return &Provider{
+		opts:      opts,
+		base:      opts.Protocol + "://" + opts.Domain + "/v1",
+		clk:       opts.Clock,
+		sleep:     opts.Sleep,
+		http:      opts.HTTPClient,
+		log:       log.WithField("provider", Name),
+		rng:       &jitter{rng: rand2.New(rand2.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15))},
+		creates:   make(chan struct{}, opts.MaxConcurrentCreates),
+		snapshots: make(chan struct{}, opts.MaxConcurrentSnapshots),
+		endpoints: map[string]endpoint{},
+		labels:    map[string]map[string]string{},
+	}, nil
+}
+
+// Name is "opensandbox".
+func (p *Provider) Name() string { return Name }
+
+// acquire takes a slot of sem, waiting (queued) until one frees or ctx ends.
+func acquire(ctx context.Context, sem chan struct{}) (func(), error) {
+	select {
+	case sem <- struct{}{}:
+		return func() { <-sem }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func newToken() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// descriptor is the Handle's provider-specific part.
+type descriptor struct {
+	SandboxID string `json:"sandbox_id"`
+	Workdir   string `json:"workdir,omitempty"`
+}
+
+func (p *Provider) handle(id, workdir string) provider.Handle {
+	d, _ := json.Marshal(descriptor{SandboxID: id, Workdir: workdir})
+	return provider.Handle{SandboxID: id, Provider: Name, Descriptor: d}
+}
+
+// check refuses a handle of another provider.
+func (p *Provider) check(h provider.Handle) error {
+	if h.Provider != Name {
+		return fmt.Errorf("opensandbox: handle %s is not an OpenSandbox sandbox: %w", h, provider.ErrSandboxNotFound)
+	}
+	if h.SandboxID == "" || strings.ContainsAny(h.SandboxID, "/?#%") {
+		return fmt.Errorf("opensandbox: bad sandbox id %q: %w", h.SandboxID, provider.ErrSandboxNotFound)
+	}
+	return nil
+}
+
+func workdirOf(h provider.Handle, def string) string {
+	var d descriptor
+	if json.Unmarshal(h.Descriptor, &d) == nil && d.Workdir != "" {
+		return d.Workdir
+	}
+	return def
+}
+
+// sandboxDoc is the Sandbox schema, as far as it is read.
+type sandboxDoc struct {
+	ID     string `json:"id"`
+	Status struct {
+		State   string `json:"state"`
+		Reason  string `json:"reason"`
+		Message string `json:"message"`
+	} `json:"status"`
+	Metadata   map[string]string `json:"metadata"`
+	SnapshotID string            `json:"snapshotId"`
+	ExpiresAt  *time.Time        `json:"expiresAt"`
+	CreatedAt  time.Time         `json:"createdAt"`
+}
+
+// snapshotDoc is the Snapshot schema.
+type snapshotDoc struct {
+	ID        string `json:"id"`
+	SandboxID string `json:"sandboxId"`
+	Name      string `json:"name"`
+	Status    struct {
+		State   string `json:"state"`
+		Reason  string `json:"reason"`
+		Message string `json:"message"`
+	} `json:"status"`
+	CreatedAt time.Time `json:"createdAt"`
+}
+
+type pagination struct {
+	HasNextPage bool `json:"hasNextPage"`
+}
+
+// status maps a sandbox state, compared case-insensitively; a state the
+// spec does not list is StatusUnknown.
+func status(state string) provider.Status {
+	switch strings.ToLower(state) {
+	case "pending":
+		return provider.StatusStarting
+	case "running":
+		return provider.StatusRunning
+	case "pausing", "paused", "resuming":
+		return provider.StatusPaused
+	case "stopping", "terminated":
+		return provider.StatusStopped
+	case "failed":
+		return provider.StatusError
+	}
+	return provider.StatusUnknown
+}
+
+// resourceLimits renders the spec's resources, or the configured defaults.
+func (p *Provider) resourceLimits(spec provider.Spec) map[string]string {
+	rl := map[string]string{"cpu": p.opts.CPU, "memory": p.opts.Memory}
+	if r := spec.Resources; r != nil {
+		if r.CPU > 0 {
+			rl["cpu"] = strconv.Itoa(int(math.Ceil(r.CPU*1000))) + "m"
+		}
+		if r.MemoryMiB > 0 {
+			rl["memory"] = strconv.Itoa(r.MemoryMiB) + "Mi"
+		}
+		if r.GPU > 0 {
+			rl["gpu"] = strconv.Itoa(r.GPU)
+		}
+	}
+	return rl
+}
+
+// Start creates a sandbox from the spec's image (through Options.Images),
+// waits until it runs and execd answers, and writes spec.Files.
+func (p *Provider) Start(ctx context.Context, spec provider.Spec) (provider.Handle, error) {
+	image := spec.Image
+	if uri, ok := p.opts.Images[image]; ok {
+		image = uri
+	}
+	if image == "" {
+		return provider.Handle{}, fmt.Errorf("opensandbox: the spec names no image: %w", provider.ErrInvalidSpec)
+	}
+	return p.create(ctx, spec, "image", map[string]string{"uri": image})
+}
+
+// Fork creates a sandbox from a snapshot (its rootfs; no processes).
+func (p *Provider) Fork(ctx context.Context, spec provider.Spec, snapshotID string) (provider.Handle, error) {
+	if snapshotID == "" {
+		return provider.Handle{}, fmt.Errorf("opensandbox: fork from no snapshot: %w", provider.ErrSnapshotNotFound)
+	}
+	return p.create(ctx, spec, "snapshotId", snapshotID)
+}
+
+func (p *Provider) create(ctx context.Context, spec provider.Spec, sourceKey string, source any) (provider.Handle, error) {
+	workdir := spec.Workdir
+	if workdir == "" {
+		workdir = p.opts.Workdir
+	}
+	if !path.IsAbs(workdir) {
+		return provider.Handle{}, fmt.Errorf("opensandbox: workdir %q is not absolute: %w", workdir, provider.ErrInvalidSpec)
+	}
+	workdir = path.Clean(workdir)
+	ttl := spec.TTL()
+	if ttl <= 0 {
+		ttl = p.opts.TTL
+	}
+	token := newToken()
+	labels := maps.Clone(spec.Metadata)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[createLabel] = token
+	md, err := encodeLabels(labels)
+	if err != nil {
+		return provider.Handle{}, err
+	}
+	body := map[string]any{
+		sourceKey:        source,
+		"entrypoint":     p.opts.Entrypoint,
+		"timeout":        max(int(math.Ceil(ttl.Seconds())), int(MinTTL.Seconds())),
+		"resourceLimits": p.resourceLimits(spec),
+		"metadata":       md,
+	}
+	if len(spec.Env) > 0 {
+		body["env"] = spec.Env
+	}
+	ready := p.opts.ReadyTimeout
+	if spec.ReadyTimeoutSeconds > 0 {
+		ready = time.Duration(spec.ReadyTimeoutSeconds * float64(time.Second))
+	}
+	release, err := acquire(ctx, p.creates)
+	if err != nil {
+		return provider.Handle{}, fmt.Errorf("opensandbox: create: %w", err)
+	}
+	defer release()
+	// The deadline starts once the request is ours to make, not while it
+	// queues behind other creates.
+	deadline := p.clk.Now().Add(ready)
+	ctx, cancel := context.WithTimeout(ctx, ready+p.opts.RequestTimeout)
+	defer cancel()
+
+	var adopted string
+	req := request{op: "create sandbox", method: http.MethodPost, url: p.base + "/sandboxes", retry: true,
+		contentType: "application/json", header: p.apiHeader()}
+	req.body, _ = json.Marshal(body)
+	req.beforeRetry = func(ctx context.Context) (bool, error) {
+		id, err := p.findByLabel(ctx, token)
+		adopted = id
+		return id != "", err
+	}
+	resp, err := p.do(ctx, req)
+	var id string
+	switch {
+	case errors.Is(err, errAdopted):
+		id = adopted
+	case err != nil:
+		return provider.Handle{}, err
+	case resp.status == http.StatusNotFound && sourceKey == "snapshotId":
+		return provider.Handle{}, fmt.Errorf("%w: %w", resp.apiError("create sandbox"), provider.ErrSnapshotNotFound)
+	case resp.status == http.StatusBadRequest:
+		return provider.Handle{}, fmt.Errorf("%w: %w", resp.apiError("create sandbox"), provider.ErrInvalidSpec)
+	case !resp.ok():
+		return provider.Handle{}, resp.apiError("create sandbox")
+	default:
+		var doc sandboxDoc
+		if err := json.Unmarshal(resp.body, &doc); err != nil || doc.ID == "" {
+			return provider.Handle{}, fmt.Errorf("opensandbox: create sandbox: answer without an id: %s", truncate(resp.body))
+		}
+		id = doc.ID
+	}
+	log := p.log.WithField("sandbox_id", id)
+	fail := func(err error) (provider.Handle, error) {
+		// A sandbox that did not come up is deleted, never left behind.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.RequestTimeout)
+		defer cancel()
+		if derr := p.deleteSandbox(dctx, id); derr != nil {
+			log.WithError(derr).Warn("opensandbox: could not delete a sandbox that failed to start (its lease will end it)")
+		}
+		return provider.Handle{}, err
+	}
+	if err := p.waitRunning(ctx, id, deadline); err != nil {
+		return fail(err)
+	}
+	h := p.handle(id, workdir)
+	if err := p.waitExecd(ctx, id, deadline); err != nil {
+		return fail(err)
+	}
+	if sourceKey == "image" && len(spec.Files) > 0 {
+		files := make(map[string][]byte, len(spec.Files))
+		for name, data := range spec.Files {
+			files[resolve(workdir, name)] = []byte(data)
+		}
+		if err := p.upload(ctx, h, files); err != nil {
+			return fail(fmt.Errorf("opensandbox: write the spec's files: %w", err))
+		}
+	}
+	p.mu.Lock()
+	p.labels[id] = maps.Clone(spec.Metadata)
+	p.mu.Unlock()
+	log.Debug("opensandbox: sandbox running")
+	return h, nil
+}
+
+func (p *Provider) apiHeader() map[string]string {
+	h := map[string]string{}
+	if p.opts.APIKey != "" {
+		h[APIKeyHeader] = p.opts.APIKey
+	}
+	return h
+}
+
+func truncate(b []byte) string {
+	if len(b) > 200 {
+		b = b[:200]
+	}
+	return string(b)
+}
+
+// getSandbox fetches a sandbox; a 404 wraps provider.ErrSandboxNotFound.
+func (p *Provider) getSandbox(ctx context.Context, id string) (sandboxDoc, error) {
+	var doc sandboxDoc
+	resp, err := p.api(ctx, "get sandbox", http.MethodGet, "/sandboxes/"+url.PathEscape(id), nil, true)
+	switch {
+	case err != nil:
+		return doc, err
+	case resp.status == http.StatusNotFound:
+		return doc, fmt.Errorf("opensandbox: sandbox %s: %w", id, provider.ErrSandboxNotFound)
+	case !resp.ok():
+		return doc, resp.apiError("get sandbox")
+	}
+	if err := json.Unmarshal(resp.body, &doc); err != nil {
+		return doc, fmt.Errorf("opensandbox: get sandbox %s: %w", id, err)
+	}
+	return doc, nil
+}
+
+// waitRunning polls until the sandbox runs; Failed, Terminated, Stopping,
+// a vanished sandbox or the deadline end it.
+func (p *Provider) waitRunning(ctx context.Context, id string, deadline time.Time) error {
+	for {
+		doc, err := p.getSandbox(ctx, id)
+		if err != nil {
+			return fmt.Errorf("opensandbox: wait for sandbox %s to run: %w", id, err)
+		}
+		switch st := strings.ToLower(doc.Status.State); st {
+		case "running":
+			return nil
+		case "failed", "terminated", "stopping":
+			return fmt.Errorf("opensandbox: sandbox %s is %s (%s: %s)", id, doc.Status.State, doc.Status.Reason, doc.Status.Message)
+		default:
+			// Pending, or a state this client does not know: keep
+			// waiting until the deadline.
+			if st != "pending" {
+				p.log.WithFields(logrus.Fields{"sandbox_id": id, "state": doc.Status.State}).Debug("opensandbox: unknown sandbox state while starting")
+			}
+		}
+		if !p.clk.Now().Before(deadline) {
+			return fmt.Errorf("opensandbox: sandbox %s still %s at the ready deadline: %w", id, doc.Status.State, context.DeadlineExceeded)
+		}
+		if err := p.sleep(ctx, p.opts.PollInterval); err != nil {
+			return err
+		}
+	}
+}
+
+// findByLabel looks for the sandbox a create with token made.
+func (p *Provider) findByLabel(ctx context.Context, token string) (string, error) {
+	var found string
+	err := p.eachSandbox(ctx, map[string]string{createLabel: token}, func(doc sandboxDoc) bool {
+		if doc.Metadata[createLabel] == token {
+			found = doc.ID
+			return false
+		}
+		return true
+	})
+	return found, err
+}
+
+// maxPages bounds a listing, in case a server keeps saying there is more.
+const maxPages = 10000
+
+// eachSandbox pages through the sandboxes (filter is sent, but may be
+// ignored by the server) until fn returns false.
+func (p *Provider) eachSandbox(ctx context.Context, filter map[string]string, fn func(sandboxDoc) bool) error {
+	q := url.Values{}
+	if len(filter) > 0 {
+		enc, err := encodeLabels(filter)
+		if err != nil {
+			return err
+		}
+		md := url.Values{}
+		for k, v := range enc {
+			md.Set(k, v)
+		}
+		q.Set("metadata", md.Encode())
+	}
+	return eachPage(ctx, p, "list sandboxes", "/sandboxes", q, func(d sandboxDoc) string { return d.ID }, fn)
+}
+
+// eachPage pages through a listing until fn returns false. Deletes shift
+// page boundaries, so an item may come twice: it is passed once.
+func eachPage[T any](ctx context.Context, p *Provider, op, route string, q url.Values, id func(T) string, fn func(T) bool) error {
+	seen := map[string]bool{}
+	q.Set("pageSize", "100")
+	for page := 1; page <= maxPages; page++ {
+		q.Set("page", strconv.Itoa(page))
+		resp, err := p.api(ctx, op, http.MethodGet, route+"?"+q.Encode(), nil, true)
+		if err != nil {
+			return err
+		}
+		if !resp.ok() {
+			return resp.apiError(op)
+		}
+		var doc struct {
+			Items      []T        `json:"items"`
+			Pagination pagination `json:"pagination"`
+		}
+		if err := json.Unmarshal(resp.body, &doc); err != nil {
+			return fmt.Errorf("opensandbox: %s: %w", op, err)
+		}
+		for _, it := range doc.Items {
+			if seen[id(it)] {
+				continue
+			}
+			seen[id(it)] = true
+			if !fn(it) {
+				return nil
+			}
+		}
+		if !doc.Pagination.HasNextPage || len(doc.Items) == 0 {
+			return nil
+		}
+	}
+	return nil
+}
+
+// Stop deletes the sandbox; one already gone is success.
+func (p *Provider) Stop(ctx context.Context, h provider.Handle) error {
+	if err := p.check(h); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.opTimeout())
+	defer cancel()
+	if err := p.deleteSandbox(ctx, h.SandboxID); err != nil {
+		return err
+	}
+	p.forget(h.SandboxID)
+	return nil
+}
+
+// opTimeout bounds one operation of single calls and their retries.
+func (p *Provider) opTimeout() time.Duration {
+	return time.Duration(p.opts.MaxRetries+1)*p.opts.RequestTimeout + time.Minute
+}
+
+func (p *Provider) forget(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.endpoints, id)
+	delete(p.labels, id)
+}
+
+func (p *Provider) deleteSandbox(ctx context.Context, id string) error {
+	resp, err := p.api(ctx, "delete sandbox", http.MethodDelete, "/sandboxes/"+url.PathEscape(id), nil, true)
+	switch {
+	case err != nil:
+		return err
+	case resp.ok(), resp.status == http.StatusNotFound:
+		return nil
+	}
+	return resp.apiError("delete sandbox")
+}
+
+// Status reports the sandbox's state; a missing one is ErrSandboxNotFound.
+func (p *Provider) Status(ctx context.Context, h provider.Handle) (provider.Status, error) {
+	if err := p.check(h); err != nil {
+		return provider.StatusUnknown, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.opTimeout())
+	defer cancel()
+	doc, err := p.getSandbox(ctx, h.SandboxID)
+	if errors.Is(err, provider.ErrSandboxNotFound) {
+		return provider.StatusStopped, err
+	}
+	if err != nil {
+		return provider.StatusUnknown, err
+	}
+	return status(doc.Status.State), nil
+}
+
+// Renew moves the sandbox's expiry to expiresAt (absolute, whole seconds,
+// rounded up). A sandbox gone is ErrSandboxNotFound.
+func (p *Provider) Renew(ctx context.Context, h provider.Handle, expiresAt time.Time) error {
+	if err := p.check(h); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.opTimeout())
+	defer cancel()
+	at := expiresAt.UTC()
+	if t := at.Truncate(time.Second); !t.Equal(at) {
+		at = t.Add(time.Second)
+	}
+	resp, err := p.api(ctx, "renew expiration", http.MethodPost, "/sandboxes/"+url.PathEscape(h.SandboxID)+"/renew-expiration",
+		map[string]string{"expiresAt": at.Format(time.RFC3339)}, true)
+	switch {
+	case err != nil:
+		return err
+	case resp.status == http.StatusNotFound:
+		p.forget(h.SandboxID)
+		return fmt.Errorf("opensandbox: renew sandbox %s: %w", h.SandboxID, provider.ErrSandboxNotFound)
+	case !resp.ok():
+		return resp.apiError("renew expiration")
+	}
+	return nil
+}
+
+// labelsOf returns the sandbox's metadata: from this process's memory, else
+// from the server.
+func (p *Provider) labelsOf(ctx context.Context, id string) (map[string]string, error) {
+	p.mu.Lock()
+	md, ok := p.labels[id]
+	p.mu.Unlock()
+	if ok {
+		return md, nil
+	}
+	doc, err := p.getSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	md = decodeLabels(doc.Metadata)
+	delete(md, createLabel)
+	return md, nil
+}
+
+// Snapshot captures the sandbox's rootfs (not its processes) and returns once
+// the snapshot is Ready. At most MaxConcurrentSnapshots run at once; the
+// others queue here.
+func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string) (string, error) {
+	if err := p.check(h); err != nil {
+		return "", err
+	}
+	release, err := acquire(ctx, p.snapshots)
+	if err != nil {
+		return "", fmt.Errorf("opensandbox: snapshot: %w", err)
+	}
+	defer release()
+	deadline := p.clk.Now().Add(p.opts.SnapshotTimeout)
+	ctx, cancel := context.WithTimeout(ctx, p.opts.SnapshotTimeout+p.opts.RequestTimeout)
+	defer cancel()
+	id := h.SandboxID
+	md, err := p.labelsOf(ctx, id)
+	if err != nil {
+		return "", fmt.Errorf("opensandbox: snapshot %s: %w", id, err)
+	}
+	full := encodeSnapshotName(name, newToken(), md)
+	var adopted string
+	req := request{op: "create snapshot", method: http.MethodPost, url: p.base + "/sandboxes/" + url.PathEscape(id) + "/snapshots",
+		retry: true, contentType: "application/json", header: p.apiHeader()}
+	req.body, _ = json.Marshal(map[string]string{"name": full})
+	req.beforeRetry = func(ctx context.Context) (bool, error) {
+		sid, err := p.findSnapshot(ctx, id, full)
+		adopted = sid
+		return sid != "", err
+	}
+	resp, err := p.do(ctx, req)
+	var sid string
+	switch {
+	case errors.Is(err, errAdopted):
+		sid = adopted
+	case err != nil:
+		return "", err
+	case resp.status == http.StatusNotFound:
+		p.forget(id)
+		return "", fmt.Errorf("%w: %w", resp.apiError("create snapshot"), provider.ErrSandboxNotFound)
+	case !resp.ok():
+		return "", resp.apiError("create snapshot")
+	default:
+		var doc snapshotDoc
+		if err := json.Unmarshal(resp.body, &doc); err != nil || doc.ID == "" {
+			return "", fmt.Errorf("opensandbox: create snapshot: answer without an id: %s", truncate(resp.body))
+		}
+		sid = doc.ID
+	}
+	log := p.log.WithFields(logrus.Fields{"sandbox_id": id, "snapshot_id": sid})
+	if err := p.waitReady(ctx, sid, deadline); err != nil {
+		p.discardSnapshot(ctx, sid, log)
+		return "", err
+	}
+	return sid, nil
+}
+
+// discardSnapshot deletes a snapshot that will never be used. One that
+// failed goes at once; one still Creating (409) is retried in the background
+// until it can be deleted, without holding up the caller.
+func (p *Provider) discardSnapshot(ctx context.Context, sid string, log logrus.FieldLogger) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.RequestTimeout)
+	defer cancel()
+	resp, err := p.api(dctx, "delete snapshot", http.MethodDelete, "/snapshots/"+url.PathEscape(sid), nil, true)
+	if err == nil && (resp.ok() || resp.status == http.StatusNotFound) {
+		return
+	}
+	go func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.SnapshotTimeout)
+		defer cancel()
+		if derr := p.DeleteSnapshot(dctx, sid); derr != nil {
+			log.WithError(derr).Warn("opensandbox: could not delete a snapshot that did not become ready")
+		}
+	}()
+}
+
+func (p *Provider) waitReady(ctx context.Context, sid string, deadline time.Time) error {
+	for {
+		resp, err := p.api(ctx, "get snapshot", http.MethodGet, "/snapshots/"+url.PathEscape(sid), nil, true)
+		if err != nil {
+			return err
+		}
+		if resp.status == http.StatusNotFound {
+			return fmt.Errorf("opensandbox: snapshot %s vanished while Creating: %w", sid, provider.ErrSnapshotNotFound)
+		}
+		if !resp.ok() {
+			return resp.apiError("get snapshot")
+		}
+		var doc snapshotDoc
+		if err := json.Unmarshal(resp.body, &doc); err != nil {
+			return fmt.Errorf("opensandbox: get snapshot %s: %w", sid, err)
+		}
+		switch strings.ToLower(doc.Status.State) {
+		case "ready":
+			return nil
+		case "failed", "deleting":
+			return fmt.Errorf("opensandbox: snapshot %s is %s (%s: %s)", sid, doc.Status.State, doc.Status.Reason, doc.Status.Message)
+		}
+		if !p.clk.Now().Before(deadline) {
+			return fmt.Errorf("opensandbox: snapshot %s still %s at its deadline: %w", sid, doc.Status.State, context.DeadlineExceeded)
+		}
+		if err := p.sleep(ctx, p.opts.PollInterval); err != nil {
+			return err
+		}
+	}
+}
+
+// findSnapshot looks for the snapshot of sandboxID named name.
+func (p *Provider) findSnapshot(ctx context.Context, sandboxID, name string) (string, error) {
+	var found string
+	err := p.eachSnapshot(ctx, url.Values{"sandboxId": {sandboxID}}, func(doc snapshotDoc) bool {
+		if doc.Name == name && doc.SandboxID == sandboxID {
+			found = doc.ID
+			return false
+		}
+		return true
+	})
+	return found, err
+}
+
+func (p *Provider) eachSnapshot(ctx context.Context, q url.Values, fn func(snapshotDoc) bool) error {
+	return eachPage(ctx, p, "list snapshots", "/snapshots", q, func(d snapshotDoc) string { return d.ID }, fn)
+}
+
+// DeleteSnapshot deletes a snapshot; one missing is success, one still
+// Creating (409) is tried again until it can be deleted or
+// Options.SnapshotTimeout passes.
+func (p *Provider) DeleteSnapshot(ctx context.Context, snapshotID string) error {
+	if snapshotID == "" || strings.ContainsAny(snapshotID, "/?#%") {
+		return fmt.Errorf("opensandbox: bad snapshot id %q: %w", snapshotID, provider.ErrSnapshotNotFound)
+	}
+	deadline := p.clk.Now().Add(p.opts.SnapshotTimeout)
+	ctx, cancel := context.WithTimeout(ctx, p.opts.SnapshotTimeout+p.opTimeout())
+	defer cancel()
+	for {
+		resp, err := p.api(ctx, "delete snapshot", http.MethodDelete, "/snapshots/"+url.PathEscape(snapshotID), nil, true)
+		switch {
+		case err != nil:
+			return err
+		case resp.ok(), resp.status == http.StatusNotFound:
+			return nil
+		case resp.status != http.StatusConflict:
+			return resp.apiError("delete snapshot")
+		}
+		if !p.clk.Now().Before(deadline) {
+			return fmt.Errorf("%w: still refused at the deadline", resp.apiError("delete snapshot"))
+		}
+		if err := p.sleep(ctx, p.opts.PollInterval); err != nil {
+			return err
+		}
+	}
+}
+
+// ListSandboxes lists the sandboxes carrying Options.ListLabels.
+func (p *Provider) ListSandboxes(ctx context.Context) ([]provider.SandboxInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*p.opTimeout())
+	defer cancel()
+	var out []provider.SandboxInfo
+	err := p.eachSandbox(ctx, p.opts.ListLabels, func(doc sandboxDoc) bool {
+		md := decodeLabels(doc.Metadata)
+		delete(md, createLabel)
+		if !hasLabels(md, p.opts.ListLabels) {
+			return true
+		}
+		info := provider.SandboxInfo{
+			Handle:       p.handle(doc.ID, ""),
+			Status:       status(doc.Status.State),
+			Metadata:     md,
+			CreatedAt:    doc.CreatedAt,
+			FromSnapshot: doc.SnapshotID,
+		}
+		if doc.ExpiresAt != nil {
+			info.ExpiresAt = *doc.ExpiresAt
+		}
+		out = append(out, info)
+		return true
+	})
+	return out, err
+}
+
+// ListSnapshots lists the snapshots this provider named whose labels carry
+// Options.ListLabels.
+func (p *Provider) ListSnapshots(ctx context.Context) ([]provider.SnapshotInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*p.opTimeout())
+	defer cancel()
+	var out []provider.SnapshotInfo
+	err := p.eachSnapshot(ctx, url.Values{}, func(doc snapshotDoc) bool {
+		name, _, md, ours := decodeSnapshotName(doc.Name)
+		if !ours || !hasLabels(md, p.opts.ListLabels) {
+			return true
+		}
+		out = append(out, provider.SnapshotInfo{ID: doc.ID, Name: name, SandboxID: doc.SandboxID, Metadata: md, CreatedAt: doc.CreatedAt})
+		return true
+	})
+	return out, err
+}
