@@ -2,12 +2,13 @@ package actors
 
 import (
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/asynkron/protoactor-go/scheduler"
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/messages"
 )
 
@@ -164,6 +165,9 @@ const DrainGrace = 30 * time.Second
 // CoordinatorEnv is what the coordinator needs from the owner.
 type CoordinatorEnv struct {
 	Log logrus.FieldLogger
+	// Clock times the round's deadline and drain grace (default the wall
+	// clock).
+	Clock clock.Clock
 	// OnOrphan is told about a snapshot that arrived after its round ended
 	// (the round timed out). Nothing names it: the owner deletes it. It is
 	// called from the coordinator's goroutine and must not block.
@@ -178,7 +182,7 @@ type coordinator struct {
 	env    *CoordinatorEnv
 	cur    *Round
 	asker  *actor.PID
-	cancel scheduler.CancelFunc
+	cancel func()
 	pids   []*actor.PID
 }
 
@@ -197,6 +201,9 @@ func (c *coordinator) Receive(ctx actor.Context) {
 		c.cur = NewRound(m.ID, m.Sessions)
 		c.asker = ctx.Sender()
 		c.pids = c.pids[:0]
+		// Armed before any session is asked, so that a test which sees a
+		// snapshot begin knows the deadline is already on the clock.
+		c.cancel = sendAfter(ctx, c.clock(), m.Deadline.Sub(c.clock().Now()), &roundTimeout{Round: m.ID})
 		for _, s := range m.Sessions {
 			pid, ok := s.PID.(*actor.PID)
 			if !ok || pid == nil {
@@ -206,11 +213,6 @@ func (c *coordinator) Receive(ctx actor.Context) {
 			ctx.Watch(pid)
 			ctx.Request(pid, &messages.TakeSnapshot{Round: m.ID, Name: m.Names[s.SessionID], Deadline: m.Deadline})
 		}
-		d := time.Until(m.Deadline)
-		if d < 0 {
-			d = 0
-		}
-		c.cancel = scheduler.NewTimerScheduler(ctx).SendOnce(d, ctx.Self(), &roundTimeout{Round: m.ID})
 		c.maybeFinish(ctx)
 	case *messages.SnapshotReply:
 		if c.cur != nil && c.cur.Reply(m) {
@@ -229,7 +231,7 @@ func (c *coordinator) Receive(ctx actor.Context) {
 		if c.cur != nil && c.cur.ID == m.Round {
 			c.cur.Timeout()
 			if c.cur.Draining() {
-				c.cancel = scheduler.NewTimerScheduler(ctx).SendOnce(DrainGrace, ctx.Self(), &drainTimeout{Round: m.Round})
+				c.cancel = sendAfter(ctx, c.clock(), DrainGrace, &drainTimeout{Round: m.Round})
 			}
 			c.maybeFinish(ctx)
 		}
@@ -239,6 +241,32 @@ func (c *coordinator) Receive(ctx actor.Context) {
 			c.maybeFinish(ctx)
 		}
 	}
+}
+
+func (c *coordinator) clock() clock.Clock {
+	if c.env.Clock == nil {
+		return clock.Real{}
+	}
+	return c.env.Clock
+}
+
+// sendAfter sends msg to the actor itself once d has passed on clk; the
+// returned func cancels it. The actor must still check that msg is current:
+// a cancel can race a timer that already fired.
+func sendAfter(ctx actor.Context, clk clock.Clock, d time.Duration, msg any) func() {
+	t := clk.NewTimer(d)
+	stop := make(chan struct{})
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	go func() {
+		select {
+		case <-t.C():
+			root.Send(self, msg)
+		case <-stop:
+			t.Stop()
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(stop) }) }
 }
 
 func (c *coordinator) maybeFinish(ctx actor.Context) {

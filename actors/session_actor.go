@@ -274,7 +274,7 @@ func (a *sessionActor) snapshot(e effSnapshot, feed func(any)) {
 	ctx := a.env.base()
 	if !e.Deadline.IsZero() {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, e.Deadline)
+		ctx, cancel = clock.WithDeadline(ctx, a.env.Clock, e.Deadline)
 		defer cancel()
 	}
 	snap, ok := a.env.Provider.(provider.Snapshotter)

@@ -1,18 +1,33 @@
-// Package clock is the seam through which every lease, deadline and reaper
-// reads time, so that the simulation and the tests can drive it instead of the
-// wall clock.
+// Package clock is the seam through which every lease, deadline, timer and
+// reaper reads time, so that the simulation and the tests can drive it
+// instead of the wall clock.
 package clock
 
 import (
+	"sort"
 	"sync"
 	"time"
 )
 
-// Clock tells the time. Only Now is needed: the owner's logic compares
-// absolute times and is stepped by explicit tick messages, never by timers
-// hidden inside the clock.
+// Clock tells the time and makes timers on that time. Everything that
+// waits for a moment (a round's deadline, a lease, a poll) waits on the
+// same clock it reads, so a test that moves a Manual clock moves all of it.
 type Clock interface {
 	Now() time.Time
+	// After returns a channel that receives the clock's time once d has
+	// passed on it (at once for d <= 0).
+	After(d time.Duration) <-chan time.Time
+	// NewTimer returns a timer that fires once d has passed on the clock.
+	NewTimer(d time.Duration) Timer
+}
+
+// Timer is a one-shot timer of a Clock, with time.Timer's semantics:
+// Stop and Reset report whether the timer was still pending, and C holds at
+// most one undelivered tick.
+type Timer interface {
+	C() <-chan time.Time
+	Stop() bool
+	Reset(d time.Duration) bool
 }
 
 // Real is the wall clock.
@@ -21,15 +36,35 @@ type Real struct{}
 // Now returns time.Now().
 func (Real) Now() time.Time { return time.Now() }
 
-// Manual is a clock that moves only when told to. It is safe for concurrent
-// use.
+// After is time.After.
+func (Real) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// NewTimer wraps time.NewTimer.
+func (Real) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }
+
+type realTimer struct{ t *time.Timer }
+
+func (r realTimer) C() <-chan time.Time        { return r.t.C }
+func (r realTimer) Stop() bool                 { return r.t.Stop() }
+func (r realTimer) Reset(d time.Duration) bool { return r.t.Reset(d) }
+
+// Manual is a clock that moves only when told to: its timers fire, in the
+// order they are due, when Advance or Set moves it past them. It is safe for
+// concurrent use.
 type Manual struct {
-	mu  sync.Mutex
-	now time.Time
+	mu     sync.Mutex
+	now    time.Time
+	seq    uint64
+	timers map[*manualTimer]bool
+	// changed is closed (and replaced) whenever a timer is armed, so a
+	// test can wait for the code under test to start waiting.
+	changed chan struct{}
 }
 
 // NewManual returns a manual clock set to start.
-func NewManual(start time.Time) *Manual { return &Manual{now: start} }
+func NewManual(start time.Time) *Manual {
+	return &Manual{now: start, timers: map[*manualTimer]bool{}, changed: make(chan struct{})}
+}
 
 // Now returns the clock's current time.
 func (m *Manual) Now() time.Time {
@@ -38,17 +73,153 @@ func (m *Manual) Now() time.Time {
 	return m.now
 }
 
-// Advance moves the clock forward by d and returns the new time.
+// Advance moves the clock forward by d, fires the timers now due, and
+// returns the new time.
 func (m *Manual) Advance(d time.Duration) time.Time {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.now = m.now.Add(d)
-	return m.now
+	now := m.now
+	m.fireLocked()
+	m.mu.Unlock()
+	return now
 }
 
-// Set moves the clock to t.
+// Set moves the clock to t and fires the timers now due.
 func (m *Manual) Set(t time.Time) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.now = t
+	m.fireLocked()
+	m.mu.Unlock()
+}
+
+// After returns the channel of a new timer of d.
+func (m *Manual) After(d time.Duration) <-chan time.Time { return m.NewTimer(d).C() }
+
+// NewTimer returns a timer due d from now; it fires at once if d <= 0.
+func (m *Manual) NewTimer(d time.Duration) Timer {
+	t := &manualTimer{m: m, c: make(chan time.Time, 1)}
+	m.mu.Lock()
+	m.armLocked(t, d)
+	m.mu.Unlock()
+	return t
+}
+
+// Pending is how many timers wait to fire.
+func (m *Manual) Pending() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.timers)
+}
+
+// Next reports when the earliest pending timer is due.
+func (m *Manual) Next() (time.Time, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var at time.Time
+	for t := range m.timers {
+		if at.IsZero() || t.due.Before(at) {
+			at = t.due
+		}
+	}
+	return at, !at.IsZero()
+}
+
+// Armed returns a channel closed the next time a timer is armed, for a test
+// to wait (instead of sleeping) until the code it drives waits on the clock.
+func (m *Manual) Armed() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.changed
+}
+
+// WaitPending blocks until at least n timers are pending or done is
+// closed; it reports whether n were reached.
+func (m *Manual) WaitPending(n int, done <-chan struct{}) bool {
+	for {
+		m.mu.Lock()
+		if len(m.timers) >= n {
+			m.mu.Unlock()
+			return true
+		}
+		ch := m.changed
+		m.mu.Unlock()
+		select {
+		case <-ch:
+		case <-done:
+			return false
+		}
+	}
+}
+
+func (m *Manual) armLocked(t *manualTimer, d time.Duration) {
+	m.seq++
+	t.due, t.seq = m.now.Add(d), m.seq
+	if d <= 0 {
+		t.send(m.now)
+		return
+	}
+	m.timers[t] = true
+	close(m.changed)
+	m.changed = make(chan struct{})
+}
+
+// fireLocked fires every timer due at or before now, earliest first (ties
+// in the order they were armed), so that what they wake runs in the order
+// real timers would have.
+func (m *Manual) fireLocked() {
+	var due []*manualTimer
+	for t := range m.timers {
+		if !t.due.After(m.now) {
+			due = append(due, t)
+		}
+	}
+	sort.Slice(due, func(i, j int) bool {
+		if !due[i].due.Equal(due[j].due) {
+			return due[i].due.Before(due[j].due)
+		}
+		return due[i].seq < due[j].seq
+	})
+	for _, t := range due {
+		delete(m.timers, t)
+		t.send(t.due)
+	}
+}
+
+type manualTimer struct {
+	m   *Manual
+	c   chan time.Time
+	due time.Time
+	seq uint64
+}
+
+func (t *manualTimer) C() <-chan time.Time { return t.c }
+
+// send delivers a tick unless one is still undelivered.
+func (t *manualTimer) send(at time.Time) {
+	select {
+	case t.c <- at:
+	default:
+	}
+}
+
+func (t *manualTimer) Stop() bool {
+	t.m.mu.Lock()
+	defer t.m.mu.Unlock()
+	pending := t.m.timers[t]
+	delete(t.m.timers, t)
+	return pending
+}
+
+func (t *manualTimer) Reset(d time.Duration) bool {
+	t.m.mu.Lock()
+	defer t.m.mu.Unlock()
+	pending := t.m.timers[t]
+	delete(t.m.timers, t)
+	// As time.Timer since Go 1.23: a reset drops an undelivered tick.
+	select {
+	case <-t.c:
+	default:
+	}
+	t.m.armLocked(t, d)
+	return pending
 }

@@ -62,8 +62,8 @@ type Config struct {
 	Clock clock.Clock
 	// LeaseGrace is added to deadline_ts to give the lease (default 600 s).
 	LeaseGrace time.Duration
-	// PollEvery bounds a prepare's wait between readiness checks, in wall
-	// time (default 1 s).
+	// PollEvery bounds a prepare's wait between readiness checks, on the
+	// clock (default 1 s).
 	PollEvery time.Duration
 	Logger    logrus.FieldLogger
 }
@@ -376,7 +376,7 @@ func (m *Machine) Prepare(ctx context.Context, req PrepareRequest) (PrepareReply
 	}
 
 	deadline := req.Deadline()
-	timer := time.NewTimer(m.cfg.PollEvery)
+	timer := m.clk.NewTimer(min(m.cfg.PollEvery, deadline.Sub(m.clk.Now())))
 	defer timer.Stop()
 	for {
 		woken := m.changed.Wait()
@@ -399,8 +399,8 @@ func (m *Machine) Prepare(ctx context.Context, req PrepareRequest) (PrepareReply
 		}
 		select {
 		case <-woken:
-		case <-timer.C:
-			timer.Reset(m.cfg.PollEvery)
+		case <-timer.C():
+			timer.Reset(min(m.cfg.PollEvery, deadline.Sub(m.clk.Now())))
 		case <-ctx.Done():
 			return PrepareReply{}, ErrDeadlineExceeded.With("prepare of %q: %v", id, ctx.Err())
 		}
@@ -441,8 +441,8 @@ func (m *Machine) finish(key opKey, c *call, reply any, err error) {
 	m.changed.Fire()
 }
 
-// await waits for a run, bounded by the request's deadline (converted to
-// wall time) and its context; the run itself goes on.
+// await waits for a run, bounded by the request's deadline (on the clock)
+// and its context; the run itself goes on.
 func (m *Machine) await(ctx context.Context, b Base, c *call) (any, error) {
 	wait := b.Deadline().Sub(m.clk.Now())
 	if wait <= 0 {
@@ -453,12 +453,12 @@ func (m *Machine) await(ctx context.Context, b Base, c *call) (any, error) {
 			return nil, ErrDeadlineExceeded.With("checkpoint %q: deadline passed", b.CheckpointID)
 		}
 	}
-	t := time.NewTimer(wait)
+	t := m.clk.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case <-c.done:
 		return c.reply, c.err
-	case <-t.C:
+	case <-t.C():
 		return nil, ErrDeadlineExceeded.With("checkpoint %q: deadline passed; the operation continues and a retry awaits it", b.CheckpointID)
 	case <-ctx.Done():
 		return nil, ErrDeadlineExceeded.With("checkpoint %q: %v", b.CheckpointID, ctx.Err())
@@ -698,11 +698,7 @@ func (m *Machine) Retire(ctx context.Context, req RetireRequest) (RetireReply, e
 	m.retiring++
 	m.mu.Unlock()
 
-	wait := req.Deadline().Sub(m.clk.Now())
-	if wait <= 0 {
-		wait = time.Nanosecond
-	}
-	rctx, cancel := context.WithTimeout(ctx, wait)
+	rctx, cancel := clock.WithDeadline(ctx, m.clk, req.Deadline())
 	err := m.hooks.Retire(rctx, req.EpisodeIDs)
 	cancel()
 	m.mu.Lock()

@@ -653,3 +653,40 @@ func TestOperationsDuringARunningRestore(t *testing.T) {
 		t.Errorf("phase %s, want restored", r.phase())
 	}
 }
+
+// TestCommitWaitEndsAtDeadlineOnTheClock: a commit's caller waits until
+// deadline_ts on the machine's clock, not on the wall clock; the commit
+// itself goes on, and its reply is kept for a retry.
+func TestCommitWaitEndsAtDeadlineOnTheClock(t *testing.T) {
+	r := newRig(t)
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	r.h.commit = func(ctx context.Context, req control.CommitRequest) (control.CommitResult, error) {
+		close(entered)
+		<-release
+		return control.CommitResult{Manifest: control.Manifest{CheckpointID: req.CheckpointID, RecordsSHA256: "h"}}, nil
+	}
+	r.prepare("c1")
+	req := control.CommitRequest{Base: r.base("c1", 30*time.Second), CheckpointDir: "/ck"}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := r.m.Commit(ctx, req)
+		errc <- err
+	}()
+	<-entered
+	r.clk.WaitPending(1, nil)
+	r.clk.Advance(29 * time.Second)
+	select {
+	case err := <-errc:
+		t.Fatalf("the wait ended before the deadline: %v", err)
+	default:
+	}
+	r.clk.Advance(time.Second)
+	wantCode(t, <-errc, control.ErrDeadlineExceeded)
+	close(release)
+	// Resume waits for the run and ends the checkpoint.
+	r.resume("c1")
+	if p := r.phase(); p != control.PhaseIdle {
+		t.Fatalf("phase %s after resume", p)
+	}
+}

@@ -1,6 +1,7 @@
 package http_test
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -110,4 +111,47 @@ func TestShutdownDoesNotWaitForAPreparesDeadline(t *testing.T) {
 	release()
 	h.ok(<-appended, "the in-flight append is drained")
 	<-stopped
+}
+
+// TestDeadlineTSBoundsTheCommitRound: the controller's deadline_ts reaches
+// the owner's snapshot round, on the server's clock. A snapshot that hangs
+// past it fails the commit, which is cleaned up as any failed commit: no
+// checkpoint, no snapshot, the episode's sandbox still running.
+func TestDeadlineTSBoundsTheCommitRound(t *testing.T) {
+	h := newHarness(t)
+	a := &agent{}
+	h.ok(h.post(a, "/ng-rollout/r1/seed_session", nil), "seed")
+	sb := h.sandboxID(a)
+	h.op("prepare", "ck1", nil)
+	began := make(chan struct{})
+	var once sync.Once
+	h.fake().SetHook(func(c fake.Call) {
+		if c.Op == fake.OpSnapshot && c.Phase == fake.PhaseBegin {
+			once.Do(func() { close(began) })
+		}
+	})
+	h.fake().HangNext(fake.OpSnapshot, 1)
+	replied := make(chan reply, 1)
+	// Far below the owner's own 10-minute round timeout.
+	go func() {
+		replied <- h.control("commit", map[string]any{"checkpoint_id": "ck1", "deadline_ts": control.UnixSeconds(h.clk.Now().Add(30 * time.Second)), "checkpoint_dir": "/d"})
+	}()
+	<-began
+	h.clk.Advance(30 * time.Second)
+	// The reply races the round's end at the deadline: either the wait
+	// gave up (the commit goes on) or the failed commit answered.
+	if r := <-replied; !(r.status == 409 && r.code() == "deadline_exceeded") && !(r.status == 500 && r.code() == "commit_failed") {
+		t.Fatalf("commit past its deadline: %d %s", r.status, r.body)
+	}
+	// Resume waits for the commit still running.
+	h.op("resume", "ck1", nil)
+	if cks, _ := h.own.Checkpoints(); len(cks) != 0 {
+		t.Errorf("a commit past its deadline recorded %v", cks)
+	}
+	if n := h.fake().Stats().LiveSnapshots; n != 0 {
+		t.Errorf("%d snapshots left by the failed commit", n)
+	}
+	if got := h.sandboxID(a); got != sb || !h.live(sb) {
+		t.Errorf("sandbox %s (live %v) after the failed commit, want %s running", got, h.live(sb), sb)
+	}
 }

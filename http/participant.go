@@ -194,6 +194,7 @@ func (p *participant) Commit(ctx context.Context, req control.CommitRequest) (co
 		Scope:         scope,
 		Stop:          req.Stop,
 		Episodes:      episodes,
+		Deadline:      req.Deadline(),
 	})
 	if err != nil {
 		if errors.Is(err, snapshotindex.ErrConflict) {

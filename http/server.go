@@ -241,14 +241,15 @@ func New(cfg Config) (*Server, error) {
 
 func (s *Server) tickLease(every time.Duration) {
 	defer s.ticker.Done()
-	t := time.NewTicker(every)
+	t := s.clk.NewTimer(every)
 	defer t.Stop()
 	for {
 		select {
 		case <-s.stopTick:
 			return
-		case <-t.C:
+		case <-t.C():
 			s.machine.Tick()
+			t.Reset(every)
 		}
 	}
 }

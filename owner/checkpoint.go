@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/actors"
+	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -33,6 +34,12 @@ type CommitRequest struct {
 	Stop bool
 	// Episodes labels sessions with their episode (recorded per record).
 	Episodes map[string]string
+	// Deadline, on the owner's clock, bounds the snapshot round (the
+	// controller's deadline_ts); the round also ends after
+	// checkpoint.round_timeout. A round still running then fails and is
+	// cleaned up as any failed commit. The caller's context does not bound
+	// it: the round's result is needed to clean up.
+	Deadline time.Time
 }
 
 // CommitResult is what a commit recorded.
@@ -139,11 +146,11 @@ func (o *Owner) Commit(ctx context.Context, req CommitRequest) (CommitResult, er
 		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
 	}
 
-	deadline := time.Now().Add(o.cfg.Checkpoint.RoundTimeout)
-	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
-		deadline = dl
+	deadline := o.clk.Now().Add(o.cfg.Checkpoint.RoundTimeout)
+	if !req.Deadline.IsZero() && req.Deadline.Before(deadline) {
+		deadline = req.Deadline
 	}
-	started := time.Now()
+	started := o.clk.Now()
 	rr, err := o.runRound(&actors.StartRound{ID: round, Sessions: refs, Names: names, Deadline: deadline})
 	if err != nil {
 		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
@@ -185,7 +192,7 @@ func (o *Owner) Commit(ctx context.Context, req CommitRequest) (CommitResult, er
 		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
 	}
 	res.Meta = meta
-	log.WithFields(logrus.Fields{"records": len(records), "skipped": len(rr.Skipped), "took": time.Since(started)}).Info("checkpoint committed")
+	log.WithFields(logrus.Fields{"records": len(records), "skipped": len(rr.Skipped), "took": o.clk.Now().Sub(started)}).Info("checkpoint committed")
 
 	if req.Stop && o.cfg.Checkpoint.OnStop == OnStopKill {
 		res.Parked, res.ParkFailed = o.stopMany(ctx, res.Sessions, messages.StopPark)
@@ -200,7 +207,9 @@ func (o *Owner) Commit(ctx context.Context, req CommitRequest) (CommitResult, er
 // wait is not bounded by the caller's context: the round ends by its own
 // deadline, and its result is needed to clean up.
 func (o *Owner) runRound(m *actors.StartRound) (*actors.RoundResult, error) {
-	ctx, cancel := context.WithDeadline(context.Background(), m.Deadline.Add(time.Minute))
+	// The coordinator answers by the deadline plus its drain grace; the
+	// bound only guards against a lost reply.
+	ctx, cancel := clock.WithDeadline(context.Background(), o.clk, m.Deadline.Add(actors.DrainGrace+time.Minute))
 	defer cancel()
 	v, err := o.ask(ctx, o.coord, m)
 	if err != nil {

@@ -136,24 +136,36 @@ func TestCommitBoundsParallelism(t *testing.T) {
 }
 
 func TestFailedCommitRecordsNothingAndLeavesNoSnapshot(t *testing.T) {
-	cases := map[string]func(fk *fake.Provider, sandboxID string){
-		"fails before the effect": func(fk *fake.Provider, id string) { fk.FailNextFor(fake.OpSnapshot, id, 1) },
-		"fails after the effect":  func(fk *fake.Provider, id string) { fk.FailAfterEffect(fake.OpSnapshot, 1) },
-		"hangs past the deadline": func(fk *fake.Provider, id string) { fk.HangNext(fake.OpSnapshot, 1) },
+	cases := map[string]func(e *env, o *owner.Owner, sandboxID string) error{
+		"fails before the effect": func(e *env, o *owner.Owner, id string) error {
+			e.fk.FailNextFor(fake.OpSnapshot, id, 1)
+			_, err := o.Commit(context.Background(), owner.CommitRequest{CheckpointID: "c1"})
+			return err
+		},
+		"fails after the effect": func(e *env, o *owner.Owner, id string) error {
+			e.fk.FailAfterEffect(fake.OpSnapshot, 1)
+			_, err := o.Commit(context.Background(), owner.CommitRequest{CheckpointID: "c1"})
+			return err
+		},
+		// The deadline is the request's (the controller's deadline_ts),
+		// on the owner's clock: the round fails when the test moves the
+		// clock past it while a snapshot hangs.
+		"hangs past the request's deadline": func(e *env, o *owner.Owner, id string) error {
+			return commitPastDeadline(e, o, e.clk.Now().Add(time.Second), time.Second)
+		},
+		// No deadline in the request: checkpoint.round_timeout bounds it.
+		"hangs past the round timeout": func(e *env, o *owner.Owner, id string) error {
+			return commitPastDeadline(e, o, time.Time{}, time.Minute)
+		},
 	}
-	for name, inject := range cases {
+	for name, run := range cases {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t)
-			timeout := time.Minute
-			if strings.HasPrefix(name, "hangs") {
-				timeout = time.Second
-			}
-			o := e.open(parallelism(1), roundTimeout(timeout))
+			o := e.open(parallelism(1), roundTimeout(time.Minute))
 			seed(t, o, "s1")
 			s2 := seed(t, o, "s2")
 			seed(t, o, "s3")
-			inject(e.fk, s2.Handle.SandboxID)
-			_, err := o.Commit(context.Background(), owner.CommitRequest{CheckpointID: "c1"})
+			err := run(e, o, s2.Handle.SandboxID)
 			if !errors.Is(err, owner.ErrCommitFailed) {
 				t.Fatalf("commit: got %v, want ErrCommitFailed", err)
 			}
@@ -164,9 +176,21 @@ func TestFailedCommitRecordsNothingAndLeavesNoSnapshot(t *testing.T) {
 			if name == "fails before the effect" && !strings.Contains(err.Error(), `session "s2" could not be snapshotted`) {
 				t.Fatalf("error does not name s2: %v", err)
 			}
+			if strings.HasPrefix(name, "hangs") {
+				// Every session was failed at the deadline: the hung one,
+				// and those still waiting for the limiter's one slot (or,
+				// if one got it first, nothing is taken past it).
+				for sid, why := range ce.Failed {
+					if !strings.Contains(why, "deadline") {
+						t.Fatalf("session %s failed for %q, not the deadline", sid, why)
+					}
+				}
+			}
 			if _, err := o.Index().Checkpoint("c1"); !errors.Is(err, snapshotindex.ErrNotFound) {
 				t.Fatalf("a failed commit was recorded: %v", err)
 			}
+			// Checked as soon as Commit returns: a failed commit returns
+			// only once the snapshots of its round are deleted.
 			st := e.fk.Stats()
 			if st.LiveSnapshots != 0 {
 				t.Fatalf("%d snapshots left behind: %v", st.LiveSnapshots, e.fk.SnapshotIDs())
@@ -185,6 +209,31 @@ func TestFailedCommitRecordsNothingAndLeavesNoSnapshot(t *testing.T) {
 			}
 		})
 	}
+}
+
+// commitPastDeadline commits with the next snapshot hanging, and moves the
+// owner's clock by step once that snapshot has begun (the round's deadline
+// is armed before any session is asked). It returns the commit's error.
+func commitPastDeadline(e *env, o *owner.Owner, deadline time.Time, step time.Duration) error {
+	began := make(chan struct{}, 1)
+	e.fk.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpSnapshot && c.Phase == fake.PhaseBegin {
+			select {
+			case began <- struct{}{}:
+			default:
+			}
+		}
+	})
+	defer e.fk.SetHook(nil)
+	e.fk.HangNext(fake.OpSnapshot, 1)
+	done := make(chan error, 1)
+	go func() {
+		_, err := o.Commit(context.Background(), owner.CommitRequest{CheckpointID: "c1", Deadline: deadline})
+		done <- err
+	}()
+	<-began
+	e.clk.Advance(step)
+	return <-done
 }
 
 func TestProviderWithoutSnapshotsCannotBeExported(t *testing.T) {

@@ -135,7 +135,7 @@ type Config struct {
 	Clock clock.Clock
 	// Logger is the one logger; protoactor's and Badger's logs go to it.
 	Logger *logrus.Logger
-	// RenewEvery starts a lease-renewal ticker on the wall clock; zero
+	// RenewEvery starts a lease-renewal ticker on the clock; zero
 	// leaves renewal to Tick (tests, the simulation).
 	RenewEvery time.Duration
 	// FateMemory bounds how many ended sandboxes are remembered for
@@ -314,6 +314,7 @@ func (o *Owner) startActors() {
 	o.sup, _ = root.SpawnNamed(supervisor.PropsWithDirectory(props, o.dir), "sessions")
 	o.coord, _ = root.SpawnNamed(actors.CoordinatorProps(&actors.CoordinatorEnv{
 		Log:      o.log,
+		Clock:    o.clk,
 		OnOrphan: o.onOrphan,
 	}), "coordinator")
 }
@@ -717,16 +718,17 @@ func (o *Owner) Tick(now time.Time) error {
 
 func (o *Owner) renewLoop(every time.Duration) {
 	defer o.bg.Done()
-	t := time.NewTicker(every)
+	t := o.clk.NewTimer(every)
 	defer t.Stop()
 	for {
 		select {
 		case <-o.closed:
 			return
-		case <-t.C:
+		case <-t.C():
 			if err := o.Tick(o.clk.Now()); err != nil {
 				o.log.WithError(err).Debug("lease renewal tick failed")
 			}
+			t.Reset(every)
 		}
 	}
 }

@@ -385,6 +385,7 @@ func (r *run) opCommit() {
 	}
 	ctx, cancel := context.WithCancel(r.life)
 	defer cancel()
+	var deadline time.Time
 	switch snapFault {
 	case FaultSnapshotFail:
 		if len(live) > 0 && r.rng.IntN(2) == 0 {
@@ -398,9 +399,24 @@ func (r *run) opCommit() {
 	case FaultSnapshotFailAfter:
 		r.fk.FailAfterEffect(fake.OpSnapshot, 1)
 	case FaultLatency:
+		// The round's deadline is on the logical clock: moved past it once
+		// the round has armed it (or the commit ended without a round).
 		r.fk.HangNext(fake.OpSnapshot, 1)
-		ctx, cancel = context.WithTimeout(r.life, 50*time.Millisecond)
-		defer cancel()
+		deadline = r.clk.Now().Add(50 * time.Millisecond)
+		ended := make(chan struct{})
+		moved := make(chan struct{})
+		go func() {
+			defer close(moved)
+			if r.clk.WaitPending(1, ended) {
+				r.clk.Set(deadline)
+			}
+		}()
+		defer func() {
+			close(ended)
+			<-moved
+			// A hang no snapshot reached must not hold up a later commit.
+			r.fk.HangNext(fake.OpSnapshot, 0)
+		}()
 	}
 	switch {
 	case crash == FaultCrashCommit && len(live) > 1:
@@ -427,7 +443,7 @@ func (r *run) opCommit() {
 	var res owner.CommitResult
 	err, crashed := r.guarded(func(context.Context) error {
 		var err error
-		res, err = r.o.Commit(ctx, owner.CommitRequest{CheckpointID: id, Stop: stop})
+		res, err = r.o.Commit(ctx, owner.CommitRequest{CheckpointID: id, Stop: stop, Deadline: deadline})
 		return err
 	})
 	r.tracef("commit %s of %v (stop %v; snapshot fault %q, crash %q, delete fails %v, stop fails %v): exported %v parked %v park failed %v err %v",

@@ -1,0 +1,69 @@
+package clock
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// WithDeadline is context.WithDeadline on clk: the context ends with
+// context.DeadlineExceeded once clk reaches at. On the wall clock it is
+// context.WithDeadline itself; on a Manual clock it ends when the test
+// moves the clock there.
+func WithDeadline(parent context.Context, clk Clock, at time.Time) (context.Context, context.CancelFunc) {
+	if _, ok := clk.(Real); ok {
+		return context.WithDeadline(parent, at)
+	}
+	ctx, cancel := context.WithCancelCause(parent)
+	c := &deadlineCtx{Context: ctx}
+	t := clk.NewTimer(at.Sub(clk.Now()))
+	stop := make(chan struct{})
+	var once sync.Once
+	go func() {
+		select {
+		case <-t.C():
+			c.expire()
+			cancel(context.DeadlineExceeded)
+		case <-stop:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}()
+	return c, func() {
+		once.Do(func() { close(stop) })
+		cancel(context.Canceled)
+	}
+}
+
+// WithTimeout is WithDeadline(parent, clk, clk.Now().Add(d)).
+func WithTimeout(parent context.Context, clk Clock, d time.Duration) (context.Context, context.CancelFunc) {
+	return WithDeadline(parent, clk, clk.Now().Add(d))
+}
+
+// deadlineCtx reports DeadlineExceeded (not Canceled) as its error once
+// its clock's deadline ended it. It reports no Deadline of its own: that
+// would be a time on its clock, which callers would read as wall time.
+type deadlineCtx struct {
+	context.Context
+	mu      sync.Mutex
+	expired bool
+}
+
+func (c *deadlineCtx) expire() {
+	c.mu.Lock()
+	c.expired = true
+	c.mu.Unlock()
+}
+
+func (c *deadlineCtx) Err() error {
+	err := c.Context.Err()
+	if err == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.expired {
+		return context.DeadlineExceeded
+	}
+	return err
+}
