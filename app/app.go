@@ -46,6 +46,9 @@ type Deps struct {
 	Listener net.Listener
 	// LeaseTick is the control plane's lease ticker (0: 1 s; < 0: none).
 	LeaseTick time.Duration
+	// ConfigFile is the file the config was read from: sandboxes never see
+	// it.
+	ConfigFile string
 }
 
 // App is a running server.
@@ -81,7 +84,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		return nil, fmt.Errorf("%w: resources %s: %w", ErrConfig, cfg.Resources, err)
 	}
 
-	prov, provName, err := buildProvider(&cfg, deps, providerEnv{log: log, clk: clk, templates: entry.templates})
+	prov, provName, err := buildProvider(&cfg, deps, providerEnv{log: log, clk: clk, templates: entry.templates, hide: hidden(deps.ConfigFile)})
 	if err != nil {
 		return nil, err
 	}
@@ -140,6 +143,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		LeaseTick:        deps.LeaseTick,
 		Access:           access,
 		Mounts:           mounts,
+		Isolation:        isolationOf(prov),
 	})
 	if err != nil {
 		return fail(fmt.Errorf("%w: %w", ErrConfig, err))
@@ -260,7 +264,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		ErrorLine(stderr, opts.LogFormat, err.Error())
 		return 2
 	}
-	a, err := Start(ctx, opts.Config, Deps{Logger: log})
+	a, err := Start(ctx, opts.Config, Deps{Logger: log, ConfigFile: opts.ConfigFile})
 	if errors.Is(err, ErrConfig) {
 		log.Error(err.Error())
 		return 2

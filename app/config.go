@@ -65,6 +65,12 @@ type LocalOptions struct {
 	// Caches places named shared caches: name → host directory (default
 	// <root>/caches/<name>).
 	Caches map[string]string `yaml:"caches"`
+	// UID and GID are the unprivileged host ids sandboxed commands run as
+	// (0 means the default, 65534; never root).
+	UID int `yaml:"uid"`
+	GID int `yaml:"gid"`
+	// ROBinds are more host paths sandboxes see read-only (a toolchain).
+	ROBinds []string `yaml:"ro_binds"`
 	// SnapshotDelayMS and ForkDelayMS hold each snapshot and fork, for
 	// crash tests that kill the server mid-commit or mid-restore.
 	SnapshotDelayMS int `yaml:"snapshot_delay_ms"`
@@ -112,6 +118,9 @@ func keyUsage() map[string]string {
 		"sandbox.local.overlay":           "local provider: auto, on or off (default: auto)",
 		"sandbox.local.default_workdir":   "local provider: workdir of specs that name none (default: /sandbox)",
 		"sandbox.local.caches":            "local provider: cache name=host directory of a named shared cache (repeatable; default <root>/caches/<name>)",
+		"sandbox.local.uid":               "local provider: host uid sandboxed commands run as (default: 65534; never root)",
+		"sandbox.local.gid":               "local provider: host gid sandboxed commands run as (default: 65534)",
+		"sandbox.local.ro_binds":          "local provider: host path sandboxes see read-only besides /usr, /bin, /sbin, /lib*, /etc (repeatable)",
 		"sandbox.local.snapshot_delay_ms": "local provider: hold every snapshot this long (crash tests only)",
 		"sandbox.local.fork_delay_ms":     "local provider: hold every fork this long (crash tests only)",
 		"checkpoint.enabled":              "serve the checkpoint control plane",
@@ -218,6 +227,11 @@ func setLeaf(c *Config, l leaf, s string) error {
 			v.Set(reflect.MakeMap(l.typ))
 		}
 		v.SetMapIndex(reflect.ValueOf(k), reflect.ValueOf(val))
+	case reflect.Slice:
+		if l.typ.Elem().Kind() != reflect.String {
+			return fmt.Errorf("%s cannot be set by a flag", l.path)
+		}
+		v.Set(reflect.Append(v, reflect.ValueOf(s)))
 	default:
 		return fmt.Errorf("%s cannot be set by a flag", l.path)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -25,6 +26,8 @@ type providerEnv struct {
 	// templates are images the resources server needs (the notes server's
 	// empty "notes" image), added where the config names none.
 	templates map[string]string
+	// hide are host paths sandboxes must never see (the config file).
+	hide []string
 }
 
 // providerFactory builds one provider from its options in the config.
@@ -61,6 +64,15 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 	for k, v := range o.Templates {
 		templates[k] = v
 	}
+	hide := slices.Clone(env.hide)
+	if cfg.Checkpoint.StateDir != "" {
+		hide = append(hide, cfg.Checkpoint.StateDir)
+	}
+	for i, h := range hide {
+		if abs, err := filepath.Abs(h); err == nil {
+			hide[i] = abs
+		}
+	}
 	p, err := local.New(local.Options{
 		Root:           root,
 		Templates:      templates,
@@ -68,6 +80,10 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 		Overlay:        o.Overlay,
 		DefaultWorkdir: o.DefaultWorkdir,
 		Caches:         o.Caches,
+		UID:            o.UID,
+		GID:            o.GID,
+		ROBinds:        o.ROBinds,
+		Hide:           hide,
 		SnapshotDelay:  time.Duration(o.SnapshotDelayMS) * time.Millisecond,
 		ForkDelay:      time.Duration(o.ForkDelayMS) * time.Millisecond,
 		Clock:          env.clk,
@@ -83,3 +99,26 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 // that lends no sandboxes: its owner then runs restart_only, and the
 // provider still serves sandboxes that are not session state (grading).
 type withoutSnapshots struct{ provider.Provider }
+
+// hidden lists the non-empty paths.
+func hidden(paths ...string) []string {
+	var out []string
+	for _, p := range paths {
+		if p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// isolationOf is how prov holds sandboxed commands, for /health: the
+// local provider says ("bwrap" or "none"); others hold them their own way.
+func isolationOf(prov provider.Provider) string {
+	if w, ok := prov.(withoutSnapshots); ok {
+		prov = w.Provider
+	}
+	if i, ok := prov.(interface{ Isolation() string }); ok {
+		return i.Isolation()
+	}
+	return ""
+}

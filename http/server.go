@@ -96,6 +96,9 @@ type Config struct {
 	// Mounts serve other path prefixes (the sandbox exec API) with their
 	// own handlers; they get the panic guard and nothing else.
 	Mounts map[string]fasthttp.RequestHandler
+	// Isolation is how sandboxed commands are held ("bwrap", "none"),
+	// reported by /health when set.
+	Isolation string
 }
 
 // Server serves a resources server, its sessions and its participant
@@ -353,7 +356,11 @@ func (s *Server) health(ctx *fasthttp.RequestCtx) {
 		methodNotAllowed(ctx, "GET")
 		return
 	}
-	writeJSON(ctx, nethttp.StatusOK, map[string]any{"status": "ok", "name": s.res.Name(), "mode": s.mode})
+	reply := map[string]any{"status": "ok", "name": s.res.Name(), "mode": s.mode}
+	if s.cfg.Isolation != "" {
+		reply["isolation"] = s.cfg.Isolation
+	}
+	writeJSON(ctx, nethttp.StatusOK, reply)
 }
 
 // parseError answers what fasthttp could not parse: 413 for a body over

@@ -97,10 +97,14 @@ func (p *Provider) cacheDir(name string) string {
 	return filepath.Join(p.root, "caches", name)
 }
 
-// makeCacheDirs creates the caches' host directories.
-func makeCacheDirs(mounts []cacheMount) error {
+// makeCacheDirs creates the caches' host directories, which belong to own
+// (the sandbox's uid, which writes them).
+func makeCacheDirs(mounts []cacheMount, own *owner) error {
 	for _, m := range mounts {
 		if err := os.MkdirAll(m.host, 0o755); err != nil {
+			return fmt.Errorf("local: cache %q: %w", m.name, err)
+		}
+		if err := own.chown(m.host); err != nil {
 			return fmt.Errorf("local: cache %q: %w", m.name, err)
 		}
 	}
@@ -116,13 +120,27 @@ func (p *Provider) sandboxMounts(spec provider.Spec, workdir, dir string, makeDi
 		return nil, err
 	}
 	if makeDirs {
-		if err := makeCacheDirs(caches); err != nil {
+		if err := makeCacheDirs(caches, p.owner()); err != nil {
 			return nil, err
 		}
 	}
 	mounts, err := p.mountsOf(spec, workdir, dir)
 	if err != nil {
 		return nil, err
+	}
+	if makeDirs && p.bwrap != nil {
+		for _, m := range mounts {
+			if err := p.reach(m.host); err != nil {
+				return nil, fmt.Errorf("local: %s: %w", m.name, err)
+			}
+			if m.ro {
+				continue
+			}
+			// Written by the sandbox's uid, like a cache.
+			if err := p.owner().chown(m.host); err != nil {
+				return nil, fmt.Errorf("local: %s: %w", m.name, err)
+			}
+		}
 	}
 	all := append(caches, mounts...)
 	seen := map[string]string{}

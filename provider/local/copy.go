@@ -28,9 +28,9 @@ const (
 // whiteouts and opaque directories survive), symlinks, hard links, device
 // nodes and holes in sparse files. Regular files are copied by `workers`
 // goroutines, each file as a reflink where the filesystem has them and by
-// copy_file_range otherwise.
-func copyTree(ctx context.Context, src, dst string, workers int) error {
-	c := &treeCopier{links: map[[2]uint64]string{}, euid: os.Geteuid(), egid: os.Getegid()}
+// copy_file_range otherwise. A non-nil as owns every copy instead.
+func copyTree(ctx context.Context, src, dst string, workers int, as *owner) error {
+	c := &treeCopier{links: map[[2]uint64]string{}, euid: os.Geteuid(), egid: os.Getegid(), as: as}
 	c.reflink.Store(true)
 	return c.run(ctx, src, dst, workers)
 }
@@ -39,6 +39,7 @@ type treeCopier struct {
 	reflink    atomic.Bool
 	links      map[[2]uint64]string // (dev, inode) of a hard-linked file -> its copy; walker only
 	euid, egid int
+	as         *owner
 }
 
 type copyJob struct {
@@ -242,14 +243,18 @@ func copySparse(in, out *os.File, size int64) error {
 // chown gives p st's owner. Like cp -a, a server that is not root keeps
 // what it cannot give away as its own.
 func (c *treeCopier) chown(p string, st *syscall.Stat_t, link bool) error {
-	if int(st.Uid) == c.euid && int(st.Gid) == c.egid {
+	uid, gid := int(st.Uid), int(st.Gid)
+	if c.as != nil {
+		uid, gid = c.as.uid, c.as.gid
+	}
+	if uid == c.euid && gid == c.egid {
 		return nil
 	}
 	var err error
 	if link {
-		err = os.Lchown(p, int(st.Uid), int(st.Gid))
+		err = os.Lchown(p, uid, gid)
 	} else {
-		err = os.Chown(p, int(st.Uid), int(st.Gid))
+		err = os.Chown(p, uid, gid)
 	}
 	if err != nil && c.euid != 0 && errors.Is(err, syscall.EPERM) {
 		return nil

@@ -133,7 +133,7 @@ func TestCopyTreeKeepsWhatCpAKeeps(t *testing.T) {
 	must(lutimes(filepath.Join(src, "rel-link"), &syscall.Stat_t{Atim: oldTS, Mtim: oldTS}))
 
 	dst := filepath.Join(t.TempDir(), "dst")
-	if err := copyTree(context.Background(), src, dst, 3); err != nil {
+	if err := copyTree(context.Background(), src, dst, 3, nil); err != nil {
 		t.Fatal(err)
 	}
 	if d := cmp.Diff(describe(t, src), describe(t, dst)); d != "" {
@@ -145,7 +145,7 @@ func TestCopyTreeKeepsWhatCpAKeeps(t *testing.T) {
 	if dstSt.Blocks > sst.Blocks+8 {
 		t.Errorf("the sparse file's copy uses %d blocks, the original %d", dstSt.Blocks, sst.Blocks)
 	}
-	if err := copyTree(context.Background(), src, dst, 3); err == nil {
+	if err := copyTree(context.Background(), src, dst, 3, nil); err == nil {
 		t.Errorf("copy onto an existing directory succeeded")
 	}
 }
@@ -159,7 +159,7 @@ func TestCopyTreeStopsWithItsContext(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := copyTree(ctx, src, filepath.Join(t.TempDir(), "dst"), 2)
+	err := copyTree(ctx, src, filepath.Join(t.TempDir(), "dst"), 2, nil)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("copy on a done context: %v", err)
 	}

@@ -60,16 +60,26 @@
 // # Commands
 //
 // Exec runs /bin/sh -c in its own process group with a small environment
-// (PATH, HOME, LANG, the spec's env, the request's env, and SandboxIDEnv).
-// Under bubblewrap the tree is mounted at the workdir (Spec.Workdir, default
-// /sandbox), every top-level host directory is bound read-only over a tmpfs
-// root, /tmp is private, /dev and /proc are the sandbox's own, the provider's
-// root is hidden, CAP_SYS_ADMIN and other non-default capabilities are
-// dropped, and there is no network but loopback unless Spec.Network. A
-// workdir under a host directory that does not hold it (/usr/x) is
-// ErrInvalidSpec there. Unisolated, commands run as the server does, with
-// their cwd in the tree's host directory (pwd shows it), and may touch
-// anything the server can.
+// (PATH, HOME, LANG, the spec's env, the request's env, and SandboxIDEnv);
+// names must be shell names. Under bubblewrap that environment is the
+// command's only: bwrap itself starts with a fixed one. bwrap runs in a
+// user namespace whose root is an unprivileged host uid and gid
+// (Options.UID, GID: 65534 by default) with no supplementary groups, and the
+// command runs as that root with every capability dropped (bounding set
+// included), no_new_privs, and no further user namespaces. A sandbox's tree
+// belongs to that uid: an image is given to it (copy mode: as it is copied;
+// overlay mode: by a metadata-only layer made once per template, under
+// <Root>/images). The command sees its tree at the workdir (Spec.Workdir,
+// default /sandbox), a private /tmp, its own /proc and a minimal /dev, its
+// caches and mounts, and read-only only /usr, /bin, /sbin, /lib*, /etc and
+// Options.ROBinds, with Options.Hide and the provider's root masked where
+// those hold them; /root, /home, /var, /srv, /run and the host's /tmp are
+// never shown. There is no network but loopback unless Spec.Network.
+// bubblewrap binds by path as that uid, so New makes the root's ancestors
+// searchable (o+x) for it. A workdir under a host directory that does not
+// hold it (/usr/x) is ErrInvalidSpec there. Unisolated, commands run as the
+// server does, with their cwd in the tree's host directory (pwd shows it),
+// and may touch anything the server can.
 //
 // No command outlives its Exec: the group is killed on timeout (TimedOut,
 // exit 137), when ctx ends, and when the shell exits (so `sleep 9 &` does

@@ -72,7 +72,6 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	}
 	stdout, stderr := &cappedBuffer{max: p.outputCap}, &cappedBuffer{max: p.outputCap}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = pipeGrace
 
 	began := time.Now()
@@ -108,8 +107,13 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	}
 	timer.Stop()
 	// The leader has exited but is not reaped, so its group id is still
-	// ours: kill whatever the command left behind.
+	// ours: kill whatever the command left behind, and wait for it to be
+	// gone (bubblewrap's exit does not wait for its sandbox's init, whose
+	// exit takes the sandbox's every process with it).
 	killGroup(pgid)
+	if err := waitGroupGone(pgid, killLimit); err != nil {
+		p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: a command's processes outlived it")
+	}
 	waitErr := cmd.Wait()
 
 	s.mu.Lock()
@@ -148,15 +152,9 @@ func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest) (*e
 	if err != nil {
 		return nil, err
 	}
-	var cmd *exec.Cmd
 	home := s.fsDir()
 	if p.bwrap != nil {
 		home = meta.Workdir
-		cwd := path.Join(meta.Workdir, rel)
-		cmd = exec.Command(p.bwrap.bin, p.bwrap.args(s.fsDir(), meta.Workdir, cwd, meta.Network, req.Command, cacheBindArgs(caches)...)...)
-	} else {
-		cmd = exec.Command("/bin/sh", "-c", req.Command)
-		cmd.Dir = filepath.Join(s.fsDir(), filepath.FromSlash(rel))
 	}
 	env := map[string]string{"PATH": basePath, "HOME": home, "LANG": "C.UTF-8"}
 	for k, v := range meta.Env {
@@ -174,10 +172,23 @@ func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest) (*e
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	cmd.Env = make([]string, 0, len(keys))
+	list := make([]string, 0, len(keys))
 	for _, k := range keys {
-		cmd.Env = append(cmd.Env, k+"="+env[k])
+		list = append(list, k+"="+env[k])
 	}
+	if p.bwrap != nil {
+		// The environment asked for is the command's, inside the sandbox;
+		// bubblewrap itself starts with a fixed one, as the sandbox's uid.
+		cwd := path.Join(meta.Workdir, rel)
+		cmd := exec.Command(p.bwrap.bin, p.bwrap.args(s.fsDir(), meta.Workdir, cwd, meta.Network, list, req.Command, cacheBindArgs(caches)...)...)
+		cmd.Env = hostEnv(s.id)
+		cmd.SysProcAttr = p.bwrap.sysProcAttr()
+		return cmd, nil
+	}
+	cmd := exec.Command("/bin/sh", "-c", req.Command)
+	cmd.Dir = filepath.Join(s.fsDir(), filepath.FromSlash(rel))
+	cmd.Env = list
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	return cmd, nil
 }
 

@@ -55,8 +55,9 @@ func rootErr(op, p string, err error) error {
 	return fmt.Errorf("local: %s %q: %w", op, p, err)
 }
 
-// writeFileIn writes data at rel inside the tree at fsDir, making parents.
-func writeFileIn(fsDir, rel string, data []byte) error {
+// writeFileIn writes data at rel inside the tree at fsDir, making parents;
+// what it makes belongs to own (when not nil).
+func writeFileIn(fsDir, rel string, data []byte, own *owner) error {
 	root, err := os.OpenRoot(fsDir)
 	if err != nil {
 		return fmt.Errorf("local: open sandbox tree: %w", err)
@@ -69,6 +70,13 @@ func writeFileIn(fsDir, rel string, data []byte) error {
 		if err := root.MkdirAll(filepath.FromSlash(dir), 0o755); err != nil {
 			return rootErr("write", rel, err)
 		}
+		if own != nil {
+			for d := dir; d != "."; d = path.Dir(d) {
+				if err := root.Lchown(filepath.FromSlash(d), own.uid, own.gid); err != nil {
+					return rootErr("write", rel, err)
+				}
+			}
+		}
 	}
 	// O_NONBLOCK: a FIFO a command left at the path must not hang the
 	// server; anything but a regular file is refused once open.
@@ -79,6 +87,12 @@ func writeFileIn(fsDir, rel string, data []byte) error {
 	if err := checkRegular(f, rel); err != nil {
 		f.Close()
 		return err
+	}
+	if own != nil {
+		if err := f.Chown(own.uid, own.gid); err != nil {
+			f.Close()
+			return fmt.Errorf("local: write %q: %w", rel, err)
+		}
 	}
 	if _, err := f.Write(data); err != nil {
 		f.Close()
@@ -138,7 +152,7 @@ func kindOf(m os.FileMode) string {
 }
 
 // writeFiles writes a spec's files, in sorted order so failures repeat.
-func writeFiles(fsDir, workdir string, files map[string]string) error {
+func writeFiles(fsDir, workdir string, files map[string]string, own *owner) error {
 	names := make([]string, 0, len(files))
 	for name := range files {
 		names = append(names, name)
@@ -149,7 +163,7 @@ func writeFiles(fsDir, workdir string, files map[string]string) error {
 		if err != nil {
 			return fmt.Errorf("local: spec file: %w", err)
 		}
-		if err := writeFileIn(fsDir, rel, []byte(files[name])); err != nil {
+		if err := writeFileIn(fsDir, rel, []byte(files[name]), own); err != nil {
 			return err
 		}
 	}
@@ -176,7 +190,7 @@ func (p *Provider) WriteFile(ctx context.Context, h provider.Handle, name string
 	if err := p.stillLive(s); err != nil {
 		return err
 	}
-	return writeFileIn(s.fsDir(), rel, data)
+	return writeFileIn(s.fsDir(), rel, data, p.owner())
 }
 
 // ReadFile reads the file at p (relative to the workdir, or absolute under

@@ -222,6 +222,9 @@ func mkfifo(t *testing.T, p *Provider, h provider.Handle, name string) func() {
 	if err := syscall.Mkfifo(path, 0o666); err != nil {
 		t.Fatalf("mkfifo: %v", err)
 	}
+	if err := os.Chmod(path, 0o666); err != nil { // the umask's bits: sandboxed commands are another uid
+		t.Fatalf("chmod fifo: %v", err)
+	}
 	return func() {
 		t.Helper()
 		got := make(chan error, 1)

@@ -3,6 +3,7 @@ package local
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -220,6 +221,11 @@ func TestBubblewrapCommandsCannotEscapeTheirExec(t *testing.T) {
 		t.Errorf("got %+v", res)
 	}
 	if pids := markedProcesses(h.SandboxID); len(pids) != 0 {
+		for _, pid := range pids {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			c, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			t.Logf("%s %q", b, c)
+		}
 		t.Errorf("a setsid process outlived its Exec: %v", pids)
 	}
 }

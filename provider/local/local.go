@@ -80,6 +80,18 @@ type Options struct {
 	Isolation string
 	// BwrapPath is the bubblewrap binary; empty means "bwrap" on the PATH.
 	BwrapPath string
+	// UID and GID are the unprivileged host ids sandboxed commands run as
+	// (DefaultUID, DefaultGID when zero; root is never used). Root inside
+	// a sandbox is this uid on the host, and a sandbox's tree is owned by it.
+	UID, GID int
+	// ROBinds are host paths shown read-only to sandboxed commands besides
+	// /usr, /bin, /sbin, /lib* and /etc (a toolchain under /opt, say). None
+	// may be or lie under /root, /home, /var, /srv, /run, /tmp or a Hide path.
+	ROBinds []string
+	// Hide are host paths a sandbox must never see even where a bound
+	// directory holds them: the server's config file and state directory.
+	// The provider's root is always hidden.
+	Hide []string
 	// Overlay: "auto" (the default) makes sandboxes overlayfs mounts when the
 	// server can mount overlayfs and copies otherwise, "on" fails New when it
 	// cannot, "off" always copies.
@@ -129,8 +141,10 @@ type Provider struct {
 	clk         clock.Clock
 	log         logrus.FieldLogger
 	bwrap       *bwrapConfig // nil: commands run unisolated
-	overlay     bool
-	durable     bool
+	// uid and gid own sandbox trees and run sandboxed commands.
+	uid, gid int
+	overlay  bool
+	durable  bool
 	// snapshotDelay and forkDelay: see Options.
 	snapshotDelay, forkDelay time.Duration
 
@@ -141,6 +155,8 @@ type Provider struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox // loaded sandboxes, by id
 	pending   map[string]int      // ids of sandboxes and snapshots being made, and snapshots being read by a fork
+	// imageMu serialises the making of images' owned layers.
+	imageMu sync.Mutex
 	// snapMu serialises changes to snapshot records and the collection of
 	// deleted snapshots.
 	snapMu sync.Mutex
@@ -188,6 +204,16 @@ func New(opts Options) (*Provider, error) {
 	if p.workdir == "" {
 		p.workdir = DefaultWorkdir
 	}
+	p.uid, p.gid = opts.UID, opts.GID
+	if p.uid == 0 {
+		p.uid = DefaultUID
+	}
+	if p.gid == 0 {
+		p.gid = DefaultGID
+	}
+	if p.uid < 0 || p.gid < 0 {
+		return nil, fmt.Errorf("%w: uid %d, gid %d", ErrBadOptions, p.uid, p.gid)
+	}
 	if _, err := cleanWorkdir(p.workdir); err != nil {
 		return nil, fmt.Errorf("%w: DefaultWorkdir: %v", ErrBadOptions, err)
 	}
@@ -229,13 +255,13 @@ func New(opts Options) (*Provider, error) {
 		}
 		p.cacheDirs[name] = abs
 	}
-	for _, d := range []string{p.sandboxesDir(), p.snapshotsDir(), p.trashDir(), p.emptyDir()} {
+	for _, d := range []string{p.sandboxesDir(), p.snapshotsDir(), p.trashDir(), p.emptyDir(), p.imagesDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("local: make root: %w", err)
 		}
 	}
 
-	if err := p.chooseIsolation(opts.Isolation, opts.BwrapPath); err != nil {
+	if err := p.chooseIsolation(opts); err != nil {
 		return nil, err
 	}
 	if err := p.chooseOverlay(opts.Overlay); err != nil {
@@ -245,20 +271,39 @@ func New(opts Options) (*Provider, error) {
 	if p.overlay {
 		mode = "overlay"
 	}
-	p.log.WithFields(logrus.Fields{"root": p.root, "isolation": p.Isolation(), "fs_mode": mode}).Info("local provider ready")
+	fields := logrus.Fields{"root": p.root, "isolation": p.Isolation(), "fs_mode": mode}
+	if p.bwrap != nil {
+		fields["uid"], fields["gid"] = p.uid, p.gid
+	}
+	p.log.WithFields(fields).Info("local provider ready")
 	return p, nil
 }
 
-func (p *Provider) chooseIsolation(mode, bwrapPath string) error {
+// unisolatedWarning is said at startup when commands run without bubblewrap.
+const unisolatedWarning = "agent commands run UNISOLATED, as the server's own user, and can read and change everything it can: install bubblewrap (isolation: bwrap) before lending sandboxes to untrusted code"
+
+func (p *Provider) chooseIsolation(opts Options) error {
+	mode := opts.Isolation
 	switch mode {
 	case "", IsolationAuto, IsolationBwrap:
 	case IsolationNone:
-		p.log.WithField("isolation", IsolationNone).Warn("local provider: commands run unisolated (isolation: none)")
+		p.log.WithFields(logrus.Fields{"isolation": IsolationNone, "uid": os.Geteuid()}).Warn("local provider (isolation: none): " + unisolatedWarning)
 		return nil
 	default:
 		return fmt.Errorf("%w: isolation %q (want auto, bwrap or none)", ErrBadOptions, mode)
 	}
-	cfg, err := newBwrapConfig(bwrapPath, p.root)
+	hide := append([]string{p.root}, opts.Hide...)
+	mask := filepath.Join(p.root, "masked")
+	if err := os.WriteFile(mask, nil, 0o444); err != nil {
+		return fmt.Errorf("local: make root: %w", err)
+	}
+	cfg, err := newBwrapConfig(opts.BwrapPath, p.uid, p.gid, opts.ROBinds, hide, mask)
+	if errors.Is(err, errBadROBind) {
+		return fmt.Errorf("%w: %v", ErrBadOptions, err)
+	}
+	if err == nil {
+		err = p.reachable(opts.Caches)
+	}
 	if err == nil {
 		err = cfg.probe(p.trashDir())
 	}
@@ -266,10 +311,41 @@ func (p *Provider) chooseIsolation(mode, bwrapPath string) error {
 		if mode == IsolationBwrap {
 			return fmt.Errorf("%w: %v", ErrBwrapUnavailable, err)
 		}
-		p.log.WithError(err).Warn("local provider: bubblewrap does not work here; commands run unisolated")
+		p.log.WithError(err).WithFields(logrus.Fields{"isolation": IsolationNone, "uid": os.Geteuid()}).Warn("local provider: bubblewrap does not work here, so " + unisolatedWarning)
 		return nil
 	}
 	p.bwrap = cfg
+	return nil
+}
+
+// reachable lets the sandbox's uid search its way to the provider's root
+// and the placed caches, which bubblewrap binds by path.
+func (p *Provider) reachable(caches map[string]string) error {
+	dirs := []string{p.root}
+	for _, d := range caches {
+		dirs = append(dirs, d)
+	}
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+		if err := p.reach(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reach makes dir searchable by the sandbox's uid (see searchable), saying
+// so when it changes a directory.
+func (p *Provider) reach(dir string) error {
+	changed, err := searchable(dir, p.uid, p.gid)
+	if err != nil {
+		return fmt.Errorf("make %s searchable by uid %d: %w", dir, p.uid, err)
+	}
+	if len(changed) > 0 {
+		p.log.WithField("dirs", changed).Info("local provider: made directories searchable (o+x, not readable) so that bubblewrap, running as the sandbox's uid, reaches the trees it binds")
+	}
 	return nil
 }
 
@@ -306,6 +382,27 @@ func (p *Provider) Isolation() string {
 // Overlay reports whether new sandboxes are overlayfs mounts (true) or copies.
 func (p *Provider) Overlay() bool { return p.overlay }
 
+// owner is who a sandbox's files belong to on the host.
+type owner struct{ uid, gid int }
+
+// owner returns the owner of sandbox trees: under bubblewrap the sandbox's
+// uid; unisolated, nil (commands run as the server, and what the server
+// makes is theirs already).
+func (p *Provider) owner() *owner {
+	if p.bwrap == nil {
+		return nil
+	}
+	return &owner{p.uid, p.gid}
+}
+
+// chown gives path (not following a symlink) to o; a nil o does nothing.
+func (o *owner) chown(path string) error {
+	if o == nil {
+		return nil
+	}
+	return os.Lchown(path, o.uid, o.gid)
+}
+
 // Root returns the absolute root directory.
 func (p *Provider) Root() string { return p.root }
 
@@ -313,6 +410,7 @@ func (p *Provider) sandboxesDir() string { return filepath.Join(p.root, "sandbox
 func (p *Provider) snapshotsDir() string { return filepath.Join(p.root, "snapshots") }
 func (p *Provider) trashDir() string     { return filepath.Join(p.root, "trash") }
 func (p *Provider) emptyDir() string     { return filepath.Join(p.root, "empty") }
+func (p *Provider) imagesDir() string    { return filepath.Join(p.root, "images") }
 
 func (p *Provider) sandboxDir(id string) string  { return filepath.Join(p.sandboxesDir(), id) }
 func (p *Provider) snapshotDir(id string) string { return filepath.Join(p.snapshotsDir(), id) }

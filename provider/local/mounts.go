@@ -143,7 +143,7 @@ func (p *Provider) copyMounts(ctx context.Context, spec provider.Spec, sandboxDi
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 			return fmt.Errorf("local: %s[%d]: %w", MountsOption, i, err)
 		}
-		if err := copyTree(ctx, m.Host, dst, p.copyWorkers); err != nil {
+		if err := copyTree(ctx, m.Host, dst, p.copyWorkers, p.owner()); err != nil {
 			return fmt.Errorf("local: %s[%d]: copy %s: %w", MountsOption, i, m.Host, err)
 		}
 	}

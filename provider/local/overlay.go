@@ -1,12 +1,18 @@
 package local
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/sirupsen/logrus"
 )
 
 // maxMountData is the limit this package keeps the overlay mount options
@@ -29,7 +35,9 @@ func overlayData(lowers []string, upper, work string) (string, error) {
 			return "", fmt.Errorf("overlay: path %q has a character overlayfs options cannot hold", d)
 		}
 	}
-	data := "lowerdir=" + strings.Join(lowers, ":") + ",upperdir=" + upper + ",workdir=" + work
+	// metacopy: a chown copies up only the inode, not the data (see
+	// ownedLayer); the layers that carry such inodes need it to be read.
+	data := "lowerdir=" + strings.Join(lowers, ":") + ",upperdir=" + upper + ",workdir=" + work + ",metacopy=on"
 	if len(data) > maxMountData {
 		return "", fmt.Errorf("overlay: %d layers make %d bytes of mount options", len(lowers), len(data))
 	}
@@ -70,7 +78,8 @@ func isMountPoint(dir string) (bool, error) {
 }
 
 // probeOverlay mounts and unmounts a small overlay under parent, writing
-// through it, and removes what it made.
+// through it and changing an owner (which must copy up only metadata), and
+// removes what it made.
 func probeOverlay(parent string) (err error) {
 	if strings.ContainsAny(parent, ",:\\") {
 		return fmt.Errorf("root %q has a character overlayfs options cannot hold", parent)
@@ -101,6 +110,12 @@ func probeOverlay(parent string) (err error) {
 			err = umErr
 		}
 	}()
+	if err := os.Lchown(filepath.Join(merged, "a"), 1, 1); err != nil {
+		return fmt.Errorf("probe: chown through the overlay: %w", err)
+	}
+	if fi, err := os.Lstat(filepath.Join(upper, "a")); err != nil || fi.Sys().(*syscall.Stat_t).Blocks != 0 {
+		return errors.New("probe: a chown through the overlay copied the data up (no metacopy)")
+	}
 	if err := os.Remove(filepath.Join(merged, "a")); err != nil {
 		return fmt.Errorf("probe: write through the overlay: %w", err)
 	}
@@ -109,4 +124,70 @@ func probeOverlay(parent string) (err error) {
 		return errors.New("probe: the overlay made no whiteout in its upper layer")
 	}
 	return nil
+}
+
+// ownedLayer returns a layer that, stacked on the template src, makes every
+// entry of it owned by the sandbox's uid and gid: sandboxed commands run
+// as that uid and must be able to change their tree. It holds only
+// metadata (overlayfs metacopy inodes), is made once per template
+// directory and kept under <root>/images, and is keyed by the template's
+// path and its top directory's inode and change time: a template is not
+// changed in place while sandboxes stand on it.
+func (p *Provider) ownedLayer(ctx context.Context, src string) (string, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(src, &st); err != nil {
+		return "", fmt.Errorf("image %s: %w", src, err)
+	}
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%d\x00%d.%d\x00%d:%d", src, st.Ino, st.Dev, st.Ctim.Sec, st.Ctim.Nsec, p.uid, p.gid))
+	dir := filepath.Join(p.imagesDir(), hex.EncodeToString(sum[:8]))
+	layer := filepath.Join(dir, "layer")
+	p.imageMu.Lock()
+	defer p.imageMu.Unlock()
+	if _, err := os.Stat(layer); err == nil {
+		return layer, nil
+	}
+	tmp, err := os.MkdirTemp(p.imagesDir(), "tmp-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	upper, work, merged := filepath.Join(tmp, "layer"), filepath.Join(tmp, "work"), filepath.Join(tmp, "merged")
+	for _, d := range []string{upper, work, merged} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return "", err
+		}
+	}
+	if err := mountOverlay(merged, []string{src}, upper, work); err != nil {
+		return "", err
+	}
+	err = chownTree(ctx, merged, p.uid, p.gid)
+	if umErr := unmount(merged); err == nil {
+		err = umErr
+	}
+	if err != nil {
+		return "", fmt.Errorf("image %s: own it as uid %d: %w", src, p.uid, err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.Rename(upper, layer); err != nil {
+		return "", err
+	}
+	p.log.WithFields(logrus.Fields{"image": src, "layer": layer}).Info("local: made the layer that gives an image's tree to the sandbox's uid")
+	return layer, nil
+}
+
+// chownTree gives every entry under dir (dir included, symlinks
+// themselves) to uid and gid. dir is the server's own (a fresh copy or
+// mount no command has run in).
+func chownTree(ctx context.Context, dir string, uid, gid int) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return os.Lchown(p, uid, gid)
+	})
 }

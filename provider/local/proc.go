@@ -3,6 +3,7 @@ package local
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"syscall"
@@ -155,6 +156,28 @@ func waitStopped(groups map[int]bool, limit time.Duration) error {
 		}
 		if time.Now().After(deadline) {
 			return errNotStopped
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitGroupGone waits until no process of group pgid but its unreaped
+// leader is alive, polling /proc, for at most limit.
+func waitGroupGone(pgid int, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		alive := false
+		for _, e := range listProcs() {
+			if e.pgrp == pgid && e.pid != pgid && e.state != 'Z' && e.state != 'X' {
+				alive = true
+				break
+			}
+		}
+		if !alive {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("process group %d still has live processes after %s", pgid, limit)
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -163,10 +164,16 @@ func (p *Provider) checkSpec(spec provider.Spec, files map[string]string) (strin
 	return workdir, nil
 }
 
+// envNameRE is what a shell accepts as a variable name.
+var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
 func checkEnv(env map[string]string) error {
 	for k, v := range env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
-			return fmt.Errorf("local: environment variable %q: %w", k, provider.ErrInvalidSpec)
+		if !envNameRE.MatchString(k) {
+			return fmt.Errorf("local: environment variable name %q (want [A-Za-z_][A-Za-z0-9_]*): %w", k, provider.ErrInvalidSpec)
+		}
+		if strings.ContainsRune(v, 0) {
+			return fmt.Errorf("local: environment variable %s holds a NUL: %w", k, provider.ErrInvalidSpec)
 		}
 	}
 	return nil
@@ -207,24 +214,45 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 	}
 	meta.Spec = spec
 	meta.Spec.Files = nil
+	// Under bubblewrap the tree is the sandbox uid's: a fresh tree's top,
+	// and an image's every entry (a fork's are already).
+	own := p.owner()
+	image := o.fromSnapshot == "" && o.copyFrom != ""
 	if p.overlay {
-		meta.Overlay, meta.Lowers, meta.Layers = true, o.lowers, o.layers
+		lowers := o.lowers
+		if own != nil && image {
+			layer, err := p.ownedLayer(ctx, o.copyFrom)
+			if err != nil {
+				return provider.Handle{}, fmt.Errorf("local: start: %w", err)
+			}
+			lowers = append([]string{layer}, lowers...)
+		}
+		meta.Overlay, meta.Lowers, meta.Layers = true, lowers, o.layers
 		for _, d := range []string{s.upperDir(), s.workDir(), s.fsDir()} {
 			if err := os.Mkdir(d, 0o755); err != nil {
 				return provider.Handle{}, fmt.Errorf("local: start: %w", err)
 			}
 		}
-		if err := mountOverlay(s.fsDir(), o.lowers, s.upperDir(), s.workDir()); err != nil {
+		if err := own.chown(s.upperDir()); err != nil {
+			return provider.Handle{}, fmt.Errorf("local: start: %w", err)
+		}
+		if err := mountOverlay(s.fsDir(), lowers, s.upperDir(), s.workDir()); err != nil {
 			return provider.Handle{}, fmt.Errorf("local: start: %w", err)
 		}
 	} else if o.copyFrom != "" {
-		if err := copyTree(ctx, o.copyFrom, s.fsDir(), p.copyWorkers); err != nil {
+		var as *owner
+		if image {
+			as = own
+		}
+		if err := copyTree(ctx, o.copyFrom, s.fsDir(), p.copyWorkers, as); err != nil {
 			return provider.Handle{}, fmt.Errorf("local: start: %w", err)
 		}
 	} else if err := os.Mkdir(s.fsDir(), 0o755); err != nil {
 		return provider.Handle{}, fmt.Errorf("local: start: %w", err)
+	} else if err := own.chown(s.fsDir()); err != nil {
+		return provider.Handle{}, fmt.Errorf("local: start: %w", err)
 	}
-	if err := writeFiles(s.fsDir(), workdir, o.files); err != nil {
+	if err := writeFiles(s.fsDir(), workdir, o.files, own); err != nil {
 		return provider.Handle{}, err
 	}
 	if err := p.copyMounts(ctx, spec, s.dir); err != nil {

@@ -134,7 +134,7 @@ func (p *Provider) copySandbox(ctx context.Context, s *sandbox, id string) (snap
 		meta.Overlay, meta.Lowers, meta.Depends = true, sm.Lowers, sm.Layers
 		src = s.upperDir()
 	}
-	if err := copyTree(ctx, src, p.snapshotLayer(id), p.copyWorkers); err != nil {
+	if err := copyTree(ctx, src, p.snapshotLayer(id), p.copyWorkers, nil); err != nil {
 		return snapshotMeta{}, fmt.Errorf("local: snapshot %s: %w", s.id, err)
 	}
 	resume()

@@ -1,0 +1,77 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/sirupsen/logrus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/sandboxowner/owner/app"
+)
+
+// /health says how sandboxed commands are held, and a server whose
+// commands run unisolated says so in words at startup.
+func TestHealthAndStartupSayTheIsolation(t *testing.T) {
+	for _, isolation := range []string{"none", "bwrap"} {
+		t.Run(isolation, func(t *testing.T) {
+			cfg := app.Defaults()
+			cfg.Port = 0
+			cfg.Sandbox.Local.Root = t.TempDir()
+			cfg.Sandbox.Local.Isolation = isolation
+			cfg.Sandbox.Local.Overlay = "off"
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs bytes.Buffer
+			log := logrus.New()
+			log.SetOutput(&logs)
+			a, err := app.Start(context.Background(), cfg, app.Deps{Listener: ln, Logger: log})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = a.Stop(context.Background()) })
+			status, body, err := fasthttp.Get(nil, "http://"+a.Addr().String()+"/health")
+			if err != nil || status != 200 {
+				t.Fatalf("health: %d %s %v", status, body, err)
+			}
+			var h struct {
+				Isolation string `json:"isolation"`
+			}
+			if err := json.Unmarshal(body, &h); err != nil || h.Isolation != isolation {
+				t.Errorf("health = %s, want isolation %q", body, isolation)
+			}
+			warned := strings.Contains(logs.String(), "agent commands run UNISOLATED")
+			if warned != (isolation == "none") {
+				t.Errorf("isolation %s: the unisolated warning said: %v\n%s", isolation, warned, logs.String())
+			}
+		})
+	}
+}
+
+// isolation: bwrap refuses to start without a working bubblewrap.
+func TestBwrapIsolationRefusesToStartWithoutBubblewrap(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	cfg := app.Defaults()
+	cfg.Port = 0
+	cfg.Sandbox.Local.Root = t.TempDir()
+	cfg.Sandbox.Local.Isolation = "bwrap"
+	if _, err := app.Start(context.Background(), cfg, app.Deps{}); err == nil {
+		t.Fatal("started without bubblewrap")
+	}
+	cfg.Sandbox.Local.Isolation = "auto"
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := app.Start(context.Background(), cfg, app.Deps{Listener: ln})
+	if err != nil {
+		t.Fatalf("auto without bubblewrap: %v", err)
+	}
+	_ = a.Stop(context.Background())
+}

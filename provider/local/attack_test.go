@@ -1,0 +1,230 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+// The tests in this file are attacks a hostile agent tried on sandboxes
+// that ran as host root with the host's whole / in view.
+
+// bwrapModes are the isolated modes.
+func bwrapModes(t *testing.T, f func(t *testing.T, m mode)) {
+	t.Helper()
+	for _, m := range allModes() {
+		if m.isolation != IsolationBwrap {
+			continue
+		}
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, m)
+		})
+	}
+}
+
+// preloadLib builds a shared library whose constructor writes the uid it
+// runs as to the file $MARK names, or skips without a C compiler.
+func preloadLib(t *testing.T) string {
+	t.Helper()
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skip("SKIP: no C compiler to build the LD_PRELOAD library (install gcc; .ci/run does)")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "mark.c")
+	code := `#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+__attribute__((constructor)) static void mark(void) {
+	const char *p = getenv("MARK");
+	if (!p) return;
+	FILE *f = fopen(p, "a");
+	if (!f) return;
+	fprintf(f, "uid=%d\n", (int)getuid());
+	fclose(f);
+}
+`
+	if err := os.WriteFile(src, []byte(code), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lib := filepath.Join(dir, "mark.so")
+	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, src).CombinedOutput(); err != nil {
+		t.Fatalf("build the preload library: %v: %s", err, out)
+	}
+	return lib
+}
+
+// A request's env used to be bubblewrap's own, so LD_PRELOAD ran a library
+// as host root before any namespace existed.
+func TestRequestEnvReachesOnlyTheCommand(t *testing.T) {
+	lib := preloadLib(t)
+	bwrapModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{})
+		mark := filepath.Join(t.TempDir(), "marked")
+		res, err := p.Exec(context.Background(), h, provider.ExecRequest{
+			Command: `echo "$MARK"`,
+			Env:     map[string]string{"LD_PRELOAD": lib, "MARK": mark},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Stdout != mark+"\n" {
+			t.Errorf("the command's env lacks the request's MARK: %+v", res)
+		}
+		if b, err := os.ReadFile(mark); err == nil {
+			t.Errorf("the request's LD_PRELOAD ran on the host side: %q", b)
+		}
+	})
+}
+
+func TestEnvNamesAreChecked(t *testing.T) {
+	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
+	h := start(t, p, provider.Spec{})
+	for _, name := range []string{"", "A=B", "1X", "A B", "A-B", "X\x00"} {
+		_, err := p.Exec(context.Background(), h, provider.ExecRequest{Command: "true", Env: map[string]string{name: "v"}})
+		if !errors.Is(err, provider.ErrInvalidSpec) {
+			t.Errorf("env name %q: %v, want ErrInvalidSpec", name, err)
+		}
+		if _, err := p.Start(context.Background(), provider.Spec{Env: map[string]string{name: "v"}}); !errors.Is(err, provider.ErrInvalidSpec) {
+			t.Errorf("spec env name %q: %v, want ErrInvalidSpec", name, err)
+		}
+	}
+	if got := mustRun(t, p, h, "true"); got != "" {
+		t.Errorf("got %q", got)
+	}
+}
+
+// Commands used to run as host uid 0 with CAP_DAC_OVERRIDE: every secret
+// of the host was readable.
+func TestCommandsRunAsNobodyWithoutCapabilities(t *testing.T) {
+	bwrapModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{})
+		got := mustRun(t, p, h, `grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status | tr -s '\t ' ' '`)
+		want := "Uid: 0 0 0 0\nGid: 0 0 0 0\nGroups: \nCapInh: 0000000000000000\nCapPrm: 0000000000000000\nCapEff: 0000000000000000\nCapBnd: 0000000000000000\nCapAmb: 0000000000000000\nNoNewPrivs: 1\n"
+		if got != want {
+			t.Errorf("the command's credentials:\n%s\nwant:\n%s", got, want)
+		}
+		// Root inside is the unprivileged uid outside.
+		mustRun(t, p, h, "echo x > mine && mkdir d")
+		for _, name := range []string{"mine", "d", "."} {
+			var st syscall.Stat_t
+			if err := syscall.Lstat(filepath.Join(fsDir(p, h), name), &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Uid != DefaultUID || st.Gid != DefaultGID {
+				t.Errorf("%s belongs to host %d:%d, want %d:%d", name, st.Uid, st.Gid, DefaultUID, DefaultGID)
+			}
+		}
+		// A file only root may read stays unread; no new user namespace
+		// (and the capabilities in it) can be had.
+		if res := run(t, p, h, "head -c1 /etc/shadow"); res.ExitCode == 0 {
+			t.Errorf("read /etc/shadow: %+v", res)
+		}
+		if res := run(t, p, h, "unshare -U true 2>&1"); res.ExitCode == 0 {
+			t.Errorf("made a user namespace: %+v", res)
+		}
+	})
+}
+
+// The sandbox used to see the host's whole /: the server's state_dir and
+// config, other sandboxes, and the sockets of /run and /tmp.
+func TestSandboxSeesOnlyTheAllowList(t *testing.T) {
+	// A directory outside every never-shown one, to bind read-only.
+	tools, err := os.MkdirTemp(".", ".robind-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tools) })
+	if tools, err = filepath.Abs(tools); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(tools, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, mode := range map[string]os.FileMode{"tool": 0o755, "config.yaml": 0o644, "private": 0o600} {
+		if err := os.WriteFile(filepath.Join(tools, name), []byte(name+"\n"), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := t.TempDir()
+	if err := os.WriteFile(filepath.Join(state, "session_secret"), []byte("s3cret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(state, "host.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+
+	bwrapModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{ROBinds: []string{tools}, Hide: []string{state, filepath.Join(tools, "config.yaml")}})
+		h := start(t, p, provider.Spec{})
+		other := start(t, p, provider.Spec{Files: map[string]string{"theirs": "x"}})
+		if got := mustRun(t, p, h, "cat "+filepath.Join(tools, "tool")); got != "tool\n" {
+			t.Errorf("the read-only bind shows %q", got)
+		}
+		if res := run(t, p, h, "echo x > "+filepath.Join(tools, "tool")); res.ExitCode == 0 {
+			t.Errorf("wrote a read-only bind: %+v", res)
+		}
+		// Hidden inside a bound directory: empty.
+		if got := mustRun(t, p, h, "cat "+filepath.Join(tools, "config.yaml")); got != "" {
+			t.Errorf("the hidden config reads %q", got)
+		}
+		for _, cmd := range []string{
+			"cat " + filepath.Join(tools, "private"),
+			"cat " + filepath.Join(state, "session_secret"),
+			"test -e " + sock,
+			"ls " + p.Root() + "/sandboxes",
+			"cat " + filepath.Join(fsDir(p, other), "theirs"),
+			"ls /run/ /var/ /home/ /root/ /srv/",
+			"ls /tmp/" + filepath.Base(filepath.Dir(state)),
+		} {
+			if res := run(t, p, h, cmd); res.ExitCode == 0 {
+				t.Errorf("%s: succeeded in the sandbox: %+v", cmd, res)
+			}
+		}
+		top := strings.SplitN(strings.TrimPrefix(tools, "/"), "/", 2)[0] // the read-only bind's
+		if got := mustRun(t, p, h, "ls /"); got != wantRoot(t, top) {
+			t.Errorf("the sandbox's / holds:\n%s", got)
+		}
+	})
+}
+
+// wantRoot is what `ls /` shows in a sandbox: the allow-list present on
+// this host, the workdir, /dev, /proc, /tmp and more.
+func wantRoot(t *testing.T, more ...string) string {
+	t.Helper()
+	names := append([]string{"dev", "proc", "sandbox", "tmp"}, more...)
+	for _, p := range defaultROBinds {
+		if _, err := os.Lstat(p); err == nil {
+			names = append(names, strings.TrimPrefix(p, "/"))
+		}
+	}
+	slices.Sort(names)
+	return strings.Join(names, "\n") + "\n"
+}
+
+func TestReadOnlyBindsAreChecked(t *testing.T) {
+	for _, b := range []string{"relative", "/", "/var/lib", "/home", "/run/x", "/tmp/x", "/no/such/dir", "/usr/../etc"} {
+		_, err := New(Options{Root: t.TempDir(), Isolation: IsolationBwrap, Overlay: OverlayOff, ROBinds: []string{b}})
+		if !errors.Is(err, ErrBadOptions) {
+			t.Errorf("ro_bind %q: %v, want ErrBadOptions", b, err)
+		}
+	}
+	if _, err := New(Options{Root: t.TempDir(), Isolation: IsolationBwrap, Overlay: OverlayOff, ROBinds: []string{"/usr"}, Hide: []string{"/usr"}}); !errors.Is(err, ErrBadOptions) {
+		t.Errorf("a bind inside a hidden path: %v", err)
+	}
+}
