@@ -140,6 +140,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		SessionSecret:    secret,
 		ControlAuthToken: cfg.Checkpoint.ControlAuthToken,
 		LeaseGrace:       time.Duration(cfg.Checkpoint.LeaseGraceSeconds * float64(time.Second)),
+		MaxDeadline:      time.Duration(cfg.Checkpoint.MaxDeadlineSeconds * float64(time.Second)),
 		LeaseTick:        deps.LeaseTick,
 		Access:           access,
 		Mounts:           mounts,

@@ -85,6 +85,9 @@ type CheckpointConfig struct {
 	Parallelism       int     `yaml:"parallelism"`
 	OnStop            string  `yaml:"on_stop"`
 	LeaseGraceSeconds float64 `yaml:"lease_grace_seconds"`
+	// MaxDeadlineSeconds bounds how far ahead a prepare's or a renew's
+	// deadline_ts may be.
+	MaxDeadlineSeconds float64 `yaml:"max_deadline_seconds"`
 }
 
 // Defaults is the configuration with no file and no flags: a notes server on
@@ -96,7 +99,7 @@ func Defaults() Config {
 		Host:       "127.0.0.1",
 		Port:       8080,
 		NumWorkers: 1,
-		Checkpoint: CheckpointConfig{Parallelism: 16, OnStop: "kill", LeaseGraceSeconds: 600},
+		Checkpoint: CheckpointConfig{Parallelism: 16, OnStop: "kill", LeaseGraceSeconds: 600, MaxDeadlineSeconds: 3600},
 	}
 }
 
@@ -129,6 +132,7 @@ func keyUsage() map[string]string {
 		"checkpoint.parallelism":          "concurrent provider calls of a checkpoint operation",
 		"checkpoint.on_stop":              "what a commit with stop does with the sandboxes: kill or none",
 		"checkpoint.lease_grace_seconds":  "seconds past deadline_ts before an open checkpoint resumes itself",
+		"checkpoint.max_deadline_seconds": "how far ahead (seconds) a prepare's or renew's deadline_ts may be; further is 422",
 
 		"swebench.is_verifying_golden_patch":           "swebench: grade each row's own patch and lend no sandbox",
 		"swebench.evaluation_timeout":                  "swebench: seconds the eval script may run (default 1800)",
@@ -427,6 +431,9 @@ func (c *Config) validate(given provider.Provider) error {
 	}
 	if ck.LeaseGraceSeconds <= 0 {
 		return bad("checkpoint.lease_grace_seconds must be > 0, not %v", ck.LeaseGraceSeconds)
+	}
+	if ck.MaxDeadlineSeconds < 0 {
+		return bad("checkpoint.max_deadline_seconds must be > 0 (0: the default, 3600), not %v", ck.MaxDeadlineSeconds)
 	}
 	if ck.OnStop != "kill" && ck.OnStop != "none" {
 		return bad("checkpoint.on_stop must be kill or none, not %q", ck.OnStop)

@@ -51,7 +51,7 @@ checkpoint:
 	want := app.Config{
 		Name: "notes-a", Resources: "notes", Host: "0.0.0.0", Port: 9001, NumWorkers: 1, SessionSecret: "a-secret-of-16-chars",
 		Sandbox:    app.SandboxConfig{Provider: "local", Local: app.LocalOptions{Root: "/srv/sandboxes", Templates: map[string]string{"notes": "", "x": "/t/x"}}},
-		Checkpoint: app.CheckpointConfig{Enabled: true, StateDir: "/other", ControlAuthToken: "tok", Parallelism: 8, OnStop: "none", LeaseGraceSeconds: 30},
+		Checkpoint: app.CheckpointConfig{Enabled: true, StateDir: "/other", ControlAuthToken: "tok", Parallelism: 8, OnStop: "none", LeaseGraceSeconds: 30, MaxDeadlineSeconds: 3600},
 	}
 	if diff := cmp.Diff(want, opts.Config); diff != "" {
 		t.Errorf("config (-want +got):\n%s", diff)
@@ -121,6 +121,7 @@ func TestConfigErrorLines(t *testing.T) {
 		{name: "bad log format", args: []string{"-log-format", "xml"}, want: `config: -log-format: want text or json, got "xml"`},
 		{name: "stray argument", args: []string{"-port", "1", "extra"}, want: `config: unexpected argument "extra" (commands come first: serve, sweep)`},
 		{name: "missing file", args: []string{"-config", "/nonexistent.yaml"}, want: `config: open /nonexistent.yaml: no such file or directory`},
+		{name: "negative max deadline", args: []string{"-checkpoint.max_deadline_seconds", "-1"}, want: `config: checkpoint.max_deadline_seconds must be > 0 (0: the default, 3600), not -1`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

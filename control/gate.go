@@ -113,11 +113,12 @@ func (g *Gate) leave(session string) {
 // Close makes waiting requests wait. Requests already admitted go on.
 func (g *Gate) Close() {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.isOpen {
 		g.isOpen = false
 		g.open = make(chan struct{})
 	}
+	g.mu.Unlock()
+	g.changed.Fire()
 }
 
 // Open lets waiting and new requests in.

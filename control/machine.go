@@ -65,14 +65,19 @@ type Config struct {
 	// PollEvery bounds a prepare's wait between readiness checks, on the
 	// clock (default 1 s).
 	PollEvery time.Duration
-	Logger    logrus.FieldLogger
+	// MaxDeadline bounds how far ahead of now a prepare's or a renew's
+	// deadline_ts may be (default DefaultMaxDeadline): a deadline years
+	// ahead would keep admission closed until a resume.
+	MaxDeadline time.Duration
+	Logger      logrus.FieldLogger
 }
 
 // Defaults.
 const (
-	DefaultLeaseGrace = 600 * time.Second
-	ResumedMemory     = 64
-	eventMemory       = 64
+	DefaultLeaseGrace  = 600 * time.Second
+	DefaultMaxDeadline = time.Hour
+	ResumedMemory      = 64
+	eventMemory        = 64
 )
 
 // Operation names, as routes and as keys of recorded replies.
@@ -142,6 +147,9 @@ func New(cfg Config) *Machine {
 	}
 	if cfg.PollEvery <= 0 {
 		cfg.PollEvery = time.Second
+	}
+	if cfg.MaxDeadline <= 0 {
+		cfg.MaxDeadline = DefaultMaxDeadline
 	}
 	if cfg.Logger == nil {
 		l := logrus.New()
@@ -351,6 +359,9 @@ func (m *Machine) Prepare(ctx context.Context, req PrepareRequest) (PrepareReply
 	if err := req.Validate(); err != nil {
 		return PrepareReply{}, err
 	}
+	if err := m.nearEnough(req.Base); err != nil {
+		return PrepareReply{}, err
+	}
 	m.Tick()
 	id := req.CheckpointID
 	m.mu.Lock()
@@ -360,6 +371,12 @@ func (m *Machine) Prepare(ctx context.Context, req PrepareRequest) (PrepareReply
 		return rep, err
 	}
 	if m.phase == PhaseIdle {
+		if req.Deadline().Before(m.clk.Now()) {
+			// Closing admission now would only hold every episode until
+			// the lease runs out: the commit it prepares is refused.
+			m.mu.Unlock()
+			return PrepareReply{}, ErrDeadlineExceeded.With("deadline_ts %v of %q has passed; admission stays open", req.DeadlineTS, id)
+		}
 		m.phase, m.active = PhasePreparing, id
 		m.armLocked(req.Deadline())
 		if err := m.hooks.CloseAdmission(); err != nil {
@@ -405,6 +422,15 @@ func (m *Machine) Prepare(ctx context.Context, req PrepareRequest) (PrepareReply
 			return PrepareReply{}, ErrDeadlineExceeded.With("prepare of %q: %v", id, ctx.Err())
 		}
 	}
+}
+
+// nearEnough refuses a deadline further ahead than MaxDeadline.
+func (m *Machine) nearEnough(b Base) error {
+	// Compared as floats: a huge deadline_ts does not fit a time.Time.
+	if limit := m.clk.Now().Add(m.cfg.MaxDeadline); b.DeadlineTS > UnixSeconds(limit) {
+		return ErrInvalidRequest.With("deadline_ts %v is more than %v ahead (checkpoint.max_deadline_seconds)", b.DeadlineTS, m.cfg.MaxDeadline)
+	}
+	return nil
 }
 
 // startLocked admits a commit or restore. It returns the recorded reply, or
@@ -737,6 +763,9 @@ func (m *Machine) Forget(_ context.Context, req ForgetRequest) (ForgetReply, err
 // Renew extends the active checkpoint's lease.
 func (m *Machine) Renew(_ context.Context, req RenewRequest) (RenewReply, error) {
 	if err := req.Validate(); err != nil {
+		return RenewReply{}, err
+	}
+	if err := m.nearEnough(req.Base); err != nil {
 		return RenewReply{}, err
 	}
 	m.Tick()

@@ -321,7 +321,8 @@ func TestPreparePastDeadlineReportsBlockersAndKeepsAdmissionClosed(t *testing.T)
 	for i := range blockers {
 		blockers[i] = fmt.Sprintf("r%03d", i)
 	}
-	r.h.set(func(h *hooks) { h.ready, h.blockers = false, blockers })
+	asked := make(chan struct{}, 1)
+	r.h.set(func(h *hooks) { h.ready, h.blockers, h.asked = false, blockers, asked })
 	done := make(chan control.PrepareReply)
 	req := control.PrepareRequest{Base: r.base("c1", 10*time.Second)}
 	go func() {
@@ -331,6 +332,7 @@ func TestPreparePastDeadlineReportsBlockersAndKeepsAdmissionClosed(t *testing.T)
 		}
 		done <- rep
 	}()
+	<-asked // the prepare closed admission before its deadline
 	// Logical time passes the deadline; the notification makes the
 	// waiting prepare look at the clock again.
 	r.clk.Advance(11 * time.Second)

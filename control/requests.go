@@ -26,12 +26,20 @@ type Base struct {
 
 // Validate checks the id's grammar and that a deadline is given.
 func (b Base) Validate() error {
-	id := b.CheckpointID
-	if id == "" || len(id) > MaxIDLen || !idPattern.MatchString(id) {
-		return ErrInvalidRequest.With("checkpoint_id %q must be 1-%d characters matching %s", id, MaxIDLen, idPattern)
+	if err := ValidateCheckpointID("checkpoint_id", b.CheckpointID); err != nil {
+		return err
 	}
 	if b.DeadlineTS <= 0 || math.IsNaN(b.DeadlineTS) || math.IsInf(b.DeadlineTS, 0) {
 		return ErrInvalidRequest.With("deadline_ts must be a positive, finite Unix time in seconds")
+	}
+	return nil
+}
+
+// ValidateCheckpointID checks a checkpoint id's grammar; field names it in
+// the error.
+func ValidateCheckpointID(field, id string) error {
+	if id == "" || len(id) > MaxIDLen || !idPattern.MatchString(id) {
+		return ErrInvalidRequest.With("%s %q must be 1-%d characters matching %s", field, id, MaxIDLen, idPattern)
 	}
 	return nil
 }

@@ -92,6 +92,12 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 	// The body is copied: fasthttp reuses it after the handler returns,
 	// and a resources server may hand it to the owner's goroutines.
 	body := bytes.Clone(ctx.PostBody())
+	if kind != kindAccess {
+		if err := CheckObject(body); err != nil {
+			s.fail(ctx, err)
+			return
+		}
+	}
 	var typed *typedSeed
 	if kind == kindSeed {
 		var err error

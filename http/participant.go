@@ -393,6 +393,13 @@ func (p *participant) release(ctx context.Context, req releaseRequest) (any, err
 		return nil, Invalid("kept_checkpoint_ids is required (an empty list keeps none)")
 	}
 	kept := append([]string{}, *req.KeptCheckpointIDs...)
+	for i, id := range kept {
+		// An id no checkpoint can have keeps nothing: a typo must not drop
+		// every checkpoint.
+		if err := control.ValidateCheckpointID(fmt.Sprintf("kept_checkpoint_ids[%d]", i), id); err != nil {
+			return nil, err
+		}
+	}
 	res, err := p.own.Release(ctx, kept)
 	nonNil := func(s []string) []string {
 		if s == nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	nethttp "net/http"
 
 	"github.com/sirupsen/logrus"
@@ -150,8 +151,28 @@ func decodeControl(body []byte, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return Invalid("%s", jsonProblem(err))
 	}
-	if dec.More() {
+	// More is false before a stray ']' or '}': only io.EOF proves the body
+	// ended.
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return Invalid("trailing data after the JSON body")
+	}
+	return nil
+}
+
+// CheckObject refuses a data body that is neither empty nor one JSON object
+// (malformed JSON, an array, trailing data): 422, before any resources
+// server sees it.
+func CheckObject(body []byte) error {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 {
+		return nil
+	}
+	if !json.Valid(body) {
+		var v any
+		return Invalid("%s", jsonProblem(json.Unmarshal(body, &v)))
+	}
+	if body[0] != '{' {
+		return Invalid("the body must be a JSON object")
 	}
 	return nil
 }

@@ -116,7 +116,12 @@ func TestPreparePastItsDeadlineReportsBlockers(t *testing.T) {
 
 	body := map[string]any{"checkpoint_id": "ck1", "deadline_ts": control.UnixSeconds(h.clk.Now().Add(5 * time.Second))}
 	prepared := make(chan reply)
+	g := h.srv.Gate()
+	ch := g.Changed()
 	go func() { prepared <- h.control("prepare", body) }()
+	for ; g.IsOpen(); ch = g.Changed() {
+		<-ch // the prepare closes admission before its deadline
+	}
 	// Logical time passes the deadline; the machine looks again.
 	h.clk.Advance(6 * time.Second)
 	h.srv.Machine().Notify()

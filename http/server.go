@@ -77,6 +77,8 @@ type Config struct {
 	ControlAuthToken string
 	// LeaseGrace is checkpoint.lease_grace_seconds (default 600 s).
 	LeaseGrace time.Duration
+	// MaxDeadline is checkpoint.max_deadline_seconds (default 1 h).
+	MaxDeadline time.Duration
 	// MaxBodyBytes bounds request bodies (default DefaultMaxBody).
 	MaxBodyBytes int
 	// ProviderConfigRef is named in /sandbox_access (default "sandbox").
@@ -217,13 +219,14 @@ func New(cfg Config) (*Server, error) {
 		s.tokenSum = sha256.Sum256([]byte(cfg.ControlAuthToken))
 		s.part = newParticipant(s)
 		s.machine = control.New(control.Config{
-			Kind:       "resources",
-			Instance:   name,
-			Hooks:      s.part,
-			Clock:      cfg.Clock,
-			LeaseGrace: cfg.LeaseGrace,
-			PollEvery:  cfg.ReadinessPoll,
-			Logger:     s.log,
+			Kind:        "resources",
+			Instance:    name,
+			Hooks:       s.part,
+			Clock:       cfg.Clock,
+			LeaseGrace:  cfg.LeaseGrace,
+			MaxDeadline: cfg.MaxDeadline,
+			PollEvery:   cfg.ReadinessPoll,
+			Logger:      s.log,
 		})
 		s.part.m = s.machine
 		if cfg.LeaseTick > 0 {
@@ -439,8 +442,7 @@ func classify(err error) (status int, code, detail string) {
 // --- control plane ---
 
 func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
-	h := ctx.Request.Header.Peek("Authorization")
-	tok, ok := bytes.CutPrefix(h, []byte("Bearer "))
+	tok, ok := BearerToken(ctx.Request.Header.Peek("Authorization"))
 	if !ok {
 		return false
 	}
@@ -448,6 +450,16 @@ func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
 	// too.
 	sum := sha256.Sum256(bytes.TrimSpace(tok))
 	return subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) == 1
+}
+
+// BearerToken returns the token of an Authorization header of the Bearer
+// scheme, whose name is case-insensitive (RFC 7235).
+func BearerToken(h []byte) ([]byte, bool) {
+	const scheme = "bearer "
+	if len(h) < len(scheme) || !bytes.EqualFold(h[:len(scheme)], []byte(scheme)) {
+		return nil, false
+	}
+	return h[len(scheme):], true
 }
 
 func (s *Server) serveControl(ctx *fasthttp.RequestCtx, op string) {

@@ -1,0 +1,64 @@
+package app_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sandboxowner/owner/app"
+	"github.com/sandboxowner/owner/provider/fake"
+)
+
+// startApp serves cfg in-process on any free port with the fake provider
+// and stops it at the end of the test.
+func startApp(t *testing.T, cfg app.Config) *app.App {
+	t.Helper()
+	cfg.Port = 0
+	a, err := app.Start(context.Background(), cfg, app.Deps{Provider: fake.New(fake.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = a.Stop(ctx)
+	})
+	return a
+}
+
+// controlCall posts body to a control route with token and returns the
+// status and body.
+func controlCall(t *testing.T, addr, op, token, body string) (int, string) {
+	t.Helper()
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + "/ng-control/v1/checkpoint/" + op)
+	req.Header.SetMethod("POST")
+	req.Header.Set("Authorization", "bearer "+token)
+	req.SetBodyString(body)
+	if err := fasthttp.DoTimeout(req, resp, 30*time.Second); err != nil {
+		t.Fatalf("POST %s: %v", op, err)
+	}
+	return resp.StatusCode(), string(resp.Body())
+}
+
+func TestMaxDeadlineSecondsKey(t *testing.T) {
+	opts, err := app.ParseArgs([]string{"-checkpoint.enabled", "-checkpoint.control_auth_token=tok", "-checkpoint.state_dir", t.TempDir(), "-checkpoint.max_deadline_seconds", "60"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := startApp(t, opts.Config)
+	ahead := func(d time.Duration) string {
+		return fmt.Sprintf(`{"checkpoint_id":"ck1","deadline_ts":%d}`, time.Now().Add(d).Unix())
+	}
+	if code, body := controlCall(t, a.Addr().String(), "prepare", "tok", ahead(10*time.Minute)); code != 422 {
+		t.Fatalf("prepare 10 minutes ahead with a 60 s limit: %d %s", code, body)
+	}
+	if code, body := controlCall(t, a.Addr().String(), "prepare", "tok", ahead(30*time.Second)); code != 200 {
+		t.Fatalf("prepare 30 s ahead: %d %s", code, body)
+	}
+}

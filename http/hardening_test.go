@@ -1,0 +1,96 @@
+package http_test
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxowner/owner/control"
+	httpapi "github.com/sandboxowner/owner/http"
+)
+
+func TestMalformedBodiesAre422OnEveryDataRoute(t *testing.T) {
+	h := newHarness(t)
+	a := &agent{}
+	h.ok(h.post(a, "/ng-rollout/r1/seed_session", nil), "seed")
+	for _, route := range []string{"/seed_session", "/ng-rollout/r2/seed_session", "/append_note", "/verify", "/close_session"} {
+		for _, body := range []string{`{"x":`, `{"line":"a"}]`, `{"line":"a"} {}`, `["line"]`, `"line"`, `5`, `null`, "\x00"} {
+			fresh := &agent{}
+			h.want(h.post(fresh, route, body), 422, "invalid_request", route+" "+body)
+			if fresh.cookie != "" {
+				t.Errorf("%s %q: a refused body minted a session cookie", route, body)
+			}
+		}
+	}
+	// Nothing was started, and the seeded session is untouched.
+	if ids, err := h.own.Sessions(); err != nil || len(ids) != 1 {
+		t.Fatalf("sessions after refused bodies: %v, %v; want the one seeded", ids, err)
+	}
+	h.ok(h.post(a, "/append_note", map[string]any{"line": "still here"}), "append")
+	// An empty body is still {}.
+	h.ok(h.post(&agent{}, "/seed_session", ""), "seed with an empty body")
+}
+
+func TestControlBodyWithTrailingDataIs422(t *testing.T) {
+	h := newHarness(t)
+	d := h.deadline()
+	for _, tail := range []string{"]", "}", "x", `{}`, `"s"`} {
+		body := `{"checkpoint_id":"c1","deadline_ts":` + jsonNumber(d) + `}` + tail
+		h.want(h.control("prepare", body), 422, "invalid_request", "prepare followed by "+tail)
+	}
+	if st := h.ok(h.control("status", nil), "status"); st["phase"] != "idle" {
+		t.Fatalf("a refused prepare changed the phase: %v", st)
+	}
+	// Trailing whitespace is not data.
+	h.ok(h.control("prepare", `{"checkpoint_id":"c1","deadline_ts":`+jsonNumber(d)+"}\n\t "), "prepare with trailing whitespace")
+}
+
+func TestBearerSchemeIsCaseInsensitive(t *testing.T) {
+	h := newHarness(t)
+	for _, scheme := range []string{"Bearer", "bearer", "BEARER", "bEaReR"} {
+		r := h.do(nil, "GET", httpapi.ControlPrefix+"status", nil, map[string]string{"Authorization": scheme + " " + token})
+		h.ok(r, "status with scheme "+scheme)
+	}
+	for _, bad := range []string{"Bearer" + token, "Basic " + token, "Bearers " + token, "bearer"} {
+		r := h.do(nil, "GET", httpapi.ControlPrefix+"status", nil, map[string]string{"Authorization": bad})
+		h.want(r, 401, "unauthorized", bad)
+	}
+}
+
+func TestKeptCheckpointIDsFollowTheGrammar(t *testing.T) {
+	h := newHarness(t)
+	a := &agent{}
+	h.ok(h.post(a, "/ng-rollout/r1/seed_session", nil), "seed")
+	h.checkpoint("ck1", "/ck/1")
+	h.op("resume", "ck1", nil)
+	for _, kept := range [][]string{{"../x", ""}, {""}, {"ck1", "a b"}, {"ck1", "/etc"}, {string(make([]byte, control.MaxIDLen+1))}} {
+		h.want(h.control("release", map[string]any{"kept_checkpoint_ids": kept}), 422, "invalid_request", "release keeping "+strings.Join(kept, ","))
+	}
+	if _, err := h.own.Index().Checkpoint("ck1"); err != nil {
+		t.Fatalf("a refused release dropped ck1: %v", err)
+	}
+	rep := h.ok(h.control("release", map[string]any{"kept_checkpoint_ids": []string{"ck1"}}), "release keeping ck1")
+	if d := rep["dropped"].([]any); len(d) != 0 {
+		t.Errorf("release keeping ck1 dropped %v", d)
+	}
+}
+
+func TestPrepareWithAPastDeadlineLeavesAdmissionOpen(t *testing.T) {
+	h := newHarness(t)
+	past := control.UnixSeconds(h.clk.Now().Add(-time.Second))
+	h.want(h.control("prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": past}), 409, "deadline_exceeded", "prepare past its deadline")
+	// Admission is open: a seed and a tool call go through at once.
+	a := &agent{}
+	h.ok(h.post(a, "/ng-rollout/r1/seed_session", nil), "seed after the refused prepare")
+	h.ok(h.post(a, "/append_note", map[string]any{"line": "x"}), "append")
+	if st := h.ok(h.control("status", nil), "status"); st["phase"] != "idle" {
+		t.Fatalf("phase after a refused prepare: %v", st)
+	}
+	far := control.UnixSeconds(h.clk.Now().Add(control.DefaultMaxDeadline + time.Minute))
+	h.want(h.control("prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": far}), 422, "invalid_request", "prepare too far ahead")
+	h.want(h.control("prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": 1e18}), 422, "invalid_request", "prepare at 1e18")
+	h.op("prepare", "ck1", nil)
+}
+
+func jsonNumber(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
