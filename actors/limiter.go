@@ -1,11 +1,20 @@
 package actors
 
-import "context"
+import (
+	"context"
+	"sync"
+)
 
 // Limiter bounds how many checkpoint provider calls (snapshot, fork, park
 // and retire stops, snapshot deletes) run at once: checkpoint.parallelism.
 type Limiter struct {
 	slots chan struct{}
+
+	// mu guards waiting and changed, which let a test see every caller
+	// accounted for (holding a slot or waiting for one) without sleeping.
+	mu      sync.Mutex
+	waiting int
+	changed chan struct{}
 }
 
 // NewLimiter allows n concurrent calls (at least 1).
@@ -13,11 +22,18 @@ func NewLimiter(n int) *Limiter {
 	if n < 1 {
 		n = 1
 	}
-	return &Limiter{slots: make(chan struct{}, n)}
+	return &Limiter{slots: make(chan struct{}, n), changed: make(chan struct{})}
 }
 
 // Acquire waits for a slot or for ctx to end.
 func (l *Limiter) Acquire(ctx context.Context) error {
+	select {
+	case l.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	l.wait(1)
+	defer l.wait(-1)
 	select {
 	case l.slots <- struct{}{}:
 		return nil
@@ -26,8 +42,24 @@ func (l *Limiter) Acquire(ctx context.Context) error {
 	}
 }
 
+func (l *Limiter) wait(d int) {
+	l.mu.Lock()
+	l.waiting += d
+	close(l.changed)
+	l.changed = make(chan struct{})
+	l.mu.Unlock()
+}
+
 // Release frees a slot taken by Acquire.
 func (l *Limiter) Release() { <-l.slots }
 
 // Cap is the bound.
 func (l *Limiter) Cap() int { return cap(l.slots) }
+
+// Waiting is how many callers wait for a slot, and a channel closed when
+// that changes.
+func (l *Limiter) Waiting() (int, <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.waiting, l.changed
+}

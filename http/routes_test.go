@@ -2,8 +2,10 @@ package http_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -426,4 +428,33 @@ func TestStatusShape(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("status (-want +got):\n%s", diff)
 	}
+}
+
+// TestControlTokenComparedInFull: wrong tokens whose digests share the
+// right token's first byte, or its last, are refused; so are the token
+// with a byte more or less.
+func TestControlTokenComparedInFull(t *testing.T) {
+	h := newHarness(t)
+	want := sha256.Sum256([]byte(token))
+	var sameFirst, sameLast string
+	for i := 0; sameFirst == "" || sameLast == ""; i++ {
+		cand := fmt.Sprintf("wrong-%d", i)
+		sum := sha256.Sum256([]byte(cand))
+		if sameFirst == "" && sum[0] == want[0] {
+			sameFirst = cand
+		}
+		if sameLast == "" && sum[31] == want[31] {
+			sameLast = cand
+		}
+	}
+	for name, tok := range map[string]string{
+		"digest shares the first byte": sameFirst,
+		"digest shares the last byte":  sameLast,
+		"one byte more":                token + "x",
+		"one byte less":                token[:len(token)-1],
+	} {
+		r := h.do(nil, "GET", httpapi.ControlPrefix+"status", nil, map[string]string{"Authorization": "Bearer " + tok})
+		h.want(r, 401, "unauthorized", name)
+	}
+	h.ok(h.control("status", nil), "status with the token")
 }

@@ -1,6 +1,10 @@
 package http_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"sort"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -41,6 +45,9 @@ func TestCrashRestoreScenario(t *testing.T) {
 	}
 	if diff := cmp.Diff([]any{"r1"}, commit["episode_ids"]); diff != "" {
 		t.Errorf("commit episode_ids (-want +got):\n%s", diff)
+	}
+	if want := recordsSHA256(t, h, "ck1"); manifest["records_sha256"] != want {
+		t.Errorf("records_sha256 = %v, want %s (the digest of the records the index holds)", manifest["records_sha256"], want)
 	}
 	h.ok(h.control("resume", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline()}), "resume")
 	// Drift after the checkpoint: the restore must not bring it back.
@@ -112,4 +119,27 @@ func TestRestoreOfAnEarlierCheckpointRewardsZero(t *testing.T) {
 	if v["reward"] != 0.0 {
 		t.Fatalf("verify after losing the note: %v", v)
 	}
+}
+
+// recordsSHA256 computes a checkpoint's records digest from the records the
+// index holds: the SHA-256 of each record's JSON (timestamps in UTC)
+// followed by a newline, in session order.
+func recordsSHA256(t *testing.T, h *harness, id string) string {
+	t.Helper()
+	ck, err := h.own.Index().Checkpoint(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := ck.Records
+	sort.Slice(recs, func(i, j int) bool { return recs[i].SessionID < recs[j].SessionID })
+	sum := sha256.New()
+	for _, r := range recs {
+		r.SnapshotAt = r.SnapshotAt.UTC()
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum.Write(append(b, '\n'))
+	}
+	return hex.EncodeToString(sum.Sum(nil))
 }

@@ -102,37 +102,88 @@ func TestCommitSkipsSessionsInSetup(t *testing.T) {
 	}
 }
 
-func TestCommitBoundsParallelism(t *testing.T) {
+// TestCheckpointCallsAreBounded: with checkpoint.parallelism 2, the
+// snapshots of a commit and the forks of a restore run two at a time. Every
+// call is held at the provider until each one is accounted for (held at the
+// provider, or waiting for a slot): then exactly two are at the provider.
+func TestCheckpointCallsAreBounded(t *testing.T) {
+	const n, par = 6, 2
 	e := newEnv(t)
-	o := e.open(parallelism(2))
-	for i := 0; i < 6; i++ {
-		seed(t, o, fmt.Sprintf("s%d", i))
+	o1 := e.open(parallelism(par))
+	for i := 0; i < n; i++ {
+		seed(t, o1, fmt.Sprintf("s%d", i))
 	}
-	// Hold every snapshot until two are in flight, then let them all go:
-	// a third in flight would show in the peak counter.
+	res := holdAndCount(t, e.fk, fake.OpSnapshot, o1, n, par, func() (int, error) {
+		r, err := o1.Commit(context.Background(), owner.CommitRequest{CheckpointID: "c1"})
+		return len(r.Sessions), err
+	})
+	if res != n {
+		t.Fatalf("exported %d sessions, want %d", res, n)
+	}
+	o1.Abandon()
+	o2 := e.open(parallelism(par))
+	res = holdAndCount(t, e.fk, fake.OpFork, o2, n, par, func() (int, error) {
+		r, err := o2.Restore(context.Background(), owner.RestoreRequest{CheckpointID: "c1"})
+		return len(r.Sessions), err
+	})
+	if res != n {
+		t.Fatalf("restored %d sessions, want %d", res, n)
+	}
+}
+
+// holdAndCount runs call with every provider call of op held at its start,
+// waits until all n calls are held or queued for a slot, checks that par
+// are held, then lets them go and returns call's result.
+func holdAndCount(t *testing.T, fk *fake.Provider, op fake.Op, o *owner.Owner, n, par int, call func() (int, error)) int {
+	t.Helper()
 	var mu sync.Mutex
-	inFlight := 0
-	gate := make(chan struct{})
-	var once sync.Once
-	e.fk.SetHook(func(c fake.Call) {
-		if c.Op != fake.OpSnapshot || c.Phase != fake.PhaseBegin {
+	held := 0
+	entered := make(chan struct{}, n*2)
+	release := make(chan struct{})
+	fk.SetHook(func(c fake.Call) {
+		if c.Op != op || c.Phase != fake.PhaseBegin {
 			return
 		}
 		mu.Lock()
-		inFlight++
-		if inFlight == 2 {
-			once.Do(func() { close(gate) })
-		}
+		held++
 		mu.Unlock()
-		<-gate
+		entered <- struct{}{}
+		<-release
 	})
-	res := commit(t, o, "c1")
-	if len(res.Sessions) != 6 {
-		t.Fatalf("exported %d sessions, want 6", len(res.Sessions))
+	defer fk.SetHook(nil)
+	type result struct {
+		n   int
+		err error
 	}
-	if got := e.fk.Stats().Peak[fake.OpSnapshot]; got != 2 {
-		t.Fatalf("peak concurrent snapshots = %d, want exactly 2", got)
+	done := make(chan result, 1)
+	go func() {
+		got, err := call()
+		done <- result{got, err}
+	}()
+	for {
+		waiting, changed := o.CheckpointQueue()
+		mu.Lock()
+		h := held
+		mu.Unlock()
+		if h+waiting >= n {
+			if h != par {
+				close(release)
+				<-done
+				t.Fatalf("%s: %d calls at the provider at once (%d queued), want %d", op, h, waiting, par)
+			}
+			break
+		}
+		select {
+		case <-changed:
+		case <-entered:
+		}
 	}
+	close(release)
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("%s: %v", op, r.err)
+	}
+	return r.n
 }
 
 func TestFailedCommitRecordsNothingAndLeavesNoSnapshot(t *testing.T) {
@@ -544,24 +595,43 @@ func TestReleaseDefersSnapshotsALiveForkStandsOn(t *testing.T) {
 	}
 }
 
+// TestFailedDeleteKeepsTombstoneForTheNextRelease: of two deletes, the one
+// that fails keeps its tombstone (and only it), and the next release
+// deletes it.
 func TestFailedDeleteKeepsTombstoneForTheNextRelease(t *testing.T) {
 	e := newEnv(t)
 	o := e.open()
 	seed(t, o, "s1")
+	seed(t, o, "s2")
 	commit(t, o, "c1")
-	e.fk.FailNext(fake.OpDeleteSnapshot, 1)
+	ck, err := o.Index().Checkpoint("c1")
+	if err != nil || len(ck.Records) != 2 {
+		t.Fatalf("checkpoint c1: %v %v", ck, err)
+	}
+	failing := ck.Records[0].SnapshotID
+	e.fk.FailNextFor(fake.OpDeleteSnapshot, failing, 1)
 	if _, err := o.Release(context.Background(), nil); err == nil {
 		t.Fatal("a failed delete was not reported")
 	}
 	ts, _ := o.Index().Tombstones()
-	if len(ts) != 1 {
-		t.Fatalf("tombstones %v, want the undeleted snapshot", ts)
+	var left []string
+	for _, x := range ts {
+		left = append(left, x.SnapshotID)
+	}
+	if diff := cmp.Diff([]string{failing}, left); diff != "" {
+		t.Fatalf("tombstones after one failed delete (-want +got):\n%s", diff)
+	}
+	if got := e.fk.SnapshotIDs(); !cmp.Equal([]string{failing}, got) {
+		t.Fatalf("snapshots %v, want only the undeleted %s", got, failing)
 	}
 	if _, err := o.Release(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := e.fk.Stats().LiveSnapshots; got != 0 {
 		t.Fatalf("%d snapshots after the retry", got)
+	}
+	if ts, _ := o.Index().Tombstones(); len(ts) != 0 {
+		t.Fatalf("tombstones %v after every delete succeeded", ts)
 	}
 }
 

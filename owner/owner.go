@@ -335,6 +335,10 @@ func (o *Owner) SharedProvider() provider.Provider { return o.prov }
 // Index is the snapshot index (nil unless the mode is exported).
 func (o *Owner) Index() *snapshotindex.Index { return o.index }
 
+// CheckpointQueue is how many checkpoint provider calls wait for a slot of
+// checkpoint.parallelism, and a channel closed when that changes.
+func (o *Owner) CheckpointQueue() (int, <-chan struct{}) { return o.limiter.Waiting() }
+
 // --- actor plumbing ---
 
 const askTimeout = time.Hour

@@ -79,6 +79,10 @@ func TestFailedSetupStopsSandboxAndTracksNothing(t *testing.T) {
 			if _, err := o.RequireSessionSandbox("s1"); !errors.Is(err, owner.ErrNoSessionSandbox) {
 				t.Fatalf("require after failed setup: %v", err)
 			}
+			// No empty actor stays behind for the session.
+			if ids, err := o.Sessions(); err != nil || len(ids) != 0 {
+				t.Fatalf("sessions after a failed setup: %v %v", ids, err)
+			}
 			// Nothing can export it.
 			res := commit(t, o, "c1")
 			if len(res.Sessions) != 0 {

@@ -105,16 +105,19 @@ func (p *Provider) removeUnfinished(id string) error {
 	return os.RemoveAll(dir)
 }
 
-// RunReaper calls Reap every interval until ctx ends, logging what it
-// deletes and any error.
+// RunReaper calls Reap every interval of the provider's clock until ctx
+// ends, logging what it deletes and any error.
 func (p *Provider) RunReaper(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
+	t := p.clk.NewTimer(interval)
 	defer t.Stop()
-	for {
+	for first := true; ; first = false {
+		if !first {
+			t.Reset(interval)
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		reaped, err := p.Reap(ctx)
 		if len(reaped) > 0 {

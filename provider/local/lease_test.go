@@ -95,13 +95,35 @@ func TestLeaseSurvivesARestart(t *testing.T) {
 	}
 }
 
+// TestRunReaperStopsWithItsContext: the reaper reaps on its clock's
+// interval, and returns, its timer stopped, once its context ends.
 func TestRunReaperStopsWithItsContext(t *testing.T) {
-	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := clock.NewManual(t0)
+	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{Clock: clk})
+	h := start(t, p, provider.Spec{TTLSeconds: 30})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { p.RunReaper(ctx, time.Millisecond); close(done) }()
+	go func() { p.RunReaper(ctx, time.Minute); close(done) }()
+	clk.WaitPending(1, nil)
+	// Past the lease and the interval: one reap, then the next interval's
+	// timer.
+	clk.Advance(time.Minute)
+	clk.WaitPending(1, nil)
+	// Reaped is stopped and its directory gone (a lease that merely ran
+	// out leaves both).
+	if _, err := os.Stat(p.sandboxDir(h.SandboxID)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("after a reap interval past the lease, %s's directory: %v", h.SandboxID, err)
+	}
 	cancel()
-	<-done
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("RunReaper did not return after its context ended")
+	}
+	if n := clk.Pending(); n != 0 {
+		t.Fatalf("%d timers left after RunReaper returned", n)
+	}
 }
 
 func TestListSandboxesCarriesMetadataAndLeases(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 )
 
@@ -65,6 +66,32 @@ func runSabotaged(t *testing.T, seed int64, sabotage func(r *run)) []Violation {
 	r := newRun(seed, Config{Sessions: 3, Steps: 20, TempDir: t.TempDir()})
 	r.sabotage = sabotage
 	return r.exec().Violations
+}
+
+// runSabotagedAt runs seeds with faults until one reaches the sabotage
+// point, sabotaging it there (once), and returns that run's violations.
+func runSabotagedAt(t *testing.T, faults string, point string, sabotage func(r *run)) []Violation {
+	t.Helper()
+	f, err := ParseFaults(faults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seed := int64(1); seed <= 40; seed++ {
+		reached := false
+		r := newRun(seed, Config{Sessions: 3, Steps: 20, Faults: f, TempDir: t.TempDir()})
+		r.sabotageAt = func(r *run, at string) {
+			if at == point && !reached {
+				reached = true
+				sabotage(r)
+			}
+		}
+		vs := r.exec().Violations
+		if reached {
+			return vs
+		}
+	}
+	t.Fatalf("no seed reached %s", point)
+	return nil
 }
 
 func invariantsOf(vs []Violation) []Invariant {
@@ -146,6 +173,62 @@ func TestChecksSeeWhatTheOwnerDidNot(t *testing.T) {
 		got := invariantsOf(vs)
 		if len(got) != 1 || (got[0] != LiveState && got[0] != ExactRestore) {
 			t.Fatalf("violations %v, want live state (or exact restore)", vs)
+		}
+	})
+}
+
+// Each invariant the steps check themselves is caught when the state it
+// guards is broken at the moment of the check.
+func TestStepChecksCatchSabotage(t *testing.T) {
+	t.Run("a stray snapshot is a leak", func(t *testing.T) {
+		done, at := false, 0
+		vs := runSabotaged(t, 5, func(r *run) {
+			if done || r.o == nil {
+				return
+			}
+			for _, sid := range r.m.live() {
+				sb, err := r.o.RequireSessionSandbox(sid)
+				if err != nil {
+					continue
+				}
+				if _, err := r.fk.Snapshot(context.Background(), sb.Handle, "stray"); err != nil {
+					t.Fatal(err)
+				}
+				done, at = true, r.step
+				return
+			}
+		})
+		if !done {
+			t.Skip("the seed had no live session")
+		}
+		// Seen at the step it happened, not only by the final check.
+		if diff := cmp.Diff([]Invariant{NoLeak}, invariantsOf(vs)); diff != "" || vs[0].Step != at {
+			t.Fatalf("violations %v (-want +got):\n%s", vs, diff)
+		}
+	})
+	t.Run("a fork left by a failed restore breaks all or none", func(t *testing.T) {
+		vs := runSabotagedAt(t, "fork-fail=1", atFailedRestore, func(r *run) {
+			md := map[string]string{owner.LabelRestore: r.lastRestore, owner.LabelIncarnation: r.o.Incarnation()}
+			if _, err := r.fk.Start(context.Background(), provider.Spec{Image: "fork", Metadata: md}); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if got := invariantsOf(vs); len(got) == 0 || got[0] != AllOrNone {
+			t.Fatalf("violations %v, want all or none first", vs)
+		}
+	})
+	t.Run("a resent verify that is graded is empty grading", func(t *testing.T) {
+		vs := runSabotagedAt(t, "resent-verify=1", atResentVerify, func(r *run) {
+			// The ended session gets a sandbox behind the model's back:
+			// the resent verify then finds one to grade.
+			sid := r.lastVerified
+			ran := false
+			if _, err := r.o.StartSessionSandbox(context.Background(), sid, r.spec(), notesSetup("forged", false, &ran), ""); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if got := invariantsOf(vs); len(got) == 0 || got[0] != NoEmptyGrading {
+			t.Fatalf("violations %v, want no empty grading first", vs)
 		}
 	})
 }

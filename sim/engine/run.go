@@ -184,6 +184,25 @@ type run struct {
 	// sabotage, when set (by the engine's own tests), runs after every
 	// step to break the real state behind the owner's back.
 	sabotage func(r *run)
+	// sabotageAt, when set, runs at named points inside a step (just
+	// before a resent verify, just before a failed restore is checked) to
+	// break what that step's own check must catch.
+	sabotageAt func(r *run, point string)
+	// lastVerified and lastRestore name the session of the verify and the
+	// checkpoint of the restore in progress, for sabotage.
+	lastVerified, lastRestore string
+}
+
+// Sabotage points.
+const (
+	atResentVerify  = "resent-verify"
+	atFailedRestore = "failed-restore"
+)
+
+func (r *run) sabotagePoint(point string) {
+	if r.sabotageAt != nil {
+		r.sabotageAt(r, point)
+	}
 }
 
 // Run performs one seeded run and reports it.

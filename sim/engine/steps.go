@@ -299,6 +299,8 @@ func (r *run) opVerify() {
 	}
 	if resend && !s.live {
 		r.fire(FaultResentVerify)
+		r.lastVerified = sid
+		r.sabotagePoint(atResentVerify)
 		again := r.verify(r.life, sid, s.notes)
 		r.tracef("verify %s again: refused %v reward %v", sid, again.refused, again.reward)
 		if !again.refused {
@@ -821,6 +823,8 @@ func (r *run) restore(id string, scope []string, faults bool) {
 			r.violate(Unexpected, "restore of %s failed without a fault: %v", id, err)
 			return
 		}
+		r.lastRestore = id
+		r.sabotagePoint(atFailedRestore)
 		r.checkRolledBack(id, incarnation)
 		return
 	}
