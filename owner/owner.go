@@ -153,12 +153,13 @@ type Owner struct {
 	log         logrus.FieldLogger
 	incarnation string
 
-	system  *actor.ActorSystem
-	sup     *actor.PID
-	dir     *supervisor.Directory
-	coord   *actor.PID
-	limiter *actors.Limiter
-	index   *snapshotindex.Index
+	system   *actor.ActorSystem
+	dispatch *actors.Dispatcher
+	sup      *actor.PID
+	dir      *supervisor.Directory
+	coord    *actor.PID
+	limiter  *actors.Limiter
+	index    *snapshotindex.Index
 
 	// ctl serialises control operations (commit, restore, retire,
 	// release) with each other.
@@ -292,13 +293,17 @@ func (o *Owner) startActors() {
 		OnHeld:   o.onHeld,
 		Context:  o.base,
 	}
+	// Every actor of the owner runs its mailbox on the dispatcher's
+	// long-lived goroutines.
+	o.dispatch = actors.NewDispatcher(dispatchWorkers, dispatchQueue, dispatchThroughput)
+	onPool := actor.WithDispatcher(o.dispatch)
 	props := func(sessionID string, install *messages.Sandbox, snapshots []string) *actor.Props {
 		return actors.SessionProps(env, func() *actors.Session {
 			if install != nil {
 				return actors.NewInstalledSession(sessionID, *install, snapshots)
 			}
 			return actors.NewSession(sessionID)
-		})
+		}).Configure(onPool)
 	}
 	// A request sent to an actor that has stopped is a dead letter: answer
 	// its slot, so that its asker learns at once that nobody acted on it.
@@ -318,6 +323,16 @@ func (o *Owner) startActors() {
 		OnOrphan: o.onOrphan,
 	}), "coordinator")
 }
+
+// The dispatcher's shape: a few workers per CPU are enough for mailbox runs,
+// which never block; the queue absorbs a burst (a commit's fan-out), and
+// beyond it a run gets its own goroutine. The throughput is protoactor's
+// default.
+const (
+	dispatchWorkers    = 8
+	dispatchQueue      = 4096
+	dispatchThroughput = 300
+)
 
 // Mode reports the checkpoint mode in effect.
 func (o *Owner) Mode() Mode { return o.mode }
@@ -759,6 +774,7 @@ func (o *Owner) Close() error {
 		}
 		o.bg.Wait()
 		o.system.Shutdown()
+		o.dispatch.Stop()
 		if o.index != nil {
 			err = o.index.Close()
 		}
@@ -776,6 +792,7 @@ func (o *Owner) Abandon() {
 		o.cancelBase()
 		o.bg.Wait()
 		o.system.Shutdown()
+		o.dispatch.Stop()
 		if o.index != nil {
 			_ = o.index.Close()
 		}
