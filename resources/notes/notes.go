@@ -22,9 +22,9 @@ import (
 	"slices"
 	"strings"
 
-	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/resources"
 )
 
 // Names inside the sandbox and of the server.
@@ -51,12 +51,12 @@ type Options struct {
 	TTLSeconds float64
 }
 
-// Server is the notes resources server; it implements httpapi.Resources.
+// Server is the notes resources server; it implements resources.Resources.
 type Server struct {
 	opts Options
 }
 
-var _ httpapi.Resources = (*Server)(nil)
+var _ resources.Resources = (*Server)(nil)
 
 // New returns a notes server.
 func New(opts Options) *Server {
@@ -82,8 +82,8 @@ func (s *Server) LendsSandboxes() bool { return true }
 func (s *Server) VerifyReplayable() bool { return false }
 
 // Tools is /append_note.
-func (s *Server) Tools() map[string]httpapi.ToolFunc {
-	return map[string]httpapi.ToolFunc{RouteAppend: s.appendNote}
+func (s *Server) Tools() map[string]resources.ToolFunc {
+	return map[string]resources.ToolFunc{RouteAppend: s.appendNote}
 }
 
 // sessionData is what setup returns and seed answers.
@@ -112,7 +112,7 @@ func setup(ctx context.Context, p provider.Provider, sb owner.Sandbox) (json.Raw
 // Seed starts the session's sandbox; the row is not needed. A session that
 // already has one (a repeated seed, or a restored session's re-seed) gets
 // its session data back without a second sandbox or a second setup.
-func (s *Server) Seed(ctx context.Context, sess *httpapi.Session, _ []byte) (any, error) {
+func (s *Server) Seed(ctx context.Context, sess *resources.Session, _ []byte) (any, error) {
 	sb, err := sess.Owner.StartSessionSandbox(ctx, sess.ID, s.spec(), setup, s.opts.Workdir)
 	if errors.Is(err, owner.ErrSandboxExists) {
 		sb, err = sess.Owner.RequireSessionSandbox(sess.ID)
@@ -130,17 +130,17 @@ type appendRequest struct {
 	Line *string `json:"line"`
 }
 
-func (s *Server) appendNote(ctx context.Context, sess *httpapi.Session, body []byte) (any, error) {
+func (s *Server) appendNote(ctx context.Context, sess *resources.Session, body []byte) (any, error) {
 	var req appendRequest
-	if err := httpapi.DecodeData(body, &req); err != nil {
+	if err := resources.DecodeData(body, &req); err != nil {
 		return nil, err
 	}
 	if req.Line == nil {
-		return nil, httpapi.Invalid("line is required")
+		return nil, resources.Invalid("line is required")
 	}
 	line := *req.Line
 	if strings.ContainsAny(line, "\n\r") || len(line) > MaxLine {
-		return nil, httpapi.Invalid("line must be one line of at most %d bytes", MaxLine)
+		return nil, resources.Invalid("line must be one line of at most %d bytes", MaxLine)
 	}
 	err := sess.Owner.Do(ctx, sess.ID, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
 		old, err := readOptional(ctx, p, sb.Handle, NotesFile)
@@ -181,13 +181,13 @@ type VerifyReply struct {
 }
 
 // Verify grades the notes and ends the session.
-func (s *Server) Verify(ctx context.Context, sess *httpapi.Session, body []byte) (any, error) {
+func (s *Server) Verify(ctx context.Context, sess *resources.Session, body []byte) (any, error) {
 	var req verifyRequest
-	if err := httpapi.DecodeData(body, &req); err != nil {
+	if err := resources.DecodeData(body, &req); err != nil {
 		return nil, err
 	}
 	if req.ExpectedNotes == nil {
-		return nil, httpapi.Invalid("expected_notes is required")
+		return nil, resources.Invalid("expected_notes is required")
 	}
 	rep := VerifyReply{ExpectedNotes: *req.ExpectedNotes, Notes: []string{}}
 	err := sess.Owner.Do(ctx, sess.ID, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {

@@ -9,11 +9,11 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/sirupsen/logrus"
 
-	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/resources/notes"
 )
 
@@ -36,7 +36,7 @@ func TestNotesOnEveryProvider(t *testing.T) {
 			}
 			defer own.Close()
 			s := notes.New(notes.Options{})
-			sess := &httpapi.Session{ID: "s1", Owner: own, Log: logrus.New()}
+			sess := &resources.Session{ID: "s1", Owner: own, Log: logrus.New()}
 
 			if _, err := s.Verify(ctx, sess, []byte(`{"expected_notes":[]}`)); !errors.Is(err, owner.ErrNoSessionSandbox) {
 				t.Fatalf("verify before seed: %v", err)
@@ -91,11 +91,11 @@ func TestVerifyRewardsZero(t *testing.T) {
 	s := notes.New(notes.Options{})
 	for _, tc := range []struct {
 		name   string
-		break_ func(sess *httpapi.Session)
+		break_ func(sess *resources.Session)
 		expect string
 	}{
 		{name: "other notes", expect: `{"expected_notes":["two"]}`},
-		{name: "a token that does not match", expect: `{"expected_notes":["one"]}`, break_: func(sess *httpapi.Session) {
+		{name: "a token that does not match", expect: `{"expected_notes":["one"]}`, break_: func(sess *resources.Session) {
 			sb, _ := own.SessionSandbox(sess.ID)
 			if err := fk.WriteFile(ctx, sb.Handle, notes.TokenFile, []byte("forged")); err != nil {
 				t.Fatal(err)
@@ -103,7 +103,7 @@ func TestVerifyRewardsZero(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sess := &httpapi.Session{ID: tc.name, Owner: own, Log: logrus.New()}
+			sess := &resources.Session{ID: tc.name, Owner: own, Log: logrus.New()}
 			if _, err := s.Seed(ctx, sess, nil); err != nil {
 				t.Fatal(err)
 			}
@@ -122,9 +122,9 @@ func TestVerifyRewardsZero(t *testing.T) {
 			}
 		})
 	}
-	bad := &httpapi.Session{ID: "bad", Owner: own, Log: logrus.New()}
+	bad := &resources.Session{ID: "bad", Owner: own, Log: logrus.New()}
 	for _, body := range []string{`{}`, `{"expected_notes": "one"}`, `{`} {
-		var he *httpapi.Error
+		var he *resources.Error
 		if _, err := s.Verify(ctx, bad, []byte(body)); !errors.As(err, &he) || he.Status != 422 {
 			t.Errorf("verify %s: %v, want 422", body, err)
 		}
@@ -134,7 +134,7 @@ func TestVerifyRewardsZero(t *testing.T) {
 	}
 }
 
-func keys(m map[string]httpapi.ToolFunc) []string {
+func keys(m map[string]resources.ToolFunc) []string {
 	var out []string
 	for k := range m {
 		out = append(out, k)

@@ -7,8 +7,8 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/resources"
 )
 
 // Error codes of this server's refusals, besides package http's.
@@ -17,7 +17,7 @@ const (
 	CodeSessionMismatch = "session_mismatch"
 )
 
-var _ httpapi.Resources = (*Server)(nil)
+var _ resources.Resources = (*Server)(nil)
 
 // Name is the server's config name.
 func (s *Server) Name() string { return s.name }
@@ -30,10 +30,10 @@ func (s *Server) VerifyReplayable() bool { return false }
 
 // Tools: the agent works in its sandbox through the sandbox API; the server
 // has no tool routes of its own.
-func (s *Server) Tools() map[string]httpapi.ToolFunc { return map[string]httpapi.ToolFunc{} }
+func (s *Server) Tools() map[string]resources.ToolFunc { return map[string]resources.ToolFunc{} }
 
 // Seed serves /seed_session: SeedSession on the request's session.
-func (s *Server) Seed(ctx context.Context, sess *httpapi.Session, row []byte) (any, error) {
+func (s *Server) Seed(ctx context.Context, sess *resources.Session, row []byte) (any, error) {
 	res, err := s.seed(ctx, sess.Owner, sess.ID, row, s.requestLog(sess))
 	if err != nil {
 		return nil, httpError(err)
@@ -42,7 +42,7 @@ func (s *Server) Seed(ctx context.Context, sess *httpapi.Session, row []byte) (a
 }
 
 // Verify serves /verify: VerifySession on the request's session.
-func (s *Server) Verify(ctx context.Context, sess *httpapi.Session, body []byte) (any, error) {
+func (s *Server) Verify(ctx context.Context, sess *resources.Session, body []byte) (any, error) {
 	res, err := s.verify(ctx, sess.Owner, sess.ID, body, s.requestLog(sess))
 	if err != nil {
 		return nil, httpError(err)
@@ -52,17 +52,17 @@ func (s *Server) Verify(ctx context.Context, sess *httpapi.Session, body []byte)
 
 // requestLog is the logger of a request through package http: the server's
 // when one was injected, else the session's.
-func (s *Server) requestLog(sess *httpapi.Session) logrus.FieldLogger {
+func (s *Server) requestLog(sess *resources.Session) logrus.FieldLogger {
 	if s.injected || sess.Log == nil {
 		return s.log
 	}
 	return sess.Log.WithField("resources", Kind)
 }
 
-// statusError is an *httpapi.Error (what package http answers with) that
+// statusError is an *resources.Error (what package http answers with) that
 // still matches this package's sentinels.
 type statusError struct {
-	he  *httpapi.Error
+	he  *resources.Error
 	err error
 }
 
@@ -86,5 +86,5 @@ func httpError(err error) error {
 	default:
 		return err
 	}
-	return &statusError{he: httpapi.Errorf(status, code, "%s", err.Error()), err: err}
+	return &statusError{he: resources.Errorf(status, code, "%s", err.Error()), err: err}
 }

@@ -1,4 +1,9 @@
-package http
+// Package resources is the contract resources servers are written against:
+// the Resources interface, the request's Session, tool registration,
+// request decoding and typed errors. It knows nothing of the transport:
+// package http serves a Resources over fasthttp, and the notes and
+// SWE-bench servers import only this package.
+package resources
 
 import (
 	"bytes"
@@ -16,7 +21,7 @@ import (
 )
 
 // Resources is a resources server written on the owner: the notes server,
-// SWE-bench. The http package does everything else — cookies, the rollout
+// SWE-bench. The transport does everything else — cookies, the rollout
 // prefix, admission, the checkpoint control plane, /close_session,
 // /sandbox_access, the error envelope — and calls these methods with the
 // request's Session.
@@ -103,23 +108,8 @@ func Invalid(format string, args ...any) *Error {
 	return Errorf(nethttp.StatusUnprocessableEntity, control.ErrInvalidRequest.Code, format, args...)
 }
 
-// Codes this package answers with besides the protocol's.
-const (
-	CodeNoSessionSandbox = "no_session_sandbox"
-	CodeNoSandboxAccess  = "no_sandbox_access"
-	CodeSessionClosed    = "session_closed"
-	CodeBodyTooLarge     = "body_too_large"
-	CodeBadRequest       = "bad_request"
-	CodeNotFound         = "not_found"
-	CodeMethod           = "method_not_allowed"
-	CodeInternal         = "internal_error"
-	CodeSetupFailed      = "setup_failed"
-	CodeInvalidCapture   = "invalid_capture_key"
-	CodeCommitFailed     = "commit_failed"
-	CodeRestoreFailed    = "restore_failed"
-	CodeRetireFailed     = "retire_failed"
-	CodeReleaseFailed    = "release_failed"
-)
+// CodeNoSessionSandbox is the envelope code of ErrNoSessionSandbox.
+const CodeNoSessionSandbox = "no_session_sandbox"
 
 // ErrNoSessionSandbox is the 409 a verify or a tool call gets without a
 // sandbox; errors.Is(err, owner.ErrNoSessionSandbox) is mapped to it.
@@ -134,14 +124,15 @@ func DecodeData(body []byte, v any) error {
 		body = []byte("{}")
 	}
 	if err := json.Unmarshal(body, v); err != nil {
-		return Invalid("%s", jsonProblem(err))
+		return Invalid("%s", JSONProblem(err))
 	}
 	return nil
 }
 
-// decodeControl is DecodeData for control bodies: unknown fields and
-// trailing data are refused, and a body is required.
-func decodeControl(body []byte, v any) error {
+// DecodeStrict decodes a body that must be exactly one JSON value of v's
+// shape: a body is required, and unknown fields and trailing data are
+// refused (422).
+func DecodeStrict(body []byte, v any) error {
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 {
 		return Invalid("a JSON body is required")
@@ -149,7 +140,7 @@ func decodeControl(body []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return Invalid("%s", jsonProblem(err))
+		return Invalid("%s", JSONProblem(err))
 	}
 	// More is false before a stray ']' or '}': only io.EOF proves the body
 	// ended.
@@ -169,7 +160,7 @@ func CheckObject(body []byte) error {
 	}
 	if !json.Valid(body) {
 		var v any
-		return Invalid("%s", jsonProblem(json.Unmarshal(body, &v)))
+		return Invalid("%s", JSONProblem(json.Unmarshal(body, &v)))
 	}
 	if body[0] != '{' {
 		return Invalid("the body must be a JSON object")
@@ -177,8 +168,8 @@ func CheckObject(body []byte) error {
 	return nil
 }
 
-// jsonProblem words a decoding error for the envelope's detail.
-func jsonProblem(err error) string {
+// JSONProblem words a decoding error for an error detail.
+func JSONProblem(err error) string {
 	var syn *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	switch {

@@ -1,0 +1,57 @@
+package http
+
+import "github.com/sandboxowner/owner/resources"
+
+// The resources contract, as this package serves it. The types live in
+// package resources, which resources servers import; these names keep the
+// server's own code and its callers short.
+type (
+	Resources = resources.Resources
+	ToolFunc  = resources.ToolFunc
+	Session   = resources.Session
+	Error     = resources.Error
+)
+
+// ErrNoSessionSandbox is the 409 a verify or a tool call gets without a
+// sandbox; errors.Is(err, owner.ErrNoSessionSandbox) is mapped to it.
+var ErrNoSessionSandbox = resources.ErrNoSessionSandbox
+
+// Wrap is resources.Wrap.
+func Wrap(status int, code string, err error) *Error { return resources.Wrap(status, code, err) }
+
+// Errorf is resources.Errorf.
+func Errorf(status int, code, format string, args ...any) *Error {
+	return resources.Errorf(status, code, format, args...)
+}
+
+// Invalid is resources.Invalid.
+func Invalid(format string, args ...any) *Error { return resources.Invalid(format, args...) }
+
+// DecodeData is resources.DecodeData.
+func DecodeData(body []byte, v any) error { return resources.DecodeData(body, v) }
+
+// CheckObject is resources.CheckObject.
+func CheckObject(body []byte) error { return resources.CheckObject(body) }
+
+// Codes this package answers with besides the protocol's.
+const (
+	CodeNoSessionSandbox = resources.CodeNoSessionSandbox
+	CodeNoSandboxAccess  = "no_sandbox_access"
+	CodeSessionClosed    = "session_closed"
+	CodeBodyTooLarge     = "body_too_large"
+	CodeBadRequest       = "bad_request"
+	CodeNotFound         = "not_found"
+	CodeMethod           = "method_not_allowed"
+	CodeInternal         = "internal_error"
+	CodeSetupFailed      = "setup_failed"
+	CodeInvalidCapture   = "invalid_capture_key"
+	CodeCommitFailed     = "commit_failed"
+	CodeRestoreFailed    = "restore_failed"
+	CodeRetireFailed     = "retire_failed"
+	CodeReleaseFailed    = "release_failed"
+)
+
+// decodeControl decodes a control body strictly.
+func decodeControl(body []byte, v any) error { return resources.DecodeStrict(body, v) }
+
+func jsonProblem(err error) string { return resources.JSONProblem(err) }
