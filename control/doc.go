@@ -1,6 +1,14 @@
 // Package control is the participant side of NeMo Gym's partial-rollout
 // checkpoint protocol, as plain Go state: the phase machine, the admission
-// gate, episode ids and the protocol's errors. It knows nothing of HTTP or of
+// gate, episode ids and the protocol's errors.
+//
+// The decisions are State.Step: every route, the lease's tick and every
+// hook's completion is an input; Step returns the reply and the effects
+// (close or open admission, run a hook, retire, notify, log) and holds no
+// lock, goroutine or timer. Machine is the thin shell around it: it
+// serialises steps, performs their effects, runs a commit or restore hook
+// once per id (single flight) and waits on the injected clock. The scripted
+// tests in testdata/step drive State alone. It knows nothing of HTTP or of
 // sandboxes; package http serves it under /ng-control/v1/checkpoint/ and
 // implements its Hooks with the owner, and the simulation drives it directly
 // with a clock.Manual.
@@ -19,8 +27,7 @@
 // skip the resumed-id check: a controller retires stragglers after aborting a
 // prepare with resume, under that same id.
 //
-// Prepare closes admission (Hooks.CloseAdmission) and then waits, outside the
-// lock, until the hooks report ready or its deadline passes; a prepare past
+// Prepare closes admission (Hooks.CloseAdmission) and then waits until the hooks report ready or its deadline passes; a prepare past
 // its deadline answers phase "preparing" with its blockers and leaves
 // admission closed until a resume. The wait is woken by Notify (the gate calls
 // it when requests finish) and polls at least every PollEvery.
