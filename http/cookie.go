@@ -8,10 +8,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 )
 
 // SecretFile is the file in checkpoint.state_dir that keeps a generated
@@ -82,6 +84,9 @@ func randomSecret() []byte {
 type Signer struct {
 	name string
 	key  []byte
+	// macs keeps keyed HMACs for reuse: keying one hashes the secret's
+	// pads, which cost as much as the sum itself on every request.
+	macs sync.Pool
 }
 
 // NewSigner returns a signer for the cookie name with the secret.
@@ -89,13 +94,17 @@ func NewSigner(cookieName string, secret []byte) (*Signer, error) {
 	if len(secret) < MinSecretLen {
 		return nil, fmt.Errorf("%w: at least %d bytes are required", ErrSecret, MinSecretLen)
 	}
-	return &Signer{name: cookieName, key: append([]byte(nil), secret...)}, nil
+	s := &Signer{name: cookieName, key: append([]byte(nil), secret...)}
+	s.macs.New = func() any { return hmac.New(sha256.New, s.key) }
+	return s, nil
 }
 
 var b64 = base64.RawURLEncoding
 
 func (s *Signer) sum(id string) []byte {
-	m := hmac.New(sha256.New, s.key)
+	m := s.macs.Get().(hash.Hash)
+	defer s.macs.Put(m)
+	m.Reset()
 	m.Write([]byte(s.name))
 	m.Write([]byte{0})
 	m.Write([]byte(id))
