@@ -294,11 +294,15 @@ func (a *sessionActor) snapshot(e effSnapshot, feed func(any)) {
 		return
 	}
 	id, err := snap.Snapshot(ctx, e.Sandbox.Handle, e.Name)
-	a.env.Limiter.Release()
 	if err != nil {
 		err = fmt.Errorf("session %q could not be snapshotted: %w", a.s.ID, err)
 	}
 	feed(snapshotDone{Seq: e.Seq, SnapshotID: id, At: a.env.Clock.Now(), Err: err})
+	// The slot is freed last: the runtime runs the waiter it wakes next on
+	// this CPU, so the next snapshot starts before the mailbox runs that
+	// the feed scheduled (freed first, the waiter queued behind them, and a
+	// checkpoint's waves drifted apart by their completions' work).
+	a.env.Limiter.Release()
 }
 
 func (a *sessionActor) stop(e effStop, feed func(any)) {

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/actors"
@@ -441,20 +440,9 @@ func (o *Owner) Restore(ctx context.Context, req RestoreRequest) (RestoreResult,
 	if err := validateRecords(records, o.prov.Name(), live); err != nil {
 		return res, fmt.Errorf("%w: %w", ErrRestoreFailed, err)
 	}
-	ids := make([]string, len(records))
-	for i, r := range records {
-		ids[i] = r.SessionID
-	}
-	intent := snapshotindex.IntentKey{Kind: intentRestore, ID: req.CheckpointID}
-	if err := o.index.PutIntent(snapshotindex.Intent{Kind: intentRestore, ID: req.CheckpointID, Body: restoreIntentBody(ids), At: o.clk.Now()}); err != nil {
-		return res, fmt.Errorf("%w: %w", ErrRestoreFailed, err)
-	}
-	defer func() {
-		if err := o.index.DeleteIntent(intent); err != nil {
-			o.log.WithError(err).Warn("could not clear the restore intent")
-		}
-	}()
-
+	// A restore writes no intent: a crash mid-restore leaves forks that
+	// carry this incarnation's labels, which the next start's sweep of
+	// earlier incarnations stops, and nothing in the index to undo.
 	forks, failed := o.forkAll(ctx, req.CheckpointID, records)
 	if len(failed) > 0 {
 		o.stopHandles(o.withListedForks(req.CheckpointID, forks))
@@ -571,8 +559,9 @@ func (o *Owner) withListedForks(checkpointID string, forks []provider.Handle) []
 }
 
 // install spawns a session actor holding each fork. The spawns go to the
-// supervisor all at once and are then collected in order: one round trip
-// per session would hold the restore that long. If one cannot be installed
+// supervisor all at once, sharing one reply slot with room for every
+// answer, and the answers are then collected: one round trip (or one
+// future) per session would hold the restore that long. If one cannot be installed
 // (a seed of the same session raced the restore), the installed ones are
 // ended and the other forks stopped: all or none.
 func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle) ([]RestoredSession, error) {
@@ -583,7 +572,8 @@ func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle)
 	}
 	now := o.clk.Now()
 	sbs := make([]messages.Sandbox, len(records))
-	futures := make([]*actor.Future, len(records))
+	replies := make(messages.ReplyTo, len(records))
+	at := make(map[string]int, len(records))
 	for i, r := range records {
 		sb := &sbs[i]
 		*sb = messages.Sandbox{
@@ -601,20 +591,34 @@ func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle)
 			sb.ExpiresAt = now.Add(ttl)
 		}
 		o.fates.hold(r.SessionID, sb.Handle, sb.FromSnapshot)
-		futures[i] = o.system.Root.RequestFuture(o.sup, &messages.SpawnSession{SessionID: r.SessionID, Install: sb, Snapshots: []string{r.SnapshotID}}, time.Minute)
+		at[r.SessionID] = i
+		o.system.Root.Send(o.sup, &messages.SpawnSession{SessionID: r.SessionID, Install: sb, Snapshots: []string{r.SnapshotID}, Reply: replies})
+	}
+	wait, cancelWait := context.WithTimeout(context.Background(), time.Minute)
+	defer cancelWait()
+	installed := make([]bool, len(records))
+	errs := make([]error, len(records))
+	for range records {
+		v, err := o.await(wait, o.sup, replies)
+		if err != nil {
+			// Whatever answers are missing count as not installed.
+			break
+		}
+		ref := v.(*messages.SessionRef)
+		i := at[ref.SessionID]
+		installed[i], errs[i] = ref.Err == nil, ref.Err
 	}
 	out := make([]RestoredSession, 0, len(records))
 	var notInstalled []provider.Handle
 	var firstErr error
-	for i, f := range futures {
-		r := records[i]
-		v, err := f.Result()
-		if err == nil {
-			err = v.(*messages.SessionRef).Err
-		}
-		if err != nil {
+	for i, r := range records {
+		if !installed[i] {
 			notInstalled = append(notInstalled, forks[i])
 			if firstErr == nil {
+				err := errs[i]
+				if err == nil {
+					err = errors.New("the supervisor did not answer")
+				}
 				firstErr = fmt.Errorf("install session %q: %w", r.SessionID, err)
 			}
 			continue

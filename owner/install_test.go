@@ -72,3 +72,45 @@ func TestRestoreRacedBySeedInstallsNothing(t *testing.T) {
 		t.Fatalf("the raced session holds %+v (%v), want its own sandbox %s", sb.Handle, err, raced.Handle.SandboxID)
 	}
 }
+
+// A restore writes nothing to the index before its forks (its forks carry
+// this incarnation's labels, which is all a crash needs to stop them): the
+// index holds no intent while they run, and none after.
+func TestRestoreWritesNoIntent(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	seed(t, o, "s1")
+	commit(t, o, "c1")
+	if err := o.EndSessionSandbox(context.Background(), "s1"); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var during []string
+	e.fk.SetHook(func(c fake.Call) {
+		if c.Op != fake.OpFork || c.Phase != fake.PhaseBegin {
+			return
+		}
+		ins, err := o.Index().Intents("")
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			during = append(during, err.Error())
+		}
+		for _, in := range ins {
+			during = append(during, in.Kind+"/"+in.ID)
+		}
+	})
+	if _, err := o.Restore(context.Background(), owner.RestoreRequest{CheckpointID: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+	e.fk.SetHook(nil)
+	after, err := o.Index().Intents("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(during) > 0 || len(after) > 0 {
+		t.Errorf("intents during the forks %v, after the restore %v; want none", during, after)
+	}
+}

@@ -431,9 +431,17 @@ func (o *Owner) call(ctx context.Context, pid *actor.PID, msg any, reply message
 		return nil, err
 	}
 	o.system.Root.Send(pid, msg)
+	v, err := o.await(ctx, pid, reply)
+	if err == nil {
+		o.recycle(reply)
+	}
+	return v, err
+}
+
+// await waits for the next answer in reply (a request to pid carried it).
+func (o *Owner) await(ctx context.Context, pid *actor.PID, reply messages.ReplyTo) (any, error) {
 	select {
 	case v := <-reply:
-		o.recycle(reply)
 		if _, ok := v.(messages.Undelivered); ok {
 			return nil, fmt.Errorf("actor %s: %w", pid.Id, actor.ErrDeadLetter)
 		}

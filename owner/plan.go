@@ -3,7 +3,6 @@ package owner
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
@@ -15,11 +14,10 @@ import (
 // The decisions of the checkpoint operations, kept pure so that they can be
 // tested without a provider or an index.
 
-// Intent kinds written to the index before the effect they guard.
-const (
-	intentCommit  = "commit"
-	intentRestore = "restore"
-)
+// intentCommit is the kind of intent a commit writes before its snapshots.
+// Intents of other kinds found at startup (a restore's, written by earlier
+// versions) are dropped.
+const intentCommit = "commit"
 
 // commitIntent is the body of a commit intent: the tag that ends the name
 // of every snapshot the round takes, so that a crash mid-round can find them.
@@ -145,9 +143,4 @@ func planRelease(all []snapshotindex.CheckpointMeta, refs map[string][]string, k
 	sort.Strings(p.Drop)
 	sort.Strings(p.Tombstones)
 	return p
-}
-
-func restoreIntentBody(sessions []string) json.RawMessage {
-	b, _ := json.Marshal(map[string][]string{"sessions": sessions})
-	return b
 }

@@ -52,7 +52,7 @@ func TestTinyRun(t *testing.T) {
 	for _, want := range []string{
 		"## Machine", "## Goals", "## Commit", "## Restore", "## Where the time goes", "## Release", "## HTTP", "## Memory", "## Chart",
 		"| N | L | P | reps | measured | best | worst | ideal |", "| K | N | deletes |", "| route | C | req/s |",
-		"| /sandbox_access | 4 |", "| seed+close | 4 |", "the owner's share", "| commit |",
+		"| /sandbox_access | 4 |", "| seed+close | 4 |", "the owner's share", "| commit |", "spread by more than 50% (worst against best)",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("the report has no %q", want)

@@ -289,7 +289,7 @@ func (r *Report) Markdown() string {
 	ideal := "Ideal is ⌈calls/P⌉·L plus the operation's index transaction measured alone in the same run " +
 		"(%s); ratio is measured/ideal; overhead is (measured − ideal)/calls, at L=0 the coordinator's cost per session. " +
 		"Times are medians over reps (best, worst: the fastest and slowest rep); peak is the most concurrent provider calls the fake saw; load is the 1-minute load average when the cell ended. " +
-		fmt.Sprintf("A cell whose reps spread by more than %.0f%% (worst against best), or that beat its ideal, is flagged and its ratio is not a figure. ", MaxSpread*100) +
+		fmt.Sprintf("A cell whose reps spread by more than %.0f%%%% (worst against best), or that beat its ideal, is flagged and its ratio is not a figure. ", MaxSpread*100) +
 		"Floor is the ideal with the wait a Go timer of L really gives here (Wait, measured at the start of the run) in place of L: " +
 		"no program sleeping on timers beats it, so 'to floor' (measured/floor) is the owner's own share of the ratio."
 	if len(r.Commit) > 0 {
