@@ -334,13 +334,14 @@ func (s *Session) complete(done any) []any {
 	return append(out, s.next()...)
 }
 
-// renew asks for a lease renewal once half the lease has passed.
+// renew asks for a lease renewal once a third of the lease has passed, so
+// that two renewals can fail before the lease runs out.
 func (s *Session) renew(now time.Time) []any {
 	ttl := s.Sandbox.Spec.TTL()
 	if s.Phase != PhaseReady || ttl <= 0 || s.renewSeq != 0 || s.Sandbox.ExpiresAt.IsZero() {
 		return nil
 	}
-	if s.Sandbox.ExpiresAt.Sub(now) > ttl/2 {
+	if s.Sandbox.ExpiresAt.Sub(now) > ttl*2/3 {
 		return nil
 	}
 	// Renewals count on their own, so that one never matches an

@@ -88,6 +88,10 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	var defaultTTL time.Duration
+	if d, ok := prov.(interface{ DefaultTTL() time.Duration }); ok {
+		defaultTTL = d.DefaultTTL()
+	}
 	if !res.LendsSandboxes() {
 		prov = withoutSnapshots{prov}
 	}
@@ -108,6 +112,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		Clock:      clk,
 		Logger:     log,
 		RenewEvery: renew,
+		DefaultTTL: defaultTTL,
 	})
 	if err != nil {
 		if errors.Is(err, owner.ErrConfig) {
@@ -127,7 +132,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	var access func(*httpapi.Session, owner.Sandbox, map[string]any) error
 	var mounts map[string]fasthttp.RequestHandler
 	if res.LendsSandboxes() {
-		if lend, err = newLending(secret, prov, own, clk, log); err != nil {
+		if lend, err = newLending(secret, prov, own, clk, log, lendDirect(&cfg, prov)); err != nil {
 			return fail(fmt.Errorf("%w: sandbox access tokens: %w", ErrConfig, err))
 		}
 		access, mounts = lend.access, lend.mounts()

@@ -43,11 +43,49 @@ type Config struct {
 // SandboxConfig selects the sandbox provider; each provider's options sit
 // under its name.
 type SandboxConfig struct {
-	// Provider is "fake" or "local"; empty is the embedded default.
-	Provider string       `yaml:"provider"`
-	Fake     FakeOptions  `yaml:"fake"`
-	Local    LocalOptions `yaml:"local"`
+	// Provider is "fake", "local" or "opensandbox"; empty is the embedded
+	// default.
+	Provider    string             `yaml:"provider"`
+	Fake        FakeOptions        `yaml:"fake"`
+	Local       LocalOptions       `yaml:"local"`
+	OpenSandbox OpenSandboxOptions `yaml:"opensandbox"`
 }
+
+// OpenSandboxOptions configure the OpenSandbox provider (package
+// provider/opensandbox).
+type OpenSandboxOptions struct {
+	// Domain is host:port of the lifecycle server.
+	Domain   string `yaml:"domain"`
+	Protocol string `yaml:"protocol"`
+	// APIKey is sent as OPEN-SANDBOX-API-KEY; empty reads
+	// OPEN_SANDBOX_API_KEY.
+	APIKey         string `yaml:"api_key"`
+	UseServerProxy bool   `yaml:"use_server_proxy"`
+	// TTLSeconds is every sandbox's lease, renewed by the owner.
+	TTLSeconds int `yaml:"ttl_s"`
+	// Images maps a spec's image name to an image URI.
+	Images                 map[string]string    `yaml:"images"`
+	Resources              OpenSandboxResources `yaml:"resources"`
+	RequestTimeoutSeconds  float64              `yaml:"request_timeout_s"`
+	ReadyTimeoutSeconds    float64              `yaml:"ready_timeout_s"`
+	MaxConcurrentSnapshots int                  `yaml:"max_concurrent_snapshots"`
+	// Lend is what /sandbox_access hands agents: "server" (this server's
+	// sandbox API) or "direct" (execd's endpoint and headers).
+	Lend string `yaml:"lend"`
+}
+
+// OpenSandboxResources are the resourceLimits of sandboxes whose spec asks
+// for none, in Kubernetes quantities ("500m", "2Gi").
+type OpenSandboxResources struct {
+	CPU    string `yaml:"cpu"`
+	Memory string `yaml:"memory"`
+}
+
+// Lend modes of sandbox.opensandbox.lend.
+const (
+	LendServer = "server"
+	LendDirect = "direct"
+)
 
 // FakeOptions configure the in-memory fake provider.
 type FakeOptions struct {
@@ -99,6 +137,9 @@ func Defaults() Config {
 		Host:       "127.0.0.1",
 		Port:       8080,
 		NumWorkers: 1,
+		Sandbox: SandboxConfig{OpenSandbox: OpenSandboxOptions{
+			Protocol: "http", TTLSeconds: 3600, Lend: LendServer,
+		}},
 		Checkpoint: CheckpointConfig{Parallelism: 16, OnStop: "kill", LeaseGraceSeconds: 600, MaxDeadlineSeconds: 3600},
 	}
 }
@@ -106,33 +147,45 @@ func Defaults() Config {
 // keyUsage documents every key, for -h.
 func keyUsage() map[string]string {
 	return map[string]string{
-		"name":                            "the server's name (cookie, status instance, sandbox labels)",
-		"resources":                       "the resources server: notes or swebench",
-		"host":                            "address to listen on",
-		"port":                            "port to listen on (0: any free port)",
-		"num_workers":                     "worker processes (an exported owner runs in one)",
-		"session_secret":                  "secret for session cookies (default: generated into checkpoint.state_dir, else per process)",
-		"sandbox.provider":                "sandbox provider: fake or local (default: local, the embedded default)",
-		"sandbox.fake.seed":               "fake provider: seed of its latency and faults",
-		"sandbox.fake.id_prefix":          "fake provider: prefix of its ids",
-		"sandbox.local.root":              "local provider: directory of sandboxes and snapshots (default: <state_dir>/sandboxes)",
-		"sandbox.local.templates":         "local provider: image=directory (repeatable; an empty directory is an empty tree)",
-		"sandbox.local.isolation":         "local provider: auto, bwrap or none (default: auto)",
-		"sandbox.local.overlay":           "local provider: auto, on or off (default: auto)",
-		"sandbox.local.default_workdir":   "local provider: workdir of specs that name none (default: /sandbox)",
-		"sandbox.local.caches":            "local provider: cache name=host directory of a named shared cache (repeatable; default <root>/caches/<name>)",
-		"sandbox.local.uid":               "local provider: host uid sandboxed commands run as (default: 65534; never root)",
-		"sandbox.local.gid":               "local provider: host gid sandboxed commands run as (default: 65534)",
-		"sandbox.local.ro_binds":          "local provider: host path sandboxes see read-only besides /usr, /bin, /sbin, /lib*, /etc (repeatable)",
-		"sandbox.local.snapshot_delay_ms": "local provider: hold every snapshot this long (crash tests only)",
-		"sandbox.local.fork_delay_ms":     "local provider: hold every fork this long (crash tests only)",
-		"checkpoint.enabled":              "serve the checkpoint control plane",
-		"checkpoint.state_dir":            "directory of the snapshot index (required to export snapshots)",
-		"checkpoint.control_auth_token":   "bearer token of the control plane (required when enabled)",
-		"checkpoint.parallelism":          "concurrent provider calls of a checkpoint operation",
-		"checkpoint.on_stop":              "what a commit with stop does with the sandboxes: kill or none",
-		"checkpoint.lease_grace_seconds":  "seconds past deadline_ts before an open checkpoint resumes itself",
-		"checkpoint.max_deadline_seconds": "how far ahead (seconds) a prepare's or renew's deadline_ts may be; further is 422",
+		"name":                                         "the server's name (cookie, status instance, sandbox labels)",
+		"resources":                                    "the resources server: notes or swebench",
+		"host":                                         "address to listen on",
+		"port":                                         "port to listen on (0: any free port)",
+		"num_workers":                                  "worker processes (an exported owner runs in one)",
+		"session_secret":                               "secret for session cookies (default: generated into checkpoint.state_dir, else per process)",
+		"sandbox.provider":                             "sandbox provider: fake, local or opensandbox (default: local, the embedded default)",
+		"sandbox.fake.seed":                            "fake provider: seed of its latency and faults",
+		"sandbox.fake.id_prefix":                       "fake provider: prefix of its ids",
+		"sandbox.local.root":                           "local provider: directory of sandboxes and snapshots (default: <state_dir>/sandboxes)",
+		"sandbox.local.templates":                      "local provider: image=directory (repeatable; an empty directory is an empty tree)",
+		"sandbox.local.isolation":                      "local provider: auto, bwrap or none (default: auto)",
+		"sandbox.local.overlay":                        "local provider: auto, on or off (default: auto)",
+		"sandbox.local.default_workdir":                "local provider: workdir of specs that name none (default: /sandbox)",
+		"sandbox.local.caches":                         "local provider: cache name=host directory of a named shared cache (repeatable; default <root>/caches/<name>)",
+		"sandbox.local.uid":                            "local provider: host uid sandboxed commands run as (default: 65534; never root)",
+		"sandbox.local.gid":                            "local provider: host gid sandboxed commands run as (default: 65534)",
+		"sandbox.local.ro_binds":                       "local provider: host path sandboxes see read-only besides /usr, /bin, /sbin, /lib*, /etc (repeatable)",
+		"sandbox.local.snapshot_delay_ms":              "local provider: hold every snapshot this long (crash tests only)",
+		"sandbox.local.fork_delay_ms":                  "local provider: hold every fork this long (crash tests only)",
+		"sandbox.opensandbox.domain":                   "opensandbox provider: host:port of the lifecycle server (required)",
+		"sandbox.opensandbox.protocol":                 "opensandbox provider: http or https",
+		"sandbox.opensandbox.api_key":                  "opensandbox provider: API key (default: $OPEN_SANDBOX_API_KEY)",
+		"sandbox.opensandbox.use_server_proxy":         "opensandbox provider: reach execd through the server's proxy",
+		"sandbox.opensandbox.ttl_s":                    "opensandbox provider: every sandbox's lease in seconds, renewed by the owner (at least 60)",
+		"sandbox.opensandbox.images":                   "opensandbox provider: image name=image URI (repeatable; a name not listed is the URI)",
+		"sandbox.opensandbox.resources.cpu":            "opensandbox provider: CPU limit of a sandbox (default 1)",
+		"sandbox.opensandbox.resources.memory":         "opensandbox provider: memory limit of a sandbox (default 2Gi)",
+		"sandbox.opensandbox.request_timeout_s":        "opensandbox provider: seconds one HTTP call may take (default 30)",
+		"sandbox.opensandbox.ready_timeout_s":          "opensandbox provider: seconds a sandbox may take to run and answer (default 300)",
+		"sandbox.opensandbox.max_concurrent_snapshots": "opensandbox provider: snapshots in flight; the rest queue (default 2, the server's capture limit)",
+		"sandbox.opensandbox.lend":                     "opensandbox provider: what /sandbox_access hands agents: server (this server's sandbox API) or direct (execd)",
+		"checkpoint.enabled":                           "serve the checkpoint control plane",
+		"checkpoint.state_dir":                         "directory of the snapshot index (required to export snapshots)",
+		"checkpoint.control_auth_token":                "bearer token of the control plane (required when enabled)",
+		"checkpoint.parallelism":                       "concurrent provider calls of a checkpoint operation",
+		"checkpoint.on_stop":                           "what a commit with stop does with the sandboxes: kill or none",
+		"checkpoint.lease_grace_seconds":               "seconds past deadline_ts before an open checkpoint resumes itself",
+		"checkpoint.max_deadline_seconds":              "how far ahead (seconds) a prepare's or renew's deadline_ts may be; further is 422",
 
 		"swebench.is_verifying_golden_patch":           "swebench: grade each row's own patch and lend no sandbox",
 		"swebench.evaluation_timeout":                  "swebench: seconds the eval script may run (default 1800)",
@@ -425,6 +478,9 @@ func (c *Config) validate(given provider.Provider) error {
 			return bad("sandbox.provider must be one of %s, not %q", strings.Join(sortedKeys(providerRegistry()), ", "), p)
 		}
 	}
+	if err := c.Sandbox.OpenSandbox.validate(c.Sandbox.Provider == "opensandbox"); err != nil {
+		return bad("%v", err)
+	}
 	ck := c.Checkpoint
 	if ck.Enabled && ck.ControlAuthToken == "" {
 		return bad("checkpoint.control_auth_token is required when checkpoint.enabled is true")
@@ -463,4 +519,26 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// validate checks the opensandbox block; the domain only when the provider
+// is selected.
+func (o OpenSandboxOptions) validate(selected bool) error {
+	switch {
+	case selected && o.Domain == "":
+		return errors.New("sandbox.opensandbox.domain (host:port of the lifecycle server) is required with sandbox.provider opensandbox")
+	case strings.Contains(o.Domain, "://"):
+		return fmt.Errorf("sandbox.opensandbox.domain must be host:port without a scheme, not %q", o.Domain)
+	case o.Protocol != "http" && o.Protocol != "https":
+		return fmt.Errorf("sandbox.opensandbox.protocol must be http or https, not %q", o.Protocol)
+	case o.TTLSeconds < 60:
+		return fmt.Errorf("sandbox.opensandbox.ttl_s must be at least 60 (the server's minimum), not %d", o.TTLSeconds)
+	case o.RequestTimeoutSeconds < 0 || o.ReadyTimeoutSeconds < 0:
+		return errors.New("sandbox.opensandbox.request_timeout_s and ready_timeout_s must not be negative")
+	case o.MaxConcurrentSnapshots < 0:
+		return fmt.Errorf("sandbox.opensandbox.max_concurrent_snapshots must not be negative, not %d", o.MaxConcurrentSnapshots)
+	case o.Lend != LendServer && o.Lend != LendDirect:
+		return fmt.Errorf("sandbox.opensandbox.lend must be %s or %s, not %q", LendServer, LendDirect, o.Lend)
+	}
+	return nil
 }

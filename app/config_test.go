@@ -50,7 +50,8 @@ checkpoint:
 	}
 	want := app.Config{
 		Name: "notes-a", Resources: "notes", Host: "0.0.0.0", Port: 9001, NumWorkers: 1, SessionSecret: "a-secret-of-16-chars",
-		Sandbox:    app.SandboxConfig{Provider: "local", Local: app.LocalOptions{Root: "/srv/sandboxes", Templates: map[string]string{"notes": "", "x": "/t/x"}}},
+		Sandbox: app.SandboxConfig{Provider: "local", Local: app.LocalOptions{Root: "/srv/sandboxes", Templates: map[string]string{"notes": "", "x": "/t/x"}},
+			OpenSandbox: app.Defaults().Sandbox.OpenSandbox},
 		Checkpoint: app.CheckpointConfig{Enabled: true, StateDir: "/other", ControlAuthToken: "tok", Parallelism: 8, OnStop: "none", LeaseGraceSeconds: 30, MaxDeadlineSeconds: 3600},
 	}
 	if diff := cmp.Diff(want, opts.Config); diff != "" {
@@ -79,6 +80,41 @@ func TestParseArgsDefaultsAndFlagsOnly(t *testing.T) {
 	ck := opts.Config.Checkpoint
 	if !ck.Enabled || ck.ControlAuthToken != "t" || ck.LeaseGraceSeconds != 1.5 || opts.Config.Sandbox.Fake.Seed != 7 {
 		t.Errorf("flags: %+v", opts.Config)
+	}
+}
+
+func TestOpenSandboxKeys(t *testing.T) {
+	file := writeFile(t, `
+sandbox:
+  provider: opensandbox
+  opensandbox:
+    domain: osb.example:8080
+    protocol: https
+    api_key: from-file
+    use_server_proxy: true
+    ttl_s: 1800
+    images: {notes: "registry.example/notes:1"}
+    resources: {cpu: 500m, memory: 1Gi}
+    request_timeout_s: 10
+    ready_timeout_s: 120
+    max_concurrent_snapshots: 4
+    lend: direct
+`)
+	opts, err := app.ParseArgs([]string{"-config", file, "-sandbox.opensandbox.images", "swe=registry.example/swe:2", "-sandbox.opensandbox.ttl_s", "900"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := app.OpenSandboxOptions{
+		Domain: "osb.example:8080", Protocol: "https", APIKey: "from-file", UseServerProxy: true, TTLSeconds: 900,
+		Images:    map[string]string{"notes": "registry.example/notes:1", "swe": "registry.example/swe:2"},
+		Resources: app.OpenSandboxResources{CPU: "500m", Memory: "1Gi"}, RequestTimeoutSeconds: 10, ReadyTimeoutSeconds: 120,
+		MaxConcurrentSnapshots: 4, Lend: "direct",
+	}
+	if diff := cmp.Diff(want, opts.Config.Sandbox.OpenSandbox); diff != "" {
+		t.Errorf("sandbox.opensandbox (-want +got):\n%s", diff)
+	}
+	if d := app.Defaults().Sandbox.OpenSandbox; d.TTLSeconds != 3600 || d.Protocol != "http" || d.Lend != "server" {
+		t.Errorf("defaults %+v, want ttl_s 3600, http, lend server", d)
 	}
 }
 
@@ -113,7 +149,16 @@ func TestConfigErrorLines(t *testing.T) {
 			want: `config: num_workers: want 1 with checkpoint.enabled, got 4 (an exporting server runs in one process and serves all sessions concurrently)`},
 		{name: "bad port", args: []string{"-port", "70000"}, want: `config: port must be 0-65535, not 70000`},
 		{name: "unknown resources", args: []string{"-resources", "weather"}, want: `config: resources must be one of notes, swebench, not "weather"`},
-		{name: "unknown provider", args: []string{"-sandbox.provider", "docker"}, want: `config: sandbox.provider must be one of fake, local, not "docker"`},
+		{name: "unknown provider", args: []string{"-sandbox.provider", "docker"}, want: `config: sandbox.provider must be one of fake, local, opensandbox, not "docker"`},
+		{name: "opensandbox without a domain", args: []string{"-sandbox.provider", "opensandbox"},
+			want: `config: sandbox.opensandbox.domain (host:port of the lifecycle server) is required with sandbox.provider opensandbox`},
+		{name: "opensandbox domain with a scheme", args: []string{"-sandbox.opensandbox.domain", "http://h:1"},
+			want: `config: sandbox.opensandbox.domain must be host:port without a scheme, not "http://h:1"`},
+		{name: "opensandbox protocol", args: []string{"-sandbox.opensandbox.protocol", "ftp"}, want: `config: sandbox.opensandbox.protocol must be http or https, not "ftp"`},
+		{name: "opensandbox short ttl", args: []string{"-sandbox.opensandbox.ttl_s", "59"}, want: `config: sandbox.opensandbox.ttl_s must be at least 60 (the server's minimum), not 59`},
+		{name: "opensandbox lend", args: []string{"-sandbox.opensandbox.lend", "proxy"}, want: `config: sandbox.opensandbox.lend must be server or direct, not "proxy"`},
+		{name: "opensandbox snapshots", args: []string{"-sandbox.opensandbox.max_concurrent_snapshots", "-1"},
+			want: `config: sandbox.opensandbox.max_concurrent_snapshots must not be negative, not -1`},
 		{name: "bad on_stop", args: []string{"-checkpoint.on_stop", "pause"}, want: `config: checkpoint.on_stop must be kill or none, not "pause"`},
 		{name: "zero grace", args: []string{"-checkpoint.lease_grace_seconds", "0"}, want: `config: checkpoint.lease_grace_seconds must be > 0, not 0`},
 		{name: "short secret", args: []string{"-session_secret", "short"}, want: `config: session_secret must be at least 16 characters`},

@@ -35,12 +35,30 @@ type lending struct {
 	clk     clock.Clock
 	// base is the server's base URL, known once the listener is open.
 	base string
+	// direct, when set, hands agents the provider's own endpoint instead
+	// of this server's sandbox API.
+	direct endpointer
+}
+
+// endpointer is a provider whose sandboxes agents can reach themselves
+// (OpenSandbox's execd).
+type endpointer interface {
+	Endpoint(ctx context.Context, h provider.Handle) (string, map[string]string, error)
+}
+
+// lendDirect returns the provider when sandbox.opensandbox.lend is direct.
+func lendDirect(cfg *Config, prov provider.Provider) endpointer {
+	if cfg.Sandbox.Provider != "opensandbox" || cfg.Sandbox.OpenSandbox.Lend != LendDirect {
+		return nil
+	}
+	e, _ := prov.(endpointer)
+	return e
 }
 
 // newLending builds the sandbox exec API over prov. The token secret is
 // derived from the session secret, so tokens survive a restart exactly as
 // cookies do.
-func newLending(secret []byte, prov provider.Provider, own *owner.Owner, clk clock.Clock, log logrus.FieldLogger) (*lending, error) {
+func newLending(secret []byte, prov provider.Provider, own *owner.Owner, clk clock.Clock, log logrus.FieldLogger, direct endpointer) (*lending, error) {
 	mac := hmac.New(sha256.New, secret)
 	mac.Write([]byte("sandbox access tokens"))
 	tokens, err := sandboxapi.NewTokens(mac.Sum(nil), clk)
@@ -50,6 +68,7 @@ func newLending(secret []byte, prov provider.Provider, own *owner.Owner, clk clo
 	return &lending{
 		tokens: tokens,
 		clk:    clk,
+		direct: direct,
 		handler: &sandboxapi.Handler{
 			Provider: prov,
 			Tokens:   tokens,
@@ -79,8 +98,20 @@ func resolver(own *owner.Owner) sandboxapi.Resolver {
 func (l *lending) listening(addr net.Addr) { l.base = "http://" + addr.String() }
 
 // access adds the endpoint and a token for the session's sandbox to the
-// /sandbox_access descriptor.
+// /sandbox_access descriptor. Lent directly, it is execd's endpoint and
+// headers instead: no fencing (a superseded sandbox answers until it is
+// deleted) and no admission.
 func (l *lending) access(_ *httpapi.Session, sb owner.Sandbox, descriptor map[string]any) error {
+	if l.direct != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		ep, headers, err := l.direct.Endpoint(ctx, sb.Handle)
+		if err != nil {
+			return err
+		}
+		descriptor["endpoint"], descriptor["headers"] = ep, headers
+		return nil
+	}
 	a := l.tokens.Access(l.base, sb.Handle.SandboxID, l.clk.Now().Add(TokenLifetime))
 	descriptor["endpoint"] = a.Endpoint
 	descriptor["token"] = a.Token

@@ -10,9 +10,11 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/provider/opensandbox"
 )
 
 // DefaultProvider is the embedded default: what a server with no
@@ -37,8 +39,9 @@ type providerFactory func(cfg *Config, env providerEnv) (provider.Provider, erro
 // provider is one entry here and its options block in SandboxConfig.
 func providerRegistry() map[string]providerFactory {
 	return map[string]providerFactory{
-		"fake":  newFakeProvider,
-		"local": newLocalProvider,
+		"fake":        newFakeProvider,
+		"local":       newLocalProvider,
+		"opensandbox": newOpenSandboxProvider,
 	}
 }
 
@@ -91,6 +94,36 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sandbox.local (root %s): %w", root, err)
+	}
+	return p, nil
+}
+
+func newOpenSandboxProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
+	o := cfg.Sandbox.OpenSandbox
+	key := o.APIKey
+	if key == "" {
+		key = os.Getenv(opensandbox.APIKeyEnv)
+	}
+	secs := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+	p, err := opensandbox.New(opensandbox.Options{
+		Domain:                 o.Domain,
+		Protocol:               o.Protocol,
+		APIKey:                 key,
+		UseServerProxy:         o.UseServerProxy,
+		TTL:                    time.Duration(o.TTLSeconds) * time.Second,
+		Images:                 o.Images,
+		CPU:                    o.Resources.CPU,
+		Memory:                 o.Resources.Memory,
+		RequestTimeout:         secs(o.RequestTimeoutSeconds),
+		ReadyTimeout:           secs(o.ReadyTimeoutSeconds),
+		MaxConcurrentSnapshots: o.MaxConcurrentSnapshots,
+		// The server may not filter by metadata: list only this server's.
+		ListLabels: map[string]string{owner.LabelOwner: cfg.Name},
+		Clock:      env.clk,
+		Logger:     env.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox.opensandbox: %w", err)
 	}
 	return p, nil
 }

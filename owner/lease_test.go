@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
 )
@@ -59,5 +60,46 @@ func TestOwnerRenewsTheLeasesItHolds(t *testing.T) {
 	}
 	if !found {
 		t.Fatalf("the sandbox nobody renews was not reaped: %v", reaped)
+	}
+}
+
+// TestDefaultTTLIsRenewedAtAThird: a spec without a TTL gets the provider's
+// lease (Config.DefaultTTL), and the owner renews it once a third of it has
+// passed.
+func TestDefaultTTLIsRenewedAtAThird(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(func(c *owner.Config) { c.DefaultTTL = 90 * time.Second })
+	sb, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.Spec.TTLSeconds != 90 {
+		t.Fatalf("spec TTL %v, want the default 90", sb.Spec.TTLSeconds)
+	}
+	info, _ := e.fk.Sandbox(sb.Handle.SandboxID)
+	if want := e.clk.Now().Add(90 * time.Second); !info.ExpiresAt.Equal(want) {
+		t.Fatalf("expires %v, want %v", info.ExpiresAt, want)
+	}
+	e.clk.Advance(29 * time.Second) // under a third
+	if err := o.Tick(e.clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.fk.Stats().Calls[fake.OpRenew]; n != 0 {
+		t.Fatalf("%d renewals before a third of the lease", n)
+	}
+	renewed := make(chan struct{}, 1)
+	e.fk.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpRenew && c.Phase == fake.PhaseEnd && c.Err == nil {
+			renewed <- struct{}{}
+		}
+	})
+	e.clk.Advance(2 * time.Second) // 31 s of 90: past a third
+	if err := o.Tick(e.clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-renewed:
+	case <-time.After(time.Minute):
+		t.Fatal("no renewal past a third of the lease")
 	}
 }

@@ -141,6 +141,10 @@ type Config struct {
 	// FateMemory bounds how many ended sandboxes are remembered for
 	// SandboxFate (default 65536).
 	FateMemory int
+	// DefaultTTL is the lease of a sandbox whose spec names none, for a
+	// provider whose sandboxes always have one (OpenSandbox's ttl_s): the
+	// owner renews only leases it knows of.
+	DefaultTTL time.Duration
 }
 
 // Owner owns the sessions' sandboxes. It is safe for concurrent use.
@@ -523,6 +527,9 @@ func (o *Owner) labelled(spec provider.Spec, sessionID string, extra map[string]
 		md[k] = v
 	}
 	spec.Metadata = md
+	if spec.TTLSeconds == 0 && o.cfg.DefaultTTL > 0 {
+		spec.TTLSeconds = o.cfg.DefaultTTL.Seconds()
+	}
 	return spec
 }
 

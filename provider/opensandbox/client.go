@@ -307,8 +307,9 @@ type Options struct {
 	MaxConcurrentSnapshots int
 	// MaxConcurrentCreates bounds creates (starts and forks) in flight.
 	MaxConcurrentCreates int
-	// PollInterval is the wait between polls of a Pending sandbox or a
-	// Creating snapshot (default 500ms).
+	// PollInterval is the longest wait between polls of a Pending sandbox,
+	// a Creating snapshot or execd's ping (default 500ms); the first polls
+	// of a wait come sooner.
 	PollInterval time.Duration
 	// MaxRetries is how many times a failed call is tried again (default 5).
 	MaxRetries int

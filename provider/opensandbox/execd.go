@@ -101,6 +101,7 @@ func (p *Provider) waitExecd(ctx context.Context, id string, deadline time.Time)
 	if err != nil {
 		return fmt.Errorf("opensandbox: execd of %s: %w", id, err)
 	}
+	poll := p.poller()
 	for {
 		req := p.execdRequest(ep, "ping execd", http.MethodGet, "/ping")
 		resp, err := p.once(ctx, req)
@@ -116,7 +117,7 @@ func (p *Provider) waitExecd(ctx context.Context, id string, deadline time.Time)
 			}
 			return fmt.Errorf("opensandbox: execd of sandbox %s did not answer by the ready deadline: %w", id, err)
 		}
-		if err := p.sleep(ctx, p.opts.PollInterval); err != nil {
+		if err := poll.wait(ctx); err != nil {
 			return err
 		}
 	}

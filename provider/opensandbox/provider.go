@@ -148,8 +148,30 @@ func New(opts Options) (*Provider, error) {
 	}, nil
 }
 
+// DefaultTTL is the lease of a sandbox whose spec names none: every
+// sandbox has one, which the owner must renew.
+func (p *Provider) DefaultTTL() time.Duration { return p.opts.TTL }
+
 // Name is "opensandbox".
 func (p *Provider) Name() string { return Name }
+
+// poller spaces the polls of one wait: from an eighth of PollInterval,
+// doubling up to it, so that a short wait ends soon after it could and a
+// long one costs few requests.
+type poller struct {
+	p         *Provider
+	next, max time.Duration
+}
+
+func (p *Provider) poller() *poller {
+	return &poller{p: p, next: max(p.opts.PollInterval/8, time.Millisecond), max: p.opts.PollInterval}
+}
+
+func (w *poller) wait(ctx context.Context) error {
+	d := w.next
+	w.next = min(2*w.next, w.max)
+	return w.p.sleep(ctx, d)
+}
 
 // acquire takes a slot of sem, waiting (queued) until one frees or ctx ends.
 func acquire(ctx context.Context, sem chan struct{}) (func(), error) {
@@ -430,6 +452,7 @@ func (p *Provider) getSandbox(ctx context.Context, id string) (sandboxDoc, error
 // waitRunning polls until the sandbox runs; Failed, Terminated, Stopping,
 // a vanished sandbox or the deadline end it.
 func (p *Provider) waitRunning(ctx context.Context, id string, deadline time.Time) error {
+	poll := p.poller()
 	for {
 		doc, err := p.getSandbox(ctx, id)
 		if err != nil {
@@ -450,7 +473,7 @@ func (p *Provider) waitRunning(ctx context.Context, id string, deadline time.Tim
 		if !p.clk.Now().Before(deadline) {
 			return fmt.Errorf("opensandbox: sandbox %s still %s at the ready deadline: %w", id, doc.Status.State, context.DeadlineExceeded)
 		}
-		if err := p.sleep(ctx, p.opts.PollInterval); err != nil {
+		if err := poll.wait(ctx); err != nil {
 			return err
 		}
 	}
@@ -702,6 +725,7 @@ func (p *Provider) discardSnapshot(ctx context.Context, sid string, log logrus.F
 }
 
 func (p *Provider) waitReady(ctx context.Context, sid string, deadline time.Time) error {
+	poll := p.poller()
 	for {
 		resp, err := p.api(ctx, "get snapshot", http.MethodGet, "/snapshots/"+url.PathEscape(sid), nil, true)
 		if err != nil {
@@ -726,7 +750,7 @@ func (p *Provider) waitReady(ctx context.Context, sid string, deadline time.Time
 		if !p.clk.Now().Before(deadline) {
 			return fmt.Errorf("opensandbox: snapshot %s still %s at its deadline: %w", sid, doc.Status.State, context.DeadlineExceeded)
 		}
-		if err := p.sleep(ctx, p.opts.PollInterval); err != nil {
+		if err := poll.wait(ctx); err != nil {
 			return err
 		}
 	}
@@ -759,6 +783,7 @@ func (p *Provider) DeleteSnapshot(ctx context.Context, snapshotID string) error 
 	deadline := p.clk.Now().Add(p.opts.SnapshotTimeout)
 	ctx, cancel := context.WithTimeout(ctx, p.opts.SnapshotTimeout+p.opTimeout())
 	defer cancel()
+	poll := p.poller()
 	for {
 		resp, err := p.api(ctx, "delete snapshot", http.MethodDelete, "/snapshots/"+url.PathEscape(snapshotID), nil, true)
 		switch {
@@ -772,7 +797,7 @@ func (p *Provider) DeleteSnapshot(ctx context.Context, snapshotID string) error 
 		if !p.clk.Now().Before(deadline) {
 			return fmt.Errorf("%w: still refused at the deadline", resp.apiError("delete snapshot"))
 		}
-		if err := p.sleep(ctx, p.opts.PollInterval); err != nil {
+		if err := poll.wait(ctx); err != nil {
 			return err
 		}
 	}
