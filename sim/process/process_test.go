@@ -62,11 +62,17 @@ type server struct {
 // address.
 func start(t *testing.T, bin, dir string) *server {
 	t.Helper()
-	cmd := exec.Command(bin, "-port", "0", "-log-format", "json", "-log-level", "info",
-		"-sandbox.provider", "local", "-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off",
+	return startWith(t, bin, dir, "-sandbox.provider", "local", "-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off",
 		"-sandbox.local.snapshot_delay_ms", strconv.Itoa(int(opDelay/time.Millisecond)),
-		"-sandbox.local.fork_delay_ms", strconv.Itoa(int(opDelay/time.Millisecond)),
-		"-checkpoint.enabled", "-checkpoint.state_dir", dir, "-checkpoint.control_auth_token", token)
+		"-sandbox.local.fork_delay_ms", strconv.Itoa(int(opDelay/time.Millisecond)))
+}
+
+// startWith runs the server with the provider flags given.
+func startWith(t *testing.T, bin, dir string, providerArgs ...string) *server {
+	t.Helper()
+	args := append([]string{"-port", "0", "-log-format", "json", "-log-level", "info"}, providerArgs...)
+	args = append(args, "-checkpoint.enabled", "-checkpoint.state_dir", dir, "-checkpoint.control_auth_token", token)
+	cmd := exec.Command(bin, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,223 @@
+package process_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/provider/opensandbox"
+	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
+	"github.com/sandboxowner/owner/snapshotindex"
+	"github.com/sandboxowner/owner/sweep"
+)
+
+const osbKey = "process-test-key"
+
+// osbLatency is how long a create and a capture take on the fake server.
+const osbLatency = 40 * time.Millisecond
+
+// startOSB runs the server binary on sandbox.provider: opensandbox against
+// the fake server, which lives in this test process and so outlives every
+// server it SIGKILLs, as a cluster would.
+func startOSB(t *testing.T, bin, dir string, srv *opensandboxtest.Server, extra ...string) *server {
+	t.Helper()
+	args := []string{"-sandbox.provider", "opensandbox", "-sandbox.opensandbox.domain", srv.Domain,
+		"-sandbox.opensandbox.api_key", osbKey, "-sandbox.opensandbox.ttl_s", "600", "-sandbox.opensandbox.images", "notes=registry.example/notes:1"}
+	return startWith(t, bin, dir, append(args, extra...)...)
+}
+
+// osbClient is a provider on the fake server, for checking from outside.
+func osbClient(t *testing.T, srv *opensandboxtest.Server) *opensandbox.Provider {
+	t.Helper()
+	lg := logrus.New()
+	lg.SetOutput(io.Discard)
+	p, err := opensandbox.New(opensandbox.Options{Domain: srv.Domain, APIKey: osbKey, Logger: lg, PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// checkOSB checks, with no server running, that every snapshot a checkpoint
+// names exists on the fake server and, with leaks set, that the sweep finds
+// nothing there that no checkpoint accounts for.
+func checkOSB(t *testing.T, dir string, srv *opensandboxtest.Server, leaks bool) {
+	t.Helper()
+	idx, err := snapshotindex.Open(dir, snapshotindex.Options{})
+	if err != nil {
+		t.Fatalf("the index cannot be opened: %v", err)
+	}
+	defer idx.Close()
+	exists := map[string]bool{}
+	for _, id := range srv.SnapshotIDs() {
+		exists[id] = true
+	}
+	refs, err := idx.ReferencedSnapshots()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, cks := range refs {
+		if !exists[id] {
+			t.Errorf("restorable: snapshot %s named by %v is gone from the server", id, cks)
+		}
+	}
+	if !leaks {
+		return
+	}
+	rep, err := sweep.Run(context.Background(), sweep.Options{Owner: "notes", Provider: osbClient(t, srv), Index: idx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range rep.Sandboxes {
+		t.Errorf("no leak: sandbox %s (%v) runs, held by nobody", s.Handle.SandboxID, s.Metadata)
+	}
+	for _, s := range rep.Snapshots {
+		t.Errorf("no leak: snapshot %s (%s) is named by no checkpoint", s.ID, s.Name)
+	}
+}
+
+// sandboxExec runs a command through the server's sandbox API with the
+// access /sandbox_access handed out.
+func sandboxExec(t *testing.T, desc map[string]any, command string) (int, map[string]any) {
+	t.Helper()
+	b, _ := json.Marshal(map[string]any{"command": command})
+	req, _ := http.NewRequest(http.MethodPost, desc["endpoint"].(string)+"/exec", bytes.NewReader(b))
+	req.Header.Set("Authorization", "Bearer "+desc["token"].(string))
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var m map[string]any
+	_ = json.NewDecoder(res.Body).Decode(&m)
+	return res.StatusCode, m
+}
+
+func descriptor(t *testing.T, s *server, a *agent, rollout string) map[string]any {
+	t.Helper()
+	acc := s.ok(a, "/ng-rollout/"+rollout+"/sandbox_access", nil)
+	conn, _ := acc["connection"].(map[string]any)
+	desc, _ := conn["descriptor"].(map[string]any)
+	if desc == nil {
+		t.Fatalf("sandbox_access without a descriptor: %v", acc)
+	}
+	return desc
+}
+
+// TestOpenSandboxWalkThroughAndSIGKILL: the notes walk-through and the crash
+// scenario on sandbox.provider: opensandbox. Sessions seed, write a note,
+// and run a command through /sandbox_access (this server's sandbox API,
+// forwarding to execd); a commit is SIGKILLed (or lands, then the restore is
+// SIGKILLed); a fresh server restores, every session verifies to 1.0, and
+// after release and a stop nothing is left on the OpenSandbox server.
+func TestOpenSandboxWalkThroughAndSIGKILL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the server binary")
+	}
+	bin := buildServer(t)
+	const sessions = 6
+	for iter := 0; iter < 4; iter++ {
+		t.Run(fmt.Sprintf("iteration-%d", iter), func(t *testing.T) {
+			srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: osbKey, CreateLatency: osbLatency, SnapshotLatency: osbLatency, LowerCaseStates: iter%2 == 1})
+			defer srv.Close()
+			rng := rand.New(rand.NewPCG(uint64(iter), 14))
+			dir := t.TempDir()
+			s := startOSB(t, bin, dir, srv)
+			agents := make([]*agent, sessions)
+			for i := range agents {
+				agents[i] = newAgent()
+				r := fmt.Sprintf("r%d", i)
+				s.ok(agents[i], "/ng-rollout/"+r+"/seed_session", map[string]any{"instance_id": fmt.Sprintf("row-%d", i)})
+				s.ok(agents[i], "/ng-rollout/"+r+"/append_note", map[string]any{"line": "one"})
+				desc := descriptor(t, s, agents[i], r)
+				if code, m := sandboxExec(t, desc, "cat notes.txt"); code != 200 || m["stdout"] != "one\n" || m["exit_code"] != 0.0 {
+					t.Fatalf("exec through the sandbox API: %d %v", code, m)
+				}
+			}
+			if n := srv.Stats().LiveSandboxes; n != sessions {
+				t.Fatalf("%d sandboxes on the server, want %d", n, sessions)
+			}
+			if code, m, err := s.control("prepare", map[string]any{"checkpoint_id": "ck1"}); err != nil || code != 200 {
+				t.Fatalf("prepare: %d %v %v", code, m, err)
+			}
+			commit := func() (int, error) {
+				c, _, err := s.control("commit", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": "/ctl/ck1", "episode_ids": episodes(sessions, 0)})
+				return c, err
+			}
+			if iter < 2 {
+				delay := time.Duration(rng.Int64N(int64(2 * osbLatency)))
+				replied, code := killDuring(s, delay, commit)
+				t.Logf("commit killed after %v: reply came first %v (status %d)", delay, replied, code)
+			} else {
+				if code, err := commit(); err != nil || code != 200 {
+					t.Fatalf("commit: %d %v", code, err)
+				}
+				s.kill()
+			}
+			checkOSB(t, dir, srv, false)
+
+			restore := func(s *server) (int, error) {
+				c, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": "/ctl/ck1", "episode_ids": episodes(sessions, 0)})
+				return c, err
+			}
+			if iter >= 2 {
+				s = startOSB(t, bin, dir, srv)
+				delay := time.Duration(rng.Int64N(int64(2 * osbLatency)))
+				replied, code := killDuring(s, delay, func() (int, error) { return restore(s) })
+				t.Logf("restore killed after %v: reply came first %v (status %d)", delay, replied, code)
+				checkOSB(t, dir, srv, false)
+			}
+
+			s = startOSB(t, bin, dir, srv)
+			code, err := restore(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if code != 200 {
+				t.Logf("restore: status %d (the commit did not land)", code)
+				vc, m, err := s.call(agents[0], "POST", "/ng-rollout/r0/verify", map[string]any{"expected_notes": []string{"one"}})
+				if err != nil || vc != 409 {
+					t.Errorf("no empty grading: verify without a sandbox: %d %v %v", vc, m, err)
+				}
+			} else {
+				if code, m, err := s.control("resume", map[string]any{"checkpoint_id": "ck1"}); err != nil || code != 200 {
+					t.Fatalf("resume: %d %v %v", code, m, err)
+				}
+				for i, a := range agents {
+					r := fmt.Sprintf("r%d-a1", i)
+					s.ok(a, "/ng-rollout/"+r+"/seed_session", map[string]any{"instance_id": fmt.Sprintf("row-%d", i)})
+					desc := descriptor(t, s, a, r)
+					if code, m := sandboxExec(t, desc, "cat notes.txt"); code != 200 || m["stdout"] != "one\n" {
+						t.Errorf("the fork's notes through the sandbox API: %d %v", code, m)
+					}
+					v := s.ok(a, "/ng-rollout/"+r+"/verify", map[string]any{"expected_notes": []string{"one"}})
+					if v["reward"] != 1.0 {
+						t.Errorf("exact restore: session %s verified %v", r, v)
+					}
+				}
+			}
+			if code, m, err := s.control("release", map[string]any{"kept_checkpoint_ids": []string{}}); err != nil || code != 200 {
+				t.Errorf("release: %d %v %v", code, m, err)
+			}
+			s.term()
+			checkOSB(t, dir, srv, true)
+			if st := srv.Stats(); st.LiveSandboxes != 0 || st.LiveSnapshots != 0 {
+				t.Errorf("left on the OpenSandbox server: %d sandboxes %v, %d snapshots %v", st.LiveSandboxes, srv.SandboxIDs(), st.LiveSnapshots, srv.SnapshotIDs())
+			}
+			if v := srv.Violations(); len(v) > 0 {
+				t.Errorf("requests that break the spec:\n%v", v)
+			}
+			if t.Failed() {
+				t.Logf("last server log:\n%s", lastLines(s.log.String(), 40))
+			}
+		})
+	}
+}
