@@ -24,11 +24,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/pprofhandler"
 
 	"github.com/sandboxowner/owner/clock"
 	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/metrics"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 )
@@ -49,6 +52,13 @@ type Deps struct {
 	// ConfigFile is the file the config was read from: sandboxes never see
 	// it.
 	ConfigFile string
+	// Registry receives the server's metrics (nil: a fresh one); GET
+	// /metrics serves it.
+	Registry *prometheus.Registry
+	// AccessLog is -access-log: one log line per request.
+	AccessLog bool
+	// Pprof is -pprof: serve /debug/pprof/.
+	Pprof bool
 }
 
 // App is a running server.
@@ -84,6 +94,14 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		return nil, fmt.Errorf("%w: resources %s: %w", ErrConfig, cfg.Resources, err)
 	}
 
+	reg := deps.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	met, err := metrics.New(reg)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
 	prov, provName, err := buildProvider(&cfg, deps, providerEnv{log: log, clk: clk, templates: entry.templates, hide: hidden(deps.ConfigFile)})
 	if err != nil {
 		return nil, err
@@ -95,6 +113,10 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if !res.LendsSandboxes() {
 		prov = withoutSnapshots{prov}
 	}
+	// The reaper and the isolation report need the provider itself;
+	// everything else calls it through the metrics wrapper.
+	bare := prov
+	prov = met.Provider(prov)
 	renew := 30 * time.Second
 	if deps.Clock != nil {
 		renew = 0 // logical time: the caller ticks the owner
@@ -137,6 +159,12 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		}
 		access, mounts = lend.access, lend.mounts()
 	}
+	if deps.Pprof {
+		if mounts == nil {
+			mounts = map[string]fasthttp.RequestHandler{}
+		}
+		mounts[PprofPrefix] = pprofhandler.PprofHandler
+	}
 	srv, err := httpapi.New(httpapi.Config{
 		Owner:            own,
 		Resources:        res,
@@ -149,10 +177,15 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		LeaseTick:        deps.LeaseTick,
 		Access:           access,
 		Mounts:           mounts,
-		Isolation:        isolationOf(prov),
+		Isolation:        isolationOf(bare),
+		Metrics:          met,
+		AccessLog:        deps.AccessLog,
 	})
 	if err != nil {
 		return fail(fmt.Errorf("%w: %w", ErrConfig, err))
+	}
+	if err := met.Observe(sources(own, srv, res)); err != nil {
+		return fail(fmt.Errorf("metrics: %w", err))
 	}
 	ln := deps.Listener
 	if ln == nil {
@@ -165,7 +198,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		lend.listening(ln.Addr())
 	}
 	reapCtx, stopReaper := context.WithCancel(context.Background())
-	runReaper(reapCtx, prov)
+	runReaper(reapCtx, bare)
 	a := &App{cfg: cfg, log: log, own: own, srv: srv, ln: ln, served: make(chan error, 1), stopReaper: stopReaper}
 	go func() { a.served <- srv.Serve(ln) }()
 
@@ -187,6 +220,30 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		"session_secret": secretFrom,
 	}).Infof("serving %s on %s (checkpoint mode in effect: %s)", cfg.Resources, ln.Addr(), srv.Mode())
 	return a, nil
+}
+
+// PprofPrefix is where -pprof serves Go's profiles.
+const PprofPrefix = "/debug/pprof/"
+
+// sources are the state gauges' readers.
+func sources(own *owner.Owner, srv *httpapi.Server, res httpapi.Resources) metrics.Sources {
+	src := metrics.Sources{Sessions: func() metrics.SessionCounts {
+		live, setup := own.SessionCounts()
+		return metrics.SessionCounts{Live: live, InSetup: setup}
+	}}
+	if idx := own.Index(); idx != nil {
+		src.Snapshots = func() (int, error) {
+			refs, err := idx.ReferencedSnapshots()
+			return len(refs), err
+		}
+	}
+	if g := srv.Gate(); g != nil {
+		src.AdmissionWaiting = g.Waiting
+	}
+	if gr, ok := res.(interface{ Gradings() (running, waiting int) }); ok {
+		src.GradingsWaiting = func() int { _, w := gr.Gradings(); return w }
+	}
+	return src
 }
 
 func buildProvider(cfg *Config, deps Deps, env providerEnv) (provider.Provider, string, error) {
@@ -270,7 +327,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		ErrorLine(stderr, opts.LogFormat, err.Error())
 		return 2
 	}
-	a, err := Start(ctx, opts.Config, Deps{Logger: log, ConfigFile: opts.ConfigFile})
+	a, err := Start(ctx, opts.Config, Deps{Logger: log, ConfigFile: opts.ConfigFile, AccessLog: opts.AccessLog, Pprof: opts.Pprof})
 	if errors.Is(err, ErrConfig) {
 		log.Error(err.Error())
 		return 2

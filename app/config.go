@@ -221,6 +221,10 @@ type Options struct {
 	// LogFormat is "text" or "json".
 	LogFormat string
 	LogLevel  string
+	// AccessLog is -access-log: one log line per request.
+	AccessLog bool
+	// Pprof is -pprof: serve Go's profiles under /debug/pprof/.
+	Pprof bool
 }
 
 // leaf is one configuration key.
@@ -330,6 +334,8 @@ func ownFlags() [][3]string {
 		{"config", "FILE", "YAML configuration file"},
 		{"log-format", "text|json", "log format, also of a configuration error's line (default text)"},
 		{"log-level", "LEVEL", "debug, info, warn or error (default info)"},
+		{"access-log", "", "log one line per request: method, route, status, duration (seconds), session_id"},
+		{"pprof", "", "serve Go's profiles under /debug/pprof/ (on the server's own address: for trusted networks)"},
 	}
 }
 
@@ -363,6 +369,8 @@ func ParseArgs(args []string, helpOut io.Writer) (Options, error) {
 	fs.StringVar(&opts.ConfigFile, "config", "", "")
 	fs.StringVar(&opts.LogFormat, "log-format", opts.LogFormat, "")
 	fs.StringVar(&opts.LogLevel, "log-level", opts.LogLevel, "")
+	fs.BoolVar(&opts.AccessLog, "access-log", false, "")
+	fs.BoolVar(&opts.Pprof, "pprof", false, "")
 	var settings []setting
 	var bad error
 	for _, l := range leaves() {

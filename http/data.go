@@ -123,6 +123,7 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 	} else if s.part != nil {
 		sess.Episode, sess.HasEpisode = s.part.boundEpisode(sess.ID)
 	}
+	ctx.SetUserValue(sessionValue, sess.ID)
 	sess.Log = s.log.WithField("session", sess.ID)
 	if sess.HasEpisode {
 		sess.Log = sess.Log.WithField("episode", sess.Episode.CaptureKey())

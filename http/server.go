@@ -16,11 +16,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sirupsen/logrus"
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/metrics"
 	"github.com/sandboxowner/owner/owner"
 )
 
@@ -101,6 +104,11 @@ type Config struct {
 	// Isolation is how sandboxed commands are held ("bwrap", "none"),
 	// reported by /health when set.
 	Isolation string
+	// Metrics, when set, records the requests and serves GET /metrics.
+	Metrics *metrics.Metrics
+	// AccessLog logs one line per request: method, route, status,
+	// duration, session_id.
+	AccessLog bool
 }
 
 // Server serves a resources server, its sessions and its participant
@@ -132,6 +140,9 @@ type Server struct {
 	// and restore runs are shielded and go on).
 	ctlBase   context.Context
 	ctlCancel context.CancelFunc
+
+	// metricsHandler serves GET /metrics (nil without Metrics).
+	metricsHandler fasthttp.RequestHandler
 
 	stopOnce sync.Once
 	stopTick chan struct{}
@@ -200,6 +211,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if res.VerifyReplayable() {
 		s.verifyMode = "replay"
+	}
+	if reg := cfg.Metrics.Registry(); reg != nil {
+		s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	}
 	for p, h := range cfg.Mounts {
 		s.mounts = append(s.mounts, mount{p, h})
@@ -311,6 +325,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	if s.cfg.Metrics != nil || s.cfg.AccessLog {
+		defer s.observe(ctx, time.Now())
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			s.log.WithFields(logrus.Fields{"panic": fmt.Sprint(r), "path": string(ctx.Path()), "stack": string(debug.Stack())}).Error("request handler panicked")
@@ -328,6 +345,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.reverifyMode(ctx)
 	case path == RouteAggregateMetrics:
 		s.aggregateMetrics(ctx)
+	case path == RouteMetrics && s.metricsHandler != nil:
+		if !ctx.IsGet() && !ctx.IsHead() {
+			methodNotAllowed(ctx, "GET")
+			return
+		}
+		s.metricsHandler(ctx)
 	case strings.HasPrefix(path, ControlPrefix):
 		s.serveControl(ctx, path[len(ControlPrefix):])
 	case strings.HasPrefix(path, RolloutPrefix):
@@ -492,6 +515,15 @@ func (s *Server) serveControl(ctx *fasthttp.RequestCtx, op string) {
 	defer cancel()
 	var reply any
 	var err error
+	if isCheckpointOp(op) {
+		defer func(began time.Time) {
+			status := nethttp.StatusOK
+			if err != nil {
+				status, _, _ = classify(err)
+			}
+			s.cfg.Metrics.CheckpointOp(op, metrics.OutcomeOfStatus(status), time.Since(began))
+		}(time.Now())
+	}
 	switch op {
 	case control.OpPrepare:
 		reply, err = controlCall(body, func(r control.PrepareRequest) (any, error) { return s.machine.Prepare(rctx, r) })

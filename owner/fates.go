@@ -83,3 +83,10 @@ func (f *fateMemory) liveSnapshots() map[string]bool {
 	}
 	return out
 }
+
+// liveCount is the number of live sandboxes.
+func (f *fateMemory) liveCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.live)
+}

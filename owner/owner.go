@@ -30,6 +30,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -171,6 +172,8 @@ type Owner struct {
 	round uint64
 
 	fates *fateMemory
+	// starting counts StartSessionSandbox calls in progress.
+	starting atomic.Int64
 
 	// replies recycles the reply slots of answered requests (a slot whose
 	// asker gave up is dropped: its answer may still come).
@@ -548,6 +551,8 @@ func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec 
 		return Sandbox{}, fmt.Errorf("%w: empty session id", provider.ErrInvalidSpec)
 	}
 	spec = o.labelled(spec, sessionID, nil)
+	o.starting.Add(1)
+	defer o.starting.Add(-1)
 	// An ended session's actor may still be on its way out: retry once it
 	// is forgotten.
 	for attempt := 0; ; attempt++ {
@@ -684,6 +689,12 @@ func (o *Owner) stopSession(ctx context.Context, sessionID string, reason messag
 		o.settle()
 	}
 	return rep.Stopped, rep.Err
+}
+
+// SessionCounts are how many sessions hold a sandbox (live, restored ones
+// included) and how many seeds are starting one (in setup).
+func (o *Owner) SessionCounts() (live, inSetup int) {
+	return o.fates.liveCount(), int(o.starting.Load())
 }
 
 // Sessions lists the ids of the sessions the owner tracks.

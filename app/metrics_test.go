@@ -1,0 +1,292 @@
+package app_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
+	"github.com/valyala/fasthttp"
+
+	"github.com/sandboxowner/owner/app"
+	"github.com/sandboxowner/owner/provider/fake"
+)
+
+func get(t *testing.T, addr, path string) (int, string) {
+	t.Helper()
+	status, body, err := fasthttp.GetTimeout(nil, "http://"+addr+path, 30*time.Second)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	return status, string(body)
+}
+
+// startFake starts a notes server on the fake provider with checkpointing
+// on, the access log to hook.
+func startFake(t *testing.T, dir string, prov *fake.Provider, deps app.Deps) (*app.App, *logtest.Hook, func() error) {
+	t.Helper()
+	cfg := app.Defaults()
+	cfg.SessionSecret = "a-secret-of-sixteen-plus"
+	cfg.Checkpoint.Enabled = true
+	cfg.Checkpoint.StateDir = dir
+	cfg.Checkpoint.ControlAuthToken = "tok"
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lg, hook := logtest.NewNullLogger()
+	deps.Logger, deps.Listener, deps.Provider = lg, ln, prov
+	a, err := app.Start(context.Background(), cfg, deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := sync.OnceValue(func() error { return a.Stop(context.Background()) })
+	t.Cleanup(func() { _ = stop() })
+	return a, hook, stop
+}
+
+func control(t *testing.T, addr, op, body string) {
+	t.Helper()
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + "/ng-control/v1/checkpoint/" + op)
+	req.Header.SetMethod("POST")
+	req.Header.Set("Authorization", "Bearer tok")
+	req.SetBodyString(body)
+	if err := fasthttp.DoTimeout(req, resp, 30*time.Second); err != nil || resp.StatusCode() != 200 {
+		t.Fatalf("%s: %v %d %s", op, err, resp.StatusCode(), resp.Body())
+	}
+}
+
+// series finds one series of a family by its labels.
+func series(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels map[string]string) *dto.Metric {
+	t.Helper()
+	f, ok := fams[name]
+	if !ok {
+		t.Fatalf("no family %s", name)
+	}
+next:
+	for _, m := range f.GetMetric() {
+		have := map[string]string{}
+		for _, l := range m.GetLabel() {
+			have[l.GetName()] = l.GetValue()
+		}
+		for k, v := range labels {
+			if have[k] != v {
+				continue next
+			}
+		}
+		return m
+	}
+	t.Errorf("%s has no series %v", name, labels)
+	return &dto.Metric{}
+}
+
+// scrape reads /metrics with Prometheus' text parser.
+func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
+	t.Helper()
+	status, text := get(t, addr, "/metrics")
+	if status != 200 {
+		t.Fatalf("/metrics: %d %s", status, text)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		t.Fatalf("/metrics does not parse: %v", err)
+	}
+	return fams
+}
+
+type check struct {
+	what      string
+	got, want float64
+}
+
+func (c check) verify(t *testing.T) {
+	t.Helper()
+	if c.got != c.want {
+		t.Errorf("%s: %v, want %v", c.what, c.got, c.want)
+	}
+}
+
+func counter(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
+	return series(t, fams, name, labels).GetCounter().GetValue()
+}
+
+func gauge(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
+	return series(t, fams, name, labels).GetGauge().GetValue()
+}
+
+func histCount(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
+	return float64(series(t, fams, name, labels).GetHistogram().GetSampleCount())
+}
+
+// TestMetricsCountWhatHappened: after a seed (and a refused one), a tool
+// call and a commit, and in the next process a restore, /metrics (parsed
+// with Prometheus' text parser) has every family with the counts those
+// requests caused.
+func TestMetricsCountWhatHappened(t *testing.T) {
+	dir, prov := t.TempDir(), fake.New(fake.Options{})
+	a, hook, stop := startFake(t, dir, prov, app.Deps{AccessLog: true})
+	addr := a.Addr().String()
+	s, body, cookie := post(t, addr, "/ng-rollout/r1/seed_session", "", "{}")
+	if s != 200 {
+		t.Fatalf("seed: %d %s", s, body)
+	}
+	if s, body, _ := post(t, addr, "/seed_session", "", `{"resources_session_id":"x","extra":1}`); s != 422 {
+		t.Fatalf("bad typed seed: %d %s", s, body)
+	}
+	if s, body, _ := post(t, addr, "/ng-rollout/r1/append_note", cookie, `{"line":"one"}`); s != 200 {
+		t.Fatalf("append: %d %s", s, body)
+	}
+	d := time.Now().Add(time.Minute).Unix()
+	control(t, addr, "prepare", fmt.Sprintf(`{"checkpoint_id":"ck1","deadline_ts":%d}`, d))
+	control(t, addr, "commit", fmt.Sprintf(`{"checkpoint_id":"ck1","deadline_ts":%d,"checkpoint_dir":"/ck1","episode_ids":[{"rollout_id":"r1","attempt":0}]}`, d))
+	control(t, addr, "resume", fmt.Sprintf(`{"checkpoint_id":"ck1","deadline_ts":%d}`, d))
+
+	fams := scrape(t, addr)
+	ctl := "/ng-control/v1/checkpoint/"
+	for _, c := range []check{
+		{"seeds ok", counter(t, fams, "sandboxowner_seeds_total", map[string]string{"outcome": "ok"}), 1},
+		{"seeds refused", counter(t, fams, "sandboxowner_seeds_total", map[string]string{"outcome": "refused"}), 1},
+		{"seed requests", counter(t, fams, "sandboxowner_http_requests_total", map[string]string{"route": "/seed_session", "code": "200"}), 1},
+		{"refused seed requests", counter(t, fams, "sandboxowner_http_requests_total", map[string]string{"route": "/seed_session", "code": "422"}), 1},
+		{"tool requests", counter(t, fams, "sandboxowner_http_requests_total", map[string]string{"route": "/append_note", "code": "200"}), 1},
+		{"commit requests", counter(t, fams, "sandboxowner_http_requests_total", map[string]string{"route": ctl + "commit", "code": "200"}), 1},
+		{"tool request durations", histCount(t, fams, "sandboxowner_http_request_duration_seconds", map[string]string{"route": "/append_note", "code": "200"}), 1},
+		{"prepares", counter(t, fams, "sandboxowner_checkpoint_operations_total", map[string]string{"op": "prepare", "outcome": "ok"}), 1},
+		{"commits", counter(t, fams, "sandboxowner_checkpoint_operations_total", map[string]string{"op": "commit", "outcome": "ok"}), 1},
+		{"commit durations", histCount(t, fams, "sandboxowner_checkpoint_operation_duration_seconds", map[string]string{"op": "commit", "outcome": "ok"}), 1},
+		{"sandbox starts", counter(t, fams, "sandboxowner_provider_calls_total", map[string]string{"provider": "fake", "op": "start", "outcome": "ok"}), 1},
+		{"snapshots taken", counter(t, fams, "sandboxowner_provider_calls_total", map[string]string{"provider": "fake", "op": "snapshot", "outcome": "ok"}), 1},
+		{"snapshot durations", histCount(t, fams, "sandboxowner_provider_call_duration_seconds", map[string]string{"provider": "fake", "op": "snapshot", "outcome": "ok"}), 1},
+		{"live sessions", gauge(t, fams, "sandboxowner_sessions", map[string]string{"state": "live"}), 1},
+		{"sessions in setup", gauge(t, fams, "sandboxowner_sessions", map[string]string{"state": "in_setup"}), 0},
+		{"lost sessions", gauge(t, fams, "sandboxowner_sessions", map[string]string{"state": "lost"}), 0},
+		{"snapshots", gauge(t, fams, "sandboxowner_snapshots", nil), 1},
+		{"admission waiting", gauge(t, fams, "sandboxowner_admission_waiting", nil), 0},
+	} {
+		c.verify(t)
+	}
+	if _, ok := fams["sandboxowner_checkpoint_operations_total"]; ok {
+		for _, m := range fams["sandboxowner_checkpoint_operations_total"].GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "op" && l.GetValue() == "resume" {
+					t.Errorf("resume is counted as a checkpoint operation")
+				}
+			}
+		}
+	}
+	for name, typ := range map[string]dto.MetricType{
+		"sandboxowner_checkpoint_operations_total":   dto.MetricType_COUNTER,
+		"sandboxowner_sessions":                      dto.MetricType_GAUGE,
+		"sandboxowner_http_request_duration_seconds": dto.MetricType_HISTOGRAM,
+		"sandboxowner_grading_duration_seconds":      dto.MetricType_HISTOGRAM,
+		"go_goroutines":                              dto.MetricType_GAUGE,
+		"process_cpu_seconds_total":                  dto.MetricType_COUNTER,
+	} {
+		if f, ok := fams[name]; !ok || f.GetType() != typ {
+			t.Errorf("family %s: %v, want a %v", name, f.GetType(), typ)
+		}
+	}
+
+	// The access log: one line per request, with its session.
+	sid := strings.TrimPrefix(cookie[:strings.LastIndexByte(cookie, '.')], "notes___notes=")
+	var lines []*logrus.Entry
+	for _, e := range hook.AllEntries() {
+		if e.Message == "request" {
+			lines = append(lines, e)
+		}
+	}
+	if len(lines) != 7 { // two seeds, a tool call, three control calls, the scrape
+		t.Errorf("%d access log lines, want 7", len(lines))
+	}
+	found := false
+	for _, e := range lines {
+		if e.Data["route"] == "/append_note" {
+			found = true
+			if e.Data["method"] != "POST" || e.Data["status"] != 200 || e.Data["session_id"] != sid {
+				t.Errorf("access log line %v, want POST /append_note 200 of session %s", e.Data, sid)
+			}
+			if d, ok := e.Data["duration"].(float64); !ok || d <= 0 {
+				t.Errorf("access log duration %v", e.Data["duration"])
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no access log line for the tool call")
+	}
+
+	// The next process restores the checkpoint.
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	b, _, _ := startFake(t, dir, prov, app.Deps{})
+	addr = b.Addr().String()
+	control(t, addr, "restore", fmt.Sprintf(`{"checkpoint_id":"rs1","deadline_ts":%d,"source_checkpoint_id":"ck1","episode_ids":[{"rollout_id":"r1","attempt":0}]}`, d))
+	control(t, addr, "resume", fmt.Sprintf(`{"checkpoint_id":"rs1","deadline_ts":%d}`, d))
+	fams = scrape(t, addr)
+	for _, c := range []check{
+		{"restores", counter(t, fams, "sandboxowner_checkpoint_operations_total", map[string]string{"op": "restore", "outcome": "ok"}), 1},
+		{"restore durations", histCount(t, fams, "sandboxowner_checkpoint_operation_duration_seconds", map[string]string{"op": "restore", "outcome": "ok"}), 1},
+		{"restore requests", counter(t, fams, "sandboxowner_http_requests_total", map[string]string{"route": ctl + "restore", "code": "200"}), 1},
+		{"forks", counter(t, fams, "sandboxowner_provider_calls_total", map[string]string{"provider": "fake", "op": "fork", "outcome": "ok"}), 1},
+		{"restored sessions live", gauge(t, fams, "sandboxowner_sessions", map[string]string{"state": "live"}), 1},
+		{"snapshots after the restore", gauge(t, fams, "sandboxowner_snapshots", nil), 1},
+	} {
+		c.verify(t)
+	}
+	if f := fams["sandboxowner_seeds_total"]; len(f.GetMetric()) != 0 {
+		t.Errorf("seeds counted in a process that served none: %v", f.GetMetric())
+	}
+}
+
+// TestPprofOnlyWhenAsked: /debug/pprof/ is served with -pprof and is a 404
+// without; the access log is off unless asked.
+func TestPprofOnlyWhenAsked(t *testing.T) {
+	with, _, _ := startFake(t, t.TempDir(), fake.New(fake.Options{}), app.Deps{Pprof: true})
+	if s, _ := get(t, with.Addr().String(), "/debug/pprof/"); s != 200 {
+		t.Errorf("-pprof: /debug/pprof/ answered %d", s)
+	}
+	without, hook, _ := startFake(t, t.TempDir(), fake.New(fake.Options{}), app.Deps{})
+	if s, _ := get(t, without.Addr().String(), "/debug/pprof/"); s != 404 {
+		t.Errorf("without -pprof: /debug/pprof/ answered %d", s)
+	}
+	for _, e := range hook.AllEntries() {
+		if e.Message == "request" {
+			t.Errorf("access log line without -access-log: %v", e.Data)
+		}
+	}
+}
+
+// TestUnknownPathsShareOneLabel: paths no route serves are counted as
+// route "other", so a client cannot grow the label set.
+func TestUnknownPathsShareOneLabel(t *testing.T) {
+	a, _, _ := startFake(t, t.TempDir(), fake.New(fake.Options{}), app.Deps{})
+	addr := a.Addr().String()
+	for _, p := range []string{"/nope-1", "/nope-2", "/ng-rollout/r1/nope", "/ng-control/v1/checkpoint/nope"} {
+		if s, _, _ := post(t, addr, p, "", "{}"); s < 400 {
+			t.Fatalf("%s: %d", p, s)
+		}
+	}
+	fams := scrape(t, addr)
+	if got := counter(t, fams, "sandboxowner_http_requests_total", map[string]string{"route": "other", "code": "404"}); got != 3 {
+		t.Errorf("unknown data paths: %v, want 3", got)
+	}
+	for _, m := range fams["sandboxowner_http_requests_total"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if strings.Contains(l.GetValue(), "nope") {
+				t.Errorf("a path became a label: %v", m.GetLabel())
+			}
+		}
+	}
+}

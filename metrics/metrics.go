@@ -1,0 +1,239 @@
+// Package metrics is the server's Prometheus instrumentation: every family
+// lives in one Metrics value on a registry of its own (never the default
+// global one), which GET /metrics serves. Counters and histograms are
+// recorded by the code that sees the event (the HTTP layer, a provider
+// wrapper, the SWE-bench grader); gauges of state are read at scrape time
+// from the functions given to Observe, so that they cannot drift from what
+// they report.
+package metrics
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Namespace prefixes every family.
+const Namespace = "sandboxowner"
+
+// Outcomes of a counted operation.
+const (
+	OutcomeOK = "ok"
+	// OutcomeRefused: the request was refused (a 4xx: bad input, a
+	// refusal by the protocol).
+	OutcomeRefused = "refused"
+	// OutcomeFailed: the server or a provider failed (a 5xx, an error).
+	OutcomeFailed = "failed"
+)
+
+// Session states of the sessions gauge.
+const (
+	StateLive    = "live"
+	StateInSetup = "in_setup"
+	StateLost    = "lost"
+)
+
+// Metrics holds every family. The zero of *Metrics (nil) records nothing,
+// so callers need no nil checks.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	seeds            *prometheus.CounterVec
+	httpRequests     *prometheus.CounterVec
+	httpDuration     *prometheus.HistogramVec
+	checkpointOps    *prometheus.CounterVec
+	checkpointDur    *prometheus.HistogramVec
+	providerCalls    *prometheus.CounterVec
+	providerDuration *prometheus.HistogramVec
+	gradingDuration  prometheus.Histogram
+}
+
+// latencyBuckets span a fast request (100 µs) to a long commit or grading
+// (about 30 min).
+func latencyBuckets() []float64 { return prometheus.ExponentialBuckets(0.0001, 2.5, 18) }
+
+// New registers every family, and the Go and process collectors, on reg.
+func New(reg *prometheus.Registry) (*Metrics, error) {
+	m := &Metrics{
+		reg: reg,
+		seeds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "seeds_total",
+			Help: "Seeds answered, by outcome (ok, refused: a 4xx, failed: a 5xx).",
+		}, []string{"outcome"}),
+		httpRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "http_requests_total",
+			Help: "HTTP requests answered, by route (the rollout prefix removed) and status code.",
+		}, []string{"route", "code"}),
+		httpDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "http_request_duration_seconds",
+			Help:    "Time to answer an HTTP request, by route and status code.",
+			Buckets: latencyBuckets(),
+		}, []string{"route", "code"}),
+		checkpointOps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "checkpoint_operations_total",
+			Help: "Checkpoint control operations, by op (prepare, commit, restore, release, retire) and outcome.",
+		}, []string{"op", "outcome"}),
+		checkpointDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "checkpoint_operation_duration_seconds",
+			Help:    "Duration of checkpoint control operations, by op and outcome.",
+			Buckets: latencyBuckets(),
+		}, []string{"op", "outcome"}),
+		providerCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "provider_calls_total",
+			Help: "Sandbox provider calls, by provider, op and outcome (ok, failed).",
+		}, []string{"provider", "op", "outcome"}),
+		providerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "provider_call_duration_seconds",
+			Help:    "Duration of sandbox provider calls, by provider, op and outcome.",
+			Buckets: latencyBuckets(),
+		}, []string{"provider", "op", "outcome"}),
+		gradingDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "grading_duration_seconds",
+			Help:    "SWE-bench gradings: from the patch taken to the grading sandbox stopped.",
+			Buckets: latencyBuckets(),
+		}),
+	}
+	err := errors.Join(
+		reg.Register(collectors.NewGoCollector()),
+		reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})),
+		reg.Register(m.seeds), reg.Register(m.httpRequests), reg.Register(m.httpDuration),
+		reg.Register(m.checkpointOps), reg.Register(m.checkpointDur),
+		reg.Register(m.providerCalls), reg.Register(m.providerDuration),
+		reg.Register(m.gradingDuration),
+	)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Registry is the registry the families are on (nil for a nil Metrics).
+func (m *Metrics) Registry() *prometheus.Registry {
+	if m == nil {
+		return nil
+	}
+	return m.reg
+}
+
+// SessionCounts are the sessions by state.
+type SessionCounts struct {
+	Live, InSetup, Lost int
+}
+
+// Sources are the state gauges' readers; a nil one's gauge is not
+// registered (a server that does not checkpoint has no admission queue).
+type Sources struct {
+	// Sessions: sandboxowner_sessions{state}.
+	Sessions func() SessionCounts
+	// Snapshots: sandboxowner_snapshots, the snapshots the index references.
+	Snapshots func() (int, error)
+	// AdmissionWaiting: sandboxowner_admission_waiting, requests held at a
+	// closed admission gate.
+	AdmissionWaiting func() int
+	// GradingsWaiting: sandboxowner_gradings_waiting, verifies waiting for
+	// a grading slot (SWE-bench).
+	GradingsWaiting func() int
+}
+
+// Observe registers the state gauges.
+func (m *Metrics) Observe(src Sources) error {
+	if m == nil {
+		return nil
+	}
+	var errs []error
+	if src.Sessions != nil {
+		errs = append(errs, m.reg.Register(sessionsCollector{
+			desc: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "sessions"),
+				"Sessions by state: live (holding a sandbox), in_setup (starting one), lost (their sandbox gone behind the owner's back).",
+				[]string{"state"}, nil),
+			read: src.Sessions,
+		}))
+	}
+	gauge := func(name, help string, read func() float64) {
+		errs = append(errs, m.reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help}, read)))
+	}
+	if src.Snapshots != nil {
+		gauge("snapshots", "Snapshots the checkpoint index references.", func() float64 {
+			n, err := src.Snapshots()
+			if err != nil {
+				return -1 // unreadable index: visibly not a count
+			}
+			return float64(n)
+		})
+	}
+	if src.AdmissionWaiting != nil {
+		gauge("admission_waiting", "Requests waiting at the admission gate while a checkpoint is open.", func() float64 { return float64(src.AdmissionWaiting()) })
+	}
+	if src.GradingsWaiting != nil {
+		gauge("gradings_waiting", "SWE-bench verifies waiting for a grading slot.", func() float64 { return float64(src.GradingsWaiting()) })
+	}
+	return errors.Join(errs...)
+}
+
+type sessionsCollector struct {
+	desc *prometheus.Desc
+	read func() SessionCounts
+}
+
+func (c sessionsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c sessionsCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.read()
+	for _, s := range []struct {
+		state string
+		v     int
+	}{{StateLive, n.Live}, {StateInSetup, n.InSetup}, {StateLost, n.Lost}} {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(s.v), s.state)
+	}
+}
+
+// Seed counts a seed's outcome.
+func (m *Metrics) Seed(outcome string) {
+	if m != nil {
+		m.seeds.WithLabelValues(outcome).Inc()
+	}
+}
+
+// HTTPRequest records an answered request.
+func (m *Metrics) HTTPRequest(route, code string, d time.Duration) {
+	if m != nil {
+		m.httpRequests.WithLabelValues(route, code).Inc()
+		m.httpDuration.WithLabelValues(route, code).Observe(d.Seconds())
+	}
+}
+
+// CheckpointOp records a control operation.
+func (m *Metrics) CheckpointOp(op, outcome string, d time.Duration) {
+	if m != nil {
+		m.checkpointOps.WithLabelValues(op, outcome).Inc()
+		m.checkpointDur.WithLabelValues(op, outcome).Observe(d.Seconds())
+	}
+}
+
+// ProviderCall records a provider call.
+func (m *Metrics) ProviderCall(provider, op, outcome string, d time.Duration) {
+	if m != nil {
+		m.providerCalls.WithLabelValues(provider, op, outcome).Inc()
+		m.providerDuration.WithLabelValues(provider, op, outcome).Observe(d.Seconds())
+	}
+}
+
+// Grading records a SWE-bench grading's duration.
+func (m *Metrics) Grading(d time.Duration) {
+	if m != nil {
+		m.gradingDuration.Observe(d.Seconds())
+	}
+}
+
+// OutcomeOfStatus classifies an HTTP status.
+func OutcomeOfStatus(status int) string {
+	switch {
+	case status < 400:
+		return OutcomeOK
+	case status < 500:
+		return OutcomeRefused
+	}
+	return OutcomeFailed
+}

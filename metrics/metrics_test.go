@@ -1,0 +1,101 @@
+package metrics_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sandboxowner/owner/metrics"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
+)
+
+func newMetrics(t *testing.T) (*metrics.Metrics, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, reg
+}
+
+// TestProviderWrapperKeepsCapabilities: the wrapper has exactly the wrapped
+// provider's optional interfaces, found by type assertion.
+func TestProviderWrapperKeepsCapabilities(t *testing.T) {
+	m, _ := newMetrics(t)
+	for name, p := range map[string]provider.Provider{
+		"fake":                   fake.New(fake.Options{}),
+		"fake without snapshots": fake.NewWithoutSnapshots(fake.Options{}),
+	} {
+		if got, want := provider.CapabilitiesOf(m.Provider(p)), provider.CapabilitiesOf(p); got != want {
+			t.Errorf("%s: wrapped capabilities %+v, want %+v", name, got, want)
+		}
+	}
+	var none *metrics.Metrics
+	p := fake.New(fake.Options{})
+	if none.Provider(p) != provider.Provider(p) {
+		t.Errorf("a nil Metrics wraps the provider")
+	}
+}
+
+// TestProviderCallsCounted: each call is counted by op and outcome.
+func TestProviderCallsCounted(t *testing.T) {
+	m, reg := newMetrics(t)
+	fk := fake.New(fake.Options{})
+	p := m.Provider(fk)
+	ctx := context.Background()
+	h, err := p.Start(ctx, provider.Spec{Image: "img"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fk.FailNext(fake.OpExec, 1)
+	if _, err := p.Exec(ctx, h, provider.ExecRequest{Command: "true"}); err == nil {
+		t.Fatal("the injected exec failure did not fail")
+	}
+	if _, err := p.(provider.Snapshotter).Snapshot(ctx, h, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Stop(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		op, outcome string
+		want        float64
+	}{
+		{metrics.OpStart, metrics.OutcomeOK, 1},
+		{metrics.OpExec, metrics.OutcomeFailed, 1},
+		{metrics.OpExec, metrics.OutcomeOK, 0},
+		{metrics.OpSnapshot, metrics.OutcomeOK, 1},
+		{metrics.OpStop, metrics.OutcomeOK, 1},
+	} {
+		if got := value(t, reg, "sandboxowner_provider_calls_total", map[string]string{"provider": "fake", "op": c.op, "outcome": c.outcome}); got != c.want {
+			t.Errorf("%s %s: %v, want %v", c.op, c.outcome, got, c.want)
+		}
+	}
+}
+
+// value is a counter's value (0 when the series does not exist).
+func value(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if labels[l.GetName()] != l.GetValue() {
+					continue next
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
+}

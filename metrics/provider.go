@@ -1,0 +1,201 @@
+package metrics
+
+import (
+	"context"
+	"time"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+// Provider ops, the op label of the provider families.
+const (
+	OpStart          = "start"
+	OpStop           = "stop"
+	OpExec           = "exec"
+	OpWriteFile      = "write_file"
+	OpReadFile       = "read_file"
+	OpStatus         = "status"
+	OpSnapshot       = "snapshot"
+	OpFork           = "fork"
+	OpDeleteSnapshot = "delete_snapshot"
+	OpRenew          = "renew"
+	OpListSandboxes  = "list_sandboxes"
+	OpListSnapshots  = "list_snapshots"
+)
+
+// Provider wraps p so that every call is counted and timed. The wrapper
+// has exactly p's optional capabilities (snapshots, leases, listing), which
+// callers find by type assertion. A nil m returns p itself.
+func (m *Metrics) Provider(p provider.Provider) provider.Provider {
+	if m == nil || p == nil {
+		return p
+	}
+	b := &base{p: p, m: m, name: p.Name()}
+	s, snap := p.(provider.Snapshotter)
+	l, lease := p.(provider.Leaser)
+	ls, list := p.(provider.Lister)
+	so, lo, li := snapOps{b, s}, leaseOps{b, l}, listOps{b, ls}
+	switch {
+	case snap && lease && list:
+		return struct {
+			*base
+			snapOps
+			leaseOps
+			listOps
+		}{b, so, lo, li}
+	case snap && lease:
+		return struct {
+			*base
+			snapOps
+			leaseOps
+		}{b, so, lo}
+	case snap && list:
+		return struct {
+			*base
+			snapOps
+			listOps
+		}{b, so, li}
+	case lease && list:
+		return struct {
+			*base
+			leaseOps
+			listOps
+		}{b, lo, li}
+	case snap:
+		return struct {
+			*base
+			snapOps
+		}{b, so}
+	case lease:
+		return struct {
+			*base
+			leaseOps
+		}{b, lo}
+	case list:
+		return struct {
+			*base
+			listOps
+		}{b, li}
+	}
+	return b
+}
+
+// base instruments the calls every provider has.
+type base struct {
+	p    provider.Provider
+	m    *Metrics
+	name string
+}
+
+// record times one call from began.
+func (b *base) record(op string, began time.Time, err error) {
+	outcome := OutcomeOK
+	if err != nil {
+		outcome = OutcomeFailed
+	}
+	b.m.ProviderCall(b.name, op, outcome, time.Since(began))
+}
+
+// Unwrap is the provider wrapped.
+func (b *base) Unwrap() provider.Provider { return b.p }
+
+func (b *base) Name() string { return b.name }
+
+func (b *base) Start(ctx context.Context, spec provider.Spec) (provider.Handle, error) {
+	began := time.Now()
+	h, err := b.p.Start(ctx, spec)
+	b.record(OpStart, began, err)
+	return h, err
+}
+
+func (b *base) Stop(ctx context.Context, h provider.Handle) error {
+	began := time.Now()
+	err := b.p.Stop(ctx, h)
+	b.record(OpStop, began, err)
+	return err
+}
+
+func (b *base) Exec(ctx context.Context, h provider.Handle, req provider.ExecRequest) (provider.ExecResult, error) {
+	began := time.Now()
+	res, err := b.p.Exec(ctx, h, req)
+	b.record(OpExec, began, err)
+	return res, err
+}
+
+func (b *base) WriteFile(ctx context.Context, h provider.Handle, path string, data []byte) error {
+	began := time.Now()
+	err := b.p.WriteFile(ctx, h, path, data)
+	b.record(OpWriteFile, began, err)
+	return err
+}
+
+func (b *base) ReadFile(ctx context.Context, h provider.Handle, path string) ([]byte, error) {
+	began := time.Now()
+	data, err := b.p.ReadFile(ctx, h, path)
+	b.record(OpReadFile, began, err)
+	return data, err
+}
+
+func (b *base) Status(ctx context.Context, h provider.Handle) (provider.Status, error) {
+	began := time.Now()
+	st, err := b.p.Status(ctx, h)
+	b.record(OpStatus, began, err)
+	return st, err
+}
+
+type snapOps struct {
+	b *base
+	s provider.Snapshotter
+}
+
+func (o snapOps) Snapshot(ctx context.Context, h provider.Handle, name string) (string, error) {
+	began := time.Now()
+	id, err := o.s.Snapshot(ctx, h, name)
+	o.b.record(OpSnapshot, began, err)
+	return id, err
+}
+
+func (o snapOps) Fork(ctx context.Context, spec provider.Spec, snapshotID string) (provider.Handle, error) {
+	began := time.Now()
+	h, err := o.s.Fork(ctx, spec, snapshotID)
+	o.b.record(OpFork, began, err)
+	return h, err
+}
+
+func (o snapOps) DeleteSnapshot(ctx context.Context, snapshotID string) error {
+	began := time.Now()
+	err := o.s.DeleteSnapshot(ctx, snapshotID)
+	o.b.record(OpDeleteSnapshot, began, err)
+	return err
+}
+
+type leaseOps struct {
+	b *base
+	l provider.Leaser
+}
+
+func (o leaseOps) Renew(ctx context.Context, h provider.Handle, expiresAt time.Time) error {
+	began := time.Now()
+	err := o.l.Renew(ctx, h, expiresAt)
+	o.b.record(OpRenew, began, err)
+	return err
+}
+
+type listOps struct {
+	b *base
+	l provider.Lister
+}
+
+func (o listOps) ListSandboxes(ctx context.Context) ([]provider.SandboxInfo, error) {
+	began := time.Now()
+	out, err := o.l.ListSandboxes(ctx)
+	o.b.record(OpListSandboxes, began, err)
+	return out, err
+}
+
+func (o listOps) ListSnapshots(ctx context.Context) ([]provider.SnapshotInfo, error) {
+	began := time.Now()
+	out, err := o.l.ListSnapshots(ctx)
+	o.b.record(OpListSnapshots, began, err)
+	return out, err
+}
