@@ -113,8 +113,9 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if !res.LendsSandboxes() {
 		prov = withoutSnapshots{prov}
 	}
-	// The reaper and the isolation report need the provider itself;
-	// everything else calls it through the metrics wrapper.
+	// The reaper, the isolation report and direct lending find optional
+	// methods on the provider itself; everything else calls it through the
+	// metrics wrapper.
 	bare := prov
 	prov = met.Provider(prov)
 	renew := 30 * time.Second
@@ -154,7 +155,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	var access func(*httpapi.Session, owner.Sandbox, map[string]any) error
 	var mounts map[string]fasthttp.RequestHandler
 	if res.LendsSandboxes() {
-		if lend, err = newLending(secret, prov, own, clk, log, lendDirect(&cfg, prov)); err != nil {
+		if lend, err = newLending(secret, prov, own, clk, log, lendDirect(&cfg, bare)); err != nil {
 			return fail(fmt.Errorf("%w: sandbox access tokens: %w", ErrConfig, err))
 		}
 		access, mounts = lend.access, lend.mounts()
