@@ -121,6 +121,11 @@ type Options struct {
 	// CopyWorkers is how many files a snapshot or a copy-mode start or fork
 	// copies at once (DefaultCopyWorkers when zero).
 	CopyWorkers int
+	// OnPause, when set, is told after each snapshot how long the sandbox
+	// was paused: from when the snapshot held it (no command starting, no
+	// file call, running commands stopped) to when it let it go. For
+	// benchmarks and metrics; it must be quick and safe for concurrent use.
+	OnPause func(sandboxID string, paused time.Duration)
 	// Clock reads time for leases and records (clock.Real when nil).
 	Clock clock.Clock
 	// Logger receives structured logs (a discarding logger when nil).
@@ -147,6 +152,7 @@ type Provider struct {
 	durable  bool
 	// snapshotDelay and forkDelay: see Options.
 	snapshotDelay, forkDelay time.Duration
+	onPause                  func(sandboxID string, paused time.Duration)
 
 	// hook, when set by a test in this package, runs during a snapshot
 	// while the sandbox's commands are paused.
@@ -194,6 +200,7 @@ func New(opts Options) (*Provider, error) {
 		copyWorkers:   opts.CopyWorkers,
 		durable:       opts.Durable,
 		snapshotDelay: opts.SnapshotDelay,
+		onPause:       opts.OnPause,
 		forkDelay:     opts.ForkDelay,
 		clk:           opts.Clock,
 		log:           opts.Logger,

@@ -97,7 +97,13 @@ func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string)
 // copySandbox copies s's tree into snapshot id's layer with s paused.
 func (p *Provider) copySandbox(ctx context.Context, s *sandbox, id string) (snapshotMeta, error) {
 	s.gate.Lock()
-	defer s.gate.Unlock()
+	paused := time.Now()
+	defer func() {
+		s.gate.Unlock()
+		if p.onPause != nil {
+			p.onPause(s.id, time.Since(paused))
+		}
+	}()
 	s.mu.Lock()
 	if err := p.checkLiveLocked(s); err != nil {
 		s.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -266,4 +267,34 @@ func TestListSnapshotsCarriesMetadata(t *testing.T) {
 	if d := cmp.Diff(want, list[0]); d != "" {
 		t.Errorf("snapshot info (-want +got):\n%s", d)
 	}
+}
+
+// OnPause hears of every snapshot once, with the sandbox and a pause that
+// covers the copy (the stretch between the "paused" and "resumed" stages)
+// and fits inside the call.
+func TestSnapshotReportsItsPause(t *testing.T) {
+	forModes(t, func(t *testing.T, m mode) {
+		var mu sync.Mutex
+		var ids []string
+		var pauses []time.Duration
+		p := newProvider(t, m, Options{OnPause: func(id string, d time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			ids, pauses = append(ids, id), append(pauses, d)
+		}})
+		h := start(t, p, provider.Spec{Files: map[string]string{"a": "x"}})
+		var stages []time.Time
+		p.hook = func(string, string) { stages = append(stages, time.Now()) }
+		t0 := time.Now()
+		snapshot(t, p, h)
+		call := time.Since(t0)
+		mu.Lock()
+		defer mu.Unlock()
+		if len(ids) != 1 || ids[0] != h.SandboxID || len(stages) != 2 {
+			t.Fatalf("OnPause heard %v (stages %d), want once for %s", ids, len(stages), h.SandboxID)
+		}
+		if copying := stages[1].Sub(stages[0]); pauses[0] < copying || pauses[0] > call {
+			t.Errorf("pause %v, want between the copy (%v) and the call (%v)", pauses[0], copying, call)
+		}
+	})
 }
