@@ -188,6 +188,9 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if err := met.Observe(sources(own, srv, res)); err != nil {
 		return fail(fmt.Errorf("metrics: %w", err))
 	}
+	if lend != nil {
+		lend.srv = srv
+	}
 	ln := deps.Listener
 	if ln == nil {
 		addr := net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port))

@@ -35,6 +35,10 @@ type lending struct {
 	clk     clock.Clock
 	// base is the server's base URL, known once the listener is open.
 	base string
+	// srv is the HTTP server, whose admission gate exec calls and file
+	// writes pass; set once it is built.
+	srv *httpapi.Server
+	own *owner.Owner
 	// direct, when set, hands agents the provider's own endpoint instead
 	// of this server's sandbox API.
 	direct endpointer
@@ -65,17 +69,25 @@ func newLending(secret []byte, prov provider.Provider, own *owner.Owner, clk clo
 	if err != nil {
 		return nil, err
 	}
-	return &lending{
-		tokens: tokens,
-		clk:    clk,
-		direct: direct,
-		handler: &sandboxapi.Handler{
-			Provider: prov,
-			Tokens:   tokens,
-			Resolve:  resolver(own),
-			Logger:   log.WithField("api", "sandboxes"),
-		},
-	}, nil
+	l := &lending{tokens: tokens, clk: clk, own: own, direct: direct}
+	l.handler = &sandboxapi.Handler{
+		Provider: prov,
+		Tokens:   tokens,
+		Resolve:  resolver(own),
+		Logger:   log.WithField("api", "sandboxes"),
+		Admit:    l.admit,
+	}
+	return l, nil
+}
+
+// admit passes a sandbox call through the server's admission gate on
+// behalf of the session that holds the sandbox.
+func (l *lending) admit(ctx context.Context, sandboxID string) (func(), error) {
+	if l.srv == nil {
+		return func() {}, nil
+	}
+	session, _, _ := l.own.SandboxFate(sandboxID)
+	return l.srv.AdmitSandboxCall(ctx, session, sandboxID)
 }
 
 // resolver answers what became of a sandbox from the owner's memory.

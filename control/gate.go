@@ -90,6 +90,7 @@ func (g *Gate) Enter(ctx context.Context, e Entry) (leave func(), err error) {
 	s.n++
 	s.label = e.Label
 	g.mu.Unlock()
+	g.changed.Fire()
 	var once sync.Once
 	return func() { once.Do(func() { g.leave(e.Session) }) }, nil
 }
@@ -188,7 +189,7 @@ func (g *Gate) InflightOf(session string) int {
 }
 
 // Changed returns a channel closed at the gate's next change (a request
-// waits, leaves, or the gate opens). Tests and WaitIdle wait on it.
+// waits, is admitted, leaves, or the gate opens). Tests and WaitIdle wait on it.
 func (g *Gate) Changed() <-chan struct{} { return g.changed.Wait() }
 
 // WaitIdle waits until none of the sessions has a request in flight.

@@ -295,6 +295,22 @@ func (s *Server) Gate() *control.Gate {
 	return s.part.gate
 }
 
+// SandboxLabel names a sandbox among a prepare's blockers.
+func SandboxLabel(sandboxID string) string { return "sandbox:" + sandboxID }
+
+// AdmitSandboxCall passes a call an agent makes on its session's sandbox
+// (an exec, a file write) through the admission gate, as a tool call is:
+// it waits while a checkpoint is open and is counted in flight, named by
+// its sandbox, until leave is called. With checkpointing off it does
+// nothing.
+func (s *Server) AdmitSandboxCall(ctx context.Context, sessionID, sandboxID string) (leave func(), err error) {
+	if s.part == nil {
+		return func() {}, nil
+	}
+	wait := s.mode != owner.ModeRestartOnly
+	return s.part.gate.Enter(ctx, control.Entry{Session: sessionID, Label: SandboxLabel(sandboxID), Wait: wait})
+}
+
 // FastHTTP is the configured fasthttp server, to Serve a listener with.
 func (s *Server) FastHTTP() *fasthttp.Server { return s.srv }
 

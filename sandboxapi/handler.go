@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
 )
@@ -84,6 +85,7 @@ type Resolver func(sandboxID string) (provider.Handle, Fate)
 //	413 body_too_large
 //	422 invalid_request  malformed JSON, wrong types, unknown fields, no command
 //	422 not_a_file, invalid_cwd
+//	409 admission_closed, 503 shutting_down (waiting on a checkpoint)
 //	500 provider_error, 504 timeout
 //
 // Mount it with Serve for every path under Prefix, or call ServeSandbox
@@ -101,6 +103,13 @@ type Handler struct {
 	MaxBody int
 	// MaxTimeout caps timeout_ms (no cap when zero).
 	MaxTimeout time.Duration
+	// Admit, when set, passes an exec or a file write through the server's
+	// admission gate before it runs: it waits while a checkpoint is open
+	// and counts the call in flight until leave is called, so that a
+	// checkpoint never cuts a command or a write in half. File reads are
+	// not admitted. An error is answered with its status when it is a
+	// *control.Error, 503 otherwise.
+	Admit func(ctx context.Context, sandboxID string) (leave func(), err error)
 }
 
 // SplitPath splits "/sandboxes/{sandbox_id}/{rest}" into its sandbox id and
@@ -176,6 +185,19 @@ func (h *Handler) ServeSandbox(ctx *fasthttp.RequestCtx, sandboxID, rest string)
 	if n := len(ctx.Request.Body()); n > h.maxBody() {
 		h.fail(ctx, sandboxID, fasthttp.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("the body is %d bytes, more than %d", n, h.maxBody()))
 		return
+	}
+	if h.Admit != nil && (rest == "exec" || method == fasthttp.MethodPut) {
+		leave, err := h.Admit(context.Background(), sandboxID)
+		if err != nil {
+			status, code := fasthttp.StatusServiceUnavailable, "unavailable"
+			var ce *control.Error
+			if errors.As(err, &ce) {
+				status, code = ce.Status, ce.Code
+			}
+			h.fail(ctx, sandboxID, status, code, err.Error())
+			return
+		}
+		defer leave()
 	}
 	switch {
 	case rest == "exec":

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttputil"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
 )
@@ -343,5 +345,42 @@ func TestAnUnconfiguredHandlerAnswers500(t *testing.T) {
 	(&Handler{}).Serve(&ctx)
 	if ctx.Response.StatusCode() != 500 || !strings.Contains(string(ctx.Response.Body()), `"code":"internal"`) {
 		t.Errorf("%d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+}
+
+// Exec calls and file writes pass the Admit hook and leave it when done;
+// reads do not; a refusal is answered with its status and code.
+func TestExecAndWritesAreAdmitted(t *testing.T) {
+	w := newWorld(t)
+	id, token := w.sandbox(t)
+	var admitted, left []string
+	var refuse error
+	w.h.Admit = func(_ context.Context, sandboxID string) (func(), error) {
+		if refuse != nil {
+			return nil, refuse
+		}
+		admitted = append(admitted, sandboxID)
+		return func() { left = append(left, sandboxID) }, nil
+	}
+	base := "/sandboxes/" + id
+	w.do("POST", base+"/exec", token, []byte(`{"command":"true"}`))
+	w.do("PUT", base+"/files?path=f", token, []byte("x"))
+	w.do("GET", base+"/files?path=f", token, nil)
+	if diff := cmp.Diff([]string{id, id}, admitted); diff != "" {
+		t.Errorf("admitted (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(admitted, left); diff != "" {
+		t.Errorf("left (-want +got):\n%s", diff)
+	}
+	refuse = control.ErrAdmissionClosed.With("closed")
+	if got := codeOf(t, w.do("POST", base+"/exec", token, []byte(`{"command":"true"}`))); got != errReply(409, "admission_closed") {
+		t.Errorf("refused exec: %+v", got)
+	}
+	refuse = errors.New("other")
+	if got := codeOf(t, w.do("PUT", base+"/files?path=f", token, []byte("y"))); got != errReply(503, "unavailable") {
+		t.Errorf("refused write: %+v", got)
+	}
+	if got := w.do("GET", base+"/files?path=f", token, nil); got != (reply{200, "x"}) {
+		t.Errorf("a read while calls are refused: %+v", got)
 	}
 }

@@ -1,0 +1,144 @@
+package app_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sandboxowner/owner/app"
+	ctl "github.com/sandboxowner/owner/control"
+	httpapi "github.com/sandboxowner/owner/http"
+)
+
+// sandboxCall sends one call to the sandbox API and returns its status and
+// body.
+func sandboxCall(t *testing.T, method, url, token, body string) (int, string) {
+	t.Helper()
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(url)
+	req.Header.SetMethod(method)
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.SetBodyString(body)
+	if err := fasthttp.DoTimeout(req, resp, time.Minute); err != nil {
+		return 0, err.Error()
+	}
+	return resp.StatusCode(), string(resp.Body())
+}
+
+// checkpointOp calls the checkpoint control plane.
+func checkpointOp(t *testing.T, a *app.App, op string, body map[string]any) (int, map[string]any) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + a.Addr().String() + httpapi.ControlPrefix + op)
+	req.Header.SetMethod("POST")
+	req.Header.Set("Authorization", "Bearer tok")
+	req.SetBody(b)
+	if err := fasthttp.DoTimeout(req, resp, time.Minute); err != nil {
+		t.Fatalf("%s: %v", op, err)
+	}
+	var out map[string]any
+	_ = json.Unmarshal(resp.Body(), &out)
+	return resp.StatusCode(), out
+}
+
+// waitGate waits until cond holds of the admission gate.
+func waitGate(t *testing.T, g *ctl.Gate, cond func() bool) {
+	t.Helper()
+	for ch := g.Changed(); !cond(); ch = g.Changed() {
+		select {
+		case <-ch:
+		case <-time.After(30 * time.Second): // a bound on a broken test, not a synchronisation
+			t.Fatal("the admission gate never got there")
+		}
+	}
+}
+
+// An exec in flight used to be invisible to a checkpoint: prepare said
+// ready and the snapshot caught the command half done; file writes went
+// through a prepared checkpoint. Now both pass the admission gate.
+func TestSandboxCallsPassTheAdmissionGate(t *testing.T) {
+	a := startLocal(t, t.TempDir())
+	defer a.Stop(context.Background())
+	s, body, cookie := post(t, a.Addr().String(), "/ng-rollout/r1/seed_session", "", "{}")
+	if s != 200 {
+		t.Fatalf("seed: %d %s", s, body)
+	}
+	d := sandboxAccess(t, a, cookie).Connection.Descriptor
+	gate := a.Server().Gate()
+	label := httpapi.SandboxLabel(d.SandboxID)
+
+	// A command that runs until the test writes the file "go".
+	execDone := make(chan string, 1)
+	go func() {
+		s, body := sandboxCall(t, "POST", d.Endpoint+"/exec", d.Token, `{"command":"while [ ! -e go ]; do sleep 0.01; done; echo finished"}`)
+		execDone <- fmt.Sprint(s, " ", body)
+	}()
+	waitGate(t, gate, func() bool { return slices.Contains(gate.Busy(), label) })
+
+	// Prepare is not ready while it runs, and names the sandbox.
+	deadline := ctl.UnixSeconds(time.Now().Add(time.Second))
+	s2, prep := checkpointOp(t, a, "prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": deadline})
+	if s2 != 200 || prep["phase"] != "preparing" {
+		t.Fatalf("prepare with an exec in flight: %d %v", s2, prep)
+	}
+	report, _ := prep["report"].(map[string]any)
+	if blockers, _ := report["blockers"].([]any); !slices.Contains(blockers, any(label)) {
+		t.Errorf("prepare's blockers %v do not name %s", report["blockers"], label)
+	}
+
+	// A write waits while the checkpoint is open; a read does not.
+	wrote := make(chan string, 1)
+	go func() {
+		s, body := sandboxCall(t, "PUT", d.Endpoint+"/files?path=go", d.Token, "x")
+		wrote <- fmt.Sprint(s, " ", body)
+	}()
+	waitGate(t, gate, func() bool { return gate.Waiting() == 1 })
+	if s, body := sandboxCall(t, "GET", d.Endpoint+"/files?path=.seed_token", d.Token, ""); s != 200 {
+		t.Errorf("a read while the checkpoint is open: %d %s", s, body)
+	}
+	select {
+	case got := <-wrote:
+		t.Fatalf("a write went through an open checkpoint: %s", got)
+	case got := <-execDone:
+		t.Fatalf("the exec ended before the write: %s", got)
+	default:
+	}
+	if s, r := checkpointOp(t, a, "resume", map[string]any{"checkpoint_id": "ck1", "deadline_ts": deadline}); s != 200 {
+		t.Fatalf("resume: %d %v", s, r)
+	}
+	if got := <-wrote; !strings.HasPrefix(got, "200 ") {
+		t.Errorf("the held write: %s", got)
+	}
+	if got := <-execDone; !strings.HasPrefix(got, "200 ") || !strings.Contains(got, "finished") {
+		t.Errorf("the exec: %s", got)
+	}
+
+	// With nothing in flight, prepare is ready; an exec then waits for the
+	// resume.
+	far := ctl.UnixSeconds(time.Now().Add(time.Minute))
+	if s, r := checkpointOp(t, a, "prepare", map[string]any{"checkpoint_id": "ck2", "deadline_ts": far}); s != 200 || r["phase"] != "prepared" {
+		t.Fatalf("prepare with nothing in flight: %d %v", s, r)
+	}
+	go func() {
+		s, body := sandboxCall(t, "POST", d.Endpoint+"/exec", d.Token, `{"command":"echo later"}`)
+		execDone <- fmt.Sprint(s, " ", body)
+	}()
+	waitGate(t, gate, func() bool { return gate.Waiting() == 1 })
+	if s, r := checkpointOp(t, a, "resume", map[string]any{"checkpoint_id": "ck2", "deadline_ts": far}); s != 200 {
+		t.Fatalf("resume: %d %v", s, r)
+	}
+	if got := <-execDone; !strings.HasPrefix(got, "200 ") || !strings.Contains(got, "later") {
+		t.Errorf("the held exec: %s", got)
+	}
+}
