@@ -1,6 +1,12 @@
 package http
 
-import "github.com/sandboxowner/owner/resources"
+import (
+	"github.com/sandboxowner/owner/participant"
+	"github.com/sandboxowner/owner/resources"
+)
+
+// ReleaseReply answers the release route.
+type ReleaseReply = participant.ReleaseReply
 
 // The resources contract, as this package serves it. The types live in
 // package resources, which resources servers import; these names keep the
@@ -45,10 +51,10 @@ const (
 	CodeInternal         = "internal_error"
 	CodeSetupFailed      = "setup_failed"
 	CodeInvalidCapture   = "invalid_capture_key"
-	CodeCommitFailed     = "commit_failed"
-	CodeRestoreFailed    = "restore_failed"
-	CodeRetireFailed     = "retire_failed"
-	CodeReleaseFailed    = "release_failed"
+	CodeCommitFailed     = participant.CodeCommitFailed
+	CodeRestoreFailed    = participant.CodeRestoreFailed
+	CodeRetireFailed     = participant.CodeRetireFailed
+	CodeReleaseFailed    = participant.CodeReleaseFailed
 )
 
 // decodeControl decodes a control body strictly.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/participant"
 )
 
 // routeKind classifies a data route for admission and bookkeeping.
@@ -24,6 +25,20 @@ const (
 	kindAccess
 	kindTool
 )
+
+// admission is the participant's kind of a route.
+func (k routeKind) admission() participant.Kind {
+	switch k {
+	case kindSeed:
+		return participant.Seed
+	case kindVerify:
+		return participant.Verify
+	case kindClose:
+		return participant.Close
+	default:
+		return participant.Tool
+	}
+}
 
 func (s *Server) kindOf(route string) (routeKind, ToolFunc) {
 	switch route {
@@ -121,7 +136,7 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 	if ep != nil {
 		sess.Episode, sess.HasEpisode = *ep, true
 	} else if s.part != nil {
-		sess.Episode, sess.HasEpisode = s.part.boundEpisode(sess.ID)
+		sess.Episode, sess.HasEpisode = s.part.BoundEpisode(sess.ID)
 	}
 	ctx.SetUserValue(sessionValue, sess.ID)
 	sess.Log = s.log.WithField("session", sess.ID)
@@ -132,7 +147,7 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 	rctx, cancel := context.WithCancel(s.base)
 	defer cancel()
 	if s.part != nil {
-		leave, err := s.part.admit(rctx, kind, sess)
+		leave, err := s.part.Admit(rctx, kind.admission(), sess)
 		if err != nil {
 			s.fail(ctx, err)
 			return
@@ -174,9 +189,9 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 	if s.part != nil {
 		switch {
 		case kind == kindSeed && ep != nil:
-			s.part.bind(sess.ID, *ep)
+			s.part.Bind(sess.ID, *ep)
 		case kind == kindVerify:
-			s.part.unbind(sess.ID)
+			s.part.Unbind(sess.ID)
 		}
 	}
 	writeJSON(ctx, nethttp.StatusOK, reply)
@@ -224,7 +239,7 @@ func (s *Server) endSession(ctx context.Context, id string) error {
 	s.closed.add(id)
 	s.typed.forget(id)
 	if s.part != nil {
-		s.part.unbind(id)
+		s.part.Unbind(id)
 	}
 	return nil
 }

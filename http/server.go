@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/metrics"
 	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/participant"
 )
 
 // Routes and headers of the wire protocol.
@@ -127,7 +128,7 @@ type Server struct {
 	verifyMode string
 	mounts     []mount
 
-	part    *participant // nil with checkpointing off
+	part    *participant.Participant // nil with checkpointing off
 	machine *control.Machine
 	closed  *closedSessions
 	typed   *typedSessions
@@ -231,18 +232,18 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("%w: checkpoint.control_auth_token is required with checkpointing on", ErrConfig)
 		}
 		s.tokenSum = sha256.Sum256([]byte(cfg.ControlAuthToken))
-		s.part = newParticipant(s)
-		s.machine = control.New(control.Config{
-			Kind:        "resources",
-			Instance:    name,
-			Hooks:       s.part,
-			Clock:       cfg.Clock,
-			LeaseGrace:  cfg.LeaseGrace,
-			MaxDeadline: cfg.MaxDeadline,
-			PollEvery:   cfg.ReadinessPoll,
-			Logger:      s.log,
+		s.part = participant.New(participant.Config{
+			Owner:            cfg.Owner,
+			Mode:             s.mode,
+			VerifyReplayable: res.VerifyReplayable(),
+			Instance:         name,
+			Clock:            cfg.Clock,
+			LeaseGrace:       cfg.LeaseGrace,
+			PollEvery:        cfg.ReadinessPoll,
+			MaxDeadline:      cfg.MaxDeadline,
+			Logger:           s.log,
 		})
-		s.part.m = s.machine
+		s.machine = s.part.Machine()
 		if cfg.LeaseTick > 0 {
 			s.ticker.Add(1)
 			go s.tickLease(cfg.LeaseTick)
@@ -292,7 +293,7 @@ func (s *Server) Gate() *control.Gate {
 	if s.part == nil {
 		return nil
 	}
-	return s.part.gate
+	return s.part.Gate()
 }
 
 // SandboxLabel names a sandbox among a prepare's blockers.
@@ -327,7 +328,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		close(s.stopTick)
 		s.ctlCancel()
 		if s.part != nil {
-			s.part.gate.Shutdown()
+			s.part.Gate().Shutdown()
 		}
 		err = s.srv.ShutdownWithContext(ctx)
 		s.ticker.Wait()
@@ -556,7 +557,7 @@ func (s *Server) serveControl(ctx *fasthttp.RequestCtx, op string) {
 	case control.OpRenew:
 		reply, err = controlCall(body, func(r control.RenewRequest) (any, error) { return s.machine.Renew(rctx, r) })
 	case RouteRelease:
-		reply, err = controlCall(body, func(r releaseRequest) (any, error) { return s.part.release(rctx, r) })
+		reply, err = controlCall(body, func(r participant.ReleaseRequest) (any, error) { return s.part.Release(rctx, r) })
 	default:
 		writeError(ctx, nethttp.StatusNotFound, CodeNotFound, "no control route "+op)
 		return

@@ -386,9 +386,48 @@ func (o *Owner) Retire(ctx context.Context, sessionIDs []string) (RetireResult, 
 
 // RestoreRequest asks for the sessions of a checkpoint to be forked back.
 type RestoreRequest struct {
+	// CheckpointID names the checkpoint; empty, the latest committed with
+	// CheckpointDir is restored.
 	CheckpointID string
-	// Sessions limits the restore to these sessions; nil restores all.
+	// CheckpointDir, when set, must be the directory the checkpoint was
+	// committed with.
+	CheckpointDir string
+	// Sessions limits the restore to these sessions (each must be in the
+	// checkpoint); nil restores all.
 	Sessions []string
+	// Episodes, when not nil, limits the restore to the records labelled
+	// with one of these episodes (those the checkpoint lacks are skipped).
+	Episodes []string
+}
+
+// restoreSource reads the checkpoint a restore names: by id, or the latest
+// committed with its dir, which must match when both are given.
+func (o *Owner) restoreSource(req RestoreRequest) (snapshotindex.Checkpoint, error) {
+	id := req.CheckpointID
+	if id == "" {
+		if req.CheckpointDir == "" {
+			return snapshotindex.Checkpoint{}, fmt.Errorf("%w: neither a checkpoint id nor a checkpoint dir", ErrUnknownCheckpoint)
+		}
+		meta, ok, err := o.index.FindByDir(req.CheckpointDir)
+		if err != nil {
+			return snapshotindex.Checkpoint{}, fmt.Errorf("find the checkpoint of %s: %w", req.CheckpointDir, err)
+		}
+		if !ok {
+			return snapshotindex.Checkpoint{}, fmt.Errorf("%w: no checkpoint was committed with checkpoint_dir %s", ErrUnknownCheckpoint, req.CheckpointDir)
+		}
+		id = meta.ID
+	}
+	ck, err := o.index.Checkpoint(id)
+	if errors.Is(err, snapshotindex.ErrNotFound) {
+		return ck, fmt.Errorf("%w: %q", ErrUnknownCheckpoint, id)
+	}
+	if err != nil {
+		return ck, err
+	}
+	if req.CheckpointDir != "" && ck.Meta.CheckpointDir != "" && ck.Meta.CheckpointDir != req.CheckpointDir {
+		return ck, fmt.Errorf("%w: checkpoint %s was committed with checkpoint_dir %s, not %s", ErrInvalidRecord, id, ck.Meta.CheckpointDir, req.CheckpointDir)
+	}
+	return ck, nil
 }
 
 // RestoredSession is one installed session.
@@ -422,16 +461,20 @@ func (o *Owner) Restore(ctx context.Context, req RestoreRequest) (RestoreResult,
 	}
 	o.ctl.Lock()
 	defer o.ctl.Unlock()
-	ck, err := o.index.Checkpoint(req.CheckpointID)
-	if errors.Is(err, snapshotindex.ErrNotFound) {
-		return res, fmt.Errorf("%w: %w: %q", ErrRestoreFailed, ErrUnknownCheckpoint, req.CheckpointID)
-	}
+	ck, err := o.restoreSource(req)
 	if err != nil {
 		return res, fmt.Errorf("%w: %w", ErrRestoreFailed, err)
 	}
+	req.CheckpointID, res.CheckpointID = ck.Meta.ID, ck.Meta.ID
 	records := inScope(ck.Records, func(r snapshotindex.Record) string { return r.SessionID }, req.Sessions)
 	if req.Sessions != nil && len(records) != len(req.Sessions) {
 		return res, fmt.Errorf("%w: %w: checkpoint %q does not hold every requested session", ErrRestoreFailed, ErrInvalidRecord, req.CheckpointID)
+	}
+	if req.Episodes != nil {
+		records = inScope(records, func(r snapshotindex.Record) string { return r.Episode }, req.Episodes)
+		if len(records) == 0 {
+			return res, nil
+		}
 	}
 	live, err := o.liveSet()
 	if err != nil {

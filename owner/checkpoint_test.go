@@ -685,3 +685,49 @@ func checkConsistentOpen(t *testing.T, e *env, o *owner.Owner) {
 	o.Abandon()
 	checkConsistent(t, e.fk, e.dir)
 }
+
+// TestRestoreFindsItsCheckpointByDirAndEpisodes: a restore names its
+// checkpoint by id or by the dir it was committed with (the latest), the
+// dir must match when both are given, and Episodes limits it to the
+// records labelled with them.
+func TestRestoreFindsItsCheckpointByDirAndEpisodes(t *testing.T) {
+	e := newEnv(t)
+	o1 := e.open()
+	seed(t, o1, "s1")
+	seed(t, o1, "s2")
+	req := owner.CommitRequest{CheckpointID: "c1", CheckpointDir: "/d", Episodes: map[string]string{"s1": "r1", "s2": "r2"}}
+	if _, err := o1.Commit(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	o1.Abandon()
+	o2 := e.open()
+	ctx := context.Background()
+	for name, bad := range map[string]owner.RestoreRequest{
+		"an unknown dir":        {CheckpointDir: "/nope"},
+		"neither id nor dir":    {},
+		"an unknown id":         {CheckpointID: "c9"},
+		"the id with other dir": {CheckpointID: "c1", CheckpointDir: "/other"},
+	} {
+		if _, err := o2.Restore(ctx, bad); !errors.Is(err, owner.ErrUnknownCheckpoint) && !errors.Is(err, owner.ErrInvalidRecord) {
+			t.Errorf("%s: %v, want ErrUnknownCheckpoint or ErrInvalidRecord", name, err)
+		}
+	}
+	if n := e.fk.Stats().LiveSandboxes; n != 0 {
+		t.Fatalf("refused restores forked %d sandboxes", n)
+	}
+	none, err := o2.Restore(ctx, owner.RestoreRequest{CheckpointDir: "/d", Episodes: []string{"r9"}})
+	if err != nil || len(none.Sessions) != 0 || none.CheckpointID != "c1" {
+		t.Fatalf("restore of an episode the checkpoint lacks: %+v %v", none, err)
+	}
+	res, err := o2.Restore(ctx, owner.RestoreRequest{CheckpointDir: "/d", Episodes: []string{"r2", "r9"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range res.Sessions {
+		got = append(got, s.SessionID+":"+s.Episode)
+	}
+	if diff := cmp.Diff([]string{"s2:r2"}, got); diff != "" || res.CheckpointID != "c1" {
+		t.Fatalf("restore by dir of r2 (-want +got):\n%s (checkpoint %q)", diff, res.CheckpointID)
+	}
+}

@@ -1,4 +1,11 @@
-package http
+// Package participant is the resources server's side of the checkpoint
+// protocol, apart from any transport: which session runs which episode,
+// admission of data requests through the gate, retire fencing, restore by
+// checkpoint_dir, sessions a retire cut short, and release. It implements
+// the control plane's hooks over a narrow Owner and builds the control
+// Machine itself, so nothing is wired after construction. Package http only
+// decodes requests, calls it, and encodes the answers.
+package participant
 
 import (
 	"context"
@@ -10,23 +17,75 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
-// participant is the resources server's side of the checkpoint protocol:
-// control.Hooks on the owner, plus the data plane's bookkeeping of which
-// session runs which episode.
-type participant struct {
-	s    *Server
-	own  *owner.Owner
-	log  *logrus.Entry
-	gate *control.Gate
-	m    *control.Machine
+// Owner is what the participant needs of the owner.
+type Owner interface {
+	Commit(ctx context.Context, req owner.CommitRequest) (owner.CommitResult, error)
+	Restore(ctx context.Context, req owner.RestoreRequest) (owner.RestoreResult, error)
+	Retire(ctx context.Context, sessionIDs []string) (owner.RetireResult, error)
+	Release(ctx context.Context, kept []string) (owner.ReleaseResult, error)
+	EndSessionSandbox(ctx context.Context, sessionID string) error
+	Sessions() ([]string, error)
+}
+
+var _ Owner = (*owner.Owner)(nil)
+
+// Envelope codes of the participant's failures.
+const (
+	CodeCommitFailed  = "commit_failed"
+	CodeRestoreFailed = "restore_failed"
+	CodeRetireFailed  = "retire_failed"
+	CodeReleaseFailed = "release_failed"
+)
+
+// Config configures a Participant.
+type Config struct {
+	Owner Owner
+	// Mode is the checkpoint mode in effect: exported, or restart_only
+	// (nothing of this server is ever in a checkpoint).
+	Mode owner.Mode
+	// VerifyReplayable: verify is neither counted in flight nor held.
+	VerifyReplayable bool
+	// Instance is the server's name in status.
+	Instance string
+	// Clock, LeaseGrace, PollEvery and MaxDeadline configure the control
+	// machine (see control.Config).
+	Clock       clock.Clock
+	LeaseGrace  time.Duration
+	PollEvery   time.Duration
+	MaxDeadline time.Duration
+	Logger      logrus.FieldLogger
+}
+
+// Kind classifies a data request for admission.
+type Kind int
+
+// Data request kinds.
+const (
+	Tool Kind = iota
+	Seed
+	Verify
+	Close
+)
+
+// Participant is safe for concurrent use.
+type Participant struct {
+	own    Owner
+	mode   owner.Mode
+	replay bool
+	log    logrus.FieldLogger
+	gate   *control.Gate
+	m      *control.Machine
 
 	mu sync.Mutex
 	// bound: the episode each session was seeded for (under a rollout
@@ -41,27 +100,54 @@ type participant struct {
 	cutShort map[string]control.EpisodeID
 }
 
-func newParticipant(s *Server) *participant {
-	p := &participant{
-		s:        s,
-		own:      s.own,
-		log:      s.log.WithField("component", "participant"),
+// New returns a participant with an idle control machine.
+func New(cfg Config) *Participant {
+	if cfg.Logger == nil {
+		cfg.Logger = logrus.New()
+	}
+	p := &Participant{
+		own:      cfg.Owner,
+		mode:     cfg.Mode,
+		replay:   cfg.VerifyReplayable,
+		log:      cfg.Logger.WithField("component", "participant"),
 		bound:    map[string]control.EpisodeID{},
 		pending:  map[string]bool{},
 		retired:  map[string]control.EpisodeID{},
 		cutShort: map[string]control.EpisodeID{},
 	}
-	p.gate = control.NewGate(func() {
-		if p.m != nil {
-			p.m.Notify()
-		}
+	p.m = control.New(control.Config{
+		Kind:        "resources",
+		Instance:    cfg.Instance,
+		Hooks:       hooks{p},
+		Clock:       cfg.Clock,
+		LeaseGrace:  cfg.LeaseGrace,
+		PollEvery:   cfg.PollEvery,
+		MaxDeadline: cfg.MaxDeadline,
+		Logger:      cfg.Logger,
 	})
+	p.gate = control.NewGate(p.m.Notify)
 	return p
+}
+
+// Machine is the control plane's phase machine.
+func (p *Participant) Machine() *control.Machine { return p.m }
+
+// Gate is the admission gate.
+func (p *Participant) Gate() *control.Gate { return p.gate }
+
+// VerifyMode is "replay" or "wait", as seed replies announce it.
+func (p *Participant) VerifyMode() string {
+	if p.replay {
+		return "replay"
+	}
+	return "wait"
 }
 
 // --- data plane ---
 
-func (p *participant) boundEpisode(sid string) (control.EpisodeID, bool) {
+// BoundEpisode is the episode a session was seeded for or restored as (or
+// retired from).
+func (p *Participant) BoundEpisode(sid string) (control.EpisodeID, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if e, ok := p.bound[sid]; ok {
@@ -71,29 +157,31 @@ func (p *participant) boundEpisode(sid string) (control.EpisodeID, bool) {
 	return e, ok
 }
 
-func (p *participant) bind(sid string, e control.EpisodeID) {
+// Bind records the episode a seed bound the session to.
+func (p *Participant) Bind(sid string, e control.EpisodeID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.bound[sid] = e
 	delete(p.retired, sid)
 }
 
-func (p *participant) unbind(sid string) {
+// Unbind forgets a session that ended (verified, closed).
+func (p *Participant) Unbind(sid string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.bound, sid)
 	delete(p.pending, sid)
 }
 
-// admit runs a data request through admission: it waits while a checkpoint
+// Admit runs a data request through admission: it waits while a checkpoint
 // is open (seeds always, other routes unless replayable or in restart_only),
 // counts it in flight, and refuses a retired attempt with stale_attempt
-// (/close_session never). The returned func ends the request's count.
-func (p *participant) admit(ctx context.Context, kind routeKind, sess *Session) (func(), error) {
-	replay := kind == kindVerify && p.s.verifyMode == "replay"
+// (Close never). The returned func, if any, ends the request's count.
+func (p *Participant) Admit(ctx context.Context, kind Kind, sess *resources.Session) (func(), error) {
+	replay := kind == Verify && p.replay
 	var leave func()
 	if !replay {
-		wait := kind == kindSeed || p.s.mode != owner.ModeRestartOnly
+		wait := kind == Seed || p.mode != owner.ModeRestartOnly
 		label := "session:" + sess.ID
 		if sess.HasEpisode {
 			label = sess.Episode.CaptureKey()
@@ -105,7 +193,7 @@ func (p *participant) admit(ctx context.Context, kind routeKind, sess *Session) 
 			return nil, err
 		}
 	}
-	if kind != kindClose && sess.HasEpisode && p.m.Fenced(sess.Episode) {
+	if kind != Close && sess.HasEpisode && p.m.Fenced(sess.Episode) {
 		if leave != nil {
 			leave()
 		}
@@ -120,14 +208,19 @@ func (p *participant) admit(ctx context.Context, kind routeKind, sess *Session) 
 
 // --- control.Hooks ---
 
-func (p *participant) CloseAdmission() error { p.gate.Close(); return nil }
+// hooks are the control machine's hooks; kept off Participant's own
+// methods so that only the machine calls them.
+type hooks struct{ *Participant }
 
-func (p *participant) OpenAdmission() { p.gate.Open() }
+func (h hooks) CloseAdmission() error { h.gate.Close(); return nil }
 
-func (p *participant) Readiness() control.Report {
+func (h hooks) OpenAdmission() { h.gate.Open() }
+
+func (h hooks) Readiness() control.Report {
+	p := h.Participant
 	var blockers []string
 	inflight := 0
-	if p.s.mode != owner.ModeRestartOnly {
+	if p.mode != owner.ModeRestartOnly {
 		// A restart_only server's requests never hold up a checkpoint.
 		blockers = p.gate.Busy()
 		inflight = p.gate.Inflight()
@@ -138,7 +231,7 @@ func (p *participant) Readiness() control.Report {
 	}
 	sessions := len(p.bound)
 	var restarts []string
-	if p.s.mode == owner.ModeRestartOnly {
+	if p.mode == owner.ModeRestartOnly {
 		for _, e := range p.bound {
 			restarts = append(restarts, e.CaptureKey())
 		}
@@ -154,16 +247,18 @@ func (p *participant) Readiness() control.Report {
 	}
 }
 
-func (p *participant) Describe() control.Description {
+func (h hooks) Describe() control.Description {
+	p := h.Participant
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return control.Description{Mode: string(p.s.mode), Verify: p.s.verifyMode, RetiredSessions: len(p.retired)}
+	return control.Description{Mode: string(p.mode), Verify: p.VerifyMode(), RetiredSessions: len(p.retired)}
 }
 
 // emptySHA256 is the records digest of a checkpoint without records.
 var emptySHA256 = func() string { s := sha256.Sum256(nil); return hex.EncodeToString(s[:]) }()
 
-func (p *participant) Commit(ctx context.Context, req control.CommitRequest) (control.CommitResult, error) {
+func (h hooks) Commit(ctx context.Context, req control.CommitRequest) (control.CommitResult, error) {
+	p := h.Participant
 	var inScope map[string]bool
 	if req.EpisodeIDs != nil {
 		inScope = map[string]bool{}
@@ -200,7 +295,7 @@ func (p *participant) Commit(ctx context.Context, req control.CommitRequest) (co
 		if errors.Is(err, snapshotindex.ErrConflict) {
 			return control.CommitResult{}, control.ErrCheckpointConflict.Wrap(err)
 		}
-		return control.CommitResult{}, Wrap(nethttp.StatusInternalServerError, CodeCommitFailed, err)
+		return control.CommitResult{}, resources.Wrap(nethttp.StatusInternalServerError, CodeCommitFailed, err)
 	}
 	out := control.CommitResult{Manifest: control.Manifest{CheckpointID: req.CheckpointID, RecordsSHA256: emptySHA256}, EpisodeIDs: []string{}}
 	if res.Meta.ID != "" {
@@ -209,7 +304,7 @@ func (p *participant) Commit(ctx context.Context, req control.CommitRequest) (co
 	for _, sid := range res.Sessions {
 		if k, ok := episodes[sid]; ok {
 			out.EpisodeIDs = append(out.EpisodeIDs, k)
-		} else if e, ok := p.boundEpisode(sid); ok {
+		} else if e, ok := p.BoundEpisode(sid); ok {
 			// A retried commit reports the records as first written.
 			out.EpisodeIDs = append(out.EpisodeIDs, e.CaptureKey())
 		}
@@ -217,22 +312,23 @@ func (p *participant) Commit(ctx context.Context, req control.CommitRequest) (co
 	sort.Strings(out.EpisodeIDs)
 	for _, sid := range res.Parked {
 		out.Parked = append(out.Parked, episodes[sid])
-		p.unbind(sid)
+		p.Unbind(sid)
 	}
 	sort.Strings(out.Parked)
 	for _, sid := range unclaimed {
 		// delete_restored, not a retire: no attempt is fenced, and the
 		// snapshot stays for the checkpoint that names it.
 		if err := p.own.EndSessionSandbox(ctx, sid); err != nil {
-			p.log.WithError(err).WithField("session", sid).Warn("could not stop a restored session the commit left out")
+			p.log.WithError(err).WithField("session_id", sid).Warn("could not stop a restored session the commit left out")
 			continue
 		}
-		p.unbind(sid)
+		p.Unbind(sid)
 	}
 	return out, nil
 }
 
-func (p *participant) Restore(ctx context.Context, req control.RestoreRequest) (control.RestoreResult, error) {
+func (h hooks) Restore(ctx context.Context, req control.RestoreRequest) (control.RestoreResult, error) {
+	p := h.Participant
 	live, err := p.own.Sessions()
 	if err != nil {
 		return control.RestoreResult{}, err
@@ -243,56 +339,34 @@ func (p *participant) Restore(ctx context.Context, req control.RestoreRequest) (
 	if len(live) > 0 || bound > 0 || p.gate.Inflight() > 0 {
 		return control.RestoreResult{}, control.ErrInvalidPhase.With("restore needs a process with no live sessions (%d sessions, %d requests in flight)", max(len(live), bound), p.gate.Inflight())
 	}
-	if p.s.mode == owner.ModeRestartOnly {
+	if p.mode == owner.ModeRestartOnly {
 		// Nothing of this server is ever in a checkpoint: its episodes
 		// restart from their inputs.
 		return control.RestoreResult{SourceCheckpointID: req.SourceCheckpointID, Restored: []string{}}, nil
 	}
-	idx := p.own.Index()
-	src := req.SourceCheckpointID
-	if src == "" {
-		meta, ok, err := idx.FindByDir(req.CheckpointDir)
-		if err != nil {
-			return control.RestoreResult{}, control.ErrInvalidCheckpointState.With("find the checkpoint of %s: %v", req.CheckpointDir, err)
-		}
-		if !ok {
-			return control.RestoreResult{}, control.ErrInvalidCheckpointState.With("no checkpoint was committed with checkpoint_dir %s", req.CheckpointDir)
-		}
-		src = meta.ID
-	}
-	ck, err := idx.Checkpoint(src)
+	// The owner reads the index once: it finds the checkpoint (by id or
+	// by dir), checks its dir, and installs the records of these episodes.
+	res, err := p.own.Restore(ctx, owner.RestoreRequest{
+		CheckpointID:  req.SourceCheckpointID,
+		CheckpointDir: req.CheckpointDir,
+		Episodes:      control.CaptureKeys(req.EpisodeIDs),
+	})
 	if err != nil {
-		return control.RestoreResult{}, control.ErrInvalidCheckpointState.With("checkpoint %s: %v", src, err)
-	}
-	if req.CheckpointDir != "" && ck.Meta.CheckpointDir != "" && ck.Meta.CheckpointDir != req.CheckpointDir {
-		return control.RestoreResult{}, control.ErrInvalidCheckpointState.With("checkpoint %s was committed with checkpoint_dir %s, not %s", src, ck.Meta.CheckpointDir, req.CheckpointDir)
-	}
-	want := map[string]bool{}
-	for _, k := range control.CaptureKeys(req.EpisodeIDs) {
-		want[k] = true
-	}
-	var sessions []string
-	next := map[string]control.EpisodeID{}
-	for _, r := range ck.Records {
-		if !want[r.Episode] {
-			continue
-		}
-		e, err := control.ParseCaptureKey(r.Episode)
-		if err != nil {
-			return control.RestoreResult{}, control.ErrInvalidCheckpointState.With("record of session %s names episode %q: %v", r.SessionID, r.Episode, err)
-		}
-		sessions = append(sessions, r.SessionID)
-		next[r.SessionID] = e.Next()
-	}
-	out := control.RestoreResult{SourceCheckpointID: src, Restored: []string{}}
-	if len(sessions) == 0 {
-		return out, nil
-	}
-	if _, err := p.own.Restore(ctx, owner.RestoreRequest{CheckpointID: src, Sessions: sessions}); err != nil {
 		if errors.Is(err, owner.ErrInvalidRecord) || errors.Is(err, owner.ErrUnknownCheckpoint) {
 			return control.RestoreResult{}, control.ErrInvalidCheckpointState.Wrap(err)
 		}
-		return control.RestoreResult{}, Wrap(nethttp.StatusInternalServerError, CodeRestoreFailed, err)
+		return control.RestoreResult{}, resources.Wrap(nethttp.StatusInternalServerError, CodeRestoreFailed, err)
+	}
+	out := control.RestoreResult{SourceCheckpointID: res.CheckpointID, Restored: []string{}}
+	next := map[string]control.EpisodeID{}
+	for _, rs := range res.Sessions {
+		// Records are chosen by the requested capture keys, so their
+		// labels parse.
+		e, err := control.ParseCaptureKey(rs.Episode)
+		if err != nil {
+			return control.RestoreResult{}, control.ErrInvalidCheckpointState.With("record of session %s names episode %q: %v", rs.SessionID, rs.Episode, err)
+		}
+		next[rs.SessionID] = e.Next()
 	}
 	p.mu.Lock()
 	for sid, e := range next {
@@ -305,7 +379,8 @@ func (p *participant) Restore(ctx context.Context, req control.RestoreRequest) (
 	return out, nil
 }
 
-func (p *participant) Retire(ctx context.Context, eps []control.EpisodeID) error {
+func (h hooks) Retire(ctx context.Context, eps []control.EpisodeID) error {
+	p := h.Participant
 	p.mu.Lock()
 	var sessions []string
 	for sid, e := range p.bound {
@@ -353,13 +428,14 @@ func (p *participant) Retire(ctx context.Context, eps []control.EpisodeID) error
 	}
 	p.mu.Unlock()
 	if err != nil {
-		return fail(Wrap(nethttp.StatusInternalServerError, CodeRetireFailed, err), res.Failed)
+		return fail(resources.Wrap(nethttp.StatusInternalServerError, CodeRetireFailed, err), res.Failed)
 	}
 	p.log.WithFields(logrus.Fields{"episodes": control.CaptureKeys(eps), "sessions": len(sessions)}).Info("retired attempts")
 	return nil
 }
 
-func (p *participant) Forget(rolloutIDs []string) {
+func (h hooks) Forget(rolloutIDs []string) {
+	p := h.Participant
 	drop := map[string]bool{}
 	for _, id := range rolloutIDs {
 		drop[id] = true
@@ -373,8 +449,8 @@ func (p *participant) Forget(rolloutIDs []string) {
 	}
 }
 
-// releaseRequest is the body of our release route.
-type releaseRequest struct {
+// ReleaseRequest is the body of the release route.
+type ReleaseRequest struct {
 	KeptCheckpointIDs *[]string `json:"kept_checkpoint_ids"`
 }
 
@@ -387,10 +463,12 @@ type ReleaseReply struct {
 	Failed   map[string]string `json:"failed,omitempty"`
 }
 
-func (p *participant) release(ctx context.Context, req releaseRequest) (any, error) {
+// Release drops every checkpoint not kept and deletes the snapshots no kept
+// checkpoint needs.
+func (p *Participant) Release(ctx context.Context, req ReleaseRequest) (any, error) {
 	if req.KeptCheckpointIDs == nil {
 		// Required, so that an empty body cannot drop every checkpoint.
-		return nil, Invalid("kept_checkpoint_ids is required (an empty list keeps none)")
+		return nil, resources.Invalid("kept_checkpoint_ids is required (an empty list keeps none)")
 	}
 	kept := append([]string{}, *req.KeptCheckpointIDs...)
 	for i, id := range kept {
@@ -409,7 +487,7 @@ func (p *participant) release(ctx context.Context, req releaseRequest) (any, err
 	}
 	rep := ReleaseReply{Kept: kept, Dropped: nonNil(res.Dropped), Deleted: nonNil(res.Deleted), Deferred: nonNil(res.Deferred), Failed: res.Failed}
 	if err != nil {
-		e := Wrap(nethttp.StatusInternalServerError, CodeReleaseFailed, err)
+		e := resources.Wrap(nethttp.StatusInternalServerError, CodeReleaseFailed, err)
 		e.Detail += fmt.Sprintf(" (dropped %s; a retry deletes the rest)", strings.Join(rep.Dropped, ", "))
 		return nil, e
 	}
