@@ -308,8 +308,7 @@ func (s *Server) AdmitSandboxCall(ctx context.Context, sessionID, sandboxID stri
 	if s.part == nil {
 		return func() {}, nil
 	}
-	wait := s.mode != owner.ModeRestartOnly
-	return s.part.gate.Enter(ctx, control.Entry{Session: sessionID, Label: SandboxLabel(sandboxID), Wait: wait})
+	return s.part.AdmitSandboxCall(ctx, sessionID, SandboxLabel(sandboxID))
 }
 
 // FastHTTP is the configured fasthttp server, to Serve a listener with.

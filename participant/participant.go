@@ -206,6 +206,14 @@ func (p *Participant) Admit(ctx context.Context, kind Kind, sess *resources.Sess
 	return leave, nil
 }
 
+// AdmitSandboxCall passes a call an agent makes on its session's sandbox
+// (an exec, a file write) through the gate as a tool call is: it waits
+// while a checkpoint is open (unless restart_only) and is counted in
+// flight under label until leave is called.
+func (p *Participant) AdmitSandboxCall(ctx context.Context, sessionID, label string) (leave func(), err error) {
+	return p.gate.Enter(ctx, control.Entry{Session: sessionID, Label: label, Wait: p.mode != owner.ModeRestartOnly})
+}
+
 // --- control.Hooks ---
 
 // hooks are the control machine's hooks; kept off Participant's own
