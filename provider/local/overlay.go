@@ -99,7 +99,11 @@ func probeOverlay(parent string) (err error) {
 			return fmt.Errorf("probe: %w", err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(lower, "a"), []byte("a"), 0o644); err != nil {
+	// Big enough that a data copy-up takes more blocks than the metadata a
+	// metacopy-up may take (ext4 can put the overlay's xattrs in a block of
+	// their own).
+	const probeSize = 64 << 10
+	if err := os.WriteFile(filepath.Join(lower, "a"), make([]byte, probeSize), 0o644); err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}
 	if err := mountOverlay(merged, []string{lower}, upper, work); err != nil {
@@ -113,7 +117,7 @@ func probeOverlay(parent string) (err error) {
 	if err := os.Lchown(filepath.Join(merged, "a"), 1, 1); err != nil {
 		return fmt.Errorf("probe: chown through the overlay: %w", err)
 	}
-	if fi, err := os.Lstat(filepath.Join(upper, "a")); err != nil || fi.Sys().(*syscall.Stat_t).Blocks != 0 {
+	if fi, err := os.Lstat(filepath.Join(upper, "a")); err != nil || fi.Sys().(*syscall.Stat_t).Blocks*512 >= probeSize {
 		return errors.New("probe: a chown through the overlay copied the data up (no metacopy)")
 	}
 	if err := os.Remove(filepath.Join(merged, "a")); err != nil {
