@@ -33,6 +33,7 @@ func run() int {
 	faults := fs.String("faults", "all", `fault kinds and rates: "all", "none", or kind[=rate],... (may start with "all,")`)
 	verbose := fs.Bool("v", false, "print the trace of the first run (then -runs is 1)")
 	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "runs at once")
+	prov := fs.String("provider", engine.ProviderFake, "what the owner drives: fake, or opensandbox (the OpenSandbox client against the fake OpenSandbox server over the same fake)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: go run ./sim [flags]\n\nfault kinds: ")
 		for i, k := range engine.Kinds() {
@@ -56,13 +57,17 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "sim: -runs, -sessions and -steps must be at least 1")
 		return 2
 	}
-	cfg := engine.Config{Sessions: *sessions, Steps: *steps, Faults: f}
+	if *prov != engine.ProviderFake && *prov != engine.ProviderOpenSandbox {
+		fmt.Fprintf(os.Stderr, "sim: -provider must be %s or %s, not %q\n", engine.ProviderFake, engine.ProviderOpenSandbox, *prov)
+		return 2
+	}
+	cfg := engine.Config{Sessions: *sessions, Steps: *steps, Faults: f, Provider: *prov}
 	if *verbose {
 		*runs = 1
 		cfg.Trace = os.Stdout
 	}
 	replay := func(s int64) string {
-		return fmt.Sprintf("go run ./sim -seed %d -runs 1 -sessions %d -steps %d -faults %s -v", s, *sessions, *steps, f)
+		return fmt.Sprintf("go run ./sim -provider %s -seed %d -runs 1 -sessions %d -steps %d -faults %s -v", *prov, s, *sessions, *steps, f)
 	}
 	fmt.Fprintf(os.Stderr, "sim: %d runs from seed %d, %d sessions, %d steps, faults %s, %d at once\n", *runs, *seed, *sessions, *steps, f, *parallel)
 	sum := engine.NewSummary()

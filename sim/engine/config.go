@@ -197,6 +197,11 @@ type Config struct {
 	Trace io.Writer
 	// TempDir is where the run's state_dir is made ("" for the default).
 	TempDir string
+	// Provider is what the owner drives: "fake" (default: the fake
+	// provider itself) or "opensandbox" (the OpenSandbox client, over HTTP,
+	// against the fake OpenSandbox server whose runtime is the same fake,
+	// so faults and checks are unchanged).
+	Provider string
 }
 
 func (c Config) withDefaults() Config {

@@ -27,7 +27,11 @@ var errCrashed = errors.New("sim: the owner process crashed")
 // harness has abandoned the owner (bury) or their context ends, then fail:
 // the owner is frozen at the crash point instead of running on past it.
 type process struct {
-	fk *fake.Provider
+	// fk is the backend the provider calls reach (and faults are injected
+	// into); inner is what the calls go through to reach it: fk itself, or
+	// an OpenSandbox client of a server whose runtime is fk.
+	fk    *fake.Provider
+	inner backend
 	// observe is told about every call that reached the fake, after it
 	// returned, with the sandbox (or, for deletes, snapshot) it was about.
 	observe func(op fake.Op, sandboxID string, err error)
@@ -58,9 +62,21 @@ func (t *trigger) String() string {
 	return fmt.Sprintf("%s %s #%d", when, t.op, t.n)
 }
 
-func newProcess(fk *fake.Provider, observe func(fake.Op, string, error)) *process {
+// backend is every provider capability.
+type backend interface {
+	provider.Provider
+	provider.Snapshotter
+	provider.Leaser
+	provider.Lister
+}
+
+func newProcess(fk *fake.Provider, inner backend, observe func(fake.Op, string, error)) *process {
+	if inner == nil {
+		inner = fk
+	}
 	return &process{
 		fk:      fk,
+		inner:   inner,
 		observe: observe,
 		crashed: make(chan struct{}),
 		buried:  make(chan struct{}),
@@ -209,52 +225,52 @@ var (
 	_ provider.Lister      = (*process)(nil)
 )
 
-func (p *process) Name() string { return p.fk.Name() }
+func (p *process) Name() string { return p.inner.Name() }
 
 func (p *process) Start(ctx context.Context, spec provider.Spec) (provider.Handle, error) {
-	return call(p, ctx, fake.OpStart, "", func() (provider.Handle, error) { return p.fk.Start(ctx, spec) })
+	return call(p, ctx, fake.OpStart, "", func() (provider.Handle, error) { return p.inner.Start(ctx, spec) })
 }
 
 func (p *process) Stop(ctx context.Context, h provider.Handle) error {
-	return call0(p, ctx, fake.OpStop, h.SandboxID, func() error { return p.fk.Stop(ctx, h) })
+	return call0(p, ctx, fake.OpStop, h.SandboxID, func() error { return p.inner.Stop(ctx, h) })
 }
 
 func (p *process) Exec(ctx context.Context, h provider.Handle, req provider.ExecRequest) (provider.ExecResult, error) {
-	return call(p, ctx, fake.OpExec, h.SandboxID, func() (provider.ExecResult, error) { return p.fk.Exec(ctx, h, req) })
+	return call(p, ctx, fake.OpExec, h.SandboxID, func() (provider.ExecResult, error) { return p.inner.Exec(ctx, h, req) })
 }
 
 func (p *process) WriteFile(ctx context.Context, h provider.Handle, path string, data []byte) error {
-	return call0(p, ctx, fake.OpWriteFile, h.SandboxID, func() error { return p.fk.WriteFile(ctx, h, path, data) })
+	return call0(p, ctx, fake.OpWriteFile, h.SandboxID, func() error { return p.inner.WriteFile(ctx, h, path, data) })
 }
 
 func (p *process) ReadFile(ctx context.Context, h provider.Handle, path string) ([]byte, error) {
-	return call(p, ctx, fake.OpReadFile, h.SandboxID, func() ([]byte, error) { return p.fk.ReadFile(ctx, h, path) })
+	return call(p, ctx, fake.OpReadFile, h.SandboxID, func() ([]byte, error) { return p.inner.ReadFile(ctx, h, path) })
 }
 
 func (p *process) Status(ctx context.Context, h provider.Handle) (provider.Status, error) {
-	return call(p, ctx, fake.OpStatus, h.SandboxID, func() (provider.Status, error) { return p.fk.Status(ctx, h) })
+	return call(p, ctx, fake.OpStatus, h.SandboxID, func() (provider.Status, error) { return p.inner.Status(ctx, h) })
 }
 
 func (p *process) Snapshot(ctx context.Context, h provider.Handle, name string) (string, error) {
-	return call(p, ctx, fake.OpSnapshot, h.SandboxID, func() (string, error) { return p.fk.Snapshot(ctx, h, name) })
+	return call(p, ctx, fake.OpSnapshot, h.SandboxID, func() (string, error) { return p.inner.Snapshot(ctx, h, name) })
 }
 
 func (p *process) Fork(ctx context.Context, spec provider.Spec, snapshotID string) (provider.Handle, error) {
-	return call(p, ctx, fake.OpFork, "", func() (provider.Handle, error) { return p.fk.Fork(ctx, spec, snapshotID) })
+	return call(p, ctx, fake.OpFork, "", func() (provider.Handle, error) { return p.inner.Fork(ctx, spec, snapshotID) })
 }
 
 func (p *process) DeleteSnapshot(ctx context.Context, snapshotID string) error {
-	return call0(p, ctx, fake.OpDeleteSnapshot, snapshotID, func() error { return p.fk.DeleteSnapshot(ctx, snapshotID) })
+	return call0(p, ctx, fake.OpDeleteSnapshot, snapshotID, func() error { return p.inner.DeleteSnapshot(ctx, snapshotID) })
 }
 
 func (p *process) Renew(ctx context.Context, h provider.Handle, expiresAt time.Time) error {
-	return call0(p, ctx, fake.OpRenew, h.SandboxID, func() error { return p.fk.Renew(ctx, h, expiresAt) })
+	return call0(p, ctx, fake.OpRenew, h.SandboxID, func() error { return p.inner.Renew(ctx, h, expiresAt) })
 }
 
 func (p *process) ListSandboxes(ctx context.Context) ([]provider.SandboxInfo, error) {
-	return call(p, ctx, fake.OpList, "", func() ([]provider.SandboxInfo, error) { return p.fk.ListSandboxes(ctx) })
+	return call(p, ctx, fake.OpList, "", func() ([]provider.SandboxInfo, error) { return p.inner.ListSandboxes(ctx) })
 }
 
 func (p *process) ListSnapshots(ctx context.Context) ([]provider.SnapshotInfo, error) {
-	return call(p, ctx, fake.OpList, "", func() ([]provider.SnapshotInfo, error) { return p.fk.ListSnapshots(ctx) })
+	return call(p, ctx, fake.OpList, "", func() ([]provider.SnapshotInfo, error) { return p.inner.ListSnapshots(ctx) })
 }

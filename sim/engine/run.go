@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -158,6 +159,8 @@ type run struct {
 
 	clk         *clock.Manual
 	fk          *fake.Provider
+	inner       backend // nil: the owner calls fk directly
+	osb         *opensandboxtest.Server
 	dir         string
 	ttl         time.Duration
 	parallelism int
@@ -258,6 +261,14 @@ func (r *run) exec() Result {
 	}
 	defer os.RemoveAll(dir)
 	r.dir = dir
+	if r.cfg.Provider == ProviderOpenSandbox {
+		stop, err := r.openSandbox()
+		if err != nil {
+			r.violate(Unexpected, "the OpenSandbox provider: %v", err)
+			return *r.res
+		}
+		defer stop()
+	}
 	r.tracef("run seed %d: %d sessions, %d steps, parallelism %d, on_stop %s, ttl %v, faults %s",
 		r.seed, r.cfg.Sessions, r.cfg.Steps, r.parallelism, r.onStop, r.ttl, r.cfg.Faults)
 	if !r.startOwner() {
@@ -365,7 +376,7 @@ func (r *run) ownerConfig() owner.Config {
 // startOwner starts a fresh owner on the run's state_dir and fake.
 func (r *run) startOwner() bool {
 	r.life, r.stopLife = context.WithCancel(context.Background())
-	r.proc = newProcess(r.fk, r.calls.observe)
+	r.proc = newProcess(r.fk, r.inner, r.calls.observe)
 	o, err := owner.New(r.life, r.ownerConfig())
 	if err != nil {
 		r.violate(Unexpected, "owner.New on the state_dir: %v", err)

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -57,8 +58,14 @@ type Options struct {
 	// LowerCaseStates spells states "running", "ready", ...
 	LowerCaseStates bool
 	// Backend holds files and runs commands; default an in-memory fake
-	// provider.
+	// provider. Sandbox and snapshot ids are the backend's.
 	Backend Backend
+	// SyncWithBackend makes a listing backend the runtime of record: before
+	// answering, the server drops what the backend no longer has and adopts
+	// what it has that the server never recorded (as a server listing its
+	// runtime's containers would). For a backend that others change too
+	// (the simulation's fault-injecting fake); it costs a listing per call.
+	SyncWithBackend bool
 }
 
 // Fault makes matching requests fail. Method "" matches any method; Path is
@@ -559,7 +566,6 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	now := s.clk.Now()
 	sb := &sandbox{
-		id:        newID("sbx-"),
 		createdAt: now,
 		readyAt:   now.Add(s.opts.CreateLatency),
 		metadata:  stringMap(req["metadata"]),
@@ -576,7 +582,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		secs, _ := n.Int64()
 		sb.expiresAt = now.Add(time.Duration(secs) * time.Second)
 	}
-	spec := provider.Spec{Workdir: "/", Env: stringMap(req["env"])}
+	// The backend is the runtime: it keeps the labels and the lease too,
+	// as Docker keeps a container's labels.
+	spec := provider.Spec{Workdir: "/", Env: stringMap(req["env"]), Metadata: sb.metadata}
+	if !sb.expiresAt.IsZero() {
+		spec.TTLSeconds = sb.expiresAt.Sub(now).Seconds()
+	}
 	var err error
 	if hasImage {
 		sb.image, _ = req["image"].(map[string]any)["uri"].(string)
@@ -602,9 +613,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		sb.backend, err = s.backend.Fork(r.Context(), spec, sn.backendID)
 	}
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "SANDBOX::PROVISION_FAILED", "%v", err)
+		s.backendError(w, "SANDBOX::PROVISION_FAILED", err)
 		return
 	}
+	sb.id = sb.backend.SandboxID
 	s.mu.Lock()
 	s.seq++
 	sb.seq = s.seq
@@ -623,9 +635,26 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, body)
 }
 
-// lookup finds a live sandbox or answers 404.
+// backendError answers a failed backend call: a missing sandbox or snapshot
+// is 404, anything else 500.
+func (s *Server) backendError(w http.ResponseWriter, code string, err error) {
+	switch {
+	case errors.Is(err, provider.ErrSandboxNotFound):
+		writeError(w, http.StatusNotFound, "SANDBOX::NOT_FOUND", "%v", err)
+	case errors.Is(err, provider.ErrSnapshotNotFound):
+		writeError(w, http.StatusNotFound, "SNAPSHOT::NOT_FOUND", "%v", err)
+	default:
+		writeError(w, http.StatusInternalServerError, code, "%v", err)
+	}
+}
+
+// lookup finds a live sandbox or answers 404. The backend is the runtime:
+// a sandbox it no longer has is gone, and one it has that the server never
+// recorded (a create whose answer failed after its effect) is listed, as a
+// server listing its runtime's containers would.
 func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (*sandbox, bool) {
 	id := r.PathValue("id")
+	s.sync(r.Context())
 	s.mu.Lock()
 	sb, ok := s.sandboxes[id]
 	s.mu.Unlock()
@@ -633,6 +662,60 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (*sandbox, bool)
 		writeError(w, http.StatusNotFound, "SANDBOX::NOT_FOUND", "sandbox %s not found", id)
 	}
 	return sb, ok
+}
+
+// sync makes the records agree with a backend that can list: records of
+// sandboxes and snapshots it no longer has are dropped, and what it has that
+// the server never recorded is adopted (Running, Ready).
+func (s *Server) sync(ctx context.Context) {
+	l, ok := s.backend.(provider.Lister)
+	if !ok || !s.opts.SyncWithBackend {
+		return
+	}
+	sbs, err1 := l.ListSandboxes(ctx)
+	snaps, err2 := l.ListSnapshots(ctx)
+	if err1 != nil || err2 != nil {
+		return
+	}
+	now := s.clk.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	live := map[string]bool{}
+	for _, info := range sbs {
+		live[info.Handle.SandboxID] = true
+		if _, ok := s.sandboxes[info.Handle.SandboxID]; ok {
+			continue
+		}
+		s.seq++
+		s.sandboxes[info.Handle.SandboxID] = &sandbox{
+			id: info.Handle.SandboxID, seq: s.seq, createdAt: info.CreatedAt, readyAt: info.CreatedAt,
+			expiresAt: info.ExpiresAt, metadata: maps.Clone(info.Metadata), entrypoint: []string{"tail", "-f", "/dev/null"},
+			snapshotID: info.FromSnapshot, backend: info.Handle, token: newID("tok-"),
+		}
+		if info.FromSnapshot == "" {
+			s.sandboxes[info.Handle.SandboxID].image = "adopted"
+		}
+	}
+	for id := range s.sandboxes {
+		if !live[id] {
+			delete(s.sandboxes, id)
+		}
+	}
+	have := map[string]bool{}
+	for _, info := range snaps {
+		have[info.ID] = true
+		if _, ok := s.snapshots[info.ID]; ok {
+			continue
+		}
+		s.seq++
+		s.snapshots[info.ID] = &snapshot{id: info.ID, seq: s.seq, sandboxID: info.SandboxID, name: info.Name,
+			createdAt: info.CreatedAt, readyAt: info.CreatedAt, backendID: info.ID}
+	}
+	for id, sn := range s.snapshots {
+		if !have[sn.backendID] && !now.Before(sn.readyAt) {
+			delete(s.snapshots, id)
+		}
+	}
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
@@ -647,19 +730,20 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	sb, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	if err := s.backend.Stop(r.Context(), sb.backend); err != nil {
+		s.backendError(w, "SANDBOX::DELETE_FAILED", err)
+		return
+	}
 	s.mu.Lock()
-	sb, ok := s.sandboxes[id]
-	if ok {
-		delete(s.sandboxes, id)
+	if _, ok := s.sandboxes[sb.id]; ok {
+		delete(s.sandboxes, sb.id)
 		s.stats.Deleted++
 	}
 	s.mu.Unlock()
-	if !ok {
-		writeError(w, http.StatusNotFound, "SANDBOX::NOT_FOUND", "sandbox %s not found", id)
-		return
-	}
-	_ = s.backend.Stop(r.Context(), sb.backend)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -687,6 +771,12 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
 	case !t.After(now):
 		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_EXPIRATION", "expiresAt %s is not in the future", formatTime(t))
 	default:
+		if l, ok := s.backend.(provider.Leaser); ok {
+			if err := l.Renew(r.Context(), sb.backend, t); err != nil {
+				s.backendError(w, "SANDBOX::RENEW_FAILED", err)
+				return
+			}
+		}
 		sb.expiresAt = t
 		writeJSON(w, http.StatusOK, map[string]string{"expiresAt": formatTime(t)})
 	}
@@ -739,7 +829,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	name, _ := req["name"].(string)
 	backendID, err := s.backend.Snapshot(r.Context(), sb.backend, name)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "SNAPSHOT::CREATE_FAILED", "%v", err)
+		s.backendError(w, "SNAPSHOT::CREATE_FAILED", err)
 		return
 	}
 	s.mu.Lock()
@@ -764,7 +854,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	s.seq++
 	sn := &snapshot{
-		id:        newID("snap-"),
+		id:        backendID,
 		seq:       s.seq,
 		sandboxID: sb.id,
 		name:      name,
@@ -798,6 +888,7 @@ func overlapping(captures [][2]time.Time, t time.Time) int {
 
 func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
+	s.sync(r.Context())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sn, ok := s.snapshots[id]
@@ -810,6 +901,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
+	s.sync(r.Context())
 	now := s.clk.Now()
 	s.mu.Lock()
 	sn, ok := s.snapshots[id]
@@ -823,9 +915,14 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, "SNAPSHOT::INVALID_STATE", "snapshot %s is still Creating", id)
 		return
 	}
+	s.mu.Unlock()
+	if err := s.backend.DeleteSnapshot(r.Context(), sn.backendID); err != nil {
+		s.backendError(w, "SNAPSHOT::DELETE_FAILED", err)
+		return
+	}
+	s.mu.Lock()
 	delete(s.snapshots, id)
 	s.mu.Unlock()
-	_ = s.backend.DeleteSnapshot(r.Context(), sn.backendID)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -887,6 +984,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	filter := states(r.URL.Query())
+	s.sync(r.Context())
 	now := s.clk.Now()
 	s.mu.Lock()
 	var items []map[string]any
@@ -911,6 +1009,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	}
 	q := r.URL.Query()
 	filter, source := states(q), q.Get("sandboxId")
+	s.sync(r.Context())
 	now := s.clk.Now()
 	s.mu.Lock()
 	var items []map[string]any

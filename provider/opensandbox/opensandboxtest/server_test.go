@@ -2,6 +2,7 @@ package opensandboxtest_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -12,6 +13,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 )
 
@@ -292,5 +295,41 @@ func TestEndpointsAndExecd(t *testing.T) {
 	}
 	if st, _, _ := c.call("GET", "/v1/sandboxes?pageSize=201", "", nil); st != 400 {
 		t.Errorf("pageSize 201: %d", st)
+	}
+}
+
+// TestSyncWithBackend: with SyncWithBackend, what the backend has is listed
+// (a sandbox made behind the server's back is adopted) and what it lost is
+// gone.
+func TestSyncWithBackend(t *testing.T) {
+	clk := clock.NewManual(t0)
+	be := fake.New(fake.Options{Clock: clk})
+	srv := opensandboxtest.NewServer(opensandboxtest.Options{Clock: clk, Backend: be, SyncWithBackend: true})
+	t.Cleanup(srv.Close)
+	c := &client{t: t, srv: srv, clk: clk}
+	_, m, _ := c.call("POST", "/v1/sandboxes", create, nil)
+	id := m["id"].(string)
+	if info, ok := be.Sandbox(id); !ok || info.Metadata["ng.owner"] != "x" {
+		t.Fatalf("the sandbox's id %s is not the backend's, or it lost its labels: %+v", id, info)
+	}
+	behind, err := be.Start(context.Background(), provider.Spec{Metadata: map[string]string{"ng.owner": "y"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, m, _ := c.call("GET", "/v1/sandboxes/"+behind.SandboxID, "", nil); st != 200 || state(m) != "Running" {
+		t.Errorf("a sandbox the backend has: %d %v", st, m)
+	}
+	if err := be.Stop(context.Background(), provider.Handle{SandboxID: id, Provider: be.Name()}); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, _ := c.call("GET", "/v1/sandboxes/"+id, "", nil); st != 404 {
+		t.Errorf("a sandbox the backend lost: %d, want 404", st)
+	}
+	be.FailNext(fake.OpStop, 1)
+	if st, m, _ := c.call("DELETE", "/v1/sandboxes/"+behind.SandboxID, "", nil); st != 500 {
+		t.Errorf("a delete the backend failed: %d %v, want 500", st, m)
+	}
+	if st, _, _ := c.call("GET", "/v1/sandboxes/"+behind.SandboxID, "", nil); st != 200 {
+		t.Errorf("after a failed delete the sandbox is still there: %d", st)
 	}
 }
