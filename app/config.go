@@ -11,9 +11,11 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
+	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/resources/swebench"
 )
@@ -36,6 +38,7 @@ type Config struct {
 	SessionSecret string           `yaml:"session_secret"`
 	Sandbox       SandboxConfig    `yaml:"sandbox"`
 	Checkpoint    CheckpointConfig `yaml:"checkpoint"`
+	HTTP          HTTPConfig       `yaml:"http"`
 	// SWEBench configures resources: swebench (package resources/swebench).
 	SWEBench swebench.Config `yaml:"swebench"`
 }
@@ -128,6 +131,20 @@ type CheckpointConfig struct {
 	MaxDeadlineSeconds float64 `yaml:"max_deadline_seconds"`
 }
 
+// HTTPConfig is the http block: what one client may cost the server.
+type HTTPConfig struct {
+	// ReadTimeout bounds reading a request, headers and body (408 after).
+	ReadTimeout time.Duration `yaml:"read_timeout"`
+	// WriteTimeout bounds writing a response to a client that reads slowly.
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+	// IdleTimeout closes a keep-alive connection with no request.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxConns bounds the connections served at once (503 past it).
+	MaxConns int `yaml:"max_conns"`
+	// MaxConnsPerIP bounds one client address's connections (429 past it).
+	MaxConnsPerIP int `yaml:"max_conns_per_ip"`
+}
+
 // Defaults is the configuration with no file and no flags: a notes server on
 // 127.0.0.1:8080 on the embedded default provider, checkpointing off.
 func Defaults() Config {
@@ -141,6 +158,10 @@ func Defaults() Config {
 			Protocol: "http", TTLSeconds: 3600, Lend: LendServer,
 		}},
 		Checkpoint: CheckpointConfig{Parallelism: 16, OnStop: "kill", LeaseGraceSeconds: 600, MaxDeadlineSeconds: 3600},
+		HTTP: HTTPConfig{
+			ReadTimeout: httpapi.DefaultReadTimeout, WriteTimeout: httpapi.DefaultWriteTimeout, IdleTimeout: httpapi.DefaultIdleTimeout,
+			MaxConns: httpapi.DefaultMaxConns, MaxConnsPerIP: httpapi.DefaultMaxConnsPerIP,
+		},
 	}
 }
 
@@ -186,6 +207,11 @@ func keyUsage() map[string]string {
 		"checkpoint.on_stop":                           "what a commit with stop does with the sandboxes: kill or none",
 		"checkpoint.lease_grace_seconds":               "seconds past deadline_ts before an open checkpoint resumes itself",
 		"checkpoint.max_deadline_seconds":              "how far ahead (seconds) a prepare's or renew's deadline_ts may be; further is 422",
+		"http.read_timeout":                            "longest a request (headers and body) may take to arrive, as 30s or 2m; slower is 408 (0: the default)",
+		"http.write_timeout":                           "longest a response may take to be written to the client (0: the default)",
+		"http.idle_timeout":                            "a keep-alive connection with no request this long is closed (0: the default)",
+		"http.max_conns":                               "connections served at once; one more is 503 and closed (0: the default)",
+		"http.max_conns_per_ip":                        "connections of one client address; one more is 429 and closed (0: the default)",
 
 		"swebench.is_verifying_golden_patch":           "swebench: grade each row's own patch and lend no sandbox",
 		"swebench.evaluation_timeout":                  "swebench: seconds the eval script may run (default 1800)",
@@ -258,6 +284,14 @@ func leaves() []leaf {
 func setLeaf(c *Config, l leaf, s string) error {
 	v := reflect.ValueOf(c).Elem().FieldByIndex(l.index)
 	bad := func() error { return fmt.Errorf("%s: want %s, got %q", l.path, wantOf(l.typ), s) }
+	if l.typ == durationType {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return bad()
+		}
+		v.SetInt(int64(d))
+		return nil
+	}
 	switch l.typ.Kind() {
 	case reflect.String:
 		v.SetString(s)
@@ -498,6 +532,17 @@ func (c *Config) validate(given provider.Provider) error {
 	}
 	if ck.MaxDeadlineSeconds < 0 {
 		return bad("checkpoint.max_deadline_seconds must be > 0 (0: the default, 3600), not %v", ck.MaxDeadlineSeconds)
+	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{{"http.read_timeout", c.HTTP.ReadTimeout}, {"http.write_timeout", c.HTTP.WriteTimeout}, {"http.idle_timeout", c.HTTP.IdleTimeout}} {
+		if d.v < 0 {
+			return bad("%s must not be negative, not %v", d.key, d.v)
+		}
+	}
+	if c.HTTP.MaxConns < 0 || c.HTTP.MaxConnsPerIP < 0 {
+		return bad("http.max_conns and http.max_conns_per_ip must not be negative")
 	}
 	if ck.OnStop != "kill" && ck.OnStop != "none" {
 		return bad("checkpoint.on_stop must be kill or none, not %q", ck.OnStop)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -43,8 +44,12 @@ checkpoint:
   parallelism: 8
   on_stop: none
   lease_grace_seconds: 30
+http:
+  read_timeout: 10s
+  idle_timeout: 5m
 `)
-	opts, err := app.ParseArgs([]string{"-config", file, "-port", "9001", "-checkpoint.state_dir", "/other", "-sandbox.local.templates", "x=/t/x", "-log-format", "json"}, io.Discard)
+	opts, err := app.ParseArgs([]string{"-config", file, "-port", "9001", "-checkpoint.state_dir", "/other", "-sandbox.local.templates", "x=/t/x", "-log-format", "json",
+		"-http.max_conns", "100", "-http.idle_timeout", "2m"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,6 +58,7 @@ checkpoint:
 		Sandbox: app.SandboxConfig{Provider: "local", Local: app.LocalOptions{Root: "/srv/sandboxes", Templates: map[string]string{"notes": "", "x": "/t/x"}},
 			OpenSandbox: app.Defaults().Sandbox.OpenSandbox},
 		Checkpoint: app.CheckpointConfig{Enabled: true, StateDir: "/other", ControlAuthToken: "tok", Parallelism: 8, OnStop: "none", LeaseGraceSeconds: 30, MaxDeadlineSeconds: 3600},
+		HTTP:       app.HTTPConfig{ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxConns: 100, MaxConnsPerIP: 2048},
 	}
 	if diff := cmp.Diff(want, opts.Config); diff != "" {
 		t.Errorf("config (-want +got):\n%s", diff)
@@ -166,6 +172,9 @@ func TestConfigErrorLines(t *testing.T) {
 		{name: "bad log format", args: []string{"-log-format", "xml"}, want: `config: -log-format: want text or json, got "xml"`},
 		{name: "stray argument", args: []string{"-port", "1", "extra"}, want: `config: unexpected argument "extra" (commands come first: serve, sweep)`},
 		{name: "missing file", args: []string{"-config", "/nonexistent.yaml"}, want: `config: open /nonexistent.yaml: no such file or directory`},
+		{name: "duration flag", args: []string{"-http.read_timeout", "30"}, want: `config: flag -http.read_timeout: want a duration (30s, 5m, 6h), got "30"`},
+		{name: "duration in the file", file: "http:\n  idle_timeout: soon\n", want: `config: FILE:2: http.idle_timeout: want a duration (30s, 5m, 6h), got "soon"`},
+		{name: "negative timeout", args: []string{"-http.read_timeout", "-1s"}, want: `config: http.read_timeout must not be negative, not -1s`},
 		{name: "negative max deadline", args: []string{"-checkpoint.max_deadline_seconds", "-1"}, want: `config: checkpoint.max_deadline_seconds must be > 0 (0: the default, 3600), not -1`},
 	}
 	for _, tc := range cases {

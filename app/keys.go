@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -135,7 +136,13 @@ func editDistance(a, b string) int {
 }
 
 // wantOf words what a key of type t takes.
+// durationType is time.Duration, written as 30s, 5m or 6h.
+var durationType = reflect.TypeOf(time.Duration(0))
+
 func wantOf(t reflect.Type) string {
+	if t == durationType {
+		return "a duration (30s, 5m, 6h)"
+	}
 	switch t.Kind() {
 	case reflect.String:
 		return "a string"

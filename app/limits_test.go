@@ -1,8 +1,11 @@
 package app_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"net"
+	nethttp "net/http"
 	"testing"
 	"time"
 
@@ -60,5 +63,33 @@ func TestMaxDeadlineSecondsKey(t *testing.T) {
 	}
 	if code, body := controlCall(t, a.Addr().String(), "prepare", "tok", ahead(30*time.Second)); code != 200 {
 		t.Fatalf("prepare 30 s ahead: %d %s", code, body)
+	}
+}
+
+func TestHTTPKeysReachTheServer(t *testing.T) {
+	opts, err := app.ParseArgs([]string{"-http.max_conns_per_ip", "1", "-http.read_timeout", "1s"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := startApp(t, opts.Config).Addr().String()
+	first, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	// A request answered proves the first connection is counted.
+	fmt.Fprint(first, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+	r := bufio.NewReader(first)
+	if resp, err := nethttp.ReadResponse(r, nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("first connection: %v %v", resp, err)
+	}
+	second, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	_ = second.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if resp, err := nethttp.ReadResponse(bufio.NewReader(second), nil); err != nil || resp.StatusCode != 429 {
+		t.Fatalf("second connection with http.max_conns_per_ip 1: %v %v", resp, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	nethttp "net/http"
+	"os"
 	"runtime/debug"
 	"sort"
 	"strings"
@@ -85,6 +86,20 @@ type Config struct {
 	MaxDeadline time.Duration
 	// MaxBodyBytes bounds request bodies (default DefaultMaxBody).
 	MaxBodyBytes int
+	// ReadTimeout bounds reading a request, body included (http.read_timeout,
+	// default DefaultReadTimeout); WriteTimeout writing its response
+	// (default DefaultWriteTimeout); IdleTimeout a keep-alive connection's
+	// wait for its next request (http.idle_timeout, default
+	// DefaultIdleTimeout).
+	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// MaxConns bounds the connections served at once (http.max_conns,
+	// default DefaultMaxConns; one more is answered 503 and closed), and
+	// MaxConnsPerIP those of one client address (http.max_conns_per_ip,
+	// default DefaultMaxConnsPerIP; one more is 429).
+	MaxConns, MaxConnsPerIP int
+	// BodyMemory bounds the bytes of request bodies held at once (default
+	// DefaultBodyMemory); a body beyond it is 503 overloaded.
+	BodyMemory int64
 	// ProviderConfigRef is named in /sandbox_access (default "sandbox").
 	ProviderConfigRef string
 	// LeaseTick is how often a wall-clock ticker checks the lease (default
@@ -132,6 +147,7 @@ type Server struct {
 	machine *control.Machine
 	closed  *closedSessions
 	typed   *typedSessions
+	bodies  *budget
 
 	srv    *fasthttp.Server
 	base   context.Context
@@ -173,6 +189,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBody
 	}
+	setDefault(&cfg.ReadTimeout, DefaultReadTimeout)
+	setDefault(&cfg.WriteTimeout, DefaultWriteTimeout)
+	setDefault(&cfg.IdleTimeout, DefaultIdleTimeout)
+	setDefault(&cfg.MaxConns, DefaultMaxConns)
+	setDefault(&cfg.MaxConnsPerIP, DefaultMaxConnsPerIP)
+	setDefault(&cfg.BodyMemory, DefaultBodyMemory)
 	if cfg.ProviderConfigRef == "" {
 		cfg.ProviderConfigRef = DefaultProviderConfigRef
 	}
@@ -208,6 +230,7 @@ func New(cfg Config) (*Server, error) {
 		verifyMode: "wait",
 		closed:     newClosedSessions(cfg.Clock, cfg.ClosedRetention),
 		typed:      newTypedSessions(),
+		bodies:     newBudget(cfg.BodyMemory),
 		stopTick:   make(chan struct{}),
 	}
 	if res.VerifyReplayable() {
@@ -250,12 +273,26 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.srv = &fasthttp.Server{
-		Handler:            s.Handler(),
-		ErrorHandler:       s.parseError,
-		Name:               "sandbox-owner",
-		MaxRequestBodySize: cfg.MaxBodyBytes,
-		CloseOnShutdown:    true,
-		Logger:             cfg.Logger,
+		Handler:      s.Handler(),
+		ErrorHandler: s.parseError,
+		Name:         "sandbox-owner",
+		// Bodies are streamed so that readBody commits memory as bytes
+		// arrive, within the budget and MaxBodyBytes, instead of fasthttp
+		// allocating each announced Content-Length up front. A limit of one
+		// byte makes fasthttp hand every body over as a stream after
+		// reading at most one byte of it (with a larger limit it first
+		// waits for up to 8 KB, so a client announcing a huge body and
+		// sending little would be held to the read timeout before its 413).
+		MaxRequestBodySize:           1,
+		StreamRequestBody:            true,
+		DisablePreParseMultipartForm: true,
+		ReadTimeout:                  cfg.ReadTimeout,
+		WriteTimeout:                 cfg.WriteTimeout,
+		IdleTimeout:                  cfg.IdleTimeout,
+		Concurrency:                  cfg.MaxConns,
+		MaxConnsPerIP:                cfg.MaxConnsPerIP,
+		CloseOnShutdown:              true,
+		Logger:                       fasthttpLogger{cfg.Logger.WithField("server", name)},
 	}
 	return s, nil
 }
@@ -351,6 +388,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			writeError(ctx, nethttp.StatusInternalServerError, CodeInternal, "internal error")
 		}
 	}()
+	release, ok := s.readBody(ctx)
+	if !ok {
+		return
+	}
+	defer release()
 	path := string(ctx.Path())
 	switch {
 	case path == RouteHealth:
@@ -410,6 +452,10 @@ func (s *Server) health(ctx *fasthttp.RequestCtx) {
 func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		writeError(ctx, nethttp.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("request body over %d bytes", s.cfg.MaxBodyBytes))
+		return
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		writeError(ctx, nethttp.StatusRequestTimeout, CodeRequestTimeout, fmt.Sprintf("the request did not arrive within %v", s.cfg.ReadTimeout))
 		return
 	}
 	writeError(ctx, nethttp.StatusBadRequest, CodeBadRequest, "malformed HTTP request")
