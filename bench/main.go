@@ -39,11 +39,13 @@ func main() {
 func run() error {
 	quick := flag.Bool("quick", false, "a one-minute pass: fewer sizes and repetitions")
 	tiny := flag.Bool("tiny", false, "a few-second pass that checks the harness works (figures meaningless)")
-	sections := flag.String("sections", "", "comma-separated sections to run: checkpoint, memory, http (default all)")
+	sections := flag.String("sections", "", "comma-separated sections to run: checkpoint (or commit, release), memory, sandboxes, http (default all)")
 	out := flag.String("out", "", "directory for results.md and results.svg (default bench/ when run from the repository root)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the harness process to this file")
 	memprofile := flag.String("memprofile", "", "write a heap profile of the harness process to this file at the end")
 	var cells cellFlags
+	var sandboxN []int
+	flag.Var(listFlag[int]{&sandboxN, positive}, "sandboxes-n", "comma-separated sandbox counts of the sandboxes section, replacing the mode's")
 	flag.Var(listFlag[int]{&cells.sessions, positive}, "n", "comma-separated session counts, replacing the mode's (to profile one cell)")
 	flag.Var(listFlag[int]{&cells.parallelism, positive}, "p", "comma-separated parallelisms, replacing the mode's")
 	flag.Var(listFlag[time.Duration]{&cells.latencies, duration}, "l", "comma-separated provider latencies, replacing the mode's (e.g. 0,20ms)")
@@ -57,6 +59,7 @@ func run() error {
 		opts.Mode = harness.ModeQuick
 	}
 	opts.Sessions, opts.Parallelism, opts.Latencies = cells.sessions, cells.parallelism, cells.latencies
+	opts.SandboxSessions = sandboxN
 	if *sections != "" {
 		opts.Sections = strings.Split(*sections, ",")
 	}

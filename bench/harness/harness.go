@@ -55,6 +55,10 @@ type Options struct {
 	Latencies   []time.Duration
 	Parallelism []int
 
+	// SandboxSessions, when set, replaces the mode's N of the sandboxes
+	// section.
+	SandboxSessions []int
+
 	// breakCell, when set, is asked before each checkpoint cell whether
 	// it should fail (tests of a run that goes on past a failed cell).
 	breakCell func(CheckpointRow) error
@@ -74,6 +78,7 @@ const (
 	SectionRelease    = "release"
 	SectionHTTP       = "http"
 	SectionMemory     = "memory"
+	SectionSandboxes  = "sandboxes"
 )
 
 // plan is what a mode measures.
@@ -208,6 +213,13 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			h.fail(SectionMemory, err)
 		} else {
 			h.update(func(r *Report) { r.Memory = m })
+		}
+	}
+	if h.wants(SectionSandboxes) && ctx.Err() == nil {
+		if sb, err := h.sandboxes(ctx); err != nil {
+			h.fail(SectionSandboxes, err)
+		} else {
+			h.update(func(r *Report) { r.Sandboxes = sb })
 		}
 	}
 	if h.wants(SectionHTTP) && ctx.Err() == nil {

@@ -48,9 +48,26 @@ func TestTinyRun(t *testing.T) {
 		t.Errorf("memory: %+v", rep.Memory)
 	}
 
+	if sb := rep.Sandboxes; sb == nil {
+		t.Error("no sandboxes section")
+	} else {
+		modes := map[string]int{}
+		for _, r := range sb.Rows {
+			modes[modeName(r.Mode)]++
+			if r.Err != "" || r.Wall <= 0 || r.Bytes <= 0 && (r.Op == OpCommit || r.Mode == "off") {
+				t.Errorf("sandboxes row not measured: %+v", r)
+			}
+			if r.Op == OpCommit && len(r.Pauses) != r.Sessions {
+				t.Errorf("%s commit of %d: %d pauses, want one per sandbox", modeName(r.Mode), r.Sessions, len(r.Pauses))
+			}
+		}
+		if modes["copy"] != 4 || modes["overlay"] != 4 && sb.Skipped["overlay"] == "" {
+			t.Errorf("sandboxes rows by mode %v (skipped %v), want 4 of each mode that runs here", modes, sb.Skipped)
+		}
+	}
 	md := rep.Markdown()
 	for _, want := range []string{
-		"## Machine", "## Goals", "## Commit", "## Restore", "## Where the time goes", "## Release", "## HTTP", "## Memory", "## Chart",
+		"## Machine", "## Goals", "## Commit", "## Restore", "## Where the time goes", "## Release", "## HTTP", "## Real sandboxes", "## Memory", "## Chart",
 		"| N | L | P | reps | measured | best | worst | ideal |", "| K | N | deletes |", "| route | C | req/s |",
 		"| /sandbox_access | 4 |", "| seed+close | 4 |", "the owner's share", "| commit |", "spread by more than 50% (worst against best)",
 	} {

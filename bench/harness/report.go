@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/provider/local"
 )
 
 // Report is everything one run measured.
@@ -39,14 +40,18 @@ type Report struct {
 	// Phases splits the goal cell's commit and restore (nil when the
 	// commit section did not run).
 	Phases *Phases
+	// Sandboxes is commit and restore of real sandboxes on the local
+	// provider (nil when the section did not run).
+	Sandboxes *SandboxesResult
 }
 
 // The goals of issue 6 (goals to report against, not assertions).
 const (
-	GoalRatio           = 1.05 // commit and restore at N=1000, L=20ms, P=64
-	GoalCoordinatorUS   = 20.0 // µs per session at L=0
-	GoalHTTPRatio       = 0.70 // of bare fasthttp's throughput
-	GoalIdleSessionKiB  = 16.0 // resident KiB per idle session
+	GoalRatio           = 1.05                  // commit and restore at N=1000, L=20ms, P=64
+	GoalCoordinatorUS   = 20.0                  // µs per session at L=0
+	GoalHTTPRatio       = 0.70                  // of bare fasthttp's throughput
+	GoalIdleSessionKiB  = 16.0                  // resident KiB per idle session
+	GoalPause           = 50 * time.Millisecond // a snapshot's pause of a real sandbox, overlay mode
 	goalSessions        = 1000
 	goalParallelism     = 64
 	goalLatency         = 20 * time.Millisecond
@@ -149,7 +154,38 @@ func (r *Report) Goals() []Goal {
 		g.Measured = fmt.Sprintf("%.1f KiB at %d sessions (%.1f KiB with the fake's sandboxes)", m.OwnerRSSPer()/1024, m.Owner.Sessions, m.Owner.RSSPer()/1024)
 		g.Met = met(m.OwnerRSSPer()/1024 <= GoalIdleSessionKiB)
 	}
-	return append(gs, g)
+	gs = append(gs, g)
+	return append(gs, r.pauseGoal())
+}
+
+// pauseGoal is the worst pause a snapshot gave a real sandbox in overlay
+// mode, over every N measured.
+func (r *Report) pauseGoal() Goal {
+	g := Goal{Name: "pause of a real sandbox by its snapshot, overlay mode (worst over N)", Target: "< " + fmtDur(GoalPause), Measured: notMeasured}
+	sb := r.Sandboxes
+	if reason, ok := r.Failed[SectionSandboxes]; ok {
+		g.Measured = "failed: " + reason
+	}
+	if sb == nil {
+		return g
+	}
+	if reason, ok := sb.Skipped[modeName(local.OverlayOn)]; ok {
+		g.Measured = "skipped: " + reason
+	}
+	var worst time.Duration
+	n := 0
+	for _, row := range sb.Rows {
+		if row.Mode != local.OverlayOn || row.Op != OpCommit || row.Err != "" || len(row.Pauses) == 0 {
+			continue
+		}
+		n++
+		worst = max(worst, row.PauseQuantile(1))
+	}
+	if n > 0 {
+		g.Measured = fmt.Sprintf("%s (copying the changed files alone: %s)", fmtDur(worst), fmtDur(sb.Rows[0].Floor))
+		g.Met = met(worst < GoalPause)
+	}
+	return g
 }
 
 func fmtDur(d time.Duration) string {
@@ -240,6 +276,28 @@ func HTTPTable(rows []HTTPRow) string {
 	return b.String()
 }
 
+// SandboxTable is the sandboxes section as a markdown table.
+func SandboxTable(sb *SandboxesResult) string {
+	var b strings.Builder
+	b.WriteString("| mode | op | N | wall | copied | pause p50 | pause p99 | pause max | floor (changed files) | load |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range sb.Rows {
+		if r.Err != "" {
+			fmt.Fprintf(&b, "| %s | %s | %d | **failed**: %s | | | | | | %s |\n", modeName(r.Mode), r.Op, r.Sessions, r.Err, r.Load)
+			continue
+		}
+		p50, p99, pmax := "—", "—", "—"
+		if len(r.Pauses) > 0 {
+			p50, p99, pmax = fmtDur(r.PauseQuantile(0.5)), fmtDur(r.PauseQuantile(0.99)), fmtDur(r.PauseQuantile(1))
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %s | %.1f MiB | %s | %s | %s | %s | %s |\n",
+			modeName(r.Mode), r.Op, r.Sessions, fmtDur(r.Wall), float64(r.Bytes)/(1<<20), p50, p99, pmax, fmtDur(r.Floor), r.Load)
+	}
+	for _, m := range slices.Sorted(maps.Keys(sb.Skipped)) {
+		fmt.Fprintf(&b, "\n%s mode skipped: %s\n", m, sb.Skipped[m])
+	}
+	return b.String()
+}
+
 // MemoryTable is the memory section as a markdown table.
 func MemoryTable(m *MemoryResult) string {
 	var b strings.Builder
@@ -309,6 +367,10 @@ func (r *Report) Markdown() string {
 		section("HTTP", fmt.Sprintf("C concurrent keep-alive clients in a separate process, each on its own session, for the same duration against the owner's server and against a bare fasthttp handler answering the same number of bytes on the same route, run before and again after the server's. Ratio is req/s against the mean of the two bare runs. A cell with errors, whose bare runs differ by more than %.0f%%, or that beats bare by more than %.0f%%, is flagged.", MaxBareDrift*100, (MaxHTTPRatio-1)*100)+" seed+close counts one seed and one close as one request (their latency is the pair's).", HTTPTable(r.HTTP))
 	} else if reason, ok := r.Skipped[SectionHTTP]; ok {
 		section("HTTP", "Skipped: "+reason+".", "")
+	}
+	if sb := r.Sandboxes; sb != nil {
+		section("Real sandboxes", fmt.Sprintf("Sessions on the local provider (no isolation), each a checkout of the benchmark's Go module (%d files, %.1f MiB) in which the agent changed %d files; the owner commits them (parallelism %d) and a fresh owner restores them. Copied is what the operation wrote (snapshot layers; the forks' own trees). Pause is how long each sandbox's snapshot held it (commands stopped, none starting); floor is copying only its changed files.",
+			sb.Files, float64(sb.TreeBytes)/(1<<20), sb.Changed, sb.Parallelism), SandboxTable(sb))
 	}
 	if r.Memory != nil {
 		section("Memory", "Resident memory (VmRSS) and live Go heap after GC, before and after starting the sessions, each process fresh. The fake keeps every sandbox's files in memory; a real provider keeps them elsewhere, so the owner's share is the first row less the second.", MemoryTable(r.Memory))
