@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -81,10 +82,12 @@ type Resolver func(sandboxID string) (provider.Handle, Fate)
 //	410 ended            the sandbox's session ended
 //	404 sandbox_not_found, file_not_found, not_found (no such route)
 //	405 method_not_allowed
-//	400 path_escape, bad_request (no path parameter)
+//	400 path_escape (a climb out, or a symlink: file calls follow none),
+//	    bad_request (no path parameter), name_too_long
 //	413 body_too_large
 //	422 invalid_request  malformed JSON, wrong types, unknown fields, no command
-//	422 not_a_file, invalid_cwd
+//	422 is_a_directory, not_a_directory (a component is a file),
+//	    not_a_file (a FIFO, device or socket), invalid_cwd
 //	409 admission_closed, 503 shutting_down (waiting on a checkpoint)
 //	500 provider_error, 504 timeout
 //
@@ -320,8 +323,16 @@ func (h *Handler) providerError(ctx *fasthttp.RequestCtx, sandboxID string, err 
 		if notExistCode == "invalid_cwd" {
 			status = fasthttp.StatusUnprocessableEntity
 		}
+	case notExistCode == "invalid_cwd" && (errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.ENAMETOOLONG)):
+		status, code, detail = fasthttp.StatusUnprocessableEntity, "invalid_cwd", "cwd is not a directory"
+	case errors.Is(err, syscall.EISDIR):
+		status, code, detail = fasthttp.StatusUnprocessableEntity, "is_a_directory", "the path is a directory"
+	case errors.Is(err, syscall.ENOTDIR):
+		status, code, detail = fasthttp.StatusUnprocessableEntity, "not_a_directory", "a component of the path is not a directory"
+	case errors.Is(err, syscall.ENAMETOOLONG):
+		status, code, detail = fasthttp.StatusBadRequest, "name_too_long", "a name in the path is too long"
 	case errors.Is(err, local.ErrNotRegular):
-		status, code, detail = fasthttp.StatusUnprocessableEntity, "not_a_file", "the path is not a regular file"
+		status, code, detail = fasthttp.StatusUnprocessableEntity, "not_a_file", "the path is a FIFO, device or socket, not a regular file"
 	case errors.Is(err, provider.ErrInvalidSpec):
 		status, code, detail = fasthttp.StatusUnprocessableEntity, "invalid_request", err.Error()
 	case errors.Is(err, provider.ErrUnsupported):

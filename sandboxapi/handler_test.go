@@ -222,6 +222,9 @@ func TestBadRequests(t *testing.T) {
 	id, token := w.sandbox(t)
 	execURI := "/sandboxes/" + id + "/exec"
 	filesURI := "/sandboxes/" + id + "/files?path="
+	if r := w.do("POST", execURI, token, []byte(`{"command":"mkfifo fifo"}`)); !strings.Contains(r.Body, `"exit_code":0`) {
+		t.Fatalf("mkfifo: %s", r.Body)
+	}
 	cases := []struct {
 		name   string
 		method string
@@ -248,7 +251,14 @@ func TestBadRequests(t *testing.T) {
 		{"file escape absolute", "PUT", filesURI + "/etc/evil", "x", errReply(400, "path_escape")},
 		{"no path", "GET", filesURI, "", errReply(400, "bad_request")},
 		{"missing file", "GET", filesURI + "nope", "", errReply(404, "file_not_found")},
-		{"a directory", "GET", filesURI + ".", "", errReply(422, "not_a_file")},
+		{"a directory", "GET", filesURI + ".", "", errReply(422, "is_a_directory")},
+		{"write over a directory", "PUT", filesURI + ".", "x", errReply(422, "is_a_directory")},
+		{"a file as a directory", "GET", filesURI + "notes/x", "", errReply(422, "not_a_directory")},
+		{"write under a file", "PUT", filesURI + "notes/x", "x", errReply(422, "not_a_directory")},
+		{"a name too long", "GET", filesURI + strings.Repeat("n", 300), "", errReply(400, "name_too_long")},
+		{"write a name too long", "PUT", filesURI + strings.Repeat("n", 300), "x", errReply(400, "name_too_long")},
+		{"a FIFO", "GET", filesURI + "fifo", "", errReply(422, "not_a_file")},
+		{"cwd a file", "POST", execURI, `{"command":"ls","cwd":"notes"}`, errReply(422, "invalid_cwd")},
 		{"exec by GET", "GET", execURI, "", errReply(405, "method_not_allowed")},
 		{"files by DELETE", "DELETE", filesURI + "notes", "", errReply(405, "method_not_allowed")},
 		{"unknown route", "POST", "/sandboxes/" + id + "/shell", "", errReply(404, "not_found")},

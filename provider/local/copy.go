@@ -5,13 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // ficlone is the FICLONE ioctl: make dst share src's blocks (a reflink).
@@ -25,12 +30,25 @@ const (
 
 // copyTree copies the directory src to dst (which must not exist) the way
 // `cp -a` does: modes, owners, times, extended attributes (so overlayfs
-// whiteouts and opaque directories survive), symlinks, hard links, device
-// nodes and holes in sparse files. Regular files are copied by `workers`
+// whiteouts and opaque directories survive), symlinks as symlinks, hard
+// links and holes in sparse files. FIFOs, sockets and devices other than
+// whiteouts are skipped: nothing in a sandbox's tree needs them and a copy
+// must not make device nodes. Regular files are copied by `workers`
 // goroutines, each file as a reflink where the filesystem has them and by
 // copy_file_range otherwise. A non-nil as owns every copy instead.
+//
+// src may be a tree a hostile command is changing while it is copied: it
+// is walked with directory file descriptors, every entry opened with
+// O_NOFOLLOW and judged by what was opened (fstat), so no symlink swapped
+// in can take the copy outside src.
 func copyTree(ctx context.Context, src, dst string, workers int, as *owner) error {
-	c := &treeCopier{links: map[[2]uint64]string{}, euid: os.Geteuid(), egid: os.Getegid(), as: as}
+	return copyTreeHooked(ctx, src, dst, workers, as, nil)
+}
+
+// copyTreeHooked is copyTree with a hook called with each entry's path
+// (relative to src) between its lstat and its open: tests swap it there.
+func copyTreeHooked(ctx context.Context, src, dst string, workers int, as *owner, beforeOpen func(rel string)) error {
+	c := &treeCopier{links: map[[2]uint64]string{}, euid: os.Geteuid(), egid: os.Getegid(), as: as, beforeOpen: beforeOpen}
 	c.reflink.Store(true)
 	return c.run(ctx, src, dst, workers)
 }
@@ -40,26 +58,26 @@ type treeCopier struct {
 	links      map[[2]uint64]string // (dev, inode) of a hard-linked file -> its copy; walker only
 	euid, egid int
 	as         *owner
+	beforeOpen func(rel string)
 }
 
 type copyJob struct {
-	src, dst string
-	st       *syscall.Stat_t
+	in  *os.File
+	dst string
+	st  *syscall.Stat_t
 }
 
 type dirFix struct {
-	src, dst string
-	st       *syscall.Stat_t
+	dst string
+	st  *syscall.Stat_t
 }
 
 func (c *treeCopier) run(ctx context.Context, src, dst string, workers int) error {
-	rootInfo, err := os.Lstat(src)
+	top, err := unix.Open(src, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("copy %s: %w", src, err)
 	}
-	if !rootInfo.IsDir() {
-		return fmt.Errorf("copy %s: not a directory", src)
-	}
+	defer unix.Close(top)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -74,77 +92,17 @@ func (c *treeCopier) run(ctx context.Context, src, dst string, workers int) erro
 	for range max(workers, 1) {
 		wg.Go(func() {
 			for j := range jobs {
-				if ctx.Err() != nil {
-					continue
+				if ctx.Err() == nil {
+					if err := c.copyFile(j.in, j.dst, j.st); err != nil {
+						fail(err)
+					}
 				}
-				if err := c.copyFile(j.src, j.dst, j.st); err != nil {
-					fail(err)
-				}
+				j.in.Close()
 			}
 		})
 	}
-
 	var dirs []dirFix
-	walkErr := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(src, p)
-		if err != nil {
-			return err
-		}
-		target := filepath.Join(dst, rel)
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		st, ok := info.Sys().(*syscall.Stat_t)
-		if !ok {
-			return fmt.Errorf("copy %s: no stat", p)
-		}
-		switch mode := info.Mode(); {
-		case mode.IsDir():
-			if err := os.Mkdir(target, 0o700); err != nil {
-				return err
-			}
-			dirs = append(dirs, dirFix{p, target, st})
-		case mode.IsRegular():
-			if st.Nlink > 1 {
-				key := [2]uint64{st.Dev, st.Ino}
-				if first, ok := c.links[key]; ok {
-					return os.Link(first, target)
-				}
-				c.links[key] = target
-				return c.copyFile(p, target, st) // inline, so later links find it
-			}
-			select {
-			case jobs <- copyJob{p, target, st}:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		case mode&fs.ModeSymlink != 0:
-			link, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			if err := os.Symlink(link, target); err != nil {
-				return err
-			}
-			if err := c.chown(target, st, true); err != nil {
-				return err
-			}
-			return lutimes(target, st)
-		default: // devices (overlayfs whiteouts among them), fifos, sockets
-			if err := syscall.Mknod(target, st.Mode, int(st.Rdev)); err != nil {
-				return fmt.Errorf("mknod %s: %w", target, err)
-			}
-			return c.fixMeta(p, target, st)
-		}
-		return nil
-	})
+	walkErr := c.copyDir(ctx, top, ".", dst, jobs, &dirs)
 	close(jobs)
 	wg.Wait()
 	if walkErr != nil {
@@ -156,32 +114,221 @@ func (c *treeCopier) run(ctx context.Context, src, dst string, workers int) erro
 	// Directories last and deepest first: making their entries changed their
 	// times, and a read-only mode would have stopped it.
 	for i := len(dirs) - 1; i >= 0; i-- {
-		if err := c.fixMeta(dirs[i].src, dirs[i].dst, dirs[i].st); err != nil {
+		if err := c.fixDir(dirs[i].dst, dirs[i].st); err != nil {
 			return fmt.Errorf("copy %s: %w", src, err)
 		}
 	}
 	return nil
 }
 
-// copyFile copies one regular file's contents and metadata.
-func (c *treeCopier) copyFile(src, dst string, st *syscall.Stat_t) error {
-	in, err := os.Open(src)
+// copyDir makes dst a copy of the directory open at fd (rel in the tree),
+// its metadata but times and mode, and its entries.
+func (c *treeCopier) copyDir(ctx context.Context, fd int, rel, dst string, jobs chan<- copyJob, dirs *[]dirFix) error {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return err
+	}
+	if err := c.chown(dst, &st, false); err != nil {
+		return err
+	}
+	if err := copyXattrs(fdXattrs{fd}, dst); err != nil {
+		return err
+	}
+	*dirs = append(*dirs, dirFix{dst, &st})
+	dup, err := unix.Dup(fd)
 	if err != nil {
 		return err
 	}
-	defer in.Close()
+	d := os.NewFile(uintptr(dup), rel)
+	names, err := d.Readdirnames(-1)
+	d.Close()
+	if err != nil {
+		return err
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := c.copyEntry(ctx, fd, path.Join(rel, name), name, filepath.Join(dst, name), jobs, dirs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyEntry copies the entry name of the directory open at dirfd.
+func (c *treeCopier) copyEntry(ctx context.Context, dirfd int, rel, name, target string, jobs chan<- copyJob, dirs *[]dirFix) error {
+	var lst unix.Stat_t
+	if err := unix.Fstatat(dirfd, name, &lst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil // gone since the listing
+		}
+		return err
+	}
+	if c.beforeOpen != nil {
+		c.beforeOpen(rel)
+	}
+	switch lst.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		fd, err := unix.Openat(dirfd, name, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return c.changed(dirfd, name, target, err)
+		}
+		defer unix.Close(fd)
+		return c.copyDir(ctx, fd, rel, target, jobs, dirs)
+	case unix.S_IFREG:
+		fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return c.changed(dirfd, name, target, err)
+		}
+		in := os.NewFile(uintptr(fd), rel)
+		st := new(syscall.Stat_t)
+		if err := syscall.Fstat(fd, st); err != nil {
+			in.Close()
+			return err
+		}
+		if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+			in.Close() // swapped for something else since the listing
+			return nil
+		}
+		if st.Nlink > 1 {
+			defer in.Close()
+			key := [2]uint64{st.Dev, st.Ino}
+			if first, ok := c.links[key]; ok {
+				return os.Link(first, target)
+			}
+			c.links[key] = target
+			return c.copyFile(in, target, st) // inline, so later links find it
+		}
+		select {
+		case jobs <- copyJob{in, target, st}:
+			return nil
+		case <-ctx.Done():
+			in.Close()
+			return ctx.Err()
+		}
+	case unix.S_IFLNK:
+		return c.copyLink(dirfd, name, target)
+	case unix.S_IFCHR:
+		if lst.Rdev != 0 {
+			return nil // a device: skipped
+		}
+		// An overlayfs whiteout: the copy of a layer must keep it.
+		st := statOf(&lst)
+		if err := syscall.Mknod(target, st.Mode, 0); err != nil {
+			return fmt.Errorf("mknod %s: %w", target, err)
+		}
+		if err := c.chown(target, st, true); err != nil {
+			return err
+		}
+		if err := syscall.Chmod(target, st.Mode&0o7777); err != nil {
+			return err
+		}
+		if err := copyXattrs(pathXattrs{procPath(dirfd, name)}, target); err != nil {
+			return err
+		}
+		return lutimes(target, st)
+	}
+	return nil // FIFOs, sockets, block devices: skipped
+}
+
+// changed handles an entry that could not be opened as what its lstat
+// said: swapped for a symlink, it is copied as one; gone, it is skipped.
+func (c *treeCopier) changed(dirfd int, name, target string, err error) error {
+	switch {
+	case errors.Is(linkErr(dirfd, name, err), unix.ELOOP):
+		return c.copyLink(dirfd, name, target)
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR):
+		return nil
+	}
+	return err
+}
+
+// copyLink copies the symlink name of the directory open at dirfd as a
+// symlink.
+func (c *treeCopier) copyLink(dirfd int, name, target string) error {
+	var lst unix.Stat_t
+	if err := unix.Fstatat(dirfd, name, &lst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	if lst.Mode&unix.S_IFMT != unix.S_IFLNK {
+		return nil // swapped again: the walk does not chase it
+	}
+	buf := make([]byte, 4096)
+	n, err := unix.Readlinkat(dirfd, name, buf)
+	if err != nil {
+		return err
+	}
+	if err := os.Symlink(string(buf[:n]), target); err != nil {
+		return err
+	}
+	st := statOf(&lst)
+	if err := c.chown(target, st, true); err != nil {
+		return err
+	}
+	return lutimes(target, st)
+}
+
+// statOf converts a unix.Stat_t to the syscall one the rest uses.
+func statOf(u *unix.Stat_t) *syscall.Stat_t {
+	return &syscall.Stat_t{
+		Dev: u.Dev, Ino: u.Ino, Nlink: u.Nlink, Mode: u.Mode, Uid: u.Uid, Gid: u.Gid,
+		Rdev: u.Rdev, Size: u.Size, Blksize: u.Blksize, Blocks: u.Blocks,
+		Atim: syscall.Timespec{Sec: u.Atim.Sec, Nsec: u.Atim.Nsec},
+		Mtim: syscall.Timespec{Sec: u.Mtim.Sec, Nsec: u.Mtim.Nsec},
+		Ctim: syscall.Timespec{Sec: u.Ctim.Sec, Nsec: u.Ctim.Nsec},
+	}
+}
+
+// procPath names the entry name of the directory open at dirfd through
+// /proc, so that path-only calls (the l*xattr family) reach that entry and
+// not whatever a path from / would lead to now.
+func procPath(dirfd int, name string) string {
+	return "/proc/self/fd/" + strconv.Itoa(dirfd) + "/" + name
+}
+
+// copyFile copies one opened regular file's contents and metadata.
+func (c *treeCopier) copyFile(in *os.File, dst string, st *syscall.Stat_t) error {
 	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
 	if err := c.copyData(in, out, st); err != nil {
 		out.Close()
-		return fmt.Errorf("copy %s: %w", src, err)
+		return fmt.Errorf("copy %s: %w", in.Name(), err)
 	}
 	if err := out.Close(); err != nil {
 		return err
 	}
-	return c.fixMeta(src, dst, st)
+	if err := c.chown(dst, st, false); err != nil {
+		return err
+	}
+	if err := syscall.Chmod(dst, st.Mode&0o7777); err != nil {
+		return fmt.Errorf("chmod %s: %w", dst, err)
+	}
+	if err := copyXattrs(fdXattrs{int(in.Fd())}, dst); err != nil {
+		return err
+	}
+	return utimes(dst, st)
+}
+
+// fixDir gives a copied directory its source's mode and times.
+func (c *treeCopier) fixDir(dst string, st *syscall.Stat_t) error {
+	if err := syscall.Chmod(dst, st.Mode&0o7777); err != nil {
+		return fmt.Errorf("chmod %s: %w", dst, err)
+	}
+	return utimes(dst, st)
+}
+
+func utimes(dst string, st *syscall.Stat_t) error {
+	if err := syscall.UtimesNano(dst, []syscall.Timespec{st.Atim, st.Mtim}); err != nil {
+		return fmt.Errorf("utimes %s: %w", dst, err)
+	}
+	return nil
 }
 
 func (c *treeCopier) copyData(in, out *os.File, st *syscall.Stat_t) error {
@@ -262,63 +409,61 @@ func (c *treeCopier) chown(p string, st *syscall.Stat_t, link bool) error {
 	return err
 }
 
-// fixMeta gives dst src's owner, mode, extended attributes and times.
-func (c *treeCopier) fixMeta(src, dst string, st *syscall.Stat_t) error {
-	if err := c.chown(dst, st, false); err != nil {
-		return err
-	}
-	if err := syscall.Chmod(dst, st.Mode&0o7777); err != nil {
-		return fmt.Errorf("chmod %s: %w", dst, err)
-	}
-	if err := copyXattrs(src, dst); err != nil {
-		return err
-	}
-	ts := []syscall.Timespec{st.Atim, st.Mtim}
-	if err := syscall.UtimesNano(dst, ts); err != nil {
-		return fmt.Errorf("utimes %s: %w", dst, err)
-	}
-	return nil
+// xattrSource reads the extended attributes of one copied entry.
+type xattrSource interface {
+	list(buf []byte) (int, error)
+	get(name string, buf []byte) (int, error)
 }
 
-// copyXattrs copies every extended attribute of src (not a symlink) to dst.
-func copyXattrs(src, dst string) error {
-	size, err := syscall.Listxattr(src, nil)
+// fdXattrs reads them from an open file or directory.
+type fdXattrs struct{ fd int }
+
+func (x fdXattrs) list(buf []byte) (int, error) { return unix.Flistxattr(x.fd, buf) }
+func (x fdXattrs) get(name string, buf []byte) (int, error) {
+	return unix.Fgetxattr(x.fd, name, buf)
+}
+
+// pathXattrs reads them from a path, not following a last symlink.
+type pathXattrs struct{ path string }
+
+func (x pathXattrs) list(buf []byte) (int, error) { return unix.Llistxattr(x.path, buf) }
+func (x pathXattrs) get(name string, buf []byte) (int, error) {
+	return unix.Lgetxattr(x.path, name, buf)
+}
+
+// copyXattrs copies every extended attribute of src to dst.
+func copyXattrs(src xattrSource, dst string) error {
+	size, err := src.list(nil)
 	if err != nil {
 		if errors.Is(err, syscall.ENOTSUP) {
 			return nil
 		}
-		return fmt.Errorf("listxattr %s: %w", src, err)
+		return fmt.Errorf("listxattr for %s: %w", dst, err)
 	}
 	if size == 0 {
 		return nil
 	}
 	buf := make([]byte, size)
-	size, err = syscall.Listxattr(src, buf)
+	size, err = src.list(buf)
 	if err != nil {
-		return fmt.Errorf("listxattr %s: %w", src, err)
+		return fmt.Errorf("listxattr for %s: %w", dst, err)
 	}
-	start := 0
-	for i := 0; i < size; i++ {
-		if buf[i] != 0 {
-			continue
-		}
-		name := string(buf[start:i])
-		start = i + 1
+	for _, name := range strings.Split(strings.TrimRight(string(buf[:size]), "\x00"), "\x00") {
 		if name == "" {
 			continue
 		}
-		n, err := syscall.Getxattr(src, name, nil)
+		n, err := src.get(name, nil)
 		if err != nil {
-			return fmt.Errorf("getxattr %s %s: %w", src, name, err)
+			return fmt.Errorf("getxattr %s for %s: %w", name, dst, err)
 		}
 		val := make([]byte, n)
 		if n > 0 {
-			if n, err = syscall.Getxattr(src, name, val); err != nil {
-				return fmt.Errorf("getxattr %s %s: %w", src, name, err)
+			if n, err = src.get(name, val); err != nil {
+				return fmt.Errorf("getxattr %s for %s: %w", name, dst, err)
 			}
 			val = val[:n]
 		}
-		if err := syscall.Setxattr(dst, name, val, 0); err != nil && !errors.Is(err, syscall.ENOTSUP) {
+		if err := unix.Lsetxattr(dst, name, val, 0); err != nil && !errors.Is(err, syscall.ENOTSUP) {
 			return fmt.Errorf("setxattr %s %s: %w", dst, name, err)
 		}
 	}

@@ -136,7 +136,9 @@ func TestCopyTreeKeepsWhatCpAKeeps(t *testing.T) {
 	if err := copyTree(context.Background(), src, dst, 3, nil); err != nil {
 		t.Fatal(err)
 	}
-	if d := cmp.Diff(describe(t, src), describe(t, dst)); d != "" {
+	want := describe(t, src)
+	delete(want, "fifo") // FIFOs, sockets and devices but whiteouts are skipped
+	if d := cmp.Diff(want, describe(t, dst)); d != "" {
 		t.Errorf("copy differs (-src +dst):\n%s", d)
 	}
 	var sst, dstSt syscall.Stat_t
@@ -162,5 +164,55 @@ func TestCopyTreeStopsWithItsContext(t *testing.T) {
 	err := copyTree(ctx, src, filepath.Join(t.TempDir(), "dst"), 2, nil)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("copy on a done context: %v", err)
+	}
+}
+
+// A snapshot copy used to lstat an entry, then open it by path as root: a
+// command swapping a file for a symlink in between got a host file's
+// content into the snapshot. The hook swaps it at exactly that moment.
+func TestCopyNeverFollowsALinkSwappedIn(t *testing.T) {
+	host := filepath.Join(t.TempDir(), "host-secret")
+	if err := os.WriteFile(host, []byte("host secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Join(t.TempDir(), "src")
+	if err := os.MkdirAll(filepath.Join(src, "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"f", "d/g"} {
+		if err := os.WriteFile(filepath.Join(src, f), []byte("mine"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	swap := func(rel string) {
+		switch rel {
+		case "f": // a file becomes a symlink to a host file
+			_ = os.Remove(filepath.Join(src, "f"))
+			_ = os.Symlink(host, filepath.Join(src, "f"))
+		case "d": // a directory becomes a symlink to a host directory
+			_ = os.Rename(filepath.Join(src, "d"), filepath.Join(src, "d-moved"))
+			_ = os.Symlink(filepath.Dir(host), filepath.Join(src, "d"))
+		}
+	}
+	dst := filepath.Join(t.TempDir(), "dst")
+	if err := copyTreeHooked(context.Background(), src, dst, 2, nil, swap); err != nil {
+		t.Fatal(err)
+	}
+	err := filepath.WalkDir(dst, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		if b, _ := os.ReadFile(p); string(b) == "host secret" {
+			t.Errorf("%s holds the host file's content", p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"f", "d"} {
+		if fi, err := os.Lstat(filepath.Join(dst, name)); err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			t.Errorf("%s in the copy: %v, %v; want the symlink copied as a symlink", name, fi, err)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxowner/owner/provider"
 )
@@ -194,18 +195,16 @@ func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest) (*e
 
 // checkDir checks that rel is a directory inside the tree at fsDir.
 func checkDir(fsDir, rel string) error {
-	root, err := os.OpenRoot(fsDir)
+	top, err := openTree(fsDir)
 	if err != nil {
-		return fmt.Errorf("local: open sandbox tree: %w", err)
+		return err
 	}
-	defer root.Close()
-	fi, err := root.Stat(filepath.FromSlash(rel))
+	defer unix.Close(top)
+	fd, err := openBeneath(top, rel, unix.O_PATH|unix.O_DIRECTORY)
 	if err != nil {
-		return rootErr("exec cwd", rel, err)
+		return pathErr("exec cwd", rel, err)
 	}
-	if !fi.IsDir() {
-		return fmt.Errorf("local: exec cwd %q: %w", rel, syscall.ENOTDIR)
-	}
+	unix.Close(fd)
 	return nil
 }
 

@@ -7,17 +7,19 @@ import (
 	"io"
 	"os"
 	"path"
-	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxowner/owner/provider"
 )
 
 // sandboxRel turns a path in the sandbox's view (relative to workdir, or
 // absolute under it) into a slash path relative to the tree's top, refusing
-// one that leaves the tree by its spelling. Symlinks are os.Root's to refuse.
+// one that leaves the tree by its spelling. Symlinks are refused by the walk
+// (openBeneath).
 func sandboxRel(workdir, p string) (string, error) {
 	if p == "" {
 		return "", fmt.Errorf("empty path: %w", provider.ErrPathEscape)
@@ -43,78 +45,116 @@ func sandboxRel(workdir, p string) (string, error) {
 	return c, nil
 }
 
-// rootErr classifies an os.Root error: a path that a symlink takes out of
-// the tree becomes ErrPathEscape. os.Root does not export its error value,
-// so its text is matched (a test pins it).
-func rootErr(op, p string, err error) error {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		if _, isPath := e.(*os.PathError); !isPath && e.Error() == "path escapes from parent" {
-			return fmt.Errorf("local: %s %q: a symlink leads out of the sandbox: %w", op, p, provider.ErrPathEscape)
-		}
-	}
-	return fmt.Errorf("local: %s %q: %w", op, p, err)
-}
-
 // writeFileIn writes data at rel inside the tree at fsDir, making parents;
-// what it makes belongs to own (when not nil).
+// what it makes belongs to own (when not nil). The data goes to a new file
+// in the target's directory, renamed over the target: a write never goes
+// through an existing link (a hard link to a host file, a symlink), and a
+// reader sees the old content or the new, never a part. A directory, FIFO,
+// device or socket at the path is refused.
 func writeFileIn(fsDir, rel string, data []byte, own *owner) error {
-	root, err := os.OpenRoot(fsDir)
-	if err != nil {
-		return fmt.Errorf("local: open sandbox tree: %w", err)
-	}
-	defer root.Close()
 	if rel == "." {
-		return fmt.Errorf("local: write %q: the workdir itself is not a file: %w", rel, provider.ErrPathEscape)
+		return fmt.Errorf("local: write %q: the workdir itself is not a file: %w", rel, syscall.EISDIR)
 	}
-	if dir := path.Dir(rel); dir != "." {
-		if err := root.MkdirAll(filepath.FromSlash(dir), 0o755); err != nil {
-			return rootErr("write", rel, err)
-		}
-		if own != nil {
-			for d := dir; d != "."; d = path.Dir(d) {
-				if err := root.Lchown(filepath.FromSlash(d), own.uid, own.gid); err != nil {
-					return rootErr("write", rel, err)
-				}
-			}
-		}
-	}
-	// O_NONBLOCK: a FIFO a command left at the path must not hang the
-	// server; anything but a regular file is refused once open.
-	f, err := root.OpenFile(filepath.FromSlash(rel), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NONBLOCK, 0o644)
+	top, err := openTree(fsDir)
 	if err != nil {
-		return rootErr("write", rel, err)
-	}
-	if err := checkRegular(f, rel); err != nil {
-		f.Close()
 		return err
 	}
-	if own != nil {
-		if err := f.Chown(own.uid, own.gid); err != nil {
-			f.Close()
-			return fmt.Errorf("local: write %q: %w", rel, err)
+	defer unix.Close(top)
+	dirfd, err := makeDirsBeneath(top, path.Dir(rel), own)
+	if err != nil {
+		return pathErr("write", rel, err)
+	}
+	defer unix.Close(dirfd)
+	name := path.Base(rel)
+	mode := uint32(0o644)
+	var st unix.Stat_t
+	switch err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); {
+	case err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR:
+		return fmt.Errorf("local: write %q: %w", rel, syscall.EISDIR)
+	case err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG:
+		mode = st.Mode & 0o777
+	case err == nil && st.Mode&unix.S_IFMT != unix.S_IFLNK:
+		return fmt.Errorf("local: %q is a %s: %w", rel, kindOf(fileMode(st.Mode)), ErrNotRegular)
+	case err != nil && !errors.Is(err, unix.ENOENT):
+		return pathErr("write", rel, err)
+	}
+	tmp := ".tmp-" + newID("")[:16]
+	fd, err := unix.Openat(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+	if err != nil {
+		return pathErr("write", rel, err)
+	}
+	f := os.NewFile(uintptr(fd), tmp)
+	err = func() error {
+		defer f.Close()
+		if err := f.Chmod(os.FileMode(mode)); err != nil { // the umask's bits
+			return err
 		}
+		if own != nil {
+			if err := f.Chown(own.uid, own.gid); err != nil {
+				return err
+			}
+		}
+		_, err := f.Write(data)
+		return err
+	}()
+	if err == nil {
+		err = unix.Renameat(dirfd, tmp, dirfd, name)
 	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("local: write %q: %w", rel, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("local: write %q: %w", rel, err)
+	if err != nil {
+		_ = unix.Unlinkat(dirfd, tmp, 0)
+		return pathErr("write", rel, err)
 	}
 	return nil
 }
 
+// makeDirsBeneath opens the directory rel under top, making what is
+// missing (owned by own), one component at a time without following links.
+func makeDirsBeneath(top int, rel string, own *owner) (int, error) {
+	cur, err := unix.Dup(top)
+	if err != nil {
+		return -1, err
+	}
+	if rel == "." {
+		return cur, nil
+	}
+	for _, part := range strings.Split(rel, "/") {
+		next, err := unix.Openat(cur, part, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.ENOENT) {
+			if err = unix.Mkdirat(cur, part, 0o755); err == nil || errors.Is(err, unix.EEXIST) {
+				if err == nil && own != nil {
+					err = unix.Fchownat(cur, part, own.uid, own.gid, unix.AT_SYMLINK_NOFOLLOW)
+				}
+				if err == nil || errors.Is(err, unix.EEXIST) {
+					next, err = unix.Openat(cur, part, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+				}
+			}
+		}
+		if err != nil {
+			err = linkErr(cur, part, err)
+		}
+		unix.Close(cur)
+		if err != nil {
+			return -1, err
+		}
+		cur = next
+	}
+	return cur, nil
+}
+
 // readFileIn reads the regular file at rel inside the tree at fsDir.
 func readFileIn(fsDir, rel string) ([]byte, error) {
-	root, err := os.OpenRoot(fsDir)
+	top, err := openTree(fsDir)
 	if err != nil {
-		return nil, fmt.Errorf("local: open sandbox tree: %w", err)
+		return nil, err
 	}
-	defer root.Close()
-	f, err := root.OpenFile(filepath.FromSlash(rel), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	defer unix.Close(top)
+	// O_NONBLOCK: a FIFO a command left at the path must not hang the
+	// server; anything but a regular file is refused once open.
+	fd, err := openBeneath(top, rel, unix.O_RDONLY|unix.O_NONBLOCK)
 	if err != nil {
-		return nil, rootErr("read", rel, err)
+		return nil, pathErr("read", rel, err)
 	}
+	f := os.NewFile(uintptr(fd), rel)
 	defer f.Close()
 	if err := checkRegular(f, rel); err != nil {
 		return nil, err
@@ -126,10 +166,32 @@ func readFileIn(fsDir, rel string) ([]byte, error) {
 	return b, nil
 }
 
+// fileMode turns a stat mode into an os.FileMode's type bits.
+func fileMode(m uint32) os.FileMode {
+	switch m & unix.S_IFMT {
+	case unix.S_IFDIR:
+		return os.ModeDir
+	case unix.S_IFIFO:
+		return os.ModeNamedPipe
+	case unix.S_IFCHR:
+		return os.ModeDevice | os.ModeCharDevice
+	case unix.S_IFBLK:
+		return os.ModeDevice
+	case unix.S_IFSOCK:
+		return os.ModeSocket
+	case unix.S_IFLNK:
+		return os.ModeSymlink
+	}
+	return 0
+}
+
 func checkRegular(f *os.File, rel string) error {
 	fi, err := f.Stat()
 	if err != nil {
 		return fmt.Errorf("local: stat %q: %w", rel, err)
+	}
+	if fi.IsDir() {
+		return fmt.Errorf("local: %q is a directory: %w", rel, syscall.EISDIR)
 	}
 	if !fi.Mode().IsRegular() {
 		return fmt.Errorf("local: %q is a %s: %w", rel, kindOf(fi.Mode()), ErrNotRegular)

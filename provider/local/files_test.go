@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -24,13 +25,14 @@ func TestFilesRoundTripAndWorkdirPaths(t *testing.T) {
 		if got := mustRun(t, p, h, "cat top.txt a/b/c.txt"); got != "topdeep" {
 			t.Errorf("command sees %q", got)
 		}
-		// A command's file is readable; a symlink inside the tree is followed.
+		// A command's file is readable; a symlink, even one that stays in
+		// the tree, is never followed.
 		mustRun(t, p, h, "printf made > made.txt && ln -s a/b inner")
 		if got := readFile(t, p, h, "made.txt"); got != "made" {
 			t.Errorf("read a command's file: %q", got)
 		}
-		if got := readFile(t, p, h, "inner/c.txt"); got != "deep" {
-			t.Errorf("read through an inner symlink: %q", got)
+		if _, err := p.ReadFile(context.Background(), h, "inner/c.txt"); !errors.Is(err, provider.ErrPathEscape) {
+			t.Errorf("read through an inner symlink: %v", err)
 		}
 		if _, err := p.ReadFile(context.Background(), h, "missing"); !errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("missing file: %v", err)
@@ -100,7 +102,7 @@ func TestFileCallsRefuseSpecialFiles(t *testing.T) {
 	if err := p.WriteFile(ctx, h, "fifo", []byte("x")); err == nil {
 		t.Errorf("write a FIFO with no reader succeeded")
 	}
-	if _, err := p.ReadFile(ctx, h, "d"); !errors.Is(err, ErrNotRegular) {
+	if _, err := p.ReadFile(ctx, h, "d"); !errors.Is(err, syscall.EISDIR) {
 		t.Errorf("read a directory: %v", err)
 	}
 	if err := p.WriteFile(ctx, h, ".", []byte("x")); err == nil {
@@ -108,27 +110,76 @@ func TestFileCallsRefuseSpecialFiles(t *testing.T) {
 	}
 }
 
-// os.Root does not export its escape error; rootErr matches its text. This
-// pins it, so a Go release that changes it fails here.
-func TestRootEscapeErrorIsClassified(t *testing.T) {
-	dir := t.TempDir()
-	if err := os.Symlink("/", filepath.Join(dir, "out")); err != nil {
-		t.Fatal(err)
-	}
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer root.Close()
-	_, err = root.Open("out/etc")
-	if err == nil {
-		t.Fatal("os.Root followed an escaping symlink")
-	}
-	if got := rootErr("read", "out/etc", err); !errors.Is(got, provider.ErrPathEscape) {
-		t.Errorf("rootErr(%v) = %v, want ErrPathEscape", err, got)
-	}
-	if got := rootErr("read", "x", fs.ErrNotExist); errors.Is(got, provider.ErrPathEscape) || !errors.Is(got, fs.ErrNotExist) {
-		t.Errorf("rootErr(ErrNotExist) = %v", got)
+// With isolation none, a write used to go through a hard link the agent
+// made to a host file (/etc/hostname), and through symlinks.
+func TestWritesNeverGoThroughALink(t *testing.T) {
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{Files: map[string]string{"real": "real\n"}})
+		host := filepath.Join(p.Root(), "host-file") // same filesystem as the tree
+		if err := os.WriteFile(host, []byte("host\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tree := fsDir(p, h)
+		if err := os.Link(host, filepath.Join(tree, "hard")); err != nil {
+			if m.overlay == OverlayOn {
+				t.Skipf("SKIP: no hard link across the overlay: %v", err)
+			}
+			t.Fatal(err)
+		}
+		if err := os.Symlink("real", filepath.Join(tree, "soft")); err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, p, h, "hard", "mine\n")
+		writeFile(t, p, h, "soft", "replaced\n")
+		if b, _ := os.ReadFile(host); string(b) != "host\n" {
+			t.Errorf("the host file reads %q after a write to its hard link", b)
+		}
+		if got := readFile(t, p, h, "hard"); got != "mine\n" {
+			t.Errorf("hard = %q", got)
+		}
+		if got := readFile(t, p, h, "real"); got != "real\n" {
+			t.Errorf("a write to a symlink changed its target: %q", got)
+		}
+		if fi, err := os.Lstat(filepath.Join(tree, "soft")); err != nil || !fi.Mode().IsRegular() {
+			t.Errorf("soft is %v (%v), want the regular file written in its place", fi, err)
+		}
+		// Nothing of the write is left behind.
+		if got := mustRun(t, p, h, "ls -A"); got != "hard\nreal\nsoft\n" {
+			t.Errorf("the tree holds %q", got)
+		}
+	})
+}
+
+// Client mistakes carry their errno, which the sandbox API answers with a
+// code of its own.
+func TestFileMistakesKeepTheirKind(t *testing.T) {
+	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
+	h := start(t, p, provider.Spec{Files: map[string]string{"f": "x", "d/g": "y"}})
+	ctx := context.Background()
+	long := strings.Repeat("n", 300)
+	for _, c := range []struct {
+		name string
+		read bool
+		want error
+	}{
+		{"d", true, syscall.EISDIR},
+		{"d", false, syscall.EISDIR},
+		{"f/x", true, syscall.ENOTDIR},
+		{"f/x", false, syscall.ENOTDIR},
+		{long, true, syscall.ENAMETOOLONG},
+		{long, false, syscall.ENAMETOOLONG},
+		{"missing", true, fs.ErrNotExist},
+	} {
+		var err error
+		if c.read {
+			_, err = p.ReadFile(ctx, h, c.name)
+		} else {
+			err = p.WriteFile(ctx, h, c.name, []byte("z"))
+		}
+		if !errors.Is(err, c.want) {
+			t.Errorf("read=%v %.20q: %v, want %v", c.read, c.name, err, c.want)
+		}
 	}
 }
 
