@@ -168,7 +168,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	}
 	srv, err := httpapi.New(httpapi.Config{
 		Owner:            own,
-		Resources:        res,
+		Resources:        gradingTimed{res, met},
 		Logger:           log,
 		Clock:            clk,
 		SessionSecret:    secret,
@@ -229,6 +229,21 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		"session_secret": secretFrom,
 	}).Infof("serving %s on %s (checkpoint mode in effect: %s)", cfg.Resources, ln.Addr(), srv.Mode())
 	return a, nil
+}
+
+// gradingTimed records the gradings a resources server's verify replies
+// report (SWE-bench's GradingTime) in the metrics.
+type gradingTimed struct {
+	httpapi.Resources
+	met *metrics.Metrics
+}
+
+func (g gradingTimed) Verify(ctx context.Context, sess *httpapi.Session, body []byte) (any, error) {
+	rep, err := g.Resources.Verify(ctx, sess, body)
+	if t, ok := rep.(interface{ GradingTime() time.Duration }); ok && err == nil && t.GradingTime() > 0 {
+		g.met.Grading(t.GradingTime())
+	}
+	return rep, err
 }
 
 // PprofPrefix is where -pprof serves Go's profiles.

@@ -1,0 +1,54 @@
+package swebench_test
+
+import (
+	"context"
+	"math"
+	"net"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttputil"
+
+	"github.com/sandboxowner/owner/app"
+	"github.com/sandboxowner/owner/resources/swebench"
+)
+
+// TestGradingIsInTheMetrics: a verify that grades is one observation of
+// sandboxowner_grading_duration_seconds, the grading's own time.
+func TestGradingIsInTheMetrics(t *testing.T) {
+	tr := swebench.NewTaskRepo(t)
+	cfg := baseConfig(t, tr)
+	cfg.SWEBench.IsVerifyingGoldenPatch = true
+	reg := prometheus.NewRegistry()
+	ln := fasthttputil.NewInmemoryListener()
+	a, err := app.Start(context.Background(), cfg, app.Deps{Listener: ln, Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Stop(context.Background()) })
+	s := &server{t: t, a: a, cl: &fasthttp.Client{Dial: func(string) (net.Conn, error) { return ln.Dial() }}}
+	if status, _, _ := s.post("/seed_session", tr.MultilingualRow); status != 200 {
+		t.Fatalf("seed: %d", status)
+	}
+	status, res, _ := s.post("/verify", tr.MultilingualRow)
+	if status != 200 || res["reward"] != 1.0 {
+		t.Fatalf("verify: %d %v", status, res)
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != "sandboxowner_grading_duration_seconds" {
+			continue
+		}
+		h := f.GetMetric()[0].GetHistogram()
+		took := res["patch_verification_time_taken"].(float64)
+		if h.GetSampleCount() != 1 || math.Abs(h.GetSampleSum()-took) > 1e-6 {
+			t.Errorf("grading histogram: %d gradings summing %v s, want 1 of %v s", h.GetSampleCount(), h.GetSampleSum(), took)
+		}
+		return
+	}
+	t.Error("no sandboxowner_grading_duration_seconds family")
+}
