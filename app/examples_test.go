@@ -26,6 +26,9 @@ func TestExamplesLoad(t *testing.T) {
 		"swebench.yaml": func(c app.Config) bool {
 			return c.Resources == "swebench" && !c.SWEBench.IsVerifyingGoldenPatch && c.Checkpoint.StateDir != "" && len(c.SWEBench.Repos) > 0
 		},
+		"notes-opensandbox.yaml": func(c app.Config) bool {
+			return c.Resources == "notes" && c.Sandbox.Provider == "opensandbox" && c.Sandbox.OpenSandbox.Domain != "" && c.Checkpoint.Enabled
+		},
 		"swebench-golden.yaml": func(c app.Config) bool {
 			return c.Resources == "swebench" && c.SWEBench.IsVerifyingGoldenPatch && c.NumWorkers > 1
 		},

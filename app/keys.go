@@ -176,6 +176,9 @@ func gotOf(n *yaml.Node) string {
 
 // flagType is the value placeholder -h shows for a key.
 func flagType(t reflect.Type) string {
+	if t == durationType {
+		return "duration"
+	}
 	switch t.Kind() {
 	case reflect.String:
 		return "string"
