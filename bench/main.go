@@ -39,7 +39,7 @@ func main() {
 func run() error {
 	quick := flag.Bool("quick", false, "a one-minute pass: fewer sizes and repetitions")
 	tiny := flag.Bool("tiny", false, "a few-second pass that checks the harness works (figures meaningless)")
-	sections := flag.String("sections", "", "comma-separated sections to run: checkpoint (or commit, release), memory, sandboxes, http (default all)")
+	sections := flag.String("sections", "", "comma-separated sections to run: checkpoint (or commit, release), memory, sandboxes, scale, http (default all)")
 	out := flag.String("out", "", "directory for results.md and results.svg (default bench/ when run from the repository root)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the harness process to this file")
 	memprofile := flag.String("memprofile", "", "write a heap profile of the harness process to this file at the end")

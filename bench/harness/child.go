@@ -37,6 +37,8 @@ func Child(args []string, stdout, stderr io.Writer) int {
 		err = loadChild(args[1:], stdout)
 	case "memory":
 		err = memoryChild(args[1:], stdout)
+	case "scale":
+		err = scaleChild(args[1:], stdout)
 	default:
 		err = fmt.Errorf("unknown child %q", args[0])
 	}

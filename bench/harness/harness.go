@@ -79,6 +79,7 @@ const (
 	SectionHTTP       = "http"
 	SectionMemory     = "memory"
 	SectionSandboxes  = "sandboxes"
+	SectionScale      = "scale"
 )
 
 // plan is what a mode measures.
@@ -220,6 +221,13 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			h.fail(SectionSandboxes, err)
 		} else {
 			h.update(func(r *Report) { r.Sandboxes = sb })
+		}
+	}
+	if h.wants(SectionScale) && ctx.Err() == nil {
+		if sc, err := h.scale(ctx); err != nil {
+			h.fail(SectionScale, err)
+		} else {
+			h.update(func(r *Report) { r.Scale = sc })
 		}
 	}
 	if h.wants(SectionHTTP) && ctx.Err() == nil {

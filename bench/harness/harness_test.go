@@ -65,9 +65,12 @@ func TestTinyRun(t *testing.T) {
 			t.Errorf("sandboxes rows by mode %v (skipped %v), want 4 of each mode that runs here", modes, sb.Skipped)
 		}
 	}
+	if sc := rep.Scale; sc == nil || sc.Errors != 0 || sc.Verified != sc.Sessions || sc.Routes[scaleAppend].Iterations == 0 || sc.Control[scaleRestore] <= 0 {
+		t.Errorf("scale: %+v", sc)
+	}
 	md := rep.Markdown()
 	for _, want := range []string{
-		"## Machine", "## Goals", "## Commit", "## Restore", "## Where the time goes", "## Release", "## HTTP", "## Real sandboxes", "## Memory", "## Chart",
+		"## Machine", "## Goals", "## Commit", "## Restore", "## Where the time goes", "## Release", "## HTTP", "## Real sandboxes", "## 40 sessions over HTTP", "## Memory", "## Chart",
 		"| N | L | P | reps | measured | best | worst | ideal |", "| K | N | deletes |", "| route | C | req/s |",
 		"| /sandbox_access | 4 |", "| seed+close | 4 |", "the owner's share", "| commit |", "spread by more than 50% (worst against best)",
 	} {

@@ -195,7 +195,7 @@ func BenchmarkSessionCookie(b *testing.B) {
 // fasthttp's own reading and writing. Each parallel caller has its own
 // session, as each agent does.
 func BenchmarkHandler(b *testing.B) {
-	srv, o, err := newServer(context.Background(), b.TempDir())
+	srv, o, err := newServer(context.Background(), b.TempDir(), fake.New(fake.Options{Seed: 1}))
 	if err != nil {
 		b.Fatal(err)
 	}

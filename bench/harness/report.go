@@ -43,6 +43,8 @@ type Report struct {
 	// Sandboxes is commit and restore of real sandboxes on the local
 	// provider (nil when the section did not run).
 	Sandboxes *SandboxesResult
+	// Scale is the 10,000 sessions over HTTP (nil when it did not run).
+	Scale *ScaleResult
 }
 
 // The goals of issue 6 (goals to report against, not assertions).
@@ -155,7 +157,24 @@ func (r *Report) Goals() []Goal {
 		g.Met = met(m.OwnerRSSPer()/1024 <= GoalIdleSessionKiB)
 	}
 	gs = append(gs, g)
-	return append(gs, r.pauseGoal())
+	return append(gs, r.pauseGoal(), r.scaleGoal())
+}
+
+// scaleGoal is the errors of the scale run: every request answered, every
+// session verified after the restore.
+func (r *Report) scaleGoal() Goal {
+	g := Goal{Name: "errors over HTTP: sessions seeded, calling, committed, restored into a fresh server, verified", Target: "0", Measured: notMeasured}
+	if reason, ok := r.Failed[SectionScale]; ok {
+		g.Measured = "failed: " + reason
+	}
+	if sc := r.Scale; sc != nil {
+		g.Measured = fmt.Sprintf("%d errors; %d of %d sessions verified", sc.Errors, sc.Verified, sc.Sessions)
+		if sc.FirstError != "" {
+			g.Measured += " (first: " + oneLine(sc.FirstError) + ")"
+		}
+		g.Met = met(sc.Errors == 0 && sc.Verified == sc.Sessions)
+	}
+	return g
 }
 
 // pauseGoal is the worst pause a snapshot gave a real sandbox in overlay
@@ -298,6 +317,33 @@ func SandboxTable(sb *SandboxesResult) string {
 	return b.String()
 }
 
+// ScaleTable is the scale section as markdown tables.
+func ScaleTable(sc *ScaleResult) string {
+	var b strings.Builder
+	b.WriteString("| route | requests | errors | req/s | p50 | p99 |\n|---|---:|---:|---:|---:|---:|\n")
+	for _, k := range []string{scaleSeed, scaleAppend, scaleReseed, scaleVerify} {
+		r, ok := sc.Routes[k]
+		if !ok {
+			continue
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %.0f | %s | %s |\n", k, r.Iterations, r.Errors, r.RPS(), fmtDur(r.P50), fmtDur(r.P99))
+	}
+	b.WriteString("\n| | |\n|---|---|\n")
+	for _, k := range []string{scaleCommit, scaleRestore} {
+		if d, ok := sc.Control[k]; ok {
+			fmt.Fprintf(&b, "| %s of %d sessions (wall) | %s |\n", k, sc.Sessions, fmtDur(d))
+		}
+	}
+	fmt.Fprintf(&b, "| resident memory per live session (server process, the fake's sandboxes included) | %.1f KiB |\n", sc.RSSPer/1024)
+	fmt.Fprintf(&b, "| sessions verified after the restore | %d of %d |\n", sc.Verified, sc.Sessions)
+	fmt.Fprintf(&b, "| errors | %d |\n", sc.Errors)
+	if sc.FirstError != "" {
+		fmt.Fprintf(&b, "| first error | %s |\n", oneLine(sc.FirstError))
+	}
+	fmt.Fprintf(&b, "| load average (1 min) at start, end | %s, %s |\n", sc.LoadStart, sc.LoadEnd)
+	return b.String()
+}
+
 // MemoryTable is the memory section as a markdown table.
 func MemoryTable(m *MemoryResult) string {
 	var b strings.Builder
@@ -371,6 +417,10 @@ func (r *Report) Markdown() string {
 	if sb := r.Sandboxes; sb != nil {
 		section("Real sandboxes", fmt.Sprintf("Sessions on the local provider (no isolation), each a checkout of the benchmark's Go module (%d files, %.1f MiB) in which the agent changed %d files; the owner commits them (parallelism %d) and a fresh owner restores them. Copied is what the operation wrote (snapshot layers; the forks' own trees). Pause is how long each sandbox's snapshot held it (commands stopped, none starting); floor is copying only its changed files.",
 			sb.Files, float64(sb.TreeBytes)/(1<<20), sb.Changed, sb.Parallelism), SandboxTable(sb))
+	}
+	if sc := r.Scale; sc != nil {
+		section(fmt.Sprintf("%d sessions over HTTP", sc.Sessions), fmt.Sprintf("A load generator in its own process seeds %d notes sessions through HTTP (256 at a time), keeps %d of them appending notes for %s, then, as the controller, prepares, commits all of them and resumes. The server (the owner on the fake provider, in the harness process) then dies without a shutdown and a fresh server on the same state and provider restores every episode; each session re-seeds its next attempt with its cookie and verifies its notes (reward 1). Latencies are per request; req/s over the stretch the route ran.",
+			sc.Sessions, sc.Active, sc.Load), ScaleTable(sc))
 	}
 	if r.Memory != nil {
 		section("Memory", "Resident memory (VmRSS) and live Go heap after GC, before and after starting the sessions, each process fresh. The fake keeps every sandbox's files in memory; a real provider keeps them elsewhere, so the owner's share is the first row less the second.", MemoryTable(r.Memory))

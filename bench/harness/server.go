@@ -23,14 +23,23 @@ import (
 // admission gate) and the fake provider at zero latency, on a loopback
 // listener.
 func DefaultServer(ctx context.Context, dir string) (Target, error) {
-	srv, o, err := newServer(ctx, dir)
+	t, _, err := serveOwner(ctx, dir, fake.New(fake.Options{Seed: 1}))
+	return t, err
+}
+
+// serveOwner starts the notes server on fk with its state under dir on a
+// loopback listener. Target.Close shuts it down cleanly; crash drops it as
+// a killed process would (the owner abandoned, nothing stopped), so that a
+// fresh server on the same dir and fake can restore.
+func serveOwner(ctx context.Context, dir string, fk *fake.Provider) (t Target, crash func(), err error) {
+	srv, o, err := newServer(ctx, dir, fk)
 	if err != nil {
-		return Target{}, err
+		return Target{}, nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		_ = o.Close()
-		return Target{}, fmt.Errorf("listen: %w", err)
+		return Target{}, nil, fmt.Errorf("listen: %w", err)
 	}
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -38,22 +47,35 @@ func DefaultServer(ctx context.Context, dir string) (Target, error) {
 		defer wg.Done()
 		_ = srv.Serve(ln)
 	}()
-	return Target{Addr: ln.Addr().String(), Close: func() error {
+	shutdown := func() error {
 		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		err := srv.Shutdown(sctx)
 		wg.Wait()
+		return err
+	}
+	crash = func() {
+		o.Abandon()
+		_ = shutdown()
+	}
+	return Target{Addr: ln.Addr().String(), Close: func() error {
+		err := shutdown()
 		return errors.Join(err, o.Close())
-	}}, nil
+	}}, crash, nil
 }
 
-// newServer builds DefaultServer's owner and HTTP server, not yet serving.
-func newServer(ctx context.Context, dir string) (*httpapi.Server, *owner.Owner, error) {
+// benchControlToken guards the control plane of the servers the harness
+// starts.
+const benchControlToken = "bench-control-token"
+
+// newServer builds the notes server on fk with its state under dir, not yet
+// serving.
+func newServer(ctx context.Context, dir string, fk *fake.Provider) (*httpapi.Server, *owner.Owner, error) {
 	lg := logrus.New()
 	lg.SetOutput(io.Discard)
 	o, err := owner.New(ctx, owner.Config{
 		Name:       "notes",
-		Provider:   fake.New(fake.Options{Seed: 1}),
+		Provider:   fk,
 		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: dir},
 		Logger:     lg,
 	})
@@ -70,7 +92,7 @@ func newServer(ctx context.Context, dir string) (*httpapi.Server, *owner.Owner, 
 		Resources:        notes.New(notes.Options{}),
 		Logger:           lg,
 		SessionSecret:    secret,
-		ControlAuthToken: "bench-control-token",
+		ControlAuthToken: benchControlToken,
 	})
 	if err != nil {
 		_ = o.Close()
