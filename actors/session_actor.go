@@ -195,7 +195,7 @@ func (a *sessionActor) start(e effStart, feed func(any)) {
 		// retrying, since nothing else would stop it.
 		stopCtx, cancel := context.WithTimeout(a.env.base(), a.stopTimeout())
 		defer cancel()
-		if serr := stopRetrying(stopCtx, p, h); serr != nil {
+		if serr := provider.StopRetrying(stopCtx, p, h); serr != nil {
 			a.log.WithError(serr).WithField("sandbox", h.SandboxID).Warn("stopping the sandbox of a failed setup failed")
 		}
 		feed(startDone{Seq: e.Seq, Err: err})
@@ -203,21 +203,6 @@ func (a *sessionActor) start(e effStart, feed func(any)) {
 	}
 	sb.Data = data
 	feed(startDone{Seq: e.Seq, Sandbox: sb})
-}
-
-// stopAttempts bounds stopRetrying.
-const stopAttempts = 3
-
-// stopRetrying stops a sandbox that nothing else will stop if this fails (a
-// failed setup's), retrying a failed stop up to three times while ctx lasts.
-func stopRetrying(ctx context.Context, p provider.Provider, h provider.Handle) error {
-	var err error
-	for i := 0; i < stopAttempts; i++ {
-		if err = p.Stop(ctx, h); err == nil || ctx.Err() != nil {
-			return err
-		}
-	}
-	return err
 }
 
 func (a *sessionActor) runSetup(ctx context.Context, setup messages.SetupFunc, sb messages.Sandbox) (data json.RawMessage, err error) {

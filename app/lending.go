@@ -94,15 +94,10 @@ func (l *lending) admit(ctx context.Context, sandboxID string) (func(), error) {
 func resolver(own *owner.Owner) sandboxapi.Resolver {
 	return func(sandboxID string) (provider.Handle, sandboxapi.Fate) {
 		_, h, fate := own.SandboxFate(sandboxID)
-		switch fate {
-		case owner.FateLive:
-			return h, sandboxapi.FateLive
-		case owner.FateSuperseded:
-			return provider.Handle{}, sandboxapi.FateSuperseded
-		case owner.FateEnded:
-			return provider.Handle{}, sandboxapi.FateEnded
+		if fate != owner.FateLive {
+			h = provider.Handle{}
 		}
-		return provider.Handle{}, sandboxapi.FateUnknown
+		return h, fate
 	}
 }
 

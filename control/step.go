@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/internal/fifo"
 )
 
 // State is the whole of the control plane's decisions: the phase, the
@@ -26,7 +28,7 @@ type State struct {
 	// running are the commits and restores in flight, by their arguments'
 	// fingerprint.
 	running  map[OpKey]string
-	resumed  ring[string]
+	resumed  *fifo.Map[string, struct{}]
 	fence    map[string]int // rollout id -> highest retired attempt
 	Retiring int
 	events   []Event // the last eventMemory, oldest first
@@ -47,7 +49,7 @@ func NewState(kind, instance string, leaseGrace, maxDeadline time.Duration) *Sta
 		Phase:   PhaseIdle,
 		results: map[OpKey]recorded{},
 		running: map[OpKey]string{},
-		resumed: newRing[string](ResumedMemory),
+		resumed: fifo.New[string, struct{}](ResumedMemory),
 		fence:   map[string]int{},
 	}
 }
@@ -240,7 +242,7 @@ func (s *State) runningOf(id string) (OpKey, bool) {
 // admit applies the checks every phased operation shares, in the order of
 // the protocol. It returns a recorded reply when there is one.
 func (s *State) admit(op, id, fp string, ring bool, allowed ...Phase) (any, bool, error) {
-	if ring && s.resumed.has(id) {
+	if ring && s.resumed.Has(id) {
 		return nil, false, ErrStaleCheckpoint.With("checkpoint %q was already resumed", id)
 	}
 	if s.Active != "" && s.Active != id {
@@ -289,7 +291,7 @@ func (s *State) arm(deadline time.Time) {
 // remembered, its recorded replies are cleared.
 func (s *State) reopen(id string, out *Output) {
 	out.emit(EffOpenAdmission{})
-	s.resumed.add(id)
+	s.resumed.Put(id, struct{}{})
 	for k := range s.results {
 		if k.ID == id {
 			delete(s.results, k)
@@ -575,7 +577,7 @@ func (s *State) resume(req ResumeRequest, now time.Time, out *Output) {
 	}
 	s.expire(now, out)
 	id := req.CheckpointID
-	if s.resumed.has(id) {
+	if s.resumed.Has(id) {
 		out.Reply = ResumeReply{Phase: PhaseIdle, Idempotent: true}
 		return
 	}
@@ -658,28 +660,4 @@ func (s *State) renew(req RenewRequest, now time.Time, out *Output) {
 	}
 	s.arm(req.Deadline())
 	out.Reply = RenewReply{LeaseExpiresAt: UnixSeconds(s.Lease)}
-}
-
-// ring is a bounded FIFO set: the oldest entry goes when a new one exceeds
-// the bound.
-type ring[T comparable] struct {
-	max   int
-	order []T
-	in    map[T]bool
-}
-
-func newRing[T comparable](max int) ring[T] { return ring[T]{max: max, in: map[T]bool{}} }
-
-func (r *ring[T]) has(v T) bool { return r.in[v] }
-
-func (r *ring[T]) add(v T) {
-	if r.in[v] {
-		return
-	}
-	r.order = append(r.order, v)
-	r.in[v] = true
-	if len(r.order) > r.max {
-		delete(r.in, r.order[0])
-		r.order = r.order[1:]
-	}
 }

@@ -225,5 +225,5 @@ func (r *stepRun) state() string {
 	}
 	return fmt.Sprintf("state: %s active=%s lease=%s results=[%s] running=[%s] resumed=[%s] fence=[%s] retiring=%d",
 		s.Phase, active, r.at(s.Lease), strings.Join(results, ", "), strings.Join(running, ", "),
-		strings.Join(s.resumed.order, ","), strings.Join(fence, ","), s.Retiring)
+		strings.Join(s.resumed.Keys(), ","), strings.Join(fence, ","), s.Retiring)
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -24,6 +23,8 @@ import (
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/internal/envelope"
+	"github.com/sandboxowner/owner/internal/fifo"
 	"github.com/sandboxowner/owner/metrics"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/participant"
@@ -463,31 +464,10 @@ func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
 
 // --- responses ---
 
-type envelope struct {
-	Error struct {
-		Code   string `json:"code"`
-		Detail string `json:"detail"`
-	} `json:"error"`
-}
-
-func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		writeError(ctx, nethttp.StatusInternalServerError, CodeInternal, "reply is not JSON: "+err.Error())
-		return
-	}
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(b)
-}
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) { envelope.WriteJSON(ctx, status, v) }
 
 func writeError(ctx *fasthttp.RequestCtx, status int, code, detail string) {
-	var e envelope
-	e.Error.Code, e.Error.Detail = code, detail
-	b, _ := json.Marshal(e)
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(b)
+	envelope.WriteError(ctx, status, code, detail)
 }
 
 func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
@@ -628,39 +608,29 @@ func controlCall[T any](body []byte, fn func(T) (any, error)) (any, error) {
 // closedSessions remembers closed session ids for a while, so a late seed
 // with a closed session's cookie does not start a sandbox nobody will end.
 type closedSessions struct {
-	mu     sync.Mutex
-	clk    clock.Clock
-	keep   time.Duration
-	at     map[string]time.Time
-	order  []string
-	maxLen int
+	mu   sync.Mutex
+	clk  clock.Clock
+	keep time.Duration
+	at   *fifo.Map[string, time.Time]
 }
 
 func newClosedSessions(clk clock.Clock, keep time.Duration) *closedSessions {
-	return &closedSessions{clk: clk, keep: keep, at: map[string]time.Time{}, maxLen: 1 << 16}
+	return &closedSessions{clk: clk, keep: keep, at: fifo.New[string, time.Time](1 << 16)}
 }
 
 func (c *closedSessions) add(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.clk.Now()
-	if _, ok := c.at[id]; !ok {
-		c.order = append(c.order, id)
-	}
-	c.at[id] = now
-	for len(c.order) > 0 {
-		old := c.order[0]
-		if len(c.order) <= c.maxLen && now.Sub(c.at[old]) < c.keep {
-			break
-		}
-		delete(c.at, old)
-		c.order = c.order[1:]
+	c.at.Put(id, now)
+	for _, at, ok := c.at.Oldest(); ok && now.Sub(at) >= c.keep; _, at, ok = c.at.Oldest() {
+		c.at.DropOldest()
 	}
 }
 
 func (c *closedSessions) has(id string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	at, ok := c.at[id]
+	at, ok := c.at.Get(id)
 	return ok && c.clk.Now().Sub(at) < c.keep
 }

@@ -3,29 +3,29 @@ package owner
 import (
 	"sync"
 
+	"github.com/sandboxowner/owner/internal/fifo"
+	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 )
 
 // Fate is what became of a sandbox the owner held.
-type Fate string
+type Fate = messages.Fate
 
 // Fates.
 const (
-	FateLive       Fate = "live"
-	FateEnded      Fate = "ended"
-	FateSuperseded Fate = "superseded"
-	FateUnknown    Fate = "unknown"
+	FateLive       = messages.FateLive
+	FateEnded      = messages.FateEnded
+	FateSuperseded = messages.FateSuperseded
+	FateUnknown    = messages.FateUnknown
 )
 
 // fateMemory remembers the live sandboxes and a bounded number of gone
 // ones, so that an agent holding a stale sandbox id learns that it was
 // superseded or ended instead of "unknown".
 type fateMemory struct {
-	mu    sync.Mutex
-	live  map[string]liveSandbox
-	gone  map[string]Fate
-	order []string // gone ids, oldest first
-	limit int
+	mu   sync.Mutex
+	live map[string]liveSandbox
+	gone *fifo.Map[string, Fate]
 }
 
 type liveSandbox struct {
@@ -35,7 +35,7 @@ type liveSandbox struct {
 }
 
 func newFateMemory(limit int) *fateMemory {
-	return &fateMemory{live: map[string]liveSandbox{}, gone: map[string]Fate{}, limit: limit}
+	return &fateMemory{live: map[string]liveSandbox{}, gone: fifo.New[string, Fate](limit)}
 }
 
 func (f *fateMemory) hold(sessionID string, h provider.Handle, fromSnapshot string) {
@@ -48,14 +48,7 @@ func (f *fateMemory) set(sandboxID string, fate Fate) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.live, sandboxID)
-	if _, ok := f.gone[sandboxID]; !ok {
-		f.order = append(f.order, sandboxID)
-	}
-	f.gone[sandboxID] = fate
-	for len(f.order) > f.limit {
-		delete(f.gone, f.order[0])
-		f.order = f.order[1:]
-	}
+	f.gone.Put(sandboxID, fate)
 }
 
 func (f *fateMemory) get(sandboxID string) (liveSandbox, Fate) {
@@ -64,7 +57,7 @@ func (f *fateMemory) get(sandboxID string) (liveSandbox, Fate) {
 	if l, ok := f.live[sandboxID]; ok {
 		return l, FateLive
 	}
-	if fate, ok := f.gone[sandboxID]; ok {
+	if fate, ok := f.gone.Get(sandboxID); ok {
 		return liveSandbox{}, fate
 	}
 	return liveSandbox{}, FateUnknown

@@ -226,3 +226,19 @@ func CapabilitiesOf(p Provider) Capabilities {
 	_, list := p.(Lister)
 	return Capabilities{Snapshot: snap, Lease: lease, List: list}
 }
+
+// StopAttempts is how often StopRetrying tries.
+const StopAttempts = 3
+
+// StopRetrying stops a sandbox that nothing else will stop if this fails (a
+// failed setup's, a startup sweep's, a failed restore's forks, a superseded
+// one), trying up to StopAttempts times while ctx lasts.
+func StopRetrying(ctx context.Context, p Provider, h Handle) error {
+	var err error
+	for i := 0; i < StopAttempts; i++ {
+		if err = p.Stop(ctx, h); err == nil || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}

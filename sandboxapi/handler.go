@@ -17,6 +17,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/internal/envelope"
+	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
 )
@@ -34,31 +36,16 @@ const fileCallTimeout = time.Minute
 const execGrace = 30 * time.Second
 
 // Fate is what became of a sandbox a token may name.
-type Fate int
+type Fate = messages.Fate
 
-// The fates a Resolver reports.
+// The fates a Resolver reports: unknown (404), live, superseded by a
+// restore (410 superseded), ended (410 ended).
 const (
-	// FateUnknown: no session ever held the sandbox (404).
-	FateUnknown Fate = iota
-	// FateLive: the sandbox is its session's current one.
-	FateLive
-	// FateSuperseded: a restore replaced it with a fork (410 superseded).
-	FateSuperseded
-	// FateEnded: its session ended (410 ended).
-	FateEnded
+	FateUnknown    = messages.FateUnknown
+	FateLive       = messages.FateLive
+	FateSuperseded = messages.FateSuperseded
+	FateEnded      = messages.FateEnded
 )
-
-func (f Fate) String() string {
-	switch f {
-	case FateLive:
-		return "live"
-	case FateSuperseded:
-		return "superseded"
-	case FateEnded:
-		return "ended"
-	}
-	return "unknown"
-}
 
 // Resolver tells what became of a sandbox id and, when it is live, its
 // handle. The owner answers it from its sessions (and what it remembers of
@@ -353,30 +340,14 @@ func (h *Handler) fail(ctx *fasthttp.RequestCtx, sandboxID string, status int, c
 	h.writeError(ctx, status, code, detail)
 }
 
-// errorBody is the error envelope.
-type errorBody struct {
-	Error errorDetail `json:"error"`
-}
-
-type errorDetail struct {
-	Code   string `json:"code"`
-	Detail string `json:"detail"`
-}
-
 func (h *Handler) writeError(ctx *fasthttp.RequestCtx, status int, code, detail string) {
-	h.writeJSON(ctx, status, errorBody{Error: errorDetail{Code: code, Detail: detail}})
+	envelope.WriteError(ctx, status, code, detail)
 }
 
 func (h *Handler) reply(ctx *fasthttp.RequestCtx, v any) { h.writeJSON(ctx, fasthttp.StatusOK, v) }
 
 func (h *Handler) writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		status, b = fasthttp.StatusInternalServerError, []byte(`{"error":{"code":"internal","detail":"encode the reply"}}`)
-	}
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(b)
+	envelope.WriteJSON(ctx, status, v)
 }
 
 // decodeStrict decodes exactly one JSON object, refusing unknown fields and

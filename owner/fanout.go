@@ -1,0 +1,99 @@
+package owner
+
+import (
+	"context"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/provider"
+)
+
+// each runs fn for 0..n-1 concurrently and waits; limited runs hold the
+// checkpoint limiter around each call. A context that ends stops the
+// waiting ones.
+func (o *Owner) each(ctx context.Context, n int, limited bool, fn func(i int)) {
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			if limited {
+				if err := o.limiter.Acquire(ctx); err != nil {
+					return
+				}
+				defer o.limiter.Release()
+			}
+			fn(i)
+		}(i)
+	}
+	wg.Wait()
+}
+
+// eachOutcome is each for calls that each concern one id: fn returns the id
+// and the call's error ("" for an item with nothing to do). It returns the
+// ids that succeeded, sorted, and the failures by id.
+func (o *Owner) eachOutcome(ctx context.Context, n int, limited bool, fn func(i int) (string, error)) ([]string, map[string]string) {
+	var mu sync.Mutex
+	var done []string
+	failed := map[string]string{}
+	o.each(ctx, n, limited, func(i int) {
+		id, err := fn(i)
+		if id == "" {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			failed[id] = err.Error()
+			return
+		}
+		done = append(done, id)
+	})
+	sort.Strings(done)
+	return done, failed
+}
+
+// stopMany stops sessions' sandboxes for reason, in parallel (the sessions
+// bound their provider calls with the limiter).
+func (o *Owner) stopMany(ctx context.Context, sessionIDs []string, reason messages.StopReason) ([]string, map[string]string) {
+	return o.eachOutcome(ctx, len(sessionIDs), false, func(i int) (string, error) {
+		sid := sessionIDs[i]
+		h, err := o.stopSession(ctx, sid, reason)
+		if err == nil && h == nil {
+			return "", nil // held no sandbox: nothing stopped
+		}
+		return sid, err
+	})
+}
+
+func joinFailures(failed map[string]string) string {
+	var parts []string
+	for _, k := range sortedKeys(failed) {
+		parts = append(parts, k+": "+failed[k])
+	}
+	return strings.Join(parts, "; ")
+}
+
+// stopHandles stops sandboxes that no session holds, at most parallelism
+// at once, and reports which stopped.
+func (o *Owner) stopHandles(hs []provider.Handle) ([]string, map[string]string) {
+	ctx, cancel := context.WithTimeout(o.base, 10*time.Minute)
+	defer cancel()
+	return o.eachOutcome(ctx, len(hs), true, func(i int) (string, error) {
+		if hs[i].SandboxID == "" {
+			return "", nil
+		}
+		return hs[i].SandboxID, provider.StopRetrying(ctx, o.prov, hs[i])
+	})
+}
+
+func toSet(ids []string) map[string]bool {
+	m := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		m[id] = true
+	}
+	return m
+}

@@ -1,0 +1,306 @@
+package owner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/snapshotindex"
+)
+
+// RestoreRequest asks for the sessions of a checkpoint to be forked back.
+type RestoreRequest struct {
+	// CheckpointID names the checkpoint; empty, the latest committed with
+	// CheckpointDir is restored.
+	CheckpointID string
+	// CheckpointDir, when set, must be the directory the checkpoint was
+	// committed with.
+	CheckpointDir string
+	// Sessions limits the restore to these sessions (each must be in the
+	// checkpoint); nil restores all.
+	Sessions []string
+	// Episodes, when not nil, limits the restore to the records labelled
+	// with one of these episodes (those the checkpoint lacks are skipped).
+	Episodes []string
+}
+
+// restoreSource reads the checkpoint a restore names: by id, or the latest
+// committed with its dir, which must match when both are given.
+func (o *Owner) restoreSource(req RestoreRequest) (snapshotindex.Checkpoint, error) {
+	id := req.CheckpointID
+	if id == "" {
+		if req.CheckpointDir == "" {
+			return snapshotindex.Checkpoint{}, fmt.Errorf("%w: neither a checkpoint id nor a checkpoint dir", ErrUnknownCheckpoint)
+		}
+		meta, ok, err := o.index.FindByDir(req.CheckpointDir)
+		if err != nil {
+			return snapshotindex.Checkpoint{}, fmt.Errorf("find the checkpoint of %s: %w", req.CheckpointDir, err)
+		}
+		if !ok {
+			return snapshotindex.Checkpoint{}, fmt.Errorf("%w: no checkpoint was committed with checkpoint_dir %s", ErrUnknownCheckpoint, req.CheckpointDir)
+		}
+		id = meta.ID
+	}
+	ck, err := o.index.Checkpoint(id)
+	if errors.Is(err, snapshotindex.ErrNotFound) {
+		return ck, fmt.Errorf("%w: %q", ErrUnknownCheckpoint, id)
+	}
+	if err != nil {
+		return ck, err
+	}
+	if req.CheckpointDir != "" && ck.Meta.CheckpointDir != "" && ck.Meta.CheckpointDir != req.CheckpointDir {
+		return ck, fmt.Errorf("%w: checkpoint %s was committed with checkpoint_dir %s, not %s", ErrInvalidRecord, id, ck.Meta.CheckpointDir, req.CheckpointDir)
+	}
+	return ck, nil
+}
+
+// RestoredSession is one installed session.
+type RestoredSession struct {
+	SessionID string
+	Episode   string
+	Sandbox   Sandbox
+}
+
+// RestoreResult is what a restore installed.
+type RestoreResult struct {
+	CheckpointID string
+	Sessions     []RestoredSession
+	// Superseded are the checkpoint's original sandboxes the restore
+	// stopped; SupersedeFailed those it could not stop (best effort).
+	Superseded      []string
+	SupersedeFailed map[string]string
+}
+
+// Restore forks every session of a checkpoint back, all or none: every
+// record is validated before the provider is touched, the forks run in
+// parallel, and if one fails every fork made is stopped and nothing is
+// installed. Then the superseded sandboxes are stopped, best effort.
+func (o *Owner) Restore(ctx context.Context, req RestoreRequest) (RestoreResult, error) {
+	res := RestoreResult{CheckpointID: req.CheckpointID}
+	switch o.mode {
+	case ModeOff:
+		return res, ErrCheckpointingOff
+	case ModeRestartOnly:
+		return res, fmt.Errorf("%w: a restart_only owner cannot restore session state", ErrRestoreFailed)
+	}
+	o.ctl.Lock()
+	defer o.ctl.Unlock()
+	ck, err := o.restoreSource(req)
+	if err != nil {
+		return res, fmt.Errorf("%w: %w", ErrRestoreFailed, err)
+	}
+	req.CheckpointID, res.CheckpointID = ck.Meta.ID, ck.Meta.ID
+	records := inScope(ck.Records, func(r snapshotindex.Record) string { return r.SessionID }, req.Sessions)
+	if req.Sessions != nil && len(records) != len(req.Sessions) {
+		return res, fmt.Errorf("%w: %w: checkpoint %q does not hold every requested session", ErrRestoreFailed, ErrInvalidRecord, req.CheckpointID)
+	}
+	if req.Episodes != nil {
+		records = inScope(records, func(r snapshotindex.Record) string { return r.Episode }, req.Episodes)
+		if len(records) == 0 {
+			return res, nil
+		}
+	}
+	live, err := o.liveSet()
+	if err != nil {
+		return res, fmt.Errorf("%w: %w", ErrRestoreFailed, err)
+	}
+	if err := validateRecords(records, o.prov.Name(), live); err != nil {
+		return res, fmt.Errorf("%w: %w", ErrRestoreFailed, err)
+	}
+	// A restore writes no intent: a crash mid-restore leaves forks that
+	// carry this incarnation's labels, which the next start's sweep of
+	// earlier incarnations stops, and nothing in the index to undo.
+	forks, failed := o.forkAll(ctx, req.CheckpointID, records)
+	if len(failed) > 0 {
+		o.stopHandles(o.withListedForks(req.CheckpointID, forks))
+		return res, fmt.Errorf("%w: %d of %d forks failed: %s", ErrRestoreFailed, len(failed), len(records), joinFailures(failed))
+	}
+	installed, err := o.install(records, forks)
+	if err != nil {
+		return res, fmt.Errorf("%w: %w", ErrRestoreFailed, err)
+	}
+	res.Sessions = installed
+
+	old := make([]provider.Handle, 0, len(records))
+	for _, r := range records {
+		o.fates.set(r.Sandbox.SandboxID, FateSuperseded)
+		old = append(old, r.Sandbox)
+	}
+	res.Superseded, res.SupersedeFailed = o.stopHandles(old)
+	o.log.WithFields(logrus.Fields{"checkpoint": req.CheckpointID, "sessions": len(installed), "superseded": len(res.Superseded)}).Info("checkpoint restored")
+	return res, nil
+}
+
+// liveSet is the set of sessions the owner tracks.
+func (o *Owner) liveSet() (map[string]bool, error) {
+	refs, err := o.sessions()
+	if err != nil {
+		return nil, err
+	}
+	live := make(map[string]bool, len(refs))
+	for _, r := range refs {
+		live[r.SessionID] = true
+	}
+	return live, nil
+}
+
+// forkAll forks every record's snapshot, at most parallelism at once. The
+// returned handles are index-aligned with records (zero where it failed).
+func (o *Owner) forkAll(ctx context.Context, checkpointID string, records []snapshotindex.Record) ([]provider.Handle, map[string]string) {
+	snap := o.prov.(provider.Snapshotter)
+	forks := make([]provider.Handle, len(records))
+	var mu sync.Mutex
+	failed := map[string]string{}
+	fail := func(sid string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		failed[sid] = err.Error()
+	}
+	o.each(ctx, len(records), true, func(i int) {
+		r := records[i]
+		if err := ctx.Err(); err != nil {
+			fail(r.SessionID, err)
+			return
+		}
+		spec := o.labelled(r.Spec, r.SessionID, map[string]string{LabelRestore: checkpointID})
+		h, err := snap.Fork(ctx, spec, r.SnapshotID)
+		if err != nil {
+			fail(r.SessionID, err)
+			return
+		}
+		forks[i] = h
+	})
+	if err := ctx.Err(); err != nil {
+		// Sessions whose turn never came were not forked.
+		for i, r := range records {
+			mu.Lock()
+			if forks[i].SandboxID == "" && failed[r.SessionID] == "" {
+				failed[r.SessionID] = err.Error()
+			}
+			mu.Unlock()
+		}
+	}
+	return forks, failed
+}
+
+// withListedForks adds to forks the sandboxes this incarnation forked for
+// the checkpoint that the provider lists: a fork whose call failed after
+// the effect never reported its id.
+func (o *Owner) withListedForks(checkpointID string, forks []provider.Handle) []provider.Handle {
+	l, ok := o.prov.(provider.Lister)
+	if !ok {
+		return forks
+	}
+	ctx, cancel := context.WithTimeout(o.base, time.Minute)
+	defer cancel()
+	list, err := l.ListSandboxes(ctx)
+	if err != nil {
+		o.log.WithError(err).Warn("listing sandboxes after a failed restore failed")
+		return forks
+	}
+	known := map[string]bool{}
+	for _, h := range forks {
+		known[h.SandboxID] = true
+	}
+	out := append([]provider.Handle(nil), forks...)
+	for _, s := range list {
+		if s.Metadata[LabelRestore] != checkpointID || s.Metadata[LabelIncarnation] != o.incarnation || known[s.Handle.SandboxID] {
+			continue
+		}
+		// An earlier restore of the same checkpoint made forks with the
+		// same labels: those a session holds are not this restore's.
+		if _, _, fate := o.SandboxFate(s.Handle.SandboxID); fate == FateLive {
+			continue
+		}
+		out = append(out, s.Handle)
+	}
+	return out
+}
+
+// install spawns a session actor holding each fork. The spawns go to the
+// supervisor all at once, sharing one reply slot with room for every
+// answer, and the answers are then collected: one round trip (or one
+// future) per session would hold the restore that long. If one cannot be installed
+// (a seed of the same session raced the restore), the installed ones are
+// ended and the other forks stopped: all or none.
+func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle) ([]RestoredSession, error) {
+	select {
+	case <-o.closed:
+		return nil, ErrClosed
+	default:
+	}
+	now := o.clk.Now()
+	sbs := make([]messages.Sandbox, len(records))
+	replies := make(messages.ReplyTo, len(records))
+	at := make(map[string]int, len(records))
+	for i, r := range records {
+		sb := &sbs[i]
+		*sb = messages.Sandbox{
+			Handle:       forks[i],
+			Spec:         o.labelled(r.Spec, r.SessionID, nil),
+			Workdir:      r.Workdir,
+			Data:         r.Data,
+			Restored:     true,
+			FromSnapshot: r.SnapshotID,
+		}
+		if len(sb.Data) == 0 {
+			sb.Data = json.RawMessage("{}")
+		}
+		if ttl := r.Spec.TTL(); ttl > 0 {
+			sb.ExpiresAt = now.Add(ttl)
+		}
+		o.fates.hold(r.SessionID, sb.Handle, sb.FromSnapshot)
+		at[r.SessionID] = i
+		o.system.Root.Send(o.sup, &messages.SpawnSession{SessionID: r.SessionID, Install: sb, Snapshots: []string{r.SnapshotID}, Reply: replies})
+	}
+	wait, cancelWait := context.WithTimeout(context.Background(), time.Minute)
+	defer cancelWait()
+	installed := make([]bool, len(records))
+	errs := make([]error, len(records))
+	for range records {
+		v, err := o.await(wait, o.sup, replies)
+		if err != nil {
+			// Whatever answers are missing count as not installed.
+			break
+		}
+		ref := v.(*messages.SessionRef)
+		i := at[ref.SessionID]
+		installed[i], errs[i] = ref.Err == nil, ref.Err
+	}
+	out := make([]RestoredSession, 0, len(records))
+	var notInstalled []provider.Handle
+	var firstErr error
+	for i, r := range records {
+		if !installed[i] {
+			notInstalled = append(notInstalled, forks[i])
+			if firstErr == nil {
+				err := errs[i]
+				if err == nil {
+					err = errors.New("the supervisor did not answer")
+				}
+				firstErr = fmt.Errorf("install session %q: %w", r.SessionID, err)
+			}
+			continue
+		}
+		out = append(out, RestoredSession{SessionID: r.SessionID, Episode: r.Episode, Sandbox: sbs[i]})
+	}
+	if firstErr == nil {
+		return out, nil
+	}
+	ctx, cancel := context.WithTimeout(o.base, 10*time.Minute)
+	for _, done := range out {
+		if _, serr := o.stopSession(ctx, done.SessionID, messages.StopRetire); serr != nil {
+			o.log.WithError(serr).Warn("could not undo a restored session")
+		}
+	}
+	cancel()
+	o.stopHandles(notInstalled)
+	return nil, firstErr
+}
