@@ -101,7 +101,7 @@ func (p *Provider) waitExecd(ctx context.Context, id string, deadline time.Time)
 	if err != nil {
 		return fmt.Errorf("opensandbox: execd of %s: %w", id, err)
 	}
-	poll := p.poller()
+	poll := p.poller("", deadline)
 	for {
 		req := p.execdRequest(ep, "ping execd", http.MethodGet, "/ping")
 		resp, err := p.once(ctx, req)

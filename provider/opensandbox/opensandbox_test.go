@@ -499,3 +499,19 @@ func TestBadConfigAndHandles(t *testing.T) {
 		t.Errorf("%d sandboxes created from bad specs", n)
 	}
 }
+
+// TestPollsLearnTheTypicalWait: a create like the ones before it sleeps
+// through most of their wait instead of polling all along.
+func TestPollsLearnTheTypicalWait(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{CreateLatency: 10 * time.Second}, opensandbox.Options{})
+	polls := func() int { return e.srv.Stats().Requests["GET /sandboxes/{id}"] }
+	e.start(t, provider.Spec{})
+	first := polls()
+	e.start(t, provider.Spec{})
+	second := polls() - first
+	// The second: at once, after most of the typical wait, then a few
+	// short polls.
+	if first < 8 || 2*second > first {
+		t.Errorf("polls: first create %d, second %d; want many, then under half as many", first, second)
+	}
+}

@@ -48,6 +48,8 @@ type Provider struct {
 	// labels caches the metadata of sandboxes this process made, for
 	// naming their snapshots.
 	labels map[string]map[string]string
+	// typical is how long waits of each kind took lately.
+	typical map[string]time.Duration
 }
 
 var (
@@ -145,6 +147,7 @@ func New(opts Options) (*Provider, error) {
 		snapshots: make(chan struct{}, opts.MaxConcurrentSnapshots),
 		endpoints: map[string]endpoint{},
 		labels:    map[string]map[string]string{},
+		typical:   map[string]time.Duration{},
 	}, nil
 }
 
@@ -155,22 +158,67 @@ func (p *Provider) DefaultTTL() time.Duration { return p.opts.TTL }
 // Name is "opensandbox".
 func (p *Provider) Name() string { return Name }
 
-// poller spaces the polls of one wait: from an eighth of PollInterval,
-// doubling up to it, so that a short wait ends soon after it could and a
-// long one costs few requests.
+// poller spaces the polls of one wait. A wait of a kind this provider has
+// seen before first sleeps through most of what such waits took (creates
+// and captures take about as long as each other), then polls from an eighth
+// of PollInterval, doubling up to it: a short wait ends soon after it could,
+// a long one costs few requests.
 type poller struct {
 	p         *Provider
+	kind      string
+	start     time.Time
+	pending   time.Time // the last poll that found it not ready yet
+	deadline  time.Time
+	first     time.Duration
 	next, max time.Duration
 }
 
-func (p *Provider) poller() *poller {
-	return &poller{p: p, next: max(p.opts.PollInterval/8, time.Millisecond), max: p.opts.PollInterval}
+// Kinds of waits whose typical length is learnt.
+const (
+	waitCreate   = "create"
+	waitSnapshot = "snapshot"
+)
+
+func (p *Provider) poller(kind string, deadline time.Time) *poller {
+	w := &poller{p: p, kind: kind, start: p.clk.Now(), deadline: deadline,
+		next: max(p.opts.PollInterval/8, time.Millisecond), max: p.opts.PollInterval}
+	if kind != "" {
+		p.mu.Lock()
+		w.first = p.typical[kind] * 9 / 10
+		p.mu.Unlock()
+	}
+	return w
 }
 
 func (w *poller) wait(ctx context.Context) error {
+	w.pending = w.p.clk.Now()
+	if w.first > 0 {
+		now := w.pending
+		d := min(w.first-now.Sub(w.start), w.deadline.Sub(now))
+		w.first = 0
+		if d > w.next {
+			return w.p.sleep(ctx, d)
+		}
+	}
 	d := w.next
 	w.next = min(2*w.next, w.max)
 	return w.p.sleep(ctx, d)
+}
+
+// done records how long a successful wait took at least (until its last
+// poll that found it not ready: an estimate that errs short, so that the
+// sleep it sets never feeds on its own overshoot), as a moving average.
+func (w *poller) done() {
+	if w.kind == "" || w.pending.IsZero() {
+		return
+	}
+	took := w.pending.Sub(w.start)
+	w.p.mu.Lock()
+	defer w.p.mu.Unlock()
+	if t := w.p.typical[w.kind]; t > 0 {
+		took = (3*t + took) / 4
+	}
+	w.p.typical[w.kind] = took
 }
 
 // acquire takes a slot of sem, waiting (queued) until one frees or ctx ends.
@@ -452,7 +500,7 @@ func (p *Provider) getSandbox(ctx context.Context, id string) (sandboxDoc, error
 // waitRunning polls until the sandbox runs; Failed, Terminated, Stopping,
 // a vanished sandbox or the deadline end it.
 func (p *Provider) waitRunning(ctx context.Context, id string, deadline time.Time) error {
-	poll := p.poller()
+	poll := p.poller(waitCreate, deadline)
 	for {
 		doc, err := p.getSandbox(ctx, id)
 		if err != nil {
@@ -460,6 +508,7 @@ func (p *Provider) waitRunning(ctx context.Context, id string, deadline time.Tim
 		}
 		switch st := strings.ToLower(doc.Status.State); st {
 		case "running":
+			poll.done()
 			return nil
 		case "failed", "terminated", "stopping":
 			return fmt.Errorf("opensandbox: sandbox %s is %s (%s: %s)", id, doc.Status.State, doc.Status.Reason, doc.Status.Message)
@@ -725,7 +774,7 @@ func (p *Provider) discardSnapshot(ctx context.Context, sid string, log logrus.F
 }
 
 func (p *Provider) waitReady(ctx context.Context, sid string, deadline time.Time) error {
-	poll := p.poller()
+	poll := p.poller(waitSnapshot, deadline)
 	for {
 		resp, err := p.api(ctx, "get snapshot", http.MethodGet, "/snapshots/"+url.PathEscape(sid), nil, true)
 		if err != nil {
@@ -743,6 +792,7 @@ func (p *Provider) waitReady(ctx context.Context, sid string, deadline time.Time
 		}
 		switch strings.ToLower(doc.Status.State) {
 		case "ready":
+			poll.done()
 			return nil
 		case "failed", "deleting":
 			return fmt.Errorf("opensandbox: snapshot %s is %s (%s: %s)", sid, doc.Status.State, doc.Status.Reason, doc.Status.Message)
@@ -783,7 +833,7 @@ func (p *Provider) DeleteSnapshot(ctx context.Context, snapshotID string) error 
 	deadline := p.clk.Now().Add(p.opts.SnapshotTimeout)
 	ctx, cancel := context.WithTimeout(ctx, p.opts.SnapshotTimeout+p.opTimeout())
 	defer cancel()
-	poll := p.poller()
+	poll := p.poller("", deadline)
 	for {
 		resp, err := p.api(ctx, "delete snapshot", http.MethodDelete, "/snapshots/"+url.PathEscape(snapshotID), nil, true)
 		switch {
