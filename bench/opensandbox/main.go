@@ -209,5 +209,8 @@ func markdown(rows []row, lat, poll time.Duration) string {
 		fmt.Fprintf(&b, "| %s | %d | %d | %d | %v | %v | %.3f× | %s |\n", r.op, r.n, r.par, r.snaps,
 			r.measured.Round(time.Millisecond), r.ideal, r.ratio(), peak)
 	}
+	if la, err := os.ReadFile("/proc/loadavg"); err == nil {
+		fmt.Fprintf(&b, "\nLoad average (1, 5, 15 min) when the run ended: %s.\n", strings.Join(strings.Fields(string(la))[:3], ", "))
+	}
 	return b.String()
 }
