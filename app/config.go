@@ -223,8 +223,14 @@ func keyUsage() map[string]string {
 		"swebench.workdir":                             "swebench: the repository's path in a sandbox (default /testbed)",
 		"swebench.image_namespace":                     "swebench: namespace of instance images on other providers (default swebench)",
 		"swebench.test_output_cap":                     "swebench: bytes of test_output in a verify reply (default 65536)",
-		"swebench.caches":                              "swebench: cache name=environment variable, local named caches (default gomod=GOMODCACHE, gobuild=GOCACHE)",
-		"swebench.share_caches_with_agent":             "swebench: give agent sandboxes the grading caches (default: their own)",
+		"swebench.caches":                              "swebench: cache name=environment variable of a template's caches, at /caches/<name> (default gomod=GOMODCACHE, gobuild=GOCACHE)",
+		"swebench.share_caches_with_agent":             "swebench: no effect (kept for old configs): caches belong to their template",
+		"swebench.writable_caches":                     "swebench: caches every agent and grading sandbox gets a copy of (repeatable; default gobuild); the others are read-only",
+		"swebench.env_setup":                           "swebench: owner/name or instance_id=command of a template's environment step (repeatable, in order; default for a repo with go.mod: go mod download)",
+		"swebench.env_setup_timeout":                   "swebench: seconds the environment step may run (default 1800)",
+		"swebench.env_setup_env":                       "swebench: KEY=value in the environment step's environment only, e.g. GOPROXY (repeatable)",
+		"swebench.validate":                            "swebench: run each instance's eval script once without a patch and refuse instances it shows broken (default true)",
+		"swebench.max_concurrent_gradings":             "swebench: eval sandboxes at once; more verifies wait in order (default: CPUs/2, at least 1)",
 		"swebench.sandbox_config.ttl_s":                "swebench: sandbox lease in seconds",
 		"swebench.sandbox_config.ready_timeout_s":      "swebench: seconds a sandbox start may take",
 		"swebench.sandbox_config.resources.cpu":        "swebench: CPUs a sandbox asks for",
@@ -313,6 +319,16 @@ func setLeaf(c *Config, l leaf, s string) error {
 			return bad()
 		}
 		v.SetBool(b)
+	case reflect.Pointer:
+		// An optional bool (unset keeps its default).
+		if l.typ.Elem().Kind() != reflect.Bool {
+			return fmt.Errorf("%s cannot be set by a flag", l.path)
+		}
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return bad()
+		}
+		v.Set(reflect.ValueOf(&b))
 	case reflect.Map:
 		k, val, ok := strings.Cut(s, "=")
 		if !ok || k == "" {
@@ -320,6 +336,15 @@ func setLeaf(c *Config, l leaf, s string) error {
 		}
 		if v.IsNil() {
 			v.Set(reflect.MakeMap(l.typ))
+		}
+		if l.typ.Elem().Kind() == reflect.Slice {
+			// A list per key: each flag adds one entry to its key's list.
+			list := v.MapIndex(reflect.ValueOf(k))
+			if !list.IsValid() {
+				list = reflect.MakeSlice(l.typ.Elem(), 0, 1)
+			}
+			v.SetMapIndex(reflect.ValueOf(k), reflect.Append(list, reflect.ValueOf(val)))
+			break
 		}
 		v.SetMapIndex(reflect.ValueOf(k), reflect.ValueOf(val))
 	case reflect.Slice:
@@ -359,7 +384,9 @@ func (f flagValue) Set(s string) error {
 	*f.set = append(*f.set, setting{f.l, s})
 	return nil
 }
-func (f flagValue) IsBoolFlag() bool { return f.l.typ.Kind() == reflect.Bool }
+func (f flagValue) IsBoolFlag() bool {
+	return f.l.typ.Kind() == reflect.Bool || (f.l.typ.Kind() == reflect.Pointer && f.l.typ.Elem().Kind() == reflect.Bool)
+}
 
 // ownFlags are the binary's flags that are not configuration keys: name,
 // placeholder, meaning.

@@ -243,3 +243,37 @@ func TestEveryKeyIsDocumented(t *testing.T) {
 		}
 	}
 }
+
+func TestSWEBenchEnvironmentKeys(t *testing.T) {
+	file := writeFile(t, `
+resources: swebench
+swebench:
+  env_setup:
+    acme/widgets: ["pip install -e .", "pip install pytest"]
+  env_setup_timeout: 900
+  env_setup_env: {PIP_INDEX_URL: "http://127.0.0.1:3141/simple"}
+  max_concurrent_gradings: 3
+`)
+	opts, err := app.ParseArgs([]string{"-config", file,
+		"-swebench.env_setup", "acme/widgets=python -m compileall -q .", "-swebench.env_setup", "acme__widgets-7=make deps",
+		"-swebench.validate=false", "-swebench.writable_caches", "gobuild", "-swebench.writable_caches", "cargo"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := opts.Config.SWEBench
+	wantSetup := map[string][]string{
+		"acme/widgets":    {"pip install -e .", "pip install pytest", "python -m compileall -q ."},
+		"acme__widgets-7": {"make deps"},
+	}
+	if d := cmp.Diff(wantSetup, sc.EnvSetup); d != "" {
+		t.Errorf("env_setup (-want +got):\n%s", d)
+	}
+	if sc.Validate == nil || *sc.Validate || sc.EnvSetupTimeout != 900 || sc.MaxConcurrentGradings != 3 ||
+		sc.EnvSetupEnv["PIP_INDEX_URL"] == "" || !cmp.Equal(sc.WritableCaches, []string{"gobuild", "cargo"}) {
+		t.Errorf("swebench: %+v", sc)
+	}
+	opts, err = app.ParseArgs([]string{"-swebench.validate"}, io.Discard)
+	if err != nil || opts.Config.SWEBench.Validate == nil || !*opts.Config.SWEBench.Validate {
+		t.Errorf("-swebench.validate alone: %v, %+v", err, opts.Config.SWEBench.Validate)
+	}
+}

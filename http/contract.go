@@ -16,6 +16,8 @@ type (
 	ToolFunc  = resources.ToolFunc
 	Session   = resources.Session
 	Error     = resources.Error
+	// HealthReporter is a Resources that adds fields to /health.
+	HealthReporter = resources.HealthReporter
 )
 
 // ErrNoSessionSandbox is the 409 a verify or a tool call gets without a

@@ -445,6 +445,13 @@ func (s *Server) health(ctx *fasthttp.RequestCtx) {
 	if s.cfg.Isolation != "" {
 		reply["isolation"] = s.cfg.Isolation
 	}
+	if hr, ok := s.res.(HealthReporter); ok {
+		for k, v := range hr.Health() {
+			if _, taken := reply[k]; !taken {
+				reply[k] = v
+			}
+		}
+	}
 	writeJSON(ctx, nethttp.StatusOK, reply)
 }
 

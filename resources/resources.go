@@ -56,6 +56,13 @@ type Resources interface {
 	Tools() map[string]ToolFunc
 }
 
+// HealthReporter is a Resources that adds its own fields to /health (the
+// SWE-bench server's grading queue, say). Fields named like the base ones
+// (status, name, mode, isolation) are dropped.
+type HealthReporter interface {
+	Health() map[string]any
+}
+
 // ToolFunc serves one tool route.
 type ToolFunc func(ctx context.Context, sess *Session, body []byte) (any, error)
 

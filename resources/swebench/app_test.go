@@ -76,8 +76,8 @@ func baseConfig(t *testing.T, tr swebench.TaskRepo) app.Config {
 	cfg.Name, cfg.Resources, cfg.Port = "swebench", "swebench", 0
 	cfg.Sandbox.Provider = "local"
 	cfg.Sandbox.Local.Root = t.TempDir()
-	cfg.Sandbox.Local.Caches = swebench.SharedCaches(swebench.SharedCacheDir())
 	cfg.SWEBench = swebench.Config{
+		TemplateDir:  swebench.SharedTemplateDir(),
 		Repos:        map[string]string{tr.Repo: tr.Dir},
 		TestCommands: map[string]string{tr.Repo: tr.TestCommand},
 	}

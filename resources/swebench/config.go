@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path"
 	"regexp"
+	"runtime"
 	"strings"
 	"time"
 
@@ -17,7 +18,13 @@ const (
 	DefaultSetupTimeout      = 600 * time.Second
 	DefaultTestOutputCap     = 64 << 10
 	DefaultImageNamespace    = "swebench"
+	DefaultEnvSetupTimeout   = 1800 * time.Second
 )
+
+// DefaultGoEnvSetup is the environment step of a repository with a go.mod
+// and no configured one: the modules its build needs, into the template's
+// module cache.
+var DefaultGoEnvSetup = []string{"go mod download"}
 
 // Config is the swebench.* part of the server's configuration (upstream's
 // SwebenchResourcesServerConfig, plus what the local provider needs).
@@ -57,11 +64,37 @@ type Config struct {
 	// across sandboxes. nil means DefaultCaches (Go's module and build
 	// caches); an empty map turns them off. Other providers ignore them.
 	Caches map[string]string `yaml:"caches,omitempty" json:"caches,omitempty"`
-	// ShareCachesWithAgent gives agent sandboxes the grading sandboxes'
-	// caches. By default an agent sandbox gets its own caches (named
-	// <name>-agent), so nothing an agent writes into a cache is read by a
-	// grading.
+	// WritableCaches are the caches (names in Caches) that commands must be
+	// able to write, such as Go's build cache: every agent and grading
+	// sandbox gets a copy of the template's of its own. The others (the
+	// module cache) are mounted read-only. nil means ["gobuild"].
+	WritableCaches []string `yaml:"writable_caches,omitempty" json:"writable_caches,omitempty"`
+	// ShareCachesWithAgent is kept for old configs and has no effect: every
+	// cache belongs to its template, read-only or copied per sandbox, so an
+	// agent and a grading never share what either writes.
 	ShareCachesWithAgent bool `yaml:"share_caches_with_agent" json:"share_caches_with_agent"`
+
+	// EnvSetup maps "owner/name" or an instance_id (which wins) to the
+	// shell commands of a template's environment step, run once per
+	// template in a sandbox with the network on; a configured entry wins
+	// over the default (DefaultGoEnvSetup for a repository with go.mod,
+	// nothing otherwise). An empty list configures no step.
+	EnvSetup map[string][]string `yaml:"env_setup,omitempty" json:"env_setup,omitempty"`
+	// EnvSetupTimeout bounds the environment step, in seconds (1800).
+	EnvSetupTimeout float64 `yaml:"env_setup_timeout" json:"env_setup_timeout"`
+	// EnvSetupEnv is added to the environment step's environment only (a
+	// GOPROXY, a package index); the server's own GOPROXY, GOSUMDB,
+	// GONOSUMDB, GOPRIVATE, GONOPROXY and GOINSECURE are passed on first.
+	EnvSetupEnv map[string]string `yaml:"env_setup_env,omitempty" json:"env_setup_env,omitempty"`
+	// Validate runs each instance's eval script once per template without
+	// a patch before lending it (nil means true): an instance whose
+	// PASS_TO_PASS tests fail, or whose log shows none of its tests, is
+	// unavailable.
+	Validate *bool `yaml:"validate,omitempty" json:"validate,omitempty"`
+	// MaxConcurrentGradings bounds the eval sandboxes (gradings and
+	// validations) running at once; further ones wait in arrival order.
+	// Zero means half the CPUs, at least 1.
+	MaxConcurrentGradings int `yaml:"max_concurrent_gradings" json:"max_concurrent_gradings"`
 }
 
 // CacheMountDir is where the caches are in a local sandbox.
@@ -122,6 +155,20 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Caches == nil {
 		c.Caches = DefaultCaches()
 	}
+	if c.WritableCaches == nil {
+		c.WritableCaches = []string{"gobuild"}
+	}
+	if c.EnvSetupTimeout < 0 || c.MaxConcurrentGradings < 0 {
+		return c, fmt.Errorf("%w: negative env_setup_timeout or max_concurrent_gradings", ErrConfig)
+	}
+	if c.MaxConcurrentGradings == 0 {
+		c.MaxConcurrentGradings = max(1, runtime.NumCPU()/2)
+	}
+	for k, env := range c.EnvSetupEnv {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(env, 0) {
+			return c, fmt.Errorf("%w: env_setup_env: %q", ErrConfig, k)
+		}
+	}
 	for name, env := range c.Caches {
 		if !cacheName.MatchString(name) || env == "" || strings.ContainsAny(env, "=\x00") {
 			return c, fmt.Errorf("%w: caches: %q → %q (want a name of letters, digits, '.' and '_', and an environment variable)", ErrConfig, name, env)
@@ -146,6 +193,32 @@ func (c Config) evaluationTimeout() time.Duration {
 	return seconds(c.EvaluationTimeout, DefaultEvaluationTimeout)
 }
 func (c Config) setupTimeout() time.Duration { return seconds(c.SetupTimeout, DefaultSetupTimeout) }
+func (c Config) envSetupTimeout() time.Duration {
+	return seconds(c.EnvSetupTimeout, DefaultEnvSetupTimeout)
+}
+
+// validates reports whether instances are validated before they are lent.
+func (c Config) validates() bool { return c.Validate == nil || *c.Validate }
+
+// writable reports whether the named cache is copied per sandbox.
+func (c Config) writable(cache string) bool {
+	for _, n := range c.WritableCaches {
+		if n == cache {
+			return true
+		}
+	}
+	return false
+}
+
+// envSetup is the row's configured environment step (instance_id, then
+// repo) and whether one is configured.
+func (c Config) envSetup(r Row) ([]string, bool) {
+	if cmds, ok := c.EnvSetup[r.InstanceID]; ok {
+		return cmds, true
+	}
+	cmds, ok := c.EnvSetup[r.Repo]
+	return cmds, ok
+}
 
 // testCommand is the row's test command: test_commands[instance_id], else
 // test_commands[repo], else default_test_command.

@@ -45,14 +45,34 @@
 // mode in effect is restart_only and it runs with num_workers > 1 and no
 // state_dir; grading sandboxes start on Deps.Grader or that provider.
 //
-// # Caches
+// # Environments and validation
 //
-// On the local provider, Config.Caches (default: Go's GOMODCACHE and GOCACHE)
-// are named shared caches (provider/local's CachesOption) mounted read-write
-// at /caches/<name>; agent sandboxes get their own (<name>-agent) unless
-// share_caches_with_agent is set, so nothing an agent writes is read by a
-// grading. On this project's machine a grading of a small Go module took
-// 26.6 s cold and 0.5 s warm.
+// On the local provider a template is ready only after its environment step
+// ran (Server.environment): the commands of swebench.env_setup for the
+// instance or its repository, else `go mod download` for a repository with
+// a go.mod, run once per (repo, base commit, commands) in a sandbox of the
+// template with the network on (the only sandbox that has it unless
+// sandbox_config.network says otherwise), bounded by env_setup_timeout. It
+// fills the template's caches (Config.Caches, mounted at /caches/<name>) and
+// may change the work tree, which then becomes the image. Its result, failed
+// or not, is kept beside the template (<template>.env/<key>/). Agent,
+// validation and grading sandboxes run Go offline (GOFLAGS=-mod=mod,
+// GOPROXY=off) against it: the module cache read-only, the writable caches
+// (the build cache) a copy of each sandbox's own, so that nothing an agent
+// or a grading writes reaches another sandbox. Only a validation, which runs
+// no model code, writes the template's build cache, and so warms it.
+//
+// Once per template and instance the eval script runs with no patch
+// (validate.go): a PASS_TO_PASS test that does not pass, or no listed test
+// in the log, makes the instance unavailable. Its seed answers 503
+// environment_unavailable and starts nothing; its verify grades nothing and
+// answers failure_kind environment_error with mask_sample. A grading whose
+// log has no result for any listed test is no_test_results: reward 0 on a
+// validated environment, masked on an unvalidated one.
+//
+// Eval sandboxes (gradings and validations) are bounded by
+// max_concurrent_gradings; further ones wait in arrival order, counted in
+// /health (Server.Gradings).
 //
 // # Serving
 //
@@ -60,6 +80,7 @@
 // Verify call SeedSession and VerifySession with the request session's owner
 // and map errors to statuses (422 invalid_row for rows that cannot be
 // graded, 409 session_mismatch, 409 no_session_sandbox, 500 setup_failed for
-// a failed scrub). The binary selects it with resources: swebench and reads
-// Config from the swebench block of its config file.
+// a failed scrub, 503 environment_unavailable). The binary selects it with
+// resources: swebench and reads Config from the swebench block of its
+// config file.
 package swebench

@@ -2,6 +2,7 @@ package swebench
 
 import (
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -160,5 +161,20 @@ func TestAConfigWithoutCachesGetsTheDefaultOnesAfterAYAMLRoundTrip(t *testing.T)
 	off, _ := Config{Caches: map[string]string{}}.withDefaults()
 	if len(off.Caches) != 0 {
 		t.Errorf("an empty caches map is not off: %v", off.Caches)
+	}
+}
+
+func TestGradingCapDefaultsToHalfTheCPUs(t *testing.T) {
+	c, err := Config{}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := max(1, runtime.NumCPU()/2); c.MaxConcurrentGradings != want || !cmp.Equal(c.WritableCaches, []string{"gobuild"}) || !c.validates() {
+		t.Errorf("defaults: max_concurrent_gradings %d (want %d), writable_caches %v, validates %v", c.MaxConcurrentGradings, want, c.WritableCaches, c.validates())
+	}
+	for _, bad := range []Config{{MaxConcurrentGradings: -1}, {EnvSetupTimeout: -1}, {EnvSetupEnv: map[string]string{"A=B": "x"}}} {
+		if _, err := bad.withDefaults(); !errors.Is(err, ErrConfig) {
+			t.Errorf("%+v: err = %v, want ErrConfig", bad, err)
+		}
 	}
 }

@@ -4,11 +4,8 @@ import "testing"
 
 // Exports for the external tests (package swebench_test).
 
-// SharedCacheDir is where the test binary's shared caches are.
-func SharedCacheDir() string { return testCachesDir() }
-
-// SharedCaches is sharedCaches.
-func SharedCaches(dir string) map[string]string { return sharedCaches(dir) }
+// SharedTemplateDir is the template_dir the test binary's servers share.
+func SharedTemplateDir() string { return testTemplatesDir() }
 
 // TaskRepo is the test task: its repository and rows.
 type TaskRepo struct {

@@ -18,14 +18,14 @@ func newGolden(t *testing.T, tk task, opts ...func(*Config, *provider.Provider))
 	t.Helper()
 	needTools(t, "git", "go", "patch")
 	log := testLogger(t)
-	prov, err := local.New(local.Options{Root: t.TempDir(), Logger: log, Caches: sharedCaches(testCachesDir())})
+	prov, err := local.New(local.Options{Root: t.TempDir(), Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := Config{
 		IsVerifyingGoldenPatch: true,
 		Repos:                  map[string]string{taskRepo: tk.dir},
-		TemplateDir:            t.TempDir(),
+		TemplateDir:            testTemplatesDir(),
 		TestCommands:           map[string]string{taskRepo: goTestCmd},
 	}
 	grader := provider.Provider(prov)
@@ -114,7 +114,7 @@ func TestGradingFailuresAreReportedAndLeaveNothingRunning(t *testing.T) {
 		{"a patch that does not apply", nil, func(r map[string]any) {
 			r["patch"] = "diff --git a/calc.go b/calc.go\n--- a/calc.go\n+++ b/calc.go\n@@ -1,3 +1,3 @@\n-nothing like this\n+line\n context\n"
 		}, FailurePatchApply, false, "patch --batch --fuzz=5"},
-		{"an eval script past evaluation_timeout", func(c *Config, _ *provider.Provider) { c.EvaluationTimeout = 1 }, func(r map[string]any) {
+		{"an eval script past evaluation_timeout", func(c *Config, _ *provider.Provider) { c.EvaluationTimeout, c.Validate = 1, off() }, func(r map[string]any) {
 			r["eval_script"] = "#!/bin/bash\necho '>>>>> Start Test Output'\necho started\nsleep 120\n"
 		}, FailureEvalTimeout, false, "started"},
 		{"a grading sandbox that cannot start", func(_ *Config, p *provider.Provider) { *p = failingStart{*p} }, nil, FailureGrading, true, ""},

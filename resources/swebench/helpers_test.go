@@ -56,8 +56,11 @@ func git(t *testing.T, dir string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command("git", args...)
 	cmd.Dir = dir
+	// Fixed identities and dates: the same content makes the same commits
+	// in every test, so that tests share templates (TemplatesEnv).
 	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com",
-		"GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com", "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_SYSTEM=/dev/null")
+		"GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com", "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_SYSTEM=/dev/null",
+		"GIT_AUTHOR_DATE=2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE=2026-01-01T00:00:00Z")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
@@ -177,7 +180,6 @@ type world struct {
 	tk     task
 	root   string // the provider's root
 	state  string // the owner's state_dir
-	tmpl   string // template_dir
 	cfg    Config
 	log    *logrus.Logger
 	prov   *local.Provider
@@ -185,8 +187,8 @@ type world struct {
 	srv    *Server
 	tokens *sandboxapi.Tokens
 	api    *sandboxapi.Handler
-	// caches is where the provider keeps the server's caches.
-	caches string
+	// caches places the local provider's named caches.
+	caches map[string]string
 	// isolation is the local provider's (auto by default).
 	isolation string
 }
@@ -198,16 +200,33 @@ func withConfig(f func(*Config)) worldOpt { return func(w *world) { f(&w.cfg) } 
 // unisolated runs the world's commands without bubblewrap.
 func unisolated() worldOpt { return func(w *world) { w.isolation = local.IsolationNone } }
 
-// withCaches keeps the world's caches in dir instead of the shared ones.
-func withCaches(dir string) worldOpt { return func(w *world) { w.caches = dir } }
+// imageRows configures no repositories: rows name their image (a directory
+// the test made), which has no environment, so the world's sandboxes share a
+// build cache through the local provider's named caches (as a user's
+// sandbox_config could) and validation is off.
+func imageRows() worldOpt {
+	return func(w *world) {
+		w.cfg.Repos, w.cfg.TemplateDir, w.cfg.Validate = nil, "", off()
+		w.cfg.SandboxConfig.Env = map[string]string{"GOCACHE": "/caches/gobuild"}
+		w.cfg.SandboxConfig.ProviderOptions = map[string]any{local.CachesOption: map[string]any{"gobuild": "/caches/gobuild"}}
+		w.caches = map[string]string{"gobuild": filepath.Join(testTemplatesDir(), "image-rows-gobuild")}
+	}
+}
+
+// off is a false *bool (swebench.validate: false).
+func off() *bool { f := false; return &f }
+
+// freshTemplates gives the world a template_dir of its own (the templates,
+// their environments and validations are made anew).
+func freshTemplates() worldOpt { return func(w *world) { w.cfg.TemplateDir = w.t.TempDir() } }
 
 func newWorld(t *testing.T, tk task, opts ...worldOpt) *world {
 	t.Helper()
 	needTools(t, "git", "go", "patch")
-	w := &world{t: t, tk: tk, root: t.TempDir(), state: t.TempDir(), tmpl: t.TempDir(), log: testLogger(t), caches: testCachesDir()}
+	w := &world{t: t, tk: tk, root: t.TempDir(), state: t.TempDir(), log: testLogger(t)}
 	w.cfg = Config{
 		Repos:             map[string]string{taskRepo: tk.dir},
-		TemplateDir:       w.tmpl,
+		TemplateDir:       testTemplatesDir(),
 		TestCommands:      map[string]string{taskRepo: goTestCmd},
 		SandboxConfig:     SandboxConfig{TTLSeconds: 3600},
 		EvaluationTimeout: 300,
@@ -223,7 +242,7 @@ func newWorld(t *testing.T, tk task, opts ...worldOpt) *world {
 func (w *world) open() {
 	t := w.t
 	t.Helper()
-	p, err := local.New(local.Options{Root: w.root, Logger: w.log, Caches: sharedCaches(w.caches), Isolation: w.isolation})
+	p, err := local.New(local.Options{Root: w.root, Logger: w.log, Caches: w.caches, Isolation: w.isolation})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,23 +357,13 @@ func (w *world) liveSandboxes() []string {
 	return ids
 }
 
-// CachesEnv names the directory of the Go caches every world of the test
-// binary shares (so that only the first grading compiles the standard
-// library); TestMain (main_test.go) makes it.
-const CachesEnv = "SWEBENCH_TEST_CACHES"
+// TemplatesEnv names the template_dir every world of the test binary shares
+// (so that a template's environment is built, and its build cache warmed,
+// once); TestMain (main_test.go) makes it.
+const TemplatesEnv = "SWEBENCH_TEST_TEMPLATES"
 
-// testCachesDir is that directory.
-func testCachesDir() string { return os.Getenv(CachesEnv) }
-
-// sharedCaches places the server's caches (grading and agent) under dir.
-func sharedCaches(dir string) map[string]string {
-	out := map[string]string{}
-	for name := range DefaultCaches() {
-		out[name] = filepath.Join(dir, name)
-		out[name+"-agent"] = filepath.Join(dir, name+"-agent")
-	}
-	return out
-}
+// testTemplatesDir is that directory.
+func testTemplatesDir() string { return os.Getenv(TemplatesEnv) }
 
 func describe(res VerifyResult) string {
 	b, _ := json.MarshalIndent(res, "", "  ")

@@ -3,12 +3,15 @@ package swebench
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/valyala/fasthttp"
 
 	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
 )
 
 // client drives an http.Server's handler directly, keeping its cookie.
@@ -131,4 +134,45 @@ func TestGoldenOverHTTPLendsNothing(t *testing.T) {
 		t.Fatalf("golden verify: %d %s", r.status, r.body)
 	}
 	wantResolved(t, res)
+}
+
+func TestAnUnavailableInstanceOverHTTP(t *testing.T) {
+	tk := newTask(t)
+	_, own, srv := newGolden(t, tk, func(c *Config, _ *provider.Provider) {
+		c.TemplateDir = t.TempDir()
+		c.EnvSetup = map[string][]string{taskRepo: {"echo no index here >&2; exit 3"}}
+	})
+	c := newHTTP(t, own, srv)
+	row := mustJSON(t, tk.row("example__calc-1"))
+	r := c.post("/ng-rollout/r-1/seed_session", row)
+	if r.status != 503 || r.code(t) != CodeEnvironmentUnavailable || !strings.Contains(string(r.body), "no index here") {
+		t.Fatalf("seed: %d %s, want 503 environment_unavailable with the step's output", r.status, r.body)
+	}
+	r = c.post("/ng-rollout/r-1/verify", row)
+	var res VerifyResult
+	if err := json.Unmarshal(r.body, &res); err != nil || r.status != 200 {
+		t.Fatalf("verify: %d %s", r.status, r.body)
+	}
+	wantMaskedEnvironmentError(t, res, "exited 3")
+}
+
+func TestHealthCountsTheGradings(t *testing.T) {
+	tk := newTask(t)
+	_, own, srv := newGolden(t, tk, func(c *Config, _ *provider.Provider) { c.MaxConcurrentGradings = 3 })
+	c := newHTTP(t, own, srv)
+	var ctx fasthttp.RequestCtx
+	ctx.Request.Header.SetMethod("GET")
+	ctx.Request.SetRequestURI(httpapi.RouteHealth)
+	c.srv.Handler()(&ctx)
+	var got struct {
+		Status   string         `json:"status"`
+		Gradings map[string]int `json:"gradings"`
+	}
+	if err := json.Unmarshal(ctx.Response.Body(), &got); err != nil || ctx.Response.StatusCode() != 200 {
+		t.Fatalf("/health: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	want := map[string]int{"running": 0, "waiting": 0, "max_concurrent": 3}
+	if got.Status != "ok" || !cmp.Equal(got.Gradings, want) {
+		t.Errorf("/health: %s, want the gradings %v", ctx.Response.Body(), want)
+	}
 }

@@ -36,14 +36,13 @@ func TestMain(m *testing.M) {
 		stop()
 		os.Exit(code)
 	}
-	dir, err := os.MkdirTemp("", "swebench-test-caches-")
+	dir, err := os.MkdirTemp("", "swebench-test-templates-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	os.Setenv(swebench.CachesEnv, dir)
+	os.Setenv(swebench.TemplatesEnv, dir)
 	code := m.Run()
-	_ = exec.Command("chmod", "-R", "u+w", dir).Run() // the module cache is read-only without -modcacherw
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -54,7 +53,7 @@ const (
 )
 
 // childConfig is the server binary's configuration for the task: the local
-// provider on root (with the test binary's shared caches), an exported owner
+// provider on root (with the test binary's shared templates), an exported owner
 // on state, the swebench resources, a fixed session secret (cookies and
 // sandbox tokens survive a restart).
 func childConfig(t *testing.T, tr swebench.TaskRepo, root, state string) string {
@@ -63,10 +62,10 @@ func childConfig(t *testing.T, tr swebench.TaskRepo, root, state string) string 
 	cfg.Name, cfg.Resources, cfg.Port, cfg.SessionSecret = "swebench", "swebench", 0, childSecret
 	cfg.Sandbox.Provider = "local"
 	cfg.Sandbox.Local.Root = root
-	cfg.Sandbox.Local.Caches = swebench.SharedCaches(swebench.SharedCacheDir())
 	cfg.Checkpoint.Enabled, cfg.Checkpoint.StateDir, cfg.Checkpoint.ControlAuthToken = true, state, childToken
 	cfg.SWEBench = swebench.Config{
 		Repos:         map[string]string{tr.Repo: tr.Dir},
+		TemplateDir:   swebench.SharedTemplateDir(),
 		TestCommands:  map[string]string{tr.Repo: tr.TestCommand},
 		SandboxConfig: swebench.SandboxConfig{TTLSeconds: 3600},
 	}

@@ -15,6 +15,9 @@ import (
 const (
 	CodeInvalidRow      = "invalid_row"
 	CodeSessionMismatch = "session_mismatch"
+	// CodeEnvironmentUnavailable: the instance's environment cannot grade
+	// it (503); the reason is in the detail.
+	CodeEnvironmentUnavailable = "environment_unavailable"
 )
 
 var _ resources.Resources = (*Server)(nil)
@@ -83,6 +86,8 @@ func httpError(err error) error {
 		status, code = nethttp.StatusUnprocessableEntity, CodeInvalidRow
 	case errors.Is(err, ErrSessionMismatch):
 		status, code = nethttp.StatusConflict, CodeSessionMismatch
+	case errors.Is(err, ErrEnvironmentUnavailable):
+		status, code = nethttp.StatusServiceUnavailable, CodeEnvironmentUnavailable
 	default:
 		return err
 	}

@@ -36,6 +36,10 @@ var (
 	ErrGrading = errors.New("swebench: grading failed")
 	// ErrSessionMismatch: the verify's row is not the seeded instance.
 	ErrSessionMismatch = errors.New("swebench: verify row does not match the seeded instance")
+	// ErrEnvironmentUnavailable: the instance's environment step or its
+	// validation without a patch failed; it is neither lent nor graded
+	// (HTTP 503).
+	ErrEnvironmentUnavailable = errors.New("swebench: environment unavailable")
 	// ErrConfig: the swebench configuration is not usable.
 	ErrConfig = errors.New("swebench: config")
 )

@@ -94,7 +94,7 @@ func TestPristineUntrackedFilesNeverEnterThePatch(t *testing.T) {
 	// SWE-bench images do; the row names the image, the repo is not
 	// configured.
 	img := imageDir(t, tk, tk.base, map[string]string{"local.cfg": "shipped\n", "build/out.txt": "shipped\n"})
-	w := newWorld(t, tk, withConfig(func(c *Config) { c.Repos, c.TemplateDir = nil, "" }))
+	w := newWorld(t, tk, imageRows())
 	row := tk.row("example__calc-1")
 	row["image"] = img
 	seed := w.seed("s-pristine", row)
@@ -134,7 +134,7 @@ func TestAFailingScrubRefusesTheSeedAndLeavesNothingRunning(t *testing.T) {
 		"HEAD is not the base commit": imageDir(t, tk, tk.fix, nil),
 		"no repository":               notRepo,
 	}
-	w := newWorld(t, tk, withConfig(func(c *Config) { c.Repos, c.TemplateDir = nil, "" }))
+	w := newWorld(t, tk, imageRows())
 	for name, img := range cases {
 		t.Run(name, func(t *testing.T) {
 			row := tk.row("example__calc-1")
@@ -155,10 +155,10 @@ func TestAFailingScrubRefusesTheSeedAndLeavesNothingRunning(t *testing.T) {
 
 func TestASecondSandboxOfAnInstanceDoesNotClone(t *testing.T) {
 	tk := newTask(t)
-	w := newWorld(t, tk)
+	w := newWorld(t, tk, freshTemplates())
 	a := w.seed("s-a", tk.row("example__calc-1"))
-	entries, err := os.ReadDir(filepath.Join(w.tmpl, "example__calc"))
-	if err != nil || len(entries) != 1 || entries[0].Name() != tk.base {
+	entries, err := os.ReadDir(filepath.Join(w.cfg.TemplateDir, "example__calc"))
+	if err != nil || len(entries) != 2 || entries[0].Name() != tk.base || entries[1].Name() != tk.base+".env" {
 		t.Fatalf("templates after one seed: %v, %v", entries, err)
 	}
 	// The source repository goes away: a second sandbox of the instance
@@ -195,7 +195,7 @@ func TestScrubRemovesEveryOtherWayToReachTheFix(t *testing.T) {
 	}
 	writeFiles(t, filepath.Join(img, ".git"), map[string]string{"FETCH_HEAD": tk.fix + "\t\tbranch 'main' of somewhere\n"})
 
-	w := newWorld(t, tk, withConfig(func(c *Config) { c.Repos, c.TemplateDir = nil, "" }))
+	w := newWorld(t, tk, imageRows())
 	row := tk.row("example__calc-1")
 	row["image"] = img
 	seed := w.seed("s-every-way", row)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -30,6 +31,14 @@ const (
 	FailurePatchApply = "patch_apply_failed"
 	// FailureEvalTimeout: the eval script outlived evaluation_timeout.
 	FailureEvalTimeout = "evaluation_timeout"
+	// FailureEnvironment: the instance's environment is unavailable (its
+	// environment step failed, or its validation without a patch did); the
+	// patch is not graded and the sample is masked.
+	FailureEnvironment = "environment_error"
+	// FailureNoTestResults: the eval log has no result for any listed test.
+	// On a validated environment the patch broke the build (reward 0); on
+	// an unvalidated one nobody knows whose fault it is (masked).
+	FailureNoTestResults = "no_test_results"
 )
 
 // Patch sources (patch_source), besides Extraction's.
@@ -62,6 +71,12 @@ type Server struct {
 	// injected: log came from Deps; otherwise requests through package
 	// http log to their session's logger.
 	injected bool
+	// slots bounds the eval sandboxes (gradings and validations).
+	slots *slots
+
+	mu          sync.Mutex
+	validations map[string]*Validation // by image and validation key
+	locks       keyedMutex             // validations under way without a template
 }
 
 // New checks cfg and returns a server.
@@ -70,7 +85,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, name: deps.Name, grader: deps.Grader, log: deps.Logger, injected: deps.Logger != nil}
+	s := &Server{cfg: cfg, name: deps.Name, grader: deps.Grader, log: deps.Logger, injected: deps.Logger != nil,
+		slots: newSlots(cfg.MaxConcurrentGradings), validations: map[string]*Validation{}}
 	if s.name == "" {
 		s.name = Kind
 	}
@@ -80,6 +96,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.log = l
 	}
 	s.log = s.log.WithField("resources", Kind)
+	if cfg.ShareCachesWithAgent {
+		s.log.Warn("swebench: share_caches_with_agent has no effect: caches belong to their template, read-only or copied per sandbox")
+	}
 	if len(cfg.Repos) > 0 {
 		if s.templates, err = NewTemplates(cfg.TemplateDir, cfg.Repos); err != nil {
 			return nil, err
@@ -90,6 +109,18 @@ func New(cfg Config, deps Deps) (*Server, error) {
 
 // Config returns the configuration in effect (defaults filled).
 func (s *Server) Config() Config { return s.cfg }
+
+// Gradings returns the eval sandboxes (gradings and validations) running
+// now and the verifies waiting for one (swebench.max_concurrent_gradings).
+func (s *Server) Gradings() (running, waiting int) { return s.slots.counts() }
+
+// Health is this server's part of /health.
+func (s *Server) Health() map[string]any {
+	running, waiting := s.Gradings()
+	return map[string]any{"gradings": map[string]int{
+		"running": running, "waiting": waiting, "max_concurrent": s.cfg.MaxConcurrentGradings,
+	}}
+}
 
 // LendsSandboxes reports whether sessions get a sandbox (/sandbox_access).
 func (s *Server) LendsSandboxes() bool { return s.cfg.LendsSandboxes() }
@@ -167,6 +198,13 @@ func (s *Server) seed(ctx context.Context, own *owner.Owner, sessionID string, b
 		if strings.TrimSpace(row.Patch) == "" {
 			return SeedResult{}, fmt.Errorf("%w: %s: the golden-patch instance needs the row's patch", ErrInvalidRow, row.InstanceID)
 		}
+		p, err := s.gradingProvider(own)
+		if err != nil {
+			return SeedResult{}, err
+		}
+		if _, err := s.ready(ctx, p, row, log); err != nil {
+			return SeedResult{}, err
+		}
 		res.SeedTimeTaken = time.Since(began).Seconds()
 		log.Info("swebench: seeded (golden patch, no sandbox)")
 		return res, nil
@@ -175,11 +213,11 @@ func (s *Server) seed(ctx context.Context, own *owner.Owner, sessionID string, b
 	if p == nil {
 		return SeedResult{}, fmt.Errorf("%w: the owner has no provider to lend sandboxes from (only the golden-patch instance lends none)", ErrConfig)
 	}
-	image, err := s.image(ctx, p, row, log)
+	r, err := s.ready(ctx, p, row, log)
 	if err != nil {
 		return SeedResult{}, err
 	}
-	sb, err := own.StartSessionSandbox(ctx, sessionID, s.spec(p, image, row, "agent"), s.setup(row, image, log), s.cfg.Workdir)
+	sb, err := own.StartSessionSandbox(ctx, sessionID, s.spec(p, r.image, row, roleAgent, r.env), s.setup(row, r.image, log), s.cfg.Workdir)
 	if errors.Is(err, owner.ErrSandboxExists) {
 		sb, err = own.RequireSessionSandbox(sessionID)
 	}
@@ -194,6 +232,19 @@ func (s *Server) seed(ctx context.Context, own *owner.Owner, sessionID string, b
 	res.SeedTimeTaken = time.Since(began).Seconds()
 	log.WithFields(logrus.Fields{"sandbox_id": id, "restored": sb.Restored, "duration_ms": time.Since(began).Milliseconds()}).Info("swebench: seeded")
 	return res, nil
+}
+
+// ready is prepare, with an unavailable instance as
+// ErrEnvironmentUnavailable.
+func (s *Server) ready(ctx context.Context, p provider.Provider, row Row, log logrus.FieldLogger) (readiness, error) {
+	r, err := s.prepare(ctx, p, row, log)
+	if err != nil {
+		return r, err
+	}
+	if reason, bad := r.unavailable(); bad {
+		return r, fmt.Errorf("%w: %s: %s", ErrEnvironmentUnavailable, row.InstanceID, reason)
+	}
+	return r, nil
 }
 
 // setup is the agent sandbox's setup: the scrub, then the pristine list.
@@ -227,27 +278,38 @@ func (s *Server) setup(row Row, image string, log logrus.FieldLogger) owner.Setu
 }
 
 // image returns the image of row's sandboxes on p: on the local provider the
-// template of (repo, base commit) when the repo is configured, else the row's
-// image, else (other providers) SWE-bench's instance image name.
-func (s *Server) image(ctx context.Context, p provider.Provider, row Row, log logrus.FieldLogger) (string, error) {
+// template of (repo, base commit) when the repo is configured, with its
+// environment (built on p if needed), else the row's image, else (other
+// providers) SWE-bench's instance image name.
+func (s *Server) image(ctx context.Context, p provider.Provider, row Row, log logrus.FieldLogger) (string, *Environment, error) {
 	isLocal := p.Name() == local.Name
 	if isLocal && s.templates != nil && s.templates.Has(row.Repo) {
-		dir, _, err := s.templates.Ensure(ctx, row.Repo, row.BaseCommit, log)
-		return dir, err
+		dir, full, err := s.templates.Ensure(ctx, row.Repo, row.BaseCommit, log)
+		if err != nil {
+			return "", nil, err
+		}
+		env, err := s.environment(ctx, p, row, dir, full, log)
+		if err != nil {
+			return "", nil, err
+		}
+		return env.Image, env, nil
 	}
 	if row.Image != "" {
-		return row.Image, nil
+		return row.Image, nil, nil
 	}
 	if isLocal {
-		return "", fmt.Errorf("%w: %s: add %q to swebench.repos (a git repository on this machine)", ErrUnknownRepo, row.InstanceID, row.Repo)
+		return "", nil, fmt.Errorf("%w: %s: add %q to swebench.repos (a git repository on this machine)", ErrUnknownRepo, row.InstanceID, row.Repo)
 	}
 	id := strings.ToLower(strings.ReplaceAll(row.InstanceID, "__", "_1776_"))
-	return fmt.Sprintf("%s/sweb.eval.x86_64.%s:latest", s.cfg.ImageNamespace, id), nil
+	return fmt.Sprintf("%s/sweb.eval.x86_64.%s:latest", s.cfg.ImageNamespace, id), nil, nil
 }
 
-// spec is the spec of a sandbox of row (role "agent" or "grading"); both
-// are built alike, as upstream's.
-func (s *Server) spec(p provider.Provider, image string, row Row, role string) provider.Spec {
+// spec is the spec of a sandbox of row in role (roleAgent, roleGrading,
+// roleValidation, roleEnv) started from image. Agent and grading sandboxes
+// are built alike, as upstream's; on the local provider with a template
+// (env), the template's caches are mounted as localMounts says, and every
+// role but the environment step runs Go offline against them.
+func (s *Server) spec(p provider.Provider, image string, row Row, role string, env *Environment) provider.Spec {
 	sc := s.cfg.SandboxConfig
 	md := map[string]string{}
 	for k, v := range sc.Metadata {
@@ -258,18 +320,19 @@ func (s *Server) spec(p provider.Provider, image string, row Row, role string) p
 		id = id[:63]
 	}
 	md["nemo_gym_agent"], md["instance_id"], md["swebench_role"] = s.name, id, role
-	env := map[string]string{}
+	env0 := map[string]string{}
+	network := sc.Network
 	if p.Name() == local.Name {
 		// The local provider's HOME is the work tree: tools that write
 		// under HOME (go's caches, git's global config) would put files
 		// into the patch. Its sandboxes see the host's tools (read-only
 		// under bubblewrap), so they get the server's PATH.
-		env["HOME"] = "/tmp"
+		env0["HOME"] = "/tmp"
 		if path := os.Getenv("PATH"); path != "" {
-			env["PATH"] = path
+			env0["PATH"] = path
 		}
-		env["GOTOOLCHAIN"] = "local"
-		env["GOFLAGS"] = "-modcacherw"
+		env0["GOTOOLCHAIN"] = "local"
+		env0["GOFLAGS"], env0["GOPROXY"] = "-mod=mod", "off"
 	}
 	var opts map[string]any
 	if len(sc.ProviderOptions) > 0 {
@@ -278,28 +341,48 @@ func (s *Server) spec(p provider.Provider, image string, row Row, role string) p
 			opts[k] = v
 		}
 	}
-	if p.Name() == local.Name && len(s.cfg.Caches) > 0 {
-		caches := map[string]any{}
-		for name, envVar := range s.cfg.Caches {
-			at := CacheMountDir + "/" + name
-			env[envVar] = at
-			if role != "grading" && !s.cfg.ShareCachesWithAgent {
-				name += "-agent"
-			}
-			caches[name] = at
+	if p.Name() == local.Name && env != nil {
+		mounts, vars := s.localMounts(env, role)
+		for k, v := range vars {
+			env0[k] = v
 		}
 		if opts == nil {
 			opts = map[string]any{}
 		}
-		opts[local.CachesOption] = caches
+		opts[local.MountsOption] = mounts
 	}
 	for k, v := range sc.Env {
-		env[k] = v
+		env0[k] = v
+	}
+	if role == roleEnv {
+		// The one sandbox with the network: it downloads what the others
+		// then read offline.
+		network = true
+		env0["GOFLAGS"] = "-mod=mod -modcacherw"
+		delete(env0, "GOPROXY")
+		for _, k := range goNetworkEnv {
+			if v, ok := os.LookupEnv(k); ok {
+				env0[k] = v
+			}
+		}
+		for k, v := range s.cfg.EnvSetupEnv {
+			env0[k] = v
+		}
 	}
 	return provider.Spec{
-		Image: image, Workdir: s.cfg.Workdir, Env: env, Metadata: md,
+		Image: image, Workdir: s.cfg.Workdir, Env: env0, Metadata: md,
 		TTLSeconds: sc.TTLSeconds, ReadyTimeoutSeconds: sc.ReadyTimeoutSeconds,
-		Resources: sc.Resources.provider(), Network: sc.Network, ProviderOptions: opts,
+		Resources: sc.Resources.provider(), Network: network, ProviderOptions: opts,
+	}
+}
+
+// stopSandbox stops a sandbox this server started for itself (environment
+// step, validation, grading), even when ctx has ended.
+func (s *Server) stopSandbox(ctx context.Context, p provider.Provider, h provider.Handle, what string) {
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	if err := p.Stop(stopCtx, h); err != nil {
+		s.log.WithError(err).WithField("sandbox_id", h.SandboxID).Warn("swebench: could not stop the " + what + " sandbox")
 	}
 }
 
@@ -358,6 +441,23 @@ func (s *Server) verify(ctx context.Context, own *owner.Owner, sessionID string,
 	}
 	res := VerifyResult{InstanceID: row.InstanceID}
 	log = log.WithFields(logrus.Fields{"session_id": sessionID, "instance_id": row.InstanceID})
+	p, perr := s.gradingProvider(own)
+	var r readiness
+	if perr == nil {
+		r, perr = s.prepare(ctx, p, row, log)
+	}
+	if reason, bad := r.unavailable(); bad && perr == nil {
+		// Never graded: whatever the patch, this environment cannot say.
+		if s.LendsSandboxes() {
+			if err := own.EndSessionSandbox(ctx, sessionID); err != nil && !errors.Is(err, owner.ErrNoSessionSandbox) {
+				log.WithError(err).Warn("swebench: could not end the session of an unavailable instance")
+			}
+		}
+		res.MaskSample, res.FailureKind, res.FailureReason = true, FailureEnvironment, reason
+		res.TotalTimeTaken = time.Since(began).Seconds()
+		log.WithField("reason", reason).Warn("swebench: verified nothing: the instance's environment is unavailable")
+		return res, nil
+	}
 	var patch string
 	if !s.LendsSandboxes() {
 		patch, res.PatchSource = row.Patch, PatchSourceGolden
@@ -367,7 +467,7 @@ func (s *Server) verify(ctx context.Context, own *owner.Owner, sessionID string,
 		}
 	}
 	res.ModelPatch, res.ModelPatchBytes = &patch, len(patch)
-	s.grade(ctx, own, row, patch, &res, log)
+	s.grade(ctx, p, r, perr, row, patch, &res, log)
 	res.TotalTimeTaken = time.Since(began).Seconds()
 	log.WithFields(logrus.Fields{
 		"reward": res.Reward, "resolved": res.Resolved, "evaluation_completed": res.EvaluationCompleted,
@@ -427,9 +527,11 @@ func (s *Server) takePatch(ctx context.Context, own *owner.Owner, sessionID stri
 	return ex.Patch, nil
 }
 
-// grade runs patch against row in a fresh grading sandbox and fills res. The
-// grading sandbox is stopped on every path.
-func (s *Server) grade(ctx context.Context, own *owner.Owner, row Row, patch string, res *VerifyResult, log logrus.FieldLogger) {
+// grade runs patch against row in a fresh grading sandbox of r's image on p
+// and fills res; prepErr is why p or r could not be had. The grading
+// sandbox waits for a slot (max_concurrent_gradings) and is stopped on
+// every path.
+func (s *Server) grade(ctx context.Context, p provider.Provider, r readiness, prepErr error, row Row, patch string, res *VerifyResult, log logrus.FieldLogger) {
 	began := time.Now()
 	defer func() { res.PatchVerificationTimeTaken = time.Since(began).Seconds() }()
 	infra := func(what string, err error) {
@@ -437,30 +539,24 @@ func (s *Server) grade(ctx context.Context, own *owner.Owner, row Row, patch str
 		res.FailureReason = joinReason(res.FailureReason, fmt.Errorf("%w: %s: %w", ErrGrading, what, err).Error())
 		log.WithError(err).Warn("swebench: grading failed: " + what)
 	}
-	p, err := s.gradingProvider(own)
-	if err != nil {
-		infra("the grading provider", err)
+	if prepErr != nil {
+		infra("the instance's image", prepErr)
 		return
 	}
-	image, err := s.image(ctx, p, row, log)
+	release, err := s.slots.acquire(ctx)
 	if err != nil {
-		infra("the instance's image", err)
+		infra("wait for a grading slot", err)
 		return
 	}
+	defer release()
 	t := time.Now()
-	h, err := p.Start(ctx, s.spec(p, image, row, "grading"))
+	h, err := p.Start(ctx, s.spec(p, r.image, row, roleGrading, r.env))
 	res.EvalSandboxStartTimeTaken = time.Since(t).Seconds()
 	if err != nil {
 		infra("start the grading sandbox", err)
 		return
 	}
-	defer func() {
-		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
-		defer cancel()
-		if err := p.Stop(stopCtx, h); err != nil {
-			log.WithError(err).WithField("sandbox_id", h.SandboxID).Warn("swebench: could not stop the grading sandbox")
-		}
-	}()
+	defer s.stopSandbox(ctx, p, h, "grading")
 
 	t = time.Now()
 	ar, err := ApplyPatch(ctx, p, h, patch, s.cfg.setupTimeout())
@@ -505,7 +601,19 @@ func (s *Server) grade(ctx context.Context, own *owner.Owner, row Row, patch str
 		return
 	}
 	ts, resolved := Resolve(row.FailToPass, row.PassToPass, statuses)
-	res.EvaluationCompleted, res.TestsStatus, res.Resolved = true, &ts, resolved
+	res.TestsStatus = &ts
+	if !anyListed(row, statuses) {
+		res.FailureKind = FailureNoTestResults
+		res.FailureReason = joinReason(res.FailureReason, "the eval log has no result for any FAIL_TO_PASS or PASS_TO_PASS test")
+		if !r.validated() {
+			// Nobody checked that this environment runs the tests: the
+			// failure may be the environment's, not the patch's.
+			res.MaskSample = true
+			res.FailureReason += " (the environment was not validated, so the sample is masked)"
+		}
+		return
+	}
+	res.EvaluationCompleted, res.Resolved = true, resolved
 	if resolved {
 		res.Reward = 1
 	}

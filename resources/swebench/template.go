@@ -30,8 +30,7 @@ type Templates struct {
 	root  string
 	repos map[string]string
 
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex // one per template being made or checked
+	locks keyedMutex // one per template being made or checked
 }
 
 // NewTemplates returns a store under root for the repositories in repos
@@ -52,7 +51,7 @@ func NewTemplates(root string, repos map[string]string) (*Templates, error) {
 		}
 		rs[name] = p
 	}
-	return &Templates{root: abs, repos: rs, locks: map[string]*sync.Mutex{}}, nil
+	return &Templates{root: abs, repos: rs}, nil
 }
 
 // Has reports whether repo is configured.
@@ -91,7 +90,7 @@ func (t *Templates) Ensure(ctx context.Context, repo, base string, log logrus.Fi
 	fullBase = strings.TrimSpace(out)
 	dir = t.dir(repo, fullBase)
 
-	lock := t.lock(dir)
+	lock := t.locks.get(dir)
 	lock.Lock()
 	defer lock.Unlock()
 	if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
@@ -118,6 +117,9 @@ func (t *Templates) Ensure(ctx context.Context, repo, base string, log logrus.Fi
 		return "", "", fmt.Errorf("%w: the clone's HEAD is %q, not %s (%v)", ErrTemplate, strings.TrimSpace(head), fullBase, err)
 	}
 	if err := os.Rename(tmp, dir); err != nil {
+		if fi, statErr := os.Stat(dir); statErr == nil && fi.IsDir() {
+			return dir, fullBase, nil // another server sharing template_dir made it first
+		}
 		return "", "", fmt.Errorf("%w: %w", ErrTemplate, err)
 	}
 	log.WithFields(logrus.Fields{"repo": repo, "base_commit": fullBase, "dir": dir, "duration_ms": time.Since(began).Milliseconds()}).Info("swebench: template prepared")
@@ -128,13 +130,22 @@ func (t *Templates) dir(repo, fullBase string) string {
 	return filepath.Join(t.root, strings.ReplaceAll(repo, "/", "__"), fullBase)
 }
 
-func (t *Templates) lock(key string) *sync.Mutex {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	l, ok := t.locks[key]
+// keyedMutex hands out one mutex per key. Its zero value is ready.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+}
+
+func (k *keyedMutex) get(key string) *sync.Mutex {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.locks == nil {
+		k.locks = map[string]*sync.Mutex{}
+	}
+	l, ok := k.locks[key]
 	if !ok {
 		l = &sync.Mutex{}
-		t.locks[key] = l
+		k.locks[key] = l
 	}
 	return l
 }

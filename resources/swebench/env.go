@@ -1,0 +1,310 @@
+package swebench
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local"
+)
+
+// Environment is a template's environment: what its environment step made,
+// kept beside the template (<template>.env/<key>/) so that it is built once
+// per (repo, base commit, step) and survives restarts.
+type Environment struct {
+	// Dir holds caches/<name> (the template's caches), tree/ (the work tree
+	// as the step left it, when it changed it), env.json and env.log.
+	Dir string `json:"-"`
+	// Image is the directory sandboxes of the template start from: tree/,
+	// or the template itself when the step did not touch the work tree.
+	Image string `json:"-"`
+
+	Repo       string   `json:"repo"`
+	BaseCommit string   `json:"base_commit"`
+	Commands   []string `json:"commands"`
+	// Source says where the commands came from: "configured",
+	// "default_go" or "none".
+	Source      string    `json:"source"`
+	OK          bool      `json:"ok"`
+	Reason      string    `json:"reason,omitempty"`
+	ExitCode    int       `json:"exit_code"`
+	TimedOut    bool      `json:"timed_out,omitempty"`
+	TreeChanged bool      `json:"tree_changed,omitempty"`
+	Seconds     float64   `json:"seconds"`
+	BuiltAt     time.Time `json:"built_at"`
+}
+
+// Environment step sources.
+const (
+	EnvSourceConfigured = "configured"
+	EnvSourceDefaultGo  = "default_go"
+	EnvSourceNone       = "none"
+)
+
+// Where an environment's parts are, in its directory and in a sandbox.
+const (
+	envFile    = "env.json"
+	envLog     = "env.log"
+	envTree    = "tree"
+	envCaches  = "caches"
+	envOutPath = "/ng-env" // the environment directory in the step's sandbox
+)
+
+// goNetworkEnv are the server's variables passed on to an environment step,
+// so that it downloads modules the way the server's own go would.
+var goNetworkEnv = []string{"GOPROXY", "GOSUMDB", "GONOSUMDB", "GOPRIVATE", "GONOPROXY", "GOINSECURE"}
+
+// envCommands returns the environment step of row whose template is
+// cloneDir, and where it came from.
+func (s *Server) envCommands(row Row, cloneDir string) ([]string, string) {
+	if cmds, ok := s.cfg.envSetup(row); ok {
+		return cmds, EnvSourceConfigured
+	}
+	if fi, err := os.Stat(filepath.Join(cloneDir, "go.mod")); err == nil && fi.Mode().IsRegular() {
+		return DefaultGoEnvSetup, EnvSourceDefaultGo
+	}
+	return nil, EnvSourceNone
+}
+
+// envKey names an environment by what makes it: its commands, the caches it
+// fills and the workdir it ran at.
+func (s *Server) envKey(cmds []string) string {
+	h := sha256.New()
+	for _, c := range cmds {
+		fmt.Fprintf(h, "cmd\x00%s\x00", c)
+	}
+	for _, n := range slices.Sorted(maps.Keys(s.cfg.Caches)) {
+		fmt.Fprintf(h, "cache\x00%s\x00%s\x00", n, s.cfg.Caches[n])
+	}
+	fmt.Fprintf(h, "workdir\x00%s", s.cfg.Workdir)
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// environment returns the environment of row's template (cloneDir at
+// fullBase), running its environment step on p first if no server has yet.
+// A step that ran and failed is an Environment with OK false (kept, like a
+// success: delete the directory to run it again); an error means the step
+// could not be run at all, and nothing is kept.
+func (s *Server) environment(ctx context.Context, p provider.Provider, row Row, cloneDir, fullBase string, log logrus.FieldLogger) (*Environment, error) {
+	cmds, source := s.envCommands(row, cloneDir)
+	key := s.envKey(cmds)
+	parent := cloneDir + ".env"
+	dir := filepath.Join(parent, key)
+	if env, err := readEnvironment(dir, cloneDir); err == nil {
+		return env, nil
+	}
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrTemplate, err)
+	}
+	unlock, err := lockFile(filepath.Join(parent, key+".lock"))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrTemplate, err)
+	}
+	defer unlock()
+	if env, err := readEnvironment(dir, cloneDir); err == nil {
+		return env, nil // built while this call waited for the lock
+	}
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	staging := filepath.Join(parent, ".tmp-"+key+"-"+hex.EncodeToString(rnd[:]))
+	defer os.RemoveAll(staging) // a no-op once renamed
+	for name := range s.cfg.Caches {
+		if err := os.MkdirAll(filepath.Join(staging, envCaches, name), 0o755); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrTemplate, err)
+		}
+	}
+	log = log.WithFields(logrus.Fields{"repo": row.Repo, "base_commit": fullBase, "env_key": key, "env_source": source})
+	env := &Environment{Repo: row.Repo, BaseCommit: fullBase, Commands: cmds, Source: source, OK: true}
+	if cmds == nil {
+		env.Commands = []string{}
+	}
+	began := time.Now()
+	var stepLog string
+	if len(cmds) > 0 {
+		log.WithField("commands", cmds).Info("swebench: environment step started")
+		if stepLog, err = s.runEnvStep(ctx, p, row, cloneDir, staging, env); err != nil {
+			return nil, err
+		}
+	}
+	env.Seconds = time.Since(began).Seconds()
+	env.BuiltAt = time.Now().UTC()
+	if err := os.WriteFile(filepath.Join(staging, envLog), []byte(stepLog), 0o644); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrTemplate, err)
+	}
+	if err := writeJSONFile(filepath.Join(staging, envFile), env); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrTemplate, err)
+	}
+	if err := os.Rename(staging, dir); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrTemplate, err)
+	}
+	env.Dir, env.Image = dir, cloneDir
+	if env.TreeChanged {
+		env.Image = filepath.Join(dir, envTree)
+	}
+	fields := logrus.Fields{"ok": env.OK, "exit_code": env.ExitCode, "timed_out": env.TimedOut,
+		"tree_changed": env.TreeChanged, "duration_ms": time.Since(began).Milliseconds(), "env_dir": dir}
+	if env.OK {
+		log.WithFields(fields).Info("swebench: environment ready")
+	} else {
+		log.WithFields(fields).WithField("reason", env.Reason).Warn("swebench: environment step failed; the template's instances are unavailable")
+	}
+	return env, nil
+}
+
+// runEnvStep runs env's commands in a sandbox of the template with the
+// network on and the staging directory's caches mounted read-write, and
+// copies the work tree out when the step changed it. It fills env's
+// outcome and returns the step's output.
+func (s *Server) runEnvStep(ctx context.Context, p provider.Provider, row Row, cloneDir, staging string, env *Environment) (string, error) {
+	spec := s.spec(p, cloneDir, row, roleEnv, &Environment{Dir: staging})
+	h, err := p.Start(ctx, spec)
+	if err != nil {
+		return "", fmt.Errorf("%w: start the environment step's sandbox: %w", ErrTemplate, err)
+	}
+	defer s.stopSandbox(ctx, p, h, "environment step")
+	var script strings.Builder
+	script.WriteString("set -e\nexec 2>&1\n")
+	for _, c := range env.Commands {
+		fmt.Fprintf(&script, "printf '%%s\\n' %s\n%s\n", shQuote("+ "+c), c)
+	}
+	res, err := run(ctx, p, h, script.String(), nil, s.cfg.envSetupTimeout())
+	if err != nil {
+		return "", fmt.Errorf("%w: run the environment step: %w", ErrTemplate, err)
+	}
+	out := res.Stdout + res.Stderr
+	env.ExitCode, env.TimedOut = res.ExitCode, res.TimedOut
+	switch {
+	case res.TimedOut:
+		env.OK, env.Reason = false, fmt.Sprintf("the environment step ran past env_setup_timeout (%s): %s", s.cfg.envSetupTimeout(), lastLines(out, 6))
+	case res.ExitCode != 0:
+		env.OK, env.Reason = false, fmt.Sprintf("the environment step exited %d: %s", res.ExitCode, lastLines(out, 6))
+	}
+	if !env.OK {
+		return out, nil
+	}
+	// What the step left in the work tree (a virtualenv, node_modules, a
+	// rewritten go.sum) is part of the environment: the template's
+	// sandboxes then start from a copy of the tree as the step left it.
+	st, err := run(ctx, p, h, "git status --porcelain --ignored --untracked-files=all | head -n 1", nil, s.cfg.setupTimeout())
+	if err != nil || st.ExitCode != 0 {
+		return "", fmt.Errorf("%w: inspect the work tree after the environment step: %v %s", ErrTemplate, err, st.Stderr)
+	}
+	if strings.TrimSpace(st.Stdout) != "" {
+		cp, err := run(ctx, p, h, "cp -a . "+envOutPath+"/"+envTree, nil, s.cfg.setupTimeout())
+		if err != nil || cp.ExitCode != 0 {
+			return "", fmt.Errorf("%w: copy the work tree out of the environment step: %v %s", ErrTemplate, err, cp.Stderr)
+		}
+		env.TreeChanged = true
+	}
+	return out, nil
+}
+
+// readEnvironment reads a built environment.
+func readEnvironment(dir, cloneDir string) (*Environment, error) {
+	b, err := os.ReadFile(filepath.Join(dir, envFile))
+	if err != nil {
+		return nil, err
+	}
+	var env Environment
+	if err := json.Unmarshal(b, &env); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrTemplate, filepath.Join(dir, envFile), err)
+	}
+	env.Dir, env.Image = dir, cloneDir
+	if env.TreeChanged {
+		env.Image = filepath.Join(dir, envTree)
+	}
+	return &env, nil
+}
+
+// cacheDir is the template's directory of the named cache.
+func (e *Environment) cacheDir(name string) string { return filepath.Join(e.Dir, envCaches, name) }
+
+// Sandbox roles (the swebench_role label).
+const (
+	roleAgent      = "agent"
+	roleGrading    = "grading"
+	roleValidation = "validation"
+	roleEnv        = "environment"
+)
+
+// localMounts are the local provider's mounts of a template's caches for a
+// sandbox of role: in the environment step every cache is read-write (env
+// is then the environment being built, in its staging directory); in a validation (which runs no model code) the
+// writable caches are the template's own, so that it warms them; agents and
+// gradings get the read-only caches read-only and a copy of the writable
+// ones each, so that nothing one of them writes reaches another.
+func (s *Server) localMounts(env *Environment, role string) ([]local.Mount, map[string]string) {
+	vars := map[string]string{}
+	var mounts []local.Mount
+	if role == roleEnv {
+		mounts = append(mounts, local.Mount{Host: env.Dir, Path: envOutPath, Mode: local.MountReadWrite})
+	}
+	for _, name := range slices.Sorted(maps.Keys(s.cfg.Caches)) {
+		at := CacheMountDir + "/" + name
+		vars[s.cfg.Caches[name]] = at
+		m := local.Mount{Path: at, Mode: local.MountReadOnly}
+		switch {
+		case role == roleEnv:
+			m.Host, m.Mode = env.cacheDir(name), local.MountReadWrite
+		case !s.cfg.writable(name):
+			m.Host = env.cacheDir(name)
+		case role == roleValidation:
+			m.Host, m.Mode = env.cacheDir(name), local.MountReadWrite
+		default:
+			m.Host, m.Mode = env.cacheDir(name), local.MountCopy
+		}
+		mounts = append(mounts, m)
+	}
+	return mounts, vars
+}
+
+// lockFile takes an exclusive lock on path (created if missing), held
+// across processes, so that two servers sharing a template_dir build an
+// environment or validate an instance once.
+func lockFile(path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		if !errors.Is(err, syscall.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
+// writeJSONFile writes v to path through a temporary file and a rename.
+func writeJSONFile(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

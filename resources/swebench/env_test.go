@@ -1,0 +1,315 @@
+package swebench
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
+
+	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local"
+)
+
+// envOf reads the environment the world's templates hold for (repo, base).
+func envOf(t *testing.T, templateDir, repo, base string) *Environment {
+	t.Helper()
+	dir := filepath.Join(templateDir, strings.ReplaceAll(repo, "/", "__"), base)
+	matches, _ := filepath.Glob(filepath.Join(dir+".env", "*", envFile))
+	if len(matches) != 1 {
+		t.Fatalf("environments of %s: %v, want one", dir, matches)
+	}
+	env, err := readEnvironment(filepath.Dir(matches[0]), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env
+}
+
+// logged counts the entries whose message starts with msg.
+func logged(hook *logtest.Hook, msg string) []*logrus.Entry {
+	var out []*logrus.Entry
+	for _, e := range hook.AllEntries() {
+		if strings.HasPrefix(e.Message, msg) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// digest hashes a directory tree: paths, modes and contents.
+func digest(t *testing.T, dir string) string {
+	t.Helper()
+	h := sha256.New()
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		h.Write([]byte(rel + "\x00" + fi.Mode().String() + "\x00"))
+		if fi.Mode().IsRegular() {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			h.Write(b)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func wantUnavailable(t *testing.T, err error, reason string) {
+	t.Helper()
+	if !errors.Is(err, ErrEnvironmentUnavailable) || !strings.Contains(err.Error(), reason) {
+		t.Fatalf("seed err = %v, want ErrEnvironmentUnavailable with %q", err, reason)
+	}
+	var he *httpapi.Error
+	if !errors.As(httpError(err), &he) || he.Status != 503 || he.Code != CodeEnvironmentUnavailable || !strings.Contains(he.Detail, reason) {
+		t.Errorf("seed answers %+v, want 503 %s with the reason", he, CodeEnvironmentUnavailable)
+	}
+}
+
+func wantMaskedEnvironmentError(t *testing.T, res VerifyResult, reason string) {
+	t.Helper()
+	if res.FailureKind != FailureEnvironment || !res.MaskSample || res.Reward != 0 || res.Resolved || res.EvaluationCompleted ||
+		res.EvalSandboxStartTimeTaken != 0 || res.TestsStatus != nil || !strings.Contains(res.FailureReason, reason) {
+		t.Errorf("verify of an unavailable instance graded or did not mask:\n%s", describe(res))
+	}
+}
+
+func TestAFreshTemplateBuildsItsEnvironmentWithTheNetworkAndGradesOffline(t *testing.T) {
+	gp := newGoProxy(t)
+	tk := newDepTask(t, gp)
+	w := newWorld(t, tk, freshTemplates(), withConfig(withDepTask(tk, gp)))
+	hook := logtest.NewLocal(w.log)
+	row := tk.depRow("example__depcalc-1")
+	seed := w.seed("s-1", row)
+	if gp.zips() != 1 {
+		t.Fatalf("the environment step downloaded %d module zips, want 1: %v", gp.zips(), gp.asked())
+	}
+	env := envOf(t, w.cfg.TemplateDir, depTaskRepo, tk.base)
+	if !env.OK || env.Source != EnvSourceDefaultGo || !cmp.Equal(env.Commands, DefaultGoEnvSetup) || env.TreeChanged {
+		t.Errorf("environment: %+v", env)
+	}
+	if _, err := os.Stat(filepath.Join(env.cacheDir("gomod"), depModule+"@"+depVersion, "mathx.go")); err != nil {
+		t.Errorf("the template's module cache lacks the dependency: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(env.Dir, envLog)); !strings.Contains(string(b), "+ go mod download") {
+		t.Errorf("the environment step's log: %q", b)
+	}
+	if len(logged(hook, "swebench: environment ready")) != 1 || len(logged(hook, "swebench: instance validated")) != 1 {
+		t.Error("the environment step and the validation were not logged once each")
+	}
+
+	// The agent's sandbox is offline, against the template's module cache.
+	sb := *seed.SandboxHandle
+	if got := w.agentRun(sb, "go env GOPROXY GOFLAGS GOMODCACHE"); got != "off\n-mod=mod\n/caches/gomod\n" {
+		t.Errorf("the agent's go env: %q", got)
+	}
+	requests := len(gp.asked())
+	if w.prov.Isolation() == local.IsolationBwrap {
+		res := w.agentExec(sb, "GOPROXY="+gp.URL+" go list -m -versions "+depModule)
+		if res.ExitCode == 0 || len(gp.asked()) != requests {
+			t.Errorf("the agent reached the proxy (exit %d):\n%s%s", res.ExitCode, res.Stdout, res.Stderr)
+		}
+	}
+	w.applyAsAgent(sb, tk.patch)
+	res := w.verify("s-1", row)
+	wantResolved(t, res)
+	if len(gp.asked()) != requests {
+		t.Errorf("the agent or the grading asked the proxy: %v", gp.asked()[requests:])
+	}
+
+	// The environment and the validation are kept: a second seed runs
+	// neither again.
+	w.seed("s-2", row)
+	if n := len(logged(hook, "swebench: environment step started")); n != 1 || gp.zips() != 1 {
+		t.Errorf("the environment step ran %d times, %d downloads", n, gp.zips())
+	}
+	if n := len(logged(hook, "swebench: instance validated")); n != 1 {
+		t.Errorf("validated %d times", n)
+	}
+}
+
+func TestAFailingEnvironmentStepMakesTheInstanceUnavailable(t *testing.T) {
+	tk := newTask(t)
+	w := newWorld(t, tk, freshTemplates(), withConfig(func(c *Config) {
+		c.EnvSetup = map[string][]string{
+			taskRepo:          {"echo fetching", "exit 7"},
+			"example__calc-2": {"echo this instance has its own step"},
+		}
+	}))
+	hook := logtest.NewLocal(w.log)
+	row := tk.row("example__calc-1")
+	for i := 0; i < 2; i++ {
+		_, err := w.srv.SeedSession(context.Background(), w.own, "s-1", mustJSON(t, row))
+		wantUnavailable(t, err, "exited 7")
+		if !strings.Contains(err.Error(), "fetching") {
+			t.Errorf("the reason lacks the step's output: %v", err)
+		}
+	}
+	if n := len(logged(hook, "swebench: environment step started")); n != 1 {
+		t.Errorf("the failing step ran %d times; its result is not kept", n)
+	}
+	if n := len(logged(hook, "swebench: environment step failed")); n != 1 {
+		t.Errorf("the failure was logged %d times", n)
+	}
+	if _, ok := w.own.SessionSandbox("s-1"); ok {
+		t.Error("the seed of an unavailable instance lent a sandbox")
+	}
+	if live := w.liveSandboxes(); len(live) != 0 {
+		t.Errorf("sandboxes running: %v", live)
+	}
+	res := w.verify("s-1", row)
+	wantMaskedEnvironmentError(t, res, "exited 7")
+
+	// An instance's own entry wins over its repository's.
+	seed := w.seed("s-2", tk.row("example__calc-2"))
+	if seed.SandboxHandle == nil {
+		t.Fatal("no sandbox for the instance with a working step")
+	}
+}
+
+func TestValidationMakesABrokenInstanceUnavailable(t *testing.T) {
+	tk := newTask(t)
+	w := newWorld(t, tk)
+	hook := logtest.NewLocal(w.log)
+
+	p2p := tk.row("example__calc-p2p")
+	p2p["FAIL_TO_PASS"], p2p["PASS_TO_PASS"] = []string{"TestAbs"}, append(append([]string{}, passToPass...), "TestAbs/negative")
+	_, err := w.srv.SeedSession(context.Background(), w.own, "s-p2p", mustJSON(t, p2p))
+	wantUnavailable(t, err, "PASS_TO_PASS tests do not pass without the patch: TestAbs/negative")
+	wantMaskedEnvironmentError(t, w.verify("s-p2p", p2p), "TestAbs/negative")
+
+	none := tk.row("example__calc-none")
+	none["FAIL_TO_PASS"], none["PASS_TO_PASS"] = []string{"TestNothing"}, []string{"TestNothingElse"}
+	_, err = w.srv.SeedSession(context.Background(), w.own, "s-none", mustJSON(t, none))
+	wantUnavailable(t, err, "no FAIL_TO_PASS or PASS_TO_PASS test appears in the eval log")
+
+	// A FAIL_TO_PASS test that passes without the fix is a warning.
+	warn := tk.row("example__calc-warn")
+	warn["FAIL_TO_PASS"], warn["PASS_TO_PASS"] = []string{"TestAbs/positive", "TestAbs/negative"}, []string{"TestAdd"}
+	w.seed("s-warn", warn)
+	entries := logged(hook, "swebench: FAIL_TO_PASS tests already pass")
+	if len(entries) != 1 || entries[0].Level != logrus.WarnLevel || !cmp.Equal(entries[0].Data["fail_to_pass_passing"], []string{"TestAbs/positive"}) {
+		t.Errorf("the warning: %v", entries)
+	}
+	unavailable := len(logged(hook, "swebench: instance unavailable"))
+	if unavailable != 2 {
+		t.Errorf("%d unavailable instances logged, want 2", unavailable)
+	}
+
+	// The results are kept with the template: a new server on it does not
+	// validate again.
+	w.crash()
+	_, err = w.srv.SeedSession(context.Background(), w.own, "s-p2p-again", mustJSON(t, p2p))
+	wantUnavailable(t, err, "TestAbs/negative")
+	if n := len(logged(hook, "swebench: instance unavailable")); n != unavailable {
+		t.Errorf("the new server validated again (%d unavailable logged)", n)
+	}
+
+	// validate: false lends it all the same.
+	w2 := newWorld(t, tk, withConfig(func(c *Config) { c.Validate = off() }))
+	if seed := w2.seed("s-p2p", p2p); seed.SandboxHandle == nil {
+		t.Error("validate: false did not lend the instance")
+	}
+}
+
+func TestAGradingThatRanNoTestSaysSo(t *testing.T) {
+	tk := newTask(t)
+	for _, validated := range []bool{true, false} {
+		t.Run("validated="+strconv.FormatBool(validated), func(t *testing.T) {
+			w := newWorld(t, tk, withConfig(func(c *Config) {
+				if !validated {
+					c.Validate = off()
+				}
+			}))
+			row := tk.row("example__calc-1")
+			seed := w.seed("s", row)
+			w.agentRun(*seed.SandboxHandle, "echo 'func broken( {' >> calc.go")
+			res := w.verify("s", row)
+			if res.FailureKind != FailureNoTestResults || res.Reward != 0 || res.Resolved || res.EvaluationCompleted || res.MaskSample == validated {
+				t.Errorf("a patch that breaks the build:\n%s", describe(res))
+			}
+		})
+	}
+}
+
+func TestAnAgentWritingIntoItsCachesCannotChangeAGrading(t *testing.T) {
+	gp := newGoProxy(t)
+	tk := newDepTask(t, gp)
+	w := newWorld(t, tk, withConfig(withDepTask(tk, gp)))
+	if w.prov.Isolation() != local.IsolationBwrap {
+		t.Skip("SKIP: without bubblewrap nothing is read-only to an agent (CI installs bubblewrap)")
+	}
+	row := tk.depRow("example__depcalc-1")
+	seed := w.seed("s", row)
+	sb := *seed.SandboxHandle
+	env := envOf(t, w.cfg.TemplateDir, depTaskRepo, tk.base)
+	caches := filepath.Join(env.Dir, envCaches)
+	before := digest(t, caches)
+
+	// The agent fixes the repository, then breaks the dependency in the
+	// module cache (so that a grading reading it would fail PASS_TO_PASS)
+	// and poisons every entry of its build cache.
+	w.applyAsAgent(sb, tk.patch)
+	w.agentRun(sb, "go test -count=1 ./... >/dev/null")
+	res := w.agentExec(sb, `f="$GOMODCACHE/`+depModule+"@"+depVersion+`/mathx.go"; chmod u+w "$f"; printf 'package mathx\nfunc Neg(x int) int { return x }\nfunc Add(a, b int) int { return a - b }\n' > "$f"`)
+	if res.ExitCode == 0 {
+		t.Error("the agent wrote the template's module cache")
+	}
+	w.agentRun(sb, `find "$GOCACHE" -type f -exec sh -c 'echo poisoned > "$1"' _ {} \; && test -n "$(ls "$GOCACHE")"`)
+	if after := digest(t, caches); after != before {
+		t.Fatal("the agent's writes reached the template's caches")
+	}
+	wantResolved(t, w.verify("s", row))
+	// Nor did the grading's own writes (it compiled the patched package).
+	if after := digest(t, caches); after != before {
+		t.Error("the grading's writes reached the template's caches")
+	}
+}
+
+func TestTheGoldenInstanceOnAFreshMachineResolvesWithOnlyTheRepository(t *testing.T) {
+	gp := newGoProxy(t)
+	tk := newDepTask(t, gp)
+	_, own, srv := newGolden(t, tk, func(c *Config, _ *provider.Provider) {
+		withDepTask(tk, gp)(c)
+		c.TemplateDir = t.TempDir()
+	})
+	row := tk.depRow("example__depcalc-1")
+	if _, err := srv.SeedSession(context.Background(), own, "g", mustJSON(t, row)); err != nil {
+		t.Fatal(err)
+	}
+	res, err := srv.VerifySession(context.Background(), own, "g", mustJSON(t, row))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantResolved(t, res)
+	if gp.zips() != 1 {
+		t.Errorf("%d module downloads, want 1 (by the environment step)", gp.zips())
+	}
+	var out map[string]any
+	_ = json.Unmarshal(mustJSON(t, res), &out)
+	if _, ok := out["failure_kind"]; ok {
+		t.Errorf("a resolved grading has a failure_kind: %v", out["failure_kind"])
+	}
+}
