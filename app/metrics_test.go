@@ -1,8 +1,11 @@
 package app_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -288,5 +291,58 @@ func TestUnknownPathsShareOneLabel(t *testing.T) {
 				t.Errorf("a path became a label: %v", m.GetLabel())
 			}
 		}
+	}
+}
+
+// TestRunFlagsReachTheServer: -access-log and -pprof on the command line
+// turn both on in the server Run starts.
+func TestRunFlagsReachTheServer(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		done <- app.Run(ctx, []string{"-port", "0", "-sandbox.provider", "fake", "-log-format", "json", "-access-log", "-pprof"}, io.Discard, pw)
+		pw.Close()
+	}()
+	entries := make(chan map[string]any, 64)
+	go func() {
+		defer close(entries)
+		lines := bufio.NewScanner(pr)
+		for lines.Scan() {
+			var e map[string]any
+			if json.Unmarshal(lines.Bytes(), &e) != nil {
+				e = map[string]any{"not json": lines.Text()}
+			}
+			entries <- e
+		}
+	}()
+	addr := ""
+	for e := range entries {
+		if e["not json"] != nil {
+			t.Fatalf("log line is not JSON: %v", e["not json"])
+		}
+		if addr, _ = e["addr"].(string); addr != "" {
+			break
+		}
+	}
+	if addr == "" {
+		t.Fatal("no startup line")
+	}
+	if s, _ := get(t, addr, "/debug/pprof/"); s != 200 {
+		t.Errorf("-pprof: /debug/pprof/ answered %d", s)
+	}
+	cancel()
+	logged := false
+	for e := range entries {
+		if e["msg"] == "request" && e["route"] == "/debug/pprof/" && e["status"] == 200.0 {
+			logged = true
+		}
+	}
+	if !logged {
+		t.Error("no access log line for the request")
+	}
+	if code := <-done; code != 0 {
+		t.Errorf("exit %d", code)
 	}
 }
