@@ -515,3 +515,43 @@ func TestPollsLearnTheTypicalWait(t *testing.T) {
 		t.Errorf("polls: first create %d, second %d; want many, then under half as many", first, second)
 	}
 }
+
+func TestUnknownStatesAreWaitedThrough(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{PendingState: "Provisioning"}, opensandbox.Options{})
+	h := e.start(t, provider.Spec{})
+	if got := e.exec(t, h, "echo up"); got.Stdout != "up\n" {
+		t.Errorf("exec = %+v", got)
+	}
+}
+
+func TestCreatesQueueInTheClient(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{MaxConcurrentCreates: 3})
+	var wg sync.WaitGroup
+	for i := 0; i < 9; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := e.p.Start(context.Background(), provider.Spec{Image: "x"}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if st := e.srv.Stats(); st.Created != 9 || st.PeakStarting > 3 {
+		t.Errorf("created %d, peak starting %d: want 9, at most 3 at once", st.Created, st.PeakStarting)
+	}
+}
+
+// TestSnapshotPastItsDeadline: a snapshot still Creating at its deadline is
+// an error, and is deleted once the server allows it.
+func TestSnapshotPastItsDeadline(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{SnapshotLatency: 90 * time.Second}, opensandbox.Options{SnapshotTimeout: time.Minute})
+	h := e.start(t, provider.Spec{})
+	if _, err := e.p.Snapshot(context.Background(), h, "slow"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Snapshot = %v, want a deadline error", err)
+	}
+	e.p.Wait()
+	if st := e.srv.Stats(); st.SnapshotsCreated != 1 || st.LiveSnapshots != 0 {
+		t.Errorf("created %d, left %d: want the late snapshot deleted", st.SnapshotsCreated, st.LiveSnapshots)
+	}
+}

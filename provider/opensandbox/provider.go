@@ -50,7 +50,13 @@ type Provider struct {
 	labels map[string]map[string]string
 	// typical is how long waits of each kind took lately.
 	typical map[string]time.Duration
+	// background counts deletes of snapshots that missed their deadline.
+	background sync.WaitGroup
 }
+
+// Wait returns once the deletes of snapshots that missed their deadline,
+// which run in the background, are done.
+func (p *Provider) Wait() { p.background.Wait() }
 
 var (
 	_ provider.Provider    = (*Provider)(nil)
@@ -764,7 +770,9 @@ func (p *Provider) discardSnapshot(ctx context.Context, sid string, log logrus.F
 	if err == nil && (resp.ok() || resp.status == http.StatusNotFound) {
 		return
 	}
+	p.background.Add(1)
 	go func() {
+		defer p.background.Done()
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.SnapshotTimeout)
 		defer cancel()
 		if derr := p.DeleteSnapshot(dctx, sid); derr != nil {

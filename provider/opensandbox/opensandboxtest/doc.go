@@ -1,7 +1,8 @@
 // Package opensandboxtest is a fake OpenSandbox server for tests, in the
 // manner of net/http/httptest: NewServer serves the lifecycle API (under /v1)
-// and every sandbox's execd on one loopback listener, written from the
-// OpenSandbox OpenAPI specs (sandbox-lifecycle.yml, execd-api.yaml).
+// and every sandbox's execd on one loopback listener, written from
+// OpenSandbox's OpenAPI specs (specs/sandbox-lifecycle.yml and
+// specs/execd-api.yaml in github.com/alibaba/OpenSandbox).
 //
 // What it keeps of the real server's contract:
 //   - Create, snapshot: 202, then the client polls. A sandbox is Pending for

@@ -57,6 +57,10 @@ type Options struct {
 	CaptureWorkers int
 	// LowerCaseStates spells states "running", "ready", ...
 	LowerCaseStates bool
+	// PendingState, when set, is what a sandbox reports instead of Pending
+	// while it starts: a state the spec does not list, which clients must
+	// accept.
+	PendingState string
 	// Backend holds files and runs commands; default an in-memory fake
 	// provider. Sandbox and snapshot ids are the backend's.
 	Backend Backend
@@ -98,6 +102,9 @@ type Stats struct {
 	// PeakUnfinished is the most snapshots Creating (capturing or queued)
 	// seen when a new one was requested: the client's snapshot parallelism.
 	PeakUnfinished int
+	// PeakStarting is the most sandboxes starting (not yet Running) seen
+	// when a new one was requested: the client's create parallelism.
+	PeakStarting int
 	// Requests counts requests per "METHOD route".
 	Requests map[string]int
 }
@@ -296,6 +303,8 @@ func (s *Server) state(name string) string {
 
 func (s *Server) sandboxState(sb *sandbox, now time.Time) string {
 	switch {
+	case now.Before(sb.readyAt) && s.opts.PendingState != "":
+		return s.opts.PendingState
 	case now.Before(sb.readyAt):
 		return s.state("Pending")
 	case sb.failed:
@@ -618,6 +627,13 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	sb.id = sb.backend.SandboxID
 	s.mu.Lock()
+	starting := 1
+	for _, o := range s.sandboxes {
+		if now.Before(o.readyAt) {
+			starting++
+		}
+	}
+	s.stats.PeakStarting = max(s.stats.PeakStarting, starting)
 	s.seq++
 	sb.seq = s.seq
 	if s.failCreate > 0 {
