@@ -181,29 +181,11 @@ func TestOpenSandboxWalkThroughAndSIGKILL(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if code != 200 {
-				t.Logf("restore: status %d (the commit did not land)", code)
-				vc, m, err := s.call(agents[0], "POST", "/ng-rollout/r0/verify", map[string]any{"expected_notes": []string{"one"}})
-				if err != nil || vc != 409 {
-					t.Errorf("no empty grading: verify without a sandbox: %d %v %v", vc, m, err)
+			checkRestored(t, s, agents, code, func(a *agent, r string) {
+				if code, m := sandboxExec(t, descriptor(t, s, a, r), "cat notes.txt"); code != 200 || m["stdout"] != "one\n" {
+					t.Errorf("the fork's notes through the sandbox API: %d %v", code, m)
 				}
-			} else {
-				if code, m, err := s.control("resume", map[string]any{"checkpoint_id": "ck1"}); err != nil || code != 200 {
-					t.Fatalf("resume: %d %v %v", code, m, err)
-				}
-				for i, a := range agents {
-					r := fmt.Sprintf("r%d-a1", i)
-					s.ok(a, "/ng-rollout/"+r+"/seed_session", map[string]any{"instance_id": fmt.Sprintf("row-%d", i)})
-					desc := descriptor(t, s, a, r)
-					if code, m := sandboxExec(t, desc, "cat notes.txt"); code != 200 || m["stdout"] != "one\n" {
-						t.Errorf("the fork's notes through the sandbox API: %d %v", code, m)
-					}
-					v := s.ok(a, "/ng-rollout/"+r+"/verify", map[string]any{"expected_notes": []string{"one"}})
-					if v["reward"] != 1.0 {
-						t.Errorf("exact restore: session %s verified %v", r, v)
-					}
-				}
-			}
+			})
 			if code, m, err := s.control("release", map[string]any{"kept_checkpoint_ids": []string{}}); err != nil || code != 200 {
 				t.Errorf("release: %d %v %v", code, m, err)
 			}

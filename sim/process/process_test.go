@@ -357,26 +357,7 @@ func TestSIGKILLMidCommitAndMidRestore(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if code != 200 {
-				// The commit did not land: nothing to restore, and a verify
-				// without a sandbox is refused, never graded.
-				t.Logf("restore: status %d (the commit did not land)", code)
-				vc, m, err := s.call(agents[0], "POST", "/ng-rollout/r0/verify", map[string]any{"expected_notes": []string{"one"}})
-				if err != nil || vc != 409 {
-					t.Errorf("no empty grading: verify without a sandbox: %d %v %v", vc, m, err)
-				}
-			} else {
-				if code, m, err := s.control("resume", map[string]any{"checkpoint_id": "ck1"}); err != nil || code != 200 {
-					t.Fatalf("resume: %d %v %v", code, m, err)
-				}
-				for i, a := range agents {
-					s.ok(a, fmt.Sprintf("/ng-rollout/r%d-a1/seed_session", i), map[string]any{"instance_id": fmt.Sprintf("row-%d", i)})
-					v := s.ok(a, fmt.Sprintf("/ng-rollout/r%d-a1/verify", i), map[string]any{"expected_notes": []string{"one"}})
-					if v["reward"] != 1.0 {
-						t.Errorf("exact restore: session r%d verified %v", i, v)
-					}
-				}
-			}
+			checkRestored(t, s, agents, code, nil)
 			if code, m, err := s.control("release", map[string]any{"kept_checkpoint_ids": []string{}}); err != nil || code != 200 {
 				t.Errorf("release: %d %v %v", code, m, err)
 			}
@@ -386,6 +367,36 @@ func TestSIGKILLMidCommitAndMidRestore(t *testing.T) {
 				t.Logf("last server log:\n%s", lastLines(s.log.String(), 30))
 			}
 		})
+	}
+}
+
+// checkRestored checks what a restore answering code left: without a landed
+// commit, a verify is refused (409), never graded; with one, after resume
+// every session re-seeds onto its fork (each is given to inspect, when set)
+// and verifies to 1.0.
+func checkRestored(t *testing.T, s *server, agents []*agent, code int, each func(a *agent, rollout string)) {
+	t.Helper()
+	if code != 200 {
+		t.Logf("restore: status %d (the commit did not land)", code)
+		vc, m, err := s.call(agents[0], "POST", "/ng-rollout/r0/verify", map[string]any{"expected_notes": []string{"one"}})
+		if err != nil || vc != 409 {
+			t.Errorf("no empty grading: verify without a sandbox: %d %v %v", vc, m, err)
+		}
+		return
+	}
+	if code, m, err := s.control("resume", map[string]any{"checkpoint_id": "ck1"}); err != nil || code != 200 {
+		t.Fatalf("resume: %d %v %v", code, m, err)
+	}
+	for i, a := range agents {
+		r := fmt.Sprintf("r%d-a1", i)
+		s.ok(a, "/ng-rollout/"+r+"/seed_session", map[string]any{"instance_id": fmt.Sprintf("row-%d", i)})
+		if each != nil {
+			each(a, r)
+		}
+		v := s.ok(a, "/ng-rollout/"+r+"/verify", map[string]any{"expected_notes": []string{"one"}})
+		if v["reward"] != 1.0 {
+			t.Errorf("exact restore: session %s verified %v", r, v)
+		}
 	}
 }
 
