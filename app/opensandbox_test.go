@@ -10,14 +10,24 @@ import (
 	"testing"
 
 	"github.com/sandboxowner/owner/app"
+	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 )
 
 // startOpenSandbox starts a notes server on the fake OpenSandbox server; stop
 // stops it (once; the test's cleanup calls it too).
 func startOpenSandbox(t *testing.T, srv *opensandboxtest.Server, lend string) (a *app.App, stop func()) {
+	return startOpenSandboxIn(t, srv, lend, "")
+}
+
+// startOpenSandboxIn is startOpenSandbox with checkpointing on in stateDir
+// (unless it is "").
+func startOpenSandboxIn(t *testing.T, srv *opensandboxtest.Server, lend, stateDir string) (a *app.App, stop func()) {
 	t.Helper()
 	cfg := app.Defaults()
+	if stateDir != "" {
+		cfg.Checkpoint.Enabled, cfg.Checkpoint.StateDir, cfg.Checkpoint.ControlAuthToken = true, stateDir, "tok"
+	}
 	cfg.SessionSecret = "a-secret-of-sixteen-plus"
 	cfg.Sandbox.Provider = "opensandbox"
 	cfg.Sandbox.OpenSandbox.Domain = srv.Domain
@@ -109,5 +119,48 @@ func TestOpenSandboxLending(t *testing.T) {
 	stopB()
 	if n := srv.Stats().LiveSandboxes; n != 0 {
 		t.Errorf("%d sandboxes left after the servers stopped", n)
+	}
+}
+
+// TestOpenSandboxSupersededSandboxAnswers410: after a crash and a restore, the
+// token of the superseded OpenSandbox sandbox answers 410 on this server's
+// sandbox API, the fork's token works, and the superseded sandbox is deleted
+// on the OpenSandbox server.
+func TestOpenSandboxSupersededSandboxAnswers410(t *testing.T) {
+	srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: "env-key"})
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	a, _ := startOpenSandboxIn(t, srv, app.LendServer, dir)
+	s, body, cookie := post(t, a.Addr().String(), "/ng-rollout/r1/seed_session", "", "{}")
+	if s != 200 {
+		t.Fatalf("seed: %d %s", s, body)
+	}
+	d := sandboxAccess(t, a, cookie).Connection.Descriptor
+	if s, body := execAs(t, d.Endpoint, d.Token, "echo hi > agent.txt"); s != 200 || !strings.Contains(body, `"exit_code":0`) {
+		t.Fatalf("exec: %d %s", s, body)
+	}
+	if _, err := a.Owner().Commit(context.Background(), owner.CommitRequest{CheckpointID: "ck1"}); err != nil {
+		t.Fatal(err)
+	}
+	a.Owner().Abandon()
+	_ = a.Server().Shutdown(context.Background())
+
+	b, _ := startOpenSandboxIn(t, srv, app.LendServer, dir)
+	if _, err := b.Owner().Restore(context.Background(), owner.RestoreRequest{CheckpointID: "ck1"}); err != nil {
+		t.Fatal(err)
+	}
+	old := strings.Replace(d.Endpoint, a.Addr().String(), b.Addr().String(), 1)
+	if s, body := execAs(t, old, d.Token, "true"); s != 410 || !strings.Contains(body, "superseded") {
+		t.Fatalf("token of the superseded sandbox: %d %s, want 410 superseded", s, body)
+	}
+	if _, live := srv.SandboxMetadata(d.SandboxID); live {
+		t.Errorf("the superseded sandbox %s still runs on the OpenSandbox server", d.SandboxID)
+	}
+	if s, body, _ := post(t, b.Addr().String(), "/seed_session", cookie, "{}"); s != 200 {
+		t.Fatalf("re-seed: %d %s", s, body)
+	}
+	d2 := sandboxAccess(t, b, cookie).Connection.Descriptor
+	if s, body := execAs(t, d2.Endpoint, d2.Token, "cat agent.txt"); s != 200 || !strings.Contains(body, "hi") {
+		t.Fatalf("exec in the fork: %d %s", s, body)
 	}
 }
