@@ -11,6 +11,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net"
 	"net/http/httptest"
 	"net/url"
 	"sort"
@@ -64,6 +65,9 @@ type Options struct {
 	// Backend holds files and runs commands; default an in-memory fake
 	// provider. Sandbox and snapshot ids are the backend's.
 	Backend Backend
+	// Listener, when set, is where the server listens (default a free
+	// port on 127.0.0.1).
+	Listener net.Listener
 	// SyncWithBackend makes a listing backend the runtime of record: before
 	// answering, the server drops what the backend no longer has and adopts
 	// what it has that the server never recorded (as a server listing its
@@ -184,7 +188,12 @@ func NewServer(opts Options) *Server {
 		stats:     Stats{Requests: map[string]int{}},
 		bodies:    map[string][][]byte{},
 	}
-	s.ts = httptest.NewServer(s.routes())
+	s.ts = httptest.NewUnstartedServer(s.routes())
+	if opts.Listener != nil {
+		_ = s.ts.Listener.Close()
+		s.ts.Listener = opts.Listener
+	}
+	s.ts.Start()
 	s.URL = s.ts.URL
 	s.Domain = strings.TrimPrefix(s.ts.URL, "http://")
 	return s
@@ -627,9 +636,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	sb.id = sb.backend.SandboxID
 	s.mu.Lock()
-	starting := 1
+	// Counted at the clock's time now, not the request's start: a sandbox
+	// a client saw running while this request was on its way is not
+	// starting any more.
+	starting, at := 1, s.clk.Now()
 	for _, o := range s.sandboxes {
-		if now.Before(o.readyAt) {
+		if at.Before(o.readyAt) {
 			starting++
 		}
 	}
@@ -850,9 +862,9 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	unfinished := 1
+	unfinished, at := 1, s.clk.Now()
 	for _, o := range s.snapshots {
-		if now.Before(o.readyAt) {
+		if at.Before(o.readyAt) {
 			unfinished++
 		}
 	}
