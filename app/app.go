@@ -71,6 +71,8 @@ type App struct {
 	served chan error
 	// stopReaper ends the local provider's lease reaper.
 	stopReaper context.CancelFunc
+	// closeProv closes the provider Start built (nil error otherwise).
+	closeProv func() error
 }
 
 // Start builds the provider, the owner and the HTTP server from cfg and
@@ -102,9 +104,15 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	prov, provName, err := buildProvider(&cfg, deps, providerEnv{log: log, clk: clk, templates: entry.templates, hide: hidden(deps.ConfigFile)})
+	prov, provName, err := buildProvider(&cfg, deps, providerEnv{log: log, clk: clk, templates: entry.templates, hide: hidden(deps.ConfigFile), serving: true})
 	if err != nil {
 		return nil, err
+	}
+	// A provider built here is closed with the app (the local one then
+	// releases its root's lock); a given one is the caller's.
+	closeProv := func() error { return nil }
+	if c, ok := prov.(io.Closer); ok && deps.Provider == nil {
+		closeProv = c.Close
 	}
 	var defaultTTL time.Duration
 	if d, ok := prov.(interface{ DefaultTTL() time.Duration }); ok {
@@ -138,6 +146,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		DefaultTTL: defaultTTL,
 	})
 	if err != nil {
+		_ = closeProv()
 		if errors.Is(err, owner.ErrConfig) {
 			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 		}
@@ -145,6 +154,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	}
 	fail := func(err error) (*App, error) {
 		_ = own.Close()
+		_ = closeProv()
 		return nil, err
 	}
 	secret, generated, err := httpapi.LoadSessionSecret(cfg.SessionSecret, cfg.Checkpoint.StateDir)
@@ -208,7 +218,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	}
 	reapCtx, stopReaper := context.WithCancel(context.Background())
 	runReaper(reapCtx, bare)
-	a := &App{cfg: cfg, log: log, own: own, srv: srv, ln: ln, served: make(chan error, 1), stopReaper: stopReaper}
+	a := &App{cfg: cfg, log: log, own: own, srv: srv, ln: ln, served: make(chan error, 1), stopReaper: stopReaper, closeProv: closeProv}
 	go func() { a.served <- srv.Serve(ln) }()
 
 	secretFrom := "checkpoint.state_dir"
@@ -275,13 +285,17 @@ func buildProvider(cfg *Config, deps Deps, env providerEnv) (provider.Provider, 
 		return deps.Provider, deps.Provider.Name() + " (given)", nil
 	}
 	name := cfg.Sandbox.Provider
-	if name == "" {
+	unset := name == ""
+	if unset {
 		name = DefaultProvider
-		env.log.Infof("sandbox.provider not set: using the embedded default, the %s provider (real sandboxes on this machine)", name)
 	}
 	p, err := providerRegistry()[name](cfg, env)
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if unset {
+		// Said once the provider stands, so that a refusal is one line.
+		env.log.Infof("sandbox.provider not set: using the embedded default, the %s provider (real sandboxes on this machine)", name)
 	}
 	return p, name, nil
 }
@@ -305,11 +319,28 @@ func (a *App) Stop(ctx context.Context) error {
 	<-a.served
 	a.stopReaper()
 	oerr := a.own.Close()
-	if err := errors.Join(serr, oerr); err != nil {
+	perr := a.closeProv()
+	if err := errors.Join(serr, oerr, perr); err != nil {
 		return fmt.Errorf("stop: %w", err)
 	}
 	a.log.Info("stopped cleanly")
 	return nil
+}
+
+// Abandon drops the server as a crash would, for tests that restart one in
+// the same process: no sandbox is stopped and the index is left as it is;
+// the listener closes and the provider lets go of its root, as the end of
+// the process would.
+func (a *App) Abandon() {
+	a.own.Abandon()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = a.srv.Shutdown(ctx)
+	_ = a.ln.Close()
+	<-a.served
+	a.served <- nil
+	a.stopReaper()
+	_ = a.closeProv()
 }
 
 // command is one subcommand of the binary.

@@ -106,8 +106,7 @@ func TestAgentsWorkInTheirSandboxWithFencedTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	sessions, _ := a.Owner().Sessions()
-	a.Owner().Abandon()
-	_ = a.Server().Shutdown(context.Background())
+	a.Abandon()
 
 	b := startLocal(t, dir)
 	defer b.Stop(context.Background())

@@ -30,6 +30,9 @@ type providerEnv struct {
 	templates map[string]string
 	// hide are host paths sandboxes must never see (the config file).
 	hide []string
+	// serving: the provider is a server's, which owns its sandbox root
+	// alone (the sweep's is not).
+	serving bool
 }
 
 // providerFactory builds one provider from its options in the config.
@@ -89,6 +92,7 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 		Hide:           hide,
 		SnapshotDelay:  time.Duration(o.SnapshotDelayMS) * time.Millisecond,
 		ForkDelay:      time.Duration(o.ForkDelayMS) * time.Millisecond,
+		Exclusive:      env.serving,
 		Clock:          env.clk,
 		Logger:         env.log.WithField("provider", "local"),
 	})

@@ -126,6 +126,11 @@ type Options struct {
 	// file call, running commands stopped) to when it let it go. For
 	// benchmarks and metrics; it must be quick and safe for concurrent use.
 	OnPause func(sandboxID string, paused time.Duration)
+	// Exclusive locks Root for this provider until Close (or the process
+	// ends): New fails with ErrRootLocked while another holds it, naming
+	// the process. A server sets it, since a second one on the same root
+	// would stop the first one's sandboxes as leftovers of a crash.
+	Exclusive bool
 	// Clock reads time for leases and records (clock.Real when nil).
 	Clock clock.Clock
 	// Logger receives structured logs (a discarding logger when nil).
@@ -159,6 +164,7 @@ type Provider struct {
 	hook func(stage string, sandboxID string)
 
 	mu        sync.Mutex
+	lock      *os.File            // Options.Exclusive: the locked file, until Close
 	sandboxes map[string]*sandbox // loaded sandboxes, by id
 	pending   map[string]int      // ids of sandboxes and snapshots being made, and snapshots being read by a fork
 	// imageMu serialises the making of images' owned layers.
@@ -182,7 +188,7 @@ var (
 // options ask, and logs once which isolation and filesystem mode are in
 // effect. It does not touch sandboxes a previous server left: they are found
 // again on first use, by Reap and by the Lister.
-func New(opts Options) (*Provider, error) {
+func New(opts Options) (_ *Provider, err error) {
 	if opts.Root == "" {
 		return nil, fmt.Errorf("%w: Root is required", ErrBadOptions)
 	}
@@ -266,6 +272,16 @@ func New(opts Options) (*Provider, error) {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("local: make root: %w", err)
 		}
+	}
+	if opts.Exclusive {
+		if p.lock, err = lockRoot(p.root); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				_ = p.Close()
+			}
+		}()
 	}
 
 	if err := p.chooseIsolation(opts); err != nil {

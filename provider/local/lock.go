@@ -1,0 +1,64 @@
+package local
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+)
+
+// LockFile is the file under Root that an exclusive provider holds locked.
+const LockFile = "server.lock"
+
+// ErrRootLocked: Options.Exclusive was asked for and another provider holds
+// the root (another server process, or another exclusive provider here).
+var ErrRootLocked = errors.New("local: sandbox root is in use")
+
+// lockRoot takes an exclusive flock on root's lock file and writes this
+// process's id into it; the lock lasts until the file is closed or the
+// process ends, so a crashed server never leaves a stale lock behind.
+func lockRoot(root string) (*os.File, error) {
+	path := filepath.Join(root, LockFile)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("local: lock the root: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close()
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("local: lock the root: %w", err)
+		}
+		holder := "another process"
+		if b, rerr := os.ReadFile(path); rerr == nil {
+			if pid, perr := strconv.Atoi(string(bytes.TrimSpace(b))); perr == nil {
+				holder = "process " + strconv.Itoa(pid)
+			}
+		}
+		return nil, fmt.Errorf("%w: %s is held by %s (one server per sandbox root: stop it, or give this one another sandbox.local.root)", ErrRootLocked, root, holder)
+	}
+	err = f.Truncate(0)
+	if err == nil {
+		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("local: lock the root: %w", err)
+	}
+	return f, nil
+}
+
+// Close releases the root's lock (Options.Exclusive). Sandboxes are not
+// touched: a provider on the same root finds them again.
+func (p *Provider) Close() error {
+	p.mu.Lock()
+	f := p.lock
+	p.lock = nil
+	p.mu.Unlock()
+	if f == nil {
+		return nil
+	}
+	return f.Close()
+}
