@@ -106,6 +106,7 @@ type (
 	startDone struct {
 		Seq     uint64
 		Sandbox messages.Sandbox
+		At      time.Time // when the start ended
 		Err     error
 	}
 	doDone struct {
@@ -139,6 +140,9 @@ type Session struct {
 	Phase     Phase
 	Sandbox   messages.Sandbox
 	Snapshots []string
+	// LastUse is when the session was last used (a Touch, its start, its
+	// restore): an idle reaper ends it once that is long enough ago.
+	LastUse time.Time
 
 	seq     uint64
 	running *request // the request whose effect is outstanding
@@ -196,6 +200,16 @@ func (s *Session) Step(in any, sender any) []any {
 		return nil
 	case *messages.RenewLease:
 		return s.renew(m.Now)
+	case *messages.Touch:
+		s.touch(m.At)
+		return nil
+	case *messages.StopSandbox:
+		// A conditional (idle) stop is decided now, against what is
+		// running and queued, so that a request that just arrived keeps
+		// the session.
+		if !m.IdleSince.IsZero() && (s.Phase != PhaseReady || s.running != nil || len(s.queue) > 0 || s.LastUse.After(m.IdleSince)) {
+			return []any{effReply{To: sender, Msg: &messages.StopReply{ReqID: m.ReqID, SessionID: s.ID, NotIdle: true}}}
+		}
 	case *messages.TakeSnapshot:
 		if s.Phase == PhaseStarting || s.Phase == PhaseEmpty || s.Phase == PhaseEnded {
 			// Nothing to export, and waiting for a setup to finish would
@@ -305,6 +319,7 @@ func (s *Session) complete(done any) []any {
 		}
 		s.Phase = PhaseReady
 		s.Sandbox = d.Sandbox
+		s.touch(d.At)
 		out = append(out, effHeld{Sandbox: s.Sandbox})
 		reply(&messages.StartReply{ReqID: m.ReqID, Sandbox: s.Sandbox})
 	case doDone:
@@ -401,4 +416,11 @@ func without(ids, drop []string) []string {
 		}
 	}
 	return out
+}
+
+// touch records a use at at (uses may be reported out of order).
+func (s *Session) touch(at time.Time) {
+	if at.After(s.LastUse) {
+		s.LastUse = at
+	}
 }

@@ -202,7 +202,7 @@ func (a *sessionActor) start(e effStart, feed func(any)) {
 		return
 	}
 	sb.Data = data
-	feed(startDone{Seq: e.Seq, Sandbox: sb})
+	feed(startDone{Seq: e.Seq, Sandbox: sb, At: a.env.Clock.Now()})
 }
 
 func (a *sessionActor) runSetup(ctx context.Context, setup messages.SetupFunc, sb messages.Sandbox) (data json.RawMessage, err error) {

@@ -139,11 +139,13 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 			Parallelism: cfg.Checkpoint.Parallelism,
 			OnStop:      cfg.Checkpoint.OnStop,
 		},
-		NumWorkers: cfg.NumWorkers,
-		Clock:      clk,
-		Logger:     log,
-		RenewEvery: renew,
-		DefaultTTL: defaultTTL,
+		NumWorkers:  cfg.NumWorkers,
+		Clock:       clk,
+		Logger:      log,
+		RenewEvery:  renew,
+		DefaultTTL:  defaultTTL,
+		MaxSessions: cfg.MaxSessions,
+		IdleTimeout: cfg.SessionIdleTimeout,
 	})
 	if err != nil {
 		_ = closeProv()

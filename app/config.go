@@ -39,6 +39,12 @@ type Config struct {
 	Sandbox       SandboxConfig    `yaml:"sandbox"`
 	Checkpoint    CheckpointConfig `yaml:"checkpoint"`
 	HTTP          HTTPConfig       `yaml:"http"`
+	// MaxSessions bounds live sessions (0: no bound); a seed beyond it is
+	// 503 at_capacity.
+	MaxSessions int `yaml:"max_sessions"`
+	// SessionIdleTimeout ends a session with no request for that long
+	// (0: never).
+	SessionIdleTimeout time.Duration `yaml:"session_idle_timeout"`
 	// SWEBench configures resources: swebench (package resources/swebench).
 	SWEBench swebench.Config `yaml:"swebench"`
 }
@@ -157,7 +163,9 @@ func Defaults() Config {
 		Sandbox: SandboxConfig{OpenSandbox: OpenSandboxOptions{
 			Protocol: "http", TTLSeconds: 3600, Lend: LendServer,
 		}},
-		Checkpoint: CheckpointConfig{Parallelism: 16, OnStop: "kill", LeaseGraceSeconds: 600, MaxDeadlineSeconds: 3600},
+		Checkpoint:         CheckpointConfig{Parallelism: 16, OnStop: "kill", LeaseGraceSeconds: 600, MaxDeadlineSeconds: 3600},
+		MaxSessions:        DefaultMaxSessions(),
+		SessionIdleTimeout: DefaultSessionIdleTimeout,
 		HTTP: HTTPConfig{
 			ReadTimeout: httpapi.DefaultReadTimeout, WriteTimeout: httpapi.DefaultWriteTimeout, IdleTimeout: httpapi.DefaultIdleTimeout,
 			MaxConns: httpapi.DefaultMaxConns, MaxConnsPerIP: httpapi.DefaultMaxConnsPerIP,
@@ -207,6 +215,8 @@ func keyUsage() map[string]string {
 		"checkpoint.on_stop":                           "what a commit with stop does with the sandboxes: kill or none",
 		"checkpoint.lease_grace_seconds":               "seconds past deadline_ts before an open checkpoint resumes itself",
 		"checkpoint.max_deadline_seconds":              "how far ahead (seconds) a prepare's or renew's deadline_ts may be; further is 422",
+		"max_sessions":                                 "live sessions at most; a seed beyond is 503 at_capacity (0: no bound; default sized for this machine's memory)",
+		"session_idle_timeout":                         "end a session with no request for this long, as 6h (0: never)",
 		"http.read_timeout":                            "longest a request (headers and body) may take to arrive, as 30s or 2m; slower is 408 (0: the default)",
 		"http.write_timeout":                           "longest a response may take to be written to the client (0: the default)",
 		"http.idle_timeout":                            "a keep-alive connection with no request this long is closed (0: the default)",
@@ -567,6 +577,12 @@ func (c *Config) validate(given provider.Provider) error {
 		if d.v < 0 {
 			return bad("%s must not be negative, not %v", d.key, d.v)
 		}
+	}
+	if c.MaxSessions < 0 {
+		return bad("max_sessions must not be negative (0: no bound), not %d", c.MaxSessions)
+	}
+	if c.SessionIdleTimeout < 0 {
+		return bad("session_idle_timeout must not be negative (0: never), not %v", c.SessionIdleTimeout)
 	}
 	if c.HTTP.MaxConns < 0 || c.HTTP.MaxConnsPerIP < 0 {
 		return bad("http.max_conns and http.max_conns_per_ip must not be negative")

@@ -93,8 +93,10 @@ func (l *lending) admit(ctx context.Context, sandboxID string) (func(), error) {
 // resolver answers what became of a sandbox from the owner's memory.
 func resolver(own *owner.Owner) sandboxapi.Resolver {
 	return func(sandboxID string) (provider.Handle, sandboxapi.Fate) {
-		_, h, fate := own.SandboxFate(sandboxID)
-		if fate != owner.FateLive {
+		session, h, fate := own.SandboxFate(sandboxID)
+		if fate == owner.FateLive {
+			own.Touch(session) // the agent works in it: not idle
+		} else {
 			h = provider.Handle{}
 		}
 		return h, fate

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	nethttp "net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,5 +92,19 @@ func TestHTTPKeysReachTheServer(t *testing.T) {
 	_ = second.SetReadDeadline(time.Now().Add(30 * time.Second))
 	if resp, err := nethttp.ReadResponse(bufio.NewReader(second), nil); err != nil || resp.StatusCode != 429 {
 		t.Fatalf("second connection with http.max_conns_per_ip 1: %v %v", resp, err)
+	}
+}
+
+func TestMaxSessionsKey(t *testing.T) {
+	opts, err := app.ParseArgs([]string{"-max_sessions", "1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := startApp(t, opts.Config).Addr().String()
+	if s, body, _ := post(t, addr, "/seed_session", "", "{}"); s != 200 {
+		t.Fatalf("first seed: %d %s", s, body)
+	}
+	if s, body, _ := post(t, addr, "/seed_session", "", "{}"); s != 503 || !strings.Contains(body, "at_capacity") {
+		t.Fatalf("second seed with max_sessions 1: %d %s", s, body)
 	}
 }

@@ -57,7 +57,11 @@ const (
 	CodeRestoreFailed    = participant.CodeRestoreFailed
 	CodeRetireFailed     = participant.CodeRetireFailed
 	CodeReleaseFailed    = participant.CodeReleaseFailed
+	CodeAtCapacity       = "at_capacity"
 )
+
+// AtCapacityRetryAfter is the Retry-After (seconds) of a 503 at_capacity.
+const AtCapacityRetryAfter = "30"
 
 // decodeControl decodes a control body strictly.
 func decodeControl(body []byte, v any) error { return resources.DecodeStrict(body, v) }

@@ -133,6 +133,7 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 		s.setCookie(ctx, s.signer.Sign(sess.ID), false)
 		ep = &typed.episode
 	}
+	s.own.Touch(sess.ID)
 	if ep != nil {
 		sess.Episode, sess.HasEpisode = *ep, true
 	} else if s.part != nil {

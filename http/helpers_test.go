@@ -52,6 +52,8 @@ type options struct {
 	prov       provider.Provider
 	res        httpapi.Resources
 	maxBody    int
+	// owner adjusts the owner's config.
+	owner func(*owner.Config)
 }
 
 type opt func(*options)
@@ -60,6 +62,7 @@ func checkpointOff() opt                    { return func(o *options) { o.checkp
 func withProvider(p provider.Provider) opt  { return func(o *options) { o.prov = p } }
 func withResources(r httpapi.Resources) opt { return func(o *options) { o.res = r } }
 func withMaxBody(n int) opt                 { return func(o *options) { o.maxBody = n } }
+func withOwner(f func(*owner.Config)) opt   { return func(o *options) { o.owner = f } }
 
 func newHarness(t *testing.T, opts ...opt) *harness {
 	t.Helper()
@@ -96,13 +99,17 @@ func (h *harness) start() {
 	lg, hook := logtest.NewNullLogger()
 	lg.SetLevel(logrus.DebugLevel)
 	h.log = hook
-	own, err := owner.New(context.Background(), owner.Config{
+	ocfg := owner.Config{
 		Name:       "notes",
 		Provider:   h.prov,
 		Checkpoint: owner.CheckpointConfig{Enabled: h.opts.checkpoint, StateDir: h.dir, Parallelism: 4},
 		Clock:      h.clk,
 		Logger:     lg,
-	})
+	}
+	if h.opts.owner != nil {
+		h.opts.owner(&ocfg)
+	}
+	own, err := owner.New(context.Background(), ocfg)
 	if err != nil {
 		h.t.Fatalf("owner.New: %v", err)
 	}
@@ -231,7 +238,7 @@ func (h *harness) do(a *agent, method, path string, body any, headers map[string
 		h.t.Fatalf("%s %s: %v", method, path, err)
 	}
 	r := reply{status: resp.StatusCode(), body: append([]byte(nil), resp.Body()...), header: map[string]string{}}
-	for _, k := range []string{httpapi.HeaderVerify, httpapi.HeaderRestart} {
+	for _, k := range []string{httpapi.HeaderVerify, httpapi.HeaderRestart, "Retry-After"} {
 		if v := resp.Header.Peek(k); v != nil {
 			r.header[k] = string(v)
 		}

@@ -486,7 +486,10 @@ func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 // and logged.
 func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
 	status, code, detail := classify(err)
-	if status >= 500 {
+	if code == CodeAtCapacity {
+		ctx.Response.Header.Set("Retry-After", AtCapacityRetryAfter)
+	}
+	if status >= 500 && status != nethttp.StatusServiceUnavailable {
 		s.log.WithError(err).WithFields(logrus.Fields{"path": string(ctx.Path()), "status": status}).Error("request failed")
 	}
 	writeError(ctx, status, code, detail)
@@ -504,6 +507,8 @@ func classify(err error) (status int, code, detail string) {
 		return nethttp.StatusConflict, CodeNoSessionSandbox, err.Error()
 	case errors.Is(err, owner.ErrSetup):
 		return nethttp.StatusInternalServerError, CodeSetupFailed, err.Error()
+	case errors.Is(err, owner.ErrAtCapacity):
+		return nethttp.StatusServiceUnavailable, CodeAtCapacity, "the server holds max_sessions sessions; retry later"
 	case errors.Is(err, owner.ErrClosed):
 		return nethttp.StatusServiceUnavailable, control.ErrShuttingDown.Code, err.Error()
 	default:

@@ -48,6 +48,7 @@ const (
 	StopEnd    StopReason = "end"    // the episode is over (verify, close)
 	StopRetire StopReason = "retire" // the attempt was discarded
 	StopPark   StopReason = "park"   // a commit with stop: true parked it
+	StopIdle   StopReason = "idle"   // no request for session_idle_timeout
 )
 
 // --- replies to askers outside the actor system ---
@@ -151,7 +152,11 @@ type GetSandboxReply struct {
 type StopSandbox struct {
 	ReqID  uint64
 	Reason StopReason
-	Reply  ReplyTo
+	// IdleSince, when set, makes the stop conditional: it happens only if
+	// the session holds a sandbox, has not been used since IdleSince, and
+	// has no operation running or queued; otherwise the reply says NotIdle.
+	IdleSince time.Time
+	Reply     ReplyTo
 }
 
 // StopReply answers StopSandbox. Stopped lists the sandbox that was stopped,
@@ -160,7 +165,15 @@ type StopReply struct {
 	ReqID     uint64
 	SessionID string
 	Stopped   *provider.Handle
-	Err       error
+	// NotIdle answers a conditional stop that did not happen.
+	NotIdle bool
+	Err     error
+}
+
+// Touch tells a session it was used at At (a request named it), which
+// defers its idle end.
+type Touch struct {
+	At time.Time
 }
 
 // TakeSnapshot asks a session for a snapshot of its sandbox as part of
@@ -205,7 +218,10 @@ type SpawnSession struct {
 	Install *Sandbox
 	// Snapshots are the snapshot ids the installed sandbox stands on.
 	Snapshots []string
-	Reply     ReplyTo
+	// Limit, when positive, refuses a new actor while the supervisor
+	// holds that many sessions (max_sessions; a restore passes none).
+	Limit int
+	Reply ReplyTo
 }
 
 // LookupSession asks the supervisor for a session's actor.

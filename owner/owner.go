@@ -106,6 +106,9 @@ var (
 	ErrUnknownCheckpoint = errors.New("unknown checkpoint")
 	// ErrClosed: the owner was closed.
 	ErrClosed = errors.New("owner closed")
+	// ErrAtCapacity: the owner holds MaxSessions sessions; a seed starts
+	// nothing (HTTP 503 at_capacity).
+	ErrAtCapacity = supervisor.ErrAtCapacity
 )
 
 // CheckpointConfig is the checkpoint.* part of the configuration.
@@ -142,6 +145,13 @@ type Config struct {
 	// FateMemory bounds how many ended sandboxes are remembered for
 	// SandboxFate (default 65536).
 	FateMemory int
+	// MaxSessions bounds the sessions a seed may start (0: no bound); a
+	// seed beyond it gets ErrAtCapacity and starts nothing. A restore is
+	// not bounded: it brings back what a checkpoint holds.
+	MaxSessions int
+	// IdleTimeout ends a session with no use for that long (0: never),
+	// checked at every renewal tick (ReapIdle).
+	IdleTimeout time.Duration
 	// DefaultTTL is the lease of a sandbox whose spec names none, for a
 	// provider whose sandboxes always have one (OpenSandbox's ttl_s): the
 	// owner renews only leases it knows of.
@@ -307,7 +317,9 @@ func (o *Owner) startActors() {
 	props := func(sessionID string, install *messages.Sandbox, snapshots []string) *actor.Props {
 		return actors.SessionProps(env, func() *actors.Session {
 			if install != nil {
-				return actors.NewInstalledSession(sessionID, *install, snapshots)
+				s := actors.NewInstalledSession(sessionID, *install, snapshots)
+				s.LastUse = o.clk.Now() // a restored episode goes on from now
+				return s
 			}
 			return actors.NewSession(sessionID)
 		}).Configure(onPool)
@@ -485,7 +497,11 @@ func gone(err error) bool { return errors.Is(err, actor.ErrDeadLetter) }
 
 func (o *Owner) spawn(sessionID string, install *messages.Sandbox, snapshots []string) (*messages.SessionRef, error) {
 	r := o.slot()
-	v, err := o.supervisorCall(&messages.SpawnSession{SessionID: sessionID, Install: install, Snapshots: snapshots, Reply: r}, r)
+	limit := 0
+	if install == nil {
+		limit = o.cfg.MaxSessions
+	}
+	v, err := o.supervisorCall(&messages.SpawnSession{SessionID: sessionID, Install: install, Snapshots: snapshots, Limit: limit, Reply: r}, r)
 	if err != nil {
 		return nil, err
 	}
@@ -770,8 +786,12 @@ func (o *Owner) renewLoop(every time.Duration) {
 		case <-o.closed:
 			return
 		case <-t.C():
-			if err := o.Tick(o.clk.Now()); err != nil {
+			now := o.clk.Now()
+			if err := o.Tick(now); err != nil {
 				o.log.WithError(err).Debug("lease renewal tick failed")
+			}
+			if _, err := o.ReapIdle(o.base, now); err != nil {
+				o.log.WithError(err).Debug("idle reaping failed")
 			}
 			t.Reset(every)
 		}
@@ -823,4 +843,58 @@ func (o *Owner) Abandon() {
 			_ = o.index.Close()
 		}
 	})
+}
+
+// Touch records that the session was used now (a request named it), which
+// defers its idle end. A session the owner does not hold is ignored.
+func (o *Owner) Touch(sessionID string) {
+	pid, err := o.lookup(sessionID)
+	if err != nil || pid == nil {
+		return
+	}
+	o.system.Root.Send(pid, &messages.Touch{At: o.clk.Now()})
+}
+
+// ReapIdle ends the sessions unused for IdleTimeout at now (sandbox
+// stopped, snapshots kept until a release drops the checkpoints naming
+// them) and returns their ids. A session with an operation running or
+// queued is not idle. The renewal loop calls it at every tick; tests and
+// the simulation call it with logical time.
+func (o *Owner) ReapIdle(ctx context.Context, now time.Time) ([]string, error) {
+	if o.cfg.IdleTimeout <= 0 {
+		return nil, nil
+	}
+	refs, err := o.sessions()
+	if err != nil {
+		return nil, err
+	}
+	since := now.Add(-o.cfg.IdleTimeout)
+	ended, failed := o.eachOutcome(ctx, len(refs), false, func(i int) (string, error) {
+		sid := refs[i].SessionID
+		r := o.slot()
+		v, err := o.call(ctx, refs[i].PID.(*actor.PID), &messages.StopSandbox{Reason: messages.StopIdle, IdleSince: since, Reply: r}, r)
+		if gone(err) {
+			return "", nil
+		}
+		if err != nil {
+			return sid, err
+		}
+		rep := v.(*messages.StopReply)
+		if rep.NotIdle || (rep.Err == nil && rep.Stopped == nil) {
+			return "", nil
+		}
+		if rep.Err != nil {
+			return sid, rep.Err
+		}
+		o.log.WithFields(logrus.Fields{"session_id": sid, "sandbox_id": rep.Stopped.SandboxID, "idle_timeout": o.cfg.IdleTimeout.String()}).
+			Warn("session ended: no request for the idle timeout (its snapshots stay until a release)")
+		return sid, nil
+	})
+	if len(ended) > 0 {
+		o.settle()
+	}
+	for sid, why := range failed {
+		o.log.WithFields(logrus.Fields{"session_id": sid, "error": why}).Warn("could not end an idle session; the next tick retries")
+	}
+	return ended, nil
 }

@@ -28,6 +28,9 @@ import (
 // already has an actor.
 var ErrSessionExists = fmt.Errorf("supervisor: session already exists")
 
+// ErrAtCapacity answers a SpawnSession whose Limit the sessions reach.
+var ErrAtCapacity = fmt.Errorf("supervisor: at capacity")
+
 // PropsFunc makes the props of a session actor: empty, or holding a restored
 // sandbox.
 type PropsFunc func(sessionID string, install *messages.Sandbox, snapshots []string) *actor.Props
@@ -121,6 +124,10 @@ func (s *supervisor) Receive(ctx actor.Context) {
 				ref.Err = ErrSessionExists
 			}
 			respond(ctx, m.Reply, ref)
+			return
+		}
+		if m.Limit > 0 && len(s.byID) >= m.Limit {
+			respond(ctx, m.Reply, &messages.SessionRef{SessionID: m.SessionID, Err: ErrAtCapacity})
 			return
 		}
 		s.next++

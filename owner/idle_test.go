@@ -1,0 +1,68 @@
+package owner_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
+)
+
+// TestRenewLoopEndsIdleSessions: the owner's own ticker, on the injected
+// clock, ends a session nobody used for IdleTimeout.
+func TestRenewLoopEndsIdleSessions(t *testing.T) {
+	e := newEnv(t)
+	stopped := make(chan string, 1)
+	e.fk.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpStop && c.Phase == fake.PhaseEnd {
+			stopped <- c.SandboxID
+		}
+	})
+	o := e.open(func(c *owner.Config) {
+		c.Checkpoint.Enabled = false
+		c.RenewEvery = time.Minute
+		c.IdleTimeout = time.Hour
+	})
+	sb, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, nil, "/w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 61; i++ {
+		e.clk.WaitPending(1, nil) // the loop waits on its timer
+		e.clk.Advance(time.Minute)
+	}
+	select {
+	case id := <-stopped:
+		if id != sb.Handle.SandboxID {
+			t.Fatalf("stopped %s, want the idle session's %s", id, sb.Handle.SandboxID)
+		}
+	case <-time.After(time.Minute): // a guard against a hang, not a wait
+		t.Fatal("the idle session was not ended")
+	}
+}
+
+// TestMaxSessionsBoundsStarts: a start past MaxSessions is
+// ErrAtCapacity and starts nothing.
+func TestMaxSessionsBoundsStarts(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(func(c *owner.Config) { c.Checkpoint.Enabled = false; c.MaxSessions = 2 })
+	for _, id := range []string{"s1", "s2"} {
+		if _, err := o.StartSessionSandbox(context.Background(), id, provider.Spec{}, nil, "/w"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := o.StartSessionSandbox(context.Background(), "s3", provider.Spec{}, nil, "/w"); err != owner.ErrAtCapacity {
+		t.Fatalf("third start: %v, want ErrAtCapacity", err)
+	}
+	if st := e.fk.Stats(); st.Started != 2 {
+		t.Fatalf("provider started %d sandboxes, want 2", st.Started)
+	}
+	if err := o.EndSessionSandbox(context.Background(), "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.StartSessionSandbox(context.Background(), "s3", provider.Spec{}, nil, "/w"); err != nil {
+		t.Fatalf("a start once a place is free: %v", err)
+	}
+}
