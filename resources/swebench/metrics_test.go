@@ -39,6 +39,18 @@ func TestGradingIsInTheMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	waiting := false
+	for _, f := range fams {
+		if f.GetName() == "sandboxowner_gradings_waiting" {
+			waiting = true
+			if v := f.GetMetric()[0].GetGauge().GetValue(); v != 0 {
+				t.Errorf("gradings waiting after the only verify: %v", v)
+			}
+		}
+	}
+	if !waiting {
+		t.Error("no sandboxowner_gradings_waiting family")
+	}
 	for _, f := range fams {
 		if f.GetName() != "sandboxowner_grading_duration_seconds" {
 			continue
