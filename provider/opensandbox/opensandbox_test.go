@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net/http"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -192,6 +193,11 @@ func TestCreateRequest(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, seen); diff != "" {
 		t.Errorf("create body (-want +got):\n%s", diff)
+	}
+	// The workdir is made before anything runs in it.
+	cmds := e.srv.Requests("execd (direct)")
+	if len(cmds) == 0 || !strings.Contains(string(cmds[0]), `"command":"mkdir -p '/workspace'"`) || !strings.Contains(string(cmds[0]), `"cwd":"/"`) {
+		t.Errorf("first execd command %q, want mkdir -p of the workdir from /", cmds)
 	}
 	// A spec's own resources win.
 	e.start(t, provider.Spec{Image: "x", Resources: &provider.Resources{CPU: 1.5, MemoryMiB: 1024}})
@@ -393,9 +399,9 @@ func TestCommandIsNeverResubmitted(t *testing.T) {
 	if _, err := e.p.Exec(context.Background(), h, provider.ExecRequest{Command: "echo hi > f"}); err == nil {
 		t.Fatal("Exec through a 503 succeeded")
 	}
-	if n := e.srv.Stats().Requests["execd (direct)"]; n != 2 {
-		// One ping at start, one command.
-		t.Errorf("%d execd requests, want 2 (ping, the one command)", n)
+	if n := e.srv.Stats().Requests["execd (direct)"]; n != 3 {
+		// At start a ping and the workdir's mkdir, then the one command.
+		t.Errorf("%d execd requests, want 3 (ping, mkdir, the one command)", n)
 	}
 }
 

@@ -454,6 +454,17 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, sourceKey str
 	if err := p.waitExecd(ctx, id, deadline); err != nil {
 		return fail(err)
 	}
+	if sourceKey == "image" {
+		// Commands run in the workdir, which an image may not have. Best
+		// effort: a shell without mkdir leaves it to the image.
+		res, err := p.Exec(ctx, h, provider.ExecRequest{Command: "mkdir -p " + shellQuote(workdir), Cwd: "/", Timeout: p.opts.RequestTimeout})
+		if err != nil {
+			return fail(fmt.Errorf("opensandbox: make the workdir %s: %w", workdir, err))
+		}
+		if res.ExitCode != 0 {
+			log.WithField("stderr", res.Stderr).Debug("opensandbox: mkdir of the workdir failed")
+		}
+	}
 	if sourceKey == "image" && len(spec.Files) > 0 {
 		files := make(map[string][]byte, len(spec.Files))
 		for name, data := range spec.Files {
@@ -477,6 +488,9 @@ func (p *Provider) apiHeader() map[string]string {
 	}
 	return h
 }
+
+// shellQuote quotes s for sh.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 func truncate(b []byte) string {
 	if len(b) > 200 {
