@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -55,10 +56,11 @@ func checkpointOp(t *testing.T, a *app.App, op string, body map[string]any) (int
 // waitGate waits until cond holds of the admission gate.
 func waitGate(t *testing.T, g *ctl.Gate, cond func() bool) {
 	t.Helper()
+	bound := time.After(30 * time.Second) // a bound on a broken test, not a synchronisation
 	for ch := g.Changed(); !cond(); ch = g.Changed() {
 		select {
 		case <-ch:
-		case <-time.After(30 * time.Second): // a bound on a broken test, not a synchronisation
+		case <-bound:
 			t.Fatal("the admission gate never got there")
 		}
 	}
@@ -141,4 +143,26 @@ func TestSandboxCallsPassTheAdmissionGate(t *testing.T) {
 	if got := <-execDone; !strings.HasPrefix(got, "200 ") || !strings.Contains(got, "later") {
 		t.Errorf("the held exec: %s", got)
 	}
+}
+
+// An exec whose client went away used to run on to its timeout.
+func TestAnExecWhoseClientGoesAwayIsKilled(t *testing.T) {
+	a := startLocal(t, t.TempDir())
+	defer a.Stop(context.Background())
+	s, body, cookie := post(t, a.Addr().String(), "/ng-rollout/r1/seed_session", "", "{}")
+	if s != 200 {
+		t.Fatalf("seed: %d %s", s, body)
+	}
+	d := sandboxAccess(t, a, cookie).Connection.Descriptor
+	gate := a.Server().Gate()
+	label := httpapi.SandboxLabel(d.SandboxID)
+	conn, err := net.Dial("tcp", a.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := `{"command":"exec sleep 300","timeout_ms":600000}`
+	fmt.Fprintf(conn, "POST /sandboxes/%s/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", d.SandboxID, d.Token, len(cmd), cmd)
+	waitGate(t, gate, func() bool { return slices.Contains(gate.Busy(), label) })
+	conn.Close()
+	waitGate(t, gate, func() bool { return !slices.Contains(gate.Busy(), label) })
 }

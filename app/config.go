@@ -118,10 +118,21 @@ type LocalOptions struct {
 	GID int `yaml:"gid"`
 	// ROBinds are more host paths sandboxes see read-only (a toolchain).
 	ROBinds []string `yaml:"ro_binds"`
+	// Limits bound each sandbox through cgroups, where the host offers them.
+	Limits LocalLimits `yaml:"limits"`
+	// MaxExecTimeout caps a command's timeout_ms (a Go duration, "30m").
+	MaxExecTimeout string `yaml:"max_exec_timeout"`
 	// SnapshotDelayMS and ForkDelayMS hold each snapshot and fork, for
 	// crash tests that kill the server mid-commit or mid-restore.
 	SnapshotDelayMS int `yaml:"snapshot_delay_ms"`
 	ForkDelayMS     int `yaml:"fork_delay_ms"`
+}
+
+// LocalLimits are one sandbox's limits (0: the default; -1: none).
+type LocalLimits struct {
+	Pids     int     `yaml:"pids"`
+	MemoryMB int     `yaml:"memory_mb"`
+	CPUs     float64 `yaml:"cpus"`
 }
 
 // CheckpointConfig is the checkpoint block.
@@ -194,6 +205,10 @@ func keyUsage() map[string]string {
 		"sandbox.local.uid":                            "local provider: host uid sandboxed commands run as (default: 65534; never root)",
 		"sandbox.local.gid":                            "local provider: host gid sandboxed commands run as (default: 65534)",
 		"sandbox.local.ro_binds":                       "local provider: host path sandboxes see read-only besides /usr, /bin, /sbin, /lib*, /etc (repeatable)",
+		"sandbox.local.limits.pids":                    "local provider: processes of one sandbox (default 1024; -1: no limit)",
+		"sandbox.local.limits.memory_mb":               "local provider: memory of one sandbox, MiB (default 4096; -1: no limit)",
+		"sandbox.local.limits.cpus":                    "local provider: CPUs of one sandbox (default 2; -1: no limit)",
+		"sandbox.local.max_exec_timeout":               "local provider: longest timeout a command may ask for (default 30m)",
 		"sandbox.local.snapshot_delay_ms":              "local provider: hold every snapshot this long (crash tests only)",
 		"sandbox.local.fork_delay_ms":                  "local provider: hold every fork this long (crash tests only)",
 		"sandbox.opensandbox.domain":                   "opensandbox provider: host:port of the lifecycle server (required)",
@@ -545,6 +560,14 @@ func (c *Config) validate(given provider.Provider) error {
 	}
 	if c.Port < 0 || c.Port > 65535 {
 		return bad("port must be 0-65535, not %d", c.Port)
+	}
+	if lo := c.Sandbox.Local; lo.UID < 0 || lo.GID < 0 {
+		return bad("sandbox.local.uid and gid must not be negative")
+	}
+	if t := c.Sandbox.Local.MaxExecTimeout; t != "" {
+		if d, err := time.ParseDuration(t); err != nil || d <= 0 {
+			return bad("sandbox.local.max_exec_timeout: want a positive duration such as 30m, got %q", t)
+		}
 	}
 	if c.NumWorkers < 1 {
 		return bad("num_workers must be at least 1, not %d", c.NumWorkers)

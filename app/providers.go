@@ -79,6 +79,10 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 			hide[i] = abs
 		}
 	}
+	var maxExec time.Duration
+	if o.MaxExecTimeout != "" {
+		maxExec, _ = time.ParseDuration(o.MaxExecTimeout) // checked by Validate
+	}
 	p, err := local.New(local.Options{
 		Root:           root,
 		Templates:      templates,
@@ -89,6 +93,8 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 		UID:            o.UID,
 		GID:            o.GID,
 		ROBinds:        o.ROBinds,
+		Limits:         local.Limits{Pids: o.Limits.Pids, MemoryMB: o.Limits.MemoryMB, CPUs: o.Limits.CPUs},
+		MaxExecTimeout: maxExec,
 		Hide:           hide,
 		SnapshotDelay:  time.Duration(o.SnapshotDelayMS) * time.Millisecond,
 		ForkDelay:      time.Duration(o.ForkDelayMS) * time.Millisecond,

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"slices"
 	"strings"
 	"syscall"
@@ -91,7 +92,8 @@ type Handler struct {
 	// fasthttp server's own MaxRequestBodySize must be at least this, and
 	// its ErrorHandler should answer fasthttp.ErrBodyTooLarge with 413.
 	MaxBody int
-	// MaxTimeout caps timeout_ms (no cap when zero).
+	// MaxTimeout caps timeout_ms: a longer one, or one that does not fit a
+	// duration, is 422 (no cap but the provider's when zero).
 	MaxTimeout time.Duration
 	// Admit, when set, passes an exec or a file write through the server's
 	// admission gate before it runs: it waits while a checkpoint is open
@@ -237,16 +239,18 @@ func (h *Handler) exec(ctx *fasthttp.RequestCtx, handle provider.Handle) {
 	case req.TimeoutMS < 0:
 		h.fail(ctx, handle.SandboxID, fasthttp.StatusUnprocessableEntity, "invalid_request", `"timeout_ms" must not be negative`)
 		return
+	case req.TimeoutMS > int64((math.MaxInt64-execGrace)/time.Millisecond) || h.MaxTimeout > 0 && time.Duration(req.TimeoutMS)*time.Millisecond > h.MaxTimeout:
+		h.fail(ctx, handle.SandboxID, fasthttp.StatusUnprocessableEntity, "invalid_request", fmt.Sprintf(`"timeout_ms" %d is over the maximum %d`, req.TimeoutMS, h.MaxTimeout.Milliseconds()))
+		return
 	}
 	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
-	if h.MaxTimeout > 0 && (timeout == 0 || timeout > h.MaxTimeout) {
-		timeout = h.MaxTimeout
-	}
 	callCtx, cancel := context.Background(), context.CancelFunc(func() {})
 	if timeout > 0 {
 		callCtx, cancel = context.WithTimeout(callCtx, timeout+execGrace)
 	}
 	defer cancel()
+	// An agent that goes away does not leave its command running.
+	defer watchClient(ctx.Conn(), cancel)()
 	res, err := h.Provider.Exec(callCtx, handle, provider.ExecRequest{Command: *req.Command, Cwd: req.Cwd, Env: req.Env, Timeout: timeout})
 	if err != nil {
 		h.providerError(ctx, handle.SandboxID, err, "invalid_cwd")

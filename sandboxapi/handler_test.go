@@ -242,6 +242,8 @@ func TestBadRequests(t *testing.T) {
 		{"wrong env type", "POST", execURI, `{"command":"ls","env":{"A":1}}`, errReply(422, "invalid_request")},
 		{"no command", "POST", execURI, `{"cwd":"."}`, errReply(422, "invalid_request")},
 		{"negative timeout", "POST", execURI, `{"command":"ls","timeout_ms":-1}`, errReply(422, "invalid_request")},
+		{"timeout that does not fit", "POST", execURI, `{"command":"ls","timeout_ms":9223372036854}`, errReply(422, "invalid_request")},
+		{"timeout over the provider's cap", "POST", execURI, `{"command":"ls","timeout_ms":86400000}`, errReply(422, "invalid_request")},
 		{"bad env key", "POST", execURI, `{"command":"ls","env":{"A=B":"1"}}`, errReply(422, "invalid_request")},
 		{"cwd escape", "POST", execURI, `{"command":"ls","cwd":"../.."}`, errReply(400, "path_escape")},
 		{"missing cwd", "POST", execURI, `{"command":"ls","cwd":"nope"}`, errReply(422, "invalid_cwd")},

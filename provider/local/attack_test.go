@@ -8,9 +8,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sandboxowner/owner/provider"
 )
@@ -226,5 +228,60 @@ func TestReadOnlyBindsAreChecked(t *testing.T) {
 	}
 	if _, err := New(Options{Root: t.TempDir(), Isolation: IsolationBwrap, Overlay: OverlayOff, ROBinds: []string{"/usr"}, Hide: []string{"/usr"}}); !errors.Is(err, ErrBadOptions) {
 		t.Errorf("a bind inside a hidden path: %v", err)
+	}
+}
+
+// A sandbox used to have no limits: a thousand processes, a gigabyte file,
+// memory without end.
+func TestLimitsHoldForkLoopsMemoryHogsAndBigFiles(t *testing.T) {
+	for _, m := range []mode{{"bwrap-copy", IsolationBwrap, OverlayOff}, {"none-copy", IsolationNone, OverlayOff}} {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			p := newProvider(t, m, Options{Limits: Limits{Pids: 16, MemoryMB: 32}})
+			h := start(t, p, provider.Spec{})
+			// rlimits hold everywhere.
+			if got := mustRun(t, p, h, "ulimit -c; ulimit -n; ulimit -H -n"); got != "0\n4096\n4096\n" {
+				t.Errorf("core, nofile soft and hard: %q", got)
+			}
+			res := run(t, p, h, "head -c 300000000 /dev/zero > big")
+			if res.ExitCode != 128+int(syscall.SIGXFSZ) {
+				t.Errorf("a 300 MB file: %+v", res)
+			}
+			if p.cg == nil {
+				t.Skip("SKIP: no cgroup the server may make here (pids and memory limits need one)")
+			}
+			res = run(t, p, h, `x=$(head -c 200000000 /dev/zero | tr '\000' a); echo survived`)
+			if res.ExitCode != 137 || strings.Contains(res.Stdout, "survived") {
+				t.Errorf("a 200 MB string in a 32 MiB sandbox: %+v", res)
+			}
+			res = run(t, p, h, "i=0; while [ $i -lt 40 ]; do sleep 30 & i=$((i+1)); done; echo looped")
+			if !strings.Contains(res.Stderr, "fork") {
+				t.Errorf("a fork loop past 16 processes: %+v", res)
+			}
+			p.mu.Lock()
+			cg := p.sandboxes[h.SandboxID].cgroup
+			p.mu.Unlock()
+			if b, err := os.ReadFile(filepath.Join(cg.dirs["pids"], "pids.peak")); err == nil {
+				if n, _ := strconv.Atoi(strings.TrimSpace(string(b))); n > 16 {
+					t.Errorf("the sandbox peaked at %d processes", n)
+				}
+			}
+		})
+	}
+}
+
+func TestExecTimeoutIsCapped(t *testing.T) {
+	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{MaxExecTimeout: time.Minute, DefaultExecTimeout: time.Second})
+	h := start(t, p, provider.Spec{})
+	for _, d := range []time.Duration{time.Minute + time.Millisecond, -time.Second} {
+		if _, err := p.Exec(context.Background(), h, provider.ExecRequest{Command: "true", Timeout: d}); !errors.Is(err, provider.ErrInvalidSpec) {
+			t.Errorf("timeout %s: %v, want ErrInvalidSpec", d, err)
+		}
+	}
+	if _, err := p.Exec(context.Background(), h, provider.ExecRequest{Command: "true", Timeout: time.Minute}); err != nil {
+		t.Errorf("timeout at the cap: %v", err)
+	}
+	if _, err := New(Options{Root: t.TempDir(), Isolation: IsolationNone, MaxExecTimeout: time.Minute, DefaultExecTimeout: time.Hour}); !errors.Is(err, ErrBadOptions) {
+		t.Errorf("a default timeout over the cap: %v", err)
 	}
 }

@@ -142,7 +142,7 @@ func (c *bwrapConfig) shows(h string) bool {
 
 // args returns bwrap's arguments for a command in the tree fsDir mounted at
 // workdir, starting in cwd (a path in the sandbox's view), with exactly the
-// environment env. extra are more mount arguments (the caches' binds),
+// environment env: /bin/sh -c script, with command as "$1". extra are more mount arguments (the caches' binds),
 // after the tree's.
 //
 // bwrap itself runs in a user namespace made by the server (see
@@ -150,7 +150,7 @@ func (c *bwrapConfig) shows(h string) bool {
 // mapping root to the same unprivileged host uid, drops every capability
 // (effective, permitted, inheritable, ambient and bounding), sets
 // no_new_privs, and forbids further user namespaces.
-func (c *bwrapConfig) args(fsDir, workdir, cwd string, network bool, env []string, command string, extra ...string) []string {
+func (c *bwrapConfig) args(fsDir, workdir, cwd string, network bool, env []string, script, command string, extra ...string) []string {
 	a := make([]string, 0, len(c.hostArgs)+40+len(extra)+3*len(env))
 	a = append(a, "--unshare-user", "--disable-userns", "--uid", "0", "--gid", "0")
 	a = append(a, c.hostArgs...)
@@ -166,7 +166,7 @@ func (c *bwrapConfig) args(fsDir, workdir, cwd string, network bool, env []strin
 		k, v, _ := strings.Cut(kv, "=")
 		a = append(a, "--setenv", k, v)
 	}
-	return append(a, "--", "/bin/sh", "-c", command)
+	return append(a, "--", "/bin/sh", "-c", script, "sh", command)
 }
 
 // sysProcAttr starts bwrap in a new user namespace whose root is the
@@ -231,7 +231,7 @@ func (c *bwrapConfig) probe(parent string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, c.bin, c.args(dir, DefaultWorkdir, DefaultWorkdir, false, []string{"PATH=" + basePath}, "touch probe")...)
+	cmd := exec.CommandContext(ctx, c.bin, c.args(dir, DefaultWorkdir, DefaultWorkdir, false, []string{"PATH=" + basePath}, `exec /bin/sh -c "$1"`, "touch probe")...)
 	cmd.Env = hostEnv("probe")
 	cmd.SysProcAttr = c.sysProcAttr()
 	var stderr bytes.Buffer

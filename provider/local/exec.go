@@ -48,8 +48,8 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	if err := checkEnv(req.Env); err != nil {
 		return provider.ExecResult{}, err
 	}
-	if req.Timeout < 0 {
-		return provider.ExecResult{}, fmt.Errorf("local: exec: negative timeout %s: %w", req.Timeout, provider.ErrInvalidSpec)
+	if req.Timeout < 0 || req.Timeout > p.maxExecTimeout {
+		return provider.ExecResult{}, fmt.Errorf("local: exec: timeout %s is not within 0 and the maximum %s: %w", req.Timeout, p.maxExecTimeout, provider.ErrInvalidSpec)
 	}
 	timeout := req.Timeout
 	if timeout == 0 {
@@ -67,10 +67,16 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 		return provider.ExecResult{}, err
 	}
 
-	cmd, err := p.command(s, rel, req)
+	cgFiles, err := p.cgroupFiles(s)
 	if err != nil {
 		return provider.ExecResult{}, err
 	}
+	defer closeAll(cgFiles)
+	cmd, err := p.command(s, rel, req, len(cgFiles))
+	if err != nil {
+		return provider.ExecResult{}, err
+	}
+	cmd.ExtraFiles = cgFiles
 	stdout, stderr := &cappedBuffer{max: p.outputCap}, &cappedBuffer{max: p.outputCap}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.WaitDelay = pipeGrace
@@ -85,6 +91,8 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 		s.gate.RUnlock()
 		return provider.ExecResult{}, fmt.Errorf("local: exec: start: %w", err)
 	}
+	closeAll(cgFiles) // the command has its own copies
+	cgFiles = nil
 	pgid := cmd.Process.Pid
 	s.mu.Lock()
 	s.groups[pgid] = struct{}{}
@@ -145,7 +153,9 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 }
 
 // command builds the process for req in s, with its cwd at rel in the tree.
-func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest) (*exec.Cmd, error) {
+// The command runs joinScript first, which enters the sandbox's cgroups
+// through the nfiles files passed from fd 3 on and sets its rlimits.
+func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest, nfiles int) (*exec.Cmd, error) {
 	s.mu.Lock()
 	meta := s.meta
 	s.mu.Unlock()
@@ -181,12 +191,12 @@ func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest) (*e
 		// The environment asked for is the command's, inside the sandbox;
 		// bubblewrap itself starts with a fixed one, as the sandbox's uid.
 		cwd := path.Join(meta.Workdir, rel)
-		cmd := exec.Command(p.bwrap.bin, p.bwrap.args(s.fsDir(), meta.Workdir, cwd, meta.Network, list, req.Command, cacheBindArgs(caches)...)...)
+		cmd := exec.Command(p.bwrap.bin, p.bwrap.args(s.fsDir(), meta.Workdir, cwd, meta.Network, list, joinScript(nfiles, rlimitNofile, rlimitFsize), req.Command, cacheBindArgs(caches)...)...)
 		cmd.Env = hostEnv(s.id)
 		cmd.SysProcAttr = p.bwrap.sysProcAttr()
 		return cmd, nil
 	}
-	cmd := exec.Command("/bin/sh", "-c", req.Command)
+	cmd := exec.Command("/bin/sh", "-c", joinScript(nfiles, rlimitNofile, rlimitFsize), "sh", req.Command)
 	cmd.Dir = filepath.Join(s.fsDir(), filepath.FromSlash(rel))
 	cmd.Env = list
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -234,4 +244,38 @@ func (b *cappedBuffer) Write(p []byte) (int, error) {
 		b.buf = append(b.buf, p...)
 	}
 	return len(p), nil
+}
+
+// cgroupFiles makes the sandbox's cgroups (once) and opens the files a
+// command writes to enter them; none where the host offers no cgroups.
+func (p *Provider) cgroupFiles(s *sandbox) ([]*os.File, error) {
+	if p.cg == nil {
+		return nil, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cgroup == nil {
+		g, err := p.cg.create(s.id, p.limits)
+		if err != nil {
+			return nil, fmt.Errorf("local: sandbox %s: limits: %w", s.id, err)
+		}
+		s.cgroup = g
+	}
+	files, err := s.cgroup.procsFiles()
+	if errors.Is(err, os.ErrNotExist) {
+		// Removed behind this server's back: made again.
+		if s.cgroup, err = p.cg.create(s.id, p.limits); err == nil {
+			files, err = s.cgroup.procsFiles()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("local: sandbox %s: limits: %w", s.id, err)
+	}
+	return files, nil
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,7 +42,9 @@ const (
 	DefaultWorkdir     = "/sandbox"
 	DefaultOutputCap   = 1 << 20
 	DefaultExecTimeout = 10 * time.Minute
-	DefaultCopyWorkers = 4
+	// DefaultMaxExecTimeout caps a command's timeout.
+	DefaultMaxExecTimeout = 30 * time.Minute
+	DefaultCopyWorkers    = 4
 )
 
 // SandboxIDEnv is set in every command's environment to the sandbox's id. The
@@ -88,6 +91,14 @@ type Options struct {
 	// /usr, /bin, /sbin, /lib* and /etc (a toolchain under /opt, say). None
 	// may be or lie under /root, /home, /var, /srv, /run, /tmp or a Hide path.
 	ROBinds []string
+	// Limits bound each sandbox's processes, memory and CPU through cgroups
+	// nested under the server's own, where the host lets the server make
+	// them (see Limits). Rlimits (no core files, open files, file size)
+	// apply always.
+	Limits Limits
+	// MaxExecTimeout caps ExecRequest.Timeout (DefaultMaxExecTimeout when
+	// zero): a longer one is ErrInvalidSpec.
+	MaxExecTimeout time.Duration
 	// Hide are host paths a sandbox must never see even where a bound
 	// directory holds them: the server's config file and state directory.
 	// The provider's root is always hidden.
@@ -153,8 +164,13 @@ type Provider struct {
 	bwrap       *bwrapConfig // nil: commands run unisolated
 	// uid and gid own sandbox trees and run sandboxed commands.
 	uid, gid int
-	overlay  bool
-	durable  bool
+	// cg, when the host lets the server make cgroups, holds each sandbox's;
+	// limits are written to them.
+	cg             *cgroups
+	limits         Limits
+	maxExecTimeout time.Duration
+	overlay        bool
+	durable        bool
 	// snapshotDelay and forkDelay: see Options.
 	snapshotDelay, forkDelay time.Duration
 	onPause                  func(sandboxID string, paused time.Duration)
@@ -236,6 +252,14 @@ func New(opts Options) (_ *Provider, err error) {
 	if p.execTimeout <= 0 {
 		p.execTimeout = DefaultExecTimeout
 	}
+	p.maxExecTimeout = opts.MaxExecTimeout
+	if p.maxExecTimeout <= 0 {
+		p.maxExecTimeout = DefaultMaxExecTimeout
+	}
+	if p.execTimeout > p.maxExecTimeout {
+		return nil, fmt.Errorf("%w: DefaultExecTimeout %s is over MaxExecTimeout %s", ErrBadOptions, p.execTimeout, p.maxExecTimeout)
+	}
+	p.limits = opts.Limits.withDefaults()
 	if p.copyWorkers <= 0 {
 		p.copyWorkers = DefaultCopyWorkers
 	}
@@ -294,7 +318,8 @@ func New(opts Options) (_ *Provider, err error) {
 	if p.overlay {
 		mode = "overlay"
 	}
-	fields := logrus.Fields{"root": p.root, "isolation": p.Isolation(), "fs_mode": mode}
+	p.chooseCgroups()
+	fields := logrus.Fields{"root": p.root, "isolation": p.Isolation(), "fs_mode": mode, "limits": p.LimitsInEffect()}
 	if p.bwrap != nil {
 		fields["uid"], fields["gid"] = p.uid, p.gid
 	}
@@ -389,6 +414,37 @@ func (p *Provider) chooseOverlay(mode string) error {
 	}
 	p.overlay = true
 	return nil
+}
+
+// chooseCgroups finds whether sandboxes can have cgroups of their own and
+// says what limits are in effect.
+func (p *Provider) chooseCgroups() {
+	cg, why := probeCgroups()
+	p.cg = cg
+	if len(why) > 0 {
+		p.log.WithField("missing", why).Warn("local provider: some sandbox limits are not enforced here (no cgroup the server may make for them); rlimits still apply")
+	}
+}
+
+// LimitsInEffect says which limits hold sandboxes: the cgroup controllers
+// in use, and the rlimits every command has.
+func (p *Provider) LimitsInEffect() string {
+	var parts []string
+	if p.cg != nil {
+		kind := "cgroup v1"
+		if p.cg.v2 {
+			kind = "cgroup v2"
+		}
+		var cs []string
+		for _, c := range cgroupControllers {
+			if _, ok := p.cg.dirs[c]; ok {
+				cs = append(cs, c)
+			}
+		}
+		parts = append(parts, kind+" "+strings.Join(cs, ","))
+	}
+	parts = append(parts, "rlimits core,nofile,fsize")
+	return strings.Join(parts, "; ")
 }
 
 // Name returns "local".

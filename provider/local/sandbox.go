@@ -66,6 +66,7 @@ type sandbox struct {
 	stopped bool
 	adopted bool             // its tree is mounted and a crashed server's leftovers are gone
 	groups  map[int]struct{} // process groups of the commands running now
+	cgroup  *sandboxCgroup   // its cgroups, once a command made them
 }
 
 func (s *sandbox) fsDir() string    { return filepath.Join(s.dir, "fs") }
@@ -428,6 +429,12 @@ func (p *Provider) stop(s *sandbox, reason string) error {
 		killGroup(g)
 	}
 	killMarked(s.id)
+	if p.cg != nil {
+		// Found by id: a previous server may have made them.
+		if err := p.cg.of(s.id).remove(); err != nil {
+			p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: remove a stopped sandbox's cgroups")
+		}
+	}
 	if overlay {
 		if err := unmount(s.fsDir()); err != nil {
 			return p.stopFailed(s, err)

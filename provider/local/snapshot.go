@@ -114,23 +114,39 @@ func (p *Provider) copySandbox(ctx context.Context, s *sandbox, id string) (snap
 	for g := range s.groups {
 		groups[g] = true
 	}
+	cg := s.cgroup
 	s.mu.Unlock()
 
-	for g := range groups {
-		signalGroup(g, syscall.SIGSTOP)
-	}
-	resume := func() {
+	// Every process of the sandbox is frozen where its cgroup can be
+	// (setsid children and all); otherwise its commands' process groups
+	// are stopped.
+	var resume func()
+	if cg.canFreeze() {
+		if err := cg.freeze(true, stopLimit); err != nil {
+			p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: snapshot copies a sandbox whose processes did not all freeze")
+		}
+		resume = func() {
+			if err := cg.freeze(false, 0); err != nil {
+				p.log.WithError(err).WithField("sandbox_id", s.id).Error("local: thaw a sandbox after its snapshot")
+			}
+		}
+	} else {
 		for g := range groups {
-			signalGroup(g, syscall.SIGCONT)
+			signalGroup(g, syscall.SIGSTOP)
 		}
-		groups = nil
-	}
-	defer func() { resume() }()
-	if len(groups) > 0 {
-		if err := waitStopped(groups, stopLimit); err != nil {
-			p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: snapshot copies a sandbox whose commands did not all stop")
+		resume = func() {
+			for g := range groups {
+				signalGroup(g, syscall.SIGCONT)
+			}
+		}
+		if len(groups) > 0 {
+			if err := waitStopped(groups, stopLimit); err != nil {
+				p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: snapshot copies a sandbox whose commands did not all stop")
+			}
 		}
 	}
+	resumeOnce := sync.OnceFunc(resume)
+	defer resumeOnce()
 	if p.hook != nil {
 		p.hook("paused", s.id)
 	}
@@ -143,7 +159,7 @@ func (p *Provider) copySandbox(ctx context.Context, s *sandbox, id string) (snap
 	if err := copyTree(ctx, src, p.snapshotLayer(id), p.copyWorkers, nil); err != nil {
 		return snapshotMeta{}, fmt.Errorf("local: snapshot %s: %w", s.id, err)
 	}
-	resume()
+	resumeOnce()
 	if p.hook != nil {
 		p.hook("resumed", s.id)
 	}

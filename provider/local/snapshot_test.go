@@ -72,26 +72,58 @@ func TestSnapshotPausesRunningCommands(t *testing.T) {
 		p.hook = func(stage, id string) {
 			mu.Lock()
 			defer mu.Unlock()
-			states[stage] = groupStates(p, id)
+			states[stage] = sandboxStates(p, id)
 		}
-		done := execRunning(t, context.Background(), p, h, "while :; do :; done")
+		// A setsid child leaves the command's process group: only the
+		// freezer holds it.
+		done := execRunning(t, context.Background(), p, h, "setsid sh -c 'while :; do :; done' & while :; do :; done")
 		snapshot(t, p, h)
 		mu.Lock()
 		got := fmt.Sprint(states)
 		mu.Unlock()
-		// While copying every process of the command is stopped (T); after,
-		// none is.
-		if !strings.Contains(states["paused"], "T") || strings.Trim(states["paused"], "TtZX") != "" {
+		// While copying every process of the sandbox is stopped (T) or
+		// frozen (D); after, none is.
+		paused := states["paused"]
+		if p.cg == nil && (!strings.Contains(paused, "T") || strings.Trim(paused, "TtZX") != "") {
 			t.Errorf("during the copy the command's processes were %s", got)
 		}
-		if strings.ContainsAny(states["resumed"], "Tt") {
-			t.Errorf("after the copy the command's processes were %s", got)
+		if p.cg != nil && (len(paused) < 2 || strings.Trim(paused, "DZX") != "") {
+			t.Errorf("during the copy the sandbox's processes were %s, want all frozen", got)
+		}
+		if strings.ContainsAny(states["resumed"], "TtD") {
+			t.Errorf("after the copy the sandbox's processes were %s", got)
 		}
 		if err := p.Stop(context.Background(), h); err != nil {
 			t.Fatal(err)
 		}
 		<-done
 	})
+}
+
+// sandboxStates returns the states of the sandbox's processes: those in
+// its cgroup where it has one, else those of its running command groups,
+// concatenated.
+func sandboxStates(p *Provider, id string) string {
+	p.mu.Lock()
+	s := p.sandboxes[id]
+	p.mu.Unlock()
+	s.mu.Lock()
+	cg := s.cgroup
+	s.mu.Unlock()
+	if cg == nil {
+		return groupStates(p, id)
+	}
+	var b strings.Builder
+	for _, pid := range cg.pids() {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		if i := strings.LastIndexByte(string(st), ')'); i >= 0 && i+2 < len(st) {
+			b.WriteByte(st[i+2])
+		}
+	}
+	return b.String()
 }
 
 // groupStates returns the states of the processes of the sandbox's running

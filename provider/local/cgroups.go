@@ -1,0 +1,397 @@
+package local
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Limits bound what one sandbox's commands may use together. Zero fields
+// take the defaults; a negative one means no limit.
+type Limits struct {
+	// Pids caps the sandbox's processes and threads.
+	Pids int
+	// MemoryMB caps its memory (and swap), in MiB: past it the kernel
+	// kills one of its processes.
+	MemoryMB int
+	// CPUs caps its CPU time, in CPUs (1.5 is one and a half).
+	CPUs float64
+}
+
+// Default limits of a sandbox.
+const (
+	DefaultPids     = 1024
+	DefaultMemoryMB = 4096
+	DefaultCPUs     = 2
+)
+
+// The rlimits every command runs under, cgroups or not.
+const (
+	rlimitNofile = 4096
+	// rlimitFsize bounds one file's size (256 MiB, in 512-byte blocks).
+	rlimitFsize = 256 << 20 / 512
+)
+
+// withDefaults fills zero fields.
+func (l Limits) withDefaults() Limits {
+	if l.Pids == 0 {
+		l.Pids = DefaultPids
+	}
+	if l.MemoryMB == 0 {
+		l.MemoryMB = DefaultMemoryMB
+	}
+	if l.CPUs == 0 {
+		l.CPUs = DefaultCPUs
+	}
+	return l
+}
+
+// cgroupParent is the directory, under the server's own cgroup in each
+// hierarchy, that holds one cgroup per sandbox.
+const cgroupParent = "sandboxowner"
+
+// cgroups are where this server may make sandbox cgroups: for each
+// controller it uses (pids, memory, cpu, freezer), the directory nested
+// under the cgroup the server itself runs in. A controller the host does
+// not offer, or does not let the server write, is absent.
+type cgroups struct {
+	v2 bool
+	// dirs maps a controller to its parent directory; on v2 every
+	// controller shares one.
+	dirs map[string]string
+}
+
+// cgroupControllers are the controllers sandboxes use.
+var cgroupControllers = []string{"pids", "memory", "cpu", "freezer"}
+
+// probeCgroups finds, for each controller, the server's own cgroup and
+// checks that a child can be made in it (and removed). It never touches a
+// cgroup outside the server's own.
+func probeCgroups() (*cgroups, []string) {
+	own, err := ownCgroups()
+	if err != nil {
+		return nil, []string{err.Error()}
+	}
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return nil, []string{err.Error()}
+	}
+	var why []string
+	cg := &cgroups{dirs: map[string]string{}}
+	for _, c := range cgroupControllers {
+		mnt, ok := mounts[c]
+		ownPath, ok2 := own[c]
+		if !ok || !ok2 {
+			// Only a pure v2 host offers every controller in one tree.
+			mnt, ok = mounts[""]
+			ownPath, ok2 = own[""]
+			if !ok || !ok2 || !v2Offers(filepath.Join(mnt, ownPath), c) {
+				why = append(why, c+": not offered to the server's cgroup")
+				continue
+			}
+			cg.v2 = true
+		}
+		dir := filepath.Join(mnt, ownPath, cgroupParent)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			why = append(why, fmt.Sprintf("%s: %v", c, err))
+			continue
+		}
+		if cg.v2 {
+			// A v2 child gets a controller only when its parent delegates it.
+			if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+"+c), 0); err != nil && c != "freezer" {
+				why = append(why, fmt.Sprintf("%s: %v", c, err))
+				continue
+			}
+		}
+		cg.dirs[c] = dir
+	}
+	if len(cg.dirs) == 0 {
+		return nil, why
+	}
+	return cg, why
+}
+
+// v2Offers reports whether the v2 cgroup dir can give controller c to a
+// child (freezing is built into v2).
+func v2Offers(dir, c string) bool {
+	if c == "freezer" {
+		_, err := os.Stat(filepath.Join(dir, "cgroup.procs"))
+		return err == nil
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
+	if err != nil {
+		return false
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if f == c {
+			return true
+		}
+	}
+	return false
+}
+
+// ownCgroups reads /proc/self/cgroup: controller -> path ("" for v2).
+func ownCgroups() (map[string]string, error) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if parts[1] == "" {
+			out[""] = parts[2]
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			out[c] = parts[2]
+		}
+	}
+	return out, nil
+}
+
+// cgroupMounts reads /proc/self/mountinfo: controller -> mount point of its
+// v1 hierarchy, "" -> the v2 mount.
+func cgroupMounts() (map[string]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// id parent major:minor root mountpoint opts ... - fstype source superopts
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		fields, tail := strings.Fields(pre), strings.Fields(post)
+		if len(fields) < 5 || len(tail) < 3 || fields[3] != "/" {
+			continue
+		}
+		switch tail[0] {
+		case "cgroup2":
+			if _, dup := out[""]; !dup {
+				out[""] = fields[4]
+			}
+		case "cgroup":
+			for _, o := range strings.Split(tail[2], ",") {
+				if _, dup := out[o]; !dup {
+					out[o] = fields[4]
+				}
+			}
+		}
+	}
+	return out, sc.Err()
+}
+
+// sandboxCgroup is one sandbox's cgroup in each hierarchy.
+type sandboxCgroup struct {
+	v2   bool
+	dirs map[string]string // controller -> directory
+}
+
+// create makes (or finds again, after a restart) the sandbox's cgroups and
+// writes its limits.
+func (cg *cgroups) create(id string, l Limits) (*sandboxCgroup, error) {
+	g := &sandboxCgroup{v2: cg.v2, dirs: map[string]string{}}
+	for c, parent := range cg.dirs {
+		dir := filepath.Join(parent, id)
+		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("cgroup %s: %w", c, err)
+		}
+		g.dirs[c] = dir
+	}
+	write := func(c, file, v string) error {
+		dir, ok := g.dirs[c]
+		if !ok {
+			return nil
+		}
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(v), 0); err != nil {
+			return fmt.Errorf("cgroup %s %s=%s: %w", c, file, v, err)
+		}
+		return nil
+	}
+	var errs []error
+	if l.Pids > 0 {
+		errs = append(errs, write("pids", "pids.max", strconv.Itoa(l.Pids)))
+	}
+	if l.MemoryMB > 0 {
+		bytes := strconv.FormatInt(int64(l.MemoryMB)<<20, 10)
+		if g.v2 {
+			errs = append(errs, write("memory", "memory.max", bytes))
+			if _, err := os.Stat(filepath.Join(g.dirs["memory"], "memory.swap.max")); err == nil {
+				errs = append(errs, write("memory", "memory.swap.max", "0"))
+			}
+		} else {
+			errs = append(errs, write("memory", "memory.limit_in_bytes", bytes))
+			if _, err := os.Stat(filepath.Join(g.dirs["memory"], "memory.memsw.limit_in_bytes")); err == nil {
+				errs = append(errs, write("memory", "memory.memsw.limit_in_bytes", bytes))
+			}
+		}
+	}
+	if l.CPUs > 0 {
+		const period = 100000
+		quota := strconv.Itoa(int(l.CPUs * period))
+		if g.v2 {
+			errs = append(errs, write("cpu", "cpu.max", quota+" "+strconv.Itoa(period)))
+		} else {
+			errs = append(errs, write("cpu", "cpu.cfs_period_us", strconv.Itoa(period)), write("cpu", "cpu.cfs_quota_us", quota))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		g.remove()
+		return nil, err
+	}
+	return g, nil
+}
+
+// of names the sandbox's cgroups without making them.
+func (cg *cgroups) of(id string) *sandboxCgroup {
+	g := &sandboxCgroup{v2: cg.v2, dirs: map[string]string{}}
+	for c, parent := range cg.dirs {
+		g.dirs[c] = filepath.Join(parent, id)
+	}
+	return g
+}
+
+// procsFiles opens cgroup.procs of each distinct directory: a command
+// writes "0" to each (see joinScript) to enter the sandbox's cgroups.
+func (g *sandboxCgroup) procsFiles() ([]*os.File, error) {
+	seen := map[string]bool{}
+	var files []*os.File
+	for _, c := range cgroupControllers {
+		dir, ok := g.dirs[c]
+		if !ok || seen[dir] {
+			continue
+		}
+		seen[dir] = true
+		f, err := os.OpenFile(filepath.Join(dir, "cgroup.procs"), os.O_WRONLY, 0)
+		if err != nil {
+			for _, o := range files {
+				o.Close()
+			}
+			return nil, err
+		}
+		files = append(files, f)
+	}
+	return files, nil
+}
+
+// canFreeze reports whether the sandbox's processes can be frozen.
+func (g *sandboxCgroup) canFreeze() bool {
+	if g == nil {
+		return false
+	}
+	_, ok := g.dirs["freezer"]
+	return ok
+}
+
+// freeze stops every process of the sandbox (freeze(false) thaws them)
+// and waits, up to limit, for the kernel to say they are.
+func (g *sandboxCgroup) freeze(on bool, limit time.Duration) error {
+	dir := g.dirs["freezer"]
+	file, value, done := "freezer.state", "THAWED", "THAWED"
+	if g.v2 {
+		file, value, done = "cgroup.freeze", "0", "frozen 0"
+	}
+	if on {
+		value, done = "FROZEN", "FROZEN"
+		if g.v2 {
+			value, done = "1", "frozen 1"
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0); err != nil {
+		return err
+	}
+	if !on {
+		return nil
+	}
+	state := filepath.Join(dir, file)
+	if g.v2 {
+		state = filepath.Join(dir, "cgroup.events")
+	}
+	deadline := time.Now().Add(limit)
+	for {
+		b, err := os.ReadFile(state)
+		if err != nil {
+			return err
+		}
+		if strings.Contains(string(b), done) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errNotStopped
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// pids lists the processes in the sandbox's cgroups.
+func (g *sandboxCgroup) pids() []int {
+	var out []int
+	for _, dir := range g.dirs {
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+// remove kills what is left in the sandbox's cgroups and removes them.
+func (g *sandboxCgroup) remove() error {
+	if g == nil {
+		return nil
+	}
+	if g.canFreeze() {
+		_ = g.freeze(false, 0) // a frozen process cannot die
+	}
+	deadline := time.Now().Add(killLimit)
+	var errs []error
+	for c, dir := range g.dirs {
+		for {
+			err := syscall.Rmdir(dir)
+			if err == nil || errors.Is(err, syscall.ENOENT) {
+				break
+			}
+			if !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
+				errs = append(errs, fmt.Errorf("cgroup %s: %w", c, err))
+				break
+			}
+			for _, pid := range g.pids() {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// joinScript is the shell prelude of every command: it enters the
+// sandbox's cgroups through the n files passed from fd 3 on, closes them,
+// and sets the rlimits (core 0, open files, file size in 512-byte blocks),
+// hard and soft, before the command runs as "$1".
+func joinScript(n int, nofile int, fsizeBlocks int64) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "echo 0 >&%d || exit 125; exec %d>&-; ", 3+i, 3+i)
+	}
+	fmt.Fprintf(&b, "ulimit -c 0 && ulimit -n %d && ulimit -f %d || exit 125; exec /bin/sh -c \"$1\"", nofile, fsizeBlocks)
+	return b.String()
+}
