@@ -17,6 +17,25 @@ import (
 	httpapi "github.com/sandboxowner/owner/http"
 )
 
+// seededSandbox seeds a session of a and returns its sandbox's access,
+// the admission gate, and the sandbox's name among a prepare's blockers.
+func seededSandbox(t *testing.T, a *app.App) (descriptorOf, *ctl.Gate, string) {
+	t.Helper()
+	s, body, cookie := post(t, a.Addr().String(), "/ng-rollout/r1/seed_session", "", "{}")
+	if s != 200 {
+		t.Fatalf("seed: %d %s", s, body)
+	}
+	d := sandboxAccess(t, a, cookie).Connection.Descriptor
+	return d, a.Server().Gate(), httpapi.SandboxLabel(d.SandboxID)
+}
+
+// descriptorOf is what /sandbox_access hands an agent.
+type descriptorOf = struct {
+	SandboxID string `json:"sandbox_id"`
+	Endpoint  string `json:"endpoint"`
+	Token     string `json:"token"`
+}
+
 // sandboxCall sends one call to the sandbox API and returns its status and
 // body.
 func sandboxCall(t *testing.T, method, url, token, body string) (int, string) {
@@ -72,13 +91,7 @@ func waitGate(t *testing.T, g *ctl.Gate, cond func() bool) {
 func TestSandboxCallsPassTheAdmissionGate(t *testing.T) {
 	a := startLocal(t, t.TempDir())
 	defer a.Stop(context.Background())
-	s, body, cookie := post(t, a.Addr().String(), "/ng-rollout/r1/seed_session", "", "{}")
-	if s != 200 {
-		t.Fatalf("seed: %d %s", s, body)
-	}
-	d := sandboxAccess(t, a, cookie).Connection.Descriptor
-	gate := a.Server().Gate()
-	label := httpapi.SandboxLabel(d.SandboxID)
+	d, gate, label := seededSandbox(t, a)
 
 	// A command that runs until the test writes the file "go".
 	execDone := make(chan string, 1)
@@ -149,13 +162,7 @@ func TestSandboxCallsPassTheAdmissionGate(t *testing.T) {
 func TestAnExecWhoseClientGoesAwayIsKilled(t *testing.T) {
 	a := startLocal(t, t.TempDir())
 	defer a.Stop(context.Background())
-	s, body, cookie := post(t, a.Addr().String(), "/ng-rollout/r1/seed_session", "", "{}")
-	if s != 200 {
-		t.Fatalf("seed: %d %s", s, body)
-	}
-	d := sandboxAccess(t, a, cookie).Connection.Descriptor
-	gate := a.Server().Gate()
-	label := httpapi.SandboxLabel(d.SandboxID)
+	d, gate, label := seededSandbox(t, a)
 	conn, err := net.Dial("tcp", a.Addr().String())
 	if err != nil {
 		t.Fatal(err)

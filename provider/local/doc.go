@@ -89,6 +89,15 @@
 // Output beyond Options.OutputCap per stream is dropped and reported as
 // Truncated. A command killed by signal N exits 128+N.
 //
+// # Limits
+//
+// Where the host lets the server make cgroups under its own (cgroup v1
+// pids, memory, cpu, freezer; v2 where those are delegated), each sandbox
+// gets one with Options.Limits, which every command enters before it runs;
+// every command also gets rlimits (no core files, 4096 open files, 256 MiB
+// per file). New logs which limits are in effect. ExecRequest.Timeout is
+// capped by Options.MaxExecTimeout. Disk is not limited.
+//
 // # Shared caches
 //
 // Spec.ProviderOptions[CachesOption] ("caches") maps cache names to paths in
@@ -107,9 +116,11 @@
 //
 // # Snapshots and forks
 //
-// Snapshot stops new commands and file calls, pauses the running commands
-// with SIGSTOP, copies, and resumes them with SIGCONT: the copy is
-// consistent, and the sandbox keeps running. In copy mode the whole tree is
+// Snapshot stops new commands and file calls, freezes every process of the
+// sandbox (its freezer cgroup; where there is none, the running commands'
+// process groups get SIGSTOP), copies, and thaws them: the copy is
+// consistent, and the sandbox keeps running. The copy walks the tree with
+// directory file descriptors and follows no symlink (see copyTree). In copy mode the whole tree is
 // copied (reflinks where the filesystem has them, copy_file_range otherwise,
 // several files at once; about what `cp -a` costs, see bench/). In overlay
 // mode only the sandbox's own layer is copied, and a fork is a new overlay on
