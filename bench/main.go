@@ -45,6 +45,7 @@ func run() error {
 	memprofile := flag.String("memprofile", "", "write a heap profile of the harness process to this file at the end")
 	var cells cellFlags
 	var sandboxN []int
+	sandboxModes := flag.String("sandboxes-modes", "", "comma-separated fs modes of the sandboxes section: copy, overlay (default both)")
 	flag.Var(listFlag[int]{&sandboxN, positive}, "sandboxes-n", "comma-separated sandbox counts of the sandboxes section, replacing the mode's")
 	flag.Var(listFlag[int]{&cells.sessions, positive}, "n", "comma-separated session counts, replacing the mode's (to profile one cell)")
 	flag.Var(listFlag[int]{&cells.parallelism, positive}, "p", "comma-separated parallelisms, replacing the mode's")
@@ -60,6 +61,9 @@ func run() error {
 	}
 	opts.Sessions, opts.Parallelism, opts.Latencies = cells.sessions, cells.parallelism, cells.latencies
 	opts.SandboxSessions = sandboxN
+	if *sandboxModes != "" {
+		opts.SandboxModes = strings.Split(*sandboxModes, ",")
+	}
 	if *sections != "" {
 		opts.Sections = strings.Split(*sections, ",")
 	}

@@ -58,6 +58,9 @@ type Options struct {
 	// SandboxSessions, when set, replaces the mode's N of the sandboxes
 	// section.
 	SandboxSessions []int
+	// SandboxModes, when set, limits the sandboxes section to these fs
+	// modes ("copy", "overlay").
+	SandboxModes []string
 
 	// breakCell, when set, is asked before each checkpoint cell whether
 	// it should fail (tests of a run that goes on past a failed cell).

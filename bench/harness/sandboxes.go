@@ -217,6 +217,9 @@ func (h *harness) sandboxes(ctx context.Context) (*SandboxesResult, error) {
 	res := &SandboxesResult{Files: sh.files + 1, Changed: sh.changed, TreeBytes: size, Parallelism: 16, Skipped: map[string]string{}}
 	fmt.Fprintf(h.opts.Progress, "sandboxes: a module of %d files, %.1f MiB; copying its %d changed files takes %s\n", res.Files, float64(size)/(1<<20), sh.changed, fmtDur(floor))
 	for _, mode := range []string{local.OverlayOff, local.OverlayOn} {
+		if len(h.opts.SandboxModes) > 0 && !slices.Contains(h.opts.SandboxModes, modeName(mode)) {
+			continue
+		}
 		for _, n := range ns {
 			if ctx.Err() != nil {
 				return res, nil
