@@ -127,7 +127,7 @@ func (h *harness) phases(ctx context.Context) (*Phases, error) {
 	}
 	env.fk.SetLatency(fake.OpFork, p.Latency)
 	p.Restore, err = spans(env.fk, p.Reps,
-		[]string{"before the first fork (index load, restore intent, checks)", "first fork to last", "installing the sessions", "stopping the superseded sandboxes", "after (clearing the intent)"},
+		[]string{"before the first fork (index load, checks)", "first fork to last", "installing the sessions", "stopping the superseded sandboxes", "after"},
 		func() error { return env.open(ctx) }, env.close,
 		func(int) error {
 			_, err := env.o.Restore(ctx, owner.RestoreRequest{CheckpointID: fmt.Sprint("phases-", p.Reps-1)})
