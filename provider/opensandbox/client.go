@@ -177,11 +177,13 @@ func (p *Provider) backoff(n int, ra time.Duration) time.Duration {
 func (p *Provider) do(ctx context.Context, req request) (*response, error) {
 	for attempt := 0; ; attempt++ {
 		resp, err := p.once(ctx, req)
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("opensandbox: %s: %w", req.op, ctx.Err())
-		}
+		// An answer that came is kept even if ctx ended meanwhile: it may
+		// name what the call made.
 		if err == nil && !retryableStatus(resp.status) {
 			return resp, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("opensandbox: %s: %w", req.op, ctx.Err())
 		}
 		if !req.retry || attempt >= p.opts.MaxRetries {
 			if err != nil {

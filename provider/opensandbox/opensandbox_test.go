@@ -561,3 +561,16 @@ func TestSnapshotPastItsDeadline(t *testing.T) {
 		t.Errorf("created %d, left %d: want the late snapshot deleted", st.SnapshotsCreated, st.LiveSnapshots)
 	}
 }
+
+// TestFailedCreateLeavesNothing: a create whose last attempt failed after it
+// took effect deletes what it made.
+func TestFailedCreateLeavesNothing(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{MaxRetries: -1})
+	e.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Path: "/v1/sandboxes", Status: 502, AfterEffect: true})
+	if _, err := e.p.Start(context.Background(), provider.Spec{Image: "x"}); err == nil {
+		t.Fatal("Start through a 502 with no retries succeeded")
+	}
+	if st := e.srv.Stats(); st.Created != 1 || st.LiveSandboxes != 0 {
+		t.Errorf("created %d, live %d: want the sandbox the failed create made deleted", st.Created, st.LiveSandboxes)
+	}
+}

@@ -423,7 +423,11 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, sourceKey str
 	case errors.Is(err, errAdopted):
 		id = adopted
 	case err != nil:
+		p.reapCreate(ctx, token)
 		return provider.Handle{}, err
+	case ambiguous(resp.status, nil):
+		p.reapCreate(ctx, token)
+		return provider.Handle{}, resp.apiError("create sandbox")
 	case resp.status == http.StatusNotFound && sourceKey == "snapshotId":
 		return provider.Handle{}, fmt.Errorf("%w: %w", resp.apiError("create sandbox"), provider.ErrSnapshotNotFound)
 	case resp.status == http.StatusBadRequest:
@@ -545,6 +549,21 @@ func (p *Provider) waitRunning(ctx context.Context, id string, deadline time.Tim
 		if err := poll.wait(ctx); err != nil {
 			return err
 		}
+	}
+}
+
+// reapCreate deletes what a create that failed ambiguously (no answer, or a
+// 500/502/504 after the last retry) may have made: a sandbox nobody holds
+// would run until its lease ends.
+func (p *Provider) reapCreate(ctx context.Context, token string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*p.opts.RequestTimeout)
+	defer cancel()
+	id, err := p.findByLabel(ctx, token)
+	if err == nil && id != "" {
+		err = p.deleteSandbox(ctx, id)
+	}
+	if err != nil {
+		p.log.WithError(err).Warn("opensandbox: could not look for a sandbox a failed create may have made (its lease will end it)")
 	}
 }
 
