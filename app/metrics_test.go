@@ -346,3 +346,49 @@ func TestRunFlagsReachTheServer(t *testing.T) {
 		t.Errorf("exit %d", code)
 	}
 }
+
+// TestStateGaugesFollowTheServer: a seed held at its sandbox's start is in
+// setup, then live; a seed held at a closed admission gate is waiting.
+func TestStateGaugesFollowTheServer(t *testing.T) {
+	fk := fake.New(fake.Options{})
+	a, _, _ := startFake(t, t.TempDir(), fk, app.Deps{})
+	addr := a.Addr().String()
+	state := func(name string, labels map[string]string) float64 {
+		return gauge(t, scrape(t, addr), name, labels)
+	}
+	entered, out := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	fk.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpStart && c.Phase == fake.PhaseBegin {
+			once.Do(func() { close(entered); <-out })
+		}
+	})
+	seeded := make(chan int, 2)
+	go func() { s, _, _ := post(t, addr, "/ng-rollout/r1/seed_session", "", "{}"); seeded <- s }()
+	<-entered
+	check{"in setup while the start is held", state("sandboxowner_sessions", map[string]string{"state": "in_setup"}), 1}.verify(t)
+	check{"live while the start is held", state("sandboxowner_sessions", map[string]string{"state": "live"}), 0}.verify(t)
+	close(out)
+	if s := <-seeded; s != 200 {
+		t.Fatalf("seed: %d", s)
+	}
+	check{"in setup after the seed", state("sandboxowner_sessions", map[string]string{"state": "in_setup"}), 0}.verify(t)
+	check{"live after the seed", state("sandboxowner_sessions", map[string]string{"state": "live"}), 1}.verify(t)
+
+	d := time.Now().Add(time.Minute).Unix()
+	control(t, addr, "prepare", fmt.Sprintf(`{"checkpoint_id":"ck1","deadline_ts":%d}`, d))
+	gate := a.Server().Gate()
+	changed := gate.Changed()
+	go func() { s, _, _ := post(t, addr, "/ng-rollout/r2/seed_session", "", "{}"); seeded <- s }()
+	for gate.Waiting() == 0 {
+		<-changed
+		changed = gate.Changed()
+	}
+	check{"waiting at the closed gate", state("sandboxowner_admission_waiting", nil), 1}.verify(t)
+	control(t, addr, "resume", fmt.Sprintf(`{"checkpoint_id":"ck1","deadline_ts":%d}`, d))
+	if s := <-seeded; s != 200 {
+		t.Fatalf("seed after resume: %d", s)
+	}
+	check{"waiting after resume", state("sandboxowner_admission_waiting", nil), 0}.verify(t)
+	check{"live after both seeds", state("sandboxowner_sessions", map[string]string{"state": "live"}), 2}.verify(t)
+}

@@ -184,9 +184,6 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 		s.fail(ctx, err)
 		return
 	}
-	if kind == kindVerify {
-		s.typed.forget(sess.ID)
-	}
 	if s.part != nil {
 		switch {
 		case kind == kindSeed && ep != nil:

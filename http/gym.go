@@ -183,9 +183,9 @@ type typedBinding struct {
 	task    TaskID
 }
 
-// typedSessions remembers each typed session's episode and task, so that a
-// repeated seed is idempotent and one for another episode or task is
-// refused.
+// typedSessions remembers each typed session's episode and task until it is
+// closed (a verify does not free the id), so that a repeated seed is
+// idempotent and one for another episode or task is refused.
 type typedSessions struct {
 	mu    sync.Mutex
 	bound map[string]typedBinding
