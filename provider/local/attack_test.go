@@ -285,3 +285,28 @@ func TestExecTimeoutIsCapped(t *testing.T) {
 		t.Errorf("a default timeout over the cap: %v", err)
 	}
 }
+
+// A symlink to a host file in the tree is snapshotted as a symlink, never
+// as the host file's content, and a fork's files API does not follow it.
+func TestASymlinkInTheTreeIsSnapshottedAsALink(t *testing.T) {
+	host := filepath.Join(t.TempDir(), "host-secret")
+	if err := os.WriteFile(host, []byte("host secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{})
+		mustRun(t, p, h, "ln -s "+host+" link && echo mine > f")
+		f := fork(t, p, snapshot(t, p, h))
+		fi, err := os.Lstat(filepath.Join(fsDir(p, f), "link"))
+		if err != nil || fi.Mode()&os.ModeSymlink == 0 {
+			t.Fatalf("the fork's link: %v, %v", fi, err)
+		}
+		if _, err := p.ReadFile(context.Background(), f, "link"); !errors.Is(err, provider.ErrPathEscape) {
+			t.Errorf("read through the fork's link: %v, want ErrPathEscape", err)
+		}
+		if got := readFile(t, p, f, "f"); got != "mine\n" {
+			t.Errorf("the fork's f: %q", got)
+		}
+	})
+}

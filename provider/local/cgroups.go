@@ -354,6 +354,29 @@ func (g *sandboxCgroup) pids() []int {
 	return out
 }
 
+// kill kills every process in the sandbox's cgroups, in rounds until none
+// is left (one may fork while it is killed), for at most killLimit, and
+// returns how many kills it sent.
+func (g *sandboxCgroup) kill() int {
+	if g.canFreeze() {
+		_ = g.freeze(false, 0) // a frozen process cannot die
+	}
+	n := 0
+	deadline := time.Now().Add(killLimit)
+	for {
+		pids := g.pids()
+		if len(pids) == 0 || time.Now().After(deadline) {
+			return n
+		}
+		for _, pid := range pids {
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				n++
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // remove kills what is left in the sandbox's cgroups and removes them.
 func (g *sandboxCgroup) remove() error {
 	if g == nil {

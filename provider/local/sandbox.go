@@ -362,7 +362,12 @@ func (p *Provider) checkLiveLocked(s *sandbox) error {
 // belongs to a server that died mid-call and is killed; an overlay tree that
 // is no longer mounted (after a reboot) is mounted again.
 func (p *Provider) adoptLocked(s *sandbox) error {
-	if n := killMarked(s.id); n > 0 {
+	n := killMarked(s.id)
+	if p.cg != nil {
+		// Its cgroup holds them all, one that cleared its environment too.
+		n += p.cg.of(s.id).kill()
+	}
+	if n > 0 {
 		p.log.WithFields(logrus.Fields{"sandbox_id": s.id, "kills": n}).Info("local: killed processes a previous server left in the sandbox")
 	}
 	if s.meta.Overlay {
