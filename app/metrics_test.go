@@ -272,7 +272,8 @@ func TestPprofOnlyWhenAsked(t *testing.T) {
 }
 
 // TestUnknownPathsShareOneLabel: paths no route serves are counted as
-// route "other", so a client cannot grow the label set.
+// route "other", so a client cannot grow the label set; a malformed control
+// operation is counted as refused.
 func TestUnknownPathsShareOneLabel(t *testing.T) {
 	a, _, _ := startFake(t, t.TempDir(), fake.New(fake.Options{}), app.Deps{})
 	addr := a.Addr().String()
@@ -281,7 +282,19 @@ func TestUnknownPathsShareOneLabel(t *testing.T) {
 			t.Fatalf("%s: %d", p, s)
 		}
 	}
+	// A refused control operation is counted as refused.
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + "/ng-control/v1/checkpoint/prepare")
+	req.Header.SetMethod("POST")
+	req.Header.Set("Authorization", "Bearer tok")
+	req.SetBodyString("{")
+	if err := fasthttp.DoTimeout(req, resp, 30*time.Second); err != nil || resp.StatusCode() != 422 {
+		t.Fatalf("malformed prepare: %v %d", err, resp.StatusCode())
+	}
 	fams := scrape(t, addr)
+	check{"refused prepares", counter(t, fams, "sandboxowner_checkpoint_operations_total", map[string]string{"op": "prepare", "outcome": "refused"}), 1}.verify(t)
 	if got := counter(t, fams, "sandboxowner_http_requests_total", map[string]string{"route": "other", "code": "404"}); got != 3 {
 		t.Errorf("unknown data paths: %v, want 3", got)
 	}
