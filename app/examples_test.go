@@ -29,6 +29,9 @@ func TestExamplesLoad(t *testing.T) {
 		"notes-opensandbox.yaml": func(c app.Config) bool {
 			return c.Resources == "notes" && c.Sandbox.Provider == "opensandbox" && c.Sandbox.OpenSandbox.Domain != "" && c.Checkpoint.Enabled
 		},
+		"opensandbox.yaml": func(c app.Config) bool {
+			return c.Sandbox.Provider == "opensandbox" && c.Sandbox.OpenSandbox.Images["notes"] != "" && c.Sandbox.OpenSandbox.MaxConcurrentSnapshots == 2
+		},
 		"swebench-golden.yaml": func(c app.Config) bool {
 			return c.Resources == "swebench" && c.SWEBench.IsVerifyingGoldenPatch && c.NumWorkers > 1
 		},
