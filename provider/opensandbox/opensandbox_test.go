@@ -574,3 +574,19 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 		t.Errorf("created %d, live %d: want the sandbox the failed create made deleted", st.Created, st.LiveSandboxes)
 	}
 }
+
+// TestFailedSnapshotRequestLeavesNothing: a snapshot request whose last
+// attempt failed after it took effect deletes the snapshot it made (once
+// its capture ends).
+func TestFailedSnapshotRequestLeavesNothing(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{MaxRetries: -1})
+	h := e.start(t, provider.Spec{})
+	e.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Path: "/v1/sandboxes/" + h.SandboxID + "/snapshots", Status: 500, AfterEffect: true})
+	if _, err := e.p.Snapshot(context.Background(), h, "x"); err == nil {
+		t.Fatal("Snapshot through a 500 with no retries succeeded")
+	}
+	e.p.Wait()
+	if st := e.srv.Stats(); st.SnapshotsCreated != 1 || st.LiveSnapshots != 0 {
+		t.Errorf("created %d, left %d: want the snapshot the failed request made deleted", st.SnapshotsCreated, st.LiveSnapshots)
+	}
+}

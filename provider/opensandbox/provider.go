@@ -772,7 +772,11 @@ func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string)
 	case errors.Is(err, errAdopted):
 		sid = adopted
 	case err != nil:
+		p.reapSnapshot(ctx, id, full)
 		return "", err
+	case ambiguous(resp.status, nil):
+		p.reapSnapshot(ctx, id, full)
+		return "", resp.apiError("create snapshot")
 	case resp.status == http.StatusNotFound:
 		p.forget(id)
 		return "", fmt.Errorf("%w: %w", resp.apiError("create snapshot"), provider.ErrSandboxNotFound)
@@ -791,6 +795,25 @@ func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string)
 		return "", err
 	}
 	return sid, nil
+}
+
+// reapSnapshot deletes, in the background, what a snapshot request that
+// failed ambiguously may have made: snapshots have no lease, so one nobody
+// names would be kept for ever.
+func (p *Provider) reapSnapshot(ctx context.Context, sandboxID, name string) {
+	p.background.Add(1)
+	go func() {
+		defer p.background.Done()
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.SnapshotTimeout+p.opts.RequestTimeout)
+		defer cancel()
+		sid, err := p.findSnapshot(ctx, sandboxID, name)
+		if err == nil && sid != "" {
+			err = p.DeleteSnapshot(ctx, sid)
+		}
+		if err != nil {
+			p.log.WithError(err).WithField("sandbox_id", sandboxID).Warn("opensandbox: could not delete what a failed snapshot request may have made")
+		}
+	}()
 }
 
 // discardSnapshot deletes a snapshot that will never be used. One that
