@@ -2,8 +2,10 @@ package app_test
 
 import (
 	"io"
+	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -61,5 +63,44 @@ func TestExamplesLoad(t *testing.T) {
 	sort.Strings(want)
 	if diff := cmp.Diff(want, names); diff != "" {
 		t.Errorf("examples/ (-want +got):\n%s", diff)
+	}
+}
+
+// TestREADMEConfigsAreTheExamples: a YAML block of README.md that names a
+// file of examples/ in its first line configures what that file does.
+func TestREADMEConfigsAreTheExamples(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := 0
+	for _, part := range strings.Split(string(b), "```yaml\n")[1:] {
+		block, _, _ := strings.Cut(part, "```")
+		first, _, _ := strings.Cut(block, "\n")
+		name, ok := strings.CutPrefix(first, "# examples/")
+		if !ok {
+			continue
+		}
+		blocks++
+		t.Run(name, func(t *testing.T) {
+			readme := filepath.Join(t.TempDir(), name)
+			if err := os.WriteFile(readme, []byte(block), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			want, err := app.ParseArgs([]string{"-config", filepath.Join("..", "examples", name)}, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := app.ParseArgs([]string{"-config", readme}, io.Discard)
+			if err != nil {
+				t.Fatalf("README's %s: %v", name, err)
+			}
+			if diff := cmp.Diff(want.Config, got.Config); diff != "" {
+				t.Errorf("README's %s differs from the file (-file +README):\n%s", name, diff)
+			}
+		})
+	}
+	if blocks < 3 {
+		t.Errorf("%d README blocks name an example, want the walk-through's, SWE-bench's and OpenSandbox's", blocks)
 	}
 }
