@@ -17,6 +17,10 @@ var (
 	ErrSandboxExists = errors.New("session already has a sandbox")
 	// ErrNoSandbox: the session holds no sandbox.
 	ErrNoSandbox = errors.New("session holds no sandbox")
+	// ErrSandboxLost: the session's sandbox is gone behind the owner's
+	// back (stopped out of band, its lease lost, the provider knows it
+	// no more); nothing may run in it or grade it.
+	ErrSandboxLost = errors.New("the session's sandbox was lost")
 	// ErrSessionEnded: the session is over and its actor on its way out;
 	// a new start must go to a new actor.
 	ErrSessionEnded = errors.New("session ended")
@@ -94,6 +98,11 @@ type (
 	effHeld struct {
 		Sandbox messages.Sandbox
 	}
+	// effLost: the session's sandbox was found gone (once per session).
+	effLost struct {
+		Sandbox messages.Sandbox
+		Cause   error
+	}
 	// effEnded: the session is over; the supervisor may forget it.
 	effEnded struct {
 		Stopped *provider.Handle
@@ -112,6 +121,9 @@ type (
 	doDone struct {
 		Seq uint64
 		Err error
+		// Lost: the provider said the sandbox is not found during the
+		// operation, even if the operation went on.
+		Lost bool
 	}
 	snapshotDone struct {
 		Seq        uint64
@@ -140,6 +152,10 @@ type Session struct {
 	Phase     Phase
 	Sandbox   messages.Sandbox
 	Snapshots []string
+	// Lost is set once the sandbox is found gone behind the owner's back:
+	// the session still holds its handle (a stop of it succeeds) but runs
+	// and exports nothing.
+	Lost bool
 	// LastUse is when the session was last used (a Touch, its start, its
 	// restore): an idle reaper ends it once that is long enough ago.
 	LastUse time.Time
@@ -185,6 +201,9 @@ func (s *Session) Step(in any, sender any) []any {
 		if m.Err == nil && s.Phase == PhaseReady {
 			s.Sandbox.ExpiresAt = m.Until
 		}
+		if s.Phase == PhaseReady && errors.Is(m.Err, provider.ErrSandboxNotFound) {
+			return s.lose(m.Err)
+		}
 		return nil
 	case *messages.GetSandbox:
 		// Answered at once, even while an operation runs: it reads state.
@@ -211,7 +230,7 @@ func (s *Session) Step(in any, sender any) []any {
 			return []any{effReply{To: sender, Msg: &messages.StopReply{ReqID: m.ReqID, SessionID: s.ID, NotIdle: true}}}
 		}
 	case *messages.TakeSnapshot:
-		if s.Phase == PhaseStarting || s.Phase == PhaseEmpty || s.Phase == PhaseEnded {
+		if s.Phase == PhaseStarting || s.Phase == PhaseEmpty || s.Phase == PhaseEnded || s.Lost {
 			// Nothing to export, and waiting for a setup to finish would
 			// hold the whole commit: answer at once.
 			return []any{effReply{To: sender, Msg: &messages.SnapshotReply{Round: m.Round, SessionID: s.ID, Skipped: true}}}
@@ -225,8 +244,9 @@ func (s *Session) view() *messages.GetSandboxReply {
 	return &messages.GetSandboxReply{
 		SessionID: s.ID,
 		Sandbox:   s.Sandbox,
-		Held:      s.Phase == PhaseReady || s.Phase == PhaseStopping,
+		Held:      (s.Phase == PhaseReady || s.Phase == PhaseStopping) && !s.Lost,
 		Starting:  s.Phase == PhaseStarting,
+		Lost:      s.Lost && s.Phase == PhaseReady,
 	}
 }
 
@@ -267,12 +287,15 @@ func (s *Session) begin(r request) []any {
 			return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSandboxExists})
 		}
 	case *messages.Do:
+		if s.Lost && s.Phase == PhaseReady {
+			return reply(&messages.DoReply{ReqID: m.ReqID, Err: ErrSandboxLost})
+		}
 		if s.Phase != PhaseReady {
 			return reply(&messages.DoReply{ReqID: m.ReqID, Err: ErrNoSandbox})
 		}
 		return s.run(r, effDo{Seq: s.seq, Ctx: m.Ctx, Fn: m.Fn, Sandbox: s.Sandbox})
 	case *messages.TakeSnapshot:
-		if s.Phase != PhaseReady {
+		if s.Phase != PhaseReady || s.Lost {
 			return reply(&messages.SnapshotReply{Round: m.Round, SessionID: s.ID, Skipped: true})
 		}
 		return s.run(r, effSnapshot{Seq: s.seq, Name: m.Name, Round: m.Round, Deadline: m.Deadline, Sandbox: s.Sandbox})
@@ -323,11 +346,19 @@ func (s *Session) complete(done any) []any {
 		out = append(out, effHeld{Sandbox: s.Sandbox})
 		reply(&messages.StartReply{ReqID: m.ReqID, Sandbox: s.Sandbox})
 	case doDone:
-		reply(&messages.DoReply{ReqID: r.msg.(*messages.Do).ReqID, Err: d.Err})
+		err := d.Err
+		if d.Lost || errors.Is(err, provider.ErrSandboxNotFound) {
+			out = append(out, s.lose(err)...)
+			err = ErrSandboxLost
+		}
+		reply(&messages.DoReply{ReqID: r.msg.(*messages.Do).ReqID, Err: err})
 	case snapshotDone:
 		m := r.msg.(*messages.TakeSnapshot)
 		if d.Err == nil {
 			s.Snapshots = append(s.Snapshots, d.SnapshotID)
+		}
+		if errors.Is(d.Err, provider.ErrSandboxNotFound) {
+			out = append(out, s.lose(d.Err)...)
 		}
 		reply(&messages.SnapshotReply{Round: m.Round, SessionID: s.ID, SnapshotID: d.SnapshotID, Sandbox: s.Sandbox, At: d.At, Err: d.Err})
 	case stopDone:
@@ -353,7 +384,7 @@ func (s *Session) complete(done any) []any {
 // that two renewals can fail before the lease runs out.
 func (s *Session) renew(now time.Time) []any {
 	ttl := s.Sandbox.Spec.TTL()
-	if s.Phase != PhaseReady || ttl <= 0 || s.renewSeq != 0 || s.Sandbox.ExpiresAt.IsZero() {
+	if s.Phase != PhaseReady || s.Lost || ttl <= 0 || s.renewSeq != 0 || s.Sandbox.ExpiresAt.IsZero() {
 		return nil
 	}
 	if s.Sandbox.ExpiresAt.Sub(now) > ttl*2/3 {
@@ -423,4 +454,14 @@ func (s *Session) touch(at time.Time) {
 	if at.After(s.LastUse) {
 		s.LastUse = at
 	}
+}
+
+// lose marks the session's sandbox lost; effLost is emitted the first time
+// only, so that the owner logs it once.
+func (s *Session) lose(cause error) []any {
+	if s.Lost || s.Phase != PhaseReady {
+		return nil
+	}
+	s.Lost = true
+	return []any{effLost{Sandbox: s.Sandbox, Cause: cause}}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -148,6 +149,9 @@ func (a *sessionActor) perform(ctx actor.Context, effects []any) {
 			if a.env.OnHeld != nil {
 				a.env.OnHeld(a.s.ID, e.Sandbox)
 			}
+		case effLost:
+			a.log.WithFields(logrus.Fields{"session_id": a.s.ID, "sandbox_id": e.Sandbox.Handle.SandboxID, "cause": fmt.Sprint(e.Cause)}).
+				Warn("the session's sandbox is gone behind the owner's back: its calls and verify are refused (sandbox_lost) and no checkpoint exports it")
 		case effEnded:
 			if a.env.OnEnded != nil {
 				a.env.OnEnded(a.s.ID, e.Stopped, e.Reason)
@@ -248,11 +252,52 @@ func workdirOf(ctx context.Context, p provider.Provider, h provider.Handle) (str
 }
 
 func (a *sessionActor) do(e effDo, feed func(any)) {
+	w := &lostWatch{Provider: a.env.Provider, id: e.Sandbox.Handle.SandboxID}
 	err := func() (err error) {
 		defer guard(&err)
-		return e.Fn(orBackground(e.Ctx), a.env.Provider, e.Sandbox)
+		return e.Fn(orBackground(e.Ctx), w, e.Sandbox)
 	}()
-	feed(doDone{Seq: e.Seq, Err: err})
+	feed(doDone{Seq: e.Seq, Err: err, Lost: w.lost.Load()})
+}
+
+// lostWatch is the provider a DoFunc works through: it notes a call on the
+// session's sandbox that the provider answered "not found", so that the
+// sandbox is known lost even when the DoFunc carries on without it (a grader
+// that scores what it could read would grade an empty sandbox).
+type lostWatch struct {
+	provider.Provider
+	id   string
+	lost atomic.Bool
+}
+
+func (w *lostWatch) note(h provider.Handle, err error) {
+	if err != nil && h.SandboxID == w.id && errors.Is(err, provider.ErrSandboxNotFound) {
+		w.lost.Store(true)
+	}
+}
+
+func (w *lostWatch) Exec(ctx context.Context, h provider.Handle, req provider.ExecRequest) (provider.ExecResult, error) {
+	res, err := w.Provider.Exec(ctx, h, req)
+	w.note(h, err)
+	return res, err
+}
+
+func (w *lostWatch) WriteFile(ctx context.Context, h provider.Handle, path string, data []byte) error {
+	err := w.Provider.WriteFile(ctx, h, path, data)
+	w.note(h, err)
+	return err
+}
+
+func (w *lostWatch) ReadFile(ctx context.Context, h provider.Handle, path string) ([]byte, error) {
+	b, err := w.Provider.ReadFile(ctx, h, path)
+	w.note(h, err)
+	return b, err
+}
+
+func (w *lostWatch) Status(ctx context.Context, h provider.Handle) (provider.Status, error) {
+	st, err := w.Provider.Status(ctx, h)
+	w.note(h, err)
+	return st, err
 }
 
 func (a *sessionActor) snapshot(e effSnapshot, feed func(any)) {

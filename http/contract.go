@@ -58,6 +58,7 @@ const (
 	CodeRetireFailed     = participant.CodeRetireFailed
 	CodeReleaseFailed    = participant.CodeReleaseFailed
 	CodeAtCapacity       = "at_capacity"
+	CodeSandboxLost      = "sandbox_lost"
 )
 
 // AtCapacityRetryAfter is the Retry-After (seconds) of a 503 at_capacity.

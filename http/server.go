@@ -507,6 +507,9 @@ func classify(err error) (status int, code, detail string) {
 		return nethttp.StatusConflict, CodeNoSessionSandbox, err.Error()
 	case errors.Is(err, owner.ErrSetup):
 		return nethttp.StatusInternalServerError, CodeSetupFailed, err.Error()
+	case errors.Is(err, owner.ErrSandboxLost):
+		// A fixed detail: the provider's error can carry host paths.
+		return nethttp.StatusConflict, CodeSandboxLost, "the session's sandbox is gone (stopped outside this server, or its lease ran out); the episode cannot go on or be graded: start a new one"
 	case errors.Is(err, owner.ErrAtCapacity):
 		return nethttp.StatusServiceUnavailable, CodeAtCapacity, "the server holds max_sessions sessions; retry later"
 	case errors.Is(err, owner.ErrClosed):

@@ -146,6 +146,8 @@ type GetSandboxReply struct {
 	Held bool
 	// Starting is true while the sandbox is starting or in setup.
 	Starting bool
+	// Lost is true when the sandbox is gone behind the owner's back.
+	Lost bool
 }
 
 // StopSandbox asks a session to stop its sandbox.

@@ -106,6 +106,11 @@ var (
 	ErrUnknownCheckpoint = errors.New("unknown checkpoint")
 	// ErrClosed: the owner was closed.
 	ErrClosed = errors.New("owner closed")
+	// ErrSandboxLost: the session's sandbox is gone behind the owner's
+	// back (stopped out of band, its lease lost, unknown to the provider):
+	// its calls and its verify are refused (HTTP 409 sandbox_lost), never
+	// graded, and no checkpoint exports it. Ending the session still works.
+	ErrSandboxLost = actors.ErrSandboxLost
 	// ErrAtCapacity: the owner holds MaxSessions sessions; a seed starts
 	// nothing (HTTP 503 at_capacity).
 	ErrAtCapacity = supervisor.ErrAtCapacity
@@ -633,6 +638,9 @@ func (o *Owner) RequireSessionSandbox(sessionID string) (Sandbox, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	rep, err := o.view(ctx, pid)
+	if err == nil && rep.Lost {
+		return Sandbox{}, fmt.Errorf("%w: session %q", ErrSandboxLost, sessionID)
+	}
 	if err != nil || !rep.Held {
 		return Sandbox{}, fmt.Errorf("%w: session %q", ErrNoSessionSandbox, sessionID)
 	}
@@ -670,6 +678,9 @@ func (o *Owner) Do(ctx context.Context, sessionID string, fn DoFunc) error {
 	if err := v.(*messages.DoReply).Err; err != nil {
 		if errors.Is(err, actors.ErrNoSandbox) {
 			return fmt.Errorf("%w: session %q", ErrNoSessionSandbox, sessionID)
+		}
+		if errors.Is(err, actors.ErrSandboxLost) {
+			return fmt.Errorf("%w: session %q", ErrSandboxLost, sessionID)
 		}
 		return err
 	}

@@ -354,6 +354,12 @@ func (p *Provider) checkLiveLocked(s *sandbox) error {
 	if exp := s.meta.ExpiresAt; !exp.IsZero() && !p.clk.Now().Before(exp) {
 		return fmt.Errorf("local: sandbox %s: lease ran out at %s: %w", s.id, exp.Format(time.RFC3339Nano), provider.ErrSandboxNotFound)
 	}
+	// Removed by another process (an operator's sweep): gone, not a host
+	// path error on whatever the call touches first.
+	if _, err := os.Lstat(s.metaPath()); errors.Is(err, fs.ErrNotExist) {
+		s.stopped = true
+		return fmt.Errorf("local: sandbox %s was removed: %w", s.id, provider.ErrSandboxNotFound)
+	}
 	return nil
 }
 

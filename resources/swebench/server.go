@@ -508,7 +508,9 @@ func (s *Server) takePatch(ctx context.Context, own *owner.Owner, sessionID stri
 		return nil
 	})
 	res.PatchExtractionTimeTaken = time.Since(t).Seconds()
-	if errors.Is(err, owner.ErrNoSessionSandbox) {
+	// A lost sandbox is refused like a missing one: grading the empty patch
+	// it would give scores an episode that cannot be read.
+	if errors.Is(err, owner.ErrNoSessionSandbox) || errors.Is(err, owner.ErrSandboxLost) {
 		return "", fmt.Errorf("swebench: verify %s: %w", row.InstanceID, err)
 	}
 	if err != nil {

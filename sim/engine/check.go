@@ -184,3 +184,5 @@ func (r *run) check() {
 
 // isNoSandbox reports a refusal for want of a session sandbox (409).
 func isNoSandbox(err error) bool { return errors.Is(err, owner.ErrNoSessionSandbox) }
+
+func isLost(err error) bool { return errors.Is(err, owner.ErrSandboxLost) }

@@ -64,6 +64,10 @@ const (
 	FaultResentVerify Fault = "resent-verify"
 	// FaultRace: a seed and an end race a commit.
 	FaultRace Fault = "race"
+	// FaultLost: a session's sandbox is deleted behind the owner's back
+	// (stopped at the provider, as a lease reaper or an operator would)
+	// before its tool call and its verify.
+	FaultLost Fault = "lost"
 )
 
 // defaultRates gives every fault kind its default rate: the chance that a
@@ -90,6 +94,7 @@ func defaultRates() map[Fault]float64 {
 		FaultDrift:             0.10,
 		FaultResentVerify:      0.30,
 		FaultRace:              0.12,
+		FaultLost:              0.10,
 	}
 }
 

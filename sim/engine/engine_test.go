@@ -288,3 +288,20 @@ func TestParseFaults(t *testing.T) {
 		}
 	}
 }
+
+// TestLostSandboxFaultIsRefused: with every verify meeting a sandbox deleted
+// behind the owner's back, the fault fires and no run grades one (the
+// no-empty-grading invariant checks its tool call and its verify).
+func TestLostSandboxFaultIsRefused(t *testing.T) {
+	fired := 0
+	for seed := int64(1); seed <= 6; seed++ {
+		res := Run(seed, Config{Sessions: 3, Steps: 24, Faults: Faults{FaultLost: 1}, TempDir: t.TempDir()})
+		for _, v := range res.Violations {
+			t.Errorf("seed %d: %s", seed, v)
+		}
+		fired += res.Fired[FaultLost]
+	}
+	if fired == 0 {
+		t.Fatal("the lost fault never fired")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"slices"
 	"sort"
 	"strings"
@@ -200,6 +201,7 @@ func (r *run) opAppend() {
 
 type verdict struct {
 	refused bool
+	lost    bool // refused as sandbox_lost
 	reward  float64
 	err     error // reading the notes failed
 	endErr  error
@@ -211,8 +213,8 @@ type verdict struct {
 func (r *run) verify(ctx context.Context, sid string, expected []string) verdict {
 	var v verdict
 	if _, err := r.o.RequireSessionSandbox(sid); err != nil {
-		if isNoSandbox(err) {
-			v.refused = true
+		if isNoSandbox(err) || isLost(err) {
+			v.refused, v.lost = true, isLost(err)
 		} else {
 			v.err = err
 		}
@@ -233,8 +235,8 @@ func (r *run) verify(ctx context.Context, sid string, expected []string) verdict
 		token, dataToken = string(t), tokenOf(sb.Data)
 		return nil
 	})
-	if isNoSandbox(err) {
-		v.refused = true
+	if isNoSandbox(err) || isLost(err) {
+		v.refused, v.lost = true, isLost(err)
 		return v
 	}
 	if err != nil {
@@ -260,6 +262,10 @@ func (r *run) armEndCrash() bool {
 func (r *run) opVerify() {
 	sid := r.pickSession(0.8)
 	s := r.m.sessions[sid]
+	if s.live && r.chanceApart(FaultLost) {
+		r.verifyLost(sid)
+		return
+	}
 	crash := r.armEndCrash()
 	stopFail := r.failStop()
 	resend := r.chance(FaultResentVerify)
@@ -1086,4 +1092,50 @@ func describeIntents(in []snapshotindex.Intent) string {
 		parts = append(parts, i.Kind+"/"+i.ID)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// lostStream numbers the random stream of FaultLost, apart from the step's
+// own, so that enabling the fault changes no other draw of a step.
+const lostStream = 1 << 40
+
+// chanceApart is chance on a stream of f's own for this step.
+func (r *run) chanceApart(f Fault) bool {
+	rng := rand.New(rand.NewPCG(uint64(r.seed), lostStream+uint64(r.step)))
+	if rng.Float64() < r.cfg.Faults[f] {
+		r.res.Armed[f]++
+		return true
+	}
+	return false
+}
+
+// verifyLost deletes a live session's sandbox behind the owner's back, then
+// sends its tool call and its verify: both must be refused as lost (never
+// a reward: no empty grading), after which the session is ended.
+func (r *run) verifyLost(sid string) {
+	s := r.m.sessions[sid]
+	sb, ok := r.o.SessionSandbox(sid)
+	if !ok {
+		r.violate(LiveState, "live session %s holds no sandbox", sid)
+		return
+	}
+	// The provider itself stops it: the owner does not hear of it.
+	if err := r.o.SharedProvider().Stop(r.life, sb.Handle); err != nil {
+		r.violate(Unexpected, "delete %s's sandbox behind the owner: %v", sid, err)
+		return
+	}
+	r.fire(FaultLost)
+	// On odd steps the verify is the first call to meet the loss.
+	if r.step%2 == 0 {
+		err := r.o.Do(r.life, sid, appendNote("after the loss"))
+		if !isLost(err) {
+			r.violate(NoEmptyGrading, "append to %s, whose sandbox was deleted behind the owner's back: got %v, want ErrSandboxLost", sid, err)
+		}
+	}
+	v := r.verify(r.life, sid, s.notes)
+	r.tracef("verify %s after its sandbox was deleted behind the owner: refused %v (lost %v) reward %v err %v", sid, v.refused, v.lost, v.reward, v.err)
+	if !v.refused || !v.lost {
+		r.violate(NoEmptyGrading, "verify of %s, whose sandbox was deleted behind the owner's back, was not refused as lost (reward %v, err %v)", sid, v.reward, v.err)
+		return
+	}
+	r.settleEnd(sid, r.o.EndSessionSandbox(r.life, sid))
 }
