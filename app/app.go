@@ -386,7 +386,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	a, err := Start(ctx, opts.Config, Deps{Logger: log, ConfigFile: opts.ConfigFile, AccessLog: opts.AccessLog, Pprof: opts.Pprof})
 	if errors.Is(err, ErrConfig) {
-		log.Error(err.Error())
+		ErrorLine(stderr, opts.LogFormat, err.Error())
 		return 2
 	}
 	if err != nil {
@@ -414,8 +414,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // format asked for (logrus text, or JSON for "json").
 func ErrorLine(w io.Writer, format, msg string) {
 	log, err := NewLogger(w, format, "info")
-	if err != nil {
+	if err != nil || format != "json" {
 		log, _ = NewLogger(w, "text", "info")
+		// Unquoted, so that the keys and values the message names read as
+		// written ("port", not \"port\"); the message is one line.
+		log.SetFormatter(&logrus.TextFormatter{FullTimestamp: true, DisableQuote: true})
 	}
 	log.Error(msg)
 }
