@@ -118,6 +118,12 @@ func TestIdleSessionIsEnded(t *testing.T) {
 	if err != nil || len(ck.Records) != 2 {
 		t.Fatalf("checkpoint ck1 after the idle end: %v records, %v", len(ck.Records), err)
 	}
+	// The next checkpoint exports the session left.
+	c := h.checkpoint("ck2", "/ck/2")
+	if eps := c["episode_ids"].([]any); len(eps) != 1 || eps[0] != "r1" {
+		t.Fatalf("checkpoint after the idle end exported %v, want r1", eps)
+	}
+	h.op("resume", "ck2", nil)
 	// The timeout counts from the last use: a session is never ended
 	// while a call of it runs.
 	done, release := h.heldAppend(busy, "/append_note")

@@ -66,3 +66,38 @@ func TestMaxSessionsBoundsStarts(t *testing.T) {
 		t.Fatalf("a start once a place is free: %v", err)
 	}
 }
+
+// TestReapIdleWaitsOutACommit: an idle end racing a commit would fail it, so
+// a reap while one runs ends nothing; the next one does.
+func TestReapIdleWaitsOutACommit(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(func(c *owner.Config) { c.IdleTimeout = time.Hour })
+	if _, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, nil, "/w"); err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	e.fk.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpSnapshot && c.Phase == fake.PhaseBegin {
+			close(entered)
+			<-release
+		}
+	})
+	committed := make(chan error, 1)
+	go func() {
+		_, err := o.Commit(context.Background(), owner.CommitRequest{CheckpointID: "ck1"})
+		committed <- err
+	}()
+	<-entered
+	later := e.clk.Now().Add(2 * time.Hour)
+	if ended, err := o.ReapIdle(context.Background(), later); err != nil || len(ended) != 0 {
+		t.Fatalf("reap during a commit: %v, %v; want nothing ended", ended, err)
+	}
+	close(release)
+	if err := <-committed; err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	e.fk.SetHook(nil)
+	if ended, err := o.ReapIdle(context.Background(), later); err != nil || len(ended) != 1 {
+		t.Fatalf("reap after the commit: %v, %v; want s1", ended, err)
+	}
+}

@@ -875,6 +875,12 @@ func (o *Owner) ReapIdle(ctx context.Context, now time.Time) ([]string, error) {
 	if o.cfg.IdleTimeout <= 0 {
 		return nil, nil
 	}
+	// Not during a commit, restore, retire or release: an end racing a
+	// commit fails it. The next tick reaps instead.
+	if !o.ctl.TryLock() {
+		return nil, nil
+	}
+	defer o.ctl.Unlock()
 	refs, err := o.sessions()
 	if err != nil {
 		return nil, err
