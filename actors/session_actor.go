@@ -69,7 +69,7 @@ type sessionActor struct {
 func SessionProps(env *SessionEnv, state func() *Session) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		s := state()
-		return &sessionActor{env: env, s: s, log: env.Log.WithField("session", s.ID)}
+		return &sessionActor{env: env, s: s, log: env.Log.WithField("session_id", s.ID)}
 	})
 }
 
@@ -101,7 +101,7 @@ func (a *sessionActor) abandon() {
 		return
 	}
 	h := a.s.Sandbox.Handle
-	a.log.WithField("sandbox", h.SandboxID).Warn("session actor stopped while holding a sandbox; stopping it")
+	a.log.WithField("sandbox_id", h.SandboxID).Warn("session actor stopped while holding a sandbox; stopping it")
 	go func() {
 		ctx, cancel := context.WithTimeout(a.env.base(), a.stopTimeout())
 		defer cancel()
@@ -200,7 +200,7 @@ func (a *sessionActor) start(e effStart, feed func(any)) {
 		stopCtx, cancel := context.WithTimeout(a.env.base(), a.stopTimeout())
 		defer cancel()
 		if serr := provider.StopRetrying(stopCtx, p, h); serr != nil {
-			a.log.WithError(serr).WithField("sandbox", h.SandboxID).Warn("stopping the sandbox of a failed setup failed")
+			a.log.WithError(serr).WithField("sandbox_id", h.SandboxID).Warn("stopping the sandbox of a failed setup failed")
 		}
 		feed(startDone{Seq: e.Seq, Err: err})
 		return
@@ -364,7 +364,7 @@ func (a *sessionActor) renew(e effRenew, feed func(any)) {
 	defer cancel()
 	err := l.Renew(ctx, e.Handle, e.Until)
 	if err != nil {
-		a.log.WithError(err).WithField("sandbox", e.Handle.SandboxID).Warn("lease renewal failed")
+		a.log.WithError(err).WithField("sandbox_id", e.Handle.SandboxID).Warn("lease renewal failed")
 	}
 	feed(renewDone{Seq: e.Seq, Until: e.Until, Err: err})
 }

@@ -3,13 +3,13 @@ package control
 import (
 	"context"
 	"errors"
-	"io"
 	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/logs"
 )
 
 // Hooks are the participant's effects. The machine calls CloseAdmission and
@@ -135,9 +135,7 @@ func New(cfg Config) *Machine {
 		cfg.MaxDeadline = DefaultMaxDeadline
 	}
 	if cfg.Logger == nil {
-		l := logrus.New()
-		l.SetOutput(io.Discard)
-		cfg.Logger = l
+		cfg.Logger = logs.Discard()
 	}
 	return &Machine{
 		cfg:     cfg,
@@ -337,7 +335,9 @@ func (m *Machine) Commit(ctx context.Context, req CommitRequest) (CommitReply, e
 	for {
 		out := m.step(InCommit{Req: req})
 		if out.Start {
-			go m.runCommit(req)
+			// Shielded from the caller's deadline: the run goes on, and a
+			// retry awaits it.
+			go m.runCommit(context.WithoutCancel(ctx), req)
 		}
 		v, err := out.Reply, out.Err
 		if out.Await != nil {
@@ -350,12 +350,12 @@ func (m *Machine) Commit(ctx context.Context, req CommitRequest) (CommitReply, e
 	}
 }
 
-func (m *Machine) runCommit(req CommitRequest) {
+func (m *Machine) runCommit(ctx context.Context, req CommitRequest) {
 	out := m.step(InCommitCheck{Req: req, Report: m.hooks.Readiness()})
 	if !out.Start {
 		return
 	}
-	res, err := m.hooks.Commit(context.Background(), req)
+	res, err := m.hooks.Commit(ctx, req)
 	m.step(InCommitDone{Req: req, Result: res, Err: err})
 }
 
@@ -366,8 +366,9 @@ func (m *Machine) Restore(ctx context.Context, req RestoreRequest) (RestoreReply
 	for {
 		out := m.step(InRestore{Req: req})
 		if out.Start {
+			shielded := context.WithoutCancel(ctx)
 			go func() {
-				res, err := m.hooks.Restore(context.Background(), req)
+				res, err := m.hooks.Restore(shielded, req)
 				m.step(InRestoreDone{Req: req, Result: res, Err: err})
 			}()
 		}

@@ -140,7 +140,7 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 		sess.Episode, sess.HasEpisode = s.part.BoundEpisode(sess.ID)
 	}
 	ctx.SetUserValue(sessionValue, sess.ID)
-	sess.Log = s.log.WithField("session", sess.ID)
+	sess.Log = s.log.WithField("session_id", sess.ID)
 	if sess.HasEpisode {
 		sess.Log = sess.Log.WithField("episode", sess.Episode.CaptureKey())
 	}
@@ -176,7 +176,7 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 	case kindClose:
 		reply, err = s.closeSession(rctx, ctx, sess, body)
 	case kindAccess:
-		reply, err = s.sandboxAccess(sess)
+		reply, err = s.sandboxAccess(rctx, sess)
 	case kindTool:
 		reply, err = tool(rctx, sess, body)
 	}
@@ -256,12 +256,12 @@ type Connection struct {
 	Descriptor        map[string]any `json:"descriptor"`
 }
 
-func (s *Server) sandboxAccess(sess *Session) (*Access, error) {
+func (s *Server) sandboxAccess(ctx context.Context, sess *Session) (*Access, error) {
 	noAccess := Errorf(nethttp.StatusNotFound, CodeNoSandboxAccess, "this session has no sandbox access")
 	if !s.res.LendsSandboxes() {
 		return nil, noAccess
 	}
-	sb, ok := s.own.SessionSandbox(sess.ID)
+	sb, ok := s.own.SessionSandbox(ctx, sess.ID)
 	if !ok {
 		return nil, noAccess
 	}

@@ -229,7 +229,7 @@ func (s *Server) seedTyped(ctx context.Context, sess *Session, t *typedSeed) (an
 	}
 	rep := TypedSeedReply{ResourcesSessionID: sess.ID}
 	if s.res.LendsSandboxes() {
-		a, err := s.sandboxAccess(sess)
+		a, err := s.sandboxAccess(ctx, sess)
 		var he *Error
 		switch {
 		case errors.As(err, &he) && he.Code == CodeNoSandboxAccess:

@@ -32,7 +32,7 @@ func TestSandboxDeletedBehindTheOwnerIsRefusedNeverGraded(t *testing.T) {
 	h.ok(h.post(lost, "/ng-rollout/r1/seed_session", nil), "seed r1")
 	h.ok(h.post(kept, "/ng-rollout/r2/seed_session", nil), "seed r2")
 	h.ok(h.post(lost, "/append_note", map[string]any{"line": "one"}), "append before the loss")
-	sb, ok := h.own.SessionSandbox(sessionID(lost))
+	sb, ok := h.own.SessionSandbox(context.Background(), sessionID(lost))
 	if !ok {
 		t.Fatal("no sandbox")
 	}

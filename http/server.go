@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/internal/envelope"
 	"github.com/sandboxowner/owner/internal/fifo"
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/metrics"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/participant"
@@ -182,7 +183,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("%w: Owner and Resources are required", ErrConfig)
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = logrus.New()
+		cfg.Logger = logs.Discard()
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}

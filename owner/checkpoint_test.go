@@ -328,7 +328,7 @@ func TestCrashThenFreshOwnerRestores(t *testing.T) {
 	if diff := cmp.Diff([]string{"one"}, notes(t, o2, "s1")); diff != "" {
 		t.Fatalf("restored notes (-want +got):\n%s", diff)
 	}
-	if got := string(o2.SessionData("s1")); got != `{"seed_token":"tok-s1"}` {
+	if got := string(o2.SessionData(context.Background(), "s1")); got != `{"seed_token":"tok-s1"}` {
 		t.Fatalf("restored data %s", got)
 	}
 	if _, _, fate := o2.SandboxFate(sb1.Handle.SandboxID); fate != owner.FateSuperseded {
@@ -417,7 +417,7 @@ func TestRestoreValidatesEveryRecordBeforeTouchingTheProvider(t *testing.T) {
 	if _, err := o.Restore(context.Background(), owner.RestoreRequest{CheckpointID: "no-data"}); err != nil {
 		t.Fatal(err)
 	}
-	if got := string(o.SessionData("no-data")); got != "{}" {
+	if got := string(o.SessionData(context.Background(), "no-data")); got != "{}" {
 		t.Fatalf("data of a record without data = %s, want {}", got)
 	}
 }
@@ -483,7 +483,7 @@ func TestRetireKeepsSnapshotsAndRetriesFailedStops(t *testing.T) {
 	if err == nil || len(res.Failed) != 1 {
 		t.Fatalf("retire with a failing stop: %+v, %v", res, err)
 	}
-	if _, err := o.RequireSessionSandbox("s1"); err != nil {
+	if _, err := o.RequireSessionSandbox(context.Background(), "s1"); err != nil {
 		t.Fatalf("a failed stop dropped the session: %v", err)
 	}
 	res, err = o.Retire(context.Background(), []string{"s1", "s2"})
@@ -530,7 +530,7 @@ func TestCommitWithStopParks(t *testing.T) {
 		if err != nil || len(res.Parked) != 0 {
 			t.Fatalf("%+v, %v", res, err)
 		}
-		if _, err := o.RequireSessionSandbox("s1"); err != nil {
+		if _, err := o.RequireSessionSandbox(context.Background(), "s1"); err != nil {
 			t.Fatalf("on_stop none stopped the session: %v", err)
 		}
 	})

@@ -112,7 +112,7 @@ func (o *Owner) Commit(ctx context.Context, req CommitRequest) (CommitResult, er
 	}
 	o.ctl.Lock()
 	defer o.ctl.Unlock()
-	log := o.log.WithField("checkpoint", req.CheckpointID)
+	log := o.log.WithField("checkpoint_id", req.CheckpointID)
 
 	if ck, err := o.index.Checkpoint(req.CheckpointID); err == nil {
 		res.Existing, res.Meta = true, ck.Meta

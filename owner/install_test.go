@@ -68,7 +68,7 @@ func TestRestoreRacedBySeedInstallsNothing(t *testing.T) {
 	if diff := cmp.Diff([]string{raced.Handle.SandboxID}, live); diff != "" {
 		t.Fatalf("live sandboxes after the failed restore (-want +got):\n%s", diff)
 	}
-	if sb, err := o.RequireSessionSandbox("s2"); err != nil || sb.Handle.SandboxID != raced.Handle.SandboxID || sb.Restored {
+	if sb, err := o.RequireSessionSandbox(context.Background(), "s2"); err != nil || sb.Handle.SandboxID != raced.Handle.SandboxID || sb.Restored {
 		t.Fatalf("the raced session holds %+v (%v), want its own sandbox %s", sb.Handle, err, raced.Handle.SandboxID)
 	}
 }

@@ -44,7 +44,7 @@ func TestOwnerRenewsTheLeasesItHolds(t *testing.T) {
 	if reaped := e.fk.Reap(); len(reaped) != 0 {
 		t.Fatalf("a renewed sandbox was reaped: %v", reaped)
 	}
-	if _, err := o.RequireSessionSandbox("s1"); err != nil {
+	if _, err := o.RequireSessionSandbox(context.Background(), "s1"); err != nil {
 		t.Fatal(err)
 	}
 	// A sandbox nobody renews is reaped once its TTL has passed.

@@ -42,7 +42,7 @@ func TestRequestsAfterAnEndSeeNoSessionSandbox(t *testing.T) {
 		if err := o.Do(ctx, sid, noop); !errors.Is(err, owner.ErrNoSessionSandbox) {
 			t.Fatalf("%s: Do after the end: %v, want ErrNoSessionSandbox", sid, err)
 		}
-		if _, err := o.RequireSessionSandbox(sid); !errors.Is(err, owner.ErrNoSessionSandbox) {
+		if _, err := o.RequireSessionSandbox(context.Background(), sid); !errors.Is(err, owner.ErrNoSessionSandbox) {
 			t.Fatalf("%s: RequireSessionSandbox after the end: %v", sid, err)
 		}
 		if err := o.EndSessionSandbox(ctx, sid); err != nil {

@@ -27,7 +27,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -39,6 +38,7 @@ import (
 
 	"github.com/sandboxowner/owner/actors"
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -215,8 +215,7 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 		cfg.Clock = clock.Real{}
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = logrus.New()
-		cfg.Logger.SetOutput(io.Discard)
+		cfg.Logger = logs.Discard()
 	}
 	if cfg.Checkpoint.Parallelism <= 0 {
 		cfg.Checkpoint.Parallelism = 16
@@ -620,14 +619,14 @@ func (o *Owner) settle() {
 
 // SessionSandbox returns the session's sandbox, including one a restore
 // rebuilt. ok is false when it holds none (unknown, in setup, ended).
-func (o *Owner) SessionSandbox(sessionID string) (Sandbox, bool) {
-	sb, err := o.RequireSessionSandbox(sessionID)
+func (o *Owner) SessionSandbox(ctx context.Context, sessionID string) (Sandbox, bool) {
+	sb, err := o.RequireSessionSandbox(ctx, sessionID)
 	return sb, err == nil
 }
 
 // RequireSessionSandbox is SessionSandbox with ErrNoSessionSandbox when
 // there is none, so that a resent verify is refused instead of graded 0.
-func (o *Owner) RequireSessionSandbox(sessionID string) (Sandbox, error) {
+func (o *Owner) RequireSessionSandbox(ctx context.Context, sessionID string) (Sandbox, error) {
 	pid, err := o.lookup(sessionID)
 	if err != nil {
 		return Sandbox{}, err
@@ -635,7 +634,9 @@ func (o *Owner) RequireSessionSandbox(sessionID string) (Sandbox, error) {
 	if pid == nil {
 		return Sandbox{}, fmt.Errorf("%w: session %q", ErrNoSessionSandbox, sessionID)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// A session answers a view at once unless its mailbox is stuck: bound
+	// the wait even for a caller without a deadline.
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	rep, err := o.view(ctx, pid)
 	if err == nil && rep.Lost {
@@ -649,8 +650,8 @@ func (o *Owner) RequireSessionSandbox(sessionID string) (Sandbox, error) {
 
 // SessionData is the session's setup object ({} when setup returned none or
 // the session holds no sandbox).
-func (o *Owner) SessionData(sessionID string) json.RawMessage {
-	sb, ok := o.SessionSandbox(sessionID)
+func (o *Owner) SessionData(ctx context.Context, sessionID string) json.RawMessage {
+	sb, ok := o.SessionSandbox(ctx, sessionID)
 	if !ok || len(sb.Data) == 0 {
 		return json.RawMessage("{}")
 	}
@@ -762,7 +763,7 @@ func (o *Owner) onOrphan(sessionID, snapshotID string) {
 	if o.index == nil {
 		return
 	}
-	o.log.WithFields(logrus.Fields{"session": sessionID, "snapshot": snapshotID}).Warn("snapshot arrived after its checkpoint failed; deleting it")
+	o.log.WithFields(logrus.Fields{"session_id": sessionID, "snapshot_id": snapshotID}).Warn("snapshot arrived after its checkpoint failed; deleting it")
 	o.bg.Add(1)
 	go func() {
 		defer o.bg.Done()

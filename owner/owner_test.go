@@ -35,17 +35,17 @@ func TestWorkdirDefaultsToPwdAndDataRoundTrips(t *testing.T) {
 	if sb.Workdir != fake.DefaultWorkdir {
 		t.Fatalf("workdir = %q, want %q", sb.Workdir, fake.DefaultWorkdir)
 	}
-	if diff := cmp.Diff(`{"seed_token":"tok-s1"}`, string(o.SessionData("s1"))); diff != "" {
+	if diff := cmp.Diff(`{"seed_token":"tok-s1"}`, string(o.SessionData(context.Background(), "s1"))); diff != "" {
 		t.Fatalf("session data (-want +got):\n%s", diff)
 	}
 	// A setup that returns nothing gives {}.
 	if _, err := o.StartSessionSandbox(context.Background(), "s2", provider.Spec{}, nil, "/w"); err != nil {
 		t.Fatal(err)
 	}
-	if got := string(o.SessionData("s2")); got != "{}" {
+	if got := string(o.SessionData(context.Background(), "s2")); got != "{}" {
 		t.Fatalf("data without setup = %s, want {}", got)
 	}
-	if got := string(o.SessionData("nobody")); got != "{}" {
+	if got := string(o.SessionData(context.Background(), "nobody")); got != "{}" {
 		t.Fatalf("data of unknown session = %s, want {}", got)
 	}
 }
@@ -76,7 +76,7 @@ func TestFailedSetupStopsSandboxAndTracksNothing(t *testing.T) {
 			if got := e.fk.Stats().LiveSandboxes; got != 0 {
 				t.Fatalf("live sandboxes after failed setup = %d, want 0", got)
 			}
-			if _, err := o.RequireSessionSandbox("s1"); !errors.Is(err, owner.ErrNoSessionSandbox) {
+			if _, err := o.RequireSessionSandbox(context.Background(), "s1"); !errors.Is(err, owner.ErrNoSessionSandbox) {
 				t.Fatalf("require after failed setup: %v", err)
 			}
 			// No empty actor stays behind for the session.
@@ -97,14 +97,14 @@ func TestFailedSetupStopsSandboxAndTracksNothing(t *testing.T) {
 func TestRequireWithoutSandboxIsTyped(t *testing.T) {
 	e := newEnv(t)
 	o := e.open()
-	if _, err := o.RequireSessionSandbox("s1"); !errors.Is(err, owner.ErrNoSessionSandbox) {
+	if _, err := o.RequireSessionSandbox(context.Background(), "s1"); !errors.Is(err, owner.ErrNoSessionSandbox) {
 		t.Fatalf("got %v, want ErrNoSessionSandbox", err)
 	}
 	seed(t, o, "s1")
 	if err := o.EndSessionSandbox(context.Background(), "s1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := o.RequireSessionSandbox("s1"); !errors.Is(err, owner.ErrNoSessionSandbox) {
+	if _, err := o.RequireSessionSandbox(context.Background(), "s1"); !errors.Is(err, owner.ErrNoSessionSandbox) {
 		t.Fatalf("after end: got %v, want ErrNoSessionSandbox", err)
 	}
 	err := o.Do(context.Background(), "s1", func(context.Context, provider.Provider, owner.Sandbox) error { return nil })

@@ -34,7 +34,7 @@ func TestRequestsRacingAnEndSeeNoSessionSandbox(t *testing.T) {
 					if err := o.Do(ctx, sid, noop); err != nil && !errors.Is(err, owner.ErrNoSessionSandbox) {
 						t.Errorf("do: %v", err)
 					}
-					_, _ = o.RequireSessionSandbox(sid)
+					_, _ = o.RequireSessionSandbox(context.Background(), sid)
 					if err := o.EndSessionSandbox(ctx, sid); err != nil {
 						t.Errorf("end: %v", err)
 					}

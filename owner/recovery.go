@@ -48,7 +48,7 @@ func (o *Owner) recoverIndex(ctx context.Context) error {
 			continue
 		}
 		ids := toSet(o.listSnapshotsByTag(ctx, body.Tag))
-		o.log.WithFields(logrus.Fields{"checkpoint": in.ID, "snapshots": len(ids)}).Warn("a commit did not finish before the last stop; deleting its snapshots")
+		o.log.WithFields(logrus.Fields{"checkpoint_id": in.ID, "snapshots": len(ids)}).Warn("a commit did not finish before the last stop; deleting its snapshots")
 		if err := o.index.AddTombstones(o.tombstones(ids, "unfinished commit "+in.ID), key); err != nil {
 			return err
 		}

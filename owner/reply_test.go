@@ -97,7 +97,7 @@ func TestAnAbandonedSlotIsNotReused(t *testing.T) {
 	// Every slot in the free list gets used; a reused abandoned one would
 	// hand a GetSandbox the stale DoReply.
 	for i := 0; i < 2*maxFreeReplies/1024+8; i++ {
-		sb, err := o.RequireSessionSandbox("s1")
+		sb, err := o.RequireSessionSandbox(context.Background(), "s1")
 		if err != nil || sb.Handle.SandboxID == "" {
 			t.Fatalf("view %d: %+v, %v", i, sb, err)
 		}

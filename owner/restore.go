@@ -134,7 +134,7 @@ func (o *Owner) Restore(ctx context.Context, req RestoreRequest) (RestoreResult,
 		old = append(old, r.Sandbox)
 	}
 	res.Superseded, res.SupersedeFailed = o.stopHandles(old)
-	o.log.WithFields(logrus.Fields{"checkpoint": req.CheckpointID, "sessions": len(installed), "superseded": len(res.Superseded)}).Info("checkpoint restored")
+	o.log.WithFields(logrus.Fields{"checkpoint_id": req.CheckpointID, "sessions": len(installed), "superseded": len(res.Superseded)}).Info("checkpoint restored")
 	return res, nil
 }
 

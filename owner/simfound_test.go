@@ -96,7 +96,7 @@ func TestFailedRestoreRollbackSparesForksLiveSessionsHold(t *testing.T) {
 	if _, err := o.Restore(context.Background(), owner.RestoreRequest{CheckpointID: "c1", Sessions: []string{"s1"}}); err != nil {
 		t.Fatal(err)
 	}
-	held, err := o.RequireSessionSandbox("s1")
+	held, err := o.RequireSessionSandbox(context.Background(), "s1")
 	if err != nil {
 		t.Fatal(err)
 	}

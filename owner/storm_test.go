@@ -82,7 +82,7 @@ func TestStormLeavesIndexAndProviderConsistent(t *testing.T) {
 	}
 	var held []string
 	for _, sid := range ids {
-		if sb, ok := o.SessionSandbox(sid); ok {
+		if sb, ok := o.SessionSandbox(context.Background(), sid); ok {
 			held = append(held, sb.Handle.SandboxID)
 		}
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -103,7 +104,7 @@ type Participant struct {
 // New returns a participant with an idle control machine.
 func New(cfg Config) *Participant {
 	if cfg.Logger == nil {
-		cfg.Logger = logrus.New()
+		cfg.Logger = logs.Discard()
 	}
 	p := &Participant{
 		own:      cfg.Owner,

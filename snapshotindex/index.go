@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/dgraph-io/badger/v4"
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
 )
 
@@ -124,12 +124,7 @@ type Index struct {
 // the current schema version; an existing one must carry it, or Open fails
 // with ErrSchemaVersion.
 func Open(dir string, opts Options) (*Index, error) {
-	log := opts.Logger
-	if log == nil {
-		l := logrus.New()
-		l.SetOutput(io.Discard)
-		log = l
-	}
+	log := logs.Or(opts.Logger)
 	log = log.WithField("component", "snapshotindex")
 
 	var bopts badger.Options

@@ -85,7 +85,7 @@ func BenchmarkSessionSandbox(b *testing.B) {
 	o := benchOwner(b, 1)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, ok := o.SessionSandbox("s-000000"); !ok {
+		if _, ok := o.SessionSandbox(context.Background(), "s-000000"); !ok {
 			b.Fatal("no sandbox")
 		}
 	}

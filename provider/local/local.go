@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
 )
 
@@ -267,9 +267,7 @@ func New(opts Options) (_ *Provider, err error) {
 		p.clk = clock.Real{}
 	}
 	if p.log == nil {
-		l := logrus.New()
-		l.SetOutput(io.Discard)
-		p.log = l
+		p.log = logs.Discard()
 	}
 	p.log = p.log.WithField("provider", Name)
 	for name, dir := range opts.Templates {

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"math"
 	rand2 "math/rand/v2"
@@ -22,6 +21,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
 )
 
@@ -135,12 +135,7 @@ func New(opts Options) (*Provider, error) {
 		tr.MaxIdleConnsPerHost = 64
 		opts.HTTPClient = &http.Client{Transport: tr}
 	}
-	log := opts.Logger
-	if log == nil {
-		l := logrus.New()
-		l.SetOutput(io.Discard)
-		log = l
-	}
+	log := logs.Or(opts.Logger)
 	return &Provider{
 		opts:      opts,
 		base:      opts.Protocol + "://" + opts.Domain + "/v1",

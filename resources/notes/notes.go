@@ -115,13 +115,13 @@ func setup(ctx context.Context, p provider.Provider, sb owner.Sandbox) (json.Raw
 func (s *Server) Seed(ctx context.Context, sess *resources.Session, _ []byte) (any, error) {
 	sb, err := sess.Owner.StartSessionSandbox(ctx, sess.ID, s.spec(), setup, s.opts.Workdir)
 	if errors.Is(err, owner.ErrSandboxExists) {
-		sb, err = sess.Owner.RequireSessionSandbox(sess.ID)
+		sb, err = sess.Owner.RequireSessionSandbox(ctx, sess.ID)
 	}
 	if err != nil {
 		return nil, err
 	}
 	if sb.Restored {
-		sess.Log.WithField("sandbox", sb.Handle.SandboxID).Info("re-seed of a restored session: the fork")
+		sess.Log.WithField("sandbox_id", sb.Handle.SandboxID).Info("re-seed of a restored session: the fork")
 	}
 	return json.RawMessage(sb.Data), nil
 }

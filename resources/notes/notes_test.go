@@ -73,7 +73,7 @@ func TestNotesOnEveryProvider(t *testing.T) {
 			if rep.Reward != 1 || !rep.TokenMatches {
 				t.Errorf("verify: %+v", rep)
 			}
-			if _, ok := own.SessionSandbox("s1"); ok {
+			if _, ok := own.SessionSandbox(context.Background(), "s1"); ok {
 				t.Error("verify did not end the session")
 			}
 		})
@@ -96,7 +96,7 @@ func TestVerifyRewardsZero(t *testing.T) {
 	}{
 		{name: "other notes", expect: `{"expected_notes":["two"]}`},
 		{name: "a token that does not match", expect: `{"expected_notes":["one"]}`, break_: func(sess *resources.Session) {
-			sb, _ := own.SessionSandbox(sess.ID)
+			sb, _ := own.SessionSandbox(context.Background(), sess.ID)
 			if err := fk.WriteFile(ctx, sb.Handle, notes.TokenFile, []byte("forged")); err != nil {
 				t.Fatal(err)
 			}

@@ -70,7 +70,7 @@ func TestGoldenPatchInstanceResolvesAndLendsNothing(t *testing.T) {
 			if seed.SandboxHandle != nil {
 				t.Errorf("the golden seed lent sandbox %s", *seed.SandboxHandle)
 			}
-			if _, err := own.RequireSessionSandbox(sid); !errors.Is(err, owner.ErrNoSessionSandbox) {
+			if _, err := own.RequireSessionSandbox(context.Background(), sid); !errors.Is(err, owner.ErrNoSessionSandbox) {
 				t.Errorf("RequireSessionSandbox = %v, want ErrNoSessionSandbox (so /sandbox_access is 404)", err)
 			}
 			res, err := srv.VerifySession(context.Background(), own, sid, mustJSON(t, row))

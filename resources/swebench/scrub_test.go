@@ -56,7 +56,7 @@ func TestScrubLeavesTheFixUnreachable(t *testing.T) {
 			t.Errorf("%s: %q, want %q", cmd, got, want)
 		}
 	}
-	d, err := ParseSessionData(w.own.SessionData("s-scrub"))
+	d, err := ParseSessionData(w.own.SessionData(context.Background(), "s-scrub"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestPristineUntrackedFilesNeverEnterThePatch(t *testing.T) {
 	row := tk.row("example__calc-1")
 	row["image"] = img
 	seed := w.seed("s-pristine", row)
-	d, _ := ParseSessionData(w.own.SessionData("s-pristine"))
+	d, _ := ParseSessionData(w.own.SessionData(context.Background(), "s-pristine"))
 	if diff := cmp.Diff([]string{"build/", "local.cfg"}, d.PristineUntracked); diff != "" {
 		t.Fatalf("pristine untracked (-want +got):\n%s", diff)
 	}
@@ -143,7 +143,7 @@ func TestAFailingScrubRefusesTheSeedAndLeavesNothingRunning(t *testing.T) {
 			if !errors.Is(err, ErrScrub) || !errors.Is(err, owner.ErrSetup) {
 				t.Fatalf("seed err = %v, want ErrScrub and owner.ErrSetup", err)
 			}
-			if _, ok := w.own.SessionSandbox("s-bad-scrub"); ok {
+			if _, ok := w.own.SessionSandbox(context.Background(), "s-bad-scrub"); ok {
 				t.Error("the session holds a sandbox after a failed scrub")
 			}
 			if live := w.liveSandboxes(); len(live) != 0 {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"sync"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
@@ -91,9 +91,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.name = Kind
 	}
 	if s.log == nil {
-		l := logrus.New()
-		l.SetOutput(io.Discard)
-		s.log = l
+		s.log = logs.Discard()
 	}
 	s.log = s.log.WithField("resources", Kind)
 	if cfg.ShareCachesWithAgent {
@@ -219,7 +217,7 @@ func (s *Server) seed(ctx context.Context, own *owner.Owner, sessionID string, b
 	}
 	sb, err := own.StartSessionSandbox(ctx, sessionID, s.spec(p, r.image, row, roleAgent, r.env), s.setup(row, r.image, log), s.cfg.Workdir)
 	if errors.Is(err, owner.ErrSandboxExists) {
-		sb, err = own.RequireSessionSandbox(sessionID)
+		sb, err = own.RequireSessionSandbox(ctx, sessionID)
 	}
 	if err != nil {
 		return SeedResult{}, fmt.Errorf("swebench: seed %s: %w", row.InstanceID, err)
@@ -482,7 +480,7 @@ func (s *Server) verify(ctx context.Context, own *owner.Owner, sessionID string,
 // session. An extraction that fails gives an empty patch (as upstream's), with
 // the reason in the reply.
 func (s *Server) takePatch(ctx context.Context, own *owner.Owner, sessionID string, row Row, res *VerifyResult, log logrus.FieldLogger) (string, error) {
-	sb, err := own.RequireSessionSandbox(sessionID)
+	sb, err := own.RequireSessionSandbox(ctx, sessionID)
 	if err != nil {
 		return "", fmt.Errorf("swebench: verify %s: %w", row.InstanceID, err)
 	}

@@ -63,7 +63,7 @@ func TestGoldPatchAppliedByTheAgentResolves(t *testing.T) {
 			if !strings.Contains(res.TestOutput, "--- PASS: TestAbs") {
 				t.Errorf("test_output lacks the tests:\n%s", res.TestOutput)
 			}
-			if _, ok := w.own.SessionSandbox(sid); ok {
+			if _, ok := w.own.SessionSandbox(context.Background(), sid); ok {
 				t.Error("the agent's session still holds a sandbox after verify")
 			}
 			if live := w.liveSandboxes(); len(live) != 0 {

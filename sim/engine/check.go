@@ -129,7 +129,7 @@ func (r *run) held() (map[string]string, bool) {
 		if s.restored {
 			inv = ExactRestore
 		}
-		sb, err := r.o.RequireSessionSandbox(sid)
+		sb, err := r.o.RequireSessionSandbox(r.life, sid)
 		if err != nil {
 			r.violate(inv, "live session %s has no sandbox: %v", sid, err)
 			continue

@@ -156,7 +156,7 @@ func TestChecksSeeWhatTheOwnerDidNot(t *testing.T) {
 				return
 			}
 			for _, sid := range r.m.live() {
-				sb, err := r.o.RequireSessionSandbox(sid)
+				sb, err := r.o.RequireSessionSandbox(context.Background(), sid)
 				if err != nil {
 					continue
 				}
@@ -187,7 +187,7 @@ func TestStepChecksCatchSabotage(t *testing.T) {
 				return
 			}
 			for _, sid := range r.m.live() {
-				sb, err := r.o.RequireSessionSandbox(sid)
+				sb, err := r.o.RequireSessionSandbox(context.Background(), sid)
 				if err != nil {
 					continue
 				}

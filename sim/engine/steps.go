@@ -212,7 +212,7 @@ type verdict struct {
 // then the session ends. A session without a sandbox is refused.
 func (r *run) verify(ctx context.Context, sid string, expected []string) verdict {
 	var v verdict
-	if _, err := r.o.RequireSessionSandbox(sid); err != nil {
+	if _, err := r.o.RequireSessionSandbox(r.life, sid); err != nil {
 		if isNoSandbox(err) || isLost(err) {
 			v.refused, v.lost = true, isLost(err)
 		} else {
@@ -397,7 +397,7 @@ func (r *run) opCommit() {
 	switch snapFault {
 	case FaultSnapshotFail:
 		if len(live) > 0 && r.rng.IntN(2) == 0 {
-			sb, err := r.o.RequireSessionSandbox(sample(r.rng, live))
+			sb, err := r.o.RequireSessionSandbox(r.life, sample(r.rng, live))
 			if err == nil {
 				r.fk.FailNextFor(fake.OpSnapshot, sb.Handle.SandboxID, 1)
 			}
@@ -888,7 +888,7 @@ func (r *run) checkRolledBack(id, incarnation string) {
 // heldBy tells which live session holds sandbox id.
 func (r *run) heldBy(id string) (string, bool) {
 	for _, sid := range r.m.live() {
-		if sb, err := r.o.RequireSessionSandbox(sid); err == nil && sb.Handle.SandboxID == id {
+		if sb, err := r.o.RequireSessionSandbox(r.life, sid); err == nil && sb.Handle.SandboxID == id {
 			return sid, true
 		}
 	}
@@ -1004,7 +1004,7 @@ func (r *run) opAdvance() {
 	var due []string
 	held := map[string]string{}
 	for _, sid := range r.m.live() {
-		sb, err := r.o.RequireSessionSandbox(sid)
+		sb, err := r.o.RequireSessionSandbox(r.life, sid)
 		if err != nil {
 			continue // the checks report it
 		}
@@ -1113,7 +1113,7 @@ func (r *run) chanceApart(f Fault) bool {
 // a reward: no empty grading), after which the session is ended.
 func (r *run) verifyLost(sid string) {
 	s := r.m.sessions[sid]
-	sb, ok := r.o.SessionSandbox(sid)
+	sb, ok := r.o.SessionSandbox(r.life, sid)
 	if !ok {
 		r.violate(LiveState, "live session %s holds no sandbox", sid)
 		return
