@@ -173,7 +173,7 @@ func TestAFailingEnvironmentStepMakesTheInstanceUnavailable(t *testing.T) {
 	if n := len(logged(hook, "swebench: environment step failed")); n != 1 {
 		t.Errorf("the failure was logged %d times", n)
 	}
-	if _, ok := w.own.SessionSandbox("s-1"); ok {
+	if _, ok := w.own.SessionSandbox(context.Background(), "s-1"); ok {
 		t.Error("the seed of an unavailable instance lent a sandbox")
 	}
 	if live := w.liveSandboxes(); len(live) != 0 {
