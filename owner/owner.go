@@ -147,6 +147,10 @@ type Config struct {
 	// RenewEvery starts a lease-renewal ticker on the clock; zero
 	// leaves renewal to Tick (tests, the simulation).
 	RenewEvery time.Duration
+	// Incarnation names this process's owner in sandbox labels (default a
+	// random id); the simulation derives it from its seed, so that a seed
+	// replays.
+	Incarnation string
 	// FateMemory bounds how many ended sandboxes are remembered for
 	// SandboxFate (default 65536).
 	FateMemory int
@@ -217,6 +221,9 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = logs.Discard()
 	}
+	if cfg.Incarnation == "" {
+		cfg.Incarnation = newIncarnation()
+	}
 	if cfg.Checkpoint.Parallelism <= 0 {
 		cfg.Checkpoint.Parallelism = 16
 	}
@@ -235,7 +242,7 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 		prov:        cfg.Provider,
 		clk:         cfg.Clock,
 		log:         cfg.Logger.WithField("server", cfg.Name),
-		incarnation: newIncarnation(),
+		incarnation: cfg.Incarnation,
 		limiter:     actors.NewLimiter(cfg.Checkpoint.Parallelism),
 		fates:       newFateMemory(cfg.FateMemory),
 		closed:      make(chan struct{}),

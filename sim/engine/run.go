@@ -184,6 +184,9 @@ type run struct {
 	pendingRelease []string // kept ids of a release a crash interrupted
 	releasing      bool
 
+	// incarnations counts the owners started, for their ids.
+	incarnations int
+
 	// sabotage, when set (by the engine's own tests), runs after every
 	// step to break the real state behind the owner's back.
 	sabotage func(r *run)
@@ -370,6 +373,9 @@ func (r *run) ownerConfig() owner.Config {
 		},
 		Clock:  r.clk,
 		Logger: r.log,
+		// From the seed and the number of owners so far: a seed replays
+		// its incarnation ids too.
+		Incarnation: fmt.Sprintf("%08x-%d", uint32(r.seed), r.incarnations),
 	}
 }
 
@@ -377,6 +383,7 @@ func (r *run) ownerConfig() owner.Config {
 func (r *run) startOwner() bool {
 	r.life, r.stopLife = context.WithCancel(context.Background())
 	r.proc = newProcess(r.fk, r.inner, r.calls.observe)
+	r.incarnations++
 	o, err := owner.New(r.life, r.ownerConfig())
 	if err != nil {
 		r.violate(Unexpected, "owner.New on the state_dir: %v", err)
