@@ -33,7 +33,11 @@
 //
 // State changes are computed from Options.Clock when a request looks, not by
 // timers, so a test on a clock.Manual is deterministic. The sandboxes' files
-// and commands are a Backend's (by default the in-memory fake provider): a
-// snapshot is the backend's snapshot of the files, never the processes, as
-// upstream keeps the rootfs only.
+// and commands are a Backend's (by default the in-memory fake provider), and
+// so are their ids, labels and leases: a snapshot is the backend's snapshot
+// of the files, never the processes, as upstream keeps the rootfs only.
+// With Options.SyncWithBackend the backend is the runtime of record (the
+// simulation injects its faults there).
+//
+// cmd/fakeopensandbox runs the server on its own.
 package opensandboxtest
