@@ -8,8 +8,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sandboxowner/owner/app"
+	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 )
@@ -162,5 +164,41 @@ func TestOpenSandboxSupersededSandboxAnswers410(t *testing.T) {
 	d2 := sandboxAccess(t, b, cookie).Connection.Descriptor
 	if s, body := execAs(t, d2.Endpoint, d2.Token, "cat agent.txt"); s != 200 || !strings.Contains(body, "hi") {
 		t.Fatalf("exec in the fork: %d %s", s, body)
+	}
+}
+
+// TestOpenSandboxLeaseRunsOut: a sandbox whose lease ran out on the
+// OpenSandbox server (nobody renewed it) is found gone: verify answers 409
+// sandbox_lost, never a reward.
+func TestOpenSandboxLeaseRunsOut(t *testing.T) {
+	clk := clock.NewManual(time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC))
+	srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: "env-key", Clock: clk})
+	t.Cleanup(srv.Close)
+	cfg := app.Defaults()
+	cfg.SessionSecret = "a-secret-of-sixteen-plus"
+	cfg.Sandbox.Provider = "opensandbox"
+	cfg.Sandbox.OpenSandbox.Domain = srv.Domain
+	cfg.Sandbox.OpenSandbox.APIKey = "env-key"
+	cfg.Sandbox.OpenSandbox.TTLSeconds = 60
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := app.Start(context.Background(), cfg, app.Deps{Listener: ln, Clock: clk, LeaseTick: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Stop(context.Background()) })
+	_, _, cookie := post(t, a.Addr().String(), "/ng-rollout/r1/seed_session", "", "{}")
+	if s, body, _ := post(t, a.Addr().String(), "/append_note", cookie, `{"line":"one"}`); s != 200 {
+		t.Fatalf("append_note: %d %s", s, body)
+	}
+	clk.Advance(61 * time.Second) // the owner is not ticked: nothing renews
+	s, body, _ := post(t, a.Addr().String(), "/verify", cookie, `{"expected_notes":["one"]}`)
+	if s != 409 || !strings.Contains(body, "sandbox_lost") {
+		t.Errorf("verify after the lease ran out: %d %s, want 409 sandbox_lost", s, body)
+	}
+	if st := srv.Stats(); st.Expired != 1 {
+		t.Errorf("expired %d, want the one sandbox", st.Expired)
 	}
 }

@@ -202,7 +202,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 	}
 	for i, path := range metas {
 		if err := s.backend.WriteFile(r.Context(), sb.backend, path, files[i]); err != nil {
-			writeError(w, http.StatusInternalServerError, "INTERNAL_ERROR", "%v", err)
+			s.backendError(w, "INTERNAL_ERROR", err)
 			return
 		}
 	}
@@ -221,7 +221,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 	case errors.Is(err, fs.ErrNotExist):
 		writeError(w, http.StatusNotFound, "FILE_NOT_FOUND", "%s: no such file", path)
 	case err != nil:
-		writeError(w, http.StatusInternalServerError, "INTERNAL_ERROR", "%v", err)
+		s.backendError(w, "INTERNAL_ERROR", err)
 	default:
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
