@@ -70,6 +70,9 @@ func run() int {
 		return fmt.Sprintf("go run ./sim -provider %s -seed %d -runs 1 -sessions %d -steps %d -faults %s -v", *prov, s, *sessions, *steps, f)
 	}
 	fmt.Fprintf(os.Stderr, "sim: %d runs from seed %d, %d sessions, %d steps, faults %s, %d at once\n", *runs, *seed, *sessions, *steps, f, *parallel)
+	// Said so that nobody takes a trace for an exact replay: the raced
+	// operations interleave as the Go scheduler runs them.
+	fmt.Fprintln(os.Stderr, "sim: mode real-goroutines (the owner's actors and Badger on disk; a seed replays its steps, not the interleaving of raced ones)")
 	sum := engine.NewSummary()
 	began := time.Now()
 	bar := engine.NewProgress(os.Stderr, isTerminal(os.Stderr), *runs)

@@ -8,7 +8,9 @@
 // writes .seed_token and returns it as session data), append notes, verify
 // (notes equal and tokens agree → 1.0, then the session ends), close, commit
 // (with and without stop), recommit, restore (after a crash, or in place),
-// retire, release and time passing. A model says what each session and
+// retire, release, time passing, and checkpoints through the control plane
+// (the participant's Step machine over the same owner: prepare, commit and
+// resume; a lease that runs out; a retire that fences an episode). A model says what each session and
 // checkpoint holds; after every step the invariants are checked against the
 // real state: the owner's sessions, its index (or, after a crash, the index
 // opened on disk) and the fake's sandboxes, snapshots and files.

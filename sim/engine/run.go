@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/participant"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -184,6 +185,8 @@ type run struct {
 	pendingRelease []string // kept ids of a release a crash interrupted
 	releasing      bool
 
+	// part is the participant over the current owner.
+	part *participant.Participant
 	// incarnations counts the owners started, for their ids.
 	incarnations int
 
@@ -391,6 +394,7 @@ func (r *run) startOwner() bool {
 		return false
 	}
 	r.o = o
+	r.part = r.newParticipant()
 	r.tracef("owner started (incarnation %s)", o.Incarnation())
 	return true
 }

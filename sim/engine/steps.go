@@ -38,6 +38,7 @@ func ops() []op {
 		{"retire", 3, (*run).opRetire},
 		{"release", 6, (*run).opRelease},
 		{"advance", 8, (*run).opAdvance},
+		{"control", 8, (*run).opControl},
 	}
 }
 
