@@ -39,6 +39,9 @@ type SessionEnv struct {
 	OnEnded func(sessionID string, stopped *provider.Handle, reason messages.StopReason)
 	// OnHeld is told when a session's start succeeded, before the reply.
 	OnHeld func(sessionID string, sb messages.Sandbox)
+	// OnLost is told once when a session's sandbox is found gone behind
+	// the owner's back. It must be safe for concurrent use.
+	OnLost func(sessionID string, sb messages.Sandbox)
 	// StopTimeout bounds a Stop call (default 2 minutes).
 	StopTimeout time.Duration
 	// Context, when set, bounds every provider call the session makes on
@@ -152,6 +155,9 @@ func (a *sessionActor) perform(ctx actor.Context, effects []any) {
 		case effLost:
 			a.log.WithFields(logrus.Fields{"session_id": a.s.ID, "sandbox_id": e.Sandbox.Handle.SandboxID, "cause": fmt.Sprint(e.Cause)}).
 				Warn("the session's sandbox is gone behind the owner's back: its calls and verify are refused (sandbox_lost) and no checkpoint exports it")
+			if a.env.OnLost != nil {
+				a.env.OnLost(a.s.ID, e.Sandbox)
+			}
 		case effEnded:
 			if a.env.OnEnded != nil {
 				a.env.OnEnded(a.s.ID, e.Stopped, e.Reason)

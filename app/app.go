@@ -264,8 +264,8 @@ const PprofPrefix = "/debug/pprof/"
 // sources are the state gauges' readers.
 func sources(own *owner.Owner, srv *httpapi.Server, res httpapi.Resources) metrics.Sources {
 	src := metrics.Sources{Sessions: func() metrics.SessionCounts {
-		live, setup := own.SessionCounts()
-		return metrics.SessionCounts{Live: live, InSetup: setup}
+		live, setup, lost := own.SessionCounts()
+		return metrics.SessionCounts{Live: live, InSetup: setup, Lost: lost}
 	}}
 	if idx := own.Index(); idx != nil {
 		src.Snapshots = func() (int, error) {

@@ -405,3 +405,35 @@ func TestStateGaugesFollowTheServer(t *testing.T) {
 	check{"waiting after resume", state("sandboxowner_admission_waiting", nil), 0}.verify(t)
 	check{"live after both seeds", state("sandboxowner_sessions", map[string]string{"state": "live"}), 2}.verify(t)
 }
+
+// TestLostSessionsAreCounted: a session whose sandbox was stopped behind
+// the owner's back is counted lost, not live, until it is closed.
+func TestLostSessionsAreCounted(t *testing.T) {
+	fk := fake.New(fake.Options{})
+	a, _, _ := startFake(t, t.TempDir(), fk, app.Deps{})
+	addr := a.Addr().String()
+	_, _, lost := post(t, addr, "/seed_session", "", "{}")
+	if s, body, _ := post(t, addr, "/seed_session", "", "{}"); s != 200 {
+		t.Fatalf("second seed: %d %s", s, body)
+	}
+	sid := strings.TrimPrefix(lost[:strings.LastIndexByte(lost, '.')], "notes___notes=")
+	sb, ok := a.Owner().SessionSandbox(context.Background(), sid)
+	if !ok {
+		t.Fatal("no sandbox")
+	}
+	if err := fk.Stop(context.Background(), sb.Handle); err != nil {
+		t.Fatal(err)
+	}
+	if s, body, _ := post(t, addr, "/append_note", lost, `{"line":"x"}`); s != 409 || !strings.Contains(body, "sandbox_lost") {
+		t.Fatalf("tool call on the lost sandbox: %d %s", s, body)
+	}
+	fams := scrape(t, addr)
+	check{"lost", gauge(t, fams, "sandboxowner_sessions", map[string]string{"state": "lost"}), 1}.verify(t)
+	check{"live", gauge(t, fams, "sandboxowner_sessions", map[string]string{"state": "live"}), 1}.verify(t)
+	if s, body, _ := post(t, addr, "/close_session", lost, ""); s != 200 {
+		t.Fatalf("close of the lost session: %d %s", s, body)
+	}
+	fams = scrape(t, addr)
+	check{"lost after the close", gauge(t, fams, "sandboxowner_sessions", map[string]string{"state": "lost"}), 0}.verify(t)
+	check{"live after the close", gauge(t, fams, "sandboxowner_sessions", map[string]string{"state": "live"}), 1}.verify(t)
+}

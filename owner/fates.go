@@ -32,6 +32,8 @@ type liveSandbox struct {
 	sessionID    string
 	handle       provider.Handle
 	fromSnapshot string
+	// lost: found gone behind the owner's back; the session has not ended.
+	lost bool
 }
 
 func newFateMemory(limit int) *fateMemory {
@@ -77,9 +79,25 @@ func (f *fateMemory) liveSnapshots() map[string]bool {
 	return out
 }
 
-// liveCount is the number of live sandboxes.
-func (f *fateMemory) liveCount() int {
+// liveCount is the number of live sandboxes, and of those among them that
+// were lost.
+func (f *fateMemory) liveCount() (live, lost int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return len(f.live)
+	for _, l := range f.live {
+		if l.lost {
+			lost++
+		}
+	}
+	return len(f.live) - lost, lost
+}
+
+// markLost notes that a live sandbox was lost.
+func (f *fateMemory) markLost(sandboxID string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l, ok := f.live[sandboxID]; ok {
+		l.lost = true
+		f.live[sandboxID] = l
+	}
 }

@@ -319,6 +319,7 @@ func (o *Owner) startActors() {
 		Limiter:  o.limiter,
 		OnEnded:  o.onEnded,
 		OnHeld:   o.onHeld,
+		OnLost:   o.onLost,
 		Context:  o.base,
 	}
 	// Every actor of the owner runs its mailbox on the dispatcher's
@@ -727,9 +728,11 @@ func (o *Owner) stopSession(ctx context.Context, sessionID string, reason messag
 }
 
 // SessionCounts are how many sessions hold a sandbox (live, restored ones
-// included) and how many seeds are starting one (in setup).
-func (o *Owner) SessionCounts() (live, inSetup int) {
-	return o.fates.liveCount(), int(o.starting.Load())
+// included), how many seeds are starting one (in setup), and how many hold
+// one that was lost behind the owner's back and not yet ended.
+func (o *Owner) SessionCounts() (live, inSetup, lost int) {
+	live, lost = o.fates.liveCount()
+	return live, int(o.starting.Load()), lost
 }
 
 // Sessions lists the ids of the sessions the owner tracks.
@@ -749,6 +752,10 @@ func (o *Owner) Sessions() ([]string, error) {
 
 func (o *Owner) onHeld(sessionID string, sb messages.Sandbox) {
 	o.fates.hold(sessionID, sb.Handle, sb.FromSnapshot)
+}
+
+func (o *Owner) onLost(sessionID string, sb messages.Sandbox) {
+	o.fates.markLost(sb.Handle.SandboxID)
 }
 
 func (o *Owner) onEnded(sessionID string, stopped *provider.Handle, reason messages.StopReason) {
