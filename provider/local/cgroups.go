@@ -265,7 +265,7 @@ func (cg *cgroups) of(id string) *sandboxCgroup {
 	return g
 }
 
-// procsFiles opens cgroup.procs of each distinct directory: a command
+// procsFiles opens the membership file of each distinct directory: a command
 // writes "0" to each (see joinScript) to enter the sandbox's cgroups.
 func (g *sandboxCgroup) procsFiles() ([]*os.File, error) {
 	seen := map[string]bool{}
@@ -276,7 +276,15 @@ func (g *sandboxCgroup) procsFiles() ([]*os.File, error) {
 			continue
 		}
 		seen[dir] = true
-		f, err := os.OpenFile(filepath.Join(dir, "cgroup.procs"), os.O_WRONLY, 0)
+		// On v1 a single-threaded shell moving itself through "tasks"
+		// skips the lock that moving a whole thread group takes (and the
+		// RCU grace period with it): several milliseconds per hierarchy
+		// on a busy host.
+		name := "cgroup.procs"
+		if !g.v2 {
+			name = "tasks"
+		}
+		f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY, 0)
 		if err != nil {
 			for _, o := range files {
 				o.Close()

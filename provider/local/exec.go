@@ -120,8 +120,10 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	// gone (bubblewrap's exit does not wait for its sandbox's init, whose
 	// exit takes the sandbox's every process with it).
 	killGroup(pgid)
-	if err := waitGroupGone(pgid, killLimit); err != nil {
-		p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: a command's processes outlived it")
+	if p.bwrap != nil {
+		if err := waitGroupGone(pgid, killLimit); err != nil {
+			p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: a command's processes outlived it")
+		}
 	}
 	waitErr := cmd.Wait()
 
