@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sort"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/participant"
+	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/resources"
 )
@@ -82,8 +84,15 @@ func (r *run) opControl() {
 		r.violate(Unexpected, "control prepare %s: %+v %v", id, prep, err)
 		return
 	}
+	held := r.heldExec(ctx, live)
 	rep, err := m.Commit(ctx, control.CommitRequest{Base: base, CheckpointDir: "/ck/" + id})
 	_, rerr := m.Resume(ctx, control.ResumeRequest{Base: base})
+	if held != nil {
+		// Admission reopened: the agent's exec runs now.
+		if eerr := <-held; eerr != nil {
+			r.violate(Unexpected, "an agent's exec held at the gate during %s: %v", id, eerr)
+		}
+	}
 	r.tracef("control checkpoint %s of %v (snapshot fails %v): committed %v err %v; resume err %v", id, live, snapFail, rep.EpisodeIDs, err, rerr)
 	if rerr != nil {
 		r.violate(Unexpected, "control resume %s: %v", id, rerr)
@@ -158,6 +167,8 @@ func (r *run) controlRetire(m *control.Machine, base control.Base, live []string
 		return
 	}
 	r.m.sessions[sid].live, r.m.sessions[sid].restored = false, false
+	r.lastRetired = e
+	r.sabotagePoint(atRetired)
 	_, aerr := r.part.Admit(r.life, participant.Tool, &resources.Session{ID: sid, Episode: e, HasEpisode: true})
 	if !errors.Is(aerr, control.ErrStaleAttempt) {
 		r.violate(NoEmptyGrading, "a request of retired episode %s was admitted: %v", e.CaptureKey(), aerr)
@@ -165,4 +176,51 @@ func (r *run) controlRetire(m *control.Machine, base control.Base, live []string
 	if _, err := m.Forget(r.life, control.ForgetRequest{Base: base, RolloutIDs: []string{e.RolloutID}}); err != nil {
 		r.violate(Unexpected, "forget %s: %v", e.RolloutID, err)
 	}
+}
+
+// heldExec sends an agent's exec on a live session's sandbox through the
+// admission gate, as the sandbox API does, while a checkpoint is prepared:
+// it must wait at the closed gate (it reads the seed token and changes nothing, so the
+// checkpoint's records stay the model's). It returns once the exec waits;
+// the channel gets its outcome.
+func (r *run) heldExec(ctx context.Context, live []string) <-chan error {
+	if len(live) == 0 || r.rng.IntN(2) == 0 {
+		return nil
+	}
+	sid := sample(r.rng, live)
+	sb, err := r.o.RequireSessionSandbox(ctx, sid)
+	if err != nil {
+		r.violate(LiveState, "live session %s has no sandbox: %v", sid, err)
+		return nil
+	}
+	gate := r.part.Gate()
+	changed := gate.Changed()
+	done := make(chan error, 1)
+	go func() {
+		leave, err := r.part.AdmitSandboxCall(ctx, sid, "sandbox:"+sb.Handle.SandboxID)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer leave()
+		res, err := r.fk.Exec(ctx, sb.Handle, provider.ExecRequest{Command: "cat " + tokenFile})
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("exit %d: %s", res.ExitCode, res.Stderr)
+		}
+		done <- err
+	}()
+	for gate.Waiting() == 0 {
+		select {
+		case <-changed:
+			changed = gate.Changed()
+		case err := <-done:
+			r.violate(Unexpected, "an agent's exec passed the closed gate: %v", err)
+			return nil
+		case <-ctx.Done():
+			r.violate(Unexpected, "an agent's exec never reached the gate: %v", ctx.Err())
+			return nil
+		}
+	}
+	r.tracef("agent exec on %s waits at the gate", sid)
+	return done
 }

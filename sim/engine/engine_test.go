@@ -7,9 +7,11 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 )
@@ -215,6 +217,18 @@ func TestStepChecksCatchSabotage(t *testing.T) {
 		})
 		if got := invariantsOf(vs); len(got) == 0 || got[0] != AllOrNone {
 			t.Fatalf("violations %v, want all or none first", vs)
+		}
+	})
+	t.Run("a retired episode admitted again is empty grading", func(t *testing.T) {
+		vs := runSabotagedAt(t, "none", atRetired, func(r *run) {
+			// Its fence lifted behind the control plane's back.
+			base := control.Base{CheckpointID: "forged", DeadlineTS: control.UnixSeconds(r.clk.Now().Add(time.Minute))}
+			if _, err := r.part.Machine().Forget(context.Background(), control.ForgetRequest{Base: base, RolloutIDs: []string{r.lastRetired.RolloutID}}); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if got := invariantsOf(vs); len(got) == 0 || got[0] != NoEmptyGrading {
+			t.Fatalf("violations %v, want no empty grading first", vs)
 		}
 	})
 	t.Run("a resent verify that is graded is empty grading", func(t *testing.T) {

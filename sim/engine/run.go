@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/participant"
 	"github.com/sandboxowner/owner/provider/fake"
@@ -200,12 +201,14 @@ type run struct {
 	// lastVerified and lastRestore name the session of the verify and the
 	// checkpoint of the restore in progress, for sabotage.
 	lastVerified, lastRestore string
+	lastRetired               control.EpisodeID
 }
 
 // Sabotage points.
 const (
 	atResentVerify  = "resent-verify"
 	atFailedRestore = "failed-restore"
+	atRetired       = "retired"
 )
 
 func (r *run) sabotagePoint(point string) {
