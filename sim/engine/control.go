@@ -203,7 +203,7 @@ func (r *run) heldExec(ctx context.Context, live []string) <-chan error {
 			return
 		}
 		defer leave()
-		res, err := r.fk.Exec(ctx, sb.Handle, provider.ExecRequest{Command: "cat " + tokenFile})
+		res, err := r.o.SharedProvider().Exec(ctx, sb.Handle, provider.ExecRequest{Command: "cat " + tokenFile})
 		if err == nil && res.ExitCode != 0 {
 			err = fmt.Errorf("exit %d: %s", res.ExitCode, res.Stderr)
 		}
