@@ -207,8 +207,18 @@ func (cg *cgroups) create(id string, l Limits) (*sandboxCgroup, error) {
 	g := &sandboxCgroup{v2: cg.v2, dirs: map[string]string{}}
 	for c, parent := range cg.dirs {
 		dir := filepath.Join(parent, id)
-		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		// The parent may be removed by tidy at the same moment: again.
+		var err error
+		for range 3 {
+			if err = os.MkdirAll(dir, 0o755); err == nil {
+				break
+			}
+		}
+		if err != nil {
 			return nil, fmt.Errorf("cgroup %s: %w", c, err)
+		}
+		if cg.v2 {
+			_ = os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte("+"+c), 0)
 		}
 		g.dirs[c] = dir
 	}
@@ -254,6 +264,15 @@ func (cg *cgroups) create(id string, l Limits) (*sandboxCgroup, error) {
 		return nil, err
 	}
 	return g, nil
+}
+
+// tidy removes the parent directories when no sandbox cgroup is left in
+// them, so that nothing of this server stays in its own cgroup once its
+// sandboxes are idle (a directory with children cannot be removed).
+func (cg *cgroups) tidy() {
+	for _, parent := range cg.dirs {
+		_ = syscall.Rmdir(parent)
+	}
 }
 
 // of names the sandbox's cgroups without making them.

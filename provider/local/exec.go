@@ -71,6 +71,7 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	if err != nil {
 		return provider.ExecResult{}, err
 	}
+	defer p.releaseCgroup(s)
 	defer closeAll(cgFiles)
 	cmd, err := p.command(s, rel, req, len(cgFiles))
 	if err != nil {
@@ -248,14 +249,23 @@ func (b *cappedBuffer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// cgroupFiles makes the sandbox's cgroups (once) and opens the files a
-// command writes to enter them; none where the host offers no cgroups.
-func (p *Provider) cgroupFiles(s *sandbox) ([]*os.File, error) {
+// cgroupFiles makes the sandbox's cgroups (when no command has them) and
+// opens the files a command writes to enter them; none where the host
+// offers no cgroups. A command that got them calls releaseCgroup when done:
+// the cgroups live only while commands run, so that a server that dies
+// leaves none behind (the sandbox's processes die with it).
+func (p *Provider) cgroupFiles(s *sandbox) (_ []*os.File, err error) {
 	if p.cg == nil {
 		return nil, nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.cgUsers++
+	defer func() {
+		if err != nil {
+			s.cgUsers--
+		}
+	}()
 	if s.cgroup == nil {
 		g, err := p.cg.create(s.id, p.limits)
 		if err != nil {
@@ -274,6 +284,28 @@ func (p *Provider) cgroupFiles(s *sandbox) ([]*os.File, error) {
 		return nil, fmt.Errorf("local: sandbox %s: limits: %w", s.id, err)
 	}
 	return files, nil
+}
+
+// releaseCgroup ends a command's use of the sandbox's cgroups, removing
+// them, with any process left in them, (and this server's parent
+// directories, when empty) after the last.
+func (p *Provider) releaseCgroup(s *sandbox) {
+	if p.cg == nil {
+		return
+	}
+	s.mu.Lock()
+	s.cgUsers--
+	if s.cgUsers == 0 && s.cgroup != nil {
+		// No command runs: what is left in the cgroups outlived its
+		// command (a setsid child of an unisolated one) and goes too.
+		if err := s.cgroup.remove(); err != nil {
+			p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: remove a sandbox's cgroups after its commands")
+		} else {
+			s.cgroup = nil
+			p.cg.tidy()
+		}
+	}
+	s.mu.Unlock()
 }
 
 func closeAll(files []*os.File) {

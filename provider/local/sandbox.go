@@ -66,7 +66,8 @@ type sandbox struct {
 	stopped bool
 	adopted bool             // its tree is mounted and a crashed server's leftovers are gone
 	groups  map[int]struct{} // process groups of the commands running now
-	cgroup  *sandboxCgroup   // its cgroups, once a command made them
+	cgroup  *sandboxCgroup   // its cgroups, while a command runs
+	cgUsers int              // the commands using cgroup
 }
 
 func (s *sandbox) fsDir() string    { return filepath.Join(s.dir, "fs") }
@@ -445,6 +446,7 @@ func (p *Provider) stop(s *sandbox, reason string) error {
 		if err := p.cg.of(s.id).remove(); err != nil {
 			p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: remove a stopped sandbox's cgroups")
 		}
+		p.cg.tidy()
 	}
 	if overlay {
 		if err := unmount(s.fsDir()); err != nil {
