@@ -134,3 +134,22 @@ func TestIdleSessionIsEnded(t *testing.T) {
 	release()
 	h.ok(<-done, "the held append")
 }
+
+// TestRestoreAfterTheOwnerEndedEverySession: sessions the owner ended on its
+// own (idle) do not count as live: a restore into the same process, once
+// nothing is live, is allowed.
+func TestRestoreAfterTheOwnerEndedEverySession(t *testing.T) {
+	h := newHarness(t, withOwner(func(c *owner.Config) { c.IdleTimeout = time.Hour }))
+	a := &agent{}
+	h.ok(h.post(a, "/ng-rollout/r1/seed_session", nil), "seed")
+	h.checkpoint("ck1", "/ck/1")
+	h.op("resume", "ck1", nil)
+	h.clk.Advance(2 * time.Hour)
+	if ended, err := h.own.ReapIdle(context.Background(), h.clk.Now()); err != nil || len(ended) != 1 {
+		t.Fatalf("reap: %v, %v", ended, err)
+	}
+	rep := h.op("restore", "rs", map[string]any{"source_checkpoint_id": "ck1", "episode_ids": []any{ep("r1", 0)}})
+	if diff := cmp.Diff([]any{"r1-a1"}, rep["restored"]); diff != "" {
+		t.Fatalf("restored (-want +got):\n%s", diff)
+	}
+}

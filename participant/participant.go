@@ -343,6 +343,12 @@ func (h hooks) Restore(ctx context.Context, req control.RestoreRequest) (control
 		return control.RestoreResult{}, err
 	}
 	p.mu.Lock()
+	if len(live) == 0 && p.mode == owner.ModeExported {
+		// Sessions the owner ended on its own (an idle end) are bound no
+		// more: with no sandbox live, no session of an exporting server is.
+		clear(p.bound)
+		clear(p.pending)
+	}
 	bound := len(p.bound)
 	p.mu.Unlock()
 	if len(live) > 0 || bound > 0 || p.gate.Inflight() > 0 {
