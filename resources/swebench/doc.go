@@ -60,7 +60,9 @@
 // GOPROXY=off) against it: the module cache read-only, the writable caches
 // (the build cache) a copy of each sandbox's own, so that nothing an agent
 // or a grading writes reaches another sandbox. Only a validation, which runs
-// no model code, writes the template's build cache, and so warms it.
+// no model code, writes the template's build cache, and so warms it. A new
+// template's caches start as a copy of those of the newest environment of
+// the same repository (seedCaches).
 //
 // Once per template and instance the eval script runs with no patch
 // (validate.go): a PASS_TO_PASS test that does not pass, or no listed test

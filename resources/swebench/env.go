@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -38,14 +39,17 @@ type Environment struct {
 	Commands   []string `json:"commands"`
 	// Source says where the commands came from: "configured",
 	// "default_go" or "none".
-	Source      string    `json:"source"`
-	OK          bool      `json:"ok"`
-	Reason      string    `json:"reason,omitempty"`
-	ExitCode    int       `json:"exit_code"`
-	TimedOut    bool      `json:"timed_out,omitempty"`
-	TreeChanged bool      `json:"tree_changed,omitempty"`
-	Seconds     float64   `json:"seconds"`
-	BuiltAt     time.Time `json:"built_at"`
+	Source      string `json:"source"`
+	OK          bool   `json:"ok"`
+	Reason      string `json:"reason,omitempty"`
+	ExitCode    int    `json:"exit_code"`
+	TimedOut    bool   `json:"timed_out,omitempty"`
+	TreeChanged bool   `json:"tree_changed,omitempty"`
+	// SeededFrom is the environment (of another base commit of the same
+	// repository) whose caches this one's started as a copy of.
+	SeededFrom string    `json:"seeded_from,omitempty"`
+	Seconds    float64   `json:"seconds"`
+	BuiltAt    time.Time `json:"built_at"`
 }
 
 // Environment step sources.
@@ -133,6 +137,12 @@ func (s *Server) environment(ctx context.Context, p provider.Provider, row Row, 
 		env.Commands = []string{}
 	}
 	began := time.Now()
+	if env.SeededFrom, err = s.seedCaches(ctx, cloneDir, staging); err != nil {
+		return nil, err
+	}
+	if env.SeededFrom != "" {
+		log.WithFields(logrus.Fields{"seeded_from": env.SeededFrom, "duration_ms": time.Since(began).Milliseconds()}).Info("swebench: environment caches seeded from another commit's")
+	}
 	var stepLog string
 	if len(cmds) > 0 {
 		log.WithField("commands", cmds).Info("swebench: environment step started")
@@ -163,6 +173,49 @@ func (s *Server) environment(ctx context.Context, p provider.Provider, row Row, 
 		log.WithFields(fields).WithField("reason", env.Reason).Warn("swebench: environment step failed; the template's instances are unavailable")
 	}
 	return env, nil
+}
+
+// seedCaches fills a new environment's caches (in staging) with a copy of
+// those of the newest good environment of the same repository at another
+// base commit, so that its step downloads, and its validation compiles, only
+// what changed: Go's caches are content-addressed, so what another commit
+// left is never wrong, only possibly unused. Those caches were written only
+// by environment steps and validations, which run no model code (agents and
+// gradings write copies). It returns the environment copied from, relative
+// to the repository's templates ("" for none).
+func (s *Server) seedCaches(ctx context.Context, cloneDir, staging string) (string, error) {
+	repoDir := filepath.Dir(cloneDir)
+	matches, _ := filepath.Glob(filepath.Join(repoDir, "*.env", "*", envFile))
+	var best *Environment
+	var bestDir string
+	for _, m := range matches {
+		dir := filepath.Dir(m)
+		if filepath.Dir(dir) == cloneDir+".env" {
+			continue // this template's own (another step)
+		}
+		env, err := readEnvironment(dir, "")
+		if err != nil || !env.OK {
+			continue
+		}
+		if best == nil || env.BuiltAt.After(best.BuiltAt) {
+			best, bestDir = env, dir
+		}
+	}
+	if best == nil {
+		return "", nil
+	}
+	for name := range s.cfg.Caches {
+		src := filepath.Join(bestDir, envCaches, name)
+		if fi, err := os.Stat(src); err != nil || !fi.IsDir() {
+			continue
+		}
+		cmd := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", src+"/.", filepath.Join(staging, envCaches, name)+"/")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("%w: seed the %s cache from %s: %w: %s", ErrTemplate, name, bestDir, err, lastLines(string(out), 4))
+		}
+	}
+	rel, _ := filepath.Rel(repoDir, bestDir)
+	return rel, nil
 }
 
 // runEnvStep runs env's commands in a sandbox of the template with the

@@ -148,6 +148,32 @@ func TestAFreshTemplateBuildsItsEnvironmentWithTheNetworkAndGradesOffline(t *tes
 	if n := len(logged(hook, "swebench: instance validated")); n != 1 {
 		t.Errorf("validated %d times", n)
 	}
+	if env.SeededFrom != "" {
+		t.Errorf("the first environment of the repository was seeded from %q", env.SeededFrom)
+	}
+
+	// A template of another commit of the repository starts from a copy of
+	// this one's caches: its step downloads nothing, and its build cache
+	// holds what the validation above compiled.
+	marker := filepath.Join(env.cacheDir("gobuild"), "seed-marker")
+	if err := os.WriteFile(marker, []byte("from the first commit"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gobuild := digest(t, env.cacheDir("gobuild"))
+	next := tk.depRow("example__depcalc-2")
+	next["base_commit"], next["patch"] = tk.fix, ""
+	next["FAIL_TO_PASS"], next["PASS_TO_PASS"] = []string{"TestAddZero"}, []string{"TestAdd"}
+	w.seed("s-3", next)
+	env2 := envOf(t, w.cfg.TemplateDir, depTaskRepo, tk.fix)
+	if want := tk.base + ".env/" + filepath.Base(env.Dir); env2.SeededFrom != want || gp.zips() != 1 {
+		t.Errorf("the second commit's environment: seeded from %q (want %q), %d downloads in all", env2.SeededFrom, want, gp.zips())
+	}
+	if digest(t, env.cacheDir("gobuild")) != gobuild {
+		t.Error("seeding another environment changed this one's build cache")
+	}
+	if b, err := os.ReadFile(filepath.Join(env2.cacheDir("gobuild"), "seed-marker")); string(b) != "from the first commit" {
+		t.Errorf("the second commit's build cache is not a copy of the first's: %q, %v", b, err)
+	}
 }
 
 func TestAFailingEnvironmentStepMakesTheInstanceUnavailable(t *testing.T) {
