@@ -83,9 +83,12 @@
 //
 // No command outlives its Exec: the group is killed on timeout (TimedOut,
 // exit 137), when ctx ends, and when the shell exits (so `sleep 9 &` does
-// not hang the call or linger). A server killed mid-command leaves nothing
-// under bubblewrap (--die-with-parent); unisolated, the next server to use or
-// stop the sandbox kills every process still carrying its SandboxIDEnv.
+// not hang the call or linger); under bubblewrap the sandbox's pid namespace
+// goes with it (setsid children too), and where the sandbox has cgroups the
+// last command to end kills what is left in them and removes them. A server
+// killed mid-command leaves nothing under bubblewrap (--die-with-parent);
+// unisolated, the next server to use or stop the sandbox kills every process
+// still carrying its SandboxIDEnv or still in its cgroups.
 // Output beyond Options.OutputCap per stream is dropped and reported as
 // Truncated. A command killed by signal N exits 128+N.
 //
@@ -95,7 +98,8 @@
 // pids, memory, cpu, freezer; v2 where those are delegated), each sandbox
 // gets one with Options.Limits, which every command enters before it runs;
 // every command also gets rlimits (no core files, 4096 open files, 256 MiB
-// per file). New logs which limits are in effect. ExecRequest.Timeout is
+// per file). The cgroups exist only while commands run, so a server that
+// dies leaves none. New logs which limits are in effect. ExecRequest.Timeout is
 // capped by Options.MaxExecTimeout. Disk is not limited.
 //
 // # Shared caches
