@@ -84,11 +84,21 @@ func probeCgroups() (*cgroups, []string) {
 	}
 	var why []string
 	cg := &cgroups{dirs: map[string]string{}}
+	v1 := false
+	for k := range mounts {
+		v1 = v1 || k != ""
+	}
 	for _, c := range cgroupControllers {
 		mnt, ok := mounts[c]
 		ownPath, ok2 := own[c]
 		if !ok || !ok2 {
-			// Only a pure v2 host offers every controller in one tree.
+			if v1 {
+				// A hybrid host: v1 and v2 cgroups of one sandbox are not
+				// joined the same way, so v1 only.
+				why = append(why, c+": no v1 hierarchy")
+				continue
+			}
+			// A pure v2 host offers every controller in one tree.
 			mnt, ok = mounts[""]
 			ownPath, ok2 = own[""]
 			if !ok || !ok2 || !v2Offers(filepath.Join(mnt, ownPath), c) {
