@@ -43,6 +43,8 @@ type bwrapConfig struct {
 	hostArgs []string
 	// bound are the host paths shown (directories bound, and symlinks).
 	bound []string
+	// rootless: the server is not root and uid is its own.
+	rootless bool
 }
 
 // newBwrapConfig finds bubblewrap and builds the sandbox's view of the
@@ -173,6 +175,17 @@ func (c *bwrapConfig) args(fsDir, workdir, cwd string, network bool, env []strin
 // unprivileged host uid and gid, with no supplementary groups: nothing of
 // the sandbox, bwrap included, runs as host root.
 func (c *bwrapConfig) sysProcAttr() *syscall.SysProcAttr {
+	if c.rootless {
+		// A process that is not root may map only its own ids, and must
+		// deny setgroups to map its gid.
+		return &syscall.SysProcAttr{
+			Setpgid:     true,
+			Pdeathsig:   syscall.SIGKILL,
+			Cloneflags:  syscall.CLONE_NEWUSER,
+			UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: c.uid, Size: 1}},
+			GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: c.gid, Size: 1}},
+		}
+	}
 	return &syscall.SysProcAttr{
 		Setpgid:                    true,
 		Pdeathsig:                  syscall.SIGKILL,

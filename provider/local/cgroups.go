@@ -112,6 +112,12 @@ func probeCgroups() (*cgroups, []string) {
 			why = append(why, fmt.Sprintf("%s: %v", c, err))
 			continue
 		}
+		probe := filepath.Join(dir, "probe-"+strconv.Itoa(os.Getpid()))
+		if err := os.Mkdir(probe, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			why = append(why, fmt.Sprintf("%s: %v", c, err))
+			continue
+		}
+		_ = syscall.Rmdir(probe)
 		if cg.v2 {
 			// A v2 child gets a controller only when its parent delegates it.
 			if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+"+c), 0); err != nil && c != "freezer" {

@@ -164,6 +164,9 @@ type Provider struct {
 	bwrap       *bwrapConfig // nil: commands run unisolated
 	// uid and gid own sandbox trees and run sandboxed commands.
 	uid, gid int
+	// rootless: the server is not root, so sandboxed commands run as its
+	// own uid and trees are its own.
+	rootless bool
 	// cg, when the host lets the server make cgroups, holds each sandbox's;
 	// limits are written to them.
 	cg             *cgroups
@@ -243,6 +246,12 @@ func New(opts Options) (_ *Provider, err error) {
 	if p.uid < 0 || p.gid < 0 {
 		return nil, fmt.Errorf("%w: uid %d, gid %d", ErrBadOptions, p.uid, p.gid)
 	}
+	if euid := os.Geteuid(); euid != 0 {
+		// Only root may map a sandbox to another uid: a server that is not
+		// root runs sandboxed commands as its own uid (itself unprivileged).
+		p.rootless = true
+		p.uid, p.gid = euid, os.Getegid()
+	}
 	if _, err := cleanWorkdir(p.workdir); err != nil {
 		return nil, fmt.Errorf("%w: DefaultWorkdir: %v", ErrBadOptions, err)
 	}
@@ -320,6 +329,9 @@ func New(opts Options) (_ *Provider, err error) {
 	fields := logrus.Fields{"root": p.root, "isolation": p.Isolation(), "fs_mode": mode, "limits": p.LimitsInEffect()}
 	if p.bwrap != nil {
 		fields["uid"], fields["gid"] = p.uid, p.gid
+		if p.rootless {
+			p.log.WithField("uid", p.uid).Warn("local provider: the server is not root, so sandboxed commands run as its own uid (sandbox.local.uid needs root); the sandbox still sees only the allow-listed host and its own tree")
+		}
 	}
 	p.log.WithFields(fields).Info("local provider ready")
 	return p, nil
@@ -344,10 +356,13 @@ func (p *Provider) chooseIsolation(opts Options) error {
 		return fmt.Errorf("local: make root: %w", err)
 	}
 	cfg, err := newBwrapConfig(opts.BwrapPath, p.uid, p.gid, opts.ROBinds, hide, mask)
+	if cfg != nil {
+		cfg.rootless = p.rootless
+	}
 	if errors.Is(err, errBadROBind) {
 		return fmt.Errorf("%w: %v", ErrBadOptions, err)
 	}
-	if err == nil {
+	if err == nil && !p.rootless {
 		err = p.reachable(opts.Caches)
 	}
 	if err == nil {
@@ -466,7 +481,7 @@ type owner struct{ uid, gid int }
 // uid; unisolated, nil (commands run as the server, and what the server
 // makes is theirs already).
 func (p *Provider) owner() *owner {
-	if p.bwrap == nil {
+	if p.bwrap == nil || p.rootless {
 		return nil
 	}
 	return &owner{p.uid, p.gid}
