@@ -219,20 +219,24 @@ func TestValidationMakesABrokenInstanceUnavailable(t *testing.T) {
 	tk := newTask(t)
 	w := newWorld(t, tk)
 	hook := logtest.NewLocal(w.log)
+	// Validations are kept with the test binary's shared templates: ids of
+	// this run's own, so that a rerun (-count=2) validates them again.
+	sum := sha256.Sum256([]byte(t.TempDir()))
+	run := hex.EncodeToString(sum[:4])
 
-	p2p := tk.row("example__calc-p2p")
+	p2p := tk.row("example__calc-p2p-" + run)
 	p2p["FAIL_TO_PASS"], p2p["PASS_TO_PASS"] = []string{"TestAbs"}, append(append([]string{}, passToPass...), "TestAbs/negative")
 	_, err := w.srv.SeedSession(context.Background(), w.own, "s-p2p", mustJSON(t, p2p))
 	wantUnavailable(t, err, "PASS_TO_PASS tests do not pass without the patch: TestAbs/negative")
 	wantMaskedEnvironmentError(t, w.verify("s-p2p", p2p), "TestAbs/negative")
 
-	none := tk.row("example__calc-none")
+	none := tk.row("example__calc-none-" + run)
 	none["FAIL_TO_PASS"], none["PASS_TO_PASS"] = []string{"TestNothing"}, []string{"TestNothingElse"}
 	_, err = w.srv.SeedSession(context.Background(), w.own, "s-none", mustJSON(t, none))
 	wantUnavailable(t, err, "no FAIL_TO_PASS or PASS_TO_PASS test appears in the eval log")
 
 	// A FAIL_TO_PASS test that passes without the fix is a warning.
-	warn := tk.row("example__calc-warn")
+	warn := tk.row("example__calc-warn-" + run)
 	warn["FAIL_TO_PASS"], warn["PASS_TO_PASS"] = []string{"TestAbs/positive", "TestAbs/negative"}, []string{"TestAdd"}
 	w.seed("s-warn", warn)
 	entries := logged(hook, "swebench: FAIL_TO_PASS tests already pass")
