@@ -2,7 +2,6 @@ package process_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,7 +15,6 @@ import (
 	"github.com/sandboxowner/owner/provider/opensandbox"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 	"github.com/sandboxowner/owner/snapshotindex"
-	"github.com/sandboxowner/owner/sweep"
 )
 
 const osbKey = "process-test-key"
@@ -60,28 +58,7 @@ func checkOSB(t *testing.T, dir string, srv *opensandboxtest.Server, leaks bool)
 	for _, id := range srv.SnapshotIDs() {
 		exists[id] = true
 	}
-	refs, err := idx.ReferencedSnapshots()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for id, cks := range refs {
-		if !exists[id] {
-			t.Errorf("restorable: snapshot %s named by %v is gone from the server", id, cks)
-		}
-	}
-	if !leaks {
-		return
-	}
-	rep, err := sweep.Run(context.Background(), sweep.Options{Owner: "notes", Provider: osbClient(t, srv), Index: idx})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range rep.Sandboxes {
-		t.Errorf("no leak: sandbox %s (%v) runs, held by nobody", s.Handle.SandboxID, s.Metadata)
-	}
-	for _, s := range rep.Snapshots {
-		t.Errorf("no leak: snapshot %s (%s) is named by no checkpoint", s.ID, s.Name)
-	}
+	checkSnapshots(t, idx, exists, osbClient(t, srv), leaks)
 }
 
 // sandboxExec runs a command through the server's sandbox API with the

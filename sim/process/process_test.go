@@ -32,6 +32,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
 	"github.com/sandboxowner/owner/snapshotindex"
 	"github.com/sandboxowner/owner/sweep"
@@ -267,6 +268,14 @@ func checkDisk(t *testing.T, dir string, leaks bool) {
 	for _, s := range snaps {
 		exists[s.ID] = true
 	}
+	checkSnapshots(t, idx, exists, p, leaks)
+}
+
+// checkSnapshots checks that every snapshot the index names is among those
+// that exist and, with leaks set, that the sweep over p finds nothing that no
+// checkpoint or tombstone accounts for.
+func checkSnapshots(t *testing.T, idx *snapshotindex.Index, exists map[string]bool, p provider.Provider, leaks bool) {
+	t.Helper()
 	refs, err := idx.ReferencedSnapshots()
 	if err != nil {
 		t.Fatal(err)
