@@ -11,8 +11,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-
-	"github.com/dgraph-io/badger/v4"
 )
 
 // encodedRecord is a validated record in its stored form.
@@ -74,8 +72,9 @@ func hashValues(n int, value func(i int) []byte) string {
 // checkpoint dir changes nothing but clearIntents and returns the stored
 // meta, so a retry after an unacknowledged commit is safe. Other content is
 // a *ConflictError. Records naming a tombstoned snapshot, empty ids,
-// duplicate sessions and commits too big for one transaction are ErrInvalid.
-func (x *Index) Commit(meta CheckpointMeta, records []Record, clearIntents ...IntentKey) (CheckpointMeta, error) {
+// duplicate sessions and (in Badger) commits too big for one transaction
+// are ErrInvalid.
+func (x *engine) Commit(meta CheckpointMeta, records []Record, clearIntents ...IntentKey) (CheckpointMeta, error) {
 	stored, err := x.commit(meta, records, clearIntents)
 	if err != nil {
 		return CheckpointMeta{}, fmt.Errorf("snapshotindex: commit %q: %w", meta.ID, err)
@@ -83,7 +82,7 @@ func (x *Index) Commit(meta CheckpointMeta, records []Record, clearIntents ...In
 	return stored, nil
 }
 
-func (x *Index) commit(meta CheckpointMeta, records []Record, clearIntents []IntentKey) (CheckpointMeta, error) {
+func (x *engine) commit(meta CheckpointMeta, records []Record, clearIntents []IntentKey) (CheckpointMeta, error) {
 	if meta.ID == "" {
 		return CheckpointMeta{}, invalid("empty checkpoint id")
 	}
@@ -106,7 +105,7 @@ func (x *Index) commit(meta CheckpointMeta, records []Record, clearIntents []Int
 	meta.Scope = slices.Clone(meta.Scope)
 
 	var stored CheckpointMeta
-	err = x.update(func(txn *badger.Txn) error {
+	err = x.update(func(txn kvTxn) error {
 		var old CheckpointMeta
 		found, err := get(txn, metaKey(meta.ID), &old)
 		if err != nil {
@@ -140,10 +139,10 @@ func (x *Index) commit(meta CheckpointMeta, records []Record, clearIntents []Int
 			return err
 		}
 		for _, e := range enc {
-			if err := txn.Set(recordKey(meta.ID, e.session), e.value); err != nil {
+			if err := txn.set(recordKey(meta.ID, e.session), e.value); err != nil {
 				return err
 			}
-			if err := txn.Set(refKey(e.snapshot, meta.ID), nil); err != nil {
+			if err := txn.set(refKey(e.snapshot, meta.ID), nil); err != nil {
 				return err
 			}
 		}
@@ -156,35 +155,28 @@ func (x *Index) commit(meta CheckpointMeta, records []Record, clearIntents []Int
 // nextSeq increments and returns the seq counter. It lives in its own key,
 // not in the metas, so a Drop of the latest checkpoint never lets a seq be
 // handed out twice.
-func nextSeq(txn *badger.Txn) (uint64, error) {
+func nextSeq(txn kvTxn) (uint64, error) {
 	var n uint64
-	item, err := txn.Get([]byte(keySeq))
-	switch {
-	case errors.Is(err, badger.ErrKeyNotFound):
-	case err != nil:
-		return 0, fmt.Errorf("read seq: %w", err)
-	default:
-		err := item.Value(func(b []byte) error {
-			if len(b) != 8 {
-				return corrupt(item.Key(), "seq counter is %d bytes, want 8", len(b))
-			}
-			n = binary.BigEndian.Uint64(b)
-			return nil
-		})
-		if err != nil {
-			return 0, err
+	_, err := txn.get([]byte(keySeq), func(b []byte) error {
+		if len(b) != 8 {
+			return corrupt([]byte(keySeq), "seq counter is %d bytes, want 8", len(b))
 		}
+		n = binary.BigEndian.Uint64(b)
+		return nil
+	})
+	if err != nil {
+		return 0, err
 	}
 	n++
-	return n, txn.Set([]byte(keySeq), encodeSeq(n))
+	return n, txn.set([]byte(keySeq), encodeSeq(n))
 }
 
 // Checkpoint returns a checkpoint and its records, sorted by SessionID. It
 // checks the records against the meta's count and hash, so a checkpoint it
 // returns is complete.
-func (x *Index) Checkpoint(id string) (Checkpoint, error) {
+func (x *engine) Checkpoint(id string) (Checkpoint, error) {
 	var c Checkpoint
-	err := x.view(func(txn *badger.Txn) (err error) {
+	err := x.view(func(txn kvTxn) (err error) {
 		c.Meta, c.Records, err = load(txn, id, func(r *Record) string { return r.SessionID })
 		return err
 	})
@@ -204,7 +196,7 @@ type recordRef struct {
 // load reads and verifies one checkpoint, decoding each record as a T
 // (Record, or recordRef when only the ids matter). session returns a T's
 // session id, which must match its key.
-func load[T any](txn *badger.Txn, id string, session func(*T) string) (CheckpointMeta, []T, error) {
+func load[T any](txn kvTxn, id string, session func(*T) string) (CheckpointMeta, []T, error) {
 	var meta CheckpointMeta
 	mk := metaKey(id)
 	found, err := get(txn, mk, &meta)
@@ -225,18 +217,15 @@ func load[T any](txn *badger.Txn, id string, session func(*T) string) (Checkpoin
 		recs    []T
 		entries []entry
 	)
-	err = scan(txn, recordPrefix(id), true, func(item *badger.Item) error {
-		raw, err := item.ValueCopy(nil)
-		if err != nil {
-			return fmt.Errorf("read %q: %w", item.Key(), err)
-		}
+	err = txn.scan(recordPrefix(id), true, func(key, val []byte) error {
+		raw := bytes.Clone(val)
 		var r T
-		if err := json.Unmarshal(raw, &r); err != nil {
-			return corrupt(item.Key(), "%w", err)
+		if err := decode(key, raw, &r); err != nil {
+			return err
 		}
 		s := session(&r)
-		if !bytes.Equal(item.Key(), recordKey(id, s)) {
-			return corrupt(item.Key(), "record names session %q", s)
+		if !bytes.Equal(key, recordKey(id, s)) {
+			return corrupt(key, "record names session %q", s)
 		}
 		recs = append(recs, r)
 		entries = append(entries, entry{s, raw})
@@ -269,7 +258,7 @@ func load[T any](txn *badger.Txn, id string, session func(*T) string) (Checkpoin
 }
 
 // Checkpoints returns every checkpoint's meta, ordered by Seq.
-func (x *Index) Checkpoints() ([]CheckpointMeta, error) {
+func (x *engine) Checkpoints() ([]CheckpointMeta, error) {
 	metas, err := list(x, []byte(pfxMeta),
 		func(m *CheckpointMeta) []byte { return metaKey(m.ID) },
 		func(a, b CheckpointMeta) int { return cmp.Compare(a.Seq, b.Seq) })
@@ -281,16 +270,16 @@ func (x *Index) Checkpoints() ([]CheckpointMeta, error) {
 
 // Latest returns the checkpoint with the highest Seq; ok is false when the
 // index holds none.
-func (x *Index) Latest() (meta CheckpointMeta, ok bool, err error) {
+func (x *engine) Latest() (meta CheckpointMeta, ok bool, err error) {
 	return x.latest(func(CheckpointMeta) bool { return true })
 }
 
 // FindByDir returns the latest checkpoint committed with that CheckpointDir.
-func (x *Index) FindByDir(checkpointDir string) (meta CheckpointMeta, ok bool, err error) {
+func (x *engine) FindByDir(checkpointDir string) (meta CheckpointMeta, ok bool, err error) {
 	return x.latest(func(m CheckpointMeta) bool { return m.CheckpointDir == checkpointDir })
 }
 
-func (x *Index) latest(match func(CheckpointMeta) bool) (CheckpointMeta, bool, error) {
+func (x *engine) latest(match func(CheckpointMeta) bool) (CheckpointMeta, bool, error) {
 	metas, err := x.Checkpoints()
 	if err != nil {
 		return CheckpointMeta{}, false, err
@@ -305,13 +294,13 @@ func (x *Index) latest(match func(CheckpointMeta) bool) (CheckpointMeta, bool, e
 
 // SnapshotRefs returns the ids of the checkpoints whose records name the
 // snapshot, sorted.
-func (x *Index) SnapshotRefs(snapshotID string) ([]string, error) {
+func (x *engine) SnapshotRefs(snapshotID string) ([]string, error) {
 	var ids []string
-	err := x.view(func(txn *badger.Txn) error {
-		return scan(txn, refPrefix(snapshotID), false, func(item *badger.Item) error {
-			_, id, ok := splitRef(item.Key())
+	err := x.view(func(txn kvTxn) error {
+		return txn.scan(refPrefix(snapshotID), false, func(key, _ []byte) error {
+			_, id, ok := splitRef(key)
 			if !ok {
-				return corrupt(item.Key(), "malformed reference key")
+				return corrupt(key, "malformed reference key")
 			}
 			ids = append(ids, id)
 			return nil
@@ -326,13 +315,13 @@ func (x *Index) SnapshotRefs(snapshotID string) ([]string, error) {
 
 // ReferencedSnapshots maps every snapshot some checkpoint names to the ids of
 // those checkpoints, sorted.
-func (x *Index) ReferencedSnapshots() (map[string][]string, error) {
+func (x *engine) ReferencedSnapshots() (map[string][]string, error) {
 	refs := map[string][]string{}
-	err := x.view(func(txn *badger.Txn) error {
-		return scan(txn, []byte(pfxRef), false, func(item *badger.Item) error {
-			snap, id, ok := splitRef(item.Key())
+	err := x.view(func(txn kvTxn) error {
+		return txn.scan([]byte(pfxRef), false, func(key, _ []byte) error {
+			snap, id, ok := splitRef(key)
 			if !ok {
-				return corrupt(item.Key(), "malformed reference key")
+				return corrupt(key, "malformed reference key")
 			}
 			refs[snap] = append(refs[snap], id)
 			return nil
@@ -352,12 +341,12 @@ func (x *Index) ReferencedSnapshots() (map[string][]string, error) {
 // so a repeated Drop is harmless. A tombstone for a snapshot that a
 // checkpoint still names after the drop is ErrInvalid and nothing changes:
 // deleting it would break that checkpoint's restore.
-func (x *Index) Drop(checkpointIDs []string, tombstones []Tombstone) error {
+func (x *engine) Drop(checkpointIDs []string, tombstones []Tombstone) error {
 	ts, err := checkTombstones(tombstones)
 	if err != nil {
 		return fmt.Errorf("snapshotindex: drop: %w", err)
 	}
-	err = x.update(func(txn *badger.Txn) error {
+	err = x.update(func(txn kvTxn) error {
 		for _, id := range checkpointIDs {
 			if err := x.dropOne(txn, id); err != nil {
 				return err
@@ -368,7 +357,9 @@ func (x *Index) Drop(checkpointIDs []string, tombstones []Tombstone) error {
 	if err != nil {
 		return fmt.Errorf("snapshotindex: drop %q: %w", checkpointIDs, err)
 	}
-	x.kickGC()
+	if x.dropped != nil {
+		x.dropped()
+	}
 	return nil
 }
 
@@ -376,7 +367,7 @@ func (x *Index) Drop(checkpointIDs []string, tombstones []Tombstone) error {
 // its snapshots in its records; one that does not (the corrupt thing being
 // dropped, perhaps) may have lost that list, so its references are found by
 // scanning every reference key instead.
-func (x *Index) dropOne(txn *badger.Txn, id string) error {
+func (x *engine) dropOne(txn kvTxn, id string) error {
 	if id == "" {
 		return invalid("empty checkpoint id")
 	}
@@ -388,8 +379,8 @@ func (x *Index) dropOne(txn *badger.Txn, id string) error {
 			keys = append(keys, recordKey(id, r.SessionID), refKey(r.SnapshotID, id))
 		}
 	case errors.Is(loadErr, ErrNotFound) || errors.Is(loadErr, ErrCorrupt):
-		if err := scan(txn, recordPrefix(id), false, func(item *badger.Item) error {
-			keys = append(keys, item.KeyCopy(nil))
+		if err := txn.scan(recordPrefix(id), false, func(key, _ []byte) error {
+			keys = append(keys, bytes.Clone(key))
 			return nil
 		}); err != nil {
 			return err
@@ -398,9 +389,9 @@ func (x *Index) dropOne(txn *badger.Txn, id string) error {
 			return nil // never committed, or dropped before: the usual idempotent case
 		}
 		x.log.Warnf("dropping checkpoint %q that does not verify (%v); scanning all references", id, loadErr)
-		if err := scan(txn, []byte(pfxRef), false, func(item *badger.Item) error {
-			if _, ckpt, ok := splitRef(item.Key()); ok && ckpt == id {
-				keys = append(keys, item.KeyCopy(nil))
+		if err := txn.scan([]byte(pfxRef), false, func(key, _ []byte) error {
+			if _, ckpt, ok := splitRef(key); ok && ckpt == id {
+				keys = append(keys, bytes.Clone(key))
 			}
 			return nil
 		}); err != nil {
@@ -411,7 +402,7 @@ func (x *Index) dropOne(txn *badger.Txn, id string) error {
 	}
 	keys = append(keys, metaKey(id))
 	for _, k := range keys {
-		if err := txn.Delete(k); err != nil {
+		if err := txn.delete(k); err != nil {
 			return err
 		}
 	}

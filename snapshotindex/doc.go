@@ -28,6 +28,19 @@
 //     are rare and short); readers run in parallel on Badger snapshots.
 //     After Close every method returns ErrClosed.
 //
+// # Store, Index and Memory
+//
+// Store is the contract above. *Index keeps it in Badger. *MemIndex keeps it
+// in a Memory, for simulations and tests that need many indexes (opening
+// Badger costs milliseconds and tens of megabytes): the same code runs over
+// a sorted map instead of a Badger transaction, so both store the same JSON
+// under the same keys and return the same results, orderings, sequence
+// numbers and errors. A Memory is the disk and a MemIndex the process over
+// it: closing a handle and opening another is a crash and restart, keeping
+// every committed transaction. What a Memory lacks is what only a disk has:
+// no limit on a transaction's size (a commit too big for Badger succeeds
+// there), no schema check on open, no value-log GC.
+//
 // # Key layout
 //
 // Variable components are escaped ('%' → %25, '/' → %2F) so a prefix scan of

@@ -1,6 +1,7 @@
 package snapshotindex
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -79,7 +80,9 @@ type Options struct {
 	Logger logrus.FieldLogger
 	// InMemory keeps everything in memory and ignores dir: tests only. It
 	// is not durable, and all values sit in the LSM tree, so it holds
-	// smaller commits (about 4 MB of records) than the on-disk index.
+	// smaller commits (about 4 MB of records) than the on-disk index. A
+	// Memory (NewMemory) keeps the same contract for a fraction of the cost
+	// of opening Badger.
 	InMemory bool
 }
 
@@ -99,21 +102,11 @@ const (
 	gcDiscardRatio = 0.5
 )
 
-// Index is the snapshot index. Its methods are safe for concurrent use.
+// Index is the snapshot index in Badger. Its methods are safe for
+// concurrent use.
 type Index struct {
-	db  *badger.DB
-	log logrus.FieldLogger
-
-	// mu is held for reading by every call for its whole duration, and for
-	// writing by Close, so Close waits for calls in flight and no call
-	// touches a closed DB.
-	mu     sync.RWMutex
-	closed bool
-
-	// writeMu serialises writers. Commit and Drop read (the seq counter,
-	// tombstones, references) and then write; with one writer at a time
-	// their checks cannot go stale and Badger never reports a conflict.
-	writeMu sync.Mutex
+	engine
+	db *badger.DB
 
 	gcKick chan struct{} // buffered(1): a drop made value-log garbage
 	gcStop chan struct{}
@@ -157,15 +150,18 @@ func Open(dir string, opts Options) (*Index, error) {
 	if err != nil {
 		return nil, fmt.Errorf("snapshotindex: open %s: %w", dir, err)
 	}
-	if err := checkSchema(db); err != nil {
+	kv := &badgerStore{db: db}
+	if err := kv.update(checkSchema); err != nil {
 		_ = db.Close()
 		return nil, err
 	}
-	x := &Index{db: db, log: log}
+	x := &Index{db: db}
+	x.kv, x.log = kv, log
 	if !opts.InMemory { // value-log GC is not allowed in memory
 		x.gcKick = make(chan struct{}, 1)
 		x.gcStop = make(chan struct{})
 		x.gcDone = make(chan struct{})
+		x.dropped = x.kickGC
 		go x.gcLoop()
 	}
 	return x, nil
@@ -173,94 +169,126 @@ func Open(dir string, opts Options) (*Index, error) {
 
 // checkSchema writes the schema version into an empty index and checks it in
 // any other.
-func checkSchema(db *badger.DB) error {
-	return db.Update(func(txn *badger.Txn) error {
-		item, err := txn.Get([]byte(keySchema))
-		if errors.Is(err, badger.ErrKeyNotFound) {
-			it := txn.NewIterator(badger.IteratorOptions{})
-			it.Rewind()
-			hasData := it.Valid()
-			it.Close()
-			if hasData {
-				return fmt.Errorf("%w: the index holds data but no schema version key", ErrSchemaVersion)
-			}
-			return txn.Set([]byte(keySchema), []byte(strconv.Itoa(schemaValue)))
-		}
-		if err != nil {
-			return fmt.Errorf("snapshotindex: read schema version: %w", err)
-		}
-		v, err := item.ValueCopy(nil)
-		if err != nil {
-			return fmt.Errorf("snapshotindex: read schema version: %w", err)
-		}
-		n, err := strconv.Atoi(string(v))
-		if err != nil {
-			return &CorruptError{Key: keySchema, Err: err}
-		}
-		if n != schemaValue {
-			return fmt.Errorf("%w: the index has version %d, this build reads %d", ErrSchemaVersion, n, schemaValue)
-		}
+func checkSchema(txn kvTxn) error {
+	var v []byte
+	found, err := txn.get([]byte(keySchema), func(val []byte) error {
+		v = bytes.Clone(val)
 		return nil
 	})
+	if err != nil {
+		return fmt.Errorf("snapshotindex: read schema version: %w", err)
+	}
+	if !found {
+		_, hasData, err := exists(txn, nil)
+		if err != nil {
+			return fmt.Errorf("snapshotindex: read schema version: %w", err)
+		}
+		if hasData {
+			return fmt.Errorf("%w: the index holds data but no schema version key", ErrSchemaVersion)
+		}
+		return txn.set([]byte(keySchema), encodeSchema())
+	}
+	n, err := strconv.Atoi(string(v))
+	if err != nil {
+		return &CorruptError{Key: keySchema, Err: err}
+	}
+	if n != schemaValue {
+		return fmt.Errorf("%w: the index has version %d, this build reads %d", ErrSchemaVersion, n, schemaValue)
+	}
+	return nil
 }
 
 // Close closes the index after the calls in flight return. Later calls
 // return ErrClosed; a second Close returns nil.
 func (x *Index) Close() error {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.closed {
+	return x.g.shut(func() error {
+		if x.gcStop != nil {
+			close(x.gcStop)
+			<-x.gcDone
+		}
+		if err := x.db.Close(); err != nil {
+			return fmt.Errorf("snapshotindex: close: %w", err)
+		}
 		return nil
-	}
-	x.closed = true
-	if x.gcStop != nil {
-		close(x.gcStop)
-		<-x.gcDone
-	}
-	if err := x.db.Close(); err != nil {
-		return fmt.Errorf("snapshotindex: close: %w", err)
-	}
-	return nil
+	})
 }
 
-// enter starts a call: it fails once the index is closed, and otherwise
-// keeps Close waiting until the returned func runs.
-func (x *Index) enter() (leave func(), err error) {
-	x.mu.RLock()
-	if x.closed {
-		x.mu.RUnlock()
-		return nil, ErrClosed
-	}
-	return x.mu.RUnlock, nil
+// badgerStore runs the engine's transactions in Badger.
+type badgerStore struct {
+	db *badger.DB
+	// writeMu serialises writers. Commit and Drop read (the seq counter,
+	// tombstones, references) and then write; with one writer at a time
+	// their checks cannot go stale and Badger never reports a conflict.
+	writeMu sync.Mutex
 }
 
-// view runs a read-only transaction.
-func (x *Index) view(fn func(txn *badger.Txn) error) error {
-	leave, err := x.enter()
-	if err != nil {
-		return err
-	}
-	defer leave()
-	return x.db.View(fn)
+func (s *badgerStore) view(fn func(txn kvTxn) error) error {
+	return s.db.View(func(txn *badger.Txn) error { return fn(badgerTxn{txn}) })
 }
 
 // update runs a read-write transaction, one writer at a time. A transaction
 // too big for Badger is reported as ErrInvalid (it will never fit), still
 // wrapping badger.ErrTxnTooBig.
-func (x *Index) update(fn func(txn *badger.Txn) error) error {
-	leave, err := x.enter()
-	if err != nil {
-		return err
-	}
-	defer leave()
-	x.writeMu.Lock()
-	defer x.writeMu.Unlock()
-	err = x.db.Update(fn)
+func (s *badgerStore) update(fn func(txn kvTxn) error) error {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	err := s.db.Update(func(txn *badger.Txn) error { return fn(badgerTxn{txn}) })
 	if errors.Is(err, badger.ErrTxnTooBig) {
 		return fmt.Errorf("%w: the change does not fit in one Badger transaction (at most %d bytes, %d entries): %w",
-			ErrInvalid, x.db.MaxBatchSize(), x.db.MaxBatchCount(), err)
+			ErrInvalid, s.db.MaxBatchSize(), s.db.MaxBatchCount(), err)
 	}
 	return err
+}
+
+// badgerTxn is a kvTxn over a Badger transaction.
+type badgerTxn struct{ txn *badger.Txn }
+
+func (t badgerTxn) get(key []byte, fn func(val []byte) error) (bool, error) {
+	item, err := t.txn.Get(key)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read %q: %w", key, err)
+	}
+	return true, value(item, fn)
+}
+
+func (t badgerTxn) set(key, val []byte) error { return t.txn.Set(key, val) }
+func (t badgerTxn) delete(key []byte) error   { return t.txn.Delete(key) }
+
+// scan iterates keys only unless withValues, which is much cheaper.
+func (t badgerTxn) scan(prefix []byte, withValues bool, fn func(key, val []byte) error) error {
+	opts := badger.DefaultIteratorOptions
+	opts.Prefix = prefix
+	opts.PrefetchValues = withValues
+	// A read-write transaction allows one iterator at a time, so every
+	// iterator is closed before scan returns.
+	it := t.txn.NewIterator(opts)
+	defer it.Close()
+	for it.Seek(prefix); it.ValidForPrefix(prefix); it.Next() {
+		item := it.Item()
+		var err error
+		if withValues {
+			err = value(item, func(val []byte) error { return fn(item.Key(), val) })
+		} else {
+			err = fn(item.Key(), nil)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// value calls fn with item's value. A failure to read the value names the
+// key; fn's own error is returned as it is.
+func value(item *badger.Item, fn func(val []byte) error) error {
+	var fnErr error
+	if err := item.Value(func(val []byte) error { fnErr = fn(val); return nil }); err != nil {
+		return fmt.Errorf("read %q: %w", item.Key(), err)
+	}
+	return fnErr
 }
 
 // kickGC asks the GC loop to run soon; it never blocks.

@@ -36,9 +36,56 @@ func openAt(t testing.TB, dir string) *Index {
 	return x
 }
 
-func openTemp(t testing.TB) (*Index, string) {
-	dir := t.TempDir()
-	return openAt(t, dir), dir
+func openMem(t testing.TB, m *Memory) *MemIndex {
+	t.Helper()
+	x := m.Open()
+	t.Cleanup(func() { _ = x.Close() })
+	return x
+}
+
+// backend is an implementation of Store under the contract tests.
+type backend struct {
+	name string
+	// open returns a fresh store, closed when the test ends, and reopen,
+	// which opens another over the same durable contents: after closing
+	// the first, that is a restart.
+	open func(t testing.TB) (x Store, reopen func() Store)
+}
+
+func backends() []backend {
+	return []backend{
+		{"badger", func(t testing.TB) (Store, func() Store) {
+			dir := t.TempDir()
+			return openAt(t, dir), func() Store { return openAt(t, dir) }
+		}},
+		{"memory", func(t testing.TB) (Store, func() Store) {
+			m := NewMemory()
+			return openMem(t, m), func() Store { return openMem(t, m) }
+		}},
+	}
+}
+
+// forEach runs a contract test against a fresh store of every backend.
+func forEach(t *testing.T, test func(t *testing.T, x Store, reopen func() Store)) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			x, reopen := b.open(t)
+			test(t, x, reopen)
+		})
+	}
+}
+
+// engineOf returns the engine under x, for raw access to its keys.
+func engineOf(t testing.TB, x Store) *engine {
+	t.Helper()
+	switch x := x.(type) {
+	case *Index:
+		return &x.engine
+	case *MemIndex:
+		return &x.engine
+	}
+	t.Fatalf("no engine in %T", x)
+	return nil
 }
 
 // testRecord is a realistic record whose session data pads it to about
@@ -97,21 +144,21 @@ func canonicalHash(t testing.TB, recs []Record) string {
 
 // rawSet writes a value under a key directly, bypassing every check: the way
 // to plant corrupt data.
-func rawSet(t testing.TB, x *Index, key string, val []byte) {
+func rawSet(t testing.TB, x Store, key string, val []byte) {
 	t.Helper()
-	if err := x.db.Update(func(txn *badger.Txn) error { return txn.Set([]byte(key), val) }); err != nil {
+	if err := engineOf(t, x).update(func(txn kvTxn) error { return txn.set([]byte(key), val) }); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func rawDelete(t testing.TB, x *Index, key string) {
+func rawDelete(t testing.TB, x Store, key string) {
 	t.Helper()
-	if err := x.db.Update(func(txn *badger.Txn) error { return txn.Delete([]byte(key)) }); err != nil {
+	if err := engineOf(t, x).update(func(txn kvTxn) error { return txn.delete([]byte(key)) }); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func mustCommit(t testing.TB, x *Index, meta CheckpointMeta, recs []Record, clear ...IntentKey) CheckpointMeta {
+func mustCommit(t testing.TB, x Store, meta CheckpointMeta, recs []Record, clear ...IntentKey) CheckpointMeta {
 	t.Helper()
 	got, err := x.Commit(meta, recs, clear...)
 	if err != nil {
@@ -120,7 +167,7 @@ func mustCommit(t testing.TB, x *Index, meta CheckpointMeta, recs []Record, clea
 	return got
 }
 
-func mustCheckpoint(t testing.TB, x *Index, id string) Checkpoint {
+func mustCheckpoint(t testing.TB, x Store, id string) Checkpoint {
 	t.Helper()
 	c, err := x.Checkpoint(id)
 	if err != nil {
@@ -160,8 +207,9 @@ func wantCorrupt(t testing.TB, err error, key string) {
 
 // --- tests -----------------------------------------------------------------
 
-func TestRoundTrip(t *testing.T) {
-	x, _ := openTemp(t)
+func TestRoundTrip(t *testing.T) { forEach(t, testRoundTrip) }
+
+func testRoundTrip(t *testing.T, x Store, _ func() Store) {
 	// Unsorted input, and ids with the characters the key escaping handles.
 	recs := []Record{
 		testRecord("zeta", "snap/3", 900),
@@ -203,7 +251,10 @@ func TestRoundTrip(t *testing.T) {
 }
 
 func TestCommitEmptyAndLatestAndFindByDir(t *testing.T) {
-	x, _ := openTemp(t)
+	forEach(t, testCommitEmptyAndLatestAndFindByDir)
+}
+
+func testCommitEmptyAndLatestAndFindByDir(t *testing.T, x Store, _ func() Store) {
 	if _, ok, err := x.Latest(); ok || err != nil {
 		t.Fatalf("Latest on empty index = %v, %v", ok, err)
 	}
@@ -241,12 +292,9 @@ func TestCommitEmptyAndLatestAndFindByDir(t *testing.T) {
 	}
 }
 
-func TestReopenPersists(t *testing.T) {
-	dir := t.TempDir()
-	x, err := Open(dir, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+func TestReopenPersists(t *testing.T) { forEach(t, testReopenPersists) }
+
+func testReopenPersists(t *testing.T, x Store, reopen func() Store) {
 	recs := testRecords(50, 1500, "r")
 	meta := mustCommit(t, x, CheckpointMeta{ID: "r1", Scope: []string{"sess-00001"}}, recs)
 	if err := x.AddTombstones([]Tombstone{{SnapshotID: "old", Provider: "fake", Reason: "failed commit"}}); err != nil {
@@ -259,7 +307,7 @@ func TestReopenPersists(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	y := openAt(t, dir)
+	y := reopen()
 	c := mustCheckpoint(t, y, "r1")
 	if d := cmp.Diff(Checkpoint{Meta: meta, Records: sortedBySession(recs)}, c); d != "" {
 		t.Fatalf("after reopen (-want +got):\n%s", d)
@@ -275,8 +323,9 @@ func TestReopenPersists(t *testing.T) {
 	}
 }
 
-func TestIdempotentRecommit(t *testing.T) {
-	x, _ := openTemp(t)
+func TestIdempotentRecommit(t *testing.T) { forEach(t, testIdempotentRecommit) }
+
+func testIdempotentRecommit(t *testing.T, x Store, _ func() Store) {
 	recs := testRecords(20, 1000, "i")
 	first := mustCommit(t, x, CheckpointMeta{ID: "i1", CheckpointDir: "/d", Scope: []string{"a"}}, recs)
 
@@ -303,8 +352,9 @@ func TestIdempotentRecommit(t *testing.T) {
 	}
 }
 
-func TestConflict(t *testing.T) {
-	x, _ := openTemp(t)
+func TestConflict(t *testing.T) { forEach(t, testConflict) }
+
+func testConflict(t *testing.T, x Store, _ func() Store) {
 	recs := testRecords(3, 800, "c")
 	stored := mustCommit(t, x, CheckpointMeta{ID: "c1", CheckpointDir: "/d", Scope: []string{"s"}}, recs)
 
@@ -336,8 +386,9 @@ func TestConflict(t *testing.T) {
 	}
 }
 
-func TestCommitValidation(t *testing.T) {
-	x, _ := openTemp(t)
+func TestCommitValidation(t *testing.T) { forEach(t, testCommitValidation) }
+
+func testCommitValidation(t *testing.T, x Store, _ func() Store) {
 	good := testRecords(2, 700, "v")
 	with := func(f func(r *Record)) []Record {
 		rs := slices.Clone(good)
@@ -375,8 +426,9 @@ func TestCommitValidation(t *testing.T) {
 	}
 }
 
-func TestSnapshotRefs(t *testing.T) {
-	x, _ := openTemp(t)
+func TestSnapshotRefs(t *testing.T) { forEach(t, testSnapshotRefs) }
+
+func testSnapshotRefs(t *testing.T, x Store, _ func() Store) {
 	a := []Record{testRecord("s1", "snap", 500), testRecord("s2", "snap2", 500)}
 	b := []Record{testRecord("s1", "snap", 500), testRecord("s3", "snap/x", 500)}
 	mustCommit(t, x, CheckpointMeta{ID: "b"}, b)
@@ -403,8 +455,9 @@ func TestSnapshotRefs(t *testing.T) {
 	}
 }
 
-func TestDrop(t *testing.T) {
-	x, _ := openTemp(t)
+func TestDrop(t *testing.T) { forEach(t, testDrop) }
+
+func testDrop(t *testing.T, x Store, _ func() Store) {
 	mustCommit(t, x, CheckpointMeta{ID: "a"}, []Record{testRecord("s1", "shared", 900), testRecord("s2", "only-a", 900)})
 	mustCommit(t, x, CheckpointMeta{ID: "b"}, []Record{testRecord("s1", "shared", 900), testRecord("s3", "only-b", 900)})
 
@@ -461,8 +514,9 @@ func tombIDs(ts []Tombstone) []string {
 	return out
 }
 
-func TestTombstones(t *testing.T) {
-	x, _ := openTemp(t)
+func TestTombstones(t *testing.T) { forEach(t, testTombstones) }
+
+func testTombstones(t *testing.T, x Store, _ func() Store) {
 	mustCommit(t, x, CheckpointMeta{ID: "k"}, []Record{testRecord("s1", "kept", 500)})
 	at := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	if err := x.PutIntent(Intent{Kind: "commit", ID: "failed"}); err != nil {
@@ -505,8 +559,9 @@ func TestTombstones(t *testing.T) {
 	mustCommit(t, x, CheckpointMeta{ID: "n"}, []Record{testRecord("s1", "a-1", 500)})
 }
 
-func TestIntents(t *testing.T) {
-	x, _ := openTemp(t)
+func TestIntents(t *testing.T) { forEach(t, testIntents) }
+
+func testIntents(t *testing.T, x Store, _ func() Store) {
 	at := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	for _, in := range []Intent{
 		{Kind: "commit", ID: "c2", Body: json.RawMessage(`{"snapshots":["a","b"]}`), At: at},
@@ -603,8 +658,9 @@ func TestSchemaVersion(t *testing.T) {
 	openAt(t, dir)
 }
 
-func TestCorruptValues(t *testing.T) {
-	x, _ := openTemp(t)
+func TestCorruptValues(t *testing.T) { forEach(t, testCorruptValues) }
+
+func testCorruptValues(t *testing.T, x Store, _ func() Store) {
 	setup := func(t *testing.T) {
 		mustCommit(t, x, CheckpointMeta{ID: "c"}, testRecords(3, 800, "c"))
 	}
@@ -653,8 +709,9 @@ func TestCorruptValues(t *testing.T) {
 	}
 }
 
-func TestClosed(t *testing.T) {
-	x, _ := openTemp(t)
+func TestClosed(t *testing.T) { forEach(t, testClosed) }
+
+func testClosed(t *testing.T, x Store, _ func() Store) {
 	mustCommit(t, x, CheckpointMeta{ID: "a"}, testRecords(1, 500, "a"))
 	if err := x.Close(); err != nil {
 		t.Fatal(err)
@@ -727,34 +784,36 @@ func TestLargeCommits(t *testing.T) {
 			if testing.Short() && tc.n > 1000 {
 				t.Skip("-short")
 			}
-			x, dir := openTemp(t)
-			recs := testRecords(tc.n, tc.size, "l")
-			start := time.Now()
-			meta := mustCommit(t, x, CheckpointMeta{ID: "large"}, recs)
-			t.Logf("commit of %d records: %v", tc.n, time.Since(start))
-			if meta.RecordCount != tc.n {
-				t.Fatalf("RecordCount = %d", meta.RecordCount)
-			}
-			if err := x.Close(); err != nil {
-				t.Fatal(err)
-			}
-			y := openAt(t, dir)
-			start = time.Now()
-			c := mustCheckpoint(t, y, "large")
-			t.Logf("load of %d records: %v", tc.n, time.Since(start))
-			if len(c.Records) != tc.n || c.Meta.RecordsSHA256 != canonicalHash(t, recs) {
-				t.Fatalf("reloaded %d records, hash %s", len(c.Records), c.Meta.RecordsSHA256)
-			}
-			// And the whole thing can be dropped in one transaction too.
-			if err := y.Drop([]string{"large"}, nil); err != nil {
-				t.Fatal(err)
-			}
+			forEach(t, func(t *testing.T, x Store, reopen func() Store) {
+				recs := testRecords(tc.n, tc.size, "l")
+				start := time.Now()
+				meta := mustCommit(t, x, CheckpointMeta{ID: "large"}, recs)
+				t.Logf("commit of %d records: %v", tc.n, time.Since(start))
+				if meta.RecordCount != tc.n {
+					t.Fatalf("RecordCount = %d", meta.RecordCount)
+				}
+				if err := x.Close(); err != nil {
+					t.Fatal(err)
+				}
+				y := reopen()
+				start = time.Now()
+				c := mustCheckpoint(t, y, "large")
+				t.Logf("load of %d records: %v", tc.n, time.Since(start))
+				if len(c.Records) != tc.n || c.Meta.RecordsSHA256 != canonicalHash(t, recs) {
+					t.Fatalf("reloaded %d records, hash %s", len(c.Records), c.Meta.RecordsSHA256)
+				}
+				// And the whole thing can be dropped in one transaction too.
+				if err := y.Drop([]string{"large"}, nil); err != nil {
+					t.Fatal(err)
+				}
+			})
 		})
 	}
 }
 
-func TestConcurrentUse(t *testing.T) {
-	x, _ := openTemp(t)
+func TestConcurrentUse(t *testing.T) { forEach(t, testConcurrentUse) }
+
+func testConcurrentUse(t *testing.T, x Store, _ func() Store) {
 	const writers, rounds = 4, 15
 	var wg sync.WaitGroup
 	errs := make(chan error, writers*rounds*4)
@@ -826,8 +885,9 @@ func TestConcurrentUse(t *testing.T) {
 	}
 }
 
-func TestCloseWhileBusy(t *testing.T) {
-	x, _ := openTemp(t)
+func TestCloseWhileBusy(t *testing.T) { forEach(t, testCloseWhileBusy) }
+
+func testCloseWhileBusy(t *testing.T, x Store, _ func() Store) {
 	mustCommit(t, x, CheckpointMeta{ID: "a"}, testRecords(50, 800, "a"))
 	started := make(chan struct{})
 	var wg sync.WaitGroup
@@ -1030,11 +1090,11 @@ func TestCrashDuringCommits(t *testing.T) {
 		}
 	}
 	// No stray record of a commit the kill interrupted.
-	err = x.db.View(func(txn *badger.Txn) error {
-		return scan(txn, []byte(pfxRecord), false, func(item *badger.Item) error {
-			id, _, _ := strings.Cut(strings.TrimPrefix(string(item.Key()), pfxRecord), "/")
+	err = x.view(func(txn kvTxn) error {
+		return txn.scan([]byte(pfxRecord), false, func(key, _ []byte) error {
+			id, _, _ := strings.Cut(strings.TrimPrefix(string(key), pfxRecord), "/")
 			if !present[unescape(id)] {
-				t.Errorf("record %q of an absent checkpoint", item.Key())
+				t.Errorf("record %q of an absent checkpoint", key)
 			}
 			return nil
 		})
@@ -1080,8 +1140,9 @@ func TestBadgerLogsAtDebug(t *testing.T) {
 // TestDropManyTombstones covers the one-pass reference check a drop of many
 // snapshots takes: it refuses a snapshot a remaining checkpoint names and
 // accepts the rest.
-func TestDropManyTombstones(t *testing.T) {
-	x, _ := openTemp(t)
+func TestDropManyTombstones(t *testing.T) { forEach(t, testDropManyTombstones) }
+
+func testDropManyTombstones(t *testing.T, x Store, _ func() Store) {
 	var recs []Record
 	var ts []Tombstone
 	for i := 0; i < 3*fewTombstones; i++ {

@@ -2,6 +2,7 @@ package snapshotindex
 
 import (
 	"encoding/binary"
+	"strconv"
 	"strings"
 )
 
@@ -80,3 +81,5 @@ func splitRef(key []byte) (snapshot, id string, ok bool) {
 }
 
 func encodeSeq(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }
+
+func encodeSchema() []byte { return []byte(strconv.Itoa(schemaValue)) }

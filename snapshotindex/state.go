@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-
-	"github.com/dgraph-io/badger/v4"
 )
 
 // checkTombstones validates ts and returns a copy with times stamped.
@@ -23,7 +21,7 @@ func checkTombstones(ts []Tombstone) ([]Tombstone, error) {
 
 // putTombstones writes ts, refusing any snapshot a checkpoint still names.
 // It runs after the same transaction's drops, whose deletes it sees.
-func putTombstones(txn *badger.Txn, ts []Tombstone) error {
+func putTombstones(txn kvTxn, ts []Tombstone) error {
 	namedBy, err := namingCheckpoints(txn, ts)
 	if err != nil {
 		return err
@@ -48,11 +46,15 @@ const fewTombstones = 16
 
 // namingCheckpoints maps each of ts's snapshots that a checkpoint still
 // names (as the transaction sees it) to one such checkpoint.
-func namingCheckpoints(txn *badger.Txn, ts []Tombstone) (map[string]string, error) {
+func namingCheckpoints(txn kvTxn, ts []Tombstone) (map[string]string, error) {
 	named := map[string]string{}
 	if len(ts) <= fewTombstones {
 		for _, t := range ts {
-			if key, ok := exists(txn, refPrefix(t.SnapshotID)); ok {
+			key, ok, err := exists(txn, refPrefix(t.SnapshotID))
+			if err != nil {
+				return nil, err
+			}
+			if ok {
 				_, id, _ := splitRef(key)
 				named[t.SnapshotID] = id
 			}
@@ -63,8 +65,8 @@ func namingCheckpoints(txn *badger.Txn, ts []Tombstone) (map[string]string, erro
 	for _, t := range ts {
 		want[t.SnapshotID] = true
 	}
-	err := scan(txn, []byte(pfxRef), false, func(item *badger.Item) error {
-		if snap, id, ok := splitRef(item.Key()); ok && want[snap] {
+	err := txn.scan([]byte(pfxRef), false, func(key, _ []byte) error {
+		if snap, id, ok := splitRef(key); ok && want[snap] {
 			if _, seen := named[snap]; !seen {
 				named[snap] = id
 			}
@@ -75,10 +77,10 @@ func namingCheckpoints(txn *badger.Txn, ts []Tombstone) (map[string]string, erro
 }
 
 // tombstoned returns the set of tombstoned snapshot ids.
-func tombstoned(txn *badger.Txn) (map[string]bool, error) {
+func tombstoned(txn kvTxn) (map[string]bool, error) {
 	dead := map[string]bool{}
-	err := scan(txn, []byte(pfxTomb), false, func(item *badger.Item) error {
-		dead[unescape(strings.TrimPrefix(string(item.Key()), pfxTomb))] = true
+	err := txn.scan([]byte(pfxTomb), false, func(key, _ []byte) error {
+		dead[unescape(strings.TrimPrefix(string(key), pfxTomb))] = true
 		return nil
 	})
 	return dead, err
@@ -87,13 +89,13 @@ func tombstoned(txn *badger.Txn) (map[string]bool, error) {
 // AddTombstones records snapshots that are about to be deleted and deletes
 // clearIntents, in one transaction. Writing a tombstone again replaces it. A
 // snapshot some checkpoint still names is ErrInvalid, and nothing is written.
-func (x *Index) AddTombstones(ts []Tombstone, clearIntents ...IntentKey) error {
+func (x *engine) AddTombstones(ts []Tombstone, clearIntents ...IntentKey) error {
 	ts, err := checkTombstones(ts)
 	if err == nil {
 		err = checkIntentKeys(clearIntents)
 	}
 	if err == nil {
-		err = x.update(func(txn *badger.Txn) error {
+		err = x.update(func(txn kvTxn) error {
 			if err := putTombstones(txn, ts); err != nil {
 				return err
 			}
@@ -107,7 +109,7 @@ func (x *Index) AddTombstones(ts []Tombstone, clearIntents ...IntentKey) error {
 }
 
 // Tombstones returns every tombstone, sorted by SnapshotID.
-func (x *Index) Tombstones() ([]Tombstone, error) {
+func (x *engine) Tombstones() ([]Tombstone, error) {
 	ts, err := list(x, []byte(pfxTomb),
 		func(t *Tombstone) []byte { return tombKey(t.SnapshotID) },
 		func(a, b Tombstone) int { return strings.Compare(a.SnapshotID, b.SnapshotID) })
@@ -119,10 +121,10 @@ func (x *Index) Tombstones() ([]Tombstone, error) {
 
 // ClearTombstones deletes the tombstones of snapshots that are gone from the
 // provider, in one transaction. Absent ones are ignored.
-func (x *Index) ClearTombstones(snapshotIDs []string) error {
-	err := x.update(func(txn *badger.Txn) error {
+func (x *engine) ClearTombstones(snapshotIDs []string) error {
+	err := x.update(func(txn kvTxn) error {
 		for _, id := range snapshotIDs {
-			if err := txn.Delete(tombKey(id)); err != nil {
+			if err := txn.delete(tombKey(id)); err != nil {
 				return err
 			}
 		}
@@ -135,11 +137,11 @@ func (x *Index) ClearTombstones(snapshotIDs []string) error {
 }
 
 // PutIntent writes (or replaces) an intent. A zero At is set to now.
-func (x *Index) PutIntent(in Intent) error {
+func (x *engine) PutIntent(in Intent) error {
 	err := checkIntentKeys([]IntentKey{{in.Kind, in.ID}})
 	if err == nil {
 		in.At = stamp(in.At)
-		err = x.update(func(txn *badger.Txn) error {
+		err = x.update(func(txn kvTxn) error {
 			return setJSON(txn, intentKey(IntentKey{in.Kind, in.ID}), in)
 		})
 	}
@@ -151,7 +153,7 @@ func (x *Index) PutIntent(in Intent) error {
 
 // Intents returns the intents of one kind ("" for every kind), sorted by
 // kind then id.
-func (x *Index) Intents(kind string) ([]Intent, error) {
+func (x *engine) Intents(kind string) ([]Intent, error) {
 	ins, err := list(x, intentPrefix(kind),
 		func(in *Intent) []byte { return intentKey(IntentKey{in.Kind, in.ID}) },
 		func(a, b Intent) int { return cmp.Or(strings.Compare(a.Kind, b.Kind), strings.Compare(a.ID, b.ID)) })
@@ -162,10 +164,10 @@ func (x *Index) Intents(kind string) ([]Intent, error) {
 }
 
 // DeleteIntent deletes an intent; an absent one is not an error.
-func (x *Index) DeleteIntent(k IntentKey) error {
+func (x *engine) DeleteIntent(k IntentKey) error {
 	err := checkIntentKeys([]IntentKey{k})
 	if err == nil {
-		err = x.update(func(txn *badger.Txn) error { return deleteIntents(txn, []IntentKey{k}) })
+		err = x.update(func(txn kvTxn) error { return deleteIntents(txn, []IntentKey{k}) })
 	}
 	if err != nil {
 		return fmt.Errorf("snapshotindex: delete intent %s/%s: %w", k.Kind, k.ID, err)

@@ -4,67 +4,37 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
-
-	"github.com/dgraph-io/badger/v4"
 )
 
-// scan calls fn for every key under prefix, in key order. Without values
-// the iterator reads keys only, which is much cheaper.
-func scan(txn *badger.Txn, prefix []byte, withValues bool, fn func(item *badger.Item) error) error {
-	opts := badger.DefaultIteratorOptions
-	opts.Prefix = prefix
-	opts.PrefetchValues = withValues
-	// A read-write transaction allows one iterator at a time, so every
-	// iterator is closed before scan returns.
-	it := txn.NewIterator(opts)
-	defer it.Close()
-	for it.Seek(prefix); it.ValidForPrefix(prefix); it.Next() {
-		if err := fn(it.Item()); err != nil {
-			return err
-		}
+// decode unmarshals val, stored under key, into v; bad JSON is a
+// *CorruptError naming the key.
+func decode(key, val []byte, v any) error {
+	if err := json.Unmarshal(val, v); err != nil {
+		return corrupt(key, "%w", err)
 	}
 	return nil
 }
 
-// decode unmarshals item's value into v; bad JSON is a *CorruptError naming
-// the key.
-func decode(item *badger.Item, v any) error {
-	return item.Value(func(b []byte) error {
-		if err := json.Unmarshal(b, v); err != nil {
-			return corrupt(item.Key(), "%w", err)
-		}
-		return nil
-	})
-}
-
 // get decodes the value under key into v; found is false when it is absent.
-func get(txn *badger.Txn, key []byte, v any) (found bool, err error) {
-	item, err := txn.Get(key)
-	if errors.Is(err, badger.ErrKeyNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("read %q: %w", key, err)
-	}
-	return true, decode(item, v)
+func get(txn kvTxn, key []byte, v any) (found bool, err error) {
+	return txn.get(key, func(val []byte) error { return decode(key, val, v) })
 }
 
 // list decodes every value under prefix and returns them sorted by order. A
 // value that keyOf says belongs under another key is corrupt: the key is the
 // index's only way to find it, so the two must agree.
-func list[T any](x *Index, prefix []byte, keyOf func(*T) []byte, order func(a, b T) int) ([]T, error) {
+func list[T any](x *engine, prefix []byte, keyOf func(*T) []byte, order func(a, b T) int) ([]T, error) {
 	var out []T
-	err := x.view(func(txn *badger.Txn) error {
-		return scan(txn, prefix, true, func(item *badger.Item) error {
+	err := x.view(func(txn kvTxn) error {
+		return txn.scan(prefix, true, func(key, val []byte) error {
 			var v T
-			if err := decode(item, &v); err != nil {
+			if err := decode(key, val, &v); err != nil {
 				return err
 			}
-			if want := keyOf(&v); !bytes.Equal(item.Key(), want) {
-				return corrupt(item.Key(), "value belongs under key %q", want)
+			if want := keyOf(&v); !bytes.Equal(key, want) {
+				return corrupt(key, "value belongs under key %q", want)
 			}
 			out = append(out, v)
 			return nil
@@ -77,34 +47,38 @@ func list[T any](x *Index, prefix []byte, keyOf func(*T) []byte, order func(a, b
 	return out, nil
 }
 
-// exists reports whether any key lies under prefix. Inside a read-write
+// errFound ends a scan that has seen what it looked for.
+var errFound = errors.New("snapshotindex: found")
+
+// exists returns the first key under prefix, if any. Inside a read-write
 // transaction it sees that transaction's own pending sets and deletes.
-func exists(txn *badger.Txn, prefix []byte) (first []byte, ok bool) {
-	opts := badger.DefaultIteratorOptions
-	opts.Prefix = prefix
-	opts.PrefetchValues = false
-	it := txn.NewIterator(opts)
-	defer it.Close()
-	it.Seek(prefix)
-	if !it.ValidForPrefix(prefix) {
-		return nil, false
+func exists(txn kvTxn, prefix []byte) (first []byte, ok bool, err error) {
+	err = txn.scan(prefix, false, func(key, _ []byte) error {
+		first = bytes.Clone(key)
+		return errFound
+	})
+	switch {
+	case errors.Is(err, errFound):
+		return first, true, nil
+	case err != nil:
+		return nil, false, err
 	}
-	return it.Item().KeyCopy(nil), true
+	return nil, false, nil
 }
 
 // setJSON marshals v under key.
-func setJSON(txn *badger.Txn, key []byte, v any) error {
+func setJSON(txn kvTxn, key []byte, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return invalid("encode %q: %v", key, err)
 	}
-	return txn.Set(key, b)
+	return txn.set(key, b)
 }
 
 // deleteIntents deletes the named intents; absent ones are ignored.
-func deleteIntents(txn *badger.Txn, keys []IntentKey) error {
+func deleteIntents(txn kvTxn, keys []IntentKey) error {
 	for _, k := range keys {
-		if err := txn.Delete(intentKey(k)); err != nil {
+		if err := txn.delete(intentKey(k)); err != nil {
 			return err
 		}
 	}
