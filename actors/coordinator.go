@@ -2,7 +2,6 @@ package actors
 
 import (
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -254,19 +253,9 @@ func (c *coordinator) clock() clock.Clock {
 // returned func cancels it. The actor must still check that msg is current:
 // a cancel can race a timer that already fired.
 func sendAfter(ctx actor.Context, clk clock.Clock, d time.Duration, msg any) func() {
-	t := clk.NewTimer(d)
-	stop := make(chan struct{})
 	self, root := ctx.Self(), ctx.ActorSystem().Root
-	go func() {
-		select {
-		case <-t.C():
-			root.Send(self, msg)
-		case <-stop:
-			t.Stop()
-		}
-	}()
-	var once sync.Once
-	return func() { once.Do(func() { close(stop) }) }
+	t := clk.AfterFunc(d, func() { root.Send(self, msg) })
+	return func() { t.Stop() }
 }
 
 func (c *coordinator) maybeFinish(ctx actor.Context) {

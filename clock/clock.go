@@ -19,6 +19,10 @@ type Clock interface {
 	After(d time.Duration) <-chan time.Time
 	// NewTimer returns a timer that fires once d has passed on the clock.
 	NewTimer(d time.Duration) Timer
+	// AfterFunc calls f once d has passed on the clock (time.AfterFunc);
+	// the returned timer's C is nil. Waiting this way needs no goroutine
+	// of the caller's, so a deterministic scheduler can order the call.
+	AfterFunc(d time.Duration, f func()) Timer
 }
 
 // Timer is a one-shot timer of a Clock, with time.Timer's semantics:
@@ -41,6 +45,9 @@ func (Real) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 // NewTimer wraps time.NewTimer.
 func (Real) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }
+
+// AfterFunc wraps time.AfterFunc.
+func (Real) AfterFunc(d time.Duration, f func()) Timer { return realTimer{time.AfterFunc(d, f)} }
 
 type realTimer struct{ t *time.Timer }
 
@@ -79,17 +86,27 @@ func (m *Manual) Advance(d time.Duration) time.Time {
 	m.mu.Lock()
 	m.now = m.now.Add(d)
 	now := m.now
-	m.fireLocked()
+	calls := m.fireLocked()
 	m.mu.Unlock()
+	run(calls)
 	return now
+}
+
+// run calls the functions of AfterFunc timers that fired, outside the lock
+// (they may use the clock).
+func run(calls []func()) {
+	for _, f := range calls {
+		f()
+	}
 }
 
 // Set moves the clock to t and fires the timers now due.
 func (m *Manual) Set(t time.Time) {
 	m.mu.Lock()
 	m.now = t
-	m.fireLocked()
+	calls := m.fireLocked()
 	m.mu.Unlock()
+	run(calls)
 }
 
 // After returns the channel of a new timer of d.
@@ -98,6 +115,16 @@ func (m *Manual) After(d time.Duration) <-chan time.Time { return m.NewTimer(d).
 // NewTimer returns a timer due d from now; it fires at once if d <= 0.
 func (m *Manual) NewTimer(d time.Duration) Timer {
 	t := &manualTimer{m: m, c: make(chan time.Time, 1)}
+	m.mu.Lock()
+	m.armLocked(t, d)
+	m.mu.Unlock()
+	return t
+}
+
+// AfterFunc calls f when the clock is moved past d from now (on the
+// goroutine that moves it), or at once on a goroutine of its own if d <= 0.
+func (m *Manual) AfterFunc(d time.Duration, f func()) Timer {
+	t := &manualTimer{m: m, f: f}
 	m.mu.Lock()
 	m.armLocked(t, d)
 	m.mu.Unlock()
@@ -166,7 +193,7 @@ func (m *Manual) armLocked(t *manualTimer, d time.Duration) {
 // fireLocked fires every timer due at or before now, earliest first (ties
 // in the order they were armed), so that what they wake runs in the order
 // real timers would have.
-func (m *Manual) fireLocked() {
+func (m *Manual) fireLocked() (calls []func()) {
 	var due []*manualTimer
 	for t := range m.timers {
 		if !t.due.After(m.now) {
@@ -181,13 +208,19 @@ func (m *Manual) fireLocked() {
 	})
 	for _, t := range due {
 		delete(m.timers, t)
+		if t.f != nil {
+			calls = append(calls, t.f)
+			continue
+		}
 		t.send(t.due)
 	}
+	return calls
 }
 
 type manualTimer struct {
 	m   *Manual
 	c   chan time.Time
+	f   func() // an AfterFunc timer's call (c is nil)
 	due time.Time
 	seq uint64
 }
@@ -196,6 +229,10 @@ func (t *manualTimer) C() <-chan time.Time { return t.c }
 
 // send delivers a tick unless one is still undelivered.
 func (t *manualTimer) send(at time.Time) {
+	if t.f != nil {
+		go t.f()
+		return
+	}
 	select {
 	case t.c <- at:
 	default:

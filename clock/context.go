@@ -16,21 +16,12 @@ func WithDeadline(parent context.Context, clk Clock, at time.Time) (context.Cont
 	}
 	ctx, cancel := context.WithCancelCause(parent)
 	c := &deadlineCtx{Context: ctx}
-	t := clk.NewTimer(at.Sub(clk.Now()))
-	stop := make(chan struct{})
-	var once sync.Once
-	go func() {
-		select {
-		case <-t.C():
-			c.expire()
-			cancel(context.DeadlineExceeded)
-		case <-stop:
-		case <-ctx.Done():
-		}
-		t.Stop()
-	}()
+	t := clk.AfterFunc(at.Sub(clk.Now()), func() {
+		c.expire()
+		cancel(context.DeadlineExceeded)
+	})
 	return c, func() {
-		once.Do(func() { close(stop) })
+		t.Stop()
 		cancel(context.Canceled)
 	}
 }
