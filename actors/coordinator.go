@@ -136,6 +136,8 @@ type StartRound struct {
 	Sessions []messages.SessionRef
 	Names    map[string]string
 	Deadline time.Time
+	// Reply, when set, gets the RoundResult (else the sender does).
+	Reply messages.ReplyTo
 }
 
 // RoundResult is the outcome of a round. Taken includes snapshots of
@@ -181,6 +183,7 @@ type coordinator struct {
 	env    *CoordinatorEnv
 	cur    *Round
 	asker  *actor.PID
+	reply  messages.ReplyTo
 	cancel func()
 	pids   []*actor.PID
 }
@@ -194,11 +197,15 @@ func (c *coordinator) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *StartRound:
 		if c.cur != nil {
-			ctx.Respond(&RoundResult{Round: m.ID, Busy: true})
+			if m.Reply != nil {
+				m.Reply.Deliver(&RoundResult{Round: m.ID, Busy: true})
+			} else {
+				ctx.Respond(&RoundResult{Round: m.ID, Busy: true})
+			}
 			return
 		}
 		c.cur = NewRound(m.ID, m.Sessions)
-		c.asker = ctx.Sender()
+		c.asker, c.reply = ctx.Sender(), m.Reply
 		c.pids = c.pids[:0]
 		// Armed before any session is asked, so that a test which sees a
 		// snapshot begin knows the deadline is already on the clock.
@@ -271,8 +278,11 @@ func (c *coordinator) maybeFinish(ctx actor.Context) {
 	}
 	res := c.cur.Result()
 	c.cur = nil
-	if c.asker != nil {
+	switch {
+	case c.reply != nil:
+		c.reply.Deliver(res)
+	case c.asker != nil:
 		ctx.Send(c.asker, res)
 	}
-	c.asker = nil
+	c.asker, c.reply = nil, nil
 }

@@ -3,12 +3,15 @@ package actors
 import (
 	"context"
 	"sync"
+
+	"github.com/sandboxowner/owner/sched"
 )
 
 // Limiter bounds how many checkpoint provider calls (snapshot, fork, park
 // and retire stops, snapshot deletes) run at once: checkpoint.parallelism.
 type Limiter struct {
 	slots chan struct{}
+	rt    sched.Runtime
 
 	// mu guards waiting and changed, which let a test see every caller
 	// accounted for (holding a slot or waiting for one) without sleeping.
@@ -18,11 +21,14 @@ type Limiter struct {
 }
 
 // NewLimiter allows n concurrent calls (at least 1).
-func NewLimiter(n int) *Limiter {
+func NewLimiter(n int) *Limiter { return NewLimiterOn(n, nil) }
+
+// NewLimiterOn is NewLimiter whose callers wait through rt (nil: block).
+func NewLimiterOn(n int, rt sched.Runtime) *Limiter {
 	if n < 1 {
 		n = 1
 	}
-	return &Limiter{slots: make(chan struct{}, n), changed: make(chan struct{})}
+	return &Limiter{slots: make(chan struct{}, n), rt: sched.Or(rt), changed: make(chan struct{})}
 }
 
 // Acquire waits for a slot or for ctx to end.
@@ -34,6 +40,7 @@ func (l *Limiter) Acquire(ctx context.Context) error {
 	}
 	l.wait(1)
 	defer l.wait(-1)
+	l.rt.Await(ctx, func() bool { return len(l.slots) < cap(l.slots) })
 	select {
 	case l.slots <- struct{}{}:
 		return nil

@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sched"
 )
 
 // MaxSessionData bounds the JSON object a setup may return.
@@ -48,7 +49,12 @@ type SessionEnv struct {
 	// its own (snapshots, stops, renewals); the owner cancels it when it is
 	// dropped, as a crash would end those calls.
 	Context context.Context
+	// Runtime runs the effects (provider calls) beside the mailbox; nil is
+	// goroutines.
+	Runtime sched.Runtime
 }
+
+func (e *SessionEnv) goRun(fn func()) { sched.Or(e.Runtime).Go(fn) }
 
 func (e *SessionEnv) base() context.Context {
 	if e.Context == nil {
@@ -105,7 +111,7 @@ func (a *sessionActor) abandon() {
 	}
 	h := a.s.Sandbox.Handle
 	a.log.WithField("sandbox_id", h.SandboxID).Warn("session actor stopped while holding a sandbox; stopping it")
-	go func() {
+	a.env.goRun(func() {
 		ctx, cancel := context.WithTimeout(a.env.base(), a.stopTimeout())
 		defer cancel()
 		if err := a.env.Provider.Stop(ctx, h); err != nil {
@@ -114,7 +120,7 @@ func (a *sessionActor) abandon() {
 		if a.env.OnEnded != nil {
 			a.env.OnEnded(a.s.ID, &h, messages.StopEnd)
 		}
-	}()
+	})
 }
 
 func (a *sessionActor) stopTimeout() time.Duration {
@@ -139,15 +145,15 @@ func (a *sessionActor) perform(ctx actor.Context, effects []any) {
 				}
 			}
 		case effStart:
-			go a.start(e, feed)
+			a.env.goRun(func() { a.start(e, feed) })
 		case effDo:
-			go a.do(e, feed)
+			a.env.goRun(func() { a.do(e, feed) })
 		case effSnapshot:
-			go a.snapshot(e, feed)
+			a.env.goRun(func() { a.snapshot(e, feed) })
 		case effStop:
-			go a.stop(e, feed)
+			a.env.goRun(func() { a.stop(e, feed) })
 		case effRenew:
-			go a.renew(e, feed)
+			a.env.goRun(func() { a.renew(e, feed) })
 		case effHeld:
 			if a.env.OnHeld != nil {
 				a.env.OnHeld(a.s.ID, e.Sandbox)

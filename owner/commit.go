@@ -110,7 +110,7 @@ func (o *Owner) Commit(ctx context.Context, req CommitRequest) (CommitResult, er
 	if req.CheckpointID == "" {
 		return res, fmt.Errorf("%w: empty checkpoint id", ErrCommitFailed)
 	}
-	o.ctl.Lock()
+	o.ctl.Lock(o.rt)
 	defer o.ctl.Unlock()
 	log := o.log.WithField("checkpoint_id", req.CheckpointID)
 
@@ -209,7 +209,9 @@ func (o *Owner) runRound(m *actors.StartRound) (*actors.RoundResult, error) {
 	// bound only guards against a lost reply.
 	ctx, cancel := clock.WithDeadline(context.Background(), o.clk, m.Deadline.Add(actors.DrainGrace+time.Minute))
 	defer cancel()
-	v, err := o.ask(ctx, o.coord, m)
+	r := make(messages.ReplyTo, 1)
+	m.Reply = r
+	v, err := o.call(ctx, o.coord, m, r)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot round: %w", err)
 	}

@@ -5,21 +5,21 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sched"
 )
 
 // each runs fn for 0..n-1 concurrently and waits; limited runs hold the
 // checkpoint limiter around each call. A context that ends stops the
 // waiting ones.
 func (o *Owner) each(ctx context.Context, n int, limited bool, fn func(i int)) {
-	var wg sync.WaitGroup
+	var g group
 	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
+		g.Go(o.rt, func() {
 			if limited {
 				if err := o.limiter.Acquire(ctx); err != nil {
 					return
@@ -27,9 +27,32 @@ func (o *Owner) each(ctx context.Context, n int, limited bool, fn func(i int)) {
 				defer o.limiter.Release()
 			}
 			fn(i)
-		}(i)
+		})
 	}
-	wg.Wait()
+	g.Wait(o.rt)
+}
+
+// group is a sync.WaitGroup whose Go and Wait go through a runtime.
+type group struct {
+	left atomic.Int64
+	wg   sync.WaitGroup
+}
+
+// Go runs fn on rt as a member of the group.
+func (g *group) Go(rt sched.Runtime, fn func()) {
+	g.left.Add(1)
+	g.wg.Add(1)
+	rt.Go(func() {
+		defer g.wg.Done()
+		defer g.left.Add(-1)
+		fn()
+	})
+}
+
+// Wait returns once every member has returned.
+func (g *group) Wait(rt sched.Runtime) {
+	rt.Await(context.Background(), func() bool { return g.left.Load() == 0 })
+	g.wg.Wait()
 }
 
 // eachOutcome is each for calls that each concern one id: fn returns the id
@@ -96,4 +119,30 @@ func toSet(ids []string) map[string]bool {
 		m[id] = true
 	}
 	return m
+}
+
+// turnMutex is a sync.Mutex whose Lock waits through a runtime, so that a
+// deterministic scheduler runs other work while it waits.
+type turnMutex struct {
+	mu   sync.Mutex
+	held atomic.Bool
+}
+
+func (m *turnMutex) Lock(rt sched.Runtime) {
+	rt.Await(context.Background(), func() bool { return !m.held.Load() })
+	m.mu.Lock()
+	m.held.Store(true)
+}
+
+func (m *turnMutex) TryLock() bool {
+	if !m.mu.TryLock() {
+		return false
+	}
+	m.held.Store(true)
+	return true
+}
+
+func (m *turnMutex) Unlock() {
+	m.held.Store(false)
+	m.mu.Unlock()
 }

@@ -41,6 +41,7 @@ import (
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sched"
 	"github.com/sandboxowner/owner/snapshotindex"
 	"github.com/sandboxowner/owner/supervisor"
 )
@@ -142,6 +143,10 @@ type Config struct {
 	NumWorkers int
 	// Clock drives leases (default the wall clock).
 	Clock clock.Clock
+	// Runtime runs the owner's concurrent work (effects, fan-outs,
+	// mailboxes when it is also a sched.Dispatcher) and its waits; nil is
+	// goroutines. The simulation passes a sched.Det.
+	Runtime sched.Runtime
 	// Logger is the one logger; protoactor's and Badger's logs go to it.
 	Logger *logrus.Logger
 	// RenewEvery starts a lease-renewal ticker on the clock; zero
@@ -187,7 +192,7 @@ type Owner struct {
 
 	// ctl serialises control operations (commit, restore, retire,
 	// release) with each other.
-	ctl   sync.Mutex
+	ctl   turnMutex
 	round uint64
 
 	fates *fateMemory
@@ -205,7 +210,8 @@ type Owner struct {
 
 	closeOnce sync.Once
 	closed    chan struct{}
-	bg        sync.WaitGroup
+	bg        group
+	rt        sched.Runtime
 }
 
 // New decides the mode in effect, opens the index, recovers what a crashed
@@ -243,7 +249,8 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 		clk:         cfg.Clock,
 		log:         cfg.Logger.WithField("server", cfg.Name),
 		incarnation: cfg.Incarnation,
-		limiter:     actors.NewLimiter(cfg.Checkpoint.Parallelism),
+		limiter:     actors.NewLimiterOn(cfg.Checkpoint.Parallelism, cfg.Runtime),
+		rt:          sched.Or(cfg.Runtime),
 		fates:       newFateMemory(cfg.FateMemory),
 		closed:      make(chan struct{}),
 		replies:     make(chan messages.ReplyTo, maxFreeReplies),
@@ -267,8 +274,7 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 		return nil, err
 	}
 	if cfg.RenewEvery > 0 && o.prov != nil {
-		o.bg.Add(1)
-		go o.renewLoop(cfg.RenewEvery)
+		o.bg.Go(o.rt, func() { o.renewLoop(cfg.RenewEvery) })
 	}
 	o.log.WithFields(logrus.Fields{"mode": mode, "incarnation": o.incarnation}).Info("sandbox owner started")
 	return o, nil
@@ -321,11 +327,17 @@ func (o *Owner) startActors() {
 		OnHeld:   o.onHeld,
 		OnLost:   o.onLost,
 		Context:  o.base,
+		Runtime:  o.rt,
 	}
 	// Every actor of the owner runs its mailbox on the dispatcher's
 	// long-lived goroutines.
-	o.dispatch = actors.NewDispatcher(dispatchWorkers, dispatchQueue, dispatchThroughput)
-	onPool := actor.WithDispatcher(o.dispatch)
+	var onPool actor.PropsOption
+	if d, ok := o.rt.(sched.Dispatcher); ok {
+		onPool = actor.WithDispatcher(d)
+	} else {
+		o.dispatch = actors.NewDispatcher(dispatchWorkers, dispatchQueue, dispatchThroughput)
+		onPool = actor.WithDispatcher(o.dispatch)
+	}
 	props := func(sessionID string, install *messages.Sandbox, snapshots []string) *actor.Props {
 		return actors.SessionProps(env, func() *actors.Session {
 			if install != nil {
@@ -347,12 +359,12 @@ func (o *Owner) startActors() {
 	})
 	root := o.system.Root
 	o.dir = supervisor.NewDirectory()
-	o.sup, _ = root.SpawnNamed(supervisor.PropsWithDirectory(props, o.dir), "sessions")
+	o.sup, _ = root.SpawnNamed(supervisor.PropsWithDirectory(props, o.dir).Configure(onPool), "sessions")
 	o.coord, _ = root.SpawnNamed(actors.CoordinatorProps(&actors.CoordinatorEnv{
 		Log:      o.log,
 		Clock:    o.clk,
 		OnOrphan: o.onOrphan,
-	}), "coordinator")
+	}).Configure(onPool), "coordinator")
 }
 
 // The dispatcher's shape: a few workers per CPU are enough for mailbox runs,
@@ -386,47 +398,6 @@ func (o *Owner) Index() *snapshotindex.Index { return o.index }
 func (o *Owner) CheckpointQueue() (int, <-chan struct{}) { return o.limiter.Waiting() }
 
 // --- actor plumbing ---
-
-const askTimeout = time.Hour
-
-// ask sends msg to pid and waits for the reply through a protoactor future,
-// bounded by ctx. For messages that carry no reply slot (the
-// coordinator's); the per-request paths use call.
-func (o *Owner) ask(ctx context.Context, pid *actor.PID, msg any) (any, error) {
-	select {
-	case <-o.closed:
-		return nil, ErrClosed
-	default:
-	}
-	timeout := askTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		timeout = time.Until(dl)
-		if timeout <= 0 {
-			return nil, context.DeadlineExceeded
-		}
-	}
-	f := o.system.Root.RequestFuture(pid, msg, timeout)
-	type result struct {
-		v   any
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		v, err := f.Result()
-		ch <- result{v, err}
-	}()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			return nil, fmt.Errorf("actor %s: %w", pid.Id, r.err)
-		}
-		return r.v, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-o.closed:
-		return nil, ErrClosed
-	}
-}
 
 // maxFreeReplies bounds the reply slots kept for reuse.
 const maxFreeReplies = 4096
@@ -471,6 +442,7 @@ func (o *Owner) call(ctx context.Context, pid *actor.PID, msg any, reply message
 
 // await waits for the next answer in reply (a request to pid carried it).
 func (o *Owner) await(ctx context.Context, pid *actor.PID, reply messages.ReplyTo) (any, error) {
+	o.rt.Await(ctx, func() bool { return len(reply) > 0 || sched.Closed(o.closed) })
 	select {
 	case v := <-reply:
 		if _, ok := v.(messages.Undelivered); ok {
@@ -778,16 +750,14 @@ func (o *Owner) onOrphan(sessionID, snapshotID string) {
 		return
 	}
 	o.log.WithFields(logrus.Fields{"session_id": sessionID, "snapshot_id": snapshotID}).Warn("snapshot arrived after its checkpoint failed; deleting it")
-	o.bg.Add(1)
-	go func() {
-		defer o.bg.Done()
+	o.bg.Go(o.rt, func() {
 		ts := []snapshotindex.Tombstone{{SnapshotID: snapshotID, Provider: o.prov.Name(), Reason: "late snapshot of a failed commit", At: o.clk.Now()}}
 		if err := o.index.AddTombstones(ts); err != nil {
 			o.log.WithError(err).Warn("could not tombstone a late snapshot")
 			return
 		}
 		o.deleteTombstoned(o.base, ts)
-	}()
+	})
 }
 
 // Tick asks every session to renew its sandbox's lease if half of it has
@@ -804,10 +774,10 @@ func (o *Owner) Tick(now time.Time) error {
 }
 
 func (o *Owner) renewLoop(every time.Duration) {
-	defer o.bg.Done()
 	t := o.clk.NewTimer(every)
 	defer t.Stop()
 	for {
+		o.rt.Await(context.Background(), func() bool { return len(t.C()) > 0 || sched.Closed(o.closed) })
 		select {
 		case <-o.closed:
 			return
@@ -841,17 +811,33 @@ func (o *Owner) Close() error {
 		close(o.closed)
 		o.cancelBase()
 		if o.sup != nil {
-			_ = o.system.Root.PoisonFuture(o.sup).Wait()
-			_ = o.system.Root.PoisonFuture(o.coord).Wait()
+			o.poisonAndWait(o.sup)
+			o.poisonAndWait(o.coord)
 		}
-		o.bg.Wait()
+		o.bg.Wait(o.rt)
 		o.system.Shutdown()
-		o.dispatch.Stop()
+		o.stopDispatcher()
 		if o.index != nil {
 			err = o.index.Close()
 		}
 	})
 	return err
+}
+
+// poisonAndWait stops an actor and waits until it has (its children first).
+func (o *Owner) poisonAndWait(pid *actor.PID) {
+	f := o.system.Root.PoisonFuture(pid)
+	o.rt.Await(context.Background(), func() bool {
+		_, alive := o.system.ProcessRegistry.GetLocal(pid.Id)
+		return !alive
+	})
+	_ = f.Wait()
+}
+
+func (o *Owner) stopDispatcher() {
+	if o.dispatch != nil {
+		o.dispatch.Stop()
+	}
 }
 
 // Abandon drops the owner as a crash would: no sandbox is stopped, no
@@ -862,9 +848,9 @@ func (o *Owner) Abandon() {
 	o.closeOnce.Do(func() {
 		close(o.closed)
 		o.cancelBase()
-		o.bg.Wait()
+		o.bg.Wait(o.rt)
 		o.system.Shutdown()
-		o.dispatch.Stop()
+		o.stopDispatcher()
 		if o.index != nil {
 			_ = o.index.Close()
 		}

@@ -54,7 +54,7 @@ func (o *Owner) Release(ctx context.Context, kept []string) (ReleaseResult, erro
 	case ModeRestartOnly:
 		return res, nil
 	}
-	o.ctl.Lock()
+	o.ctl.Lock(o.rt)
 	defer o.ctl.Unlock()
 	all, err := o.index.Checkpoints()
 	if err != nil {

@@ -90,7 +90,7 @@ func (o *Owner) Restore(ctx context.Context, req RestoreRequest) (RestoreResult,
 	case ModeRestartOnly:
 		return res, fmt.Errorf("%w: a restart_only owner cannot restore session state", ErrRestoreFailed)
 	}
-	o.ctl.Lock()
+	o.ctl.Lock(o.rt)
 	defer o.ctl.Unlock()
 	ck, err := o.restoreSource(req)
 	if err != nil {

@@ -17,7 +17,7 @@ type RetireResult struct {
 // snapshots. It is idempotent; a failed stop keeps the session so that a
 // retry stops it.
 func (o *Owner) Retire(ctx context.Context, sessionIDs []string) (RetireResult, error) {
-	o.ctl.Lock()
+	o.ctl.Lock(o.rt)
 	defer o.ctl.Unlock()
 	stopped, failed := o.stopMany(ctx, sessionIDs, messages.StopRetire)
 	res := RetireResult{Stopped: stopped, Failed: failed}
