@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 	"sync"
+
+	"github.com/sandboxowner/owner/sched"
 )
 
 // Gate is the admission gate of the data plane. While it is closed, requests
@@ -12,6 +14,7 @@ import (
 // retire can wait for one session's requests to end. It is safe for
 // concurrent use.
 type Gate struct {
+	rt       sched.Runtime
 	mu       sync.Mutex
 	open     chan struct{} // closed while admission is open
 	isOpen   bool
@@ -32,10 +35,14 @@ type slot struct {
 
 // NewGate returns an open gate. onChange (may be nil) is called, without
 // the gate's lock, whenever an admitted request leaves.
-func NewGate(onChange func()) *Gate {
+func NewGate(onChange func()) *Gate { return NewGateOn(onChange, nil) }
+
+// NewGateOn is NewGate whose waiters wait through rt (nil: block).
+func NewGateOn(onChange func(), rt sched.Runtime) *Gate {
 	open := make(chan struct{})
 	close(open)
 	return &Gate{
+		rt:       sched.Or(rt),
 		open:     open,
 		isOpen:   true,
 		stopping: make(chan struct{}),
@@ -69,6 +76,7 @@ func (g *Gate) Enter(ctx context.Context, e Entry) (leave func(), err error) {
 		g.waiting++
 		g.mu.Unlock()
 		g.changed.Fire()
+		g.rt.Await(ctx, func() bool { return sched.Closed(open) || sched.Closed(stopping) })
 		select {
 		case <-open:
 		case <-stopping:
@@ -208,6 +216,7 @@ func (g *Gate) WaitIdle(ctx context.Context, sessions []string) error {
 		if !busy {
 			return nil
 		}
+		g.rt.Await(ctx, func() bool { return sched.Closed(ch) })
 		select {
 		case <-ch:
 		case <-ctx.Done():

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/internal/logs"
+	"github.com/sandboxowner/owner/sched"
 )
 
 // Hooks are the participant's effects. The machine calls CloseAdmission and
@@ -60,6 +61,9 @@ type Config struct {
 	// Clock reads time for deadlines and the lease (default the wall
 	// clock).
 	Clock clock.Clock
+	// Runtime runs the hooks' commit and restore and the waits for them
+	// (nil: goroutines and blocking selects).
+	Runtime sched.Runtime
 	// LeaseGrace is added to deadline_ts to give the lease (default 600 s).
 	LeaseGrace time.Duration
 	// PollEvery bounds a prepare's wait between readiness checks, on the
@@ -106,6 +110,7 @@ type Machine struct {
 	cfg   Config
 	hooks Hooks
 	clk   clock.Clock
+	rt    sched.Runtime
 	log   logrus.FieldLogger
 
 	// changed wakes waiting prepares: readiness may have changed, or the
@@ -141,6 +146,7 @@ func New(cfg Config) *Machine {
 		cfg:     cfg,
 		hooks:   cfg.Hooks,
 		clk:     cfg.Clock,
+		rt:      sched.Or(cfg.Runtime),
 		log:     cfg.Logger.WithField("component", "checkpoint-control"),
 		changed: newBroadcast(),
 		st:      NewState(cfg.Kind, cfg.Instance, cfg.LeaseGrace, cfg.MaxDeadline),
@@ -284,6 +290,7 @@ func (m *Machine) Prepare(ctx context.Context, req PrepareRequest) (PrepareReply
 			rep, _ := out.Reply.(PrepareReply)
 			return rep, out.Err
 		}
+		m.rt.Await(ctx, func() bool { return sched.Closed(woken) || len(timer.C()) > 0 })
 		select {
 		case <-woken:
 		case <-timer.C():
@@ -315,6 +322,7 @@ func (m *Machine) await(ctx context.Context, b Base, key OpKey) (any, error) {
 	}
 	t := m.clk.NewTimer(wait)
 	defer t.Stop()
+	m.rt.Await(ctx, func() bool { return sched.Closed(c.done) || len(t.C()) > 0 })
 	select {
 	case <-c.done:
 		return c.reply, c.err
@@ -337,7 +345,8 @@ func (m *Machine) Commit(ctx context.Context, req CommitRequest) (CommitReply, e
 		if out.Start {
 			// Shielded from the caller's deadline: the run goes on, and a
 			// retry awaits it.
-			go m.runCommit(context.WithoutCancel(ctx), req)
+			shielded := context.WithoutCancel(ctx)
+			m.rt.Go(func() { m.runCommit(shielded, req) })
 		}
 		v, err := out.Reply, out.Err
 		if out.Await != nil {
@@ -367,10 +376,10 @@ func (m *Machine) Restore(ctx context.Context, req RestoreRequest) (RestoreReply
 		out := m.step(InRestore{Req: req})
 		if out.Start {
 			shielded := context.WithoutCancel(ctx)
-			go func() {
+			m.rt.Go(func() {
 				res, err := m.hooks.Restore(shielded, req)
 				m.step(InRestoreDone{Req: req, Result: res, Err: err})
-			}()
+			})
 		}
 		v, err := out.Reply, out.Err
 		if out.Await != nil {

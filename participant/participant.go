@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/resources"
+	"github.com/sandboxowner/owner/sched"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -61,7 +62,10 @@ type Config struct {
 	Instance string
 	// Clock, LeaseGrace, PollEvery and MaxDeadline configure the control
 	// machine (see control.Config).
-	Clock       clock.Clock
+	Clock clock.Clock
+	// Runtime runs the control plane's hook runs and waits (nil:
+	// goroutines).
+	Runtime     sched.Runtime
 	LeaseGrace  time.Duration
 	PollEvery   time.Duration
 	MaxDeadline time.Duration
@@ -121,12 +125,13 @@ func New(cfg Config) *Participant {
 		Instance:    cfg.Instance,
 		Hooks:       hooks{p},
 		Clock:       cfg.Clock,
+		Runtime:     cfg.Runtime,
 		LeaseGrace:  cfg.LeaseGrace,
 		PollEvery:   cfg.PollEvery,
 		MaxDeadline: cfg.MaxDeadline,
 		Logger:      cfg.Logger,
 	})
-	p.gate = control.NewGate(p.m.Notify)
+	p.gate = control.NewGateOn(p.m.Notify, cfg.Runtime)
 	return p
 }
 
