@@ -443,17 +443,27 @@ func (o *Owner) call(ctx context.Context, pid *actor.PID, msg any, reply message
 // await waits for the next answer in reply (a request to pid carried it).
 func (o *Owner) await(ctx context.Context, pid *actor.PID, reply messages.ReplyTo) (any, error) {
 	o.rt.Await(ctx, func() bool { return len(reply) > 0 || sched.Closed(o.closed) })
+	// When more than one is ready, the answer wins, then the close: a
+	// fixed order, where select would pick at random.
+	var v any
 	select {
-	case v := <-reply:
-		if _, ok := v.(messages.Undelivered); ok {
-			return nil, fmt.Errorf("actor %s: %w", pid.Id, actor.ErrDeadLetter)
+	case v = <-reply:
+	default:
+		select {
+		case v = <-reply:
+		case <-o.closed:
+			return nil, ErrClosed
+		case <-ctx.Done():
+			if sched.Closed(o.closed) {
+				return nil, ErrClosed
+			}
+			return nil, ctx.Err()
 		}
-		return v, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-o.closed:
-		return nil, ErrClosed
 	}
+	if _, ok := v.(messages.Undelivered); ok {
+		return nil, fmt.Errorf("actor %s: %w", pid.Id, actor.ErrDeadLetter)
+	}
+	return v, nil
 }
 
 // supervisorCall is call for the supervisor, which answers at once.

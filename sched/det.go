@@ -315,3 +315,12 @@ func (h *timerHeap) Pop() any {
 	t.index = -1
 	return t
 }
+
+// OrNil returns d as a Runtime, or nil for a nil d (so that a nil *Det is
+// not passed on as a non-nil interface).
+func (d *Det) OrNil() Runtime {
+	if d == nil {
+		return nil
+	}
+	return d
+}

@@ -33,6 +33,7 @@ func run() int {
 	faults := fs.String("faults", "all", `fault kinds and rates: "all", "none", or kind[=rate],... (may start with "all,")`)
 	verbose := fs.Bool("v", false, "print the trace of the first run (then -runs is 1)")
 	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "runs at once")
+	mode := fs.String("mode", "", "how the owner's concurrency runs: deterministic (the default with the fake: one seeded scheduler on virtual time, so a seed replays exactly) or real-goroutines (the default and only mode with opensandbox)")
 	prov := fs.String("provider", engine.ProviderFake, "what the owner drives: fake, or opensandbox (the OpenSandbox client against the fake OpenSandbox server over the same fake)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: go run ./sim [flags]\n\nfault kinds: ")
@@ -61,18 +62,36 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "sim: -provider must be %s or %s, not %q\n", engine.ProviderFake, engine.ProviderOpenSandbox, *prov)
 		return 2
 	}
-	cfg := engine.Config{Sessions: *sessions, Steps: *steps, Faults: f, Provider: *prov}
+	if *mode != "" && *mode != engine.ModeDeterministic && *mode != engine.ModeReal {
+		fmt.Fprintf(os.Stderr, "sim: -mode must be %s or %s, not %q\n", engine.ModeDeterministic, engine.ModeReal, *mode)
+		return 2
+	}
+	if *mode == engine.ModeDeterministic && *prov == engine.ProviderOpenSandbox {
+		fmt.Fprintln(os.Stderr, "sim: -provider opensandbox talks HTTP and runs only in -mode real-goroutines")
+		return 2
+	}
+	cfg := engine.Config{Sessions: *sessions, Steps: *steps, Faults: f, Provider: *prov, Mode: *mode}
+	if cfg.Mode == "" {
+		cfg.Mode = engine.ModeDeterministic
+		if *prov == engine.ProviderOpenSandbox {
+			cfg.Mode = engine.ModeReal
+		}
+	}
 	if *verbose {
 		*runs = 1
 		cfg.Trace = os.Stdout
 	}
 	replay := func(s int64) string {
-		return fmt.Sprintf("go run ./sim -provider %s -seed %d -runs 1 -sessions %d -steps %d -faults %s -v", *prov, s, *sessions, *steps, f)
+		return fmt.Sprintf("go run ./sim -provider %s -mode %s -seed %d -runs 1 -sessions %d -steps %d -faults %s -v", *prov, cfg.Mode, s, *sessions, *steps, f)
 	}
 	fmt.Fprintf(os.Stderr, "sim: %d runs from seed %d, %d sessions, %d steps, faults %s, %d at once\n", *runs, *seed, *sessions, *steps, f, *parallel)
-	// Said so that nobody takes a trace for an exact replay: the raced
-	// operations interleave as the Go scheduler runs them.
-	fmt.Fprintln(os.Stderr, "sim: mode real-goroutines (the owner's actors and Badger on disk; a seed replays its steps, not the interleaving of raced ones)")
+	if cfg.Mode == engine.ModeReal {
+		// Said so that nobody takes a trace for an exact replay: the raced
+		// operations interleave as the Go scheduler runs them.
+		fmt.Fprintln(os.Stderr, "sim: mode real-goroutines (the owner's actors on goroutines; a seed replays its steps, not the interleaving of raced ones)")
+	} else {
+		fmt.Fprintln(os.Stderr, "sim: mode deterministic (the owner's actors, effects and waits on one seeded scheduler, virtual time; a seed replays exactly)")
+	}
 	sum := engine.NewSummary()
 	began := time.Now()
 	bar := engine.NewProgress(os.Stderr, isTerminal(os.Stderr), *runs)
@@ -82,6 +101,8 @@ func run() int {
 	})
 	bar.Finish()
 	sum.Elapsed = time.Since(began)
+	// On stderr: the trace and table on stdout are a function of the seed.
+	fmt.Fprintf(os.Stderr, "sim: %d runs in %v (%.1f runs/s)\n", sum.Runs, sum.Elapsed.Round(time.Millisecond), float64(sum.Runs)/sum.Elapsed.Seconds())
 	fmt.Println()
 	sum.WriteTable(os.Stdout, cfg, replay)
 	if len(sum.Violations) > 0 {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sched"
 )
 
 // Op names one provider operation, for latency, faults, hooks and counters.
@@ -55,6 +56,10 @@ type Options struct {
 	// IDPrefix is put in front of every sandbox and snapshot id, so that two
 	// fakes in one test hand out distinct ids.
 	IDPrefix string
+	// Runtime, when set, is what a hung or delayed call waits through, and
+	// latency is then waited on Clock instead of the wall clock: a
+	// deterministic scheduler moves both.
+	Runtime sched.Runtime
 }
 
 // Call is what the hook sees of one provider call, once at PhaseBegin and once
@@ -96,6 +101,7 @@ type Stats struct {
 type Provider struct {
 	name   string
 	clock  clock.Clock
+	rt     sched.Runtime // nil: wall-clock latency, blocking hangs
 	prefix string
 
 	mu          sync.Mutex
@@ -164,6 +170,7 @@ func New(opts Options) *Provider {
 	return &Provider{
 		name:        opts.Name,
 		clock:       opts.Clock,
+		rt:          opts.Runtime,
 		prefix:      opts.IDPrefix,
 		sandboxes:   map[string]*sandbox{},
 		snapshots:   map[string]*snapshot{},
@@ -319,11 +326,12 @@ func (p *Provider) run(ctx context.Context, c *Call, effect func() error) error 
 }
 
 func (p *Provider) perform(ctx context.Context, c *Call, f fault, delay time.Duration, effect func() error) error {
-	if err := wait(ctx, delay); err != nil {
+	if err := p.wait(ctx, delay); err != nil {
 		return fmt.Errorf("fake: %s%s: %w", c.Op, describe(c), err)
 	}
 	switch f {
 	case hangFault:
+		sched.Or(p.rt).Await(ctx, func() bool { return false })
 		<-ctx.Done()
 		return fmt.Errorf("fake: %s%s: hung until the context ended: %w", c.Op, describe(c), ctx.Err())
 	case failBefore:
@@ -340,14 +348,21 @@ func (p *Provider) perform(ctx context.Context, c *Call, f fault, delay time.Dur
 
 // wait sleeps d unless ctx ends first; it reports ctx's error either way, so a
 // call whose context is already over has no effect.
-func wait(ctx context.Context, d time.Duration) error {
-	if d > 0 {
-		t := time.NewTimer(d)
+func (p *Provider) wait(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	if rt := p.rt; rt != nil {
+		t := p.clock.NewTimer(d)
 		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-		}
+		rt.Await(ctx, func() bool { return len(t.C()) > 0 })
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
 	}
 	return ctx.Err()
 }

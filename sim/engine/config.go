@@ -207,9 +207,26 @@ type Config struct {
 	// against the fake OpenSandbox server whose runtime is the same fake,
 	// so faults and checks are unchanged).
 	Provider string
+	// Mode is how the owner's concurrency runs: ModeDeterministic
+	// (default: one seeded scheduler on virtual time, so a seed replays
+	// exactly) or ModeReal (goroutines, as in the server). The OpenSandbox
+	// provider, which talks HTTP, runs only in ModeReal.
+	Mode string
 }
 
+// The modes.
+const (
+	ModeDeterministic = "deterministic"
+	ModeReal          = "real-goroutines"
+)
+
 func (c Config) withDefaults() Config {
+	if c.Mode == "" {
+		c.Mode = ModeDeterministic
+		if c.Provider == ProviderOpenSandbox {
+			c.Mode = ModeReal
+		}
+	}
 	if c.Sessions <= 0 {
 		c.Sessions = 4
 	}

@@ -26,8 +26,19 @@ const simLeaseGrace = 5 * time.Second
 func (r *run) newParticipant() *participant.Participant {
 	return participant.New(participant.Config{
 		Owner: r.o, Mode: owner.ModeExported, Instance: "notes",
-		Clock: r.clk, LeaseGrace: simLeaseGrace, Logger: r.log,
+		Clock: r.clk, Runtime: r.rt, LeaseGrace: simLeaseGrace, Logger: r.log,
 	})
+}
+
+// wallBound is the run's context bounded by d of wall time in the real mode
+// (turning a hang into a violation); the deterministic mode reports a hang
+// as ErrStuck instead, and a wall-clock bound would make a run depend on
+// the machine's speed.
+func (r *run) wallBound(d time.Duration) (context.Context, context.CancelFunc) {
+	if r.det != nil {
+		return context.WithCancel(r.life)
+	}
+	return context.WithTimeout(r.life, d)
 }
 
 // episodeOf is the episode the simulation binds a session to: its own id as
@@ -77,7 +88,7 @@ func (r *run) opControl() {
 	}
 	// Nothing holds a prepare up in the simulation; the wall-clock bound
 	// turns a bug into a violation instead of a hung run.
-	ctx, cancel := context.WithTimeout(r.life, 30*time.Second)
+	ctx, cancel := r.wallBound(30 * time.Second)
 	defer cancel()
 	prep, err := m.Prepare(ctx, control.PrepareRequest{Base: base})
 	if err != nil || prep.Phase != control.PhasePrepared {
@@ -89,6 +100,7 @@ func (r *run) opControl() {
 	_, rerr := m.Resume(ctx, control.ResumeRequest{Base: base})
 	if held != nil {
 		// Admission reopened: the agent's exec runs now.
+		r.rt.Await(ctx, func() bool { return len(held) > 0 })
 		if eerr := <-held; eerr != nil {
 			r.violate(Unexpected, "an agent's exec held at the gate during %s: %v", id, eerr)
 		}
@@ -196,7 +208,7 @@ func (r *run) heldExec(ctx context.Context, live []string) <-chan error {
 	gate := r.part.Gate()
 	changed := gate.Changed()
 	done := make(chan error, 1)
-	go func() {
+	r.rt.Go(func() {
 		leave, err := r.part.AdmitSandboxCall(ctx, sid, "sandbox:"+sb.Handle.SandboxID)
 		if err != nil {
 			done <- err
@@ -208,8 +220,9 @@ func (r *run) heldExec(ctx context.Context, live []string) <-chan error {
 			err = fmt.Errorf("exit %d: %s", res.ExitCode, res.Stderr)
 		}
 		done <- err
-	}()
+	})
 	for gate.Waiting() == 0 {
+		r.rt.Await(ctx, func() bool { return gate.Waiting() > 0 || len(done) > 0 })
 		select {
 		case <-changed:
 			changed = gate.Changed()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sched"
 )
 
 // errCrashed is what a provider call of a crashed owner process returns.
@@ -40,6 +41,7 @@ type process struct {
 	dead     bool
 	trig     *trigger
 	inFlight int
+	rt       sched.Runtime
 	crashed  chan struct{} // closed when the process dies
 	buried   chan struct{} // closed once the owner is abandoned
 	changed  chan struct{} // a call left (drain waits on it)
@@ -70,11 +72,12 @@ type backend interface {
 	provider.Lister
 }
 
-func newProcess(fk *fake.Provider, inner backend, observe func(fake.Op, string, error)) *process {
+func newProcess(fk *fake.Provider, inner backend, observe func(fake.Op, string, error), rt sched.Runtime) *process {
 	if inner == nil {
 		inner = fk
 	}
 	return &process{
+		rt:      sched.Or(rt),
 		fk:      fk,
 		inner:   inner,
 		observe: observe,
@@ -116,6 +119,13 @@ func (p *process) bury() {
 	}
 }
 
+// idle reports whether no call of the process is in flight.
+func (p *process) idle() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.inFlight == 0
+}
+
 // drain waits until no call of the process is in flight, or until timeout.
 func (p *process) drain(timeout time.Duration) error {
 	deadline := time.NewTimer(timeout)
@@ -137,6 +147,7 @@ func (p *process) drain(timeout time.Duration) error {
 
 // frozen holds a call of the dead process until it is buried or ctx ends.
 func (p *process) frozen(ctx context.Context) error {
+	p.rt.Await(ctx, func() bool { return sched.Closed(p.buried) })
 	select {
 	case <-p.buried:
 	case <-ctx.Done():

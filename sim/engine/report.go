@@ -51,7 +51,6 @@ func (s *Summary) WriteTable(w io.Writer, cfg Config, replay func(seed int64) st
 	fmt.Fprintf(tw, "runs\t%d\n", s.Runs)
 	fmt.Fprintf(tw, "steps\t%d\n", s.Steps)
 	fmt.Fprintf(tw, "sessions per run\t%d\n", cfg.Sessions)
-	fmt.Fprintf(tw, "elapsed\t%v\n", s.Elapsed.Round(time.Millisecond))
 	tw.Flush()
 
 	fmt.Fprintln(w)

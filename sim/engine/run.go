@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -19,6 +20,7 @@ import (
 	"github.com/sandboxowner/owner/participant"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
+	"github.com/sandboxowner/owner/sched"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -159,7 +161,11 @@ type run struct {
 	trace io.Writer
 	log   *logrus.Logger
 
-	clk         *clock.Manual
+	clk simClock
+	// det is the deterministic scheduler (nil in ModeReal); rt is what the
+	// owner and the harness run concurrent work on (det, or goroutines).
+	det         *sched.Det
+	rt          sched.Runtime
 	fk          *fake.Provider
 	inner       backend // nil: the owner calls fk directly
 	osb         *opensandboxtest.Server
@@ -226,14 +232,27 @@ func Run(seed int64, cfg Config) Result {
 func newRun(seed int64, cfg Config) *run {
 	cfg = cfg.withDefaults()
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
-	clk := clock.NewManual(time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
+	start := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	var (
+		clk simClock
+		det *sched.Det
+		rt  sched.Runtime = sched.Real{}
+	)
+	if cfg.Mode == ModeDeterministic {
+		det = sched.NewDet(uint64(seed), start)
+		clk, rt = det, det
+	} else {
+		clk = clock.NewManual(start)
+	}
 	r := &run{
 		seed:        seed,
 		cfg:         cfg,
 		res:         &Result{Seed: seed, Armed: map[Fault]int{}, Fired: map[Fault]int{}},
 		trace:       cfg.Trace,
 		clk:         clk,
-		fk:          fake.New(fake.Options{Clock: clk, Seed: seed}),
+		det:         det,
+		rt:          rt,
+		fk:          fake.New(fake.Options{Clock: clk, Seed: seed, Runtime: det.OrNil()}),
 		ttl:         600 * time.Second,
 		parallelism: 1 + rng.IntN(4),
 		onStop:      owner.OnStopKill,
@@ -285,12 +304,18 @@ func (r *run) exec() Result {
 	}
 	defer func() {
 		if r.o != nil {
-			r.abandon()
+			r.unstuck(r.abandon)
+		}
+		if r.det != nil {
+			r.det.Close()
 		}
 	}()
 	for i := 1; i <= r.cfg.Steps && !r.broken; i++ {
 		r.beginStep(i)
-		r.doStep()
+		r.unstuck(r.doStep)
+		if r.broken {
+			break
+		}
 		r.endStep()
 		if r.broken {
 			break
@@ -308,9 +333,49 @@ func (r *run) exec() Result {
 	}
 	if !r.broken {
 		r.beginStep(r.cfg.Steps + 1)
-		r.final()
+		r.unstuck(r.final)
 	}
 	return *r.res
+}
+
+// unstuck runs fn and turns the deterministic scheduler's ErrStuck (the
+// owner waits for something nothing can bring about: in the real mode, a
+// call that never returns) into a violation.
+func (r *run) unstuck(fn func()) {
+	defer func() {
+		if v := recover(); v != nil {
+			err, ok := v.(error)
+			if !ok || !errors.Is(err, sched.ErrStuck) {
+				panic(v)
+			}
+			r.violate(Unexpected, "the owner is stuck: %v", err)
+		}
+	}()
+	fn()
+}
+
+// until runs the deterministic scheduler until cond holds, and reports
+// false when it never can.
+func (r *run) until(cond func() bool) (ok bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			err, isErr := v.(error)
+			if !isErr || !errors.Is(err, sched.ErrStuck) {
+				panic(v)
+			}
+			ok = false
+		}
+	}()
+	r.det.RunUntil(cond)
+	return true
+}
+
+// simClock is the run's clock: a clock.Manual, or the deterministic
+// scheduler's.
+type simClock interface {
+	clock.Clock
+	Advance(d time.Duration) time.Time
+	Set(t time.Time)
 }
 
 func (r *run) beginStep(i int) {
@@ -377,8 +442,9 @@ func (r *run) ownerConfig() owner.Config {
 			Parallelism: r.parallelism,
 			OnStop:      r.onStop,
 		},
-		Clock:  r.clk,
-		Logger: r.log,
+		Clock:   r.clk,
+		Runtime: r.rt,
+		Logger:  r.log,
 		// From the seed and the number of owners so far: a seed replays
 		// its incarnation ids too.
 		Incarnation: fmt.Sprintf("%08x-%d", uint32(r.seed), r.incarnations),
@@ -388,7 +454,7 @@ func (r *run) ownerConfig() owner.Config {
 // startOwner starts a fresh owner on the run's state_dir and fake.
 func (r *run) startOwner() bool {
 	r.life, r.stopLife = context.WithCancel(context.Background())
-	r.proc = newProcess(r.fk, r.inner, r.calls.observe)
+	r.proc = newProcess(r.fk, r.inner, r.calls.observe, r.rt)
 	r.incarnations++
 	o, err := owner.New(r.life, r.ownerConfig())
 	if err != nil {
@@ -416,7 +482,11 @@ func (r *run) crash() {
 func (r *run) abandon() {
 	r.o.Abandon()
 	r.proc.bury()
-	if err := r.proc.drain(30 * time.Second); err != nil {
+	if r.det != nil {
+		if !r.until(r.proc.idle) {
+			r.violate(Unexpected, "after the crash: provider calls of the crashed owner still in flight")
+		}
+	} else if err := r.proc.drain(30 * time.Second); err != nil {
 		r.violate(Unexpected, "after the crash: %v", err)
 	}
 	r.o = nil
@@ -449,7 +519,19 @@ func (r *run) afterCrash() {
 func (r *run) guarded(fn func(ctx context.Context) error) (err error, crashed bool) {
 	done := make(chan error, 1)
 	ctx := r.life
-	go func() { done <- fn(ctx) }()
+	r.rt.Go(func() { done <- fn(ctx) })
+	if r.det != nil {
+		r.det.RunUntil(func() bool { return len(done) > 0 || sched.Closed(r.proc.crashed) })
+		if len(done) > 0 && !sched.Closed(r.proc.crashed) {
+			return <-done, false
+		}
+		r.crash()
+		if !r.until(func() bool { return len(done) > 0 }) {
+			r.violate(Unexpected, "an owner call did not return after the owner was abandoned")
+			return nil, true
+		}
+		return <-done, true
+	}
 	watchdog := time.NewTimer(2 * time.Minute)
 	defer watchdog.Stop()
 	select {
@@ -518,11 +600,19 @@ func (w *callWaiter) observe(op fake.Op, id string, _ error) {
 	}
 }
 
-// wait returns the ids whose call did not come within timeout.
-func (w *callWaiter) wait(timeout time.Duration) []string {
+// waitCalls returns the ids whose expected call did not come within timeout
+// (in the deterministic mode: before nothing was left to run).
+func (r *run) waitCalls(timeout time.Duration) []string {
+	w := r.calls
 	w.mu.Lock()
 	done := w.done
 	w.mu.Unlock()
+	if r.det != nil {
+		if r.until(func() bool { return sched.Closed(done) }) {
+			return nil
+		}
+		return w.missing()
+	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
@@ -530,6 +620,10 @@ func (w *callWaiter) wait(timeout time.Duration) []string {
 		return nil
 	case <-t.C:
 	}
+	return w.missing()
+}
+
+func (w *callWaiter) missing() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var out []string

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
@@ -412,11 +413,16 @@ func (r *run) opCommit() {
 		// the round has armed it (or the commit ended without a round).
 		r.fk.HangNext(fake.OpSnapshot, 1)
 		deadline = r.clk.Now().Add(50 * time.Millisecond)
+		if r.det != nil {
+			// Virtual time moves to the deadline once nothing else can run.
+			defer r.fk.HangNext(fake.OpSnapshot, 0)
+			break
+		}
 		ended := make(chan struct{})
 		moved := make(chan struct{})
 		go func() {
 			defer close(moved)
-			if r.clk.WaitPending(1, ended) {
+			if r.clk.(*clock.Manual).WaitPending(1, ended) {
 				r.clk.Set(deadline)
 			}
 		}()
@@ -532,7 +538,7 @@ func (r *run) awaitOrphans() {
 			r.calls.observe(fake.OpDeleteSnapshot, id, nil)
 		}
 	}
-	missing := r.calls.wait(30 * time.Second)
+	missing := r.waitCalls(30 * time.Second)
 	r.tracef("late snapshots of the failed round: %v (not deleted: %v)", orphans, missing)
 	if len(missing) > 0 {
 		r.violate(NoLeak, "snapshots %v landed after their round gave up and were never deleted", missing)
@@ -642,25 +648,26 @@ func (r *run) raceCommit() {
 	out := make(chan outcome, 3)
 	n := 1
 	ctx := r.life
-	go func() {
+	r.rt.Go(func() {
 		res, err := r.o.Commit(ctx, owner.CommitRequest{CheckpointID: id})
 		out <- outcome{"commit", err, res}
-	}()
+	})
 	if seedSid != "" {
 		n++
-		go func() {
+		r.rt.Go(func() {
 			ran := false
 			_, err := r.o.StartSessionSandbox(ctx, seedSid, r.spec(), notesSetup(token, false, &ran), "")
 			out <- outcome{which: "seed", err: err}
-		}()
+		})
 	}
 	if endSid != "" {
 		n++
-		go func() { out <- outcome{which: "end", err: r.o.EndSessionSandbox(ctx, endSid)} }()
+		r.rt.Go(func() { out <- outcome{which: "end", err: r.o.EndSessionSandbox(ctx, endSid)} })
 	}
 	var commit outcome
 	var seedErr, endErr error
 	for i := 0; i < n; i++ {
+		r.rt.Await(ctx, func() bool { return len(out) > 0 })
 		o := <-out
 		switch o.which {
 		case "commit":
@@ -1019,7 +1026,7 @@ func (r *run) opAdvance() {
 		r.violate(Unexpected, "owner.Tick: %v", err)
 		return
 	}
-	if missing := r.calls.wait(30 * time.Second); len(missing) > 0 {
+	if missing := r.waitCalls(30 * time.Second); len(missing) > 0 {
 		r.violate(LiveState, "the leases of %v were due at %v but never renewed", missing, now)
 		return
 	}
