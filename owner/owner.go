@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/eventstream"
 	"github.com/sirupsen/logrus"
 	logrusslog "github.com/sirupsen/logrus/hooks/slog"
 
@@ -120,8 +121,12 @@ var (
 // CheckpointConfig is the checkpoint.* part of the configuration.
 type CheckpointConfig struct {
 	Enabled bool
-	// StateDir holds the snapshot index (required in exported mode).
+	// StateDir holds the snapshot index (required in exported mode unless
+	// Index is set).
 	StateDir string
+	// Index, when set, is the snapshot index instead of the Badger one in
+	// StateDir: the simulation's in-memory index. The owner closes it.
+	Index snapshotindex.Store
 	// Parallelism bounds concurrent provider calls of a checkpoint
 	// operation (default 16).
 	Parallelism int
@@ -143,6 +148,13 @@ type Config struct {
 	NumWorkers int
 	// Clock drives leases (default the wall clock).
 	Clock clock.Clock
+	// ActorSystem, when set, is the protoactor system the owner's actors
+	// live in (named after the incarnation), instead of one of its own: a
+	// system costs a few milliseconds to make, which the simulation pays
+	// once per worker instead of once per owner. Close stops the owner's
+	// actors; Abandon drops them from the system without a word, as a
+	// crash would.
+	ActorSystem *actor.ActorSystem
 	// Runtime runs the owner's concurrent work (effects, fan-outs,
 	// mailboxes when it is also a sched.Dispatcher) and its waits; nil is
 	// goroutines. The simulation passes a sched.Det.
@@ -182,13 +194,14 @@ type Owner struct {
 	log         logrus.FieldLogger
 	incarnation string
 
-	system   *actor.ActorSystem
-	dispatch *actors.Dispatcher
-	sup      *actor.PID
-	dir      *supervisor.Directory
-	coord    *actor.PID
-	limiter  *actors.Limiter
-	index    *snapshotindex.Index
+	system      *actor.ActorSystem
+	deadLetters *eventstream.Subscription
+	dispatch    *actors.Dispatcher
+	sup         *actor.PID
+	dir         *supervisor.Directory
+	coord       *actor.PID
+	limiter     *actors.Limiter
+	index       snapshotindex.Store
 
 	// ctl serialises control operations (commit, restore, retire,
 	// release) with each other.
@@ -261,7 +274,9 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 		return nil, err
 	}
 	o.mode = mode
-	if mode == ModeExported {
+	if mode == ModeExported && cfg.Checkpoint.Index != nil {
+		o.index = cfg.Checkpoint.Index
+	} else if mode == ModeExported {
 		idx, err := snapshotindex.Open(cfg.Checkpoint.StateDir, snapshotindex.Options{Logger: o.log.WithField("lib", "badger")})
 		if err != nil {
 			return nil, fmt.Errorf("open snapshot index: %w", err)
@@ -295,7 +310,7 @@ func (o *Owner) decideMode() (Mode, error) {
 		o.log.Warnf("%s: sandbox provider '%s' cannot snapshot; its rollouts restart after a crash instead of continuing", c.Name, c.Provider.Name())
 		return ModeRestartOnly, nil
 	}
-	if c.Checkpoint.StateDir == "" {
+	if c.Checkpoint.StateDir == "" && c.Checkpoint.Index == nil {
 		return "", fmt.Errorf("%w: checkpoint.state_dir is required to export sandbox snapshots", ErrConfig)
 	}
 	if c.NumWorkers > 1 {
@@ -312,12 +327,18 @@ func newIncarnation() string {
 
 func (o *Owner) startActors() {
 	lg := o.cfg.Logger
-	o.system = actor.NewActorSystem(
-		actor.WithLoggerFactory(func(s *actor.ActorSystem) *slog.Logger {
-			return slog.New(logrusslog.NewHandler(lg, nil)).With("lib", "protoactor", "server", o.name)
-		}),
-		actor.WithDeadLetterRequestLogging(false),
-	)
+	names := func(n string) string { return n }
+	if o.cfg.ActorSystem != nil {
+		o.system = o.cfg.ActorSystem
+		names = func(n string) string { return n + "-" + o.incarnation }
+	} else {
+		o.system = actor.NewActorSystem(
+			actor.WithLoggerFactory(func(s *actor.ActorSystem) *slog.Logger {
+				return slog.New(logrusslog.NewHandler(lg, nil)).With("lib", "protoactor", "server", o.name)
+			}),
+			actor.WithDeadLetterRequestLogging(false),
+		)
+	}
 	env := &actors.SessionEnv{
 		Provider: o.prov,
 		Clock:    o.clk,
@@ -350,7 +371,7 @@ func (o *Owner) startActors() {
 	}
 	// A request sent to an actor that has stopped is a dead letter: answer
 	// its slot, so that its asker learns at once that nobody acted on it.
-	o.system.EventStream.Subscribe(func(ev any) {
+	o.deadLetters = o.system.EventStream.Subscribe(func(ev any) {
 		if d, ok := ev.(*actor.DeadLetterEvent); ok {
 			if r := messages.ReplySlot(d.Message); r != nil {
 				r.Deliver(messages.Undelivered{})
@@ -359,12 +380,12 @@ func (o *Owner) startActors() {
 	})
 	root := o.system.Root
 	o.dir = supervisor.NewDirectory()
-	o.sup, _ = root.SpawnNamed(supervisor.PropsWithDirectory(props, o.dir).Configure(onPool), "sessions")
+	o.sup, _ = root.SpawnNamed(supervisor.PropsWithDirectory(props, o.dir).Configure(onPool), names("sessions"))
 	o.coord, _ = root.SpawnNamed(actors.CoordinatorProps(&actors.CoordinatorEnv{
 		Log:      o.log,
 		Clock:    o.clk,
 		OnOrphan: o.onOrphan,
-	}).Configure(onPool), "coordinator")
+	}).Configure(onPool), names("coordinator"))
 }
 
 // The dispatcher's shape: a few workers per CPU are enough for mailbox runs,
@@ -391,7 +412,7 @@ func (o *Owner) Incarnation() string { return o.incarnation }
 func (o *Owner) SharedProvider() provider.Provider { return o.prov }
 
 // Index is the snapshot index (nil unless the mode is exported).
-func (o *Owner) Index() *snapshotindex.Index { return o.index }
+func (o *Owner) Index() snapshotindex.Store { return o.index }
 
 // CheckpointQueue is how many checkpoint provider calls wait for a slot of
 // checkpoint.parallelism, and a channel closed when that changes.
@@ -825,7 +846,7 @@ func (o *Owner) Close() error {
 			o.poisonAndWait(o.coord)
 		}
 		o.bg.Wait(o.rt)
-		o.system.Shutdown()
+		o.leaveSystem()
 		o.stopDispatcher()
 		if o.index != nil {
 			err = o.index.Close()
@@ -844,6 +865,15 @@ func (o *Owner) poisonAndWait(pid *actor.PID) {
 	_ = f.Wait()
 }
 
+// leaveSystem shuts the actor system down if it is the owner's own, and
+// stops listening to it.
+func (o *Owner) leaveSystem() {
+	o.system.EventStream.Unsubscribe(o.deadLetters)
+	if o.cfg.ActorSystem == nil {
+		o.system.Shutdown()
+	}
+}
+
 func (o *Owner) stopDispatcher() {
 	if o.dispatch != nil {
 		o.dispatch.Stop()
@@ -859,7 +889,14 @@ func (o *Owner) Abandon() {
 		close(o.closed)
 		o.cancelBase()
 		o.bg.Wait(o.rt)
-		o.system.Shutdown()
+		if o.cfg.ActorSystem != nil {
+			// Gone from the system without a word: no actor runs its stop
+			// (a session's would stop its sandbox), as in a crash.
+			for _, pid := range append(o.dir.PIDs(), o.sup, o.coord) {
+				o.system.ProcessRegistry.Remove(pid)
+			}
+		}
+		o.leaveSystem()
 		o.stopDispatcher()
 		if o.index != nil {
 			_ = o.index.Close()

@@ -72,6 +72,17 @@ func (d *Directory) Lookup(sessionID string) *actor.PID {
 	return d.byID[sessionID]
 }
 
+// PIDs lists the actors in the directory, in no particular order.
+func (d *Directory) PIDs() []*actor.PID {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	out := make([]*actor.PID, 0, len(d.byID))
+	for _, pid := range d.byID {
+		out = append(out, pid)
+	}
+	return out
+}
+
 func (d *Directory) set(sessionID string, pid *actor.PID) {
 	if d == nil {
 		return

@@ -38,7 +38,7 @@ type indexState struct {
 
 // checkCheckpoints compares every checkpoint in idx with the model (whole
 // checkpoints, restorable) and returns what the index accounts for.
-func (r *run) checkCheckpoints(idx *snapshotindex.Index, where string) (indexState, bool) {
+func (r *run) checkCheckpoints(idx snapshotindex.Store, where string) (indexState, bool) {
 	st := indexState{tomb: map[string]bool{}, named: map[string]bool{}}
 	metas, err := idx.Checkpoints()
 	if err != nil {

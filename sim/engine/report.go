@@ -178,8 +178,9 @@ func RunSeeds(first int64, runs, parallel int, cfg Config, done func(Result)) []
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			w := newWorker()
 			for i := range next {
-				res := Run(first+int64(i), cfg)
+				res := w.run(first+int64(i), cfg)
 				results[i] = res
 				if done != nil {
 					mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"sort"
@@ -12,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/clock"
@@ -164,8 +166,14 @@ type run struct {
 	clk simClock
 	// det is the deterministic scheduler (nil in ModeReal); rt is what the
 	// owner and the harness run concurrent work on (det, or goroutines).
-	det         *sched.Det
-	rt          sched.Runtime
+	det *sched.Det
+	rt  sched.Runtime
+	// mem is the index's durable contents in the deterministic mode (nil:
+	// Badger on the state_dir).
+	mem *snapshotindex.Memory
+	// sys is the actor system the owners share in the deterministic mode
+	// (nil: each owner makes its own, as the server does).
+	sys         *actor.ActorSystem
 	fk          *fake.Provider
 	inner       backend // nil: the owner calls fk directly
 	osb         *opensandboxtest.Server
@@ -225,8 +233,32 @@ func (r *run) sabotagePoint(point string) {
 
 // Run performs one seeded run and reports it.
 func Run(seed int64, cfg Config) Result {
+	return newWorker().run(seed, cfg)
+}
+
+// worker performs runs one after another. In the deterministic mode its
+// runs' owners share one protoactor system (each owner's actors are named
+// after its incarnation and leave the system with it): making a system
+// costs more than a whole run otherwise.
+type worker struct {
+	sys *actor.ActorSystem
+}
+
+func newWorker() *worker { return &worker{} }
+
+func (w *worker) run(seed int64, cfg Config) Result {
 	cfg = cfg.withDefaults()
-	return newRun(seed, cfg).exec()
+	r := newRun(seed, cfg)
+	if r.det != nil {
+		if w.sys == nil {
+			w.sys = actor.NewActorSystem(
+				actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) }),
+				actor.WithDeadLetterRequestLogging(false),
+			)
+		}
+		r.sys = w.sys
+	}
+	return r.exec()
 }
 
 func newRun(seed int64, cfg Config) *run {
@@ -238,9 +270,11 @@ func newRun(seed int64, cfg Config) *run {
 		det *sched.Det
 		rt  sched.Runtime = sched.Real{}
 	)
+	var mem *snapshotindex.Memory
 	if cfg.Mode == ModeDeterministic {
 		det = sched.NewDet(uint64(seed), start)
 		clk, rt = det, det
+		mem = snapshotindex.NewMemory()
 	} else {
 		clk = clock.NewManual(start)
 	}
@@ -251,6 +285,7 @@ func newRun(seed int64, cfg Config) *run {
 		trace:       cfg.Trace,
 		clk:         clk,
 		det:         det,
+		mem:         mem,
 		rt:          rt,
 		fk:          fake.New(fake.Options{Clock: clk, Seed: seed, Runtime: det.OrNil()}),
 		ttl:         600 * time.Second,
@@ -439,16 +474,25 @@ func (r *run) ownerConfig() owner.Config {
 		Checkpoint: owner.CheckpointConfig{
 			Enabled:     true,
 			StateDir:    r.dir,
+			Index:       r.ownerIndex(),
 			Parallelism: r.parallelism,
 			OnStop:      r.onStop,
 		},
-		Clock:   r.clk,
-		Runtime: r.rt,
-		Logger:  r.log,
+		Clock:       r.clk,
+		Runtime:     r.rt,
+		ActorSystem: r.sys,
+		Logger:      r.log,
 		// From the seed and the number of owners so far: a seed replays
 		// its incarnation ids too.
 		Incarnation: fmt.Sprintf("%08x-%d", uint32(r.seed), r.incarnations),
 	}
+}
+
+func (r *run) ownerIndex() snapshotindex.Store {
+	if r.mem == nil {
+		return nil
+	}
+	return r.mem.Open()
 }
 
 // startOwner starts a fresh owner on the run's state_dir and fake.
@@ -640,7 +684,7 @@ func (w *callWaiter) missing() []string {
 // settles a commit or release a crash interrupted, and checks every
 // checkpoint on disk.
 func (r *run) checkDisk() {
-	idx, err := snapshotindex.Open(r.dir, snapshotindex.Options{})
+	idx, err := r.openIndex()
 	if err != nil {
 		r.violate(WholeCheckpoints, "the index on the state_dir cannot be opened after the crash: %v", err)
 		return
@@ -695,6 +739,16 @@ func (r *run) checkDisk() {
 		}
 	}
 	r.checkCheckpoints(idx, "on disk after the crash")
+}
+
+// openIndex opens the index no owner holds: the Badger one on the
+// state_dir, or in the deterministic mode a handle on the in-memory one
+// (what a disk keeps across a crash).
+func (r *run) openIndex() (snapshotindex.Store, error) {
+	if r.mem != nil {
+		return r.mem.Open(), nil
+	}
+	return snapshotindex.Open(r.dir, snapshotindex.Options{})
 }
 
 // --- helpers ---

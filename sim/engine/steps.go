@@ -1080,7 +1080,7 @@ func (r *run) final() {
 	}
 	r.o = nil
 	r.stopLife()
-	idx, err := snapshotindex.Open(r.dir, snapshotindex.Options{})
+	idx, err := r.openIndex()
 	if err != nil {
 		r.violate(Unexpected, "open the index after Close: %v", err)
 		return
