@@ -1,4 +1,4 @@
-// Command bench measures the sandbox owner against the goals of issue 6 and
+// Command bench measures the sandbox owner against the project's performance goals and
 // writes bench/results.md and bench/results.svg:
 //
 //	go run ./bench          # the full run, a few minutes

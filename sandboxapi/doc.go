@@ -1,6 +1,5 @@
 // Package sandboxapi is the transport-independent part of the routes through
-// which an agent works in a sandbox the owner lends it (issue 4, "Lending to
-// agents"): access tokens, and a fasthttp handler for exec and file calls.
+// which an agent works in a sandbox the owner lends it: access tokens, and a fasthttp handler for exec and file calls.
 //
 // # Routes
 //

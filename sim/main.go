@@ -1,11 +1,13 @@
 // Command sim is the deterministic simulation of the sandbox owner: seeded
 // random workloads and fault schedules against the real owner (actors,
-// coordinator, Badger index in a temporary state_dir) over the fake
-// provider, with the invariants of issue 5 checked after every step.
+// coordinator, snapshot index, the control plane) over the fake provider,
+// on one seeded scheduler and virtual time, with the invariants checked
+// after every step.
 //
 //	go run ./sim -runs 1000              # 1000 seeded runs, every fault kind
 //	go run ./sim -seed 17 -runs 1 -v     # the trace of one run
 //	go run ./sim -faults crash=0.2,race  # only some faults, at chosen rates
+//	go run ./sim -mode real-goroutines   # the owner on goroutines and Badger on disk
 //
 // It exits 1 when any invariant was violated, 2 on bad flags.
 package main

@@ -1,4 +1,4 @@
-// Package sweep is the operator's leak sweep (issue 5 §7): it lists a
+// Package sweep is the operator's leak sweep: it lists a
 // provider's sandboxes and snapshots and reports those that no live session,
 // committed checkpoint or tombstone accounts for; with Reap it deletes them.
 //

@@ -1,4 +1,4 @@
-// Package harness measures the sandbox owner against the goals of issue 6:
+// Package harness measures the sandbox owner against the project's performance goals:
 // commit, restore and release latency against the ideal schedule on the fake
 // provider, HTTP throughput against a bare fasthttp handler, and resident
 // memory per live session. Run fills a Report; the Report prints itself as

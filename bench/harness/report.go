@@ -47,7 +47,7 @@ type Report struct {
 	Scale *ScaleResult
 }
 
-// The goals of issue 6 (goals to report against, not assertions).
+// The project's performance goals (to report against, not assertions).
 const (
 	GoalRatio           = 1.05                  // commit and restore at N=1000, L=20ms, P=64
 	GoalCoordinatorUS   = 20.0                  // µs per session at L=0

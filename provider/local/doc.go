@@ -1,6 +1,6 @@
 // Package local is the local sandbox provider: real sandboxes on one
 // machine, with no service to run. It is the server's embedded default
-// provider (issue 4) and implements provider.Provider, provider.Snapshotter,
+// provider and implements provider.Provider, provider.Snapshotter,
 // provider.Leaser and provider.Lister.
 //
 // # Using it

@@ -11,7 +11,7 @@ import (
 // Fault is one kind of fault the simulation injects.
 type Fault string
 
-// The fault kinds (issue 5 §2). Crash kinds freeze the owner at a provider
+// The fault kinds. Crash kinds freeze the owner at a provider
 // call and abandon it; the next step runs on a fresh owner over the same
 // state_dir and fake backend.
 const (

@@ -135,7 +135,74 @@ func (r *run) opControl() {
 		r.violate(WholeCheckpoints, "control commit %s exported episodes %v, want %v", id, rep.EpisodeIDs, want)
 		return
 	}
-	r.m.ckpts[id] = &checkpointState{id: id, records: records}
+	r.m.ckpts[id] = &checkpointState{id: id, records: records, control: true}
+}
+
+// controlRestore restores checkpoint id (scope nil: all of it) in a fresh
+// process through the control plane, as the controller does after a crash:
+// restore by checkpoint_dir with the episodes to continue, then resume. The
+// episodes come back under their next attempt; a fork that fails fails the
+// restore, which must leave nothing installed and admission open after the
+// resume.
+func (r *run) controlRestore(id string, scope []string) {
+	ck := r.m.ckpts[id]
+	want := scope
+	if want == nil {
+		want = sortedKeys(ck.records)
+	}
+	eps := []control.EpisodeID{}
+	var next []string
+	for _, sid := range want {
+		eps = append(eps, episodeOf(sid))
+		next = append(next, episodeOf(sid).Next().CaptureKey())
+	}
+	sort.Strings(next)
+	forkFail := r.chance(FaultForkFail) && len(want) > 0
+	if forkFail {
+		r.fk.FailNext(fake.OpFork, 1)
+	}
+	m := r.part.Machine()
+	incarnation := r.o.Incarnation()
+	base := control.Base{CheckpointID: r.newCheckpointID(), DeadlineTS: control.UnixSeconds(r.clk.Now().Add(time.Minute))}
+	ctx, cancel := r.wallBound(30 * time.Second)
+	defer cancel()
+	rep, err := m.Restore(ctx, control.RestoreRequest{Base: base, CheckpointDir: "/ck/" + id, EpisodeIDs: eps})
+	_, rerr := m.Resume(ctx, control.ResumeRequest{Base: base})
+	r.tracef("control restore of %s episodes %v (fork fails %v): restored %v err %v; resume err %v", id, want, forkFail, rep.Restored, err, rerr)
+	if rerr != nil || !r.part.Gate().IsOpen() {
+		r.violate(Unexpected, "control resume after restoring %s: %v (admission open %v)", id, rerr, r.part.Gate().IsOpen())
+		return
+	}
+	injected := r.injectedNow(fake.OpFork) > 0
+	if injected {
+		r.fire(FaultForkFail)
+	}
+	if err != nil {
+		if !injected {
+			r.violate(Unexpected, "control restore of %s failed without a fault: %v", id, err)
+			return
+		}
+		r.checkRolledBack(id, incarnation)
+		return
+	}
+	if injected {
+		r.violate(AllOrNone, "control restore of %s succeeded although a fork failed", id)
+		return
+	}
+	if !slices.Equal(rep.Restored, next) {
+		r.violate(AllOrNone, "control restore of %s continued episodes %v, want %v", id, rep.Restored, next)
+		return
+	}
+	for _, sid := range want {
+		sb, err := r.o.RequireSessionSandbox(r.life, sid)
+		if err != nil {
+			r.violate(AllOrNone, "control restore of %s did not install %s: %v", id, sid, err)
+			return
+		}
+		if !r.checkRestored(ck, sid, sb) {
+			return
+		}
+	}
 }
 
 // controlLease prepares, lets the lease run out (deadline plus grace) and

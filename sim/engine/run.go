@@ -29,7 +29,7 @@ import (
 // Invariant names a property the simulation checks.
 type Invariant string
 
-// The invariants of issue 5 §3, and two the harness needs besides.
+// The invariants of a sandbox owner, and two the harness needs besides.
 const (
 	// NoLeak: every sandbox and snapshot that exists is held by a live
 	// session, named by a committed checkpoint, or tombstoned; once every
@@ -103,6 +103,9 @@ type recordState struct {
 type checkpointState struct {
 	id      string
 	records map[string]recordState
+	// control: committed through the control plane, so its records name
+	// their episodes (a control restore can find them).
+	control bool
 }
 
 type model struct {

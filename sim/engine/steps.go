@@ -745,10 +745,15 @@ func (r *run) opRestore() {
 			scope = nil
 		}
 	}
-	r.tracef("restore %s (scope %v): crash first", id, scope)
+	viaControl := r.m.ckpts[id].control && r.rng.IntN(2) == 0
+	r.tracef("restore %s (scope %v, through the control plane %v): crash first", id, scope, viaControl)
 	r.crash()
 	r.afterCrash()
 	if r.broken {
+		return
+	}
+	if viaControl {
+		r.controlRestore(id, scope)
 		return
 	}
 	r.restore(id, scope, true)
@@ -851,20 +856,29 @@ func (r *run) restore(id string, scope []string, faults bool) {
 		return
 	}
 	for _, rs := range res.Sessions {
-		rec := ck.records[rs.SessionID]
-		files, ok := r.fk.Files(rs.Sandbox.Handle.SandboxID)
-		if !ok {
-			r.violate(ExactRestore, "the fork %s of restored session %s is not running", rs.Sandbox.Handle.SandboxID, rs.SessionID)
+		if !r.checkRestored(ck, rs.SessionID, rs.Sandbox) {
 			return
 		}
-		notes, tok := contentOf(files, rs.Sandbox.Workdir)
-		if !slices.Equal(notes, rec.notes) || tok != rec.token || tokenOf(rs.Sandbox.Data) != rec.token {
-			r.violate(ExactRestore, "restored session %s holds notes %q token %q data %s, want notes %q token %q",
-				rs.SessionID, notes, tok, rs.Sandbox.Data, rec.notes, rec.token)
-			return
-		}
-		*r.m.sessions[rs.SessionID] = sessionState{live: true, notes: append([]string(nil), rec.notes...), token: rec.token, restored: true}
 	}
+}
+
+// checkRestored checks that a restored session's fork holds exactly its
+// record's notes and token, and puts it in the model.
+func (r *run) checkRestored(ck *checkpointState, sid string, sb owner.Sandbox) bool {
+	rec := ck.records[sid]
+	files, ok := r.fk.Files(sb.Handle.SandboxID)
+	if !ok {
+		r.violate(ExactRestore, "the fork %s of restored session %s is not running", sb.Handle.SandboxID, sid)
+		return false
+	}
+	notes, tok := contentOf(files, sb.Workdir)
+	if !slices.Equal(notes, rec.notes) || tok != rec.token || tokenOf(sb.Data) != rec.token {
+		r.violate(ExactRestore, "restored session %s holds notes %q token %q data %s, want notes %q token %q",
+			sid, notes, tok, sb.Data, rec.notes, rec.token)
+		return false
+	}
+	*r.m.sessions[sid] = sessionState{live: true, notes: append([]string(nil), rec.notes...), token: rec.token, restored: true}
+	return true
 }
 
 // checkRolledBack checks that a failed restore installed nothing and left no
