@@ -12,7 +12,7 @@ import (
 	httpapi "github.com/sandboxowner/owner/http"
 )
 
-// TestCrashRestoreScenario is the walk of issue 3 §5: a notes session is
+// TestCrashRestoreScenario is the crash-and-restore walk: a notes session is
 // checkpointed, drifts, its server dies without shutdown, and a fresh server
 // on the same state_dir and backend restores it; the controller's re-seed of
 // the next attempt with the same cookie continues in the fork.

@@ -3,7 +3,7 @@ package owner_test
 // Requests racing an end of the same session used to reach the session
 // actor after its poison pill and be dropped by protoactor without a reply,
 // so the asker waited out its whole timeout (a minute, or an hour without a
-// deadline). Found while benchmarking issue 6. A forgotten actor now lives
+// deadline). Found while benchmarking. A forgotten actor now lives
 // on for supervisor.ForgetGrace answering as ended.
 
 import (

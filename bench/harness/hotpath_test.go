@@ -1,6 +1,6 @@
 package harness
 
-// Go benchmarks of the owner's hot paths (issue 6, part 2):
+// Go benchmarks of the owner's hot paths:
 //
 //	go test ./bench/harness -run '^$' -bench . -benchmem
 //

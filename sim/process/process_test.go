@@ -1,4 +1,4 @@
-// Package process_test is the process-level crash suite (issue 5 §6): it
+// Package process_test is the process-level crash suite: it
 // builds cmd/server, runs it as a child process on the local provider,
 // SIGKILLs it in the middle of a commit and of a restore, restarts it on the
 // same state_dir, and checks the invariants over HTTP and on disk.
@@ -114,7 +114,7 @@ func startWith(t *testing.T, bin, dir string, providerArgs ...string) *server {
 	// The address is logged before the server accepts: a request that got
 	// an answer means it serves. (A SIGTERM before that hangs the server's
 	// stop: app.Stop waits for a Serve that a Shutdown which came first
-	// never ends; reported to issue 3.)
+	// never ends.)
 	if code, _, err := s.call(nil, "GET", "/health", nil); err != nil || code != 200 {
 		t.Fatalf("GET /health: %d %v\n%s", code, err, s.log)
 	}
