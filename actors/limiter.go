@@ -33,19 +33,31 @@ func NewLimiterOn(n int, rt sched.Runtime) *Limiter {
 
 // Acquire waits for a slot or for ctx to end.
 func (l *Limiter) Acquire(ctx context.Context) error {
-	select {
-	case l.slots <- struct{}{}:
+	if l.tryTake() {
 		return nil
-	default:
 	}
 	l.wait(1)
 	defer l.wait(-1)
 	l.rt.Await(ctx, func() bool { return len(l.slots) < cap(l.slots) })
+	// A free slot wins over an ended context, in a fixed order (select
+	// would pick at random).
+	if l.tryTake() {
+		return nil
+	}
 	select {
 	case l.slots <- struct{}{}:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+}
+
+func (l *Limiter) tryTake() bool {
+	select {
+	case l.slots <- struct{}{}:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -77,14 +77,18 @@ func (g *Gate) Enter(ctx context.Context, e Entry) (leave func(), err error) {
 		g.mu.Unlock()
 		g.changed.Fire()
 		g.rt.Await(ctx, func() bool { return sched.Closed(open) || sched.Closed(stopping) })
-		select {
-		case <-open:
-		case <-stopping:
-		case <-ctx.Done():
-			g.mu.Lock()
-			g.waiting--
-			g.mu.Unlock()
-			return nil, ErrAdmissionClosed.With("gave up waiting for a checkpoint to end: %v", ctx.Err())
+		// An opening wins over an ended context, in a fixed order (select
+		// would pick at random).
+		if !sched.Closed(open) && !sched.Closed(stopping) {
+			select {
+			case <-open:
+			case <-stopping:
+			case <-ctx.Done():
+				g.mu.Lock()
+				g.waiting--
+				g.mu.Unlock()
+				return nil, ErrAdmissionClosed.With("gave up waiting for a checkpoint to end: %v", ctx.Err())
+			}
 		}
 		g.mu.Lock()
 		g.waiting--
@@ -217,6 +221,9 @@ func (g *Gate) WaitIdle(ctx context.Context, sessions []string) error {
 			return nil
 		}
 		g.rt.Await(ctx, func() bool { return sched.Closed(ch) })
+		if sched.Closed(ch) {
+			continue
+		}
 		select {
 		case <-ch:
 		case <-ctx.Done():

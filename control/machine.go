@@ -291,6 +291,16 @@ func (m *Machine) Prepare(ctx context.Context, req PrepareRequest) (PrepareReply
 			return rep, out.Err
 		}
 		m.rt.Await(ctx, func() bool { return sched.Closed(woken) || len(timer.C()) > 0 })
+		// A change wins over the poll, which wins over an ended context,
+		// in a fixed order (select would pick at random).
+		if sched.Closed(woken) {
+			continue
+		}
+		if len(timer.C()) > 0 {
+			<-timer.C()
+			timer.Reset(min(m.cfg.PollEvery, deadline.Sub(m.clk.Now())))
+			continue
+		}
 		select {
 		case <-woken:
 		case <-timer.C():
@@ -323,6 +333,11 @@ func (m *Machine) await(ctx context.Context, b Base, key OpKey) (any, error) {
 	t := m.clk.NewTimer(wait)
 	defer t.Stop()
 	m.rt.Await(ctx, func() bool { return sched.Closed(c.done) || len(t.C()) > 0 })
+	// The run's end wins over the deadline and the context, in a fixed
+	// order (select would pick at random).
+	if sched.Closed(c.done) {
+		return c.reply, c.err
+	}
 	select {
 	case <-c.done:
 		return c.reply, c.err
