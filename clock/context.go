@@ -40,9 +40,14 @@ type deadlineCtx struct {
 	expired bool
 }
 
+// expire marks the context as ended by its deadline, unless it has
+// already ended otherwise: the timer is not stopped when the parent ends,
+// and Err must not change once it has reported an error.
 func (c *deadlineCtx) expire() {
 	c.mu.Lock()
-	c.expired = true
+	if c.Context.Err() == nil {
+		c.expired = true
+	}
 	c.mu.Unlock()
 }
 
