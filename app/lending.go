@@ -73,7 +73,7 @@ func newLending(secret []byte, prov provider.Provider, own *owner.Owner, clk clo
 	l.handler = &sandboxapi.Handler{
 		Provider: prov,
 		Tokens:   tokens,
-		Resolve:  resolver(own),
+		Resolve:  sandboxapi.ResolverOf(own),
 		Logger:   log.WithField("api", "sandboxes"),
 		Admit:    l.admit,
 	}
@@ -88,19 +88,6 @@ func (l *lending) admit(ctx context.Context, sandboxID string) (func(), error) {
 	}
 	session, _, _ := l.own.SandboxFate(sandboxID)
 	return l.srv.AdmitSandboxCall(ctx, session, sandboxID)
-}
-
-// resolver answers what became of a sandbox from the owner's memory.
-func resolver(own *owner.Owner) sandboxapi.Resolver {
-	return func(sandboxID string) (provider.Handle, sandboxapi.Fate) {
-		session, h, fate := own.SandboxFate(sandboxID)
-		if fate == owner.FateLive {
-			own.Touch(session) // the agent works in it: not idle
-		} else {
-			h = provider.Handle{}
-		}
-		return h, fate
-	}
 }
 
 // listening records the address agents reach the server at.

@@ -135,6 +135,7 @@ func (r *run) held() (map[string]string, bool) {
 			continue
 		}
 		out[sb.Handle.SandboxID] = sid
+		r.lent[sb.Handle.SandboxID] = sid
 		files, ok := r.fk.Files(sb.Handle.SandboxID)
 		if !ok {
 			r.violate(inv, "the sandbox %s of live session %s is gone from the backend", sb.Handle.SandboxID, sid)

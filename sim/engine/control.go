@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"sort"
 	"time"
@@ -11,7 +10,6 @@ import (
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/participant"
-	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/resources"
 )
@@ -275,19 +273,8 @@ func (r *run) heldExec(ctx context.Context, live []string) <-chan error {
 	gate := r.part.Gate()
 	changed := gate.Changed()
 	done := make(chan error, 1)
-	r.rt.Go(func() {
-		leave, err := r.part.AdmitSandboxCall(ctx, sid, "sandbox:"+sb.Handle.SandboxID)
-		if err != nil {
-			done <- err
-			return
-		}
-		defer leave()
-		res, err := r.o.SharedProvider().Exec(ctx, sb.Handle, provider.ExecRequest{Command: "cat " + tokenFile})
-		if err == nil && res.ExitCode != 0 {
-			err = fmt.Errorf("exit %d: %s", res.ExitCode, res.Stderr)
-		}
-		done <- err
-	})
+	id := sb.Handle.SandboxID
+	r.rt.Go(func() { done <- r.agentHeldExec(id) })
 	for gate.Waiting() == 0 {
 		r.rt.Await(ctx, func() bool { return gate.Waiting() > 0 || len(done) > 0 })
 		select {

@@ -10,7 +10,8 @@
 // passing, and checkpoints through the control plane (the participant's Step
 // machine over the same owner: prepare, commit and resume with an agent's
 // exec held at the gate; a lease that runs out; a retire that fences an
-// episode; a restore by checkpoint_dir after a crash). A model says what
+// episode; a restore by checkpoint_dir after a crash), and agents' execs
+// through the sandbox API in sandboxes current and stale. A model says what
 // each session and checkpoint holds; after every step the invariants are
 // checked against the real state: the owner's sessions, its index (or, after
 // a crash, the index opened again) and the fake's sandboxes, snapshots and

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandboxapi"
 )
 
 // TestRegressionSeeds replays a fixed set of small runs and every seed that
@@ -356,4 +358,27 @@ func TestLostSandboxFaultIsRefused(t *testing.T) {
 	if fired == 0 {
 		t.Fatal("the lost fault never fired")
 	}
+}
+
+// A sandbox API that resolves every sandbox as live lets an agent's exec
+// reach a sandbox its session no longer holds: the stale access check
+// must see it.
+func TestStaleAccessCheckCatchesAnOpenFence(t *testing.T) {
+	open := func(r *run) sandboxapi.Resolver {
+		return func(id string) (provider.Handle, sandboxapi.Fate) {
+			return provider.Handle{Provider: r.fk.Name(), SandboxID: id}, sandboxapi.FateLive
+		}
+	}
+	for seed := int64(1); seed <= 60; seed++ {
+		r := newRun(seed, Config{Sessions: 3, Steps: 30})
+		r.sabotageResolve = open
+		vs := r.exec().Violations
+		if slices.Contains(invariantsOf(vs), StaleAccess) {
+			return
+		}
+		if len(vs) > 0 {
+			t.Fatalf("seed %d: the open fence showed as %v, not %s", seed, vs, StaleAccess)
+		}
+	}
+	t.Fatal("no seed of 60 caught an agent's exec in a stale sandbox")
 }

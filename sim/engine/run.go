@@ -22,6 +22,7 @@ import (
 	"github.com/sandboxowner/owner/participant"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
+	"github.com/sandboxowner/owner/sandboxapi"
 	"github.com/sandboxowner/owner/sched"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
@@ -54,6 +55,10 @@ const (
 	// seeded, each with the notes and token it was given (no loss, no
 	// lease running out under a live session).
 	LiveState Invariant = "live state"
+	// StaleAccess: an agent's call in a sandbox that is no longer its
+	// session's (ended, superseded by a restore, or a crashed process's) is
+	// refused (410 or 404) before it reaches the provider.
+	StaleAccess Invariant = "stale access"
 	// Unexpected: an operation failed although no fault was injected, or
 	// the owner could not be driven (did not start, did not return).
 	Unexpected Invariant = "unexpected error"
@@ -61,7 +66,7 @@ const (
 
 // Invariants lists the invariants in report order.
 func Invariants() []Invariant {
-	return []Invariant{NoLeak, AllOrNone, ExactRestore, Restorable, WholeCheckpoints, NoEmptyGrading, LiveState, Unexpected}
+	return []Invariant{NoLeak, AllOrNone, ExactRestore, Restorable, WholeCheckpoints, NoEmptyGrading, StaleAccess, LiveState, Unexpected}
 }
 
 // Violation is one broken invariant, with what reproduces it.
@@ -215,6 +220,13 @@ type run struct {
 	// before a resent verify, just before a failed restore is checked) to
 	// break what that step's own check must catch.
 	sabotageAt func(r *run, point string)
+	// sabotageResolve, when set, replaces the sandbox API's resolver.
+	sabotageResolve func(r *run) sandboxapi.Resolver
+
+	// tokens sign the agents' sandbox tokens; lent maps every sandbox a
+	// live session was seen holding to that session.
+	tokens *sandboxapi.Tokens
+	lent   map[string]string
 	// lastVerified and lastRestore name the session of the verify and the
 	// checkpoint of the restore in progress, for sabotage.
 	lastVerified, lastRestore string
@@ -295,7 +307,10 @@ func newRun(seed int64, cfg Config) *run {
 		parallelism: 1 + rng.IntN(4),
 		onStop:      owner.OnStopKill,
 		calls:       newCallWaiter(),
+		lent:        map[string]string{},
 	}
+	// A secret from the seed: a run's tokens are the same every time.
+	r.tokens, _ = sandboxapi.NewTokens([]byte(fmt.Sprintf("sim tokens of seed %016x", uint64(seed))), clk)
 	if rng.IntN(4) == 0 {
 		r.onStop = owner.OnStopNone
 	}
@@ -619,9 +634,18 @@ type callWaiter struct {
 	mu   sync.Mutex
 	want map[callKey]bool
 	done chan struct{}
+	// seen counts every call that reached the backend.
+	seen map[callKey]int
 }
 
-func newCallWaiter() *callWaiter { return &callWaiter{} }
+func newCallWaiter() *callWaiter { return &callWaiter{seen: map[callKey]int{}} }
+
+// count is how many calls of op about id reached the backend so far.
+func (w *callWaiter) count(op fake.Op, id string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.seen[callKey{op, id}]
+}
 
 func (w *callWaiter) expect(op fake.Op, ids []string) {
 	w.mu.Lock()
@@ -639,6 +663,7 @@ func (w *callWaiter) expect(op fake.Op, ids []string) {
 func (w *callWaiter) observe(op fake.Op, id string, _ error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.seen[callKey{op, id}]++
 	if w.want[callKey{op, id}] {
 		delete(w.want, callKey{op, id})
 		if len(w.want) == 0 {

@@ -40,6 +40,7 @@ func ops() []op {
 		{"release", 6, (*run).opRelease},
 		{"advance", 8, (*run).opAdvance},
 		{"control", 8, (*run).opControl},
+		{"agent-exec", 5, (*run).opAgentExec},
 	}
 }
 

@@ -1,0 +1,97 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sandboxapi"
+)
+
+// The agent's side of lending: the sandbox exec API (sandboxapi.Handler) as
+// the server mounts it, over the current owner and participant, called in
+// memory with a request the simulation builds (no socket).
+
+// handler is the sandbox API of the current owner: tokens of the run,
+// sandboxes resolved from the owner's memory, execs admitted through the
+// participant's gate.
+func (r *run) handler() *sandboxapi.Handler {
+	resolve := sandboxapi.ResolverOf(r.o)
+	if r.sabotageResolve != nil {
+		resolve = r.sabotageResolve(r)
+	}
+	return &sandboxapi.Handler{
+		Provider: r.o.SharedProvider(),
+		Tokens:   r.tokens,
+		Resolve:  resolve,
+		Admit: func(ctx context.Context, sandboxID string) (func(), error) {
+			session, _, _ := r.o.SandboxFate(sandboxID)
+			return r.part.AdmitSandboxCall(ctx, session, httpapi.SandboxLabel(sandboxID))
+		},
+	}
+}
+
+// agentExec runs command in sandbox id as an agent holding a genuine token
+// for it would, and returns the status and body of the answer.
+func (r *run) agentExec(id, command string) (int, []byte) {
+	var rc fasthttp.RequestCtx
+	rc.Request.Header.SetMethod(fasthttp.MethodPost)
+	rc.Request.SetRequestURI(sandboxapi.Endpoint("", id) + "/exec")
+	rc.Request.Header.Set(fasthttp.HeaderAuthorization, "Bearer "+r.tokens.Mint(id, r.clk.Now().Add(time.Hour)))
+	body, _ := json.Marshal(map[string]string{"command": command})
+	rc.Request.SetBody(body)
+	r.handler().Serve(&rc)
+	return rc.Response.StatusCode(), append([]byte(nil), rc.Response.Body()...)
+}
+
+// opAgentExec has an agent exec in a sandbox the owner once lent: the
+// session's current one must run the command (and read the session's
+// token); any other (ended, superseded, or a crashed process's) must be
+// refused before the call reaches the provider.
+func (r *run) opAgentExec() {
+	if len(r.lent) == 0 {
+		return
+	}
+	id := sample(r.rng, sortedKeys(r.lent))
+	sid := r.lent[id]
+	current := false
+	if r.m.sessions[sid].live {
+		if sb, err := r.o.RequireSessionSandbox(r.life, sid); err == nil && sb.Handle.SandboxID == id {
+			current = true
+		}
+	}
+	before := r.calls.count(fake.OpExec, id)
+	status, body := r.agentExec(id, "cat "+tokenFile)
+	reached := r.calls.count(fake.OpExec, id) > before
+	r.tracef("agent exec in %s of %s (current %v): %d %s", id, sid, current, status, body)
+	if current {
+		var res provider.ExecResult
+		if err := json.Unmarshal(body, &res); err != nil || status != fasthttp.StatusOK || res.ExitCode != 0 || res.Stdout != r.m.sessions[sid].token {
+			r.violate(LiveState, "an agent's exec in %s, the sandbox of live session %s: %d %s, want 200 with token %q", id, sid, status, body, r.m.sessions[sid].token)
+		}
+		return
+	}
+	if reached || (status != fasthttp.StatusGone && status != fasthttp.StatusNotFound) {
+		r.violate(StaleAccess, "an agent's exec in %s, no longer the sandbox of session %s, answered %d %s (reached the provider: %v; want 410 or 404 before it)", id, sid, status, body, reached)
+	}
+}
+
+// agentHeldExec is heldExec's call: an exec of the token file through the
+// sandbox API; it fails unless it ran and exited 0.
+func (r *run) agentHeldExec(id string) error {
+	status, body := r.agentExec(id, "cat "+tokenFile)
+	if status != fasthttp.StatusOK {
+		return fmt.Errorf("status %d: %s", status, body)
+	}
+	var res provider.ExecResult
+	if err := json.Unmarshal(body, &res); err != nil || res.ExitCode != 0 {
+		return fmt.Errorf("exec: %s (%v)", body, err)
+	}
+	return nil
+}
