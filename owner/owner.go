@@ -225,6 +225,9 @@ type Owner struct {
 	closed    chan struct{}
 	bg        group
 	rt        sched.Runtime
+	// awaits is false on the real runtime, whose Await does nothing: the
+	// closure a request's wait would hand it costs an allocation.
+	awaits bool
 }
 
 // New decides the mode in effect, opens the index, recovers what a crashed
@@ -264,6 +267,7 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 		incarnation: cfg.Incarnation,
 		limiter:     actors.NewLimiterOn(cfg.Checkpoint.Parallelism, cfg.Runtime),
 		rt:          sched.Or(cfg.Runtime),
+		awaits:      !isReal(cfg.Runtime),
 		fates:       newFateMemory(cfg.FateMemory),
 		closed:      make(chan struct{}),
 		replies:     make(chan messages.ReplyTo, maxFreeReplies),
@@ -463,7 +467,9 @@ func (o *Owner) call(ctx context.Context, pid *actor.PID, msg any, reply message
 
 // await waits for the next answer in reply (a request to pid carried it).
 func (o *Owner) await(ctx context.Context, pid *actor.PID, reply messages.ReplyTo) (any, error) {
-	o.rt.Await(ctx, func() bool { return len(reply) > 0 || sched.Closed(o.closed) })
+	if o.awaits {
+		o.rt.Await(ctx, func() bool { return len(reply) > 0 || sched.Closed(o.closed) })
+	}
 	// When more than one is ready, the answer wins, then the close: a
 	// fixed order, where select would pick at random.
 	var v any
@@ -853,6 +859,11 @@ func (o *Owner) Close() error {
 		}
 	})
 	return err
+}
+
+func isReal(rt sched.Runtime) bool {
+	_, real := sched.Or(rt).(sched.Real)
+	return real
 }
 
 // poisonAndWait stops an actor and waits until it has (its children first).
