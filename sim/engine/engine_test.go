@@ -287,7 +287,8 @@ func TestASeedReplaysItsRunExactly(t *testing.T) {
 	}
 }
 
-// In the real-goroutine mode a seed replays its steps, faults and
+// In the real-goroutine mode (the owner on goroutines, Badger on disk) runs
+// keep every invariant, and a seed replays its steps, faults and
 // incarnation ids, though not the interleaving of concurrent calls: with
 // only faults that do not depend on it, and the backend's ids normalised,
 // the traces agree.
@@ -299,7 +300,10 @@ func TestASeedReplaysItsStepsWithRealGoroutines(t *testing.T) {
 	ids := regexp.MustCompile(`\b(sb|snap)-[0-9]+`)
 	trace := func(seed int64) string {
 		var b bytes.Buffer
-		Run(seed, Config{Sessions: 3, Steps: 30, Faults: faults, Trace: &b, TempDir: t.TempDir(), Mode: ModeReal})
+		res := Run(seed, Config{Sessions: 3, Steps: 30, Faults: faults, Trace: &b, TempDir: t.TempDir(), Mode: ModeReal})
+		for _, v := range res.Violations {
+			t.Errorf("%s\n  replay: go run ./sim -mode %s -seed %d -runs 1 -sessions 3 -steps 30 -faults %s -v", v, ModeReal, seed, faults)
+		}
 		var keep []string
 		for _, line := range strings.Split(b.String(), "\n") {
 			// The owner's own log lines come from its goroutines, in
