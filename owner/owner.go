@@ -384,7 +384,7 @@ func (o *Owner) startActors() {
 	})
 	root := o.system.Root
 	o.dir = supervisor.NewDirectory()
-	o.sup, _ = root.SpawnNamed(supervisor.PropsWithDirectory(props, o.dir).Configure(onPool), names("sessions"))
+	o.sup, _ = root.SpawnNamed(supervisor.PropsOn(props, o.dir, o.clk).Configure(onPool), names("sessions"))
 	o.coord, _ = root.SpawnNamed(actors.CoordinatorProps(&actors.CoordinatorEnv{
 		Log:      o.log,
 		Clock:    o.clk,
@@ -903,7 +903,7 @@ func (o *Owner) Abandon() {
 		if o.cfg.ActorSystem != nil {
 			// Gone from the system without a word: no actor runs its stop
 			// (a session's would stop its sandbox), as in a crash.
-			for _, pid := range append(o.dir.PIDs(), o.sup, o.coord) {
+			for _, pid := range append(o.dir.Children(), o.sup, o.coord) {
 				o.system.ProcessRegistry.Remove(pid)
 			}
 		}

@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/asynkron/protoactor-go/scheduler"
 
+	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/messages"
 )
 
@@ -43,9 +43,18 @@ func Props(sessionProps PropsFunc) *actor.Props {
 // PropsWithDirectory is Props with the supervisor keeping dir in step with
 // its sessions (dir may be nil).
 func PropsWithDirectory(sessionProps PropsFunc, dir *Directory) *actor.Props {
+	return PropsOn(sessionProps, dir, nil)
+}
+
+// PropsOn is PropsWithDirectory whose forget grace runs on clk (nil: the
+// wall clock).
+func PropsOn(sessionProps PropsFunc, dir *Directory, clk clock.Clock) *actor.Props {
+	if clk == nil {
+		clk = clock.Real{}
+	}
 	return actor.PropsFromProducer(func() actor.Actor {
 		dir.reset()
-		return &supervisor{props: sessionProps, byID: map[string]*actor.PID{}, byPID: map[string]string{}, dir: dir}
+		return &supervisor{props: sessionProps, byID: map[string]*actor.PID{}, byPID: map[string]string{}, dir: dir, clk: clk}
 	}, actor.WithSupervisor(actor.NewOneForOneStrategy(0, 0, func(any) actor.Directive {
 		return actor.StopDirective
 	})))
@@ -60,10 +69,15 @@ func PropsWithDirectory(sessionProps PropsFunc, dir *Directory) *actor.Props {
 type Directory struct {
 	mu   sync.RWMutex
 	byID map[string]*actor.PID
+	// children are every session actor still running, by PID id: those in
+	// byID and the forgotten ones living out their grace.
+	children map[string]*actor.PID
 }
 
 // NewDirectory returns an empty directory.
-func NewDirectory() *Directory { return &Directory{byID: map[string]*actor.PID{}} }
+func NewDirectory() *Directory {
+	return &Directory{byID: map[string]*actor.PID{}, children: map[string]*actor.PID{}}
+}
 
 // Lookup returns the session's actor, nil when the supervisor has none.
 func (d *Directory) Lookup(sessionID string) *actor.PID {
@@ -72,15 +86,25 @@ func (d *Directory) Lookup(sessionID string) *actor.PID {
 	return d.byID[sessionID]
 }
 
-// PIDs lists the actors in the directory, in no particular order.
-func (d *Directory) PIDs() []*actor.PID {
+// Children lists every session actor still running, forgotten ones
+// living out their grace included, in no particular order.
+func (d *Directory) Children() []*actor.PID {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	out := make([]*actor.PID, 0, len(d.byID))
-	for _, pid := range d.byID {
+	out := make([]*actor.PID, 0, len(d.children))
+	for _, pid := range d.children {
 		out = append(out, pid)
 	}
 	return out
+}
+
+func (d *Directory) terminated(pidID string) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.children, pidID)
 }
 
 func (d *Directory) set(sessionID string, pid *actor.PID) {
@@ -90,6 +114,7 @@ func (d *Directory) set(sessionID string, pid *actor.PID) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.byID[sessionID] = pid
+	d.children[pid.Id] = pid
 }
 
 func (d *Directory) remove(sessionID string) {
@@ -108,6 +133,7 @@ func (d *Directory) reset() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	clear(d.byID)
+	clear(d.children)
 }
 
 // ForgetGrace is how long a forgotten session actor lives on, answering as
@@ -119,6 +145,7 @@ type poisonLater struct{ pid *actor.PID }
 type supervisor struct {
 	props PropsFunc
 	dir   *Directory
+	clk   clock.Clock
 	byID  map[string]*actor.PID
 	byPID map[string]string // child PID id -> session id
 	// next numbers incarnations: a session id may come back (re-seeded
@@ -174,7 +201,8 @@ func (s *supervisor) Receive(ctx actor.Context) {
 		// that looked the session up just before the forget would wait out
 		// its whole timeout.
 		ctx.Send(pid, &messages.SessionForgotten{})
-		scheduler.NewTimerScheduler(ctx).SendOnce(ForgetGrace, ctx.Self(), &poisonLater{pid: pid})
+		self, root := ctx.Self(), ctx.ActorSystem().Root
+		s.clk.AfterFunc(ForgetGrace, func() { root.Send(self, &poisonLater{pid: pid}) })
 	case *poisonLater:
 		// A poison pill, not a stop: requests already queued at the session
 		// are still answered (a stop would drop them silently).
@@ -187,6 +215,7 @@ func (s *supervisor) Receive(ctx actor.Context) {
 		sort.Slice(list.Sessions, func(i, j int) bool { return list.Sessions[i].SessionID < list.Sessions[j].SessionID })
 		respond(ctx, m.Reply, list)
 	case *actor.Terminated:
+		s.dir.terminated(m.Who.Id)
 		// A child that stopped without being forgotten (it panicked).
 		if id, ok := s.byPID[m.Who.Id]; ok {
 			delete(s.byPID, m.Who.Id)
