@@ -1,0 +1,136 @@
+package owner
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/sched"
+)
+
+var detStart = time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+
+// newDet returns a Det closed when the test ends, unless the test failed:
+// a Det whose driver is stuck cannot be closed.
+func newDet(t *testing.T, seed uint64) *sched.Det {
+	det := sched.NewDet(seed, detStart)
+	t.Cleanup(func() {
+		if !t.Failed() {
+			det.Close()
+		}
+	})
+	return det
+}
+
+// guarded runs fn (which drives a Det) and fails the test if it has not
+// returned within guardTimeout: a wait that blocks outside the scheduler
+// holds the turn and would otherwise hang the test binary.
+func guarded(t *testing.T, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
+	select {
+	case <-done:
+	case <-time.After(guardTimeout):
+		t.Fatal("the scheduler did not come back: something blocked while holding the turn")
+	}
+}
+
+// TestTurnMutexWaitsThroughTheRuntime: on a Det, a Lock of a held
+// turnMutex parks its coroutine (other work runs) until the holder
+// unlocks; TryLock does not wait and counts as held.
+func TestTurnMutexWaitsThroughTheRuntime(t *testing.T) {
+	det := newDet(t, 1)
+	var m turnMutex
+	var log []string
+	release := false
+	det.Go(func() {
+		m.Lock(det)
+		log = append(log, "a locked")
+		det.Await(context.Background(), func() bool { return release })
+		log = append(log, "a unlocks")
+		m.Unlock()
+	})
+	guarded(t, det.Settle)
+	det.Go(func() {
+		m.Lock(det)
+		log = append(log, "b locked")
+		m.Unlock()
+	})
+	guarded(t, det.Settle)
+	if diff := cmp.Diff([]string{"a locked"}, log); diff != "" {
+		t.Fatalf("while a holds the lock (-want +got):\n%s", diff)
+	}
+	if got := det.Parked(); got != 2 {
+		t.Fatalf("%d coroutines parked, want 2 (a on its release, b on the lock)", got)
+	}
+	release = true
+	guarded(t, det.Settle)
+	if diff := cmp.Diff([]string{"a locked", "a unlocks", "b locked"}, log); diff != "" {
+		t.Fatalf("after a unlocks (-want +got):\n%s", diff)
+	}
+
+	if !m.TryLock() {
+		t.Fatal("TryLock of a free mutex failed")
+	}
+	if m.TryLock() {
+		t.Fatal("TryLock of a held mutex succeeded")
+	}
+	det.Go(func() {
+		m.Lock(det)
+		log = append(log, "c locked")
+		m.Unlock()
+	})
+	guarded(t, det.Settle)
+	if len(log) != 3 {
+		t.Fatalf("c took a mutex held by TryLock: %v", log)
+	}
+	m.Unlock()
+	guarded(t, det.Settle)
+	if diff := cmp.Diff("c locked", log[len(log)-1]); diff != "" {
+		t.Fatalf("after TryLock's unlock (-want +got):\n%s", diff)
+	}
+}
+
+// TestGroupWaitsThroughTheRuntime: a group's Wait on a Det runs its
+// members (which wait on virtual time) until the last has returned.
+func TestGroupWaitsThroughTheRuntime(t *testing.T) {
+	det := newDet(t, 2)
+	var g group
+	var ended []time.Duration
+	for i := range 3 {
+		g.Go(det, func() {
+			tm := det.NewTimer(time.Duration(i+1) * time.Second)
+			det.Await(context.Background(), func() bool { return len(tm.C()) > 0 })
+			ended = append(ended, det.Now().Sub(detStart))
+		})
+	}
+	guarded(t, func() { g.Wait(det) })
+	if diff := cmp.Diff([]time.Duration{time.Second, 2 * time.Second, 3 * time.Second}, ended); diff != "" {
+		t.Fatalf("members ended at (-want +got):\n%s", diff)
+	}
+	if got := det.Now().Sub(detStart); got != 3*time.Second {
+		t.Fatalf("Wait returned at %v, want when the last member returned (3s)", got)
+	}
+
+	// From a coroutine: Wait parks it, the driver runs the members.
+	var inner group
+	waited := false
+	det.Go(func() {
+		inner.Go(det, func() {
+			tm := det.NewTimer(time.Second)
+			det.Await(context.Background(), func() bool { return len(tm.C()) > 0 })
+		})
+		inner.Wait(det)
+		waited = true
+	})
+	guarded(t, func() { det.RunUntil(func() bool { return waited }) })
+	if got := det.Now().Sub(detStart); got != 4*time.Second {
+		t.Fatalf("the coroutine's Wait returned at %v, want 4s", got)
+	}
+}
