@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/sched"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -288,5 +289,48 @@ func TestMemIndexCheckpointSurvivesAbandon(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"uno"}, notes(t, o2, "s2")); diff != "" {
 		t.Fatalf("restored notes of s2 (-want +got):\n%s", diff)
+	}
+}
+
+// TestRenewLoopOnADet: the renewal loop of RenewEvery runs as a coroutine
+// of the Det, ticking on its clock: a sandbox with a 100 s lease is still
+// running after 300 s of virtual time, renewed only at the loop's ticks,
+// and Close ends the loop.
+func TestRenewLoopOnADet(t *testing.T) {
+	e := newDetEnv(t, 6)
+	cfg := e.config("notes", "renew", 2)
+	cfg.RenewEvery = 10 * time.Second
+	o, err := owner.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := e.det.Now()
+	var renewedAt []time.Duration
+	e.fk.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpRenew && c.Phase == fake.PhaseEnd && c.Err == nil {
+			renewedAt = append(renewedAt, e.det.Now().Sub(start))
+		}
+	})
+	sb, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{TTLSeconds: 100}, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.det.Advance(300 * time.Second)
+	if diff := cmp.Diff([]string{sb.Handle.SandboxID}, e.fk.LiveSandboxIDs()); diff != "" {
+		t.Fatalf("live sandboxes after 300 s of a 100 s lease (-want +got):\n%s", diff)
+	}
+	if len(renewedAt) < 3 {
+		t.Fatalf("renewed at %v, want at least three renewals in 300 s of a 100 s lease", renewedAt)
+	}
+	for _, at := range renewedAt {
+		if at%(10*time.Second) != 0 {
+			t.Fatalf("renewed at %v, want only at the loop's ticks (every 10 s): %v", at, renewedAt)
+		}
+	}
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.det.Parked(); got != 0 {
+		t.Fatalf("%d coroutines still parked after Close, want the renewal loop ended", got)
 	}
 }
