@@ -15,6 +15,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"time"
@@ -96,15 +97,23 @@ func run() int {
 	}
 	sum := engine.NewSummary()
 	began := time.Now()
-	bar := engine.NewProgress(os.Stderr, isTerminal(os.Stderr), *runs)
+	var progress io.Writer = os.Stderr
+	if *verbose {
+		// Its elapsed time would make two traces of a seed differ.
+		progress = io.Discard
+	}
+	bar := engine.NewProgress(progress, isTerminal(os.Stderr) && !*verbose, *runs)
 	engine.RunSeeds(*seed, *runs, *parallel, cfg, func(r engine.Result) {
 		sum.Add(r)
 		bar.Done(r)
 	})
 	bar.Finish()
 	sum.Elapsed = time.Since(began)
-	// On stderr: the trace and table on stdout are a function of the seed.
-	fmt.Fprintf(os.Stderr, "sim: %d runs in %v (%.1f runs/s)\n", sum.Runs, sum.Elapsed.Round(time.Millisecond), float64(sum.Runs)/sum.Elapsed.Seconds())
+	if !*verbose {
+		// Not with -v: a trace (stdout and stderr) is a function of the
+		// seed alone, so two of them can be compared byte for byte.
+		fmt.Fprintf(os.Stderr, "sim: %d runs in %v (%.1f runs/s)\n", sum.Runs, sum.Elapsed.Round(time.Millisecond), float64(sum.Runs)/sum.Elapsed.Seconds())
+	}
 	fmt.Println()
 	sum.WriteTable(os.Stdout, cfg, replay)
 	if len(sum.Violations) > 0 {
