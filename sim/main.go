@@ -24,11 +24,14 @@ import (
 )
 
 func main() {
-	os.Exit(run())
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, isTerminal(os.Stderr)))
 }
 
-func run() int {
+// run is the command on args, writing the trace and table to stdout and
+// the rest to stderr (a terminal when tty: a progress bar).
+func run(args []string, stdout, stderr io.Writer, tty bool) int {
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	seed := fs.Int64("seed", 1, "seed of the first run (run i uses seed+i)")
 	runs := fs.Int("runs", 100, "number of runs")
 	sessions := fs.Int("sessions", 4, "session ids per run")
@@ -49,28 +52,28 @@ func run() int {
 		fmt.Fprintln(fs.Output())
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(os.Args[1:]); err != nil {
+	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	f, err := engine.ParseFaults(*faults)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "sim:", err)
+		fmt.Fprintln(stderr, "sim:", err)
 		return 2
 	}
 	if *runs < 1 || *sessions < 1 || *steps < 1 {
-		fmt.Fprintln(os.Stderr, "sim: -runs, -sessions and -steps must be at least 1")
+		fmt.Fprintln(stderr, "sim: -runs, -sessions and -steps must be at least 1")
 		return 2
 	}
 	if *prov != engine.ProviderFake && *prov != engine.ProviderOpenSandbox {
-		fmt.Fprintf(os.Stderr, "sim: -provider must be %s or %s, not %q\n", engine.ProviderFake, engine.ProviderOpenSandbox, *prov)
+		fmt.Fprintf(stderr, "sim: -provider must be %s or %s, not %q\n", engine.ProviderFake, engine.ProviderOpenSandbox, *prov)
 		return 2
 	}
 	if *mode != "" && *mode != engine.ModeDeterministic && *mode != engine.ModeReal {
-		fmt.Fprintf(os.Stderr, "sim: -mode must be %s or %s, not %q\n", engine.ModeDeterministic, engine.ModeReal, *mode)
+		fmt.Fprintf(stderr, "sim: -mode must be %s or %s, not %q\n", engine.ModeDeterministic, engine.ModeReal, *mode)
 		return 2
 	}
 	if *mode == engine.ModeDeterministic && *prov == engine.ProviderOpenSandbox {
-		fmt.Fprintln(os.Stderr, "sim: -provider opensandbox talks HTTP and runs only in -mode real-goroutines")
+		fmt.Fprintln(stderr, "sim: -provider opensandbox talks HTTP and runs only in -mode real-goroutines")
 		return 2
 	}
 	cfg := engine.Config{Sessions: *sessions, Steps: *steps, Faults: f, Provider: *prov, Mode: *mode}
@@ -82,27 +85,27 @@ func run() int {
 	}
 	if *verbose {
 		*runs = 1
-		cfg.Trace = os.Stdout
+		cfg.Trace = stdout
 	}
 	replay := func(s int64) string {
 		return fmt.Sprintf("go run ./sim -provider %s -mode %s -seed %d -runs 1 -sessions %d -steps %d -faults %s -v", *prov, cfg.Mode, s, *sessions, *steps, f)
 	}
-	fmt.Fprintf(os.Stderr, "sim: %d runs from seed %d, %d sessions, %d steps, faults %s, %d at once\n", *runs, *seed, *sessions, *steps, f, *parallel)
+	fmt.Fprintf(stderr, "sim: %d runs from seed %d, %d sessions, %d steps, faults %s, %d at once\n", *runs, *seed, *sessions, *steps, f, min(*parallel, *runs))
 	if cfg.Mode == engine.ModeReal {
 		// Said so that nobody takes a trace for an exact replay: the raced
 		// operations interleave as the Go scheduler runs them.
-		fmt.Fprintln(os.Stderr, "sim: mode real-goroutines (the owner's actors on goroutines; a seed replays its steps, not the interleaving of raced ones)")
+		fmt.Fprintln(stderr, "sim: mode real-goroutines (the owner's actors on goroutines; a seed replays its steps, not the interleaving of raced ones)")
 	} else {
-		fmt.Fprintln(os.Stderr, "sim: mode deterministic (the owner's actors, effects and waits on one seeded scheduler, virtual time; a seed replays exactly)")
+		fmt.Fprintln(stderr, "sim: mode deterministic (the owner's actors, effects and waits on one seeded scheduler, virtual time; a seed replays exactly)")
 	}
 	sum := engine.NewSummary()
 	began := time.Now()
-	var progress io.Writer = os.Stderr
+	progress := stderr
 	if *verbose {
 		// Its elapsed time would make two traces of a seed differ.
 		progress = io.Discard
 	}
-	bar := engine.NewProgress(progress, isTerminal(os.Stderr) && !*verbose, *runs)
+	bar := engine.NewProgress(progress, tty && !*verbose, *runs)
 	engine.RunSeeds(*seed, *runs, *parallel, cfg, func(r engine.Result) {
 		sum.Add(r)
 		bar.Done(r)
@@ -112,10 +115,10 @@ func run() int {
 	if !*verbose {
 		// Not with -v: a trace (stdout and stderr) is a function of the
 		// seed alone, so two of them can be compared byte for byte.
-		fmt.Fprintf(os.Stderr, "sim: %d runs in %v (%.1f runs/s)\n", sum.Runs, sum.Elapsed.Round(time.Millisecond), float64(sum.Runs)/sum.Elapsed.Seconds())
+		fmt.Fprintf(stderr, "sim: %d runs in %v (%.1f runs/s)\n", sum.Runs, sum.Elapsed.Round(time.Millisecond), float64(sum.Runs)/sum.Elapsed.Seconds())
 	}
-	fmt.Println()
-	sum.WriteTable(os.Stdout, cfg, replay)
+	fmt.Fprintln(stdout)
+	sum.WriteTable(stdout, cfg, replay)
 	if len(sum.Violations) > 0 {
 		return 1
 	}
