@@ -10,6 +10,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -198,7 +199,7 @@ func (o *Owner) withListedForks(checkpointID string, forks []provider.Handle) []
 	if !ok {
 		return forks
 	}
-	ctx, cancel := context.WithTimeout(o.base, time.Minute)
+	ctx, cancel := clock.WithTimeout(o.base, o.clk, time.Minute)
 	defer cancel()
 	list, err := l.ListSandboxes(ctx)
 	if err != nil {
@@ -260,7 +261,7 @@ func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle)
 		at[r.SessionID] = i
 		o.system.Root.Send(o.sup, &messages.SpawnSession{SessionID: r.SessionID, Install: sb, Snapshots: []string{r.SnapshotID}, Reply: replies})
 	}
-	wait, cancelWait := context.WithTimeout(context.Background(), time.Minute)
+	wait, cancelWait := clock.WithTimeout(context.Background(), o.clk, time.Minute)
 	defer cancelWait()
 	installed := make([]bool, len(records))
 	errs := make([]error, len(records))
@@ -294,7 +295,7 @@ func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle)
 	if firstErr == nil {
 		return out, nil
 	}
-	ctx, cancel := context.WithTimeout(o.base, 10*time.Minute)
+	ctx, cancel := clock.WithTimeout(o.base, o.clk, 10*time.Minute)
 	for _, done := range out {
 		if _, serr := o.stopSession(ctx, done.SessionID, messages.StopRetire); serr != nil {
 			o.log.WithError(serr).Warn("could not undo a restored session")
