@@ -85,7 +85,7 @@ func (e *CommitError) Is(target error) bool { return target == ErrCommitFailed }
 // Unwrap exposes the underlying error, if any.
 func (e *CommitError) Unwrap() error { return e.Err }
 
-func sortedKeys(m map[string]string) []string {
+func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
@@ -245,9 +245,11 @@ func (o *Owner) discardRound(tag string, taken []messages.SnapshotReply, intent 
 		o.log.WithError(err).Error("could not tombstone a failed commit's snapshots")
 		return
 	}
-	for sid, snaps := range bySession {
+	// In session order: the sends schedule mailboxes, and a deterministic
+	// scheduler must see them in the same order every run.
+	for _, sid := range sortedKeys(bySession) {
 		if pid, err := o.lookup(sid); err == nil && pid != nil {
-			o.system.Root.Send(pid, &messages.SnapshotsDiscarded{SnapshotIDs: snaps})
+			o.system.Root.Send(pid, &messages.SnapshotsDiscarded{SnapshotIDs: bySession[sid]})
 		}
 	}
 	o.deleteTombstoned(ctx, ts)

@@ -969,8 +969,8 @@ func (o *Owner) ReapIdle(ctx context.Context, now time.Time) ([]string, error) {
 	if len(ended) > 0 {
 		o.settle()
 	}
-	for sid, why := range failed {
-		o.log.WithFields(logrus.Fields{"session_id": sid, "error": why}).Warn("could not end an idle session; the next tick retries")
+	for _, sid := range sortedKeys(failed) {
+		o.log.WithFields(logrus.Fields{"session_id": sid, "error": failed[sid]}).Warn("could not end an idle session; the next tick retries")
 	}
 	return ended, nil
 }

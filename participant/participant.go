@@ -297,6 +297,7 @@ func (h hooks) Commit(ctx context.Context, req control.CommitRequest) (control.C
 	}
 	p.mu.Unlock()
 	sort.Strings(scope)
+	sort.Strings(unclaimed)
 	res, err := p.own.Commit(ctx, owner.CommitRequest{
 		CheckpointID:  req.CheckpointID,
 		CheckpointDir: req.CheckpointDir,
