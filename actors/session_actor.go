@@ -112,7 +112,7 @@ func (a *sessionActor) abandon() {
 	h := a.s.Sandbox.Handle
 	a.log.WithField("sandbox_id", h.SandboxID).Warn("session actor stopped while holding a sandbox; stopping it")
 	a.env.goRun(func() {
-		ctx, cancel := clock.WithTimeout(a.env.base(), a.env.Clock, a.stopTimeout())
+		ctx, cancel := context.WithTimeout(a.env.base(), a.stopTimeout())
 		defer cancel()
 		if err := a.env.Provider.Stop(ctx, h); err != nil {
 			a.log.WithError(err).Warn("stopping an abandoned sandbox failed; its lease will reap it")
@@ -209,7 +209,7 @@ func (a *sessionActor) start(e effStart, feed func(any)) {
 	if err != nil {
 		// Nothing is tracked for a failed setup: stop what was started,
 		// retrying, since nothing else would stop it.
-		stopCtx, cancel := clock.WithTimeout(a.env.base(), a.env.Clock, a.stopTimeout())
+		stopCtx, cancel := context.WithTimeout(a.env.base(), a.stopTimeout())
 		defer cancel()
 		if serr := provider.StopRetrying(stopCtx, p, h); serr != nil {
 			a.log.WithError(serr).WithField("sandbox_id", h.SandboxID).Warn("stopping the sandbox of a failed setup failed")
@@ -348,7 +348,7 @@ func (a *sessionActor) snapshot(e effSnapshot, feed func(any)) {
 }
 
 func (a *sessionActor) stop(e effStop, feed func(any)) {
-	ctx, cancel := clock.WithTimeout(a.env.base(), a.env.Clock, a.stopTimeout())
+	ctx, cancel := context.WithTimeout(a.env.base(), a.stopTimeout())
 	defer cancel()
 	if e.Reason != messages.StopEnd {
 		// Parks and retires come in bulk from the control plane: bound them
@@ -372,7 +372,7 @@ func (a *sessionActor) renew(e effRenew, feed func(any)) {
 		feed(renewDone{Seq: e.Seq, Err: provider.ErrUnsupported})
 		return
 	}
-	ctx, cancel := clock.WithTimeout(a.env.base(), a.env.Clock, time.Minute)
+	ctx, cancel := context.WithTimeout(a.env.base(), time.Minute)
 	defer cancel()
 	err := l.Renew(ctx, e.Handle, e.Until)
 	if err != nil {

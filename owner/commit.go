@@ -226,7 +226,7 @@ func (o *Owner) runRound(m *actors.StartRound) (*actors.RoundResult, error) {
 // those it reported and, through the provider's listing, those whose call
 // failed after the effect (their ids never reached the owner).
 func (o *Owner) discardRound(tag string, taken []messages.SnapshotReply, intent snapshotindex.IntentKey, reason string) {
-	ctx, cancel := clock.WithTimeout(o.base, o.clk, 10*time.Minute)
+	ctx, cancel := context.WithTimeout(o.base, 10*time.Minute)
 	defer cancel()
 	ids := map[string]bool{}
 	bySession := map[string][]string{}

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/sched"
@@ -104,7 +103,7 @@ func joinFailures(failed map[string]string) string {
 // stopHandles stops sandboxes that no session holds, at most parallelism
 // at once, and reports which stopped.
 func (o *Owner) stopHandles(hs []provider.Handle) ([]string, map[string]string) {
-	ctx, cancel := clock.WithTimeout(o.base, o.clk, 10*time.Minute)
+	ctx, cancel := context.WithTimeout(o.base, 10*time.Minute)
 	defer cancel()
 	return o.eachOutcome(ctx, len(hs), true, func(i int) (string, error) {
 		if hs[i].SandboxID == "" {

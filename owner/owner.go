@@ -495,7 +495,7 @@ func (o *Owner) await(ctx context.Context, pid *actor.PID, reply messages.ReplyT
 
 // supervisorCall is call for the supervisor, which answers at once.
 func (o *Owner) supervisorCall(msg any, reply messages.ReplyTo) (any, error) {
-	ctx, cancel := clock.WithTimeout(context.Background(), o.clk, time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	return o.call(ctx, o.sup, msg, reply)
 }
@@ -653,7 +653,7 @@ func (o *Owner) RequireSessionSandbox(ctx context.Context, sessionID string) (Sa
 	}
 	// A session answers a view at once unless its mailbox is stuck: bound
 	// the wait even for a caller without a deadline.
-	ctx, cancel := clock.WithTimeout(ctx, o.clk, time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	rep, err := o.view(ctx, pid)
 	if err == nil && rep.Lost {
@@ -838,7 +838,7 @@ func (o *Owner) Close() error {
 	var err error
 	o.closeOnce.Do(func() {
 		if ids, lerr := o.Sessions(); lerr == nil && len(ids) > 0 {
-			ctx, cancel := clock.WithTimeout(context.Background(), o.clk, 5*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			_, failed := o.stopMany(ctx, ids, messages.StopEnd)
 			cancel()
 			if len(failed) > 0 {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -199,7 +198,7 @@ func (o *Owner) withListedForks(checkpointID string, forks []provider.Handle) []
 	if !ok {
 		return forks
 	}
-	ctx, cancel := clock.WithTimeout(o.base, o.clk, time.Minute)
+	ctx, cancel := context.WithTimeout(o.base, time.Minute)
 	defer cancel()
 	list, err := l.ListSandboxes(ctx)
 	if err != nil {
@@ -261,7 +260,7 @@ func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle)
 		at[r.SessionID] = i
 		o.system.Root.Send(o.sup, &messages.SpawnSession{SessionID: r.SessionID, Install: sb, Snapshots: []string{r.SnapshotID}, Reply: replies})
 	}
-	wait, cancelWait := clock.WithTimeout(context.Background(), o.clk, time.Minute)
+	wait, cancelWait := context.WithTimeout(context.Background(), time.Minute)
 	defer cancelWait()
 	installed := make([]bool, len(records))
 	errs := make([]error, len(records))
@@ -295,7 +294,7 @@ func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle)
 	if firstErr == nil {
 		return out, nil
 	}
-	ctx, cancel := clock.WithTimeout(o.base, o.clk, 10*time.Minute)
+	ctx, cancel := context.WithTimeout(o.base, 10*time.Minute)
 	for _, done := range out {
 		if _, serr := o.stopSession(ctx, done.SessionID, messages.StopRetire); serr != nil {
 			o.log.WithError(serr).Warn("could not undo a restored session")
