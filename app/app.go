@@ -19,7 +19,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -362,7 +364,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, ok := commands()[args[0]]
 		if !ok {
-			ErrorLine(stderr, LogFormatOf(args), fmt.Sprintf("unknown command %q (commands: %s)", args[0], strings.Join(sortedKeys(commands()), ", ")))
+			ErrorLine(stderr, LogFormatOf(args), fmt.Sprintf("unknown command %q (commands: %s)", args[0], strings.Join(slices.Sorted(maps.Keys(commands())), ", ")))
 			return 2
 		}
 		return cmd(ctx, args[1:], stdout, stderr)

@@ -5,10 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"reflect"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -476,7 +477,7 @@ func ParseArgs(args []string, helpOut io.Writer) (Options, error) {
 		return opts, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	if fs.NArg() > 0 {
-		return opts, fmt.Errorf("%w: unexpected argument %q (commands come first: %s)", ErrConfig, fs.Arg(0), strings.Join(sortedKeys(commands()), ", "))
+		return opts, fmt.Errorf("%w: unexpected argument %q (commands come first: %s)", ErrConfig, fs.Arg(0), strings.Join(slices.Sorted(maps.Keys(commands())), ", "))
 	}
 	if opts.LogFormat != "text" && opts.LogFormat != "json" {
 		return opts, fmt.Errorf("%w: -log-format: want text or json, got %q", ErrConfig, opts.LogFormat)
@@ -556,7 +557,7 @@ func (c *Config) validate(given provider.Provider) error {
 		return bad("name %q must match %s", c.Name, namePattern)
 	}
 	if _, ok := resourcesRegistry()[c.Resources]; !ok {
-		return bad("resources must be one of %s, not %q", strings.Join(sortedKeys(resourcesRegistry()), ", "), c.Resources)
+		return bad("resources must be one of %s, not %q", strings.Join(slices.Sorted(maps.Keys(resourcesRegistry())), ", "), c.Resources)
 	}
 	if c.Port < 0 || c.Port > 65535 {
 		return bad("port must be 0-65535, not %d", c.Port)
@@ -577,7 +578,7 @@ func (c *Config) validate(given provider.Provider) error {
 	}
 	if p := c.Sandbox.Provider; p != "" {
 		if _, ok := providerRegistry()[p]; !ok {
-			return bad("sandbox.provider must be one of %s, not %q", strings.Join(sortedKeys(providerRegistry()), ", "), p)
+			return bad("sandbox.provider must be one of %s, not %q", strings.Join(slices.Sorted(maps.Keys(providerRegistry())), ", "), p)
 		}
 	}
 	if err := c.Sandbox.OpenSandbox.validate(c.Sandbox.Provider == "opensandbox"); err != nil {
@@ -629,15 +630,6 @@ func (c *Config) validate(given provider.Provider) error {
 		}
 	}
 	return nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // validate checks the opensandbox block; the domain only when the provider

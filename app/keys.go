@@ -3,7 +3,9 @@ package app
 import (
 	"fmt"
 	"io"
+	"maps"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -230,7 +232,7 @@ func writeUsage(w io.Writer, own [][3]string) {
 	fmt.Fprintln(w, "\ncommands:")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	cu := commandUsage()
-	for _, name := range sortedKeys(commands()) {
+	for _, name := range slices.Sorted(maps.Keys(commands())) {
 		fmt.Fprintf(tw, "  %s\t%s\n", name, cu[name])
 	}
 	_ = tw.Flush()

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -66,7 +68,7 @@ type CommitError struct {
 
 func (e *CommitError) Error() string {
 	var parts []string
-	for _, sid := range sortedKeys(e.Failed) {
+	for _, sid := range slices.Sorted(maps.Keys(e.Failed)) {
 		parts = append(parts, fmt.Sprintf("%s: %s", sid, e.Failed[sid]))
 	}
 	msg := fmt.Sprintf("checkpoint %q not committed", e.CheckpointID)
@@ -84,15 +86,6 @@ func (e *CommitError) Is(target error) bool { return target == ErrCommitFailed }
 
 // Unwrap exposes the underlying error, if any.
 func (e *CommitError) Unwrap() error { return e.Err }
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
 
 // Commit snapshots every live session's sandbox (at most parallelism
 // provider calls at once) and records {sandbox, workdir, data} per session
@@ -247,7 +240,7 @@ func (o *Owner) discardRound(tag string, taken []messages.SnapshotReply, intent 
 	}
 	// In session order: the sends schedule mailboxes, and a deterministic
 	// scheduler must see them in the same order every run.
-	for _, sid := range sortedKeys(bySession) {
+	for _, sid := range slices.Sorted(maps.Keys(bySession)) {
 		if pid, err := o.lookup(sid); err == nil && pid != nil {
 			o.system.Root.Send(pid, &messages.SnapshotsDiscarded{SnapshotIDs: bySession[sid]})
 		}

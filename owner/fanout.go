@@ -2,6 +2,8 @@ package owner
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -94,7 +96,7 @@ func (o *Owner) stopMany(ctx context.Context, sessionIDs []string, reason messag
 
 func joinFailures(failed map[string]string) string {
 	var parts []string
-	for _, k := range sortedKeys(failed) {
+	for _, k := range slices.Sorted(maps.Keys(failed)) {
 		parts = append(parts, k+": "+failed[k])
 	}
 	return strings.Join(parts, "; ")

@@ -28,6 +28,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -225,9 +227,6 @@ type Owner struct {
 	closed    chan struct{}
 	bg        group
 	rt        sched.Runtime
-	// awaits is false on the real runtime, whose Await does nothing: the
-	// closure a request's wait would hand it costs an allocation.
-	awaits bool
 }
 
 // New decides the mode in effect, opens the index, recovers what a crashed
@@ -267,7 +266,6 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 		incarnation: cfg.Incarnation,
 		limiter:     actors.NewLimiterOn(cfg.Checkpoint.Parallelism, cfg.Runtime),
 		rt:          sched.Or(cfg.Runtime),
-		awaits:      !isReal(cfg.Runtime),
 		fates:       newFateMemory(cfg.FateMemory),
 		closed:      make(chan struct{}),
 		replies:     make(chan messages.ReplyTo, maxFreeReplies),
@@ -467,7 +465,9 @@ func (o *Owner) call(ctx context.Context, pid *actor.PID, msg any, reply message
 
 // await waits for the next answer in reply (a request to pid carried it).
 func (o *Owner) await(ctx context.Context, pid *actor.PID, reply messages.ReplyTo) (any, error) {
-	if o.awaits {
+	// Not on the real runtime, whose Await does nothing: the closure
+	// would cost every request an allocation.
+	if _, real := o.rt.(sched.Real); !real {
 		o.rt.Await(ctx, func() bool { return len(reply) > 0 || sched.Closed(o.closed) })
 	}
 	// When more than one is ready, the answer wins, then the close: a
@@ -861,11 +861,6 @@ func (o *Owner) Close() error {
 	return err
 }
 
-func isReal(rt sched.Runtime) bool {
-	_, real := sched.Or(rt).(sched.Real)
-	return real
-}
-
 // poisonAndWait stops an actor and waits until it has (its children first).
 func (o *Owner) poisonAndWait(pid *actor.PID) {
 	f := o.system.Root.PoisonFuture(pid)
@@ -969,7 +964,7 @@ func (o *Owner) ReapIdle(ctx context.Context, now time.Time) ([]string, error) {
 	if len(ended) > 0 {
 		o.settle()
 	}
-	for _, sid := range sortedKeys(failed) {
+	for _, sid := range slices.Sorted(maps.Keys(failed)) {
 		o.log.WithFields(logrus.Fields{"session_id": sid, "error": failed[sid]}).Warn("could not end an idle session; the next tick retries")
 	}
 	return ended, nil

@@ -660,23 +660,14 @@ func (p *Provider) LiveSandboxIDs() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.reapLocked()
-	return sortedKeys(p.sandboxes)
+	return slices.Sorted(maps.Keys(p.sandboxes))
 }
 
 // SnapshotIDs returns the ids of the existing snapshots, sorted.
 func (p *Provider) SnapshotIDs() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return sortedKeys(p.snapshots)
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	ids := make([]string, 0, len(m))
-	for id := range m {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
+	return slices.Sorted(maps.Keys(p.snapshots))
 }
 
 // Reap deletes every sandbox whose lease has run out and returns their ids,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"slices"
 	"time"
 
 	"github.com/sandboxowner/owner/provider"
@@ -284,7 +285,7 @@ func (p *Provider) ListSandboxes(ctx context.Context) ([]provider.SandboxInfo, e
 		defer p.mu.Unlock()
 		p.reapLocked()
 		out = make([]provider.SandboxInfo, 0, len(p.sandboxes))
-		for _, id := range sortedKeys(p.sandboxes) {
+		for _, id := range slices.Sorted(maps.Keys(p.sandboxes)) {
 			out = append(out, p.infoLocked(p.sandboxes[id]))
 		}
 		return nil
@@ -302,7 +303,7 @@ func (p *Provider) ListSnapshots(ctx context.Context) ([]provider.SnapshotInfo, 
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		out = make([]provider.SnapshotInfo, 0, len(p.snapshots))
-		for _, id := range sortedKeys(p.snapshots) {
+		for _, id := range slices.Sorted(maps.Keys(p.snapshots)) {
 			out = append(out, cloneSnapshotInfo(p.snapshots[id].info))
 		}
 		return nil

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -58,7 +60,7 @@ func (r *run) opAgentExec() {
 	if len(r.lent) == 0 {
 		return
 	}
-	id := sample(r.rng, sortedKeys(r.lent))
+	id := sample(r.rng, slices.Sorted(maps.Keys(r.lent)))
 	sid := r.lent[id]
 	current := false
 	if r.m.sessions[sid].live {

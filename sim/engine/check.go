@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/json"
 	"errors"
+	"maps"
 	"path"
 	"slices"
 
@@ -80,7 +81,7 @@ func (r *run) checkCheckpoints(idx snapshotindex.Store, where string) (indexStat
 					where, rec.SnapshotID, rec.SessionID, meta.ID, notes, tok, w.notes, w.token)
 			}
 		}
-		if wantIDs := sortedKeys(want.records); !slices.Equal(got, wantIDs) {
+		if wantIDs := slices.Sorted(maps.Keys(want.records)); !slices.Equal(got, wantIDs) {
 			r.violate(WholeCheckpoints, "%s: checkpoint %s holds sessions %v, want %v", where, meta.ID, got, wantIDs)
 		}
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"sort"
 	"time"
@@ -146,7 +147,7 @@ func (r *run) controlRestore(id string, scope []string) {
 	ck := r.m.ckpts[id]
 	want := scope
 	if want == nil {
-		want = sortedKeys(ck.records)
+		want = slices.Sorted(maps.Keys(ck.records))
 	}
 	eps := []control.EpisodeID{}
 	var next []string

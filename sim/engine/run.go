@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -395,32 +397,31 @@ func (r *run) exec() Result {
 // owner waits for something nothing can bring about: in the real mode, a
 // call that never returns) into a violation.
 func (r *run) unstuck(fn func()) {
-	defer func() {
-		if v := recover(); v != nil {
-			err, ok := v.(error)
-			if !ok || !errors.Is(err, sched.ErrStuck) {
-				panic(v)
-			}
-			r.violate(Unexpected, "the owner is stuck: %v", err)
-		}
-	}()
-	fn()
+	if err := catchStuck(fn); err != nil {
+		r.violate(Unexpected, "the owner is stuck: %v", err)
+	}
 }
 
 // until runs the deterministic scheduler until cond holds, and reports
 // false when it never can.
-func (r *run) until(cond func() bool) (ok bool) {
+func (r *run) until(cond func() bool) bool {
+	return catchStuck(func() { r.det.RunUntil(cond) }) == nil
+}
+
+// catchStuck runs fn and returns the ErrStuck it panicked with, if any;
+// any other panic goes on.
+func catchStuck(fn func()) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err, isErr := v.(error)
-			if !isErr || !errors.Is(err, sched.ErrStuck) {
+			e, ok := v.(error)
+			if !ok || !errors.Is(e, sched.ErrStuck) {
 				panic(v)
 			}
-			ok = false
+			err = e
 		}
 	}()
-	r.det.RunUntil(cond)
-	return true
+	fn()
+	return nil
 }
 
 // simClock is the run's clock: a clock.Manual, or the deterministic
@@ -750,7 +751,7 @@ func (r *run) checkDisk() {
 				after = append(after, id)
 			}
 		}
-		now := sortedKeys(onDisk)
+		now := slices.Sorted(maps.Keys(onDisk))
 		switch {
 		case equalStrings(now, before):
 			r.tracef("the interrupted release dropped nothing")
@@ -799,15 +800,6 @@ func toSet(ids []string) map[string]bool {
 		m[id] = true
 	}
 	return m
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 func equalStrings(a, b []string) bool {

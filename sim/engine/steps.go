@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -612,7 +613,7 @@ func (r *run) opRecommit() {
 	before := r.fk.Stats().Calls[fake.OpSnapshot]
 	res, err := r.o.Commit(r.life, owner.CommitRequest{CheckpointID: id})
 	r.tracef("recommit %s: existing %v sessions %v err %v", id, res.Existing, res.Sessions, err)
-	want := sortedKeys(r.m.ckpts[id].records)
+	want := slices.Sorted(maps.Keys(r.m.ckpts[id].records))
 	switch {
 	case err != nil:
 		r.violate(Unexpected, "a retried commit of %s failed: %v", id, err)
@@ -741,7 +742,7 @@ func (r *run) opRestore() {
 	id := sample(r.rng, ids)
 	var scope []string
 	if r.rng.IntN(3) == 0 {
-		scope = subset(r.rng, sortedKeys(r.m.ckpts[id].records))
+		scope = subset(r.rng, slices.Sorted(maps.Keys(r.m.ckpts[id].records)))
 		if len(scope) == 0 {
 			scope = nil
 		}
@@ -769,7 +770,7 @@ func (r *run) opRestoreInPlace() {
 	}
 	id := sample(r.rng, ids)
 	var scope []string
-	for _, sid := range sortedKeys(r.m.ckpts[id].records) {
+	for _, sid := range slices.Sorted(maps.Keys(r.m.ckpts[id].records)) {
 		if !r.m.sessions[sid].live {
 			scope = append(scope, sid)
 		}
@@ -787,7 +788,7 @@ func (r *run) restore(id string, scope []string, faults bool) {
 	ck := r.m.ckpts[id]
 	want := scope
 	if want == nil {
-		want = sortedKeys(ck.records)
+		want = slices.Sorted(maps.Keys(ck.records))
 	}
 	var forkFault Fault
 	crash := false
