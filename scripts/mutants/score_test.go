@@ -1,0 +1,118 @@
+package main
+
+import (
+	"bytes"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// scoreTestdata scores testdata/gremlins.json (a report on testdata/mod/pkg)
+// with testdata/equivalent.txt.
+func scoreTestdata(t *testing.T) (row, exclusions) {
+	t.Helper()
+	ex, err := readExclusions("testdata/equivalent.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := readResult("testdata/gremlins.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := func(file string, n int) string { return readLine(filepath.Join("testdata/mod", file), n) }
+	return score("pkg", res, ex, line), ex
+}
+
+func TestScoreDiscountsListedMutantsAndCountsAsGremlinsDoes(t *testing.T) {
+	r, ex := scoreTestdata(t)
+	got := map[string]any{
+		"killed": r.killed, "lived": r.lived, "not covered": r.notCovered,
+		"timed out": r.timedOut, "not viable": r.nv,
+		"efficacy": r.efficacy(), "coverage": r.coverage(),
+		"lived list": mutantNames(r.livedList), "excluded": mutantNames(r.excluded),
+	}
+	want := map[string]any{
+		// the capacity hint is listed: neither killed nor lived
+		"killed": 1, "lived": 1, "not covered": 1, "timed out": 1, "not viable": 1,
+		"efficacy": 50.0, "coverage": 200.0 / 3,
+		"lived list": []string{"pkg/a.go:5:7 CONDITIONALS_BOUNDARY  if n > 3 {"},
+		"excluded":   []string{"pkg/a.go:4:23 ARITHMETIC_BASE  s := make([]int, 0, n+1)"},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("score (-want +got):\n%s", d)
+	}
+	var unused []string
+	for _, e := range ex.unused([]row{r}) {
+		unused = append(unused, e.pos)
+	}
+	if d := cmp.Diff([]string{"testdata/equivalent.txt:3"}, unused); d != "" {
+		t.Errorf("unused entries (-want +got):\n%s", d)
+	}
+}
+
+func TestAnEntryFollowsItsCodeNotItsLineNumber(t *testing.T) {
+	ex, err := parseExclusions("x", strings.NewReader("pkg/a.go | ARITHMETIC_BASE | 23 | s := make([]int, 0, n+1) | hint\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := mutant{File: "pkg/a.go", Line: 40, Column: 23, Kind: "ARITHMETIC_BASE", Code: "s := make([]int, 0, n+1)"}
+	if _, ok := ex.match(m); !ok {
+		t.Error("the entry did not match its code on another line")
+	}
+	for name, other := range map[string]mutant{
+		"another column": {File: m.File, Column: 22, Kind: m.Kind, Code: m.Code},
+		"another kind":   {File: m.File, Column: m.Column, Kind: "INVERT_NEGATIVES", Code: m.Code},
+		"another file":   {File: "pkg/b.go", Column: m.Column, Kind: m.Kind, Code: m.Code},
+		"changed code":   {File: m.File, Column: m.Column, Kind: m.Kind, Code: "s := make([]int, 0, n+2)"},
+	} {
+		if _, ok := ex.match(other); ok {
+			t.Errorf("%s: the entry matched", name)
+		}
+	}
+}
+
+func TestBadExclusionLinesAreRefused(t *testing.T) {
+	for _, line := range []string{
+		"pkg/a.go | ARITHMETIC_BASE | 23 | code",             // no why
+		"pkg/a.go | ARITHMETIC_BASE | x | code | why",        // column not a number
+		"pkg/a.go | ARITHMETIC_BASE | 0 | code | why",        // column not positive
+		"pkg/a.go | ARITHMETIC_BASE | 3 |  | why",            // no code
+		"pkg/a.go | ARITHMETIC_BASE | 3 | code |  ",          // empty why
+		"pkg/a.go|ARITHMETIC_BASE|3|code|why without spaces", // the separator is " | "
+	} {
+		if _, err := parseExclusions("x", strings.NewReader(line+"\n")); err == nil {
+			t.Errorf("%q was accepted", line)
+		}
+	}
+}
+
+func TestThresholdsDecideTheVerdict(t *testing.T) {
+	r, _ := scoreTestdata(t) // efficacy 50%, coverage 66.7%
+	for _, c := range []struct {
+		th   thresholds
+		want bool
+	}{
+		{thresholds{50, 66}, true},
+		{thresholds{50.1, 66}, false},
+		{thresholds{50, 66.7}, false},
+	} {
+		if got := r.meets(c.th); got != c.want {
+			t.Errorf("meets(%v) = %v, want %v", c.th, got, c.want)
+		}
+	}
+	var b bytes.Buffer
+	printRow(&b, r, thresholds{90, 90}, false)
+	if !strings.Contains(b.String(), "(BELOW)") || !strings.Contains(b.String(), "lived        pkg/a.go:5:7") {
+		t.Errorf("the row does not say BELOW and list the mutant that lived:\n%s", b.String())
+	}
+}
+
+func mutantNames(ms []mutant) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.String())
+	}
+	return out
+}

@@ -1,0 +1,9 @@
+package pkg
+
+func grow(n int) []int {
+	s := make([]int, 0, n+1)
+	if n > 3 {
+		s = append(s, n)
+	}
+	return s
+}
