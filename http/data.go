@@ -172,7 +172,9 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 		}
 		reply, err = s.res.Seed(rctx, sess, body)
 	case kindVerify:
-		reply, err = s.res.Verify(rctx, sess, body)
+		if reply, err = s.res.Verify(rctx, sess, body); err == nil {
+			reply, err = echoRequest(body, reply)
+		}
 	case kindClose:
 		reply, err = s.closeSession(rctx, ctx, sess, body)
 	case kindAccess:
