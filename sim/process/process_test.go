@@ -26,6 +26,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -55,8 +56,27 @@ type server struct {
 	t    *testing.T
 	cmd  *exec.Cmd
 	addr string
-	log  *bytes.Buffer
+	log  *serverLog
 	done chan error
+}
+
+// serverLog is the server's stderr as read so far: written by the reader
+// goroutine while the test reads it for its failure messages.
+type serverLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *serverLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *serverLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
 
 // start runs the server on the local provider over dir and waits for its
@@ -81,7 +101,7 @@ func startWith(t *testing.T, bin, dir string, providerArgs ...string) *server {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s := &server{t: t, cmd: cmd, log: &bytes.Buffer{}, done: make(chan error, 1)}
+	s := &server{t: t, cmd: cmd, log: &serverLog{}, done: make(chan error, 1)}
 	addrc := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -121,12 +141,13 @@ func startWith(t *testing.T, bin, dir string, providerArgs ...string) *server {
 	return s
 }
 
+// kill ends the server if it still runs. Whether it exited is read from
+// done, not cmd.ProcessState (which Wait writes on the waiting goroutine); a
+// signal to a process that already exited fails harmlessly.
 func (s *server) kill() {
-	if s.cmd.ProcessState == nil {
-		_ = s.cmd.Process.Signal(syscall.SIGKILL)
-		<-s.done
-		s.done <- nil
-	}
+	_ = s.cmd.Process.Signal(syscall.SIGKILL)
+	<-s.done
+	s.done <- nil
 }
 
 func (s *server) term() {
