@@ -14,9 +14,11 @@ import (
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"os"
 	"path"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sandboxowner/owner/provider"
@@ -151,8 +153,9 @@ type event struct {
 	Type  string `json:"type"`
 	Text  string `json:"text"`
 	Error *struct {
-		EName  string `json:"ename"`
-		EValue string `json:"evalue"`
+		EName     string   `json:"ename"`
+		EValue    string   `json:"evalue"`
+		Traceback []string `json:"traceback"`
 	} `json:"error"`
 }
 
@@ -171,13 +174,48 @@ func (c *capped) add(s string) {
 	c.buf.WriteString(s)
 }
 
+// line adds one line of output as execd sends it. execd reads a command's
+// output a line at a time and sends each line without its ending: a line
+// ended by "\n", "\r" or "\r\n" and a last line that has no ending at all
+// arrive alike, and an empty line arrives as the text "\n". So every line is
+// given back a "\n": what a command printed comes back byte for byte except
+// that "\r" and "\r\n" become "\n" and a last line without a newline gains
+// one. Nothing on the wire tells those cases apart.
+func (c *capped) line(text string) {
+	if text != "\n" {
+		c.add(text)
+	}
+	c.add("\n")
+}
+
 // errNoFinalEvent: the stream ended before the command's last event.
 var errNoFinalEvent = errors.New("opensandbox: the command stream ended without a final event")
 
-// parseStream reads execd's command stream: JSON frames each on a line and
-// followed by a blank line, without SSE's "data:" prefix (which is accepted
-// too, as are SSE comment and field lines).
-func parseStream(r io.Reader, outCap int, timeout time.Duration) (provider.ExecResult, error) {
+// signals maps the names Go gives signals ("terminated", "killed") to their
+// numbers: execd reports a command killed by a signal with evalue -1 and the
+// name in its traceback ("signal: terminated").
+var signals = func() map[string]int {
+	m := map[string]int{}
+	for n := 1; n < 65; n++ {
+		m[syscall.Signal(n).String()] = n
+	}
+	return m
+}()
+
+// streamHooks are what parseStream tells its caller as it reads.
+type streamHooks struct {
+	// init receives the command's id, which interrupts it.
+	init func(id string)
+	// timedOut reports, when the command was killed, whether its timeout
+	// had passed: execd reports a timeout and any other killing signal
+	// alike, so the deadline is what tells them apart.
+	timedOut func() bool
+}
+
+// parseStream reads execd's command stream up to its final event: JSON
+// frames each on a line and followed by a blank line, without SSE's "data:"
+// prefix (which is accepted too, as are SSE comment and field lines).
+func parseStream(r io.Reader, outCap int, hooks streamHooks) (provider.ExecResult, error) {
 	stdout, stderr := &capped{max: outCap}, &capped{max: outCap}
 	result := func(code int) provider.ExecResult {
 		return provider.ExecResult{Stdout: stdout.buf.String(), Stderr: stderr.buf.String(), ExitCode: code,
@@ -185,7 +223,7 @@ func parseStream(r io.Reader, outCap int, timeout time.Duration) (provider.ExecR
 	}
 	br := bufio.NewReaderSize(r, 64<<10)
 	for {
-		line, err := readLine(br)
+		line, cut, err := readLine(br)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return result(-1), errNoFinalEvent
@@ -199,71 +237,160 @@ func parseStream(r io.Reader, outCap int, timeout time.Duration) (provider.ExecR
 		if len(line) == 0 || line[0] != '{' {
 			continue // blank separator, SSE comment, event:/id: lines
 		}
+		if cut {
+			// One line of output longer than a frame may be: keep what
+			// fits of its text, and say that output was cut.
+			if out, text, ok := partialLine(line, stdout, stderr); ok {
+				out.add(text)
+				out.add("\n")
+				out.truncated = true
+			}
+			continue
+		}
 		var ev event
 		if err := json.Unmarshal(line, &ev); err != nil {
 			return result(-1), fmt.Errorf("opensandbox: bad frame in the command stream: %w", err)
 		}
 		switch ev.Type {
+		case "init":
+			if hooks.init != nil && ev.Text != "" {
+				hooks.init(ev.Text)
+			}
 		case "stdout":
-			stdout.add(ev.Text)
+			stdout.line(ev.Text)
 		case "stderr":
-			stderr.add(ev.Text)
+			stderr.line(ev.Text)
 		case "execution_complete":
 			return result(0), nil
 		case "error":
-			if ev.Error == nil {
-				return result(-1), fmt.Errorf("opensandbox: the command failed without details")
-			}
-			code, cerr := strconv.Atoi(strings.TrimSpace(ev.Error.EValue))
-			if cerr != nil {
-				return result(-1), fmt.Errorf("opensandbox: the command could not run: %s: %s", ev.Error.EName, ev.Error.EValue)
-			}
-			res := result(code)
-			if code == -1 && timeout > 0 {
-				// execd kills the group at the timeout and reports -1;
-				// report it as the local provider does (SIGKILL).
-				res.TimedOut, res.ExitCode = true, 137
-			}
-			return res, nil
+			return finalError(ev, result, hooks.timedOut)
 		}
-		// init, ping, status and anything newer: nothing to keep.
+		// ping, status and anything newer: nothing to keep.
 	}
 }
 
-// readLine reads one line of at most maxFrame bytes.
-func readLine(br *bufio.Reader) ([]byte, error) {
-	var line []byte
+// finalError turns the stream's final error event into the result.
+func finalError(ev event, result func(int) provider.ExecResult, timedOut func() bool) (provider.ExecResult, error) {
+	if ev.Error == nil {
+		return result(-1), fmt.Errorf("opensandbox: the command failed without details")
+	}
+	code, cerr := strconv.Atoi(strings.TrimSpace(ev.Error.EValue))
+	if cerr != nil {
+		return result(-1), fmt.Errorf("opensandbox: the command could not run: %s: %s", ev.Error.EName, ev.Error.EValue)
+	}
+	res := result(code)
+	if code != -1 {
+		return res, nil
+	}
+	if timedOut != nil && timedOut() {
+		// execd kills the group at the timeout; report it as the local
+		// provider does (SIGKILL).
+		res.TimedOut, res.ExitCode = true, 128+int(syscall.SIGKILL)
+		return res, nil
+	}
+	// Killed by a signal before any deadline: 128+N, as a shell reports it.
+	for _, tb := range ev.Error.Traceback {
+		if n, ok := signals[strings.TrimPrefix(tb, "signal: ")]; ok {
+			res.ExitCode = 128 + n
+			break
+		}
+	}
+	return res, nil
+}
+
+// partialLine picks the output a cut frame belongs to and the text of it
+// that survived, from the start of the frame: execd writes "type" first and
+// "text" second.
+func partialLine(frame []byte, stdout, stderr *capped) (*capped, string, bool) {
+	var out *capped
+	rest, ok := bytes.CutPrefix(frame, []byte(`{"type":"stdout","text":"`))
+	if ok {
+		out = stdout
+	} else if rest, ok = bytes.CutPrefix(frame, []byte(`{"type":"stderr","text":"`)); ok {
+		out = stderr
+	} else {
+		return nil, "", false
+	}
+	// The cut may fall inside an escape (at most \uXXXX\uXXXX): drop bytes
+	// until what is left is a whole JSON string.
+	for drop := 0; drop <= 12 && drop <= len(rest); drop++ {
+		var s string
+		if json.Unmarshal(append(append([]byte{'"'}, rest[:len(rest)-drop]...), '"'), &s) == nil {
+			return out, s, true
+		}
+	}
+	return out, "", true
+}
+
+// readLine reads one line, keeping at most maxFrame bytes of it; cut says
+// that the rest was read and dropped.
+func readLine(br *bufio.Reader) (line []byte, cut bool, err error) {
 	for {
 		chunk, isPrefix, err := br.ReadLine()
 		if err != nil {
-			return nil, err
+			return nil, false, err
+		}
+		if room := maxFrame - len(line); len(chunk) > room {
+			chunk, cut = chunk[:max(room, 0)], true
 		}
 		line = append(line, chunk...)
-		if len(line) > maxFrame {
-			return nil, fmt.Errorf("a frame longer than %d bytes", maxFrame)
-		}
 		if !isPrefix {
-			return line, nil
+			return line, cut, nil
 		}
 	}
+}
+
+// drainTimeout bounds how long a command stream is read after its caller
+// has its answer or has gone: execd holds a stream open about a second
+// after its final event, and an interrupted command gets a few seconds to
+// end on SIGTERM before SIGKILL.
+const drainTimeout = 30 * time.Second
+
+// literal refuses a path execd would rewrite: it expands $NAME, ${NAME} and
+// $ followed by a shell's special character in every path and cwd it is
+// given, and has no escape for a dollar sign. A $ before anything else (a
+// dot, a space, the end) is left alone, and so passes.
+func literal(what, name string) error {
+	if os.Expand(name, func(string) string { return "\x00" }) != name {
+		return fmt.Errorf("opensandbox: %s %q: OpenSandbox's execd would expand the $ in it, and has no way to escape one: %w", what, name, provider.ErrInvalidSpec)
+	}
+	return nil
+}
+
+// streamOutcome is how a command stream ended.
+type streamOutcome struct {
+	res provider.ExecResult
+	err error
 }
 
 // Exec runs one command through execd's POST /command. A command is sent
 // once and never again: it may have run even when its answer was lost.
+//
+// The stream is never dropped while execd may still write to it: execd
+// passes every signal it receives to every running command, and the SIGPIPE
+// of writing to a dropped connection would kill commands of other callers.
+// So the answer returns at the final event and the rest of the stream (the
+// second execd waits before closing it) is read in the background; a caller
+// that goes away first has its command interrupted through execd
+// (DELETE /command?id=), and the stream is read until the command has ended.
 func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.ExecRequest) (provider.ExecResult, error) {
 	if err := p.check(h); err != nil {
 		return provider.ExecResult{}, err
 	}
 	id := h.SandboxID
+	workdir := workdirOf(h, p.opts.Workdir)
+	cwd := workdir
+	if req.Cwd != "" {
+		cwd = resolve(workdir, req.Cwd)
+	}
+	if err := literal("cwd", cwd); err != nil {
+		return provider.ExecResult{}, err
+	}
 	ep, err := p.endpoint(ctx, id)
 	if err != nil {
 		return provider.ExecResult{}, err
 	}
-	workdir := workdirOf(h, p.opts.Workdir)
-	body := map[string]any{"command": req.Command, "cwd": workdir}
-	if req.Cwd != "" {
-		body["cwd"] = resolve(workdir, req.Cwd)
-	}
+	body := map[string]any{"command": req.Command, "cwd": cwd}
 	if len(req.Env) > 0 {
 		body["envs"] = req.Env
 	}
@@ -275,10 +402,12 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	}
 	b, _ := json.Marshal(body)
 	r := p.execdRequest(ep, "run command", http.MethodPost, "/command")
-	cctx, cancel := context.WithTimeout(ctx, callTimeout)
-	defer cancel()
-	hr, err := http.NewRequestWithContext(cctx, r.method, r.url, bytes.NewReader(b))
+	// The stream's own context outlives ctx (see above); callTimeout and
+	// drainTimeout bound it.
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout+drainTimeout)
+	hr, err := http.NewRequestWithContext(sctx, r.method, r.url, bytes.NewReader(b))
 	if err != nil {
+		scancel()
 		return provider.ExecResult{}, err
 	}
 	hr.Header.Set("Content-Type", "application/json")
@@ -286,35 +415,206 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	for k, v := range r.header {
 		hr.Header.Set(k, v)
 	}
-	res, err := p.http.Do(hr)
-	if err != nil {
-		if ctx.Err() != nil {
-			return provider.ExecResult{}, fmt.Errorf("opensandbox: run command: %w", ctx.Err())
-		}
-		return provider.ExecResult{}, p.gone(ctx, id, fmt.Errorf("opensandbox: run command: %w", err))
+	start := p.clk.Now()
+	ids := make(chan string, 1)
+	done := make(chan streamOutcome, 1)
+	hooks := streamHooks{
+		init: func(cmd string) {
+			select {
+			case ids <- cmd:
+			default:
+			}
+		},
+		timedOut: func() bool { return req.Timeout > 0 && !p.clk.Now().Before(start.Add(req.Timeout)) },
 	}
-	defer res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(res.Body, 64<<10))
-		aerr := (&response{status: res.StatusCode, header: res.Header, body: b}).apiError("run command")
-		if res.StatusCode == http.StatusBadRequest {
-			return provider.ExecResult{}, fmt.Errorf("%w: %w", aerr, provider.ErrInvalidSpec)
+	p.background.Add(1)
+	go func() {
+		defer p.background.Done()
+		defer scancel()
+		res, err := p.http.Do(hr)
+		if err != nil {
+			done <- streamOutcome{err: err}
+			return
 		}
-		return provider.ExecResult{}, p.gone(ctx, id, aerr)
-	}
-	out, err := parseStream(res.Body, p.opts.OutputCap, req.Timeout)
-	if err != nil {
-		if ctx.Err() != nil {
-			return provider.ExecResult{}, fmt.Errorf("opensandbox: run command: %w", ctx.Err())
+		defer res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(io.LimitReader(res.Body, 64<<10))
+			done <- streamOutcome{err: commandRefused(&response{status: res.StatusCode, header: res.Header, body: b})}
+			return
 		}
-		return provider.ExecResult{}, p.gone(ctx, id, err)
+		out, err := parseStream(res.Body, p.opts.OutputCap, hooks)
+		done <- streamOutcome{res: out, err: err}
+		if err == nil {
+			// Read to the end, so that the connection closes on execd's
+			// side first (and goes back to the pool).
+			stop := time.AfterFunc(drainTimeout, scancel)
+			_, _ = io.Copy(io.Discard, res.Body)
+			stop.Stop()
+		}
+	}()
+	select {
+	case o := <-done:
+		return p.execOutcome(ctx, id, o)
+	case <-ctx.Done():
 	}
-	return out, nil
+	select {
+	case o := <-done: // it ended as the caller went
+		return p.execOutcome(ctx, id, o)
+	default:
+	}
+	p.background.Add(1)
+	go func() {
+		defer p.background.Done()
+		p.interruptCommand(ep, ids, done, scancel)
+	}()
+	return provider.ExecResult{}, fmt.Errorf("opensandbox: run command: %w", ctx.Err())
+}
+
+// execOutcome turns how a stream ended into Exec's answer.
+func (p *Provider) execOutcome(ctx context.Context, id string, o streamOutcome) (provider.ExecResult, error) {
+	var refused *refusal
+	switch {
+	case o.err == nil:
+		return o.res, nil
+	case errors.As(o.err, &refused):
+		if refused.final {
+			return provider.ExecResult{}, o.err
+		}
+		return provider.ExecResult{}, p.gone(ctx, id, o.err)
+	case ctx.Err() != nil:
+		return provider.ExecResult{}, fmt.Errorf("opensandbox: run command: %w", ctx.Err())
+	}
+	return provider.ExecResult{}, p.gone(ctx, id, fmt.Errorf("opensandbox: run command: %w", o.err))
+}
+
+// interruptCommand ends the command of a caller that went away: it waits
+// for the command's id (the stream's first event), asks execd to interrupt
+// the command (SIGTERM to its process group, SIGKILL a few seconds later),
+// and lets the stream run to its end, as far as drainTimeout.
+func (p *Provider) interruptCommand(ep endpoint, ids <-chan string, done <-chan streamOutcome, scancel context.CancelFunc) {
+	bound := time.NewTimer(drainTimeout)
+	defer bound.Stop()
+	defer scancel()
+	select {
+	case cmd := <-ids:
+		ctx, cancel := context.WithTimeout(context.Background(), p.opts.RequestTimeout)
+		req := p.execdRequest(ep, "interrupt command", http.MethodDelete, "/command?"+url.Values{"id": {cmd}}.Encode())
+		if resp, err := p.once(ctx, req); err != nil || !resp.ok() {
+			// It may have ended meanwhile (execd then answers 500).
+			p.log.WithError(err).WithField("command", cmd).Debug("opensandbox: interrupt command")
+		}
+		cancel()
+	case <-done:
+		return
+	case <-bound.C:
+		return
+	}
+	select {
+	case <-done:
+	case <-bound.C:
+	}
+}
+
+// refusal is execd's non-200 answer to POST /command; final ones mean the
+// request is wrong and are not a sign that the sandbox is gone.
+type refusal struct {
+	err   error
+	final bool
+}
+
+func (r *refusal) Error() string { return r.err.Error() }
+func (r *refusal) Unwrap() error { return r.err }
+
+// commandRefused reads execd's refusal of a command. A 400 is the request's
+// fault: a cwd that does not exist or is not a directory (execd checks it
+// before it runs anything), or another invalid field.
+func commandRefused(resp *response) error {
+	aerr := resp.apiError("run command")
+	if resp.status != http.StatusBadRequest {
+		return &refusal{err: aerr}
+	}
+	var cause error = provider.ErrInvalidSpec
+	switch {
+	case strings.Contains(aerr.Message, "working directory does not exist"):
+		cause = fs.ErrNotExist
+	case strings.Contains(aerr.Message, "not a directory"):
+		cause = syscall.ENOTDIR
+	}
+	return &refusal{err: fmt.Errorf("%w: %w", aerr, cause), final: true}
+}
+
+// errnos are the system errors execd's file calls name in the message of a
+// 500 RUNTIME_ERROR, by the text Go gives them. A 500 from execd is its
+// answer about the path (a path under a regular file, in /proc, a
+// directory), not a failure to retry.
+var errnos = []syscall.Errno{syscall.ENOTDIR, syscall.EISDIR, syscall.ENOENT, syscall.ENAMETOOLONG, syscall.EACCES, syscall.EPERM, syscall.EROFS, syscall.ENOSPC}
+
+// fileError turns execd's failed answer about a file call on full into an
+// error: a missing path wraps fs.ErrNotExist, a named system error wraps
+// that error, anything else is the *APIError.
+func fileError(resp *response, op, full string) error {
+	aerr := resp.apiError(op)
+	switch {
+	case resp.status == http.StatusNotFound:
+		return fmt.Errorf("%w: %w", aerr, &fs.PathError{Op: op, Path: full, Err: fs.ErrNotExist})
+	case resp.status == http.StatusBadRequest:
+		return fmt.Errorf("%w: %w", aerr, provider.ErrInvalidSpec)
+	}
+	for _, e := range errnos {
+		if strings.Contains(aerr.Message, e.Error()) {
+			return fmt.Errorf("%w: %w", aerr, &fs.PathError{Op: op, Path: full, Err: e})
+		}
+	}
+	if strings.Contains(aerr.Message, "seeker can't seek") {
+		// http.ServeContent's answer for what has no size (/proc, a FIFO).
+		return fmt.Errorf("%w: %s is not a regular file: %w", aerr, full, provider.ErrInvalidSpec)
+	}
+	return aerr
+}
+
+// fileCall makes a files request. execd's own 500 is its answer (see
+// errnos), so it is taken as it is; only a failure to get an answer, or a
+// proxy's, is tried again. A download of a directory gets a 200 whose body
+// never comes, or a 500, depending on the file system: before trying
+// again, dir (when set) is asked about the path.
+func (p *Provider) fileCall(ctx context.Context, req request, dir func(context.Context) bool) (*response, error) {
+	resp, err := p.once(ctx, req)
+	if err == nil && (resp.status == http.StatusInternalServerError || !retryableStatus(resp.status)) {
+		if resp.status == http.StatusInternalServerError && dir != nil && dir(ctx) {
+			return nil, syscall.EISDIR
+		}
+		return resp, nil
+	}
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("opensandbox: %s: %w", req.op, ctx.Err())
+	}
+	if dir != nil && dir(ctx) {
+		return nil, syscall.EISDIR
+	}
+	return p.do(ctx, req)
+}
+
+// isDir asks execd's /files/info whether full is a directory.
+func (p *Provider) isDir(ctx context.Context, ep endpoint, full string) bool {
+	req := p.execdRequest(ep, "file info", http.MethodGet, "/files/info?"+url.Values{"path": {full}}.Encode())
+	resp, err := p.once(ctx, req)
+	if err != nil || !resp.ok() {
+		return false
+	}
+	var info map[string]struct {
+		Type string `json:"type"`
+	}
+	return json.Unmarshal(resp.body, &info) == nil && info[full].Type == "directory"
 }
 
 // upload writes files (absolute path → data) in one multipart request of
 // metadata/file pairs.
 func (p *Provider) upload(ctx context.Context, h provider.Handle, files map[string][]byte) error {
+	for name := range files {
+		if err := literal("path", name); err != nil {
+			return err
+		}
+	}
 	ep, err := p.endpoint(ctx, h.SandboxID)
 	if err != nil {
 		return err
@@ -345,18 +645,32 @@ func (p *Provider) upload(ctx context.Context, h provider.Handle, files map[stri
 	}
 	req := p.execdRequest(ep, "upload files", http.MethodPost, "/files/upload")
 	req.body, req.contentType, req.retry = buf.Bytes(), mw.FormDataContentType(), true
-	resp, err := p.do(ctx, req)
+	resp, err := p.fileCall(ctx, req, nil)
 	if err != nil {
 		return p.gone(ctx, h.SandboxID, err)
 	}
 	if !resp.ok() {
-		aerr := resp.apiError("upload files")
-		if resp.status == http.StatusBadRequest {
-			return fmt.Errorf("%w: %w", aerr, provider.ErrInvalidSpec)
+		full := ""
+		if len(files) == 1 {
+			for full = range files {
+			}
 		}
-		return p.gone(ctx, h.SandboxID, aerr)
+		return p.notGone(ctx, h.SandboxID, fileError(resp, "write", full))
 	}
 	return nil
+}
+
+// notGone returns err, unless it says nothing of the path (a proxy's
+// answer, a 404 that may be the sandbox's) and the sandbox is gone.
+func (p *Provider) notGone(ctx context.Context, id string, err error) error {
+	var perr *fs.PathError
+	if errors.As(err, &perr) && !errors.Is(err, fs.ErrNotExist) || errors.Is(err, provider.ErrInvalidSpec) {
+		return err
+	}
+	if gerr := p.gone(ctx, id, err); errors.Is(gerr, provider.ErrSandboxNotFound) {
+		return gerr
+	}
+	return err
 }
 
 // WriteFile writes a file through execd's /files/upload.
@@ -373,7 +687,8 @@ func (p *Provider) WriteFile(ctx context.Context, h provider.Handle, name string
 }
 
 // ReadFile reads a file through execd's /files/download; a missing file
-// wraps fs.ErrNotExist, a missing sandbox provider.ErrSandboxNotFound.
+// wraps fs.ErrNotExist, a directory syscall.EISDIR, a missing sandbox
+// provider.ErrSandboxNotFound.
 func (p *Provider) ReadFile(ctx context.Context, h provider.Handle, name string) ([]byte, error) {
 	if err := p.check(h); err != nil {
 		return nil, err
@@ -381,28 +696,27 @@ func (p *Provider) ReadFile(ctx context.Context, h provider.Handle, name string)
 	if name == "" {
 		return nil, fmt.Errorf("opensandbox: read_file: empty path: %w", provider.ErrInvalidSpec)
 	}
+	full := resolve(workdirOf(h, p.opts.Workdir), name)
+	if err := literal("path", full); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout())
 	defer cancel()
 	ep, err := p.endpoint(ctx, h.SandboxID)
 	if err != nil {
 		return nil, err
 	}
-	full := resolve(workdirOf(h, p.opts.Workdir), name)
 	req := p.execdRequest(ep, "download file", http.MethodGet, "/files/download?"+url.Values{"path": {full}}.Encode())
 	req.retry = true
-	resp, err := p.do(ctx, req)
+	resp, err := p.fileCall(ctx, req, func(ctx context.Context) bool { return p.isDir(ctx, ep, full) })
+	if errors.Is(err, syscall.EISDIR) {
+		return nil, fmt.Errorf("opensandbox: read_file: %w", &fs.PathError{Op: "read", Path: full, Err: syscall.EISDIR})
+	}
 	if err != nil {
 		return nil, p.gone(ctx, h.SandboxID, err)
 	}
-	switch {
-	case resp.ok():
+	if resp.ok() {
 		return resp.body, nil
-	case resp.status == http.StatusNotFound:
-		// Either the file or the sandbox (through a proxy) is missing.
-		if gerr := p.gone(ctx, h.SandboxID, resp.apiError("download file")); errors.Is(gerr, provider.ErrSandboxNotFound) {
-			return nil, gerr
-		}
-		return nil, fmt.Errorf("opensandbox: read_file %s: %w", full, &fs.PathError{Op: "read", Path: full, Err: fs.ErrNotExist})
 	}
-	return nil, p.gone(ctx, h.SandboxID, resp.apiError("download file"))
+	return nil, p.notGone(ctx, h.SandboxID, fmt.Errorf("opensandbox: read_file: %w", fileError(resp, "read", full)))
 }

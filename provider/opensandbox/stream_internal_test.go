@@ -1,70 +1,67 @@
 package opensandbox
 
 import (
+	"encoding/json"
 	"errors"
+	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/provider"
 )
 
+// streamCase is one case of testdata/streams.json: a command stream (frames
+// joined as execd joins them, or raw bytes) and what the client makes of it.
+type streamCase struct {
+	Name           string              `json:"name"`
+	Frames         []string            `json:"frames"`
+	Raw            string              `json:"raw"`
+	Cap            int                 `json:"cap"`
+	DeadlinePassed bool                `json:"deadline_passed"`
+	Want           provider.ExecResult `json:"want"`
+	WantErr        string              `json:"want_err"`
+	WantInit       string              `json:"want_init"`
+}
+
 func TestParseStream(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		stream  string
-		cap     int
-		timeout time.Duration
-		want    provider.ExecResult
-		wantErr string
-	}{
-		{name: "raw frames, exit 0",
-			stream: `{"type":"init","text":"cmd-1","timestamp":1}` + "\n\n" + `{"type":"ping","text":"pong"}` + "\n\n" +
-				`{"type":"stdout","text":"a\n"}` + "\n\n" + `{"type":"stderr","text":"e"}` + "\n\n" + `{"type":"stdout","text":"b"}` + "\n\n" +
-				`{"type":"execution_complete","execution_time":3}` + "\n\n",
-			want: provider.ExecResult{Stdout: "a\nb", Stderr: "e"}},
-		{name: "SSE data: prefix, comments and event lines",
-			stream: ": keepalive\n\nevent: message\ndata: {\"type\":\"stdout\",\"text\":\"x\"}\n\ndata:{\"type\":\"error\",\"error\":{\"ename\":\"CommandExecError\",\"evalue\":\"2\"}}\n\n",
-			want:   provider.ExecResult{Stdout: "x", ExitCode: 2}},
-		{name: "an unknown event type is skipped",
-			stream: `{"type":"result","results":{"text/plain":"4"}}` + "\n\n" + `{"type":"execution_count","execution_count":1}` + "\n\n" + `{"type":"execution_complete"}` + "\n\n",
-			want:   provider.ExecResult{}},
-		{name: "timeout",
-			stream:  `{"type":"error","error":{"ename":"CommandExecError","evalue":"-1"}}` + "\n\n",
-			timeout: time.Second,
-			want:    provider.ExecResult{ExitCode: 137, TimedOut: true}},
-		{name: "output over the cap is cut",
-			stream: `{"type":"stdout","text":"0123456789"}` + "\n\n" + `{"type":"execution_complete"}` + "\n\n",
-			cap:    4,
-			want:   provider.ExecResult{Stdout: "0123", Truncated: true}},
-		{name: "could not start",
-			stream:  `{"type":"error","error":{"ename":"StartError","evalue":"no such shell"}}` + "\n\n",
-			wantErr: "could not run"},
-		{name: "stream cut before the end",
-			stream:  `{"type":"init","text":"c"}` + "\n\n" + `{"type":"stdout","text":"partial"}`,
-			wantErr: errNoFinalEvent.Error()},
-		{name: "a frame that is not JSON",
-			stream:  `{"type":` + "\n\n",
-			wantErr: "bad frame"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cp := tc.cap
+	b, err := os.ReadFile("testdata/streams.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cases []streamCase
+	if err := json.Unmarshal(b, &cases); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range cases {
+		t.Run(tc.Name, func(t *testing.T) {
+			stream := tc.Raw
+			for _, f := range tc.Frames {
+				stream += f + "\n\n"
+			}
+			cp := tc.Cap
 			if cp == 0 {
 				cp = 1 << 20
 			}
-			got, err := parseStream(strings.NewReader(tc.stream), cp, tc.timeout)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("err %v, want %q", err, tc.wantErr)
+			var init string
+			got, err := parseStream(strings.NewReader(stream), cp, streamHooks{
+				init:     func(id string) { init = id },
+				timedOut: func() bool { return tc.DeadlinePassed },
+			})
+			if init != tc.WantInit {
+				t.Errorf("init %q, want %q", init, tc.WantInit)
+			}
+			if tc.WantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.WantErr) {
+					t.Fatalf("err %v, want %q", err, tc.WantErr)
 				}
 				return
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
+			if diff := cmp.Diff(tc.Want, got); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})
@@ -73,12 +70,53 @@ func TestParseStream(t *testing.T) {
 
 func TestParseStreamLongFrame(t *testing.T) {
 	big := strings.Repeat("x", 3<<20) // longer than bufio's buffer
-	got, err := parseStream(strings.NewReader(`{"type":"stdout","text":"`+big+`"}`+"\n\n"+`{"type":"execution_complete"}`+"\n\n"), 4<<20, 0)
-	if err != nil || got.Stdout != big {
-		t.Fatalf("len %d, %v", len(got.Stdout), err)
+	got, err := parseStream(strings.NewReader(`{"type":"stdout","text":"`+big+`"}`+"\n\n"+`{"type":"execution_complete"}`+"\n\n"), 4<<20, streamHooks{})
+	if err != nil || got.Stdout != big+"\n" || got.Truncated {
+		t.Fatalf("len %d, truncated %v, %v", len(got.Stdout), got.Truncated, err)
 	}
 }
 
+// A line longer than a frame may be is cut, not an error that loses the
+// output around it; the cut may fall inside a JSON escape.
+func TestParseStreamLineOverFrame(t *testing.T) {
+	for _, tail := range []string{"x", `\u00e9`, `\n`} {
+		line := strings.Repeat("y", maxFrame-len(`{"type":"stderr","text":"`)-1) + strings.Repeat(tail, 8)
+		stream := `{"type":"stdout","text":"before"}` + "\n\n" + `{"type":"stderr","text":"` + line + `"}` + "\n\n" +
+			`{"type":"stdout","text":"after"}` + "\n\n" + `{"type":"execution_complete"}` + "\n\n"
+		got, err := parseStream(strings.NewReader(stream), 64, streamHooks{})
+		if err != nil {
+			t.Fatalf("tail %q: %v", tail, err)
+		}
+		want := provider.ExecResult{Stdout: "before\nafter\n", Stderr: strings.Repeat("y", 64), Truncated: true}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("tail %q (-want +got):\n%s", tail, diff)
+		}
+	}
+	// Unit test of the cut itself: the text up to the last whole escape.
+	out := &capped{max: 1 << 10}
+	c, text, ok := partialLine([]byte(`{"type":"stdout","text":"ab\u00e9\u00`), out, nil)
+	if !ok || c != out || text != "abé" {
+		t.Errorf("partialLine = %v %q %v", c == out, text, ok)
+	}
+	if _, _, ok := partialLine([]byte(`{"type":"ping","text":"`), out, nil); ok {
+		t.Error("a cut frame that is not output was taken for output")
+	}
+}
+
+func TestLiteral(t *testing.T) {
+	for name, expands := range map[string]bool{
+		"/w/cost$HOME.txt": true, "/w/${X}": true, "/w/$1": true, "/w/$$": true, "/w/${}": true,
+		"/w/price$": false, "/w/a$.txt": false, "/w/$ x": false, "/w/plain": false, "/w/~x": false,
+	} {
+		err := literal("path", name)
+		if got := err != nil; got != expands {
+			t.Errorf("literal(%q) = %v, want refused %v", name, err, expands)
+		}
+		if err != nil && !errors.Is(err, provider.ErrInvalidSpec) {
+			t.Errorf("literal(%q) = %v, not ErrInvalidSpec", name, err)
+		}
+	}
+}
 func TestLabels(t *testing.T) {
 	in := map[string]string{
 		"ng.owner":          "notes",

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -74,7 +75,9 @@ func (r *run) opAgentExec() {
 	r.tracef("agent exec in %s of %s (current %v): %d %s", id, sid, current, status, body)
 	if current {
 		var res provider.ExecResult
-		if err := json.Unmarshal(body, &res); err != nil || status != fasthttp.StatusOK || res.ExitCode != 0 || res.Stdout != r.m.sessions[sid].token {
+		// The token file has no final newline, which OpenSandbox's execd
+		// cannot carry: its client ends every line of output with one.
+		if err := json.Unmarshal(body, &res); err != nil || status != fasthttp.StatusOK || res.ExitCode != 0 || strings.TrimSuffix(res.Stdout, "\n") != r.m.sessions[sid].token {
 			r.violate(LiveState, "an agent's exec in %s, the sandbox of live session %s: %d %s, want 200 with token %q", id, sid, status, body, r.m.sessions[sid].token)
 		}
 		return

@@ -1,6 +1,7 @@
 package opensandboxtest
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,7 +9,8 @@ import (
 	"io/fs"
 	"net/http"
 	"strconv"
-	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sandboxowner/owner/provider"
@@ -48,6 +50,8 @@ func (s *Server) execd(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 	case "POST command":
 		s.command(w, r, sb)
+	case "DELETE command":
+		s.interrupt(w, r)
 	case "POST files/upload":
 		s.upload(w, r, sb)
 	case "GET files/download":
@@ -73,20 +77,41 @@ type frameError struct {
 	Traceback []string `json:"traceback"`
 }
 
-// chunks splits s into line-sized pieces, as execd streams output.
-func chunks(s string) []string {
+// lines splits output into execd's events: one per line, without its
+// ending; "\n", "\r" and "\r\n" each end a line, an empty line is the text
+// "\n", and a last line without an ending is sent as it is.
+func lines(s string) []string {
 	var out []string
-	for s != "" {
-		i := strings.IndexByte(s, '\n')
-		if i < 0 {
-			return append(out, s)
+	cr := false
+	start := 0
+	for i := 0; i < len(s); i++ {
+		b := s[i]
+		if b != '\n' && b != '\r' {
+			cr = false
+			continue
 		}
-		out = append(out, s[:i+1])
-		s = s[i+1:]
+		switch {
+		case i > start:
+			out = append(out, s[start:i])
+		case b == '\n' && cr:
+			// the "\n" of "\r\n": its line was sent at the "\r"
+		default:
+			out = append(out, "\n")
+		}
+		cr = b == '\r'
+		start = i + 1
+	}
+	if start < len(s) {
+		out = append(out, s[start:])
 	}
 	return out
 }
 
+// command runs a command as the real execd's POST /command does, with two
+// differences: the stream starts once the command has ended (so that a
+// refused cwd is still a 400, as execd's up-front check answers it), and a
+// caller that hangs up ends the command (the real execd lets it run on;
+// DELETE /command?id= ends it in both).
 func (s *Server) command(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 	req, ok := s.readChecked(w, r, runCommandSchema, false)
 	if !ok {
@@ -95,13 +120,17 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 	if _, gid := req["gid"]; gid {
 		if _, uid := req["uid"]; !uid {
 			s.note(r, "gid without uid")
-			writeError(w, http.StatusBadRequest, "INVALID_REQUEST", "gid requires uid")
+			writeError(w, http.StatusBadRequest, "INVALID_REQUEST_BODY", "invalid request, validation error uid is required when gid is provided")
 			return
 		}
 	}
 	if bg, _ := req["background"].(bool); bg {
 		s.note(r, "background commands are not implemented by the fake")
-		writeError(w, http.StatusBadRequest, "INVALID_REQUEST", "background commands are not supported here")
+		writeError(w, http.StatusBadRequest, "INVALID_REQUEST_BODY", "background commands are not supported here")
+		return
+	}
+	if req["command"].(string) == "" {
+		writeError(w, http.StatusBadRequest, "INVALID_REQUEST_BODY", "invalid request, validation error Key: 'RunCommandRequest.Command' Error:Field validation for 'Command' failed on the 'required' tag")
 		return
 	}
 	er := provider.ExecRequest{Command: req["command"].(string), Env: stringMap(req["envs"])}
@@ -109,6 +138,24 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 	if n, ok := req["timeout"].(json.Number); ok {
 		ms, _ := n.Int64()
 		er.Timeout = time.Duration(ms) * time.Millisecond
+	}
+	id := newID("cmd-")
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	defer s.commands.add(id, cancel)()
+	start := s.clk.Now()
+	res, err := s.backend.Exec(ctx, sb.backend, er)
+	interrupted := ctx.Err() != nil && r.Context().Err() == nil
+	switch {
+	case err != nil && interrupted:
+		// Interrupted: SIGTERM, as the real execd sends.
+		res, err = provider.ExecResult{ExitCode: -1}, nil
+	case errors.Is(err, fs.ErrNotExist):
+		writeError(w, http.StatusBadRequest, "INVALID_REQUEST_BODY", "invalid request, validation error working directory does not exist: %s: %v", er.Cwd, err)
+		return
+	case errors.Is(err, syscall.ENOTDIR):
+		writeError(w, http.StatusBadRequest, "INVALID_REQUEST_BODY", "invalid request, validation error working directory path is not a directory: %s", er.Cwd)
+		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.WriteHeader(http.StatusOK)
@@ -121,29 +168,76 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 			flusher.Flush()
 		}
 	}
-	start := s.clk.Now()
-	send(frame{Type: "init", Text: newID("cmd-")})
+	send(frame{Type: "init", Text: id})
 	send(frame{Type: "ping", Text: "pong"})
-	res, err := s.backend.Exec(r.Context(), sb.backend, er)
 	if err != nil {
-		send(frame{Type: "error", Error: &frameError{EName: "CommandExecError", EValue: err.Error(), Traceback: []string{}}})
+		send(frame{Type: "error", Error: &frameError{EName: "CommandExecError", EValue: err.Error(), Traceback: []string{err.Error()}}})
 		return
 	}
-	for _, c := range chunks(res.Stdout) {
+	for _, c := range lines(res.Stdout) {
 		send(frame{Type: "stdout", Text: c})
 	}
-	for _, c := range chunks(res.Stderr) {
+	for _, c := range lines(res.Stderr) {
 		send(frame{Type: "stderr", Text: c})
 	}
 	elapsed := s.clk.Now().Sub(start).Milliseconds()
 	switch {
 	case res.TimedOut:
-		send(frame{Type: "error", ExecutionTime: elapsed, Error: &frameError{EName: "CommandExecError", EValue: "-1", Traceback: []string{"timeout"}}})
+		send(frame{Type: "error", Error: &frameError{EName: "CommandExecError", EValue: "-1", Traceback: []string{"signal: killed"}}})
+	case interrupted:
+		send(frame{Type: "error", Error: &frameError{EName: "CommandExecError", EValue: "-1", Traceback: []string{"signal: terminated"}}})
 	case res.ExitCode != 0:
-		send(frame{Type: "error", ExecutionTime: elapsed, Error: &frameError{EName: "CommandExecError", EValue: strconv.Itoa(res.ExitCode), Traceback: []string{}}})
+		send(frame{Type: "error", Error: &frameError{EName: "CommandExecError", EValue: strconv.Itoa(res.ExitCode), Traceback: []string{fmt.Sprintf("exit status %d", res.ExitCode)}}})
 	default:
 		send(frame{Type: "execution_complete", ExecutionTime: elapsed})
 	}
+}
+
+// interrupt is DELETE /command?id=: it ends a running command, or answers
+// 500 as the real execd does for one that is not running.
+func (s *Server) interrupt(w http.ResponseWriter, r *http.Request) {
+	id := r.URL.Query().Get("id")
+	if id == "" {
+		writeError(w, http.StatusBadRequest, "MISSING_QUERY", "missing query parameter 'id'")
+		return
+	}
+	if !s.commands.cancel(id) {
+		writeError(w, http.StatusInternalServerError, "RUNTIME_ERROR", "error interruptting code context. no such session")
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// runningCommands are the commands running in every sandbox, by id.
+type runningCommands struct {
+	mu sync.Mutex
+	m  map[string]context.CancelFunc
+}
+
+// add registers a running command; the func returned removes it.
+func (c *runningCommands) add(id string, cancel context.CancelFunc) func() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]context.CancelFunc{}
+	}
+	c.m[id] = cancel
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		delete(c.m, id)
+	}
+}
+
+// cancel ends a running command; false when none has that id.
+func (c *runningCommands) cancel(id string) bool {
+	c.mu.Lock()
+	cancel, ok := c.m[id]
+	c.mu.Unlock()
+	if ok {
+		cancel()
+	}
+	return ok
 }
 
 // upload takes repeated multipart pairs: a metadata part (a file part

@@ -134,6 +134,7 @@ type Server struct {
 	workers    []time.Time
 	captures   [][2]time.Time
 	violations []string
+	commands   runningCommands
 	failCreate int
 	failSnap   int
 	faults     []*Fault
