@@ -40,6 +40,10 @@ var (
 	ErrPathEscape = errors.New("provider: path escapes the sandbox")
 	// ErrInvalidSpec: the spec cannot be started (unknown image, bad option).
 	ErrInvalidSpec = errors.New("provider: invalid spec")
+	// ErrSnapshotInUse: the snapshot cannot be deleted yet because a live
+	// sandbox was forked from it; deleting it again once that sandbox is
+	// gone succeeds.
+	ErrSnapshotInUse = errors.New("provider: snapshot in use by a fork")
 	// ErrInjected marks a failure injected by a fault-injecting provider, so
 	// tests can tell it from a real one.
 	ErrInjected = errors.New("provider: injected fault")

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -77,27 +78,59 @@ type response struct {
 
 func (r *response) ok() bool { return r.status >= 200 && r.status < 300 }
 
-// apiError turns a non-2xx answer into an *APIError.
+// apiError turns a non-2xx answer into an *APIError. The lifecycle server
+// answers in three shapes: its own {code, message}, FastAPI's validation
+// error {detail: [{loc, msg}, ...]} (422) and {detail: "..."} (unknown
+// route or method); execd answers {code, message} or {error}.
 func (r *response) apiError(op string) *APIError {
 	e := &APIError{Op: op, Status: r.status}
 	var body struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-		Error   string `json:"error"` // execd's own error shape
+		Code    string          `json:"code"`
+		Message string          `json:"message"`
+		Error   string          `json:"error"` // execd's own error shape
+		Detail  json.RawMessage `json:"detail"`
 	}
 	if json.Unmarshal(r.body, &body) == nil {
 		e.Code, e.Message = body.Code, body.Message
 		if e.Message == "" {
 			e.Message = body.Error
 		}
+		if e.Message == "" && len(body.Detail) > 0 {
+			e.Message = detailMessage(body.Detail)
+		}
 	}
 	if e.Message == "" {
 		e.Message = string(bytes.TrimSpace(r.body))
-		if len(e.Message) > 200 {
-			e.Message = e.Message[:200]
-		}
+	}
+	if len(e.Message) > 500 {
+		e.Message = e.Message[:500]
 	}
 	return e
+}
+
+// detailMessage renders FastAPI's detail: a string, or a list of
+// {loc, msg} as "loc.path: msg; ...".
+func detailMessage(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var items []struct {
+		Loc []any  `json:"loc"`
+		Msg string `json:"msg"`
+	}
+	if json.Unmarshal(raw, &items) != nil {
+		return string(raw)
+	}
+	parts := make([]string, 0, len(items))
+	for _, it := range items {
+		loc := make([]string, 0, len(it.Loc))
+		for _, l := range it.Loc {
+			loc = append(loc, fmt.Sprint(l))
+		}
+		parts = append(parts, strings.Join(loc, ".")+": "+it.Msg)
+	}
+	return strings.Join(parts, "; ")
 }
 
 // request is one HTTP call to make.
@@ -121,10 +154,10 @@ type request struct {
 var errAdopted = errors.New("opensandbox: an earlier attempt took effect")
 
 // retryable statuses: the server (or a proxy) did not do the request, or
-// may not have.
+// may not have. 501 is an answer: the runtime lacks the feature.
 func retryableStatus(status int) bool {
 	return status == http.StatusRequestTimeout || status == http.StatusTooEarly ||
-		status == http.StatusTooManyRequests || status >= 500
+		status == http.StatusTooManyRequests || (status >= 500 && status != http.StatusNotImplemented)
 }
 
 // ambiguous: the request may have taken effect.

@@ -257,13 +257,29 @@ func TestSnapshotForkDelete(t *testing.T) {
 	if diff := cmp.Diff(want, snaps); diff != "" {
 		t.Errorf("ListSnapshots (-want +got):\n%s", diff)
 	}
+	var forks []provider.Handle
 	for i := 0; i < 2; i++ {
 		f, err := e.p.Fork(ctx, provider.Spec{Metadata: map[string]string{"ng.owner": "me"}}, sid)
 		if err != nil {
 			t.Fatal(err)
 		}
+		forks = append(forks, f)
 		if b, err := e.p.ReadFile(ctx, f, "state.txt"); err != nil || string(b) != "before" {
 			t.Errorf("fork %d reads %q, %v; want the snapshot's contents", i, b, err)
+		}
+	}
+	// While a fork lives, the server refuses the delete: the provider says
+	// so at once instead of waiting for a fork it does not know to end.
+	before := e.clk.Now()
+	if err := e.p.DeleteSnapshot(ctx, sid); !errors.Is(err, provider.ErrSnapshotInUse) {
+		t.Fatalf("DeleteSnapshot with live forks = %v, want ErrSnapshotInUse", err)
+	}
+	if waited := e.clk.Now().Sub(before); waited != 0 {
+		t.Errorf("DeleteSnapshot of a snapshot in use waited %v", waited)
+	}
+	for _, f := range forks {
+		if err := e.p.Stop(ctx, f); err != nil {
+			t.Fatal(err)
 		}
 	}
 	if err := e.p.DeleteSnapshot(ctx, sid); err != nil {
@@ -453,10 +469,12 @@ func TestListPagesAndFiltersOnTheClient(t *testing.T) {
 
 func TestSnapshotsQueueInTheClient(t *testing.T) {
 	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{MaxConcurrentSnapshots: 2})
-	h := e.start(t, provider.Spec{})
 	var wg sync.WaitGroup
 	errs := make(chan error, 6)
 	for i := 0; i < 6; i++ {
+		// One source each: the server refuses a second snapshot of a
+		// source it is capturing.
+		h := e.start(t, provider.Spec{})
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -303,7 +303,7 @@ type pagination struct {
 // spec does not list is StatusUnknown.
 func status(state string) provider.Status {
 	switch strings.ToLower(state) {
-	case "pending":
+	case "pending", "allocated":
 		return provider.StatusStarting
 	case "running":
 		return provider.StatusRunning
@@ -315,6 +315,18 @@ func status(state string) provider.Status {
 		return provider.StatusError
 	}
 	return provider.StatusUnknown
+}
+
+// lost reports a state no sandbox comes back from: its entrypoint exited
+// (Terminated, Failed: every container after its runtime restarts), it is
+// being deleted (Stopping), or being removed at expiry (Unknown, then 404).
+// Such a sandbox is as good as gone.
+func lost(state string) bool {
+	switch strings.ToLower(state) {
+	case "stopping", "terminated", "failed", "unknown":
+		return true
+	}
+	return false
 }
 
 // resourceLimits renders the spec's resources, or the configured defaults.
@@ -413,7 +425,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, sourceKey str
 		return id != "", err
 	}
 	resp, err := p.do(ctx, req)
-	var id string
+	var id, state string
 	switch {
 	case errors.Is(err, errAdopted):
 		id = adopted
@@ -425,7 +437,8 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, sourceKey str
 		return provider.Handle{}, resp.apiError("create sandbox")
 	case resp.status == http.StatusNotFound && sourceKey == "snapshotId":
 		return provider.Handle{}, fmt.Errorf("%w: %w", resp.apiError("create sandbox"), provider.ErrSnapshotNotFound)
-	case resp.status == http.StatusBadRequest:
+	case resp.status == http.StatusBadRequest, resp.status == http.StatusUnprocessableEntity:
+		// 422 is the server's schema validation: {detail: [...]}.
 		return provider.Handle{}, fmt.Errorf("%w: %w", resp.apiError("create sandbox"), provider.ErrInvalidSpec)
 	case !resp.ok():
 		return provider.Handle{}, resp.apiError("create sandbox")
@@ -434,7 +447,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, sourceKey str
 		if err := json.Unmarshal(resp.body, &doc); err != nil || doc.ID == "" {
 			return provider.Handle{}, fmt.Errorf("opensandbox: create sandbox: answer without an id: %s", truncate(resp.body))
 		}
-		id = doc.ID
+		id, state = doc.ID, doc.Status.State
 	}
 	log := p.log.WithField("sandbox_id", id)
 	fail := func(err error) (provider.Handle, error) {
@@ -446,8 +459,17 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, sourceKey str
 		}
 		return provider.Handle{}, err
 	}
-	if err := p.waitRunning(ctx, id, deadline); err != nil {
-		return fail(err)
+	// A server that answers the create already Running (Docker's does)
+	// needs no poll.
+	if !strings.EqualFold(state, "running") {
+		if err := p.waitRunning(ctx, id, deadline); err != nil {
+			return fail(err)
+		}
+	}
+	if sourceKey == "snapshotId" {
+		if err := p.ownLabels(ctx, id, md); err != nil {
+			return fail(err)
+		}
 	}
 	h := p.handle(id, workdir)
 	if err := p.waitExecd(ctx, id, deadline); err != nil {
@@ -498,7 +520,8 @@ func truncate(b []byte) string {
 	return string(b)
 }
 
-// getSandbox fetches a sandbox; a 404 wraps provider.ErrSandboxNotFound.
+// getSandbox fetches a sandbox; a 404, or a state it cannot come back from
+// (see lost; doc is then filled in), wraps provider.ErrSandboxNotFound.
 func (p *Provider) getSandbox(ctx context.Context, id string) (sandboxDoc, error) {
 	var doc sandboxDoc
 	resp, err := p.api(ctx, "get sandbox", http.MethodGet, "/sandboxes/"+url.PathEscape(id), nil, true)
@@ -513,11 +536,53 @@ func (p *Provider) getSandbox(ctx context.Context, id string) (sandboxDoc, error
 	if err := json.Unmarshal(resp.body, &doc); err != nil {
 		return doc, fmt.Errorf("opensandbox: get sandbox %s: %w", id, err)
 	}
+	if lost(doc.Status.State) {
+		return doc, fmt.Errorf("opensandbox: sandbox %s is %s (%s: %s): %w", id, doc.Status.State, doc.Status.Reason, doc.Status.Message, provider.ErrSandboxNotFound)
+	}
 	return doc, nil
 }
 
+// ownLabels makes a fork's metadata its own. A fork inherits its source's
+// labels (the runtime keeps them in the snapshot), so a label the fork was
+// not given (the source's checkpoint or session) would make the sweep or a
+// release act on the wrong sandbox: those are removed, by a JSON merge
+// patch, and values that differ are set.
+func (p *Provider) ownLabels(ctx context.Context, id string, want map[string]string) error {
+	doc, err := p.getSandbox(ctx, id)
+	if err != nil {
+		return fmt.Errorf("opensandbox: read the labels of fork %s: %w", id, err)
+	}
+	patch := map[string]any{}
+	for k, v := range doc.Metadata {
+		if strings.HasPrefix(k, "opensandbox.io/") {
+			continue // the server's own
+		}
+		if w, ok := want[k]; !ok {
+			patch[k] = nil
+		} else if w != v {
+			patch[k] = w
+		}
+	}
+	for k, w := range want {
+		if _, ok := doc.Metadata[k]; !ok {
+			patch[k] = w
+		}
+	}
+	if len(patch) == 0 {
+		return nil
+	}
+	resp, err := p.api(ctx, "patch metadata", http.MethodPatch, "/sandboxes/"+url.PathEscape(id)+"/metadata", patch, true)
+	switch {
+	case err != nil:
+		return fmt.Errorf("opensandbox: remove the labels fork %s inherited: %w", id, err)
+	case !resp.ok():
+		return fmt.Errorf("opensandbox: remove the labels fork %s inherited: %w", id, resp.apiError("patch metadata"))
+	}
+	return nil
+}
+
 // waitRunning polls until the sandbox runs; Failed, Terminated, Stopping,
-// a vanished sandbox or the deadline end it.
+// Unknown, a vanished sandbox or the deadline end it.
 func (p *Provider) waitRunning(ctx context.Context, id string, deadline time.Time) error {
 	poll := p.poller(waitCreate, deadline)
 	for {
@@ -529,12 +594,10 @@ func (p *Provider) waitRunning(ctx context.Context, id string, deadline time.Tim
 		case "running":
 			poll.done()
 			return nil
-		case "failed", "terminated", "stopping":
-			return fmt.Errorf("opensandbox: sandbox %s is %s (%s: %s)", id, doc.Status.State, doc.Status.Reason, doc.Status.Message)
 		default:
-			// Pending, or a state this client does not know: keep
-			// waiting until the deadline.
-			if st != "pending" {
+			// Pending, Allocated, or a state this client does not know:
+			// keep waiting until the deadline.
+			if st != "pending" && st != "allocated" {
 				p.log.WithFields(logrus.Fields{"sandbox_id": id, "state": doc.Status.State}).Debug("opensandbox: unknown sandbox state while starting")
 			}
 		}
@@ -679,6 +742,9 @@ func (p *Provider) Status(ctx context.Context, h provider.Handle) (provider.Stat
 	defer cancel()
 	doc, err := p.getSandbox(ctx, h.SandboxID)
 	if errors.Is(err, provider.ErrSandboxNotFound) {
+		if doc.ID != "" {
+			return status(doc.Status.State), err
+		}
 		return provider.StatusStopped, err
 	}
 	if err != nil {
@@ -762,7 +828,7 @@ func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string)
 		return sid != "", err
 	}
 	resp, err := p.do(ctx, req)
-	var sid string
+	var sid, loc string
 	switch {
 	case errors.Is(err, errAdopted):
 		sid = adopted
@@ -775,6 +841,9 @@ func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string)
 	case resp.status == http.StatusNotFound:
 		p.forget(id)
 		return "", fmt.Errorf("%w: %w", resp.apiError("create snapshot"), provider.ErrSandboxNotFound)
+	case resp.status == http.StatusNotImplemented:
+		// The server's runtime takes no snapshots.
+		return "", fmt.Errorf("%w: %w", resp.apiError("create snapshot"), provider.ErrUnsupported)
 	case !resp.ok():
 		return "", resp.apiError("create snapshot")
 	default:
@@ -783,9 +852,10 @@ func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string)
 			return "", fmt.Errorf("opensandbox: create snapshot: answer without an id: %s", truncate(resp.body))
 		}
 		sid = doc.ID
+		loc = resp.header.Get("Location")
 	}
 	log := p.log.WithFields(logrus.Fields{"sandbox_id": id, "snapshot_id": sid})
-	if err := p.waitReady(ctx, sid, deadline); err != nil {
+	if err := p.waitReady(ctx, sid, snapshotPath(sid, loc), deadline); err != nil {
 		p.discardSnapshot(ctx, sid, log)
 		return "", err
 	}
@@ -832,10 +902,19 @@ func (p *Provider) discardSnapshot(ctx context.Context, sid string, log logrus.F
 	}()
 }
 
-func (p *Provider) waitReady(ctx context.Context, sid string, deadline time.Time) error {
+// snapshotPath is where a new snapshot is followed: the Location of the
+// answer when it names a snapshot under this API, else /snapshots/{id}.
+func snapshotPath(sid, location string) string {
+	if rest, ok := strings.CutPrefix(location, "/v1/snapshots/"); ok && rest != "" && !strings.ContainsAny(rest, "/?#") {
+		return "/snapshots/" + rest
+	}
+	return "/snapshots/" + url.PathEscape(sid)
+}
+
+func (p *Provider) waitReady(ctx context.Context, sid, route string, deadline time.Time) error {
 	poll := p.poller(waitSnapshot, deadline)
 	for {
-		resp, err := p.api(ctx, "get snapshot", http.MethodGet, "/snapshots/"+url.PathEscape(sid), nil, true)
+		resp, err := p.api(ctx, "get snapshot", http.MethodGet, route, nil, true)
 		if err != nil {
 			return err
 		}
@@ -882,9 +961,15 @@ func (p *Provider) eachSnapshot(ctx context.Context, q url.Values, fn func(snaps
 	return eachPage(ctx, p, "list snapshots", "/snapshots", q, func(d snapshotDoc) string { return d.ID }, fn)
 }
 
+// codeDeleteConflict is the server's refusal to delete a snapshot a live
+// fork was made from.
+const codeDeleteConflict = "SNAPSHOT::DELETE_CONFLICT"
+
 // DeleteSnapshot deletes a snapshot; one missing is success, one still
 // Creating (409) is tried again until it can be deleted or
-// Options.SnapshotTimeout passes.
+// Options.SnapshotTimeout passes. One a live fork was made from is refused
+// at once with provider.ErrSnapshotInUse: it can be deleted only once that
+// fork is gone, which waiting here would not bring about.
 func (p *Provider) DeleteSnapshot(ctx context.Context, snapshotID string) error {
 	if snapshotID == "" || strings.ContainsAny(snapshotID, "/?#%") {
 		return fmt.Errorf("opensandbox: bad snapshot id %q: %w", snapshotID, provider.ErrSnapshotNotFound)
@@ -902,6 +987,9 @@ func (p *Provider) DeleteSnapshot(ctx context.Context, snapshotID string) error 
 			return nil
 		case resp.status != http.StatusConflict:
 			return resp.apiError("delete snapshot")
+		}
+		if e := resp.apiError("delete snapshot"); e.Code == codeDeleteConflict {
+			return fmt.Errorf("%w: %w", e, provider.ErrSnapshotInUse)
 		}
 		if !p.clk.Now().Before(deadline) {
 			return fmt.Errorf("%w: still refused at the deadline", resp.apiError("delete snapshot"))

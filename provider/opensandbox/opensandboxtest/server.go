@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -74,6 +75,9 @@ type Options struct {
 	// runtime's containers would). For a backend that others change too
 	// (the simulation's fault-injecting fake); it costs a listing per call.
 	SyncWithBackend bool
+	// NoSnapshots answers snapshot requests 501 SNAPSHOT::NOT_IMPLEMENTED,
+	// as a runtime without snapshots does.
+	NoSnapshots bool
 }
 
 // Fault makes matching requests fail. Method "" matches any method; Path is
@@ -149,12 +153,17 @@ type sandbox struct {
 	readyAt    time.Time
 	expiresAt  time.Time // zero: manual cleanup
 	metadata   map[string]string
+	env        map[string]string
 	entrypoint []string
 	image      string
 	snapshotID string
 	failed     bool
-	backend    provider.Handle
-	token      string
+	// exited is the state of a sandbox whose entrypoint ended: Terminated
+	// or Failed (from the entrypoint, or Terminate).
+	exited  string
+	paused  bool
+	backend provider.Handle
+	token   string
 }
 
 type snapshot struct {
@@ -163,9 +172,14 @@ type snapshot struct {
 	sandboxID string
 	name      string
 	createdAt time.Time
+	// startAt is when its capture begins (after the queue for a worker).
+	startAt   time.Time
 	readyAt   time.Time
 	failed    bool
 	backendID string
+	// metadata and env are the source's, which a fork inherits (the
+	// runtime keeps them in the snapshot's image).
+	metadata, env map[string]string
 }
 
 // NewServer starts a fake server on 127.0.0.1.
@@ -319,8 +333,43 @@ func (s *Server) sandboxState(sb *sandbox, now time.Time) string {
 		return s.state("Pending")
 	case sb.failed:
 		return s.state("Failed")
+	case sb.exited != "":
+		return s.state(sb.exited)
+	case sb.paused || s.capturing(sb.id, now):
+		// The runtime pauses a snapshot's source while it captures.
+		return s.state("Paused")
 	}
 	return s.state("Running")
+}
+
+// capturing reports whether a snapshot of the sandbox is being captured (a
+// queued one does not pause its source yet).
+func (s *Server) capturing(id string, now time.Time) bool {
+	for _, sn := range s.snapshots {
+		if sn.sandboxID == id && !now.Before(sn.startAt) && now.Before(sn.readyAt) {
+			return true
+		}
+	}
+	return false
+}
+
+// Terminate ends the sandboxes' entrypoints, as a restart of the runtime
+// does (every container comes back Terminated): they stay listed, their
+// execd is gone (the backend's sandbox is stopped), and only a delete
+// removes them. No ids: all of them.
+func (s *Server) Terminate(ids ...string) {
+	s.mu.Lock()
+	var gone []provider.Handle
+	for id, sb := range s.sandboxes {
+		if (len(ids) == 0 || contains(ids, id)) && sb.exited == "" && !sb.failed {
+			sb.exited = "Terminated"
+			gone = append(gone, sb.backend)
+		}
+	}
+	s.mu.Unlock()
+	for _, h := range gone {
+		_ = s.backend.Stop(context.Background(), h)
+	}
 }
 
 func (s *Server) snapshotState(sn *snapshot, now time.Time) string {
@@ -334,7 +383,7 @@ func (s *Server) snapshotState(sn *snapshot, now time.Time) string {
 }
 
 func (s *Server) running(sb *sandbox, now time.Time) bool {
-	return !now.Before(sb.readyAt) && !sb.failed
+	return strings.EqualFold(s.sandboxState(sb, now), "Running")
 }
 
 // reap deletes the sandboxes whose lease ran out, as the server's expiry
@@ -380,6 +429,19 @@ func writeError(w http.ResponseWriter, status int, code, format string, args ...
 	writeJSON(w, status, apiError{Code: code, Message: fmt.Sprintf(format, args...)})
 }
 
+// writeInvalid answers a request that fails validation as the real server's
+// framework (FastAPI) does: 422 {"detail": [{"loc", "msg", "type"}, ...]}.
+func writeInvalid(w http.ResponseWriter, msgs ...string) {
+	detail := make([]map[string]any, 0, len(msgs))
+	for _, m := range msgs {
+		detail = append(detail, map[string]any{"loc": []string{"body"}, "msg": m, "type": "value_error"})
+	}
+	writeJSON(w, http.StatusUnprocessableEntity, map[string]any{"detail": detail})
+}
+
+// codeSandboxNotFound is the Docker runtime's 404 for a sandbox.
+const codeSandboxNotFound = "DOCKER::SANDBOX_NOT_FOUND"
+
 // note records a departure from the spec.
 func (s *Server) note(r *http.Request, msgs ...string) {
 	if len(msgs) == 0 {
@@ -410,7 +472,7 @@ func (s *Server) readChecked(w http.ResponseWriter, r *http.Request, sc *schema,
 	s.note(r, p.noted...)
 	s.note(r, p.refused...)
 	if len(p.refused) > 0 {
-		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "%s", strings.Join(p.refused, "; "))
+		writeInvalid(w, p.refused...)
 		return nil, false
 	}
 	return m, true
@@ -502,9 +564,12 @@ func (s *Server) routes() http.Handler {
 	// "directly" (a per-sandbox path prefix, as a Docker bridge endpoint).
 	mux.HandleFunc("/v1/sandboxes/{id}/proxy/{port}/{path...}", s.route("execd (proxy)", false, s.execd))
 	mux.HandleFunc("/direct/{id}/proxy/{port}/{path...}", s.route("execd (direct)", false, s.execd))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", s.route("POST /sandboxes/{id}/pause", true, s.pause))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.route("POST /sandboxes/{id}/resume", true, s.resume))
+	mux.HandleFunc("PATCH /v1/sandboxes/{id}/metadata", s.route("PATCH /sandboxes/{id}/metadata", true, s.patchMetadata))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.note(r, "no such route in the spec")
-		writeError(w, http.StatusNotFound, "NOT_FOUND", "no route %s %s", r.Method, r.URL.Path)
+		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
 	})
 	return mux
 }
@@ -575,19 +640,26 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	if _, ok := req["resourceLimits"]; !ok && !hasPool {
 		p.refuse("resourceLimits is required")
 	}
-	if md, ok := req["metadata"].(map[string]any); ok {
-		checkLabels(md, &p)
-	}
 	s.note(r, p.refused...)
 	if len(p.refused) > 0 {
-		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "%s", strings.Join(p.refused, "; "))
+		writeInvalid(w, p.refused...)
 		return
+	}
+	if md, ok := req["metadata"].(map[string]any); ok {
+		var lp problems
+		checkLabels(md, &lp)
+		s.note(r, lp.refused...)
+		if len(lp.refused) > 0 {
+			writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_METADATA_LABEL", "%s", strings.Join(lp.refused, "; "))
+			return
+		}
 	}
 	now := s.clk.Now()
 	sb := &sandbox{
 		createdAt: now,
 		readyAt:   now.Add(s.opts.CreateLatency),
 		metadata:  stringMap(req["metadata"]),
+		env:       stringMap(req["env"]),
 		token:     newID("tok-"),
 	}
 	if ep, ok := req["entrypoint"].([]any); ok {
@@ -601,24 +673,27 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		secs, _ := n.Int64()
 		sb.expiresAt = now.Add(time.Duration(secs) * time.Second)
 	}
-	// The backend is the runtime: it keeps the labels and the lease too,
-	// as Docker keeps a container's labels.
-	spec := provider.Spec{Workdir: "/", Env: stringMap(req["env"]), Metadata: sb.metadata}
-	if !sb.expiresAt.IsZero() {
-		spec.TTLSeconds = sb.expiresAt.Sub(now).Seconds()
+	// An entrypoint that exits ends the sandbox: 0 Terminated, else Failed.
+	switch {
+	case len(sb.entrypoint) == 1 && sb.entrypoint[0] == "true":
+		sb.exited = "Terminated"
+	case len(sb.entrypoint) == 1 && sb.entrypoint[0] == "false":
+		sb.exited = "Failed"
 	}
-	var err error
-	if hasImage {
-		sb.image, _ = req["image"].(map[string]any)["uri"].(string)
-		spec.Image = sb.image
-		sb.backend, err = s.backend.Start(r.Context(), spec)
-	} else {
+	var sn *snapshot
+	if hasSnap {
 		sb.snapshotID = req["snapshotId"].(string)
 		s.mu.Lock()
-		sn, ok := s.snapshots[sb.snapshotID]
 		var st string
-		if ok {
+		var ok bool
+		if sn, ok = s.snapshots[sb.snapshotID]; ok {
 			st = s.snapshotState(sn, now)
+			// A fork inherits its source's labels and environment; what
+			// the request names wins.
+			md, env := maps.Clone(sn.metadata), maps.Clone(sn.env)
+			maps.Copy(md, sb.metadata)
+			maps.Copy(env, sb.env)
+			sb.metadata, sb.env = md, env
 		}
 		s.mu.Unlock()
 		switch {
@@ -629,6 +704,19 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusConflict, "SNAPSHOT::NOT_READY", "snapshot %s is %s", sb.snapshotID, st)
 			return
 		}
+	}
+	// The backend is the runtime: it keeps the labels and the lease too,
+	// as Docker keeps a container's labels.
+	spec := provider.Spec{Workdir: "/", Env: sb.env, Metadata: sb.metadata}
+	if !sb.expiresAt.IsZero() {
+		spec.TTLSeconds = sb.expiresAt.Sub(now).Seconds()
+	}
+	var err error
+	if hasImage {
+		sb.image, _ = req["image"].(map[string]any)["uri"].(string)
+		spec.Image = sb.image
+		sb.backend, err = s.backend.Start(r.Context(), spec)
+	} else {
 		sb.backend, err = s.backend.Fork(r.Context(), spec, sn.backendID)
 	}
 	if err != nil {
@@ -660,7 +748,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	body := s.sandboxJSON(sb, now, true)
 	s.mu.Unlock()
-	w.Header().Set("Location", "/v1/sandboxes/"+sb.id)
+	if sb.exited != "" {
+		_ = s.backend.Stop(context.Background(), sb.backend)
+	}
+	// No Location: the real server sends none for a sandbox.
 	writeJSON(w, http.StatusAccepted, body)
 }
 
@@ -669,7 +760,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 func (s *Server) backendError(w http.ResponseWriter, code string, err error) {
 	switch {
 	case errors.Is(err, provider.ErrSandboxNotFound):
-		writeError(w, http.StatusNotFound, "SANDBOX::NOT_FOUND", "%v", err)
+		writeError(w, http.StatusNotFound, codeSandboxNotFound, "%v", err)
 	case errors.Is(err, provider.ErrSnapshotNotFound):
 		writeError(w, http.StatusNotFound, "SNAPSHOT::NOT_FOUND", "%v", err)
 	default:
@@ -688,7 +779,7 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (*sandbox, bool)
 	sb, ok := s.sandboxes[id]
 	s.mu.Unlock()
 	if !ok {
-		writeError(w, http.StatusNotFound, "SANDBOX::NOT_FOUND", "sandbox %s not found", id)
+		writeError(w, http.StatusNotFound, codeSandboxNotFound, "sandbox %s not found", id)
 	}
 	return sb, ok
 }
@@ -763,7 +854,7 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if err := s.backend.Stop(r.Context(), sb.backend); err != nil {
+	if err := s.backend.Stop(r.Context(), sb.backend); err != nil && !errors.Is(err, provider.ErrSandboxNotFound) {
 		s.backendError(w, "SANDBOX::DELETE_FAILED", err)
 		return
 	}
@@ -796,7 +887,7 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
 	defer s.mu.Unlock()
 	switch {
 	case sb.expiresAt.IsZero():
-		writeError(w, http.StatusConflict, "SANDBOX::INVALID_STATE", "sandbox %s has no expiration (manual cleanup)", sb.id)
+		writeError(w, http.StatusConflict, "DOCKER::INVALID_EXPIRATION", "sandbox %s has no expiration (manual cleanup)", sb.id)
 	case !t.After(now):
 		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_EXPIRATION", "expiresAt %s is not in the future", formatTime(t))
 	default:
@@ -807,7 +898,8 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		sb.expiresAt = t
-		writeJSON(w, http.StatusOK, map[string]string{"expiresAt": formatTime(t)})
+		// The renew answer has whole seconds, unlike the sandbox's.
+		writeJSON(w, http.StatusOK, map[string]string{"expiresAt": t.UTC().Truncate(time.Second).Format(time.RFC3339)})
 	}
 }
 
@@ -855,6 +947,10 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, "SNAPSHOT::INVALID_SOURCE_STATE", "sandbox %s is %s, not Running", sb.id, st)
 		return
 	}
+	if s.opts.NoSnapshots {
+		writeError(w, http.StatusNotImplemented, "SNAPSHOT::NOT_IMPLEMENTED", "this runtime takes no snapshots")
+		return
+	}
 	name, _ := req["name"].(string)
 	backendID, err := s.backend.Snapshot(r.Context(), sb.backend, name)
 	if err != nil {
@@ -888,8 +984,11 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		sandboxID: sb.id,
 		name:      name,
 		createdAt: now,
+		startAt:   start,
 		readyAt:   start.Add(s.opts.SnapshotLatency),
 		backendID: backendID,
+		metadata:  maps.Clone(sb.metadata),
+		env:       maps.Clone(sb.env),
 	}
 	s.workers[w0] = sn.readyAt
 	s.captures = append(s.captures, [2]time.Time{start, sn.readyAt})
@@ -943,6 +1042,10 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.mu.Unlock()
 		writeError(w, http.StatusConflict, "SNAPSHOT::INVALID_STATE", "snapshot %s is still Creating", id)
 		return
+	case s.forked(id):
+		s.mu.Unlock()
+		writeError(w, http.StatusConflict, "SNAPSHOT::DELETE_CONFLICT", "snapshot %s is in use by a sandbox forked from it", id)
+		return
 	}
 	s.mu.Unlock()
 	if err := s.backend.DeleteSnapshot(r.Context(), sn.backendID); err != nil {
@@ -953,6 +1056,17 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 	delete(s.snapshots, id)
 	s.mu.Unlock()
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// forked reports whether a listed sandbox was forked from the snapshot (the
+// runtime cannot remove an image a container uses, even an exited one).
+func (s *Server) forked(snapshotID string) bool {
+	for _, sb := range s.sandboxes {
+		if sb.snapshotID == snapshotID {
+			return true
+		}
+	}
+	return false
 }
 
 // paging reads page and pageSize (1-200, default 20).
@@ -971,7 +1085,7 @@ func (s *Server) paging(w http.ResponseWriter, r *http.Request) (page, size int,
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > f.max {
 			s.note(r, fmt.Sprintf("%s=%q is out of range", f.name, v))
-			writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "%s must be 1-%d", f.name, f.max)
+			writeInvalid(w, fmt.Sprintf("%s must be 1-%d", f.name, f.max))
 			return 0, 0, false
 		}
 		*f.dst = n
@@ -993,6 +1107,15 @@ func pageOf[T any](items []T, page, size int) ([]T, map[string]any) {
 // case-insensitive.
 func states(q url.Values) []string { return q["state"] }
 
+func matchLabels(md map[string]string, want url.Values) bool {
+	for k := range want {
+		if v, ok := md[k]; !ok || v != want.Get(k) {
+			return false
+		}
+	}
+	return true
+}
+
 func matchState(filter []string, st string) bool {
 	if len(filter) == 0 {
 		return true
@@ -1005,21 +1128,36 @@ func matchState(filter []string, st string) bool {
 	return false
 }
 
-// listSandboxes pages through the sandboxes. The metadata filter is not
-// applied, as a server may not: clients must filter themselves.
+// newestFirst orders ids as the real server lists: the newest first.
+func newestFirst(ids []string) []string {
+	slices.Reverse(ids)
+	return ids
+}
+
+// listSandboxes pages through the sandboxes, the newest first, filtered by
+// state and by metadata (a URL-encoded query string of labels, all of which
+// must match), as the real server does.
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	page, size, ok := s.paging(w, r)
 	if !ok {
 		return
 	}
 	filter := states(r.URL.Query())
+	var want url.Values
+	if md := r.URL.Query().Get("metadata"); md != "" {
+		var err error
+		if want, err = url.ParseQuery(md); err != nil {
+			writeError(w, http.StatusBadRequest, "INVALID_METADATA_FORMAT", "Invalid metadata format: %v", err)
+			return
+		}
+	}
 	s.sync(r.Context())
 	now := s.clk.Now()
 	s.mu.Lock()
 	var items []map[string]any
-	for _, id := range idsBySeq(s.sandboxes, func(sb *sandbox) int { return sb.seq }) {
+	for _, id := range newestFirst(idsBySeq(s.sandboxes, func(sb *sandbox) int { return sb.seq })) {
 		sb := s.sandboxes[id]
-		if matchState(filter, s.sandboxState(sb, now)) {
+		if matchState(filter, s.sandboxState(sb, now)) && matchLabels(sb.metadata, want) {
 			items = append(items, s.sandboxJSON(sb, now, false))
 		}
 	}
@@ -1042,7 +1180,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	now := s.clk.Now()
 	s.mu.Lock()
 	var items []map[string]any
-	for _, id := range idsBySeq(s.snapshots, func(sn *snapshot) int { return sn.seq }) {
+	for _, id := range newestFirst(idsBySeq(s.snapshots, func(sn *snapshot) int { return sn.seq })) {
 		sn := s.snapshots[id]
 		if matchState(filter, s.snapshotState(sn, now)) && (source == "" || sn.sandboxID == source) {
 			items = append(items, s.snapshotJSON(sn, now))
@@ -1054,4 +1192,90 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		pageItems = []map[string]any{}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"items": pageItems, "pagination": pag})
+}
+
+// pause answers 202 with an empty body. The Docker runtime fails a second
+// pause with 500, and a resume of a sandbox not paused with 409.
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	sb, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.sandboxState(sb, s.clk.Now())
+	if !strings.EqualFold(st, "Running") {
+		writeError(w, http.StatusInternalServerError, "DOCKER::SANDBOX_PAUSE_FAILED", "sandbox %s is %s", sb.id, st)
+		return
+	}
+	sb.paused = true
+	w.WriteHeader(http.StatusAccepted)
+}
+
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+	sb, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !sb.paused {
+		writeError(w, http.StatusConflict, "DOCKER::SANDBOX_NOT_PAUSED", "sandbox %s is not paused", sb.id)
+		return
+	}
+	sb.paused = false
+	w.WriteHeader(http.StatusAccepted)
+}
+
+// patchMetadata applies a JSON merge patch to the labels: null removes one.
+// It answers the whole sandbox.
+func (s *Server) patchMetadata(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	var patch map[string]any
+	if err == nil {
+		err = json.Unmarshal(body, &patch)
+	}
+	if err != nil {
+		writeInvalid(w, fmt.Sprintf("body is not a JSON object: %v", err))
+		return
+	}
+	var p problems
+	adds := map[string]any{}
+	for k, v := range patch {
+		switch v := v.(type) {
+		case nil:
+			if strings.HasPrefix(k, "opensandbox.io/") {
+				p.refuse("metadata key %q is reserved", k)
+			}
+		case string:
+			adds[k] = v
+		default:
+			p.refuse("metadata %s: want a string or null", k)
+		}
+	}
+	checkLabels(adds, &p)
+	s.note(r, p.refused...)
+	if len(p.refused) > 0 {
+		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_METADATA_LABEL", "%s", strings.Join(p.refused, "; "))
+		return
+	}
+	sb, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	md := maps.Clone(sb.metadata)
+	if md == nil {
+		md = map[string]string{}
+	}
+	for k, v := range patch {
+		if v == nil {
+			delete(md, k)
+		} else {
+			md[k] = v.(string)
+		}
+	}
+	sb.metadata = md
+	writeJSON(w, http.StatusOK, s.sandboxJSON(sb, s.clk.Now(), false))
 }

@@ -78,6 +78,15 @@ func state(m map[string]any) string {
 
 const create = `{"image":{"uri":"python:3.11"},"entrypoint":["tail","-f","/dev/null"],"timeout":120,"resourceLimits":{"cpu":"1","memory":"1Gi"},"metadata":{"ng.owner":"x"}}`
 
+// isInvalid checks FastAPI's validation error body: {"detail": [...]}.
+func isInvalid(t *testing.T, m map[string]any) {
+	t.Helper()
+	d, ok := m["detail"].([]any)
+	if len(m) != 1 || !ok || len(d) == 0 {
+		t.Errorf("error body %v, want {detail: [...]}", m)
+	}
+}
+
 // isError checks the {code,message} error body.
 func isError(t *testing.T, m map[string]any, code string) {
 	t.Helper()
@@ -105,8 +114,11 @@ func TestCreatePendingThenRunning(t *testing.T) {
 		c := newClient(t, opensandboxtest.Options{CreateLatency: 2 * time.Second, LowerCaseStates: lower})
 		st, m, hdr := c.call("POST", "/v1/sandboxes", create, nil)
 		want := map[bool][2]string{false: {"Pending", "Running"}, true: {"pending", "running"}}[lower]
-		if st != 202 || state(m) != want[0] || hdr.Get("Location") == "" {
+		if st != 202 || state(m) != want[0] {
 			t.Fatalf("create: %d %v", st, m)
+		}
+		if loc := hdr.Get("Location"); loc != "" {
+			t.Errorf("create answered Location %q; the real server sends none", loc)
 		}
 		if _, ok := m["image"]; ok {
 			t.Error("the create answer carries the image; the spec says it does not")
@@ -127,25 +139,33 @@ func TestCreateIsCheckedAgainstTheSchema(t *testing.T) {
 	c := newClient(t, opensandboxtest.Options{})
 	for _, tc := range []struct {
 		body, why string
+		label     bool
 	}{
-		{`{"entrypoint":["x"],"resourceLimits":{}}`, "no source"},
-		{`{"image":{"uri":"x"},"snapshotId":"s","entrypoint":["x"],"resourceLimits":{}}`, "both sources"},
-		{`{"image":{"uri":"x"},"resourceLimits":{}}`, "image without entrypoint"},
-		{`{"image":{"uri":"x"},"entrypoint":["x"]}`, "no resourceLimits"},
-		{`{"image":{"uri":"x","tag":"y"},"entrypoint":["x"],"resourceLimits":{}}`, "unknown field of a closed object"},
-		{`{"image":{"uri":"x"},"entrypoint":["x"],"resourceLimits":{},"timeout":59}`, "timeout below 60"},
-		{`{"image":{"uri":"x"},"entrypoint":[],"resourceLimits":{}}`, "empty entrypoint"},
-		{`{"image":{"uri":"x"},"entrypoint":["x"],"resourceLimits":{"cpu":1}}`, "a number where strings are"},
-		{`{"image":{"uri":"x"},"entrypoint":["x"],"resourceLimits":{},"metadata":{"a":"b:c"}}`, "a label value with ':'"},
-		{`{"image":{"uri":"x"},"entrypoint":["x"],"resourceLimits":{},"metadata":{"opensandbox.io/x":"y"}}`, "a reserved label prefix"},
-		{`{"image":{"uri":"x"},"entrypoint":["x"],"resourceLimits":{}} {}`, "trailing data"},
+		{`{"entrypoint":["x"],"resourceLimits":{}}`, "no source", false},
+		{`{"image":{"uri":"x"},"snapshotId":"s","entrypoint":["x"],"resourceLimits":{}}`, "both sources", false},
+		{`{"image":{"uri":"x"},"resourceLimits":{}}`, "image without entrypoint", false},
+		{`{"image":{"uri":"x"},"entrypoint":["x"]}`, "no resourceLimits", false},
+		{`{"image":{"uri":"x","tag":"y"},"entrypoint":["x"],"resourceLimits":{}}`, "unknown field of a closed object", false},
+		{`{"image":{"uri":"x"},"entrypoint":["x"],"resourceLimits":{},"timeout":59}`, "timeout below 60", false},
+		{`{"image":{"uri":"x"},"entrypoint":[],"resourceLimits":{}}`, "empty entrypoint", false},
+		{`{"image":{"uri":"x"},"entrypoint":["x"],"resourceLimits":{"cpu":1}}`, "a number where strings are", false},
+		{`{"image":{"uri":"x"},"entrypoint":["x"],"resourceLimits":{},"metadata":{"a":"b:c"}}`, "a label value with ':'", true},
+		{`{"image":{"uri":"x"},"entrypoint":["x"],"resourceLimits":{},"metadata":{"opensandbox.io/x":"y"}}`, "a reserved label prefix", true},
+		{`{"image":{"uri":"x"},"entrypoint":["x"],"resourceLimits":{}} {}`, "trailing data", false},
 	} {
 		st, m, _ := c.call("POST", "/v1/sandboxes", tc.body, nil)
-		if st != 400 {
-			t.Errorf("%s: %d, want 400", tc.why, st)
+		if tc.label {
+			if st != 400 {
+				t.Errorf("%s: %d, want 400", tc.why, st)
+			}
+			isError(t, m, "SANDBOX::INVALID_METADATA_LABEL")
 			continue
 		}
-		isError(t, m, "SANDBOX::INVALID_PARAMETER")
+		if st != 422 {
+			t.Errorf("%s: %d, want 422", tc.why, st)
+			continue
+		}
+		isInvalid(t, m)
 	}
 	if n := len(c.srv.Violations()); n != 11 {
 		t.Errorf("%d violations recorded, want 11:\n%v", n, c.srv.Violations())
@@ -170,13 +190,32 @@ func TestSnapshotsCaptureTwoAtATime(t *testing.T) {
 		isError(t, m, "SNAPSHOT::INVALID_SOURCE_STATE")
 	}
 	c.clk.Advance(time.Second)
+	// Three sources: the runtime pauses a source while it captures, and
+	// refuses a second snapshot of it meanwhile.
+	sources := []string{id}
+	for i := 0; i < 2; i++ {
+		_, m, _ := c.call("POST", "/v1/sandboxes", create, nil)
+		sources = append(sources, m["id"].(string))
+	}
+	c.clk.Advance(time.Second)
 	var snaps []string
-	for i := 0; i < 3; i++ {
-		st, m, _ := c.call("POST", "/v1/sandboxes/"+id+"/snapshots", `{"name":"n"}`, nil)
+	for _, src := range sources {
+		st, m, _ := c.call("POST", "/v1/sandboxes/"+src+"/snapshots", `{"name":"n"}`, nil)
 		if st != 202 || state(m) != "Creating" {
 			t.Fatalf("snapshot: %d %v", st, m)
 		}
 		snaps = append(snaps, m["id"].(string))
+	}
+	if _, m, _ := c.call("GET", "/v1/sandboxes/"+id, "", nil); state(m) != "Paused" {
+		t.Errorf("source while captured: %s, want Paused", state(m))
+	}
+	if st, m, _ := c.call("POST", "/v1/sandboxes/"+id+"/snapshots", "", nil); st != 409 {
+		t.Errorf("second snapshot of a source being captured: %d", st)
+	} else {
+		isError(t, m, "SNAPSHOT::INVALID_SOURCE_STATE")
+	}
+	if _, m, _ := c.call("GET", "/v1/sandboxes/"+sources[2], "", nil); state(m) != "Running" {
+		t.Errorf("source of a queued capture: %s, want Running", state(m))
 	}
 	states := func() []string {
 		var out []string
@@ -203,7 +242,7 @@ func TestSnapshotsCaptureTwoAtATime(t *testing.T) {
 	if st := c.srv.Stats(); st.PeakCaptures != 2 {
 		t.Errorf("peak captures %d, want 2", st.PeakCaptures)
 	}
-	if st, _, _ := c.call("POST", "/v1/sandboxes/"+id+"/snapshots", `{"name":"n","extra":1}`, nil); st != 400 {
+	if st, _, _ := c.call("POST", "/v1/sandboxes/"+id+"/snapshots", `{"name":"n","extra":1}`, nil); st != 422 {
 		t.Errorf("unknown field in a closed schema: %d", st)
 	}
 	if st, _, _ := c.call("DELETE", "/v1/snapshots/"+snaps[0], "", nil); st != 204 {
@@ -247,7 +286,7 @@ func TestLeases(t *testing.T) {
 	if st, m, _ := c.call("GET", "/v1/sandboxes/"+id, "", nil); st != 404 {
 		t.Errorf("past the lease: %d", st)
 	} else {
-		isError(t, m, "SANDBOX::NOT_FOUND")
+		isError(t, m, "DOCKER::SANDBOX_NOT_FOUND")
 	}
 	if st, _, _ := c.call("GET", "/v1/sandboxes/"+forever, "", nil); st != 200 {
 		t.Errorf("manual cleanup sandbox: %d", st)
@@ -293,7 +332,7 @@ func TestEndpointsAndExecd(t *testing.T) {
 			t.Errorf("ping without them: %d", st)
 		}
 	}
-	if st, _, _ := c.call("GET", "/v1/sandboxes?pageSize=201", "", nil); st != 400 {
+	if st, _, _ := c.call("GET", "/v1/sandboxes?pageSize=201", "", nil); st != 422 {
 		t.Errorf("pageSize 201: %d", st)
 	}
 }
