@@ -472,7 +472,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, sourceKey str
 		}
 	}
 	h := p.handle(id, workdir)
-	if err := p.waitExecd(ctx, id, deadline); err != nil {
+	if err := p.waitUp(ctx, id, deadline); err != nil {
 		return fail(err)
 	}
 	if sourceKey == "image" {
@@ -606,6 +606,26 @@ func (p *Provider) waitRunning(ctx context.Context, id string, deadline time.Tim
 		}
 		if err := poll.wait(ctx); err != nil {
 			return err
+		}
+	}
+}
+
+// waitUp waits until execd answers, in slices of a few polls, and looks at
+// the sandbox between them: one whose entrypoint exited (Terminated,
+// Failed) never answers, and is a failed start at once, not at the ready
+// deadline.
+func (p *Provider) waitUp(ctx context.Context, id string, deadline time.Time) error {
+	for {
+		slice := p.clk.Now().Add(4 * p.opts.PollInterval)
+		if slice.After(deadline) {
+			slice = deadline
+		}
+		err := p.waitExecd(ctx, id, slice)
+		if err == nil || ctx.Err() != nil || !slice.Before(deadline) {
+			return err
+		}
+		if _, gerr := p.getSandbox(ctx, id); gerr != nil {
+			return fmt.Errorf("opensandbox: execd of sandbox %s: %w", id, gerr)
 		}
 	}
 }

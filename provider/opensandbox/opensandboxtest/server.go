@@ -173,9 +173,13 @@ type snapshot struct {
 	name      string
 	createdAt time.Time
 	// startAt is when its capture begins (after the queue for a worker).
-	startAt   time.Time
-	readyAt   time.Time
-	failed    bool
+	startAt time.Time
+	readyAt time.Time
+	failed  bool
+	// deleting: a delete was refused (a fork lives on it); the snapshot
+	// stays Deleting, no fork is made from it, and a later delete
+	// finishes.
+	deleting  bool
 	backendID string
 	// metadata and env are the source's, which a fork inherits (the
 	// runtime keeps them in the snapshot's image).
@@ -376,6 +380,8 @@ func (s *Server) snapshotState(sn *snapshot, now time.Time) string {
 	switch {
 	case now.Before(sn.readyAt):
 		return s.state("Creating")
+	case sn.deleting:
+		return s.state("Deleting")
 	case sn.failed:
 		return s.state("Failed")
 	}
@@ -1043,6 +1049,7 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, "SNAPSHOT::INVALID_STATE", "snapshot %s is still Creating", id)
 		return
 	case s.forked(id):
+		sn.deleting = true
 		s.mu.Unlock()
 		writeError(w, http.StatusConflict, "SNAPSHOT::DELETE_CONFLICT", "snapshot %s is in use by a sandbox forked from it", id)
 		return

@@ -1,0 +1,634 @@
+package opensandbox_test
+
+// The lifecycle contract suite: every call the provider makes and every
+// answer it must handle, run against the project's fake server and against
+// the real OpenSandbox (../shared/opensandbox/stack.sh: its lifecycle server
+// from source, the Docker runtime, execd in every sandbox). Where the two
+// differ the real one is right and the fake follows it.
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/opensandbox"
+	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
+)
+
+// realStack is brought up once per test binary, when a test first asks.
+var realStack = sync.OnceValues(opensandboxtest.StackUp)
+
+// server is one lifecycle server the suite runs against.
+type server struct {
+	name   string
+	url    string // http://host:port; the API is under /v1
+	domain string
+	key    string
+	image  string
+	fake   *opensandboxtest.Server // nil for the real one
+	// run labels every sandbox of one test, so that lists are filtered to
+	// it and leftovers can be found.
+	run string
+}
+
+// eachServer runs f against the fake server and the real stack (skipped in
+// one line where the stack cannot run, failed in CI when it does not come
+// up).
+func eachServer(t *testing.T, f func(t *testing.T, s *server)) {
+	t.Run("fake", func(t *testing.T) {
+		srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: key, SnapshotLatency: 300 * time.Millisecond})
+		t.Cleanup(srv.Close)
+		f(t, &server{name: "fake", url: srv.URL, domain: srv.Domain, key: key, image: "debian", fake: srv, run: newRun()})
+	})
+	t.Run("real", func(t *testing.T) {
+		st, err := realStack()
+		st = opensandboxtest.Require(t, st, err)
+		s := &server{name: "real", url: st.URL, domain: st.Domain, key: st.APIKey, image: st.Image, run: newRun()}
+		t.Cleanup(func() { s.cleanup(t) })
+		f(t, s)
+	})
+}
+
+func newRun() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return "c" + hex.EncodeToString(b)
+}
+
+// call makes one lifecycle request with the API key (hdr overrides;
+// an empty value removes a header) and decodes a JSON answer.
+func (s *server) call(t *testing.T, method, path string, body any, hdr ...string) (int, map[string]any, http.Header) {
+	t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, ok := body.(string)
+		if !ok {
+			j, _ := json.Marshal(body)
+			b = string(j)
+		}
+		r = strings.NewReader(b)
+	}
+	req, err := http.NewRequest(method, s.url+path, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set(opensandbox.APIKeyHeader, s.key)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i+1] == "" {
+			req.Header.Del(hdr[i])
+		} else {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	var m map[string]any
+	if len(bytes.TrimSpace(b)) > 0 {
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatalf("%s %s: answer %q is not a JSON object: %v", method, path, b, err)
+		}
+	}
+	return res.StatusCode, m, res.Header
+}
+
+// createBody is a create request in the provider's form.
+func (s *server) createBody(extra map[string]any) map[string]any {
+	b := map[string]any{
+		"image":          map[string]any{"uri": s.image},
+		"entrypoint":     []string{"tail", "-f", "/dev/null"},
+		"timeout":        600,
+		"resourceLimits": map[string]string{"cpu": "500m", "memory": "256Mi"},
+		"metadata":       map[string]string{"contract.run": s.run},
+	}
+	for k, v := range extra {
+		if v == nil {
+			delete(b, k)
+		} else {
+			b[k] = v
+		}
+	}
+	return b
+}
+
+// create makes a sandbox and deletes it when the test ends.
+func (s *server) create(t *testing.T, extra map[string]any) map[string]any {
+	t.Helper()
+	st, m, _ := s.call(t, http.MethodPost, "/v1/sandboxes", s.createBody(extra))
+	if st != http.StatusAccepted {
+		t.Fatalf("create: %d %v", st, m)
+	}
+	id := m["id"].(string)
+	t.Cleanup(func() { s.call(t, http.MethodDelete, "/v1/sandboxes/"+id, nil) })
+	return m
+}
+
+// cleanup deletes what a test on the real server left: sandboxes of its
+// run, then their snapshots.
+func (s *server) cleanup(t *testing.T) {
+	q := url.Values{"metadata": {"contract.run=" + s.run}, "pageSize": {"200"}}
+	_, m, _ := s.call(t, http.MethodGet, "/v1/sandboxes?"+q.Encode(), nil)
+	items, _ := m["items"].([]any)
+	var sources []string
+	for _, it := range items {
+		id := it.(map[string]any)["id"].(string)
+		sources = append(sources, id)
+		s.call(t, http.MethodDelete, "/v1/sandboxes/"+id, nil)
+	}
+	for _, id := range sources {
+		_, m, _ := s.call(t, http.MethodGet, "/v1/snapshots?sandboxId="+id, nil)
+		items, _ := m["items"].([]any)
+		for _, it := range items {
+			s.call(t, http.MethodDelete, "/v1/snapshots/"+it.(map[string]any)["id"].(string), nil)
+		}
+	}
+}
+
+func stateOf(m map[string]any) string {
+	st, _ := m["status"].(map[string]any)
+	s, _ := st["state"].(string)
+	return s
+}
+
+// waitState polls a sandbox or snapshot until its state is one of want, or
+// a minute passes (a wide bound: the real server takes about a second).
+func (s *server) waitState(t *testing.T, path string, want ...string) map[string]any {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		st, m, _ := s.call(t, http.MethodGet, path, nil)
+		if st == http.StatusOK {
+			for _, w := range want {
+				if stateOf(m) == w {
+					return m
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET %s: %d %v, want state %v", path, st, m, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// execdUp waits until the sandbox's execd answers /ping (a create answers
+// Running before execd listens), for at most a minute.
+func (s *server) execdUp(t *testing.T, id string) {
+	t.Helper()
+	_, m, _ := s.call(t, http.MethodGet, "/v1/sandboxes/"+id+"/endpoints/44772", nil)
+	ep := asString(m["endpoint"])
+	deadline := time.Now().Add(time.Minute)
+	for {
+		res, err := http.Get("http://" + ep + "/ping")
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("execd of %s at %s did not answer: %v", id, ep, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// isCodeError checks the server's own error shape, {code, message}.
+func isCodeError(t *testing.T, what string, st int, m map[string]any, wantStatus int, code string) {
+	t.Helper()
+	if st != wantStatus || m["code"] != code || m["message"] == nil {
+		t.Errorf("%s: %d %v, want %d {code: %s, message}", what, st, m, wantStatus, code)
+	}
+}
+
+// isValidationError checks FastAPI's shape, 422 {detail: [...]}.
+func isValidationError(t *testing.T, what string, st int, m map[string]any) {
+	t.Helper()
+	d, ok := m["detail"].([]any)
+	if st != http.StatusUnprocessableEntity || !ok || len(d) == 0 {
+		t.Errorf("%s: %d %v, want 422 {detail: [...]}", what, st, m)
+	}
+}
+
+func TestContractAuthAndErrorShapes(t *testing.T) {
+	eachServer(t, func(t *testing.T, s *server) {
+		st, m, _ := s.call(t, http.MethodGet, "/v1/sandboxes", nil, opensandbox.APIKeyHeader, "")
+		isCodeError(t, "no API key", st, m, http.StatusUnauthorized, "MISSING_API_KEY")
+		st, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes", nil, opensandbox.APIKeyHeader, "wrong")
+		isCodeError(t, "wrong API key", st, m, http.StatusUnauthorized, "INVALID_API_KEY")
+
+		for _, tc := range []struct {
+			why  string
+			body any
+		}{
+			{"bad JSON", `{"image":`},
+			{"no entrypoint", s.createBody(map[string]any{"entrypoint": nil})},
+			{"timeout below 60", s.createBody(map[string]any{"timeout": 59})},
+			{"image and snapshotId both", s.createBody(map[string]any{"snapshotId": "x"})},
+		} {
+			st, m, _ := s.call(t, http.MethodPost, "/v1/sandboxes", tc.body)
+			isValidationError(t, tc.why, st, m)
+		}
+		st, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes?pageSize=0", nil)
+		isValidationError(t, "pageSize=0", st, m)
+
+		st, m, _ = s.call(t, http.MethodPost, "/v1/sandboxes", s.createBody(map[string]any{"metadata": map[string]string{"bad key!": "x"}}))
+		isCodeError(t, "bad metadata key", st, m, http.StatusBadRequest, "SANDBOX::INVALID_METADATA_LABEL")
+
+		st, m, _ = s.call(t, http.MethodGet, "/v1/no-such-route", nil)
+		if st != http.StatusNotFound || m["detail"] != "Not Found" {
+			t.Errorf("unknown route: %d %v, want 404 {detail: Not Found}", st, m)
+		}
+		st, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes/no-such-sandbox", nil)
+		isCodeError(t, "get of a sandbox that never was", st, m, http.StatusNotFound, "DOCKER::SANDBOX_NOT_FOUND")
+		st, m, _ = s.call(t, http.MethodGet, "/v1/snapshots/no-such-snapshot", nil)
+		isCodeError(t, "get of a snapshot that never was", st, m, http.StatusNotFound, "SNAPSHOT::NOT_FOUND")
+		st, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes?state=bogus", nil)
+		if items, _ := m["items"].([]any); st != http.StatusOK || len(items) != 0 {
+			t.Errorf("list ?state=bogus: %d %v, want 200 and empty", st, m)
+		}
+	})
+}
+
+func TestContractSandboxLifecycle(t *testing.T) {
+	eachServer(t, func(t *testing.T, s *server) {
+		// Create answers 202 with the sandbox already Running.
+		first := s.create(t, map[string]any{"metadata": map[string]string{"contract.run": s.run, "role": "first"}})
+		if stateOf(first) != "Running" {
+			t.Errorf("create answered %s, want Running", stateOf(first))
+		}
+		id := first["id"].(string)
+		second := s.create(t, map[string]any{"metadata": map[string]string{"contract.run": s.run, "role": "second"}})
+
+		st, m, _ := s.call(t, http.MethodGet, "/v1/sandboxes/"+id, nil)
+		if st != http.StatusOK || m["image"].(map[string]any)["uri"] != s.image || m["metadata"].(map[string]any)["role"] != "first" {
+			t.Errorf("get: %d %v", st, m)
+		}
+
+		// Lists are filtered by metadata on the server, newest first.
+		q := url.Values{"metadata": {"contract.run=" + s.run}}
+		_, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes?"+q.Encode(), nil)
+		if diff := cmp.Diff([]string{second["id"].(string), id}, ids(m)); diff != "" {
+			t.Errorf("list by metadata, newest first (-want +got):\n%s", diff)
+		}
+		q = url.Values{"metadata": {"contract.run=" + s.run + "&role=first"}, "state": {"Running"}}
+		_, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes?"+q.Encode(), nil)
+		if diff := cmp.Diff([]string{id}, ids(m)); diff != "" {
+			t.Errorf("list by two labels and a state (-want +got):\n%s", diff)
+		}
+
+		// The endpoint of execd: no scheme, a path, no headers.
+		st, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes/"+id+"/endpoints/44772", nil)
+		ep, _ := m["endpoint"].(string)
+		if st != http.StatusOK || ep == "" || strings.Contains(ep, "://") || !strings.Contains(ep, "/") {
+			t.Errorf("endpoint: %d %v, want host:port/path without a scheme", st, m)
+		}
+
+		// Renew: 200 with the new expiry; into the past 400.
+		at := time.Now().Add(20 * time.Minute).UTC().Truncate(time.Second)
+		st, m, _ = s.call(t, http.MethodPost, "/v1/sandboxes/"+id+"/renew-expiration", map[string]string{"expiresAt": at.Format(time.RFC3339)})
+		if got, _ := time.Parse(time.RFC3339Nano, asString(m["expiresAt"])); st != http.StatusOK || !got.Equal(at) {
+			t.Errorf("renew: %d %v, want 200 expiresAt %s", st, m, at)
+		}
+		st, m, _ = s.call(t, http.MethodPost, "/v1/sandboxes/"+id+"/renew-expiration", map[string]string{"expiresAt": time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)})
+		if st != http.StatusBadRequest {
+			t.Errorf("renew into the past: %d %v, want 400", st, m)
+		}
+
+		// A metadata merge patch: null removes a label.
+		st, m, _ = s.call(t, http.MethodPatch, "/v1/sandboxes/"+id+"/metadata", map[string]any{"role": nil, "added": "yes"})
+		if diff := cmp.Diff(map[string]any{"contract.run": s.run, "added": "yes"}, m["metadata"]); st != http.StatusOK || diff != "" {
+			t.Errorf("metadata patch: %d (-want +got):\n%s", st, diff)
+		}
+
+		// Pause, a second pause (500), resume, resume of a running one (409).
+		if st, m, _ := s.call(t, http.MethodPost, "/v1/sandboxes/"+id+"/pause", nil); st != http.StatusAccepted || m != nil {
+			t.Errorf("pause: %d %v, want 202 with an empty body", st, m)
+		}
+		s.waitState(t, "/v1/sandboxes/"+id, "Paused")
+		st, m, _ = s.call(t, http.MethodPost, "/v1/sandboxes/"+id+"/pause", nil)
+		if st != http.StatusInternalServerError {
+			t.Errorf("second pause: %d %v, want 500", st, m)
+		}
+		st, m, _ = s.call(t, http.MethodPost, "/v1/sandboxes/"+id+"/snapshots", map[string]string{})
+		isCodeError(t, "snapshot of a paused sandbox", st, m, http.StatusConflict, "SNAPSHOT::INVALID_SOURCE_STATE")
+		if st, m, _ := s.call(t, http.MethodPost, "/v1/sandboxes/"+id+"/resume", nil); st != http.StatusAccepted {
+			t.Errorf("resume: %d %v", st, m)
+		}
+		s.waitState(t, "/v1/sandboxes/"+id, "Running")
+		st, m, _ = s.call(t, http.MethodPost, "/v1/sandboxes/"+id+"/resume", nil)
+		isCodeError(t, "resume of a running sandbox", st, m, http.StatusConflict, "DOCKER::SANDBOX_NOT_PAUSED")
+
+		// Delete: 204, then 404 for everything.
+		if st, _, _ := s.call(t, http.MethodDelete, "/v1/sandboxes/"+id, nil); st != http.StatusNoContent {
+			t.Errorf("delete: %d", st)
+		}
+		st, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes/"+id, nil)
+		isCodeError(t, "get after delete", st, m, http.StatusNotFound, "DOCKER::SANDBOX_NOT_FOUND")
+		st, m, _ = s.call(t, http.MethodDelete, "/v1/sandboxes/"+id, nil)
+		isCodeError(t, "delete twice", st, m, http.StatusNotFound, "DOCKER::SANDBOX_NOT_FOUND")
+	})
+}
+
+// TestContractExitedSandboxes: an entrypoint that exits leaves the sandbox
+// listed, Terminated (exit 0) or Failed (non-zero), until it is deleted.
+func TestContractExitedSandboxes(t *testing.T) {
+	eachServer(t, func(t *testing.T, s *server) {
+		for entry, want := range map[string]string{"true": "Terminated", "false": "Failed"} {
+			m := s.create(t, map[string]any{"entrypoint": []string{entry}})
+			s.waitState(t, "/v1/sandboxes/"+m["id"].(string), want)
+			st, m, _ := s.call(t, http.MethodPost, "/v1/sandboxes/"+m["id"].(string)+"/snapshots", map[string]string{})
+			isCodeError(t, "snapshot of a "+want+" sandbox", st, m, http.StatusConflict, "SNAPSHOT::INVALID_SOURCE_STATE")
+		}
+	})
+}
+
+func TestContractSnapshotsAndForks(t *testing.T) {
+	eachServer(t, func(t *testing.T, s *server) {
+		src := s.create(t, map[string]any{
+			"metadata": map[string]string{"contract.run": s.run, "role": "source", "ng.restore": "ck-old"},
+			"env":      map[string]string{"FROM_SOURCE": "yes"},
+		})
+		id := src["id"].(string)
+		// The capture takes a while when much has changed: time to see
+		// the snapshot Creating on the real server.
+		if s.fake == nil {
+			s.execdUp(t, id)
+			p := s.provider(t, nil)
+			if res, err := p.Exec(context.Background(), p2h(id), provider.ExecRequest{Command: "head -c 200000000 /dev/urandom > /big", Cwd: "/", Timeout: time.Minute}); err != nil || res.ExitCode != 0 {
+				t.Fatalf("write a big file: %v %+v", err, res)
+			}
+		}
+		st, snap, hdr := s.call(t, http.MethodPost, "/v1/sandboxes/"+id+"/snapshots", nil)
+		if st != http.StatusAccepted || stateOf(snap) != "Creating" {
+			t.Fatalf("snapshot: %d %v, want 202 Creating", st, snap)
+		}
+		sid := snap["id"].(string)
+		if loc := hdr.Get("Location"); loc != "/v1/snapshots/"+sid {
+			t.Errorf("snapshot Location %q, want /v1/snapshots/%s", loc, sid)
+		}
+		st, m, _ := s.call(t, http.MethodPost, "/v1/sandboxes", s.createBody(map[string]any{"image": nil, "entrypoint": nil, "snapshotId": sid}))
+		isCodeError(t, "fork while Creating", st, m, http.StatusConflict, "SNAPSHOT::NOT_READY")
+		st, m, _ = s.call(t, http.MethodDelete, "/v1/snapshots/"+sid, nil)
+		isCodeError(t, "delete while Creating", st, m, http.StatusConflict, "SNAPSHOT::INVALID_STATE")
+		st, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes/"+id, nil)
+		if stateOf(m) != "Paused" && stateOf(m) != "Running" {
+			t.Errorf("source while captured: %d %v, want Paused (or Running once done)", st, m)
+		}
+		s.waitState(t, "/v1/snapshots/"+sid, "Ready")
+		s.waitState(t, "/v1/sandboxes/"+id, "Running")
+
+		// The list of a source's snapshots, newest first.
+		st, snap2, _ := s.call(t, http.MethodPost, "/v1/sandboxes/"+id+"/snapshots", map[string]string{"name": "second"})
+		if st != http.StatusAccepted {
+			t.Fatalf("second snapshot: %d %v", st, snap2)
+		}
+		sid2 := snap2["id"].(string)
+		s.waitState(t, "/v1/snapshots/"+sid2, "Ready")
+		_, m, _ = s.call(t, http.MethodGet, "/v1/snapshots?sandboxId="+id, nil)
+		if diff := cmp.Diff([]string{sid2, sid}, ids(m)); diff != "" {
+			t.Errorf("snapshots of the source, newest first (-want +got):\n%s", diff)
+		}
+		if st, _, _ := s.call(t, http.MethodDelete, "/v1/snapshots/"+sid2, nil); st != http.StatusNoContent {
+			t.Errorf("delete a Ready snapshot: %d", st)
+		}
+
+		// A fork answers Running, has snapshotId and no image, and inherits
+		// the source's metadata (what it names wins).
+		st, fork, _ := s.call(t, http.MethodPost, "/v1/sandboxes", s.createBody(map[string]any{"image": nil, "entrypoint": nil, "snapshotId": sid,
+			"metadata": map[string]string{"contract.run": s.run, "role": "fork"}}))
+		if st != http.StatusAccepted || stateOf(fork) != "Running" {
+			t.Fatalf("fork: %d %v, want 202 Running", st, fork)
+		}
+		fid := fork["id"].(string)
+		t.Cleanup(func() { s.call(t, http.MethodDelete, "/v1/sandboxes/"+fid, nil) })
+		_, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes/"+fid, nil)
+		if _, hasImage := m["image"]; m["snapshotId"] != sid || hasImage {
+			t.Errorf("GET of a fork: %v, want snapshotId %s and no image", m, sid)
+		}
+		want := map[string]any{"contract.run": s.run, "role": "fork", "ng.restore": "ck-old"}
+		if diff := cmp.Diff(want, m["metadata"]); diff != "" {
+			t.Errorf("fork's metadata, inherited from the source (-want +got):\n%s", diff)
+		}
+
+		// Deleting the source leaves the snapshot usable.
+		if st, _, _ := s.call(t, http.MethodDelete, "/v1/sandboxes/"+id, nil); st != http.StatusNoContent {
+			t.Errorf("delete the source: %d", st)
+		}
+		st, fork2, _ := s.call(t, http.MethodPost, "/v1/sandboxes", s.createBody(map[string]any{"image": nil, "entrypoint": nil, "snapshotId": sid}))
+		if st != http.StatusAccepted {
+			t.Fatalf("fork after its source is gone: %d %v", st, fork2)
+		}
+		t.Cleanup(func() { s.call(t, http.MethodDelete, "/v1/sandboxes/"+fork2["id"].(string), nil) })
+
+		// A snapshot a live fork stands on cannot be deleted, and the
+		// refused delete leaves it Deleting: no fork is made from it any
+		// more, and the delete is finished by trying again once the forks
+		// are gone.
+		st, m, _ = s.call(t, http.MethodDelete, "/v1/snapshots/"+sid, nil)
+		isCodeError(t, "delete a snapshot a fork lives on", st, m, http.StatusConflict, "SNAPSHOT::DELETE_CONFLICT")
+		if _, m, _ := s.call(t, http.MethodGet, "/v1/snapshots/"+sid, nil); stateOf(m) != "Deleting" {
+			t.Errorf("snapshot after a refused delete: %v, want Deleting", m)
+		}
+		st, m, _ = s.call(t, http.MethodPost, "/v1/sandboxes", s.createBody(map[string]any{"image": nil, "entrypoint": nil, "snapshotId": sid}))
+		isCodeError(t, "fork from a snapshot being deleted", st, m, http.StatusConflict, "SNAPSHOT::NOT_READY")
+		st, m, _ = s.call(t, http.MethodDelete, "/v1/snapshots/"+sid, nil)
+		isCodeError(t, "delete again while a fork lives", st, m, http.StatusConflict, "SNAPSHOT::DELETE_CONFLICT")
+		for _, f := range []string{fid, fork2["id"].(string)} {
+			if st, _, _ := s.call(t, http.MethodDelete, "/v1/sandboxes/"+f, nil); st != http.StatusNoContent {
+				t.Errorf("delete fork: %d", st)
+			}
+		}
+		if st, m, _ := s.call(t, http.MethodDelete, "/v1/snapshots/"+sid, nil); st != http.StatusNoContent {
+			t.Errorf("delete the snapshot once its forks are gone: %d %v", st, m)
+		}
+		st, m, _ = s.call(t, http.MethodDelete, "/v1/snapshots/"+sid, nil)
+		isCodeError(t, "delete a snapshot twice", st, m, http.StatusNotFound, "SNAPSHOT::NOT_FOUND")
+		st, m, _ = s.call(t, http.MethodPost, "/v1/sandboxes", s.createBody(map[string]any{"image": nil, "entrypoint": nil, "snapshotId": sid}))
+		isCodeError(t, "fork from a deleted snapshot", st, m, http.StatusNotFound, "SNAPSHOT::NOT_FOUND")
+	})
+}
+
+func ids(list map[string]any) []string {
+	var out []string
+	items, _ := list["items"].([]any)
+	for _, it := range items {
+		out = append(out, it.(map[string]any)["id"].(string))
+	}
+	return out
+}
+
+func asString(v any) string { s, _ := v.(string); return s }
+
+func p2h(id string) provider.Handle {
+	return provider.Handle{SandboxID: id, Provider: opensandbox.Name}
+}
+
+// provider is the client under test on s, listing what carries the run's
+// label.
+func (s *server) provider(t *testing.T, opts *opensandbox.Options) *opensandbox.Provider {
+	t.Helper()
+	var o opensandbox.Options
+	if opts != nil {
+		o = *opts
+	}
+	o.Domain, o.APIKey = s.domain, s.key
+	if o.ListLabels == nil {
+		o.ListLabels = map[string]string{"contract.run": s.run}
+	}
+	if o.PollInterval == 0 {
+		o.PollInterval = 100 * time.Millisecond
+	}
+	p, err := opensandbox.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Wait)
+	return p
+}
+
+// TestContractProvider drives the provider itself through every call it
+// makes, on both servers.
+func TestContractProvider(t *testing.T) {
+	eachServer(t, func(t *testing.T, s *server) {
+		ctx := context.Background()
+		p := s.provider(t, nil)
+		labels := map[string]string{"contract.run": s.run, "ng.session": "s1", "ng.restore": "ck-0"}
+		h, err := p.Start(ctx, provider.Spec{Image: s.image, Metadata: labels, Env: map[string]string{"E": "1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Stop(ctx, h) })
+		if st, err := p.Status(ctx, h); err != nil || st != provider.StatusRunning {
+			t.Errorf("Status = %v, %v; want running", st, err)
+		}
+		if err := p.WriteFile(ctx, h, "state.txt", []byte("before")); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Renew(ctx, h, time.Now().Add(30*time.Minute)); err != nil {
+			t.Errorf("Renew: %v", err)
+		}
+		sid, err := p.Snapshot(ctx, h, "ck-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		snaps, err := p.ListSnapshots(ctx)
+		if err != nil || len(snaps) != 1 || snaps[0].ID != sid || snaps[0].Name != "ck-1" {
+			t.Errorf("ListSnapshots = %+v, %v; want the one snapshot", snaps, err)
+		}
+
+		// The fork's labels are its own: none inherited from the source.
+		forkLabels := map[string]string{"contract.run": s.run, "ng.session": "s2"}
+		f, err := p.Fork(ctx, provider.Spec{Metadata: forkLabels}, sid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, err := p.ReadFile(ctx, f, "state.txt"); err != nil || string(b) != "before" {
+			t.Errorf("fork reads %q, %v; want the snapshot's contents", b, err)
+		}
+		list, err := p.ListSandboxes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]map[string]string{}
+		for _, info := range list {
+			got[info.Handle.SandboxID] = info.Metadata
+		}
+		if diff := cmp.Diff(map[string]map[string]string{h.SandboxID: labels, f.SandboxID: forkLabels}, got); diff != "" {
+			t.Errorf("ListSandboxes labels (-want +got):\n%s", diff)
+		}
+
+		// A snapshot in use: refused at once, deleted once the fork goes.
+		start := time.Now()
+		if err := p.DeleteSnapshot(ctx, sid); !errors.Is(err, provider.ErrSnapshotInUse) {
+			t.Errorf("DeleteSnapshot under a live fork = %v, want ErrSnapshotInUse", err)
+		}
+		if d := time.Since(start); d > 30*time.Second {
+			t.Errorf("DeleteSnapshot under a live fork took %v", d)
+		}
+		if err := p.Stop(ctx, f); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.DeleteSnapshot(ctx, sid); err != nil {
+			t.Errorf("DeleteSnapshot once the fork is gone: %v", err)
+		}
+		if err := p.DeleteSnapshot(ctx, sid); err != nil {
+			t.Errorf("DeleteSnapshot twice: %v", err)
+		}
+		if _, err := p.Fork(ctx, provider.Spec{Metadata: forkLabels}, sid); !errors.Is(err, provider.ErrSnapshotNotFound) {
+			t.Errorf("Fork from a deleted snapshot = %v, want ErrSnapshotNotFound", err)
+		}
+
+		if err := p.Stop(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Status(ctx, h); !errors.Is(err, provider.ErrSandboxNotFound) {
+			t.Errorf("Status after Stop = %v, want ErrSandboxNotFound", err)
+		}
+		if err := p.Renew(ctx, h, time.Now().Add(time.Hour)); !errors.Is(err, provider.ErrSandboxNotFound) {
+			t.Errorf("Renew after Stop = %v, want ErrSandboxNotFound", err)
+		}
+		if err := p.Stop(ctx, h); err != nil {
+			t.Errorf("Stop twice = %v", err)
+		}
+	})
+}
+
+// TestContractProviderExitedSandboxIsLost: a sandbox whose entrypoint
+// exited (as every one does after its runtime restarts) is reported gone,
+// never as a sandbox that merely failed a command.
+func TestContractProviderExitedSandboxIsLost(t *testing.T) {
+	eachServer(t, func(t *testing.T, s *server) {
+		ctx := context.Background()
+		p := s.provider(t, &opensandbox.Options{Entrypoint: []string{"true"}})
+		start := time.Now()
+		_, err := p.Start(ctx, provider.Spec{Image: s.image, Metadata: map[string]string{"contract.run": s.run}})
+		if !errors.Is(err, provider.ErrSandboxNotFound) {
+			t.Fatalf("Start of a sandbox whose entrypoint exits = %v, want ErrSandboxNotFound", err)
+		}
+		// Not at the ready deadline (5 minutes): once it is seen exited.
+		if d := time.Since(start); d > 2*time.Minute {
+			t.Errorf("the failed start took %v", d)
+		}
+		if n := len(listed(t, s)); n != 0 {
+			t.Errorf("%d sandboxes left by a start that failed", n)
+		}
+		q := s.create(t, map[string]any{"entrypoint": []string{"true"}})
+		s.waitState(t, "/v1/sandboxes/"+q["id"].(string), "Terminated")
+		_, err = p.Status(ctx, p2h(q["id"].(string)))
+		if !errors.Is(err, provider.ErrSandboxNotFound) {
+			t.Errorf("Status of a Terminated sandbox = %v, want ErrSandboxNotFound", err)
+		}
+		if err := p.Stop(ctx, p2h(q["id"].(string))); err != nil {
+			t.Errorf("Stop of a Terminated sandbox: %v", err)
+		}
+		if n := len(listed(t, s)); n != 0 {
+			t.Errorf("%d sandboxes left after Stop of a Terminated one", n)
+		}
+	})
+}
+
+func listed(t *testing.T, s *server) []string {
+	q := url.Values{"metadata": {"contract.run=" + s.run}}
+	_, m, _ := s.call(t, http.MethodGet, "/v1/sandboxes?"+q.Encode(), nil)
+	return ids(m)
+}

@@ -1,0 +1,138 @@
+package opensandboxtest
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// Stack is the real OpenSandbox (its lifecycle server from source, Docker
+// runtime, execd in every sandbox) on this machine, as
+// ../shared/opensandbox/stack.sh brings it up.
+type Stack struct {
+	// URL is the lifecycle server's base, http://127.0.0.1:port (the API
+	// is under /v1); Domain is host:port.
+	URL, Domain string
+	APIKey      string
+	// Image is a Debian image sandboxes can start from.
+	Image string
+	// Script is stack.sh, for a test that stops or restarts a part.
+	Script string
+	// Dir is the stack's state folder (its logs, pid files).
+	Dir string
+
+	lock *os.File
+}
+
+// ErrNoStack means the real stack cannot run here: ../shared/opensandbox is
+// absent (a user's clone). A test skips on it.
+var ErrNoStack = errors.New("the real OpenSandbox stack is absent")
+
+// StackScript finds ../shared/opensandbox/stack.sh beside the module root
+// (found from the working directory up), or returns ErrNoStack.
+func StackScript() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			break
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod above the working directory: %w", ErrNoStack)
+		}
+		dir = parent
+	}
+	script := filepath.Join(dir, "..", "shared", "opensandbox", "stack.sh")
+	if _, err := os.Stat(script); err != nil {
+		return "", fmt.Errorf("%s: %w", script, ErrNoStack)
+	}
+	return script, nil
+}
+
+// StackUp brings the real stack up through stack.sh up (a few seconds when
+// it is up already; minutes cold, most of it building execd) and returns
+// where it answers. It first takes an exclusive lock on the stack, held
+// until the process ends, so that test binaries running at once (go test
+// runs packages in parallel) never share it: a fault test restarts its
+// parts. Call it once per test binary.
+func StackUp() (Stack, error) {
+	script, err := StackScript()
+	if err != nil {
+		return Stack{}, err
+	}
+	dir := os.Getenv("OSSTACK_DIR")
+	if dir == "" {
+		dir = filepath.Join(os.TempDir(), "opensandbox-stack")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return Stack{}, err
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, "tests.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return Stack{}, err
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		lock.Close()
+		return Stack{}, fmt.Errorf("lock the stack: %w", err)
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command(script, "up")
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		lock.Close()
+		return Stack{}, fmt.Errorf("%s up: %v: %s", script, err, lastLine(stderr.String()))
+	}
+	st := Stack{Script: script, Dir: dir, lock: lock}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		k, v, _ := strings.Cut(sc.Text(), "=")
+		switch k {
+		case "OSSTACK_URL":
+			st.URL = strings.TrimSuffix(v, "/v1")
+		case "OSSTACK_API_KEY":
+			st.APIKey = v
+		case "OSSTACK_IMAGE":
+			st.Image = v
+		}
+	}
+	if st.URL == "" || st.Image == "" {
+		lock.Close()
+		return Stack{}, fmt.Errorf("%s up printed no OSSTACK_URL or OSSTACK_IMAGE: %q", script, out)
+	}
+	st.Domain = strings.TrimPrefix(st.URL, "http://")
+	return st, nil
+}
+
+// Require returns the stack StackUp brought up, or ends the test: a skip
+// in one line where the stack is absent, or could not come up outside CI;
+// in CI (CI=true) a stack that does not come up fails the test.
+func Require(tb testing.TB, st Stack, err error) Stack {
+	tb.Helper()
+	switch {
+	case err == nil:
+		return st
+	case errors.Is(err, ErrNoStack):
+		tb.Skipf("skipped: no real OpenSandbox stack here (%v)", err)
+	case os.Getenv("CI") == "true":
+		tb.Fatalf("the real OpenSandbox stack did not come up in CI: %v", err)
+	default:
+		tb.Skipf("skipped: the real OpenSandbox stack did not come up (%v)", err)
+	}
+	return Stack{}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
