@@ -102,7 +102,7 @@ func TestSandboxCallsPassTheAdmissionGate(t *testing.T) {
 	waitGate(t, gate, func() bool { return slices.Contains(gate.Busy(), label) })
 
 	// Prepare is not ready while it runs, and names the sandbox.
-	deadline := ctl.UnixSeconds(time.Now().Add(time.Second))
+	deadline := ctl.UnixSeconds(time.Now().Add(time.Minute)) // far enough that a loaded machine never reaches it mid-test
 	s2, prep := checkpointOp(t, a, "prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": deadline})
 	if s2 != 200 || prep["phase"] != "preparing" {
 		t.Fatalf("prepare with an exec in flight: %d %v", s2, prep)

@@ -102,11 +102,11 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 
 	exited := make(chan error, 1)
 	go func() { exited <- waitExited(pgid) }()
-	timer := time.NewTimer(timeout)
+	timer := p.execClk.NewTimer(timeout)
 	var timedOut, canceled bool
 	select {
 	case <-exited:
-	case <-timer.C:
+	case <-timer.C():
 		timedOut = true
 		killGroup(pgid)
 		<-exited

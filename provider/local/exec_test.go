@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/provider"
 )
 
@@ -54,24 +55,64 @@ func TestExecOutputExitCodeEnvAndCwd(t *testing.T) {
 	})
 }
 
+// t0 is when the manual clocks of these tests start.
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// execResult is what an Exec run in the background returned.
+type execResult struct {
+	res provider.ExecResult
+	err error
+}
+
+// execOnManualClock runs req in the background on p, whose ExecClock is
+// clk, waits until the command signalled (through a
+// FIFO "ready" it writes to; none when ready is false) and its timeout timer
+// is armed, and returns the clock and the channel the result arrives on.
+// The command's timeout then passes only when the test advances the clock,
+// however slow the machine.
+func execOnManualClock(t *testing.T, p *Provider, clk *clock.Manual, h provider.Handle, req provider.ExecRequest, ready bool) <-chan execResult {
+	t.Helper()
+	var wait func()
+	if ready {
+		wait = mkfifo(t, p, h, "ready")
+	}
+	done := make(chan execResult, 1)
+	returned := make(chan struct{})
+	go func() {
+		res, err := p.Exec(context.Background(), h, req)
+		done <- execResult{res, err}
+		close(returned)
+	}()
+	if wait != nil {
+		wait()
+	}
+	if !clk.WaitPending(1, returned) {
+		r := <-done
+		t.Fatalf("Exec returned before its timeout was armed: %+v, %v", r.res, r.err)
+	}
+	return done
+}
+
 func TestExecTimeoutKillsTheProcessTree(t *testing.T) {
 	forModes(t, func(t *testing.T, m mode) {
-		p := newProvider(t, m, Options{})
+		clk := clock.NewManual(t0)
+		p := newProvider(t, m, Options{ExecClock: clk})
 		h := start(t, p, provider.Spec{})
-		began := time.Now()
 		// Children in the background and in a subshell: all must die.
-		res, err := p.Exec(context.Background(), h, provider.ExecRequest{
-			Command: "sleep 600 & (sleep 601; echo never) & echo started; wait",
+		done := execOnManualClock(t, p, clk, h, provider.ExecRequest{
+			Command: "sleep 600 & (sleep 601; echo never) & echo started; echo > ready; wait",
 			Timeout: 300 * time.Millisecond,
-		})
-		if err != nil {
-			t.Fatal(err)
+		}, true)
+		if at, _ := clk.Next(); !at.Equal(t0.Add(300 * time.Millisecond)) {
+			t.Errorf("the timeout is due at +%s, want +300ms", at.Sub(t0))
 		}
-		if d := cmp.Diff(provider.ExecResult{Stdout: "started\n", ExitCode: 137, TimedOut: true}, res); d != "" {
+		clk.Advance(300 * time.Millisecond)
+		r := <-done
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if d := cmp.Diff(provider.ExecResult{Stdout: "started\n", ExitCode: 137, TimedOut: true}, r.res); d != "" {
 			t.Errorf("result (-want +got):\n%s", d)
-		}
-		if el := time.Since(began); el > 30*time.Second {
-			t.Errorf("Exec took %s with a 300ms timeout", el)
 		}
 		if pids := markedProcesses(h.SandboxID); len(pids) != 0 {
 			t.Errorf("processes of the sandbox still alive after the timeout: %v", pids)
@@ -80,14 +121,20 @@ func TestExecTimeoutKillsTheProcessTree(t *testing.T) {
 }
 
 func TestExecDefaultTimeout(t *testing.T) {
-	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{DefaultExecTimeout: 200 * time.Millisecond})
+	clk := clock.NewManual(t0)
+	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{DefaultExecTimeout: 200 * time.Millisecond, ExecClock: clk})
 	h := start(t, p, provider.Spec{})
-	res, err := p.Exec(context.Background(), h, provider.ExecRequest{Command: "sleep 600"})
-	if err != nil {
-		t.Fatal(err)
+	done := execOnManualClock(t, p, clk, h, provider.ExecRequest{Command: "sleep 600"}, false)
+	if at, _ := clk.Next(); !at.Equal(t0.Add(200 * time.Millisecond)) {
+		t.Errorf("the timeout is due at +%s, want the default's +200ms", at.Sub(t0))
 	}
-	if !res.TimedOut || res.ExitCode != 137 {
-		t.Errorf("got %+v, want a timeout by the default", res)
+	clk.Advance(200 * time.Millisecond)
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if !r.res.TimedOut || r.res.ExitCode != 137 {
+		t.Errorf("got %+v, want a timeout by the default", r.res)
 	}
 }
 

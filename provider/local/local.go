@@ -144,6 +144,11 @@ type Options struct {
 	Exclusive bool
 	// Clock reads time for leases and records (clock.Real when nil).
 	Clock clock.Clock
+	// ExecClock times commands out (clock.Real when nil). It is apart from
+	// Clock so that a test moving the lease clock never times out a command
+	// in flight, and a test that sets a clock.Manual here times a command
+	// out on cue, however slow the machine.
+	ExecClock clock.Clock
 	// Logger receives structured logs (a discarding logger when nil).
 	Logger logrus.FieldLogger
 }
@@ -160,6 +165,7 @@ type Provider struct {
 	execTimeout time.Duration
 	copyWorkers int
 	clk         clock.Clock
+	execClk     clock.Clock // see Options.ExecClock
 	log         logrus.FieldLogger
 	bwrap       *bwrapConfig // nil: commands run unisolated
 	// uid and gid own sandbox trees and run sandboxed commands.
@@ -274,6 +280,9 @@ func New(opts Options) (_ *Provider, err error) {
 	}
 	if p.clk == nil {
 		p.clk = clock.Real{}
+	}
+	if p.execClk = opts.ExecClock; p.execClk == nil {
+		p.execClk = clock.Real{}
 	}
 	if p.log == nil {
 		p.log = logs.Discard()

@@ -3,9 +3,12 @@ package swebench
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
@@ -16,9 +19,17 @@ import (
 // restart_only) and grading runs on a local provider of its own.
 func newGolden(t *testing.T, tk task, opts ...func(*Config, *provider.Provider)) (*local.Provider, *owner.Owner, *Server) {
 	t.Helper()
+	return newGoldenOn(t, tk, local.Options{}, opts...)
+}
+
+// newGoldenOn is newGolden with its local provider on lopts (its root and
+// logger are the test's).
+func newGoldenOn(t *testing.T, tk task, lopts local.Options, opts ...func(*Config, *provider.Provider)) (*local.Provider, *owner.Owner, *Server) {
+	t.Helper()
 	needTools(t, "git", "go", "patch")
 	log := testLogger(t)
-	prov, err := local.New(local.Options{Root: t.TempDir(), Logger: log})
+	lopts.Root, lopts.Logger = t.TempDir(), log
+	prov, err := local.New(lopts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,23 +112,77 @@ func (failingStart) Start(context.Context, provider.Spec) (provider.Handle, erro
 	return provider.Handle{}, errors.New("no capacity")
 }
 
+// evalTimeoutOnCue is a grading provider whose commands time out on a
+// manual clock (its local provider's ExecClock): it runs the eval script,
+// waits until the script has written its output and signalled through the
+// FIFO evalStarted, then moves the clock past the evaluation timeout. So
+// the eval times out after its output, however slow the machine.
+type evalTimeoutOnCue struct {
+	provider.Provider
+	clk *clock.Manual
+	t   *testing.T
+}
+
+// evalStarted is the FIFO, relative to the workdir, that the eval script
+// of the timeout case writes to once it has printed its output.
+const evalStarted = scratchDir + "/started"
+
+func (e evalTimeoutOnCue) Exec(ctx context.Context, h provider.Handle, req provider.ExecRequest) (provider.ExecResult, error) {
+	if !strings.Contains(req.Command, "eval.sh") {
+		return e.Provider.Exec(ctx, h, req)
+	}
+	if req.Timeout != time.Second {
+		e.t.Errorf("the eval ran with a timeout of %s, want evaluation_timeout's 1s", req.Timeout)
+	}
+	if res, err := e.Provider.Exec(ctx, h, provider.ExecRequest{Command: "mkfifo " + evalStarted, Timeout: time.Minute}); err != nil || res.ExitCode != 0 {
+		return res, fmt.Errorf("mkfifo: %+v %v", res, err)
+	}
+	type result struct {
+		res provider.ExecResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := e.Provider.Exec(ctx, h, req)
+		done <- result{res, err}
+	}()
+	// Blocks until the script opens the FIFO to write, after its output.
+	// Its context bounds a broken test on the wall clock (the timeout's
+	// clock is the manual one); it is not a synchronisation.
+	wait, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if res, err := e.Provider.Exec(wait, h, provider.ExecRequest{Command: "cat " + evalStarted, Timeout: time.Minute}); err != nil || res.ExitCode != 0 {
+		e.t.Errorf("waiting for the eval script: %+v %v", res, err)
+	}
+	// The eval's timer is the one left armed; the clock passes it.
+	e.clk.WaitPending(1, ctx.Done())
+	e.clk.Advance(time.Second)
+	r := <-done
+	return r.res, r.err
+}
+
 func TestGradingFailuresAreReportedAndLeaveNothingRunning(t *testing.T) {
 	tk := newTask(t)
+	evalClk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	cases := []struct {
-		name   string
-		opt    func(*Config, *provider.Provider)
-		row    func(map[string]any)
-		kind   string
-		masked bool
-		output string
+		name      string
+		opt       func(*Config, *provider.Provider)
+		execClock clock.Clock
+		row       func(map[string]any)
+		kind      string
+		masked    bool
+		output    string
 	}{
-		{"a patch that does not apply", nil, func(r map[string]any) {
+		{"a patch that does not apply", nil, nil, func(r map[string]any) {
 			r["patch"] = "diff --git a/calc.go b/calc.go\n--- a/calc.go\n+++ b/calc.go\n@@ -1,3 +1,3 @@\n-nothing like this\n+line\n context\n"
 		}, FailurePatchApply, false, "patch --batch --fuzz=5"},
-		{"an eval script past evaluation_timeout", func(c *Config, _ *provider.Provider) { c.EvaluationTimeout, c.Validate = 1, off() }, func(r map[string]any) {
-			r["eval_script"] = "#!/bin/bash\necho '>>>>> Start Test Output'\necho started\nsleep 120\n"
+		{"an eval script past evaluation_timeout", func(c *Config, p *provider.Provider) {
+			c.EvaluationTimeout, c.Validate = 1, off()
+			*p = evalTimeoutOnCue{Provider: *p, clk: evalClk, t: t}
+		}, evalClk, func(r map[string]any) {
+			r["eval_script"] = "#!/bin/bash\necho '>>>>> Start Test Output'\necho started\necho > " + evalStarted + "\nsleep 120\n"
 		}, FailureEvalTimeout, false, "started"},
-		{"a grading sandbox that cannot start", func(_ *Config, p *provider.Provider) { *p = failingStart{*p} }, nil, FailureGrading, true, ""},
+		{"a grading sandbox that cannot start", func(_ *Config, p *provider.Provider) { *p = failingStart{*p} }, nil, nil, FailureGrading, true, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -125,7 +190,7 @@ func TestGradingFailuresAreReportedAndLeaveNothingRunning(t *testing.T) {
 			if c.opt != nil {
 				opts = append(opts, c.opt)
 			}
-			prov, own, srv := newGolden(t, tk, opts...)
+			prov, own, srv := newGoldenOn(t, tk, local.Options{ExecClock: c.execClock}, opts...)
 			row := tk.row("example__calc-1")
 			if c.row != nil {
 				c.row(row)
