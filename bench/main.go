@@ -1,11 +1,12 @@
 // Command bench measures the sandbox owner against the project's performance goals and
-// writes bench/results.md and bench/results.svg:
+// writes results.md and results.svg to $TMPDIR/sandboxowner-bench (or -out DIR):
 //
 //	go run ./bench          # the full run, a few minutes
 //	go run ./bench -quick   # about a minute
 //
 // Flags: -sections checkpoint,memory,http to run part of it; -out DIR for
-// where the results go (default bench/); -cpuprofile and -memprofile FILE
+// where the results go (never the source tree unless asked: bench/results.md
+// is the run README quotes, replaced only by -out bench); -cpuprofile and -memprofile FILE
 // for runtime/pprof profiles of the harness process (the owner under test
 // runs in it; the load generator and memory probes are children). See
 // bench/README.md.
@@ -17,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"strconv"
@@ -40,7 +42,7 @@ func run() error {
 	quick := flag.Bool("quick", false, "a one-minute pass: fewer sizes and repetitions")
 	tiny := flag.Bool("tiny", false, "a few-second pass that checks the harness works (figures meaningless)")
 	sections := flag.String("sections", "", "comma-separated sections to run: checkpoint (or commit, release), memory, sandboxes, scale, http (default all)")
-	out := flag.String("out", "", "directory for results.md and results.svg (default bench/ when run from the repository root)")
+	out := flag.String("out", "", "directory for results.md and results.svg (default $TMPDIR/sandboxowner-bench; -out bench replaces the run README quotes)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the harness process to this file")
 	memprofile := flag.String("memprofile", "", "write a heap profile of the harness process to this file at the end")
 	var cells cellFlags
@@ -157,15 +159,10 @@ func duration(s string) (time.Duration, error) {
 	return d, nil
 }
 
-// defaultOut is bench/ from the repository root, or . from inside bench/.
+// defaultOut is outside the source tree, so that a run leaves the clone
+// clean and the figures README quotes stay those of the run it names.
 func defaultOut() string {
-	if st, err := os.Stat("bench/harness"); err == nil && st.IsDir() {
-		return "bench"
-	}
-	if st, err := os.Stat("harness"); err == nil && st.IsDir() {
-		return "."
-	}
-	return "."
+	return filepath.Join(os.TempDir(), "sandboxowner-bench")
 }
 
 func writeHeapProfile(path string) error {
