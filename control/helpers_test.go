@@ -30,6 +30,8 @@ type hooks struct {
 	commit  func(ctx context.Context, req control.CommitRequest) (control.CommitResult, error)
 	restore func(ctx context.Context, req control.RestoreRequest) (control.RestoreResult, error)
 	retire  func(ctx context.Context, eps []control.EpisodeID) error
+	// stopWriter, when set, runs in StopWriter.
+	stopWriter func(id string)
 }
 
 func (h *hooks) note(format string, args ...any) {
@@ -123,6 +125,13 @@ func (h *hooks) Retire(ctx context.Context, eps []control.EpisodeID) error {
 }
 
 func (h *hooks) Forget(ids []string) { h.note("forget %v", ids) }
+
+func (h *hooks) StopWriter(id string) {
+	h.note("stop writer %s", id)
+	if h.stopWriter != nil {
+		h.stopWriter(id)
+	}
+}
 
 func (h *hooks) Describe() control.Description {
 	return control.Description{Mode: "exported", Verify: "wait"}

@@ -35,6 +35,11 @@ type Hooks interface {
 	Retire(ctx context.Context, episodes []EpisodeID) error
 	// Forget drops what the hooks keep of retired rollouts.
 	Forget(rolloutIDs []string)
+	// StopWriter stops the commit writer of checkpoint id, as a resume
+	// must before it reopens: once it returns, no commit of id is
+	// recorded, and what an unrecorded commit of id took is let go. It
+	// must tolerate repeats and ids never committed.
+	StopWriter(id string)
 	// Describe adds the participant's fields to status.
 	Describe() Description
 }
@@ -216,6 +221,8 @@ func (m *Machine) perform(effects []Effect) {
 			m.log.WithFields(e.Fields).Log(e.Level, e.Msg)
 		case EffForget:
 			m.hooks.Forget(e.RolloutIDs)
+		case EffStopWriter:
+			m.hooks.StopWriter(e.ID)
 		}
 	}
 }
@@ -407,13 +414,21 @@ func (m *Machine) Restore(ctx context.Context, req RestoreRequest) (RestoreReply
 	}
 }
 
-// Resume ends the checkpoint (or aborts it) and reopens admission. It waits
-// for a commit or restore of the id that is still running. Resuming an id
-// already resumed is idempotent; resuming while idle fences the id, so a
-// late prepare of it cannot close admission.
+// Resume ends the checkpoint (or aborts it) and reopens admission. A commit
+// of the id still running is not waited for: its writer is stopped first,
+// so nothing of it is recorded, and admission reopens at once. A restore
+// still running is waited for. Resuming an id already resumed is
+// idempotent; resuming while idle fences the id, so a late prepare of it
+// cannot close admission.
 func (m *Machine) Resume(ctx context.Context, req ResumeRequest) (ResumeReply, error) {
+	stopped := false
 	for {
-		out := m.step(InResume{Req: req})
+		out := m.step(InResume{Req: req, WriterStopped: stopped})
+		if out.StopWriter {
+			m.hooks.StopWriter(req.CheckpointID)
+			stopped = true
+			continue
+		}
 		if out.Await == nil {
 			rep, _ := out.Reply.(ResumeReply)
 			return rep, out.Err

@@ -453,7 +453,9 @@ func TestRestartInScope(t *testing.T) {
 	}
 }
 
-func TestResumeWaitsForARunningCommit(t *testing.T) {
+// A resume during a commit does not wait for it: it stops the commit's
+// writer first, then reopens admission at once while the hook runs on.
+func TestResumeDuringACommitStopsItsWriterAndReopensAtOnce(t *testing.T) {
 	r := newRig(t)
 	release := make(chan struct{})
 	entered := make(chan struct{})
@@ -461,20 +463,27 @@ func TestResumeWaitsForARunningCommit(t *testing.T) {
 		close(entered)
 		<-release
 		r.h.note("commit done")
-		return control.CommitResult{}, nil
+		return control.CommitResult{}, errors.New("stopped")
 	}
 	r.prepare("c1")
 	gone, cancel := context.WithCancel(ctx)
 	cancel()
 	_, _ = r.m.Commit(gone, control.CommitRequest{Base: r.base("c1", time.Minute), CheckpointDir: "/ck"})
 	<-entered
-	done := make(chan control.ResumeReply)
-	go func() { done <- r.resume("c1") }()
-	close(release)
-	<-done
-	want := []string{"close", "commit c1", "commit done", "open"}
+	if rep := r.resume("c1"); rep.Idempotent || r.phase() != control.PhaseIdle || r.h.isClosed() {
+		t.Fatalf("resume during the commit: %+v, phase %s, closed %v; want idle and open", rep, r.phase(), r.h.isClosed())
+	}
+	want := []string{"close", "commit c1", "stop writer c1", "open", "stop writer c1"}
 	if diff := cmp.Diff(want, r.h.calls()); diff != "" {
 		t.Errorf("order (-want +got):\n%s", diff)
+	}
+	_, err := r.commit("c1")
+	wantCode(t, err, control.ErrStaleCheckpoint)
+	ch := r.m.Changed()
+	close(release)
+	<-ch
+	if r.phase() != control.PhaseIdle {
+		t.Errorf("phase %s after the abandoned commit ended, want idle", r.phase())
 	}
 }
 

@@ -84,8 +84,12 @@ type (
 		Result RestoreResult
 		Err    error
 	}
-	// InResume ends (or aborts) a checkpoint.
-	InResume struct{ Req ResumeRequest }
+	// InResume ends (or aborts) a checkpoint. WriterStopped: the caller
+	// stopped the writer of a commit of the id still running.
+	InResume struct {
+		Req           ResumeRequest
+		WriterStopped bool
+	}
 	// InRetire fences attempts.
 	InRetire struct{ Req RetireRequest }
 	// InRetireDone is the retire hook's outcome.
@@ -132,6 +136,8 @@ type (
 	}
 	// EffForget drops what the hooks keep of retired rollouts.
 	EffForget struct{ RolloutIDs []string }
+	// EffStopWriter stops the commit writer of a checkpoint that ended.
+	EffStopWriter struct{ ID string }
 	// EffNotify wakes waiting prepares and awaiters.
 	EffNotify struct{}
 	// EffLog is a line for the log.
@@ -158,8 +164,12 @@ type Output struct {
 	Start bool
 	// Wait: a prepare not yet ready and not yet past its deadline; the
 	// caller checks readiness again when woken.
-	Wait    bool
-	Effects []Effect
+	Wait bool
+	// StopWriter: a resume found a commit of its id running; the caller
+	// stops its writer (Hooks.StopWriter) and steps again with
+	// WriterStopped.
+	StopWriter bool
+	Effects    []Effect
 }
 
 func (o *Output) emit(e ...Effect) { o.Effects = append(o.Effects, e...) }
@@ -187,7 +197,7 @@ func (s *State) Step(in Input, now time.Time) (out Output) {
 	case InRestoreDone:
 		s.restoreDone(in, &out)
 	case InResume:
-		s.resume(in.Req, now, &out)
+		s.resume(in, now, &out)
 	case InRetire:
 		s.retire(in.Req, now, &out)
 	case InRetireDone:
@@ -290,7 +300,7 @@ func (s *State) arm(deadline time.Time) {
 // reopen ends the checkpoint as a resume does: admission reopens, the id is
 // remembered, its recorded replies are cleared.
 func (s *State) reopen(id string, out *Output) {
-	out.emit(EffOpenAdmission{})
+	out.emit(EffStopWriter{ID: id}, EffOpenAdmission{})
 	s.resumed.Put(id, struct{}{})
 	for k := range s.results {
 		if k.ID == id {
@@ -420,6 +430,10 @@ func restoreFP(req RestoreRequest) string {
 // a new run this caller starts.
 func (s *State) start(op, id, fp string, out *Output, allowed ...Phase) bool {
 	key := OpKey{id, op}
+	if s.resumed.Has(id) {
+		out.Err = ErrStaleCheckpoint.With("checkpoint %q was already resumed", id)
+		return false
+	}
 	if rfp, ok := s.running[key]; ok {
 		if rfp != fp {
 			out.Err = ErrCheckpointConflict.With("%s of %q is running with other arguments", op, id)
@@ -508,7 +522,7 @@ func (s *State) commitDone(in InCommitDone, out *Output) {
 func (s *State) finish(key OpKey, reply any, err error, out *Output) {
 	fp := s.running[key]
 	delete(s.running, key)
-	if err == nil {
+	if err == nil && !s.resumed.Has(key.ID) {
 		s.results[key] = recorded{fp: fp, reply: reply}
 	}
 	out.Reply, out.Err = reply, err
@@ -571,7 +585,8 @@ func (s *State) admissionFailed(in InAdmissionFailed, out *Output) {
 	out.emit(EffNotify{})
 }
 
-func (s *State) resume(req ResumeRequest, now time.Time, out *Output) {
+func (s *State) resume(in InResume, now time.Time, out *Output) {
+	req := in.Req
 	if out.Err = req.Validate(); out.Err != nil {
 		return
 	}
@@ -586,8 +601,17 @@ func (s *State) resume(req ResumeRequest, now time.Time, out *Output) {
 		return
 	}
 	if key, ok := s.runningOf(id); ok {
-		out.Await = &key
-		return
+		switch {
+		case key.Op == OpRestore:
+			out.Await = &key
+			return
+		case !in.WriterStopped:
+			out.StopWriter = true
+			return
+		}
+		// The commit runs on, but its writer is stopped: nothing of it is
+		// recorded, and its snapshots go when it ends.
+		out.emit(EffLog{Level: logrus.InfoLevel, Msg: "checkpoint resumed during its commit: the commit is abandoned", Fields: logrus.Fields{"checkpoint_id": id}})
 	}
 	if s.Active == id {
 		out.emit(EffLog{Level: logrus.InfoLevel, Msg: "checkpoint resumed: admission open", Fields: logrus.Fields{"checkpoint_id": id}})

@@ -129,7 +129,7 @@ func (r *stepRun) do(c *script.Case) string {
 	case "restore-done":
 		in = InRestoreDone{Req: r.restoreReq(c), Result: RestoreResult{SourceCheckpointID: c.Args["src"], Restored: list(c, "restored")}, Err: errArg(c)}
 	case "resume":
-		in = InResume{Req: ResumeRequest{Base: r.base(c)}}
+		in = InResume{Req: ResumeRequest{Base: r.base(c)}, WriterStopped: c.Has("stopped")}
 	case "retire":
 		in = InRetire{Req: RetireRequest{Base: r.base(c), EpisodeIDs: r.episodes(c, "episodes")}}
 	case "retire-done":
@@ -180,6 +180,9 @@ func (r *stepRun) render(out Output) string {
 	if out.Wait {
 		b.WriteString("wait\n")
 	}
+	if out.StopWriter {
+		b.WriteString("stop writer\n")
+	}
 	for _, e := range out.Effects {
 		switch e := e.(type) {
 		case EffCloseAdmission:
@@ -192,6 +195,8 @@ func (r *stepRun) render(out Output) string {
 			fmt.Fprintf(&b, "effect: retire %s by %s\n", strings.Join(CaptureKeys(e.Episodes), ","), r.at(e.Deadline))
 		case EffForget:
 			fmt.Fprintf(&b, "effect: forget %s\n", strings.Join(e.RolloutIDs, ","))
+		case EffStopWriter:
+			fmt.Fprintf(&b, "effect: stop writer %s\n", e.ID)
 		case EffNotify:
 			b.WriteString("effect: notify\n")
 		case EffLog:

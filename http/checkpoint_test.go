@@ -1,7 +1,6 @@
 package http_test
 
 import (
-	"sync"
 	"testing"
 	"time"
 
@@ -113,45 +112,76 @@ func TestShutdownDoesNotWaitForAPreparesDeadline(t *testing.T) {
 	<-stopped
 }
 
-// TestDeadlineTSBoundsTheCommitRound: the controller's deadline_ts reaches
-// the owner's snapshot round, on the server's clock. A snapshot that hangs
-// past it fails the commit, which is cleaned up as any failed commit: no
-// checkpoint, no snapshot, the episode's sandbox still running.
-func TestDeadlineTSBoundsTheCommitRound(t *testing.T) {
+// TestCommitOutlivesItsDeadline: the export runs once, shielded from the
+// controller's deadline_ts: the commit answers 409 deadline_exceeded at its
+// deadline while the snapshot goes on, and a retry awaits that same export
+// and answers with its result. One snapshot in all.
+func TestCommitOutlivesItsDeadline(t *testing.T) {
+	h := newHarness(t)
+	a := &agent{}
+	h.ok(h.post(a, "/ng-rollout/r1/seed_session", nil), "seed")
+	h.op("prepare", "ck1", nil)
+	entered, release := blockOn(h.fake(), fake.OpSnapshot)
+	commit := func(d time.Duration) <-chan reply {
+		ch := make(chan reply, 1)
+		body := map[string]any{"checkpoint_id": "ck1", "deadline_ts": control.UnixSeconds(h.clk.Now().Add(d)), "checkpoint_dir": "/d"}
+		go func() { ch <- h.control("commit", body) }()
+		return ch
+	}
+	first := commit(2 * time.Second)
+	<-entered
+	h.clk.Advance(2 * time.Second)
+	h.want(<-first, 409, "deadline_exceeded", "commit past its deadline")
+	retry := commit(time.Minute)
+	// The retry awaits the export still running (or, if it arrives after
+	// the export ended, gets its recorded reply): never a second export.
+	release()
+	r := h.ok(<-retry, "retried commit")
+	if m := r["manifest"].(map[string]any); r["phase"] != "committed" || m["record_count"] != 1.0 {
+		t.Errorf("retried commit: %v", r)
+	}
+	if s := h.fake().Stats(); s.Calls[fake.OpSnapshot] != 1 || s.LiveSnapshots != 1 {
+		t.Errorf("%d snapshot calls, %d snapshots: want the one export", s.Calls[fake.OpSnapshot], s.LiveSnapshots)
+	}
+	h.op("resume", "ck1", nil)
+}
+
+// TestResumeDuringACommit: a resume while a commit snapshots stops the
+// commit's writer and reopens admission within its own deadline, without
+// waiting for the commit; the commit then records nothing and leaves no
+// snapshot, and the episode goes on in its sandbox.
+func TestResumeDuringACommit(t *testing.T) {
 	h := newHarness(t)
 	a := &agent{}
 	h.ok(h.post(a, "/ng-rollout/r1/seed_session", nil), "seed")
 	sb := h.sandboxID(a)
 	h.op("prepare", "ck1", nil)
-	began := make(chan struct{})
-	var once sync.Once
-	h.fake().SetHook(func(c fake.Call) {
-		if c.Op == fake.OpSnapshot && c.Phase == fake.PhaseBegin {
-			once.Do(func() { close(began) })
-		}
-	})
-	h.fake().HangNext(fake.OpSnapshot, 1)
-	replied := make(chan reply, 1)
-	// Far below the owner's own 10-minute round timeout.
+	entered, release := blockOn(h.fake(), fake.OpSnapshot)
+	committed := make(chan reply, 1)
 	go func() {
-		replied <- h.control("commit", map[string]any{"checkpoint_id": "ck1", "deadline_ts": control.UnixSeconds(h.clk.Now().Add(30 * time.Second)), "checkpoint_dir": "/d"})
+		committed <- h.control("commit", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline(), "checkpoint_dir": "/d"})
 	}()
-	<-began
-	h.clk.Advance(30 * time.Second)
-	// The reply races the round's end at the deadline: either the wait
-	// gave up (the commit goes on) or the failed commit answered.
-	if r := <-replied; !(r.status == 409 && r.code() == "deadline_exceeded") && !(r.status == 500 && r.code() == "commit_failed") {
-		t.Fatalf("commit past its deadline: %d %s", r.status, r.body)
+	<-entered
+	// A one-second deadline the clock never reaches: the resume answers
+	// while the snapshot is still held.
+	r := h.ok(h.control("resume", map[string]any{"checkpoint_id": "ck1", "deadline_ts": control.UnixSeconds(h.clk.Now().Add(time.Second))}), "resume during the commit")
+	if r["phase"] != "idle" || r["idempotent"] != false {
+		t.Errorf("resume: %v", r)
 	}
-	// Resume waits for the commit still running.
-	h.op("resume", "ck1", nil)
+	if !h.srv.Gate().IsOpen() {
+		t.Fatal("admission still closed after the resume")
+	}
+	// r1's sandbox is held by its snapshot; other work goes on.
+	h.ok(h.post(&agent{}, "/ng-rollout/r2/seed_session", nil), "a seed with admission open")
+	release()
+	h.want(<-committed, 409, "stale_checkpoint", "the abandoned commit")
 	if cks, _ := h.own.Checkpoints(); len(cks) != 0 {
-		t.Errorf("a commit past its deadline recorded %v", cks)
+		t.Errorf("the resumed commit recorded %v", cks)
 	}
-	if n := h.fake().Stats().LiveSnapshots; n != 0 {
-		t.Errorf("%d snapshots left by the failed commit", n)
+	if s := h.fake().Stats(); s.Calls[fake.OpSnapshot] != 1 || s.LiveSnapshots != 0 {
+		t.Errorf("%d snapshot calls, %d snapshots left: want the abandoned commit's one, deleted", s.Calls[fake.OpSnapshot], s.LiveSnapshots)
 	}
-	if got := h.sandboxID(a); got != sb || !h.live(sb) {
-		t.Errorf("sandbox %s (live %v) after the failed commit, want %s running", got, h.live(sb), sb)
+	if !h.live(sb) {
+		t.Errorf("sandbox %s stopped by the abandoned commit", sb)
 	}
 }

@@ -20,7 +20,7 @@ func gymVerify(row map[string]any) map[string]any {
 		},
 		"response": map[string]any{
 			"id": "resp_1", "object": "response", "created_at": 1.0, "model": "policy",
-			"output": []any{map[string]any{"type": "message", "role": "assistant", "content": []any{}}},
+			"output":              []any{map[string]any{"type": "message", "role": "assistant", "content": []any{}}},
 			"parallel_tool_calls": false, "tool_choice": "auto", "tools": []any{},
 		},
 		"_ng_task_index": 3.0,

@@ -117,6 +117,21 @@ func (o *Owner) Commit(ctx context.Context, req CommitRequest) (CommitResult, er
 		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
 	}
 
+	o.writer.Lock(o.rt)
+	stopped := o.stopped.Has(req.CheckpointID)
+	u := o.unstored[req.CheckpointID]
+	o.writer.Unlock()
+	if stopped {
+		return res, &CommitError{CheckpointID: req.CheckpointID, Err: ErrCommitStopped}
+	}
+	if u != nil {
+		// The snapshots are taken: store the same records again.
+		if u.meta.CheckpointDir != req.CheckpointDir || !slices.Equal(u.meta.Scope, req.Scope) {
+			return res, &CommitError{CheckpointID: req.CheckpointID, Err: fmt.Errorf("%w: a commit of %q with another dir or scope took its snapshots", snapshotindex.ErrConflict, req.CheckpointID)}
+		}
+		return o.store(ctx, req, u, log)
+	}
+
 	refs, err := o.sessions()
 	if err != nil {
 		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
@@ -146,20 +161,21 @@ func (o *Owner) Commit(ctx context.Context, req CommitRequest) (CommitResult, er
 	if err != nil {
 		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
 	}
-	res.Skipped = rr.Skipped
 	if len(rr.Failed) > 0 {
+		res.Skipped = rr.Skipped
 		o.discardRound(tag, rr.Taken, intent, "commit "+req.CheckpointID+" failed")
 		log.WithField("failed", len(rr.Failed)).Warn("checkpoint commit failed; its snapshots were deleted")
 		return res, &CommitError{CheckpointID: req.CheckpointID, Failed: rr.Failed}
 	}
 
-	records := make([]snapshotindex.Record, 0, len(rr.Taken))
+	u = &unstoredCommit{tag: tag, taken: rr.Taken, intent: intent, skipped: rr.Skipped, began: started}
+	u.records = make([]snapshotindex.Record, 0, len(rr.Taken))
 	for _, t := range rr.Taken {
 		spec := t.Sandbox.Spec
 		// The snapshot holds the filesystem; the seed's files would only
 		// bloat the record (and must not be replayed over a fork).
 		spec.Files = nil
-		records = append(records, snapshotindex.Record{
+		u.records = append(u.records, snapshotindex.Record{
 			SessionID:  t.SessionID,
 			Episode:    req.Episodes[t.SessionID],
 			Provider:   o.prov.Name(),
@@ -170,20 +186,59 @@ func (o *Owner) Commit(ctx context.Context, req CommitRequest) (CommitResult, er
 			Data:       t.Sandbox.Data,
 			SnapshotAt: t.At,
 		})
-		res.Sessions = append(res.Sessions, t.SessionID)
 	}
-	meta, err := o.index.Commit(snapshotindex.CheckpointMeta{
+	u.meta = snapshotindex.CheckpointMeta{
 		ID:            req.CheckpointID,
 		CommittedAt:   o.clk.Now(),
 		CheckpointDir: req.CheckpointDir,
 		Scope:         req.Scope,
-	}, records, intent)
+	}
+	return o.store(ctx, req, u, log)
+}
+
+// stoppedMemory is how many stopped checkpoint ids the writer remembers:
+// as many as the control plane remembers resumed ids.
+const stoppedMemory = 64
+
+// unstoredCommit is a commit whose snapshots were taken: what its store
+// records, and what a discard deletes.
+type unstoredCommit struct {
+	tag     string
+	taken   []messages.SnapshotReply
+	intent  snapshotindex.IntentKey
+	meta    snapshotindex.CheckpointMeta
+	records []snapshotindex.Record
+	skipped []string
+	began   time.Time
+}
+
+// store records a commit whose snapshots are taken. A store that fails
+// keeps the commit for a retry, which stores the same records; a commit
+// whose id StopCommit stopped is discarded instead.
+func (o *Owner) store(ctx context.Context, req CommitRequest, u *unstoredCommit, log logrus.FieldLogger) (CommitResult, error) {
+	res := CommitResult{Mode: o.mode, Skipped: u.skipped}
+	o.writer.Lock(o.rt)
+	if o.stopped.Has(req.CheckpointID) {
+		delete(o.unstored, req.CheckpointID)
+		o.writer.Unlock()
+		o.discardRound(u.tag, u.taken, u.intent, "commit "+req.CheckpointID+" stopped by a resume")
+		log.Info("checkpoint commit stopped by a resume; its snapshots were deleted")
+		return res, &CommitError{CheckpointID: req.CheckpointID, Err: ErrCommitStopped}
+	}
+	meta, err := o.index.Commit(u.meta, u.records, u.intent)
 	if err != nil {
-		o.discardRound(tag, rr.Taken, intent, "index refused commit "+req.CheckpointID)
+		o.unstored[req.CheckpointID] = u
+		o.writer.Unlock()
+		log.WithError(err).Warn("checkpoint store failed; a retry stores the same records, a resume deletes its snapshots")
 		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
 	}
+	delete(o.unstored, req.CheckpointID)
+	o.writer.Unlock()
 	res.Meta = meta
-	log.WithFields(logrus.Fields{"records": len(records), "skipped": len(rr.Skipped), "took": o.clk.Now().Sub(started)}).Info("checkpoint committed")
+	for _, r := range u.records {
+		res.Sessions = append(res.Sessions, r.SessionID)
+	}
+	log.WithFields(logrus.Fields{"records": len(u.records), "skipped": len(u.skipped), "took": o.clk.Now().Sub(u.began)}).Info("checkpoint committed")
 
 	if req.Stop && o.cfg.Checkpoint.OnStop == OnStopKill {
 		res.Parked, res.ParkFailed = o.stopMany(ctx, res.Sessions, messages.StopPark)
@@ -192,6 +247,22 @@ func (o *Owner) Commit(ctx context.Context, req CommitRequest) (CommitResult, er
 		}
 	}
 	return res, nil
+}
+
+// StopCommit stops the writer of checkpoint id, as a resume does: it waits
+// for a store in progress, and no commit of id is recorded after it
+// returns. A commit of id still snapshotting deletes its snapshots when its
+// round ends; one whose store failed has them deleted now, in the
+// background.
+func (o *Owner) StopCommit(id string) {
+	o.writer.Lock(o.rt)
+	o.stopped.Put(id, struct{}{})
+	u := o.unstored[id]
+	delete(o.unstored, id)
+	o.writer.Unlock()
+	if u != nil {
+		o.bg.Go(o.rt, func() { o.discardRound(u.tag, u.taken, u.intent, "commit "+id+" stopped by a resume") })
+	}
 }
 
 // runRound hands a round to the coordinator and waits for its result. The

@@ -41,6 +41,7 @@ import (
 
 	"github.com/sandboxowner/owner/actors"
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/fifo"
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
@@ -102,6 +103,9 @@ var (
 	// ErrCommitFailed: at least one session could not be snapshotted, or
 	// the index refused the commit; nothing was recorded.
 	ErrCommitFailed = errors.New("checkpoint commit failed")
+	// ErrCommitStopped: StopCommit stopped the commit's writer (the
+	// controller resumed); nothing of it is recorded.
+	ErrCommitStopped = errors.New("checkpoint commit stopped by a resume")
 	// ErrRestoreFailed: the restore installed nothing.
 	ErrRestoreFailed = errors.New("checkpoint restore failed")
 	// ErrInvalidRecord: a checkpoint record cannot be restored.
@@ -209,6 +213,14 @@ type Owner struct {
 	// release) with each other.
 	ctl   turnMutex
 	round uint64
+	// writer fences the store of commits: once StopCommit returns, no
+	// commit of that checkpoint id is recorded. stopped are the ids it
+	// stopped; unstored the commits whose snapshots were taken but whose
+	// store failed, by checkpoint id, so that a retry stores the same
+	// records instead of snapshotting again. Both are guarded by writer.
+	writer   turnMutex
+	stopped  *fifo.Map[string, struct{}]
+	unstored map[string]*unstoredCommit
 
 	fates *fateMemory
 	// starting counts StartSessionSandbox calls in progress.
@@ -267,6 +279,8 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 		limiter:     actors.NewLimiterOn(cfg.Checkpoint.Parallelism, cfg.Runtime),
 		rt:          sched.Or(cfg.Runtime),
 		fates:       newFateMemory(cfg.FateMemory),
+		stopped:     fifo.New[string, struct{}](stoppedMemory),
+		unstored:    map[string]*unstoredCommit{},
 		closed:      make(chan struct{}),
 		replies:     make(chan messages.ReplyTo, maxFreeReplies),
 	}

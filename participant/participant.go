@@ -33,6 +33,7 @@ import (
 // Owner is what the participant needs of the owner.
 type Owner interface {
 	Commit(ctx context.Context, req owner.CommitRequest) (owner.CommitResult, error)
+	StopCommit(id string)
 	Restore(ctx context.Context, req owner.RestoreRequest) (owner.RestoreResult, error)
 	Retire(ctx context.Context, sessionIDs []string) (owner.RetireResult, error)
 	Release(ctx context.Context, kept []string) (owner.ReleaseResult, error)
@@ -304,11 +305,15 @@ func (h hooks) Commit(ctx context.Context, req control.CommitRequest) (control.C
 		Scope:         scope,
 		Stop:          req.Stop,
 		Episodes:      episodes,
-		Deadline:      req.Deadline(),
+		// No deadline: the export outlives the caller's deadline_ts, and a
+		// retry awaits it (the owner's round timeout still bounds it).
 	})
 	if err != nil {
 		if errors.Is(err, snapshotindex.ErrConflict) {
 			return control.CommitResult{}, control.ErrCheckpointConflict.Wrap(err)
+		}
+		if errors.Is(err, owner.ErrCommitStopped) {
+			return control.CommitResult{}, control.ErrStaleCheckpoint.Wrap(err)
 		}
 		return control.CommitResult{}, resources.Wrap(nethttp.StatusInternalServerError, CodeCommitFailed, err)
 	}
@@ -454,6 +459,8 @@ func (h hooks) Retire(ctx context.Context, eps []control.EpisodeID) error {
 	p.log.WithFields(logrus.Fields{"episodes": control.CaptureKeys(eps), "sessions": len(sessions)}).Info("retired attempts")
 	return nil
 }
+
+func (h hooks) StopWriter(id string) { h.own.StopCommit(id) }
 
 func (h hooks) Forget(rolloutIDs []string) {
 	p := h.Participant

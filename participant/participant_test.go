@@ -26,6 +26,13 @@ type fakeOwner struct {
 	retireIn  [][]string
 	retire    func([]string) (owner.RetireResult, error)
 	ended     []string
+	stopped   []string
+}
+
+func (f *fakeOwner) StopCommit(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stopped = append(f.stopped, id)
 }
 
 func (f *fakeOwner) Commit(_ context.Context, req owner.CommitRequest) (owner.CommitResult, error) {
