@@ -67,6 +67,9 @@ func TestGateWaitsWhileClosed(t *testing.T) {
 	}
 	g.Open()
 	(<-admitted)()
+	if g.Waiting() != 0 {
+		t.Errorf("waiting %d after the gate opened", g.Waiting())
+	}
 }
 
 func TestGateShutdownReleasesWaiters(t *testing.T) {

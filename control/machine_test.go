@@ -258,6 +258,8 @@ func TestCaptureKeys(t *testing.T) {
 		{key: "", bad: true},
 		{key: "-r", bad: true},
 		{key: "r/x", bad: true},
+		{key: strings.Repeat("r", control.MaxIDLen), want: ep(strings.Repeat("r", control.MaxIDLen), 0)},
+		{key: strings.Repeat("r", control.MaxIDLen+1), bad: true},
 	}
 	for _, tc := range cases {
 		got, err := control.ParseCaptureKey(tc.key)
@@ -379,6 +381,10 @@ func TestCloseAdmissionFailureLeavesIdle(t *testing.T) {
 	wantCode(t, err, control.ErrCheckpoint)
 	if p, id := r.m.Phase(); p != control.PhaseIdle || id != "" {
 		t.Fatalf("phase %s %q, want idle with no id", p, id)
+	}
+	// The hooks are told to reopen, whatever they did of the close.
+	if diff := cmp.Diff([]string{"open"}, r.h.calls()); diff != "" {
+		t.Errorf("hook calls (-want +got):\n%s", diff)
 	}
 }
 
