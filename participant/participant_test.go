@@ -23,6 +23,9 @@ type fakeOwner struct {
 	restoreIn []owner.RestoreRequest
 	restore   func(owner.RestoreRequest) (owner.RestoreResult, error)
 	commitIn  []owner.CommitRequest
+	commit    func(owner.CommitRequest) (owner.CommitResult, error)
+	release   func([]string) (owner.ReleaseResult, error)
+	endErr    error
 	retireIn  [][]string
 	retire    func([]string) (owner.RetireResult, error)
 	ended     []string
@@ -39,6 +42,9 @@ func (f *fakeOwner) Commit(_ context.Context, req owner.CommitRequest) (owner.Co
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.commitIn = append(f.commitIn, req)
+	if f.commit != nil {
+		return f.commit(req)
+	}
 	return owner.CommitResult{Sessions: req.Scope}, nil
 }
 
@@ -61,13 +67,19 @@ func (f *fakeOwner) Retire(_ context.Context, ids []string) (owner.RetireResult,
 	return owner.RetireResult{Stopped: ids}, nil
 }
 
-func (f *fakeOwner) Release(context.Context, []string) (owner.ReleaseResult, error) {
+func (f *fakeOwner) Release(_ context.Context, kept []string) (owner.ReleaseResult, error) {
+	if f.release != nil {
+		return f.release(kept)
+	}
 	return owner.ReleaseResult{}, nil
 }
 
 func (f *fakeOwner) EndSessionSandbox(_ context.Context, sid string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.endErr != nil {
+		return f.endErr
+	}
 	f.ended = append(f.ended, sid)
 	return nil
 }
@@ -81,8 +93,7 @@ func (f *fakeOwner) Sessions() ([]string, error) {
 var t0 = time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
 
 func newParticipant(f *fakeOwner) (*participant.Participant, *clock.Manual) {
-	clk := clock.NewManual(t0)
-	return participant.New(participant.Config{Owner: f, Mode: owner.ModeExported, Instance: "notes", Clock: clk}), clk
+	return newParticipantIn(f, owner.ModeExported, false)
 }
 
 func base(clk *clock.Manual, id string) control.Base {
