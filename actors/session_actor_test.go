@@ -1,0 +1,398 @@
+package actors_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/actors"
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/logs"
+	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
+)
+
+var shellT0 = time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+
+// shell is one session actor on a real actor system over a fake provider,
+// with the owner's callbacks recorded.
+type shell struct {
+	t   *testing.T
+	sys *actor.ActorSystem
+	p   provider.Provider
+	clk *clock.Manual
+	env *actors.SessionEnv
+	pid *actor.PID
+
+	mu     sync.Mutex
+	events []string
+	// ended hears each OnEnded.
+	ended chan struct{}
+}
+
+func newShell(t *testing.T, p provider.Provider) *shell {
+	s := &shell{t: t, sys: actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) })), p: p, clk: clock.NewManual(shellT0), ended: make(chan struct{}, 8)}
+	s.env = &actors.SessionEnv{
+		Provider: p, Clock: s.clk, Log: logs.Discard(), Limiter: actors.NewLimiter(1),
+		OnEnded: func(id string, stopped *provider.Handle, reason messages.StopReason) {
+			s.note("ended %s %s stopped=%v", id, reason, stopped != nil)
+			s.ended <- struct{}{}
+		},
+		OnHeld: func(id string, sb messages.Sandbox) { s.note("held %s", id) },
+		OnLost: func(id string, sb messages.Sandbox) { s.note("lost %s", id) },
+	}
+	s.pid = s.sys.Root.Spawn(actors.SessionProps(s.env, func() *actors.Session { return actors.NewSession("s1") }))
+	t.Cleanup(func() { s.sys.Shutdown() })
+	return s
+}
+
+func (s *shell) note(format string, args ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events = append(s.events, fmt.Sprintf(format, args...))
+}
+
+func (s *shell) noted() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.events...)
+}
+
+// ask sends a request carrying a reply slot and waits for its answer.
+func (s *shell) ask(msg any, slot messages.ReplyTo) any {
+	s.t.Helper()
+	s.sys.Root.Send(s.pid, msg)
+	select {
+	case r := <-slot:
+		return r
+	case <-time.After(time.Minute): // a hang guard only: every answer here comes at once
+		s.t.Fatalf("no answer to %T", msg)
+		return nil
+	}
+}
+
+func (s *shell) start(setup messages.SetupFunc, spec provider.Spec) *messages.StartReply {
+	slot := make(messages.ReplyTo, 1)
+	r, _ := s.ask(&messages.StartSandbox{ReqID: 1, Spec: spec, Setup: setup, Reply: slot}, slot).(*messages.StartReply)
+	return r
+}
+
+func (s *shell) do(fn messages.DoFunc) error {
+	slot := make(messages.ReplyTo, 1)
+	r, _ := s.ask(&messages.Do{ReqID: 2, Fn: fn, Reply: slot}, slot).(*messages.DoReply)
+	return r.Err
+}
+
+// request asks with protoactor's sender (the coordinator's way).
+func (s *shell) request(msg any) any {
+	s.t.Helper()
+	r, err := s.sys.Root.RequestFuture(s.pid, msg, time.Minute).Result()
+	if err != nil {
+		s.t.Fatalf("%T: %v", msg, err)
+	}
+	return r
+}
+
+// TestShellStartsAndStops: a start runs setup and answers with the sandbox
+// (workdir asked of the sandbox, the setup's data, the lease from the spec);
+// the owner hears it held; a stop stops the sandbox and the owner hears it
+// ended.
+func TestShellStartsAndStops(t *testing.T) {
+	p := fake.New(fake.Options{Clock: clock.NewManual(shellT0)})
+	s := newShell(t, p)
+	rep := s.start(func(ctx context.Context, pr provider.Provider, sb messages.Sandbox) (json.RawMessage, error) {
+		return json.RawMessage(`{"seed":1}`), nil
+	}, provider.Spec{Workdir: "/work", TTLSeconds: 60})
+	if rep.Err != nil {
+		t.Fatal(rep.Err)
+	}
+	if rep.Sandbox.Workdir != "/work" || string(rep.Sandbox.Data) != `{"seed":1}` || !rep.Sandbox.ExpiresAt.Equal(shellT0.Add(time.Minute)) {
+		t.Errorf("sandbox %+v: want workdir /work, the setup's data, a lease a minute ahead", rep.Sandbox)
+	}
+	slot := make(messages.ReplyTo, 1)
+	stop, _ := s.ask(&messages.StopSandbox{ReqID: 3, Reason: messages.StopEnd, Reply: slot}, slot).(*messages.StopReply)
+	if stop.Err != nil || stop.Stopped == nil || stop.Stopped.SandboxID != rep.Sandbox.Handle.SandboxID {
+		t.Fatalf("stop: %+v", stop)
+	}
+	if live := p.LiveSandboxIDs(); len(live) != 0 {
+		t.Errorf("sandboxes live after the stop: %v", live)
+	}
+	if diff := cmp.Diff([]string{"held s1", "ended s1 end stopped=true"}, s.noted()); diff != "" {
+		t.Errorf("owner heard (-want +got):\n%s", diff)
+	}
+}
+
+// TestShellStartWithoutSetupOrLease: no setup gives the data {}; no
+// workdir in the spec is asked of the sandbox (pwd); no TTL, no lease.
+func TestShellStartWithoutSetupOrLease(t *testing.T) {
+	s := newShell(t, fake.New(fake.Options{}))
+	rep := s.start(nil, provider.Spec{})
+	if rep.Err != nil {
+		t.Fatal(rep.Err)
+	}
+	if rep.Sandbox.Workdir == "" || string(rep.Sandbox.Data) != "{}" || !rep.Sandbox.ExpiresAt.IsZero() {
+		t.Errorf("sandbox %+v: want the sandbox's workdir, data {}, no lease", rep.Sandbox)
+	}
+}
+
+// TestShellFailedSetupsStopTheirSandbox: a setup that fails, panics or
+// returns something other than a JSON object fails the start with ErrSetup
+// and leaves no sandbox running; the session can start again.
+func TestShellFailedSetupsStopTheirSandbox(t *testing.T) {
+	for name, setup := range map[string]messages.SetupFunc{
+		"error": func(context.Context, provider.Provider, messages.Sandbox) (json.RawMessage, error) {
+			return nil, errors.New("clone failed")
+		},
+		"panic": func(context.Context, provider.Provider, messages.Sandbox) (json.RawMessage, error) {
+			panic("bad grader")
+		},
+		"array": func(context.Context, provider.Provider, messages.Sandbox) (json.RawMessage, error) {
+			return json.RawMessage(`[1]`), nil
+		},
+		"too big": func(context.Context, provider.Provider, messages.Sandbox) (json.RawMessage, error) {
+			return json.RawMessage(`{"x":"` + strings.Repeat("a", actors.MaxSessionData) + `"}`), nil
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := fake.New(fake.Options{})
+			s := newShell(t, p)
+			rep := s.start(setup, provider.Spec{Workdir: "/w"})
+			if !errors.Is(rep.Err, actors.ErrSetup) {
+				t.Fatalf("start: %v, want ErrSetup", rep.Err)
+			}
+			if live := p.LiveSandboxIDs(); len(live) != 0 {
+				t.Errorf("sandboxes live after a failed setup: %v", live)
+			}
+			if rep := s.start(nil, provider.Spec{Workdir: "/w"}); rep.Err != nil {
+				t.Errorf("a second start: %v", rep.Err)
+			}
+		})
+	}
+}
+
+// TestValidateSessionData: up to MaxSessionData bytes of JSON object.
+func TestValidateSessionData(t *testing.T) {
+	obj := `{"x":"` + strings.Repeat("a", actors.MaxSessionData-8) + `"}`
+	if len(obj) != actors.MaxSessionData {
+		t.Fatalf("test object is %d bytes", len(obj))
+	}
+	if _, err := actors.ValidateSessionData(json.RawMessage(obj)); err != nil {
+		t.Errorf("an object of exactly MaxSessionData bytes: %v", err)
+	}
+	for _, bad := range []string{obj + " ", "null", `"s"`, "{"} {
+		if _, err := actors.ValidateSessionData(json.RawMessage(bad)); !errors.Is(err, actors.ErrSetup) {
+			t.Errorf("%.20q: %v, want ErrSetup", bad, err)
+		}
+	}
+}
+
+// TestShellStartFailures: a provider that cannot start fails the start; a
+// sandbox whose pwd fails fails it too and is stopped.
+func TestShellStartFailures(t *testing.T) {
+	p := fake.New(fake.Options{})
+	s := newShell(t, p)
+	p.FailNext(fake.OpStart, 1)
+	if rep := s.start(nil, provider.Spec{}); rep.Err == nil || !strings.Contains(rep.Err.Error(), "start sandbox") {
+		t.Errorf("start with a failing provider: %v", rep.Err)
+	}
+	p.FailNext(fake.OpExec, 1)
+	if rep := s.start(nil, provider.Spec{}); rep.Err == nil || !strings.Contains(rep.Err.Error(), "find workdir") {
+		t.Errorf("start whose pwd fails: %v", rep.Err)
+	}
+	if live := p.LiveSandboxIDs(); len(live) != 0 {
+		t.Errorf("sandboxes live after a failed start: %v", live)
+	}
+}
+
+// TestShellDo: an operation runs against the sandbox; its error and a panic
+// come back as the reply's error; a call the provider answers "not found"
+// marks the sandbox lost, which the owner hears once and later calls are
+// refused with.
+func TestShellDo(t *testing.T) {
+	p := fake.New(fake.Options{})
+	s := newShell(t, p)
+	sb := s.start(nil, provider.Spec{Workdir: "/w"}).Sandbox
+	var saw string
+	if err := s.do(func(ctx context.Context, pr provider.Provider, got messages.Sandbox) error {
+		saw = got.Handle.SandboxID
+		return pr.WriteFile(ctx, got.Handle, "/w/a", []byte("x"))
+	}); err != nil || saw != sb.Handle.SandboxID {
+		t.Fatalf("do: %v on %q", err, saw)
+	}
+	if err := s.do(func(context.Context, provider.Provider, messages.Sandbox) error { return errors.New("tool failed") }); err == nil || err.Error() != "tool failed" {
+		t.Errorf("do returning an error: %v", err)
+	}
+	if err := s.do(func(context.Context, provider.Provider, messages.Sandbox) error { panic("oops") }); err == nil || !strings.Contains(err.Error(), "panic: oops") {
+		t.Errorf("do that panics: %v", err)
+	}
+	// Each of the watched calls on another sandbox, or failing otherwise,
+	// loses nothing.
+	other := provider.Handle{SandboxID: "elsewhere", Provider: "fake"}
+	if err := s.do(func(ctx context.Context, pr provider.Provider, got messages.Sandbox) error {
+		_, _ = pr.Exec(ctx, other, provider.ExecRequest{Command: "true"})
+		_, _ = pr.ReadFile(ctx, got.Handle, "/w/missing")
+		return nil
+	}); err != nil {
+		t.Fatalf("do: %v", err)
+	}
+	if diff := cmp.Diff([]string{"held s1"}, s.noted()); diff != "" {
+		t.Fatalf("owner heard (-want +got):\n%s", diff)
+	}
+	for _, call := range []func(ctx context.Context, pr provider.Provider, h provider.Handle) error{
+		func(ctx context.Context, pr provider.Provider, h provider.Handle) error {
+			_, err := pr.Exec(ctx, h, provider.ExecRequest{Command: "true"})
+			return err
+		},
+		func(ctx context.Context, pr provider.Provider, h provider.Handle) error {
+			return pr.WriteFile(ctx, h, "/w/a", nil)
+		},
+		func(ctx context.Context, pr provider.Provider, h provider.Handle) error {
+			_, err := pr.ReadFile(ctx, h, "/w/a")
+			return err
+		},
+		func(ctx context.Context, pr provider.Provider, h provider.Handle) error {
+			_, err := pr.Status(ctx, h)
+			return err
+		},
+	} {
+		p2 := fake.New(fake.Options{})
+		s2 := newShell(t, p2)
+		h := s2.start(nil, provider.Spec{Workdir: "/w"}).Sandbox.Handle
+		if err := p2.Stop(context.Background(), h); err != nil {
+			t.Fatal(err)
+		}
+		// The operation swallows the error; the loss is still seen.
+		if err := s2.do(func(ctx context.Context, pr provider.Provider, sb messages.Sandbox) error {
+			_ = call(ctx, pr, sb.Handle)
+			return nil
+		}); !errors.Is(err, actors.ErrSandboxLost) {
+			t.Errorf("do whose call found the sandbox gone: %v, want ErrSandboxLost", err)
+		}
+		if diff := cmp.Diff([]string{"held s1", "lost s1"}, s2.noted()); diff != "" {
+			t.Errorf("owner heard (-want +got):\n%s", diff)
+		}
+	}
+}
+
+// TestShellSnapshots: a snapshot round's request is answered to its sender
+// with the snapshot; a provider that cannot snapshot answers
+// ErrUnsupported; a deadline already past (on the wall clock, where it ends
+// the call at once) fails the snapshot without taking one.
+func TestShellSnapshots(t *testing.T) {
+	p := fake.New(fake.Options{})
+	s := newShell(t, p)
+	sb := s.start(nil, provider.Spec{Workdir: "/w"}).Sandbox
+	rep, _ := s.request(&messages.TakeSnapshot{Round: 1, Name: "ck1"}).(*messages.SnapshotReply)
+	if rep == nil || rep.Err != nil || rep.SnapshotID == "" || rep.Round != 1 || rep.Sandbox.Handle.SandboxID != sb.Handle.SandboxID || !rep.At.Equal(shellT0) {
+		t.Fatalf("snapshot reply %+v", rep)
+	}
+
+	wp := fake.New(fake.Options{})
+	ws := newShell(t, wp)
+	ws.env.Clock = clock.Real{} // before any message: the actor reads it only when it performs
+	ws.start(nil, provider.Spec{Workdir: "/w"})
+	rep, _ = ws.request(&messages.TakeSnapshot{Round: 2, Name: "ck2", Deadline: time.Now().Add(-time.Second)}).(*messages.SnapshotReply)
+	if rep == nil || !errors.Is(rep.Err, context.DeadlineExceeded) || wp.Stats().Calls[fake.OpSnapshot] != 0 {
+		t.Errorf("snapshot past its deadline: %+v (%d snapshot calls)", rep, wp.Stats().Calls[fake.OpSnapshot])
+	}
+	rep, _ = ws.request(&messages.TakeSnapshot{Round: 3, Name: "ck3", Deadline: time.Now().Add(time.Hour)}).(*messages.SnapshotReply)
+	if rep == nil || rep.Err != nil || rep.SnapshotID == "" {
+		t.Errorf("snapshot within its deadline: %+v", rep)
+	}
+
+	ns := newShell(t, fake.NewWithoutSnapshots(fake.Options{}))
+	ns.start(nil, provider.Spec{Workdir: "/w"})
+	rep, _ = ns.request(&messages.TakeSnapshot{Round: 1, Name: "ck1"}).(*messages.SnapshotReply)
+	if rep == nil || !errors.Is(rep.Err, provider.ErrUnsupported) {
+		t.Errorf("snapshot on a provider without snapshots: %+v", rep)
+	}
+}
+
+// TestShellStopsBoundedByTheLimiter: a retire's stop waits for a limiter
+// slot (a checkpoint call holds the only one) and fails with its bound; an
+// end's stop does not wait.
+func TestShellStopsBoundedByTheLimiter(t *testing.T) {
+	p := fake.New(fake.Options{})
+	s := newShell(t, p)
+	s.env.StopTimeout = 50 * time.Millisecond
+	s.start(nil, provider.Spec{Workdir: "/w"})
+	if err := s.env.Limiter.Acquire(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	slot := make(messages.ReplyTo, 1)
+	stop, _ := s.ask(&messages.StopSandbox{ReqID: 3, Reason: messages.StopRetire, Reply: slot}, slot).(*messages.StopReply)
+	if stop == nil || !errors.Is(stop.Err, context.DeadlineExceeded) || len(p.LiveSandboxIDs()) != 1 {
+		t.Fatalf("retire with no limiter slot: %+v, live %v", stop, p.LiveSandboxIDs())
+	}
+	slot = make(messages.ReplyTo, 1)
+	stop, _ = s.ask(&messages.StopSandbox{ReqID: 4, Reason: messages.StopEnd, Reply: slot}, slot).(*messages.StopReply)
+	if stop == nil || stop.Err != nil || len(p.LiveSandboxIDs()) != 0 {
+		t.Fatalf("end with no limiter slot: %+v, live %v", stop, p.LiveSandboxIDs())
+	}
+	s.env.Limiter.Release()
+}
+
+// TestShellStopFailure: a stop the provider refuses fails with the sandbox
+// named.
+func TestShellStopFailure(t *testing.T) {
+	p := fake.New(fake.Options{})
+	s := newShell(t, p)
+	sb := s.start(nil, provider.Spec{Workdir: "/w"}).Sandbox
+	p.FailNext(fake.OpStop, 1)
+	slot := make(messages.ReplyTo, 1)
+	stop, _ := s.ask(&messages.StopSandbox{ReqID: 3, Reason: messages.StopPark, Reply: slot}, slot).(*messages.StopReply)
+	if stop == nil || stop.Err == nil || !strings.Contains(stop.Err.Error(), "stop sandbox "+sb.Handle.SandboxID) {
+		t.Fatalf("stop refused by the provider: %+v", stop)
+	}
+}
+
+// TestShellRenewsTheLease: a renewal due moves the provider's lease to now
+// plus the spec's TTL.
+func TestShellRenewsTheLease(t *testing.T) {
+	pclk := clock.NewManual(shellT0)
+	p := fake.New(fake.Options{Clock: pclk})
+	renewed := make(chan struct{}, 1)
+	p.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpRenew && c.Phase == fake.PhaseEnd {
+			renewed <- struct{}{}
+		}
+	})
+	s := newShell(t, p)
+	s.start(nil, provider.Spec{Workdir: "/w", TTLSeconds: 90})
+	now := shellT0.Add(time.Minute)
+	pclk.Set(now)
+	s.sys.Root.Send(s.pid, &messages.RenewLease{Now: now})
+	<-renewed
+	list, err := p.ListSandboxes(context.Background())
+	if err != nil || len(list) != 1 || !list[0].ExpiresAt.Equal(now.Add(90*time.Second)) {
+		t.Fatalf("after the renewal: %+v %v, want one sandbox leased until now + 90 s", list, err)
+	}
+}
+
+// TestShellAbandonStopsTheSandbox: an actor stopped while it holds a
+// sandbox stops the sandbox, and the owner hears the session ended.
+func TestShellAbandonStopsTheSandbox(t *testing.T) {
+	p := fake.New(fake.Options{})
+	s := newShell(t, p)
+	s.start(nil, provider.Spec{Workdir: "/w"})
+	if err := s.sys.Root.StopFuture(s.pid).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	<-s.ended
+	if diff := cmp.Diff([]string{"held s1", "ended s1 end stopped=true"}, s.noted()); diff != "" {
+		t.Errorf("owner heard (-want +got):\n%s", diff)
+	}
+	if live := p.LiveSandboxIDs(); len(live) != 0 {
+		t.Errorf("sandboxes live after the actor stopped: %v", live)
+	}
+}
