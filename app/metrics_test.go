@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -153,7 +154,7 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 	}
 	d := time.Now().Add(time.Minute).Unix()
 	control(t, addr, "prepare", fmt.Sprintf(`{"checkpoint_id":"ck1","deadline_ts":%d}`, d))
-	control(t, addr, "commit", fmt.Sprintf(`{"checkpoint_id":"ck1","deadline_ts":%d,"checkpoint_dir":"/ck1","episode_ids":[{"rollout_id":"r1","attempt":0}]}`, d))
+	control(t, addr, "commit", fmt.Sprintf(`{"checkpoint_id":"ck1","deadline_ts":%d,"checkpoint_dir":%q,"episode_ids":[{"rollout_id":"r1","attempt":0}]}`, d, filepath.Join(dir, "ck1")))
 	control(t, addr, "resume", fmt.Sprintf(`{"checkpoint_id":"ck1","deadline_ts":%d}`, d))
 
 	fams := scrape(t, addr)

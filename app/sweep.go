@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/snapshotindex"
 	"github.com/sandboxowner/owner/sweep"
 )
@@ -20,18 +22,13 @@ import (
 // configuration as the server, and refuses (exit 1, nothing deleted) when
 // the index in checkpoint.state_dir cannot be read.
 func sweepCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	reap := false
-	var rest []string
-	for _, a := range args {
-		switch a {
-		case "-reap", "--reap":
-			reap = true
-		default:
-			rest = append(rest, a)
-		}
+	reap, retainFrom, rest, err := sweepFlags(args)
+	if err != nil {
+		ErrorLine(stderr, LogFormatOf(args), "sweep: "+err.Error())
+		return 2
 	}
 	if slices.Contains(rest, "-h") || slices.Contains(rest, "-help") || slices.Contains(rest, "--help") {
-		fmt.Fprintln(stdout, "server sweep [-reap] [server flags]: report (and with -reap remove) the sandboxes and snapshots no checkpoint or tombstone accounts for; run it with the server stopped")
+		fmt.Fprintln(stdout, "server sweep [-reap] [-retain-from DIR] [server flags]: report (and with -reap remove) the sandboxes and snapshots no checkpoint or tombstone accounts for; run it with the server stopped. With -retain-from, only what the checkpoint records under DIR name is kept (no index needed), as Gym's sweep does")
 		fmt.Fprintln(stdout)
 	}
 	opts, err := ParseArgs(rest, stdout)
@@ -43,8 +40,8 @@ func sweepCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return 2
 	}
 	cfg := opts.Config
-	if cfg.Checkpoint.StateDir == "" {
-		ErrorLine(stderr, opts.LogFormat, "sweep: checkpoint.state_dir is not set: there is no index to sweep against")
+	if cfg.Checkpoint.StateDir == "" && retainFrom == "" {
+		ErrorLine(stderr, opts.LogFormat, "sweep: checkpoint.state_dir is not set: there is no index to sweep against (or give -retain-from DIR)")
 		return 2
 	}
 	log, err := NewLogger(stderr, opts.LogFormat, opts.LogLevel)
@@ -52,13 +49,26 @@ func sweepCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		ErrorLine(stderr, opts.LogFormat, "sweep: "+err.Error())
 		return 2
 	}
-	// Read the index before touching the provider: fail closed.
-	idx, err := snapshotindex.Open(cfg.Checkpoint.StateDir, snapshotindex.Options{Logger: log.WithField("lib", "badger")})
-	if err != nil {
-		fmt.Fprintf(stderr, "server sweep: %v: cannot read the index in %s (is the server running?): %v\n", sweep.ErrIndexUnreadable, cfg.Checkpoint.StateDir, err)
-		return 1
+	// Read what is kept before touching the provider: fail closed.
+	swOpts := sweep.Options{Owner: cfg.Name, Reap: reap}
+	kept := "the index accounts for"
+	if retainFrom != "" {
+		retained, err := records.RetainedUnder(retainFrom)
+		if err != nil {
+			fmt.Fprintf(stderr, "server sweep: %v; nothing was deleted\n", err)
+			return 1
+		}
+		swOpts.Retained = &retained
+		kept = fmt.Sprintf("the %d checkpoint records under %s name", retained.Participants, retainFrom)
+	} else {
+		idx, err := snapshotindex.Open(cfg.Checkpoint.StateDir, snapshotindex.Options{Logger: log.WithField("lib", "badger")})
+		if err != nil {
+			fmt.Fprintf(stderr, "server sweep: %v: cannot read the index in %s (is the server running?): %v\n", sweep.ErrIndexUnreadable, cfg.Checkpoint.StateDir, err)
+			return 1
+		}
+		defer idx.Close()
+		swOpts.Index = idx
 	}
-	defer idx.Close()
 	var templates map[string]string
 	if entry, ok := resourcesRegistry()[cfg.Resources]; ok {
 		templates = entry.templates
@@ -68,7 +78,8 @@ func sweepCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		fmt.Fprintf(stderr, "server sweep: %v\n", err)
 		return 2
 	}
-	rep, err := sweep.Run(ctx, sweep.Options{Owner: cfg.Name, Provider: prov, Index: idx, Reap: reap})
+	swOpts.Provider = prov
+	rep, err := sweep.Run(ctx, swOpts)
 	verb := "would stop"
 	if reap {
 		verb = "stopping"
@@ -84,7 +95,7 @@ func sweepCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	for _, s := range rep.Snapshots {
 		fmt.Fprintf(stdout, "%s snapshot %s (name=%s, sandbox=%s, created=%s)\n", verb, s.ID, s.Name, s.SandboxID, s.CreatedAt.Format("2006-01-02T15:04:05Z07:00"))
 	}
-	fmt.Fprintf(stdout, "keeping %d sandbox(es) and %d snapshot(s) the index accounts for; %d of other owners ignored\n", rep.KeptSandboxes, rep.KeptSnapshots, rep.Foreign)
+	fmt.Fprintf(stdout, "keeping %d sandbox(es) and %d snapshot(s) %s; %d of other owners ignored\n", rep.KeptSandboxes, rep.KeptSnapshots, kept, rep.Foreign)
 	for id, why := range rep.Failed {
 		fmt.Fprintf(stderr, "server sweep: could not remove %s: %s\n", id, why)
 	}
@@ -93,4 +104,30 @@ func sweepCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return 1
 	}
 	return 0
+}
+
+// sweepFlags takes the sweep's own flags out of args: -reap, and
+// -retain-from DIR (or -retain-from=DIR, with one or two dashes).
+func sweepFlags(args []string) (reap bool, retainFrom string, rest []string, err error) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "-reap" || a == "--reap":
+			reap = true
+		case a == "-retain-from" || a == "--retain-from":
+			if i+1 >= len(args) || args[i+1] == "" {
+				return false, "", nil, errors.New("-retain-from needs a directory")
+			}
+			i++
+			retainFrom = args[i]
+		case strings.HasPrefix(a, "-retain-from=") || strings.HasPrefix(a, "--retain-from="):
+			retainFrom = a[strings.Index(a, "=")+1:]
+			if retainFrom == "" {
+				return false, "", nil, errors.New("-retain-from needs a directory")
+			}
+		default:
+			rest = append(rest, a)
+		}
+	}
+	return reap, retainFrom, rest, nil
 }

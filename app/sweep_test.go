@@ -3,6 +3,7 @@ package app_test
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -76,5 +77,70 @@ func TestSweepCommand(t *testing.T) {
 	}
 	if len(sbs) != 1 || sbs[0].Metadata[owner.LabelSession] != "kept" {
 		t.Fatalf("left after the reap: %+v", sbs)
+	}
+}
+
+// TestSweepRetainFrom: with -retain-from the sweep keeps exactly the
+// snapshots the checkpoint records under the directory name, reads no
+// index (none is given), and refuses a root that is not a directory.
+func TestSweepRetainFrom(t *testing.T) {
+	ctx := context.Background()
+	dir, ckRoot := t.TempDir(), t.TempDir()
+	root := filepath.Join(dir, "sandboxes")
+	lg := logrus.New()
+	lg.SetLevel(logrus.ErrorLevel)
+	p, err := local.New(local.Options{Root: root, Templates: map[string]string{"notes": ""}, Isolation: "none", Overlay: "off", Logger: lg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := owner.New(ctx, owner.Config{Name: "notes", Provider: p, Logger: lg,
+		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: filepath.Join(dir, "state")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setup := func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) { return nil, nil }
+	if _, err := o.StartSessionSandbox(ctx, "s1", provider.Spec{Image: "notes"}, setup, ""); err != nil {
+		t.Fatal(err)
+	}
+	snapshotOf := map[string]string{}
+	for _, id := range []string{"c1", "c2"} {
+		if _, err := o.Commit(ctx, owner.CommitRequest{CheckpointID: id, CheckpointDir: filepath.Join(ckRoot, id)}); err != nil {
+			t.Fatal(err)
+		}
+		ck, err := o.Index().Checkpoint(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		snapshotOf[id] = ck.Records[0].SnapshotID
+	}
+	o.Abandon()
+	// The controller pruned c1.
+	if err := os.RemoveAll(filepath.Join(ckRoot, "c1")); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-sandbox.provider", "local", "-sandbox.local.root", root, "-sandbox.local.isolation", "none",
+		"-sandbox.local.overlay", "off", "-log-level", "error"}
+	var out, errOut strings.Builder
+	notDir := filepath.Join(dir, "file")
+	if err := os.WriteFile(notDir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := app.Run(ctx, append([]string{"sweep", "-reap", "-retain-from", notDir}, args...), &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "is not a directory") {
+		t.Fatalf("sweep -retain-from a file: exit %d, stderr %q", code, errOut.String())
+	}
+	errOut.Reset()
+	if code := app.Run(ctx, append([]string{"sweep", "-reap", "-retain-from=" + ckRoot}, args...), &out, &errOut); code != 0 {
+		t.Fatalf("sweep -retain-from: exit %d, stderr %q", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "deleting snapshot "+snapshotOf["c1"]) || strings.Contains(out.String(), snapshotOf["c2"]) ||
+		!strings.Contains(out.String(), "the 1 checkpoint records under "+ckRoot+" name") {
+		t.Fatalf("sweep -retain-from output %q", out.String())
+	}
+	snaps, err := p.ListSnapshots(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snaps) != 1 || snaps[0].ID != snapshotOf["c2"] {
+		t.Fatalf("snapshots left %+v, want only c2's %s", snaps, snapshotOf["c2"])
 	}
 }

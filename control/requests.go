@@ -186,11 +186,16 @@ type Report struct {
 // MaxBlockers caps Report.Blockers.
 const MaxBlockers = 100
 
-// Manifest is what a commit recorded.
+// Manifest is what a commit recorded: the manifest it wrote under the
+// checkpoint_dir, its keys in the file's (sorted) order.
 type Manifest struct {
 	CheckpointID  string `json:"checkpoint_id"`
+	Instance      string `json:"instance,omitempty"`
+	Kind          string `json:"kind,omitempty"`
 	RecordCount   int    `json:"record_count"`
+	RecordsFile   string `json:"records_file,omitempty"`
 	RecordsSHA256 string `json:"records_sha256"`
+	SchemaVersion int    `json:"schema_version,omitempty"`
 }
 
 // PrepareReply answers prepare.

@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/resources/notes"
 )
 
@@ -35,8 +36,11 @@ type harness struct {
 	opts options
 	prov provider.Provider
 	dir  string
-	clk  *clock.Manual
-	log  *logtest.Hook
+	// ckdirs holds the controller's checkpoint directories; they outlive
+	// restarts of the server.
+	ckdirs *records.MemFS
+	clk    *clock.Manual
+	log    *logtest.Hook
 
 	own *owner.Owner
 	srv *httpapi.Server
@@ -77,7 +81,7 @@ func newHarness(t *testing.T, opts ...opt) *harness {
 	if o.res == nil {
 		o.res = notes.New(notes.Options{})
 	}
-	h := &harness{t: t, opts: o, prov: o.prov, dir: t.TempDir(), clk: clk}
+	h := &harness{t: t, opts: o, prov: o.prov, dir: t.TempDir(), ckdirs: records.NewMemFS(), clk: clk}
 	h.start()
 	t.Cleanup(h.stop)
 	return h
@@ -100,9 +104,10 @@ func (h *harness) start() {
 	lg.SetLevel(logrus.DebugLevel)
 	h.log = hook
 	ocfg := owner.Config{
-		Name:       "notes",
-		Provider:   h.prov,
-		Checkpoint: owner.CheckpointConfig{Enabled: h.opts.checkpoint, StateDir: h.dir, Parallelism: 4},
+		Name:     "notes",
+		Provider: h.prov,
+		// The controller's directories ("/d") are in memory.
+		Checkpoint: owner.CheckpointConfig{Enabled: h.opts.checkpoint, StateDir: h.dir, Parallelism: 4, Records: h.ckdirs},
 		Clock:      h.clk,
 		Logger:     lg,
 	}

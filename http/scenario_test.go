@@ -1,15 +1,12 @@
 package http_test
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
-	"sort"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
 	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/records"
 )
 
 // TestCrashRestoreScenario is the crash-and-restore walk: a notes session is
@@ -46,8 +43,8 @@ func TestCrashRestoreScenario(t *testing.T) {
 	if diff := cmp.Diff([]any{"r1"}, commit["episode_ids"]); diff != "" {
 		t.Errorf("commit episode_ids (-want +got):\n%s", diff)
 	}
-	if want := recordsSHA256(t, h, "ck1"); manifest["records_sha256"] != want {
-		t.Errorf("records_sha256 = %v, want %s (the digest of the records the index holds)", manifest["records_sha256"], want)
+	if diff := cmp.Diff(writtenManifest(t, h, "/controller/ck1"), manifest); diff != "" {
+		t.Errorf("the reply's manifest is not the one written under checkpoint_dir (-written +reply):\n%s", diff)
 	}
 	h.ok(h.control("resume", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline()}), "resume")
 	// Drift after the checkpoint: the restore must not bring it back.
@@ -121,25 +118,14 @@ func TestRestoreOfAnEarlierCheckpointRewardsZero(t *testing.T) {
 	}
 }
 
-// recordsSHA256 computes a checkpoint's records digest from the records the
-// index holds: the SHA-256 of each record's JSON (timestamps in UTC)
-// followed by a newline, in session order.
-func recordsSHA256(t *testing.T, h *harness, id string) string {
+// writtenManifest reads and verifies the records a commit wrote under
+// dir and returns their manifest as the reply carries it.
+func writtenManifest(t *testing.T, h *harness, dir string) map[string]any {
 	t.Helper()
-	ck, err := h.own.Index().Checkpoint(id)
+	m, err := records.Read(h.ckdirs, dir, records.Participant{Kind: "resources", Instance: "notes"}, func([]byte) error { return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
-	recs := ck.Records
-	sort.Slice(recs, func(i, j int) bool { return recs[i].SessionID < recs[j].SessionID })
-	sum := sha256.New()
-	for _, r := range recs {
-		r.SnapshotAt = r.SnapshotAt.UTC()
-		b, err := json.Marshal(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sum.Write(append(b, '\n'))
-	}
-	return hex.EncodeToString(sum.Sum(nil))
+	return map[string]any{"checkpoint_id": m.CheckpointID, "instance": m.Instance, "kind": m.Kind, "record_count": float64(m.RecordCount),
+		"records_file": m.RecordsFile, "records_sha256": m.RecordsSHA256, "schema_version": float64(m.SchemaVersion)}
 }

@@ -3,6 +3,7 @@ package owner_test
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"testing"
 
 	"github.com/sandboxowner/owner/owner"
@@ -39,6 +40,21 @@ func BenchmarkCommit1000(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if _, err := o.Commit(context.Background(), owner.CommitRequest{CheckpointID: fmt.Sprintf("c%d", i)}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCommit1000Records is BenchmarkCommit1000 with a checkpoint_dir
+// on the disk: each commit also writes, fsyncs and publishes the 1,000
+// records and their manifest, as the control plane's commits do.
+func BenchmarkCommit1000Records(b *testing.B) {
+	o, _ := benchOwner(b, 1000)
+	dir := b.TempDir()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		id := fmt.Sprintf("c%d", i)
+		if _, err := o.Commit(context.Background(), owner.CommitRequest{CheckpointID: id, CheckpointDir: filepath.Join(dir, id)}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -57,6 +58,9 @@ type CommitResult struct {
 	// could not stop (logged; the commit still succeeded).
 	Parked     []string
 	ParkFailed map[string]string
+	// Manifest publishes the records written under CheckpointDir (zero
+	// without a CheckpointDir).
+	Manifest records.Manifest
 }
 
 // CommitError says which sessions failed a commit.
@@ -97,11 +101,16 @@ func (o *Owner) Commit(ctx context.Context, req CommitRequest) (CommitResult, er
 		return CommitResult{}, ErrCheckpointingOff
 	}
 	res := CommitResult{Mode: o.mode}
-	if o.mode == ModeRestartOnly {
-		return res, nil
-	}
 	if req.CheckpointID == "" {
 		return res, fmt.Errorf("%w: empty checkpoint id", ErrCommitFailed)
+	}
+	if o.mode == ModeRestartOnly {
+		// Nothing of this server is in a checkpoint: its records are none.
+		var err error
+		if res.Manifest, err = o.publishRecords(req.CheckpointID, req.CheckpointDir, nil); err != nil {
+			return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
+		}
+		return res, nil
 	}
 	o.ctl.Lock(o.rt)
 	defer o.ctl.Unlock()
@@ -112,7 +121,9 @@ func (o *Owner) Commit(ctx context.Context, req CommitRequest) (CommitResult, er
 		for _, r := range ck.Records {
 			res.Sessions = append(res.Sessions, r.SessionID)
 		}
-		return res, nil
+		// A commit whose records could not be written writes them now, as
+		// they were cut; it never snapshots again.
+		return o.republish(req, res, ck.Records)
 	} else if !errors.Is(err, snapshotindex.ErrNotFound) {
 		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
 	}
@@ -233,10 +244,20 @@ func (o *Owner) store(ctx context.Context, req CommitRequest, u *unstoredCommit,
 		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
 	}
 	delete(o.unstored, req.CheckpointID)
+	// The records under checkpoint_dir publish the commit, under the
+	// writer's lock so that none is published once StopCommit returned. A
+	// failed write leaves the checkpoint in the index: a retry writes its
+	// records as they were cut (a release drops it if it is never kept).
+	var pubErr error
+	res.Manifest, pubErr = o.publishRecords(req.CheckpointID, req.CheckpointDir, u.records)
 	o.writer.Unlock()
 	res.Meta = meta
 	for _, r := range u.records {
 		res.Sessions = append(res.Sessions, r.SessionID)
+	}
+	if err := pubErr; err != nil {
+		log.WithError(err).Warn("checkpoint records could not be written; a retry writes them")
+		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
 	}
 	log.WithFields(logrus.Fields{"records": len(u.records), "skipped": len(u.skipped), "took": o.clk.Now().Sub(u.began)}).Info("checkpoint committed")
 

@@ -16,21 +16,24 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
 type env struct {
-	t    *testing.T
-	fk   *fake.Provider
-	dir  string
-	clk  *clock.Manual
-	hook *logtest.Hook
+	t   *testing.T
+	fk  *fake.Provider
+	dir string
+	// ckdirs holds the controller's checkpoint directories ("/d").
+	ckdirs *records.MemFS
+	clk    *clock.Manual
+	hook   *logtest.Hook
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	clk := clock.NewManual(time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
-	return &env{t: t, fk: fake.New(fake.Options{Clock: clk, Seed: 1}), dir: t.TempDir(), clk: clk}
+	return &env{t: t, fk: fake.New(fake.Options{Clock: clk, Seed: 1}), dir: t.TempDir(), ckdirs: records.NewMemFS(), clk: clk}
 }
 
 type cfgOpt func(*owner.Config)
@@ -48,7 +51,7 @@ func (e *env) config(opts ...cfgOpt) owner.Config {
 	c := owner.Config{
 		Name:       "notes",
 		Provider:   e.fk,
-		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: e.dir},
+		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: e.dir, Records: e.ckdirs},
 		Clock:      e.clk,
 		Logger:     lg,
 	}

@@ -45,6 +45,7 @@ import (
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/sched"
 	"github.com/sandboxowner/owner/snapshotindex"
 	"github.com/sandboxowner/owner/supervisor"
@@ -133,6 +134,9 @@ type CheckpointConfig struct {
 	// Index, when set, is the snapshot index instead of the Badger one in
 	// StateDir: the simulation's in-memory index. The owner closes it.
 	Index snapshotindex.Store
+	// Records is the file system checkpoint directories are on (nil: the
+	// operating system's); the simulation's is in memory.
+	Records records.FS
 	// Parallelism bounds concurrent provider calls of a checkpoint
 	// operation (default 16).
 	Parallelism int
@@ -318,6 +322,9 @@ func (o *Owner) decideMode() (Mode, error) {
 	}
 	if c.Checkpoint.OnStop != OnStopKill && c.Checkpoint.OnStop != OnStopNone {
 		return "", fmt.Errorf("%w: checkpoint.on_stop must be %q or %q, not %q", ErrConfig, OnStopKill, OnStopNone, c.Checkpoint.OnStop)
+	}
+	if err := checkInstance(c.Name); err != nil {
+		return "", err
 	}
 	if c.Provider == nil {
 		return ModeRestartOnly, nil

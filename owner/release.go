@@ -83,6 +83,7 @@ func (o *Owner) Release(ctx context.Context, kept []string) (ReleaseResult, erro
 		now = append(now, t)
 	}
 	res.Deleted, res.Failed = o.deleteTombstoned(ctx, now)
+	o.releaseLeftovers(ctx, kept, needed, &res)
 	if len(res.Failed) > 0 {
 		return res, fmt.Errorf("release: %d snapshots could not be deleted (tombstoned; a retry deletes them)", len(res.Failed))
 	}

@@ -31,9 +31,16 @@ type RestoreRequest struct {
 	Episodes []string
 }
 
-// restoreSource reads the checkpoint a restore names: by id, or the latest
-// committed with its dir, which must match when both are given.
+// restoreSource reads the checkpoint a restore names: from its records in
+// its dir, or (a dir without this server's records, or none given) from
+// the index by id, or the latest committed with its dir, which must match
+// when both are given.
 func (o *Owner) restoreSource(req RestoreRequest) (snapshotindex.Checkpoint, error) {
+	if req.CheckpointDir != "" {
+		if ck, ok, err := o.checkpointFromRecords(req); ok || err != nil {
+			return ck, err
+		}
+	}
 	id := req.CheckpointID
 	if id == "" {
 		if req.CheckpointDir == "" {

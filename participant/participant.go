@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/sched"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -272,6 +273,21 @@ func (h hooks) Describe() control.Description {
 // emptySHA256 is the records digest of a checkpoint without records.
 var emptySHA256 = func() string { s := sha256.Sum256(nil); return hex.EncodeToString(s[:]) }()
 
+// manifestOf is the manifest a commit reply carries: the one written under
+// the checkpoint_dir, else (an owner that wrote none) the index's count
+// and digest.
+func manifestOf(checkpointID string, res owner.CommitResult) control.Manifest {
+	if m := res.Manifest; m.RecordsFile != "" {
+		return control.Manifest{SchemaVersion: m.SchemaVersion, Kind: m.Kind, Instance: m.Instance, CheckpointID: m.CheckpointID,
+			RecordsFile: m.RecordsFile, RecordsSHA256: m.RecordsSHA256, RecordCount: m.RecordCount}
+	}
+	out := control.Manifest{CheckpointID: checkpointID, RecordsSHA256: emptySHA256}
+	if res.Meta.ID != "" {
+		out.RecordCount, out.RecordsSHA256 = res.Meta.RecordCount, res.Meta.RecordsSHA256
+	}
+	return out
+}
+
 func (h hooks) Commit(ctx context.Context, req control.CommitRequest) (control.CommitResult, error) {
 	p := h.Participant
 	var inScope map[string]bool
@@ -315,12 +331,12 @@ func (h hooks) Commit(ctx context.Context, req control.CommitRequest) (control.C
 		if errors.Is(err, owner.ErrCommitStopped) {
 			return control.CommitResult{}, control.ErrStaleCheckpoint.Wrap(err)
 		}
+		if errors.Is(err, records.ErrInvalidState) {
+			return control.CommitResult{}, control.ErrInvalidCheckpointState.Wrap(err)
+		}
 		return control.CommitResult{}, resources.Wrap(nethttp.StatusInternalServerError, CodeCommitFailed, err)
 	}
-	out := control.CommitResult{Manifest: control.Manifest{CheckpointID: req.CheckpointID, RecordsSHA256: emptySHA256}, EpisodeIDs: []string{}}
-	if res.Meta.ID != "" {
-		out.Manifest.RecordCount, out.Manifest.RecordsSHA256 = res.Meta.RecordCount, res.Meta.RecordsSHA256
-	}
+	out := control.CommitResult{Manifest: manifestOf(req.CheckpointID, res), EpisodeIDs: []string{}}
 	for _, sid := range res.Sessions {
 		if k, ok := episodes[sid]; ok {
 			out.EpisodeIDs = append(out.EpisodeIDs, k)

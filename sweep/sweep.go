@@ -21,6 +21,7 @@ import (
 
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -41,6 +42,10 @@ type Options struct {
 	Provider provider.Provider
 	// Index is the server's snapshot index.
 	Index *snapshotindex.Index
+	// Retained, when set, replaces the index: what the checkpoint
+	// directories under a root name (records.RetainedUnder) is accounted
+	// for and nothing else, as Gym's sweep with --retain-from.
+	Retained *records.Retained
 	// Live holds the sandbox ids live sessions hold. The index is locked
 	// while a server runs, so a sweep normally runs with the server down
 	// and Live empty: then every sandbox the server labelled that no
@@ -118,9 +123,14 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	if opts.Owner == "" {
 		return rep, errors.New("sweep: no owner name")
 	}
-	acc, err := readIndex(opts.Index)
-	if err != nil {
-		return rep, err
+	acc := accounted{}
+	if opts.Retained != nil {
+		acc.snapshots, acc.sandboxes = opts.Retained.Snapshots, opts.Retained.Sandboxes
+	} else {
+		var err error
+		if acc, err = readIndex(opts.Index); err != nil {
+			return rep, err
+		}
 	}
 	l, ok := opts.Provider.(provider.Lister)
 	if !ok {

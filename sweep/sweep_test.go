@@ -13,6 +13,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/snapshotindex"
 	"github.com/sandboxowner/owner/sweep"
 )
@@ -157,5 +158,36 @@ func TestSweepReportsFailedRemovals(t *testing.T) {
 	}
 	if len(rep.Deleted) != 1 {
 		t.Fatalf("the snapshot was not deleted: %+v", rep)
+	}
+}
+
+// With Retained instead of the index, exactly the snapshots and sandboxes
+// the records name are kept, and the index is not read.
+func TestSweepKeepsExactlyWhatRetainedNames(t *testing.T) {
+	fk, _, wantSbs, _ := crashed(t)
+	snaps := fk.SnapshotIDs()
+	if len(snaps) != 3 {
+		t.Fatalf("snapshots %v", snaps)
+	}
+	keep := snaps[0]
+	var heldSbs []string
+	for _, id := range fk.LiveSandboxIDs() {
+		if info, _ := fk.Sandbox(id); info.Metadata[owner.LabelOwner] == "notes" && id != wantSbs[0] {
+			heldSbs = append(heldSbs, id)
+		}
+	}
+	retained := &records.Retained{Snapshots: map[string]bool{keep: true}, Sandboxes: map[string]bool{}}
+	for _, id := range heldSbs {
+		retained.Sandboxes[id] = true
+	}
+	rep, err := sweep.Run(context.Background(), sweep.Options{Owner: "notes", Provider: fk, Retained: retained, Reap: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([2][]string{wantSbs, snaps[1:]}, [2][]string{rep.Stopped, rep.Deleted}); diff != "" {
+		t.Fatalf("reaped (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{keep}, fk.SnapshotIDs()); diff != "" {
+		t.Fatalf("snapshots left (-want +got):\n%s", diff)
 	}
 }

@@ -29,8 +29,11 @@ const (
 	scaleCommit  = "prepare+commit+resume"
 	scaleRestore = "restore+resume"
 	scaleCkptID  = "scale-ck"
-	scaleCkptDir = "/bench/scale-ck"
 )
+
+// scaleCkptDir is the controller's checkpoint directory, beside the
+// clients' state file.
+func scaleCkptDir(state string) string { return filepath.Join(filepath.Dir(state), "scale-ck") }
 
 // scalePhase is what a scale child reports of its phase.
 type scalePhase struct {
@@ -333,7 +336,7 @@ func scaleLoadPhase(g *scaleGen, p *scalePhase, state string, n, active int, dur
 			return err
 		}
 		rep, _, err := g.post(httpapi.ControlPrefix+"commit", map[string]any{"checkpoint_id": scaleCkptID, "deadline_ts": deadlineTS(),
-			"checkpoint_dir": scaleCkptDir, "episode_ids": episodes(n)}, "", true)
+			"checkpoint_dir": scaleCkptDir(state), "episode_ids": episodes(n)}, "", true)
 		if err != nil {
 			return err
 		}
@@ -366,7 +369,7 @@ func scaleRestorePhase(g *scaleGen, p *scalePhase, state string, n int) error {
 	t0 := time.Now()
 	err = g.timed(scaleRestore, func() error {
 		rep, _, err := g.post(httpapi.ControlPrefix+"restore", map[string]any{"checkpoint_id": scaleCkptID, "deadline_ts": deadlineTS(),
-			"checkpoint_dir": scaleCkptDir, "episode_ids": episodes(n)}, "", true)
+			"checkpoint_dir": scaleCkptDir(state), "episode_ids": episodes(n)}, "", true)
 		if err != nil {
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/cookiejar"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -110,10 +111,11 @@ func TestSIGKILLBetweenCommitAndVerify(t *testing.T) {
 	a.mustExec(endpoint, token, "git apply - <<'EOF'\n"+tr.Patch+"EOF\n")
 
 	episodes := []any{map[string]any{"rollout_id": "r1", "attempt": 0}}
+	ckDir := filepath.Join(t.TempDir(), "ck1")
 	if p := a.control("prepare", "ck1", nil); p["phase"] != "prepared" {
 		t.Fatalf("prepare: %v", p)
 	}
-	commit := a.control("commit", "ck1", map[string]any{"checkpoint_dir": "/controller/ck1", "episode_ids": episodes})
+	commit := a.control("commit", "ck1", map[string]any{"checkpoint_dir": ckDir, "episode_ids": episodes})
 	if commit["phase"] != "committed" || commit["manifest"].(map[string]any)["record_count"] != 1.0 {
 		t.Fatalf("commit: %v", commit)
 	}
@@ -124,7 +126,7 @@ func TestSIGKILLBetweenCommitAndVerify(t *testing.T) {
 	a.srv.stop(t, syscall.SIGKILL)
 	a.srv = startChild(t, cfg)
 
-	restore := a.control("restore", "ck1", map[string]any{"checkpoint_dir": "/controller/ck1", "episode_ids": episodes})
+	restore := a.control("restore", "ck1", map[string]any{"checkpoint_dir": ckDir, "episode_ids": episodes})
 	if restore["phase"] != "restored" {
 		t.Fatalf("restore: %v", restore)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxowner/owner/participant"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
+	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/sandboxapi"
 	"github.com/sandboxowner/owner/sched"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -181,6 +182,9 @@ type run struct {
 	// mem is the index's durable contents in the deterministic mode (nil:
 	// Badger on the state_dir).
 	mem *snapshotindex.Memory
+	// ckdirs holds the controller's checkpoint directories, which outlive
+	// every owner (in memory in both modes).
+	ckdirs *records.MemFS
 	// sys is the actor system the owners share in the deterministic mode
 	// (nil: each owner makes its own, as the server does).
 	sys         *actor.ActorSystem
@@ -296,6 +300,7 @@ func newRun(seed int64, cfg Config) *run {
 		clk = clock.NewManual(start)
 	}
 	r := &run{
+		ckdirs:      records.NewMemFS(),
 		seed:        seed,
 		cfg:         cfg,
 		res:         &Result{Seed: seed, Armed: map[Fault]int{}, Fired: map[Fault]int{}},
@@ -494,6 +499,7 @@ func (r *run) ownerConfig() owner.Config {
 			Enabled:     true,
 			StateDir:    r.dir,
 			Index:       r.ownerIndex(),
+			Records:     r.ckdirs,
 			Parallelism: r.parallelism,
 			OnStop:      r.onStop,
 		},

@@ -41,13 +41,13 @@ func TestNotesWalkThroughUnderBubblewrap(t *testing.T) {
 	if code, m, err := s.control("prepare", map[string]any{"checkpoint_id": "ck1"}); err != nil || code != 200 || m["phase"] != "prepared" {
 		t.Fatalf("prepare: %d %v %v", code, m, err)
 	}
-	if code, m, err := s.control("commit", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": "/ctl/ck1", "episode_ids": episodes(len(agents), 0)}); err != nil || code != 200 {
+	if code, m, err := s.control("commit", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": filepath.Join(dir, "ctl-ck1"), "episode_ids": episodes(len(agents), 0)}); err != nil || code != 200 {
 		t.Fatalf("commit: %d %v %v", code, m, err)
 	}
 	s.kill()
 
 	s = startWith(t, bin, dir, bwrap...)
-	code, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": "/ctl/ck1", "episode_ids": episodes(len(agents), 0)})
+	code, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": filepath.Join(dir, "ctl-ck1"), "episode_ids": episodes(len(agents), 0)})
 	if err != nil || code != 200 {
 		t.Fatalf("restore: %d %v\n%s", code, err, s.log)
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -126,7 +127,7 @@ func TestOpenSandboxWalkThroughAndSIGKILL(t *testing.T) {
 				t.Fatalf("prepare: %d %v %v", code, m, err)
 			}
 			commit := func() (int, error) {
-				c, _, err := s.control("commit", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": "/ctl/ck1", "episode_ids": episodes(sessions, 0)})
+				c, _, err := s.control("commit", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": filepath.Join(dir, "ctl-ck1"), "episode_ids": episodes(sessions, 0)})
 				return c, err
 			}
 			if iter < 2 {
@@ -142,7 +143,7 @@ func TestOpenSandboxWalkThroughAndSIGKILL(t *testing.T) {
 			checkOSB(t, dir, srv, false)
 
 			restore := func(s *server) (int, error) {
-				c, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": "/ctl/ck1", "episode_ids": episodes(sessions, 0)})
+				c, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": filepath.Join(dir, "ctl-ck1"), "episode_ids": episodes(sessions, 0)})
 				return c, err
 			}
 			if iter >= 2 {

@@ -355,7 +355,7 @@ func TestSIGKILLMidCommitAndMidRestore(t *testing.T) {
 				t.Fatalf("prepare: %d %v %v", code, m, err)
 			}
 			commit := func() (int, error) {
-				c, _, err := s.control("commit", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": "/ctl/ck1", "episode_ids": episodes(sessions, 0)})
+				c, _, err := s.control("commit", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": filepath.Join(dir, "ctl-ck1"), "episode_ids": episodes(sessions, 0)})
 				return c, err
 			}
 			if iter%2 == 0 {
@@ -374,7 +374,7 @@ func TestSIGKILLMidCommitAndMidRestore(t *testing.T) {
 
 			s = start(t, bin, dir)
 			restore := func(s *server) (int, error) {
-				c, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": "/ctl/ck1", "episode_ids": episodes(sessions, 0)})
+				c, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": filepath.Join(dir, "ctl-ck1"), "episode_ids": episodes(sessions, 0)})
 				return c, err
 			}
 			delay := killDelay(rng)

@@ -1,0 +1,156 @@
+package owner
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/sandboxowner/owner/records"
+	"github.com/sandboxowner/owner/snapshotindex"
+)
+
+// The controller's checkpoint_dir holds what a restore needs: each commit
+// writes this server's records and manifest there (kind resources, the
+// server's name as instance), and a restore reads them, so a server on
+// another machine with an empty state_dir restores from them alone. The
+// index in state_dir is this process's cache of them (and the book of
+// tombstones and intents).
+
+// recordsWriter writes this server's records.
+func (o *Owner) recordsWriter() records.Writer {
+	fsys := o.cfg.Checkpoint.Records
+	if fsys == nil {
+		fsys = records.OS{}
+	}
+	return records.Writer{FS: fsys, Participant: o.participant()}
+}
+
+func (o *Owner) participant() records.Participant {
+	return records.Participant{Kind: records.KindResources, Instance: o.name}
+}
+
+// checkInstance refuses a server name that cannot name its records'
+// directory.
+func checkInstance(name string) error {
+	if _, err := (records.Participant{Kind: records.KindResources, Instance: name}).Dir("/"); err != nil {
+		return fmt.Errorf("%w: name %q cannot name a checkpoint directory (want letters, digits, '.', '_', '-', not first): %w", ErrConfig, name, err)
+	}
+	return nil
+}
+
+// publishRecords writes the checkpoint's records, in session order, and
+// their manifest under dir. Writing the same records again returns the
+// manifest already there, so a retried commit stores what the first one
+// cut. No dir (a caller below the control plane) writes nothing.
+func (o *Owner) publishRecords(checkpointID, dir string, recs []snapshotindex.Record) (records.Manifest, error) {
+	if dir == "" {
+		return records.Manifest{}, nil
+	}
+	sorted := slices.SortedFunc(slices.Values(recs), func(a, b snapshotindex.Record) int { return cmp.Compare(a.SessionID, b.SessionID) })
+	lines := make([][]byte, len(sorted))
+	for i, r := range sorted {
+		line, err := toRecord(r).Line()
+		if err != nil {
+			return records.Manifest{}, err
+		}
+		lines[i] = line
+	}
+	return o.recordsWriter().Write(dir, checkpointID, lines, nil)
+}
+
+// republish writes the records of a checkpoint the index holds (a retried
+// commit), unless a resume stopped its writer.
+func (o *Owner) republish(req CommitRequest, res CommitResult, recs []snapshotindex.Record) (CommitResult, error) {
+	o.writer.Lock(o.rt)
+	defer o.writer.Unlock()
+	if o.stopped.Has(req.CheckpointID) {
+		return res, &CommitError{CheckpointID: req.CheckpointID, Err: ErrCommitStopped}
+	}
+	var err error
+	if res.Manifest, err = o.publishRecords(req.CheckpointID, req.CheckpointDir, recs); err != nil {
+		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
+	}
+	return res, nil
+}
+
+func toRecord(r snapshotindex.Record) records.Record {
+	return records.Record{
+		EpisodeID: records.EpisodeOf(r.Episode),
+		SessionID: r.SessionID,
+		State: records.State{
+			Sandbox: records.SandboxState{
+				ProviderName: r.Provider,
+				Descriptor:   r.Sandbox,
+				SnapshotID:   r.SnapshotID,
+				Spec:         r.Spec,
+				SnapshotAt:   records.UnixSeconds(r.SnapshotAt),
+			},
+			Workdir: r.Workdir,
+			Data:    r.Data,
+		},
+	}
+}
+
+func fromRecord(r records.Record) snapshotindex.Record {
+	s := r.State.Sandbox
+	return snapshotindex.Record{
+		SessionID:  r.SessionID,
+		Episode:    r.EpisodeID.CaptureKey(),
+		Provider:   s.ProviderName,
+		Sandbox:    s.Descriptor,
+		SnapshotID: s.SnapshotID,
+		Spec:       s.Spec,
+		Workdir:    r.State.Workdir,
+		Data:       r.State.Data,
+		SnapshotAt: records.TimeOf(s.SnapshotAt),
+	}
+}
+
+// checkpointFromRecords reads and verifies this server's records under
+// dir; ok is false when dir holds no manifest of this server. The whole
+// file is verified before any record is returned. The index learns the
+// checkpoint if it did not know it (a fresh state_dir), so that release and
+// the sweep account for its snapshots.
+func (o *Owner) checkpointFromRecords(req RestoreRequest) (ck snapshotindex.Checkpoint, ok bool, err error) {
+	fsys := o.recordsWriter().FS
+	var recs []snapshotindex.Record
+	m, err := records.Read(fsys, req.CheckpointDir, o.participant(), func(line []byte) error {
+		r, err := records.ParseRecord(line)
+		if err != nil {
+			return err
+		}
+		recs = append(recs, fromRecord(r))
+		return nil
+	})
+	if errors.Is(err, records.ErrNoManifest) {
+		return ck, false, nil
+	}
+	if err != nil {
+		return ck, true, fmt.Errorf("%w: %w", ErrInvalidRecord, err)
+	}
+	if req.CheckpointID != "" && m.CheckpointID != req.CheckpointID {
+		return ck, true, fmt.Errorf("%w: %s holds checkpoint %q, not %q", ErrInvalidRecord, req.CheckpointDir, m.CheckpointID, req.CheckpointID)
+	}
+	known, err := o.index.Checkpoint(m.CheckpointID)
+	switch {
+	case err == nil:
+		if known.Meta.CheckpointDir != "" && known.Meta.CheckpointDir != req.CheckpointDir {
+			return ck, true, fmt.Errorf("%w: checkpoint %s was committed with checkpoint_dir %s, not %s", ErrInvalidRecord, m.CheckpointID, known.Meta.CheckpointDir, req.CheckpointDir)
+		}
+		ck.Meta = known.Meta
+	case errors.Is(err, snapshotindex.ErrNotFound):
+		ck.Meta, err = o.index.Commit(snapshotindex.CheckpointMeta{ID: m.CheckpointID, CommittedAt: o.clk.Now(), CheckpointDir: req.CheckpointDir}, recs)
+		if errors.Is(err, snapshotindex.ErrInvalid) {
+			return ck, true, fmt.Errorf("%w: %w", ErrInvalidRecord, err)
+		}
+		if err != nil {
+			return ck, true, err
+		}
+		o.log.WithFields(map[string]any{"checkpoint_id": m.CheckpointID, "records": len(recs)}).Info("checkpoint read from its records into a fresh index")
+	default:
+		return ck, true, err
+	}
+	ck.Records = slices.SortedFunc(slices.Values(recs), func(a, b snapshotindex.Record) int { return cmp.Compare(a.SessionID, b.SessionID) })
+	return ck, true, nil
+}
