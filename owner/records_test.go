@@ -268,3 +268,23 @@ func TestUnsafeNameIsRefusedWithCheckpointing(t *testing.T) {
 		t.Fatalf("owner.New with name ../notes: %v", err)
 	}
 }
+
+// Once a resume stopped a commit's writer, a retry publishes no records.
+func TestNoRecordsArePublishedAfterStopCommit(t *testing.T) {
+	e := newEnv(t)
+	ffs := &failingFS{MemFS: records.NewMemFS(), n: 1}
+	o := e.open(func(c *owner.Config) { c.Checkpoint.Records = ffs })
+	seed(t, o, "s1")
+	ctx := context.Background()
+	req := owner.CommitRequest{CheckpointID: "c1", CheckpointDir: "/ck"}
+	if _, err := o.Commit(ctx, req); !errors.Is(err, records.ErrInvalidState) {
+		t.Fatalf("commit with a failing disk: %v", err)
+	}
+	o.StopCommit("c1")
+	if _, err := o.Commit(ctx, req); !errors.Is(err, owner.ErrCommitStopped) {
+		t.Fatalf("retry after the stop: %v", err)
+	}
+	if _, err := records.Read(ffs, "/ck", notesParticipant, func([]byte) error { return nil }); !errors.Is(err, records.ErrNoManifest) {
+		t.Fatalf("a manifest was published after the stop: %v", err)
+	}
+}
