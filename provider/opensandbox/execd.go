@@ -237,6 +237,11 @@ func parseStream(r io.Reader, outCap int, hooks streamHooks) (provider.ExecResul
 		if len(line) == 0 || line[0] != '{' {
 			continue // blank separator, SSE comment, event:/id: lines
 		}
+		if full(line, `{"type":"stdout"`, stdout) || full(line, `{"type":"stderr"`, stderr) {
+			// Output past the cap: nothing of it is kept, so it is not
+			// decoded either (a command may print gigabytes).
+			continue
+		}
 		if cut {
 			// One line of output longer than a frame may be: keep what
 			// fits of its text, and say that output was cut.
@@ -296,6 +301,11 @@ func finalError(ev event, result func(int) provider.ExecResult, timedOut func() 
 		}
 	}
 	return res, nil
+}
+
+// full reports that frame is output for out and out has no room left.
+func full(frame []byte, prefix string, out *capped) bool {
+	return out.truncated && bytes.HasPrefix(frame, []byte(prefix))
 }
 
 // partialLine picks the output a cut frame belongs to and the text of it

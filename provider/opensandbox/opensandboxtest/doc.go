@@ -22,8 +22,13 @@
 //   - States are spelled as the spec does, or in lower case
 //     (Options.LowerCaseStates), since servers disagree.
 //   - execd: POST /command answers a stream of raw JSON frames (no "data:"
-//     prefix), /files/upload takes multipart metadata/file pairs,
-//     /files/download, /ping.
+//     prefix), framed as the real execd frames them (checked against it by
+//     the provider's contract suite): one event per output line without its
+//     ending, "\n" for an empty line, "\r" ending a line too, a killing
+//     signal or timeout as evalue -1; a missing cwd is 400
+//     INVALID_REQUEST_BODY; DELETE /command?id= interrupts a command;
+//     /files/upload takes multipart metadata/file pairs, /files/download,
+//     /ping. Unlike the real execd, it does not expand $VAR in paths.
 //
 // Every request is checked against the spec's schema: required fields,
 // types, and unknown fields where the spec forbids them are refused with 400

@@ -107,11 +107,14 @@ func lines(s string) []string {
 	return out
 }
 
-// command runs a command as the real execd's POST /command does, with two
-// differences: the stream starts once the command has ended (so that a
-// refused cwd is still a 400, as execd's up-front check answers it), and a
-// caller that hangs up ends the command (the real execd lets it run on;
-// DELETE /command?id= ends it in both).
+// command runs a command as the real execd's POST /command does. execd
+// checks the cwd before it runs anything (400 when it is missing or not a
+// directory) and then streams; the fake streams from the start when the
+// backend shows the cwd is a directory, and otherwise (the in-memory backend
+// has no directories) once the command has ended, so that a cwd the backend
+// refuses is still a 400. One difference stays: a caller that hangs up ends
+// the command here, while the real execd lets it run (DELETE /command?id=
+// ends it in both).
 func (s *Server) command(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 	req, ok := s.readChecked(w, r, runCommandSchema, false)
 	if !ok {
@@ -139,26 +142,24 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 		ms, _ := n.Int64()
 		er.Timeout = time.Duration(ms) * time.Millisecond
 	}
+	notDir := func() {
+		writeError(w, http.StatusBadRequest, "INVALID_REQUEST_BODY", "invalid request, validation error working directory path is not a directory: %s", er.Cwd)
+	}
+	live := false
+	if er.Cwd != "" {
+		_, err := s.backend.ReadFile(r.Context(), sb.backend, er.Cwd)
+		switch {
+		case err == nil || errors.Is(err, syscall.ENOTDIR):
+			notDir()
+			return
+		case !errors.Is(err, fs.ErrNotExist):
+			live = true // it is there and not a file: a directory
+		}
+	}
 	id := newID("cmd-")
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	defer s.commands.add(id, cancel)()
-	start := s.clk.Now()
-	res, err := s.backend.Exec(ctx, sb.backend, er)
-	interrupted := ctx.Err() != nil && r.Context().Err() == nil
-	switch {
-	case err != nil && interrupted:
-		// Interrupted: SIGTERM, as the real execd sends.
-		res, err = provider.ExecResult{ExitCode: -1}, nil
-	case errors.Is(err, fs.ErrNotExist):
-		writeError(w, http.StatusBadRequest, "INVALID_REQUEST_BODY", "invalid request, validation error working directory does not exist: %s: %v", er.Cwd, err)
-		return
-	case errors.Is(err, syscall.ENOTDIR):
-		writeError(w, http.StatusBadRequest, "INVALID_REQUEST_BODY", "invalid request, validation error working directory path is not a directory: %s", er.Cwd)
-		return
-	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.WriteHeader(http.StatusOK)
 	flusher, _ := w.(http.Flusher)
 	send := func(f frame) {
 		f.Timestamp = s.clk.Now().UnixMilli()
@@ -168,9 +169,30 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 			flusher.Flush()
 		}
 	}
-	send(frame{Type: "init", Text: id})
-	send(frame{Type: "ping", Text: "pong"})
-	if err != nil {
+	begin := func() {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		send(frame{Type: "init", Text: id})
+		send(frame{Type: "ping", Text: "pong"})
+	}
+	if live {
+		begin()
+	}
+	start := s.clk.Now()
+	res, err := s.backend.Exec(ctx, sb.backend, er)
+	interrupted := ctx.Err() != nil && r.Context().Err() == nil
+	if !live {
+		switch {
+		case err != nil && !interrupted && errors.Is(err, fs.ErrNotExist):
+			writeError(w, http.StatusBadRequest, "INVALID_REQUEST_BODY", "invalid request, validation error working directory does not exist: %s: %v", er.Cwd, err)
+			return
+		case err != nil && !interrupted && errors.Is(err, syscall.ENOTDIR):
+			notDir()
+			return
+		}
+		begin()
+	}
+	if err != nil && !interrupted {
 		send(frame{Type: "error", Error: &frameError{EName: "CommandExecError", EValue: err.Error(), Traceback: []string{err.Error()}}})
 		return
 	}
@@ -182,10 +204,11 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 	}
 	elapsed := s.clk.Now().Sub(start).Milliseconds()
 	switch {
+	case interrupted:
+		// execd interrupts with SIGTERM (SIGKILL a few seconds later).
+		send(frame{Type: "error", Error: &frameError{EName: "CommandExecError", EValue: "-1", Traceback: []string{"signal: terminated"}}})
 	case res.TimedOut:
 		send(frame{Type: "error", Error: &frameError{EName: "CommandExecError", EValue: "-1", Traceback: []string{"signal: killed"}}})
-	case interrupted:
-		send(frame{Type: "error", Error: &frameError{EName: "CommandExecError", EValue: "-1", Traceback: []string{"signal: terminated"}}})
 	case res.ExitCode != 0:
 		send(frame{Type: "error", Error: &frameError{EName: "CommandExecError", EValue: strconv.Itoa(res.ExitCode), Traceback: []string{fmt.Sprintf("exit status %d", res.ExitCode)}}})
 	default:
@@ -296,7 +319,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 	}
 	for i, path := range metas {
 		if err := s.backend.WriteFile(r.Context(), sb.backend, path, files[i]); err != nil {
-			s.backendError(w, "INTERNAL_ERROR", err)
+			s.backendError(w, "RUNTIME_ERROR", err)
 			return
 		}
 	}
@@ -315,7 +338,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 	case errors.Is(err, fs.ErrNotExist):
 		writeError(w, http.StatusNotFound, "FILE_NOT_FOUND", "%s: no such file", path)
 	case err != nil:
-		s.backendError(w, "INTERNAL_ERROR", err)
+		s.backendError(w, "RUNTIME_ERROR", err)
 	default:
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.Header().Set("Content-Length", strconv.Itoa(len(data)))

@@ -1,0 +1,509 @@
+package opensandbox_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/provider/opensandbox"
+	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
+)
+
+// sharedOpenSandbox is the real OpenSandbox's sources, from this package.
+const sharedOpenSandbox = "../../../shared/opensandbox"
+
+// execdUnderTest is one execd the contract runs against: a provider whose
+// sandbox h is served by it.
+type execdUnderTest struct {
+	p       *opensandbox.Provider
+	h       provider.Handle
+	workdir string
+}
+
+// TestExecdContract runs the execd behaviours the provider relies on
+// against the project's fake execd and against OpenSandbox's real one. What
+// a command printed must come back as it was, except for what execd's wire
+// cannot carry (see wire).
+func TestExecdContract(t *testing.T) {
+	for _, name := range []string{"fake", "real"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var e execdUnderTest
+			if name == "fake" {
+				e = fakeExecd(t)
+			} else {
+				e = realExecd(t)
+			}
+			runContract(t, e)
+		})
+	}
+}
+
+// fakeExecd is the fake lifecycle server and its fake execd, running
+// commands for real through the local provider (unisolated).
+func fakeExecd(t *testing.T) execdUnderTest {
+	t.Helper()
+	lp, err := local.New(local.Options{Root: t.TempDir(), Templates: map[string]string{"contract": ""}, Isolation: "none", Overlay: "off",
+		OutputCap: 128 << 20}) // all of it reaches the fake execd, as all of it reaches the real one
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lp.Close() })
+	workdir := filepath.Join(t.TempDir(), "sandbox")
+	srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: key, Backend: localBackend{lp, workdir}})
+	t.Cleanup(srv.Close)
+	p, err := opensandbox.New(opensandbox.Options{Domain: srv.Domain, APIKey: key, PollInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Wait)
+	h, err := p.Start(context.Background(), provider.Spec{Image: "contract", TTLSeconds: 600, Workdir: workdir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return execdUnderTest{p: p, h: h, workdir: workdir}
+}
+
+// localBackend is the local provider as the fake server's backend: the fake
+// makes sandboxes whose workdir is "/" (a container's root), which the
+// local provider keeps apart from the host as workdir.
+type localBackend struct {
+	*local.Provider
+	workdir string
+}
+
+func (b localBackend) Start(ctx context.Context, spec provider.Spec) (provider.Handle, error) {
+	spec.Workdir = b.workdir
+	return b.Provider.Start(ctx, spec)
+}
+
+// Exec runs the provider's "mkdir -p <workdir>" in "/" (the container's
+// root) in the workdir instead.
+func (b localBackend) Exec(ctx context.Context, h provider.Handle, req provider.ExecRequest) (provider.ExecResult, error) {
+	if req.Cwd == "/" {
+		req.Cwd = b.workdir
+	}
+	return b.Provider.Exec(ctx, h, req)
+}
+
+func (b localBackend) ReadFile(ctx context.Context, h provider.Handle, name string) ([]byte, error) {
+	if name == "/" {
+		name = b.workdir
+	}
+	return b.Provider.ReadFile(ctx, h, name)
+}
+
+// realExecd builds (once per source, cached) and starts OpenSandbox's execd
+// through ../shared/opensandbox/execd.sh, behind a stub of the lifecycle
+// server's endpoint route.
+func realExecd(t *testing.T) execdUnderTest {
+	t.Helper()
+	script, err := filepath.Abs(filepath.Join(sharedOpenSandbox, "execd.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(script); err != nil {
+		t.Skipf("the real execd is not here (%s is absent); CI has it", sharedOpenSandbox)
+	}
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Skip("curl, which execd.sh needs, is not installed")
+	}
+	bin := buildExecd(t, script)
+	dir := t.TempDir()
+	if err := os.Symlink(bin, filepath.Join(dir, "execd")); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	const token = "contract-token"
+	start := exec.Command(script, "start", dir, strconv.Itoa(port))
+	start.Env = append(os.Environ(), "EXECD_TOKEN="+token)
+	// A file, not a pipe: the shell that backgrounds execd keeps the
+	// script's stdout open for as long as execd runs.
+	log, err := os.Create(filepath.Join(dir, "start.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start.Stdout, start.Stderr = log, log
+	// Its own process group, which execd joins: execd.sh's pid file names
+	// the shell that started execd, not execd, so "stop" misses it.
+	start.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err = start.Run()
+	log.Close()
+	t.Cleanup(func() { _ = syscall.Kill(-start.Process.Pid, syscall.SIGKILL) })
+	if err != nil {
+		out, _ := os.ReadFile(log.Name())
+		t.Fatalf("execd.sh start: %v\n%s", err, out)
+	}
+	workdir := filepath.Join(dir, "sandbox")
+	if err := os.Mkdir(workdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const id = "real-execd"
+	// The lifecycle server as far as the provider needs it for execd calls.
+	stub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case fmt.Sprintf("/v1/sandboxes/%s/endpoints/%d", id, opensandbox.ExecdPort):
+			_ = json.NewEncoder(w).Encode(map[string]any{"endpoint": fmt.Sprintf("127.0.0.1:%d", port),
+				"headers": map[string]string{"X-EXECD-ACCESS-TOKEN": token}})
+		case "/v1/sandboxes/" + id:
+			_ = json.NewEncoder(w).Encode(map[string]any{"id": id, "status": map[string]any{"state": "Running"}})
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(stub.Close)
+	p, err := opensandbox.New(opensandbox.Options{Domain: strings.TrimPrefix(stub.URL, "http://")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Wait)
+	desc, _ := json.Marshal(map[string]string{"sandbox_id": id, "workdir": workdir})
+	return execdUnderTest{p: p, h: provider.Handle{SandboxID: id, Provider: opensandbox.Name, Descriptor: desc}, workdir: workdir}
+}
+
+// buildExecd builds the real execd into a cache keyed by its sources' hash,
+// so that only the first run after they change pays for the build.
+func buildExecd(t *testing.T, script string) string {
+	t.Helper()
+	root := filepath.Dir(script)
+	sum := sha256.New()
+	for _, sub := range []string{"execd.sh", "src/components/execd", "src/components/internal"} {
+		err := filepath.WalkDir(filepath.Join(root, sub), func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(sum, "%s %d\n", strings.TrimPrefix(p, root), len(b))
+			sum.Write(b)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	dir := filepath.Join(cache, "sandboxowner-execd", hex.EncodeToString(sum.Sum(nil))[:16])
+	bin := filepath.Join(dir, "execd")
+	if _, err := os.Stat(bin); err == nil {
+		return bin
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Build elsewhere and rename, so that a concurrent run never sees half
+	// a binary.
+	tmp, err := os.MkdirTemp(dir, "build-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+	if out, err := exec.Command(script, "build", tmp).CombinedOutput(); err != nil {
+		t.Fatalf("execd.sh build (needs the Go module proxy): %v\n%s", err, out)
+	}
+	if err := os.Rename(filepath.Join(tmp, "execd"), bin); err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// wire is what of a command's output execd's stream can carry: it sends
+// each line without its ending, so "\r" and "\r\n" come back as "\n" and a
+// last line without a newline gains one; its JSON makes bytes that are not
+// UTF-8 U+FFFD.
+func wire(printed string) string {
+	var b strings.Builder
+	for s := printed; s != ""; {
+		r, n := utf8.DecodeRuneInString(s)
+		b.WriteRune(r) // utf8.RuneError for each byte that is not UTF-8
+		s = s[n:]
+	}
+	out := strings.ReplaceAll(strings.ReplaceAll(b.String(), "\r\n", "\n"), "\r", "\n")
+	if out != "" && !strings.HasSuffix(out, "\n") {
+		out += "\n"
+	}
+	return out
+}
+
+func runContract(t *testing.T, e execdUnderTest) {
+	ctx := context.Background()
+	t.Run("output", func(t *testing.T) {
+		for _, tc := range []struct {
+			name, command, stdout, stderr string
+			exit                          int
+		}{
+			{"lines", `printf 'a\nb\n\nc\n'`, "a\nb\n\nc\n", "", 0},
+			{"seq", "seq 1 3", "1\n2\n3\n", "", 0},
+			{"leading empty lines", `printf '\n\nx\n'`, "\n\nx\n", "", 0},
+			{"no final newline", `printf abc`, "abc", "", 0},
+			{"carriage returns", `printf 'a\rb\r\nc\n'`, "a\rb\r\nc\n", "", 0},
+			{"nothing", "true", "", "", 0},
+			{"stderr and an exit status", `echo out; echo err >&2; exit 3`, "out\n", "err\n", 3},
+			{"binary", `printf '\377\376\000z\n'`, "\xff\xfe\x00z\n", "", 0},
+			{"unicode", `printf 'h\303\251llo \342\234\223\n'`, "héllo ✓\n", "", 0},
+			{"exit 255", "exit 255", "", "", 255},
+			{"command not found", "nosuchcommand-contract 2>/dev/null", "", "", 127},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				got := run(t, e, provider.ExecRequest{Command: tc.command, Timeout: time.Minute})
+				want := provider.ExecResult{Stdout: wire(tc.stdout), Stderr: wire(tc.stderr), ExitCode: tc.exit}
+				if diff := cmp.Diff(want, got); diff != "" {
+					t.Errorf("%s (-want +got):\n%s", tc.command, diff)
+				}
+			})
+		}
+	})
+	t.Run("a line over 16 MiB", func(t *testing.T) {
+		got := run(t, e, provider.ExecRequest{Command: `head -c 17000000 /dev/zero | tr '\000' a; echo; echo after`})
+		if !got.Truncated || got.Stdout != strings.Repeat("a", opensandbox.DefaultOutputCap) {
+			t.Errorf("stdout %d bytes (truncated %v), want the cap's %d bytes of it, truncated", len(got.Stdout), got.Truncated, opensandbox.DefaultOutputCap)
+		}
+	})
+	t.Run("100 MB of output", func(t *testing.T) {
+		got := run(t, e, provider.ExecRequest{Command: `head -c 100000000 /dev/zero | tr '\000' x | fold -w 4095; echo done >&2`})
+		line := strings.Repeat("x", 4095) + "\n"
+		want := strings.Repeat(line, opensandbox.DefaultOutputCap/len(line)+1)[:opensandbox.DefaultOutputCap]
+		if !got.Truncated || got.Stdout != want || got.Stderr != "done\n" || got.ExitCode != 0 {
+			t.Errorf("got %d bytes of stdout (match %v), stderr %q, truncated %v, exit %d", len(got.Stdout), got.Stdout == want, got.Stderr, got.Truncated, got.ExitCode)
+		}
+	})
+	t.Run("signals and timeouts", func(t *testing.T) {
+		for _, tc := range []struct {
+			name, command string
+			timeout       time.Duration
+			want          provider.ExecResult
+		}{
+			{"kills itself with SIGTERM", "echo bye; kill -TERM $$", time.Minute, provider.ExecResult{Stdout: "bye\n", ExitCode: 143}},
+			{"kills itself with SIGKILL", "kill -KILL $$", time.Minute, provider.ExecResult{ExitCode: 137}},
+			{"killed by its timeout", "echo started; sleep 60", time.Second, provider.ExecResult{Stdout: "started\n", ExitCode: 137, TimedOut: true}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				got := run(t, e, provider.ExecRequest{Command: tc.command, Timeout: tc.timeout})
+				if diff := cmp.Diff(tc.want, got); diff != "" {
+					t.Errorf("%s (-want +got):\n%s", tc.command, diff)
+				}
+			})
+		}
+	})
+	t.Run("env", func(t *testing.T) {
+		got := run(t, e, provider.ExecRequest{Command: `printf '%s|%s\n' "$A" "$B"`, Env: map[string]string{"A": "one two", "B": "$HOME"}})
+		if got.Stdout != "one two|$HOME\n" {
+			t.Errorf("stdout %q", got.Stdout)
+		}
+	})
+	t.Run("cwd", func(t *testing.T) {
+		if err := e.p.WriteFile(ctx, e.h, "sub dir/marker", []byte("here\n")); err != nil {
+			t.Fatal(err)
+		}
+		for _, cwd := range []string{"sub dir", path.Join(e.workdir, "sub dir")} {
+			if got := run(t, e, provider.ExecRequest{Command: "cat marker", Cwd: cwd}); got.Stdout != "here\n" {
+				t.Errorf("cwd %q: %+v", cwd, got)
+			}
+		}
+		if _, err := e.p.Exec(ctx, e.h, provider.ExecRequest{Command: "true", Cwd: "missing"}); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("a missing cwd: %v, want fs.ErrNotExist", err)
+		}
+		if _, err := e.p.Exec(ctx, e.h, provider.ExecRequest{Command: "true", Cwd: "sub dir/marker"}); !errors.Is(err, syscall.ENOTDIR) {
+			t.Errorf("a cwd that is a file: %v, want ENOTDIR", err)
+		}
+		if _, err := e.p.Exec(ctx, e.h, provider.ExecRequest{Command: "true", Cwd: "$HOME"}); !errors.Is(err, provider.ErrInvalidSpec) {
+			t.Errorf("a cwd execd would expand: %v, want ErrInvalidSpec", err)
+		}
+	})
+	t.Run("files", func(t *testing.T) {
+		big := bytes.Repeat([]byte("0123456789abcdef\x00\xff"), 50<<20/18)
+		for name, data := range map[string][]byte{
+			"plain.txt":            []byte("plain\n"),
+			"with space.txt":       []byte("s"),
+			"ünïcödé ✓.txt":        []byte("u"),
+			"a/b/c/nested.txt":     []byte("n"),
+			"price$.txt":           []byte("a dollar execd leaves alone"),
+			"binary.bin":           {0, 1, 2, 0xff, '\r', '\n'},
+			"empty":                {},
+			"big.bin":              big,
+			path.Join("abs", "x"):  []byte("x"),
+			"dir/../dotdot.txt":    []byte("d"),
+			"trailing-newline.txt": []byte("t\n\n"),
+		} {
+			if err := e.p.WriteFile(ctx, e.h, name, data); err != nil {
+				t.Errorf("WriteFile(%q): %v", name, err)
+				continue
+			}
+			got, err := e.p.ReadFile(ctx, e.h, path.Join(e.workdir, name))
+			if err != nil || !bytes.Equal(got, data) {
+				t.Errorf("ReadFile(%q) = %d bytes (equal %v), %v", name, len(got), bytes.Equal(got, data), err)
+			}
+		}
+		// The command sees the same bytes.
+		if got := run(t, e, provider.ExecRequest{Command: "cat 'ünïcödé ✓.txt' 'with space.txt' price\\$.txt"}); got.Stdout != "usa dollar execd leaves alone\n" {
+			t.Errorf("cat = %+v", got)
+		}
+		for _, tc := range []struct {
+			name string
+			want error
+		}{
+			{"cost$HOME.txt", provider.ErrInvalidSpec},
+			{"${HOME}", provider.ErrInvalidSpec},
+			{"missing.txt", fs.ErrNotExist},
+			{"plain.txt/under", syscall.ENOTDIR},
+			{"a/b", syscall.EISDIR},
+		} {
+			if _, err := e.p.ReadFile(ctx, e.h, tc.name); !errors.Is(err, tc.want) {
+				t.Errorf("ReadFile(%q) = %v, want %v", tc.name, err, tc.want)
+			}
+		}
+		for _, tc := range []struct {
+			name string
+			want error
+		}{
+			{"cost$HOME.txt", provider.ErrInvalidSpec},
+			{"plain.txt/under", syscall.ENOTDIR},
+			{"a/b", syscall.EISDIR},
+		} {
+			if err := e.p.WriteFile(ctx, e.h, tc.name, []byte("x")); !errors.Is(err, tc.want) {
+				t.Errorf("WriteFile(%q) = %v, want %v", tc.name, err, tc.want)
+			}
+		}
+		if got := run(t, e, provider.ExecRequest{Command: "ls -a"}); strings.Contains(got.Stdout, "cost") {
+			t.Errorf("a refused name left something behind: %q", got.Stdout)
+		}
+	})
+	t.Run("concurrent commands", func(t *testing.T) {
+		var wg sync.WaitGroup
+		for i := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, err := e.p.Exec(ctx, e.h, provider.ExecRequest{Command: fmt.Sprintf("seq %d %d", i*100, i*100+99)})
+				var want strings.Builder
+				for n := i * 100; n < i*100+100; n++ {
+					fmt.Fprintf(&want, "%d\n", n)
+				}
+				if err != nil || res.Stdout != want.String() {
+					t.Errorf("command %d: %v, stdout %d bytes", i, err, len(res.Stdout))
+				}
+			}()
+		}
+		wg.Wait()
+	})
+	t.Run("a caller that hangs up", func(t *testing.T) {
+		callerHangsUp(t, e)
+	})
+}
+
+// callerHangsUp: a caller that goes away mid-stream has its command
+// interrupted, and a command of another caller running meanwhile is not
+// touched (execd forwards the signals it gets, SIGPIPE included, to every
+// running command).
+func callerHangsUp(t *testing.T, e execdUnderTest) {
+	ctx := context.Background()
+	// The innocent command runs until a file tells it to stop, and reports
+	// any signal it gets.
+	innocent := make(chan provider.ExecResult, 1)
+	go func() {
+		res, err := e.p.Exec(ctx, e.h, provider.ExecRequest{Timeout: 2 * time.Minute,
+			Command: `for s in HUP INT PIPE TERM USR1 USR2; do trap "echo got $s; exit 9" $s; done; echo > innocent-started; ` +
+				`while [ ! -e stop-innocent ]; do sleep 0.05; done; echo survived`})
+		if err != nil {
+			res.Stderr = err.Error()
+		}
+		innocent <- res
+	}()
+	waitFile(t, e, "innocent-started")
+	for round := range 3 {
+		cctx, cancel := context.WithCancel(ctx)
+		errc := make(chan error, 1)
+		pidFile := fmt.Sprintf("pid-%d", round)
+		go func() {
+			_, err := e.p.Exec(cctx, e.h, provider.ExecRequest{Timeout: 2 * time.Minute,
+				Command: fmt.Sprintf(`echo $$ > %s; while :; do echo tick; sleep 0.05; done`, pidFile)})
+			errc <- err
+		}()
+		pid := strings.TrimSpace(string(waitFile(t, e, pidFile)))
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Errorf("round %d: Exec = %v, want context.Canceled", round, err)
+		}
+		// The command was interrupted, not left running (a minute is a
+		// bound, not a pace).
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+			res := run(t, e, provider.ExecRequest{Command: "kill -0 " + pid + " 2>/dev/null"})
+			if res.ExitCode != 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the command of a caller that went away still runs", round)
+			}
+		}
+	}
+	if err := e.p.WriteFile(ctx, e.h, "stop-innocent", nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-innocent; got.Stdout != "survived\n" || got.ExitCode != 0 {
+		t.Errorf("another caller's command was hit: %+v", got)
+	}
+}
+
+func run(t *testing.T, e execdUnderTest, req provider.ExecRequest) provider.ExecResult {
+	t.Helper()
+	res, err := e.p.Exec(context.Background(), e.h, req)
+	if err != nil {
+		t.Fatalf("Exec(%q): %v", req.Command, err)
+	}
+	return res
+}
+
+// waitFile waits (up to a minute: a bound, not a pace) for a file a command
+// writes, and returns it.
+func waitFile(t *testing.T, e execdUnderTest, name string) []byte {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		b, err := e.p.ReadFile(context.Background(), e.h, name)
+		if err == nil && len(b) > 0 {
+			return b
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) || time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: %v", name, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
