@@ -2,11 +2,13 @@ package supervisor_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"testing"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/google/go-cmp/cmp"
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/actors"
@@ -123,5 +125,56 @@ func TestSpawnLookupForget(t *testing.T) {
 	h.sys.Root.Send(h.sup, &messages.ForgetSession{SessionID: "s1"})
 	if l := h.ask(t, h.sup, &messages.LookupSession{SessionID: "s1"}).(*messages.SessionRef); l.PID != nil {
 		t.Fatal("forget left the session")
+	}
+}
+
+// TestSpawnRefusedAtCapacity: with a positive Limit a new session is
+// refused once that many live, while a live one is still found; without a
+// limit nothing is refused.
+func TestSpawnRefusedAtCapacity(t *testing.T) {
+	h := newHarness(t)
+	for _, sid := range []string{"s1", "s2"} {
+		if ref := h.ask(t, h.sup, &messages.SpawnSession{SessionID: sid, Limit: 2}).(*messages.SessionRef); ref.Err != nil || !ref.Spawned {
+			t.Fatalf("spawn %s under the limit: %+v", sid, ref)
+		}
+	}
+	if ref := h.ask(t, h.sup, &messages.SpawnSession{SessionID: "s3", Limit: 2}).(*messages.SessionRef); !errors.Is(ref.Err, supervisor.ErrAtCapacity) || ref.PID != nil {
+		t.Errorf("spawn at capacity: %+v, want ErrAtCapacity", ref)
+	}
+	if ref := h.ask(t, h.sup, &messages.SpawnSession{SessionID: "s1", Limit: 2}).(*messages.SessionRef); ref.Err != nil || ref.PID == nil {
+		t.Errorf("a live session at capacity: %+v", ref)
+	}
+	if ref := h.ask(t, h.sup, &messages.SpawnSession{SessionID: "s3", Limit: 3}).(*messages.SessionRef); ref.Err != nil || !ref.Spawned {
+		t.Errorf("spawn under a higher limit: %+v", ref)
+	}
+	if ref := h.ask(t, h.sup, &messages.SpawnSession{SessionID: "s4"}).(*messages.SessionRef); ref.Err != nil || !ref.Spawned {
+		t.Errorf("spawn without a limit: %+v", ref)
+	}
+}
+
+// TestListAndReplySlots: the list is sorted by session id; requests that
+// carry a reply slot are answered there.
+func TestListAndReplySlots(t *testing.T) {
+	h := newHarness(t)
+	for _, sid := range []string{"s3", "s1", "s2"} {
+		slot := make(messages.ReplyTo, 1)
+		h.sys.Root.Send(h.sup, &messages.SpawnSession{SessionID: sid, Reply: slot})
+		if ref := (<-slot).(*messages.SessionRef); !ref.Spawned {
+			t.Fatalf("spawn %s: %+v", sid, ref)
+		}
+	}
+	slot := make(messages.ReplyTo, 1)
+	h.sys.Root.Send(h.sup, &messages.ListSessions{Reply: slot})
+	var got []string
+	for _, ref := range (<-slot).(*messages.SessionList).Sessions {
+		got = append(got, ref.SessionID)
+	}
+	if diff := cmp.Diff([]string{"s1", "s2", "s3"}, got); diff != "" {
+		t.Errorf("list (-want +got):\n%s", diff)
+	}
+	slot = make(messages.ReplyTo, 1)
+	h.sys.Root.Send(h.sup, &messages.LookupSession{SessionID: "s2", Reply: slot})
+	if ref := (<-slot).(*messages.SessionRef); ref.PID == nil {
+		t.Errorf("lookup through a reply slot: %+v", ref)
 	}
 }
