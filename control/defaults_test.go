@@ -1,6 +1,7 @@
 package control_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -67,4 +68,36 @@ func TestMachineDefaults(t *testing.T) {
 	h.set(func(h *hooks) { h.ready = true })
 	clk.Advance(time.Second)
 	<-done
+}
+
+// TestLongestCheckpointID: a checkpoint id of MaxIDLen characters is
+// accepted (one longer is refused, see TestInvalidRequests).
+func TestLongestCheckpointID(t *testing.T) {
+	r := newRig(t)
+	id := strings.Repeat("c", control.MaxIDLen)
+	if rep := r.prepare(id); rep.Phase != control.PhasePrepared {
+		t.Errorf("prepare of a %d-character id: %+v", control.MaxIDLen, rep)
+	}
+}
+
+// TestWireTimestamps: deadline_ts keeps its fraction of a second both ways.
+func TestWireTimestamps(t *testing.T) {
+	at := time.Unix(1796292000, 500_000_000).UTC()
+	if got := control.FromUnixSeconds(1796292000.5).UTC(); !got.Equal(at) {
+		t.Errorf("FromUnixSeconds(1796292000.5) = %v, want %v", got, at)
+	}
+	if got := control.UnixSeconds(at); got != 1796292000.5 {
+		t.Errorf("UnixSeconds = %v, want 1796292000.5", got)
+	}
+}
+
+// TestErrorText: an error reads "code: detail", or just its code without a
+// detail.
+func TestErrorText(t *testing.T) {
+	if got := control.ErrStaleCheckpoint.Error(); got != "stale_checkpoint" {
+		t.Errorf("an error without detail reads %q", got)
+	}
+	if got := control.ErrStaleCheckpoint.With("c%d was resumed", 1).Error(); got != "stale_checkpoint: c1 was resumed" {
+		t.Errorf("an error with detail reads %q", got)
+	}
 }

@@ -233,6 +233,10 @@ func TestValidation(t *testing.T) {
 			_, err := r.m.Forget(ctx, control.ForgetRequest{Base: good})
 			return err
 		}},
+		{"forget of an invalid rollout id", func() error {
+			_, err := r.m.Forget(ctx, control.ForgetRequest{Base: good, RolloutIDs: []string{"r1", "r/2"}})
+			return err
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { wantCode(t, tc.run(), control.ErrInvalidRequest) })
