@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sort"
 	"testing"
 	"time"
 
@@ -191,3 +192,88 @@ func TestSweepKeepsExactlyWhatRetainedNames(t *testing.T) {
 		t.Fatalf("snapshots left (-want +got):\n%s", diff)
 	}
 }
+
+// listerless is a provider that cannot list.
+type listerless struct{ provider.Provider }
+
+// TestSweepRefusesWithoutWhatItNeeds: no owner name, no index, a provider
+// that cannot list, a snapshot listing that fails: each refuses before
+// anything is removed.
+func TestSweepRefusesWithoutWhatItNeeds(t *testing.T) {
+	ctx := context.Background()
+	fk, dir, _, _ := crashed(t)
+	idx := open(t, dir)
+	if _, err := sweep.Run(ctx, sweep.Options{Provider: fk, Index: idx, Reap: true}); err == nil {
+		t.Error("a sweep without an owner name ran")
+	}
+	if _, err := sweep.Run(ctx, sweep.Options{Owner: "notes", Provider: fk, Reap: true}); !errors.Is(err, sweep.ErrIndexUnreadable) {
+		t.Errorf("a sweep without an index: %v", err)
+	}
+	if _, err := sweep.Run(ctx, sweep.Options{Owner: "notes", Provider: listerless{fk}, Index: idx, Reap: true}); !errors.Is(err, sweep.ErrCannotList) {
+		t.Errorf("a sweep of a provider that cannot list: %v", err)
+	}
+	lists := 0
+	fk.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpList && c.Phase == fake.PhaseEnd {
+			if lists++; lists == 1 { // the sandbox listing went through: fail the snapshot listing
+				fk.FailNext(fake.OpList, 1)
+			}
+		}
+	})
+	before := fk.Stats()
+	if _, err := sweep.Run(ctx, sweep.Options{Owner: "notes", Provider: fk, Index: idx, Reap: true}); !errors.Is(err, sweep.ErrCannotList) {
+		t.Errorf("a sweep whose snapshot listing failed: %v", err)
+	}
+	if after := fk.Stats(); after.Calls[fake.OpStop] != before.Calls[fake.OpStop] {
+		t.Error("a refused sweep stopped a sandbox")
+	}
+}
+
+// TestSweepKeepsLiveSandboxesAndSortsWhatItReports: a sandbox a live
+// session holds is kept; the unaccounted are reported and removed sorted by
+// id; a provider that cannot delete snapshots fails a reap that would.
+func TestSweepKeepsLiveSandboxesAndSortsWhatItReports(t *testing.T) {
+	ctx := context.Background()
+	fk, dir, wantSbs, wantSnaps := crashed(t)
+	idx := open(t, dir)
+	labelled := provider.Spec{Image: "notes", Metadata: map[string]string{owner.LabelOwner: "notes"}}
+	for range 2 {
+		h, err := fk.Start(ctx, labelled)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantSbs = append(wantSbs, h.SandboxID)
+		snap, err := fk.Snapshot(ctx, h, "stray")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantSnaps = append(wantSnaps, snap)
+	}
+	live := wantSbs[0]
+	wantSbs = wantSbs[1:]
+	sort.Strings(wantSbs)
+	sort.Strings(wantSnaps)
+	rep, err := sweep.Run(ctx, sweep.Options{Owner: "notes", Provider: fk, Index: idx, Live: map[string]bool{live: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sbs, snaps := ids(rep)
+	if diff := cmp.Diff([2][]string{wantSbs, wantSnaps}, [2][]string{sbs, snaps}); diff != "" || rep.KeptSandboxes != 3 {
+		t.Fatalf("unaccounted (-want +got):\n%s\nkept %d sandboxes, want 3", diff, rep.KeptSandboxes)
+	}
+	if _, err := sweep.Run(ctx, sweep.Options{Owner: "notes", Provider: nosnap{fk}, Index: idx, Reap: true}); err == nil {
+		t.Error("a reap of snapshots on a provider that cannot delete them succeeded")
+	}
+	rep, err = sweep.Run(ctx, sweep.Options{Owner: "notes", Provider: fk, Index: idx, Live: map[string]bool{live: true}, Reap: true, Parallelism: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([2][]string{wantSbs, wantSnaps}, [2][]string{rep.Stopped, rep.Deleted}); diff != "" {
+		t.Fatalf("reaped (-want +got):\n%s", diff)
+	}
+}
+
+// nosnap lists but cannot snapshot.
+type nosnap struct{ *fake.Provider }
+
+func (n nosnap) Snapshot() {} // hides the fake's Snapshot, so nosnap is no provider.Snapshotter
