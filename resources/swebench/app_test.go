@@ -85,6 +85,7 @@ func baseConfig(t *testing.T, tr swebench.TaskRepo) app.Config {
 }
 
 func TestTheBinaryServesSWEBench(t *testing.T) {
+	t.Parallel()
 	tr := swebench.NewTaskRepo(t)
 	cfg := baseConfig(t, tr)
 	cfg.Checkpoint.Enabled, cfg.Checkpoint.StateDir, cfg.Checkpoint.ControlAuthToken = true, t.TempDir(), "control-token"
@@ -111,6 +112,7 @@ func TestTheBinaryServesSWEBench(t *testing.T) {
 }
 
 func TestTheBinarysGoldenInstance(t *testing.T) {
+	t.Parallel()
 	tr := swebench.NewTaskRepo(t)
 	cfg := baseConfig(t, tr)
 	cfg.NumWorkers = 8
@@ -134,6 +136,7 @@ func TestTheBinarysGoldenInstance(t *testing.T) {
 }
 
 func TestTheBinaryRefusesSWEBenchOnTheFake(t *testing.T) {
+	t.Parallel()
 	tr := swebench.NewTaskRepo(t)
 	cfg := baseConfig(t, tr)
 	cfg.Sandbox.Provider = "fake"

@@ -9,6 +9,7 @@ import (
 )
 
 func TestCommitCrashRestoreAndVerifyGradesTheCheckpointedWork(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	w := newWorld(t, tk)
 	row := tk.row("example__calc-1")

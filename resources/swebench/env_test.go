@@ -97,6 +97,7 @@ func wantMaskedEnvironmentError(t *testing.T, res VerifyResult, reason string) {
 }
 
 func TestAFreshTemplateBuildsItsEnvironmentWithTheNetworkAndGradesOffline(t *testing.T) {
+	t.Parallel()
 	gp := newGoProxy(t)
 	tk := newDepTask(t, gp)
 	w := newWorld(t, tk, freshTemplates(), withConfig(withDepTask(tk, gp)))
@@ -177,6 +178,7 @@ func TestAFreshTemplateBuildsItsEnvironmentWithTheNetworkAndGradesOffline(t *tes
 }
 
 func TestAFailingEnvironmentStepMakesTheInstanceUnavailable(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	w := newWorld(t, tk, freshTemplates(), withConfig(func(c *Config) {
 		c.EnvSetup = map[string][]string{
@@ -216,6 +218,7 @@ func TestAFailingEnvironmentStepMakesTheInstanceUnavailable(t *testing.T) {
 }
 
 func TestValidationMakesABrokenInstanceUnavailable(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	w := newWorld(t, tk)
 	hook := logtest.NewLocal(w.log)
@@ -265,6 +268,7 @@ func TestValidationMakesABrokenInstanceUnavailable(t *testing.T) {
 }
 
 func TestAGradingThatRanNoTestSaysSo(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	for _, validated := range []bool{true, false} {
 		t.Run("validated="+strconv.FormatBool(validated), func(t *testing.T) {
@@ -285,6 +289,7 @@ func TestAGradingThatRanNoTestSaysSo(t *testing.T) {
 }
 
 func TestAnAgentWritingIntoItsCachesCannotChangeAGrading(t *testing.T) {
+	t.Parallel()
 	gp := newGoProxy(t)
 	tk := newDepTask(t, gp)
 	w := newWorld(t, tk, withConfig(withDepTask(tk, gp)))
@@ -319,6 +324,7 @@ func TestAnAgentWritingIntoItsCachesCannotChangeAGrading(t *testing.T) {
 }
 
 func TestTheGoldenInstanceOnAFreshMachineResolvesWithOnlyTheRepository(t *testing.T) {
+	t.Parallel()
 	gp := newGoProxy(t)
 	tk := newDepTask(t, gp)
 	_, own, srv := newGolden(t, tk, func(c *Config, _ *provider.Provider) {

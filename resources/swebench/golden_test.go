@@ -65,6 +65,7 @@ func newGoldenOn(t *testing.T, tk task, lopts local.Options, opts ...func(*Confi
 }
 
 func TestGoldenPatchInstanceResolvesAndLendsNothing(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	prov, own, srv := newGolden(t, tk)
 	for _, format := range []string{"original", "multilingual"} {
@@ -162,6 +163,7 @@ func (e evalTimeoutOnCue) Exec(ctx context.Context, h provider.Handle, req provi
 }
 
 func TestGradingFailuresAreReportedAndLeaveNothingRunning(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	evalClk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	cases := []struct {

@@ -13,6 +13,7 @@ import (
 // validates the reply as the request's model plus the grade: every field it
 // sent comes back as sent.
 func TestGymVerifyRoundTripOverHTTP(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	w := newWorld(t, tk)
 	c := newHTTP(t, w.own, w.srv)

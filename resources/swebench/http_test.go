@@ -76,6 +76,7 @@ func newHTTP(t *testing.T, own *owner.Owner, res httpapi.Resources) *client {
 }
 
 func TestOverHTTP(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	w := newWorld(t, tk)
 	c := newHTTP(t, w.own, w.srv)
@@ -117,6 +118,7 @@ func TestOverHTTP(t *testing.T) {
 }
 
 func TestGoldenOverHTTPLendsNothing(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	_, own, srv := newGolden(t, tk)
 	c := newHTTP(t, own, srv)
@@ -137,6 +139,7 @@ func TestGoldenOverHTTPLendsNothing(t *testing.T) {
 }
 
 func TestAnUnavailableInstanceOverHTTP(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	_, own, srv := newGolden(t, tk, func(c *Config, _ *provider.Provider) {
 		c.TemplateDir = t.TempDir()
@@ -157,6 +160,7 @@ func TestAnUnavailableInstanceOverHTTP(t *testing.T) {
 }
 
 func TestHealthCountsTheGradings(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	_, own, srv := newGolden(t, tk, func(c *Config, _ *provider.Provider) { c.MaxConcurrentGradings = 3 })
 	c := newHTTP(t, own, srv)

@@ -3,12 +3,16 @@ package swebench_test
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -36,15 +40,89 @@ func TestMain(m *testing.M) {
 		stop()
 		os.Exit(code)
 	}
-	dir, err := os.MkdirTemp("", "swebench-test-templates-")
+	dir, keep, err := sharedTemplates()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 	os.Setenv(swebench.TemplatesEnv, dir)
 	code := m.Run()
-	_ = os.RemoveAll(dir)
+	if !keep {
+		_ = os.RemoveAll(dir)
+	}
 	os.Exit(code)
+}
+
+// freshEnv, set, gives the test binary a template_dir of its own, removed at
+// the end, instead of the one kept between runs.
+const freshEnv = "SWEBENCH_TEST_FRESH"
+
+// sharedTemplates is the template_dir every test of the binary shares
+// (whether it is kept after the run). It is kept between runs of the same
+// source tree (every .go file of the module, go.mod, go.sum and the Go
+// version name it), so that a rerun does not build the templates'
+// environments and validations again: those of a clean tree take minutes of
+// compiling inside sandboxes. Any change to the code makes a new one; the
+// templates, environments and validations are made to be shared by servers
+// (and so by test binaries) at once. Directories of other trees unused for
+// a day are removed.
+func sharedTemplates() (dir string, keep bool, err error) {
+	if os.Getenv(freshEnv) != "" {
+		dir, err := os.MkdirTemp("", "swebench-test-templates-")
+		return dir, false, err
+	}
+	key, err := sourceKey(filepath.Join("..", ".."))
+	if err != nil {
+		return "", false, err
+	}
+	parent := filepath.Join(os.TempDir(), "sandboxowner-swebench-tests")
+	dir = filepath.Join(parent, key)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", false, err
+	}
+	now := time.Now()
+	if err := os.Chtimes(dir, now, now); err != nil {
+		return "", false, err
+	}
+	entries, _ := os.ReadDir(parent)
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil && e.Name() != key && now.Sub(info.ModTime()) > 24*time.Hour {
+			_ = os.RemoveAll(filepath.Join(parent, e.Name()))
+		}
+	}
+	return dir, true, nil
+}
+
+// sourceKey hashes the Go version and every .go file, go.mod and go.sum
+// under root (the module), by path and content.
+func sourceKey(root string) (string, error) {
+	h := sha256.New()
+	fmt.Fprintln(h, runtime.Version())
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && strings.HasPrefix(d.Name(), ".") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if name := d.Name(); !strings.HasSuffix(name, ".go") && name != "go.mod" && name != "go.sum" {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(h, "%s %d\n", filepath.ToSlash(path), len(b))
+		h.Write(b)
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("hash the module's sources: %w", err)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
 const (

@@ -17,6 +17,7 @@ import (
 // TestGradingIsInTheMetrics: a verify that grades is one observation of
 // sandboxowner_grading_duration_seconds, the grading's own time.
 func TestGradingIsInTheMetrics(t *testing.T) {
+	t.Parallel()
 	tr := swebench.NewTaskRepo(t)
 	cfg := baseConfig(t, tr)
 	cfg.SWEBench.IsVerifyingGoldenPatch = true

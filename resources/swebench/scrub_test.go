@@ -14,6 +14,7 @@ import (
 )
 
 func TestScrubLeavesTheFixUnreachable(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	w := newWorld(t, tk)
 	fixBlob := git(t, tk.dir, "rev-parse", tk.fix+":abs_test.go")
@@ -89,6 +90,7 @@ func imageDir(t *testing.T, tk task, rev string, untracked map[string]string) st
 }
 
 func TestPristineUntrackedFilesNeverEnterThePatch(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	// The image ships untracked files (build output, a local config), as
 	// SWE-bench images do; the row names the image, the repo is not
@@ -125,6 +127,7 @@ func TestPristineUntrackedFilesNeverEnterThePatch(t *testing.T) {
 }
 
 func TestAFailingScrubRefusesTheSeedAndLeavesNothingRunning(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	notRepo := t.TempDir()
 	writeFiles(t, notRepo, map[string]string{"calc.go": buggyCalc})
@@ -154,8 +157,12 @@ func TestAFailingScrubRefusesTheSeedAndLeavesNothingRunning(t *testing.T) {
 }
 
 func TestASecondSandboxOfAnInstanceDoesNotClone(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
-	w := newWorld(t, tk, freshTemplates())
+	// Validation off: what is tested is where the sandboxes come from, and
+	// validating on a fresh template_dir compiles Go's standard library
+	// from nothing inside a sandbox (minutes on a loaded machine).
+	w := newWorld(t, tk, freshTemplates(), withConfig(func(c *Config) { c.Validate = off() }))
 	a := w.seed("s-a", tk.row("example__calc-1"))
 	entries, err := os.ReadDir(filepath.Join(w.cfg.TemplateDir, "example__calc"))
 	if err != nil || len(entries) != 2 || entries[0].Name() != tk.base || entries[1].Name() != tk.base+".env" {
@@ -176,6 +183,7 @@ func TestASecondSandboxOfAnInstanceDoesNotClone(t *testing.T) {
 }
 
 func TestScrubRemovesEveryOtherWayToReachTheFix(t *testing.T) {
+	t.Parallel()
 	// An image whose repository keeps the fix reachable in every way git
 	// has: a stash, a linked worktree, a replace ref, a remote-tracking
 	// branch, a kept pack, packed refs, ORIG_HEAD and FETCH_HEAD.

@@ -38,6 +38,7 @@ func wantUnresolved(t *testing.T, res VerifyResult) {
 }
 
 func TestGoldPatchAppliedByTheAgentResolves(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	w := newWorld(t, tk)
 	for _, format := range []string{"original", "multilingual"} {
@@ -74,6 +75,7 @@ func TestGoldPatchAppliedByTheAgentResolves(t *testing.T) {
 }
 
 func TestVerifyWithoutASandboxIsRefused(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	w := newWorld(t, tk)
 	_, err := w.srv.VerifySession(context.Background(), w.own, "never-seeded", mustJSON(t, tk.row("example__calc-1")))
@@ -83,6 +85,7 @@ func TestVerifyWithoutASandboxIsRefused(t *testing.T) {
 }
 
 func TestChangesThatDoNotFixTheBugDoNotResolve(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	w := newWorld(t, tk)
 	wrongCalc := strings.Replace(buggyCalc, "\t\treturn x\n\t}", "\t\treturn x + 1\n\t}", 1)
@@ -136,6 +139,7 @@ func TestChangesThatDoNotFixTheBugDoNotResolve(t *testing.T) {
 }
 
 func TestUnisolatedSandboxesGradeTheMultilingualScript(t *testing.T) {
+	t.Parallel()
 	// Without bubblewrap the tree is not at /testbed: the row's eval script
 	// (which does cd /testbed) is pointed at the sandbox's directory.
 	tk := newTask(t)
@@ -150,6 +154,7 @@ func TestUnisolatedSandboxesGradeTheMultilingualScript(t *testing.T) {
 }
 
 func TestAnAgentThatBreaksGitGetsAnEmptyPatch(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	w := newWorld(t, tk)
 	row := tk.row("example__calc-1")
@@ -167,6 +172,7 @@ func TestAnAgentThatBreaksGitGetsAnEmptyPatch(t *testing.T) {
 }
 
 func TestCommittedWorkOnABranchTheAgentLeft(t *testing.T) {
+	t.Parallel()
 	// The agent commits the fix on a branch of its own and goes back to the
 	// work branch: the work tree shows nothing, so the patch is the most
 	// advanced branch's.

@@ -95,6 +95,7 @@ func (a *agent) mustExec(endpoint, token, command string) string {
 // killed with SIGKILL after a checkpoint; a fresh one restores it, the re-seed gets the
 // fork with the agent's work as of the checkpoint, and verify grades it.
 func TestSIGKILLBetweenCommitAndVerify(t *testing.T) {
+	t.Parallel()
 	tr := swebench.NewTaskRepo(t)
 	cfg := childConfig(t, tr, t.TempDir(), t.TempDir())
 	jar, err := cookiejar.New(nil)

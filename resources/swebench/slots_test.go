@@ -52,6 +52,7 @@ func (p *heldEvals) started() []string {
 }
 
 func TestGradingsBeyondTheCapWaitInArrivalOrder(t *testing.T) {
+	t.Parallel()
 	tk := newTask(t)
 	held := &heldEvals{entered: make(chan string), release: make(chan struct{}), ids: map[string]string{}}
 	_, own, srv := newGolden(t, tk, func(c *Config, p *provider.Provider) {
