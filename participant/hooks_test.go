@@ -404,3 +404,36 @@ func TestRelease(t *testing.T) {
 		t.Errorf("failed release: %v", err)
 	}
 }
+
+// TestRetireThatCannotWaitCutsShort: a retire whose context ends while the
+// session's requests are in flight asks the owner to stop nothing and
+// leaves the session cut short: it blocks readiness after its request left,
+// until a retry stops it.
+func TestRetireThatCannotWaitCutsShort(t *testing.T) {
+	f := &fakeOwner{}
+	p, clk := newParticipant(f)
+	ctx := context.Background()
+	p.Bind("s1", ep("r1", 0))
+	leave, err := p.Admit(ctx, participant.Tool, &resources.Session{ID: "s1", Episode: ep("r1", 0), HasEpisode: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := p.Machine().Retire(ended, control.RetireRequest{Base: base(clk, "c0"), EpisodeIDs: []control.EpisodeID{ep("r1", 0)}}); err == nil {
+		t.Fatal("a retire that could not wait for the session's request succeeded")
+	}
+	leave()
+	if st := p.Machine().Status(); st.Report.Ready || !cmp.Equal([]string{"r1"}, st.Report.Blockers) {
+		t.Errorf("after the request left: ready %v, blockers %v; want r1 cut short", st.Report.Ready, st.Report.Blockers)
+	}
+	if len(f.retireIn) != 0 {
+		t.Errorf("the owner was asked to stop %v", f.retireIn)
+	}
+	if _, err := p.Machine().Retire(ctx, control.RetireRequest{Base: base(clk, "c0"), EpisodeIDs: []control.EpisodeID{ep("r1", 0)}}); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.Machine().Status(); !st.Report.Ready {
+		t.Errorf("after the retry: blockers %v", st.Report.Blockers)
+	}
+}
