@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -115,4 +116,30 @@ func mutantNames(ms []mutant) []string {
 		out = append(out, m.String())
 	}
 	return out
+}
+
+// TestEquivalentListNamesLinesThatExist: every entry of the real list parses
+// and names a line of code that its file still has, so an edit that moves
+// an entry off its mutant fails here, not only in a mutation run.
+func TestEquivalentListNamesLinesThatExist(t *testing.T) {
+	ex, err := readExclusions("equivalent.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ex {
+		b, err := os.ReadFile(filepath.Join("..", "..", e.file))
+		if err != nil {
+			t.Errorf("%s: %v", e.pos, err)
+			continue
+		}
+		found := false
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.TrimSpace(l) == e.code && len(l)-len(strings.TrimLeft(l, " \t"))+len(e.code) >= e.column {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("%s: %s has no line %q reaching column %d", e.pos, e.file, e.code, e.column)
+		}
+	}
 }
