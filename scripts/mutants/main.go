@@ -9,6 +9,8 @@
 //	go run ./scripts/mutants                       # the core packages
 //	go run ./scripts/mutants control participant   # some of them
 //	go run ./scripts/mutants -report owner         # print, never fail
+//	go run ./scripts/mutants -keep /tmp/m sched    # keep gremlins' reports,
+//	go run ./scripts/mutants -keep /tmp/m -rescore sched  # and score them again
 package main
 
 import (
@@ -46,6 +48,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	workers := fs.Int("workers", 0, "gremlins' workers (0: one per core)")
 	gremlins := fs.String("gremlins", "", "the gremlins binary (default: gremlins on PATH, else ~/go/bin/gremlins)")
 	equivalent := fs.String("equivalent", "scripts/mutants/equivalent.txt", "the list of equivalent mutants")
+	keep := fs.String("keep", "", "keep gremlins' JSON reports in this directory (<pkg>.json)")
+	rescore := fs.Bool("rescore", false, "score the reports kept in -keep instead of running gremlins (after editing the list)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -58,17 +62,28 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "mutants:", err)
 		return 2
 	}
-	bin, err := findGremlins(*gremlins)
-	if err != nil {
+	if *rescore && *keep == "" {
+		fmt.Fprintln(stderr, "mutants: -rescore reads the reports of -keep")
+		return 2
+	}
+	var bin string
+	if !*rescore {
+		if bin, err = findGremlins(*gremlins); err != nil {
+			fmt.Fprintln(stderr, "mutants:", err)
+			return 2
+		}
+	}
+	tmp := *keep
+	if tmp == "" {
+		if tmp, err = os.MkdirTemp("", "mutants-"); err != nil {
+			fmt.Fprintln(stderr, "mutants:", err)
+			return 2
+		}
+		defer os.RemoveAll(tmp)
+	} else if err := os.MkdirAll(tmp, 0o755); err != nil {
 		fmt.Fprintln(stderr, "mutants:", err)
 		return 2
 	}
-	tmp, err := os.MkdirTemp("", "mutants-")
-	if err != nil {
-		fmt.Fprintln(stderr, "mutants:", err)
-		return 2
-	}
-	defer os.RemoveAll(tmp)
 
 	th := thresholds{efficacy: *efficacy, coverage: *coverage}
 	var rows []row
@@ -76,25 +91,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for _, pkg := range pkgs {
 		pkg = strings.TrimSuffix(strings.TrimPrefix(pkg, "./"), "/")
 		out := filepath.Join(tmp, strings.ReplaceAll(pkg, "/", "_")+".json")
-		gargs := []string{"unleash", "--silent", "--timeout-coefficient", fmt.Sprint(*coefficient), "-o", out}
-		if *workers > 0 {
-			gargs = append(gargs, "--workers", fmt.Sprint(*workers))
-		}
-		gargs = append(gargs, "./"+pkg)
-		fmt.Fprintf(stderr, "== %s: %s %s\n", pkg, bin, strings.Join(gargs, " "))
-		cmd := exec.Command(bin, gargs...)
-		var log bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &log, &log
-		if err := cmd.Run(); err != nil {
-			fmt.Fprintf(stderr, "mutants: gremlins on %s: %v\n%s", pkg, err, log.Bytes())
-			return 2
+		if !*rescore {
+			if err := unleash(bin, pkg, out, *coefficient, *workers, stderr); err != nil {
+				fmt.Fprintf(stderr, "mutants: %v\n", err)
+				return 2
+			}
 		}
 		res, err := readResult(out)
 		if err != nil {
 			fmt.Fprintf(stderr, "mutants: %s: %v\n", pkg, err)
 			return 2
 		}
-		r := score(pkg, res, ex, readLine)
+		r := score(pkg, res, ex, readLine, outsideBlocks)
 		rows = append(rows, r)
 		printRow(stdout, r, th, *verbose)
 		if !r.meets(th) {
@@ -109,6 +117,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// unleash runs gremlins on one package, writing its JSON report to out.
+func unleash(bin, pkg, out string, coefficient, workers int, stderr io.Writer) error {
+	gargs := []string{"unleash", "--silent", "--timeout-coefficient", fmt.Sprint(coefficient), "-o", out}
+	if workers > 0 {
+		gargs = append(gargs, "--workers", fmt.Sprint(workers))
+	}
+	gargs = append(gargs, "./"+pkg)
+	fmt.Fprintf(stderr, "== %s: %s %s\n", pkg, bin, strings.Join(gargs, " "))
+	cmd := exec.Command(bin, gargs...)
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("gremlins on %s: %w\n%s", pkg, err, log.Bytes())
+	}
+	return nil
 }
 
 func findGremlins(flagged string) (string, error) {

@@ -114,6 +114,10 @@ type row struct {
 	pkg                                     string
 	killed, lived, notCovered, timedOut, nv int
 	livedList, notCoveredList, excluded     []mutant
+	// unmeasured are "not covered" mutants where the coverage profile has
+	// no block (a case expression, a package-level constant): gremlins
+	// never runs them, whatever the tests reach.
+	unmeasured []mutant
 }
 
 type thresholds struct{ efficacy, coverage float64 }
@@ -139,8 +143,9 @@ func (r row) meets(t thresholds) bool {
 // score counts a package's mutants as gremlins does (efficacy = killed /
 // (killed + lived), coverage = (killed + lived) / (killed + lived + not
 // covered); timed-out and not-viable mutants count in neither), leaving out
-// the excluded ones whatever their status.
-func score(pkg string, res result, ex exclusions, line func(file string, n int) string) row {
+// the excluded ones whatever their status and the unmeasured ones (outside
+// reports where a "not covered" mutant lies outside every coverage block).
+func score(pkg string, res result, ex exclusions, line func(file string, n int) string, outside func(file string, line, col int) bool) row {
 	r := row{pkg: pkg}
 	for _, f := range res.Files {
 		file := path.Join(pkg, f.FileName)
@@ -158,6 +163,10 @@ func score(pkg string, res result, ex exclusions, line func(file string, n int) 
 				r.lived++
 				r.livedList = append(r.livedList, m)
 			case "NOT COVERED":
+				if outside(file, mu.Line, mu.Column) {
+					r.unmeasured = append(r.unmeasured, m)
+					continue
+				}
 				r.notCovered++
 				r.notCoveredList = append(r.notCoveredList, m)
 			case "TIMED OUT":
@@ -167,7 +176,7 @@ func score(pkg string, res result, ex exclusions, line func(file string, n int) 
 			}
 		}
 	}
-	for _, l := range [][]mutant{r.livedList, r.notCoveredList, r.excluded} {
+	for _, l := range [][]mutant{r.livedList, r.notCoveredList, r.excluded, r.unmeasured} {
 		sort.Slice(l, func(i, j int) bool {
 			if l[i].File != l[j].File {
 				return l[i].File < l[j].File
@@ -186,8 +195,8 @@ func printRow(w io.Writer, r row, t thresholds, verbose bool) {
 	if !r.meets(t) {
 		verdict = "BELOW"
 	}
-	fmt.Fprintf(w, "%s: efficacy %.1f%%, coverage %.1f%% (%s): killed %d, lived %d, not covered %d, timed out %d, not viable %d, excluded %d\n",
-		r.pkg, r.efficacy(), r.coverage(), verdict, r.killed, r.lived, r.notCovered, r.timedOut, r.nv, len(r.excluded))
+	fmt.Fprintf(w, "%s: efficacy %.1f%%, coverage %.1f%% (%s): killed %d, lived %d, not covered %d, timed out %d, not viable %d, excluded %d, unmeasured %d\n",
+		r.pkg, r.efficacy(), r.coverage(), verdict, r.killed, r.lived, r.notCovered, r.timedOut, r.nv, len(r.excluded), len(r.unmeasured))
 	for _, m := range r.livedList {
 		fmt.Fprintf(w, "  lived        %s\n", m)
 	}
@@ -197,6 +206,9 @@ func printRow(w io.Writer, r row, t thresholds, verbose bool) {
 		}
 		for _, m := range r.excluded {
 			fmt.Fprintf(w, "  excluded     %s  (%s)\n", m, m.Why)
+		}
+		for _, m := range r.unmeasured {
+			fmt.Fprintf(w, "  unmeasured   %s\n", m)
 		}
 	}
 }

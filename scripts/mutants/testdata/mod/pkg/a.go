@@ -7,3 +7,13 @@ func grow(n int) []int {
 	}
 	return s
 }
+
+const limit = 2 * 3
+
+func kind(n int) string {
+	switch {
+	case n > limit:
+		return "big"
+	}
+	return "small"
+}
