@@ -110,6 +110,20 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A remote provider that cannot be reached is said at once, in one
+	// line naming it; the server serves anyway (/health reports it, seeds
+	// answer 503 provider_unavailable until it answers).
+	down := func() error { return nil }
+	if r, ok := prov.(interface{ Unreachable() error }); ok {
+		down = r.Unreachable
+	}
+	if pr, ok := prov.(interface{ Probe(context.Context) error }); ok {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := pr.Probe(pctx); err != nil {
+			log.Errorf("sandbox provider at startup: %v", err)
+		}
+		cancel()
+	}
 	// A provider built here is closed with the app (the local one then
 	// releases its root's lock); a given one is the caller's.
 	closeProv := func() error { return nil }
@@ -198,13 +212,17 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		Access:           access,
 		Mounts:           mounts,
 		Isolation:        isolationOf(bare),
+		ProviderDown:     down,
+		PendingDeletes:   own.PendingDeletes,
 		Metrics:          met,
 		AccessLog:        deps.AccessLog,
 	})
 	if err != nil {
 		return fail(fmt.Errorf("%w: %w", ErrConfig, err))
 	}
-	if err := met.Observe(sources(own, srv, res)); err != nil {
+	src := sources(own, srv, res)
+	src.ProviderDown = down
+	if err := met.Observe(src); err != nil {
 		return fail(fmt.Errorf("metrics: %w", err))
 	}
 	if lend != nil {
@@ -274,6 +292,7 @@ func sources(own *owner.Owner, srv *httpapi.Server, res httpapi.Resources) metri
 			refs, err := idx.ReferencedSnapshots()
 			return len(refs), err
 		}
+		src.PendingDeletes = own.PendingDeletes
 	}
 	if g := srv.Gate(); g != nil {
 		src.AdmissionWaiting = g.Waiting

@@ -10,6 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
+	"github.com/valyala/fasthttp"
+
 	"github.com/sandboxowner/owner/app"
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/owner"
@@ -200,5 +204,63 @@ func TestOpenSandboxLeaseRunsOut(t *testing.T) {
 	}
 	if st := srv.Stats(); st.Expired != 1 {
 		t.Errorf("expired %d, want the one sandbox", st.Expired)
+	}
+}
+
+// TestOpenSandboxUnreachable: a server whose lifecycle server gives no
+// answer says so at startup in one line naming its domain, /health answers
+// 503 provider_unreachable, and a seed is 503 provider_unavailable with
+// Retry-After, never 500; once the lifecycle server answers, seeds work and
+// /health is ok again.
+func TestOpenSandboxUnreachable(t *testing.T) {
+	srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: "k"})
+	t.Cleanup(srv.Close)
+	srv.Inject(opensandboxtest.Fault{Path: "/v1/", Drop: true, Times: 1 << 20})
+	lg, hook := logtest.NewNullLogger()
+	cfg := app.Defaults()
+	cfg.SessionSecret = "a-secret-of-sixteen-plus"
+	cfg.Sandbox.Provider = "opensandbox"
+	cfg.Sandbox.OpenSandbox.Domain = srv.Domain
+	cfg.Sandbox.OpenSandbox.APIKey = "k"
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := app.Start(context.Background(), cfg, app.Deps{Listener: ln, Logger: lg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Stop(context.Background()) })
+	var errs []string
+	for _, e := range hook.AllEntries() {
+		if e.Level <= logrus.ErrorLevel {
+			errs = append(errs, e.Message)
+		}
+	}
+	if len(errs) != 1 || !strings.Contains(errs[0], srv.Domain) || !strings.Contains(errs[0], "unreachable") {
+		t.Errorf("startup errors %q, want one line naming %s unreachable", errs, srv.Domain)
+	}
+	addr := a.Addr().String()
+	if st, body := get(t, addr, "/health"); st != 503 || !strings.Contains(body, `"status":"provider_unreachable"`) {
+		t.Errorf("/health: %d %s, want 503 provider_unreachable", st, body)
+	}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + "/ng-rollout/r1/seed_session")
+	req.Header.SetMethod("POST")
+	req.SetBodyString("{}")
+	if err := fasthttp.Do(req, resp); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode() != 503 || !strings.Contains(string(resp.Body()), `"provider_unavailable"`) || string(resp.Header.Peek("Retry-After")) == "" {
+		t.Errorf("seed while unreachable: %d %s (Retry-After %q), want 503 provider_unavailable with Retry-After", resp.StatusCode(), resp.Body(), resp.Header.Peek("Retry-After"))
+	}
+	srv.ClearFaults()
+	if st, body, _ := post(t, addr, "/ng-rollout/r2/seed_session", "", "{}"); st != 200 {
+		t.Fatalf("seed once the server answers: %d %s", st, body)
+	}
+	if st, body := get(t, addr, "/health"); st != 200 || !strings.Contains(body, `"status":"ok"`) {
+		t.Errorf("/health once the server answers: %d %s", st, body)
 	}
 }

@@ -59,7 +59,14 @@ const (
 	CodeReleaseFailed    = participant.CodeReleaseFailed
 	CodeAtCapacity       = "at_capacity"
 	CodeSandboxLost      = "sandbox_lost"
+	// CodeProviderUnavailable: the sandbox provider's backend cannot be
+	// reached (503, with Retry-After).
+	CodeProviderUnavailable = "provider_unavailable"
 )
+
+// ProviderUnavailableRetryAfter is the Retry-After (seconds) of a 503
+// provider_unavailable.
+const ProviderUnavailableRetryAfter = "5"
 
 // AtCapacityRetryAfter is the Retry-After (seconds) of a 503 at_capacity.
 const AtCapacityRetryAfter = "30"

@@ -29,6 +29,7 @@ import (
 	"github.com/sandboxowner/owner/metrics"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/participant"
+	"github.com/sandboxowner/owner/provider"
 )
 
 // Routes and headers of the wire protocol.
@@ -122,6 +123,12 @@ type Config struct {
 	// Isolation is how sandboxed commands are held ("bwrap", "none"),
 	// reported by /health when set.
 	Isolation string
+	// ProviderDown, when set, says why the provider cannot be reached (nil
+	// while it can); /health then answers 503 provider_unreachable.
+	ProviderDown func() error
+	// PendingDeletes, when set, counts the snapshots whose deletes are
+	// pending (in use by a live fork, or failed), for /health.
+	PendingDeletes func() (int, error)
 	// Metrics, when set, records the requests and serves GET /metrics.
 	Metrics *metrics.Metrics
 	// AccessLog logs one line per request: method, route, status,
@@ -446,6 +453,18 @@ func (s *Server) health(ctx *fasthttp.RequestCtx) {
 	if s.cfg.Isolation != "" {
 		reply["isolation"] = s.cfg.Isolation
 	}
+	status := nethttp.StatusOK
+	if s.cfg.ProviderDown != nil {
+		if err := s.cfg.ProviderDown(); err != nil {
+			reply["status"], reply["provider_error"] = "provider_unreachable", err.Error()
+			status = nethttp.StatusServiceUnavailable
+		}
+	}
+	if s.cfg.PendingDeletes != nil {
+		if n, err := s.cfg.PendingDeletes(); err == nil {
+			reply["pending_snapshot_deletes"] = n
+		}
+	}
 	if hr, ok := s.res.(HealthReporter); ok {
 		for k, v := range hr.Health() {
 			if _, taken := reply[k]; !taken {
@@ -453,7 +472,7 @@ func (s *Server) health(ctx *fasthttp.RequestCtx) {
 			}
 		}
 	}
-	writeJSON(ctx, nethttp.StatusOK, reply)
+	writeJSON(ctx, status, reply)
 }
 
 // parseError answers what fasthttp could not parse: 413 for a body over
@@ -487,8 +506,11 @@ func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 // and logged.
 func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
 	status, code, detail := classify(err)
-	if code == CodeAtCapacity {
+	switch code {
+	case CodeAtCapacity:
 		ctx.Response.Header.Set("Retry-After", AtCapacityRetryAfter)
+	case CodeProviderUnavailable:
+		ctx.Response.Header.Set("Retry-After", ProviderUnavailableRetryAfter)
 	}
 	if status >= 500 && status != nethttp.StatusServiceUnavailable {
 		s.log.WithError(err).WithFields(logrus.Fields{"path": string(ctx.Path()), "status": status}).Error("request failed")
@@ -513,6 +535,8 @@ func classify(err error) (status int, code, detail string) {
 		return nethttp.StatusConflict, CodeSandboxLost, "the session's sandbox is gone (stopped outside this server, or its lease ran out); the episode cannot go on or be graded: start a new one"
 	case errors.Is(err, owner.ErrAtCapacity):
 		return nethttp.StatusServiceUnavailable, CodeAtCapacity, "the server holds max_sessions sessions; retry later"
+	case errors.Is(err, provider.ErrUnavailable):
+		return nethttp.StatusServiceUnavailable, CodeProviderUnavailable, err.Error()
 	case errors.Is(err, owner.ErrClosed):
 		return nethttp.StatusServiceUnavailable, control.ErrShuttingDown.Code, err.Error()
 	default:

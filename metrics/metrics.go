@@ -135,6 +135,13 @@ type Sources struct {
 	// GradingsWaiting: sandboxowner_gradings_waiting, verifies waiting for
 	// a grading slot (SWE-bench).
 	GradingsWaiting func() int
+	// PendingDeletes: sandboxowner_snapshot_deletes_pending, snapshots
+	// tombstoned whose deletes have not happened yet (in use by a live
+	// fork, or failed).
+	PendingDeletes func() (int, error)
+	// ProviderDown: sandboxowner_provider_up, 1 while it returns nil (the
+	// provider's backend answers), else 0.
+	ProviderDown func() error
 }
 
 // Observe registers the state gauges.
@@ -165,6 +172,23 @@ func (m *Metrics) Observe(src Sources) error {
 	}
 	if src.AdmissionWaiting != nil {
 		gauge("admission_waiting", "Requests waiting at the admission gate while a checkpoint is open.", func() float64 { return float64(src.AdmissionWaiting()) })
+	}
+	if src.PendingDeletes != nil {
+		gauge("snapshot_deletes_pending", "Snapshots whose deletes are pending: in use by a live fork, or failed; a later release, restart or the sweep deletes them.", func() float64 {
+			n, err := src.PendingDeletes()
+			if err != nil {
+				return -1
+			}
+			return float64(n)
+		})
+	}
+	if src.ProviderDown != nil {
+		gauge("provider_up", "1 while the sandbox provider's backend answers, 0 while it cannot be reached.", func() float64 {
+			if src.ProviderDown() != nil {
+				return 0
+			}
+			return 1
+		})
 	}
 	if src.GradingsWaiting != nil {
 		gauge("gradings_waiting", "SWE-bench verifies waiting for a grading slot.", func() float64 { return float64(src.GradingsWaiting()) })

@@ -731,3 +731,50 @@ func TestRestoreFindsItsCheckpointByDirAndEpisodes(t *testing.T) {
 		t.Fatalf("restore by dir of r2 (-want +got):\n%s (checkpoint %q)", diff, res.CheckpointID)
 	}
 }
+
+// inUseProvider refuses deletes of the snapshots in inUse as a server does
+// while a sandbox it does not know of stands on them.
+type inUseProvider struct {
+	*fake.Provider
+	inUse map[string]bool
+}
+
+func (p inUseProvider) DeleteSnapshot(ctx context.Context, id string) error {
+	if p.inUse[id] {
+		return fmt.Errorf("delete %s: %w", id, provider.ErrSnapshotInUse)
+	}
+	return p.Provider.DeleteSnapshot(ctx, id)
+}
+
+// TestReleaseDefersSnapshotsTheProviderSaysAreInUse: a delete refused as in
+// use is a pending delete, not a failure: the release succeeds at once, the
+// tombstone stays (PendingDeletes counts it) and a later release deletes it.
+func TestReleaseDefersSnapshotsTheProviderSaysAreInUse(t *testing.T) {
+	e := newEnv(t)
+	prov := inUseProvider{Provider: e.fk, inUse: map[string]bool{}}
+	o := e.open(func(c *owner.Config) { c.Provider = prov })
+	seed(t, o, "s1")
+	seed(t, o, "s2")
+	commit(t, o, "c1")
+	ck := loadCheckpoint(t, e, o, "c1")
+	busy := ck.Records[0].SnapshotID
+	prov.inUse[busy] = true
+	res, err := o.Release(context.Background(), nil)
+	if err != nil {
+		t.Fatalf("a release with a snapshot in use failed: %v", err)
+	}
+	if diff := cmp.Diff([]string{busy}, res.Deferred); diff != "" || len(res.Deleted) != 1 || len(res.Failed) != 0 {
+		t.Fatalf("release %+v: deferred (-want +got):\n%s", res, diff)
+	}
+	if n, err := o.PendingDeletes(); err != nil || n != 1 {
+		t.Fatalf("PendingDeletes = %d, %v; want 1", n, err)
+	}
+	delete(prov.inUse, busy)
+	res, err = o.Release(context.Background(), nil)
+	if err != nil || !cmp.Equal([]string{busy}, res.Deleted) {
+		t.Fatalf("the next release: %+v, %v; want %s deleted", res, err, busy)
+	}
+	if n, _ := o.PendingDeletes(); n != 0 || e.fk.Stats().LiveSnapshots != 0 {
+		t.Fatalf("after the next release: %d pending, %d snapshots", n, e.fk.Stats().LiveSnapshots)
+	}
+}

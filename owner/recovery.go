@@ -57,7 +57,7 @@ func (o *Owner) recoverIndex(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, failed := o.deleteTombstoned(ctx, ts); len(failed) > 0 {
+	if _, _, failed := o.deleteTombstoned(ctx, ts); len(failed) > 0 {
 		o.log.WithField("failed", len(failed)).Warn("tombstoned snapshots could not be deleted at startup")
 	}
 	return nil

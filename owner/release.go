@@ -2,7 +2,10 @@ package owner
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
+	"sync"
 
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -10,16 +13,28 @@ import (
 
 // deleteTombstoned deletes the snapshots (at most parallelism at once) and
 // clears the tombstones of those deleted. A failed delete keeps its
-// tombstone for the next release or restart. It returns the deleted ids and
-// the failures.
-func (o *Owner) deleteTombstoned(ctx context.Context, ts []snapshotindex.Tombstone) ([]string, map[string]string) {
+// tombstone for the next release or restart. It returns the deleted ids,
+// those a live sandbox forked from still stands on (the provider refused
+// them as in use: pending, not failed; a later release, restart or the
+// sweep deletes them) and the failures.
+func (o *Owner) deleteTombstoned(ctx context.Context, ts []snapshotindex.Tombstone) (deleted, inUse []string, failed map[string]string) {
 	snap, ok := o.prov.(provider.Snapshotter)
 	if !ok || len(ts) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
-	deleted, failed := o.eachOutcome(ctx, len(ts), true, func(i int) (string, error) {
-		return ts[i].SnapshotID, snap.DeleteSnapshot(ctx, ts[i].SnapshotID)
+	var mu sync.Mutex
+	deleted, failed = o.eachOutcome(ctx, len(ts), true, func(i int) (string, error) {
+		id := ts[i].SnapshotID
+		err := snap.DeleteSnapshot(ctx, id)
+		if errors.Is(err, provider.ErrSnapshotInUse) {
+			mu.Lock()
+			inUse = append(inUse, id)
+			mu.Unlock()
+			return "", nil // neither deleted nor failed
+		}
+		return id, err
 	})
+	slices.Sort(inUse)
 	if len(deleted) > 0 {
 		if err := o.index.ClearTombstones(deleted); err != nil {
 			o.log.WithError(err).Warn("could not clear tombstones; the next release retries the deletes")
@@ -28,7 +43,21 @@ func (o *Owner) deleteTombstoned(ctx context.Context, ts []snapshotindex.Tombsto
 	if len(failed) > 0 {
 		o.log.WithField("failed", len(failed)).Warn("some snapshots could not be deleted; their tombstones stay")
 	}
-	return deleted, failed
+	if len(inUse) > 0 {
+		o.log.WithField("in_use", len(inUse)).Info("some snapshots are still in use by a sandbox forked from them; their deletes are pending")
+	}
+	return deleted, inUse, failed
+}
+
+// PendingDeletes counts the snapshots tombstoned but not yet deleted (in
+// use by a live fork, or whose delete failed): a later release, restart or
+// the sweep deletes them.
+func (o *Owner) PendingDeletes() (int, error) {
+	if o.index == nil {
+		return 0, nil
+	}
+	ts, err := o.index.Tombstones()
+	return len(ts), err
 }
 
 // ReleaseResult is what a release deleted.
@@ -82,7 +111,9 @@ func (o *Owner) Release(ctx context.Context, kept []string) (ReleaseResult, erro
 		}
 		now = append(now, t)
 	}
-	res.Deleted, res.Failed = o.deleteTombstoned(ctx, now)
+	var inUse []string
+	res.Deleted, inUse, res.Failed = o.deleteTombstoned(ctx, now)
+	res.Deferred = append(res.Deferred, inUse...)
 	o.releaseLeftovers(ctx, kept, needed, &res)
 	if len(res.Failed) > 0 {
 		return res, fmt.Errorf("release: %d snapshots could not be deleted (tombstoned; a retry deletes them)", len(res.Failed))

@@ -44,6 +44,9 @@ var (
 	// sandbox was forked from it; deleting it again once that sandbox is
 	// gone succeeds.
 	ErrSnapshotInUse = errors.New("provider: snapshot in use by a fork")
+	// ErrUnavailable: the provider's backend (a remote server) cannot be
+	// reached; the call may succeed later.
+	ErrUnavailable = errors.New("provider: unavailable")
 	// ErrInjected marks a failure injected by a fault-injecting provider, so
 	// tests can tell it from a real one.
 	ErrInjected = errors.New("provider: injected fault")

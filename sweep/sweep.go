@@ -202,6 +202,12 @@ func reap(ctx context.Context, opts Options, rep Report) (Report, error) {
 		wg.Wait()
 		sort.Strings(*done)
 	}
+	// Sandboxes first: a server refuses to delete a snapshot while a
+	// sandbox forked from it lives.
+	each(len(rep.Sandboxes), func(i int) (string, error) {
+		h := rep.Sandboxes[i].Handle
+		return h.SandboxID, opts.Provider.Stop(ctx, h)
+	}, &rep.Stopped)
 	if len(rep.Snapshots) > 0 {
 		snap, ok := opts.Provider.(provider.Snapshotter)
 		if !ok {
@@ -212,10 +218,6 @@ func reap(ctx context.Context, opts Options, rep Report) (Report, error) {
 			return id, snap.DeleteSnapshot(ctx, id)
 		}, &rep.Deleted)
 	}
-	each(len(rep.Sandboxes), func(i int) (string, error) {
-		h := rep.Sandboxes[i].Handle
-		return h.SandboxID, opts.Provider.Stop(ctx, h)
-	}, &rep.Stopped)
 	if len(rep.Failed) > 0 {
 		return rep, fmt.Errorf("sweep: %d of %d removals failed", len(rep.Failed), len(rep.Snapshots)+len(rep.Sandboxes))
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 
@@ -277,3 +278,24 @@ func TestSweepKeepsLiveSandboxesAndSortsWhatItReports(t *testing.T) {
 type nosnap struct{ *fake.Provider }
 
 func (n nosnap) Snapshot() {} // hides the fake's Snapshot, so nosnap is no provider.Snapshotter
+// TestReapStopsSandboxesBeforeDeletingSnapshots: a server refuses to delete
+// a snapshot while a sandbox forked from it lives, so the reap stops every
+// sandbox before it deletes a snapshot.
+func TestReapStopsSandboxesBeforeDeletingSnapshots(t *testing.T) {
+	fk, dir, _, _ := crashed(t)
+	var mu sync.Mutex
+	var order []fake.Op
+	fk.SetHook(func(c fake.Call) {
+		if c.Phase == fake.PhaseBegin && (c.Op == fake.OpStop || c.Op == fake.OpDeleteSnapshot) {
+			mu.Lock()
+			order = append(order, c.Op)
+			mu.Unlock()
+		}
+	})
+	if _, err := sweep.Run(context.Background(), sweep.Options{Owner: "notes", Provider: fk, Index: open(t, dir), Reap: true}); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]fake.Op{fake.OpStop, fake.OpDeleteSnapshot}, order); diff != "" {
+		t.Fatalf("reap's calls in order (-want +got):\n%s", diff)
+	}
+}

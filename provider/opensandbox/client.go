@@ -17,6 +17,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/provider"
 )
 
 // APIKeyHeader authenticates the lifecycle API.
@@ -206,10 +207,20 @@ func (p *Provider) backoff(n int, ra time.Duration) time.Duration {
 }
 
 // do sends req, retrying as it allows; it returns the last answer (which may
-// be a failure status) or the transport error of the last attempt.
+// be a failure status) or the transport error of the last attempt. A
+// lifecycle call that gets no answer marks the server unreachable (and
+// wraps provider.ErrUnavailable); while it is, such a call is not retried,
+// so that requests fail at once instead of each waiting through the
+// backoff; any answer marks it reachable again.
 func (p *Provider) do(ctx context.Context, req request) (*response, error) {
+	lifecycle := strings.HasPrefix(req.url, p.base+"/")
+	// Known unreachable when the call began: one attempt only.
+	wasDown := lifecycle && p.Unreachable() != nil
 	for attempt := 0; ; attempt++ {
 		resp, err := p.once(ctx, req)
+		if lifecycle && ctx.Err() == nil {
+			p.setReachable(err)
+		}
 		// An answer that came is kept even if ctx ended meanwhile: it may
 		// name what the call made.
 		if err == nil && !retryableStatus(resp.status) {
@@ -218,7 +229,10 @@ func (p *Provider) do(ctx context.Context, req request) (*response, error) {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("opensandbox: %s: %w", req.op, ctx.Err())
 		}
-		if !req.retry || attempt >= p.opts.MaxRetries {
+		if !req.retry || attempt >= p.opts.MaxRetries || (err != nil && wasDown) {
+			if err != nil && lifecycle {
+				return nil, fmt.Errorf("opensandbox: %s: the lifecycle server at %s is unreachable: %w (%w)", req.op, p.opts.Domain, err, provider.ErrUnavailable)
+			}
 			if err != nil {
 				return nil, fmt.Errorf("opensandbox: %s: %w", req.op, err)
 			}
@@ -244,6 +258,40 @@ func (p *Provider) do(ctx context.Context, req request) (*response, error) {
 			}
 		}
 	}
+}
+
+// setReachable records the outcome of a lifecycle call: err is the
+// transport error of an attempt that got no answer, nil for an answer.
+func (p *Provider) setReachable(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.unreachable = err
+}
+
+// Unreachable is nil while the lifecycle server answers, and the error of
+// the last call that got no answer while it does not.
+func (p *Provider) Unreachable() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.unreachable == nil {
+		return nil
+	}
+	return fmt.Errorf("the lifecycle server at %s is unreachable: %w", p.opts.Domain, p.unreachable)
+}
+
+// Probe makes one call to the lifecycle server, without retries, and says
+// whether it answers as it should: an unreachable server or a refused API
+// key is an error naming the domain. A startup reports it at once.
+func (p *Provider) Probe(ctx context.Context) error {
+	req := request{op: "probe", method: http.MethodGet, url: p.base + "/sandboxes?pageSize=1", header: p.apiHeader()}
+	resp, err := p.do(ctx, req)
+	switch {
+	case err != nil:
+		return err
+	case !resp.ok():
+		return fmt.Errorf("opensandbox: the lifecycle server at %s answers: %w", p.opts.Domain, resp.apiError("probe"))
+	}
+	return nil
 }
 
 // once makes one attempt.

@@ -608,3 +608,39 @@ func TestFailedSnapshotRequestLeavesNothing(t *testing.T) {
 		t.Errorf("created %d, left %d: want the snapshot the failed request made deleted", st.SnapshotsCreated, st.LiveSnapshots)
 	}
 }
+
+// TestUnreachableServerFailsFast: a lifecycle server that gives no answer
+// is reported unreachable by name; while it is, a call is tried once (no
+// backoff) and fails with provider.ErrUnavailable; an answer clears it.
+func TestUnreachableServerFailsFast(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	ctx := context.Background()
+	e.srv.Inject(opensandboxtest.Fault{Path: "/v1/", Drop: true, Times: 1000})
+	err := e.p.Probe(ctx)
+	if !errors.Is(err, provider.ErrUnavailable) || !strings.Contains(err.Error(), e.srv.Domain) {
+		t.Fatalf("Probe = %v, want ErrUnavailable naming %s", err, e.srv.Domain)
+	}
+	if u := e.p.Unreachable(); u == nil || !strings.Contains(u.Error(), e.srv.Domain) {
+		t.Fatalf("Unreachable = %v, want the domain", u)
+	}
+	e.mu.Lock()
+	e.sleeps = nil
+	e.mu.Unlock()
+	if _, err := e.p.Start(ctx, provider.Spec{Image: "python:3.11"}); !errors.Is(err, provider.ErrUnavailable) {
+		t.Fatalf("Start while unreachable = %v, want ErrUnavailable", err)
+	}
+	if n := e.srv.Stats().Requests["POST /sandboxes"]; n != 1 {
+		t.Errorf("%d create attempts while unreachable, want 1", n)
+	}
+	if len(e.sleeps) != 0 {
+		t.Errorf("Start backed off %v while the server was known unreachable", e.sleeps)
+	}
+	e2 := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	e2.srv.Inject(opensandboxtest.Fault{Path: "/v1/", Drop: true, Times: 1})
+	if err := e2.p.Probe(ctx); !errors.Is(err, provider.ErrUnavailable) {
+		t.Fatalf("Probe = %v", err)
+	}
+	if err := e2.p.Probe(ctx); err != nil || e2.p.Unreachable() != nil {
+		t.Fatalf("after an answer: Probe %v, Unreachable %v; want both nil", err, e2.p.Unreachable())
+	}
+}

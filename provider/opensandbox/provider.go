@@ -50,6 +50,9 @@ type Provider struct {
 	labels map[string]map[string]string
 	// typical is how long waits of each kind took lately.
 	typical map[string]time.Duration
+	// unreachable is the error of the last lifecycle call, when it got no
+	// answer.
+	unreachable error
 	// background counts deletes of snapshots that missed their deadline.
 	background sync.WaitGroup
 }

@@ -255,6 +255,13 @@ func (s *Server) Inject(f Fault) {
 	s.faults = append(s.faults, &f)
 }
 
+// ClearFaults removes every fault injected and not yet spent.
+func (s *Server) ClearFaults() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = nil
+}
+
 // Stats returns the counters (after reaping expired sandboxes).
 func (s *Server) Stats() Stats {
 	s.reap()
