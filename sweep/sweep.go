@@ -202,17 +202,20 @@ func reap(ctx context.Context, opts Options, rep Report) (Report, error) {
 		wg.Wait()
 		sort.Strings(*done)
 	}
+	var snap provider.Snapshotter
+	if len(rep.Snapshots) > 0 {
+		var ok bool
+		if snap, ok = opts.Provider.(provider.Snapshotter); !ok {
+			return rep, fmt.Errorf("sweep: provider %q cannot delete snapshots", opts.Provider.Name())
+		}
+	}
 	// Sandboxes first: a server refuses to delete a snapshot while a
 	// sandbox forked from it lives.
 	each(len(rep.Sandboxes), func(i int) (string, error) {
 		h := rep.Sandboxes[i].Handle
 		return h.SandboxID, opts.Provider.Stop(ctx, h)
 	}, &rep.Stopped)
-	if len(rep.Snapshots) > 0 {
-		snap, ok := opts.Provider.(provider.Snapshotter)
-		if !ok {
-			return rep, fmt.Errorf("sweep: provider %q cannot delete snapshots", opts.Provider.Name())
-		}
+	if snap != nil {
 		each(len(rep.Snapshots), func(i int) (string, error) {
 			id := rep.Snapshots[i].ID
 			return id, snap.DeleteSnapshot(ctx, id)

@@ -278,6 +278,7 @@ func TestSweepKeepsLiveSandboxesAndSortsWhatItReports(t *testing.T) {
 type nosnap struct{ *fake.Provider }
 
 func (n nosnap) Snapshot() {} // hides the fake's Snapshot, so nosnap is no provider.Snapshotter
+
 // TestReapStopsSandboxesBeforeDeletingSnapshots: a server refuses to delete
 // a snapshot while a sandbox forked from it lives, so the reap stops every
 // sandbox before it deletes a snapshot.
