@@ -1,0 +1,179 @@
+package process_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/provider/opensandbox"
+	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
+)
+
+// realStack is the real OpenSandbox (../shared/opensandbox/stack.sh),
+// brought up once per test binary, when a test first asks.
+var realStack = sync.OnceValues(opensandboxtest.StackUp)
+
+// onRealStack is a run of the server on the real stack under a name of its
+// own: its sandboxes carry ng.owner = name, so what it left is found by
+// that label.
+type onRealStack struct {
+	st   opensandboxtest.Stack
+	name string
+}
+
+func newOnRealStack(t *testing.T) *onRealStack {
+	t.Helper()
+	st, err := realStack()
+	st = opensandboxtest.Require(t, st, err)
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	r := &onRealStack{st: st, name: "e2e" + hex.EncodeToString(b)}
+	t.Cleanup(func() { r.clean(t) })
+	return r
+}
+
+func (r *onRealStack) start(t *testing.T, bin, dir string) *server {
+	t.Helper()
+	return startWith(t, bin, dir, "-name", r.name, "-sandbox.provider", "opensandbox",
+		"-sandbox.opensandbox.domain", r.st.Domain, "-sandbox.opensandbox.api_key", r.st.APIKey,
+		"-sandbox.opensandbox.ttl_s", "600", "-sandbox.opensandbox.images", "notes="+r.st.Image,
+		"-sandbox.opensandbox.resources.memory", "256Mi")
+}
+
+// client lists what carries this run's label, through the lifecycle
+// server's own lists.
+func (r *onRealStack) client(t *testing.T) *opensandbox.Provider {
+	t.Helper()
+	lg := logrus.New()
+	lg.SetOutput(io.Discard)
+	p, err := opensandbox.New(opensandbox.Options{Domain: r.st.Domain, APIKey: r.st.APIKey, Logger: lg,
+		ListLabels: map[string]string{"ng.owner": r.name}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// left is what the lifecycle server lists of this run: sandboxes (by the
+// server's own metadata filter) and snapshots (named by this run's owner).
+func (r *onRealStack) left(t *testing.T) (sandboxes, snapshots []string) {
+	t.Helper()
+	ctx := context.Background()
+	q := url.Values{"metadata": {"ng.owner=" + r.name}}
+	req, _ := http.NewRequest(http.MethodGet, r.st.URL+"/v1/sandboxes?"+q.Encode(), nil)
+	req.Header.Set(opensandbox.APIKeyHeader, r.st.APIKey)
+	if res, err := http.DefaultClient.Do(req); err != nil || res.StatusCode != 200 {
+		t.Fatalf("list sandboxes on the lifecycle server: %v %v", res, err)
+	} else {
+		res.Body.Close()
+	}
+	p := r.client(t)
+	sbs, err := p.ListSandboxes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sbs {
+		sandboxes = append(sandboxes, fmt.Sprintf("%s (%s)", s.Handle.SandboxID, s.Status))
+	}
+	snaps, err := p.ListSnapshots(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range snaps {
+		snapshots = append(snapshots, s.ID)
+	}
+	return sandboxes, snapshots
+}
+
+// clean removes what a failed run left on the shared stack.
+func (r *onRealStack) clean(t *testing.T) {
+	ctx := context.Background()
+	p := r.client(t)
+	if sbs, err := p.ListSandboxes(ctx); err == nil {
+		for _, s := range sbs {
+			_ = p.Stop(ctx, s.Handle)
+		}
+	}
+	if snaps, err := p.ListSnapshots(ctx); err == nil {
+		for _, s := range snaps {
+			_ = p.DeleteSnapshot(ctx, s.ID)
+		}
+	}
+}
+
+// TestRealStackWalkThrough is README's notes walk-through on the real
+// OpenSandbox: three sessions seed, write a note and read it through the
+// sandbox API; a checkpoint is committed; work goes on and the server is
+// SIGKILLed; a fresh server restores, every session re-seeds onto its fork
+// (the note of the checkpoint, not the lost one) and verifies to 1.0; a
+// release and a SIGTERM follow, and the lifecycle server's own lists hold no
+// sandbox and no snapshot of the run.
+func TestRealStackWalkThrough(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the server binary")
+	}
+	rs := newOnRealStack(t)
+	bin := buildServer(t)
+	dir := t.TempDir()
+	const sessions = 3
+	s := rs.start(t, bin, dir)
+	agents := make([]*agent, sessions)
+	for i := range agents {
+		agents[i] = newAgent()
+		r := fmt.Sprintf("r%d", i)
+		s.ok(agents[i], "/ng-rollout/"+r+"/seed_session", map[string]any{"instance_id": fmt.Sprintf("row-%d", i)})
+		s.ok(agents[i], "/ng-rollout/"+r+"/append_note", map[string]any{"line": "one"})
+		if code, m := sandboxExec(t, descriptor(t, s, agents[i], r), "cat notes.txt"); code != 200 || m["stdout"] != "one\n" || m["exit_code"] != 0.0 {
+			t.Fatalf("exec through the sandbox API: %d %v", code, m)
+		}
+	}
+	if sbs, _ := rs.left(t); len(sbs) != sessions {
+		t.Fatalf("the lifecycle server lists %v, want %d sandboxes", sbs, sessions)
+	}
+	for _, op := range []string{"prepare", "commit", "resume"} {
+		body := map[string]any{"checkpoint_id": "ck1"}
+		if op == "commit" {
+			body["checkpoint_dir"], body["episode_ids"] = "/ctl/ck1", episodes(sessions, 0)
+		}
+		began := time.Now()
+		if code, m, err := s.control(op, body); err != nil || code != 200 {
+			t.Fatalf("%s: %d %v %v\n%s", op, code, m, err, lastLines(s.log.String(), 30))
+		}
+		t.Logf("%s of %d sessions: %v", op, sessions, time.Since(began).Round(time.Millisecond))
+	}
+	for i, a := range agents {
+		s.ok(a, fmt.Sprintf("/ng-rollout/r%d/append_note", i), map[string]any{"line": "lost"})
+	}
+	s.kill()
+
+	s = rs.start(t, bin, dir)
+	began := time.Now()
+	code, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": "/ctl/ck1", "episode_ids": episodes(sessions, 0)})
+	if err != nil || code != 200 {
+		t.Fatalf("restore: %d %v\n%s", code, err, lastLines(s.log.String(), 30))
+	}
+	t.Logf("restore of %d sessions: %v", sessions, time.Since(began).Round(time.Millisecond))
+	checkRestored(t, s, agents, code, func(a *agent, r string) {
+		if code, m := sandboxExec(t, descriptor(t, s, a, r), "cat notes.txt"); code != 200 || m["stdout"] != "one\n" {
+			t.Errorf("the fork's notes through the sandbox API: %d %v", code, m)
+		}
+	})
+	if code, m, err := s.control("release", map[string]any{"kept_checkpoint_ids": []string{}}); err != nil || code != 200 {
+		t.Errorf("release: %d %v %v", code, m, err)
+	} else if d, _ := m["deferred"].([]any); len(d) != 0 {
+		t.Errorf("release deferred %v with every session verified", d)
+	}
+	s.term()
+	if sbs, snaps := rs.left(t); len(sbs)+len(snaps) != 0 {
+		t.Errorf("left on the lifecycle server: sandboxes %v, snapshots %v\n%s", sbs, snaps, lastLines(s.log.String(), 30))
+	}
+}
