@@ -3,8 +3,6 @@ package opensandbox_test
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -73,7 +71,7 @@ func fakeExecd(t *testing.T) execdUnderTest {
 	}
 	t.Cleanup(func() { _ = lp.Close() })
 	workdir := filepath.Join(t.TempDir(), "sandbox")
-	srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: key, Backend: localBackend{lp, workdir}})
+	srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: key, Backend: opensandboxtest.LocalBackend{Provider: lp, Workdir: workdir}})
 	t.Cleanup(srv.Close)
 	p, err := opensandbox.New(opensandbox.Options{Domain: srv.Domain, APIKey: key, PollInterval: 10 * time.Millisecond})
 	if err != nil {
@@ -87,51 +85,19 @@ func fakeExecd(t *testing.T) execdUnderTest {
 	return execdUnderTest{p: p, h: h, workdir: workdir}
 }
 
-// localBackend is the local provider as the fake server's backend: the fake
-// makes sandboxes whose workdir is "/" (a container's root), which the
-// local provider keeps apart from the host as workdir.
-type localBackend struct {
-	*local.Provider
-	workdir string
-}
-
-func (b localBackend) Start(ctx context.Context, spec provider.Spec) (provider.Handle, error) {
-	spec.Workdir = b.workdir
-	return b.Provider.Start(ctx, spec)
-}
-
-// Exec runs the provider's "mkdir -p <workdir>" in "/" (the container's
-// root) in the workdir instead.
-func (b localBackend) Exec(ctx context.Context, h provider.Handle, req provider.ExecRequest) (provider.ExecResult, error) {
-	if req.Cwd == "/" {
-		req.Cwd = b.workdir
-	}
-	return b.Provider.Exec(ctx, h, req)
-}
-
-func (b localBackend) ReadFile(ctx context.Context, h provider.Handle, name string) ([]byte, error) {
-	if name == "/" {
-		name = b.workdir
-	}
-	return b.Provider.ReadFile(ctx, h, name)
-}
-
 // realExecd builds (once per source, cached) and starts OpenSandbox's execd
 // through ../shared/opensandbox/execd.sh, behind a stub of the lifecycle
 // server's endpoint route.
 func realExecd(t *testing.T) execdUnderTest {
 	t.Helper()
-	script, err := filepath.Abs(filepath.Join(sharedOpenSandbox, "execd.sh"))
+	bin, err := opensandboxtest.BuildRealExecd(sharedOpenSandbox)
+	if errors.Is(err, opensandboxtest.ErrNoRealExecd) {
+		t.Skipf("no real execd here (CI has it): %v", err)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(script); err != nil {
-		t.Skipf("the real execd is not here (%s is absent); CI has it", sharedOpenSandbox)
-	}
-	if _, err := exec.LookPath("curl"); err != nil {
-		t.Skip("curl, which execd.sh needs, is not installed")
-	}
-	bin := buildExecd(t, script)
+	script := filepath.Join(sharedOpenSandbox, "execd.sh")
 	dir := t.TempDir()
 	if err := os.Symlink(bin, filepath.Join(dir, "execd")); err != nil {
 		t.Fatal(err)
@@ -182,57 +148,6 @@ func realExecd(t *testing.T) execdUnderTest {
 	t.Cleanup(p.Wait)
 	desc, _ := json.Marshal(map[string]string{"sandbox_id": id, "workdir": workdir})
 	return execdUnderTest{p: p, h: provider.Handle{SandboxID: id, Provider: opensandbox.Name, Descriptor: desc}, workdir: workdir}
-}
-
-// buildExecd builds the real execd into a cache keyed by its sources' hash,
-// so that only the first run after they change pays for the build.
-func buildExecd(t *testing.T, script string) string {
-	t.Helper()
-	root := filepath.Dir(script)
-	sum := sha256.New()
-	for _, sub := range []string{"execd.sh", "src/components/execd", "src/components/internal"} {
-		err := filepath.WalkDir(filepath.Join(root, sub), func(p string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() {
-				return err
-			}
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(sum, "%s %d\n", strings.TrimPrefix(p, root), len(b))
-			sum.Write(b)
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		cache = os.TempDir()
-	}
-	dir := filepath.Join(cache, "sandboxowner-execd", hex.EncodeToString(sum.Sum(nil))[:16])
-	bin := filepath.Join(dir, "execd")
-	if _, err := os.Stat(bin); err == nil {
-		return bin
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// Build elsewhere and rename, so that a concurrent run never sees half
-	// a binary.
-	tmp, err := os.MkdirTemp(dir, "build-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(tmp)
-	if out, err := exec.Command(script, "build", tmp).CombinedOutput(); err != nil {
-		t.Fatalf("execd.sh build (needs the Go module proxy): %v\n%s", err, out)
-	}
-	if err := os.Rename(filepath.Join(tmp, "execd"), bin); err != nil {
-		t.Fatal(err)
-	}
-	return bin
 }
 
 func freePort(t *testing.T) int {

@@ -1,0 +1,309 @@
+package opensandboxtest
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local"
+)
+
+// ErrNoRealExecd: the real execd's sources (../shared/opensandbox) or a tool
+// its script needs is not on this machine; a test skips.
+var ErrNoRealExecd = errors.New("opensandboxtest: the real execd cannot be built here")
+
+// BuildRealExecd builds OpenSandbox's real execd from the sources in shared
+// (the folder holding execd.sh) into a cache keyed by the sources' hash,
+// under the user cache directory, and returns the binary. Only the first
+// build after the sources change pays (a minute or more: modules come from
+// the Go module proxy).
+func BuildRealExecd(shared string) (string, error) {
+	script, err := filepath.Abs(filepath.Join(shared, "execd.sh"))
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(script); err != nil {
+		return "", fmt.Errorf("%w: %s is absent", ErrNoRealExecd, script)
+	}
+	if _, err := exec.LookPath("curl"); err != nil {
+		return "", fmt.Errorf("%w: curl, which execd.sh needs, is not installed", ErrNoRealExecd)
+	}
+	root := filepath.Dir(script)
+	sum := sha256.New()
+	for _, sub := range []string{"execd.sh", "src/components/execd", "src/components/internal"} {
+		err := filepath.WalkDir(filepath.Join(root, sub), func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(sum, "%s %d\n", strings.TrimPrefix(p, root), len(b))
+			sum.Write(b)
+			return nil
+		})
+		if err != nil {
+			return "", err
+		}
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	dir := filepath.Join(cache, "sandboxowner-execd", hex.EncodeToString(sum.Sum(nil))[:16])
+	bin := filepath.Join(dir, "execd")
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	// Build elsewhere and rename, so that a concurrent run never sees half
+	// a binary.
+	tmp, err := os.MkdirTemp(dir, "build-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	if out, err := exec.Command(script, "build", tmp).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("execd.sh build (needs the Go module proxy): %w\n%s", err, out)
+	}
+	return bin, os.Rename(filepath.Join(tmp, "execd"), bin)
+}
+
+// RealExecd is a running real execd.
+type RealExecd struct {
+	// Endpoint is host:port, as a lifecycle server hands it out.
+	Endpoint string
+	// Token goes in ExecdTokenHeader.
+	Token string
+	pgid  int
+}
+
+// Stop kills the execd (its whole process group).
+func (e *RealExecd) Stop() { _ = syscall.Kill(-e.pgid, syscall.SIGKILL) }
+
+// StartRealExecd starts the execd binary bin on a free loopback port,
+// inside bubblewrap with tree bound at workdir (the rest of the host
+// read-only, a private /tmp), so that the sandbox it serves sees tree where
+// a container would have its workdir. It waits until execd answers /ping.
+func StartRealExecd(ctx context.Context, bin, tree, workdir, token string) (*RealExecd, error) {
+	bwrap, err := exec.LookPath("bwrap")
+	if err != nil {
+		return nil, fmt.Errorf("%w: bubblewrap is not installed", ErrNoRealExecd)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	args := []string{"--tmpfs", "/"}
+	entries, err := os.ReadDir("/")
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		p := "/" + e.Name()
+		switch {
+		case p == "/proc" || p == "/dev" || p == "/tmp" || p == "/sys" || p == workdir:
+		case e.Type()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return nil, err
+			}
+			args = append(args, "--symlink", target, p)
+		case e.IsDir():
+			args = append(args, "--ro-bind", p, p)
+		}
+	}
+	args = append(args, "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--bind", tree, workdir,
+		"--ro-bind", bin, "/tmp/execd", "--chdir", workdir, "--setenv", "EXECD_ACCESS_TOKEN", token, "--setenv", "TMPDIR", "/tmp",
+		"--", "/tmp/execd", "--port", strconv.Itoa(port), "--log-level", "2")
+	cmd := exec.Command(bwrap, args...)
+	// Its own process group: Stop kills execd and anything it left.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { _ = cmd.Wait() }()
+	e := &RealExecd{Endpoint: fmt.Sprintf("127.0.0.1:%d", port), Token: token, pgid: cmd.Process.Pid}
+	for deadline := time.Now().Add(time.Minute); ; {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.Endpoint+"/ping", nil)
+		req.Header.Set(ExecdTokenHeader, token)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return e, nil
+			}
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			e.Stop()
+			return nil, fmt.Errorf("execd on %s did not answer /ping: %s", e.Endpoint, out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// LocalBackend is the local provider as a Server's backend. The Server
+// makes sandboxes whose workdir is "/" (a container's root), which the
+// local provider refuses: they get Workdir instead, and a command or read
+// in "/" happens in Workdir.
+type LocalBackend struct {
+	*local.Provider
+	Workdir string
+}
+
+// Start starts a sandbox whose workdir is b.Workdir.
+func (b LocalBackend) Start(ctx context.Context, spec provider.Spec) (provider.Handle, error) {
+	spec.Workdir = b.Workdir
+	return b.Provider.Start(ctx, spec)
+}
+
+// Fork forks a sandbox whose workdir is b.Workdir.
+func (b LocalBackend) Fork(ctx context.Context, spec provider.Spec, snapshotID string) (provider.Handle, error) {
+	spec.Workdir = b.Workdir
+	return b.Provider.Fork(ctx, spec, snapshotID)
+}
+
+// Exec runs a command; one in "/" runs in the workdir.
+func (b LocalBackend) Exec(ctx context.Context, h provider.Handle, req provider.ExecRequest) (provider.ExecResult, error) {
+	if req.Cwd == "/" {
+		req.Cwd = b.Workdir
+	}
+	return b.Provider.Exec(ctx, h, req)
+}
+
+// ReadFile reads a file; "/" is the workdir.
+func (b LocalBackend) ReadFile(ctx context.Context, h provider.Handle, name string) ([]byte, error) {
+	if name == "/" {
+		name = b.Workdir
+	}
+	return b.Provider.ReadFile(ctx, h, name)
+}
+
+// Tree is the host directory of a sandbox's tree (copy mode).
+func (b LocalBackend) Tree(h provider.Handle) (string, error) {
+	var d local.Descriptor
+	if err := json.Unmarshal(h.Descriptor, &d); err != nil || d.Root == "" || d.SandboxID == "" {
+		return "", fmt.Errorf("opensandboxtest: not a local handle: %s", h.Descriptor)
+	}
+	return filepath.Join(d.Root, "sandboxes", d.SandboxID, "fs"), nil
+}
+
+// RealExecdFront is a front for a Server whose backend is a LocalBackend:
+// it passes every request on to the Server, except that an endpoint of
+// execd's port names a real execd (bin, started on first use) serving that
+// sandbox's tree, so that the provider talks to the real execd while the
+// Server keeps the lifecycle, snapshots and forks.
+type RealExecdFront struct {
+	*httptest.Server
+	// Domain is host:port, what sandbox.opensandbox.domain takes.
+	Domain string
+
+	srv     *Server
+	backend LocalBackend
+	bin     string
+
+	mu     sync.Mutex
+	execds map[string]*RealExecd
+}
+
+// NewRealExecdFront starts a front for srv.
+func NewRealExecdFront(srv *Server, backend LocalBackend, bin string) *RealExecdFront {
+	f := &RealExecdFront{srv: srv, backend: backend, bin: bin, execds: map[string]*RealExecd{}}
+	target, _ := url.Parse(srv.URL)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	mux := http.NewServeMux()
+	mux.Handle("/", proxy)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/endpoints/{port}", func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("port") != strconv.Itoa(ExecdPort) {
+			proxy.ServeHTTP(w, r)
+			return
+		}
+		// The Server answers first (the API key, a sandbox that is gone);
+		// only its 200 is replaced.
+		rec := httptest.NewRecorder()
+		proxy.ServeHTTP(rec, r)
+		if rec.Code != http.StatusOK {
+			for k, v := range rec.Header() {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(rec.Code)
+			_, _ = io.Copy(w, rec.Body)
+			return
+		}
+		e, err := f.execd(r.Context(), r.PathValue("id"))
+		if err != nil {
+			writeError(w, http.StatusInternalServerError, "SANDBOX::UNREACHABLE", "%v", err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"endpoint": e.Endpoint, "headers": map[string]string{ExecdTokenHeader: e.Token}})
+	})
+	f.Server = httptest.NewServer(mux)
+	f.Domain = strings.TrimPrefix(f.URL, "http://")
+	return f
+}
+
+// execd returns the real execd of sandbox id, starting it on first use.
+func (f *RealExecdFront) execd(ctx context.Context, id string) (*RealExecd, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if e, ok := f.execds[id]; ok {
+		return e, nil
+	}
+	h, ok := f.srv.BackendHandle(id)
+	if !ok {
+		return nil, fmt.Errorf("no sandbox %s", id)
+	}
+	tree, err := f.backend.Tree(h)
+	if err != nil {
+		return nil, err
+	}
+	e, err := StartRealExecd(ctx, f.bin, tree, f.backend.Workdir, newID("token-"))
+	if err != nil {
+		return nil, err
+	}
+	f.execds[id] = e
+	return e, nil
+}
+
+// Started is how many real execds the front has started (one a sandbox).
+func (f *RealExecdFront) Started() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.execds)
+}
+
+// Close stops the front and every execd it started.
+func (f *RealExecdFront) Close() {
+	f.Server.Close()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, e := range f.execds {
+		e.Stop()
+	}
+}
