@@ -158,6 +158,9 @@ func TestSweepReportsFailedRemovals(t *testing.T) {
 	if err == nil || len(rep.Failed) != 1 || rep.Failed[wantSbs[0]] == "" {
 		t.Fatalf("failed %v, err %v", rep.Failed, err)
 	}
+	if want := "sweep: 1 of 2 removals failed"; err.Error() != want {
+		t.Errorf("error %q, want %q", err, want)
+	}
 	if len(rep.Deleted) != 1 {
 		t.Fatalf("the snapshot was not deleted: %+v", rep)
 	}
@@ -298,5 +301,37 @@ func TestReapStopsSandboxesBeforeDeletingSnapshots(t *testing.T) {
 	}
 	if diff := cmp.Diff([]fake.Op{fake.OpStop, fake.OpDeleteSnapshot}, order); diff != "" {
 		t.Fatalf("reap's calls in order (-want +got):\n%s", diff)
+	}
+}
+
+// TestSweepCountsForeignSnapshots: a snapshot of somebody else's sandbox is
+// counted as foreign and never removed; a provider that cannot delete
+// snapshots reaps sandboxes when no snapshot needs deleting.
+func TestSweepCountsForeignSnapshots(t *testing.T) {
+	ctx := context.Background()
+	fk, dir, wantSbs, wantSnaps := crashed(t)
+	idx := open(t, dir)
+	var foreign string
+	for _, id := range fk.LiveSandboxIDs() {
+		if info, _ := fk.Sandbox(id); info.Metadata[owner.LabelOwner] == "" {
+			foreign = id
+		}
+	}
+	if _, err := fk.Snapshot(ctx, provider.Handle{SandboxID: foreign, Provider: fk.Name()}, "theirs"); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := sweep.Run(ctx, sweep.Options{Owner: "notes", Provider: fk, Index: idx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Foreign != 2 {
+		t.Errorf("foreign %d, want the other owner's sandbox and its snapshot", rep.Foreign)
+	}
+	if err := fk.DeleteSnapshot(ctx, wantSnaps[0]); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = sweep.Run(ctx, sweep.Options{Owner: "notes", Provider: nosnap{fk}, Index: idx, Reap: true})
+	if err != nil || !cmp.Equal(rep.Stopped, wantSbs) {
+		t.Errorf("a reap with no snapshot to delete on a provider that cannot: stopped %v, %v", rep.Stopped, err)
 	}
 }
