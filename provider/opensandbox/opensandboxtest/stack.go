@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // Stack is the real OpenSandbox (its lifecycle server from source, Docker
@@ -135,4 +136,49 @@ func Require(tb testing.TB, st Stack, err error) Stack {
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
+}
+
+// Up runs stack.sh up again: it starts whatever part of the stack is down
+// (after KillServer or StopDockerd) and waits until the server answers.
+func (s Stack) Up() error {
+	var stderr bytes.Buffer
+	cmd := exec.Command(s.Script, "up")
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s up: %v: %s", s.Script, err, lastLine(stderr.String()))
+	}
+	return nil
+}
+
+// KillServer SIGKILLs the lifecycle server stack.sh started and waits
+// until it is gone; Up starts it again (its sandboxes and snapshots
+// survive: Docker labels and its sqlite store).
+func (s Stack) KillServer() error { return s.signal("server", syscall.SIGKILL) }
+
+// StopDockerd stops the dockerd stack.sh started (SIGTERM: it stops every
+// container, which then shows Terminated) and waits until it is gone; Up
+// starts it again. An error wrapping ErrNoStack means stack.sh did not
+// start the dockerd that runs (it is someone else's to stop).
+func (s Stack) StopDockerd() error { return s.signal("dockerd", syscall.SIGTERM) }
+
+func (s Stack) signal(part string, sig syscall.Signal) error {
+	b, err := os.ReadFile(filepath.Join(s.Dir, "run", part+".pid"))
+	if err != nil {
+		return fmt.Errorf("no pid file of the stack's %s: %w", part, ErrNoStack)
+	}
+	var pid int
+	if _, err := fmt.Sscan(string(b), &pid); err != nil || pid <= 0 {
+		return fmt.Errorf("pid file of the stack's %s: %q", part, b)
+	}
+	if err := syscall.Kill(pid, sig); err != nil {
+		return fmt.Errorf("signal the stack's %s (%d): %w", part, pid, err)
+	}
+	// Not our child: poll until it is gone, for at most two minutes.
+	for i := 0; i < 1200; i++ {
+		if syscall.Kill(pid, 0) != nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("the stack's %s (%d) did not exit", part, pid)
 }
