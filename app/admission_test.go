@@ -18,7 +18,8 @@ import (
 )
 
 // seededSandbox seeds a session of a and returns its sandbox's access,
-// the admission gate, and the sandbox's name among a prepare's blockers.
+// the admission gate, and the sandbox's name among a prepare's blockers:
+// its episode's capture key.
 func seededSandbox(t *testing.T, a *app.App) (descriptorOf, *ctl.Gate, string) {
 	t.Helper()
 	s, body, cookie := post(t, a.Addr().String(), "/ng-rollout/r1/seed_session", "", "{}")
@@ -26,7 +27,7 @@ func seededSandbox(t *testing.T, a *app.App) (descriptorOf, *ctl.Gate, string) {
 		t.Fatalf("seed: %d %s", s, body)
 	}
 	d := sandboxAccess(t, a, cookie).Connection.Descriptor
-	return d, a.Server().Gate(), httpapi.SandboxLabel(d.SandboxID)
+	return d, a.Server().Gate(), "r1"
 }
 
 // descriptorOf is what /sandbox_access hands an agent.

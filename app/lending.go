@@ -87,7 +87,7 @@ func (l *lending) admit(ctx context.Context, sandboxID string) (func(), error) {
 		return func() {}, nil
 	}
 	session, _, _ := l.own.SandboxFate(sandboxID)
-	return l.srv.AdmitSandboxCall(ctx, session, sandboxID)
+	return l.srv.AdmitSandboxCall(ctx, session)
 }
 
 // listening records the address agents reach the server at.

@@ -55,7 +55,9 @@ func NewGateOn(onChange func(), rt sched.Runtime) *Gate {
 // Entry describes one request at the gate.
 type Entry struct {
 	// Session is the request's session id; Label names it in a prepare's
-	// blockers (its capture key, when it has one).
+	// blockers: its capture key. A request with no label (its session
+	// runs no episode, so no checkpoint exports it) is counted for its
+	// session and in Inflight, but is no blocker and not in Blocking.
 	Session, Label string
 	// Wait: wait while the gate is closed. A request that does not wait is
 	// admitted at once.
@@ -178,16 +180,33 @@ func (g *Gate) Waiting() int {
 	return g.waiting
 }
 
-// Busy returns the sorted labels of the sessions with requests in flight.
+// Busy returns the sorted labels of the sessions with requests in flight
+// (sessions without a label left out).
 func (g *Gate) Busy() []string {
 	g.mu.Lock()
 	out := make([]string, 0, len(g.sessions))
 	for _, s := range g.sessions {
-		out = append(out, s.label)
+		if s.label != "" {
+			out = append(out, s.label)
+		}
 	}
 	g.mu.Unlock()
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// Blocking is the number of requests in flight of sessions with a label:
+// those a checkpoint waits for.
+func (g *Gate) Blocking() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, s := range g.sessions {
+		if s.label != "" {
+			n += s.n
+		}
+	}
+	return n
 }
 
 // InflightOf is the number of a session's requests in flight.

@@ -613,11 +613,14 @@ func (s *State) resume(in InResume, now time.Time, out *Output) {
 		// recorded, and its snapshots go when it ends.
 		out.emit(EffLog{Level: logrus.InfoLevel, Msg: "checkpoint resumed during its commit: the commit is abandoned", Fields: logrus.Fields{"checkpoint_id": id}})
 	}
-	if s.Active == id {
+	// A resume with no checkpoint open changes nothing but the fence: it
+	// answers as a repeat does.
+	idle := s.Active == ""
+	if !idle {
 		out.emit(EffLog{Level: logrus.InfoLevel, Msg: "checkpoint resumed: admission open", Fields: logrus.Fields{"checkpoint_id": id}})
 	}
 	s.reopen(id, out)
-	out.Reply = ResumeReply{Phase: PhaseIdle}
+	out.Reply = ResumeReply{Phase: PhaseIdle, Idempotent: idle}
 }
 
 func (s *State) retire(req RetireRequest, now time.Time, out *Output) {
@@ -625,7 +628,7 @@ func (s *State) retire(req RetireRequest, now time.Time, out *Output) {
 		return
 	}
 	s.expire(now, out)
-	if _, _, err := s.admit(OpRetire, req.CheckpointID, "", false, PhaseIdle, PhaseRestored); err != nil {
+	if _, _, err := s.admit(OpRetire, req.CheckpointID, "", true, PhaseIdle, PhaseRestored); err != nil {
 		if IsCode(err, ErrInvalidPhase) {
 			err = ErrInvalidPhase.With("retire is not allowed while a checkpoint is open (phase %s); resume first", s.Phase)
 		}
@@ -657,7 +660,7 @@ func (s *State) forget(req ForgetRequest, now time.Time, out *Output) {
 		return
 	}
 	s.expire(now, out)
-	if _, _, err := s.admit(OpForget, req.CheckpointID, "", false, PhaseIdle, PhaseRestored); err != nil {
+	if _, _, err := s.admit(OpForget, req.CheckpointID, "", true, PhaseIdle, PhaseRestored); err != nil {
 		out.Err = err
 		return
 	}

@@ -58,11 +58,13 @@ func (s *Server) kindOf(route string) (routeKind, ToolFunc) {
 }
 
 // sessionOf returns the id of the request's genuine session cookie, or a
-// new id (sent back in Set-Cookie): a forged or tampered cookie is a new
-// session, never somebody else's.
+// new id: a forged or tampered cookie is a new session, never somebody
+// else's. Every reply carries the session's cookie, as Gym's session
+// middleware sends it.
 func (s *Server) sessionOf(ctx *fasthttp.RequestCtx) string {
 	if v := ctx.Request.Header.Cookie(s.cookieName); len(v) > 0 {
 		if id, ok := s.signer.Verify(string(v)); ok {
+			s.setCookie(ctx, string(v), false)
 			return id
 		}
 	}

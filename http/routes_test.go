@@ -39,6 +39,7 @@ func TestRetireThenACallOfThatAttemptIsStale(t *testing.T) {
 	}
 	h.want(h.post(a, "/ng-rollout/r1/append_note", map[string]any{"line": "x"}), 409, "stale_attempt", "prefixed call of the retired attempt")
 	h.want(h.post(a, "/append_note", map[string]any{"line": "x"}), 409, "stale_attempt", "unprefixed call of the retired session")
+	h.want(h.post(a, "/ng-rollout/r1-a1/seed_session", nil), 409, "stale_attempt", "a seed of the retired session under the next attempt")
 	h.want(h.post(&agent{}, "/ng-rollout/r1/seed_session", nil), 409, "stale_attempt", "a new seed of the retired attempt")
 	h.ok(h.post(other, "/ng-rollout/r2/append_note", map[string]any{"line": "x"}), "another rollout goes on")
 	// /close_session is never refused.
@@ -97,6 +98,36 @@ func TestRestartOnly(t *testing.T) {
 	h.ok(h.control("resume", map[string]any{"checkpoint_id": "ck1", "deadline_ts": h.deadline()}), "resume")
 }
 
+// A restore in restart_only installs nothing, but a checkpoint directory
+// that is not there is refused as any unreadable checkpoint is.
+func TestRestartOnlyRestoreNeedsItsDirectory(t *testing.T) {
+	clk := clock.NewManual(t0)
+	h := newHarness(t, withProvider(fake.NewWithoutSnapshots(fake.Options{Clock: clk})))
+	body := func(dir string) map[string]any {
+		return map[string]any{"checkpoint_id": "rs1", "deadline_ts": h.deadline(), "checkpoint_dir": dir, "episode_ids": []any{ep("r1", 0)}}
+	}
+	h.want(h.control("restore", body(t.TempDir()+"/gone")), 422, "invalid_checkpoint_state", "restore of a missing directory")
+	r := h.ok(h.control("restore", body(t.TempDir())), "restore of an existing directory")
+	if diff := cmp.Diff(map[string]any{"phase": "restored", "source_checkpoint_id": "", "restored": []any{}}, r); diff != "" {
+		t.Errorf("restart_only restore (-want +got):\n%s", diff)
+	}
+	h.op("resume", "rs1", nil)
+}
+
+// Every data reply carries the session's cookie, not only a new session's.
+func TestEveryDataReplyCarriesTheSessionCookie(t *testing.T) {
+	h := newHarness(t)
+	a := &agent{}
+	first := h.post(a, "/ng-rollout/r1/seed_session", nil)
+	h.ok(first, "seed")
+	for _, path := range []string{"/ng-rollout/r1/append_note", "/sandbox_access"} {
+		r := h.post(a, path, map[string]any{"line": "x"})
+		if r.cookie != first.cookie {
+			t.Errorf("%s: Set-Cookie %q, want the session's %q", path, r.cookie, first.cookie)
+		}
+	}
+}
+
 func TestAdmissionWaitsWhileACheckpointIsOpen(t *testing.T) {
 	h := newHarness(t)
 	a := &agent{}
@@ -145,6 +176,25 @@ func TestPreparePastItsDeadlineReportsBlockers(t *testing.T) {
 		t.Fatalf("prepare once idle: %v", prep)
 	}
 	h.want(h.control("prepare", map[string]any{"checkpoint_id": "ck2", "deadline_ts": h.deadline()}), 409, "checkpoint_conflict", "another checkpoint")
+}
+
+// A session seeded without a rollout prefix runs no episode: no checkpoint
+// exports it, so its request in flight holds up no prepare, and no blocker
+// is ever a name a controller cannot retire.
+func TestAnUnboundSessionsRequestIsNoBlocker(t *testing.T) {
+	h := newHarness(t)
+	a := &agent{}
+	h.ok(h.post(a, "/seed_session", nil), "seed without a prefix")
+	done, release := h.heldAppend(a, "/append_note")
+	defer release()
+	prep := h.op("prepare", "ck1", nil)
+	want := map[string]any{"phase": "prepared", "report": map[string]any{"ready": true, "blockers": []any{}, "blocker_count": 0.0, "restarts": []any{}, "counts": map[string]any{"inflight": 0.0, "sessions": 0.0}}}
+	if diff := cmp.Diff(want, prep); diff != "" {
+		t.Errorf("prepare with an unbound request in flight (-want +got):\n%s", diff)
+	}
+	release()
+	h.ok(<-done, "the in-flight append")
+	h.op("resume", "ck1", nil)
 }
 
 func TestControlAuth(t *testing.T) {

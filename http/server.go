@@ -342,19 +342,16 @@ func (s *Server) Gate() *control.Gate {
 	return s.part.Gate()
 }
 
-// SandboxLabel names a sandbox among a prepare's blockers.
-func SandboxLabel(sandboxID string) string { return "sandbox:" + sandboxID }
-
 // AdmitSandboxCall passes a call an agent makes on its session's sandbox
 // (an exec, a file write) through the admission gate, as a tool call is:
 // it waits while a checkpoint is open and is counted in flight, named by
-// its sandbox, until leave is called. With checkpointing off it does
-// nothing.
-func (s *Server) AdmitSandboxCall(ctx context.Context, sessionID, sandboxID string) (leave func(), err error) {
+// its session's capture key, until leave is called. With checkpointing off
+// it does nothing.
+func (s *Server) AdmitSandboxCall(ctx context.Context, sessionID string) (leave func(), err error) {
 	if s.part == nil {
 		return func() {}, nil
 	}
-	return s.part.AdmitSandboxCall(ctx, sessionID, SandboxLabel(sandboxID))
+	return s.part.AdmitSandboxCall(ctx, sessionID)
 }
 
 // FastHTTP is the configured fasthttp server, to Serve a listener with.

@@ -97,11 +97,19 @@ func TestStopCommitLetsAnUnstoredCommitGo(t *testing.T) {
 	if _, err := o.Commit(context.Background(), req); !errors.Is(err, errStore) {
 		t.Fatalf("first commit: %v", err)
 	}
+	deleted := make(chan struct{})
+	var once sync.Once
+	e.fk.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpDeleteSnapshot && c.Phase == fake.PhaseEnd && c.Err == nil {
+			once.Do(func() { close(deleted) })
+		}
+	})
 	o.StopCommit("c1")
 	if _, err := o.Commit(context.Background(), req); !errors.Is(err, owner.ErrCommitStopped) {
 		t.Fatalf("commit after the stop: %v, want ErrCommitStopped", err)
 	}
-	// Close waits for the background deletion.
+	// The deletion runs in the background.
+	<-deleted
 	if err := o.Close(); err != nil {
 		t.Fatal(err)
 	}

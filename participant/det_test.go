@@ -28,7 +28,7 @@ func TestParticipantOnADet(t *testing.T) {
 	var log []string
 	// A tool call in flight, which leaves after ten seconds.
 	det.Go(func() {
-		leave, err := p.Admit(ctx, participant.Tool, &resources.Session{ID: "s1"})
+		leave, err := p.Admit(ctx, participant.Tool, &resources.Session{ID: "s1", Episode: control.EpisodeID{RolloutID: "r1"}, HasEpisode: true})
 		if err != nil {
 			t.Error(err)
 			return
@@ -45,7 +45,7 @@ func TestParticipantOnADet(t *testing.T) {
 	// A request that arrives once admission is closed waits.
 	det.AfterFunc(time.Second, func() {
 		det.Go(func() {
-			leave, err := p.Admit(ctx, participant.Tool, &resources.Session{ID: "s2"})
+			leave, err := p.Admit(ctx, participant.Tool, &resources.Session{ID: "s2", Episode: control.EpisodeID{RolloutID: "r2"}, HasEpisode: true})
 			if err != nil {
 				t.Error(err)
 				return

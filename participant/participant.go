@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	nethttp "net/http"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -190,7 +191,10 @@ func (p *Participant) Admit(ctx context.Context, kind Kind, sess *resources.Sess
 	var leave func()
 	if !replay {
 		wait := kind == Seed || p.mode != owner.ModeRestartOnly
-		label := "session:" + sess.ID
+		// A blocker is named by its capture key, which a controller can
+		// retire; a session bound to no episode is never exported, so its
+		// requests hold up no checkpoint.
+		label := ""
 		if sess.HasEpisode {
 			label = sess.Episode.CaptureKey()
 		}
@@ -201,11 +205,22 @@ func (p *Participant) Admit(ctx context.Context, kind Kind, sess *resources.Sess
 			return nil, err
 		}
 	}
-	if kind != Close && sess.HasEpisode && p.m.Fenced(sess.Episode) {
-		if leave != nil {
-			leave()
+	if kind != Close {
+		// Refused: a request of a retired attempt, and any request of a
+		// session that belongs to one (a seed under a later attempt's
+		// prefix included), until forget.
+		p.mu.Lock()
+		retired, ok := p.retired[sess.ID]
+		p.mu.Unlock()
+		if !ok && sess.HasEpisode && p.m.Fenced(sess.Episode) {
+			retired, ok = sess.Episode, true
 		}
-		return nil, control.ErrStaleAttempt.With("episode %s was retired", sess.Episode.CaptureKey())
+		if ok {
+			if leave != nil {
+				leave()
+			}
+			return nil, control.ErrStaleAttempt.With("episode %s was retired", retired.CaptureKey())
+		}
 	}
 	// Any admitted request claims a restored session.
 	p.mu.Lock()
@@ -217,8 +232,12 @@ func (p *Participant) Admit(ctx context.Context, kind Kind, sess *resources.Sess
 // AdmitSandboxCall passes a call an agent makes on its session's sandbox
 // (an exec, a file write) through the gate as a tool call is: it waits
 // while a checkpoint is open (unless restart_only) and is counted in
-// flight under label until leave is called.
-func (p *Participant) AdmitSandboxCall(ctx context.Context, sessionID, label string) (leave func(), err error) {
+// flight, named by the session's episode, until leave is called.
+func (p *Participant) AdmitSandboxCall(ctx context.Context, sessionID string) (leave func(), err error) {
+	label := ""
+	if e, ok := p.BoundEpisode(sessionID); ok {
+		label = e.CaptureKey()
+	}
 	return p.gate.Enter(ctx, control.Entry{Session: sessionID, Label: label, Wait: p.mode != owner.ModeRestartOnly})
 }
 
@@ -239,7 +258,7 @@ func (h hooks) Readiness() control.Report {
 	if p.mode != owner.ModeRestartOnly {
 		// A restart_only server's requests never hold up a checkpoint.
 		blockers = p.gate.Busy()
-		inflight = p.gate.Inflight()
+		inflight = p.gate.Blocking()
 	}
 	p.mu.Lock()
 	for _, e := range p.cutShort {
@@ -383,7 +402,13 @@ func (h hooks) Restore(ctx context.Context, req control.RestoreRequest) (control
 	}
 	if p.mode == owner.ModeRestartOnly {
 		// Nothing of this server is ever in a checkpoint: its episodes
-		// restart from their inputs.
+		// restart from their inputs. The controller's directory must still
+		// be there: a restore from a checkpoint that is gone is refused.
+		if req.CheckpointDir != "" {
+			if fi, err := os.Stat(req.CheckpointDir); err != nil || !fi.IsDir() {
+				return control.RestoreResult{}, control.ErrInvalidCheckpointState.With("checkpoint_dir %q is not a readable directory", req.CheckpointDir)
+			}
+		}
 		return control.RestoreResult{SourceCheckpointID: req.SourceCheckpointID, Restored: []string{}}, nil
 	}
 	// The owner reads the index once: it finds the checkpoint (by id or

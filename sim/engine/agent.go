@@ -11,7 +11,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/sandboxapi"
@@ -35,7 +34,7 @@ func (r *run) handler() *sandboxapi.Handler {
 		Resolve:  resolve,
 		Admit: func(ctx context.Context, sandboxID string) (func(), error) {
 			session, _, _ := r.o.SandboxFate(sandboxID)
-			return r.part.AdmitSandboxCall(ctx, session, httpapi.SandboxLabel(sandboxID))
+			return r.part.AdmitSandboxCall(ctx, session)
 		},
 	}
 }
