@@ -88,13 +88,15 @@ func TestAdmissionDuringACheckpoint(t *testing.T) {
 }
 
 // TestSandboxCallsWaitLikeToolCalls: an agent's call on its sandbox is
-// named in the readiness report's blockers by its label, and waits for the
-// resume in an exporting server; in restart_only it goes straight in.
+// named in the readiness report's blockers by its session's capture key,
+// and waits for the resume in an exporting server; in restart_only it goes
+// straight in.
 func TestSandboxCallsWaitLikeToolCalls(t *testing.T) {
 	ended, cancel := context.WithCancel(context.Background())
 	cancel()
 	p, clk := newParticipantIn(&fakeOwner{}, owner.ModeExported, false)
-	leave, err := p.AdmitSandboxCall(context.Background(), "s1", "r1-a2")
+	p.Bind("s1", ep("r1", 2))
+	leave, err := p.AdmitSandboxCall(context.Background(), "s1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +107,7 @@ func TestSandboxCallsWaitLikeToolCalls(t *testing.T) {
 	if _, err := p.Machine().Prepare(context.Background(), control.PrepareRequest{Base: base(clk, "c1")}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.AdmitSandboxCall(ended, "s1", "r1-a2"); !errors.Is(err, control.ErrAdmissionClosed) {
+	if _, err := p.AdmitSandboxCall(ended, "s1"); !errors.Is(err, control.ErrAdmissionClosed) {
 		t.Errorf("a sandbox call during a checkpoint: %v, want it to wait", err)
 	}
 
@@ -113,17 +115,17 @@ func TestSandboxCallsWaitLikeToolCalls(t *testing.T) {
 	if _, err := p.Machine().Prepare(context.Background(), control.PrepareRequest{Base: base(clk, "c1")}); err != nil {
 		t.Fatal(err)
 	}
-	leave, err = p.AdmitSandboxCall(ended, "s1", "r1")
+	leave, err = p.AdmitSandboxCall(ended, "s1")
 	if err != nil {
 		t.Fatalf("a sandbox call in restart_only: %v", err)
 	}
 	leave()
 }
 
-// TestBlockersNameTheEpisodeOrTheSession: a request of a session bound to
-// an episode blocks a checkpoint under its capture key, one without under
-// "session:<id>".
-func TestBlockersNameTheEpisodeOrTheSession(t *testing.T) {
+// TestBlockersAreCaptureKeys: a request of a session bound to an episode
+// blocks a checkpoint under its capture key; one of a session bound to none
+// (never exported) blocks nothing.
+func TestBlockersAreCaptureKeys(t *testing.T) {
 	p, _ := newParticipant(&fakeOwner{})
 	ctx := context.Background()
 	l1, err := p.Admit(ctx, participant.Tool, &resources.Session{ID: "s1", Episode: ep("r1", 2), HasEpisode: true})
@@ -136,7 +138,7 @@ func TestBlockersNameTheEpisodeOrTheSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l2()
-	want := control.Report{Blockers: []string{"r1-a2", "session:s2"}, BlockerCount: 2, Restarts: []string{}, Counts: map[string]int{"inflight": 2, "sessions": 0}}
+	want := control.Report{Blockers: []string{"r1-a2"}, BlockerCount: 1, Restarts: []string{}, Counts: map[string]int{"inflight": 1, "sessions": 0}}
 	if diff := cmp.Diff(want, p.Machine().Status().Report); diff != "" {
 		t.Errorf("report (-want +got):\n%s", diff)
 	}
@@ -310,7 +312,7 @@ func TestCommitErrorsAreTyped(t *testing.T) {
 func TestRestoreInRestartOnlyRestoresNothing(t *testing.T) {
 	f := &fakeOwner{}
 	p, clk := newParticipantIn(f, owner.ModeRestartOnly, false)
-	rep, err := p.Machine().Restore(context.Background(), control.RestoreRequest{Base: base(clk, "c1"), CheckpointDir: "/ck", SourceCheckpointID: "c0", EpisodeIDs: []control.EpisodeID{ep("r1", 0)}})
+	rep, err := p.Machine().Restore(context.Background(), control.RestoreRequest{Base: base(clk, "c1"), CheckpointDir: t.TempDir(), SourceCheckpointID: "c0", EpisodeIDs: []control.EpisodeID{ep("r1", 0)}})
 	if err != nil {
 		t.Fatal(err)
 	}
