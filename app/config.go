@@ -123,6 +123,9 @@ type LocalOptions struct {
 	Limits LocalLimits `yaml:"limits"`
 	// MaxExecTimeout caps a command's timeout_ms (a Go duration, "30m").
 	MaxExecTimeout string `yaml:"max_exec_timeout"`
+	// MaxFileBytes caps one file read or written through the sandbox API
+	// or by a resources server (0: the default, 64 MiB).
+	MaxFileBytes int64 `yaml:"max_file_bytes"`
 	// SnapshotDelayMS and ForkDelayMS hold each snapshot and fork, for
 	// crash tests that kill the server mid-commit or mid-restore.
 	SnapshotDelayMS int `yaml:"snapshot_delay_ms"`
@@ -210,6 +213,7 @@ func keyUsage() map[string]string {
 		"sandbox.local.limits.memory_mb":               "local provider: memory of one sandbox, MiB (default 4096; -1: no limit)",
 		"sandbox.local.limits.cpus":                    "local provider: CPUs of one sandbox (default 2; -1: no limit)",
 		"sandbox.local.max_exec_timeout":               "local provider: longest timeout a command may ask for (default 30m)",
+		"sandbox.local.max_file_bytes":                 "local provider: largest file the server reads or writes in a sandbox, bytes (default 67108864)",
 		"sandbox.local.snapshot_delay_ms":              "local provider: hold every snapshot this long (crash tests only)",
 		"sandbox.local.fork_delay_ms":                  "local provider: hold every fork this long (crash tests only)",
 		"sandbox.opensandbox.domain":                   "opensandbox provider: host:port of the lifecycle server (required)",
@@ -564,6 +568,9 @@ func (c *Config) validate(given provider.Provider) error {
 	}
 	if lo := c.Sandbox.Local; lo.UID < 0 || lo.GID < 0 {
 		return bad("sandbox.local.uid and gid must not be negative")
+	}
+	if c.Sandbox.Local.MaxFileBytes < 0 {
+		return bad("sandbox.local.max_file_bytes must not be negative")
 	}
 	if t := c.Sandbox.Local.MaxExecTimeout; t != "" {
 		if d, err := time.ParseDuration(t); err != nil || d <= 0 {

@@ -95,6 +95,7 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 		ROBinds:        o.ROBinds,
 		Limits:         local.Limits{Pids: o.Limits.Pids, MemoryMB: o.Limits.MemoryMB, CPUs: o.Limits.CPUs},
 		MaxExecTimeout: maxExec,
+		MaxFileBytes:   o.MaxFileBytes,
 		Hide:           hide,
 		SnapshotDelay:  time.Duration(o.SnapshotDelayMS) * time.Millisecond,
 		ForkDelay:      time.Duration(o.ForkDelayMS) * time.Millisecond,

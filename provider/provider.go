@@ -50,6 +50,12 @@ var (
 	// ErrInjected marks a failure injected by a fault-injecting provider, so
 	// tests can tell it from a real one.
 	ErrInjected = errors.New("provider: injected fault")
+	// ErrFileTooLarge: a file is larger than the caller (or the provider's
+	// cap) lets it read or write.
+	ErrFileTooLarge = errors.New("provider: file too large")
+	// ErrNotRegular: a file call met a directory, FIFO, device or socket
+	// where a regular file was expected.
+	ErrNotRegular = errors.New("provider: not a regular file")
 )
 
 // Resources are the compute a sandbox asks for. Providers that cannot enforce

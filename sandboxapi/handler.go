@@ -72,7 +72,7 @@ type Resolver func(sandboxID string) (provider.Handle, Fate)
 //	405 method_not_allowed
 //	400 path_escape (a climb out, or a symlink: file calls follow none),
 //	    bad_request (no path parameter), name_too_long
-//	413 body_too_large
+//	413 body_too_large, file_too_large (a file over the provider's cap)
 //	422 invalid_request  malformed JSON, wrong types, unknown fields, no command
 //	422 is_a_directory, not_a_directory (a component is a file),
 //	    not_a_file (a FIFO, device or socket), invalid_cwd
@@ -266,6 +266,19 @@ func (h *Handler) readFile(ctx *fasthttp.RequestCtx, handle provider.Handle) {
 	}
 	callCtx, cancel := context.WithTimeout(context.Background(), fileCallTimeout)
 	defer cancel()
+	if o, ok := h.Provider.(provider.FileOpener); ok {
+		// Streamed: the server holds a buffer of the file at a time, not
+		// the file, however many are read at once.
+		rc, size, err := o.OpenFile(callCtx, handle, path)
+		if err != nil {
+			h.providerError(ctx, handle.SandboxID, err, "file_not_found")
+			return
+		}
+		ctx.SetStatusCode(fasthttp.StatusOK)
+		ctx.SetContentType("application/octet-stream")
+		ctx.SetBodyStream(rc, int(size)) // fasthttp closes rc once sent
+		return
+	}
 	b, err := h.Provider.ReadFile(callCtx, handle, path)
 	if err != nil {
 		h.providerError(ctx, handle.SandboxID, err, "file_not_found")
@@ -322,6 +335,8 @@ func (h *Handler) providerError(ctx *fasthttp.RequestCtx, sandboxID string, err 
 		status, code, detail = fasthttp.StatusUnprocessableEntity, "not_a_directory", "a component of the path is not a directory"
 	case errors.Is(err, syscall.ENAMETOOLONG):
 		status, code, detail = fasthttp.StatusBadRequest, "name_too_long", "a name in the path is too long"
+	case errors.Is(err, provider.ErrFileTooLarge):
+		status, code, detail = fasthttp.StatusRequestEntityTooLarge, "file_too_large", "the file is larger than the server's cap on one file"
 	case errors.Is(err, local.ErrNotRegular):
 		status, code, detail = fasthttp.StatusUnprocessableEntity, "not_a_file", "the path is a FIFO, device or socket, not a regular file"
 	case errors.Is(err, provider.ErrInvalidSpec):

@@ -141,25 +141,43 @@ func makeDirsBeneath(top int, rel string, own *owner) (int, error) {
 	return cur, nil
 }
 
-// readFileIn reads the regular file at rel inside the tree at fsDir.
-func readFileIn(fsDir, rel string) ([]byte, error) {
+// openFileIn opens the regular file at rel inside the tree at fsDir and
+// returns it with its size, refusing one over limit bytes
+// (provider.ErrFileTooLarge) before reading any of it.
+func openFileIn(fsDir, rel string, limit int64) (*os.File, int64, error) {
 	top, err := openTree(fsDir)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer unix.Close(top)
 	// O_NONBLOCK: a FIFO a command left at the path must not hang the
 	// server; anything but a regular file is refused once open.
 	fd, err := openBeneath(top, rel, unix.O_RDONLY|unix.O_NONBLOCK)
 	if err != nil {
-		return nil, pathErr("read", rel, err)
+		return nil, 0, pathErr("read", rel, err)
 	}
 	f := os.NewFile(uintptr(fd), rel)
-	defer f.Close()
-	if err := checkRegular(f, rel); err != nil {
+	fi, err := regular(f, rel)
+	if err == nil && fi.Size() > limit {
+		err = fmt.Errorf("local: read %q: %d bytes, more than the cap of %d: %w", rel, fi.Size(), limit, provider.ErrFileTooLarge)
+	}
+	if err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	return f, fi.Size(), nil
+}
+
+// readFileIn reads the regular file at rel inside the tree at fsDir, at
+// most limit bytes of it: a larger file is provider.ErrFileTooLarge, and
+// one that grows while it is read is read up to the size it had.
+func readFileIn(fsDir, rel string, limit int64) ([]byte, error) {
+	f, size, err := openFileIn(fsDir, rel, limit)
+	if err != nil {
 		return nil, err
 	}
-	b, err := io.ReadAll(f)
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, size))
 	if err != nil {
 		return nil, fmt.Errorf("local: read %q: %w", rel, err)
 	}
@@ -185,18 +203,19 @@ func fileMode(m uint32) os.FileMode {
 	return 0
 }
 
-func checkRegular(f *os.File, rel string) error {
+// regular stats f, refusing anything but a regular file.
+func regular(f *os.File, rel string) (os.FileInfo, error) {
 	fi, err := f.Stat()
 	if err != nil {
-		return fmt.Errorf("local: stat %q: %w", rel, err)
+		return nil, fmt.Errorf("local: stat %q: %w", rel, err)
 	}
 	if fi.IsDir() {
-		return fmt.Errorf("local: %q is a directory: %w", rel, syscall.EISDIR)
+		return nil, fmt.Errorf("local: %q is a directory: %w", rel, syscall.EISDIR)
 	}
 	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("local: %q is a %s: %w", rel, kindOf(fi.Mode()), ErrNotRegular)
+		return nil, fmt.Errorf("local: %q is a %s: %w", rel, kindOf(fi.Mode()), ErrNotRegular)
 	}
-	return nil
+	return fi, nil
 }
 
 func kindOf(m os.FileMode) string {
@@ -247,6 +266,9 @@ func (p *Provider) WriteFile(ctx context.Context, h provider.Handle, name string
 	if err != nil {
 		return fmt.Errorf("local: write file: %w", err)
 	}
+	if int64(len(data)) > p.maxFileBytes {
+		return fmt.Errorf("local: write %q: %d bytes, more than the cap of %d: %w", rel, len(data), p.maxFileBytes, provider.ErrFileTooLarge)
+	}
 	s.gate.RLock()
 	defer s.gate.RUnlock()
 	if err := p.stillLive(s); err != nil {
@@ -257,25 +279,62 @@ func (p *Provider) WriteFile(ctx context.Context, h provider.Handle, name string
 
 // ReadFile reads the file at p (relative to the workdir, or absolute under
 // it). A path whose spelling or symlinks leave the tree is ErrPathEscape; a
-// missing file is an error wrapping fs.ErrNotExist.
+// missing file is an error wrapping fs.ErrNotExist; a file over
+// Options.MaxFileBytes is provider.ErrFileTooLarge, and none of it is read.
 func (p *Provider) ReadFile(ctx context.Context, h provider.Handle, name string) ([]byte, error) {
-	if err := ctxErr(ctx, "read file"); err != nil {
-		return nil, err
-	}
-	s, err := p.live(h, true)
+	s, rel, err := p.fileCall(ctx, h, "read file", name)
 	if err != nil {
 		return nil, err
-	}
-	rel, err := sandboxRel(s.meta.Workdir, name)
-	if err != nil {
-		return nil, fmt.Errorf("local: read file: %w", err)
 	}
 	s.gate.RLock()
 	defer s.gate.RUnlock()
 	if err := p.stillLive(s); err != nil {
 		return nil, err
 	}
-	return readFileIn(s.fsDir(), rel)
+	return readFileIn(s.fsDir(), rel, p.maxFileBytes)
+}
+
+// OpenFile opens the file at p as ReadFile would read it, for a caller that
+// streams it: the reader yields at most the size returned (the file's when
+// opened), so a file that a command makes grow is not read past it. The
+// caller closes it.
+func (p *Provider) OpenFile(ctx context.Context, h provider.Handle, name string) (io.ReadCloser, int64, error) {
+	s, rel, err := p.fileCall(ctx, h, "open file", name)
+	if err != nil {
+		return nil, 0, err
+	}
+	s.gate.RLock()
+	defer s.gate.RUnlock()
+	if err := p.stillLive(s); err != nil {
+		return nil, 0, err
+	}
+	f, size, err := openFileIn(s.fsDir(), rel, p.maxFileBytes)
+	if err != nil {
+		return nil, 0, err
+	}
+	return limitedFile{io.LimitReader(f, size), f}, size, nil
+}
+
+// limitedFile reads a file up to a size and closes it.
+type limitedFile struct {
+	io.Reader
+	io.Closer
+}
+
+// fileCall resolves a file call's sandbox and path.
+func (p *Provider) fileCall(ctx context.Context, h provider.Handle, what, name string) (*sandbox, string, error) {
+	if err := ctxErr(ctx, what); err != nil {
+		return nil, "", err
+	}
+	s, err := p.live(h, true)
+	if err != nil {
+		return nil, "", err
+	}
+	rel, err := sandboxRel(s.meta.Workdir, name)
+	if err != nil {
+		return nil, "", fmt.Errorf("local: %s: %w", what, err)
+	}
+	return s, rel, nil
 }
 
 // stillLive re-checks, under the gate, that a Stop did not win the race.

@@ -3,6 +3,8 @@ package local
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -204,5 +206,53 @@ func TestSandboxRel(t *testing.T) {
 		if err != nil || got != c.want {
 			t.Errorf("sandboxRel(%q) = %q, %v; want %q", c.in, got, err, c.want)
 		}
+	}
+}
+
+// A file over Options.MaxFileBytes is refused before any of it is read, so
+// a sandbox cannot make the server hold a file of any size; OpenFile hands
+// out a file as a stream of the size it had when opened.
+func TestFilesAreCappedAndStreamed(t *testing.T) {
+	const limit = 1 << 16
+	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{MaxFileBytes: limit})
+	h := start(t, p, provider.Spec{})
+	ctx := context.Background()
+	mustRun(t, p, h, fmt.Sprintf("head -c %d /dev/zero > fits; head -c %d /dev/zero > over", limit, limit+1))
+	if got := readFile(t, p, h, "fits"); len(got) != limit {
+		t.Errorf("a file of exactly the cap: %d bytes read", len(got))
+	}
+	if _, err := p.ReadFile(ctx, h, "over"); !errors.Is(err, provider.ErrFileTooLarge) {
+		t.Errorf("ReadFile of a file over the cap: %v, want ErrFileTooLarge", err)
+	}
+	if _, _, err := p.OpenFile(ctx, h, "over"); !errors.Is(err, provider.ErrFileTooLarge) {
+		t.Errorf("OpenFile of a file over the cap: %v, want ErrFileTooLarge", err)
+	}
+	if err := p.WriteFile(ctx, h, "w", make([]byte, limit+1)); !errors.Is(err, provider.ErrFileTooLarge) {
+		t.Errorf("WriteFile over the cap: %v, want ErrFileTooLarge", err)
+	}
+	writeFile(t, p, h, "w", string(make([]byte, limit)))
+
+	rc, size, err := p.OpenFile(ctx, h, "fits")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	// The file grows after it was opened: the stream stops at its size.
+	mustRun(t, p, h, "echo more >> fits")
+	b, err := io.ReadAll(rc)
+	if err != nil || size != limit || len(b) != limit {
+		t.Errorf("OpenFile: size %d, %d bytes read (%v), want %d of each", size, len(b), err, limit)
+	}
+	for _, name := range []string{"", "../x", "missing"} {
+		if _, _, err := p.OpenFile(ctx, h, name); err == nil {
+			t.Errorf("OpenFile(%q) succeeded", name)
+		}
+	}
+	mustRun(t, p, h, "mkfifo fifo; mkdir dir")
+	if _, _, err := p.OpenFile(ctx, h, "fifo"); !errors.Is(err, ErrNotRegular) {
+		t.Errorf("OpenFile of a FIFO: %v", err)
+	}
+	if _, _, err := p.OpenFile(ctx, h, "dir"); !errors.Is(err, syscall.EISDIR) {
+		t.Errorf("OpenFile of a directory: %v", err)
 	}
 }

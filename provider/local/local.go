@@ -45,6 +45,9 @@ const (
 	// DefaultMaxExecTimeout caps a command's timeout.
 	DefaultMaxExecTimeout = 30 * time.Minute
 	DefaultCopyWorkers    = 4
+	// DefaultMaxFileBytes caps one file read or written through the
+	// provider (64 MiB).
+	DefaultMaxFileBytes = 64 << 20
 )
 
 // SandboxIDEnv is set in every command's environment to the sandbox's id. The
@@ -63,8 +66,8 @@ var (
 	// ErrBadOptions: New was given options it cannot use.
 	ErrBadOptions = errors.New("local: bad options")
 	// ErrNotRegular: ReadFile or WriteFile met a directory, FIFO, device or
-	// socket at the path.
-	ErrNotRegular = errors.New("local: not a regular file")
+	// socket at the path (provider.ErrNotRegular, under its old name).
+	ErrNotRegular = provider.ErrNotRegular
 )
 
 // Options configure a Provider. Only Root is required.
@@ -113,6 +116,11 @@ type Options struct {
 	// OutputCap caps each of stdout and stderr of a command, in bytes
 	// (DefaultOutputCap when zero).
 	OutputCap int
+	// MaxFileBytes caps a file ReadFile, OpenFile or WriteFile handles
+	// (DefaultMaxFileBytes when zero): a larger one is
+	// provider.ErrFileTooLarge, refused before it is read, so a sandbox's
+	// files cost the server at most this per call.
+	MaxFileBytes int64
 	// DefaultExecTimeout is the timeout of a command that names none
 	// (DefaultExecTimeout when zero).
 	DefaultExecTimeout time.Duration
@@ -157,17 +165,19 @@ type Options struct {
 // provider.Snapshotter, provider.Leaser and provider.Lister. It is safe for
 // concurrent use.
 type Provider struct {
-	root        string
-	templates   map[string]string
-	cacheDirs   map[string]string
-	workdir     string
-	outputCap   int
-	execTimeout time.Duration
-	copyWorkers int
-	clk         clock.Clock
-	execClk     clock.Clock // see Options.ExecClock
-	log         logrus.FieldLogger
-	bwrap       *bwrapConfig // nil: commands run unisolated
+	root      string
+	templates map[string]string
+	cacheDirs map[string]string
+	workdir   string
+	outputCap int
+	// maxFileBytes: see Options.MaxFileBytes.
+	maxFileBytes int64
+	execTimeout  time.Duration
+	copyWorkers  int
+	clk          clock.Clock
+	execClk      clock.Clock // see Options.ExecClock
+	log          logrus.FieldLogger
+	bwrap        *bwrapConfig // nil: commands run unisolated
 	// uid and gid own sandbox trees and run sandboxed commands.
 	uid, gid int
 	// rootless: the server is not root, so sandboxed commands run as its
@@ -207,6 +217,7 @@ var (
 	_ provider.Snapshotter = (*Provider)(nil)
 	_ provider.Leaser      = (*Provider)(nil)
 	_ provider.Lister      = (*Provider)(nil)
+	_ provider.FileOpener  = (*Provider)(nil)
 )
 
 // New makes the root's directories, probes bubblewrap and overlayfs as the
@@ -263,6 +274,10 @@ func New(opts Options) (_ *Provider, err error) {
 	}
 	if p.outputCap <= 0 {
 		p.outputCap = DefaultOutputCap
+	}
+	p.maxFileBytes = opts.MaxFileBytes
+	if p.maxFileBytes <= 0 {
+		p.maxFileBytes = DefaultMaxFileBytes
 	}
 	if p.execTimeout <= 0 {
 		p.execTimeout = DefaultExecTimeout

@@ -19,8 +19,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/http"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
@@ -37,6 +39,12 @@ const (
 	RouteAppend = "/append_note"
 	// MaxLine bounds one note.
 	MaxLine = 64 << 10
+	// MaxNotesBytes bounds how much of notes.txt the server reads: a
+	// larger file is graded 0 by verify and refused by append_note, so a
+	// sandbox cannot make the server hold a file of any size.
+	MaxNotesBytes = 4 << 20
+	// maxTokenBytes bounds the read of .seed_token (the token is 32 bytes).
+	maxTokenBytes = 4 << 10
 )
 
 // Options configure the server.
@@ -143,7 +151,10 @@ func (s *Server) appendNote(ctx context.Context, sess *resources.Session, body [
 		return nil, resources.Invalid("line must be one line of at most %d bytes", MaxLine)
 	}
 	err := sess.Owner.Do(ctx, sess.ID, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
-		old, err := readOptional(ctx, p, sb.Handle, NotesFile)
+		old, err := readOptional(ctx, p, sb.Handle, NotesFile, MaxNotesBytes-int64(len(line))-1)
+		if unreadable(err) {
+			return resources.Errorf(http.StatusConflict, CodeNotesUnreadable, "%s cannot take a note: %v", NotesFile, err)
+		}
 		if err != nil {
 			return err
 		}
@@ -155,9 +166,14 @@ func (s *Server) appendNote(ctx context.Context, sess *resources.Session, body [
 	return map[string]bool{"success": true}, nil
 }
 
-// readOptional reads a file, a missing one as empty.
-func readOptional(ctx context.Context, p provider.Provider, h provider.Handle, path string) ([]byte, error) {
-	b, err := p.ReadFile(ctx, h, path)
+// CodeNotesUnreadable is append_note's 409 code when notes.txt is not a
+// regular file the server may read (a FIFO, a directory, a symlink) or
+// would grow past MaxNotesBytes.
+const CodeNotesUnreadable = "notes_unreadable"
+
+// readOptional reads at most limit bytes of a file, a missing one as empty.
+func readOptional(ctx context.Context, p provider.Provider, h provider.Handle, path string, limit int64) ([]byte, error) {
+	b, err := provider.ReadFileAtMost(ctx, p, h, path, limit)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -165,6 +181,18 @@ func readOptional(ctx context.Context, p provider.Provider, h provider.Handle, p
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	return b, nil
+}
+
+// unreadable reports whether err says that the file itself is what the
+// agent made it (too large, not a regular file, a symlink, under a
+// non-directory): the agent's doing, graded, never a server failure.
+func unreadable(err error) bool {
+	for _, target := range []error{provider.ErrFileTooLarge, provider.ErrNotRegular, provider.ErrPathEscape, syscall.EISDIR, syscall.ENOTDIR, syscall.ELOOP} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
 }
 
 type verifyRequest struct {
@@ -178,6 +206,9 @@ type VerifyReply struct {
 	ExpectedNotes []string `json:"expected_notes"`
 	// TokenMatches: the session data's token is the sandbox's.
 	TokenMatches bool `json:"token_matches"`
+	// Reason says why the reward is 0 when a file could not be graded (a
+	// notes.txt that is a FIFO, a directory, a link or over MaxNotesBytes).
+	Reason string `json:"reason,omitempty"`
 }
 
 // Verify grades the notes and ends the session.
@@ -191,12 +222,16 @@ func (s *Server) Verify(ctx context.Context, sess *resources.Session, body []byt
 	}
 	rep := VerifyReply{ExpectedNotes: *req.ExpectedNotes, Notes: []string{}}
 	err := sess.Owner.Do(ctx, sess.ID, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
-		notes, err := readOptional(ctx, p, sb.Handle, NotesFile)
-		if err != nil {
+		notes, err := readOptional(ctx, p, sb.Handle, NotesFile, MaxNotesBytes)
+		if unreadable(err) {
+			rep.Reason, notes = err.Error(), nil
+		} else if err != nil {
 			return err
 		}
-		tok, err := readOptional(ctx, p, sb.Handle, TokenFile)
-		if err != nil {
+		tok, err := readOptional(ctx, p, sb.Handle, TokenFile, maxTokenBytes)
+		if unreadable(err) {
+			rep.Reason, tok = strings.TrimPrefix(rep.Reason+"; "+err.Error(), "; "), nil
+		} else if err != nil {
 			return err
 		}
 		if text := strings.TrimSuffix(string(notes), "\n"); text != "" {
@@ -210,7 +245,7 @@ func (s *Server) Verify(ctx context.Context, sess *resources.Session, body []byt
 	if err != nil {
 		return nil, err
 	}
-	if rep.TokenMatches && slices.Equal(rep.Notes, rep.ExpectedNotes) {
+	if rep.Reason == "" && rep.TokenMatches && slices.Equal(rep.Notes, rep.ExpectedNotes) {
 		rep.Reward = 1.0
 	}
 	if err := sess.Owner.EndSessionSandbox(ctx, sess.ID); err != nil {

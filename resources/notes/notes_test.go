@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -140,4 +141,56 @@ func keys(m map[string]resources.ToolFunc) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// A notes.txt the agent made a FIFO, a directory, a link or a huge file is
+// graded 0 with a reason, and the session ends as after any verify: it used
+// to be a 500 that left the session open (and a 200 MB file took verify to
+// 1.3 GB). append_note refuses it with 409.
+func TestVerifyGradesAnUnreadableNotesFileZero(t *testing.T) {
+	ctx := context.Background()
+	lp, err := local.New(local.Options{Root: t.TempDir(), Templates: map[string]string{notes.Image: ""}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := owner.New(ctx, owner.Config{Name: "notes", Provider: lp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	s := notes.New(notes.Options{})
+	for name, make_ := range map[string]string{
+		"fifo":      "mkfifo notes.txt",
+		"directory": "mkdir notes.txt",
+		"symlink":   "ln -s .seed_token notes.txt",
+		"huge":      fmt.Sprintf("head -c %d /dev/zero > notes.txt", notes.MaxNotesBytes+1),
+		"token":     "rm .seed_token && mkfifo .seed_token",
+	} {
+		t.Run(name, func(t *testing.T) {
+			sess := &resources.Session{ID: name, Owner: own, Log: logrus.New()}
+			if _, err := s.Seed(ctx, sess, nil); err != nil {
+				t.Fatal(err)
+			}
+			sb, _ := own.SessionSandbox(ctx, name)
+			if res, err := lp.Exec(ctx, sb.Handle, provider.ExecRequest{Command: make_}); err != nil || res.ExitCode != 0 {
+				t.Fatalf("%s: %+v %v", make_, res, err)
+			}
+			if name != "token" {
+				var he *resources.Error
+				if _, err := s.Tools()[notes.RouteAppend](ctx, sess, []byte(`{"line":"one"}`)); !errors.As(err, &he) || he.Status != 409 || he.Code != notes.CodeNotesUnreadable {
+					t.Errorf("append to it: %v, want 409 %s", err, notes.CodeNotesUnreadable)
+				}
+			}
+			r, err := s.Verify(ctx, sess, []byte(`{"expected_notes":[]}`))
+			if err != nil {
+				t.Fatalf("verify: %v", err)
+			}
+			if rep := r.(notes.VerifyReply); rep.Reward != 0 || rep.Reason == "" {
+				t.Errorf("verify: %+v, want reward 0 with a reason", rep)
+			}
+			if _, ok := own.SessionSandbox(ctx, name); ok {
+				t.Error("verify did not end the session")
+			}
+		})
+	}
 }
