@@ -214,6 +214,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		Isolation:        isolationOf(bare),
 		ProviderDown:     down,
 		PendingDeletes:   own.PendingDeletes,
+		Seccomp:          seccompOf(bare),
 		Metrics:          met,
 		AccessLog:        deps.AccessLog,
 	})

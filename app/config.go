@@ -126,6 +126,9 @@ type LocalOptions struct {
 	// MaxFileBytes caps one file read or written through the sandbox API
 	// or by a resources server (0: the default, 64 MiB).
 	MaxFileBytes int64 `yaml:"max_file_bytes"`
+	// Seccomp is the syscall filter of sandboxed commands: default, off,
+	// or a file holding a compiled BPF program.
+	Seccomp string `yaml:"seccomp"`
 	// SnapshotDelayMS and ForkDelayMS hold each snapshot and fork, for
 	// crash tests that kill the server mid-commit or mid-restore.
 	SnapshotDelayMS int `yaml:"snapshot_delay_ms"`
@@ -213,6 +216,7 @@ func keyUsage() map[string]string {
 		"sandbox.local.limits.memory_mb":               "local provider: memory of one sandbox, MiB (default 4096; -1: no limit)",
 		"sandbox.local.limits.cpus":                    "local provider: CPUs of one sandbox (default 2; -1: no limit)",
 		"sandbox.local.max_exec_timeout":               "local provider: longest timeout a command may ask for (default 30m)",
+		"sandbox.local.seccomp":                        "local provider: syscall filter of sandboxed commands: default, off, or a file holding a compiled BPF program (default: default)",
 		"sandbox.local.max_file_bytes":                 "local provider: largest file the server reads or writes in a sandbox, bytes (default 67108864)",
 		"sandbox.local.snapshot_delay_ms":              "local provider: hold every snapshot this long (crash tests only)",
 		"sandbox.local.fork_delay_ms":                  "local provider: hold every fork this long (crash tests only)",

@@ -42,9 +42,11 @@ func TestHealthAndStartupSayTheIsolation(t *testing.T) {
 			}
 			var h struct {
 				Isolation string `json:"isolation"`
+				Seccomp   string `json:"seccomp"`
 			}
-			if err := json.Unmarshal(body, &h); err != nil || h.Isolation != isolation {
-				t.Errorf("health = %s, want isolation %q", body, isolation)
+			wantSeccomp := map[string]string{"bwrap": "default", "none": "off"}[isolation]
+			if err := json.Unmarshal(body, &h); err != nil || h.Isolation != isolation || h.Seccomp != wantSeccomp {
+				t.Errorf("health = %s, want isolation %q, seccomp %q", body, isolation, wantSeccomp)
 			}
 			warned := strings.Contains(logs.String(), "agent commands run UNISOLATED")
 			if warned != (isolation == "none") {

@@ -96,6 +96,7 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 		Limits:         local.Limits{Pids: o.Limits.Pids, MemoryMB: o.Limits.MemoryMB, CPUs: o.Limits.CPUs},
 		MaxExecTimeout: maxExec,
 		MaxFileBytes:   o.MaxFileBytes,
+		Seccomp:        o.Seccomp,
 		Hide:           hide,
 		SnapshotDelay:  time.Duration(o.SnapshotDelayMS) * time.Millisecond,
 		ForkDelay:      time.Duration(o.ForkDelayMS) * time.Millisecond,
@@ -153,6 +154,18 @@ func hidden(paths ...string) []string {
 		}
 	}
 	return out
+}
+
+// seccompOf is the syscall filter of prov's sandboxed commands, for
+// /health: the local provider says; others filter their own way.
+func seccompOf(prov provider.Provider) string {
+	if w, ok := prov.(withoutSnapshots); ok {
+		prov = w.Provider
+	}
+	if i, ok := prov.(interface{ Seccomp() string }); ok {
+		return i.Seccomp()
+	}
+	return ""
 }
 
 // isolationOf is how prov holds sandboxed commands, for /health: the

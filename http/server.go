@@ -129,6 +129,9 @@ type Config struct {
 	// PendingDeletes, when set, counts the snapshots whose deletes are
 	// pending (in use by a live fork, or failed), for /health.
 	PendingDeletes func() (int, error)
+	// Seccomp is the syscall filter of sandboxed commands ("default",
+	// "off", a file), reported by /health when set.
+	Seccomp string
 	// Metrics, when set, records the requests and serves GET /metrics.
 	Metrics *metrics.Metrics
 	// AccessLog logs one line per request: method, route, status,
@@ -449,6 +452,9 @@ func (s *Server) health(ctx *fasthttp.RequestCtx) {
 	reply := map[string]any{"status": "ok", "name": s.res.Name(), "mode": s.mode}
 	if s.cfg.Isolation != "" {
 		reply["isolation"] = s.cfg.Isolation
+	}
+	if s.cfg.Seccomp != "" {
+		reply["seccomp"] = s.cfg.Seccomp
 	}
 	status := nethttp.StatusOK
 	if s.cfg.ProviderDown != nil {

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -321,4 +322,240 @@ func TestASymlinkInTheTreeIsSnapshottedAsALink(t *testing.T) {
 			t.Errorf("the fork's f: %q", got)
 		}
 	})
+}
+
+// cgroupLib builds a shared library whose constructor appends its
+// process's pids cgroup line to the file $MARK names, or skips without a C
+// compiler.
+func cgroupLib(t *testing.T) string {
+	t.Helper()
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skip("SKIP: no C compiler to build the LD_PRELOAD library (install gcc; .ci/run does)")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "cg.c")
+	code := `#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+__attribute__((constructor)) static void mark(void) {
+	const char *p = getenv("MARK");
+	if (!p) return;
+	FILE *in = fopen("/proc/self/cgroup", "r"), *out = fopen(p, "a");
+	if (!in || !out) return;
+	char line[4096];
+	while (fgets(line, sizeof line, in))
+		if (strstr(line, ":pids:") || strncmp(line, "0::", 3) == 0) fputs(line, out);
+	fclose(in);
+	fclose(out);
+}
+`
+	if err := os.WriteFile(src, []byte(code), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lib := filepath.Join(dir, "cg.so")
+	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, src).CombinedOutput(); err != nil {
+		t.Fatalf("build the preload library: %v: %s", err, out)
+	}
+	return lib
+}
+
+// needCgroups skips where the host lets the server make no pids cgroup.
+func needCgroups(t *testing.T, p *Provider) {
+	t.Helper()
+	if p.cg == nil || p.cg.dirs["pids"] == "" {
+		t.Skipf("SKIP: the host lets the server make no pids cgroup here (limits in effect: %s)", p.LimitsInEffect())
+	}
+}
+
+// An exec's LD_PRELOAD used to be loaded into the shell that then joined
+// the sandbox's cgroups through fds it was handed: pointing them elsewhere
+// ran the command in the root cgroups. Every process of a command now
+// starts inside them, so a preloaded library runs where the command does.
+func TestAPreloadedLibraryRunsInsideTheLimits(t *testing.T) {
+	lib := cgroupLib(t)
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		needCgroups(t, p)
+		h := start(t, p, provider.Spec{})
+		// The library is shown to the sandbox in its tree; it marks
+		// "mark" in the command's cwd.
+		b, err := os.ReadFile(lib)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, p, h, "cg.so", string(b))
+		libPath := filepath.Join(fsDir(p, h), "cg.so")
+		if m.isolation == IsolationBwrap {
+			libPath = "/sandbox/cg.so"
+		}
+		res, err := p.Exec(context.Background(), h, provider.ExecRequest{
+			Command: `grep -E ':pids:|^0::' /proc/self/cgroup`,
+			Env:     map[string]string{"LD_PRELOAD": libPath, "MARK": "mark"},
+		})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("exec: %+v %v", res, err)
+		}
+		got := strings.TrimSpace(readFile(t, p, h, "mark"))
+		if got == "" {
+			t.Fatal("the library never ran")
+		}
+		for _, l := range strings.Split(got, "\n") {
+			if !slices.Contains(strings.Split(res.Stdout, "\n"), l) {
+				t.Errorf("a preloaded library ran in cgroup %q, the command in %q", l, res.Stdout)
+			}
+		}
+		if m.isolation == IsolationNone && !strings.Contains(res.Stdout, h.SandboxID) {
+			t.Errorf("the command is not in its sandbox's cgroup: %q", res.Stdout)
+		}
+	})
+}
+
+// bubblewrap's own processes used to run outside the sandbox's cgroups
+// (only the command joined them), and its init, the sandbox's pid 1, could
+// be ptraced from inside and made to run anything outside the limits. Every
+// process carrying the sandbox's mark is now in its cgroups while a command
+// runs.
+func TestEveryProcessOfACommandIsInItsCgroups(t *testing.T) {
+	bwrapModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		needCgroups(t, p)
+		h := start(t, p, provider.Spec{})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := execRunning(t, ctx, p, h, "sleep 60")
+		defer func() {
+			cancel()
+			<-done
+		}()
+		pids := markedProcesses(h.SandboxID)
+		if len(pids) < 2 {
+			t.Fatalf("%d processes carry the sandbox's mark, want bubblewrap's and the command's", len(pids))
+		}
+		for _, pid := range pids {
+			b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+			if err != nil {
+				continue // gone meanwhile
+			}
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.Contains(line, ":pids:") && !strings.HasSuffix(line, "/"+h.SandboxID) {
+					comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+					t.Errorf("process %d (%s) of the sandbox runs outside its cgroups: %s", pid, strings.TrimSpace(string(comm)), line)
+				}
+			}
+		}
+	})
+}
+
+// syscallProbe is a python3 program that makes each call named in argv
+// and prints "name errno" per call (0: it worked).
+const syscallProbe = `
+import ctypes, os, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {"keyctl": 250, "add_key": 248, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
+      "io_uring_setup": 425, "kexec_load": 246, "init_module": 175, "mount": 165, "unshare": 272}
+def call(name):
+    ctypes.set_errno(0)
+    if name == "vsock":
+        try: socket.socket(40, socket.SOCK_STREAM).close(); return 0
+        except OSError as e: return e.errno
+    if name == "netlink_audit":
+        try: socket.socket(16, socket.SOCK_RAW, 9).close(); return 0
+        except OSError as e: return e.errno
+    if name == "netlink_route":
+        try: socket.socket(16, socket.SOCK_RAW, 0).close(); return 0
+        except OSError as e: return e.errno
+    if name == "ptrace_child":
+        pid = os.fork()
+        if pid == 0:
+            import time; time.sleep(30); os._exit(0)
+        r = libc.ptrace(16, pid, 0, 0)  # PTRACE_ATTACH
+        e = ctypes.get_errno() if r != 0 else 0
+        os.kill(pid, 9); os.waitpid(pid, 0)
+        return e
+    args = {"keyctl": (0, -3, 1), "add_key": (b"user", b"k", b"v", 1, -3), "perf_event_open": (None, 0, -1, -1, 0),
+            "userfaultfd": (0,), "io_uring_setup": (1, None), "bpf": (0, None, 0), "unshare": (0,),
+            "mount": (b"none", b"/tmp", b"tmpfs", 0, None), "kexec_load": (0, 0, None, 0), "init_module": (None, 0, b"")}[name]
+    r = libc.syscall(nr[name], *args)
+    return ctypes.get_errno() if r == -1 else 0
+for n in sys.argv[1:]:
+    print(n, call(n))
+`
+
+// Nothing filtered the calls a sandbox could make: keyrings (shared by
+// every sandbox of the uid), io_uring, userfaultfd, perf, eBPF, AF_VSOCK
+// and AF_NETLINK all worked inside. The default filter refuses them (EPERM,
+// or EAFNOSUPPORT for the socket families) and keeps what programs need:
+// ptrace of the sandbox's own processes, the route netlink family.
+func TestTheDefaultSyscallFilterRefusesTheKernelsAttackSurface(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		t.Skip("SKIP: no /usr/bin/python3 to make the calls from inside a sandbox (install python3; .ci/run does)")
+	}
+	denied := []string{"keyctl", "add_key", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "kexec_load", "init_module", "mount", "unshare"}
+	bwrapModes(t, func(t *testing.T, m mode) {
+		for _, filter := range []string{SeccompDefault, SeccompOff} {
+			p := newProvider(t, m, Options{Seccomp: filter})
+			if got := p.Seccomp(); got != filter {
+				t.Errorf("Seccomp() = %q, want %q", got, filter)
+			}
+			h := start(t, p, provider.Spec{})
+			writeFile(t, p, h, "probe.py", syscallProbe)
+			all := append(slices.Clone(denied), "vsock", "netlink_audit", "netlink_route", "ptrace_child")
+			out := mustRun(t, p, h, "python3 probe.py "+strings.Join(all, " "))
+			got := map[string]string{}
+			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+				k, v, _ := strings.Cut(line, " ")
+				got[k] = v
+			}
+			eperm, noAF := strconv.Itoa(int(syscall.EPERM)), strconv.Itoa(int(syscall.EAFNOSUPPORT))
+			if got["ptrace_child"] != "0" || got["netlink_route"] != "0" {
+				t.Errorf("%s: ptrace of a child %s, a route netlink socket %s: want both to work", filter, got["ptrace_child"], got["netlink_route"])
+			}
+			if filter == SeccompOff {
+				// Without the filter the kernel answers (keyctl of the
+				// session keyring works): the filter is what refuses.
+				if got["keyctl"] == eperm {
+					t.Errorf("off: keyctl %s, want the kernel's answer", got["keyctl"])
+				}
+				continue
+			}
+			for _, name := range denied {
+				if got[name] != eperm {
+					t.Errorf("default: %s answered errno %s, want EPERM (%s)", name, got[name], eperm)
+				}
+			}
+			for _, name := range []string{"vsock", "netlink_audit"} {
+				if got[name] != noAF {
+					t.Errorf("default: %s socket answered errno %s, want EAFNOSUPPORT (%s)", name, got[name], noAF)
+				}
+			}
+		}
+	})
+}
+
+func TestASeccompFileIsChecked(t *testing.T) {
+	m := mode{"bwrap-copy", IsolationBwrap, OverlayOff}
+	bad := filepath.Join(t.TempDir(), "bad.bpf")
+	if err := os.WriteFile(bad, []byte("not a program"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Options{Root: t.TempDir(), Isolation: m.isolation, Seccomp: bad}); !errors.Is(err, ErrBadOptions) && !errors.Is(err, ErrBwrapUnavailable) {
+		t.Errorf("a file that is no BPF program: %v, want ErrBadOptions", err)
+	}
+	// The default program, written to a file, is a filter file that works.
+	f, err := defaultFilter()
+	if err != nil {
+		t.Skipf("SKIP: %v", err)
+	}
+	good := filepath.Join(t.TempDir(), "good.bpf")
+	if err := os.WriteFile(good, encodeFilter(f), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := newProvider(t, m, Options{Seccomp: good})
+	if got := p.Seccomp(); got != good {
+		t.Errorf("Seccomp() = %q, want the file", got)
+	}
+	h := start(t, p, provider.Spec{})
+	if res := run(t, p, h, "unshare -r true"); res.ExitCode == 0 {
+		t.Errorf("unshare under the file's filter: %+v", res)
+	}
 }

@@ -45,6 +45,10 @@ type bwrapConfig struct {
 	bound []string
 	// rootless: the server is not root and uid is its own.
 	rootless bool
+	// seccomp is the compiled syscall filter of every command (nil: none),
+	// handed to bubblewrap at fd 3, which loads it last, just before the
+	// command runs.
+	seccomp []byte
 }
 
 // newBwrapConfig finds bubblewrap and builds the sandbox's view of the
@@ -144,15 +148,15 @@ func (c *bwrapConfig) shows(h string) bool {
 
 // args returns bwrap's arguments for a command in the tree fsDir mounted at
 // workdir, starting in cwd (a path in the sandbox's view), with exactly the
-// environment env: /bin/sh -c script, with command as "$1". extra are more mount arguments (the caches' binds),
-// after the tree's.
+// environment env: /bin/sh -c command. extra are more mount arguments (the
+// caches' binds), after the tree's.
 //
 // bwrap itself runs in a user namespace made by the server (see
 // sysProcAttr) in which it is root; it makes a nested one for the command,
 // mapping root to the same unprivileged host uid, drops every capability
 // (effective, permitted, inheritable, ambient and bounding), sets
 // no_new_privs, and forbids further user namespaces.
-func (c *bwrapConfig) args(fsDir, workdir, cwd string, network bool, env []string, script, command string, extra ...string) []string {
+func (c *bwrapConfig) args(fsDir, workdir, cwd string, network bool, env []string, command string, extra ...string) []string {
 	a := make([]string, 0, len(c.hostArgs)+40+len(extra)+3*len(env))
 	a = append(a, "--unshare-user", "--disable-userns", "--uid", "0", "--gid", "0")
 	a = append(a, c.hostArgs...)
@@ -161,6 +165,9 @@ func (c *bwrapConfig) args(fsDir, workdir, cwd string, network bool, env []strin
 	a = append(a, "--remount-ro", "/", "--chdir", cwd,
 		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 		"--die-with-parent", "--cap-drop", "ALL", "--clearenv")
+	if c.seccomp != nil {
+		a = append(a, "--seccomp", "3")
+	}
 	if !network {
 		a = append(a, "--unshare-net")
 	}
@@ -168,7 +175,7 @@ func (c *bwrapConfig) args(fsDir, workdir, cwd string, network bool, env []strin
 		k, v, _ := strings.Cut(kv, "=")
 		a = append(a, "--setenv", k, v)
 	}
-	return append(a, "--", "/bin/sh", "-c", script, "sh", command)
+	return append(a, "--", "/bin/sh", "-c", command)
 }
 
 // sysProcAttr starts bwrap in a new user namespace whose root is the
@@ -230,6 +237,20 @@ func (c *bwrapConfig) checkWorkdir(workdir string) error {
 	return nil // made on the sandbox's tmpfs root
 }
 
+// attachFilter hands cmd the syscall filter at fd 3 (see args); the
+// returned func closes the server's copy once cmd has started.
+func (c *bwrapConfig) attachFilter(cmd *exec.Cmd) (func(), error) {
+	if c.seccomp == nil {
+		return func() {}, nil
+	}
+	f, err := filterFile(c.seccomp)
+	if err != nil {
+		return nil, err
+	}
+	cmd.ExtraFiles = []*os.File{f}
+	return func() { f.Close() }, nil
+}
+
 // probe runs `touch` the way commands will run, so that "auto" falls back
 // when bubblewrap is installed but cannot make namespaces here, or cannot
 // reach the provider's root as the sandbox's uid.
@@ -244,9 +265,14 @@ func (c *bwrapConfig) probe(parent string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, c.bin, c.args(dir, DefaultWorkdir, DefaultWorkdir, false, []string{"PATH=" + basePath}, `exec /bin/sh -c "$1"`, "touch probe")...)
+	cmd := exec.CommandContext(ctx, c.bin, c.args(dir, DefaultWorkdir, DefaultWorkdir, false, []string{"PATH=" + basePath}, "touch probe")...)
 	cmd.Env = hostEnv("probe")
 	cmd.SysProcAttr = c.sysProcAttr()
+	closeFilter, err := c.attachFilter(cmd)
+	if err != nil {
+		return err
+	}
+	defer closeFilter()
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {

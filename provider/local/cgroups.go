@@ -31,13 +31,6 @@ const (
 	DefaultCPUs     = 2
 )
 
-// The rlimits every command runs under, cgroups or not.
-const (
-	rlimitNofile = 4096
-	// rlimitFsize bounds one file's size (256 MiB, in 512-byte blocks).
-	rlimitFsize = 256 << 20 / 512
-)
-
 // withDefaults fills zero fields.
 func (l Limits) withDefaults() Limits {
 	if l.Pids == 0 {
@@ -300,8 +293,9 @@ func (cg *cgroups) of(id string) *sandboxCgroup {
 	return g
 }
 
-// procsFiles opens the membership file of each distinct directory: a command
-// writes "0" to each (see joinScript) to enter the sandbox's cgroups.
+// procsFiles opens the membership file of each distinct directory: the
+// server writes a command's pid to each (see startJoined) before the
+// command runs.
 func (g *sandboxCgroup) procsFiles() ([]*os.File, error) {
 	seen := map[string]bool{}
 	var files []*os.File
@@ -311,7 +305,7 @@ func (g *sandboxCgroup) procsFiles() ([]*os.File, error) {
 			continue
 		}
 		seen[dir] = true
-		// On v1 a single-threaded shell moving itself through "tasks"
+		// On v1 moving a stopped single-threaded process through "tasks"
 		// skips the lock that moving a whole thread group takes (and the
 		// RCU grace period with it): several milliseconds per hierarchy
 		// on a busy host.
@@ -447,17 +441,4 @@ func (g *sandboxCgroup) remove() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// joinScript is the shell prelude of every command: it enters the
-// sandbox's cgroups through the n files passed from fd 3 on, closes them,
-// and sets the rlimits (core 0, open files, file size in 512-byte blocks),
-// hard and soft, before the command runs as "$1".
-func joinScript(n int, nofile int, fsizeBlocks int64) string {
-	var b strings.Builder
-	for i := range n {
-		fmt.Fprintf(&b, "echo 0 >&%d || exit 125; exec %d>&-; ", 3+i, 3+i)
-	}
-	fmt.Fprintf(&b, "ulimit -c 0 && ulimit -n %d && ulimit -f %d || exit 125; exec /bin/sh -c \"$1\"", nofile, fsizeBlocks)
-	return b.String()
 }

@@ -66,7 +66,11 @@
 // user namespace whose root is an unprivileged host uid and gid
 // (Options.UID, GID: 65534 by default) with no supplementary groups, and the
 // command runs as that root with every capability dropped (bounding set
-// included), no_new_privs, and no further user namespaces. A sandbox's tree
+// included), no_new_privs, no further user namespaces, and the syscall
+// filter of Options.Seccomp (see deniedSyscalls). The server starts each
+// command held at its first instruction and puts it in the sandbox's
+// cgroups, with its rlimits, before it runs (startJoined): bubblewrap and
+// everything it forks are born inside the limits. A sandbox's tree
 // belongs to that uid: an image is given to it (copy mode: as it is copied;
 // overlay mode: by a metadata-only layer made once per template, under
 // <Root>/images). The command sees its tree at the workdir (Spec.Workdir,

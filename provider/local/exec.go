@@ -73,11 +73,11 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	}
 	defer p.releaseCgroup(s)
 	defer closeAll(cgFiles)
-	cmd, err := p.command(s, rel, req, len(cgFiles))
+	cmd, closeFilter, err := p.command(s, rel, req)
 	if err != nil {
 		return provider.ExecResult{}, err
 	}
-	cmd.ExtraFiles = cgFiles
+	defer closeFilter()
 	stdout, stderr := &cappedBuffer{max: p.outputCap}, &cappedBuffer{max: p.outputCap}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.WaitDelay = pipeGrace
@@ -88,12 +88,10 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 		s.gate.RUnlock()
 		return provider.ExecResult{}, err
 	}
-	if err := cmd.Start(); err != nil {
+	if err := startJoined(cmd, cgFiles); err != nil {
 		s.gate.RUnlock()
 		return provider.ExecResult{}, fmt.Errorf("local: exec: start: %w", err)
 	}
-	closeAll(cgFiles) // the command has its own copies
-	cgFiles = nil
 	pgid := cmd.Process.Pid
 	s.mu.Lock()
 	s.groups[pgid] = struct{}{}
@@ -156,15 +154,15 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 }
 
 // command builds the process for req in s, with its cwd at rel in the tree.
-// The command runs joinScript first, which enters the sandbox's cgroups
-// through the nfiles files passed from fd 3 on and sets its rlimits.
-func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest, nfiles int) (*exec.Cmd, error) {
+// It is started by startJoined, which puts it in the sandbox's cgroups and
+// sets its rlimits before it runs.
+func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest) (*exec.Cmd, func(), error) {
 	s.mu.Lock()
 	meta := s.meta
 	s.mu.Unlock()
 	caches, err := p.sandboxMounts(meta.Spec, meta.Workdir, s.dir, true)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	home := s.fsDir()
 	if p.bwrap != nil {
@@ -194,16 +192,20 @@ func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest, nfi
 		// The environment asked for is the command's, inside the sandbox;
 		// bubblewrap itself starts with a fixed one, as the sandbox's uid.
 		cwd := path.Join(meta.Workdir, rel)
-		cmd := exec.Command(p.bwrap.bin, p.bwrap.args(s.fsDir(), meta.Workdir, cwd, meta.Network, list, joinScript(nfiles, rlimitNofile, rlimitFsize), req.Command, cacheBindArgs(caches)...)...)
+		cmd := exec.Command(p.bwrap.bin, p.bwrap.args(s.fsDir(), meta.Workdir, cwd, meta.Network, list, req.Command, cacheBindArgs(caches)...)...)
 		cmd.Env = hostEnv(s.id)
 		cmd.SysProcAttr = p.bwrap.sysProcAttr()
-		return cmd, nil
+		closeFilter, err := p.bwrap.attachFilter(cmd)
+		if err != nil {
+			return nil, nil, err
+		}
+		return cmd, closeFilter, nil
 	}
-	cmd := exec.Command("/bin/sh", "-c", joinScript(nfiles, rlimitNofile, rlimitFsize), "sh", req.Command)
+	cmd := exec.Command("/bin/sh", "-c", req.Command)
 	cmd.Dir = filepath.Join(s.fsDir(), filepath.FromSlash(rel))
 	cmd.Env = list
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	return cmd, nil
+	return cmd, func() {}, nil
 }
 
 // checkDir checks that rel is a directory inside the tree at fsDir.

@@ -84,6 +84,11 @@ type Options struct {
 	// works here and unisolated otherwise, "bwrap" fails New when bubblewrap
 	// does not work, "none" never uses it.
 	Isolation string
+	// Seccomp is the syscall filter of sandboxed commands: "default" (or
+	// empty) refuses what container runtimes' default profiles refuse
+	// (see deniedSyscalls), "off" none, anything else is a file holding a
+	// compiled classic BPF program. It applies under bubblewrap.
+	Seccomp string
 	// BwrapPath is the bubblewrap binary; empty means "bwrap" on the PATH.
 	BwrapPath string
 	// UID and GID are the unprivileged host ids sandboxed commands run as
@@ -178,6 +183,8 @@ type Provider struct {
 	execClk      clock.Clock // see Options.ExecClock
 	log          logrus.FieldLogger
 	bwrap        *bwrapConfig // nil: commands run unisolated
+	// seccompName is Options.Seccomp, "default" when empty.
+	seccompName string
 	// uid and gid own sandbox trees and run sandboxed commands.
 	uid, gid int
 	// rootless: the server is not root, so sandboxed commands run as its
@@ -339,6 +346,10 @@ func New(opts Options) (_ *Provider, err error) {
 		}()
 	}
 
+	p.seccompName = opts.Seccomp
+	if p.seccompName == "" {
+		p.seccompName = SeccompDefault
+	}
 	if err := p.chooseIsolation(opts); err != nil {
 		return nil, err
 	}
@@ -350,7 +361,7 @@ func New(opts Options) (_ *Provider, err error) {
 		mode = "overlay"
 	}
 	p.chooseCgroups()
-	fields := logrus.Fields{"root": p.root, "isolation": p.Isolation(), "fs_mode": mode, "limits": p.LimitsInEffect()}
+	fields := logrus.Fields{"root": p.root, "isolation": p.Isolation(), "fs_mode": mode, "limits": p.LimitsInEffect(), "seccomp": p.Seccomp()}
 	if p.bwrap != nil {
 		fields["uid"], fields["gid"] = p.uid, p.gid
 		if p.rootless {
@@ -399,8 +410,27 @@ func (p *Provider) chooseIsolation(opts Options) error {
 		p.log.WithError(err).WithFields(logrus.Fields{"isolation": IsolationNone, "uid": os.Geteuid()}).Warn("local provider: bubblewrap does not work here, so " + unisolatedWarning)
 		return nil
 	}
+	prog, err := loadFilter(opts.Seccomp)
+	if err != nil {
+		return fmt.Errorf("%w: seccomp %q: %v", ErrBadOptions, opts.Seccomp, err)
+	}
+	cfg.seccomp = prog
+	if prog != nil {
+		if err := cfg.probe(p.trashDir()); err != nil {
+			return fmt.Errorf("%w: seccomp %q: bubblewrap refuses the filter: %v", ErrBadOptions, opts.Seccomp, err)
+		}
+	}
 	p.bwrap = cfg
 	return nil
+}
+
+// Seccomp reports the syscall filter in effect: "default", "off", or the
+// filter file's path; "off" when commands run unisolated.
+func (p *Provider) Seccomp() string {
+	if p.bwrap == nil || p.bwrap.seccomp == nil {
+		return SeccompOff
+	}
+	return p.seccompName
 }
 
 // reachable lets the sandbox's uid search its way to the provider's root

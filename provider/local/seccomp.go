@@ -1,0 +1,130 @@
+package local
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// Seccomp modes (Options.Seccomp); anything else names a file.
+const (
+	SeccompDefault = "default"
+	SeccompOff     = "off"
+)
+
+// seccomp_data's layout: nr, arch, instruction pointer, then six 64-bit
+// arguments (their low halves first on little-endian machines).
+const (
+	offNr   = 0
+	offArch = 4
+	offArg0 = 16
+	offArg2 = 32
+)
+
+// defaultFilter is the default syscall filter as a classic BPF program:
+// a call of another architecture (int 0x80, x32) is refused, each of
+// deniedSyscalls is EPERM, and socket(2) is EAFNOSUPPORT for AF_VSOCK
+// (the host's hypervisor) and for AF_NETLINK but NETLINK_ROUTE (the
+// audit, kernel-event and other families; the route family, in the
+// sandbox's own network namespace, is what resolvers and `ip` use).
+func defaultFilter() ([]unix.SockFilter, error) {
+	if auditArch == 0 {
+		return nil, errors.New("no syscall filter is built for this architecture")
+	}
+	const (
+		ldw  = unix.BPF_LD | unix.BPF_W | unix.BPF_ABS
+		jeq  = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
+		jge  = unix.BPF_JMP | unix.BPF_JGE | unix.BPF_K
+		ret  = unix.BPF_RET | unix.BPF_K
+		deny = unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
+		noAF = unix.SECCOMP_RET_ERRNO | uint32(unix.EAFNOSUPPORT)
+	)
+	allow := uint32(unix.SECCOMP_RET_ALLOW)
+	var f []unix.SockFilter
+	stmt := func(code uint16, k uint32) { f = append(f, unix.SockFilter{Code: code, K: k}) }
+	jump := func(code uint16, k uint32, jt, jf uint8) {
+		f = append(f, unix.SockFilter{Code: code, K: k, Jt: jt, Jf: jf})
+	}
+	stmt(ldw, offArch)
+	jump(jeq, auditArch, 1, 0)
+	stmt(ret, deny)
+	stmt(ldw, offNr)
+	if x32Bit != 0 {
+		jump(jge, x32Bit, 0, 1)
+		stmt(ret, deny)
+	}
+	for _, nr := range deniedSyscalls {
+		jump(jeq, uint32(nr), 0, 1)
+		stmt(ret, deny)
+	}
+	jump(jeq, unix.SYS_SOCKET, 1, 0)
+	stmt(ret, allow)
+	stmt(ldw, offArg0)
+	jump(jeq, unix.AF_VSOCK, 0, 1)
+	stmt(ret, noAF)
+	jump(jeq, unix.AF_NETLINK, 0, 3)
+	stmt(ldw, offArg2)
+	jump(jeq, unix.NETLINK_ROUTE, 1, 0)
+	stmt(ret, noAF)
+	stmt(ret, allow)
+	if len(f) > 4096 {
+		return nil, fmt.Errorf("the syscall filter has %d instructions, more than the kernel's 4096", len(f))
+	}
+	return f, nil
+}
+
+// encodeFilter is a program as bubblewrap's --seccomp reads it: the
+// kernel's struct sock_filter, in the machine's byte order.
+func encodeFilter(f []unix.SockFilter) []byte {
+	var b bytes.Buffer
+	_ = binary.Write(&b, binary.NativeEndian, f)
+	return b.Bytes()
+}
+
+// loadFilter returns the compiled filter Options.Seccomp asks for: nil
+// for "off", the default one for "" and "default", else the file's bytes
+// (a classic BPF program, such as libseccomp's seccomp_export_bpf writes).
+func loadFilter(mode string) ([]byte, error) {
+	switch mode {
+	case SeccompOff:
+		return nil, nil
+	case "", SeccompDefault:
+		f, err := defaultFilter()
+		if err != nil {
+			return nil, err
+		}
+		return encodeFilter(f), nil
+	}
+	b, err := os.ReadFile(mode)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp filter: %w", err)
+	}
+	if len(b) == 0 || len(b)%8 != 0 || len(b)/8 > 4096 {
+		return nil, fmt.Errorf("seccomp filter %s: %d bytes is not a BPF program of 1 to 4096 instructions", mode, len(b))
+	}
+	return b, nil
+}
+
+// filterFile holds a compiled filter for one command's bubblewrap to read
+// (--seccomp): a sealed memfd, so the command cannot change it.
+func filterFile(prog []byte) (*os.File, error) {
+	fd, err := unix.MemfdCreate("seccomp", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp filter: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "seccomp")
+	if _, err := f.Write(prog); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("seccomp filter: %w", err)
+	}
+	if _, err := f.Seek(0, 0); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("seccomp filter: %w", err)
+	}
+	_, _ = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SEAL|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE)
+	return f, nil
+}
