@@ -103,7 +103,12 @@ func TestSandboxCallsPassTheAdmissionGate(t *testing.T) {
 	waitGate(t, gate, func() bool { return slices.Contains(gate.Busy(), label) })
 
 	// Prepare is not ready while it runs, and names the sandbox.
-	deadline := ctl.UnixSeconds(time.Now().Add(time.Minute)) // far enough that a loaded machine never reaches it mid-test
+	// Prepare waits until its deadline for the exec, which cannot end
+	// before the test writes "go", so it answers "preparing" at the
+	// deadline however slow the machine; a prepare that arrives after its
+	// deadline is refused, so the deadline leaves a loaded machine ten
+	// seconds to deliver it (and the client's minute covers the wait).
+	deadline := ctl.UnixSeconds(time.Now().Add(10 * time.Second))
 	s2, prep := checkpointOp(t, a, "prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": deadline})
 	if s2 != 200 || prep["phase"] != "preparing" {
 		t.Fatalf("prepare with an exec in flight: %d %v", s2, prep)
