@@ -1,0 +1,260 @@
+package conformance_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const token = "conformance-token"
+
+// binary is the server built once for the package's tests.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "conformance-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "server")
+	out, err := exec.Command("go", "build", "-o", binary, "../cmd/server").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build the server: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// server is one running server process.
+type server struct {
+	t    *testing.T
+	base string
+	dir  string
+	cmd  *exec.Cmd
+	log  *bytes.Buffer
+	args []string
+	// exited is closed once the process has been waited for.
+	exited chan struct{}
+}
+
+// start runs the notes server on the local provider with checkpointing on,
+// its state under a fresh directory; extra are more flags.
+func start(t *testing.T, extra ...string) *server {
+	t.Helper()
+	s := &server{t: t, dir: t.TempDir()}
+	s.args = append([]string{
+		"-name", "notes", "-resources", "notes", "-host", "127.0.0.1",
+		"-checkpoint.enabled", "-checkpoint.state_dir", filepath.Join(s.dir, "state"),
+		"-checkpoint.control_auth_token", token,
+		"-sandbox.local.root", filepath.Join(s.dir, "sandboxes"),
+		// Copies, not overlay mounts: a process killed mid-test leaves
+		// nothing mounted in the test's directory.
+		"-sandbox.local.overlay", "off",
+	}, extra...)
+	s.run()
+	t.Cleanup(s.stop)
+	return s
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func (s *server) run() {
+	s.t.Helper()
+	port := freePort(s.t)
+	s.base = fmt.Sprintf("http://127.0.0.1:%d", port)
+	s.log = &bytes.Buffer{}
+	s.cmd = exec.Command(binary, append(s.args, "-port", fmt.Sprint(port))...)
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	s.exited = exited
+	go func() { _ = s.cmd.Wait(); close(exited) }()
+	// Startup: a bound on a broken server, not a synchronisation.
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		select {
+		case <-exited:
+			s.t.Fatalf("the server exited at startup:\n%s", s.log)
+		default:
+		}
+		if r, err := http.Get(s.base + "/health"); err == nil {
+			r.Body.Close()
+			if r.StatusCode == 200 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("the server never answered /health:\n%s", s.log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop ends the server as an operator does (SIGTERM: it stops its
+// sandboxes), so the test's directory can be removed.
+func (s *server) stop() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGTERM)
+		<-s.exited
+	}
+}
+
+// kill ends the process at once (kill -9), as a crash does.
+func (s *server) kill() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill()
+		<-s.exited
+	}
+}
+
+// restart kills the server and starts a fresh process on the same state.
+func (s *server) restart() {
+	s.kill()
+	s.run()
+}
+
+// reply is one HTTP answer.
+type reply struct {
+	status int
+	body   []byte
+	header http.Header
+}
+
+func (r reply) json(t *testing.T) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(r.body, &m); err != nil {
+		t.Fatalf("reply %d is not a JSON object: %s", r.status, r.body)
+	}
+	return m
+}
+
+func (r reply) code() string {
+	var e struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	_ = json.Unmarshal(r.body, &e)
+	return e.Error.Code
+}
+
+// agent is a client with its session cookie.
+type agent struct{ cookie *http.Cookie }
+
+func (s *server) do(a *agent, method, path string, body any, hdr map[string]string) reply {
+	s.t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	default:
+		raw, err := json.Marshal(b)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		rd = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequest(method, s.base+path, rd)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	if a != nil && a.cookie != nil {
+		req.AddCookie(a.cookie)
+	}
+	c := &http.Client{Timeout: 2 * time.Minute}
+	resp, err := c.Do(req)
+	if err != nil {
+		s.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if a != nil {
+		for _, ck := range resp.Cookies() {
+			if ck.MaxAge < 0 || ck.Value == "" {
+				a.cookie = nil
+			} else {
+				a.cookie = ck
+			}
+		}
+	}
+	return reply{status: resp.StatusCode, body: b, header: resp.Header}
+}
+
+func (s *server) post(a *agent, path string, body any) reply {
+	s.t.Helper()
+	return s.do(a, "POST", path, body, nil)
+}
+
+const prefix = "/ng-control/v1/checkpoint/"
+
+func (s *server) control(op string, body any) reply {
+	s.t.Helper()
+	method := "POST"
+	if op == "status" {
+		method = "GET"
+	}
+	return s.do(nil, method, prefix+op, body, map[string]string{"Authorization": "Bearer " + token})
+}
+
+func deadline(d time.Duration) float64 {
+	return float64(time.Now().Add(d).UnixMilli()) / 1000
+}
+
+// base is a control body with checkpoint_id, a deadline a minute ahead and
+// extra fields.
+func body(id string, extra map[string]any) map[string]any {
+	b := map[string]any{"checkpoint_id": id, "deadline_ts": deadline(time.Minute)}
+	for k, v := range extra {
+		b[k] = v
+	}
+	return b
+}
+
+func (s *server) op(op, id string, extra map[string]any) map[string]any {
+	s.t.Helper()
+	return s.ok(s.control(op, body(id, extra)), op+" "+id)
+}
+
+func (s *server) ok(r reply, what string) map[string]any {
+	s.t.Helper()
+	if r.status != 200 {
+		s.t.Fatalf("%s: %d %s", what, r.status, r.body)
+	}
+	return r.json(s.t)
+}
+
+func (s *server) want(r reply, status int, code, what string) {
+	s.t.Helper()
+	if r.status != status || r.code() != code {
+		s.t.Fatalf("%s: %d %s, want %d %s", what, r.status, r.body, status, code)
+	}
+}
+
+func ep(rollout string, attempt int) map[string]any {
+	return map[string]any{"rollout_id": rollout, "attempt": attempt}
+}
