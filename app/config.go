@@ -129,6 +129,9 @@ type LocalOptions struct {
 	// Seccomp is the syscall filter of sandboxed commands: default, off,
 	// or a file holding a compiled BPF program.
 	Seccomp string `yaml:"seccomp"`
+	// SnapshotDir is where snapshots go instead of <root>/snapshots: a
+	// shared filesystem, so that a server on another machine restores them.
+	SnapshotDir string `yaml:"snapshot_dir"`
 	// SnapshotDelayMS and ForkDelayMS hold each snapshot and fork, for
 	// crash tests that kill the server mid-commit or mid-restore.
 	SnapshotDelayMS int `yaml:"snapshot_delay_ms"`
@@ -219,6 +222,7 @@ func keyUsage() map[string]string {
 		"sandbox.local.seccomp":                        "local provider: syscall filter of sandboxed commands: default, off, or a file holding a compiled BPF program (default: default)",
 		"sandbox.local.max_file_bytes":                 "local provider: largest file the server reads or writes in a sandbox, bytes (default 67108864)",
 		"sandbox.local.snapshot_delay_ms":              "local provider: hold every snapshot this long (crash tests only)",
+		"sandbox.local.snapshot_dir":                   "local provider: where snapshots go, on a filesystem every machine that may restore them mounts (NFS, Lustre); default <root>/snapshots, which lives and dies with the machine",
 		"sandbox.local.fork_delay_ms":                  "local provider: hold every fork this long (crash tests only)",
 		"sandbox.opensandbox.domain":                   "opensandbox provider: host:port of the lifecycle server (required)",
 		"sandbox.opensandbox.protocol":                 "opensandbox provider: http or https",

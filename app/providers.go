@@ -74,6 +74,9 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 	if cfg.Checkpoint.StateDir != "" {
 		hide = append(hide, cfg.Checkpoint.StateDir)
 	}
+	if o.SnapshotDir != "" {
+		hide = append(hide, o.SnapshotDir)
+	}
 	for i, h := range hide {
 		if abs, err := filepath.Abs(h); err == nil {
 			hide[i] = abs
@@ -98,6 +101,7 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 		MaxFileBytes:   o.MaxFileBytes,
 		Seccomp:        o.Seccomp,
 		Hide:           hide,
+		SnapshotDir:    o.SnapshotDir,
 		SnapshotDelay:  time.Duration(o.SnapshotDelayMS) * time.Millisecond,
 		ForkDelay:      time.Duration(o.ForkDelayMS) * time.Millisecond,
 		Exclusive:      env.serving,

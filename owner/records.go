@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -153,4 +154,12 @@ func (o *Owner) checkpointFromRecords(req RestoreRequest) (ck snapshotindex.Chec
 	}
 	ck.Records = slices.SortedFunc(slices.Values(recs), func(a, b snapshotindex.Record) int { return cmp.Compare(a.SessionID, b.SessionID) })
 	return ck, true, nil
+}
+
+// missingSnapshots is the error of a restore whose snapshots the provider
+// does not have: the checkpoint cannot be restored here (422), and the
+// operator needs their ids (a local snapshot stays on the machine that
+// took it unless it was written to a shared snapshot_dir).
+func missingSnapshots(err error, providerName string, ids []string) error {
+	return fmt.Errorf("%w: %w: provider %s does not have snapshot(s) %s", err, ErrInvalidRecord, providerName, strings.Join(ids, ", "))
 }

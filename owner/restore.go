@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -124,10 +125,14 @@ func (o *Owner) Restore(ctx context.Context, req RestoreRequest) (RestoreResult,
 	// A restore writes no intent: a crash mid-restore leaves forks that
 	// carry this incarnation's labels, which the next start's sweep of
 	// earlier incarnations stops, and nothing in the index to undo.
-	forks, failed := o.forkAll(ctx, req.CheckpointID, records)
+	forks, failed, missing := o.forkAll(ctx, req.CheckpointID, records)
 	if len(failed) > 0 {
 		o.stopHandles(o.withListedForks(req.CheckpointID, forks))
-		return res, fmt.Errorf("%w: %d of %d forks failed: %s", ErrRestoreFailed, len(failed), len(records), joinFailures(failed))
+		err := fmt.Errorf("%w: %d of %d forks failed: %s", ErrRestoreFailed, len(failed), len(records), joinFailures(failed))
+		if len(missing) > 0 {
+			err = missingSnapshots(err, o.prov.Name(), missing)
+		}
+		return res, err
 	}
 	installed, err := o.install(records, forks)
 	if err != nil {
@@ -160,11 +165,12 @@ func (o *Owner) liveSet() (map[string]bool, error) {
 
 // forkAll forks every record's snapshot, at most parallelism at once. The
 // returned handles are index-aligned with records (zero where it failed).
-func (o *Owner) forkAll(ctx context.Context, checkpointID string, records []snapshotindex.Record) ([]provider.Handle, map[string]string) {
+func (o *Owner) forkAll(ctx context.Context, checkpointID string, records []snapshotindex.Record) ([]provider.Handle, map[string]string, []string) {
 	snap := o.prov.(provider.Snapshotter)
 	forks := make([]provider.Handle, len(records))
 	var mu sync.Mutex
 	failed := map[string]string{}
+	var missing []string
 	fail := func(sid string, err error) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -179,7 +185,12 @@ func (o *Owner) forkAll(ctx context.Context, checkpointID string, records []snap
 		spec := o.labelled(r.Spec, r.SessionID, map[string]string{LabelRestore: checkpointID})
 		h, err := snap.Fork(ctx, spec, r.SnapshotID)
 		if err != nil {
-			fail(r.SessionID, err)
+			fail(r.SessionID, fmt.Errorf("could not be re-created from snapshot %q: %w", r.SnapshotID, err))
+			if errors.Is(err, provider.ErrSnapshotNotFound) {
+				mu.Lock()
+				missing = append(missing, r.SnapshotID)
+				mu.Unlock()
+			}
 			return
 		}
 		forks[i] = h
@@ -194,7 +205,8 @@ func (o *Owner) forkAll(ctx context.Context, checkpointID string, records []snap
 			mu.Unlock()
 		}
 	}
-	return forks, failed
+	slices.Sort(missing)
+	return forks, failed, missing
 }
 
 // withListedForks adds to forks the sandboxes this incarnation forked for

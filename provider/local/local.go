@@ -137,6 +137,14 @@ type Options struct {
 	// is flushed (sync(2)) before its record is written. Off, a snapshot
 	// costs about what `cp -a` of the tree does.
 	Durable bool
+	// SnapshotDir, when set, is where snapshots are written instead of
+	// <Root>/snapshots: a directory on a filesystem that every machine
+	// which may restore them mounts (NFS, Lustre), so that a server on
+	// another machine forks them. Such snapshots are whole trees (never an
+	// overlay layer over this machine's images), and many servers may
+	// share the directory. Unset, a snapshot lives and dies with the
+	// machine.
+	SnapshotDir string
 	// SnapshotDelay and ForkDelay hold every Snapshot and Fork this long
 	// before it starts (the call's context ends the wait). For crash tests:
 	// they widen the window in which a server can be killed mid-commit or
@@ -170,7 +178,9 @@ type Options struct {
 // provider.Snapshotter, provider.Leaser and provider.Lister. It is safe for
 // concurrent use.
 type Provider struct {
-	root      string
+	root string
+	// snapDir is Options.SnapshotDir, absolute ("" for <root>/snapshots).
+	snapDir   string
 	templates map[string]string
 	cacheDirs map[string]string
 	workdir   string
@@ -239,8 +249,15 @@ func New(opts Options) (_ *Provider, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: root %q: %v", ErrBadOptions, opts.Root, err)
 	}
+	snapDir := opts.SnapshotDir
+	if snapDir != "" {
+		if snapDir, err = filepath.Abs(snapDir); err != nil {
+			return nil, fmt.Errorf("%w: snapshot dir %q: %v", ErrBadOptions, opts.SnapshotDir, err)
+		}
+	}
 	p := &Provider{
 		root:          root,
+		snapDir:       snapDir,
 		templates:     map[string]string{},
 		cacheDirs:     map[string]string{},
 		workdir:       opts.DefaultWorkdir,
@@ -330,7 +347,7 @@ func New(opts Options) (_ *Provider, err error) {
 		}
 		p.cacheDirs[name] = abs
 	}
-	for _, d := range []string{p.sandboxesDir(), p.snapshotsDir(), p.trashDir(), p.emptyDir(), p.imagesDir()} {
+	for _, d := range []string{p.sandboxesDir(), p.snapshotsDir(), p.snapshotTrashDir(), p.trashDir(), p.emptyDir(), p.imagesDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("local: make root: %w", err)
 		}
@@ -553,10 +570,24 @@ func (o *owner) chown(path string) error {
 func (p *Provider) Root() string { return p.root }
 
 func (p *Provider) sandboxesDir() string { return filepath.Join(p.root, "sandboxes") }
-func (p *Provider) snapshotsDir() string { return filepath.Join(p.root, "snapshots") }
-func (p *Provider) trashDir() string     { return filepath.Join(p.root, "trash") }
-func (p *Provider) emptyDir() string     { return filepath.Join(p.root, "empty") }
-func (p *Provider) imagesDir() string    { return filepath.Join(p.root, "images") }
+func (p *Provider) snapshotsDir() string {
+	if p.snapDir != "" {
+		return p.snapDir
+	}
+	return filepath.Join(p.root, "snapshots")
+}
+
+// snapshotTrashDir is where a snapshot is moved to be removed: on the
+// snapshots' own filesystem, since a rename cannot cross filesystems.
+func (p *Provider) snapshotTrashDir() string {
+	if p.snapDir != "" {
+		return filepath.Join(p.snapDir, ".trash")
+	}
+	return p.trashDir()
+}
+func (p *Provider) trashDir() string  { return filepath.Join(p.root, "trash") }
+func (p *Provider) emptyDir() string  { return filepath.Join(p.root, "empty") }
+func (p *Provider) imagesDir() string { return filepath.Join(p.root, "images") }
 
 func (p *Provider) sandboxDir(id string) string  { return filepath.Join(p.sandboxesDir(), id) }
 func (p *Provider) snapshotDir(id string) string { return filepath.Join(p.snapshotsDir(), id) }

@@ -152,7 +152,9 @@ func (p *Provider) copySandbox(ctx context.Context, s *sandbox, id string) (snap
 	}
 	meta := snapshotMeta{ID: id, SandboxID: s.id, Metadata: sm.Metadata, CreatedAt: p.clk.Now()}
 	src := s.fsDir()
-	if sm.Overlay && len(sm.Lowers) < maxLayers {
+	// A snapshot in a shared directory is a whole tree: the layers below
+	// an overlay sandbox are this machine's.
+	if sm.Overlay && len(sm.Lowers) < maxLayers && p.snapDir == "" {
 		meta.Overlay, meta.Lowers, meta.Depends = true, sm.Lowers, sm.Layers
 		src = s.upperDir()
 	}
@@ -278,7 +280,9 @@ func (p *Provider) collect() (err error) {
 		}
 		var sm snapshotMeta
 		if err := readJSON(p.snapshotMetaPath(id), &sm); err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
+			// In a shared directory a snapshot without its record may be
+			// another server's, being written.
+			if errors.Is(err, fs.ErrNotExist) && p.snapDir == "" {
 				orphans = append(orphans, id)
 			}
 			continue
@@ -332,7 +336,7 @@ func (p *Provider) collect() (err error) {
 			kept++
 			continue
 		}
-		trash := filepath.Join(p.trashDir(), id)
+		trash := filepath.Join(p.snapshotTrashDir(), id)
 		if err := os.Rename(p.snapshotDir(id), trash); err != nil {
 			errs = append(errs, err)
 			continue

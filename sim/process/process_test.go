@@ -53,7 +53,10 @@ func buildServer(t *testing.T) string {
 }
 
 type server struct {
-	t    *testing.T
+	t *testing.T
+	// dir is the server's state_dir; tests keep the controller's
+	// checkpoint directories beside what it holds.
+	dir  string
 	cmd  *exec.Cmd
 	addr string
 	log  *serverLog
@@ -101,7 +104,7 @@ func startWith(t *testing.T, bin, dir string, providerArgs ...string) *server {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s := &server{t: t, cmd: cmd, log: &serverLog{}, done: make(chan error, 1)}
+	s := &server{t: t, dir: dir, cmd: cmd, log: &serverLog{}, done: make(chan error, 1)}
 	addrc := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -143,7 +144,7 @@ func TestRealStackWalkThrough(t *testing.T) {
 	for _, op := range []string{"prepare", "commit", "resume"} {
 		body := map[string]any{"checkpoint_id": "ck1"}
 		if op == "commit" {
-			body["checkpoint_dir"], body["episode_ids"] = "/ctl/ck1", episodes(sessions, 0)
+			body["checkpoint_dir"], body["episode_ids"] = filepath.Join(dir, "ctl-ck1"), episodes(sessions, 0)
 		}
 		began := time.Now()
 		if code, m, err := s.control(op, body); err != nil || code != 200 {
@@ -158,7 +159,7 @@ func TestRealStackWalkThrough(t *testing.T) {
 
 	s = rs.start(t, bin, dir)
 	began := time.Now()
-	code, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": "/ctl/ck1", "episode_ids": episodes(sessions, 0)})
+	code, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": filepath.Join(dir, "ctl-ck1"), "episode_ids": episodes(sessions, 0)})
 	if err != nil || code != 200 {
 		t.Fatalf("restore: %d %v\n%s", code, err, lastLines(s.log.String(), 30))
 	}
@@ -199,7 +200,7 @@ func commitCk(t *testing.T, s *server, id string, n int) int {
 	if code, m, err := s.control("prepare", map[string]any{"checkpoint_id": id}); err != nil || code != 200 {
 		t.Fatalf("prepare: %d %v %v", code, m, err)
 	}
-	code, m, err := s.control("commit", map[string]any{"checkpoint_id": id, "checkpoint_dir": "/ctl/" + id, "episode_ids": episodes(n, 0)})
+	code, m, err := s.control("commit", map[string]any{"checkpoint_id": id, "checkpoint_dir": filepath.Join(s.dir, "ctl-"+id), "episode_ids": episodes(n, 0)})
 	if err != nil {
 		t.Fatalf("commit: %v", err)
 	}
@@ -218,7 +219,7 @@ func (r *onRealStack) restoreCk(t *testing.T, s *server, bin, dir, id string, ag
 	t.Helper()
 	s.kill()
 	s = r.start(t, bin, dir)
-	code, m, err := s.control("restore", map[string]any{"checkpoint_id": id, "checkpoint_dir": "/ctl/" + id, "episode_ids": episodes(len(agents), 0)})
+	code, m, err := s.control("restore", map[string]any{"checkpoint_id": id, "checkpoint_dir": filepath.Join(s.dir, "ctl-"+id), "episode_ids": episodes(len(agents), 0)})
 	if err != nil || code != 200 {
 		t.Fatalf("restore from the last good checkpoint: %d %v %v\n%s", code, m, err, lastLines(s.log.String(), 30))
 	}
@@ -257,7 +258,7 @@ func TestRealStackLifecycleServerKilledMidCommit(t *testing.T) {
 	}
 	done := make(chan answer, 1)
 	go func() {
-		code, m, err := s.control("commit", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": "/ctl/ck1", "episode_ids": episodes(sessions, 0)})
+		code, m, err := s.control("commit", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": filepath.Join(dir, "ctl-ck1"), "episode_ids": episodes(sessions, 0)})
 		done <- answer{code, m, err}
 	}()
 	// Kill once the first snapshot request is on its way (the server logs
