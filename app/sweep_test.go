@@ -16,6 +16,24 @@ import (
 	"github.com/sandboxowner/owner/provider/local"
 )
 
+// localOwner is an owner on a local provider at root (no isolation,
+// copies), exporting into stateDir.
+func localOwner(t *testing.T, root, stateDir string) (*local.Provider, *owner.Owner) {
+	t.Helper()
+	lg := logrus.New()
+	lg.SetLevel(logrus.ErrorLevel)
+	p, err := local.New(local.Options{Root: root, Templates: map[string]string{"notes": ""}, Isolation: "none", Overlay: "off", Logger: lg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := owner.New(context.Background(), owner.Config{Name: "notes", Provider: p, Logger: lg,
+		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: stateDir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, o
+}
+
 // TestSweepCommand leaves what a crashed server leaves on the local provider
 // (a checkpointed session, one seeded after the checkpoint), then runs
 // `server sweep` and `server sweep -reap` on the same configuration.
@@ -23,17 +41,7 @@ func TestSweepCommand(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	root := filepath.Join(dir, "sandboxes")
-	lg := logrus.New()
-	lg.SetLevel(logrus.ErrorLevel)
-	p, err := local.New(local.Options{Root: root, Templates: map[string]string{"notes": ""}, Isolation: "none", Overlay: "off", Logger: lg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, err := owner.New(ctx, owner.Config{Name: "notes", Provider: p, Logger: lg,
-		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: dir}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, o := localOwner(t, root, dir)
 	setup := func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) { return nil, nil }
 	if _, err := o.StartSessionSandbox(ctx, "kept", provider.Spec{Image: "notes"}, setup, ""); err != nil {
 		t.Fatal(err)
@@ -87,17 +95,7 @@ func TestSweepRetainFrom(t *testing.T) {
 	ctx := context.Background()
 	dir, ckRoot := t.TempDir(), t.TempDir()
 	root := filepath.Join(dir, "sandboxes")
-	lg := logrus.New()
-	lg.SetLevel(logrus.ErrorLevel)
-	p, err := local.New(local.Options{Root: root, Templates: map[string]string{"notes": ""}, Isolation: "none", Overlay: "off", Logger: lg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, err := owner.New(ctx, owner.Config{Name: "notes", Provider: p, Logger: lg,
-		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: filepath.Join(dir, "state")}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, o := localOwner(t, root, filepath.Join(dir, "state"))
 	setup := func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) { return nil, nil }
 	if _, err := o.StartSessionSandbox(ctx, "s1", provider.Spec{Image: "notes"}, setup, ""); err != nil {
 		t.Fatal(err)
