@@ -111,3 +111,24 @@ func TestLimiterOnADetWaitsOnVirtualTime(t *testing.T) {
 		t.Fatalf("the driver got the slot at %v, want when the holder released it (1m)", got)
 	}
 }
+
+// TestLimiterCapacity: a limiter of n allows n calls at once, and one of
+// less than one allows one rather than none.
+func TestLimiterCapacity(t *testing.T) {
+	for n, want := range map[int]int{-1: 1, 0: 1, 1: 1, 3: 3} {
+		l := actors.NewLimiter(n)
+		if got := l.Cap(); got != want {
+			t.Errorf("NewLimiter(%d).Cap() = %d, want %d", n, got, want)
+		}
+		for range want {
+			if err := l.Acquire(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ended, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := l.Acquire(ended); err == nil {
+			t.Errorf("NewLimiter(%d) gave a slot beyond %d", n, want)
+		}
+	}
+}
