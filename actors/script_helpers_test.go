@@ -54,13 +54,25 @@ func kinds(effects []any) []string {
 					out = append(out, "reply:snapshot-ok")
 				}
 			case *messages.StopReply:
-				if m.Err != nil {
+				switch {
+				case m.Err != nil:
 					out = append(out, "reply:stop-err")
-				} else {
+				case m.NotIdle:
+					out = append(out, "reply:stop-not-idle")
+				default:
 					out = append(out, "reply:stop-ok")
 				}
 			case *messages.GetSandboxReply:
-				out = append(out, "reply:view")
+				view := "reply:view"
+				for _, f := range []struct {
+					on   bool
+					name string
+				}{{m.Held, "held"}, {m.Starting, "starting"}, {m.Lost, "lost"}} {
+					if f.on {
+						view += ":" + f.name
+					}
+				}
+				out = append(out, view)
 			}
 		}
 	}

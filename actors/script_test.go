@@ -72,7 +72,13 @@ func TestSessionScripts(t *testing.T) {
 			case "start":
 				in = &messages.StartSandbox{}
 			case "stop":
-				in = &messages.StopSandbox{Reason: messages.StopReason(c.Args["reason"])}
+				stop := &messages.StopSandbox{Reason: messages.StopReason(c.Args["reason"])}
+				if c.Has("idle-since") {
+					stop.IdleSince = secs(t, c, "idle-since")
+				}
+				in = stop
+			case "touch":
+				in = &messages.Touch{At: secs(t, c, "at")}
 			case "do":
 				in = &messages.Do{}
 			case "take-snapshot":

@@ -135,7 +135,8 @@ func TestShellStartsAndStops(t *testing.T) {
 // TestShellStartWithoutSetupOrLease: no setup gives the data {}; no
 // workdir in the spec is asked of the sandbox (pwd); no TTL, no lease.
 func TestShellStartWithoutSetupOrLease(t *testing.T) {
-	s := newShell(t, fake.New(fake.Options{}))
+	p := &execLog{Provider: fake.New(fake.Options{})}
+	s := newShell(t, p)
 	rep := s.start(nil, provider.Spec{})
 	if rep.Err != nil {
 		t.Fatal(rep.Err)
@@ -143,6 +144,30 @@ func TestShellStartWithoutSetupOrLease(t *testing.T) {
 	if rep.Sandbox.Workdir == "" || string(rep.Sandbox.Data) != "{}" || !rep.Sandbox.ExpiresAt.IsZero() {
 		t.Errorf("sandbox %+v: want the sandbox's workdir, data {}, no lease", rep.Sandbox)
 	}
+	// The pwd is bounded, so a sandbox that hangs cannot hold the start.
+	if diff := cmp.Diff([]provider.ExecRequest{{Command: "pwd", Timeout: 30 * time.Second}}, p.requests()); diff != "" {
+		t.Errorf("exec requests (-want +got):\n%s", diff)
+	}
+}
+
+// execLog records the exec requests made through it.
+type execLog struct {
+	provider.Provider
+	mu  sync.Mutex
+	log []provider.ExecRequest
+}
+
+func (e *execLog) Exec(ctx context.Context, h provider.Handle, req provider.ExecRequest) (provider.ExecResult, error) {
+	e.mu.Lock()
+	e.log = append(e.log, req)
+	e.mu.Unlock()
+	return e.Provider.Exec(ctx, h, req)
+}
+
+func (e *execLog) requests() []provider.ExecRequest {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]provider.ExecRequest(nil), e.log...)
 }
 
 // TestShellFailedSetupsStopTheirSandbox: a setup that fails, panics or
