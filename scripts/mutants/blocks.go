@@ -45,3 +45,20 @@ func outsideBlocks(file string, line, col int) bool {
 	})
 	return inCase || !inBody
 }
+
+// funcAt returns the name of the function declared around a line ("" outside
+// any, or when the file does not parse); a method is named by its name
+// alone.
+func funcAt(file string, line int) string {
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, file, nil, parser.SkipObjectResolution)
+	if err != nil {
+		return ""
+	}
+	for _, d := range f.Decls {
+		if fd, ok := d.(*ast.FuncDecl); ok && fset.Position(fd.Pos()).Line <= line && line <= fset.Position(fd.End()).Line {
+			return fd.Name.Name
+		}
+	}
+	return ""
+}

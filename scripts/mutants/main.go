@@ -102,7 +102,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "mutants: %s: %v\n", pkg, err)
 			return 2
 		}
-		r := score(pkg, res, ex, readLine, outsideBlocks)
+		r := score(pkg, res, ex, readLine, outsideBlocks, funcAt)
 		rows = append(rows, r)
 		printRow(stdout, r, th, *verbose)
 		if !r.meets(th) {

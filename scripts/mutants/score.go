@@ -17,15 +17,18 @@ import (
 // edit of the line itself does, and the script then warns that the entry
 // matched nothing.
 type exclusion struct {
-	file, kind, code, why string
-	column                int
-	pos                   string // where the entry is, for messages
+	// fn, when set (written "file#Func"), is the function the line must
+	// be in, for a line of code that recurs in the file.
+	file, fn, kind, code, why string
+	column                    int
+	pos                       string // where the entry is, for messages
 }
 
 type exclusions []exclusion
 
 // readExclusions reads the list: one entry a line,
-// "file | KIND | column | code | why", '#' starts a comment line.
+// "file | KIND | column | code | why" (file may be "file#Func" to name the
+// function of a line that recurs), '#' starts a comment line.
 func readExclusions(name string) (exclusions, error) {
 	f, err := os.Open(name)
 	if err != nil {
@@ -57,8 +60,9 @@ func parseExclusions(name string, r io.Reader) (exclusions, error) {
 		if fields[3] == "" || fields[4] == "" {
 			return nil, fmt.Errorf("%s:%d: an entry needs the line's code and why the mutant is equivalent", name, n)
 		}
+		file, fn, _ := strings.Cut(fields[0], "#")
 		ex = append(ex, exclusion{
-			file: fields[0], kind: fields[1], column: col, code: fields[3], why: fields[4],
+			file: file, fn: fn, kind: fields[1], column: col, code: fields[3], why: fields[4],
 			pos: fmt.Sprintf("%s:%d", name, n),
 		})
 	}
@@ -67,7 +71,7 @@ func parseExclusions(name string, r io.Reader) (exclusions, error) {
 
 func (ex exclusions) match(m mutant) (exclusion, bool) {
 	for _, e := range ex {
-		if e.file == m.File && e.kind == m.Kind && e.column == m.Column && e.code == m.Code {
+		if e.file == m.File && e.kind == m.Kind && e.column == m.Column && e.code == m.Code && (e.fn == "" || e.fn == m.Func) {
 			return e, true
 		}
 	}
@@ -101,6 +105,7 @@ type mutant struct {
 	Kind   string
 	Status string
 	Code   string // the line, trimmed
+	Func   string // the function the line is in
 	Why    string // for an excluded mutant, why it is equivalent
 	entry  string // for an excluded mutant, the entry that excluded it
 }
@@ -145,12 +150,12 @@ func (r row) meets(t thresholds) bool {
 // covered); timed-out and not-viable mutants count in neither), leaving out
 // the excluded ones whatever their status and the unmeasured ones (outside
 // reports where a "not covered" mutant lies outside every coverage block).
-func score(pkg string, res result, ex exclusions, line func(file string, n int) string, outside func(file string, line, col int) bool) row {
+func score(pkg string, res result, ex exclusions, line func(file string, n int) string, outside func(file string, line, col int) bool, fn func(file string, line int) string) row {
 	r := row{pkg: pkg}
 	for _, f := range res.Files {
 		file := path.Join(pkg, f.FileName)
 		for _, mu := range f.Mutations {
-			m := mutant{File: file, Line: mu.Line, Column: mu.Column, Kind: mu.Type, Status: mu.Status, Code: line(file, mu.Line)}
+			m := mutant{File: file, Line: mu.Line, Column: mu.Column, Kind: mu.Type, Status: mu.Status, Code: line(file, mu.Line), Func: fn(file, mu.Line)}
 			if e, ok := ex.match(m); ok {
 				m.Why, m.entry = e.why, e.pos
 				r.excluded = append(r.excluded, m)

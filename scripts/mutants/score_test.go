@@ -24,7 +24,8 @@ func scoreTestdata(t *testing.T) (row, exclusions) {
 	}
 	line := func(file string, n int) string { return readLine(filepath.Join("testdata/mod", file), n) }
 	outside := func(file string, l, c int) bool { return outsideBlocks(filepath.Join("testdata/mod", file), l, c) }
-	return score("pkg", res, ex, line, outside), ex
+	fn := func(file string, l int) string { return funcAt(filepath.Join("testdata/mod", file), l) }
+	return score("pkg", res, ex, line, outside, fn), ex
 }
 
 func TestScoreDiscountsListedMutantsAndCountsAsGremlinsDoes(t *testing.T) {
@@ -65,9 +66,24 @@ func TestAnEntryFollowsItsCodeNotItsLineNumber(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := mutant{File: "pkg/a.go", Line: 40, Column: 23, Kind: "ARITHMETIC_BASE", Code: "s := make([]int, 0, n+1)"}
+	m := mutant{File: "pkg/a.go", Line: 40, Column: 23, Kind: "ARITHMETIC_BASE", Code: "s := make([]int, 0, n+1)", Func: "grow"}
 	if _, ok := ex.match(m); !ok {
 		t.Error("the entry did not match its code on another line")
+	}
+	inFunc, err := parseExclusions("x", strings.NewReader("pkg/a.go#grow | ARITHMETIC_BASE | 23 | s := make([]int, 0, n+1) | hint\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := inFunc.match(m); !ok {
+		t.Error("an entry naming the line's function did not match")
+	}
+	other := m
+	other.Func = "shrink"
+	if _, ok := inFunc.match(other); ok {
+		t.Error("an entry naming a function matched the same line in another")
+	}
+	if got := funcAt("testdata/mod/pkg/a.go", 5); got != "grow" {
+		t.Errorf("funcAt line 5 = %q, want grow", got)
 	}
 	for name, other := range map[string]mutant{
 		"another column": {File: m.File, Column: 22, Kind: m.Kind, Code: m.Code},
@@ -134,14 +150,15 @@ func TestEquivalentListNamesLinesThatExist(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, e := range ex {
-		b, err := os.ReadFile(filepath.Join("..", "..", e.file))
+		file := filepath.Join("..", "..", e.file)
+		b, err := os.ReadFile(file)
 		if err != nil {
 			t.Errorf("%s: %v", e.pos, err)
 			continue
 		}
 		found := false
-		for _, l := range strings.Split(string(b), "\n") {
-			if strings.TrimSpace(l) == e.code && len(l)-len(strings.TrimLeft(l, " \t"))+len(e.code) >= e.column {
+		for i, l := range strings.Split(string(b), "\n") {
+			if strings.TrimSpace(l) == e.code && len(l)-len(strings.TrimLeft(l, " \t"))+len(e.code) >= e.column && (e.fn == "" || funcAt(file, i+1) == e.fn) {
 				found = true
 			}
 		}
