@@ -1,0 +1,29 @@
+package opensandboxtest
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// lines frames output as the real execd does (one event a line, without
+// its ending; "\n" for an empty line; "\r" ends a line; "\r\n" is one end),
+// each case checked against the real execd.
+func TestLines(t *testing.T) {
+	for in, want := range map[string][]string{
+		"":                nil,
+		"a\nb\n\nc\n":     {"a", "b", "\n", "c"},
+		"\n\nx":           {"\n", "\n", "x"},
+		"abc":             {"abc"},
+		"a\rb\r\nc\n":     {"a", "b", "c"},
+		"a\r\rb":          {"a", "\n", "b"},
+		"\r\n\r\n":        {"\n", "\n"},
+		"x\r\n\ny":        {"x", "\n", "y"},
+		"\xff\x00z\n":     {"\xff\x00z"},
+		"last\nno end\r ": {"last", "no end", " "},
+	} {
+		if diff := cmp.Diff(want, lines(in)); diff != "" {
+			t.Errorf("lines(%q) (-want +got):\n%s", in, diff)
+		}
+	}
+}
