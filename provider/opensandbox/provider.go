@@ -124,6 +124,9 @@ func New(opts Options) (*Provider, error) {
 	if !path.IsAbs(opts.Workdir) {
 		return nil, fmt.Errorf("opensandbox: workdir %q is not absolute: %w", opts.Workdir, provider.ErrInvalidSpec)
 	}
+	if err := literal("workdir", opts.Workdir); err != nil {
+		return nil, err
+	}
 	if opts.OutputCap <= 0 {
 		opts.OutputCap = DefaultOutputCap
 	}
@@ -379,6 +382,9 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, sourceKey str
 		return provider.Handle{}, fmt.Errorf("opensandbox: workdir %q is not absolute: %w", workdir, provider.ErrInvalidSpec)
 	}
 	workdir = path.Clean(workdir)
+	if err := literal("workdir", workdir); err != nil {
+		return provider.Handle{}, err
+	}
 	ttl := spec.TTL()
 	if ttl <= 0 {
 		ttl = p.opts.TTL

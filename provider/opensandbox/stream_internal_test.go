@@ -1,6 +1,7 @@
 package opensandbox
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -100,6 +101,21 @@ func TestParseStreamLineOverFrame(t *testing.T) {
 	}
 	if _, _, ok := partialLine([]byte(`{"type":"ping","text":"`), out, nil); ok {
 		t.Error("a cut frame that is not output was taken for output")
+	}
+}
+
+// A workdir execd would expand is refused when it is configured and when a
+// spec names it, before anything is created.
+func TestWorkdirIsLiteral(t *testing.T) {
+	if _, err := New(Options{Domain: "127.0.0.1:1", Workdir: "/w/$HOME"}); !errors.Is(err, provider.ErrInvalidSpec) {
+		t.Errorf("New with workdir /w/$HOME: %v, want ErrInvalidSpec", err)
+	}
+	p, err := New(Options{Domain: "127.0.0.1:1"}) // nothing listens: any call would fail otherwise
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Start(context.Background(), provider.Spec{Image: "i", Workdir: "/w/${X}"}); !errors.Is(err, provider.ErrInvalidSpec) {
+		t.Errorf("Start with workdir /w/${X}: %v, want ErrInvalidSpec", err)
 	}
 }
 

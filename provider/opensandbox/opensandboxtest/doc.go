@@ -28,7 +28,8 @@
 //     signal or timeout as evalue -1; a missing cwd is 400
 //     INVALID_REQUEST_BODY; DELETE /command?id= interrupts a command;
 //     /files/upload takes multipart metadata/file pairs, /files/download,
-//     /ping. Unlike the real execd, it does not expand $VAR in paths.
+//     /ping. Like the real execd, it expands $NAME and ${NAME} in paths
+//     and cwd (HOME is /root; an undefined name is refused).
 //
 // Every request is checked against the spec's schema: required fields,
 // types, and unknown fields where the spec forbids them are refused with 400

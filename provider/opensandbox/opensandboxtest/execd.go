@@ -8,7 +8,9 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -142,6 +144,14 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 		ms, _ := n.Int64()
 		er.Timeout = time.Duration(ms) * time.Millisecond
 	}
+	if er.Cwd != "" {
+		cwd, err := expandPath(er.Cwd, er.Env)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "INVALID_REQUEST_BODY", "invalid request, validation error cannot resolve working directory %q: %v", er.Cwd, err)
+			return
+		}
+		er.Cwd = cwd
+	}
 	notDir := func() {
 		writeError(w, http.StatusBadRequest, "INVALID_REQUEST_BODY", "invalid request, validation error working directory path is not a directory: %s", er.Cwd)
 	}
@@ -231,6 +241,50 @@ func (s *Server) interrupt(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
+// execdEnv is the environment the fake's execd expands paths with (the
+// real one uses its own process's, which in a container is root's).
+func execdEnv(name string) (string, bool) {
+	switch name {
+	case "HOME":
+		return "/root", true
+	case "PATH":
+		return "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", true
+	}
+	return "", false
+}
+
+// expandPath expands $NAME, ${NAME} and $<special> in a path, as the real
+// execd does in every path and cwd (an undefined name is an error; a cwd
+// sees the command's envs too).
+func expandPath(path string, envs map[string]string) (string, error) {
+	var missing []string
+	out := os.Expand(path, func(name string) string {
+		if v, ok := envs[name]; ok {
+			return v
+		}
+		v, ok := execdEnv(name)
+		if !ok && isName(name) {
+			missing = append(missing, name)
+		}
+		return v
+	})
+	if len(missing) > 0 {
+		return "", fmt.Errorf("path references undefined environment variables: %s", strings.Join(missing, ","))
+	}
+	return out, nil
+}
+
+// isName: execd refuses undefined names, and lets $1, $$ and the like
+// expand to nothing.
+func isName(s string) bool {
+	for i, c := range s {
+		if c != '_' && (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (i == 0 || c < '0' || c > '9') {
+			return false
+		}
+	}
+	return s != ""
+}
+
 // runningCommands are the commands running in every sandbox, by id.
 type runningCommands struct {
 	mu sync.Mutex
@@ -318,6 +372,11 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 		return
 	}
 	for i, path := range metas {
+		path, err := expandPath(path, nil)
+		if err != nil {
+			writeError(w, http.StatusInternalServerError, "RUNTIME_ERROR", "error resolving target path %s. %v", metas[i], err)
+			return
+		}
 		if err := s.backend.WriteFile(r.Context(), sb.backend, path, files[i]); err != nil {
 			s.backendError(w, "RUNTIME_ERROR", err)
 			return
@@ -331,6 +390,11 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 	if path == "" {
 		s.note(r, "download without path")
 		writeError(w, http.StatusBadRequest, "INVALID_REQUEST", "path is required")
+		return
+	}
+	path, err := expandPath(path, nil)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "RUNTIME_ERROR", "error resolving file path: %s. %v", r.URL.Query().Get("path"), err)
 		return
 	}
 	data, err := s.backend.ReadFile(r.Context(), sb.backend, path)

@@ -27,3 +27,25 @@ func TestLines(t *testing.T) {
 		}
 	}
 }
+
+// Paths expand as in the real execd: a defined name, an undefined one is an
+// error, $ before anything but a name or a special character stays.
+func TestExpandPath(t *testing.T) {
+	for in, want := range map[string]string{
+		"/w/cost$HOME.txt": "/w/cost/root.txt",
+		"/w/${HOME}x":      "/w//rootx",
+		"/w/price$":        "/w/price$",
+		"/w/a$.txt":        "/w/a$.txt",
+		"/w/$1":            "/w/",
+		"/w/$X":            "/w/x-value",
+		"/w/$NOPE":         "error",
+	} {
+		got, err := expandPath(in, map[string]string{"X": "x-value"})
+		if err != nil {
+			got = "error"
+		}
+		if got != want {
+			t.Errorf("expandPath(%q) = %q (%v), want %q", in, got, err, want)
+		}
+	}
+}
