@@ -97,6 +97,11 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: resources %s: %w", ErrConfig, cfg.Resources, err)
 	}
+	if w, ok := res.(interface{ StartupWarnings() []string }); ok {
+		for _, msg := range w.StartupWarnings() {
+			log.Warn(msg)
+		}
+	}
 
 	reg := deps.Registry
 	if reg == nil {
@@ -155,13 +160,14 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 			Parallelism: cfg.Checkpoint.Parallelism,
 			OnStop:      cfg.Checkpoint.OnStop,
 		},
-		NumWorkers:  cfg.NumWorkers,
-		Clock:       clk,
-		Logger:      log,
-		RenewEvery:  renew,
-		DefaultTTL:  defaultTTL,
-		MaxSessions: cfg.MaxSessions,
-		IdleTimeout: cfg.SessionIdleTimeout,
+		NumWorkers:       cfg.NumWorkers,
+		LendsNoSandboxes: !res.LendsSandboxes(),
+		Clock:            clk,
+		Logger:           log,
+		RenewEvery:       renew,
+		DefaultTTL:       defaultTTL,
+		MaxSessions:      cfg.MaxSessions,
+		IdleTimeout:      cfg.SessionIdleTimeout,
 	})
 	if err != nil {
 		_ = closeProv()

@@ -201,7 +201,7 @@ func keyUsage() map[string]string {
 		"resources":                                    "the resources server: notes or swebench",
 		"host":                                         "address to listen on",
 		"port":                                         "port to listen on (0: any free port)",
-		"num_workers":                                  "worker processes (an exported owner runs in one)",
+		"num_workers":                                  "worker processes: 1 (the server runs in one process; more is refused)",
 		"session_secret":                               "secret for session cookies (default: generated into checkpoint.state_dir, else per process)",
 		"sandbox.provider":                             "sandbox provider: fake, local or opensandbox (default: local, the embedded default)",
 		"sandbox.fake.seed":                            "fake provider: seed of its latency and faults",
@@ -588,6 +588,11 @@ func (c *Config) validate(given provider.Provider) error {
 	if c.NumWorkers < 1 {
 		return bad("num_workers must be at least 1, not %d", c.NumWorkers)
 	}
+	if c.NumWorkers > 1 {
+		// Upstream starts that many worker processes; here nothing would,
+		// and a silent 1 misleads whoever sized a machine by it.
+		return bad("num_workers: want 1, got %d (this server runs in one process and serves all sessions concurrently; swebench.max_concurrent_gradings bounds the gradings)", c.NumWorkers)
+	}
 	if c.SessionSecret != "" && len(c.SessionSecret) < 16 {
 		return bad("session_secret must be at least 16 characters")
 	}
@@ -639,9 +644,6 @@ func (c *Config) validate(given provider.Provider) error {
 	if ck.Enabled && exports && resourcesRegistry()[c.Resources].lends(c) {
 		if ck.StateDir == "" {
 			return bad("checkpoint.state_dir is required with checkpoint.enabled: the sessions' sandboxes are exported into its index")
-		}
-		if c.NumWorkers > 1 {
-			return bad("num_workers: want 1 with checkpoint.enabled, got %d (an exporting server runs in one process and serves all sessions concurrently)", c.NumWorkers)
 		}
 	}
 	return nil

@@ -35,7 +35,7 @@ func TestExamplesLoad(t *testing.T) {
 			return c.Sandbox.Provider == "opensandbox" && c.Sandbox.OpenSandbox.Images["notes"] != "" && c.Sandbox.OpenSandbox.MaxConcurrentSnapshots == 2
 		},
 		"swebench-golden.yaml": func(c app.Config) bool {
-			return c.Resources == "swebench" && c.SWEBench.IsVerifyingGoldenPatch && c.NumWorkers > 1
+			return c.Resources == "swebench" && c.SWEBench.IsVerifyingGoldenPatch && c.Checkpoint.StateDir == ""
 		},
 	}
 	var names, want []string
@@ -102,5 +102,47 @@ func TestREADMEConfigsAreTheExamples(t *testing.T) {
 	}
 	if blocks < 3 {
 		t.Errorf("%d README blocks name an example, want the walk-through's, SWE-bench's and OpenSandbox's", blocks)
+	}
+}
+
+// TestExamplesWriteOnlyBesideThemselves: every directory an example names
+// is relative (it starts cleanly in a scratch directory, as README runs
+// it, and writes nothing under /srv or /var), and no two examples write
+// the same directory (one's state would be another's leftovers).
+func TestExamplesWriteOnlyBesideThemselves(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "examples", "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writers := map[string]string{} // directory -> example
+	for _, f := range files {
+		opts, err := app.ParseArgs([]string{"-config", f}, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := opts.Config
+		dirs := map[string]string{
+			"checkpoint.state_dir":  c.Checkpoint.StateDir,
+			"sandbox.local.root":    c.Sandbox.Local.Root,
+			"swebench.template_dir": c.SWEBench.TemplateDir,
+		}
+		for repo, path := range c.SWEBench.Repos {
+			dirs["swebench.repos."+repo] = path
+		}
+		for key, dir := range dirs {
+			if dir == "" {
+				continue
+			}
+			if filepath.IsAbs(dir) {
+				t.Errorf("%s: %s is %s, outside the directory the example runs in", filepath.Base(f), key, dir)
+			}
+			if strings.HasPrefix(key, "swebench.repos.") || key == "swebench.template_dir" {
+				continue // read, or made to be shared
+			}
+			if other, ok := writers[filepath.Clean(dir)]; ok {
+				t.Errorf("%s and %s both write %s", other, filepath.Base(f), dir)
+			}
+			writers[filepath.Clean(dir)] = filepath.Base(f)
+		}
 	}
 }

@@ -43,6 +43,9 @@ func decodeNode(n *yaml.Node, v reflect.Value, path string) error {
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return nil // "key:" with nothing keeps the default
 	}
+	if err := uniqueKeys(n, path); err != nil {
+		return err
+	}
 	if v.Kind() != reflect.Struct {
 		if err := n.Decode(v.Addr().Interface()); err != nil {
 			return &keyError{n.Line, fmt.Sprintf("%s: want %s, got %s", path, wantOf(v.Type()), gotOf(n))}
@@ -66,6 +69,23 @@ func decodeNode(n *yaml.Node, v reflect.Value, path string) error {
 		if err := decodeNode(val, v.FieldByIndex(idx), join(path, k.Value)); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// uniqueKeys refuses a mapping that gives a key twice, which would lose
+// the first value without a word.
+func uniqueKeys(n *yaml.Node, path string) error {
+	if n.Kind != yaml.MappingNode {
+		return nil
+	}
+	seen := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i]
+		if first, dup := seen[k.Value]; dup {
+			return &keyError{k.Line, fmt.Sprintf("%s is given twice (first on line %d)", join(path, k.Value), first)}
+		}
+		seen[k.Value] = k.Line
 	}
 	return nil
 }

@@ -156,6 +156,11 @@ type Config struct {
 	Checkpoint CheckpointConfig
 	// NumWorkers mirrors upstream's key; exported mode refuses more than 1.
 	NumWorkers int
+	// LendsNoSandboxes says the server's sessions hold no sandboxes (a
+	// golden-patch grader: Provider only grades). Its mode is restart_only
+	// by design, which is logged as such rather than as a provider that
+	// cannot snapshot.
+	LendsNoSandboxes bool
 	// Clock drives leases (default the wall clock).
 	Clock clock.Clock
 	// ActorSystem, when set, is the protoactor system the owner's actors
@@ -327,6 +332,10 @@ func (o *Owner) decideMode() (Mode, error) {
 		return "", err
 	}
 	if c.Provider == nil {
+		return ModeRestartOnly, nil
+	}
+	if c.LendsNoSandboxes {
+		o.log.Infof("%s: lends no sandboxes, so there is nothing to export: checkpoint mode restart_only", c.Name)
 		return ModeRestartOnly, nil
 	}
 	if !provider.CapabilitiesOf(c.Provider).Snapshot {

@@ -198,6 +198,27 @@ func TestModes(t *testing.T) {
 			t.Fatalf("mode %s", o.Mode())
 		}
 	})
+	t.Run("a server that lends no sandboxes: restart_only, said as such, on a provider that can snapshot", func(t *testing.T) {
+		e := newEnv(t)
+		o, err := owner.New(context.Background(), e.config(func(c *owner.Config) { c.LendsNoSandboxes = true }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer o.Close()
+		if o.Mode() != owner.ModeRestartOnly {
+			t.Fatalf("mode %s", o.Mode())
+		}
+		var msgs []string
+		for _, en := range e.hook.AllEntries() {
+			if strings.Contains(en.Message, "snapshot") || strings.Contains(en.Message, "restart_only") {
+				msgs = append(msgs, en.Level.String()+": "+en.Message)
+			}
+		}
+		want := []string{"info: notes: lends no sandboxes, so there is nothing to export: checkpoint mode restart_only"}
+		if d := cmp.Diff(want, msgs); d != "" {
+			t.Errorf("log (-want +got):\n%s", d)
+		}
+	})
 	t.Run("no snapshots: restart_only with one warning, commit records nothing", func(t *testing.T) {
 		e := newEnv(t)
 		ns := fake.NewWithoutSnapshots(fake.Options{Name: "plain"})

@@ -5,9 +5,13 @@ import (
 	"encoding/json"
 	"net"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttputil"
 
@@ -27,13 +31,19 @@ type server struct {
 
 func startApp(t *testing.T, cfg app.Config) *server {
 	t.Helper()
+	return startAppLogging(t, cfg, nil)
+}
+
+// startAppLogging is startApp logging to lg (nil: the app's default).
+func startAppLogging(t *testing.T, cfg app.Config, lg *logrus.Logger) *server {
+	t.Helper()
 	for _, tool := range []string{"git", "go", "patch"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("SKIP: %s is not on the PATH", tool)
 		}
 	}
 	ln := fasthttputil.NewInmemoryListener()
-	a, err := app.Start(context.Background(), cfg, app.Deps{Listener: ln})
+	a, err := app.Start(context.Background(), cfg, app.Deps{Listener: ln, Logger: lg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,12 +125,23 @@ func TestTheBinarysGoldenInstance(t *testing.T) {
 	t.Parallel()
 	tr := swebench.NewTaskRepo(t)
 	cfg := baseConfig(t, tr)
-	cfg.NumWorkers = 8
 	cfg.SWEBench.IsVerifyingGoldenPatch = true
 	cfg.Checkpoint.Enabled, cfg.Checkpoint.ControlAuthToken = true, "control-token" // no state_dir
-	s := startApp(t, cfg)
+	lg, hook := logtest.NewNullLogger()
+	s := startAppLogging(t, cfg, lg)
 	if s.a.Owner().Mode() != "restart_only" {
 		t.Fatalf("mode %s, want restart_only", s.a.Owner().Mode())
+	}
+	// Its local provider can snapshot; the server lends no sandbox, and
+	// says that, not that the provider cannot.
+	var said []string
+	for _, e := range hook.AllEntries() {
+		if strings.Contains(e.Message, "snapshot") || strings.Contains(e.Message, "lends no sandboxes") {
+			said = append(said, e.Message)
+		}
+	}
+	if want := []string{"swebench: lends no sandboxes, so there is nothing to export: checkpoint mode restart_only"}; !slices.Equal(said, want) {
+		t.Errorf("the startup log says %q, want %q", said, want)
 	}
 	status, _, h := s.post("/ng-rollout/r-1/seed_session", tr.MultilingualRow)
 	if status != 200 || string(h.Peek(httpapi.HeaderRestart)) != "1" {
@@ -132,6 +153,28 @@ func TestTheBinarysGoldenInstance(t *testing.T) {
 	status, res, _ := s.post("/ng-rollout/r-1/verify", tr.MultilingualRow)
 	if status != 200 || res["reward"] != 1.0 || res["patch_source"] != "golden" {
 		t.Fatalf("golden verify: %d %v", status, res)
+	}
+}
+
+// A repository path that does not exist is said once at startup, not first
+// found by a seed; the server still starts (the clone may come later).
+func TestTheBinaryWarnsOfAMissingRepository(t *testing.T) {
+	t.Parallel()
+	tr := swebench.NewTaskRepo(t)
+	cfg := baseConfig(t, tr)
+	missing := filepath.Join(t.TempDir(), "not-cloned-yet")
+	cfg.SWEBench.Repos["example/missing"] = missing
+	lg, hook := logtest.NewNullLogger()
+	startAppLogging(t, cfg, lg)
+	var warned []string
+	for _, e := range hook.AllEntries() {
+		if e.Level == logrus.WarnLevel && strings.Contains(e.Message, "swebench.repos") {
+			warned = append(warned, e.Message)
+		}
+	}
+	want := []string{"swebench.repos: example/missing: " + missing + ": no such file or directory; its rows cannot be seeded until it is there"}
+	if !slices.Equal(warned, want) {
+		t.Errorf("startup warnings %q, want %q", warned, want)
 	}
 }
 

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -103,6 +105,20 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		}
 	}
 	return s, nil
+}
+
+// StartupWarnings says what in the configuration will fail later rather
+// than now, for the server to log once at startup: a repository whose
+// configured path does not exist (its rows' seeds fail until it does).
+func (s *Server) StartupWarnings() []string {
+	var out []string
+	for _, repo := range slices.Sorted(maps.Keys(s.cfg.Repos)) {
+		path := s.cfg.Repos[repo]
+		if _, err := os.Stat(path); err != nil {
+			out = append(out, fmt.Sprintf("swebench.repos: %s: %s: %v; its rows cannot be seeded until it is there", repo, path, errors.Unwrap(err)))
+		}
+	}
+	return out
 }
 
 // Config returns the configuration in effect (defaults filled).
