@@ -61,12 +61,18 @@ func (o *Owner) publishRecords(checkpointID, dir string, recs []snapshotindex.Re
 }
 
 // republish writes the records of a checkpoint the index holds (a retried
-// commit), unless a resume stopped its writer.
+// commit). Once a resume stopped its writer nothing new is published: the
+// retry answers with the manifest already there, if any.
 func (o *Owner) republish(req CommitRequest, res CommitResult, recs []snapshotindex.Record) (CommitResult, error) {
 	o.writer.Lock(o.rt)
 	defer o.writer.Unlock()
-	if o.stopped.Has(req.CheckpointID) {
-		return res, &CommitError{CheckpointID: req.CheckpointID, Err: ErrCommitStopped}
+	if req.CheckpointDir != "" && o.stopped.Has(req.CheckpointID) {
+		m, err := records.ReadManifest(o.recordsWriter().FS, req.CheckpointDir, o.participant())
+		if err != nil || m.CheckpointID != req.CheckpointID {
+			return res, &CommitError{CheckpointID: req.CheckpointID, Err: ErrCommitStopped}
+		}
+		res.Manifest = m
+		return res, nil
 	}
 	var err error
 	if res.Manifest, err = o.publishRecords(req.CheckpointID, req.CheckpointDir, recs); err != nil {

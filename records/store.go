@@ -320,6 +320,17 @@ func loadManifest(fsys FS, name string) (Manifest, []byte, error) {
 	return m, raw, nil
 }
 
+// ReadManifest reads the participant's manifest under checkpointDir
+// without reading its records: ErrNoManifest when there is none.
+func ReadManifest(fsys FS, checkpointDir string, p Participant) (Manifest, error) {
+	dir, err := p.Dir(checkpointDir)
+	if err != nil {
+		return Manifest{}, err
+	}
+	m, _, err := loadManifest(fsys, path.Join(dir, ManifestName))
+	return m, err
+}
+
 // Read verifies the participant's records under checkpointDir and calls
 // each with every record line (without its newline), in order. The digest
 // and count cover the whole file; a line that is not JSON, or an error
