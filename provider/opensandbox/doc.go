@@ -12,14 +12,22 @@
 // its snapshotId. Commands, uploads and downloads go to execd at the endpoint
 // of port 44772, with the headers the endpoint names.
 //
-// Calls that fail with 408, 425, 429, 5xx or a connection error are retried
-// with jittered backoff (at least Retry-After). A create or snapshot retried
+// Calls that fail with 408, 425, 429, 5xx (not 501) or a connection error
+// are retried with jittered backoff (at least Retry-After). A lifecycle
+// server that gives no answer is unreachable (provider.ErrUnavailable,
+// Unreachable, Probe): while it is, a call is tried once. Errors come in the
+// server's three shapes: {code, message}, FastAPI's 422 {detail: [...]}
+// (a create refused so is provider.ErrInvalidSpec) and {detail: "..."}. A create or snapshot retried
 // after a failure that may have taken effect first looks for what the first
 // attempt made (by a token in its metadata or name), so nothing is made
 // twice. A command is never sent twice. Creates and snapshots in flight are
 // bounded; the rest queue in the client, so that the server's two capture
 // workers are never handed more than they can finish before a deadline.
 //
-// A sandbox that is gone (deleted, or its lease ran out) is reported as an
-// error wrapping provider.ErrSandboxNotFound.
+// A sandbox that is gone (deleted, its lease ran out, or its entrypoint
+// ended: Terminated, Failed, as every one is after the runtime restarts) is
+// reported as an error wrapping provider.ErrSandboxNotFound. A fork's labels
+// are made its own (the runtime copies its source's into it); a snapshot a
+// live fork was made from is refused for deletion with
+// provider.ErrSnapshotInUse, at once.
 package opensandbox

@@ -10,7 +10,18 @@
 //     A snapshot is Creating, then Ready (or Failed); at most
 //     Options.CaptureWorkers (default 2, as upstream) captures run at once,
 //     and later requests queue behind them.
-//   - Every non-2xx answer of the lifecycle API is {"code","message"}.
+//   - Non-2xx answers come in the real server's three shapes: its own
+//     {"code","message"} (codes of its Docker runtime), FastAPI's 422
+//     {"detail":[...]} for a request that fails validation, and
+//     {"detail":"Not Found"} for an unknown route.
+//   - What the real server does that the spec does not say (the lifecycle
+//     contract suite runs against both): creates answer already Running;
+//     a snapshot's source is Paused while captured; a fork inherits its
+//     source's metadata and env; deleting a snapshot a live fork stands on
+//     is 409 SNAPSHOT::DELETE_CONFLICT and leaves it Deleting; an
+//     entrypoint that exits leaves the sandbox Terminated or Failed
+//     (Terminate does so to all, as a runtime restart); pause twice 500;
+//     lists newest first, filtered by metadata on the server.
 //   - OPEN-SANDBOX-API-KEY is required when Options.APIKey is set (401
 //     MISSING_API_KEY, INVALID_API_KEY).
 //   - A sandbox created with a timeout has an absolute expiresAt and is
