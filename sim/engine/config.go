@@ -68,6 +68,11 @@ const (
 	// (stopped at the provider, as a lease reaper or an operator would)
 	// before its tool call and its verify.
 	FaultLost Fault = "lost"
+	// FaultMachineLost: a crashed owner's machine is gone with its
+	// state_dir; a fresh owner on an empty one restores the latest
+	// checkpoint from its records in the controller's checkpoint_dir, and
+	// a release that keeps only it reclaims what the earlier runs left.
+	FaultMachineLost Fault = "machine-lost"
 )
 
 // defaultRates gives every fault kind its default rate: the chance that a
@@ -95,6 +100,7 @@ func defaultRates() map[Fault]float64 {
 		FaultResentVerify:      0.30,
 		FaultRace:              0.12,
 		FaultLost:              0.10,
+		FaultMachineLost:       0.15,
 	}
 }
 

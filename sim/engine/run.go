@@ -581,6 +581,77 @@ func (r *run) afterCrash() {
 	r.startOwner()
 }
 
+// afterCrashLosing is afterCrash, but with lost the crashed owner's
+// machine is gone with its state_dir (loseMachine) when some checkpoint can
+// be restored from its records; it reports whether it was, and the
+// replacement restored the checkpoint the controller keeps.
+func (r *run) afterCrashLosing(lost bool) bool {
+	if !lost {
+		r.afterCrash()
+		return false
+	}
+	if r.broken {
+		return false
+	}
+	r.checkDisk()
+	if r.broken {
+		return false
+	}
+	if r.loseMachine() {
+		return true
+	}
+	r.startOwner()
+	return false
+}
+
+// loseMachine deletes the state_dir of the crashed owner, as the loss of
+// its machine would, and starts a fresh owner on an empty one, which
+// restores one checkpoint from its records alone (through the control
+// plane), as a replacement owner elsewhere does; then a release that keeps
+// only that checkpoint must reclaim every snapshot the earlier runs left.
+// The controller keeps only that checkpoint, so the model drops the others.
+// It does nothing (and reports false) when no checkpoint has records.
+func (r *run) loseMachine() bool {
+	var withRecords []string
+	for _, id := range r.m.checkpointIDs() {
+		m, err := records.ReadManifest(r.ckdirs, "/ck/"+id, records.Participant{Kind: records.KindResources, Instance: "notes"})
+		if err == nil && m.CheckpointID == id {
+			withRecords = append(withRecords, id)
+		}
+	}
+	if len(withRecords) == 0 {
+		return false
+	}
+	r.fire(FaultMachineLost)
+	keep := withRecords[r.rng.IntN(len(withRecords))]
+	if r.mem != nil {
+		r.mem = snapshotindex.NewMemory()
+	} else if err := os.RemoveAll(r.dir); err != nil {
+		r.violate(Unexpected, "delete the state_dir: %v", err)
+		return true
+	}
+	for _, id := range r.m.checkpointIDs() {
+		if id != keep {
+			delete(r.m.ckpts, id)
+		}
+	}
+	r.tracef("the machine is lost with its state_dir; the controller keeps %s", keep)
+	if !r.startOwner() {
+		return true
+	}
+	r.bindLive()
+	r.controlRestore(keep, nil)
+	if r.broken {
+		return true
+	}
+	res, err := r.o.Release(r.life, []string{keep})
+	r.tracef("release keeping %s after the lost machine: deleted %v deferred %v err %v", keep, res.Deleted, res.Deferred, err)
+	if err != nil {
+		r.violate(Unexpected, "release keeping %s after the lost machine: %v", keep, err)
+	}
+	return true
+}
+
 // guarded runs fn (an owner call) on its own goroutine and waits for it or
 // for the process to crash; on a crash it abandons the owner and then waits
 // for fn to return. A watchdog turns a call that never returns into a

@@ -748,10 +748,12 @@ func (r *run) opRestore() {
 		}
 	}
 	viaControl := r.m.ckpts[id].control && r.rng.IntN(2) == 0
+	lost := r.chance(FaultMachineLost)
 	r.tracef("restore %s (scope %v, through the control plane %v): crash first", id, scope, viaControl)
 	r.crash()
-	r.afterCrash()
-	if r.broken {
+	if r.afterCrashLosing(lost) || r.broken {
+		// A lost machine's replacement restored the checkpoint the
+		// controller kept, and the others are gone.
 		return
 	}
 	if viaControl {
