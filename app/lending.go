@@ -116,7 +116,11 @@ func (l *lending) access(_ *httpapi.Session, sb owner.Sandbox, descriptor map[st
 }
 
 func (l *lending) mounts() map[string]fasthttp.RequestHandler {
-	return map[string]fasthttp.RequestHandler{sandboxapi.Prefix: l.handler.Serve}
+	return map[string]fasthttp.RequestHandler{sandboxapi.Prefix: func(ctx *fasthttp.RequestCtx) {
+		// exec and files apart in the metrics and the access log.
+		ctx.SetUserValue(httpapi.RouteValue, sandboxapi.RouteOf(string(ctx.Path())))
+		l.handler.Serve(ctx)
+	}}
 }
 
 // runReaper starts the local provider's lease reaper until ctx ends; other

@@ -438,3 +438,31 @@ func TestLostSessionsAreCounted(t *testing.T) {
 	check{"lost after the close", gauge(t, fams, "sandboxowner_sessions", map[string]string{"state": "lost"}), 0}.verify(t)
 	check{"live after the close", gauge(t, fams, "sandboxowner_sessions", map[string]string{"state": "live"}), 1}.verify(t)
 }
+
+// TestSandboxExecAndFilesAreRoutesApart: the sandbox API's exec and files
+// calls are counted under routes of their own (without the sandbox id), not
+// together under the mount's prefix.
+func TestSandboxExecAndFilesAreRoutesApart(t *testing.T) {
+	a := startLocal(t, t.TempDir())
+	defer a.Stop(context.Background())
+	d, _, _ := seededSandbox(t, a)
+	if s, body := sandboxCall(t, "POST", d.Endpoint+"/exec", d.Token, `{"command":"true"}`); s != 200 {
+		t.Fatalf("exec: %d %s", s, body)
+	}
+	for range 2 {
+		if s, body := sandboxCall(t, "GET", d.Endpoint+"/files?path=.seed_token", d.Token, ""); s != 200 {
+			t.Fatalf("files: %d %s", s, body)
+		}
+	}
+	if s, _ := sandboxCall(t, "GET", d.Endpoint+"/nope", d.Token, ""); s != 404 {
+		t.Fatalf("unknown sandbox route: %d", s)
+	}
+	fams := scrape(t, a.Addr().String())
+	for _, c := range []check{
+		{"exec", counter(t, fams, "sandboxowner_http_requests_total", map[string]string{"route": "/sandboxes/{id}/exec", "code": "200"}), 1},
+		{"files", counter(t, fams, "sandboxowner_http_requests_total", map[string]string{"route": "/sandboxes/{id}/files", "code": "200"}), 2},
+		{"other sandbox paths", counter(t, fams, "sandboxowner_http_requests_total", map[string]string{"route": "/sandboxes/", "code": "404"}), 1},
+	} {
+		c.verify(t)
+	}
+}

@@ -24,6 +24,11 @@ const (
 	otherRoute = "other"
 )
 
+// RouteValue is the user value in which a mount's handler may name the
+// request's route label (one of a bounded set, such as the sandbox API's
+// /sandboxes/{id}/exec); without it a mount is labelled by its prefix.
+const RouteValue = "route"
+
 // isCheckpointOp reports the control operations the checkpoint families
 // count.
 func isCheckpointOp(op string) bool {
@@ -38,6 +43,9 @@ func isCheckpointOp(op string) bool {
 func (s *Server) observe(ctx *fasthttp.RequestCtx, began time.Time) {
 	d := time.Since(began)
 	route := s.routeOf(string(ctx.Path()))
+	if r, ok := ctx.UserValue(RouteValue).(string); ok && r != "" {
+		route = r
+	}
 	status := ctx.Response.StatusCode()
 	code := strconv.Itoa(status)
 	s.cfg.Metrics.HTTPRequest(route, code, d)

@@ -9,6 +9,8 @@ package metrics
 
 import (
 	"errors"
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -102,11 +104,38 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 		reg.Register(m.checkpointOps), reg.Register(m.checkpointDur),
 		reg.Register(m.providerCalls), reg.Register(m.providerDuration),
 		reg.Register(m.gradingDuration),
+		reg.Register(buildInfo()),
 	)
 	if err != nil {
 		return nil, err
 	}
 	return m, nil
+}
+
+// buildInfo is sandboxowner_build_info: 1, labelled with the binary's
+// module version, its VCS revision (and whether the tree was modified)
+// and the Go version, so that a dashboard says which build it watches.
+func buildInfo() prometheus.Collector {
+	version, revision, modified := "(devel)", "unknown", "false"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Version != "" {
+			version = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				revision = s.Value
+			case "vcs.modified":
+				modified = s.Value
+			}
+		}
+	}
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "build_info",
+		Help: "Always 1: the build, by module version, VCS revision, whether its tree was modified, and Go version.",
+	}, []string{"version", "revision", "modified", "go_version"})
+	g.WithLabelValues(version, revision, modified, runtime.Version()).Set(1)
+	return g
 }
 
 // Registry is the registry the families are on (nil for a nil Metrics).

@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"context"
+	"runtime"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -98,4 +99,33 @@ func value(t *testing.T, reg *prometheus.Registry, name string, labels map[strin
 		}
 	}
 	return 0
+}
+
+// TestBuildInfo: sandboxowner_build_info is 1 from the start, with the Go
+// version the binary was built with.
+func TestBuildInfo(t *testing.T) {
+	_, reg := newMetrics(t)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range fams {
+		if f.GetName() != "sandboxowner_build_info" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if m.GetGauge().GetValue() != 1 || labels["revision"] == "" || labels["version"] == "" || labels["modified"] == "" {
+				t.Errorf("build_info %v = %v", labels, m.GetGauge().GetValue())
+			}
+			got = append(got, labels["go_version"])
+		}
+	}
+	if len(got) != 1 || got[0] != runtime.Version() {
+		t.Errorf("build_info series with go_version %v, want one with %s", got, runtime.Version())
+	}
 }

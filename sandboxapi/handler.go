@@ -118,6 +118,25 @@ func SplitPath(path string) (sandboxID, rest string, ok bool) {
 	return sandboxID, rest, true
 }
 
+// Route labels of the sandbox API's requests, for metrics and access
+// logs: the sandbox id is left out so that labels stay bounded.
+const (
+	RouteExec  = Prefix + "{id}/exec"
+	RouteFiles = Prefix + "{id}/files"
+)
+
+// RouteOf is path's route label: RouteExec, RouteFiles, or Prefix for
+// any other path under it.
+func RouteOf(path string) string {
+	switch _, rest, _ := SplitPath(path); rest {
+	case "exec":
+		return RouteExec
+	case "files":
+		return RouteFiles
+	}
+	return Prefix
+}
+
 // Serve handles any request whose path is under Prefix.
 func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	id, rest, ok := SplitPath(string(ctx.Path()))
