@@ -307,6 +307,9 @@ func sources(own *owner.Owner, srv *httpapi.Server, res httpapi.Resources) metri
 	if gr, ok := res.(interface{ Gradings() (running, waiting int) }); ok {
 		src.GradingsWaiting = func() int { _, w := gr.Gradings(); return w }
 	}
+	if pr, ok := res.(interface{ PreparingByPhase() map[string]int }); ok {
+		src.Preparing = pr.PreparingByPhase
+	}
 	return src
 }
 
@@ -378,7 +381,7 @@ type command func(ctx context.Context, args []string, stdout, stderr io.Writer) 
 
 // commands are the binary's subcommands; with none named, serve runs.
 func commands() map[string]command {
-	return map[string]command{"serve": serve, "sweep": sweepCommand}
+	return map[string]command{"serve": serve, "sweep": sweepCommand, "swebench": swebenchCommand}
 }
 
 // ShutdownTimeout bounds the drain at SIGTERM.

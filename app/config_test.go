@@ -177,7 +177,7 @@ func TestConfigErrorLines(t *testing.T) {
 		{name: "short secret", args: []string{"-session_secret", "short"}, want: `config: session_secret must be at least 16 characters`},
 		{name: "bad name", args: []string{"-name", "a b"}, want: `config: name "a b" must match ^[A-Za-z0-9][A-Za-z0-9._-]*$`},
 		{name: "bad log format", args: []string{"-log-format", "xml"}, want: `config: -log-format: want text or json, got "xml"`},
-		{name: "stray argument", args: []string{"-port", "1", "extra"}, want: `config: unexpected argument "extra" (commands come first: serve, sweep)`},
+		{name: "stray argument", args: []string{"-port", "1", "extra"}, want: `config: unexpected argument "extra" (commands come first: serve, swebench, sweep)`},
 		{name: "missing file", args: []string{"-config", "/nonexistent.yaml"}, want: `config: open /nonexistent.yaml: no such file or directory`},
 		{name: "duration flag", args: []string{"-http.read_timeout", "30"}, want: `config: flag -http.read_timeout: want a duration (30s, 5m, 6h), got "30"`},
 		{name: "duration in the file", file: "http:\n  idle_timeout: soon\n", want: `config: FILE:2: http.idle_timeout: want a duration (30s, 5m, 6h), got "soon"`},

@@ -240,8 +240,9 @@ func defaultOf(l leaf) string {
 // commandUsage is one line per subcommand, for -h.
 func commandUsage() map[string]string {
 	return map[string]string{
-		"serve": "run the server (what runs when no command is named)",
-		"sweep": "with the server stopped, list (with -reap remove) the sandboxes and snapshots no checkpoint or tombstone accounts for",
+		"serve":    "run the server (what runs when no command is named)",
+		"sweep":    "with the server stopped, list (with -reap remove) the sandboxes and snapshots no checkpoint or tombstone accounts for",
+		"swebench": "swebench prepare -dataset ROWS.jsonl [-parallel N]: build and validate every instance ahead of time, with a progress bar, and print a table",
 	}
 }
 

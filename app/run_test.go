@@ -221,7 +221,7 @@ func TestProcessBadConfigExits2WithOneLine(t *testing.T) {
 	}{
 		{[]string{"-port", "99999"}, "config: port must be 0-65535, not 99999"},
 		{[]string{"-checkpoint.enabled"}, "config: checkpoint.control_auth_token is required when checkpoint.enabled is true"},
-		{[]string{"no-such-command"}, `unknown command "no-such-command" (commands: serve, sweep)`},
+		{[]string{"no-such-command"}, `unknown command "no-such-command" (commands: serve, swebench, sweep)`},
 		{[]string{"-prot", "80"}, `config: flag -prot: unknown key "prot" (did you mean "port"?)`},
 	}
 	for _, tc := range cases {

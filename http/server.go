@@ -515,6 +515,9 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
 	case CodeProviderUnavailable:
 		ctx.Response.Header.Set("Retry-After", ProviderUnavailableRetryAfter)
 	}
+	if he := (*Error)(nil); errors.As(err, &he) && he.RetryAfter != "" {
+		ctx.Response.Header.Set("Retry-After", he.RetryAfter)
+	}
 	if status >= 500 && status != nethttp.StatusServiceUnavailable {
 		s.log.WithError(err).WithFields(logrus.Fields{"path": string(ctx.Path()), "status": status}).Error("request failed")
 	}

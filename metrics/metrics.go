@@ -171,6 +171,10 @@ type Sources struct {
 	// ProviderDown: sandboxowner_provider_up, 1 while it returns nil (the
 	// provider's backend answers), else 0.
 	ProviderDown func() error
+	// Preparing: sandboxowner_environments_preparing{phase}, instances
+	// whose template, environment or validation requests wait for
+	// (SWE-bench).
+	Preparing func() map[string]int
 }
 
 // Observe registers the state gauges.
@@ -221,6 +225,14 @@ func (m *Metrics) Observe(src Sources) error {
 	}
 	if src.GradingsWaiting != nil {
 		gauge("gradings_waiting", "SWE-bench verifies waiting for a grading slot.", func() float64 { return float64(src.GradingsWaiting()) })
+	}
+	if src.Preparing != nil {
+		errs = append(errs, m.reg.Register(phasesCollector{
+			desc: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "environments_preparing"),
+				"SWE-bench instances being prepared, by phase: template, environment, validation.",
+				[]string{"phase"}, nil),
+			read: src.Preparing,
+		}))
 	}
 	return errors.Join(errs...)
 }
@@ -289,4 +301,17 @@ func OutcomeOfStatus(status int) string {
 		return OutcomeRefused
 	}
 	return OutcomeFailed
+}
+
+type phasesCollector struct {
+	desc *prometheus.Desc
+	read func() map[string]int
+}
+
+func (c phasesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c phasesCollector) Collect(ch chan<- prometheus.Metric) {
+	for phase, n := range c.read() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), phase)
+	}
 }

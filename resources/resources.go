@@ -86,6 +86,8 @@ type Error struct {
 	Detail string
 	// Err is the cause, if any (errors.Is and errors.As see it).
 	Err error
+	// RetryAfter, when set, is the reply's Retry-After header (seconds).
+	RetryAfter string
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Detail }

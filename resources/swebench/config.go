@@ -91,6 +91,20 @@ type Config struct {
 	// PASS_TO_PASS tests fail, or whose log shows none of its tests, is
 	// unavailable.
 	Validate *bool `yaml:"validate,omitempty" json:"validate,omitempty"`
+	// WhilePreparing is what a seed does while its instance's template,
+	// environment step or validation is under way: "wait" (the default;
+	// the wait shows in /health, the metrics and the log) or "refuse" (503
+	// environment_preparing with Retry-After at once, the preparation going
+	// on in the background).
+	WhilePreparing string `yaml:"while_preparing,omitempty" json:"while_preparing,omitempty"`
+	// ProgressInterval is how often a preparation under way logs its phase
+	// and elapsed time, in seconds (10).
+	ProgressInterval float64 `yaml:"progress_interval,omitempty" json:"progress_interval,omitempty"`
+	// GradingGuard says which files of a model patch are outside the
+	// agent's remit and keep their base content in the grading (test files
+	// the test patch does not touch, vendor/, module replacements), and
+	// whether a patch may end the test binary from an init.
+	GradingGuard Guard `yaml:"grading_guard" json:"grading_guard"`
 	// MaxConcurrentGradings bounds the eval sandboxes (gradings and
 	// validations) running at once; further ones wait in arrival order.
 	// Zero means half the CPUs, at least 1.
@@ -161,6 +175,14 @@ func (c Config) withDefaults() (Config, error) {
 	if c.EnvSetupTimeout < 0 || c.MaxConcurrentGradings < 0 {
 		return c, fmt.Errorf("%w: negative env_setup_timeout or max_concurrent_gradings", ErrConfig)
 	}
+	switch c.WhilePreparing {
+	case "", WhilePreparingWait, WhilePreparingRefuse:
+	default:
+		return c, fmt.Errorf("%w: while_preparing %q (want %s or %s)", ErrConfig, c.WhilePreparing, WhilePreparingWait, WhilePreparingRefuse)
+	}
+	if c.ProgressInterval < 0 {
+		return c, fmt.Errorf("%w: negative progress_interval", ErrConfig)
+	}
 	if c.MaxConcurrentGradings == 0 {
 		c.MaxConcurrentGradings = max(1, runtime.NumCPU()/2)
 	}
@@ -195,6 +217,18 @@ func (c Config) evaluationTimeout() time.Duration {
 func (c Config) setupTimeout() time.Duration { return seconds(c.SetupTimeout, DefaultSetupTimeout) }
 func (c Config) envSetupTimeout() time.Duration {
 	return seconds(c.EnvSetupTimeout, DefaultEnvSetupTimeout)
+}
+
+// The values of while_preparing.
+const (
+	WhilePreparingWait   = "wait"
+	WhilePreparingRefuse = "refuse"
+)
+
+func (c Config) refusesWhilePreparing() bool { return c.WhilePreparing == WhilePreparingRefuse }
+
+func (c Config) progressInterval() time.Duration {
+	return seconds(c.ProgressInterval, DefaultProgressInterval)
 }
 
 // validates reports whether instances are validated before they are lent.

@@ -24,3 +24,6 @@ func NewTaskRepo(t *testing.T) TaskRepo {
 		Repo: taskRepo, TestCommand: goTestCmd, FailToPass: failToPass, PassToPass: passToPass,
 	}
 }
+
+// awaitBackground waits for the preparations refused seeds started.
+func (s *Server) awaitBackground() { s.bg.Wait() }

@@ -420,29 +420,66 @@ func ApplyPatch(ctx context.Context, p provider.Provider, h provider.Handle, pat
 
 // EvalResult is what the eval script did.
 type EvalResult struct {
-	// Log is stdout and stderr merged in the order they were written.
+	// Log is stdout and stderr merged in the order they were written, as
+	// the grader's pipe received them (evalFilter's cut applied).
 	Log      string
 	ExitCode int
 	TimedOut bool
+	// Truncated: the provider cut the output at its cap.
+	Truncated bool
 }
 
-// RunEval runs script with bash in the grading sandbox's workdir, its stdout
-// and stderr into one file (so the log keeps their order and no output cap
-// applies), killed after timeout. An error means the provider failed.
-func RunEval(ctx context.Context, p provider.Provider, h provider.Handle, script string, timeout time.Duration) (EvalResult, error) {
+// evalFilter keeps, of the eval script's merged output, every line a log
+// parser may read (marked Go test framing, lines that look like test
+// results, the test-output markers) and, of the rest, the first and the last
+// 256 KiB, each line at most 4 KiB: the whole output must fit the
+// provider's output cap, since it reaches the grader through the command's
+// pipe and nowhere else.
+const evalFilter = `$NG_AWK -v H=262144 -v T=262144 '
+function keep(l) {
+  return substr(l, 1, 1) == "\026" || l ~ /^[ \t]*(=== RUN|--- (PASS|FAIL|SKIP): )/ || l ~ /^test .* \.\.\. / ||
+    index(l, ">>>>> ") > 0 || l ~ /^(PASSED|FAILED|SKIPPED|ERROR|XFAIL) / || l ~ /::[^ ]* (PASSED|FAILED|SKIPPED|ERROR|XFAIL)/
+}
+keep($0) { print; fflush(); next }
+{
+  if (length($0) > 4096) $0 = substr($0, 1, 4096) "[line cut by the grader]"
+  l = length($0) + 1
+  if (!cut && h + l <= H) { h += l; print; fflush(); next }
+  cut = 1; q[++hi] = $0; t += l
+  while (t > T && lo < hi) { lo++; t -= length(q[lo]) + 1; delete q[lo]; dropped++ }
+}
+END {
+  if (dropped) printf "[the grader cut %d lines of output here]\n", dropped
+  for (i = lo + 1; i <= hi; i++) print q[i]
+}'`
+
+// RunEval runs script with bash in the grading sandbox's workdir, its
+// stdout and stderr merged in order through evalFilter into the command's
+// stdout, which the grader holds: no file in the sandbox, which the code
+// under test could replace, carries the log. It is killed after timeout.
+// With goExec (a toolchain that marks its framing), go test runs every test
+// binary through goExecWrapper (GOFLAGS -exec), so that it marks it. An error means the
+// provider failed.
+func RunEval(ctx context.Context, p provider.Provider, h provider.Handle, script string, goExec bool, timeout time.Duration) (EvalResult, error) {
 	if err := p.WriteFile(ctx, h, scratchDir+"/eval.sh", []byte(script)); err != nil {
 		return EvalResult{}, fmt.Errorf("write the eval script: %w", err)
 	}
-	cmd := `if command -v bash >/dev/null 2>&1; then bash ` + scratchDir + `/eval.sh; else sh ` + scratchDir + `/eval.sh; fi > ` + scratchDir + `/eval.log 2>&1`
-	res, err := run(ctx, p, h, cmd, nil, timeout)
+	var cmd strings.Builder
+	if goExec {
+		if err := p.WriteFile(ctx, h, scratchDir+"/go-exec", []byte(goExecWrapper)); err != nil {
+			return EvalResult{}, fmt.Errorf("write the go test wrapper: %w", err)
+		}
+		cmd.WriteString(`chmod +x ` + scratchDir + `/go-exec && export GOFLAGS="${GOFLAGS:+$GOFLAGS }-exec=$PWD/` + scratchDir + `/go-exec" || exit 3` + "\n")
+	}
+	// mawk reads a pipe a block at a time unless interactive: what a
+	// script printed before its timeout killed it would be lost.
+	cmd.WriteString(`NG_AWK=awk; awk -W version 2>/dev/null | grep -q mawk && NG_AWK="awk -W interactive"` + "\n")
+	cmd.WriteString(`{ if command -v bash >/dev/null 2>&1; then bash ` + scratchDir + `/eval.sh; else sh ` + scratchDir + `/eval.sh; fi; } 2>&1 </dev/null | ` + evalFilter + "\n")
+	res, err := run(ctx, p, h, cmd.String(), nil, timeout)
 	if err != nil {
 		return EvalResult{}, err
 	}
-	b, err := p.ReadFile(ctx, h, scratchDir+"/eval.log")
-	if err != nil {
-		return EvalResult{}, fmt.Errorf("read the eval log: %w", err)
-	}
-	return EvalResult{Log: string(b), ExitCode: res.ExitCode, TimedOut: res.TimedOut}, nil
+	return EvalResult{Log: res.Stdout + res.Stderr, ExitCode: res.ExitCode, TimedOut: res.TimedOut, Truncated: res.Truncated}, nil
 }
 
 // lastLines returns the last n lines of s, for error messages.

@@ -45,7 +45,7 @@ func (c *client) post(path string, body []byte) reply {
 		c.cookie = string(ck.Value())
 	}
 	r := reply{status: ctx.Response.StatusCode(), body: append([]byte(nil), ctx.Response.Body()...), header: map[string]string{}}
-	for _, h := range []string{httpapi.HeaderVerify, httpapi.HeaderRestart} {
+	for _, h := range []string{httpapi.HeaderVerify, httpapi.HeaderRestart, "Retry-After"} {
 		r.header[h] = string(ctx.Response.Header.Peek(h))
 	}
 	return r

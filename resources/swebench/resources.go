@@ -18,7 +18,14 @@ const (
 	// CodeEnvironmentUnavailable: the instance's environment cannot grade
 	// it (503); the reason is in the detail.
 	CodeEnvironmentUnavailable = "environment_unavailable"
+	// CodeEnvironmentPreparing: while_preparing is refuse and the
+	// instance is still being prepared (503, Retry-After).
+	CodeEnvironmentPreparing = "environment_preparing"
 )
+
+// PreparingRetryAfter is the Retry-After (seconds) of a 503
+// environment_preparing.
+const PreparingRetryAfter = "10"
 
 var _ resources.Resources = (*Server)(nil)
 
@@ -88,6 +95,10 @@ func httpError(err error) error {
 		status, code = nethttp.StatusConflict, CodeSessionMismatch
 	case errors.Is(err, ErrEnvironmentUnavailable):
 		status, code = nethttp.StatusServiceUnavailable, CodeEnvironmentUnavailable
+	case errors.Is(err, ErrEnvironmentPreparing):
+		he := resources.Errorf(nethttp.StatusServiceUnavailable, CodeEnvironmentPreparing, "%s", err.Error())
+		he.RetryAfter = PreparingRetryAfter
+		return &statusError{he: he, err: err}
 	default:
 		return err
 	}

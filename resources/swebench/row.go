@@ -40,6 +40,10 @@ var (
 	// validation without a patch failed; it is neither lent nor graded
 	// (HTTP 503).
 	ErrEnvironmentUnavailable = errors.New("swebench: environment unavailable")
+	// ErrEnvironmentPreparing: with while_preparing: refuse, the
+	// instance's template, environment or validation is still being
+	// prepared (HTTP 503 with Retry-After).
+	ErrEnvironmentPreparing = errors.New("swebench: environment preparing")
 	// ErrConfig: the swebench configuration is not usable.
 	ErrConfig = errors.New("swebench: config")
 )

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
@@ -59,6 +60,8 @@ type Deps struct {
 	Grader provider.Provider
 	// Logger receives structured logs (a discarding logger when nil).
 	Logger logrus.FieldLogger
+	// Clock times the preparations' progress (the wall clock when nil).
+	Clock clock.Clock
 }
 
 // Server is the SWE-bench resources server. The owner holding the sessions'
@@ -76,9 +79,18 @@ type Server struct {
 	// slots bounds the eval sandboxes (gradings and validations).
 	slots *slots
 
+	// progress tracks the preparations requests wait for.
+	progress *tracker
+
 	mu          sync.Mutex
 	validations map[string]*Validation // by image and validation key
 	locks       keyedMutex             // validations under way without a template
+	// background are the preparations started for refused seeds
+	// (while_preparing: refuse), by instance and grading inputs; prepared
+	// are those that finished.
+	background map[string]bool
+	prepared   map[string]bool
+	bg         sync.WaitGroup
 }
 
 // New checks cfg and returns a server.
@@ -96,6 +108,12 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.log = logs.Discard()
 	}
 	s.log = s.log.WithField("resources", Kind)
+	clk := deps.Clock
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	s.progress = newTracker(clk, cfg.progressInterval(), s.log)
+	s.background, s.prepared = map[string]bool{}, map[string]bool{}
 	if cfg.ShareCachesWithAgent {
 		s.log.Warn("swebench: share_caches_with_agent has no effect: caches belong to their template, read-only or copied per sandbox")
 	}
@@ -128,13 +146,21 @@ func (s *Server) Config() Config { return s.cfg }
 // now and the verifies waiting for one (swebench.max_concurrent_gradings).
 func (s *Server) Gradings() (running, waiting int) { return s.slots.counts() }
 
-// Health is this server's part of /health.
+// Health is this server's part of /health: the gradings, and the
+// instances whose template, environment or validation requests wait for.
 func (s *Server) Health() map[string]any {
 	running, waiting := s.Gradings()
 	return map[string]any{"gradings": map[string]int{
 		"running": running, "waiting": waiting, "max_concurrent": s.cfg.MaxConcurrentGradings,
-	}}
+	}, "preparing": s.Preparing()}
 }
+
+// Preparing lists the instances being prepared now, one entry each.
+func (s *Server) Preparing() []Preparing { return s.progress.snapshot() }
+
+// PreparingByPhase counts the instances being prepared in each phase
+// (sandboxowner_environments_preparing).
+func (s *Server) PreparingByPhase() map[string]int { return s.progress.byPhase() }
 
 // LendsSandboxes reports whether sessions get a sandbox (/sandbox_access).
 func (s *Server) LendsSandboxes() bool { return s.cfg.LendsSandboxes() }
@@ -251,6 +277,11 @@ func (s *Server) seed(ctx context.Context, own *owner.Owner, sessionID string, b
 // ready is prepare, with an unavailable instance as
 // ErrEnvironmentUnavailable.
 func (s *Server) ready(ctx context.Context, p provider.Provider, row Row, log logrus.FieldLogger) (readiness, error) {
+	if s.cfg.refusesWhilePreparing() {
+		if err := s.preparedOrStart(p, row, log); err != nil {
+			return readiness{}, err
+		}
+	}
 	r, err := s.prepare(ctx, p, row, log)
 	if err != nil {
 		return r, err
@@ -295,13 +326,14 @@ func (s *Server) setup(row Row, image string, log logrus.FieldLogger) owner.Setu
 // template of (repo, base commit) when the repo is configured, with its
 // environment (built on p if needed), else the row's image, else (other
 // providers) SWE-bench's instance image name.
-func (s *Server) image(ctx context.Context, p provider.Provider, row Row, log logrus.FieldLogger) (string, *Environment, error) {
+func (s *Server) image(ctx context.Context, p provider.Provider, row Row, pr *prep, log logrus.FieldLogger) (string, *Environment, error) {
 	isLocal := p.Name() == local.Name
 	if isLocal && s.templates != nil && s.templates.Has(row.Repo) {
 		dir, full, err := s.templates.Ensure(ctx, row.Repo, row.BaseCommit, log)
 		if err != nil {
 			return "", nil, err
 		}
+		pr.phase(PhaseEnvironment)
 		env, err := s.environment(ctx, p, row, dir, full, log)
 		if err != nil {
 			return "", nil, err
@@ -426,6 +458,12 @@ type VerifyResult struct {
 	ModelPatchBytes  int      `json:"model_patch_bytes"`
 	PatchApplied     bool     `json:"patch_applied"`
 	PatchApplyMethod string   `json:"patch_apply_method,omitempty"`
+	// ExcludedFiles are the model patch's files left out of the grading
+	// (swebench.grading_guard): they kept their base content.
+	ExcludedFiles []Excluded `json:"excluded_files,omitempty"`
+	// TestFraming is the rule the test results were read by
+	// (FramingMarked, FramingUnmarked, FramingLog).
+	TestFraming string `json:"test_framing,omitempty"`
 
 	PatchExtractionTimeTaken  float64 `json:"patch_extraction_time_taken"`
 	EvalSandboxStartTimeTaken float64 `json:"eval_sandbox_start_time_taken"`
@@ -574,8 +612,25 @@ func (s *Server) grade(ctx context.Context, p provider.Provider, r readiness, pr
 	}
 	defer s.stopSandbox(ctx, p, h, "grading")
 
+	tc, err := probeGo(ctx, p, h)
+	if err != nil {
+		infra("probe the repository's Go", err)
+		return
+	}
+	framing := tc.framing(row.LogParser)
+	res.TestFraming = framing
+	kept, excluded := s.cfg.GradingGuard.Apply(patch, row.TestPatch, row.Patch)
+	res.ExcludedFiles = excluded
+	if len(excluded) > 0 {
+		log.WithField("excluded", excludedPaths(excluded)).Info("swebench: files outside the agent's remit left out of the grading")
+	}
+	var exits []string
+	if !s.cfg.GradingGuard.AllowExitingInit {
+		exits = ExitingInits(kept)
+	}
+
 	t = time.Now()
-	ar, err := ApplyPatch(ctx, p, h, patch, s.cfg.setupTimeout())
+	ar, err := ApplyPatch(ctx, p, h, kept, s.cfg.setupTimeout())
 	res.PatchApplyTimeTaken = time.Since(t).Seconds()
 	if err != nil {
 		infra("apply the patch", err)
@@ -595,7 +650,7 @@ func (s *Server) grade(ctx context.Context, p provider.Provider, r readiness, pr
 		return
 	}
 	t = time.Now()
-	ev, err := RunEval(ctx, p, h, script, s.cfg.evaluationTimeout())
+	ev, err := RunEval(ctx, p, h, script, framing == FramingMarked, s.cfg.evaluationTimeout())
 	res.EvalTimeTaken = time.Since(t).Seconds()
 	if err != nil {
 		infra("run the eval script", err)
@@ -611,13 +666,24 @@ func (s *Server) grade(ctx context.Context, p provider.Provider, r readiness, pr
 		res.FailureReason = joinReason(res.FailureReason, fmt.Sprintf("the eval script ran past evaluation_timeout (%s)", s.cfg.evaluationTimeout()))
 		return
 	}
-	statuses, err := ParseLog(row.LogParser, ev.Log)
+	if ev.Truncated {
+		res.FailureReason = joinReason(res.FailureReason, "the eval output passed the provider's output cap and was cut")
+	}
+	outcome, err := ReadOutcome(row, framing, ev.Log)
 	if err != nil { // Validate checked the name
 		infra("parse the log", err)
 		return
 	}
-	ts, resolved := Resolve(row.FailToPass, row.PassToPass, statuses)
-	res.TestsStatus = &ts
+	verdict := Decide(row, outcome, exits)
+	res.TestsStatus = &verdict.Tests
+	if verdict.Kind != "" {
+		res.FailureKind = verdict.Kind
+		res.FailureReason = joinReason(res.FailureReason, verdict.Reason)
+		res.EvaluationCompleted = true
+		log.WithField("reason", verdict.Reason).Warn("swebench: the grading saw tampering")
+		return
+	}
+	statuses, resolved := outcome.Statuses, verdict.Resolved
 	if !anyListed(row, statuses) {
 		res.FailureKind = FailureNoTestResults
 		res.FailureReason = joinReason(res.FailureReason, "the eval log has no result for any FAIL_TO_PASS or PASS_TO_PASS test")

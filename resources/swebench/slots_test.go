@@ -90,7 +90,7 @@ func TestGradingsBeyondTheCapWaitInArrivalOrder(t *testing.T) {
 	if running, queued := srv.Gradings(); running != 1 || queued != 2 {
 		t.Errorf("gradings: %d running, %d waiting; want 1 and 2", running, queued)
 	}
-	want := map[string]any{"gradings": map[string]int{"running": 1, "waiting": 2, "max_concurrent": 1}}
+	want := map[string]any{"gradings": map[string]int{"running": 1, "waiting": 2, "max_concurrent": 1}, "preparing": []Preparing{}}
 	if d := cmp.Diff(want, srv.Health()); d != "" {
 		t.Errorf("health (-want +got):\n%s", d)
 	}

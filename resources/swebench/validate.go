@@ -37,6 +37,11 @@ type Validation struct {
 	FailToPassPassing []string  `json:"fail_to_pass_passing,omitempty"`
 	Seconds           float64   `json:"seconds"`
 	ValidatedAt       time.Time `json:"validated_at"`
+	// LogFile is where the validation's test output is kept, beside its
+	// verdict (a template's validations only).
+	LogFile string `json:"log_file,omitempty"`
+	// output is the eval script's output.
+	output string
 }
 
 // readiness is what decides whether an instance can be lent and graded.
@@ -65,7 +70,9 @@ func (r readiness) validated() bool { return r.validation != nil && r.validation
 // instance (each once per template); an error means one of them could not
 // be attempted (nothing is kept then), not that it failed.
 func (s *Server) prepare(ctx context.Context, p provider.Provider, row Row, log logrus.FieldLogger) (readiness, error) {
-	image, env, err := s.image(ctx, p, row, log)
+	pr := s.progress.start(row, PhaseTemplate, log)
+	defer pr.done()
+	image, env, err := s.image(ctx, p, row, pr, log)
 	if err != nil {
 		return readiness{}, err
 	}
@@ -73,8 +80,39 @@ func (s *Server) prepare(ctx context.Context, p provider.Provider, row Row, log 
 	if _, bad := r.unavailable(); bad || !s.cfg.validates() {
 		return r, nil
 	}
+	pr.phase(PhaseValidation)
 	r.validation, err = s.validation(ctx, p, row, image, env, log)
 	return r, err
+}
+
+// preparedOrStart returns nil once row's preparation has finished in this
+// process; until then it starts it in the background (once) and returns
+// ErrEnvironmentPreparing at once.
+func (s *Server) preparedOrStart(p provider.Provider, row Row, log logrus.FieldLogger) error {
+	key := row.InstanceID + "\x00" + s.validationKey(row)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.prepared[key] {
+		return nil
+	}
+	if !s.background[key] {
+		s.background[key] = true
+		s.bg.Add(1)
+		go func() {
+			defer s.bg.Done()
+			_, err := s.prepare(context.Background(), p, row, log)
+			s.mu.Lock()
+			delete(s.background, key)
+			if err == nil {
+				s.prepared[key] = true
+			}
+			s.mu.Unlock()
+			if err != nil {
+				log.WithError(err).Warn("swebench: preparing the instance in the background failed; the next seed tries again")
+			}
+		}()
+	}
+	return fmt.Errorf("%w: %s: its template, environment or validation is being prepared (see /health)", ErrEnvironmentPreparing, row.InstanceID)
 }
 
 var unsafeName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
@@ -82,7 +120,9 @@ var unsafeName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
 // validationKey names row's grading inputs.
 func (s *Server) validationKey(row Row) string {
 	script, _ := BuildEvalScript(row, s.cfg.testCommand(row), s.cfg.Workdir)
-	b, _ := json.Marshal([]any{row.InstanceID, script, row.FailToPass, row.PassToPass, row.LogParser})
+	// "framing-1" names the grader's reading of logs: a validation made
+	// under another is made again.
+	b, _ := json.Marshal([]any{row.InstanceID, script, row.FailToPass, row.PassToPass, row.LogParser, "framing-1"})
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])[:16]
 }
@@ -140,6 +180,13 @@ func (s *Server) validation(ctx context.Context, p provider.Provider, row Row, i
 		}
 		v.Key = key
 		if file != "" {
+			v.LogFile = strings.TrimSuffix(file, ".json") + ".log"
+			if err := os.WriteFile(v.LogFile, []byte(v.output), 0o644); err != nil {
+				return nil, fmt.Errorf("%w: %w", ErrTemplate, err)
+			}
+			if !v.Available {
+				v.Reason += " (test output: " + v.LogFile + ")"
+			}
 			if err := writeJSONFile(file, v); err != nil {
 				return nil, fmt.Errorf("%w: %w", ErrTemplate, err)
 			}
@@ -165,23 +212,28 @@ func (s *Server) runValidation(ctx context.Context, p provider.Provider, row Row
 		return nil, fmt.Errorf("%w: start the validation sandbox: %w", ErrGrading, err)
 	}
 	defer s.stopSandbox(ctx, p, h, "validation")
+	tc, err := probeGo(ctx, p, h)
+	if err != nil {
+		return nil, fmt.Errorf("%w: probe the repository's Go: %w", ErrGrading, err)
+	}
+	framing := tc.framing(row.LogParser)
 	script, err := s.evalScript(ctx, p, h, row)
 	if err != nil {
 		return nil, fmt.Errorf("%w: build the eval script: %w", ErrGrading, err)
 	}
-	ev, err := RunEval(ctx, p, h, script, s.cfg.evaluationTimeout())
+	ev, err := RunEval(ctx, p, h, script, framing == FramingMarked, s.cfg.evaluationTimeout())
 	if err != nil {
 		return nil, fmt.Errorf("%w: run the eval script: %w", ErrGrading, err)
 	}
-	v := &Validation{InstanceID: row.InstanceID, Available: true}
+	v := &Validation{InstanceID: row.InstanceID, Available: true, output: ev.Log}
 	if ev.TimedOut {
 		v.Available, v.Reason = false, fmt.Sprintf("the eval script ran past evaluation_timeout (%s)", s.cfg.evaluationTimeout())
 	} else {
-		statuses, err := ParseLog(row.LogParser, ev.Log)
+		o, err := ReadOutcome(row, framing, ev.Log)
 		if err != nil {
 			return nil, err
 		}
-		judge(v, row, statuses, ev.Log)
+		judge(v, row, o.Statuses, ev.Log)
 	}
 	v.Seconds = time.Since(began).Seconds()
 	v.ValidatedAt = time.Now().UTC()

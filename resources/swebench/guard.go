@@ -1,0 +1,300 @@
+package swebench
+
+import (
+	"fmt"
+	"go/ast"
+	goparser "go/parser"
+	"go/token"
+	"path"
+	"sort"
+	"strings"
+)
+
+// Guard says which parts of a model patch are outside the agent's remit
+// and are left out of the grading (the files keep their base content, as
+// the test files of the test patch do). A file the row's gold patch touches
+// is never left out for being of a kind: the gold patch must still resolve.
+type Guard struct {
+	// KeepTestFiles keeps the model patch's changes to test files the test
+	// patch does not touch (*_test.go, anything under a testdata
+	// directory). By default they are left out: a TestMain or init in a test
+	// file the agent added runs before every test.
+	KeepTestFiles bool `yaml:"keep_test_files" json:"keep_test_files,omitempty"`
+	// KeepVendor keeps changes under vendor/ (left out by default: a
+	// vendored stub replaces a dependency).
+	KeepVendor bool `yaml:"keep_vendor" json:"keep_vendor,omitempty"`
+	// KeepModuleChanges keeps go.mod changes that add or change replace
+	// directives or touch a protected module, go.work files, and the go.sum
+	// that goes with them (left out by default).
+	KeepModuleChanges bool `yaml:"keep_module_changes" json:"keep_module_changes,omitempty"`
+	// ProtectedModules are module path prefixes whose requirement a model
+	// patch may not change in go.mod (test dependencies: assertion and
+	// comparison libraries). nil means DefaultProtectedModules.
+	ProtectedModules []string `yaml:"protected_modules,omitempty" json:"protected_modules,omitempty"`
+	// Paths are further path patterns (path.Match syntax, or a directory
+	// prefix ending in "/") whose changes are left out.
+	Paths []string `yaml:"paths,omitempty" json:"paths,omitempty"`
+	// AllowExitingInit keeps gradings of patches whose added files have an
+	// init or TestMain that ends the process (graded 0 by default).
+	AllowExitingInit bool `yaml:"allow_exiting_init" json:"allow_exiting_init,omitempty"`
+}
+
+// DefaultProtectedModules are the test dependencies a model patch may not
+// swap.
+func DefaultProtectedModules() []string {
+	return []string{
+		"github.com/stretchr/testify", "gotest.tools", "github.com/google/go-cmp",
+		"github.com/onsi/gomega", "github.com/onsi/ginkgo", "github.com/frankban/quicktest",
+		"github.com/matryer/is", "github.com/smartystreets/goconvey", "github.com/go-playground/assert",
+	}
+}
+
+// Excluded is a file of the model patch left out of the grading.
+type Excluded struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
+}
+
+// Reasons a file is excluded.
+const (
+	ExcludedTestFile = "test file not in the test patch"
+	ExcludedVendor   = "vendored code"
+	ExcludedModule   = "module replacement or test dependency change"
+	ExcludedPath     = "configured path"
+)
+
+// Apply returns the model patch without the sections outside the agent's
+// remit, and what it left out (in patch order). testPatch and goldPatch are
+// the row's.
+func (g Guard) Apply(model, testPatch, goldPatch string) (string, []Excluded) {
+	inTest, inGold := patchPaths(testPatch), patchPaths(goldPatch)
+	secs := splitSections(model)
+	reasons := make([]string, len(secs))
+	modDropped := false
+	for i, sec := range secs {
+		if sec.path == "" {
+			continue
+		}
+		reasons[i] = g.reason(sec, inTest, inGold)
+		if reasons[i] == ExcludedModule && path.Base(sec.path) == "go.mod" {
+			modDropped = true
+		}
+	}
+	var b strings.Builder
+	var out []Excluded
+	for i, sec := range secs {
+		r := reasons[i]
+		// go.sum goes with its go.mod: alone it would name sums of
+		// modules the kept go.mod does not require.
+		if r == "" && modDropped && path.Base(sec.path) == "go.sum" && !inGold[sec.path] && !g.KeepModuleChanges {
+			r = ExcludedModule
+		}
+		if r != "" {
+			out = append(out, Excluded{Path: sec.path, Reason: r})
+			continue
+		}
+		b.WriteString(sec.text)
+	}
+	return b.String(), out
+}
+
+// reason is why sec is left out, or "".
+func (g Guard) reason(sec section, inTest, inGold map[string]bool) string {
+	p := sec.path
+	switch {
+	case inTest[p] || inGold[p]:
+		// The test patch's files are restored by the eval script; the
+		// gold patch's are the agent's to change.
+		return ""
+	case !g.KeepTestFiles && isTestPath(p):
+		return ExcludedTestFile
+	case !g.KeepVendor && (p == "vendor" || strings.HasPrefix(p, "vendor/") || strings.Contains(p, "/vendor/")):
+		return ExcludedVendor
+	case !g.KeepModuleChanges && (path.Base(p) == "go.work" || path.Base(p) == "go.work.sum"):
+		return ExcludedModule
+	case !g.KeepModuleChanges && path.Base(p) == "go.mod" && g.modChangeIsGuarded(sec.text):
+		return ExcludedModule
+	}
+	for _, pat := range g.Paths {
+		if strings.HasSuffix(pat, "/") && strings.HasPrefix(p, pat) {
+			return ExcludedPath
+		}
+		if ok, _ := path.Match(pat, p); ok {
+			return ExcludedPath
+		}
+	}
+	return ""
+}
+
+// isTestPath: a Go test file, or a file under a testdata directory.
+func isTestPath(p string) bool {
+	if strings.HasSuffix(p, "_test.go") {
+		return true
+	}
+	return p == "testdata" || strings.HasPrefix(p, "testdata/") || strings.Contains(p, "/testdata/")
+}
+
+// modChangeIsGuarded reports whether a go.mod diff section adds or removes
+// a replace directive (a line with "=>", or a replace block) or a line
+// naming a protected module.
+func (g Guard) modChangeIsGuarded(text string) bool {
+	protected := g.ProtectedModules
+	if protected == nil {
+		protected = DefaultProtectedModules()
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, "+++") || strings.HasPrefix(line, "---") {
+			continue
+		}
+		if !strings.HasPrefix(line, "+") && !strings.HasPrefix(line, "-") {
+			continue
+		}
+		body := strings.TrimSpace(line[1:])
+		if strings.Contains(body, "=>") || body == "replace (" || strings.HasPrefix(body, "replace ") {
+			return true
+		}
+		for _, m := range protected {
+			if m != "" && containsModule(body, m) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// containsModule reports whether a go.mod line names module m or one under
+// it.
+func containsModule(line, m string) bool {
+	for _, f := range strings.Fields(line) {
+		f = strings.Trim(f, `"`)
+		if f == m || strings.HasPrefix(f, m+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// patchPaths are the paths a diff touches.
+func patchPaths(patch string) map[string]bool {
+	out := map[string]bool{}
+	for _, sec := range splitSections(patch) {
+		if sec.path != "" {
+			out[sec.path] = true
+		}
+		if sec.oldPath != "" {
+			out[sec.oldPath] = true
+		}
+	}
+	return out
+}
+
+// ExitingInits lists the Go files a patch creates (test files included)
+// whose init or TestMain function ends the process itself (os.Exit,
+// syscall.Exit, log.Fatal…, runtime.Goexit) instead of returning or running
+// the tests and returning their code: one of them ends a test binary before
+// its tests ran, whatever it printed.
+func ExitingInits(patch string) []string {
+	var out []string
+	for _, sec := range splitSections(patch) {
+		if !sec.isNew || !strings.HasSuffix(sec.path, ".go") {
+			continue
+		}
+		src, ok := addedContent(sec.text)
+		if !ok {
+			continue
+		}
+		f, err := goparser.ParseFile(token.NewFileSet(), sec.path, src, goparser.SkipObjectResolution)
+		if err != nil {
+			continue // it does not compile, so it ends nothing
+		}
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Recv != nil || fn.Body == nil || (fn.Name.Name != "init" && fn.Name.Name != "TestMain") {
+				continue
+			}
+			if call := exitCall(fn.Body, fn.Name.Name == "TestMain"); call != "" {
+				out = append(out, fmt.Sprintf("%s: %s calls %s", sec.path, fn.Name.Name, call))
+				break
+			}
+		}
+	}
+	return out
+}
+
+// exitCall returns the first call in body that ends the process ("" for
+// none). A TestMain ends its binary with os.Exit(m.Run()) or a code it
+// computed, so in a TestMain only an exit with a constant code counts.
+func exitCall(body *ast.BlockStmt, testMain bool) string {
+	var found string
+	ast.Inspect(body, func(n ast.Node) bool {
+		if found != "" {
+			return false
+		}
+		if call, ok := n.(*ast.CallExpr); ok {
+			found = endsProcess(call, testMain)
+		}
+		return found == ""
+	})
+	return found
+}
+
+// endsProcess names call when it ends the process ("" otherwise).
+func endsProcess(call *ast.CallExpr, testMain bool) string {
+	sel, ok := call.Fun.(*ast.SelectorExpr)
+	if !ok {
+		return ""
+	}
+	pkg, ok := sel.X.(*ast.Ident)
+	if !ok {
+		return ""
+	}
+	name := pkg.Name + "." + sel.Sel.Name
+	switch name {
+	case "os.Exit", "syscall.Exit", "unix.Exit":
+		if testMain {
+			if len(call.Args) != 1 {
+				return ""
+			}
+			if _, constant := call.Args[0].(*ast.BasicLit); !constant {
+				return ""
+			}
+		}
+		return name
+	case "runtime.Goexit", "log.Fatal", "log.Fatalf", "log.Fatalln", "syscall.Kill", "syscall.RawSyscall", "syscall.Syscall":
+		if testMain {
+			return ""
+		}
+		return name
+	}
+	return ""
+}
+
+// addedContent is the new file a creating diff section holds.
+func addedContent(text string) (string, bool) {
+	var b strings.Builder
+	inHunk := false
+	for _, line := range strings.SplitAfter(text, "\n") {
+		switch {
+		case line == "":
+		case strings.HasPrefix(line, "@@"):
+			inHunk = true
+		case !inHunk:
+		case strings.HasPrefix(line, "+"):
+			b.WriteString(line[1:])
+		case strings.HasPrefix(line, `\`):
+		default:
+			return "", false
+		}
+	}
+	return b.String(), inHunk
+}
+
+// excludedPaths are the paths of ex, sorted (for logs).
+func excludedPaths(ex []Excluded) []string {
+	out := make([]string, len(ex))
+	for i, e := range ex {
+		out[i] = e.Path
+	}
+	sort.Strings(out)
+	return out
+}
