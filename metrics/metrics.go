@@ -84,7 +84,7 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 		}, []string{"op", "outcome"}),
 		providerCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "provider_calls_total",
-			Help: "Sandbox provider calls, by provider, op and outcome (ok, failed).",
+			Help: "Sandbox provider calls, by provider, op and outcome (ok; refused: the caller's request was wrong; failed: the provider's failure).",
 		}, []string{"provider", "op", "outcome"}),
 		providerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "provider_call_duration_seconds",

@@ -2,6 +2,8 @@ package metrics_test
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"runtime"
 	"testing"
 
@@ -58,6 +60,17 @@ func TestProviderCallsCounted(t *testing.T) {
 	if _, err := p.(provider.Snapshotter).Snapshot(ctx, h, "s"); err != nil {
 		t.Fatal(err)
 	}
+	// A client's mistakes are refusals, not provider failures.
+	if _, err := p.ReadFile(ctx, h, "../../etc/passwd"); !errors.Is(err, provider.ErrPathEscape) {
+		t.Fatalf("read outside the sandbox: %v", err)
+	}
+	if _, err := p.ReadFile(ctx, h, "missing"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("read of a missing file: %v", err)
+	}
+	fk.FailNext(fake.OpReadFile, 1)
+	if _, err := p.ReadFile(ctx, h, "missing"); err == nil || errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the injected read failure: %v", err)
+	}
 	if err := p.Stop(ctx, h); err != nil {
 		t.Fatal(err)
 	}
@@ -70,6 +83,8 @@ func TestProviderCallsCounted(t *testing.T) {
 		{metrics.OpExec, metrics.OutcomeOK, 0},
 		{metrics.OpSnapshot, metrics.OutcomeOK, 1},
 		{metrics.OpStop, metrics.OutcomeOK, 1},
+		{metrics.OpReadFile, metrics.OutcomeRefused, 2},
+		{metrics.OpReadFile, metrics.OutcomeFailed, 1},
 	} {
 		if got := value(t, reg, "sandboxowner_provider_calls_total", map[string]string{"provider": "fake", "op": c.op, "outcome": c.outcome}); got != c.want {
 			t.Errorf("%s %s: %v, want %v", c.op, c.outcome, got, c.want)

@@ -2,6 +2,8 @@ package metrics
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"time"
 
 	"github.com/sandboxowner/owner/provider"
@@ -89,11 +91,23 @@ type base struct {
 
 // record times one call from began.
 func (b *base) record(op string, began time.Time, err error) {
-	outcome := OutcomeOK
-	if err != nil {
-		outcome = OutcomeFailed
+	b.m.ProviderCall(b.name, op, providerOutcome(err), time.Since(began))
+}
+
+// providerOutcome is ok, refused (the caller's request was wrong: a path
+// out of the sandbox, a bad spec, a file that is missing, too large or not
+// regular, a caller that gave up) or failed (the provider's own failure),
+// so that a client's mistakes never read as provider failures.
+func providerOutcome(err error) string {
+	switch {
+	case err == nil:
+		return OutcomeOK
+	case errors.Is(err, provider.ErrPathEscape), errors.Is(err, provider.ErrInvalidSpec),
+		errors.Is(err, provider.ErrFileTooLarge), errors.Is(err, provider.ErrNotRegular),
+		errors.Is(err, fs.ErrNotExist), errors.Is(err, context.Canceled):
+		return OutcomeRefused
 	}
-	b.m.ProviderCall(b.name, op, outcome, time.Since(began))
+	return OutcomeFailed
 }
 
 // Unwrap is the provider wrapped.
