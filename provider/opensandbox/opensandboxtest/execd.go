@@ -114,9 +114,8 @@ func lines(s string) []string {
 // directory) and then streams; the fake streams from the start when the
 // backend shows the cwd is a directory, and otherwise (the in-memory backend
 // has no directories) once the command has ended, so that a cwd the backend
-// refuses is still a 400. One difference stays: a caller that hangs up ends
-// the command here, while the real execd lets it run (DELETE /command?id=
-// ends it in both).
+// refuses is still a 400. As in the real execd, a caller that hangs up does
+// not end the command: DELETE /command?id= does.
 func (s *Server) command(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 	req, ok := s.readChecked(w, r, runCommandSchema, false)
 	if !ok {
@@ -167,7 +166,7 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 		}
 	}
 	id := newID("cmd-")
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	defer cancel()
 	defer s.commands.add(id, cancel)()
 	flusher, _ := w.(http.Flusher)
@@ -190,7 +189,7 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 	}
 	start := s.clk.Now()
 	res, err := s.backend.Exec(ctx, sb.backend, er)
-	interrupted := ctx.Err() != nil && r.Context().Err() == nil
+	interrupted := ctx.Err() != nil
 	if !live {
 		switch {
 		case err != nil && !interrupted && errors.Is(err, fs.ErrNotExist):
