@@ -369,7 +369,26 @@ var statements = []statement{
 			}
 		}
 	}},
-	{name: "MCPRoute", section: "2.1, 2.2", text: "with expose_tools_over_mcp, the MCP endpoint /mcp, reached with X-NeMo-Gym-Session-Token", na: "not built yet: MCP is the last part of issue 29"},
+	{name: "MCPRoute", section: "2.1, 2.2, 2.4", text: "the MCP endpoint /mcp serves the server's tools to a session named by the X-NeMo-Gym-Session-Token header; the typed seed's resources_tools is {server_name, url_path: /mcp, transport: http, headers}", note: "project: always served (no expose_tools_over_mcp key); the token is this server's signed session id", check: func(t *testing.T) {
+		s := start(t)
+		seed := map[string]any{"resources_session_id": "m-1", "episode_id": ep("r1", 0), "task_id": map[string]any{"taskset": "n", "task_id": "t"}, "task_data": map[string]any{}}
+		a := &agent{}
+		r := s.ok(s.post(a, "/seed_session", seed), "typed seed")
+		tools, _ := r["resources_tools"].(map[string]any)
+		tok, _ := tools["headers"].(map[string]any)["X-NeMo-Gym-Session-Token"].(string)
+		if tools["url_path"] != "/mcp" || tools["transport"] != "http" || tools["server_name"] != "notes" || tok == "" {
+			t.Fatalf("resources_tools %v", r["resources_tools"])
+		}
+		call := s.do(nil, "POST", "/mcp", map[string]any{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": map[string]any{"name": "append_note", "arguments": map[string]any{"line": "m"}}}, map[string]string{"X-NeMo-Gym-Session-Token": tok})
+		res, _ := s.ok(call, "tools/call")["result"].(map[string]any)
+		if res["isError"] != false {
+			t.Errorf("tools/call: %s", call.body)
+		}
+		if v := s.ok(s.post(a, "/verify", map[string]any{"expected_notes": []string{"m"}}), "verify"); v["reward"] != 1.0 {
+			t.Errorf("verify after the MCP call: %v", v)
+		}
+		s.want(s.do(nil, "POST", "/mcp", map[string]any{"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": map[string]any{"name": "append_note"}}, nil), 401, "unauthorized", "without the token")
+	}},
 	{name: "SetCookieEveryReply", section: "2.2", text: "every data reply re-sends the session's Set-Cookie", note: "issue 29: only new sessions got one", check: func(t *testing.T) {
 		s := start(t)
 		a := &agent{}

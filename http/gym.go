@@ -104,8 +104,9 @@ type TaskID struct {
 // TypedSeedReply is Gym's ResourcesSeedSessionResponse.
 type TypedSeedReply struct {
 	ResourcesSessionID string `json:"resources_session_id"`
-	// ResourcesTools is null: tools are this server's own routes.
-	ResourcesTools any `json:"resources_tools"`
+	// ResourcesTools says how to call the server's tools over MCP (null
+	// for a server without tools).
+	ResourcesTools *ResourcesTools `json:"resources_tools"`
 	// SandboxAccess is what /sandbox_access answers (null for a server
 	// that lends no sandbox).
 	SandboxAccess *Access `json:"sandbox_access"`
@@ -227,7 +228,7 @@ func (s *Server) seedTyped(ctx context.Context, sess *Session, t *typedSeed) (an
 		}
 		return nil, err
 	}
-	rep := TypedSeedReply{ResourcesSessionID: sess.ID}
+	rep := TypedSeedReply{ResourcesSessionID: sess.ID, ResourcesTools: s.resourcesTools(sess.ID)}
 	if s.res.LendsSandboxes() {
 		a, err := s.sandboxAccess(ctx, sess)
 		var he *Error

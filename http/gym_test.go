@@ -37,7 +37,11 @@ func TestTypedSeed(t *testing.T) {
 		t.Errorf("the cookie names session %q, want the typed id", sessionID(a))
 	}
 	access := h.ok(h.post(a, "/sandbox_access", nil), "access")
-	want := map[string]any{"resources_session_id": "s-1", "resources_tools": nil, "sandbox_access": access}
+	// The server's tools over MCP (TestMCPToolsOfATypedSession calls them).
+	if tools, _ := got["resources_tools"].(map[string]any); tools["url_path"] != "/mcp" {
+		t.Errorf("resources_tools %v", got["resources_tools"])
+	}
+	want := map[string]any{"resources_session_id": "s-1", "resources_tools": got["resources_tools"], "sandbox_access": access}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("typed seed reply (-want +got):\n%s", diff)
 	}

@@ -64,7 +64,7 @@ const (
 func reserved(route string) bool {
 	switch route {
 	case RouteSeed, RouteVerify, RouteClose, RouteSandboxAccess, RouteHealth,
-		RouteAggregateMetrics, "/mcp", RouteReverifyMode, RouteLiveness:
+		RouteAggregateMetrics, RouteMCP, RouteReverifyMode, RouteLiveness:
 		return true
 	}
 	return false
@@ -150,6 +150,7 @@ type Server struct {
 	mode       owner.Mode
 	cookieName string
 	signer     *Signer
+	mcpSigner  *Signer
 	tools      map[string]ToolFunc
 	tokenSum   [32]byte
 	verifyMode string
@@ -223,6 +224,11 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	// Its own name, so that a cookie is no MCP token and a token no cookie.
+	mcpSigner, err := NewSigner(mcpTokenSalt, cfg.SessionSecret)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	tools := map[string]ToolFunc{}
 	for route, fn := range res.Tools() {
 		if !strings.HasPrefix(route, "/") || strings.Count(route, "/") != 1 || reserved(route) {
@@ -238,6 +244,7 @@ func New(cfg Config) (*Server, error) {
 		clk:        cfg.Clock,
 		cookieName: cookieName,
 		signer:     signer,
+		mcpSigner:  mcpSigner,
 		tools:      tools,
 		verifyMode: "wait",
 		closed:     newClosedSessions(cfg.Clock, cfg.ClosedRetention),
@@ -412,6 +419,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.reverifyMode(ctx)
 	case path == RouteAggregateMetrics:
 		s.aggregateMetrics(ctx)
+	case path == RouteMCP:
+		s.serveMCP(ctx)
 	case path == RouteMetrics && s.metricsHandler != nil:
 		if !ctx.IsGet() && !ctx.IsHead() {
 			methodNotAllowed(ctx, "GET")

@@ -1,0 +1,78 @@
+package http_test
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	httpapi "github.com/sandboxowner/owner/http"
+)
+
+// TestMCPToolsOfATypedSession: the typed seed hands out resources_tools;
+// with its header, /mcp lists the server's tools and a tools/call runs
+// append_note in the session, as the route would; a call without the
+// token is 401, and a call of a retired attempt is stale.
+func TestMCPToolsOfATypedSession(t *testing.T) {
+	h := newHarness(t)
+	a := &agent{}
+	seed := h.ok(h.post(a, "/seed_session", typedSeed("s-1", ep("r7", 0), "notes", "t1")), "typed seed")
+	tools, _ := seed["resources_tools"].(map[string]any)
+	hdrs, _ := tools["headers"].(map[string]any)
+	tok, _ := hdrs[httpapi.HeaderMCPSession].(string)
+	if tools["server_name"] != "notes" || tools["url_path"] != "/mcp" || tools["transport"] != "http" || tok == "" {
+		t.Fatalf("resources_tools %v", seed["resources_tools"])
+	}
+	rpc := func(method string, params any, token string) reply {
+		t.Helper()
+		hdr := map[string]string{}
+		if token != "" {
+			hdr[httpapi.HeaderMCPSession] = token
+		}
+		return h.do(nil, "POST", "/mcp", map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, hdr)
+	}
+	init := h.ok(rpc("initialize", map[string]any{"protocolVersion": "2025-03-26"}, tok), "initialize")
+	if r := init["result"].(map[string]any); r["protocolVersion"] != "2025-03-26" {
+		t.Errorf("initialize: %v", init)
+	}
+	list := h.ok(rpc("tools/list", nil, tok), "tools/list")
+	var names []string
+	for _, tl := range list["result"].(map[string]any)["tools"].([]any) {
+		names = append(names, tl.(map[string]any)["name"].(string))
+	}
+	if diff := cmp.Diff([]string{"append_note"}, names); diff != "" {
+		t.Errorf("tools (-want +got):\n%s", diff)
+	}
+	call := h.ok(rpc("tools/call", map[string]any{"name": "append_note", "arguments": map[string]any{"line": "over mcp"}}, tok), "tools/call")
+	res := call["result"].(map[string]any)
+	if res["isError"] != false || !cmp.Equal(res["structuredContent"], map[string]any{"success": true}) {
+		t.Errorf("tools/call: %v", call)
+	}
+	// The note is in the session's sandbox: verify (by the cookie) sees it.
+	v := h.ok(h.post(a, "/verify", map[string]any{"expected_notes": []string{"over mcp"}}), "verify")
+	if v["reward"] != 1.0 {
+		t.Errorf("verify after the MCP call: %v", v)
+	}
+	// A tool's own failure is a result with isError (the session has no
+	// sandbox any more).
+	failed := h.ok(rpc("tools/call", map[string]any{"name": "append_note", "arguments": map[string]any{"line": "x"}}, tok), "tools/call after verify")
+	res = failed["result"].(map[string]any)
+	var env struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	_ = json.Unmarshal([]byte(res["content"].([]any)[0].(map[string]any)["text"].(string)), &env)
+	if res["isError"] != true || env.Error.Code != httpapi.CodeNoSessionSandbox {
+		t.Errorf("tools/call without a sandbox: %v", failed)
+	}
+	h.want(rpc("tools/call", map[string]any{"name": "append_note", "arguments": map[string]any{}}, ""), 401, "unauthorized", "no token")
+	h.want(rpc("tools/call", map[string]any{"name": "append_note", "arguments": map[string]any{}}, a.cookie), 401, "unauthorized", "a cookie is no token")
+	if r := h.ok(rpc("tools/call", map[string]any{"name": "verify"}, tok), "a reserved name"); r["error"] == nil {
+		t.Errorf("tools/call of verify: %v", r)
+	}
+
+	b := &agent{}
+	seed = h.ok(h.post(b, "/seed_session", typedSeed("s-2", ep("r8", 0), "notes", "t2")), "typed seed r8")
+	tok2 := seed["resources_tools"].(map[string]any)["headers"].(map[string]any)[httpapi.HeaderMCPSession].(string)
+	h.ok(h.control("retire", map[string]any{"checkpoint_id": "rt", "deadline_ts": h.deadline(), "episode_ids": []any{ep("r8", 0)}}), "retire r8")
+	h.want(rpc("tools/call", map[string]any{"name": "append_note", "arguments": map[string]any{"line": "x"}}, tok2), 409, "stale_attempt", "a retired attempt over MCP")
+}
