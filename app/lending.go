@@ -117,8 +117,18 @@ func (l *lending) access(_ *httpapi.Session, sb owner.Sandbox, descriptor map[st
 
 func (l *lending) mounts() map[string]fasthttp.RequestHandler {
 	return map[string]fasthttp.RequestHandler{sandboxapi.Prefix: func(ctx *fasthttp.RequestCtx) {
-		// exec and files apart in the metrics and the access log.
-		ctx.SetUserValue(httpapi.RouteValue, sandboxapi.RouteOf(string(ctx.Path())))
+		// exec and files apart in the metrics; the access log names the
+		// sandbox and the session holding it.
+		path := string(ctx.Path())
+		ctx.SetUserValue(httpapi.RouteValue, sandboxapi.RouteOf(path))
+		if id, _, ok := sandboxapi.SplitPath(path); ok {
+			ctx.SetUserValue(httpapi.SandboxIDValue, id)
+			if l.own != nil {
+				if sid, _, _ := l.own.SandboxFate(id); sid != "" {
+					ctx.SetUserValue(httpapi.SessionIDValue, sid)
+				}
+			}
+		}
 		l.handler.Serve(ctx)
 	}}
 }

@@ -466,3 +466,95 @@ func TestSandboxExecAndFilesAreRoutesApart(t *testing.T) {
 		c.verify(t)
 	}
 }
+
+// TestRequestIDsAndAccessLines: every reply carries X-Request-Id (the
+// client's when usable, one made otherwise) and the access line of the
+// request names it, with the remote address; a rollout route's line names
+// its capture key and session, a sandbox API line its sandbox and the
+// session holding it.
+func TestRequestIDsAndAccessLines(t *testing.T) {
+	cfg := app.Defaults()
+	cfg.SessionSecret = "a-secret-of-sixteen-plus"
+	cfg.Sandbox.Local.Isolation = "none"
+	cfg.Sandbox.Local.Root = filepath.Join(t.TempDir(), "root")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lg, hook := logtest.NewNullLogger()
+	a, err := app.Start(context.Background(), cfg, app.Deps{Listener: ln, Logger: lg, AccessLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Stop(context.Background())
+	addr := a.Addr().String()
+
+	call := func(method, url, requestID, token, body string) string {
+		t.Helper()
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		req.SetRequestURI(url)
+		req.Header.SetMethod(method)
+		if requestID != "" {
+			req.Header.Set("X-Request-Id", requestID)
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		req.SetBodyString(body)
+		if err := fasthttp.DoTimeout(req, resp, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		return string(resp.Header.Peek("X-Request-Id"))
+	}
+	if got := call("GET", "http://"+addr+"/health", "client-id-1", "", ""); got != "client-id-1" {
+		t.Errorf("a usable client id came back as %q", got)
+	}
+	made := call("GET", "http://"+addr+"/health", "", "", "")
+	if len(made) != 16 {
+		t.Errorf("a made request id: %q, want 16 hex digits", made)
+	}
+	for _, bad := range []string{strings.Repeat("x", 129), "two words", "a/b"} {
+		if got := call("GET", "http://"+addr+"/health", bad, "", ""); got == bad || len(got) != 16 {
+			t.Errorf("client id %q came back as %q, want a made one", bad, got)
+		}
+	}
+
+	s, body, cookie := post(t, addr, "/ng-rollout/r1/seed_session", "", "{}")
+	if s != 200 {
+		t.Fatalf("seed: %d %s", s, body)
+	}
+	d := sandboxAccess(t, a, cookie).Connection.Descriptor
+	sid := strings.TrimPrefix(cookie[:strings.LastIndexByte(cookie, '.')], "notes___notes=")
+	execID := call("POST", d.Endpoint+"/exec", "exec-call-7", d.Token, `{"command":"true"}`)
+
+	lines := map[string]logrus.Fields{}
+	for _, e := range hook.AllEntries() {
+		if e.Message == "request" {
+			if id, _ := e.Data["request_id"].(string); id != "" {
+				lines[id] = e.Data
+			} else {
+				t.Errorf("access line without a request id: %v", e.Data)
+			}
+			if ra, _ := e.Data["remote_addr"].(string); !strings.HasPrefix(ra, "127.0.0.1:") {
+				t.Errorf("access line remote_addr %q", ra)
+			}
+		}
+	}
+	if l := lines["client-id-1"]; l == nil || l["route"] != "/health" {
+		t.Errorf("the client's id does not name its access line: %v", l)
+	}
+	if l := lines[execID]; l == nil || l["route"] != "/sandboxes/{id}/exec" || l["sandbox_id"] != d.SandboxID || l["session_id"] != sid {
+		t.Errorf("the sandbox API's access line: %v, want sandbox %s of session %s", l, d.SandboxID, sid)
+	}
+	var seedLine logrus.Fields
+	for _, l := range lines {
+		if l["route"] == "/seed_session" {
+			seedLine = l
+		}
+	}
+	if seedLine == nil || seedLine["capture_key"] != "r1" || seedLine["session_id"] != sid {
+		t.Errorf("the seed's access line: %v, want capture key r1 and session %s", seedLine, sid)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	nethttp "net/http"
 
+	"github.com/sirupsen/logrus"
 	"github.com/valyala/fasthttp"
 
 	"github.com/sandboxowner/owner/control"
@@ -142,7 +143,7 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 		sess.Episode, sess.HasEpisode = s.part.BoundEpisode(sess.ID)
 	}
 	ctx.SetUserValue(sessionValue, sess.ID)
-	sess.Log = s.log.WithField("session_id", sess.ID)
+	sess.Log = s.log.WithFields(logrus.Fields{"session_id": sess.ID, "request_id": RequestID(ctx)})
 	if sess.HasEpisode {
 		sess.Log = sess.Log.WithField("episode", sess.Episode.CaptureKey())
 	}

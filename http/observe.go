@@ -1,6 +1,8 @@
 package http
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"strconv"
 	"strings"
 	"time"
@@ -19,10 +21,66 @@ const (
 	// sessionValue is the request's user value holding its session id,
 	// for the access log.
 	sessionValue = "session_id"
+	// captureKeyValue holds a rollout route's capture key, for the
+	// access log.
+	captureKeyValue = "capture_key"
 	// otherRoute labels a path no route serves: labels stay bounded
 	// whatever paths clients send.
 	otherRoute = "other"
 )
+
+// HeaderRequestID carries a request's id: taken from the request when the
+// client sent a usable one, made otherwise, and sent back on every reply,
+// so that a client's call can be found in the server's log.
+const HeaderRequestID = "X-Request-Id"
+
+// Request user values a mount's handler may set for the access log.
+const (
+	// SandboxIDValue names the sandbox a request is about.
+	SandboxIDValue = "sandbox_id"
+	// SessionIDValue names the session a request is about when no cookie
+	// says (the sandbox API's).
+	SessionIDValue = sessionValue
+)
+
+// requestIDValue holds the request's id.
+const requestIDValue = "request_id"
+
+// maxRequestID bounds a client's request id; a longer one, or one with
+// anything but letters, digits and "-_.:", is replaced by a made one.
+const maxRequestID = 128
+
+// requestID gives the request its id (the client's X-Request-Id when
+// usable, else 16 random hex digits) and puts it on the reply.
+func requestID(ctx *fasthttp.RequestCtx) {
+	id := string(ctx.Request.Header.Peek(HeaderRequestID))
+	if !usableRequestID(id) {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		id = hex.EncodeToString(b[:])
+	}
+	ctx.SetUserValue(requestIDValue, id)
+	ctx.Response.Header.Set(HeaderRequestID, id)
+}
+
+func usableRequestID(id string) bool {
+	if id == "" || len(id) > maxRequestID {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("-_.:", c)) {
+			return false
+		}
+	}
+	return true
+}
+
+// RequestID is the id of the request ctx serves ("" outside the server's
+// handler), for the log lines it causes.
+func RequestID(ctx *fasthttp.RequestCtx) string {
+	id, _ := ctx.UserValue(requestIDValue).(string)
+	return id
+}
 
 // RouteValue is the user value in which a mount's handler may name the
 // request's route label (one of a bounded set, such as the sandbox API's
@@ -53,13 +111,17 @@ func (s *Server) observe(ctx *fasthttp.RequestCtx, began time.Time) {
 		s.cfg.Metrics.Seed(metrics.OutcomeOfStatus(status))
 	}
 	if s.cfg.AccessLog {
-		sid, _ := ctx.UserValue(sessionValue).(string)
+		str := func(key string) string { v, _ := ctx.UserValue(key).(string); return v }
 		s.log.WithFields(logrus.Fields{
-			"method":     string(ctx.Method()),
-			"route":      route,
-			"status":     status,
-			"duration":   d.Seconds(),
-			"session_id": sid,
+			"method":      string(ctx.Method()),
+			"route":       route,
+			"status":      status,
+			"duration":    d.Seconds(),
+			"session_id":  str(sessionValue),
+			"sandbox_id":  str(SandboxIDValue),
+			"capture_key": str(captureKeyValue),
+			"remote_addr": ctx.RemoteAddr().String(),
+			"request_id":  RequestID(ctx),
 		}).Info("request")
 	}
 }

@@ -394,6 +394,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	requestID(ctx)
 	if s.cfg.Metrics != nil || s.cfg.AccessLog {
 		defer s.observe(ctx, time.Now())
 	}
@@ -436,6 +437,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			writeError(ctx, nethttp.StatusNotFound, CodeNotFound, "expected /ng-rollout/<capture_key>/<route>")
 			return
 		}
+		ctx.SetUserValue(captureKeyValue, rest[:i])
 		ep, err := control.ParseCaptureKey(rest[:i])
 		if err != nil {
 			writeError(ctx, nethttp.StatusBadRequest, CodeInvalidCapture, err.Error())
