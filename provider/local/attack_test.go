@@ -215,10 +215,11 @@ func TestSandboxSeesOnlyTheAllowList(t *testing.T) {
 }
 
 // wantRoot is what `ls /` shows in a sandbox: the allow-list present on
-// this host, the workdir, /dev, /proc, /tmp and more.
+// this host, the workdir, /dev, /proc, /tmp, the init (the server's binary,
+// read-only) and more.
 func wantRoot(t *testing.T, more ...string) string {
 	t.Helper()
-	names := append([]string{"dev", "proc", "sandbox", "tmp"}, more...)
+	names := append([]string{"dev", "proc", "sandbox", initName, "tmp"}, more...)
 	for _, p := range defaultROBinds {
 		if _, err := os.Lstat(p); err == nil {
 			names = append(names, strings.TrimPrefix(p, "/"))
@@ -246,7 +247,9 @@ func TestLimitsHoldForkLoopsMemoryHogsAndBigFiles(t *testing.T) {
 	for _, m := range []mode{{"bwrap-copy", IsolationBwrap, OverlayOff}, {"none-copy", IsolationNone, OverlayOff}} {
 		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
-			p := newProvider(t, m, Options{Limits: Limits{Pids: 16, MemoryMB: 32}})
+			// The memory is well over what the sandbox's init holds (more
+			// under -race), so that the hog is the process the kernel kills.
+			p := newProvider(t, m, Options{Limits: Limits{Pids: 16, MemoryMB: 128}})
 			h := start(t, p, provider.Spec{})
 			// rlimits hold everywhere.
 			if got := mustRun(t, p, h, "ulimit -c; ulimit -n; ulimit -H -n"); got != "0\n4096\n4096\n" {
@@ -259,24 +262,21 @@ func TestLimitsHoldForkLoopsMemoryHogsAndBigFiles(t *testing.T) {
 			if p.cg == nil || p.cg.dirs["pids"] == "" || p.cg.dirs["memory"] == "" {
 				t.Skipf("SKIP: the host lets the server make no pids and memory cgroups here (limits in effect: %s)", p.LimitsInEffect())
 			}
-			res = run(t, p, h, `x=$(head -c 200000000 /dev/zero | tr '\000' a); echo survived`)
+			res = run(t, p, h, `x=$(head -c 600000000 /dev/zero | tr '\000' a); echo survived`)
 			if res.ExitCode != 137 || strings.Contains(res.Stdout, "survived") {
-				t.Errorf("a 200 MB string in a 32 MiB sandbox: %+v", res)
+				t.Errorf("a 600 MB string in a 128 MiB sandbox: %+v", res)
 			}
 			res = run(t, p, h, "i=0; while [ $i -lt 40 ]; do sleep 30 & echo started; i=$((i+1)); done")
 			if n := strings.Count(res.Stdout, "started"); !strings.Contains(res.Stderr, "fork") || n >= 16 {
 				t.Errorf("a fork loop in a sandbox of 16 processes started %d: %+v", n, res)
 			}
-			// The cgroups live only while commands run.
-			p.mu.Lock()
-			cg := p.sandboxes[h.SandboxID].cgroup
-			p.mu.Unlock()
-			if cg != nil {
-				t.Errorf("the sandbox's cgroups outlived its commands: %v", cg.dirs)
+			// The cgroups live while the sandbox does, and go with it.
+			if err := p.Stop(context.Background(), h); err != nil {
+				t.Fatal(err)
 			}
 			for _, dir := range p.cg.of(h.SandboxID).dirs {
 				if _, err := os.Stat(dir); err == nil {
-					t.Errorf("%s is left after the command", dir)
+					t.Errorf("%s is left after the sandbox stopped", dir)
 				}
 			}
 		})
@@ -558,4 +558,33 @@ func TestASeccompFileIsChecked(t *testing.T) {
 	if res := run(t, p, h, "unshare -r true"); res.ExitCode == 0 {
 		t.Errorf("unshare under the file's filter: %+v", res)
 	}
+}
+
+// The sandbox's pid 1 was bubblewrap's init: an agent attached to it with
+// ptrace and made it run a payload. Its init is now the server's own,
+// not dumpable: no process of the sandbox may trace it or read its memory
+// or environment, while a command's own processes stay open to it.
+func TestTheSandboxsInitCannotBeTraced(t *testing.T) {
+	bwrapModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{})
+		got := mustRun(t, p, h, `echo "pid1 $(cat /proc/1/comm)"; echo "parent $PPID"
+for f in /proc/1/environ /proc/1/mem /proc/$PPID/environ; do head -c1 $f >/dev/null 2>&1 && echo "$f readable" || echo "$f refused"; done
+head -c1 /proc/self/environ >/dev/null && echo "self readable"`)
+		want := "pid1 " + initName + "\nparent 1\n/proc/1/environ refused\n/proc/1/mem refused\n/proc/1/environ refused\nself readable\n"
+		if got != want {
+			t.Errorf("got:\n%s\nwant:\n%s", got, want)
+		}
+		if _, err := os.Stat("/usr/bin/python3"); err != nil {
+			return
+		}
+		writeFile(t, p, h, "attach.py", `import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+r = libc.ptrace(16, 1, 0, 0)  # PTRACE_ATTACH to pid 1
+print("attached" if r == 0 else "refused %d" % ctypes.get_errno())
+`)
+		if got := mustRun(t, p, h, "python3 attach.py"); got != "refused 1\n" {
+			t.Errorf("ptrace of the init: %q, want refused with EPERM", got)
+		}
+	})
 }

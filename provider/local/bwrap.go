@@ -10,6 +10,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -157,6 +158,19 @@ func (c *bwrapConfig) shows(h string) bool {
 // (effective, permitted, inheritable, ambient and bounding), sets
 // no_new_privs, and forbids further user namespaces.
 func (c *bwrapConfig) args(fsDir, workdir, cwd string, network bool, env []string, command string, extra ...string) []string {
+	return append(c.sandboxArgs(fsDir, workdir, cwd, network, env, 3, extra...), "--", "/bin/sh", "-c", command)
+}
+
+// initArgs are bwrap's arguments for a sandbox's init (see runInit), which
+// the extra arguments bind at initPath: the sandbox's pid 1, with the
+// syscall filter at fd 5.
+func (c *bwrapConfig) initArgs(fsDir, workdir string, network bool, env []string, extra ...string) []string {
+	return append(c.sandboxArgs(fsDir, workdir, workdir, network, env, 5, extra...), "--as-pid-1", "--", initPath)
+}
+
+// sandboxArgs are the arguments args and initArgs share; the filter, when
+// there is one, is read from fd filterFd.
+func (c *bwrapConfig) sandboxArgs(fsDir, workdir, cwd string, network bool, env []string, filterFd int, extra ...string) []string {
 	a := make([]string, 0, len(c.hostArgs)+40+len(extra)+3*len(env))
 	a = append(a, "--unshare-user", "--disable-userns", "--uid", "0", "--gid", "0")
 	a = append(a, c.hostArgs...)
@@ -166,7 +180,7 @@ func (c *bwrapConfig) args(fsDir, workdir, cwd string, network bool, env []strin
 		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 		"--die-with-parent", "--cap-drop", "ALL", "--clearenv")
 	if c.seccomp != nil {
-		a = append(a, "--seccomp", "3")
+		a = append(a, "--seccomp", strconv.Itoa(filterFd))
 	}
 	if !network {
 		a = append(a, "--unshare-net")
@@ -175,7 +189,7 @@ func (c *bwrapConfig) args(fsDir, workdir, cwd string, network bool, env []strin
 		k, v, _ := strings.Cut(kv, "=")
 		a = append(a, "--setenv", k, v)
 	}
-	return append(a, "--", "/bin/sh", "-c", command)
+	return a
 }
 
 // sysProcAttr starts bwrap in a new user namespace whose root is the

@@ -85,14 +85,22 @@
 // server does, with their cwd in the tree's host directory (pwd shows it),
 // and may touch anything the server can.
 //
-// No command outlives its Exec: the group is killed on timeout (TimedOut,
-// exit 137), when ctx ends, and when the shell exits (so `sleep 9 &` does
-// not hang the call or linger); under bubblewrap the sandbox's pid namespace
-// goes with it (setsid children too), and where the sandbox has cgroups the
-// last command to end kills what is left in them and removes them. A server
-// killed mid-command leaves nothing under bubblewrap (--die-with-parent);
-// unisolated, the next server to use or stop the sandbox kills every process
-// still carrying its SandboxIDEnv or still in its cgroups.
+// A sandbox is a container. Its first command starts its init (see
+// runInit): the server's own binary run again, long-lived, in the
+// sandbox's cgroups before it runs and, under bubblewrap, the sandbox's pid
+// 1 in its own namespaces; it is not dumpable. Every command is started by
+// it with exactly the command's environment, in a process group of its
+// own; what a command leaves running keeps running until the sandbox
+// stops, which kills its cgroups (and every process still carrying its
+// SandboxIDEnv). A command's group is killed on timeout (TimedOut, exit
+// 137) and when ctx ends; its output goes to files in memory that the
+// server reads once the shell exits, so `sleep 9 &` neither holds the call
+// nor dies with it. A server killed mid-command leaves nothing under
+// bubblewrap (--die-with-parent takes the init, pid 1, and so the whole
+// sandbox); unisolated the init kills what it started once the server's end
+// of its control socket closes, and the next server to use or stop the
+// sandbox kills every process still carrying its SandboxIDEnv or still in
+// its cgroups.
 // Output beyond Options.OutputCap per stream is dropped and reported as
 // Truncated. A command killed by signal N exits 128+N.
 //
@@ -100,10 +108,9 @@
 //
 // Where the host lets the server make cgroups under its own (cgroup v1
 // pids, memory, cpu, freezer; v2 where those are delegated), each sandbox
-// gets one with Options.Limits, which every command enters before it runs;
+// gets one with Options.Limits, which its init enters before it runs;
 // every command also gets rlimits (no core files, 4096 open files, 256 MiB
-// per file). The cgroups exist only while commands run, so a server that
-// dies leaves none. New logs which limits are in effect. ExecRequest.Timeout is
+// per file). The cgroups exist while the sandbox's init runs. New logs which limits are in effect. ExecRequest.Timeout is
 // capped by Options.MaxExecTimeout. Disk is not limited.
 //
 // # Shared caches

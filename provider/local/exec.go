@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"sort"
@@ -21,22 +20,21 @@ import (
 // basePath is the PATH of every command before the spec's and request's env.
 const basePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// pipeGrace bounds how long Exec waits for output pipes after the command's
-// process group was killed (a process that left the group can hold them).
-const pipeGrace = 2 * time.Second
-
-// Exec runs req.Command with /bin/sh -c in the sandbox: in the workdir (or
-// req.Cwd), with a small base environment (PATH, HOME, LANG), the spec's env,
-// req.Env and SandboxIDEnv. Under bubblewrap the tree is at the workdir, the
-// host is read-only, /tmp is private and there is no network unless the spec
-// asked for it; unisolated, the command runs in the tree's host directory.
+// Exec runs req.Command with /bin/sh -c in the sandbox, started by its init
+// (see runInit): in the workdir (or req.Cwd), with a small base environment
+// (PATH, HOME, LANG), the spec's env, req.Env and SandboxIDEnv. Under
+// bubblewrap the tree is at the workdir, the host is read-only, /tmp is the
+// sandbox's own and there is no network but the sandbox's loopback unless
+// the spec asked for it; unisolated, the command runs in the tree's host
+// directory.
 //
-// The command's whole process group is killed when its timeout (req.Timeout,
+// The command's process group is killed when its timeout (req.Timeout,
 // else Options.DefaultExecTimeout) passes (TimedOut is set and the exit code
-// is 137), when ctx ends (the error wraps ctx.Err()), and when the shell
-// exits: nothing a command starts outlives its Exec. stdout and stderr keep
-// their first Options.OutputCap bytes each; Truncated reports a cut. A
-// command killed by signal N exits 128+N, as in a shell.
+// is 137) and when ctx ends (the error wraps ctx.Err()). Exec returns when
+// the shell exits; what it left running keeps running until the sandbox
+// stops. stdout and stderr keep their first Options.OutputCap bytes each;
+// Truncated reports a cut. A command killed by signal N exits 128+N, as in
+// a shell.
 func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.ExecRequest) (provider.ExecResult, error) {
 	if err := ctxErr(ctx, "exec"); err != nil {
 		return provider.ExecResult{}, err
@@ -67,20 +65,17 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 		return provider.ExecResult{}, err
 	}
 
-	cgFiles, err := p.cgroupFiles(s)
+	env, dir := p.commandEnv(s, rel, req)
+	stdout, err := outputFile("stdout")
 	if err != nil {
 		return provider.ExecResult{}, err
 	}
-	defer p.releaseCgroup(s)
-	defer closeAll(cgFiles)
-	cmd, closeFilter, err := p.command(s, rel, req)
+	defer stdout.Close()
+	stderr, err := outputFile("stderr")
 	if err != nil {
 		return provider.ExecResult{}, err
 	}
-	defer closeFilter()
-	stdout, stderr := &cappedBuffer{max: p.outputCap}, &cappedBuffer{max: p.outputCap}
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.WaitDelay = pipeGrace
+	defer stderr.Close()
 
 	began := time.Now()
 	s.gate.RLock()
@@ -88,85 +83,66 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 		s.gate.RUnlock()
 		return provider.ExecResult{}, err
 	}
-	if err := startJoined(cmd, cgFiles); err != nil {
-		s.gate.RUnlock()
-		return provider.ExecResult{}, fmt.Errorf("local: exec: start: %w", err)
+	in, err := p.sandboxInit(s)
+	var id uint64
+	var exited <-chan initMsg
+	if err == nil {
+		id, exited, err = in.run(req.Command, env, dir, stdout, stderr)
 	}
-	pgid := cmd.Process.Pid
-	s.mu.Lock()
-	s.groups[pgid] = struct{}{}
-	s.mu.Unlock()
 	s.gate.RUnlock()
+	if err != nil {
+		if p.stillLive(s) != nil {
+			return provider.ExecResult{}, fmt.Errorf("local: sandbox %s was stopped while a command started: %w", s.id, provider.ErrSandboxNotFound)
+		}
+		return provider.ExecResult{}, err
+	}
 
-	exited := make(chan error, 1)
-	go func() { exited <- waitExited(pgid) }()
 	timer := p.execClk.NewTimer(timeout)
 	var timedOut, canceled bool
+	var m initMsg
+	var ok bool
 	select {
-	case <-exited:
+	case m, ok = <-exited:
 	case <-timer.C():
 		timedOut = true
-		killGroup(pgid)
-		<-exited
+		in.kill(id)
+		m, ok = <-exited
 	case <-ctx.Done():
 		canceled = true
-		killGroup(pgid)
-		<-exited
+		in.kill(id)
+		m, ok = <-exited
 	}
 	timer.Stop()
-	// The leader has exited but is not reaped, so its group id is still
-	// ours: kill whatever the command left behind, and wait for it to be
-	// gone (bubblewrap's exit does not wait for its sandbox's init, whose
-	// exit takes the sandbox's every process with it).
-	killGroup(pgid)
-	if p.bwrap != nil {
-		if err := waitGroupGone(pgid, killLimit); err != nil {
-			p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: a command's processes outlived it")
-		}
-	}
-	waitErr := cmd.Wait()
-
-	s.mu.Lock()
-	delete(s.groups, pgid)
-	stopped := s.stopped
-	s.mu.Unlock()
 
 	log := p.log.WithFields(logrus.Fields{"sandbox_id": s.id, "duration_ms": time.Since(began).Milliseconds()})
-	var exitErr *exec.ExitError
-	if waitErr != nil && !errors.As(waitErr, &exitErr) && !errors.Is(waitErr, exec.ErrWaitDelay) {
-		return provider.ExecResult{}, fmt.Errorf("local: exec: %w", waitErr)
-	}
-	if stopped {
-		return provider.ExecResult{}, fmt.Errorf("local: sandbox %s was stopped while a command ran: %w", s.id, provider.ErrSandboxNotFound)
+	if !ok {
+		if p.stillLive(s) != nil {
+			return provider.ExecResult{}, fmt.Errorf("local: sandbox %s was stopped while a command ran: %w", s.id, provider.ErrSandboxNotFound)
+		}
+		return provider.ExecResult{}, fmt.Errorf("local: exec: %w", errInitGone)
 	}
 	if canceled {
 		return provider.ExecResult{}, fmt.Errorf("local: exec: %w", ctx.Err())
 	}
-	res := provider.ExecResult{
-		Stdout:    string(stdout.buf),
-		Stderr:    string(stderr.buf),
-		ExitCode:  exitCode(cmd.ProcessState),
-		Truncated: stdout.cut || stderr.cut,
-		TimedOut:  timedOut,
-	}
+	res := provider.ExecResult{ExitCode: exitStatus(syscall.WaitStatus(m.Status)), TimedOut: timedOut}
+	var cut1, cut2 bool
+	res.Stdout, cut1 = readOutput(stdout, p.outputCap)
+	res.Stderr, cut2 = readOutput(stderr, p.outputCap)
+	res.Truncated = cut1 || cut2
 	log.WithFields(logrus.Fields{"exit_code": res.ExitCode, "timed_out": timedOut, "truncated": res.Truncated}).Debug("local: exec")
 	return res, nil
 }
 
-// command builds the process for req in s, with its cwd at rel in the tree.
-// It is started by startJoined, which puts it in the sandbox's cgroups and
-// sets its rlimits before it runs.
-func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest) (*exec.Cmd, func(), error) {
+// commandEnv is the environment and working directory (in the init's view)
+// of req's command in s: PATH, HOME, LANG, the spec's env, the request's
+// env and SandboxIDEnv.
+func (p *Provider) commandEnv(s *sandbox, rel string, req provider.ExecRequest) ([]string, string) {
 	s.mu.Lock()
 	meta := s.meta
 	s.mu.Unlock()
-	caches, err := p.sandboxMounts(meta.Spec, meta.Workdir, s.dir, true)
-	if err != nil {
-		return nil, nil, err
-	}
-	home := s.fsDir()
+	home, dir := s.fsDir(), filepath.Join(s.fsDir(), filepath.FromSlash(rel))
 	if p.bwrap != nil {
-		home = meta.Workdir
+		home, dir = meta.Workdir, path.Join(meta.Workdir, rel)
 	}
 	env := map[string]string{"PATH": basePath, "HOME": home, "LANG": "C.UTF-8"}
 	for k, v := range meta.Env {
@@ -176,7 +152,9 @@ func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest) (*e
 		env[k] = v
 	}
 	if p.bwrap == nil {
-		rewriteCacheEnv(env, caches)
+		if caches, err := p.sandboxMounts(meta.Spec, meta.Workdir, s.dir, true); err == nil {
+			rewriteCacheEnv(env, caches)
+		}
 	}
 	env[SandboxIDEnv] = s.id
 	keys := make([]string, 0, len(env))
@@ -188,24 +166,75 @@ func (p *Provider) command(s *sandbox, rel string, req provider.ExecRequest) (*e
 	for _, k := range keys {
 		list = append(list, k+"="+env[k])
 	}
-	if p.bwrap != nil {
-		// The environment asked for is the command's, inside the sandbox;
-		// bubblewrap itself starts with a fixed one, as the sandbox's uid.
-		cwd := path.Join(meta.Workdir, rel)
-		cmd := exec.Command(p.bwrap.bin, p.bwrap.args(s.fsDir(), meta.Workdir, cwd, meta.Network, list, req.Command, cacheBindArgs(caches)...)...)
-		cmd.Env = hostEnv(s.id)
-		cmd.SysProcAttr = p.bwrap.sysProcAttr()
-		closeFilter, err := p.bwrap.attachFilter(cmd)
-		if err != nil {
-			return nil, nil, err
-		}
-		return cmd, closeFilter, nil
+	return list, dir
+}
+
+// sandboxInit returns the sandbox's running init, starting one (in the
+// sandbox's cgroups, made for it) when it has none or it died.
+func (p *Provider) sandboxInit(s *sandbox) (*sandboxInit, error) {
+	s.initMu.Lock()
+	defer s.initMu.Unlock()
+	s.mu.Lock()
+	in := s.init
+	s.mu.Unlock()
+	if in != nil && in.alive() {
+		return in, nil
 	}
-	cmd := exec.Command("/bin/sh", "-c", req.Command)
-	cmd.Dir = filepath.Join(s.fsDir(), filepath.FromSlash(rel))
-	cmd.Env = list
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	return cmd, func() {}, nil
+	for attempt := 0; ; attempt++ {
+		cgFiles, err := p.cgroupFiles(s)
+		if err != nil {
+			return nil, err
+		}
+		in, err = p.startInit(s, cgFiles)
+		closeAll(cgFiles)
+		if err == nil {
+			break
+		}
+		p.releaseCgroup(s)
+		// A cgroup removed as it was joined (by another process on the
+		// root, or the last user of a previous init) is made again.
+		if !errors.Is(err, syscall.ENODEV) || attempt == 2 {
+			return nil, err
+		}
+	}
+	s.mu.Lock()
+	s.init = in
+	s.groups[in.pgid] = struct{}{}
+	s.mu.Unlock()
+	go func() {
+		// The init holds the cgroups while it lives.
+		<-in.dead
+		s.mu.Lock()
+		delete(s.groups, in.pgid)
+		s.mu.Unlock()
+		p.releaseCgroup(s)
+		close(in.released)
+	}()
+	return in, nil
+}
+
+// outputFile is where a command's stdout or stderr goes: a file in memory,
+// read back up to the cap once the command exits, so that what it leaves
+// running may keep writing without holding the exec.
+func outputFile(name string) (*os.File, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("local: exec: %s: %w", name, err)
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// readOutput reads the first limit bytes of f and reports whether it
+// holds more.
+func readOutput(f *os.File, limit int) (string, bool) {
+	fi, err := f.Stat()
+	if err != nil {
+		return "", false
+	}
+	n := min(fi.Size(), int64(limit))
+	b := make([]byte, n)
+	got, _ := f.ReadAt(b, 0)
+	return string(b[:got]), fi.Size() > int64(limit)
 }
 
 // checkDir checks that rel is a directory inside the tree at fsDir.
@@ -223,39 +252,19 @@ func checkDir(fsDir, rel string) error {
 	return nil
 }
 
-func exitCode(ps *os.ProcessState) int {
-	if ps == nil {
-		return -1
-	}
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+// exitStatus is a command's exit code: 128+N when signal N killed it, as
+// in a shell.
+func exitStatus(ws syscall.WaitStatus) int {
+	if ws.Signaled() {
 		return 128 + int(ws.Signal())
 	}
-	return ps.ExitCode()
+	return ws.ExitStatus()
 }
 
-// cappedBuffer keeps the first max bytes written to it and notes a cut. Each
-// of os/exec's copying goroutines owns one, and reads happen after Wait.
-type cappedBuffer struct {
-	buf []byte
-	max int
-	cut bool
-}
-
-func (b *cappedBuffer) Write(p []byte) (int, error) {
-	if room := b.max - len(b.buf); len(p) > room {
-		b.buf = append(b.buf, p[:max(room, 0)]...)
-		b.cut = true
-	} else {
-		b.buf = append(b.buf, p...)
-	}
-	return len(p), nil
-}
-
-// cgroupFiles makes the sandbox's cgroups (when no command has them) and
-// opens the files a command writes to enter them; none where the host
-// offers no cgroups. A command that got them calls releaseCgroup when done:
-// the cgroups live only while commands run, so that a server that dies
-// leaves none behind (the sandbox's processes die with it).
+// cgroupFiles makes the sandbox's cgroups (when it has none) and opens the
+// membership files its init is put in through (see startJoined); none
+// where the host offers no cgroups. An init that got them calls
+// releaseCgroup once it is gone: the cgroups live as long as it does.
 func (p *Provider) cgroupFiles(s *sandbox) (_ []*os.File, err error) {
 	if p.cg == nil {
 		return nil, nil
@@ -288,7 +297,7 @@ func (p *Provider) cgroupFiles(s *sandbox) (_ []*os.File, err error) {
 	return files, nil
 }
 
-// releaseCgroup ends a command's use of the sandbox's cgroups, removing
+// releaseCgroup ends an init's use of the sandbox's cgroups, removing
 // them, with any process left in them, (and this server's parent
 // directories, when empty) after the last.
 func (p *Provider) releaseCgroup(s *sandbox) {
@@ -298,8 +307,8 @@ func (p *Provider) releaseCgroup(s *sandbox) {
 	s.mu.Lock()
 	s.cgUsers--
 	if s.cgUsers == 0 && s.cgroup != nil {
-		// No command runs: what is left in the cgroups outlived its
-		// command (a setsid child of an unisolated one) and goes too.
+		// The init is gone: what is left in the cgroups (an unisolated
+		// sandbox's processes) goes too.
 		if err := s.cgroup.remove(); err != nil {
 			p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: remove a sandbox's cgroups after its commands")
 		} else {

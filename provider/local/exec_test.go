@@ -114,8 +114,8 @@ func TestExecTimeoutKillsTheProcessTree(t *testing.T) {
 		if d := cmp.Diff(provider.ExecResult{Stdout: "started\n", ExitCode: 137, TimedOut: true}, r.res); d != "" {
 			t.Errorf("result (-want +got):\n%s", d)
 		}
-		if pids := markedProcesses(h.SandboxID); len(pids) != 0 {
-			t.Errorf("processes of the sandbox still alive after the timeout: %v", pids)
+		if pids := commandPids(p, h.SandboxID); len(pids) != 0 {
+			t.Errorf("processes of the command still alive after the timeout: %v", pids)
 		}
 	})
 }
@@ -138,18 +138,31 @@ func TestExecDefaultTimeout(t *testing.T) {
 	}
 }
 
-func TestExecNothingOutlivesTheCall(t *testing.T) {
+// A sandbox is a container: what a command leaves running in the
+// background (in its process group or out of it) keeps running, and
+// another command sees it, until the sandbox stops, which kills every
+// process of it. Every exec used to be its own pid namespace, so a
+// background process died when the command that started it ended.
+func TestBackgroundProcessesLiveUntilTheSandboxStops(t *testing.T) {
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{})
-		// The background sleep keeps stdout open; Exec must not wait for it
-		// and must not leave it running.
-		res := run(t, p, h, "sleep 600 & echo bg")
+		// The background sleeps keep stdout open; Exec must not wait.
+		res := run(t, p, h, "sleep 600 & echo $! > bg; setsid sleep 601 & echo bg")
 		if res.Stdout != "bg\n" || res.ExitCode != 0 || res.TimedOut {
 			t.Errorf("got %+v", res)
 		}
+		if pids := waitCommandPids(p, h.SandboxID, 2); len(pids) != 2 {
+			t.Errorf("the background processes: %v, want 2", pids)
+		}
+		if got := mustRun(t, p, h, `kill -0 "$(cat bg)" && echo alive`); got != "alive\n" {
+			t.Errorf("the next command does not see the background one: %q", got)
+		}
+		if err := p.Stop(context.Background(), h); err != nil {
+			t.Fatal(err)
+		}
 		if pids := markedProcesses(h.SandboxID); len(pids) != 0 {
-			t.Errorf("a background process outlived its Exec: %v", pids)
+			t.Errorf("processes of the sandbox outlived its stop: %v", pids)
 		}
 	})
 }
@@ -164,7 +177,7 @@ func TestExecContextCancelKills(t *testing.T) {
 		if err := <-done; !errors.Is(err, context.Canceled) {
 			t.Fatalf("err = %v, want context.Canceled", err)
 		}
-		if pids := markedProcesses(h.SandboxID); len(pids) != 0 {
+		if pids := commandPids(p, h.SandboxID); len(pids) != 0 {
 			t.Errorf("processes alive after cancel: %v", pids)
 		}
 		// A context already done runs nothing.

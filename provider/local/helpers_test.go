@@ -261,3 +261,64 @@ func execRunning(t *testing.T, ctx context.Context, p *Provider, h provider.Hand
 	ready()
 	return done
 }
+
+// commandPids are the live processes of the sandbox's commands: those
+// marked with its id, but for its init and bubblewrap (the process group of
+// the init's host process).
+func commandPids(p *Provider, id string) []int {
+	p.mu.Lock()
+	s := p.sandboxes[id]
+	p.mu.Unlock()
+	initGroups := map[int]bool{}
+	if s != nil {
+		s.mu.Lock()
+		for g := range s.groups {
+			initGroups[g] = true
+		}
+		s.mu.Unlock()
+	}
+	marked := map[int]bool{}
+	for _, pid := range markedProcesses(id) {
+		marked[pid] = true
+	}
+	var out []int
+	for _, e := range listProcs() {
+		if marked[e.pid] && !initGroups[e.pgrp] && e.state != 'Z' && e.state != 'X' {
+			out = append(out, e.pid)
+		}
+	}
+	return out
+}
+
+// waitCommandPids returns commandPids once n of them show (a process shows
+// once its exec is done), or what there are after a minute.
+func waitCommandPids(p *Provider, id string, n int) []int {
+	var pids []int
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if pids = commandPids(p, id); len(pids) == n {
+			break
+		}
+	}
+	return pids
+}
+
+// crash ends p's inits as a crash of its server would (their control
+// sockets close, or their death signal fires), and waits until p let go of
+// their cgroups: p is then abandoned, and a new provider on its root finds
+// what a crashed server leaves.
+func crash(p *Provider) {
+	p.mu.Lock()
+	var ins []*sandboxInit
+	for _, s := range p.sandboxes {
+		s.mu.Lock()
+		if s.init != nil {
+			ins = append(ins, s.init)
+		}
+		s.mu.Unlock()
+	}
+	p.mu.Unlock()
+	for _, in := range ins {
+		killGroup(in.pgid)
+		<-in.released
+	}
+}

@@ -102,16 +102,20 @@ func TestBubblewrapIsolation(t *testing.T) {
 				os.Remove("/usr/local-provider-test")
 				t.Errorf("a sandboxed command wrote the host")
 			}
-			// /tmp is private to each command, and not the host's.
+			// /tmp is the sandbox's own: its commands share it, another
+			// sandbox and the host do not see it.
 			mustRun(t, p, h, "echo x > /tmp/local-provider-test")
-			if res := run(t, p, h, "cat /tmp/local-provider-test"); res.ExitCode == 0 {
-				t.Errorf("/tmp outlived its command: %+v", res)
+			if got := mustRun(t, p, h, "cat /tmp/local-provider-test"); got != "x\n" {
+				t.Errorf("the sandbox's next command does not see its /tmp: %q", got)
 			}
 			if _, err := os.Stat("/tmp/local-provider-test"); err == nil {
 				t.Errorf("a sandboxed command wrote the host's /tmp")
 			}
 			// Other sandboxes (the provider's root) are hidden.
 			other := start(t, p, provider.Spec{Files: map[string]string{"secret": "s"}})
+			if res := run(t, p, other, "cat /tmp/local-provider-test"); res.ExitCode == 0 {
+				t.Errorf("a sandbox read another's /tmp: %+v", res)
+			}
 			if res := run(t, p, h, "cat "+filepath.Join(fsDir(p, other), "secret")); res.ExitCode == 0 {
 				t.Errorf("a sandbox read another's file: %+v", res)
 			}
@@ -211,14 +215,21 @@ func TestNewRefusesBadOptions(t *testing.T) {
 	}
 }
 
-// Under bubblewrap a command that leaves its process group (setsid) still
-// dies with its Exec: the sandbox's pid namespace goes with it.
-func TestBubblewrapCommandsCannotEscapeTheirExec(t *testing.T) {
+// Under bubblewrap a command that leaves its process group (setsid) lives
+// until the sandbox stops, and no longer: the sandbox's pid namespace goes
+// with its init.
+func TestBubblewrapCommandsCannotEscapeTheirSandbox(t *testing.T) {
 	p := newProvider(t, mode{"bwrap", IsolationBwrap, OverlayOff}, Options{})
 	h := start(t, p, provider.Spec{})
 	res := run(t, p, h, "setsid sleep 600 > /dev/null 2>&1 < /dev/null & echo started")
 	if res.Stdout != "started\n" {
 		t.Errorf("got %+v", res)
+	}
+	if pids := waitCommandPids(p, h.SandboxID, 1); len(pids) != 1 {
+		t.Errorf("the setsid process: %v, want one", pids)
+	}
+	if err := p.Stop(context.Background(), h); err != nil {
+		t.Fatal(err)
 	}
 	if pids := markedProcesses(h.SandboxID); len(pids) != 0 {
 		for _, pid := range pids {
@@ -226,6 +237,6 @@ func TestBubblewrapCommandsCannotEscapeTheirExec(t *testing.T) {
 			c, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 			t.Logf("%s %q", b, c)
 		}
-		t.Errorf("a setsid process outlived its Exec: %v", pids)
+		t.Errorf("a setsid process outlived its sandbox: %v", pids)
 	}
 }

@@ -155,7 +155,8 @@ func TestAForkMadeBeforeARestartIsUsableAfterIt(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		// A new server on the same root (p1 is simply abandoned, as by a crash).
+		// A new server on the same root (p1 is abandoned, as by a crash).
+		crash(p1)
 		p2 := newProvider(t, m, Options{Root: p1.Root()})
 		var hs []provider.Handle
 		if err := json.Unmarshal(b, &hs); err != nil {
@@ -311,7 +312,7 @@ func TestACrashedServersCommandsDoNotSurviveIt(t *testing.T) {
 		if got := mustRun(t, p2, h, "echo alive"); got != "alive\n" {
 			t.Errorf("after the crash: %q", got)
 		}
-		if pids := markedProcesses(h.SandboxID); len(pids) != 0 {
+		if pids := commandPids(p2, h.SandboxID); len(pids) != 0 {
 			t.Errorf("the crashed server's command still runs: %v", pids)
 		}
 		if err := p2.Stop(context.Background(), h); err != nil {

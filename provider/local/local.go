@@ -215,6 +215,11 @@ type Provider struct {
 	// while the sandbox's commands are paused.
 	hook func(stage string, sandboxID string)
 
+	// initBin is the server's binary as sandboxes' inits run it (see
+	// initBinary), once placed.
+	initBinMu sync.Mutex
+	initBin   string
+
 	mu        sync.Mutex
 	lock      *os.File            // Options.Exclusive: the locked file, until Close
 	sandboxes map[string]*sandbox // loaded sandboxes, by id
@@ -361,6 +366,12 @@ func New(opts Options) (_ *Provider, err error) {
 				_ = p.Close()
 			}
 		}()
+		// The inits' binaries previous servers placed (see initBinary):
+		// their inits died with them, and this server owns the root.
+		old, _ := filepath.Glob(filepath.Join(p.root, "init-*"))
+		for _, dir := range old {
+			_ = os.RemoveAll(dir)
+		}
 	}
 
 	p.seccompName = opts.Seccomp

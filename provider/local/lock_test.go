@@ -3,7 +3,9 @@ package local
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -45,4 +47,26 @@ func TestExclusiveRootHasOneProvider(t *testing.T) {
 		t.Fatalf("the lock outlived a failed New: %v", err)
 	}
 	_ = last.Close()
+}
+
+// The binaries a server placed for its sandboxes' inits are removed by the
+// next server that owns the root.
+func TestAnOwnerRemovesThePreviousServersInitBinaries(t *testing.T) {
+	root := t.TempDir()
+	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{Root: root})
+	stale := filepath.Join(root, "init-1234")
+	if err := os.MkdirAll(stale, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p2, err := New(Options{Root: root, Isolation: IsolationNone, Overlay: OverlayOff, Exclusive: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p2.Close()
+	if _, err := os.Stat(stale); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a previous server's init binary is left: %v", err)
+	}
 }

@@ -3,37 +3,11 @@ package local
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"os"
 	"strconv"
 	"syscall"
 	"time"
-	"unsafe"
 )
-
-// Linux waitid constants (the syscall package has WEXITED but not these).
-const (
-	pPID    = 1
-	wNoWait = 0x1000000
-)
-
-// waitExited blocks until process pid has exited, without reaping it, so
-// that its process group id cannot be reused while the group is killed.
-func waitExited(pid int) error {
-	var info [128]byte // siginfo_t
-	for {
-		_, _, errno := syscall.Syscall6(syscall.SYS_WAITID, pPID, uintptr(pid),
-			uintptr(unsafe.Pointer(&info[0])), syscall.WEXITED|wNoWait, 0, 0)
-		switch errno {
-		case 0:
-			return nil
-		case syscall.EINTR:
-			continue
-		default:
-			return errno
-		}
-	}
-}
 
 // killGroup sends SIGKILL to process group pgid; a group already gone is fine.
 func killGroup(pgid int) { signalGroup(pgid, syscall.SIGKILL) }
@@ -139,14 +113,18 @@ const killLimit = 5 * time.Second
 // state in time (it may be in uninterruptible sleep).
 var errNotStopped = errors.New("local: a paused command did not stop in time")
 
-// waitStopped waits until every process of the groups is stopped (or dead),
-// polling /proc, for at most limit.
-func waitStopped(groups map[int]bool, limit time.Duration) error {
+// waitPidsStopped waits until every process of pids is stopped (or
+// dead), polling /proc, for at most limit.
+func waitPidsStopped(pids []int, limit time.Duration) error {
+	want := make(map[int]bool, len(pids))
+	for _, pid := range pids {
+		want[pid] = true
+	}
 	deadline := time.Now().Add(limit)
 	for {
 		pending := false
 		for _, e := range listProcs() {
-			if groups[e.pgrp] && e.state != 'T' && e.state != 't' && e.state != 'Z' && e.state != 'X' {
+			if want[e.pid] && e.state != 'T' && e.state != 't' && e.state != 'Z' && e.state != 'X' {
 				pending = true
 				break
 			}
@@ -156,28 +134,6 @@ func waitStopped(groups map[int]bool, limit time.Duration) error {
 		}
 		if time.Now().After(deadline) {
 			return errNotStopped
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-// waitGroupGone waits until no process of group pgid but its unreaped
-// leader is alive, polling /proc, for at most limit.
-func waitGroupGone(pgid int, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for {
-		alive := false
-		for _, e := range listProcs() {
-			if e.pgrp == pgid && e.pid != pgid && e.state != 'Z' && e.state != 'X' {
-				alive = true
-				break
-			}
-		}
-		if !alive {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("process group %d still has live processes after %s", pgid, limit)
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -65,9 +65,12 @@ type sandbox struct {
 	meta    sandboxMeta
 	stopped bool
 	adopted bool             // its tree is mounted and a crashed server's leftovers are gone
-	groups  map[int]struct{} // process groups of the commands running now
-	cgroup  *sandboxCgroup   // its cgroups, while a command runs
-	cgUsers int              // the commands using cgroup
+	groups  map[int]struct{} // host process groups of its init (bubblewrap's)
+	cgroup  *sandboxCgroup   // its cgroups, while its init runs
+	cgUsers int              // the init (and starts of one) using cgroup
+	init    *sandboxInit     // the init commands start from (nil: none yet)
+	// initMu serialises the start of an init.
+	initMu sync.Mutex
 }
 
 func (s *sandbox) fsDir() string    { return filepath.Join(s.dir, "fs") }

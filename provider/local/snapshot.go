@@ -110,10 +110,6 @@ func (p *Provider) copySandbox(ctx context.Context, s *sandbox, id string) (snap
 		return snapshotMeta{}, err
 	}
 	sm := s.meta
-	groups := make(map[int]bool, len(s.groups))
-	for g := range s.groups {
-		groups[g] = true
-	}
 	cg := s.cgroup
 	s.mu.Unlock()
 
@@ -131,18 +127,19 @@ func (p *Provider) copySandbox(ctx context.Context, s *sandbox, id string) (snap
 			}
 		}
 	} else {
-		for g := range groups {
-			signalGroup(g, syscall.SIGSTOP)
+		// Without a freezer: every process carrying the sandbox's mark
+		// (its init's commands each have a process group of their own).
+		pids := markedProcesses(s.id)
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGSTOP)
 		}
 		resume = func() {
-			for g := range groups {
-				signalGroup(g, syscall.SIGCONT)
+			for _, pid := range pids {
+				_ = syscall.Kill(pid, syscall.SIGCONT)
 			}
 		}
-		if len(groups) > 0 {
-			if err := waitStopped(groups, stopLimit); err != nil {
-				p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: snapshot copies a sandbox whose commands did not all stop")
-			}
+		if err := waitPidsStopped(pids, stopLimit); err != nil {
+			p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: snapshot copies a sandbox whose commands did not all stop")
 		}
 	}
 	resumeOnce := sync.OnceFunc(resume)

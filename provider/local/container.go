@@ -1,0 +1,290 @@
+package local
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// errInitGone: the sandbox's init ended (the sandbox was stopped, or the
+// init was killed) while a command was started or awaited.
+var errInitGone = errors.New("local: the sandbox's init is gone")
+
+// sandboxInit is the server's side of a sandbox's init (see runInit): the
+// process (bubblewrap, or the init itself when unisolated) and the control
+// socket.
+type sandboxInit struct {
+	cmd  *exec.Cmd
+	pgid int // the host process group of bubblewrap and the init
+	fd   int // the server's end of the control socket
+
+	mu    sync.Mutex
+	next  uint64
+	waits map[uint64]chan initMsg
+	// dead is closed once the init has exited and been reaped, released
+	// once the sandbox's cgroups were let go after it.
+	dead, released chan struct{}
+}
+
+// startInit starts the sandbox's init in its cgroups (cgFiles) and returns
+// once it runs. Under bubblewrap the init is the sandbox's pid 1, in the
+// sandbox's own user, pid, mount, network, ipc, uts and cgroup namespaces,
+// with the syscall filter; the server's binary is bound read-only at
+// initPath from an open descriptor.
+func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, err error) {
+	s.mu.Lock()
+	meta := s.meta
+	s.mu.Unlock()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("local: init socket: %w", err)
+	}
+	child := os.NewFile(uintptr(fds[1]), "init-control")
+	defer child.Close()
+	defer func() {
+		if err != nil {
+			unix.Close(fds[0])
+		}
+	}()
+	exe, err := p.initBinary()
+	if err != nil {
+		return nil, err
+	}
+	var cmd *exec.Cmd
+	if p.bwrap != nil {
+		caches, err := p.sandboxMounts(meta.Spec, meta.Workdir, s.dir, true)
+		if err != nil {
+			return nil, err
+		}
+		// fd 3 the control socket, 4 nothing, 5 the filter.
+		extra := append([]string{"--ro-bind", exe, initPath}, cacheBindArgs(caches)...)
+		args := p.bwrap.initArgs(s.fsDir(), meta.Workdir, meta.Network, []string{SandboxIDEnv + "=" + s.id}, extra...)
+		cmd = exec.Command(p.bwrap.bin, args...)
+		cmd.Env = hostEnv(s.id)
+		cmd.SysProcAttr = p.bwrap.sysProcAttr()
+		cmd.ExtraFiles = []*os.File{child, nil}
+		if p.bwrap.seccomp != nil {
+			f, err := filterFile(p.bwrap.seccomp)
+			if err != nil {
+				return nil, err
+			}
+			defer f.Close()
+			cmd.ExtraFiles = append(cmd.ExtraFiles, f)
+		}
+	} else {
+		// No death signal: when the server dies the init sees its control
+		// socket close and kills what it started before it exits.
+		cmd = &exec.Cmd{Path: exe, Args: []string{initName}, Dir: s.fsDir(), Env: hostEnv(s.id)}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.ExtraFiles = []*os.File{child}
+	}
+	stderr := &limitedBuffer{max: 4 << 10}
+	cmd.Stderr = stderr
+	if err := startJoined(cmd, cgFiles); err != nil {
+		return nil, fmt.Errorf("local: start the sandbox's init: %w", err)
+	}
+	in := &sandboxInit{cmd: cmd, pgid: cmd.Process.Pid, fd: fds[0], waits: map[uint64]chan initMsg{}, dead: make(chan struct{}), released: make(chan struct{})}
+	go in.read()
+	go func() {
+		err := cmd.Wait()
+		if msg := stderr.String(); msg != "" || (err != nil && p.stillLive(s) == nil) {
+			p.log.WithError(err).WithFields(map[string]any{"sandbox_id": s.id, "stderr": msg}).Info("local: a sandbox's init ended")
+		}
+		close(in.dead)
+	}()
+	return in, nil
+}
+
+// initBinary is the server's binary where the sandbox's uid can reach it
+// (bubblewrap binds by path, as that uid): a hard link (else a copy) under
+// the provider's root, made once.
+func (p *Provider) initBinary() (string, error) {
+	p.initBinMu.Lock()
+	defer p.initBinMu.Unlock()
+	if p.initBin != "" {
+		return p.initBin, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("local: find the server's binary: %w", err)
+	}
+	if p.bwrap == nil {
+		p.initBin = exe
+		return exe, nil
+	}
+	dir, err := os.MkdirTemp(p.root, "init-")
+	if err != nil {
+		return "", fmt.Errorf("local: place the init: %w", err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return "", fmt.Errorf("local: place the init: %w", err)
+	}
+	bin := filepath.Join(dir, initName)
+	if err := os.Link(exe, bin); err != nil {
+		if err := copyFile(exe, bin); err != nil {
+			return "", fmt.Errorf("local: place the init: %w", err)
+		}
+	}
+	p.initBin = bin
+	return bin, nil
+}
+
+// copyFile copies the executable src to dst (mode 0755).
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// read hands each exit the init reports to its waiter, until the socket
+// closes (the init exited).
+func (in *sandboxInit) read() {
+	buf := make([]byte, 64<<10)
+	for {
+		n, _, _, _, err := unix.Recvmsg(in.fd, buf, nil, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n == 0 {
+			break
+		}
+		var m initMsg
+		if json.Unmarshal(buf[:n], &m) != nil {
+			continue
+		}
+		in.mu.Lock()
+		ch := in.waits[m.ID]
+		if m.Op == "exit" {
+			delete(in.waits, m.ID)
+		}
+		in.mu.Unlock()
+		if ch != nil {
+			ch <- m
+		}
+	}
+	in.mu.Lock()
+	for id, ch := range in.waits {
+		close(ch)
+		delete(in.waits, id)
+	}
+	in.waits = nil
+	unix.Close(in.fd) // under mu: no send is on its way
+	in.mu.Unlock()
+}
+
+// send sends one control message, unless the socket is closed.
+func (in *sandboxInit) send(b, rights []byte) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.waits == nil {
+		return errInitGone
+	}
+	if err := unix.Sendmsg(in.fd, b, rights, nil, 0); err != nil {
+		return fmt.Errorf("%w: %v", errInitGone, err)
+	}
+	return nil
+}
+
+// run asks the init to start command with env in dir, its stdout and
+// stderr on the given files, and returns once it started, with the channel
+// its exit arrives on (closed, with no message, if the init goes first).
+func (in *sandboxInit) run(command string, env []string, dir string, stdout, stderr *os.File) (uint64, <-chan initMsg, error) {
+	ch := make(chan initMsg, 2)
+	in.mu.Lock()
+	if in.waits == nil {
+		in.mu.Unlock()
+		return 0, nil, errInitGone
+	}
+	in.next++
+	id := in.next
+	in.waits[id] = ch
+	in.mu.Unlock()
+	b, err := json.Marshal(initMsg{Op: "run", ID: id, Command: command, Env: env, Dir: dir})
+	if err != nil {
+		in.forget(id)
+		return 0, nil, err
+	}
+	if len(b) > maxInitMsg {
+		in.forget(id)
+		return 0, nil, fmt.Errorf("local: exec: the command and its environment are %d bytes, more than %d", len(b), maxInitMsg)
+	}
+	rights := unix.UnixRights(int(stdout.Fd()), int(stderr.Fd()))
+	if err := in.send(b, rights); err != nil {
+		in.forget(id)
+		return 0, nil, err
+	}
+	m, ok := <-ch
+	switch {
+	case !ok:
+		return 0, nil, errInitGone
+	case m.Op == "exit":
+		return 0, nil, fmt.Errorf("local: exec: start the command: %s", m.Error)
+	}
+	return id, ch, nil
+}
+
+func (in *sandboxInit) forget(id uint64) {
+	in.mu.Lock()
+	if in.waits != nil {
+		delete(in.waits, id)
+	}
+	in.mu.Unlock()
+}
+
+// kill asks the init to kill the command id's process group.
+func (in *sandboxInit) kill(id uint64) {
+	b, _ := json.Marshal(initMsg{Op: "kill", ID: id})
+	_ = in.send(b, nil)
+}
+
+// alive reports whether the init still runs.
+func (in *sandboxInit) alive() bool {
+	select {
+	case <-in.dead:
+		return false
+	default:
+		return true
+	}
+}
+
+// limitedBuffer keeps the first max bytes written to it, safe for
+// concurrent use.
+type limitedBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+	max int
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if room := b.max - len(b.buf); room > 0 {
+		b.buf = append(b.buf, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+func (b *limitedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
+}

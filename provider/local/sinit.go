@@ -1,0 +1,241 @@
+package local
+
+import (
+	"encoding/json"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// initName is argv[0] of a sandbox's init: the server's own binary, run
+// again (see init). Under bubblewrap it is bound read-only at initPath.
+const (
+	initName = "sandbox-init"
+	initPath = "/" + initName
+)
+
+// initFd is the init's end of its control socket.
+const initFd = 3
+
+// initMsg is one message on an init's control socket (SOCK_SEQPACKET: one
+// message per packet).
+//
+//	server → init  {"op":"run","id","command","env","dir"} + the command's stdout and stderr
+//	server → init  {"op":"kill","id"}: SIGKILL to the command's process group
+//	init → server  {"op":"started","id"}, then {"op":"exit","id","status"}
+//	init → server  {"op":"exit","id","error"} when the command could not start
+type initMsg struct {
+	Op      string   `json:"op"`
+	ID      uint64   `json:"id"`
+	Command string   `json:"command,omitempty"`
+	Env     []string `json:"env,omitempty"`
+	Dir     string   `json:"dir,omitempty"`
+	Status  uint32   `json:"status,omitempty"`
+	Error   string   `json:"error,omitempty"`
+}
+
+// maxInitMsg bounds one control message (a command and its environment).
+const maxInitMsg = 1 << 20
+
+func init() {
+	// The server's binary run as a sandbox's init never reaches main.
+	if len(os.Args) == 1 && filepath.Base(os.Args[0]) == initName {
+		os.Exit(runInit())
+	}
+}
+
+// runInit is a sandbox's init: the long-lived process every command of
+// the sandbox is started from, so that what a command leaves running
+// keeps running until the sandbox stops. It is not dumpable (no process of
+// the sandbox may ptrace it or read its memory), reaps every orphan (it is
+// the sandbox's pid 1, or else a child subreaper), starts each command in
+// a process group of its own with exactly the environment the request
+// gave, and exits when the server's end of the control socket closes.
+func runInit() int {
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return 125
+	}
+	if os.Getpid() != 1 {
+		_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	}
+	var (
+		sendMu sync.Mutex
+		mu     sync.Mutex
+		procs  = map[int]uint64{}  // pid → the request that started it
+		killed = map[uint64]bool{} // requests whose group was killed
+	)
+	send := func(m initMsg) {
+		b, _ := json.Marshal(m)
+		sendMu.Lock()
+		_ = unix.Sendmsg(initFd, b, nil, nil, 0)
+		sendMu.Unlock()
+	}
+	chld := make(chan os.Signal, 1)
+	signal.Notify(chld, syscall.SIGCHLD)
+	go func() {
+		for range chld {
+			for {
+				var ws unix.WaitStatus
+				pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+				if pid <= 0 || err != nil {
+					break
+				}
+				mu.Lock()
+				id, ok := procs[pid]
+				delete(procs, pid)
+				wasKilled := killed[id]
+				delete(killed, id)
+				mu.Unlock()
+				if !ok {
+					continue
+				}
+				if wasKilled {
+					// What the kill hit is gone before the exit is told.
+					reapGroup(pid)
+				}
+				send(initMsg{Op: "exit", ID: id, Status: uint32(ws)})
+			}
+		}
+	}()
+	devnull, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 125
+	}
+	buf := make([]byte, maxInitMsg)
+	oob := make([]byte, unix.CmsgSpace(2*4))
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(initFd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n == 0 {
+			// The server is gone: so is the sandbox. As pid 1 the
+			// kernel kills the rest on exit; as a subreaper, kill it.
+			if os.Getpid() != 1 {
+				killDescendants()
+			}
+			return 0
+		}
+		fds := receivedFds(oob[:oobn])
+		var m initMsg
+		if json.Unmarshal(buf[:n], &m) != nil {
+			closeFds(fds)
+			continue
+		}
+		switch m.Op {
+		case "run":
+			if len(fds) != 2 {
+				closeFds(fds)
+				send(initMsg{Op: "exit", ID: m.ID, Error: "want two descriptors"})
+				continue
+			}
+			attr := &syscall.ProcAttr{Dir: m.Dir, Env: m.Env, Files: []uintptr{uintptr(devnull), uintptr(fds[0]), uintptr(fds[1])},
+				Sys: &syscall.SysProcAttr{Setpgid: true}}
+			// Under mu until "started" is sent: the reaper, which looks
+			// the pid up under mu, sends its exit after.
+			mu.Lock()
+			pid, err := syscall.ForkExec("/bin/sh", []string{"sh", "-c", m.Command}, attr)
+			if err == nil {
+				procs[pid] = m.ID
+				send(initMsg{Op: "started", ID: m.ID})
+			}
+			mu.Unlock()
+			closeFds(fds)
+			if err != nil {
+				send(initMsg{Op: "exit", ID: m.ID, Error: err.Error()})
+			}
+		case "kill":
+			mu.Lock()
+			for pid, id := range procs {
+				if id == m.ID {
+					killed[id] = true
+					_ = unix.Kill(-pid, unix.SIGKILL)
+					_ = unix.Kill(pid, unix.SIGKILL)
+				}
+			}
+			mu.Unlock()
+		default:
+			closeFds(fds)
+		}
+	}
+}
+
+// reapGroup waits until no live process of process group pgid is left
+// (for at most killLimit), killing what is. Their zombies are the reaper's.
+func reapGroup(pgid int) {
+	deadline := time.Now().Add(killLimit)
+	for time.Now().Before(deadline) {
+		alive := false
+		for _, e := range listProcs() {
+			if e.pgrp == pgid && e.state != 'Z' && e.state != 'X' {
+				alive = true
+				_ = unix.Kill(e.pid, unix.SIGKILL)
+			}
+		}
+		if !alive {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// killDescendants kills the init's children until it has none left:
+// orphans of the sandbox are reparented to it, the subreaper, as their
+// parents die (for at most killLimit).
+func killDescendants() {
+	self := os.Getpid()
+	deadline := time.Now().Add(killLimit)
+	for time.Now().Before(deadline) {
+		for _, pid := range childrenOf(self) {
+			_ = unix.Kill(-pid, unix.SIGKILL)
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		var ws unix.WaitStatus
+		if _, err := unix.Wait4(-1, &ws, 0, nil); err == unix.ECHILD {
+			return
+		}
+	}
+}
+
+// childrenOf lists the children of process pid.
+func childrenOf(pid int) []int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(pid) + "/children")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if c, err := strconv.Atoi(f); err == nil {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// receivedFds are the descriptors a control message carried.
+func receivedFds(oob []byte) []int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for _, m := range msgs {
+		if got, err := unix.ParseUnixRights(&m); err == nil {
+			fds = append(fds, got...)
+		}
+	}
+	return fds
+}
+
+func closeFds(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
