@@ -588,3 +588,27 @@ print("attached" if r == 0 else "refused %d" % ctypes.get_errno())
 		}
 	})
 }
+
+// On a host whose kernel did not charge memory to the memory cgroup, 400
+// MiB were touched under a 128 MiB limit while the startup line claimed it.
+// New now probes the limit in a throwaway cgroup and claims it only when a
+// process over it is killed; the probe tells the two apart.
+func TestTheMemoryLimitIsClaimedOnlyWhereItHolds(t *testing.T) {
+	cg, _ := probeCgroups()
+	dir, ok := cg.memoryDir()
+	if !ok {
+		t.Skip("SKIP: the host lets the server make no memory cgroup here")
+	}
+	if err := probeMemory(dir, cg.v2, memProbeLimitMiB); err != nil {
+		t.Skipf("SKIP: the memory limit is not enforced on this host: %v", err)
+	}
+	// A limit over what the probe touches lets it finish: what a host that
+	// does not charge memory looks like.
+	if err := probeMemory(dir, cg.v2, 16*memProbeTouchMiB); !errors.Is(err, errNotEnforced) {
+		t.Errorf("a limit the probe stays under: %v, want errNotEnforced", err)
+	}
+	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
+	if got := p.LimitsInEffect(); !strings.Contains(got, "memory") {
+		t.Errorf("limits in effect where memory is enforced: %q", got)
+	}
+}

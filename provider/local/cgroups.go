@@ -126,6 +126,16 @@ func probeCgroups() (*cgroups, []string) {
 	return cg, why
 }
 
+// memoryDir is the parent directory of sandboxes' memory cgroups, when
+// there is one.
+func (cg *cgroups) memoryDir() (string, bool) {
+	if cg == nil {
+		return "", false
+	}
+	dir, ok := cg.dirs["memory"]
+	return dir, ok
+}
+
 // v2Offers reports whether the v2 cgroup dir can give controller c to a
 // child (freezing is built into v2).
 func v2Offers(dir, c string) bool {

@@ -516,6 +516,13 @@ func (p *Provider) chooseOverlay(mode string) error {
 func (p *Provider) chooseCgroups() {
 	cg, why := probeCgroups()
 	p.cg = cg
+	if dir, ok := cg.memoryDir(); ok && p.limits.MemoryMB > 0 {
+		// A limit the kernel does not enforce is not claimed.
+		if err := probeMemory(dir, cg.v2, memProbeLimitMiB); err != nil {
+			delete(cg.dirs, "memory")
+			why = append(why, "memory: "+err.Error())
+		}
+	}
 	if len(why) > 0 {
 		p.log.WithField("missing", why).Warn("local provider: some sandbox limits are not enforced here (no cgroup the server may make for them); rlimits still apply")
 	}

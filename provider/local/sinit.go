@@ -49,6 +49,9 @@ func init() {
 	if len(os.Args) == 1 && filepath.Base(os.Args[0]) == initName {
 		os.Exit(runInit())
 	}
+	if len(os.Args) == 1 && os.Args[0] == memProbeName {
+		os.Exit(runMemProbe())
+	}
 }
 
 // runInit is a sandbox's init: the long-lived process every command of
