@@ -221,6 +221,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		ProviderDown:     down,
 		PendingDeletes:   own.PendingDeletes,
 		Seccomp:          seccompOf(bare),
+		Limits:           limitsOf(bare),
 		Metrics:          met,
 		AccessLog:        deps.AccessLog,
 	})

@@ -43,10 +43,14 @@ func TestHealthAndStartupSayTheIsolation(t *testing.T) {
 			var h struct {
 				Isolation string `json:"isolation"`
 				Seccomp   string `json:"seccomp"`
+				Limits    string `json:"limits"`
 			}
 			wantSeccomp := map[string]string{"bwrap": "default", "none": "off"}[isolation]
 			if err := json.Unmarshal(body, &h); err != nil || h.Isolation != isolation || h.Seccomp != wantSeccomp {
 				t.Errorf("health = %s, want isolation %q, seccomp %q", body, isolation, wantSeccomp)
+			}
+			if !strings.Contains(h.Limits, "rlimits") {
+				t.Errorf("health = %s, want the limits in effect", body)
 			}
 			warned := strings.Contains(logs.String(), "agent commands run UNISOLATED")
 			if warned != (isolation == "none") {

@@ -163,11 +163,28 @@ func hidden(paths ...string) []string {
 // seccompOf is the syscall filter of prov's sandboxed commands, for
 // /health: the local provider says; others filter their own way.
 func seccompOf(prov provider.Provider) string {
+	return localReport(prov, func(l localReporter) string { return l.Seccomp() })
+}
+
+// limitsOf is what limits prov enforces on its sandboxes, for /health:
+// the local provider says (only the limits it found enforced).
+func limitsOf(prov provider.Provider) string {
+	return localReport(prov, func(l localReporter) string { return l.LimitsInEffect() })
+}
+
+// localReporter is what the local provider says of its sandboxes.
+type localReporter interface {
+	Seccomp() string
+	LimitsInEffect() string
+}
+
+// localReport is f of prov when it is the local provider, else "".
+func localReport(prov provider.Provider, f func(localReporter) string) string {
 	if w, ok := prov.(withoutSnapshots); ok {
 		prov = w.Provider
 	}
-	if i, ok := prov.(interface{ Seccomp() string }); ok {
-		return i.Seccomp()
+	if l, ok := prov.(localReporter); ok {
+		return f(l)
 	}
 	return ""
 }

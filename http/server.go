@@ -132,6 +132,9 @@ type Config struct {
 	// Seccomp is the syscall filter of sandboxed commands ("default",
 	// "off", a file), reported by /health when set.
 	Seccomp string
+	// Limits are the sandbox limits the provider enforces, reported by
+	// /health when set.
+	Limits string
 	// Metrics, when set, records the requests and serves GET /metrics.
 	Metrics *metrics.Metrics
 	// AccessLog logs one line per request: method, route, status,
@@ -466,6 +469,9 @@ func (s *Server) health(ctx *fasthttp.RequestCtx) {
 	}
 	if s.cfg.Seccomp != "" {
 		reply["seccomp"] = s.cfg.Seccomp
+	}
+	if s.cfg.Limits != "" {
+		reply["limits"] = s.cfg.Limits
 	}
 	status := nethttp.StatusOK
 	if s.cfg.ProviderDown != nil {
