@@ -14,6 +14,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -157,8 +158,8 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		Checkpoint: owner.CheckpointConfig{
 			Enabled:     cfg.Checkpoint.Enabled,
 			StateDir:    cfg.Checkpoint.StateDir,
-			Parallelism: cfg.Checkpoint.Parallelism,
-			OnStop:      cfg.Checkpoint.OnStop,
+			Parallelism: cmp.Or(sandboxCheckpoint(&cfg).Parallelism, cfg.Checkpoint.Parallelism),
+			OnStop:      cmp.Or(sandboxCheckpoint(&cfg).OnStop, cfg.Checkpoint.OnStop),
 		},
 		NumWorkers:       cfg.NumWorkers,
 		LendsNoSandboxes: !res.LendsSandboxes(),

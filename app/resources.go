@@ -51,5 +51,22 @@ func newSWEBench(cfg *Config) (httpapi.Resources, error) {
 			sc.TemplateDir = filepath.Join(os.TempDir(), "sandboxowner-"+cfg.Name, "swebench-templates")
 		}
 	}
+	if sc.LogDir == "" {
+		if cfg.Checkpoint.StateDir != "" {
+			sc.LogDir = filepath.Join(cfg.Checkpoint.StateDir, "swebench-logs")
+		} else {
+			sc.LogDir = filepath.Join(os.TempDir(), "sandboxowner-"+cfg.Name, "swebench-logs")
+		}
+	}
 	return swebench.New(sc, swebench.Deps{Name: cfg.Name})
+}
+
+// sandboxCheckpoint is the resources server's own checkpointer settings
+// (SWE-bench's sandbox_checkpoint, as upstream configures it), zero when it
+// has none.
+func sandboxCheckpoint(cfg *Config) swebench.SandboxCheckpoint {
+	if cfg.Resources == "swebench" {
+		return cfg.SWEBench.SandboxCheckpoint
+	}
+	return swebench.SandboxCheckpoint{}
 }

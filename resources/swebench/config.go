@@ -2,7 +2,9 @@ package swebench
 
 import (
 	"fmt"
+	"os"
 	"path"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"strings"
@@ -105,10 +107,41 @@ type Config struct {
 	// the test patch does not touch, vendor/, module replacements), and
 	// whether a patch may end the test binary from an init.
 	GradingGuard Guard `yaml:"grading_guard" json:"grading_guard"`
+	// ApplyAntiCheating runs the anti-cheat scrub at seed (nil means
+	// true). A scrub that fails is logged and the seed goes on, as
+	// upstream's does.
+	ApplyAntiCheating *bool `yaml:"apply_anti_cheating,omitempty" json:"apply_anti_cheating,omitempty"`
+	// ClearSwebenchDebugLogs: a verify keeps no files under its log_dir
+	// (nil means true; the golden-patch instance always keeps them).
+	ClearSwebenchDebugLogs *bool `yaml:"clear_swebench_debug_logs,omitempty" json:"clear_swebench_debug_logs,omitempty"`
+	// LogDir is where a verify writes its grading's files, under
+	// run_evaluation/<session>/<instance> (the model patch, the test
+	// output, the report). The server binary defaults it beside the
+	// templates.
+	LogDir string `yaml:"log_dir" json:"log_dir"`
+	// SandboxProvider names the top-level block that configures the
+	// sandboxes: here always "sandbox" (accepted for upstream's configs).
+	SandboxProvider string `yaml:"sandbox_provider,omitempty" json:"sandbox_provider,omitempty"`
+	// SandboxCheckpoint is upstream's per-server checkpointer setting; set,
+	// it wins over checkpoint.parallelism and checkpoint.on_stop.
+	SandboxCheckpoint SandboxCheckpoint `yaml:"sandbox_checkpoint,omitempty" json:"sandbox_checkpoint,omitempty"`
 	// MaxConcurrentGradings bounds the eval sandboxes (gradings and
 	// validations) running at once; further ones wait in arrival order.
 	// Zero means half the CPUs, at least 1.
 	MaxConcurrentGradings int `yaml:"max_concurrent_gradings" json:"max_concurrent_gradings"`
+}
+
+// SandboxCheckpoint is upstream's sandbox_checkpoint block.
+type SandboxCheckpoint struct {
+	Parallelism int    `yaml:"parallelism,omitempty" json:"parallelism,omitempty"`
+	OnStop      string `yaml:"on_stop,omitempty" json:"on_stop,omitempty"`
+}
+
+func (c Config) applyAntiCheating() bool { return c.ApplyAntiCheating == nil || *c.ApplyAntiCheating }
+
+// keepLogs reports whether a verify keeps its files under log_dir.
+func (c Config) keepLogs() bool {
+	return c.IsVerifyingGoldenPatch || (c.ClearSwebenchDebugLogs != nil && !*c.ClearSwebenchDebugLogs)
 }
 
 // CacheMountDir is where the caches are in a local sandbox.
@@ -195,6 +228,15 @@ func (c Config) withDefaults() (Config, error) {
 		if !cacheName.MatchString(name) || env == "" || strings.ContainsAny(env, "=\x00") {
 			return c, fmt.Errorf("%w: caches: %q → %q (want a name of letters, digits, '.' and '_', and an environment variable)", ErrConfig, name, env)
 		}
+	}
+	if c.SandboxProvider != "" && c.SandboxProvider != "sandbox" {
+		return c, fmt.Errorf("%w: sandbox_provider %q: the sandboxes are configured by the top-level sandbox block", ErrConfig, c.SandboxProvider)
+	}
+	if sc := c.SandboxCheckpoint; sc.Parallelism < 0 || (sc.OnStop != "" && sc.OnStop != "kill" && sc.OnStop != "none") {
+		return c, fmt.Errorf("%w: sandbox_checkpoint: parallelism %d, on_stop %q (want ≥ 1, and kill or none)", ErrConfig, sc.Parallelism, sc.OnStop)
+	}
+	if c.LogDir == "" {
+		c.LogDir = filepath.Join(os.TempDir(), "swebench-logs")
 	}
 	if len(c.Repos) > 0 && c.TemplateDir == "" {
 		return c, fmt.Errorf("%w: template_dir is required with repos", ErrConfig)

@@ -66,6 +66,8 @@ type ScrubReport struct {
 	GCExit      int     `json:"gc_exit"`
 	Objects     int     `json:"objects"`
 	Seconds     float64 `json:"seconds"`
+	// Skipped says why no scrub ran (turned off, or it failed).
+	Skipped string `json:"skipped,omitempty"`
 }
 
 // scrubScript is §4.3's anti-cheat scrub. It runs in the workdir with

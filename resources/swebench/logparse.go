@@ -244,7 +244,7 @@ func Resolve(failToPass, passToPass []string, got Statuses) (TestsStatus, bool) 
 	}
 	for _, name := range passToPass {
 		switch got[name] {
-		case StatusPassed, StatusXFail, StatusSkipped:
+		case StatusPassed, StatusXFail:
 			ts.PassToPass.Success = append(ts.PassToPass.Success, name)
 		default:
 			ts.PassToPass.Failure = append(ts.PassToPass.Failure, name)

@@ -126,10 +126,15 @@ func TestResolve(t *testing.T) {
 		want     TestsStatus
 		resolved bool
 	}{
-		{"all good", []string{"F1", "F2"}, []string{"P1", "P2"}, TestsStatus{
+		{"all good", []string{"F1", "F2"}, []string{"P1"}, TestsStatus{
 			FailToPass: TestResults{Success: []string{"F1", "F2"}, Failure: []string{}},
-			PassToPass: TestResults{Success: []string{"P1", "P2"}, Failure: []string{}},
+			PassToPass: TestResults{Success: []string{"P1"}, Failure: []string{}},
 		}, true},
+		// SWE-bench's test_passed: only PASSED and XFAIL pass.
+		{"a skipped PASS_TO_PASS is not a pass", []string{"F1"}, []string{"P1", "P2"}, TestsStatus{
+			FailToPass: TestResults{Success: []string{"F1"}, Failure: []string{}},
+			PassToPass: TestResults{Success: []string{"P1"}, Failure: []string{"P2"}},
+		}, false},
 		{"a FAIL_TO_PASS failed", []string{"F1", "Fbad"}, nil, TestsStatus{
 			FailToPass: TestResults{Success: []string{"F1"}, Failure: []string{"Fbad"}},
 			PassToPass: TestResults{Success: []string{}, Failure: []string{}},

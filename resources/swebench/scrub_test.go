@@ -2,15 +2,12 @@ package swebench
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/sandboxowner/owner/owner"
 )
 
 func TestScrubLeavesTheFixUnreachable(t *testing.T) {
@@ -126,7 +123,9 @@ func TestPristineUntrackedFilesNeverEnterThePatch(t *testing.T) {
 	}
 }
 
-func TestAFailingScrubRefusesTheSeedAndLeavesNothingRunning(t *testing.T) {
+// A scrub that fails does not refuse the seed, as upstream's seed reports
+// the failure and goes on; the session data says why no scrub ran.
+func TestAFailingScrubIsReportedAndTheSeedGoesOn(t *testing.T) {
 	t.Parallel()
 	tk := newTask(t)
 	notRepo := t.TempDir()
@@ -142,17 +141,34 @@ func TestAFailingScrubRefusesTheSeedAndLeavesNothingRunning(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			row := tk.row("example__calc-1")
 			row["image"] = img
-			_, err := w.srv.SeedSession(context.Background(), w.own, "s-bad-scrub", mustJSON(t, row))
-			if !errors.Is(err, ErrScrub) || !errors.Is(err, owner.ErrSetup) {
-				t.Fatalf("seed err = %v, want ErrScrub and owner.ErrSetup", err)
+			sid := "s-bad-scrub-" + strings.ReplaceAll(name, " ", "-")
+			if _, err := w.srv.SeedSession(context.Background(), w.own, sid, mustJSON(t, row)); err != nil {
+				t.Fatalf("seed: %v", err)
 			}
-			if _, ok := w.own.SessionSandbox(context.Background(), "s-bad-scrub"); ok {
-				t.Error("the session holds a sandbox after a failed scrub")
+			sb, ok := w.own.SessionSandbox(context.Background(), sid)
+			if !ok {
+				t.Fatal("the session holds no sandbox")
 			}
-			if live := w.liveSandboxes(); len(live) != 0 {
-				t.Errorf("sandboxes running after a failed scrub: %v", live)
+			data, err := ParseSessionData(sb.Data)
+			if err != nil || !strings.Contains(data.Scrub.Skipped, "scrub") {
+				t.Errorf("session data %+v (%v): want the scrub's failure", data.Scrub, err)
 			}
 		})
+	}
+}
+
+// apply_anti_cheating: false runs no scrub.
+func TestAntiCheatingOffRunsNoScrub(t *testing.T) {
+	t.Parallel()
+	tk := newTask(t)
+	w := newWorld(t, tk, withConfig(func(c *Config) { c.ApplyAntiCheating, c.Validate = off(), off() }))
+	if _, err := w.srv.SeedSession(context.Background(), w.own, "s-no-scrub", mustJSON(t, tk.row("example__calc-1"))); err != nil {
+		t.Fatalf("seed: %v", err)
+	}
+	sb, _ := w.own.SessionSandbox(context.Background(), "s-no-scrub")
+	data, err := ParseSessionData(sb.Data)
+	if err != nil || data.Scrub.Skipped != "apply_anti_cheating is off" || data.Scrub.CommitsBefore != 0 {
+		t.Errorf("session data %+v (%v): want no scrub", data.Scrub, err)
 	}
 }
 

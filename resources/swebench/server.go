@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -295,13 +296,25 @@ func (s *Server) ready(ctx context.Context, p provider.Provider, row Row, log lo
 // setup is the agent sandbox's setup: the scrub, then the pristine list.
 func (s *Server) setup(row Row, image string, log logrus.FieldLogger) owner.SetupFunc {
 	return func(ctx context.Context, p provider.Provider, sb owner.Sandbox) (json.RawMessage, error) {
-		rep, err := Scrub(ctx, p, sb.Handle, row.BaseCommit, s.cfg.setupTimeout())
-		if err != nil {
-			return nil, err
+		rep := ScrubReport{Base: row.BaseCommit, Skipped: "apply_anti_cheating is off"}
+		if s.cfg.applyAntiCheating() {
+			r, err := Scrub(ctx, p, sb.Handle, row.BaseCommit, s.cfg.setupTimeout())
+			if err != nil {
+				// As upstream's seed: the failure is reported and the
+				// session goes on with the repository as the image has it.
+				log.WithError(err).WithField("sandbox_id", sb.Handle.SandboxID).Warn("swebench: the anti-cheat scrub failed; the seed goes on without it")
+				rep.Skipped = err.Error()
+			} else {
+				rep = r
+			}
 		}
 		pristine, err := Untracked(ctx, p, sb.Handle, s.cfg.setupTimeout())
-		if err != nil {
+		if err != nil && rep.Skipped == "" {
 			return nil, fmt.Errorf("%w: list the untracked files: %w", ErrScrub, err)
+		}
+		if err != nil {
+			// No scrub ran (no repository, say): nothing to tell apart.
+			log.WithError(err).Warn("swebench: the untracked files could not be listed")
 		}
 		if pristine == nil {
 			pristine = []string{}
@@ -473,6 +486,10 @@ type VerifyResult struct {
 	// eval, stop.
 	PatchVerificationTimeTaken float64 `json:"patch_verification_time_taken"`
 	TotalTimeTaken             float64 `json:"total_time_taken"`
+	// LogDir is the grading's directory under log_dir; it holds the model
+	// patch, the test output and this report unless
+	// clear_swebench_debug_logs (the default) keeps nothing.
+	LogDir string `json:"log_dir"`
 }
 
 // VerifySession grades the session: the model patch (the row's own in the
@@ -491,7 +508,7 @@ func (s *Server) verify(ctx context.Context, own *owner.Owner, sessionID string,
 	if err != nil {
 		return VerifyResult{}, err
 	}
-	res := VerifyResult{InstanceID: row.InstanceID}
+	res := VerifyResult{InstanceID: row.InstanceID, LogDir: s.logDir(sessionID, row.InstanceID)}
 	log = log.WithFields(logrus.Fields{"session_id": sessionID, "instance_id": row.InstanceID})
 	p, perr := s.gradingProvider(own)
 	var r readiness
@@ -508,6 +525,7 @@ func (s *Server) verify(ctx context.Context, own *owner.Owner, sessionID string,
 		res.MaskSample, res.FailureKind, res.FailureReason = true, FailureEnvironment, reason
 		res.TotalTimeTaken = time.Since(began).Seconds()
 		log.WithField("reason", reason).Warn("swebench: verified nothing: the instance's environment is unavailable")
+		s.keepLog(&res, log)
 		return res, nil
 	}
 	var patch string
@@ -527,7 +545,51 @@ func (s *Server) verify(ctx context.Context, own *owner.Owner, sessionID string,
 		"extract_s": res.PatchExtractionTimeTaken, "start_s": res.EvalSandboxStartTimeTaken,
 		"apply_s": res.PatchApplyTimeTaken, "eval_s": res.EvalTimeTaken, "total_s": res.TotalTimeTaken,
 	}).Info("swebench: verified")
+	s.keepLog(&res, log)
 	return res, nil
+}
+
+// logDir is where the grading of sessionID's instance keeps its files.
+func (s *Server) logDir(sessionID, instanceID string) string {
+	return filepath.Join(s.cfg.LogDir, "run_evaluation", pathSafe(sessionID), pathSafe(instanceID))
+}
+
+// pathSafe makes one path component of an id a client chose.
+func pathSafe(id string) string {
+	b := []byte(id)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			b[i] = '_'
+		}
+	}
+	if s := string(b); s != "" && s != "." && s != ".." {
+		return s
+	}
+	return "_"
+}
+
+// keepLog writes a graded verify's files under its log_dir when the
+// configuration keeps them; a failure to write is logged, never the
+// verify's.
+func (s *Server) keepLog(res *VerifyResult, log logrus.FieldLogger) {
+	if !s.cfg.keepLogs() || res.LogDir == "" {
+		return
+	}
+	report, _ := json.MarshalIndent(res, "", " ")
+	files := map[string][]byte{"report.json": report, "test_output.txt": []byte(res.TestOutput)}
+	if res.ModelPatch != nil {
+		files["patch.diff"] = []byte(*res.ModelPatch)
+	}
+	if err := os.MkdirAll(res.LogDir, 0o755); err != nil {
+		log.WithError(err).Warn("swebench: could not keep the grading's log")
+		return
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(res.LogDir, name), b, 0o644); err != nil {
+			log.WithError(err).Warn("swebench: could not keep the grading's log")
+			return
+		}
+	}
 }
 
 // takePatch extracts the model patch from the session's sandbox and ends the
