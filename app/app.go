@@ -201,6 +201,11 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		}
 		mounts[PprofPrefix] = pprofhandler.PprofHandler
 	}
+	if _, grades := res.(interface{ Gradings() (int, int) }); grades {
+		if err := met.ObserveGradings(); err != nil {
+			return fail(fmt.Errorf("metrics: %w", err))
+		}
+	}
 	srv, err := httpapi.New(httpapi.Config{
 		Owner:            own,
 		Resources:        gradingTimed{res, met},

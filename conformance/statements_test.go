@@ -548,13 +548,17 @@ func snapshotsIn(t *testing.T, s *server) int {
 	return 0
 }
 
-// waitMetric waits until /metrics has a sample named exactly so.
+// waitMetric waits until /metrics has a sample named exactly so, counted
+// at least once.
 func waitMetric(t *testing.T, s *server, sample string) {
 	t.Helper()
 	for bound := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
 		r := s.do(nil, "GET", "/metrics", nil, nil)
-		if strings.Contains(string(r.body), sample+" ") {
-			return
+		for _, line := range strings.Split(string(r.body), "\n") {
+			// Counters exist at 0 from the start: wait for a count.
+			if v, ok := strings.CutPrefix(line, sample+" "); ok && v != "0" {
+				return
+			}
 		}
 		if time.Now().After(bound) {
 			t.Fatalf("/metrics never had %s", sample)

@@ -103,13 +103,40 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 		reg.Register(m.seeds), reg.Register(m.httpRequests), reg.Register(m.httpDuration),
 		reg.Register(m.checkpointOps), reg.Register(m.checkpointDur),
 		reg.Register(m.providerCalls), reg.Register(m.providerDuration),
-		reg.Register(m.gradingDuration),
 		reg.Register(buildInfo()),
 	)
 	if err != nil {
 		return nil, err
 	}
+	// The counters' series exist at zero from the start, so that a rate
+	// or an alert on them reads 0 rather than nothing before the first
+	// event.
+	for _, o := range outcomes() {
+		m.seeds.WithLabelValues(o)
+		for _, op := range checkpointOpNames() {
+			m.checkpointOps.WithLabelValues(op, o)
+		}
+	}
 	return m, nil
+}
+
+// outcomes are the outcome label's values.
+func outcomes() []string { return []string{OutcomeOK, OutcomeRefused, OutcomeFailed} }
+
+// checkpointOpNames are the op label's values of the checkpoint families
+// (the control operations package http counts).
+func checkpointOpNames() []string {
+	return []string{"prepare", "commit", "restore", "release", "retire"}
+}
+
+// ObserveGradings registers the grading families, for a resources server
+// that grades in sandboxes (SWE-bench): a server that does not exports none
+// of them.
+func (m *Metrics) ObserveGradings() error {
+	if m == nil {
+		return nil
+	}
+	return m.reg.Register(m.gradingDuration)
 }
 
 // buildInfo is sandboxowner_build_info: 1, labelled with the binary's

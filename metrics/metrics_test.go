@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -142,5 +143,41 @@ func TestBuildInfo(t *testing.T) {
 	}
 	if len(got) != 1 || got[0] != runtime.Version() {
 		t.Errorf("build_info series with go_version %v, want one with %s", got, runtime.Version())
+	}
+}
+
+// TestCountersExistAtZeroFromTheStart: before anything happened, the
+// seed, checkpoint and provider counters have their series at 0, so that a
+// rate or an alert reads 0, not nothing.
+func TestCountersExistAtZeroFromTheStart(t *testing.T) {
+	m, reg := newMetrics(t)
+	m.Provider(fake.New(fake.Options{}))
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := map[string]int{}
+	for _, f := range fams {
+		if !strings.HasPrefix(f.GetName(), "sandboxowner_") {
+			continue // Go's and the process's own
+		}
+		for _, s := range f.GetMetric() {
+			if s.GetCounter().GetValue() != 0 {
+				t.Errorf("%s %v = %v before anything happened", f.GetName(), s.GetLabel(), s.GetCounter().GetValue())
+			}
+			series[f.GetName()]++
+		}
+	}
+	for name, want := range map[string]int{
+		"sandboxowner_seeds_total":                 3,      // ok, refused, failed
+		"sandboxowner_checkpoint_operations_total": 5 * 3,  // prepare, commit, restore, release, retire
+		"sandboxowner_provider_calls_total":        12 * 3, // every op of the one provider
+	} {
+		if series[name] != want {
+			t.Errorf("%s: %d series at start, want %d", name, series[name], want)
+		}
+	}
+	if value(t, reg, "sandboxowner_provider_calls_total", map[string]string{"provider": "fake", "op": metrics.OpReadFile, "outcome": metrics.OutcomeRefused}) != 0 {
+		t.Error("a series at start is not 0")
 	}
 }

@@ -25,6 +25,12 @@ const (
 	OpListSnapshots  = "list_snapshots"
 )
 
+// providerOps are the op label's values.
+func providerOps() []string {
+	return []string{OpStart, OpStop, OpExec, OpWriteFile, OpReadFile, OpStatus, OpSnapshot, OpFork,
+		OpDeleteSnapshot, OpRenew, OpListSandboxes, OpListSnapshots}
+}
+
 // Provider wraps p so that every call is counted and timed. The wrapper
 // has exactly p's optional capabilities (snapshots, leases, listing), which
 // callers find by type assertion. A nil m returns p itself.
@@ -33,6 +39,11 @@ func (m *Metrics) Provider(p provider.Provider) provider.Provider {
 		return p
 	}
 	b := &base{p: p, m: m, name: p.Name()}
+	for _, op := range providerOps() {
+		for _, o := range outcomes() {
+			m.providerCalls.WithLabelValues(b.name, op, o) // at zero from the start
+		}
+	}
 	s, snap := p.(provider.Snapshotter)
 	l, lease := p.(provider.Leaser)
 	ls, list := p.(provider.Lister)
