@@ -1,7 +1,6 @@
 package opensandboxtest
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -144,8 +143,15 @@ func StartRealExecd(ctx context.Context, bin, tree, workdir, token string) (*Rea
 	cmd := exec.Command(bwrap, args...)
 	// Its own process group: Stop kills execd and anything it left.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	// A file, read only if execd fails: a buffer would be written while
+	// it is read.
+	out, err := os.CreateTemp("", "execd-log-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(out.Name())
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -162,7 +168,8 @@ func StartRealExecd(ctx context.Context, bin, tree, workdir, token string) (*Rea
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
 			e.Stop()
-			return nil, fmt.Errorf("execd on %s did not answer /ping: %s", e.Endpoint, out.String())
+			log, _ := os.ReadFile(out.Name())
+			return nil, fmt.Errorf("execd on %s did not answer /ping: %s", e.Endpoint, log)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -256,7 +263,9 @@ func NewRealExecdFront(srv *Server, backend LocalBackend, bin string) *RealExecd
 			_, _ = io.Copy(w, rec.Body)
 			return
 		}
-		e, err := f.execd(r.Context(), r.PathValue("id"))
+		// A caller that goes away (a server killed mid-request) does not
+		// cut a start short.
+		e, err := f.execd(context.WithoutCancel(r.Context()), r.PathValue("id"))
 		if err != nil {
 			writeError(w, http.StatusInternalServerError, "SANDBOX::UNREACHABLE", "%v", err)
 			return
