@@ -511,6 +511,11 @@ var statements = []statement{
 	{name: "ControllerOrdering", section: "1.7", text: "the controller's stage order, timeouts and publication", na: "the controller's obligations, not a participant's"},
 	{name: "SnapshotsReleased", section: "3.5, 8", text: "snapshots of dropped checkpoints are reclaimed by an operator sweep", note: "project: snapshots stay until a release drops the checkpoints that name them (POST /release, server sweep)", na: "upstream has no in-process release; this server's release replaces the operator sweep"},
 	{name: "SWEBenchBehaviour", section: "4", text: "SWE-bench seed, scrub, grading and checkpoint behaviour", by: "resources/swebench tests (they need git and Go; TestGymVerifyRoundTripOverHTTP validates the verify reply with Gym's model)"},
+	{name: "SWEBenchConfigKeys", section: "4.1", text: "apply_anti_cheating, clear_swebench_debug_logs, sandbox_provider and sandbox_checkpoint are configuration keys", note: "issue 29: they were refused as unknown", by: "resources/swebench TestUpstreamKeys, TestAntiCheatingOffRunsNoScrub"},
+	{name: "SWEBenchScrubGoesOn", section: "4.3", text: "a scrub that fails is reported and the seed goes on", note: "issue 29: the failure refused the seed", by: "resources/swebench TestAFailingScrubIsReportedAndTheSeedGoesOn"},
+	{name: "SWEBenchLogDir", section: "4.4, 2.4", text: "the verify reply has log_dir; the grading's logs are removed unless clear_swebench_debug_logs is off", by: "resources/swebench TestGymVerifyRoundTripOverHTTP, TestUpstreamKeys"},
+	{name: "SWEBenchPassToPass", section: "4.4", text: "every PASS_TO_PASS test must still pass (passed or xfail): a skipped one is no pass", note: "issue 29: a skipped one counted as passed", by: "resources/swebench TestResolve"},
+	{name: "SWEBenchMultilingualFixups", section: "4.2, 4.4", text: "SWE-bench Multilingual's per-instance resource overrides, post-start patch hook and eval-script fixups (timeout 10s → 120s, mvnd → mvn)", na: "not built: the local provider's instances here are Go repositories; the fixups are listed in the issue as still to do"},
 }
 
 // ck is a checkpoint directory of the test's own, named after name.
