@@ -44,7 +44,7 @@ func newSWEBench(cfg *Config) (httpapi.Resources, error) {
 		return nil, errors.New("swebench needs a real sandbox provider (sandbox.provider: local), not the fake")
 	}
 	sc := cfg.SWEBench
-	if sc.TemplateDir == "" && len(sc.Repos) > 0 {
+	if sc.TemplateDir == "" {
 		if cfg.Checkpoint.StateDir != "" {
 			sc.TemplateDir = filepath.Join(cfg.Checkpoint.StateDir, "swebench-templates")
 		} else {

@@ -1,6 +1,7 @@
 package swebench
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path"
@@ -93,6 +94,22 @@ type Config struct {
 	// PASS_TO_PASS tests fail, or whose log shows none of its tests, is
 	// unavailable.
 	Validate *bool `yaml:"validate,omitempty" json:"validate,omitempty"`
+	// Modules maps "owner/name" to a Go module path: a repository not in
+	// Repos is fetched from the module proxy at its base commit (a
+	// pseudo-version's zip made a git repository of one commit; the row's
+	// base_commit then names that commit in the sandboxes). nil means
+	// DefaultModules (SWE-bench Multilingual's Go repositories); an empty
+	// map turns it off. Needs template_dir.
+	Modules map[string]string `yaml:"modules,omitempty" json:"modules,omitempty"`
+	// ModuleProxy is the proxy the sources come from (default: the first
+	// URL of the server's GOPROXY, else https://proxy.golang.org).
+	ModuleProxy string `yaml:"module_proxy,omitempty" json:"module_proxy,omitempty"`
+	// GoToolchains maps "owner/name" or an instance_id (which wins) to the
+	// Go toolchain its sandboxes run (GOTOOLCHAIN, such as "go1.21.13"):
+	// the environment step downloads it through the module proxy into the
+	// template's module cache, where every other sandbox finds it offline.
+	// Unlisted rows run the server's own go ("local").
+	GoToolchains map[string]string `yaml:"go_toolchains,omitempty" json:"go_toolchains,omitempty"`
 	// WhilePreparing is what a seed does while its instance's template,
 	// environment step or validation is under way: "wait" (the default;
 	// the wait shows in /health, the metrics and the log) or "refuse" (503
@@ -202,6 +219,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Caches == nil {
 		c.Caches = DefaultCaches()
 	}
+	if c.Modules == nil {
+		c.Modules = DefaultModules()
+	}
+	if c.ModuleProxy == "" {
+		c.ModuleProxy = cmp.Or(proxyFirst(os.Getenv("GOPROXY")), DefaultModuleProxy)
+	}
 	if c.WritableCaches == nil {
 		c.WritableCaches = []string{"gobuild"}
 	}
@@ -212,6 +235,11 @@ func (c Config) withDefaults() (Config, error) {
 	case "", WhilePreparingWait, WhilePreparingRefuse:
 	default:
 		return c, fmt.Errorf("%w: while_preparing %q (want %s or %s)", ErrConfig, c.WhilePreparing, WhilePreparingWait, WhilePreparingRefuse)
+	}
+	for k, v := range c.GoToolchains {
+		if !goToolchainName.MatchString(v) {
+			return c, fmt.Errorf("%w: go_toolchains[%q] = %q (want local or a release such as go1.21.13)", ErrConfig, k, v)
+		}
 	}
 	if c.ProgressInterval < 0 {
 		return c, fmt.Errorf("%w: negative progress_interval", ErrConfig)
@@ -242,6 +270,19 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: template_dir is required with repos", ErrConfig)
 	}
 	return c, nil
+}
+
+var goToolchainName = regexp.MustCompile(`^(local|go1\.[0-9]+(\.[0-9]+|rc[0-9]+)?)$`)
+
+// goToolchain is the GOTOOLCHAIN of row's sandboxes.
+func (c Config) goToolchain(r Row) string {
+	if v, ok := c.GoToolchains[r.InstanceID]; ok {
+		return v
+	}
+	if v, ok := c.GoToolchains[r.Repo]; ok {
+		return v
+	}
+	return "local"
 }
 
 var cacheName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.]*$`)

@@ -86,10 +86,15 @@ func (s *Server) envCommands(row Row, cloneDir string) ([]string, string) {
 
 // envKey names an environment by what makes it: its commands, the caches it
 // fills and the workdir it ran at.
-func (s *Server) envKey(cmds []string) string {
+func (s *Server) envKey(cmds []string, toolchain string) string {
 	h := sha256.New()
 	for _, c := range cmds {
 		fmt.Fprintf(h, "cmd\x00%s\x00", c)
+	}
+	if toolchain != "local" {
+		// The pinned toolchain is downloaded into the environment's
+		// module cache by its step.
+		fmt.Fprintf(h, "toolchain\x00%s\x00", toolchain)
 	}
 	for _, n := range slices.Sorted(maps.Keys(s.cfg.Caches)) {
 		fmt.Fprintf(h, "cache\x00%s\x00%s\x00", n, s.cfg.Caches[n])
@@ -105,7 +110,7 @@ func (s *Server) envKey(cmds []string) string {
 // could not be run at all, and nothing is kept.
 func (s *Server) environment(ctx context.Context, p provider.Provider, row Row, cloneDir, fullBase string, log logrus.FieldLogger) (*Environment, error) {
 	cmds, source := s.envCommands(row, cloneDir)
-	key := s.envKey(cmds)
+	key := s.envKey(cmds, s.cfg.goToolchain(row))
 	parent := cloneDir + ".env"
 	dir := filepath.Join(parent, key)
 	if env, err := readEnvironment(dir, cloneDir); err == nil {

@@ -118,10 +118,11 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if cfg.ShareCachesWithAgent {
 		s.log.Warn("swebench: share_caches_with_agent has no effect: caches belong to their template, read-only or copied per sandbox")
 	}
-	if len(cfg.Repos) > 0 {
+	if cfg.TemplateDir != "" {
 		if s.templates, err = NewTemplates(cfg.TemplateDir, cfg.Repos); err != nil {
 			return nil, err
 		}
+		s.templates.WithModules(cfg.Modules, cfg.ModuleProxy)
 	}
 	return s, nil
 }
@@ -258,6 +259,7 @@ func (s *Server) seed(ctx context.Context, own *owner.Owner, sessionID string, b
 	if err != nil {
 		return SeedResult{}, err
 	}
+	row = r.row
 	sb, err := own.StartSessionSandbox(ctx, sessionID, s.spec(p, r.image, row, roleAgent, r.env), s.setup(row, r.image, log), s.cfg.Workdir)
 	if errors.Is(err, owner.ErrSandboxExists) {
 		sb, err = own.RequireSessionSandbox(ctx, sessionID)
@@ -390,7 +392,7 @@ func (s *Server) spec(p provider.Provider, image string, row Row, role string, e
 		if path := os.Getenv("PATH"); path != "" {
 			env0["PATH"] = path
 		}
-		env0["GOTOOLCHAIN"] = "local"
+		env0["GOTOOLCHAIN"] = s.cfg.goToolchain(row)
 		env0["GOFLAGS"], env0["GOPROXY"] = "-mod=mod", "off"
 	}
 	var opts map[string]any
@@ -513,7 +515,9 @@ func (s *Server) verify(ctx context.Context, own *owner.Owner, sessionID string,
 	p, perr := s.gradingProvider(own)
 	var r readiness
 	if perr == nil {
-		r, perr = s.prepare(ctx, p, row, log)
+		if r, perr = s.prepare(ctx, p, row, log); perr == nil {
+			row = r.row
+		}
 	}
 	if reason, bad := r.unavailable(); bad && perr == nil {
 		// Never graded: whatever the patch, this environment cannot say.

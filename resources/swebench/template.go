@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -29,6 +30,10 @@ import (
 type Templates struct {
 	root  string
 	repos map[string]string
+	// modules are the repositories fetched from the module proxy at their
+	// base commit when not in repos (owner/name → module path).
+	modules map[string]string
+	proxy   moduleProxy
 
 	locks keyedMutex // one per template being made or checked
 }
@@ -54,27 +59,89 @@ func NewTemplates(root string, repos map[string]string) (*Templates, error) {
 	return &Templates{root: abs, repos: rs}, nil
 }
 
-// Has reports whether repo is configured.
+// Has reports whether repo is configured, cloned or from the module proxy.
 func (t *Templates) Has(repo string) bool {
 	_, ok := t.repos[repo]
-	return ok
+	_, mod := t.modules[repo]
+	return ok || mod
+}
+
+// WithModules makes the repositories of modules (owner/name → module path)
+// that repos does not name come from the module proxy at base (a URL).
+func (t *Templates) WithModules(modules map[string]string, base string) *Templates {
+	t.modules, t.proxy = modules, newModuleProxy(base)
+	return t
+}
+
+// moduleSource is what a template made from the module proxy records
+// beside itself (<template>.source.json).
+type moduleSource struct {
+	Module  string `json:"module"`
+	Version string `json:"version"`
+	// Commit is the row's base commit; Local the commit of the template's
+	// own repository holding that source.
+	Commit string `json:"commit"`
+	Local  string `json:"local"`
+}
+
+// ensureFromModule is Ensure for a repository of the module proxy: the
+// template is a git repository of one commit (Local) holding the module's
+// zip at base.
+func (t *Templates) ensureFromModule(ctx context.Context, repo, module, base string, log logrus.FieldLogger) (string, string, error) {
+	dir := t.dir(repo, base)
+	lock := t.locks.get(dir)
+	lock.Lock()
+	defer lock.Unlock()
+	var src moduleSource
+	if b, err := os.ReadFile(dir + ".source.json"); err == nil && json.Unmarshal(b, &src) == nil && src.Local != "" {
+		if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+			return dir, src.Local, nil
+		}
+	}
+	began := time.Now()
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrTemplate, err)
+	}
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	tmp := filepath.Join(filepath.Dir(dir), ".tmp-"+base[:min(12, len(base))]+"-"+hex.EncodeToString(rnd[:]))
+	defer os.RemoveAll(tmp)
+	local, version, err := t.proxy.fetchModuleRepo(ctx, module, base, tmp)
+	if err != nil {
+		return "", "", err
+	}
+	_ = os.RemoveAll(dir)
+	if err := os.Rename(tmp, dir); err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrTemplate, err)
+	}
+	if err := writeJSONFile(dir+".source.json", moduleSource{Module: module, Version: version, Commit: base, Local: local}); err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrTemplate, err)
+	}
+	log.WithFields(logrus.Fields{"repo": repo, "base_commit": base, "module": module, "version": version, "local_commit": local,
+		"dir": dir, "duration_ms": time.Since(began).Milliseconds()}).Info("swebench: template prepared from the module proxy")
+	return dir, local, nil
 }
 
 // Root is the directory the templates are kept in.
 func (t *Templates) Root() string { return t.root }
 
 // Ensure returns the template directory of (repo, base), making it if
-// needed (and logging that to log), and the base commit's full id. base may
+// needed (and logging that to log), and the full id of the commit its
+// repository holds the base at: the base commit's own for a clone, the
+// template's one commit for a repository from the module proxy. base may
 // be abbreviated.
 func (t *Templates) Ensure(ctx context.Context, repo, base string, log logrus.FieldLogger) (dir, fullBase string, err error) {
-	src, ok := t.repos[repo]
-	if !ok {
-		return "", "", fmt.Errorf("%w: %q is not in swebench.repos", ErrUnknownRepo, repo)
-	}
 	if !hexCommit.MatchString(base) {
 		return "", "", fmt.Errorf("%w: base commit %q is not a commit id", ErrTemplate, base)
 	}
 	base = strings.ToLower(base)
+	src, ok := t.repos[repo]
+	if module, mod := t.modules[repo]; !ok && mod {
+		return t.ensureFromModule(ctx, repo, module, base, log)
+	}
+	if !ok {
+		return "", "", fmt.Errorf("%w: %q is not in swebench.repos", ErrUnknownRepo, repo)
+	}
 	if len(base) == 40 || len(base) == 64 {
 		// A full id: an existing template is used without reading the
 		// source at all.
@@ -152,10 +219,16 @@ func (k *keyedMutex) get(key string) *sync.Mutex {
 
 // hostGit runs git on the host (in dir when not empty) and returns stdout.
 func hostGit(ctx context.Context, dir string, args ...string) (string, error) {
+	return hostGitEnv(ctx, dir, nil, args...)
+}
+
+// hostGitEnv is hostGit with env added to the environment.
+func hostGitEnv(ctx context.Context, dir string, env []string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, "git", args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "GIT_CONFIG_COUNT=1",
 		"GIT_CONFIG_KEY_0=safe.directory", "GIT_CONFIG_VALUE_0=*", "LC_ALL=C")
+	cmd.Env = append(cmd.Env, env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

@@ -48,6 +48,8 @@ type Validation struct {
 type readiness struct {
 	image string
 	env   *Environment // nil: the image is not a local template
+	// row is the row as graded there (Row.At the template's commit).
+	row Row
 	// validation is nil when validation is off.
 	validation *Validation
 }
@@ -76,12 +78,15 @@ func (s *Server) prepare(ctx context.Context, p provider.Provider, row Row, log 
 	if err != nil {
 		return readiness{}, err
 	}
-	r := readiness{image: image, env: env}
+	r := readiness{image: image, env: env, row: row}
+	if env != nil {
+		r.row = row.At(env.BaseCommit)
+	}
 	if _, bad := r.unavailable(); bad || !s.cfg.validates() {
 		return r, nil
 	}
 	pr.phase(PhaseValidation)
-	r.validation, err = s.validation(ctx, p, row, image, env, log)
+	r.validation, err = s.validation(ctx, p, r.row, image, env, log)
 	return r, err
 }
 
