@@ -47,7 +47,10 @@ func TestMain(m *testing.M) {
 	}
 	os.Setenv(swebench.TemplatesEnv, dir)
 	code := m.Run()
-	if !keep {
+	if !keep || code != 0 {
+		// A failed run's templates go: what failed (a validation that
+		// timed out on a loaded machine, say) is kept beside a template as
+		// its outcome, and must not become the next run's.
 		_ = os.RemoveAll(dir)
 	}
 	os.Exit(code)
