@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/sched"
 )
 
 var t0 = time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
@@ -144,11 +145,52 @@ type rig struct {
 	m   *control.Machine
 }
 
-func newRig(t *testing.T) *rig {
+func newRig(t *testing.T) *rig { return newRigOn(t, nil) }
+
+// newRigOn is newRig whose machine runs its hooks on rt (nil: goroutines).
+func newRigOn(t *testing.T, rt sched.Runtime) *rig {
 	h := &hooks{ready: true}
 	clk := clock.NewManual(t0)
-	m := control.New(control.Config{Instance: "notes", Hooks: h, Clock: clk, LeaseGrace: 600 * time.Second})
+	m := control.New(control.Config{Instance: "notes", Hooks: h, Clock: clk, Runtime: rt, LeaseGrace: 600 * time.Second})
 	return &rig{t: t, h: h, clk: clk, m: m}
+}
+
+// inBothOrders runs f on a rig whose runs end before their callers wait,
+// and on one whose runs end while their callers wait.
+func inBothOrders(t *testing.T, f func(t *testing.T, r *rig)) {
+	t.Run("run ends before the wait", func(t *testing.T) { f(t, newRigOn(t, runsAtGo{})) })
+	t.Run("run ends during the wait", func(t *testing.T) { f(t, newRigOn(t, &runsAtWait{})) })
+}
+
+// runsAtGo is a runtime on which a run the machine starts ends before Go
+// returns, so before its caller waits for it: the order a loaded machine
+// may pick, fixed.
+type runsAtGo struct{}
+
+func (runsAtGo) Go(fn func())                       { fn() }
+func (runsAtGo) Await(context.Context, func() bool) {}
+
+// runsAtWait is a runtime on which a run the machine starts is held until
+// its caller waits for it, then runs to its end: the other order, fixed.
+type runsAtWait struct {
+	mu   sync.Mutex
+	held []func()
+}
+
+func (r *runsAtWait) Go(fn func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.held = append(r.held, fn)
+}
+
+func (r *runsAtWait) Await(context.Context, func() bool) {
+	r.mu.Lock()
+	held := r.held
+	r.held = nil
+	r.mu.Unlock()
+	for _, fn := range held {
+		fn()
+	}
 }
 
 // base is a request base with a deadline d after the rig's current time.

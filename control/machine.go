@@ -2,7 +2,6 @@ package control
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -163,6 +162,16 @@ func New(cfg Config) *Machine {
 // lock held (so they happen in the order of the steps), the rest after. A
 // close of admission that fails is stepped back in.
 func (m *Machine) step(in Input) Output {
+	out, _ := m.stepRun(in)
+	return out
+}
+
+// stepRun is step that also hands back the run the output's Await names,
+// taken under the step's lock. Looked up after the lock is let go, a run
+// that ended in between would be gone: the caller would step again and
+// start a second run of the hook in place of reporting the first one's
+// failure.
+func (m *Machine) stepRun(in Input) (Output, *call) {
 	m.mu.Lock()
 	out := m.st.Step(in, m.clk.Now())
 	var after []Effect
@@ -186,9 +195,15 @@ func (m *Machine) step(in Input) Output {
 	if out.Reply != nil || out.Err != nil {
 		m.settleLocked(in, out)
 	}
+	var run *call
+	if out.Await != nil {
+		// The state's running runs and the calls are kept in step under
+		// the lock, so an awaited run is always here.
+		run = m.calls[*out.Await]
+	}
 	m.mu.Unlock()
 	m.perform(after)
-	return out
+	return out, run
 }
 
 // settleLocked closes the call a commit or restore completion ended.
@@ -318,16 +333,9 @@ func (m *Machine) Prepare(ctx context.Context, req PrepareRequest) (PrepareReply
 	}
 }
 
-// await waits for a run, bounded by the request's deadline (on the clock)
+// await waits for run c, bounded by the request's deadline (on the clock)
 // and its context; the run itself goes on.
-func (m *Machine) await(ctx context.Context, b Base, key OpKey) (any, error) {
-	m.mu.Lock()
-	c, ok := m.calls[key]
-	m.mu.Unlock()
-	if !ok {
-		// Finished between the step and now: step again.
-		return nil, errAgain
-	}
+func (m *Machine) await(ctx context.Context, b Base, c *call) (any, error) {
 	wait := b.Deadline().Sub(m.clk.Now())
 	if wait <= 0 {
 		select {
@@ -355,30 +363,23 @@ func (m *Machine) await(ctx context.Context, b Base, key OpKey) (any, error) {
 	}
 }
 
-// errAgain: the run awaited had already finished; the caller steps again.
-var errAgain = errors.New("control: step again")
-
 // Commit cuts the checkpoint: readiness is checked again, a scope naming a
 // restart is refused, and the hook runs once per checkpoint id, shielded from
 // the caller's deadline.
 func (m *Machine) Commit(ctx context.Context, req CommitRequest) (CommitReply, error) {
-	for {
-		out := m.step(InCommit{Req: req})
-		if out.Start {
-			// Shielded from the caller's deadline: the run goes on, and a
-			// retry awaits it.
-			shielded := context.WithoutCancel(ctx)
-			m.rt.Go(func() { m.runCommit(shielded, req) })
-		}
-		v, err := out.Reply, out.Err
-		if out.Await != nil {
-			if v, err = m.await(ctx, req.Base, *out.Await); err == errAgain {
-				continue
-			}
-		}
-		rep, _ := v.(CommitReply)
-		return rep, err
+	out, run := m.stepRun(InCommit{Req: req})
+	if out.Start {
+		// Shielded from the caller's deadline: the run goes on, and a
+		// retry awaits it.
+		shielded := context.WithoutCancel(ctx)
+		m.rt.Go(func() { m.runCommit(shielded, req) })
 	}
+	v, err := out.Reply, out.Err
+	if out.Await != nil {
+		v, err = m.await(ctx, req.Base, run)
+	}
+	rep, _ := v.(CommitReply)
+	return rep, err
 }
 
 func (m *Machine) runCommit(ctx context.Context, req CommitRequest) {
@@ -394,24 +395,20 @@ func (m *Machine) runCommit(ctx context.Context, req CommitRequest) {
 // admission closes, the hook runs shielded from the deadline, and on failure
 // admission reopens once the hook has returned.
 func (m *Machine) Restore(ctx context.Context, req RestoreRequest) (RestoreReply, error) {
-	for {
-		out := m.step(InRestore{Req: req})
-		if out.Start {
-			shielded := context.WithoutCancel(ctx)
-			m.rt.Go(func() {
-				res, err := m.hooks.Restore(shielded, req)
-				m.step(InRestoreDone{Req: req, Result: res, Err: err})
-			})
-		}
-		v, err := out.Reply, out.Err
-		if out.Await != nil {
-			if v, err = m.await(ctx, req.Base, *out.Await); err == errAgain {
-				continue
-			}
-		}
-		rep, _ := v.(RestoreReply)
-		return rep, err
+	out, run := m.stepRun(InRestore{Req: req})
+	if out.Start {
+		shielded := context.WithoutCancel(ctx)
+		m.rt.Go(func() {
+			res, err := m.hooks.Restore(shielded, req)
+			m.step(InRestoreDone{Req: req, Result: res, Err: err})
+		})
 	}
+	v, err := out.Reply, out.Err
+	if out.Await != nil {
+		v, err = m.await(ctx, req.Base, run)
+	}
+	rep, _ := v.(RestoreReply)
+	return rep, err
 }
 
 // Resume ends the checkpoint (or aborts it) and reopens admission. A commit
@@ -423,7 +420,7 @@ func (m *Machine) Restore(ctx context.Context, req RestoreRequest) (RestoreReply
 func (m *Machine) Resume(ctx context.Context, req ResumeRequest) (ResumeReply, error) {
 	stopped := false
 	for {
-		out := m.step(InResume{Req: req, WriterStopped: stopped})
+		out, run := m.stepRun(InResume{Req: req, WriterStopped: stopped})
 		if out.StopWriter {
 			m.hooks.StopWriter(req.CheckpointID)
 			stopped = true
@@ -433,7 +430,7 @@ func (m *Machine) Resume(ctx context.Context, req ResumeRequest) (ResumeReply, e
 			rep, _ := out.Reply.(ResumeReply)
 			return rep, out.Err
 		}
-		if _, err := m.await(ctx, req.Base, *out.Await); err != nil && IsCode(err, ErrDeadlineExceeded) {
+		if _, err := m.await(ctx, req.Base, run); err != nil && IsCode(err, ErrDeadlineExceeded) {
 			return ResumeReply{}, err
 		}
 	}
@@ -450,9 +447,9 @@ func IsCode(err error, target *Error) bool {
 // forget; a retire that fails can be repeated.
 func (m *Machine) Retire(ctx context.Context, req RetireRequest) (RetireReply, error) {
 	for {
-		out := m.step(InRetire{Req: req})
+		out, run := m.stepRun(InRetire{Req: req})
 		if out.Await != nil {
-			if _, err := m.await(ctx, req.Base, *out.Await); IsCode(err, ErrDeadlineExceeded) {
+			if _, err := m.await(ctx, req.Base, run); IsCode(err, ErrDeadlineExceeded) {
 				return RetireReply{}, err
 			}
 			continue

@@ -430,26 +430,38 @@ func TestCommitRunsOnceAndRetryAwaitsIt(t *testing.T) {
 	}
 }
 
+// A failed commit answers its caller with the hook's error, whether the run
+// ends before or after the caller starts waiting for it, and is not
+// recorded: the retry runs the hook again. (A run that ended before its
+// caller waited was once taken for a finished one to step past, and the
+// caller started a second run and answered its result instead.)
 func TestFailedCommitIsNotRecorded(t *testing.T) {
-	r := newRig(t)
-	fail := true
-	r.h.commit = func(ctx context.Context, req control.CommitRequest) (control.CommitResult, error) {
-		if fail {
-			fail = false
-			return control.CommitResult{}, errors.New("snapshot failed")
+	inBothOrders(t, func(t *testing.T, r *rig) {
+		fail := true
+		r.h.commit = func(ctx context.Context, req control.CommitRequest) (control.CommitResult, error) {
+			if fail {
+				fail = false
+				return control.CommitResult{}, errors.New("snapshot failed")
+			}
+			return control.CommitResult{Manifest: control.Manifest{CheckpointID: req.CheckpointID}}, nil
 		}
-		return control.CommitResult{Manifest: control.Manifest{CheckpointID: req.CheckpointID}}, nil
-	}
-	r.prepare("c1")
-	if _, err := r.commit("c1"); err == nil || !strings.Contains(err.Error(), "snapshot failed") {
-		t.Fatalf("commit error %v, want the hook's", err)
-	}
-	if r.phase() != control.PhasePrepared {
-		t.Fatalf("phase %s after a failed commit, want prepared", r.phase())
-	}
-	if _, err := r.commit("c1"); err != nil {
-		t.Fatalf("retried commit: %v", err)
-	}
+		r.prepare("c1")
+		if _, err := r.commit("c1"); err == nil || !strings.Contains(err.Error(), "snapshot failed") {
+			t.Fatalf("commit error %v, want the hook's", err)
+		}
+		if diff := cmp.Diff([]string{"close", "commit c1"}, r.h.calls()); diff != "" {
+			t.Fatalf("hook calls after the failed commit (-want +got):\n%s", diff)
+		}
+		if r.phase() != control.PhasePrepared {
+			t.Fatalf("phase %s after a failed commit, want prepared", r.phase())
+		}
+		if _, err := r.commit("c1"); err != nil {
+			t.Fatalf("retried commit: %v", err)
+		}
+		if diff := cmp.Diff([]string{"close", "commit c1", "commit c1"}, r.h.calls()); diff != "" {
+			t.Errorf("hook calls after the retry (-want +got):\n%s", diff)
+		}
+	})
 }
 
 func TestRestartInScope(t *testing.T) {
@@ -607,17 +619,27 @@ func TestResumedIDsRing(t *testing.T) {
 	}
 }
 
+// A failed restore answers its caller with the hook's error from its one
+// run, whether the run ends before or after the caller starts waiting.
 func TestRestoreFailureReopensAndClearsTheID(t *testing.T) {
-	r := newRig(t)
-	r.h.restore = func(ctx context.Context, req control.RestoreRequest) (control.RestoreResult, error) {
-		return control.RestoreResult{}, control.ErrInvalidCheckpointState.With("no such checkpoint")
-	}
-	_, err := r.m.Restore(ctx, control.RestoreRequest{Base: r.base("c1", time.Minute), CheckpointDir: "/ck", EpisodeIDs: []control.EpisodeID{}})
-	wantCode(t, err, control.ErrInvalidCheckpointState)
-	if p, id := r.m.Phase(); p != control.PhaseIdle || id != "" || r.h.isClosed() {
-		t.Fatalf("after a failed restore: %s %q closed=%v", p, id, r.h.isClosed())
-	}
-	r.prepare("c2")
+	inBothOrders(t, func(t *testing.T, r *rig) {
+		runs := 0
+		r.h.restore = func(ctx context.Context, req control.RestoreRequest) (control.RestoreResult, error) {
+			if runs++; runs > 1 {
+				return control.RestoreResult{}, nil
+			}
+			return control.RestoreResult{}, control.ErrInvalidCheckpointState.With("no such checkpoint")
+		}
+		_, err := r.m.Restore(ctx, control.RestoreRequest{Base: r.base("c1", time.Minute), CheckpointDir: "/ck", EpisodeIDs: []control.EpisodeID{}})
+		wantCode(t, err, control.ErrInvalidCheckpointState)
+		if runs != 1 {
+			t.Errorf("the restore hook ran %d times, want once", runs)
+		}
+		if p, id := r.m.Phase(); p != control.PhaseIdle || id != "" || r.h.isClosed() {
+			t.Fatalf("after a failed restore: %s %q closed=%v", p, id, r.h.isClosed())
+		}
+		r.prepare("c2")
+	})
 }
 
 func TestRestoreReply(t *testing.T) {
