@@ -114,6 +114,7 @@ func (o *Owner) Commit(ctx context.Context, req CommitRequest) (CommitResult, er
 	}
 	o.ctl.Lock(o.rt)
 	defer o.ctl.Unlock()
+	o.followDirsAtCommit()
 	log := o.log.WithField("checkpoint_id", req.CheckpointID)
 
 	if ck, err := o.index.Checkpoint(req.CheckpointID); err == nil {

@@ -46,6 +46,7 @@ import (
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/records"
+	"github.com/sandboxowner/owner/retention"
 	"github.com/sandboxowner/owner/sched"
 	"github.com/sandboxowner/owner/snapshotindex"
 	"github.com/sandboxowner/owner/supervisor"
@@ -145,6 +146,9 @@ type CheckpointConfig struct {
 	OnStop string
 	// RoundTimeout bounds a commit's snapshot round (default 10 minutes).
 	RoundTimeout time.Duration
+	// Retention follows the controller's deletion of checkpoint
+	// directories.
+	Retention RetentionConfig
 }
 
 // Config configures an Owner.
@@ -232,6 +236,9 @@ type Owner struct {
 	unstored map[string]*unstoredCommit
 
 	fates *fateMemory
+	// ret is what the retention checks remember; dirs where they look.
+	ret  *retentionState
+	dirs retention.FS
 	// starting counts StartSessionSandbox calls in progress.
 	starting atomic.Int64
 
@@ -288,6 +295,8 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 		limiter:     actors.NewLimiterOn(cfg.Checkpoint.Parallelism, cfg.Runtime),
 		rt:          sched.Or(cfg.Runtime),
 		fates:       newFateMemory(cfg.FateMemory),
+		ret:         newRetentionState(cfg.Checkpoint.Retention.Grace),
+		dirs:        dirsOf(cfg.Checkpoint),
 		stopped:     fifo.New[string, struct{}](stoppedMemory),
 		unstored:    map[string]*unstoredCommit{},
 		closed:      make(chan struct{}),
@@ -315,6 +324,9 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 	}
 	if cfg.RenewEvery > 0 && o.prov != nil {
 		o.bg.Go(o.rt, func() { o.renewLoop(cfg.RenewEvery) })
+	}
+	if every := cfg.Checkpoint.Retention.Every; every > 0 && o.followsDirs() {
+		o.bg.Go(o.rt, func() { o.retentionLoop(every) })
 	}
 	o.log.WithFields(logrus.Fields{"mode": mode, "incarnation": o.incarnation}).Info("sandbox owner started")
 	return o, nil
@@ -841,7 +853,21 @@ func (o *Owner) Tick(now time.Time) error {
 }
 
 func (o *Owner) renewLoop(every time.Duration) {
-	t := o.clk.NewTimer(every)
+	o.tickLoop(every, func(now time.Time) time.Duration {
+		if err := o.Tick(now); err != nil {
+			o.log.WithError(err).Debug("lease renewal tick failed")
+		}
+		if _, err := o.ReapIdle(o.base, now); err != nil {
+			o.log.WithError(err).Debug("idle reaping failed")
+		}
+		return every
+	})
+}
+
+// tickLoop runs fn when a timer on the clock fires, first after wait and
+// then after the wait fn returns, until the owner closes.
+func (o *Owner) tickLoop(wait time.Duration, fn func(now time.Time) time.Duration) {
+	t := o.clk.NewTimer(wait)
 	defer t.Stop()
 	for {
 		o.rt.Await(context.Background(), func() bool { return len(t.C()) > 0 || sched.Closed(o.closed) })
@@ -849,14 +875,7 @@ func (o *Owner) renewLoop(every time.Duration) {
 		case <-o.closed:
 			return
 		case <-t.C():
-			now := o.clk.Now()
-			if err := o.Tick(now); err != nil {
-				o.log.WithError(err).Debug("lease renewal tick failed")
-			}
-			if _, err := o.ReapIdle(o.base, now); err != nil {
-				o.log.WithError(err).Debug("idle reaping failed")
-			}
-			t.Reset(every)
+			t.Reset(fn(o.clk.Now()))
 		}
 	}
 }

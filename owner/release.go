@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
@@ -89,36 +91,119 @@ func (o *Owner) Release(ctx context.Context, kept []string) (ReleaseResult, erro
 	if err != nil {
 		return res, err
 	}
-	refs, err := o.index.ReferencedSnapshots()
+	drops, err := o.dropExcept(all, kept, DropReleased)
 	if err != nil {
 		return res, err
 	}
-	plan := planRelease(all, refs, kept)
-	if err := o.index.Drop(plan.Drop, o.tombstones(toSet(plan.Tombstones), "released")); err != nil {
-		return res, err
-	}
-	res.Dropped = plan.Drop
-	ts, err := o.index.Tombstones()
-	if err != nil {
-		return res, err
-	}
+	res.Dropped = dropIDs(drops)
 	needed := o.fates.liveSnapshots()
-	var now []snapshotindex.Tombstone
-	for _, t := range ts {
-		if needed[t.SnapshotID] {
-			res.Deferred = append(res.Deferred, t.SnapshotID)
-			continue
-		}
-		now = append(now, t)
+	res.Deleted, res.Deferred, res.Failed, err = o.deleteDropped(ctx, drops, needed)
+	if err != nil {
+		return res, err
 	}
-	var inUse []string
-	res.Deleted, inUse, res.Failed = o.deleteTombstoned(ctx, now)
-	res.Deferred = append(res.Deferred, inUse...)
 	o.releaseLeftovers(ctx, kept, needed, &res)
 	if len(res.Failed) > 0 {
 		return res, fmt.Errorf("release: %d snapshots could not be deleted (tombstoned; a retry deletes them)", len(res.Failed))
 	}
 	return res, nil
+}
+
+// Drop reasons: what dropped a checkpoint from the index.
+const (
+	// DropReleased: a release did not keep it.
+	DropReleased = "release"
+	// DropDirGone: its checkpoint_dir was seen gone for the grace.
+	DropDirGone = "dir_gone"
+)
+
+// dropped is one checkpoint a drop removed from the index, with the
+// snapshots only it named (tombstoned by the drop).
+type dropped struct {
+	ID, Dir   string
+	Snapshots []string
+}
+
+func dropIDs(ds []dropped) []string {
+	var ids []string
+	for _, d := range ds {
+		ids = append(ids, d.ID)
+	}
+	return ids
+}
+
+// dropExcept drops every checkpoint of all that kept does not name and
+// tombstones the snapshots no kept checkpoint names, in one index
+// transaction: the decision of a release, and of a directory gone. The
+// caller holds ctl.
+func (o *Owner) dropExcept(all []snapshotindex.CheckpointMeta, kept []string, reason string) ([]dropped, error) {
+	refs, err := o.index.ReferencedSnapshots()
+	if err != nil {
+		return nil, err
+	}
+	plan := planRelease(all, refs, kept)
+	if err := o.index.Drop(plan.Drop, o.tombstones(toSet(plan.Tombstones), reasonText(reason))); err != nil {
+		return nil, err
+	}
+	dirs := map[string]string{}
+	for _, m := range all {
+		dirs[m.ID] = m.CheckpointDir
+	}
+	out := make([]dropped, len(plan.Drop))
+	at := map[string]int{}
+	for i, id := range plan.Drop {
+		out[i] = dropped{ID: id, Dir: dirs[id]}
+		at[id] = i
+	}
+	for _, snap := range plan.Tombstones {
+		for _, c := range refs[snap] {
+			if i, ok := at[c]; ok {
+				out[i].Snapshots = append(out[i].Snapshots, snap)
+			}
+		}
+	}
+	o.ret.count(reason, len(out))
+	return out, nil
+}
+
+func reasonText(reason string) string {
+	if reason == DropDirGone {
+		return "checkpoint_dir gone"
+	}
+	return "released"
+}
+
+// deleteDropped deletes every tombstoned snapshot no live sandbox stands on
+// (needed), then logs each drop with the snapshots it deleted. The caller
+// holds ctl.
+func (o *Owner) deleteDropped(ctx context.Context, drops []dropped, needed map[string]bool) (deleted, deferred []string, failed map[string]string, err error) {
+	ts, err := o.index.Tombstones()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var now []snapshotindex.Tombstone
+	for _, t := range ts {
+		if needed[t.SnapshotID] {
+			deferred = append(deferred, t.SnapshotID)
+			continue
+		}
+		now = append(now, t)
+	}
+	var inUse []string
+	deleted, inUse, failed = o.deleteTombstoned(ctx, now)
+	deferred = append(deferred, inUse...)
+	gone := toSet(deleted)
+	for _, d := range drops {
+		var del, pending []string
+		for _, s := range d.Snapshots {
+			if gone[s] {
+				del = append(del, s)
+			} else {
+				pending = append(pending, s)
+			}
+		}
+		o.log.WithFields(logrus.Fields{"checkpoint_id": d.ID, "checkpoint_dir": d.Dir, "snapshots_deleted": del, "snapshots_pending": pending}).Info("checkpoint dropped")
+	}
+	return deleted, deferred, failed, nil
 }
 
 // Checkpoints lists the committed checkpoints (nil unless exported).

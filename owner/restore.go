@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/retention"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -38,6 +39,11 @@ type RestoreRequest struct {
 // when both are given.
 func (o *Owner) restoreSource(req RestoreRequest) (snapshotindex.Checkpoint, error) {
 	if req.CheckpointDir != "" {
+		// A directory the controller deleted is no checkpoint, even while
+		// the index still holds what it named.
+		if obs := retention.Look(o.dirs, req.CheckpointDir); obs.Status == retention.Gone {
+			return snapshotindex.Checkpoint{}, fmt.Errorf("%w: checkpoint_dir %s does not exist", ErrInvalidRecord, req.CheckpointDir)
+		}
 		if ck, ok, err := o.checkpointFromRecords(req); ok || err != nil {
 			return ck, err
 		}

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 )
 
 // FS is the file system checkpoint directories live on: the operating
@@ -180,6 +182,71 @@ func (m *MemFS) SyncDir(dir string) error {
 	}
 	return nil
 }
+
+// Lstat describes name: a directory, or a file of its size. An absent one
+// is fs.ErrNotExist (syscall.ENOENT, as the operating system says it).
+func (m *MemFS) Lstat(name string) (fs.FileInfo, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	name = path.Clean(name)
+	if m.dirs[name] {
+		return memInfo{name: path.Base(name), dir: true}, nil
+	}
+	if b, ok := m.files[name]; ok {
+		return memInfo{name: path.Base(name), size: int64(len(b))}, nil
+	}
+	return nil, memErr("lstat", name, syscall.ENOENT)
+}
+
+// ReadDir describes the directory name, which must be one: the lookup a
+// check of a checkpoint directory's parent makes.
+func (m *MemFS) ReadDir(name string) (fs.FileInfo, error) {
+	fi, err := m.Lstat(name)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.IsDir() {
+		return nil, memErr("open", name, syscall.ENOTDIR)
+	}
+	return fi, nil
+}
+
+// RemoveAll deletes dir and everything under it, as a controller deleting
+// a checkpoint directory does.
+func (m *MemFS) RemoveAll(dir string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	dir = path.Clean(dir)
+	under := func(p string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+	for p := range m.files {
+		if under(p) {
+			delete(m.files, p)
+		}
+	}
+	for p := range m.dirs {
+		if under(p) && p != "/" {
+			delete(m.dirs, p)
+		}
+	}
+}
+
+type memInfo struct {
+	name string
+	size int64
+	dir  bool
+}
+
+func (i memInfo) Name() string { return i.name }
+func (i memInfo) Size() int64  { return i.size }
+func (i memInfo) Mode() fs.FileMode {
+	if i.dir {
+		return fs.ModeDir | 0o755
+	}
+	return 0o644
+}
+func (i memInfo) ModTime() time.Time { return time.Time{} }
+func (i memInfo) IsDir() bool        { return i.dir }
+func (i memInfo) Sys() any           { return nil }
 
 // Files lists every file's path, sorted: what a test or the simulation
 // inspects.
