@@ -149,8 +149,11 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	bare := prov
 	prov = met.Provider(prov)
 	renew := 30 * time.Second
+	ret := cfg.Checkpoint.Retention
+	retEvery := seconds(cmp.Or(ret.PeriodS, DefaultRetentionPeriodS))
 	if deps.Clock != nil {
 		renew = 0 // logical time: the caller ticks the owner
+		retEvery = 0
 	}
 	own, err := owner.New(ctx, owner.Config{
 		Name:     cfg.Name,
@@ -160,6 +163,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 			StateDir:    cfg.Checkpoint.StateDir,
 			Parallelism: cmp.Or(sandboxCheckpoint(&cfg).Parallelism, cfg.Checkpoint.Parallelism),
 			OnStop:      cmp.Or(sandboxCheckpoint(&cfg).OnStop, cfg.Checkpoint.OnStop),
+			Retention:   owner.RetentionConfig{FollowDirs: ret.FollowDirs, Grace: seconds(ret.GraceS), Every: retEvery},
 		},
 		NumWorkers:       cfg.NumWorkers,
 		LendsNoSandboxes: !res.LendsSandboxes(),
@@ -206,6 +210,11 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 			return fail(fmt.Errorf("metrics: %w", err))
 		}
 	}
+	var held func() (int, error)
+	var retained func() owner.RetentionStatus
+	if own.Index() != nil {
+		held, retained = own.CheckpointsHeld, own.RetentionStatus
+	}
 	srv, err := httpapi.New(httpapi.Config{
 		Owner:            own,
 		Resources:        gradingTimed{res, met},
@@ -226,6 +235,8 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		Isolation:        isolationOf(bare),
 		ProviderDown:     down,
 		PendingDeletes:   own.PendingDeletes,
+		CheckpointsHeld:  held,
+		Retention:        retained,
 		Seccomp:          seccompOf(bare),
 		Limits:           limitsOf(bare),
 		Metrics:          met,
@@ -292,6 +303,9 @@ func (g gradingTimed) Verify(ctx context.Context, sess *httpapi.Session, body []
 	return rep, err
 }
 
+// seconds is a configuration's seconds as a duration.
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
 // PprofPrefix is where -pprof serves Go's profiles.
 const PprofPrefix = "/debug/pprof/"
 
@@ -307,6 +321,8 @@ func sources(own *owner.Owner, srv *httpapi.Server, res httpapi.Resources) metri
 			return len(refs), err
 		}
 		src.PendingDeletes = own.PendingDeletes
+		src.CheckpointDrops = func() map[string]uint64 { return own.RetentionStatus().Drops }
+		src.UnreadableDirs = func() map[string]uint64 { return own.RetentionStatus().UnreadableDirs }
 	}
 	if g := srv.Gate(); g != nil {
 		src.AdmissionWaiting = g.Waiting

@@ -156,6 +156,24 @@ type CheckpointConfig struct {
 	// MaxDeadlineSeconds bounds how far ahead a prepare's or a renew's
 	// deadline_ts may be.
 	MaxDeadlineSeconds float64 `yaml:"max_deadline_seconds"`
+	// Retention follows the controller's deletion of checkpoint
+	// directories.
+	Retention RetentionConfig `yaml:"retention"`
+}
+
+// DefaultRetentionPeriodS is checkpoint.retention.period_s's default.
+const DefaultRetentionPeriodS = 60
+
+// RetentionConfig is checkpoint.retention.
+type RetentionConfig struct {
+	// FollowDirs drops a checkpoint whose checkpoint_dir is gone.
+	FollowDirs bool `yaml:"follow_dirs"`
+	// GraceS is how long a directory must be seen gone before its
+	// checkpoint is dropped.
+	GraceS float64 `yaml:"grace_s"`
+	// PeriodS is how often the directories are checked (besides every
+	// commit).
+	PeriodS float64 `yaml:"period_s"`
 }
 
 // HTTPConfig is the http block: what one client may cost the server.
@@ -184,7 +202,8 @@ func Defaults() Config {
 		Sandbox: SandboxConfig{OpenSandbox: OpenSandboxOptions{
 			Protocol: "http", TTLSeconds: 3600, Lend: LendServer,
 		}},
-		Checkpoint:         CheckpointConfig{Parallelism: 16, OnStop: "kill", LeaseGraceSeconds: 600, MaxDeadlineSeconds: 3600},
+		Checkpoint: CheckpointConfig{Parallelism: 16, OnStop: "kill", LeaseGraceSeconds: 600, MaxDeadlineSeconds: 3600,
+			Retention: RetentionConfig{FollowDirs: true, GraceS: 300, PeriodS: DefaultRetentionPeriodS}},
 		MaxSessions:        DefaultMaxSessions(),
 		SessionIdleTimeout: DefaultSessionIdleTimeout,
 		HTTP: HTTPConfig{
@@ -243,6 +262,9 @@ func keyUsage() map[string]string {
 		"checkpoint.on_stop":                           "what a commit with stop does with the sandboxes: kill or none",
 		"checkpoint.lease_grace_seconds":               "seconds past deadline_ts before an open checkpoint resumes itself",
 		"checkpoint.max_deadline_seconds":              "how far ahead (seconds) a prepare's or renew's deadline_ts may be; further is 422",
+		"checkpoint.retention.follow_dirs":             "drop a committed checkpoint whose checkpoint_dir the controller deleted (its snapshots go as a release's)",
+		"checkpoint.retention.grace_s":                 "seconds a checkpoint_dir must be seen gone (at two checks) before its checkpoint is dropped",
+		"checkpoint.retention.period_s":                "seconds between checks of the checkpoint directories (every commit checks too)",
 		"max_sessions":                                 "live sessions at most; a seed beyond is 503 at_capacity (0: no bound; default sized for this machine's memory)",
 		"session_idle_timeout":                         "end a session with no request for this long, as 6h (0: never)",
 		"http.read_timeout":                            "longest a request (headers and body) may take to arrive, as 30s or 2m; slower is 408 (0: the default)",
@@ -627,6 +649,12 @@ func (c *Config) validate(given provider.Provider) error {
 	}
 	if ck.LeaseGraceSeconds <= 0 {
 		return bad("checkpoint.lease_grace_seconds must be > 0, not %v", ck.LeaseGraceSeconds)
+	}
+	if ck.Retention.GraceS < 0 {
+		return bad("checkpoint.retention.grace_s must not be negative, not %v", ck.Retention.GraceS)
+	}
+	if ck.Retention.PeriodS < 0 {
+		return bad("checkpoint.retention.period_s must be > 0 (0: the default, %v), not %v", DefaultRetentionPeriodS, ck.Retention.PeriodS)
 	}
 	if ck.MaxDeadlineSeconds < 0 {
 		return bad("checkpoint.max_deadline_seconds must be > 0 (0: the default, 3600), not %v", ck.MaxDeadlineSeconds)

@@ -44,6 +44,8 @@ checkpoint:
   parallelism: 8
   on_stop: none
   lease_grace_seconds: 30
+  retention:
+    grace_s: 30
 http:
   read_timeout: 10s
   idle_timeout: 5m
@@ -57,7 +59,8 @@ http:
 		Name: "notes-a", Resources: "notes", Host: "0.0.0.0", Port: 9001, NumWorkers: 1, SessionSecret: "a-secret-of-16-chars",
 		Sandbox: app.SandboxConfig{Provider: "local", Local: app.LocalOptions{Root: "/srv/sandboxes", Templates: map[string]string{"notes": "", "x": "/t/x"}},
 			OpenSandbox: app.Defaults().Sandbox.OpenSandbox},
-		Checkpoint:  app.CheckpointConfig{Enabled: true, StateDir: "/other", ControlAuthToken: "tok", Parallelism: 8, OnStop: "none", LeaseGraceSeconds: 30, MaxDeadlineSeconds: 3600},
+		Checkpoint: app.CheckpointConfig{Enabled: true, StateDir: "/other", ControlAuthToken: "tok", Parallelism: 8, OnStop: "none", LeaseGraceSeconds: 30, MaxDeadlineSeconds: 3600,
+			Retention: app.RetentionConfig{FollowDirs: true, GraceS: 30, PeriodS: 60}},
 		HTTP:        app.HTTPConfig{ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxConns: 100, MaxConnsPerIP: 2048},
 		MaxSessions: 0, SessionIdleTimeout: 90 * time.Minute,
 	}
@@ -80,12 +83,17 @@ func TestParseArgsDefaultsAndFlagsOnly(t *testing.T) {
 	if d := app.Defaults(); d.Host != "127.0.0.1" || d.Port != 8080 || d.Resources != "notes" {
 		t.Errorf("defaults %+v", d)
 	}
-	opts, err = app.ParseArgs([]string{"-checkpoint.enabled", "-checkpoint.control_auth_token=t", "-checkpoint.state_dir", "/s", "-checkpoint.lease_grace_seconds", "1.5", "-sandbox.fake.seed", "7"}, io.Discard)
+	if r := app.Defaults().Checkpoint.Retention; !cmp.Equal(app.RetentionConfig{FollowDirs: true, GraceS: 300, PeriodS: 60}, r) {
+		t.Errorf("retention defaults %+v", r)
+	}
+	opts, err = app.ParseArgs([]string{"-checkpoint.enabled", "-checkpoint.control_auth_token=t", "-checkpoint.state_dir", "/s", "-checkpoint.lease_grace_seconds", "1.5", "-sandbox.fake.seed", "7",
+		"-checkpoint.retention.follow_dirs=false", "-checkpoint.retention.grace_s", "2.5", "-checkpoint.retention.period_s", "10"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ck := opts.Config.Checkpoint
-	if !ck.Enabled || ck.ControlAuthToken != "t" || ck.LeaseGraceSeconds != 1.5 || opts.Config.Sandbox.Fake.Seed != 7 {
+	if !ck.Enabled || ck.ControlAuthToken != "t" || ck.LeaseGraceSeconds != 1.5 || opts.Config.Sandbox.Fake.Seed != 7 ||
+		!cmp.Equal(app.RetentionConfig{GraceS: 2.5, PeriodS: 10}, ck.Retention) {
 		t.Errorf("flags: %+v", opts.Config)
 	}
 }
@@ -173,6 +181,9 @@ func TestConfigErrorLines(t *testing.T) {
 		{name: "opensandbox snapshots", args: []string{"-sandbox.opensandbox.max_concurrent_snapshots", "-1"},
 			want: `config: sandbox.opensandbox.max_concurrent_snapshots must not be negative, not -1`},
 		{name: "bad on_stop", args: []string{"-checkpoint.on_stop", "pause"}, want: `config: checkpoint.on_stop must be kill or none, not "pause"`},
+		{name: "negative retention grace", args: []string{"-checkpoint.retention.grace_s", "-1"}, want: `config: checkpoint.retention.grace_s must not be negative, not -1`},
+		{name: "negative retention period", file: "checkpoint:\n  retention:\n    period_s: -5\n", want: `config: checkpoint.retention.period_s must be > 0 (0: the default, 60), not -5`},
+		{name: "retention key misspelt", file: "checkpoint:\n  retention:\n    follow_dir: false\n", want: `config: FILE:3: unknown key "checkpoint.retention.follow_dir" (did you mean "checkpoint.retention.follow_dirs"?)`},
 		{name: "zero grace", args: []string{"-checkpoint.lease_grace_seconds", "0"}, want: `config: checkpoint.lease_grace_seconds must be > 0, not 0`},
 		{name: "short secret", args: []string{"-session_secret", "short"}, want: `config: session_secret must be at least 16 characters`},
 		{name: "bad name", args: []string{"-name", "a b"}, want: `config: name "a b" must match ^[A-Za-z0-9][A-Za-z0-9._-]*$`},

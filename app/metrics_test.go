@@ -35,13 +35,16 @@ func get(t *testing.T, addr, path string) (int, string) {
 
 // startFake starts a notes server on the fake provider with checkpointing
 // on, the access log to hook.
-func startFake(t *testing.T, dir string, prov *fake.Provider, deps app.Deps) (*app.App, *logtest.Hook, func() error) {
+func startFake(t *testing.T, dir string, prov *fake.Provider, deps app.Deps, mods ...func(*app.Config)) (*app.App, *logtest.Hook, func() error) {
 	t.Helper()
 	cfg := app.Defaults()
 	cfg.SessionSecret = "a-secret-of-sixteen-plus"
 	cfg.Checkpoint.Enabled = true
 	cfg.Checkpoint.StateDir = dir
 	cfg.Checkpoint.ControlAuthToken = "tok"
+	for _, m := range mods {
+		m(&cfg)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -59,6 +62,13 @@ func startFake(t *testing.T, dir string, prov *fake.Provider, deps app.Deps) (*a
 
 func control(t *testing.T, addr, op, body string) {
 	t.Helper()
+	controlReply(t, addr, op, body)
+}
+
+// controlReply makes a control call that must succeed and decodes its
+// reply.
+func controlReply(t *testing.T, addr, op, body string) map[string]any {
+	t.Helper()
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
@@ -69,6 +79,11 @@ func control(t *testing.T, addr, op, body string) {
 	if err := fasthttp.DoTimeout(req, resp, 30*time.Second); err != nil || resp.StatusCode() != 200 {
 		t.Fatalf("%s: %v %d %s", op, err, resp.StatusCode(), resp.Body())
 	}
+	var out map[string]any
+	if err := json.Unmarshal(resp.Body(), &out); err != nil {
+		t.Fatalf("%s: %v: %s", op, err, resp.Body())
+	}
+	return out
 }
 
 // series finds one series of a family by its labels.

@@ -139,7 +139,7 @@ func (s *Server) routeOf(path string) string {
 	if op, ok := strings.CutPrefix(path, ControlPrefix); ok {
 		switch op {
 		case control.OpPrepare, control.OpCommit, control.OpRestore, control.OpResume, control.OpRetire,
-			control.OpForget, control.OpRenew, RouteRelease, "status":
+			control.OpForget, control.OpRenew, RouteRelease, RouteCheckRetention, "status":
 			return path
 		}
 		return otherRoute

@@ -47,6 +47,9 @@ const (
 	RolloutPrefix = "/ng-rollout/"
 	// RouteRelease is our addition to the control plane.
 	RouteRelease = "release"
+	// RouteCheckRetention is another: check the checkpoint directories
+	// now, as the period does.
+	RouteCheckRetention = "check_retention"
 
 	HeaderVerify  = "x-ng-checkpoint-verify"
 	HeaderRestart = "x-ng-checkpoint-restart"
@@ -129,6 +132,12 @@ type Config struct {
 	// PendingDeletes, when set, counts the snapshots whose deletes are
 	// pending (in use by a live fork, or failed), for /health.
 	PendingDeletes func() (int, error)
+	// CheckpointsHeld, when set, counts the committed checkpoints, for
+	// /health.
+	CheckpointsHeld func() (int, error)
+	// Retention, when set, reports the checks of the checkpoint
+	// directories, for /health (shown while they follow the directories).
+	Retention func() owner.RetentionStatus
 	// Seccomp is the syscall filter of sandboxed commands ("default",
 	// "off", a file), reported by /health when set.
 	Seccomp string
@@ -485,6 +494,16 @@ func (s *Server) health(ctx *fasthttp.RequestCtx) {
 			reply["pending_snapshot_deletes"] = n
 		}
 	}
+	if s.cfg.CheckpointsHeld != nil {
+		if n, err := s.cfg.CheckpointsHeld(); err == nil {
+			reply["checkpoints_held"] = n
+		}
+	}
+	if s.cfg.Retention != nil {
+		if st := s.cfg.Retention(); st.FollowDirs {
+			reply["retention"] = retentionHealth(st)
+		}
+	}
 	if hr, ok := s.res.(HealthReporter); ok {
 		for k, v := range hr.Health() {
 			if _, taken := reply[k]; !taken {
@@ -493,6 +512,24 @@ func (s *Server) health(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	writeJSON(ctx, status, reply)
+}
+
+// retentionHealth is /health's retention: what the directory checks follow
+// and what the last one saw.
+func retentionHealth(st owner.RetentionStatus) map[string]any {
+	gone, unreadable := []string{}, []string{}
+	for _, p := range st.Pending {
+		gone = append(gone, p.ID)
+	}
+	for _, p := range st.Unreadable {
+		unreadable = append(unreadable, p.ID)
+	}
+	return map[string]any{
+		"follow_dirs":     st.FollowDirs,
+		"grace_s":         st.Grace.Seconds(),
+		"dirs_gone":       gone,
+		"dirs_unreadable": unreadable,
+	}
 }
 
 // parseError answers what fasthttp could not parse: 413 for a body over
@@ -646,6 +683,8 @@ func (s *Server) serveControl(ctx *fasthttp.RequestCtx, op string) {
 		reply, err = controlCall(body, func(r control.RenewRequest) (any, error) { return s.machine.Renew(rctx, r) })
 	case RouteRelease:
 		reply, err = controlCall(body, func(r participant.ReleaseRequest) (any, error) { return s.part.Release(rctx, r) })
+	case RouteCheckRetention:
+		reply, err = controlCall(body, func(r participant.CheckRetentionRequest) (any, error) { return s.part.CheckRetention(rctx, r) })
 	default:
 		writeError(ctx, nethttp.StatusNotFound, CodeNotFound, "no control route "+op)
 		return

@@ -198,6 +198,14 @@ type Sources struct {
 	// ProviderDown: sandboxowner_provider_up, 1 while it returns nil (the
 	// provider's backend answers), else 0.
 	ProviderDown func() error
+	// CheckpointDrops: sandboxowner_checkpoint_drops_total{reason},
+	// checkpoints dropped from the index by a release (release) or because
+	// their checkpoint_dir was gone (dir_gone).
+	CheckpointDrops func() map[string]uint64
+	// UnreadableDirs: sandboxowner_checkpoint_dirs_unreadable_total{reason},
+	// lookups of a checkpoint_dir that could not tell whether it was there
+	// (nothing of its checkpoint is deleted).
+	UnreadableDirs func() map[string]uint64
 	// Preparing: sandboxowner_environments_preparing{phase}, instances
 	// whose template, environment or validation requests wait for
 	// (SWE-bench).
@@ -253,6 +261,18 @@ func (m *Metrics) Observe(src Sources) error {
 	if src.GradingsWaiting != nil {
 		gauge("gradings_waiting", "SWE-bench verifies waiting for a grading slot.", func() float64 { return float64(src.GradingsWaiting()) })
 	}
+	counters := func(name, help string, read func() map[string]uint64) {
+		errs = append(errs, m.reg.Register(countersCollector{
+			desc: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, []string{"reason"}, nil),
+			read: read,
+		}))
+	}
+	if src.CheckpointDrops != nil {
+		counters("checkpoint_drops_total", "Checkpoints dropped from the index, by reason: release (a release did not keep them), dir_gone (their checkpoint_dir was gone for the grace).", src.CheckpointDrops)
+	}
+	if src.UnreadableDirs != nil {
+		counters("checkpoint_dirs_unreadable_total", "Lookups of a checkpoint_dir that could not say whether it was there (an I/O or permission error, a stale handle, a missing, unreadable or changed parent), by reason; nothing of their checkpoints is deleted.", src.UnreadableDirs)
+	}
 	if src.Preparing != nil {
 		errs = append(errs, m.reg.Register(phasesCollector{
 			desc: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "environments_preparing"),
@@ -262,6 +282,20 @@ func (m *Metrics) Observe(src Sources) error {
 		}))
 	}
 	return errors.Join(errs...)
+}
+
+// countersCollector exports counts kept elsewhere as a counter by reason.
+type countersCollector struct {
+	desc *prometheus.Desc
+	read func() map[string]uint64
+}
+
+func (c countersCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c countersCollector) Collect(ch chan<- prometheus.Metric) {
+	for reason, n := range c.read() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), reason)
+	}
 }
 
 type sessionsCollector struct {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/participant"
 	"github.com/sandboxowner/owner/resources"
+	"github.com/sandboxowner/owner/retention"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -404,6 +406,44 @@ func TestRelease(t *testing.T) {
 	var re *resources.Error
 	if !errors.As(err, &re) || re.Code != participant.CodeReleaseFailed || !strings.Contains(re.Detail, "(dropped c0, c1; a retry deletes the rest)") {
 		t.Errorf("failed release: %v", err)
+	}
+}
+
+// TestCheckRetention: the owner's check comes back with lists (never
+// null), the directories seen gone and unreadable by checkpoint, and a
+// failed check names what it dropped.
+func TestCheckRetention(t *testing.T) {
+	ctx := context.Background()
+	since := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	f := &fakeOwner{retStatus: owner.RetentionStatus{FollowDirs: true}}
+	p, _ := newParticipant(f)
+	f.retention = func() (owner.RetentionResult, error) {
+		return owner.RetentionResult{
+			Dropped:    []string{"c0"},
+			Pending:    []retention.Pending{{ID: "c1", Dir: "/g/c1", Since: since}},
+			Unreadable: []retention.Problem{{ID: "c2", Dir: "/g/c2", Reason: retention.ReasonIO, Detail: "EIO"}},
+		}, nil
+	}
+	rep, err := p.CheckRetention(ctx, participant.CheckRetentionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := float64(since.Unix())
+	want := participant.CheckRetentionReply{
+		FollowDirs: true, Dropped: []string{"c0"}, Deleted: []string{}, Deferred: []string{},
+		Pending:    []participant.DirSeen{{CheckpointID: "c1", CheckpointDir: "/g/c1", GoneSince: &at}},
+		Unreadable: []participant.DirSeen{{CheckpointID: "c2", CheckpointDir: "/g/c2", Reason: "io_error", Error: "EIO"}},
+	}
+	if diff := cmp.Diff(want, rep); diff != "" {
+		t.Errorf("reply (-want +got):\n%s", diff)
+	}
+	f.retention = func() (owner.RetentionResult, error) {
+		return owner.RetentionResult{Dropped: []string{"c0"}}, errors.New("index closed")
+	}
+	_, err = p.CheckRetention(ctx, participant.CheckRetentionRequest{})
+	var re *resources.Error
+	if !errors.As(err, &re) || re.Code != participant.CodeRetentionFailed || !strings.Contains(re.Detail, "(dropped c0; the next check deletes the rest)") {
+		t.Errorf("failed check: %v", err)
 	}
 }
 

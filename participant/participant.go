@@ -39,6 +39,8 @@ type Owner interface {
 	Restore(ctx context.Context, req owner.RestoreRequest) (owner.RestoreResult, error)
 	Retire(ctx context.Context, sessionIDs []string) (owner.RetireResult, error)
 	Release(ctx context.Context, kept []string) (owner.ReleaseResult, error)
+	CheckRetention(ctx context.Context) (owner.RetentionResult, error)
+	RetentionStatus() owner.RetentionStatus
 	EndSessionSandbox(ctx context.Context, sessionID string) error
 	Sessions() ([]string, error)
 }
@@ -51,6 +53,9 @@ const (
 	CodeRestoreFailed = "restore_failed"
 	CodeRetireFailed  = "retire_failed"
 	CodeReleaseFailed = "release_failed"
+	// CodeRetentionFailed: a check of the checkpoint directories could
+	// not drop or delete what it decided to.
+	CodeRetentionFailed = "retention_failed"
 )
 
 // Config configures a Participant.
@@ -523,6 +528,64 @@ type ReleaseRequest struct {
 	KeptCheckpointIDs *[]string `json:"kept_checkpoint_ids"`
 }
 
+// CheckRetentionRequest is check_retention's body: an empty object.
+type CheckRetentionRequest struct{}
+
+// CheckRetentionReply answers check_retention.
+type CheckRetentionReply struct {
+	FollowDirs bool              `json:"follow_dirs"`
+	Dropped    []string          `json:"dropped"`
+	Deleted    []string          `json:"deleted"`
+	Deferred   []string          `json:"deferred"`
+	Failed     map[string]string `json:"failed,omitempty"`
+	// Pending are the checkpoints whose directory was seen gone, not yet
+	// for the grace; Unreadable those whose directory could not be read.
+	Pending    []DirSeen `json:"pending"`
+	Unreadable []DirSeen `json:"unreadable"`
+}
+
+// DirSeen is a checkpoint whose directory a check saw gone or could not
+// read.
+type DirSeen struct {
+	CheckpointID  string   `json:"checkpoint_id"`
+	CheckpointDir string   `json:"checkpoint_dir"`
+	GoneSince     *float64 `json:"gone_since,omitempty"`
+	Reason        string   `json:"reason,omitempty"`
+	Error         string   `json:"error,omitempty"`
+}
+
+// CheckRetention checks the checkpoint directories now, as the period
+// does: a checkpoint whose directory is gone for the grace is dropped and
+// its snapshots deleted as a release's.
+func (p *Participant) CheckRetention(ctx context.Context, _ CheckRetentionRequest) (any, error) {
+	res, err := p.own.CheckRetention(ctx)
+	rep := CheckRetentionReply{
+		FollowDirs: p.own.RetentionStatus().FollowDirs,
+		Dropped:    nonNil(res.Dropped), Deleted: nonNil(res.Deleted), Deferred: nonNil(res.Deferred), Failed: res.Failed,
+		Pending: []DirSeen{}, Unreadable: []DirSeen{},
+	}
+	for _, s := range res.Pending {
+		since := float64(s.Since.UnixNano()) / 1e9
+		rep.Pending = append(rep.Pending, DirSeen{CheckpointID: s.ID, CheckpointDir: s.Dir, GoneSince: &since})
+	}
+	for _, s := range res.Unreadable {
+		rep.Unreadable = append(rep.Unreadable, DirSeen{CheckpointID: s.ID, CheckpointDir: s.Dir, Reason: s.Reason, Error: s.Detail})
+	}
+	if err != nil {
+		e := resources.Wrap(nethttp.StatusInternalServerError, CodeRetentionFailed, err)
+		e.Detail += fmt.Sprintf(" (dropped %s; the next check deletes the rest)", strings.Join(rep.Dropped, ", "))
+		return nil, e
+	}
+	return rep, nil
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
 // ReleaseReply answers release.
 type ReleaseReply struct {
 	Kept     []string          `json:"kept_checkpoint_ids"`
@@ -548,12 +611,6 @@ func (p *Participant) Release(ctx context.Context, req ReleaseRequest) (any, err
 		}
 	}
 	res, err := p.own.Release(ctx, kept)
-	nonNil := func(s []string) []string {
-		if s == nil {
-			return []string{}
-		}
-		return s
-	}
 	rep := ReleaseReply{Kept: kept, Dropped: nonNil(res.Dropped), Deleted: nonNil(res.Deleted), Deferred: nonNil(res.Deferred), Failed: res.Failed}
 	if err != nil {
 		e := resources.Wrap(nethttp.StatusInternalServerError, CodeReleaseFailed, err)

@@ -25,6 +25,8 @@ type fakeOwner struct {
 	commitIn  []owner.CommitRequest
 	commit    func(owner.CommitRequest) (owner.CommitResult, error)
 	release   func([]string) (owner.ReleaseResult, error)
+	retention func() (owner.RetentionResult, error)
+	retStatus owner.RetentionStatus
 	endErr    error
 	retireIn  [][]string
 	retire    func([]string) (owner.RetireResult, error)
@@ -66,6 +68,15 @@ func (f *fakeOwner) Retire(_ context.Context, ids []string) (owner.RetireResult,
 	}
 	return owner.RetireResult{Stopped: ids}, nil
 }
+
+func (f *fakeOwner) CheckRetention(context.Context) (owner.RetentionResult, error) {
+	if f.retention != nil {
+		return f.retention()
+	}
+	return owner.RetentionResult{}, nil
+}
+
+func (f *fakeOwner) RetentionStatus() owner.RetentionStatus { return f.retStatus }
 
 func (f *fakeOwner) Release(_ context.Context, kept []string) (owner.ReleaseResult, error) {
 	if f.release != nil {
