@@ -66,43 +66,53 @@ func TestExamplesLoad(t *testing.T) {
 	}
 }
 
-// TestREADMEConfigsAreTheExamples: a YAML block of README.md that names a
-// file of examples/ in its first line configures what that file does.
+// TestREADMEConfigsAreTheExamples: a YAML block of README.md or docs/ that
+// names a file of examples/ in its first line configures what that file does.
 func TestREADMEConfigsAreTheExamples(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	docs, err := filepath.Glob(filepath.Join("..", "docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	blocks := 0
-	for _, part := range strings.Split(string(b), "```yaml\n")[1:] {
-		block, _, _ := strings.Cut(part, "```")
-		first, _, _ := strings.Cut(block, "\n")
-		name, ok := strings.CutPrefix(first, "# examples/")
-		if !ok {
-			continue
+	for _, doc := range append([]string{filepath.Join("..", "README.md")}, docs...) {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
 		}
-		blocks++
-		t.Run(name, func(t *testing.T) {
-			readme := filepath.Join(t.TempDir(), name)
-			if err := os.WriteFile(readme, []byte(block), 0o644); err != nil {
-				t.Fatal(err)
+		for _, part := range strings.Split(string(b), "```yaml\n")[1:] {
+			block, _, _ := strings.Cut(part, "```")
+			first, _, _ := strings.Cut(block, "\n")
+			name, ok := strings.CutPrefix(first, "# examples/")
+			if !ok {
+				continue
 			}
-			want, err := app.ParseArgs([]string{"-config", filepath.Join("..", "examples", name)}, io.Discard)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := app.ParseArgs([]string{"-config", readme}, io.Discard)
-			if err != nil {
-				t.Fatalf("README's %s: %v", name, err)
-			}
-			if diff := cmp.Diff(want.Config, got.Config); diff != "" {
-				t.Errorf("README's %s differs from the file (-file +README):\n%s", name, diff)
-			}
-		})
+			blocks++
+			checkExampleBlock(t, filepath.Base(doc), name, block)
+		}
 	}
 	if blocks < 3 {
-		t.Errorf("%d README blocks name an example, want the walk-through's, SWE-bench's and OpenSandbox's", blocks)
+		t.Errorf("%d blocks name an example, want the walk-through's, SWE-bench's and OpenSandbox's", blocks)
 	}
+}
+
+func checkExampleBlock(t *testing.T, doc, name, block string) {
+	t.Run(doc+"/"+name, func(t *testing.T) {
+		readme := filepath.Join(t.TempDir(), name)
+		if err := os.WriteFile(readme, []byte(block), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		want, err := app.ParseArgs([]string{"-config", filepath.Join("..", "examples", name)}, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := app.ParseArgs([]string{"-config", readme}, io.Discard)
+		if err != nil {
+			t.Fatalf("%s's %s: %v", doc, name, err)
+		}
+		if diff := cmp.Diff(want.Config, got.Config); diff != "" {
+			t.Errorf("%s's %s differs from the file (-file +doc):\n%s", doc, name, diff)
+		}
+	})
 }
 
 // TestExamplesWriteOnlyBesideThemselves: every directory an example names

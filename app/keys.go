@@ -265,13 +265,12 @@ func writeUsage(w io.Writer, own [][3]string) {
 	_ = tw.Flush()
 	fmt.Fprintln(w, "\nconfiguration keys (YAML keys of -config FILE, and flags named by their dotted path; flags win):")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	help := keyUsage()
-	for _, l := range leaves() {
-		meaning := help[l.path]
-		if d := defaultOf(l); d != "" {
-			meaning += " (default " + d + ")"
+	for _, k := range Reference() {
+		meaning := k.Meaning
+		if k.Default != "" {
+			meaning += " (default " + k.Default + ")"
 		}
-		fmt.Fprintf(tw, "  -%s\t%s\t%s\n", l.path, flagType(l.typ), meaning)
+		fmt.Fprintf(tw, "  -%s\t%s\t%s\n", k.Key, k.Type, meaning)
 	}
 	_ = tw.Flush()
 }
