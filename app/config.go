@@ -227,7 +227,7 @@ func keyUsage() map[string]string {
 		"sandbox.fake.id_prefix":                       "fake provider: prefix of its ids",
 		"sandbox.local.root":                           "local provider: directory of sandboxes and snapshots (default: <state_dir>/sandboxes)",
 		"sandbox.local.templates":                      "local provider: image=directory (repeatable; an empty directory is an empty tree)",
-		"sandbox.local.isolation":                      "local provider: auto, bwrap or none (default: auto)",
+		"sandbox.local.isolation":                      "local provider: auto or container (containers the server makes itself; bwrap is container), or none (unisolated) (default: auto)",
 		"sandbox.local.overlay":                        "local provider: auto, on or off (default: auto)",
 		"sandbox.local.default_workdir":                "local provider: workdir of specs that name none (default: /sandbox)",
 		"sandbox.local.caches":                         "local provider: cache name=host directory of a named shared cache (repeatable; default <root>/caches/<name>)",

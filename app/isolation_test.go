@@ -17,7 +17,7 @@ import (
 // /health says how sandboxed commands are held, and a server whose
 // commands run unisolated says so in words at startup.
 func TestHealthAndStartupSayTheIsolation(t *testing.T) {
-	for _, isolation := range []string{"none", "bwrap"} {
+	for _, isolation := range []string{"none", "container"} {
 		t.Run(isolation, func(t *testing.T) {
 			cfg := app.Defaults()
 			cfg.Port = 0
@@ -45,7 +45,7 @@ func TestHealthAndStartupSayTheIsolation(t *testing.T) {
 				Seccomp   string `json:"seccomp"`
 				Limits    string `json:"limits"`
 			}
-			wantSeccomp := map[string]string{"bwrap": "default", "none": "off"}[isolation]
+			wantSeccomp := map[string]string{"container": "default", "none": "off"}[isolation]
 			if err := json.Unmarshal(body, &h); err != nil || h.Isolation != isolation || h.Seccomp != wantSeccomp {
 				t.Errorf("health = %s, want isolation %q, seccomp %q", body, isolation, wantSeccomp)
 			}
@@ -60,24 +60,33 @@ func TestHealthAndStartupSayTheIsolation(t *testing.T) {
 	}
 }
 
-// isolation: bwrap refuses to start without a working bubblewrap.
-func TestBwrapIsolationRefusesToStartWithoutBubblewrap(t *testing.T) {
+// Without bubblewrap on the PATH, every isolating mode (bwrap, kept for
+// configurations that name it, included) makes containers of the server's
+// own: isolation bwrap used to refuse to start, and auto to run sandboxes
+// unisolated.
+func TestIsolationNeedsNoBubblewrap(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
-	cfg := app.Defaults()
-	cfg.Port = 0
-	cfg.Sandbox.Local.Root = t.TempDir()
-	cfg.Sandbox.Local.Isolation = "bwrap"
-	if _, err := app.Start(context.Background(), cfg, app.Deps{}); err == nil {
-		t.Fatal("started without bubblewrap")
+	for _, isolation := range []string{"auto", "container", "bwrap"} {
+		cfg := app.Defaults()
+		cfg.Port = 0
+		cfg.Sandbox.Local.Root = t.TempDir()
+		cfg.Sandbox.Local.Isolation = isolation
+		cfg.Sandbox.Local.Overlay = "off"
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := app.Start(context.Background(), cfg, app.Deps{Listener: ln})
+		if err != nil {
+			t.Fatalf("isolation %s without bubblewrap: %v", isolation, err)
+		}
+		status, body, err := fasthttp.Get(nil, "http://"+a.Addr().String()+"/health")
+		_ = a.Stop(context.Background())
+		var h struct {
+			Isolation string `json:"isolation"`
+		}
+		if err != nil || status != 200 || json.Unmarshal(body, &h) != nil || h.Isolation != "container" {
+			t.Errorf("isolation %s without bubblewrap: health %d %s %v, want isolation container", isolation, status, body, err)
+		}
 	}
-	cfg.Sandbox.Local.Isolation = "auto"
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := app.Start(context.Background(), cfg, app.Deps{Listener: ln})
-	if err != nil {
-		t.Fatalf("auto without bubblewrap: %v", err)
-	}
-	_ = a.Stop(context.Background())
 }

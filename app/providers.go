@@ -190,7 +190,8 @@ func localReport(prov provider.Provider, f func(localReporter) string) string {
 }
 
 // isolationOf is how prov holds sandboxed commands, for /health: the
-// local provider says ("bwrap" or "none"); others hold them their own way.
+// local provider says ("container", "none", or "unavailable" where the
+// kernel refuses containers); others hold them their own way.
 func isolationOf(prov provider.Provider) string {
 	if w, ok := prov.(withoutSnapshots); ok {
 		prov = w.Provider

@@ -83,7 +83,7 @@ func keyDetails() map[string]string {
 		"sandbox.provider":                     "`opensandbox` is an OpenSandbox cluster ([opensandbox.md](opensandbox.md)); `fake` is in memory, for demos and tests",
 		"sandbox.local.root":                   "One server per root: the server holds `<root>/server.lock` (flock) while it runs, and a second one on the root exits 2 with one line naming the process that holds it",
 		"sandbox.local.templates":              "The default is `{notes: \"\"}` (an empty tree)",
-		"sandbox.local.isolation":              "`auto` is bubblewrap when it works; `bwrap` refuses to start without it ([security.md](security.md))",
+		"sandbox.local.isolation":              "`auto` and `container`: where the kernel refuses containers, `auto` starts no sandbox and says why, `container` refuses to start ([security.md](security.md))",
 		"sandbox.local.overlay":                "`on` is overlayfs (forks copy nothing); `off` copies",
 		"sandbox.local.caches":                 "Named cache directories shared read-write into the sandboxes that name them",
 		"sandbox.local.uid":                    "Root inside a sandbox is this uid on the host; `0` means the default, never root",

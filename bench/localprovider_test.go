@@ -7,8 +7,8 @@ package main
 //
 //	go test ./bench -run '^$' -bench Local -benchtime 5x
 //
-// Overlay and bubblewrap cases skip where they cannot run (overlay needs
-// root; bubblewrap needs the bubblewrap package).
+// Overlay and container cases skip where they cannot run (overlay needs
+// root; containers a kernel that allows unprivileged user namespaces).
 
 import (
 	"context"
@@ -74,8 +74,8 @@ func localProvider(b *testing.B, isolation, overlay string, templates map[string
 	switch {
 	case errors.Is(err, local.ErrOverlayUnavailable):
 		b.Skipf("SKIP: overlayfs cannot be mounted here: %v", err)
-	case errors.Is(err, local.ErrBwrapUnavailable):
-		b.Skipf("SKIP: bubblewrap cannot run here: %v", err)
+	case errors.Is(err, local.ErrIsolationUnavailable):
+		b.Skipf("SKIP: the kernel refuses containers here: %v", err)
 	case err != nil:
 		b.Fatal(err)
 	}
@@ -118,9 +118,9 @@ func BenchmarkLocalStart(b *testing.B) {
 	}
 }
 
-// BenchmarkLocalExec: one `true`, unisolated and under bubblewrap.
+// BenchmarkLocalExec: one `true`, unisolated and in a container.
 func BenchmarkLocalExec(b *testing.B) {
-	for _, iso := range []string{local.IsolationNone, local.IsolationBwrap} {
+	for _, iso := range []string{local.IsolationNone, local.IsolationContainer} {
 		b.Run(iso, func(b *testing.B) {
 			p := localProvider(b, iso, local.OverlayOff, nil)
 			h := localStart(b, p, provider.Spec{})

@@ -123,7 +123,8 @@ type Config struct {
 	// Mounts serve other path prefixes (the sandbox exec API) with their
 	// own handlers; they get the panic guard and nothing else.
 	Mounts map[string]fasthttp.RequestHandler
-	// Isolation is how sandboxed commands are held ("bwrap", "none"),
+	// Isolation is how sandboxed commands are held ("container", "none",
+	// "unavailable"),
 	// reported by /health when set.
 	Isolation string
 	// ProviderDown, when set, says why the provider cannot be reached (nil

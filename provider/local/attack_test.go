@@ -14,17 +14,19 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandboxowner/owner/provider"
 )
 
 // The tests in this file are attacks a hostile agent tried on sandboxes
 // that ran as host root with the host's whole / in view.
 
-// bwrapModes are the isolated modes.
-func bwrapModes(t *testing.T, f func(t *testing.T, m mode)) {
+// containerModes are the isolated modes.
+func containerModes(t *testing.T, f func(t *testing.T, m mode)) {
 	t.Helper()
 	for _, m := range allModes() {
-		if m.isolation != IsolationBwrap {
+		if m.isolation != IsolationContainer {
 			continue
 		}
 		t.Run(m.name, func(t *testing.T) {
@@ -70,7 +72,7 @@ __attribute__((constructor)) static void mark(void) {
 // as host root before any namespace existed.
 func TestRequestEnvReachesOnlyTheCommand(t *testing.T) {
 	lib := preloadLib(t)
-	bwrapModes(t, func(t *testing.T, m mode) {
+	containerModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{})
 		mark := filepath.Join(t.TempDir(), "marked")
@@ -110,7 +112,7 @@ func TestEnvNamesAreChecked(t *testing.T) {
 // Commands used to run as host uid 0 with CAP_DAC_OVERRIDE: every secret
 // of the host was readable.
 func TestCommandsRunAsNobodyWithoutCapabilities(t *testing.T) {
-	bwrapModes(t, func(t *testing.T, m mode) {
+	containerModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{})
 		got := mustRun(t, p, h, `grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status | tr -s '\t ' ' '`)
@@ -180,7 +182,7 @@ func TestSandboxSeesOnlyTheAllowList(t *testing.T) {
 	}
 	t.Cleanup(func() { ln.Close() })
 
-	bwrapModes(t, func(t *testing.T, m mode) {
+	containerModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{ROBinds: []string{tools}, Hide: []string{state, filepath.Join(tools, "config.yaml")}})
 		h := start(t, p, provider.Spec{})
 		other := start(t, p, provider.Spec{Files: map[string]string{"theirs": "x"}})
@@ -215,11 +217,11 @@ func TestSandboxSeesOnlyTheAllowList(t *testing.T) {
 }
 
 // wantRoot is what `ls /` shows in a sandbox: the allow-list present on
-// this host, the workdir, /dev, /proc, /tmp, the init (the server's binary,
-// read-only) and more.
+// this host, the workdir, /dev, /proc, /tmp and more. The init's binary
+// (the server's) is not there: the init executes it from a descriptor.
 func wantRoot(t *testing.T, more ...string) string {
 	t.Helper()
-	names := append([]string{"dev", "proc", "sandbox", initName, "tmp"}, more...)
+	names := append([]string{"dev", "proc", "sandbox", "tmp"}, more...)
 	for _, p := range defaultROBinds {
 		if _, err := os.Lstat(p); err == nil {
 			names = append(names, strings.TrimPrefix(p, "/"))
@@ -231,12 +233,12 @@ func wantRoot(t *testing.T, more ...string) string {
 
 func TestReadOnlyBindsAreChecked(t *testing.T) {
 	for _, b := range []string{"relative", "/", "/var/lib", "/home", "/run/x", "/tmp/x", "/no/such/dir", "/usr/../etc"} {
-		_, err := New(Options{Root: t.TempDir(), Isolation: IsolationBwrap, Overlay: OverlayOff, ROBinds: []string{b}})
+		_, err := New(Options{Root: t.TempDir(), Isolation: IsolationContainer, Overlay: OverlayOff, ROBinds: []string{b}})
 		if !errors.Is(err, ErrBadOptions) {
 			t.Errorf("ro_bind %q: %v, want ErrBadOptions", b, err)
 		}
 	}
-	if _, err := New(Options{Root: t.TempDir(), Isolation: IsolationBwrap, Overlay: OverlayOff, ROBinds: []string{"/usr"}, Hide: []string{"/usr"}}); !errors.Is(err, ErrBadOptions) {
+	if _, err := New(Options{Root: t.TempDir(), Isolation: IsolationContainer, Overlay: OverlayOff, ROBinds: []string{"/usr"}, Hide: []string{"/usr"}}); !errors.Is(err, ErrBadOptions) {
 		t.Errorf("a bind inside a hidden path: %v", err)
 	}
 }
@@ -244,7 +246,7 @@ func TestReadOnlyBindsAreChecked(t *testing.T) {
 // A sandbox used to have no limits: a thousand processes, a gigabyte file,
 // memory without end.
 func TestLimitsHoldForkLoopsMemoryHogsAndBigFiles(t *testing.T) {
-	for _, m := range []mode{{"bwrap-copy", IsolationBwrap, OverlayOff}, {"none-copy", IsolationNone, OverlayOff}} {
+	for _, m := range []mode{{"container-copy", IsolationContainer, OverlayOff}, {"none-copy", IsolationNone, OverlayOff}} {
 		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
 			// The memory is well over what the sandbox's init holds (more
@@ -386,7 +388,7 @@ func TestAPreloadedLibraryRunsInsideTheLimits(t *testing.T) {
 		}
 		writeFile(t, p, h, "cg.so", string(b))
 		libPath := filepath.Join(fsDir(p, h), "cg.so")
-		if m.isolation == IsolationBwrap {
+		if m.isolation == IsolationContainer {
 			libPath = "/sandbox/cg.so"
 		}
 		res, err := p.Exec(context.Background(), h, provider.ExecRequest{
@@ -411,13 +413,13 @@ func TestAPreloadedLibraryRunsInsideTheLimits(t *testing.T) {
 	})
 }
 
-// bubblewrap's own processes used to run outside the sandbox's cgroups
+// bubblewrap's processes used to run outside the sandbox's cgroups
 // (only the command joined them), and its init, the sandbox's pid 1, could
 // be ptraced from inside and made to run anything outside the limits. Every
 // process carrying the sandbox's mark is now in its cgroups while a command
 // runs.
 func TestEveryProcessOfACommandIsInItsCgroups(t *testing.T) {
-	bwrapModes(t, func(t *testing.T, m mode) {
+	containerModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		needCgroups(t, p)
 		h := start(t, p, provider.Spec{})
@@ -429,7 +431,7 @@ func TestEveryProcessOfACommandIsInItsCgroups(t *testing.T) {
 		}()
 		pids := markedProcesses(h.SandboxID)
 		if len(pids) < 2 {
-			t.Fatalf("%d processes carry the sandbox's mark, want bubblewrap's and the command's", len(pids))
+			t.Fatalf("%d processes carry the sandbox's mark, want the init's and the command's", len(pids))
 		}
 		for _, pid := range pids {
 			b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
@@ -491,7 +493,7 @@ func TestTheDefaultSyscallFilterRefusesTheKernelsAttackSurface(t *testing.T) {
 		t.Skip("SKIP: no /usr/bin/python3 to make the calls from inside a sandbox (install python3; .ci/run does)")
 	}
 	denied := []string{"keyctl", "add_key", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "kexec_load", "init_module", "mount", "unshare"}
-	bwrapModes(t, func(t *testing.T, m mode) {
+	containerModes(t, func(t *testing.T, m mode) {
 		for _, filter := range []string{SeccompDefault, SeccompOff} {
 			p := newProvider(t, m, Options{Seccomp: filter})
 			if got := p.Seccomp(); got != filter {
@@ -533,12 +535,12 @@ func TestTheDefaultSyscallFilterRefusesTheKernelsAttackSurface(t *testing.T) {
 }
 
 func TestASeccompFileIsChecked(t *testing.T) {
-	m := mode{"bwrap-copy", IsolationBwrap, OverlayOff}
+	m := mode{"container-copy", IsolationContainer, OverlayOff}
 	bad := filepath.Join(t.TempDir(), "bad.bpf")
 	if err := os.WriteFile(bad, []byte("not a program"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(Options{Root: t.TempDir(), Isolation: m.isolation, Seccomp: bad}); !errors.Is(err, ErrBadOptions) && !errors.Is(err, ErrBwrapUnavailable) {
+	if _, err := New(Options{Root: t.TempDir(), Isolation: m.isolation, Seccomp: bad}); !errors.Is(err, ErrBadOptions) && !errors.Is(err, ErrIsolationUnavailable) {
 		t.Errorf("a file that is no BPF program: %v, want ErrBadOptions", err)
 	}
 	// The default program, written to a file, is a filter file that works.
@@ -565,13 +567,13 @@ func TestASeccompFileIsChecked(t *testing.T) {
 // not dumpable: no process of the sandbox may trace it or read its memory
 // or environment, while a command's own processes stay open to it.
 func TestTheSandboxsInitCannotBeTraced(t *testing.T) {
-	bwrapModes(t, func(t *testing.T, m mode) {
+	containerModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{})
 		got := mustRun(t, p, h, `echo "pid1 $(cat /proc/1/comm)"; echo "parent $PPID"
-for f in /proc/1/environ /proc/1/mem /proc/$PPID/environ; do head -c1 $f >/dev/null 2>&1 && echo "$f readable" || echo "$f refused"; done
+for f in /proc/1/environ /proc/1/mem /proc/1/exe /proc/$PPID/environ; do head -c1 $f >/dev/null 2>&1 && echo "$f readable" || echo "$f refused"; done
 head -c1 /proc/self/environ >/dev/null && echo "self readable"`)
-		want := "pid1 " + initName + "\nparent 1\n/proc/1/environ refused\n/proc/1/mem refused\n/proc/1/environ refused\nself readable\n"
+		want := "pid1 " + initName + "\nparent 1\n/proc/1/environ refused\n/proc/1/mem refused\n/proc/1/exe refused\n/proc/1/environ refused\nself readable\n"
 		if got != want {
 			t.Errorf("got:\n%s\nwant:\n%s", got, want)
 		}
@@ -610,5 +612,49 @@ func TestTheMemoryLimitIsClaimedOnlyWhereItHolds(t *testing.T) {
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
 	if got := p.LimitsInEffect(); !strings.Contains(got, "memory") {
 		t.Errorf("limits in effect where memory is enforced: %q", got)
+	}
+}
+
+// A command inherited its init's end of the control socket (fd 3): it
+// could read the next command's request, with its output descriptors, or
+// answer for the init; and whatever the server inherited (a pipe of the
+// shell that started it) reached every command. A command now holds none
+// of them.
+func TestACommandHoldsOnlyItsOwnDescriptors(t *testing.T) {
+	// A descriptor the server holds without close-on-exec, as one it
+	// inherited would be.
+	inherited := filepath.Join(t.TempDir(), "inherited-by-the-server")
+	f, err := os.Create(inherited)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_SETFD, 0); err != nil {
+		t.Fatal(err)
+	}
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{})
+		got := mustRun(t, p, h, `for f in /proc/$$/fd/*; do echo "${f##*/} $(readlink $f)"; done`)
+		if strings.Contains(got, "socket:") || strings.Contains(got, inherited) || !strings.Contains(got, "\n1 /") {
+			t.Errorf("the command's shell holds descriptors:\n%s\nwant none a socket, nor the server's %s", got, inherited)
+		}
+	})
+}
+
+// Isolation needed bubblewrap: without it on the PATH a server ran every
+// sandbox unisolated. The server now makes the containers itself.
+func TestContainersNeedNoBubblewrap(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	for _, isolation := range []string{IsolationAuto, IsolationContainer, IsolationBwrap} {
+		p := newProvider(t, mode{"container", isolation, OverlayOff}, Options{})
+		if got := p.Isolation(); got != IsolationContainer {
+			t.Fatalf("isolation %s without bubblewrap: %q, want %q", isolation, got, IsolationContainer)
+		}
+		h := start(t, p, provider.Spec{})
+		got := mustRun(t, p, h, `echo "$(cat /proc/1/comm) $(id -u) $(grep CapEff /proc/self/status | tr -s '\t' ' ')"; ls /`)
+		if want := initName + " 0 CapEff: 0000000000000000\n" + wantRoot(t); got != want {
+			t.Errorf("isolation %s without bubblewrap:\n%s\nwant:\n%s", isolation, got, want)
+		}
 	}
 }

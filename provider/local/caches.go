@@ -3,7 +3,7 @@ package local
 import (
 	"fmt"
 	"os"
-	"path"
+
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -18,7 +18,7 @@ import (
 // module and build caches, say): Options.Caches[name], or <Root>/caches/<name>
 // when the options do not place it. It is outside the sandbox's tree, so
 // snapshots and forks do not copy it; a fork whose spec names it shares it
-// again. Under bubblewrap it is bind-mounted at its path. Unisolated nothing
+// again. Isolated, it is bind-mounted at its path. Unisolated nothing
 // can be mounted: instead an environment value (the spec's or the
 // request's) that is a cache's path, or a path under it, is rewritten to the
 // cache's host directory, so that GOCACHE=/caches/gobuild works either way.
@@ -76,8 +76,8 @@ func (p *Provider) cacheMounts(spec provider.Spec, workdir string) ([]cacheMount
 			return nil, fmt.Errorf("local: caches %q and %q are both at %s: %w", other, name, clean, provider.ErrInvalidSpec)
 		}
 		seen[clean] = name
-		if p.bwrap != nil {
-			if err := p.bwrap.checkWorkdir(clean); err != nil {
+		if p.ctr != nil {
+			if err := p.ctr.checkWorkdir(clean); err != nil {
 				return nil, fmt.Errorf("local: cache %q: %v: %w", name, err, provider.ErrInvalidSpec)
 			}
 		}
@@ -128,7 +128,7 @@ func (p *Provider) sandboxMounts(spec provider.Spec, workdir, dir string, makeDi
 	if err != nil {
 		return nil, err
 	}
-	if makeDirs && p.bwrap != nil {
+	if makeDirs && p.ctr != nil {
 		for _, m := range mounts {
 			if err := p.reach(m.host); err != nil {
 				return nil, fmt.Errorf("local: %s: %w", m.name, err)
@@ -165,17 +165,4 @@ func rewriteCacheEnv(env map[string]string, mounts []cacheMount) {
 			}
 		}
 	}
-}
-
-// cacheBindArgs are bubblewrap's arguments for the mounts.
-func cacheBindArgs(mounts []cacheMount) []string {
-	a := make([]string, 0, 3*len(mounts))
-	for _, m := range mounts {
-		bind := "--bind"
-		if m.ro {
-			bind = "--ro-bind"
-		}
-		a = append(a, bind, m.host, path.Clean(m.path))
-	}
-	return a
 }

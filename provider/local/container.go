@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -19,11 +20,10 @@ import (
 var errInitGone = errors.New("local: the sandbox's init is gone")
 
 // sandboxInit is the server's side of a sandbox's init (see runInit): the
-// process (bubblewrap, or the init itself when unisolated) and the control
-// socket.
+// process and the control socket.
 type sandboxInit struct {
 	cmd  *exec.Cmd
-	pgid int // the host process group of bubblewrap and the init
+	pgid int // the host process group of the init
 	fd   int // the server's end of the control socket
 
 	mu    sync.Mutex
@@ -35,10 +35,9 @@ type sandboxInit struct {
 }
 
 // startInit starts the sandbox's init in its cgroups (cgFiles) and returns
-// once it runs. Under bubblewrap the init is the sandbox's pid 1, in the
+// once it runs commands. Isolated, the init is the sandbox's pid 1, in the
 // sandbox's own user, pid, mount, network, ipc, uts and cgroup namespaces,
-// with the syscall filter; the server's binary is bound read-only at
-// initPath from an open descriptor.
+// with the syscall filter (see runSetup).
 func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, err error) {
 	s.mu.Lock()
 	meta := s.meta
@@ -59,37 +58,37 @@ func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, er
 		return nil, err
 	}
 	var cmd *exec.Cmd
-	if p.bwrap != nil {
+	var setup *initSetup
+	if p.ctr != nil {
 		caches, err := p.sandboxMounts(meta.Spec, meta.Workdir, s.dir, true)
 		if err != nil {
 			return nil, err
 		}
-		// fd 3 the control socket, 4 nothing, 5 the filter.
-		extra := append([]string{"--ro-bind", exe, initPath}, cacheBindArgs(caches)...)
-		args := p.bwrap.initArgs(s.fsDir(), meta.Workdir, meta.Network, []string{SandboxIDEnv + "=" + s.id}, extra...)
-		cmd = exec.Command(p.bwrap.bin, args...)
-		cmd.Env = hostEnv(s.id)
-		cmd.SysProcAttr = p.bwrap.sysProcAttr()
-		cmd.ExtraFiles = []*os.File{child, nil}
-		if p.bwrap.seccomp != nil {
-			f, err := filterFile(p.bwrap.seccomp)
-			if err != nil {
-				return nil, err
-			}
-			defer f.Close()
-			cmd.ExtraFiles = append(cmd.ExtraFiles, f)
-		}
+		setup = p.ctr.setup(s.fsDir(), meta.Workdir, meta.Network, caches)
+		cmd = &exec.Cmd{Path: exe, Args: []string{initName, initStageSetup}, Dir: "/", Env: hostEnv(s.id)}
+		cmd.SysProcAttr = p.ctr.sysProcAttr(meta.Network)
 	} else {
 		// No death signal: when the server dies the init sees its control
 		// socket close and kills what it started before it exits.
 		cmd = &exec.Cmd{Path: exe, Args: []string{initName}, Dir: s.fsDir(), Env: hostEnv(s.id)}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		cmd.ExtraFiles = []*os.File{child}
 	}
+	cmd.ExtraFiles = []*os.File{child}
 	stderr := &limitedBuffer{max: 4 << 10}
 	cmd.Stderr = stderr
 	if err := startJoined(cmd, cgFiles); err != nil {
 		return nil, fmt.Errorf("local: start the sandbox's init: %w", err)
+	}
+	child.Close() // the init's end is the init's alone: its exit closes it
+	if setup != nil {
+		if err := awaitSetup(fds[0], setup); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			if msg := stderr.String(); msg != "" {
+				err = fmt.Errorf("%w: %s", err, msg)
+			}
+			return nil, fmt.Errorf("local: start the sandbox's init: %w", err)
+		}
 	}
 	in := &sandboxInit{cmd: cmd, pgid: cmd.Process.Pid, fd: fds[0], waits: map[uint64]chan initMsg{}, dead: make(chan struct{}), released: make(chan struct{})}
 	go in.read()
@@ -103,9 +102,58 @@ func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, er
 	return in, nil
 }
 
+// setupTimeout bounds how long an init may take to build its sandbox.
+const setupTimeout = 30 * time.Second
+
+// awaitSetup sends an isolated init its setup on the control socket fd
+// and waits until it says it is ready (or why it is not).
+func awaitSetup(fd int, setup *initSetup) error {
+	b, err := json.Marshal(initMsg{Op: "setup", Setup: setup})
+	if err != nil {
+		return err
+	}
+	if len(b) > maxInitMsg {
+		return fmt.Errorf("the setup is %d bytes, more than %d", len(b), maxInitMsg)
+	}
+	if err := unix.Sendmsg(fd, b, nil, nil, 0); err != nil {
+		return fmt.Errorf("send the setup: %w", err)
+	}
+	tv := unix.NsecToTimeval(setupTimeout.Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return err
+	}
+	defer func() {
+		var none unix.Timeval
+		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &none)
+	}()
+	buf := make([]byte, 64<<10)
+	for {
+		n, _, _, _, err := unix.Recvmsg(fd, buf, nil, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("wait for the init: %w", err)
+		}
+		if n == 0 {
+			return errors.New("the init exited while it set the sandbox up")
+		}
+		var m initMsg
+		if err := json.Unmarshal(buf[:n], &m); err != nil {
+			return fmt.Errorf("the init's answer: %w", err)
+		}
+		switch m.Op {
+		case "ready":
+			return nil
+		case "exit":
+			return fmt.Errorf("set the sandbox up: %s", m.Error)
+		}
+	}
+}
+
 // initBinary is the server's binary where the sandbox's uid can reach it
-// (bubblewrap binds by path, as that uid): a hard link (else a copy) under
-// the provider's root, made once.
+// (the init executes it as that uid, by path): a hard link (else a copy)
+// under the provider's root, made once.
 func (p *Provider) initBinary() (string, error) {
 	p.initBinMu.Lock()
 	defer p.initBinMu.Unlock()
@@ -116,7 +164,7 @@ func (p *Provider) initBinary() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("local: find the server's binary: %w", err)
 	}
-	if p.bwrap == nil {
+	if p.ctr == nil {
 		p.initBin = exe
 		return exe, nil
 	}

@@ -16,9 +16,14 @@
 //
 // New probes what the machine can do and logs, once, what is in effect
 // (Isolation() and Overlay() report it too). With Isolation "auto" (the
-// default) commands run under bubblewrap when `bwrap` is on the PATH and
-// works, and unisolated otherwise, with a warning; "bwrap" makes New fail
-// instead (ErrBwrapUnavailable), "none" never isolates. Overlay "auto" (the
+// default) or "container" each sandbox is a container the server makes
+// itself, with nothing installed: New starts a throwaway one to see that
+// the kernel allows it. Where it does not (unprivileged user namespaces
+// disabled, say), "container" makes New fail (ErrIsolationUnavailable) and
+// "auto" makes a provider that reports Isolation "unavailable", says why
+// (IsolationError, Unreachable) and starts no sandbox: nothing runs
+// unisolated unless Isolation is "none". "bwrap", the name from when
+// bubblewrap made the namespaces, is "container". Overlay "auto" (the
 // default) makes sandboxes overlayfs mounts when the server can mount
 // overlayfs (it must be root), copies otherwise; "on" fails New instead
 // (ErrOverlayUnavailable), "off" always copies.
@@ -61,43 +66,44 @@
 //
 // Exec runs /bin/sh -c in its own process group with a small environment
 // (PATH, HOME, LANG, the spec's env, the request's env, and SandboxIDEnv);
-// names must be shell names. Under bubblewrap that environment is the
-// command's only: bwrap itself starts with a fixed one. bwrap runs in a
-// user namespace whose root is an unprivileged host uid and gid
-// (Options.UID, GID: 65534 by default) with no supplementary groups, and the
-// command runs as that root with every capability dropped (bounding set
-// included), no_new_privs, no further user namespaces, and the syscall
-// filter of Options.Seccomp (see deniedSyscalls). The server starts each
-// command held at its first instruction and puts it in the sandbox's
-// cgroups, with its rlimits, before it runs (startJoined): bubblewrap and
-// everything it forks are born inside the limits. A sandbox's tree
-// belongs to that uid: an image is given to it (copy mode: as it is copied;
-// overlay mode: by a metadata-only layer made once per template, under
-// <Root>/images). The command sees its tree at the workdir (Spec.Workdir,
-// default /sandbox), a private /tmp, its own /proc and a minimal /dev, its
-// caches and mounts, and read-only only /usr, /bin, /sbin, /lib*, /etc and
-// Options.ROBinds, with Options.Hide and the provider's root masked where
-// those hold them; /root, /home, /var, /srv, /run and the host's /tmp are
-// never shown. There is no network but loopback unless Spec.Network.
-// bubblewrap binds by path as that uid, so New makes the root's ancestors
-// searchable (o+x) for it. A workdir under a host directory that does not
-// hold it (/usr/x) is ErrInvalidSpec there. Unisolated, commands run as the
-// server does, with their cwd in the tree's host directory (pwd shows it),
-// and may touch anything the server can.
+// names must be shell names. That environment is the command's only: the
+// init starts with a fixed one. Isolated, a sandbox's user namespace maps
+// its root to an unprivileged host uid and gid (Options.UID, GID: 65534 by
+// default) with no supplementary groups, and commands run as that root
+// with every capability dropped (bounding set included), no_new_privs, no
+// further user namespaces, and the syscall filter of Options.Seccomp (see
+// deniedSyscalls). A sandbox's tree belongs to that uid: an image is given
+// to it (copy mode: as it is copied; overlay mode: by a metadata-only
+// layer made once per template, under <Root>/images). The command sees its
+// tree at the workdir (Spec.Workdir, default /sandbox), a private /tmp,
+// its own /proc and a minimal /dev, its caches and mounts, and read-only
+// only /usr, /bin, /sbin, /lib*, /etc and Options.ROBinds, with
+// Options.Hide and the provider's root masked where those hold them;
+// /root, /home, /var, /srv, /run and the host's /tmp are never shown, nor
+// the server's binary. There is no network but loopback unless
+// Spec.Network. The init binds the tree by path as that uid, so New makes
+// the root's ancestors searchable (o+x) for it. A workdir under a host
+// directory that does not hold it (/usr/x) is ErrInvalidSpec there.
+// Unisolated, commands run as the server does, with their cwd in the
+// tree's host directory (pwd shows it), and may touch anything the server
+// can.
 //
 // A sandbox is a container. Its first command starts its init (see
-// runInit): the server's own binary run again, long-lived, in the
-// sandbox's cgroups before it runs and, under bubblewrap, the sandbox's pid
-// 1 in its own namespaces; it is not dumpable. Every command is started by
-// it with exactly the command's environment, in a process group of its
-// own; what a command leaves running keeps running until the sandbox
+// runSetup and runInit): the server's own binary run again, long-lived,
+// held at its first instruction until it is in the sandbox's cgroups with
+// its rlimits (startJoined) and, isolated, the sandbox's pid 1 in its own
+// user, pid, mount, network, ipc, uts and cgroup namespaces, which builds
+// the sandbox's root, pivots into it, drops every privilege and loads the
+// filter before it runs a command; it is not dumpable, and holds no
+// descriptor a command inherits. Every command is started by it with
+// exactly the command's environment, in a process group of its own; what a command leaves running keeps running until the sandbox
 // stops, which kills its cgroups (and every process still carrying its
 // SandboxIDEnv). A command's group is killed on timeout (TimedOut, exit
 // 137) and when ctx ends; its output goes to files in memory that the
 // server reads once the shell exits, so `sleep 9 &` neither holds the call
-// nor dies with it. A server killed mid-command leaves nothing under
-// bubblewrap (--die-with-parent takes the init, pid 1, and so the whole
-// sandbox); unisolated the init kills what it started once the server's end
+// nor dies with it. A server killed mid-command leaves nothing isolated
+// (the init, pid 1, dies with the server, and the whole sandbox with it);
+// unisolated the init kills what it started once the server's end
 // of its control socket closes, and the next server to use or stop the
 // sandbox kills every process still carrying its SandboxIDEnv or still in
 // its cgroups.
@@ -120,8 +126,8 @@
 // Spec.ProviderOptions[CachesOption] ("caches") maps cache names to paths in
 // the sandbox: {"caches": {"gomod": "/caches/gomod"}}. A named cache is one
 // host directory (Options.Caches[name], else <Root>/caches/<name>) shared
-// read-write by every sandbox that names it, bind-mounted at its path under
-// bubblewrap; unisolated, environment values naming the path are rewritten to
+// read-write by every sandbox that names it, bind-mounted at its path in
+// an isolated sandbox; unisolated, environment values naming the path are rewritten to
 // the host directory. Caches are not part of the tree: snapshots do not copy
 // them.
 //

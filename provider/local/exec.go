@@ -23,7 +23,7 @@ const basePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 // Exec runs req.Command with /bin/sh -c in the sandbox, started by its init
 // (see runInit): in the workdir (or req.Cwd), with a small base environment
 // (PATH, HOME, LANG), the spec's env, req.Env and SandboxIDEnv. Under
-// bubblewrap the tree is at the workdir, the host is read-only, /tmp is the
+// isolation the tree is at the workdir, the host is read-only, /tmp is the
 // sandbox's own and there is no network but the sandbox's loopback unless
 // the spec asked for it; unisolated, the command runs in the tree's host
 // directory.
@@ -141,7 +141,7 @@ func (p *Provider) commandEnv(s *sandbox, rel string, req provider.ExecRequest) 
 	meta := s.meta
 	s.mu.Unlock()
 	home, dir := s.fsDir(), filepath.Join(s.fsDir(), filepath.FromSlash(rel))
-	if p.bwrap != nil {
+	if p.ctr != nil {
 		home, dir = meta.Workdir, path.Join(meta.Workdir, rel)
 	}
 	env := map[string]string{"PATH": basePath, "HOME": home, "LANG": "C.UTF-8"}
@@ -151,7 +151,7 @@ func (p *Provider) commandEnv(s *sandbox, rel string, req provider.ExecRequest) 
 	for k, v := range req.Env {
 		env[k] = v
 	}
-	if p.bwrap == nil {
+	if p.ctr == nil {
 		if caches, err := p.sandboxMounts(meta.Spec, meta.Workdir, s.dir, true); err == nil {
 			rewriteCacheEnv(env, caches)
 		}
@@ -172,6 +172,9 @@ func (p *Provider) commandEnv(s *sandbox, rel string, req provider.ExecRequest) 
 // sandboxInit returns the sandbox's running init, starting one (in the
 // sandbox's cgroups, made for it) when it has none or it died.
 func (p *Provider) sandboxInit(s *sandbox) (*sandboxInit, error) {
+	if err := p.isolationUp(); err != nil {
+		return nil, err
+	}
 	s.initMu.Lock()
 	defer s.initMu.Unlock()
 	s.mu.Lock()

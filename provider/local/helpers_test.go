@@ -74,8 +74,8 @@ func allModes() []mode {
 	return []mode{
 		{"none-copy", IsolationNone, OverlayOff},
 		{"none-overlay", IsolationNone, OverlayOn},
-		{"bwrap-copy", IsolationBwrap, OverlayOff},
-		{"bwrap-overlay", IsolationBwrap, OverlayOn},
+		{"container-copy", IsolationContainer, OverlayOff},
+		{"container-overlay", IsolationContainer, OverlayOn},
 	}
 }
 
@@ -121,8 +121,8 @@ func newProvider(t *testing.T, m mode, opts Options) *Provider {
 	}
 	p, err := New(opts)
 	switch {
-	case errors.Is(err, ErrBwrapUnavailable):
-		t.Skipf("SKIP: bubblewrap cannot run here (install the bubblewrap package; .ci/run does): %v", err)
+	case errors.Is(err, ErrIsolationUnavailable):
+		t.Skipf("SKIP: the kernel refuses containers here (unprivileged user namespaces?): %v", err)
 	case errors.Is(err, ErrOverlayUnavailable):
 		t.Skipf("SKIP: overlayfs cannot be mounted here (needs root): %v", err)
 	case err != nil:

@@ -81,12 +81,12 @@ func TestStartHonoursItsContext(t *testing.T) {
 	}
 }
 
-func TestBubblewrapIsolation(t *testing.T) {
+func TestContainerIsolation(t *testing.T) {
 	for _, ov := range []string{OverlayOff, OverlayOn} {
 		t.Run(ov, func(t *testing.T) {
 			t.Parallel()
-			p := newProvider(t, mode{"bwrap", IsolationBwrap, ov}, Options{})
-			if p.Isolation() != IsolationBwrap {
+			p := newProvider(t, mode{"container", IsolationContainer, ov}, Options{})
+			if p.Isolation() != IsolationContainer {
 				t.Fatalf("Isolation() = %q", p.Isolation())
 			}
 			h := start(t, p, provider.Spec{})
@@ -137,8 +137,8 @@ func TestBubblewrapIsolation(t *testing.T) {
 	}
 }
 
-func TestBubblewrapWorkdirs(t *testing.T) {
-	p := newProvider(t, mode{"bwrap", IsolationBwrap, OverlayOff}, Options{})
+func TestContainerWorkdirs(t *testing.T) {
+	p := newProvider(t, mode{"container", IsolationContainer, OverlayOff}, Options{})
 	ctx := context.Background()
 	// A workdir under a host directory bound read-only cannot be made.
 	if _, err := p.Start(ctx, provider.Spec{Workdir: "/usr/no-such-dir-here"}); !errors.Is(err, provider.ErrInvalidSpec) {
@@ -179,25 +179,56 @@ func TestAutoModesPickWhatWorks(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { stopAll(t, p) })
-	_, bwrapErr := New(Options{Root: t.TempDir(), Isolation: IsolationBwrap, Overlay: OverlayOff})
-	if want := map[bool]string{true: IsolationBwrap, false: IsolationNone}[bwrapErr == nil]; p.Isolation() != want {
-		t.Errorf("auto isolation = %q, want %q (bwrap error: %v)", p.Isolation(), want, bwrapErr)
+	_, ctrErr := New(Options{Root: t.TempDir(), Isolation: IsolationContainer, Overlay: OverlayOff})
+	if want := map[bool]string{true: IsolationContainer, false: IsolationUnavailable}[ctrErr == nil]; p.Isolation() != want {
+		t.Errorf("auto isolation = %q, want %q (container error: %v)", p.Isolation(), want, ctrErr)
 	}
 	_, ovErr := New(Options{Root: t.TempDir(), Isolation: IsolationNone, Overlay: OverlayOn})
 	if p.Overlay() != (ovErr == nil) {
 		t.Errorf("auto overlay = %v, but overlay on gives %v", p.Overlay(), ovErr)
 	}
+	if ctrErr != nil {
+		t.Skipf("SKIP: containers cannot be made here: %v", ctrErr)
+	}
 	h := start(t, p, provider.Spec{})
 	if got := mustRun(t, p, h, "echo ok"); got != "ok\n" {
 		t.Errorf("auto: %q", got)
 	}
-	// A bubblewrap that is not there: auto falls back, bwrap refuses.
-	q, err := New(Options{Root: t.TempDir(), BwrapPath: "/no/such/bwrap", Overlay: OverlayOff})
-	if err != nil || q.Isolation() != IsolationNone {
-		t.Errorf("auto without bwrap: %v, %v", q, err)
+}
+
+// Where the kernel refuses the namespaces a container is made of, auto
+// says so (Isolation, IsolationError) and starts no sandbox, never an
+// unisolated one; container and bwrap refuse to make a provider; none
+// runs unisolated.
+func TestAKernelThatRefusesContainersGetsNoUnisolatedSandbox(t *testing.T) {
+	refused := errors.New("clone: operation not permitted")
+	probe := func() error { return refused }
+	p, err := New(Options{Root: t.TempDir(), Overlay: OverlayOff, Logger: testLogger(t), probeIsolation: probe})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := New(Options{Root: t.TempDir(), Isolation: IsolationBwrap, BwrapPath: "/no/such/bwrap"}); !errors.Is(err, ErrBwrapUnavailable) {
-		t.Errorf("bwrap without bwrap: %v", err)
+	if p.Isolation() != IsolationUnavailable || !errors.Is(p.IsolationError(), ErrIsolationUnavailable) || !strings.Contains(p.IsolationError().Error(), refused.Error()) {
+		t.Errorf("auto on a refusing kernel: isolation %q, error %v", p.Isolation(), p.IsolationError())
+	}
+	if err := p.Unreachable(); !errors.Is(err, ErrIsolationUnavailable) {
+		t.Errorf("Unreachable on a refusing kernel: %v, want ErrIsolationUnavailable", err)
+	}
+	if _, err := p.Start(context.Background(), provider.Spec{}); !errors.Is(err, ErrIsolationUnavailable) || !errors.Is(err, provider.ErrUnavailable) {
+		t.Errorf("Start on a refusing kernel: %v, want ErrIsolationUnavailable and provider.ErrUnavailable", err)
+	}
+	for _, mode := range []string{IsolationContainer, IsolationBwrap} {
+		if _, err := New(Options{Root: t.TempDir(), Isolation: mode, Overlay: OverlayOff, probeIsolation: probe}); !errors.Is(err, ErrIsolationUnavailable) {
+			t.Errorf("isolation %s on a refusing kernel: %v, want ErrIsolationUnavailable", mode, err)
+		}
+	}
+	q, err := New(Options{Root: t.TempDir(), Isolation: IsolationNone, Overlay: OverlayOff, probeIsolation: probe})
+	if err != nil || q.Isolation() != IsolationNone || q.IsolationError() != nil || q.Unreachable() != nil {
+		t.Fatalf("isolation none: %v, %v", q, err)
+	}
+	t.Cleanup(func() { stopAll(t, q) })
+	h := start(t, q, provider.Spec{})
+	if got := mustRun(t, q, h, "echo ok"); got != "ok\n" {
+		t.Errorf("none: %q", got)
 	}
 }
 
@@ -215,11 +246,11 @@ func TestNewRefusesBadOptions(t *testing.T) {
 	}
 }
 
-// Under bubblewrap a command that leaves its process group (setsid) lives
+// Isolated, a command that leaves its process group (setsid) lives
 // until the sandbox stops, and no longer: the sandbox's pid namespace goes
 // with its init.
-func TestBubblewrapCommandsCannotEscapeTheirSandbox(t *testing.T) {
-	p := newProvider(t, mode{"bwrap", IsolationBwrap, OverlayOff}, Options{})
+func TestContainerCommandsCannotEscapeTheirSandbox(t *testing.T) {
+	p := newProvider(t, mode{"container", IsolationContainer, OverlayOff}, Options{})
 	h := start(t, p, provider.Spec{})
 	res := run(t, p, h, "setsid sleep 600 > /dev/null 2>&1 < /dev/null & echo started")
 	if res.Stdout != "started\n" {

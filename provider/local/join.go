@@ -23,7 +23,7 @@ const (
 // execve, before any code of the new program runs), moves it into the
 // sandbox's cgroups through cgFiles (each a cgroup's membership file),
 // sets its rlimits, and only then lets it run. Everything the command
-// becomes, bubblewrap and whatever it forks included, is born inside the
+// becomes, a sandbox's init and whatever it forks included, is born inside the
 // sandbox's limits, and nothing the request controls (its environment, a
 // preloaded library) runs before they hold. On an error cmd has been killed
 // and reaped.

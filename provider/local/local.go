@@ -25,9 +25,17 @@ const Name = "local"
 
 // Isolation modes (Options.Isolation, (*Provider).Isolation).
 const (
-	IsolationAuto  = "auto"
+	IsolationAuto = "auto"
+	// IsolationContainer: each sandbox is a container the server makes
+	// itself (namespaces, its own root, no capabilities, the filter).
+	IsolationContainer = "container"
+	// IsolationBwrap is what IsolationContainer was called when bubblewrap
+	// made the namespaces; configurations naming it get IsolationContainer.
 	IsolationBwrap = "bwrap"
 	IsolationNone  = "none"
+	// IsolationUnavailable is reported when "auto" found that the kernel
+	// refuses the namespaces: no sandbox starts.
+	IsolationUnavailable = "unavailable"
 )
 
 // Overlay modes (Options.Overlay).
@@ -57,9 +65,13 @@ const SandboxIDEnv = "LOCAL_SANDBOX_ID"
 
 // Errors of this package (the provider's sentinels are in package provider).
 var (
-	// ErrBwrapUnavailable: Isolation "bwrap" was asked for and bubblewrap
-	// cannot run here.
-	ErrBwrapUnavailable = errors.New("local: bubblewrap unavailable")
+	// ErrIsolationUnavailable: the kernel refuses what a sandbox's container
+	// is made of (unprivileged user namespaces, most often). New returns it
+	// for Isolation "container" (or "bwrap"); with "auto", every Start and
+	// Exec wraps it, with provider.ErrUnavailable.
+	ErrIsolationUnavailable = errors.New("local: sandbox isolation unavailable")
+	// ErrBwrapUnavailable is ErrIsolationUnavailable under its old name.
+	ErrBwrapUnavailable = ErrIsolationUnavailable
 	// ErrOverlayUnavailable: Overlay "on" was asked for and overlayfs cannot
 	// be mounted here.
 	ErrOverlayUnavailable = errors.New("local: overlayfs unavailable")
@@ -80,17 +92,17 @@ type Options struct {
 	// Templates{"notes": ""} makes image "notes" start empty. A Spec.Image
 	// that is not a template name must be an absolute path to a directory.
 	Templates map[string]string
-	// Isolation: "auto" (the default) runs commands in bubblewrap when it
-	// works here and unisolated otherwise, "bwrap" fails New when bubblewrap
-	// does not work, "none" never uses it.
+	// Isolation: "auto" (the default) and "container" make each sandbox a
+	// container of the server's own (no system package is needed); where
+	// the kernel refuses, "container" fails New and "auto" starts a
+	// provider that says why and starts no sandbox. "bwrap" is
+	// "container". "none" runs commands unisolated, as the server.
 	Isolation string
 	// Seccomp is the syscall filter of sandboxed commands: "default" (or
 	// empty) refuses what container runtimes' default profiles refuse
 	// (see deniedSyscalls), "off" none, anything else is a file holding a
-	// compiled classic BPF program. It applies under bubblewrap.
+	// compiled classic BPF program. It applies to isolated sandboxes.
 	Seccomp string
-	// BwrapPath is the bubblewrap binary; empty means "bwrap" on the PATH.
-	BwrapPath string
 	// UID and GID are the unprivileged host ids sandboxed commands run as
 	// (DefaultUID, DefaultGID when zero; root is never used). Root inside
 	// a sandbox is this uid on the host, and a sandbox's tree is owned by it.
@@ -116,7 +128,7 @@ type Options struct {
 	// cannot, "off" always copies.
 	Overlay string
 	// DefaultWorkdir is the workdir of a spec that names none
-	// (DefaultWorkdir when empty). Under bubblewrap the tree is mounted there.
+	// (DefaultWorkdir when empty). Isolated, the tree is mounted there.
 	DefaultWorkdir string
 	// OutputCap caps each of stdout and stderr of a command, in bytes
 	// (DefaultOutputCap when zero).
@@ -172,6 +184,10 @@ type Options struct {
 	ExecClock clock.Clock
 	// Logger receives structured logs (a discarding logger when nil).
 	Logger logrus.FieldLogger
+
+	// probeIsolation, when a test in this package sets it, replaces New's
+	// start of a throwaway container (see probeContainer).
+	probeIsolation func() error
 }
 
 // Provider is the local provider. It implements provider.Provider,
@@ -192,7 +208,13 @@ type Provider struct {
 	clk          clock.Clock
 	execClk      clock.Clock // see Options.ExecClock
 	log          logrus.FieldLogger
-	bwrap        *bwrapConfig // nil: commands run unisolated
+	ctr          *containerConfig // nil: commands run unisolated
+	// isoErr: isolation "auto" found the kernel refusing containers; no
+	// sandbox starts.
+	isoErr error
+	// probeIsolation, when set by a test, replaces the start of a
+	// throwaway container that New makes to see that containers work.
+	probeIsolation func() error
 	// seccompName is Options.Seccomp, "default" when empty.
 	seccompName string
 	// uid and gid own sandbox trees and run sandboxed commands.
@@ -242,7 +264,7 @@ var (
 	_ provider.FileOpener  = (*Provider)(nil)
 )
 
-// New makes the root's directories, probes bubblewrap and overlayfs as the
+// New makes the root's directories, probes containers and overlayfs as the
 // options ask, and logs once which isolation and filesystem mode are in
 // effect. It does not touch sandboxes a previous server left: they are found
 // again on first use, by Reap and by the Lister.
@@ -261,23 +283,24 @@ func New(opts Options) (_ *Provider, err error) {
 		}
 	}
 	p := &Provider{
-		root:          root,
-		snapDir:       snapDir,
-		templates:     map[string]string{},
-		cacheDirs:     map[string]string{},
-		workdir:       opts.DefaultWorkdir,
-		outputCap:     opts.OutputCap,
-		execTimeout:   opts.DefaultExecTimeout,
-		copyWorkers:   opts.CopyWorkers,
-		durable:       opts.Durable,
-		snapshotDelay: opts.SnapshotDelay,
-		onPause:       opts.OnPause,
-		forkDelay:     opts.ForkDelay,
-		clk:           opts.Clock,
-		log:           opts.Logger,
-		sandboxes:     map[string]*sandbox{},
-		pending:       map[string]int{},
-		garbage:       true,
+		root:           root,
+		snapDir:        snapDir,
+		templates:      map[string]string{},
+		cacheDirs:      map[string]string{},
+		workdir:        opts.DefaultWorkdir,
+		outputCap:      opts.OutputCap,
+		execTimeout:    opts.DefaultExecTimeout,
+		copyWorkers:    opts.CopyWorkers,
+		durable:        opts.Durable,
+		snapshotDelay:  opts.SnapshotDelay,
+		onPause:        opts.OnPause,
+		forkDelay:      opts.ForkDelay,
+		clk:            opts.Clock,
+		probeIsolation: opts.probeIsolation,
+		log:            opts.Logger,
+		sandboxes:      map[string]*sandbox{},
+		pending:        map[string]int{},
+		garbage:        true,
 	}
 	if p.workdir == "" {
 		p.workdir = DefaultWorkdir
@@ -390,79 +413,135 @@ func New(opts Options) (_ *Provider, err error) {
 	}
 	p.chooseCgroups()
 	fields := logrus.Fields{"root": p.root, "isolation": p.Isolation(), "fs_mode": mode, "limits": p.LimitsInEffect(), "seccomp": p.Seccomp()}
-	if p.bwrap != nil {
+	if p.ctr != nil {
 		fields["uid"], fields["gid"] = p.uid, p.gid
 		if p.rootless {
 			p.log.WithField("uid", p.uid).Warn("local provider: the server is not root, so sandboxed commands run as its own uid (sandbox.local.uid needs root); the sandbox still sees only the allow-listed host and its own tree")
 		}
 	}
+	if p.isoErr != nil {
+		fields["isolation_error"] = p.isoErr.Error()
+	}
 	p.log.WithFields(fields).Info("local provider ready")
 	return p, nil
 }
 
-// unisolatedWarning is said at startup when commands run without bubblewrap.
-const unisolatedWarning = "agent commands run UNISOLATED, as the server's own user, and can read and change everything it can: install bubblewrap (isolation: bwrap) before lending sandboxes to untrusted code"
+// unisolatedWarning is said at startup when commands run unisolated.
+const unisolatedWarning = "agent commands run UNISOLATED, as the server's own user, and can read and change everything it can: do not lend sandboxes to untrusted code (isolation: auto or container isolates them)"
 
 func (p *Provider) chooseIsolation(opts Options) error {
 	mode := opts.Isolation
 	switch mode {
-	case "", IsolationAuto, IsolationBwrap:
+	case "", IsolationAuto, IsolationContainer, IsolationBwrap:
 	case IsolationNone:
 		p.log.WithFields(logrus.Fields{"isolation": IsolationNone, "uid": os.Geteuid()}).Warn("local provider (isolation: none): " + unisolatedWarning)
 		return nil
 	default:
-		return fmt.Errorf("%w: isolation %q (want auto, bwrap or none)", ErrBadOptions, mode)
+		return fmt.Errorf("%w: isolation %q (want auto, container, bwrap or none)", ErrBadOptions, mode)
 	}
 	hide := append([]string{p.root}, opts.Hide...)
 	mask := filepath.Join(p.root, "masked")
 	if err := os.WriteFile(mask, nil, 0o444); err != nil {
 		return fmt.Errorf("local: make root: %w", err)
 	}
-	cfg, err := newBwrapConfig(opts.BwrapPath, p.uid, p.gid, opts.ROBinds, hide, mask)
-	if cfg != nil {
-		cfg.rootless = p.rootless
-	}
-	if errors.Is(err, errBadROBind) {
+	cfg, err := newContainerConfig(p.uid, p.gid, opts.ROBinds, hide, mask)
+	if err != nil {
 		return fmt.Errorf("%w: %v", ErrBadOptions, err)
 	}
-	if err == nil && !p.rootless {
-		err = p.reachable(opts.Caches)
-	}
-	if err == nil {
-		err = cfg.probe(p.trashDir())
-	}
-	if err != nil {
-		if mode == IsolationBwrap {
-			return fmt.Errorf("%w: %v", ErrBwrapUnavailable, err)
-		}
-		p.log.WithError(err).WithFields(logrus.Fields{"isolation": IsolationNone, "uid": os.Geteuid()}).Warn("local provider: bubblewrap does not work here, so " + unisolatedWarning)
-		return nil
-	}
-	prog, err := loadFilter(opts.Seccomp)
-	if err != nil {
+	cfg.rootless = p.rootless
+	if cfg.seccomp, err = loadFilter(opts.Seccomp); err != nil {
 		return fmt.Errorf("%w: seccomp %q: %v", ErrBadOptions, opts.Seccomp, err)
 	}
-	cfg.seccomp = prog
-	if prog != nil {
-		if err := cfg.probe(p.trashDir()); err != nil {
-			return fmt.Errorf("%w: seccomp %q: bubblewrap refuses the filter: %v", ErrBadOptions, opts.Seccomp, err)
-		}
+	if !p.rootless {
+		err = p.reachable(opts.Caches)
 	}
-	p.bwrap = cfg
+	p.ctr = cfg
+	if err == nil {
+		err = p.probeContainer()
+	}
+	if err != nil && cfg.seccomp != nil && p.seccompName != SeccompDefault {
+		// A filter file the kernel refuses is the configuration's fault.
+		prog := cfg.seccomp
+		cfg.seccomp = nil
+		if p.probeContainer() == nil {
+			return fmt.Errorf("%w: seccomp %q: the kernel refuses the filter: %v", ErrBadOptions, opts.Seccomp, err)
+		}
+		cfg.seccomp = prog
+	}
+	if err == nil {
+		return nil
+	}
+	p.ctr = nil
+	if mode == IsolationContainer || mode == IsolationBwrap {
+		return fmt.Errorf("%w: %v", ErrIsolationUnavailable, err)
+	}
+	p.isoErr = fmt.Errorf("%w: %v", ErrIsolationUnavailable, err)
+	p.log.WithError(err).WithField("isolation", IsolationUnavailable).Error("local provider: the kernel refuses the namespaces a sandbox is made of (are unprivileged user namespaces disabled?), so no sandbox will start; isolation: none runs them unisolated, which " + unisolatedWarning[len("agent commands run UNISOLATED, "):])
+	return nil
+}
+
+// probeContainer starts a throwaway container the way sandboxes start and
+// runs `touch` in it, so that New knows containers work here: the kernel
+// allows the namespaces and mounts, and the sandbox's uid reaches the
+// provider's root.
+func (p *Provider) probeContainer() error {
+	if p.probeIsolation != nil {
+		return p.probeIsolation()
+	}
+	dir, err := os.MkdirTemp(p.trashDir(), "probe-")
+	if err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	s := &sandbox{id: "probe", dir: dir, groups: map[int]struct{}{}, meta: sandboxMeta{Workdir: p.workdir}}
+	if err := os.Mkdir(s.fsDir(), 0o755); err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	if err := p.owner().chown(s.fsDir()); err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	in, err := p.startInit(s, nil)
+	if err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	defer func() {
+		_ = in.cmd.Process.Kill()
+		<-in.dead
+	}()
+	stdout, err := outputFile("stdout")
+	if err != nil {
+		return err
+	}
+	defer stdout.Close()
+	_, exited, err := in.run("touch probe", []string{"PATH=" + basePath}, p.workdir, stdout, stdout)
+	if err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	m, ok := <-exited
+	if !ok || m.Status != 0 {
+		out, _ := readOutput(stdout, 4<<10)
+		return fmt.Errorf("probe: a command in a container failed (status %d): %s", m.Status, strings.TrimSpace(out))
+	}
+	if _, err := os.Stat(filepath.Join(s.fsDir(), "probe")); err != nil {
+		return errors.New("probe: a command in a container could not write its workdir")
+	}
 	return nil
 }
 
 // Seccomp reports the syscall filter in effect: "default", "off", or the
 // filter file's path; "off" when commands run unisolated.
 func (p *Provider) Seccomp() string {
-	if p.bwrap == nil || p.bwrap.seccomp == nil {
+	if p.ctr == nil || p.ctr.seccomp == nil {
 		return SeccompOff
 	}
 	return p.seccompName
 }
 
 // reachable lets the sandbox's uid search its way to the provider's root
-// and the placed caches, which bubblewrap binds by path.
+// and the placed caches, which a sandbox's init binds by path.
 func (p *Provider) reachable(caches map[string]string) error {
 	dirs := []string{p.root}
 	for _, d := range caches {
@@ -487,7 +566,7 @@ func (p *Provider) reach(dir string) error {
 		return fmt.Errorf("make %s searchable by uid %d: %w", dir, p.uid, err)
 	}
 	if len(changed) > 0 {
-		p.log.WithField("dirs", changed).Info("local provider: made directories searchable (o+x, not readable) so that bubblewrap, running as the sandbox's uid, reaches the trees it binds")
+		p.log.WithField("dirs", changed).Info("local provider: made directories searchable (o+x, not readable) so that a sandbox's init, running as the sandbox's uid, reaches the trees it binds")
 	}
 	return nil
 }
@@ -552,12 +631,33 @@ func (p *Provider) LimitsInEffect() string {
 // Name returns "local".
 func (p *Provider) Name() string { return Name }
 
-// Isolation reports the isolation in effect: "bwrap" or "none".
+// Isolation reports the isolation in effect: "container", "none", or
+// "unavailable" (see IsolationError).
 func (p *Provider) Isolation() string {
-	if p.bwrap != nil {
-		return IsolationBwrap
+	switch {
+	case p.ctr != nil:
+		return IsolationContainer
+	case p.isoErr != nil:
+		return IsolationUnavailable
 	}
 	return IsolationNone
+}
+
+// IsolationError says why no sandbox starts when Isolation is
+// "unavailable"; nil otherwise.
+func (p *Provider) IsolationError() error { return p.isoErr }
+
+// Unreachable says why no sandbox can start here (isolation
+// "unavailable"), nil otherwise: a server's /health reports it.
+func (p *Provider) Unreachable() error { return p.isolationUp() }
+
+// isolationUp refuses to run anything of a sandbox when isolation is
+// "unavailable": it is never run unisolated instead.
+func (p *Provider) isolationUp() error {
+	if p.isoErr != nil {
+		return fmt.Errorf("local: %w: %w", provider.ErrUnavailable, p.isoErr)
+	}
+	return nil
 }
 
 // Overlay reports whether new sandboxes are overlayfs mounts (true) or copies.
@@ -566,11 +666,10 @@ func (p *Provider) Overlay() bool { return p.overlay }
 // owner is who a sandbox's files belong to on the host.
 type owner struct{ uid, gid int }
 
-// owner returns the owner of sandbox trees: under bubblewrap the sandbox's
-// uid; unisolated, nil (commands run as the server, and what the server
+// owner returns the owner of sandbox trees: isolated, the sandbox's uid; unisolated, nil (commands run as the server, and what the server
 // makes is theirs already).
 func (p *Provider) owner() *owner {
-	if p.bwrap == nil || p.rootless {
+	if p.ctr == nil || p.rootless {
 		return nil
 	}
 	return &owner{p.uid, p.gid}

@@ -18,7 +18,7 @@ import (
 // directories that belong to an image rather than to the provider (a
 // template's module cache, say). Like caches, mounts are outside the tree:
 // snapshots do not copy them, and a fork whose spec names them gets them
-// again (a fresh copy for MountCopy). Under bubblewrap they are bound at
+// again (a fresh copy for MountCopy). Isolated, they are bound at
 // their path; unisolated, environment values naming a mount's path are
 // rewritten to its directory on the host, and MountReadOnly is not enforced.
 const MountsOption = "mounts"
@@ -71,8 +71,8 @@ func (p *Provider) mountsOf(spec provider.Spec, workdir, sandboxDir string) ([]c
 		if within(at, workdir) || within(workdir, at) {
 			return nil, fmt.Errorf("local: %s at %s overlaps the workdir %s: %w", name, at, workdir, provider.ErrInvalidSpec)
 		}
-		if p.bwrap != nil {
-			if err := p.bwrap.checkWorkdir(at); err != nil {
+		if p.ctr != nil {
+			if err := p.ctr.checkWorkdir(at); err != nil {
 				return nil, fmt.Errorf("local: %s: %v: %w", name, err, provider.ErrInvalidSpec)
 			}
 		}

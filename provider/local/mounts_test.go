@@ -44,7 +44,7 @@ func TestMountsReadOnlyReadWriteAndCopy(t *testing.T) {
 		if got := mustRun(t, p, b, `cat "$CP/f"; ls "$CP"`); got != "warm\nf\n" {
 			t.Errorf("b's copy reads %q after a wrote its own", got)
 		}
-		if m.isolation == IsolationBwrap {
+		if m.isolation == IsolationContainer {
 			if res := run(t, p, a, `echo x > "$RO/f"`); res.ExitCode == 0 {
 				t.Error("a read-only mount was written")
 			}

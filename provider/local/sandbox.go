@@ -65,7 +65,7 @@ type sandbox struct {
 	meta    sandboxMeta
 	stopped bool
 	adopted bool             // its tree is mounted and a crashed server's leftovers are gone
-	groups  map[int]struct{} // host process groups of its init (bubblewrap's)
+	groups  map[int]struct{} // the host process group of its init
 	cgroup  *sandboxCgroup   // its cgroups, while its init runs
 	cgUsers int              // the init (and starts of one) using cgroup
 	init    *sandboxInit     // the init commands start from (nil: none yet)
@@ -144,8 +144,8 @@ func (p *Provider) checkSpec(spec provider.Spec, files map[string]string) (strin
 	if err != nil {
 		return "", fmt.Errorf("local: %v: %w", err, provider.ErrInvalidSpec)
 	}
-	if p.bwrap != nil {
-		if err := p.bwrap.checkWorkdir(workdir); err != nil {
+	if p.ctr != nil {
+		if err := p.ctr.checkWorkdir(workdir); err != nil {
 			return "", fmt.Errorf("local: %v: %w", err, provider.ErrInvalidSpec)
 		}
 	}
@@ -187,6 +187,9 @@ func checkEnv(env map[string]string) error {
 // create makes a sandbox directory from o; the metadata file is written last,
 // so a directory without one is a start that did not finish.
 func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h provider.Handle, err error) {
+	if err := p.isolationUp(); err != nil {
+		return provider.Handle{}, err
+	}
 	began := time.Now()
 	workdir, err := p.checkSpec(spec, o.files)
 	if err != nil {
@@ -219,7 +222,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 	}
 	meta.Spec = spec
 	meta.Spec.Files = nil
-	// Under bubblewrap the tree is the sandbox uid's: a fresh tree's top,
+	// Isolated, the tree is the sandbox uid's: a fresh tree's top,
 	// and an image's every entry (a fork's are already).
 	own := p.owner()
 	image := o.fromSnapshot == "" && o.copyFrom != ""

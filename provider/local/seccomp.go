@@ -77,8 +77,8 @@ func defaultFilter() ([]unix.SockFilter, error) {
 	return f, nil
 }
 
-// encodeFilter is a program as bubblewrap's --seccomp reads it: the
-// kernel's struct sock_filter, in the machine's byte order.
+// encodeFilter is a program as a sandbox's init loads it: the kernel's
+// struct sock_filter, in the machine's byte order.
 func encodeFilter(f []unix.SockFilter) []byte {
 	var b bytes.Buffer
 	_ = binary.Write(&b, binary.NativeEndian, f)
@@ -107,24 +107,4 @@ func loadFilter(mode string) ([]byte, error) {
 		return nil, fmt.Errorf("seccomp filter %s: %d bytes is not a BPF program of 1 to 4096 instructions", mode, len(b))
 	}
 	return b, nil
-}
-
-// filterFile holds a compiled filter for one command's bubblewrap to read
-// (--seccomp): a sealed memfd, so the command cannot change it.
-func filterFile(prog []byte) (*os.File, error) {
-	fd, err := unix.MemfdCreate("seccomp", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		return nil, fmt.Errorf("seccomp filter: %w", err)
-	}
-	f := os.NewFile(uintptr(fd), "seccomp")
-	if _, err := f.Write(prog); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("seccomp filter: %w", err)
-	}
-	if _, err := f.Seek(0, 0); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("seccomp filter: %w", err)
-	}
-	_, _ = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SEAL|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE)
-	return f, nil
 }

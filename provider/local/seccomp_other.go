@@ -3,7 +3,7 @@
 package local
 
 // auditArch 0: no default filter is built for this architecture, so
-// "default" fails New with isolation bwrap and "auto" says so.
+// "default" fails New with isolation container and "auto" says so.
 const auditArch = 0
 
 const x32Bit = 0

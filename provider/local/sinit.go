@@ -10,15 +10,19 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
 // initName is argv[0] of a sandbox's init: the server's own binary, run
-// again (see init). Under bubblewrap it is bound read-only at initPath.
+// again (see init). An isolated sandbox's init runs in two stages,
+// initSetup then initRun (its argv[1]); an unisolated one's has no
+// argv[1].
 const (
-	initName = "sandbox-init"
-	initPath = "/" + initName
+	initName       = "sandbox-init"
+	initStageSetup = "setup"
+	initStageRun   = "run"
 )
 
 // initFd is the init's end of its control socket.
@@ -27,27 +31,41 @@ const initFd = 3
 // initMsg is one message on an init's control socket (SOCK_SEQPACKET: one
 // message per packet).
 //
+//	server → init  {"op":"setup","setup"}: first, to an isolated sandbox's init (see runSetup)
+//	init → server  {"op":"ready"} once it runs commands; {"op":"exit","error"} if it cannot
 //	server → init  {"op":"run","id","command","env","dir"} + the command's stdout and stderr
 //	server → init  {"op":"kill","id"}: SIGKILL to the command's process group
 //	init → server  {"op":"started","id"}, then {"op":"exit","id","status"}
 //	init → server  {"op":"exit","id","error"} when the command could not start
 type initMsg struct {
-	Op      string   `json:"op"`
-	ID      uint64   `json:"id"`
-	Command string   `json:"command,omitempty"`
-	Env     []string `json:"env,omitempty"`
-	Dir     string   `json:"dir,omitempty"`
-	Status  uint32   `json:"status,omitempty"`
-	Error   string   `json:"error,omitempty"`
+	Op      string     `json:"op"`
+	ID      uint64     `json:"id"`
+	Command string     `json:"command,omitempty"`
+	Env     []string   `json:"env,omitempty"`
+	Dir     string     `json:"dir,omitempty"`
+	Status  uint32     `json:"status,omitempty"`
+	Error   string     `json:"error,omitempty"`
+	Setup   *initSetup `json:"setup,omitempty"`
 }
+
+// closeRangeCloexec is close_range(2)'s CLOSE_RANGE_CLOEXEC: mark the
+// descriptors close-on-exec instead of closing them.
+const closeRangeCloexec = 1 << 2
 
 // maxInitMsg bounds one control message (a command and its environment).
 const maxInitMsg = 1 << 20
 
 func init() {
 	// The server's binary run as a sandbox's init never reaches main.
-	if len(os.Args) == 1 && filepath.Base(os.Args[0]) == initName {
-		os.Exit(runInit())
+	if len(os.Args) >= 1 && filepath.Base(os.Args[0]) == initName {
+		switch {
+		case len(os.Args) == 1:
+			os.Exit(runInit(false))
+		case len(os.Args) == 2 && os.Args[1] == initStageSetup:
+			os.Exit(runSetup())
+		case len(os.Args) == 2 && os.Args[1] == initStageRun:
+			os.Exit(runInit(true))
+		}
 	}
 	if len(os.Args) == 1 && os.Args[0] == memProbeName {
 		os.Exit(runMemProbe())
@@ -61,10 +79,15 @@ func init() {
 // the sandbox's pid 1, or else a child subreaper), starts each command in
 // a process group of its own with exactly the environment the request
 // gave, and exits when the server's end of the control socket closes.
-func runInit() int {
+// Isolated, it follows runSetup, and tells the server it is ready.
+func runInit(isolated bool) int {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return 125
 	}
+	// No command inherits the control socket, nor what the server itself
+	// inherited from whatever started it.
+	unix.CloseOnExec(initFd)
+	_ = unix.CloseRange(initFd+1, ^uint(0), closeRangeCloexec)
 	if os.Getpid() != 1 {
 		_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 	}
@@ -110,6 +133,12 @@ func runInit() int {
 	devnull, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 125
+	}
+	if isolated {
+		// Executed from a descriptor: its name would be the number.
+		name := append([]byte(initName), 0)
+		_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&name[0])), 0, 0, 0)
+		send(initMsg{Op: "ready"})
 	}
 	buf := make([]byte, maxInitMsg)
 	oob := make([]byte, unix.CmsgSpace(2*4))

@@ -25,7 +25,7 @@ func needTools(t *testing.T, tools ...string) {
 	t.Helper()
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("SKIP: %s is not on the PATH (CI installs git, patch and bubblewrap; Go is the toolchain)", tool)
+			t.Skipf("SKIP: %s is not on the PATH (CI installs git and patch; Go is the toolchain)", tool)
 		}
 	}
 }
@@ -197,7 +197,7 @@ type worldOpt func(*world)
 
 func withConfig(f func(*Config)) worldOpt { return func(w *world) { f(&w.cfg) } }
 
-// unisolated runs the world's commands without bubblewrap.
+// unisolated runs the world's commands unisolated (isolation none).
 func unisolated() worldOpt { return func(w *world) { w.isolation = local.IsolationNone } }
 
 // imageRows configures no repositories: rows name their image (a directory

@@ -387,7 +387,7 @@ func (s *Server) spec(p provider.Provider, image string, row Row, role string, e
 		// The local provider's HOME is the work tree: tools that write
 		// under HOME (go's caches, git's global config) would put files
 		// into the patch. Its sandboxes see the host's tools (read-only
-		// under bubblewrap), so they get the server's PATH.
+		// in a container), so they get the server's PATH.
 		env0["HOME"] = "/tmp"
 		if path := os.Getenv("PATH"); path != "" {
 			env0["PATH"] = path
@@ -769,7 +769,7 @@ func (s *Server) grade(ctx context.Context, p provider.Provider, r readiness, pr
 
 // evalScript is the row's eval script for the grading sandbox h. Where the
 // provider runs commands in a host directory rather than at the workdir (the
-// local provider without bubblewrap), the workdir's path in the script is
+// local provider unisolated), the workdir's path in the script is
 // replaced by the directory commands actually run in.
 func (s *Server) evalScript(ctx context.Context, p provider.Provider, h provider.Handle, row Row) (string, error) {
 	res, err := run(ctx, p, h, "pwd -P", nil, time.Minute)

@@ -140,7 +140,7 @@ func TestChangesThatDoNotFixTheBugDoNotResolve(t *testing.T) {
 
 func TestUnisolatedSandboxesGradeTheMultilingualScript(t *testing.T) {
 	t.Parallel()
-	// Without bubblewrap the tree is not at /testbed: the row's eval script
+	// Unisolated, the tree is not at /testbed: the row's eval script
 	// (which does cd /testbed) is pointed at the sandbox's directory.
 	tk := newTask(t)
 	w := newWorld(t, tk, unisolated())

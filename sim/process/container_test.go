@@ -7,20 +7,23 @@ import (
 	"testing"
 )
 
-// TestNotesWalkThroughUnderBubblewrap runs the real binary on the local
-// provider with isolation bwrap and walks notes sessions through a
+// TestNotesWalkThroughInContainers runs the real binary on the local
+// provider with the default isolation, on a PATH that holds no
+// bubblewrap (nor anything else), and walks notes sessions through a
 // checkpoint: seed, a note, commands through the sandbox API (as nobody,
 // with no capabilities, blind to the server's state), prepare, commit, a
-// SIGKILL, a restore on a fresh server, and a verify of every fork.
-func TestNotesWalkThroughUnderBubblewrap(t *testing.T) {
+// SIGKILL, a restore on a fresh server, and a verify of every fork. The
+// server makes its sandboxes' containers itself.
+func TestNotesWalkThroughInContainers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the server binary")
 	}
 	bin := buildServer(t)
 	dir := t.TempDir()
-	bwrap := []string{"-sandbox.provider", "local", "-sandbox.local.isolation", "bwrap"}
-	s := startWith(t, bin, dir, bwrap...)
-	if code, h, err := s.call(nil, "GET", "/health", nil); err != nil || code != 200 || h["isolation"] != "bwrap" {
+	t.Setenv("PATH", t.TempDir())
+	local := []string{"-sandbox.provider", "local"}
+	s := startWith(t, bin, dir, local...)
+	if code, h, err := s.call(nil, "GET", "/health", nil); err != nil || code != 200 || h["isolation"] != "container" {
 		t.Fatalf("health: %d %v %v\n%s", code, h, err, s.log)
 	}
 	secret := filepath.Join(dir, "session_secret")
@@ -46,7 +49,7 @@ func TestNotesWalkThroughUnderBubblewrap(t *testing.T) {
 	}
 	s.kill()
 
-	s = startWith(t, bin, dir, bwrap...)
+	s = startWith(t, bin, dir, local...)
 	code, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": filepath.Join(dir, "ctl-ck1"), "episode_ids": episodes(len(agents), 0)})
 	if err != nil || code != 200 {
 		t.Fatalf("restore: %d %v\n%s", code, err, s.log)
@@ -54,7 +57,7 @@ func TestNotesWalkThroughUnderBubblewrap(t *testing.T) {
 	checkRestored(t, s, agents, code, func(a *agent, r string) {
 		desc := descriptor(t, s, a, r)
 		if code, m := sandboxExec(t, desc, "cat notes.txt && echo two >> notes.txt"); code != 200 || m["stdout"] != "one\n" || m["exit_code"] != 0.0 {
-			t.Errorf("the fork under bubblewrap: %d %v", code, m)
+			t.Errorf("the fork in its container: %d %v", code, m)
 		}
 		if code, m := sandboxExec(t, desc, "sed -i '$d' notes.txt"); code != 200 || m["exit_code"] != 0.0 {
 			t.Errorf("the fork's tree is not the sandbox's to write: %d %v", code, m)

@@ -1,0 +1,247 @@
+package local
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+)
+
+// DefaultUID and DefaultGID are the host ids sandboxed commands run as
+// (nobody and nogroup on most distributions).
+const (
+	DefaultUID = 65534
+	DefaultGID = 65534
+)
+
+// DefaultROBinds are the host directories a sandbox sees, read-only: what
+// shells, compilers and interpreters installed by the distribution need.
+// Entries missing on the host are skipped; symlinks (/bin -> usr/bin) are
+// shown as the same symlinks.
+var defaultROBinds = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"}
+
+// neverBound are host directories no option may show a sandbox: homes,
+// variable state (sockets, databases, logs), services' data, runtime
+// sockets and the host's /tmp.
+var neverBound = []string{"/root", "/home", "/var", "/srv", "/run", "/tmp", "/proc", "/sys", "/dev", "/boot", "/mnt", "/media"}
+
+// containerConfig is what every sandbox's container shares: who it runs
+// as, the host directories it sees, and its syscall filter.
+type containerConfig struct {
+	uid, gid int
+	// view shows the allow-listed host directories read-only over an
+	// empty read-only root, and hides what must stay hidden under them.
+	view []mountOp
+	// bound are the host paths shown (directories bound, and symlinks).
+	bound []string
+	// rootless: the server is not root and uid is its own.
+	rootless bool
+	// seccomp is the compiled syscall filter of every sandbox (nil: none),
+	// which its init loads last, before it starts any command.
+	seccomp []byte
+}
+
+// newContainerConfig builds the sandbox's view of the host:
+// defaultROBinds and roBinds, read-only, with hide masked wherever a bound
+// directory holds them. A hidden file is shown as the empty file mask (a
+// device node such as /dev/null cannot be opened on a user namespace's
+// mounts); a hidden directory as an empty read-only tmpfs.
+func newContainerConfig(uid, gid int, roBinds, hide []string, mask string) (*containerConfig, error) {
+	cfg := &containerConfig{uid: uid, gid: gid}
+	for _, p := range defaultROBinds {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			continue
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			target, err := os.Readlink(p)
+			if err != nil {
+				continue
+			}
+			cfg.view = append(cfg.view, mountOp{Kind: opSymlink, Src: target, Dst: p})
+			cfg.bound = append(cfg.bound, p)
+			continue
+		}
+		if fi.IsDir() {
+			cfg.view = append(cfg.view, mountOp{Kind: opROBind, Src: p, Dst: p})
+			cfg.bound = append(cfg.bound, p)
+		}
+	}
+	extra := slices.Clone(roBinds)
+	slices.Sort(extra) // parents before children
+	for _, p := range extra {
+		if err := checkROBind(p, hide); err != nil {
+			return nil, err
+		}
+		cfg.view = append(cfg.view, mountOp{Kind: opROBind, Src: p, Dst: p})
+		cfg.bound = append(cfg.bound, p)
+	}
+	for _, h := range hide {
+		if !cfg.shows(h) {
+			continue
+		}
+		fi, err := os.Stat(h)
+		switch {
+		case err != nil:
+			continue
+		case fi.IsDir():
+			cfg.view = append(cfg.view, mountOp{Kind: opHideDir, Dst: h})
+		default:
+			cfg.view = append(cfg.view, mountOp{Kind: opROBind, Src: mask, Dst: h})
+		}
+	}
+	cfg.view = append(cfg.view, mountOp{Kind: opDev, Dst: "/dev"}, mountOp{Kind: opProc, Dst: "/proc"}, mountOp{Kind: opTmp, Dst: "/tmp"})
+	return cfg, nil
+}
+
+// errBadROBind: a sandbox.local.ro_binds entry that cannot be shown.
+var errBadROBind = errors.New("read-only bind")
+
+// checkROBind refuses a bind that is not an absolute, existing directory or
+// file, or that would show what a sandbox must never see.
+func checkROBind(p string, hide []string) error {
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {
+		return fmt.Errorf("%w %q: want a clean absolute path other than /", errBadROBind, p)
+	}
+	for _, n := range neverBound {
+		if within(p, n) || within(n, p) {
+			return fmt.Errorf("%w %q: %s is never shown to a sandbox", errBadROBind, p, n)
+		}
+	}
+	for _, h := range hide {
+		if within(p, h) {
+			return fmt.Errorf("%w %q: it is inside %s, which a sandbox must never see", errBadROBind, p, h)
+		}
+	}
+	if _, err := os.Stat(p); err != nil {
+		return fmt.Errorf("%w %q: %v", errBadROBind, p, err)
+	}
+	return nil
+}
+
+// shows reports whether host path h is visible in the sandbox's view.
+func (c *containerConfig) shows(h string) bool {
+	for _, b := range c.bound {
+		if within(h, b) {
+			return true
+		}
+	}
+	return false
+}
+
+// setup is what the init of a sandbox whose tree is fsDir, mounted at
+// workdir, builds (see runSetup): the host view, the tree, then the
+// sandbox's caches and mounts.
+func (c *containerConfig) setup(fsDir, workdir string, network bool, mounts []cacheMount) *initSetup {
+	ops := make([]mountOp, 0, len(c.view)+1+len(mounts))
+	ops = append(ops, c.view...)
+	ops = append(ops, mountOp{Kind: opBind, Src: fsDir, Dst: workdir})
+	for _, m := range mounts {
+		kind := opBind
+		if m.ro {
+			kind = opROBind
+		}
+		ops = append(ops, mountOp{Kind: kind, Src: m.host, Dst: path.Clean(m.path)})
+	}
+	return &initSetup{Ops: ops, Cwd: workdir, Network: network, Filter: c.seccomp}
+}
+
+// sysProcAttr starts a sandbox's init in new user, mount, pid, ipc and
+// uts namespaces (and network, unless network), in a process group of its
+// own, killed when the server dies. Its user namespace maps root to the
+// unprivileged host uid and gid, with no supplementary groups: nothing of
+// the sandbox runs as host root.
+func (c *containerConfig) sysProcAttr(network bool) *syscall.SysProcAttr {
+	flags := uintptr(syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS)
+	if !network {
+		flags |= syscall.CLONE_NEWNET
+	}
+	a := &syscall.SysProcAttr{
+		Setpgid:     true,
+		Pdeathsig:   syscall.SIGKILL,
+		Cloneflags:  flags,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: c.uid, Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: c.gid, Size: 1}},
+	}
+	if !c.rootless {
+		// Only root may allow setgroups while mapping another gid; it
+		// drops every supplementary group.
+		a.GidMappingsEnableSetgroups = true
+		a.Credential = &syscall.Credential{Uid: 0, Gid: 0, Groups: []uint32{}}
+	}
+	return a
+}
+
+// hostEnv is the init's own environment: fixed, so that nothing in a
+// request changes how the sandbox starts. id marks the process as the
+// sandbox's (see killMarked).
+func hostEnv(id string) []string {
+	return []string{"PATH=" + basePath, "LANG=C.UTF-8", SandboxIDEnv + "=" + id}
+}
+
+// checkWorkdir refuses a workdir the tree cannot be mounted at: one
+// under /proc or /dev, one that would hide a bound host directory, or one
+// inside a bound directory that has no such directory on the host.
+func (c *containerConfig) checkWorkdir(workdir string) error {
+	top := strings.SplitN(strings.TrimPrefix(workdir, "/"), "/", 2)[0]
+	switch top {
+	case "proc", "dev":
+		return fmt.Errorf("workdir %q is under /%s", workdir, top)
+	case "tmp":
+		return nil
+	}
+	for _, b := range c.bound {
+		if within(b, workdir) {
+			return fmt.Errorf("workdir %q would hide the host's %s", workdir, b)
+		}
+		if within(workdir, b) {
+			fi, err := os.Stat(filepath.FromSlash(workdir))
+			if err != nil || !fi.IsDir() {
+				return fmt.Errorf("workdir %q: %s is the host's, read-only, and has no directory %s to mount the sandbox at", workdir, b, path.Clean(workdir))
+			}
+			return nil
+		}
+	}
+	return nil // made on the sandbox's tmpfs root
+}
+
+// searchable makes dir and each of its ancestors searchable (o+x) by the
+// sandbox's uid, which its init runs as: it must reach the trees it binds.
+// Only the search bit is added, never read or write; it returns the
+// directories it changed.
+func searchable(dir string, uid, gid int) ([]string, error) {
+	var changed []string
+	p := filepath.Clean(dir)
+	var chain []string
+	for {
+		chain = append(chain, p)
+		if p == "/" {
+			break
+		}
+		p = filepath.Dir(p)
+	}
+	for i := len(chain) - 1; i >= 0; i-- {
+		d := chain[i]
+		fi, err := os.Stat(d)
+		if err != nil {
+			return changed, err
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			continue
+		}
+		m := fi.Mode().Perm()
+		if m&0o001 != 0 || (int(st.Uid) == uid && m&0o100 != 0) || (int(st.Gid) == gid && m&0o010 != 0) {
+			continue
+		}
+		if err := os.Chmod(d, fi.Mode().Perm()|0o001|fi.Mode()&(os.ModeSetgid|os.ModeSticky)); err != nil {
+			return changed, err
+		}
+		changed = append(changed, d)
+	}
+	return changed, nil
+}
