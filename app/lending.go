@@ -75,7 +75,10 @@ func newLending(secret []byte, prov provider.Provider, own *owner.Owner, clk clo
 		Tokens:   tokens,
 		Resolve:  sandboxapi.ResolverOf(own),
 		Logger:   log.WithField("api", "sandboxes"),
-		Admit:    l.admit,
+		// The mount below puts the session and its capture key on the
+		// request; every line names them and the request id.
+		LogFields: httpapi.RequestFields,
+		Admit:     l.admit,
 	}
 	return l, nil
 }
@@ -126,6 +129,9 @@ func (l *lending) mounts() map[string]fasthttp.RequestHandler {
 			if l.own != nil {
 				if sid, _, _ := l.own.SandboxFate(id); sid != "" {
 					ctx.SetUserValue(httpapi.SessionIDValue, sid)
+					if key := l.srv.CaptureKeyOf(sid); key != "" {
+						ctx.SetUserValue(httpapi.CaptureKeyValue, key)
+					}
 				}
 			}
 		}

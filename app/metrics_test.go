@@ -499,6 +499,11 @@ func TestRequestIDsAndAccessLines(t *testing.T) {
 	cfg.SessionSecret = "a-secret-of-sixteen-plus"
 	cfg.Sandbox.Local.Isolation = "none"
 	cfg.Sandbox.Local.Root = filepath.Join(t.TempDir(), "root")
+	// With checkpointing a session is bound to its episode, which the
+	// sandbox API's lines name by its capture key.
+	cfg.Checkpoint.Enabled = true
+	cfg.Checkpoint.StateDir = t.TempDir()
+	cfg.Checkpoint.ControlAuthToken = "tok"
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -550,6 +555,7 @@ func TestRequestIDsAndAccessLines(t *testing.T) {
 	d := sandboxAccess(t, a, cookie).Connection.Descriptor
 	sid := strings.TrimPrefix(cookie[:strings.LastIndexByte(cookie, '.')], "notes___notes=")
 	execID := call("POST", d.Endpoint+"/exec", "exec-call-7", d.Token, `{"command":"true"}`)
+	call("GET", d.Endpoint+"/files?path=missing.txt", "read-call-8", d.Token, "")
 
 	lines := map[string]logrus.Fields{}
 	for _, e := range hook.AllEntries() {
@@ -567,8 +573,21 @@ func TestRequestIDsAndAccessLines(t *testing.T) {
 	if l := lines["client-id-1"]; l == nil || l["route"] != "/health" {
 		t.Errorf("the client's id does not name its access line: %v", l)
 	}
-	if l := lines[execID]; l == nil || l["route"] != "/sandboxes/{id}/exec" || l["sandbox_id"] != d.SandboxID || l["session_id"] != sid {
-		t.Errorf("the sandbox API's access line: %v, want sandbox %s of session %s", l, d.SandboxID, sid)
+	if l := lines[execID]; l == nil || l["route"] != "/sandboxes/{id}/exec" || l["sandbox_id"] != d.SandboxID || l["session_id"] != sid || l["capture_key"] != "r1" {
+		t.Errorf("the sandbox API's access line: %v, want sandbox %s of session %s, capture key r1", l, d.SandboxID, sid)
+	}
+	// A line the handler logs for a request names it as its access line does.
+	var failed logrus.Fields
+	for _, e := range hook.AllEntries() {
+		if e.Message == "sandboxapi: provider call failed" {
+			failed = e.Data
+		}
+	}
+	want := logrus.Fields{"request_id": "read-call-8", "session_id": sid, "sandbox_id": d.SandboxID, "capture_key": "r1", "code": "file_not_found"}
+	for k, v := range want {
+		if failed[k] != v {
+			t.Errorf("the failed read's line: %s = %v, want %v (line %v)", k, failed[k], v, failed)
+		}
 	}
 	var seedLine logrus.Fields
 	for _, l := range lines {

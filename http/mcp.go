@@ -171,7 +171,10 @@ func (s *Server) mcpCall(ctx *fasthttp.RequestCtx, req rpcRequest) {
 		sess.Episode, sess.HasEpisode = s.part.BoundEpisode(sid)
 	}
 	ctx.SetUserValue(sessionValue, sid)
-	sess.Log = s.log.WithField("session_id", sid)
+	if sess.HasEpisode {
+		ctx.SetUserValue(captureKeyValue, sess.Episode.CaptureKey())
+	}
+	sess.Log = s.requestLog(ctx)
 	rctx, cancel := context.WithCancel(s.base)
 	defer cancel()
 	if s.part != nil {
@@ -188,7 +191,7 @@ func (s *Server) mcpCall(ctx *fasthttp.RequestCtx, req rpcRequest) {
 	if err != nil {
 		status, code, detail := classify(err)
 		if status >= 500 {
-			s.log.WithError(err).WithField("tool", p.Name).Error("MCP tool call failed")
+			s.requestLog(ctx).WithError(err).WithField("tool", p.Name).Error("MCP tool call failed")
 		}
 		text, _ := json.Marshal(map[string]any{"error": map[string]string{"code": code, "detail": detail}})
 		writeRPC(ctx, nethttp.StatusOK, req.ID, map[string]any{"content": []any{map[string]any{"type": "text", "text": string(text)}}, "isError": true}, nil)

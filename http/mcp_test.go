@@ -1,12 +1,15 @@
 package http_test
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/sirupsen/logrus"
 
 	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/resources/notes"
 )
 
 // TestMCPToolsOfATypedSession: the typed seed hands out resources_tools;
@@ -75,4 +78,43 @@ func TestMCPToolsOfATypedSession(t *testing.T) {
 	tok2 := seed["resources_tools"].(map[string]any)["headers"].(map[string]any)[httpapi.HeaderMCPSession].(string)
 	h.ok(h.control("retire", map[string]any{"checkpoint_id": "rt", "deadline_ts": h.deadline(), "episode_ids": []any{ep("r8", 0)}}), "retire r8")
 	h.want(rpc("tools/call", map[string]any{"name": "append_note", "arguments": map[string]any{"line": "x"}}, tok2), 409, "stale_attempt", "a retired attempt over MCP")
+}
+
+// loggingTool is notes with a tool that logs through the session's logger,
+// as resources servers do.
+type loggingTool struct{ *notes.Server }
+
+func (l loggingTool) Tools() map[string]httpapi.ToolFunc {
+	tools := l.Server.Tools()
+	tools["/log_me"] = func(_ context.Context, sess *httpapi.Session, _ []byte) (any, error) {
+		sess.Log.Info("the tool ran")
+		return map[string]bool{"ok": true}, nil
+	}
+	return tools
+}
+
+// TestMCPToolLinesCarryTheRequest: a line a tool logs over MCP names the
+// request (its X-Request-Id), the session and its episode, as over the
+// tool's route.
+func TestMCPToolLinesCarryTheRequest(t *testing.T) {
+	h := newHarness(t, withResources(loggingTool{notes.New(notes.Options{})}))
+	a := &agent{}
+	seed := h.ok(h.post(a, "/seed_session", typedSeed("s-1", ep("r7", 0), "notes", "t1")), "typed seed")
+	tok := seed["resources_tools"].(map[string]any)["headers"].(map[string]any)[httpapi.HeaderMCPSession].(string)
+	h.ok(h.do(nil, "POST", "/mcp", map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": map[string]any{"name": "log_me", "arguments": map[string]any{}}},
+		map[string]string{httpapi.HeaderMCPSession: tok, httpapi.HeaderRequestID: "mcp-call-1"}), "tools/call")
+	var line logrus.Fields
+	for _, e := range h.log.AllEntries() {
+		if e.Message == "the tool ran" {
+			line = e.Data
+		}
+	}
+	want := logrus.Fields{"request_id": "mcp-call-1", "session_id": "s-1", "capture_key": "r7"}
+	got := logrus.Fields{}
+	for k := range want {
+		got[k] = line[k]
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("the tool's line (-want +got):\n%s\nline: %v", diff, line)
+	}
 }

@@ -41,6 +41,9 @@ const (
 	// SessionIDValue names the session a request is about when no cookie
 	// says (the sandbox API's).
 	SessionIDValue = sessionValue
+	// CaptureKeyValue names the episode a request is about when no rollout
+	// prefix says (the sandbox API's: its session's bound episode).
+	CaptureKeyValue = captureKeyValue
 )
 
 // requestIDValue holds the request's id.
@@ -80,6 +83,25 @@ func usableRequestID(id string) bool {
 func RequestID(ctx *fasthttp.RequestCtx) string {
 	id, _ := ctx.UserValue(requestIDValue).(string)
 	return id
+}
+
+// RequestFields are the fields every log line a request causes carries:
+// its request_id, and the session_id, sandbox_id and capture_key the
+// request has (set by the server, or by a mount's handler through the user
+// values SessionIDValue, SandboxIDValue and CaptureKeyValue).
+func RequestFields(ctx *fasthttp.RequestCtx) logrus.Fields {
+	f := logrus.Fields{"request_id": RequestID(ctx)}
+	for _, key := range []string{sessionValue, SandboxIDValue, captureKeyValue} {
+		if v, _ := ctx.UserValue(key).(string); v != "" {
+			f[key] = v
+		}
+	}
+	return f
+}
+
+// requestLog is the server's logger with the request's fields.
+func (s *Server) requestLog(ctx *fasthttp.RequestCtx) *logrus.Entry {
+	return s.log.WithFields(RequestFields(ctx))
 }
 
 // RouteValue is the user value in which a mount's handler may name the

@@ -365,6 +365,18 @@ func (s *Server) Gate() *control.Gate {
 	return s.part.Gate()
 }
 
+// CaptureKeyOf is the capture key of the episode a session is bound to
+// ("" for none, or without checkpointing), for the sandbox API's log lines.
+func (s *Server) CaptureKeyOf(sessionID string) string {
+	if s == nil || s.part == nil || sessionID == "" {
+		return ""
+	}
+	if ep, ok := s.part.BoundEpisode(sessionID); ok {
+		return ep.CaptureKey()
+	}
+	return ""
+}
+
 // AdmitSandboxCall passes a call an agent makes on its session's sandbox
 // (an exec, a file write) through the admission gate, as a tool call is:
 // it waits while a checkpoint is open and is counted in flight, named by
@@ -413,7 +425,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			s.log.WithFields(logrus.Fields{"panic": fmt.Sprint(r), "path": string(ctx.Path()), "stack": string(debug.Stack())}).Error("request handler panicked")
+			s.requestLog(ctx).WithFields(logrus.Fields{"panic": fmt.Sprint(r), "path": string(ctx.Path()), "stack": string(debug.Stack())}).Error("request handler panicked")
 			ctx.Response.ResetBody()
 			writeError(ctx, nethttp.StatusInternalServerError, CodeInternal, "internal error")
 		}
@@ -574,7 +586,7 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
 		ctx.Response.Header.Set("Retry-After", he.RetryAfter)
 	}
 	if status >= 500 && status != nethttp.StatusServiceUnavailable {
-		s.log.WithError(err).WithFields(logrus.Fields{"path": string(ctx.Path()), "status": status}).Error("request failed")
+		s.requestLog(ctx).WithError(err).WithFields(logrus.Fields{"path": string(ctx.Path()), "status": status}).Error("request failed")
 	}
 	writeError(ctx, status, code, detail)
 }

@@ -88,6 +88,10 @@ type Handler struct {
 	Resolve  Resolver
 	// Logger receives one line per failed request (nil: none).
 	Logger logrus.FieldLogger
+	// LogFields, when set, gives the fields every log line of a request
+	// carries besides the sandbox's (its request id, the session holding
+	// the sandbox), so that a client's call can be found in the log.
+	LogFields func(ctx *fasthttp.RequestCtx) logrus.Fields
 	// MaxBody bounds request bodies (DefaultMaxBody when zero). The
 	// fasthttp server's own MaxRequestBodySize must be at least this, and
 	// its ErrorHandler should answer fasthttp.ErrBodyTooLarge with 413.
@@ -366,16 +370,24 @@ func (h *Handler) providerError(ctx *fasthttp.RequestCtx, sandboxID string, err 
 		status, code, detail = fasthttp.StatusGatewayTimeout, "timeout", "the sandbox call took too long"
 	}
 	if h.Logger != nil {
-		h.Logger.WithError(err).WithFields(logrus.Fields{"sandbox_id": sandboxID, "status": status, "code": code}).Info("sandboxapi: provider call failed")
+		h.log(ctx).WithError(err).WithFields(logrus.Fields{"sandbox_id": sandboxID, "status": status, "code": code}).Info("sandboxapi: provider call failed")
 	}
 	h.writeError(ctx, status, code, detail)
 }
 
 func (h *Handler) fail(ctx *fasthttp.RequestCtx, sandboxID string, status int, code, detail string) {
 	if h.Logger != nil {
-		h.Logger.WithFields(logrus.Fields{"sandbox_id": sandboxID, "status": status, "code": code, "path": string(ctx.Path())}).Debug("sandboxapi: refused")
+		h.log(ctx).WithFields(logrus.Fields{"sandbox_id": sandboxID, "status": status, "code": code, "path": string(ctx.Path())}).Debug("sandboxapi: refused")
 	}
 	h.writeError(ctx, status, code, detail)
+}
+
+// log is Logger with the request's LogFields.
+func (h *Handler) log(ctx *fasthttp.RequestCtx) logrus.FieldLogger {
+	if h.LogFields == nil {
+		return h.Logger
+	}
+	return h.Logger.WithFields(h.LogFields(ctx))
 }
 
 func (h *Handler) writeError(ctx *fasthttp.RequestCtx, status int, code, detail string) {
