@@ -50,6 +50,10 @@ func (r *run) checkCheckpoints(idx snapshotindex.Store, where string) (indexStat
 	for _, meta := range metas {
 		inIndex[meta.ID] = true
 		want, ok := r.m.ckpts[meta.ID]
+		if g := r.m.gone[meta.ID]; !ok && g != nil {
+			// Its directory is gone; until it is dropped it is whole.
+			want, ok = g.ck, true
+		}
 		if !ok {
 			r.violate(WholeCheckpoints, "%s: the index holds checkpoint %s, which no successful commit made (or a release dropped)", where, meta.ID)
 			continue

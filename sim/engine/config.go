@@ -73,6 +73,11 @@ const (
 	// checkpoint from its records in the controller's checkpoint_dir, and
 	// a release that keeps only it reclaims what the earlier runs left.
 	FaultMachineLost Fault = "machine-lost"
+	// FaultDirGone: the controller deletes checkpoint directories, as NeMo
+	// Gym's collection checkpointer does with all but its newest ones,
+	// and never releases them: the owner must drop their checkpoints
+	// within the grace and one check period, and nothing else.
+	FaultDirGone Fault = "dir-gone"
 )
 
 // defaultRates gives every fault kind its default rate: the chance that a
@@ -101,6 +106,7 @@ func defaultRates() map[Fault]float64 {
 		FaultRace:              0.12,
 		FaultLost:              0.10,
 		FaultMachineLost:       0.15,
+		FaultDirGone:           0.30,
 	}
 }
 

@@ -58,6 +58,13 @@ const (
 	// seeded, each with the notes and token it was given (no loss, no
 	// lease running out under a live session).
 	LiveState Invariant = "live state"
+	// FollowsRetention: a checkpoint whose directory the controller
+	// deleted leaves the index, and every snapshot only it named is
+	// deleted (or tombstoned, its delete pending), within the grace plus
+	// one check period of the deletion (or of the owner's start, for an
+	// owner that never saw the directory); no checkpoint whose directory
+	// is there is dropped.
+	FollowsRetention Invariant = "follows retention"
 	// StaleAccess: an agent's call in a sandbox that is no longer its
 	// session's (ended, superseded by a restore, or a crashed process's) is
 	// refused (410 or 404) before it reaches the provider.
@@ -69,7 +76,7 @@ const (
 
 // Invariants lists the invariants in report order.
 func Invariants() []Invariant {
-	return []Invariant{NoLeak, AllOrNone, ExactRestore, Restorable, WholeCheckpoints, NoEmptyGrading, StaleAccess, LiveState, Unexpected}
+	return []Invariant{NoLeak, AllOrNone, ExactRestore, Restorable, WholeCheckpoints, FollowsRetention, NoEmptyGrading, StaleAccess, LiveState, Unexpected}
 }
 
 // Violation is one broken invariant, with what reproduces it.
@@ -120,6 +127,20 @@ type model struct {
 	ids      []string // session ids, sorted
 	sessions map[string]*sessionState
 	ckpts    map[string]*checkpointState
+	// gone are the checkpoints whose directory the controller deleted,
+	// until the harness saw them dropped: the index may still hold them.
+	gone map[string]*goneCheckpoint
+}
+
+// goneCheckpoint is a checkpoint whose directory the controller deleted.
+type goneCheckpoint struct {
+	ck *checkpointState
+	at time.Time
+	// snaps are the snapshots its records named.
+	snaps []string
+	// slack is how late the harness's checks came, the clock having moved
+	// past a check the owner's loop would have made (outside an advance).
+	slack time.Duration
 }
 
 func (m *model) live() []string {
@@ -214,6 +235,10 @@ type run struct {
 	pendingRelease []string // kept ids of a release a crash interrupted
 	releasing      bool
 
+	// ownerStarted is when the current owner started; nextCheck when its
+	// retention loop (which the harness runs for it) checks next.
+	ownerStarted, nextCheck time.Time
+
 	// part is the participant over the current owner.
 	part *participant.Participant
 	// incarnations counts the owners started, for their ids.
@@ -226,6 +251,8 @@ type run struct {
 	// before a resent verify, just before a failed restore is checked) to
 	// break what that step's own check must catch.
 	sabotageAt func(r *run, point string)
+	// sabotageOwner, when set, changes every owner's configuration.
+	sabotageOwner func(c *owner.Config)
 	// sabotageResolve, when set, replaces the sandbox API's resolver.
 	sabotageResolve func(r *run) sandboxapi.Resolver
 
@@ -330,7 +357,7 @@ func newRun(seed int64, cfg Config) *run {
 		r.log.SetLevel(logrus.WarnLevel)
 		r.log.SetFormatter(&logrus.TextFormatter{DisableTimestamp: true, DisableQuote: true})
 	}
-	r.m = model{sessions: map[string]*sessionState{}, ckpts: map[string]*checkpointState{}}
+	r.m = model{sessions: map[string]*sessionState{}, ckpts: map[string]*checkpointState{}, gone: map[string]*goneCheckpoint{}}
 	for i := 0; i < cfg.Sessions; i++ {
 		id := fmt.Sprintf("s%d", i)
 		r.m.ids = append(r.m.ids, id)
@@ -492,6 +519,14 @@ func (r *run) tracef(format string, args ...any) {
 // --- the owner's life ---
 
 func (r *run) ownerConfig() owner.Config {
+	c := r.baseOwnerConfig()
+	if r.sabotageOwner != nil {
+		r.sabotageOwner(&c)
+	}
+	return c
+}
+
+func (r *run) baseOwnerConfig() owner.Config {
 	return owner.Config{
 		Name:     "notes",
 		Provider: r.proc,
@@ -502,6 +537,8 @@ func (r *run) ownerConfig() owner.Config {
 			Records:     r.ckdirs,
 			Parallelism: r.parallelism,
 			OnStop:      r.onStop,
+			// No loop of its own: the harness checks on the period.
+			Retention: owner.RetentionConfig{FollowDirs: true, Grace: retentionGrace},
 		},
 		Clock:       r.clk,
 		Runtime:     r.rt,
@@ -532,6 +569,8 @@ func (r *run) startOwner() bool {
 		return false
 	}
 	r.o = o
+	r.ownerStarted = r.clk.Now()
+	r.nextCheck = r.ownerStarted.Add(retentionPeriod)
 	r.part = r.newParticipant()
 	r.tracef("owner started (incarnation %s)", o.Incarnation())
 	return true
@@ -635,6 +674,9 @@ func (r *run) loseMachine() bool {
 			delete(r.m.ckpts, id)
 		}
 	}
+	// The fresh index never knew the checkpoints whose directories went:
+	// the release below reclaims their snapshots as leftovers.
+	clear(r.m.gone)
 	r.tracef("the machine is lost with its state_dir; the controller keeps %s", keep)
 	if !r.startOwner() {
 		return true
@@ -828,7 +870,12 @@ func (r *run) checkDisk() {
 				after = append(after, id)
 			}
 		}
-		now := slices.Sorted(maps.Keys(onDisk))
+		var now []string
+		for _, id := range slices.Sorted(maps.Keys(onDisk)) {
+			if r.m.gone[id] == nil {
+				now = append(now, id)
+			}
+		}
 		switch {
 		case equalStrings(now, before):
 			r.tracef("the interrupted release dropped nothing")

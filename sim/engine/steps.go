@@ -1010,6 +1010,15 @@ func (r *run) opRelease() {
 			drop = append(drop, id)
 		}
 	}
+	// A checkpoint whose directory went and that no check dropped yet
+	// goes with the release.
+	res.Dropped = slices.DeleteFunc(res.Dropped, func(id string) bool {
+		if r.m.gone[id] != nil {
+			delete(r.m.gone, id)
+			return true
+		}
+		return false
+	})
 	if !slices.Equal(res.Dropped, drop) {
 		r.violate(WholeCheckpoints, "release keeping %v dropped %v, want %v", kept, res.Dropped, drop)
 		return
@@ -1026,7 +1035,13 @@ func (r *run) opRelease() {
 // live session may lose its sandbox.
 func (r *run) opAdvance() {
 	d := 10*time.Second + time.Duration(r.rng.Int64N(int64(r.ttl/2-20*time.Second)))
-	now := r.clk.Advance(d)
+	if gone := rand.New(rand.NewPCG(uint64(r.seed), dirGoneStream+uint64(r.step))); r.chanceOn(FaultDirGone, gone) {
+		r.deleteDirs(gone)
+	}
+	if !r.followDirs(r.clk.Now().Add(d)) {
+		return
+	}
+	now := r.clk.Now()
 	var due []string
 	held := map[string]string{}
 	for _, sid := range r.m.live() {
@@ -1087,6 +1102,7 @@ func (r *run) final() {
 		r.violate(NoLeak, "with every session ended, a release still deferred %v", res.Deferred)
 	}
 	r.m.ckpts = map[string]*checkpointState{}
+	clear(r.m.gone)
 	if sbs := r.fk.LiveSandboxIDs(); len(sbs) > 0 {
 		r.violate(NoLeak, "every session ended and a release kept nothing, but sandboxes %v run", sbs)
 	}
@@ -1120,13 +1136,21 @@ func describeIntents(in []snapshotindex.Intent) string {
 	return strings.Join(parts, ", ")
 }
 
-// lostStream numbers the random stream of FaultLost, apart from the step's
-// own, so that enabling the fault changes no other draw of a step.
-const lostStream = 1 << 40
+// lostStream and dirGoneStream number the random streams of FaultLost
+// and FaultDirGone, apart from the step's own, so that enabling them
+// changes no other draw of a step.
+const (
+	lostStream    = 1 << 40
+	dirGoneStream = 2 << 40
+)
 
 // chanceApart is chance on a stream of f's own for this step.
 func (r *run) chanceApart(f Fault) bool {
-	rng := rand.New(rand.NewPCG(uint64(r.seed), lostStream+uint64(r.step)))
+	return r.chanceOn(f, rand.New(rand.NewPCG(uint64(r.seed), lostStream+uint64(r.step))))
+}
+
+// chanceOn is chance on rng.
+func (r *run) chanceOn(f Fault, rng *rand.Rand) bool {
 	if rng.Float64() < r.cfg.Faults[f] {
 		r.res.Armed[f]++
 		return true
