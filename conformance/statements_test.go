@@ -1,10 +1,12 @@
 package conformance_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -223,7 +225,7 @@ var statements = []statement{
 		release()
 		s.ok(<-done, "exec")
 	}},
-	{name: "CommitReply", section: "1.3", text: "commit answers {phase: committed, manifest, episode_ids: sorted capture keys of the exported records}", note: "the manifest's schema_version, kind, instance and records_file belong to the change that writes records files under checkpoint_dir", check: func(t *testing.T) {
+	{name: "CommitReply", section: "1.3", text: "commit answers {phase: committed, manifest, episode_ids: sorted capture keys of the exported records}; the manifest is the one written under checkpoint_dir, with schema_version, kind, instance and records_file", note: "issue 33: the manifest lacked schema_version, kind, instance and records_file", check: func(t *testing.T) {
 		s, _ := seeded(t)
 		b := &agent{}
 		s.ok(s.post(b, "/ng-rollout/a0-a2/seed_session", nil), "seed a0-a2")
@@ -232,6 +234,17 @@ var statements = []statement{
 		m := c["manifest"].(map[string]any)
 		if c["phase"] != "committed" || m["checkpoint_id"] != "c1" || m["record_count"] != 2.0 || !cmp.Equal(c["episode_ids"], []any{"a0-a2", "r1"}) {
 			t.Errorf("commit: %v", c)
+		}
+		if m["schema_version"] != 1.0 || m["kind"] != "resources" || m["instance"] != "notes" || !regexp.MustCompile(`^records-[0-9a-f]{64}\.jsonl$`).MatchString(fmt.Sprint(m["records_file"])) {
+			t.Errorf("manifest: %v", m)
+		}
+		var onDisk map[string]any
+		raw, err := os.ReadFile(filepath.Join(ck(t, "/d/c1"), "gym", "resources", "notes", "manifest.json"))
+		if err != nil || json.Unmarshal(raw, &onDisk) != nil {
+			t.Fatalf("manifest.json: %v %s", err, raw)
+		}
+		if d := cmp.Diff(onDisk, m); d != "" {
+			t.Errorf("the reply's manifest is not the file's (-file +reply):\n%s", d)
 		}
 	}},
 	{name: "CommitReadinessRechecked", section: "1.3", text: "commit is allowed only in prepared", check: func(t *testing.T) {
@@ -291,6 +304,29 @@ var statements = []statement{
 		}
 		s.want(s.control("prepare", body("c9", nil)), 409, "stale_checkpoint", "late prepare")
 	}},
+	{name: "ResumeAfterFailedRestore", section: "1.3, addendum 1", text: "a resume after a failed restore answers idempotent: true: the failed restore left no active id", note: "issue 33: it answered idempotent: false where Gym's participant answers true", check: func(t *testing.T) {
+		s := start(t)
+		s.want(s.control("restore", body("rs1", map[string]any{"checkpoint_dir": ck(t, "/d/none"), "episode_ids": []any{ep("r1", 0)}})), 422, "invalid_checkpoint_state", "restore of a directory that does not exist")
+		if r := s.op("resume", "rs1", nil); !cmp.Equal(r, map[string]any{"phase": "idle", "idempotent": true}) {
+			t.Errorf("resume after the failed restore: %v", r)
+		}
+	}},
+	{name: "RestoreFromDeletedDir", section: "1.3", text: "a restore from a checkpoint_dir the controller deleted answers 422 invalid_checkpoint_state, even while the server's index still holds the checkpoint", check: func(t *testing.T) {
+		s, a := seeded(t)
+		s.ok(s.post(a, "/ng-rollout/r1/append_note", map[string]any{"line": "one"}), "append one")
+		s.op("prepare", "c1", nil)
+		s.op("commit", "c1", map[string]any{"checkpoint_dir": ck(t, "/d/c1"), "episode_ids": []any{ep("r1", 0)}})
+		s.op("resume", "c1", nil)
+		s.restart()
+		if err := os.RemoveAll(ck(t, "/d/c1")); err != nil {
+			t.Fatal(err)
+		}
+		for _, extra := range []map[string]any{{}, {"source_checkpoint_id": "c1"}} {
+			extra["checkpoint_dir"], extra["episode_ids"] = ck(t, "/d/c1"), []any{ep("r1", 0)}
+			s.want(s.control("restore", body("rs1", extra)), 422, "invalid_checkpoint_state", fmt.Sprintf("restore from the deleted directory (%v)", extra["source_checkpoint_id"]))
+		}
+	}},
+	{name: "FollowsDeletedDirs", section: "3.5, 8", text: "a controller that deletes the directories of the checkpoints it no longer keeps and never calls release (Gym's CollectionCheckpointer) has their snapshots deleted within checkpoint.retention.grace_s and one check; nothing is deleted on an error that is not \"no such file\"", note: "issue 33: every snapshot of every checkpoint stayed until a release", by: "sim/process TestGymRetentionTenCheckpoints; owner TestGoneDirectoryDropsItsCheckpoint, TestUnreadableDirectoriesDeleteNothing; retention TestMachineScripts; sim dir-gone"},
 	{name: "ResumeDuringCommit", section: "1.3", text: "resume stops the writer, then reopens: a resume during a running commit answers within its deadline, and nothing of the commit is published", note: "issue 29: a resume with a 1 s deadline during a 4 s commit answered 409 deadline_exceeded, admission stayed closed and the commit was published afterwards", check: func(t *testing.T) {
 		s, _ := seeded(t, "-sandbox.local.snapshot_delay_ms", "3000")
 		s.op("prepare", "c1", nil)
@@ -509,7 +545,7 @@ var statements = []statement{
 	{name: "RecordsFileLayout", section: "1.6", text: "gym/<kind>/<instance>/records-<sha256>.jsonl and manifest.json under checkpoint_dir, create-only manifest", na: "another change writes the records and manifest files under checkpoint_dir; the index under state_dir is this server's record"},
 	{name: "MultiWorker", section: "1.3, 2.2", text: "a multi-worker coordinator's workers, restored_pending, session_aliases; SESSION_OWNER_KEY routing", na: "one process per server: num_workers above 1 is refused when snapshots are exported"},
 	{name: "ControllerOrdering", section: "1.7", text: "the controller's stage order, timeouts and publication", na: "the controller's obligations, not a participant's"},
-	{name: "SnapshotsReleased", section: "3.5, 8", text: "snapshots of dropped checkpoints are reclaimed by an operator sweep", note: "project: snapshots stay until a release drops the checkpoints that name them (POST /release, server sweep)", na: "upstream has no in-process release; this server's release replaces the operator sweep"},
+	{name: "SnapshotsReleased", section: "3.5, 8", text: "snapshots of dropped checkpoints are reclaimed by an operator sweep", note: "project: snapshots stay until a release drops the checkpoints that name them (POST /release, server sweep) or the controller deletes their checkpoint_dir (FollowsDeletedDirs)", na: "upstream has no in-process release; this server's release replaces the operator sweep"},
 	{name: "SWEBenchBehaviour", section: "4", text: "SWE-bench seed, scrub, grading and checkpoint behaviour", by: "resources/swebench tests (they need git and Go; TestGymVerifyRoundTripOverHTTP validates the verify reply with Gym's model)"},
 	{name: "SWEBenchConfigKeys", section: "4.1", text: "apply_anti_cheating, clear_swebench_debug_logs, sandbox_provider and sandbox_checkpoint are configuration keys", note: "issue 29: they were refused as unknown", by: "resources/swebench TestUpstreamKeys, TestAntiCheatingOffRunsNoScrub"},
 	{name: "SWEBenchScrubGoesOn", section: "4.3", text: "a scrub that fails is reported and the seed goes on", note: "issue 29: the failure refused the seed", by: "resources/swebench TestAFailingScrubIsReportedAndTheSeedGoesOn"},
