@@ -1,6 +1,7 @@
 package retention
 
 import (
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -12,16 +13,22 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
-// fakeFS answers each path with an error (nil: a directory there).
+// fakeFS answers each path with an error (nil: a directory there;
+// errFile: a file).
 type fakeFS map[string]error
 
-type dirInfo struct{ name string }
+var errFile = errors.New("a file")
+
+type dirInfo struct {
+	name string
+	file bool
+}
 
 func (d dirInfo) Name() string       { return d.name }
 func (d dirInfo) Size() int64        { return 0 }
 func (d dirInfo) Mode() fs.FileMode  { return fs.ModeDir | 0o755 }
 func (d dirInfo) ModTime() time.Time { return time.Time{} }
-func (d dirInfo) IsDir() bool        { return true }
+func (d dirInfo) IsDir() bool        { return !d.file }
 func (d dirInfo) Sys() any           { return &syscall.Stat_t{Dev: 9} }
 
 func (f fakeFS) answer(op, name string) (fs.FileInfo, error) {
@@ -29,10 +36,13 @@ func (f fakeFS) answer(op, name string) (fs.FileInfo, error) {
 	if !ok {
 		err = syscall.ENOENT
 	}
+	if err == errFile {
+		return dirInfo{name: filepath.Base(name), file: true}, nil
+	}
 	if err != nil {
 		return nil, &fs.PathError{Op: op, Path: name, Err: err}
 	}
-	return dirInfo{filepath.Base(name)}, nil
+	return dirInfo{name: filepath.Base(name)}, nil
 }
 
 func (f fakeFS) Lstat(name string) (fs.FileInfo, error)   { return f.answer("lstat", name) }
@@ -54,6 +64,7 @@ func TestLookClassifies(t *testing.T) {
 		"ENOTDIR":             {fakeFS{"/r": nil, "/r/ck": syscall.ENOTDIR}, Observation{Status: Unreadable, Reason: ReasonOther}},
 		"parent missing":      {fakeFS{}, Observation{Status: Unreadable, Reason: ReasonParentMissing}},
 		"parent not a dir":    {fakeFS{"/r": syscall.ENOTDIR}, Observation{Status: Unreadable, Reason: ReasonParentMissing}},
+		"parent a file":       {fakeFS{"/r": errFile}, Observation{Status: Unreadable, Reason: ReasonParentMissing}},
 		"parent EACCES":       {fakeFS{"/r": syscall.EACCES}, Observation{Status: Unreadable, Reason: ReasonParentUnreadable}},
 		"parent EIO":          {fakeFS{"/r": syscall.EIO}, Observation{Status: Unreadable, Reason: ReasonParentUnreadable}},
 		"parent ESTALE":       {fakeFS{"/r": syscall.ESTALE}, Observation{Status: Unreadable, Reason: ReasonParentUnreadable}},

@@ -48,7 +48,7 @@ except ImportError:
     sys.modules["omegaconf"] = o
 from pathlib import Path
 from nemo_gym import server_utils
-from nemo_gym._checkpoint import collection, coordination
+from nemo_gym._checkpoint import collection, coordination, store
 
 TOKEN = sys.argv[1]
 replies, sys.stdout = sys.stdout, sys.stderr
@@ -83,6 +83,9 @@ async def main():
             elif op == "checkpoint":
                 p = await cp.checkpoint()
                 out = {"published": str(p) if p is not None else None}
+            elif op == "read":
+                manifest, recs = store.read_participant_state(Path(cmd["dir"]), kind="resources", instance=cmd["instance"])
+                out = {"manifest": manifest, "records": len(recs)}
             elif op == "restore":
                 out = {"attempts": await cp.restore(cmd["attempts"])}
             else:
@@ -221,7 +224,13 @@ func TestGymCheckpointKillRestore(t *testing.T) {
 		s.ok(agents[r], "/ng-rollout/"+r+"/seed_session", map[string]any{})
 		s.ok(agents[r], "/ng-rollout/"+r+"/append_note", map[string]any{"line": "one-" + r})
 	}
-	g.checkpoint()
+	published := g.checkpoint()
+	// Gym's own reader of a participant's files reads what the server
+	// wrote there.
+	read := g.do(map[string]any{"op": "read", "dir": published, "instance": "notes"})
+	if m := read["manifest"].(map[string]any); read["records"] != 2.0 || m["kind"] != "resources" || m["instance"] != "notes" || m["record_count"] != 2.0 {
+		t.Fatalf("Gym's reader of %s: %v", published, read)
+	}
 	s.ok(agents["r1"], "/ng-rollout/r1/append_note", map[string]any{"line": "lost"})
 	s.kill()
 
