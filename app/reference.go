@@ -114,7 +114,7 @@ func keyDetails() map[string]string {
 		"checkpoint.retention.grace_s":         "The two checks must be at least this far apart",
 		"checkpoint.retention.period_s":        "A check is also made when a drop falls due",
 		"max_sessions":                         "About 1,500 on 23.5 GiB. The 503 carries `Retry-After` and starts nothing; a restore is not bounded",
-		"session_idle_timeout":                 "A request is a data route or a sandbox API call. The session's sandbox is stopped and its snapshots kept until a release; logged with its `session_id`",
+		"session_idle_timeout":                 "A request is a data route or a sandbox API call. The session's sandbox is stopped and its snapshots kept until their checkpoints are dropped (a release, or their checkpoint_dir gone); logged with its `session_id`",
 		"http.write_timeout":                   "That is, taken by the client",
 		"http.read_timeout":                    "Slower is 408 and the connection is closed",
 		"http.max_conns_per_ip":                "Agents usually share the trainer's address",

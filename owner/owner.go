@@ -749,7 +749,8 @@ func (o *Owner) Do(ctx context.Context, sessionID string, fn DoFunc) error {
 
 // EndSessionSandbox stops the session's sandbox and forgets the session.
 // Ending a session without a sandbox is success. The session's snapshots
-// stay until a release drops the checkpoints that name them.
+// stay until the checkpoints that name them are dropped (a release, or
+// their checkpoint_dir gone).
 func (o *Owner) EndSessionSandbox(ctx context.Context, sessionID string) error {
 	_, err := o.stopSession(ctx, sessionID, messages.StopEnd)
 	return err
