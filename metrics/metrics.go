@@ -262,8 +262,9 @@ func (m *Metrics) Observe(src Sources) error {
 		gauge("gradings_waiting", "SWE-bench verifies waiting for a grading slot.", func() float64 { return float64(src.GradingsWaiting()) })
 	}
 	counters := func(name, help string, read func() map[string]uint64) {
-		errs = append(errs, m.reg.Register(countersCollector{
+		errs = append(errs, m.reg.Register(byLabel[uint64]{
 			desc: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, []string{"reason"}, nil),
+			kind: prometheus.CounterValue,
 			read: read,
 		}))
 	}
@@ -274,7 +275,8 @@ func (m *Metrics) Observe(src Sources) error {
 		counters("checkpoint_dirs_unreadable_total", "Lookups of a checkpoint_dir that could not say whether it was there (an I/O or permission error, a stale handle, a missing, unreadable or changed parent), by reason; nothing of their checkpoints is deleted.", src.UnreadableDirs)
 	}
 	if src.Preparing != nil {
-		errs = append(errs, m.reg.Register(phasesCollector{
+		errs = append(errs, m.reg.Register(byLabel[int]{
+			kind: prometheus.GaugeValue,
 			desc: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "environments_preparing"),
 				"SWE-bench instances being prepared, by phase: template, environment, validation.",
 				[]string{"phase"}, nil),
@@ -284,17 +286,19 @@ func (m *Metrics) Observe(src Sources) error {
 	return errors.Join(errs...)
 }
 
-// countersCollector exports counts kept elsewhere as a counter by reason.
-type countersCollector struct {
+// byLabel exports numbers kept elsewhere, one series per value of its one
+// label.
+type byLabel[N int | uint64] struct {
 	desc *prometheus.Desc
-	read func() map[string]uint64
+	kind prometheus.ValueType
+	read func() map[string]N
 }
 
-func (c countersCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c byLabel[N]) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
-func (c countersCollector) Collect(ch chan<- prometheus.Metric) {
-	for reason, n := range c.read() {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), reason)
+func (c byLabel[N]) Collect(ch chan<- prometheus.Metric) {
+	for label, n := range c.read() {
+		ch <- prometheus.MustNewConstMetric(c.desc, c.kind, float64(n), label)
 	}
 }
 
@@ -362,17 +366,4 @@ func OutcomeOfStatus(status int) string {
 		return OutcomeRefused
 	}
 	return OutcomeFailed
-}
-
-type phasesCollector struct {
-	desc *prometheus.Desc
-	read func() map[string]int
-}
-
-func (c phasesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c phasesCollector) Collect(ch chan<- prometheus.Metric) {
-	for phase, n := range c.read() {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), phase)
-	}
 }
