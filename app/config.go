@@ -16,6 +16,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sandboxowner/owner/provider/local"
+
 	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/resources/swebench"
@@ -113,10 +115,14 @@ type LocalOptions struct {
 	// Caches places named shared caches: name → host directory (default
 	// <root>/caches/<name>).
 	Caches map[string]string `yaml:"caches"`
-	// UID and GID are the unprivileged host ids sandboxed commands run as
-	// (0 means the default, 65534; never root).
+	// UID and GID are the unprivileged host ids sandbox trees belong to on
+	// disk, and that sandboxed commands run as with uid_range none (0
+	// means the default, 65534; never root).
 	UID int `yaml:"uid"`
 	GID int `yaml:"gid"`
+	// UIDRange is the block of host uids isolated sandboxes get one each
+	// of ("FIRST-LAST"; "none": every sandbox runs as UID).
+	UIDRange string `yaml:"uid_range"`
 	// ROBinds are more host paths sandboxes see read-only (a toolchain).
 	ROBinds []string `yaml:"ro_binds"`
 	// Limits bound each sandbox through cgroups, where the host offers them.
@@ -231,7 +237,8 @@ func keyUsage() map[string]string {
 		"sandbox.local.overlay":                        "local provider: auto, on or off (default: auto)",
 		"sandbox.local.default_workdir":                "local provider: workdir of specs that name none (default: /sandbox)",
 		"sandbox.local.caches":                         "local provider: cache name=host directory of a named shared cache (repeatable; default <root>/caches/<name>)",
-		"sandbox.local.uid":                            "local provider: host uid sandboxed commands run as (default: 65534; never root)",
+		"sandbox.local.uid":                            "local provider: host uid sandbox trees belong to on disk, and sandboxed commands run as with uid_range none (default: 65534; never root)",
+		"sandbox.local.uid_range":                      "local provider: host uids isolated sandboxes get one each of, FIRST-LAST, or none (default: " + local.DefaultUIDRange + ")",
 		"sandbox.local.gid":                            "local provider: host gid sandboxed commands run as (default: 65534)",
 		"sandbox.local.ro_binds":                       "local provider: host path sandboxes see read-only besides /usr, /bin, /sbin, /lib*, /etc (repeatable)",
 		"sandbox.local.limits.pids":                    "local provider: processes of one sandbox (default 1024; -1: no limit)",

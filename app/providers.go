@@ -95,6 +95,7 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 		Caches:         o.Caches,
 		UID:            o.UID,
 		GID:            o.GID,
+		UIDRange:       o.UIDRange,
 		ROBinds:        o.ROBinds,
 		Limits:         local.Limits{Pids: o.Limits.Pids, MemoryMB: o.Limits.MemoryMB, CPUs: o.Limits.CPUs},
 		MaxExecTimeout: maxExec,

@@ -120,16 +120,24 @@ func TestCommandsRunAsNobodyWithoutCapabilities(t *testing.T) {
 		if got != want {
 			t.Errorf("the command's credentials:\n%s\nwant:\n%s", got, want)
 		}
-		// Root inside is the unprivileged uid outside.
+		// Root inside is the sandbox's own unprivileged uid outside, and
+		// what it writes is the storage uid's on disk.
 		mustRun(t, p, h, "echo x > mine && mkdir d")
+		onDisk := fsDir(p, h)
+		if m.overlay == OverlayOn {
+			onDisk = filepath.Join(p.sandboxDir(h.SandboxID), "upper")
+		}
 		for _, name := range []string{"mine", "d", "."} {
 			var st syscall.Stat_t
-			if err := syscall.Lstat(filepath.Join(fsDir(p, h), name), &st); err != nil {
+			if err := syscall.Lstat(filepath.Join(onDisk, name), &st); err != nil {
 				t.Fatal(err)
 			}
 			if st.Uid != DefaultUID || st.Gid != DefaultGID {
-				t.Errorf("%s belongs to host %d:%d, want %d:%d", name, st.Uid, st.Gid, DefaultUID, DefaultGID)
+				t.Errorf("%s belongs to host %d:%d on disk, want %d:%d", name, st.Uid, st.Gid, DefaultUID, DefaultGID)
 			}
+		}
+		if uid := hostUID(t, p, h); uid < 1879048192 || uid > 1879113727 {
+			t.Errorf("the sandbox's root is host uid %d, want one of the default range", uid)
 		}
 		// A file only root may read stays unread; no new user namespace
 		// (and the capabilities in it) can be had.
@@ -656,5 +664,108 @@ func TestContainersNeedNoBubblewrap(t *testing.T) {
 		if want := initName + " 0 CapEff: 0000000000000000\n" + wantRoot(t); got != want {
 			t.Errorf("isolation %s without bubblewrap:\n%s\nwant:\n%s", isolation, got, want)
 		}
+	}
+}
+
+// hostUID is the host uid root of sandbox h is (its user namespace's map).
+func hostUID(t *testing.T, p *Provider, h provider.Handle) int {
+	t.Helper()
+	f := strings.Fields(mustRun(t, p, h, "cat /proc/self/uid_map"))
+	if len(f) != 3 || f[0] != "0" || f[2] != "1" {
+		t.Fatalf("uid_map %q: want root mapped alone", f)
+	}
+	uid, err := strconv.Atoi(f[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uid
+}
+
+// keyProbe adds a key to its user's keyring ("add SECRET", printing its
+// id) or reads one ("read ID", printing its payload or the errno).
+const keyProbe = `
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if sys.argv[1] == "add":
+    r = libc.syscall(248, b"user", b"k", sys.argv[2].encode(), len(sys.argv[2]), -4)  # add_key to @u
+    print(r if r >= 0 else "errno %d" % ctypes.get_errno())
+else:
+    buf = ctypes.create_string_buffer(256)
+    r = libc.syscall(250, 11, int(sys.argv[2]), buf, 256)  # keyctl(KEYCTL_READ)
+    print(buf.raw[:r].decode() if r >= 0 else "errno %d" % ctypes.get_errno())
+`
+
+// Every sandbox was host uid 65534: with the keyring calls allowed (no
+// syscall filter), sandbox B read the key sandbox A put in its user
+// keyring. Each sandbox is now a host uid of its own: B is refused.
+func TestASandboxCannotReadAnothersKey(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		t.Skip("SKIP: no /usr/bin/python3 to make the calls from inside a sandbox (install python3; .ci/run does)")
+	}
+	containerModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{Seccomp: SeccompOff})
+		a, b := start(t, p, provider.Spec{}), start(t, p, provider.Spec{})
+		if ua, ub := hostUID(t, p, a), hostUID(t, p, b); ua == ub {
+			t.Fatalf("both sandboxes are host uid %d", ua)
+		}
+		writeFile(t, p, a, "key.py", keyProbe)
+		writeFile(t, p, b, "key.py", keyProbe)
+		id := strings.TrimSpace(mustRun(t, p, a, "python3 key.py add s3cret"))
+		if _, err := strconv.Atoi(id); err != nil {
+			t.Fatalf("add_key in A: %q", id)
+		}
+		if got := mustRun(t, p, a, "python3 key.py read "+id); got != "s3cret\n" {
+			t.Errorf("A reads its own key: %q", got)
+		}
+		if got := mustRun(t, p, b, "python3 key.py read "+id); !strings.HasPrefix(got, "errno ") {
+			t.Errorf("B read A's key: %q", got)
+		}
+		if got := mustRun(t, p, b, "grep -c ' user *k: ' /proc/keys || true"); strings.TrimSpace(got) != "0" {
+			t.Errorf("B sees A's key in /proc/keys: %q", got)
+		}
+	})
+}
+
+// inotifyHog makes inotify instances until the kernel refuses one, says
+// how many it holds, and keeps them (it sleeps).
+const inotifyHog = `
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+fds = []
+while True:
+    fd = libc.inotify_init()
+    if fd < 0:
+        break
+    fds.append(fd)
+print(len(fds), ctypes.get_errno(), flush=True)
+sys.stdout.close()
+time.sleep(600)
+`
+
+// 128 inotify instances held by sandbox A made inotify_init fail for
+// sandbox B and for host root: every sandbox's user namespace was made
+// by root, so the kernel counted what they held against root. A sandbox's
+// namespace is now its own uid's: A exhausts only its own count.
+func TestASandboxExhaustingInotifyStopsNoOneElse(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		t.Skip("SKIP: no /usr/bin/python3 to make the calls from inside a sandbox (install python3; .ci/run does)")
+	}
+	p := newProvider(t, mode{"container-copy", IsolationContainer, OverlayOff}, Options{})
+	a, b := start(t, p, provider.Spec{}), start(t, p, provider.Spec{})
+	writeFile(t, p, a, "hog.py", inotifyHog)
+	writeFile(t, p, b, "hog.py", "import ctypes\nfd = ctypes.CDLL(None, use_errno=True).inotify_init()\nprint('ok' if fd >= 0 else 'errno %d' % ctypes.get_errno())\n")
+	out := mustRun(t, p, a, "python3 hog.py > held & while ! [ -s held ]; do sleep 0.01; done; cat held")
+	f := strings.Fields(out)
+	if len(f) != 2 || f[0] == "0" || f[1] != strconv.Itoa(int(syscall.EMFILE)) {
+		t.Fatalf("A's hog: %q, want instances held until EMFILE", out)
+	}
+	if got := mustRun(t, p, b, "python3 hog.py"); got != "ok\n" {
+		t.Errorf("B's inotify_init with A's %s instances held: %q", f[0], got)
+	}
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+	if err != nil {
+		t.Errorf("host root's inotify_init with A's %s instances held: %v", f[0], err)
+	} else {
+		unix.Close(fd)
 	}
 }

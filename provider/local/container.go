@@ -59,14 +59,27 @@ func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, er
 	}
 	var cmd *exec.Cmd
 	var setup *initSetup
+	var as *owner
 	if p.ctr != nil {
 		caches, err := p.sandboxMounts(meta.Spec, meta.Workdir, s.dir, true)
 		if err != nil {
 			return nil, err
 		}
-		setup = p.ctr.setup(s.fsDir(), meta.Workdir, meta.Network, caches)
+		tree := s.fsDir()
+		if ids := sandboxIDs(meta); ids != nil {
+			// Its tree (in copy mode; an overlay is mounted over views
+			// already), caches and writable mounts, through its views.
+			if _, _, _, caches, err = p.makeViews(s, *ids, nil, caches); err != nil {
+				return nil, err
+			}
+			if !meta.Overlay {
+				tree = filepath.Join(viewsOf(s.dir).sb(), "fs")
+			}
+			as = ids
+		}
+		setup = p.ctr.setup(tree, meta.Workdir, meta.Network, caches)
 		cmd = &exec.Cmd{Path: exe, Args: []string{initName, initStageSetup}, Dir: "/", Env: hostEnv(s.id)}
-		cmd.SysProcAttr = p.ctr.sysProcAttr(meta.Network)
+		cmd.SysProcAttr = p.ctr.sysProcAttr(meta.Network, as)
 	} else {
 		// No death signal: when the server dies the init sees its control
 		// socket close and kills what it started before it exits.
@@ -76,7 +89,7 @@ func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, er
 	cmd.ExtraFiles = []*os.File{child}
 	stderr := &limitedBuffer{max: 4 << 10}
 	cmd.Stderr = stderr
-	if err := startJoined(cmd, cgFiles); err != nil {
+	if err := startJoined(cmd, cgFiles, as); err != nil {
 		return nil, fmt.Errorf("local: start the sandbox's init: %w", err)
 	}
 	child.Close() // the init's end is the init's alone: its exit closes it

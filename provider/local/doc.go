@@ -37,6 +37,7 @@
 //	sandboxes/<sb-id>/fs/         the tree (overlay mode: the merged mount)
 //	sandboxes/<sb-id>/upper/      overlay mode: the sandbox's own layer
 //	sandboxes/<sb-id>/work/       overlay mode: overlayfs's work directory
+//	sandboxes/<sb-id>/.views/     idmapped mounts its own uid sees its tree, the root's layers, caches through
 //	snapshots/<snap-id>/meta.json the source sandbox, its metadata, layers, deleted mark
 //	snapshots/<snap-id>/layer/    the whole tree, or (overlay mode) the diff
 //	trash/                        what a Stop or a collection is removing
@@ -68,13 +69,19 @@
 // (PATH, HOME, LANG, the spec's env, the request's env, and SandboxIDEnv);
 // names must be shell names. That environment is the command's only: the
 // init starts with a fixed one. Isolated, a sandbox's user namespace maps
-// its root to an unprivileged host uid and gid (Options.UID, GID: 65534 by
-// default) with no supplementary groups, and commands run as that root
+// its root to an unprivileged host uid and gid of its own, from
+// Options.UIDRange (or Options.UID, GID, 65534 by default, with
+// UIDRangeNone), with no supplementary groups, and is made as that uid
+// (see startAs), so the kernel's per-user counts are the sandbox's own;
+// commands run as that root
 // with every capability dropped (bounding set included), no_new_privs, no
 // further user namespaces, and the syscall filter of Options.Seccomp (see
-// deniedSyscalls). A sandbox's tree belongs to that uid: an image is given
-// to it (copy mode: as it is copied; overlay mode: by a metadata-only
-// layer made once per template, under <Root>/images). The command sees its
+// deniedSyscalls). Trees belong on disk to Options.UID and GID, the
+// storage ids: an image is given to them (copy mode: as it is copied;
+// overlay mode: by a metadata-only layer made once per template, under
+// <Root>/images); a sandbox with a uid of its own sees its tree, caches
+// and writable mounts through idmapped mounts that show the storage ids as
+// its own (see makeViews). The command sees its
 // tree at the workdir (Spec.Workdir, default /sandbox), a private /tmp,
 // its own /proc and a minimal /dev, its caches and mounts, and read-only
 // only /usr, /bin, /sbin, /lib*, /etc and Options.ROBinds, with

@@ -274,7 +274,7 @@ func (p *Provider) WriteFile(ctx context.Context, h provider.Handle, name string
 	if err := p.stillLive(s); err != nil {
 		return err
 	}
-	return writeFileIn(s.fsDir(), rel, data, p.owner())
+	return writeFileIn(s.fsDir(), rel, data, p.treeOwner(s))
 }
 
 // ReadFile reads the file at p (relative to the workdir, or absolute under

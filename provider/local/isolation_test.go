@@ -271,3 +271,54 @@ func TestContainerCommandsCannotEscapeTheirSandbox(t *testing.T) {
 		t.Errorf("a setsid process outlived its sandbox: %v", pids)
 	}
 }
+
+// uid_range is checked at New: a range holding a host user's or group's
+// id, or the storage uid, is refused, as is one that does not parse.
+func TestUIDRangeIsChecked(t *testing.T) {
+	for _, r := range []string{"1-100", "65000-66000", "x", "10-5", "0-10", "5"} {
+		_, err := New(Options{Root: t.TempDir(), Isolation: IsolationContainer, Overlay: OverlayOff, UIDRange: r})
+		if !errors.Is(err, ErrBadOptions) {
+			t.Errorf("uid_range %q: %v, want ErrBadOptions", r, err)
+		}
+	}
+	// Unisolated, or with none, no range is used.
+	for _, o := range []Options{{Isolation: IsolationNone}, {Isolation: IsolationContainer, UIDRange: UIDRangeNone}} {
+		o.Root, o.Overlay = t.TempDir(), OverlayOff
+		p, err := New(o)
+		if err != nil || p.uids != nil {
+			t.Errorf("%+v: %v, range %v", o, err, p)
+		}
+	}
+}
+
+// Each sandbox takes a uid of the range no live sandbox holds, a stopped
+// one gives it back, and a restarted server holds those of the sandboxes
+// it finds.
+func TestEachSandboxTakesAFreeUIDOfTheRange(t *testing.T) {
+	root := t.TempDir()
+	p := newProvider(t, mode{"container-copy", IsolationContainer, OverlayOff}, Options{Root: root, UIDRange: "1879113000-1879113001"})
+	ctx := context.Background()
+	a := start(t, p, provider.Spec{})
+	b := start(t, p, provider.Spec{})
+	if _, err := p.Start(ctx, provider.Spec{}); !errors.Is(err, errNoUID) {
+		t.Errorf("a third sandbox in a range of two: %v, want errNoUID", err)
+	}
+	ua, ub := hostUID(t, p, a), hostUID(t, p, b)
+	if ua == ub || min(ua, ub) != 1879113000 || max(ua, ub) != 1879113001 {
+		t.Errorf("uids %d and %d, want the range's two", ua, ub)
+	}
+	if err := p.Stop(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	c := start(t, p, provider.Spec{})
+	if uc := hostUID(t, p, c); uc != ua {
+		t.Errorf("the next sandbox got %d, want the stopped one's %d", uc, ua)
+	}
+	q, err := New(Options{Root: root, Isolation: IsolationContainer, Overlay: OverlayOff, UIDRange: "1879113000-1879113001"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Start(ctx, provider.Spec{}); !errors.Is(err, errNoUID) {
+		t.Errorf("a restarted server gave out a uid its sandboxes hold: %v", err)
+	}
+}

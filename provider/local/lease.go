@@ -79,7 +79,7 @@ func (p *Provider) Reap(ctx context.Context) ([]string, error) {
 	}
 	if trash, err := os.ReadDir(p.trashDir()); err == nil {
 		for _, e := range trash {
-			errs = append(errs, os.RemoveAll(filepath.Join(p.trashDir(), e.Name())))
+			errs = append(errs, removeSandboxDir(filepath.Join(p.trashDir(), e.Name())))
 		}
 	}
 	if err := p.collect(); err != nil {
@@ -102,7 +102,7 @@ func (p *Provider) removeUnfinished(id string) error {
 		return err
 	}
 	p.log.WithField("sandbox_id", id).Info("local: removed a sandbox whose start did not finish")
-	return os.RemoveAll(dir)
+	return removeSandboxDir(dir)
 }
 
 // RunReaper calls Reap every interval of the provider's clock until ctx

@@ -107,6 +107,15 @@ type Options struct {
 	// (DefaultUID, DefaultGID when zero; root is never used). Root inside
 	// a sandbox is this uid on the host, and a sandbox's tree is owned by it.
 	UID, GID int
+	// UIDRange is the block of host uids isolated sandboxes get one each
+	// of, "FIRST-LAST" (the gid is the same number): DefaultUIDRange when
+	// empty, checked at New against the host's users, groups and
+	// subordinate ids. Per-user kernel state (keyrings, inotify and
+	// fanotify counts, RLIMIT_NPROC) is then each sandbox's own. Trees stay
+	// UID's on disk; a sandbox sees them as its own through idmapped
+	// mounts. UIDRangeNone runs every sandbox as UID and GID; a server that
+	// is not root runs them as its own uid whatever this says.
+	UIDRange string
 	// ROBinds are host paths shown read-only to sandboxed commands besides
 	// /usr, /bin, /sbin, /lib* and /etc (a toolchain under /opt, say). None
 	// may be or lie under /root, /home, /var, /srv, /run, /tmp or a Hide path.
@@ -217,7 +226,10 @@ type Provider struct {
 	probeIsolation func() error
 	// seccompName is Options.Seccomp, "default" when empty.
 	seccompName string
-	// uid and gid own sandbox trees and run sandboxed commands.
+	// uids, when isolated sandboxes get a host uid each, hands them out.
+	uids *uidRange
+	// uid and gid own sandbox trees (and run sandboxed commands, but where
+	// uids gives each sandbox its own).
 	uid, gid int
 	// rootless: the server is not root, so sandboxed commands run as its
 	// own uid and trees are its own.
@@ -401,9 +413,25 @@ func New(opts Options) (_ *Provider, err error) {
 	if p.seccompName == "" {
 		p.seccompName = SeccompDefault
 	}
+	if opts.Isolation != IsolationNone && !p.rootless && opts.UIDRange != UIDRangeNone {
+		spec := opts.UIDRange
+		if spec == "" {
+			spec = DefaultUIDRange
+		}
+		if p.uids, err = parseUIDRange(spec); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrBadOptions, err)
+		}
+		if err := p.uids.checkHostIDs(p.uid, p.gid); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrBadOptions, err)
+		}
+	}
 	if err := p.chooseIsolation(opts); err != nil {
 		return nil, err
 	}
+	if p.ctr == nil {
+		p.uids = nil
+	}
+	p.holdUIDs()
 	if err := p.chooseOverlay(opts.Overlay); err != nil {
 		return nil, err
 	}
@@ -421,6 +449,9 @@ func New(opts Options) (_ *Provider, err error) {
 	}
 	if p.isoErr != nil {
 		fields["isolation_error"] = p.isoErr.Error()
+	}
+	if p.uids != nil {
+		fields["uid_range"] = fmt.Sprintf("%d-%d", p.uids.first, p.uids.last)
 	}
 	p.log.WithFields(fields).Info("local provider ready")
 	return p, nil
@@ -492,11 +523,14 @@ func (p *Provider) probeContainer() error {
 	if err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}
-	defer os.RemoveAll(dir)
+	defer removeSandboxDir(dir)
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}
 	s := &sandbox{id: "probe", dir: dir, groups: map[int]struct{}{}, meta: sandboxMeta{Workdir: p.workdir}}
+	if p.uids != nil {
+		s.meta.UID, s.meta.GID = p.uids.first, p.uids.first
+	}
 	if err := os.Mkdir(s.fsDir(), 0o755); err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}
@@ -673,6 +707,36 @@ func (p *Provider) owner() *owner {
 		return nil
 	}
 	return &owner{p.uid, p.gid}
+}
+
+// holdUIDs marks the uids of the sandboxes on disk (a previous server's)
+// as held.
+func (p *Provider) holdUIDs() {
+	if p.uids == nil {
+		return
+	}
+	ids, err := p.sandboxIDs()
+	if err != nil {
+		return
+	}
+	for _, id := range ids {
+		var meta sandboxMeta
+		if readJSON(filepath.Join(p.sandboxDir(id), "meta.json"), &meta) == nil && meta.UID != 0 {
+			p.uids.hold(meta.UID, id)
+		}
+	}
+}
+
+// treeOwner is who the server makes what it writes in s's tree belong to:
+// s's own uid where the tree is an overlay over its views, else owner.
+func (p *Provider) treeOwner(s *sandbox) *owner {
+	s.mu.Lock()
+	meta := s.meta
+	s.mu.Unlock()
+	if ids := sandboxIDs(meta); ids != nil && meta.Overlay && p.ctr != nil {
+		return ids
+	}
+	return p.owner()
 }
 
 // chown gives path (not following a symlink) to o; a nil o does nothing.

@@ -69,7 +69,7 @@ func probeMemory(parent string, v2 bool, limitMiB int) error {
 		return err
 	}
 	cmd := &exec.Cmd{Path: exe, Args: []string{memProbeName}, Env: []string{}}
-	if err := startJoined(cmd, procs); err != nil {
+	if err := startJoined(cmd, procs, nil); err != nil {
 		return err
 	}
 	err = cmd.Wait()

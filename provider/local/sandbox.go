@@ -51,6 +51,19 @@ type sandboxMeta struct {
 	Layers []string `json:"layers,omitempty"`
 	// Spec is the spec it was started with, without Files.
 	Spec provider.Spec `json:"spec"`
+	// UID and GID are the host ids of its own its processes run as (see
+	// uidRange); zero: the provider's Options.UID and GID.
+	UID int `json:"uid,omitempty"`
+	GID int `json:"gid,omitempty"`
+}
+
+// sandboxIDs are the host ids of its own of the sandbox meta describes,
+// nil when it has none.
+func sandboxIDs(meta sandboxMeta) *owner {
+	if meta.UID == 0 {
+		return nil
+	}
+	return &owner{meta.UID, meta.GID}
 }
 
 // sandbox is a loaded sandbox.
@@ -204,10 +217,21 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 	if err := os.Mkdir(s.dir, 0o755); err != nil {
 		return provider.Handle{}, fmt.Errorf("local: start: %w", err)
 	}
+	var ids *owner
+	if p.uids != nil {
+		uid, err := p.uids.take(id)
+		if err != nil {
+			return provider.Handle{}, err
+		}
+		ids = &owner{uid, uid}
+	}
 	defer func() {
 		if err != nil {
 			_ = unmount(s.fsDir())
-			if rmErr := os.RemoveAll(s.dir); rmErr != nil {
+			if ids != nil {
+				p.uids.release(ids.uid, id)
+			}
+			if rmErr := removeSandboxDir(s.dir); rmErr != nil {
 				p.log.WithError(rmErr).WithField("sandbox_id", id).Warn("local: remove a sandbox that failed to start")
 			}
 		}
@@ -222,6 +246,14 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 	}
 	meta.Spec = spec
 	meta.Spec.Files = nil
+	treeOwner := p.owner()
+	if ids != nil {
+		meta.UID, meta.GID = ids.uid, ids.gid
+		if p.overlay {
+			// The server writes the tree through its views.
+			treeOwner = ids
+		}
+	}
 	// Isolated, the tree is the sandbox uid's: a fresh tree's top,
 	// and an image's every entry (a fork's are already).
 	own := p.owner()
@@ -244,7 +276,13 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 		if err := own.chown(s.upperDir()); err != nil {
 			return provider.Handle{}, fmt.Errorf("local: start: %w", err)
 		}
-		if err := mountOverlay(s.fsDir(), lowers, s.upperDir(), s.workDir()); err != nil {
+		upper, work := s.upperDir(), s.workDir()
+		if ids != nil {
+			if lowers, upper, work, _, err = p.makeViews(s, *ids, lowers, nil); err != nil {
+				return provider.Handle{}, fmt.Errorf("local: start: %w", err)
+			}
+		}
+		if err := mountOverlay(s.fsDir(), lowers, upper, work); err != nil {
 			return provider.Handle{}, fmt.Errorf("local: start: %w", err)
 		}
 	} else if o.copyFrom != "" {
@@ -260,7 +298,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 	} else if err := own.chown(s.fsDir()); err != nil {
 		return provider.Handle{}, fmt.Errorf("local: start: %w", err)
 	}
-	if err := writeFiles(s.fsDir(), workdir, o.files, own); err != nil {
+	if err := writeFiles(s.fsDir(), workdir, o.files, treeOwner); err != nil {
 		return provider.Handle{}, err
 	}
 	if err := p.copyMounts(ctx, spec, s.dir); err != nil {
@@ -389,7 +427,14 @@ func (p *Provider) adoptLocked(s *sandbox) error {
 			return fmt.Errorf("local: sandbox %s: %w", s.id, err)
 		}
 		if !mounted {
-			if err := mountOverlay(s.fsDir(), s.meta.Lowers, s.upperDir(), s.workDir()); err != nil {
+			lowers, upper, work := s.meta.Lowers, s.upperDir(), s.workDir()
+			if ids := sandboxIDs(s.meta); ids != nil {
+				var err error
+				if lowers, upper, work, _, err = p.makeViews(s, *ids, lowers, nil); err != nil {
+					return fmt.Errorf("local: sandbox %s: remount: %w", s.id, err)
+				}
+			}
+			if err := mountOverlay(s.fsDir(), lowers, upper, work); err != nil {
 				return fmt.Errorf("local: sandbox %s: remount: %w", s.id, err)
 			}
 		}
@@ -459,11 +504,15 @@ func (p *Provider) stop(s *sandbox, reason string) error {
 			return p.stopFailed(s, err)
 		}
 	}
+	detachViews(s.dir)
 	trash := filepath.Join(p.trashDir(), s.id+"-"+newID("")[:8])
 	if err := os.Rename(s.dir, trash); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return p.stopFailed(s, err)
 	}
-	if err := os.RemoveAll(trash); err != nil {
+	if ids := sandboxIDs(s.meta); ids != nil && p.uids != nil {
+		p.uids.release(ids.uid, s.id)
+	}
+	if err := removeSandboxDir(trash); err != nil {
 		p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: remove a stopped sandbox's tree (Reap retries)")
 	}
 	p.mu.Lock()

@@ -67,6 +67,11 @@ func runSetup() int {
 	runtime.LockOSThread() // every step below holds the thread that executes
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	_ = unix.CloseRange(initFd+1, ^uint(0), closeRangeCloexec)
+	// Before anything else: the server sets a sandbox's rlimits itself
+	// only where it runs as the server's uid (see join).
+	if err := setRlimits(0); err != nil {
+		return 125
+	}
 	fail := func(err error) int {
 		b, _ := json.Marshal(initMsg{Op: "exit", Error: err.Error()})
 		_ = unix.Sendmsg(initFd, b, nil, nil, 0)

@@ -155,7 +155,14 @@ func (c *containerConfig) setup(fsDir, workdir string, network bool, mounts []ca
 // own, killed when the server dies. Its user namespace maps root to the
 // unprivileged host uid and gid, with no supplementary groups: nothing of
 // the sandbox runs as host root.
-func (c *containerConfig) sysProcAttr(network bool) *syscall.SysProcAttr {
+//
+// With ids (a sandbox's uid of its own) the namespace is made by the
+// server's thread holding those ids as its effective ones (see
+// startJoined), so it is theirs: the kernel counts what the sandbox holds
+// per user (inotify and fanotify instances, user namespaces) against them,
+// never against root. Such a namespace's maps are written as they allow
+// (setgroups denied; the thread has no supplementary groups).
+func (c *containerConfig) sysProcAttr(network bool, ids *owner) *syscall.SysProcAttr {
 	flags := uintptr(syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS)
 	if !network {
 		flags |= syscall.CLONE_NEWNET
@@ -167,7 +174,11 @@ func (c *containerConfig) sysProcAttr(network bool) *syscall.SysProcAttr {
 		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: c.uid, Size: 1}},
 		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: c.gid, Size: 1}},
 	}
-	if !c.rootless {
+	switch {
+	case ids != nil:
+		a.UidMappings[0].HostID, a.GidMappings[0].HostID = ids.uid, ids.gid
+		a.Credential = &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: true}
+	case !c.rootless:
 		// Only root may allow setgroups while mapping another gid; it
 		// drops every supplementary group.
 		a.GidMappingsEnableSetgroups = true

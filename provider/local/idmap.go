@@ -1,0 +1,218 @@
+package local
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// A sandbox with a host uid of its own (see uidRange) sees the trees the
+// provider keeps as the storage uid (Options.UID, 65534) through idmapped
+// mounts, its views: what the storage uid owns on disk is the sandbox's uid
+// to it, and what the sandbox's uid writes lands on disk as the storage
+// uid. Snapshots, forks and images stay the storage uid's whichever
+// sandbox made them, and a fork gets its tree under a uid of its own at no
+// cost. Views live under <sandbox>/.views; each is detached before the
+// sandbox's directory is removed (see detachViews), so that no removal goes
+// through one into what it shows.
+
+// viewsDirName is the directory of a sandbox's views.
+const viewsDirName = ".views"
+
+// idmapHolderName is argv[0] of the process whose user namespace an
+// idmapped mount takes its mapping from: the server's binary run again,
+// which waits for its stdin to close.
+const idmapHolderName = "sandbox-idmap"
+
+// runIdmapHolder waits until its stdin closes.
+func runIdmapHolder() int {
+	var b [1]byte
+	for {
+		if _, err := unix.Read(0, b[:]); err != unix.EINTR {
+			return 0
+		}
+	}
+}
+
+// idmapNS returns a user namespace (an open descriptor) that maps root to
+// root and the storage ids to the sandbox's: an idmapped mount made with
+// it shows a file the storage uid owns as the sandbox's uid's, and one
+// root owns as root's.
+func (p *Provider) idmapNS(ids owner) (int, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return -1, err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return -1, err
+	}
+	defer r.Close()
+	cmd := &exec.Cmd{Path: exe, Args: []string{idmapHolderName}, Env: []string{}, Stdin: r}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:                 syscall.CLONE_NEWUSER,
+		Pdeathsig:                  syscall.SIGKILL,
+		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: p.uid, HostID: ids.uid, Size: 1}},
+		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: p.gid, HostID: ids.gid, Size: 1}},
+		GidMappingsEnableSetgroups: true,
+	}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return -1, fmt.Errorf("idmap namespace: %w", err)
+	}
+	fd, err := unix.Open("/proc/"+strconv.Itoa(cmd.Process.Pid)+"/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	w.Close()
+	_ = cmd.Wait()
+	if err != nil {
+		return -1, fmt.Errorf("idmap namespace: %w", err)
+	}
+	return fd, nil
+}
+
+// idmapMount mounts at dst a view of src through the user namespace nsfd
+// (see idmapNS), read-only when ro. It shows src's own mount only, none
+// mounted beneath it.
+func idmapMount(src, dst string, nsfd int, ro bool) error {
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("view of %s: %w", src, err)
+	}
+	defer unix.Close(fd)
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV, Userns_fd: uint64(nsfd)}
+	if ro {
+		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
+	}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		return fmt.Errorf("view of %s: idmap: %w", src, err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("view of %s: %w", src, err)
+	}
+	return nil
+}
+
+// views are where a sandbox with a uid of its own finds what it uses.
+type views struct {
+	dir string // <sandbox>/.views
+	// root is the provider's root, read-only: overlay layers under it.
+	root string
+}
+
+func viewsOf(sandboxDir string) views {
+	d := filepath.Join(sandboxDir, viewsDirName)
+	return views{dir: d, root: filepath.Join(d, "root")}
+}
+
+// sb is the view of the sandbox's own directory, writable.
+func (v views) sb() string { return filepath.Join(v.dir, "sb") }
+
+// makeViews mounts s's views for the sandbox uid ids: its directory, the
+// provider's root (in overlay mode), each of lowers outside the root, and
+// each writable cache or mount; it returns the paths to use for lowers,
+// the upper and work directories, and the mounts. Views already mounted
+// (a server restarted while the sandbox lived) are kept. A view that
+// failed stays to be detached with the others (see detachViews).
+func (p *Provider) makeViews(s *sandbox, ids owner, lowers []string, mounts []cacheMount) (viewLowers []string, upper, work string, viewMounts []cacheMount, err error) {
+	v := viewsOf(s.dir)
+	if err := os.MkdirAll(v.dir, 0o711); err != nil {
+		return nil, "", "", nil, err
+	}
+	nsfd := -1
+	defer func() {
+		if nsfd >= 0 {
+			unix.Close(nsfd)
+		}
+	}()
+	// through is the view dst of src, mounted unless it is already.
+	through := func(dst, src string, ro bool) (string, error) {
+		if isMountRoot(dst) {
+			return dst, nil
+		}
+		if nsfd < 0 {
+			if nsfd, err = p.idmapNS(ids); err != nil {
+				return "", err
+			}
+		}
+		return dst, idmapMount(src, dst, nsfd, ro)
+	}
+	if _, err := through(v.sb(), s.dir, false); err != nil {
+		return nil, "", "", nil, err
+	}
+	for i, l := range lowers {
+		if rel, ok := strings.CutPrefix(l, p.root+"/"); ok {
+			if _, err := through(v.root, p.root, true); err != nil {
+				return nil, "", "", nil, err
+			}
+			viewLowers = append(viewLowers, filepath.Join(v.root, rel))
+			continue
+		}
+		dst, err := through(filepath.Join(v.dir, "l"+strconv.Itoa(i)), l, true)
+		if err != nil {
+			return nil, "", "", nil, err
+		}
+		viewLowers = append(viewLowers, dst)
+	}
+	for i, m := range mounts {
+		switch {
+		case m.ro:
+		case within(m.host, s.dir):
+			m.host = filepath.Join(v.sb(), strings.TrimPrefix(m.host, s.dir))
+		default:
+			if m.host, err = through(filepath.Join(v.dir, "m"+strconv.Itoa(i)), m.host, false); err != nil {
+				return nil, "", "", nil, err
+			}
+		}
+		viewMounts = append(viewMounts, m)
+	}
+	return viewLowers, filepath.Join(v.sb(), "upper"), filepath.Join(v.sb(), "work"), viewMounts, nil
+}
+
+// detachViews detaches every view of the sandbox directory dir. It is
+// called before dir is removed: a removal must never go through a view
+// into a cache, a mount or the provider's root.
+func detachViews(dir string) {
+	v := viewsOf(dir)
+	entries, err := os.ReadDir(v.dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		p := filepath.Join(v.dir, e.Name())
+		for i := 0; i < 8 && isMountRoot(p); i++ {
+			_ = unmount(p)
+		}
+	}
+}
+
+// isMountRoot reports whether p is the root of a mount (a bind of the same
+// filesystem too, which a change of device would not tell).
+func isMountRoot(p string) bool {
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW, 0, &st); err != nil {
+		return false
+	}
+	return st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
+}
+
+// removeSandboxDir removes a sandbox's directory (or one moved to the
+// trash), its views detached first; it refuses when one stays mounted.
+func removeSandboxDir(dir string) error {
+	detachViews(dir)
+	v := viewsOf(dir)
+	entries, _ := os.ReadDir(v.dir)
+	for _, e := range entries {
+		if isMountRoot(filepath.Join(v.dir, e.Name())) {
+			return fmt.Errorf("remove %s: view %s is still mounted", dir, e.Name())
+		}
+	}
+	return os.RemoveAll(dir)
+}
