@@ -99,9 +99,9 @@ func localStart(b *testing.B, p *local.Provider, spec provider.Spec) provider.Ha
 
 // BenchmarkLocalStart: an empty sandbox, ready for commands.
 func BenchmarkLocalStart(b *testing.B) {
-	for _, ov := range []string{local.OverlayOff, local.OverlayOn} {
-		b.Run("overlay-"+ov, func(b *testing.B) {
-			p := localProvider(b, local.IsolationNone, ov, nil)
+	for _, c := range []struct{ iso, ov string }{{local.IsolationNone, local.OverlayOff}, {local.IsolationNone, local.OverlayOn}, {local.IsolationContainer, local.OverlayOff}, {local.IsolationContainer, local.OverlayOn}} {
+		b.Run(c.iso+"-overlay-"+c.ov, func(b *testing.B) {
+			p := localProvider(b, c.iso, c.ov, nil)
 			ctx := context.Background()
 			for b.Loop() {
 				h, err := p.Start(ctx, provider.Spec{Files: map[string]string{"notes": "one\n"}})

@@ -70,9 +70,6 @@ func init() {
 	if len(os.Args) == 1 && os.Args[0] == memProbeName {
 		os.Exit(runMemProbe())
 	}
-	if len(os.Args) == 1 && os.Args[0] == idmapHolderName {
-		os.Exit(runIdmapHolder())
-	}
 }
 
 // runInit is a sandbox's init: the long-lived process every command of

@@ -1,0 +1,260 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/cookiejar"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/app"
+)
+
+// The container figures: the notes server on the local provider with its
+// default isolation (each sandbox a container of the server's own, a uid
+// of its own), in this process. Not timed tests: they report figures.
+//
+//	go test -run XXX -bench Container -benchtime 200x ./bench/
+//
+// BenchmarkContainerExec: POST /sandboxes/{id}/exec of `true` through the
+// sandbox API (HTTP, the token /sandbox_access gave), one session; median
+// and 90th percentile.
+// BenchmarkContainerSeed: POST seed_session of a notes session (its
+// sandbox started, not yet its init); median.
+// BenchmarkContainerIdleMemory: b.N sessions each with one exec behind it
+// (its init live, idle): the proportional set size of their inits per
+// sandbox, what the kernel charges their memory cgroups per sandbox, and
+// the host's MemAvailable drop per sandbox (noisy on a shared machine:
+// others' work moves it).
+
+// notesServer starts the notes server on the local provider over a fresh
+// state directory.
+func notesServer(b *testing.B) string {
+	b.Helper()
+	cfg := app.Defaults()
+	cfg.Port = 0
+	cfg.MaxSessions = 0
+	cfg.Sandbox.Local.Root = filepath.Join(b.TempDir(), "sandboxes")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	a, err := app.Start(context.Background(), cfg, app.Deps{Listener: ln, Logger: log})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = a.Stop(context.Background()) })
+	return "http://" + a.Addr().String()
+}
+
+// notesAgent is one session's client (its cookie).
+type notesAgent struct {
+	base string
+	cl   *http.Client
+}
+
+func newNotesAgent(base string) *notesAgent {
+	jar, _ := cookiejar.New(nil)
+	return &notesAgent{base: base, cl: &http.Client{Jar: jar, Timeout: time.Minute}}
+}
+
+func (a *notesAgent) post(b *testing.B, url, bearer string, body any) map[string]any {
+	b.Helper()
+	raw, _ := json.Marshal(body)
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(raw))
+	if err != nil {
+		b.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
+	res, err := a.cl.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer res.Body.Close()
+	var m map[string]any
+	out, _ := io.ReadAll(res.Body)
+	if err := json.Unmarshal(out, &m); err != nil || res.StatusCode != 200 {
+		b.Fatalf("POST %s: %d %s", url, res.StatusCode, out)
+	}
+	return m
+}
+
+// seed seeds the agent's notes session and returns its sandbox API
+// endpoint and token.
+func (a *notesAgent) seed(b *testing.B, rollout string) (endpoint, token string) {
+	b.Helper()
+	a.post(b, a.base+"/ng-rollout/"+rollout+"/seed_session", "", map[string]any{"instance_id": rollout})
+	acc := a.post(b, a.base+"/ng-rollout/"+rollout+"/sandbox_access", "", nil)
+	conn, _ := acc["connection"].(map[string]any)
+	desc, _ := conn["descriptor"].(map[string]any)
+	endpoint, _ = desc["endpoint"].(string)
+	token, _ = desc["token"].(string)
+	if endpoint == "" || token == "" {
+		b.Fatalf("sandbox_access: %v", acc)
+	}
+	return endpoint, token
+}
+
+func (a *notesAgent) exec(b *testing.B, endpoint, token, command string) {
+	b.Helper()
+	m := a.post(b, endpoint+"/exec", token, map[string]any{"command": command})
+	if m["exit_code"] != 0.0 {
+		b.Fatalf("exec %q: %v", command, m)
+	}
+}
+
+func percentile(d []time.Duration, p float64) float64 {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return float64(s[int(p*float64(len(s)-1))].Microseconds()) / 1000
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func BenchmarkContainerExec(b *testing.B) {
+	a := newNotesAgent(notesServer(b))
+	endpoint, token := a.seed(b, "r0")
+	a.exec(b, endpoint, token, "true") // the init starts
+	var took []time.Duration
+	for b.Loop() {
+		began := time.Now()
+		a.exec(b, endpoint, token, "true")
+		took = append(took, time.Since(began))
+	}
+	b.ReportMetric(percentile(took, 0.5), "median-ms")
+	b.ReportMetric(percentile(took, 0.9), "p90-ms")
+	b.Logf("load average %s", loadavg())
+}
+
+func BenchmarkContainerSeed(b *testing.B) {
+	base := notesServer(b)
+	var took []time.Duration
+	i := 0
+	for b.Loop() {
+		a := newNotesAgent(base)
+		began := time.Now()
+		a.post(b, base+"/ng-rollout/r"+strconv.Itoa(i)+"/seed_session", "", map[string]any{"instance_id": "row"})
+		took = append(took, time.Since(began))
+		i++
+	}
+	b.ReportMetric(percentile(took, 0.5), "median-ms")
+	b.ReportMetric(percentile(took, 0.9), "p90-ms")
+	b.Logf("load average %s", loadavg())
+}
+
+func BenchmarkContainerIdleMemory(b *testing.B) {
+	base := notesServer(b)
+	before := memAvailableKiB(b)
+	n := 0
+	for b.Loop() {
+		a := newNotesAgent(base)
+		endpoint, token := a.seed(b, "r"+strconv.Itoa(n))
+		a.exec(b, endpoint, token, "true")
+		n++
+	}
+	after := memAvailableKiB(b)
+	pss, inits := initsPssKiB(b)
+	if inits < n {
+		b.Fatalf("%d inits for %d sandboxes", inits, n)
+	}
+	b.ReportMetric(float64(pss)/float64(inits), "init-pss-KiB/sandbox")
+	if cg, k := cgroupsUsageKiB(); k > 0 {
+		b.ReportMetric(float64(cg)/float64(k), "cgroup-usage-KiB/sandbox")
+	}
+	b.ReportMetric(float64(before-after)/float64(n), "memavailable-drop-KiB/sandbox")
+	b.Logf("%d sandboxes, %d inits, load average %s", n, inits, loadavg())
+}
+
+// cgroupsUsageKiB sums memory.usage_in_bytes (v1) of the sandboxes'
+// memory cgroups under this process's own: what the kernel charges them
+// (their processes' memory, their page cache, and kernel memory where it
+// is accounted), and counts them.
+func cgroupsUsageKiB() (kib, n int) {
+	raw, _ := os.ReadFile("/proc/self/cgroup")
+	for _, l := range strings.Split(string(raw), "\n") {
+		own, ok := strings.CutPrefix(l, strings.SplitN(l, ":", 2)[0]+":memory:")
+		if !ok {
+			continue
+		}
+		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/memory", own, "sandboxowner", "sb-*", "memory.usage_in_bytes"))
+		for _, d := range dirs {
+			b, err := os.ReadFile(d)
+			if err != nil {
+				continue
+			}
+			v, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+			kib += v >> 10
+			n++
+		}
+	}
+	return kib, n
+}
+
+func memAvailableKiB(b *testing.B) int {
+	b.Helper()
+	raw, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, l := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(l, "MemAvailable:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return n
+		}
+	}
+	b.Fatal("no MemAvailable")
+	return 0
+}
+
+// initsPssKiB sums the proportional set size of this process's sandboxes'
+// inits (its children named sandbox-init).
+func initsPssKiB(b *testing.B) (pss, n int) {
+	b.Helper()
+	self := strconv.Itoa(os.Getpid())
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		stat, err := os.ReadFile(d + "/stat")
+		if err != nil || !strings.Contains(string(stat), "(sandbox-init)") {
+			continue
+		}
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(f) < 2 || f[1] != self {
+			continue
+		}
+		raw, err := os.ReadFile(d + "/smaps_rollup")
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(raw), "\n") {
+			if v, ok := strings.CutPrefix(l, "Pss:"); ok {
+				k, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+				pss += k
+				n++
+			}
+		}
+	}
+	return pss, n
+}
