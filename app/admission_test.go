@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sandboxowner/owner/app"
+	"github.com/sandboxowner/owner/clock"
 	ctl "github.com/sandboxowner/owner/control"
 	httpapi "github.com/sandboxowner/owner/http"
 )
@@ -76,7 +77,7 @@ func checkpointOp(t *testing.T, a *app.App, op string, body map[string]any) (int
 // waitGate waits until cond holds of the admission gate.
 func waitGate(t *testing.T, g *ctl.Gate, cond func() bool) {
 	t.Helper()
-	bound := time.After(30 * time.Second) // a bound on a broken test, not a synchronisation
+	bound := time.After(brokenTestBound)
 	for ch := g.Changed(); !cond(); ch = g.Changed() {
 		select {
 		case <-ch:
@@ -86,30 +87,48 @@ func waitGate(t *testing.T, g *ctl.Gate, cond func() bool) {
 	}
 }
 
+// brokenTestBound bounds a wait that only a broken test (or server) makes
+// long: it is not a synchronisation, and no outcome depends on it.
+const brokenTestBound = 30 * time.Second
+
+// receive is the next value of ch, failing the test if none comes within
+// brokenTestBound.
+func receive[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(brokenTestBound):
+		t.Fatalf("%s never came", what)
+		panic("unreachable")
+	}
+}
+
 // An exec in flight used to be invisible to a checkpoint: prepare said
 // ready and the snapshot caught the command half done; file writes went
 // through a prepared checkpoint. Now both pass the admission gate.
+//
+// The server runs on a clock that stands still, so a prepare whose deadline
+// is that instant answers at once, however slow the machine, with the
+// readiness it found.
 func TestSandboxCallsPassTheAdmissionGate(t *testing.T) {
-	a := startLocal(t, t.TempDir())
+	clk := clock.NewManual(time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC))
+	a := startLocalWith(t, t.TempDir(), app.Deps{Clock: clk, LeaseTick: -1})
 	defer a.Stop(context.Background())
 	d, gate, label := seededSandbox(t, a)
 
-	// A command that runs until the test writes the file "go".
+	// A command that runs until the test writes the file "go". Its
+	// timeout bounds a broken test: the server's stop waits for it.
 	execDone := make(chan string, 1)
 	go func() {
-		s, body := sandboxCall(t, "POST", d.Endpoint+"/exec", d.Token, `{"command":"while [ ! -e go ]; do sleep 0.01; done; echo finished"}`)
+		s, body := sandboxCall(t, "POST", d.Endpoint+"/exec", d.Token, `{"command":"while [ ! -e go ]; do sleep 0.01; done; echo finished","timeout_ms":60000}`)
 		execDone <- fmt.Sprint(s, " ", body)
 	}()
 	waitGate(t, gate, func() bool { return slices.Contains(gate.Busy(), label) })
 
 	// Prepare is not ready while it runs, and names the sandbox.
-	// Prepare waits until its deadline for the exec, which cannot end
-	// before the test writes "go", so it answers "preparing" at the
-	// deadline however slow the machine; a prepare that arrives after its
-	// deadline is refused, so the deadline leaves a loaded machine ten
-	// seconds to deliver it (and the client's minute covers the wait).
-	deadline := ctl.UnixSeconds(time.Now().Add(10 * time.Second))
-	s2, prep := checkpointOp(t, a, "prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": deadline})
+	now := ctl.UnixSeconds(clk.Now())
+	s2, prep := checkpointOp(t, a, "prepare", map[string]any{"checkpoint_id": "ck1", "deadline_ts": now})
 	if s2 != 200 || prep["phase"] != "preparing" {
 		t.Fatalf("prepare with an exec in flight: %d %v", s2, prep)
 	}
@@ -135,20 +154,19 @@ func TestSandboxCallsPassTheAdmissionGate(t *testing.T) {
 		t.Fatalf("the exec ended before the write: %s", got)
 	default:
 	}
-	if s, r := checkpointOp(t, a, "resume", map[string]any{"checkpoint_id": "ck1", "deadline_ts": deadline}); s != 200 {
+	if s, r := checkpointOp(t, a, "resume", map[string]any{"checkpoint_id": "ck1", "deadline_ts": now}); s != 200 {
 		t.Fatalf("resume: %d %v", s, r)
 	}
-	if got := <-wrote; !strings.HasPrefix(got, "200 ") {
+	if got := receive(t, wrote, "the held write's reply"); !strings.HasPrefix(got, "200 ") {
 		t.Errorf("the held write: %s", got)
 	}
-	if got := <-execDone; !strings.HasPrefix(got, "200 ") || !strings.Contains(got, "finished") {
+	if got := receive(t, execDone, "the exec's reply"); !strings.HasPrefix(got, "200 ") || !strings.Contains(got, "finished") {
 		t.Errorf("the exec: %s", got)
 	}
 
 	// With nothing in flight, prepare is ready; an exec then waits for the
 	// resume.
-	far := ctl.UnixSeconds(time.Now().Add(time.Minute))
-	if s, r := checkpointOp(t, a, "prepare", map[string]any{"checkpoint_id": "ck2", "deadline_ts": far}); s != 200 || r["phase"] != "prepared" {
+	if s, r := checkpointOp(t, a, "prepare", map[string]any{"checkpoint_id": "ck2", "deadline_ts": now}); s != 200 || r["phase"] != "prepared" {
 		t.Fatalf("prepare with nothing in flight: %d %v", s, r)
 	}
 	go func() {
@@ -156,10 +174,10 @@ func TestSandboxCallsPassTheAdmissionGate(t *testing.T) {
 		execDone <- fmt.Sprint(s, " ", body)
 	}()
 	waitGate(t, gate, func() bool { return gate.Waiting() == 1 })
-	if s, r := checkpointOp(t, a, "resume", map[string]any{"checkpoint_id": "ck2", "deadline_ts": far}); s != 200 {
+	if s, r := checkpointOp(t, a, "resume", map[string]any{"checkpoint_id": "ck2", "deadline_ts": now}); s != 200 {
 		t.Fatalf("resume: %d %v", s, r)
 	}
-	if got := <-execDone; !strings.HasPrefix(got, "200 ") || !strings.Contains(got, "later") {
+	if got := receive(t, execDone, "the held exec's reply"); !strings.HasPrefix(got, "200 ") || !strings.Contains(got, "later") {
 		t.Errorf("the held exec: %s", got)
 	}
 }

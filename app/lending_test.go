@@ -18,6 +18,12 @@ import (
 // default) with checkpointing on, in a state dir shared across restarts.
 func startLocal(t *testing.T, stateDir string) *app.App {
 	t.Helper()
+	return startLocalWith(t, stateDir, app.Deps{})
+}
+
+// startLocalWith is startLocal with deps (its Listener is the test's).
+func startLocalWith(t *testing.T, stateDir string, deps app.Deps) *app.App {
+	t.Helper()
 	cfg := app.Defaults()
 	cfg.Port = 0
 	cfg.SessionSecret = "a-secret-of-sixteen-plus"
@@ -29,7 +35,8 @@ func startLocal(t *testing.T, stateDir string) *app.App {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := app.Start(context.Background(), cfg, app.Deps{Listener: ln})
+	deps.Listener = ln
+	a, err := app.Start(context.Background(), cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}
