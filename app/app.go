@@ -16,6 +16,7 @@ package app
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -93,8 +94,16 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if clk == nil {
 		clk = clock.Real{}
 	}
+	reg := deps.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	met, err := metrics.New(reg)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
 	entry := resourcesRegistry()[cfg.Resources]
-	res, err := entry.build(&cfg)
+	res, err := entry.build(&cfg, met)
 	if err != nil {
 		return nil, fmt.Errorf("%w: resources %s: %w", ErrConfig, cfg.Resources, err)
 	}
@@ -103,13 +112,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 			log.Warn(msg)
 		}
 	}
-
-	reg := deps.Registry
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
-	met, err := metrics.New(reg)
-	if err != nil {
+	if err := met.ObserveVerifies(res.Kind()); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	prov, provName, err := buildProvider(&cfg, deps, providerEnv{log: log, clk: clk, templates: entry.templates, hide: hidden(deps.ConfigFile), serving: true})
@@ -217,7 +220,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	}
 	srv, err := httpapi.New(httpapi.Config{
 		Owner:            own,
-		Resources:        gradingTimed{res, met},
+		Resources:        verifyObserved{res, met},
 		Logger:           log,
 		Clock:            clk,
 		SessionSecret:    secret,
@@ -288,19 +291,55 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	return a, nil
 }
 
-// gradingTimed records the gradings a resources server's verify replies
-// report (SWE-bench's GradingTime) in the metrics.
-type gradingTimed struct {
+// verifyObserved records what a resources server's verify replies say in
+// the metrics: the reward, whether the task was resolved or the sample
+// masked, and the grading's time (SWE-bench's GradingTime).
+type verifyObserved struct {
 	httpapi.Resources
 	met *metrics.Metrics
 }
 
-func (g gradingTimed) Verify(ctx context.Context, sess *httpapi.Session, body []byte) (any, error) {
+func (g verifyObserved) Verify(ctx context.Context, sess *httpapi.Session, body []byte) (any, error) {
 	rep, err := g.Resources.Verify(ctx, sess, body)
-	if t, ok := rep.(interface{ GradingTime() time.Duration }); ok && err == nil && t.GradingTime() > 0 {
+	if err != nil {
+		return rep, err
+	}
+	if t, ok := rep.(interface{ GradingTime() time.Duration }); ok && t.GradingTime() > 0 {
 		g.met.Grading(t.GradingTime())
 	}
+	if gr, ok := gradeOf(rep); ok {
+		g.met.Verified(g.Kind(), gr.reward, gr.resolved, gr.masked)
+	}
 	return rep, err
+}
+
+// grade is what a verify reply says of the episode.
+type grade struct {
+	reward           float64
+	resolved, masked bool
+}
+
+// gradeOf reads a verify reply's reward, resolved and mask_sample, as Gym
+// reads them; a reply without a reward grades nothing. Without resolved, a
+// full reward (1) resolves the task.
+func gradeOf(reply any) (grade, bool) {
+	b, err := json.Marshal(reply)
+	if err != nil {
+		return grade{}, false
+	}
+	var r struct {
+		Reward     *float64 `json:"reward"`
+		Resolved   *bool    `json:"resolved"`
+		MaskSample bool     `json:"mask_sample"`
+	}
+	if json.Unmarshal(b, &r) != nil || r.Reward == nil {
+		return grade{}, false
+	}
+	g := grade{reward: *r.Reward, masked: r.MaskSample, resolved: *r.Reward >= 1}
+	if r.Resolved != nil {
+		g.resolved = *r.Resolved
+	}
+	return g, true
 }
 
 // seconds is a configuration's seconds as a duration.

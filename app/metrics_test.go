@@ -599,3 +599,41 @@ func TestRequestIDsAndAccessLines(t *testing.T) {
 		t.Errorf("the seed's access line: %v, want capture key r1 and session %s", seedLine, sid)
 	}
 }
+
+// TestVerifiesAreInTheMetrics: a notes server counts its verifies by
+// outcome, sums their rewards and counts the resolved ones (a full reward)
+// under resources="notes", from zero at startup.
+func TestVerifiesAreInTheMetrics(t *testing.T) {
+	a, _, _ := startFake(t, t.TempDir(), fake.New(fake.Options{}), app.Deps{})
+	addr := a.Addr().String()
+	notes := map[string]string{"resources": "notes"}
+	if v := counter(t, scrape(t, addr), "sandboxowner_verifies_total", map[string]string{"resources": "notes", "outcome": "rewarded"}); v != 0 {
+		t.Fatalf("rewarded verifies at start: %v", v)
+	}
+	episode := func(rollout, note, expected string) {
+		t.Helper()
+		s, body, cookie := post(t, addr, "/ng-rollout/"+rollout+"/seed_session", "", "{}")
+		if s != 200 {
+			t.Fatalf("seed: %d %s", s, body)
+		}
+		if s, body, _ := post(t, addr, "/ng-rollout/"+rollout+"/append_note", cookie, `{"line":"`+note+`"}`); s != 200 {
+			t.Fatalf("append: %d %s", s, body)
+		}
+		if s, body, _ := post(t, addr, "/ng-rollout/"+rollout+"/verify", cookie, `{"expected_notes":["`+expected+`"]}`); s != 200 {
+			t.Fatalf("verify: %d %s", s, body)
+		}
+	}
+	episode("r1", "one", "one")
+	episode("r2", "one", "two")
+	episode("r3", "x", "x")
+	fams := scrape(t, addr)
+	for _, c := range []check{
+		{"rewarded", counter(t, fams, "sandboxowner_verifies_total", map[string]string{"resources": "notes", "outcome": "rewarded"}), 2},
+		{"unrewarded", counter(t, fams, "sandboxowner_verifies_total", map[string]string{"resources": "notes", "outcome": "unrewarded"}), 1},
+		{"masked", counter(t, fams, "sandboxowner_verifies_total", map[string]string{"resources": "notes", "outcome": "masked"}), 0},
+		{"rewards", counter(t, fams, "sandboxowner_rewards_total", notes), 2},
+		{"resolved", counter(t, fams, "sandboxowner_resolved_total", notes), 2},
+	} {
+		c.verify(t)
+	}
+}

@@ -81,7 +81,7 @@ func swebenchCommand(ctx context.Context, args []string, stdout, stderr io.Write
 		return 2
 	}
 	cfg.Resources = "swebench"
-	res, err := newSWEBench(&cfg)
+	res, err := newSWEBench(&cfg, nil)
 	if err != nil {
 		ErrorLine(stderr, opts.LogFormat, "swebench prepare: "+err.Error())
 		return 2

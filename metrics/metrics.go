@@ -50,6 +50,13 @@ type Metrics struct {
 	providerCalls    *prometheus.CounterVec
 	providerDuration *prometheus.HistogramVec
 	gradingDuration  prometheus.Histogram
+	environments     *prometheus.CounterVec
+	environmentDur   *prometheus.HistogramVec
+	validations      *prometheus.CounterVec
+	validationDur    *prometheus.HistogramVec
+	verifies         *prometheus.CounterVec
+	rewards          *prometheus.CounterVec
+	resolved         *prometheus.CounterVec
 }
 
 // latencyBuckets span a fast request (100 µs) to a long commit or grading
@@ -96,6 +103,36 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 			Help:    "SWE-bench gradings: from the patch taken to the grading sandbox stopped.",
 			Buckets: latencyBuckets(),
 		}),
+		environments: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "environments_total",
+			Help: "SWE-bench environments this server built, by outcome (ok; failed: the environment step failed; error: it could not be built).",
+		}, []string{"outcome"}),
+		environmentDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "environment_duration_seconds",
+			Help:    "Time to build a SWE-bench environment (its caches and its environment step), by outcome.",
+			Buckets: latencyBuckets(),
+		}, []string{"outcome"}),
+		validations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "validations_total",
+			Help: "SWE-bench validations this server ran, by outcome (available; unavailable: the instance is refused; error: it could not run).",
+		}, []string{"outcome"}),
+		validationDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "validation_duration_seconds",
+			Help:    "Time of a SWE-bench validation (the eval script without a patch), by outcome.",
+			Buckets: latencyBuckets(),
+		}, []string{"outcome"}),
+		verifies: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "verifies_total",
+			Help: "Verifies graded, by resources server and outcome (rewarded: reward above 0; unrewarded: reward 0; masked: mask_sample, left out of training).",
+		}, []string{"resources", "outcome"}),
+		rewards: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "rewards_total",
+			Help: "Sum of the rewards (those above 0) of the verifies not masked, by resources server: over verifies_total{outcome!=\"masked\"}, the mean reward.",
+		}, []string{"resources"}),
+		resolved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "resolved_total",
+			Help: "Verifies that resolved their task, by resources server: the reply's resolved (SWE-bench), else a full reward (1).",
+		}, []string{"resources"}),
 	}
 	err := errors.Join(
 		reg.Register(collectors.NewGoCollector()),
@@ -129,14 +166,97 @@ func checkpointOpNames() []string {
 	return []string{"prepare", "commit", "restore", "release", "retire"}
 }
 
-// ObserveGradings registers the grading families, for a resources server
-// that grades in sandboxes (SWE-bench): a server that does not exports none
-// of them.
+// Label values of the environment and validation families (those package
+// swebench reports).
+const (
+	EnvironmentOK     = "ok"
+	EnvironmentFailed = "failed"
+	ValidationOK      = "available"
+	ValidationRefused = "unavailable"
+	// PreparationError: an environment or validation that could not run.
+	PreparationError = "error"
+)
+
+// Outcomes of a graded verify.
+const (
+	VerifyRewarded   = "rewarded"
+	VerifyUnrewarded = "unrewarded"
+	VerifyMasked     = "masked"
+)
+
+// ObserveGradings registers the grading, environment and validation
+// families, for a resources server that grades in sandboxes (SWE-bench): a
+// server that does not exports none of them. Their series exist at zero
+// from then on.
 func (m *Metrics) ObserveGradings() error {
 	if m == nil {
 		return nil
 	}
-	return m.reg.Register(m.gradingDuration)
+	err := errors.Join(m.reg.Register(m.gradingDuration),
+		m.reg.Register(m.environments), m.reg.Register(m.environmentDur),
+		m.reg.Register(m.validations), m.reg.Register(m.validationDur))
+	for _, o := range []string{EnvironmentOK, EnvironmentFailed, PreparationError} {
+		m.environments.WithLabelValues(o)
+	}
+	for _, o := range []string{ValidationOK, ValidationRefused, PreparationError} {
+		m.validations.WithLabelValues(o)
+	}
+	return err
+}
+
+// ObserveVerifies registers the verify families for a server of the given
+// resources kind (notes, swebench), its series at zero.
+func (m *Metrics) ObserveVerifies(resources string) error {
+	if m == nil {
+		return nil
+	}
+	err := errors.Join(m.reg.Register(m.verifies), m.reg.Register(m.rewards), m.reg.Register(m.resolved))
+	for _, o := range []string{VerifyRewarded, VerifyUnrewarded, VerifyMasked} {
+		m.verifies.WithLabelValues(resources, o)
+	}
+	m.rewards.WithLabelValues(resources)
+	m.resolved.WithLabelValues(resources)
+	return err
+}
+
+// Verified counts a graded verify: masked ones count only as masked (their
+// reward says nothing of the model); the others add their reward, and
+// resolved ones are counted as such.
+func (m *Metrics) Verified(resources string, reward float64, resolved, masked bool) {
+	if m == nil {
+		return
+	}
+	switch {
+	case masked:
+		m.verifies.WithLabelValues(resources, VerifyMasked).Inc()
+		return
+	case reward > 0:
+		m.verifies.WithLabelValues(resources, VerifyRewarded).Inc()
+	default:
+		m.verifies.WithLabelValues(resources, VerifyUnrewarded).Inc()
+	}
+	if reward > 0 {
+		m.rewards.WithLabelValues(resources).Add(reward)
+	}
+	if resolved {
+		m.resolved.WithLabelValues(resources).Inc()
+	}
+}
+
+// Environment records a SWE-bench environment built (swebench.Observer).
+func (m *Metrics) Environment(outcome string, d time.Duration) {
+	if m != nil {
+		m.environments.WithLabelValues(outcome).Inc()
+		m.environmentDur.WithLabelValues(outcome).Observe(d.Seconds())
+	}
+}
+
+// Validation records a SWE-bench validation run (swebench.Observer).
+func (m *Metrics) Validation(outcome string, d time.Duration) {
+	if m != nil {
+		m.validations.WithLabelValues(outcome).Inc()
+		m.validationDur.WithLabelValues(outcome).Observe(d.Seconds())
+	}
 }
 
 // buildInfo is sandboxowner_build_info: 1, labelled with the binary's

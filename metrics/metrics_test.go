@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -179,5 +180,132 @@ func TestCountersExistAtZeroFromTheStart(t *testing.T) {
 	}
 	if value(t, reg, "sandboxowner_provider_calls_total", map[string]string{"provider": "fake", "op": metrics.OpReadFile, "outcome": metrics.OutcomeRefused}) != 0 {
 		t.Error("a series at start is not 0")
+	}
+}
+
+// histCount is a histogram series' sample count and sum.
+func histCount(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) (uint64, float64) {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if labels[l.GetName()] != l.GetValue() {
+					continue next
+				}
+			}
+			return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+		}
+	}
+	return 0, 0
+}
+
+// families are the names of reg's families.
+func families(t *testing.T, reg *prometheus.Registry) map[string]int {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, f := range fams {
+		out[f.GetName()] = len(f.GetMetric())
+	}
+	return out
+}
+
+// TestVerifiesCountedPerResourcesServer: rewards and resolutions per
+// resources server: a masked verify counts only as masked, the others add
+// their reward, and resolved ones are counted; every series is there at
+// zero once the server's kind is known, and not before.
+func TestVerifiesCountedPerResourcesServer(t *testing.T) {
+	m, reg := newMetrics(t)
+	if n := families(t, reg)["sandboxowner_verifies_total"]; n != 0 {
+		t.Fatalf("verifies_total before ObserveVerifies: %d series", n)
+	}
+	if err := m.ObserveVerifies("swebench"); err != nil {
+		t.Fatal(err)
+	}
+	got := families(t, reg)
+	for name, want := range map[string]int{"sandboxowner_verifies_total": 3, "sandboxowner_rewards_total": 1, "sandboxowner_resolved_total": 1} {
+		if got[name] != want {
+			t.Errorf("%s: %d series at start, want %d", name, got[name], want)
+		}
+	}
+	m.Verified("swebench", 1, true, false)
+	m.Verified("swebench", 1, false, false) // a full reward the grader did not call resolved
+	m.Verified("swebench", 0.5, false, false)
+	m.Verified("swebench", 0, false, false)
+	m.Verified("swebench", 1, true, true) // masked: says nothing of the model
+	for _, c := range []struct {
+		name    string
+		outcome string
+		want    float64
+	}{
+		{"sandboxowner_verifies_total", metrics.VerifyRewarded, 3},
+		{"sandboxowner_verifies_total", metrics.VerifyUnrewarded, 1},
+		{"sandboxowner_verifies_total", metrics.VerifyMasked, 1},
+		{"sandboxowner_rewards_total", "", 2.5},
+		{"sandboxowner_resolved_total", "", 1},
+	} {
+		labels := map[string]string{"resources": "swebench"}
+		if c.outcome != "" {
+			labels["outcome"] = c.outcome
+		}
+		if v := value(t, reg, c.name, labels); v != c.want {
+			t.Errorf("%s %v = %v, want %v", c.name, labels, v, c.want)
+		}
+	}
+}
+
+// TestEnvironmentsAndValidationsCounted: a grading server's environment and
+// validation families exist at zero from ObserveGradings, count by outcome
+// and time each; a server that grades nothing exports none of them.
+func TestEnvironmentsAndValidationsCounted(t *testing.T) {
+	m, reg := newMetrics(t)
+	for _, name := range []string{"sandboxowner_environments_total", "sandboxowner_validations_total", "sandboxowner_environment_duration_seconds", "sandboxowner_validation_duration_seconds"} {
+		if _, ok := families(t, reg)[name]; ok {
+			t.Errorf("%s exported by a server that grades nothing", name)
+		}
+	}
+	if err := m.ObserveGradings(); err != nil {
+		t.Fatal(err)
+	}
+	got := families(t, reg)
+	if got["sandboxowner_environments_total"] != 3 || got["sandboxowner_validations_total"] != 3 {
+		t.Errorf("series at start: environments %d, validations %d, want 3 each", got["sandboxowner_environments_total"], got["sandboxowner_validations_total"])
+	}
+	m.Environment(metrics.EnvironmentOK, 2*time.Second)
+	m.Environment(metrics.EnvironmentFailed, time.Second)
+	m.Validation(metrics.ValidationOK, 150*time.Second)
+	m.Validation(metrics.ValidationOK, 30*time.Second)
+	m.Validation(metrics.PreparationError, time.Second)
+	for _, c := range []struct {
+		name, outcome string
+		want          float64
+	}{
+		{"sandboxowner_environments_total", metrics.EnvironmentOK, 1},
+		{"sandboxowner_environments_total", metrics.EnvironmentFailed, 1},
+		{"sandboxowner_environments_total", metrics.PreparationError, 0},
+		{"sandboxowner_validations_total", metrics.ValidationOK, 2},
+		{"sandboxowner_validations_total", metrics.ValidationRefused, 0},
+		{"sandboxowner_validations_total", metrics.PreparationError, 1},
+	} {
+		if v := value(t, reg, c.name, map[string]string{"outcome": c.outcome}); v != c.want {
+			t.Errorf("%s{outcome=%s} = %v, want %v", c.name, c.outcome, v, c.want)
+		}
+	}
+	if n, sum := histCount(t, reg, "sandboxowner_validation_duration_seconds", map[string]string{"outcome": metrics.ValidationOK}); n != 2 || sum != 180 {
+		t.Errorf("validation durations: %d summing %v s, want 2 summing 180", n, sum)
+	}
+	if n, sum := histCount(t, reg, "sandboxowner_environment_duration_seconds", map[string]string{"outcome": metrics.EnvironmentOK}); n != 1 || sum != 2 {
+		t.Errorf("environment durations: %d summing %v s, want 1 summing 2", n, sum)
 	}
 }

@@ -127,6 +127,19 @@ func (s *Server) environment(ctx context.Context, p provider.Provider, row Row, 
 	if env, err := readEnvironment(dir, cloneDir); err == nil {
 		return env, nil // built while this call waited for the lock
 	}
+	// From here on this server builds the environment: the observer is
+	// told how that ended.
+	built, made := time.Now(), (*Environment)(nil)
+	defer func() {
+		switch {
+		case made == nil:
+			s.observer.Environment(OutcomeError, time.Since(built))
+		case made.OK:
+			s.observer.Environment(OutcomeOK, time.Since(built))
+		default:
+			s.observer.Environment(OutcomeFailed, time.Since(built))
+		}
+	}()
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
 	staging := filepath.Join(parent, ".tmp-"+key+"-"+hex.EncodeToString(rnd[:]))
@@ -177,6 +190,7 @@ func (s *Server) environment(ctx context.Context, p provider.Provider, row Row, 
 	} else {
 		log.WithFields(fields).WithField("reason", env.Reason).Warn("swebench: environment step failed; the template's instances are unavailable")
 	}
+	made = env
 	return env, nil
 }
 

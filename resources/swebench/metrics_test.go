@@ -40,6 +40,25 @@ func TestGradingIsInTheMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The verify is counted for the swebench server: rewarded and resolved.
+	want := map[string]float64{"sandboxowner_verifies_total/rewarded": 1, "sandboxowner_rewards_total/": 1, "sandboxowner_resolved_total/": 1}
+	got := map[string]float64{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["resources"] == "swebench" {
+				got[f.GetName()+"/"+labels["outcome"]] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: %v, want %v (all: %v)", k, got[k], v, got)
+		}
+	}
 	waiting := false
 	for _, f := range fams {
 		if f.GetName() == "sandboxowner_gradings_waiting" {

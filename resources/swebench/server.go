@@ -63,6 +63,9 @@ type Deps struct {
 	Logger logrus.FieldLogger
 	// Clock times the preparations' progress (the wall clock when nil).
 	Clock clock.Clock
+	// Observer is told of the environments built and the validations run
+	// (the metrics); none when nil.
+	Observer Observer
 }
 
 // Server is the SWE-bench resources server. The owner holding the sessions'
@@ -79,6 +82,8 @@ type Server struct {
 	injected bool
 	// slots bounds the eval sandboxes (gradings and validations).
 	slots *slots
+	// observer is told of environments built and validations run.
+	observer Observer
 
 	// progress tracks the preparations requests wait for.
 	progress *tracker
@@ -104,6 +109,10 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		slots: newSlots(cfg.MaxConcurrentGradings), validations: map[string]*Validation{}}
 	if s.name == "" {
 		s.name = Kind
+	}
+	s.observer = deps.Observer
+	if s.observer == nil {
+		s.observer = noObserver{}
 	}
 	if s.log == nil {
 		s.log = logs.Discard()

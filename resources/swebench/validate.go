@@ -180,8 +180,15 @@ func (s *Server) validation(ctx context.Context, p provider.Provider, row Row, i
 	}
 	if v == nil {
 		var err error
+		began := time.Now()
 		if v, err = s.runValidation(ctx, p, row, image, env, log); err != nil {
+			s.observer.Validation(OutcomeError, time.Since(began))
 			return nil, err
+		}
+		if v.Available {
+			s.observer.Validation(OutcomeAvailable, time.Since(began))
+		} else {
+			s.observer.Validation(OutcomeUnavailable, time.Since(began))
 		}
 		v.Key = key
 		if file != "" {
