@@ -296,12 +296,36 @@ func TestContractSandboxLifecycle(t *testing.T) {
 			t.Errorf("list by two labels and a state (-want +got):\n%s", diff)
 		}
 
-		// The endpoint of execd: no scheme, a path, no headers.
+		// The endpoint of execd: no scheme, a path, no headers (the Docker
+		// runtime's execd has no access token), and execd answers a call
+		// that carries none; the server-proxy form has no /v1.
 		st, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes/"+id+"/endpoints/44772", nil)
 		ep, _ := m["endpoint"].(string)
 		if st != http.StatusOK || ep == "" || strings.Contains(ep, "://") || !strings.Contains(ep, "/") {
 			t.Errorf("endpoint: %d %v, want host:port/path without a scheme", st, m)
 		}
+		if _, ok := m["headers"]; ok {
+			t.Errorf("endpoint: %v, want no headers", m)
+		}
+		s.execdUp(t, id)
+		st, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes/"+id+"/endpoints/44772?use_server_proxy=true", nil)
+		if want := "/sandboxes/" + id + "/proxy/44772"; st != http.StatusOK || !strings.HasSuffix(asString(m["endpoint"]), want) || m["headers"] != nil {
+			t.Errorf("proxy endpoint: %d %v, want host:port%s and no headers", st, m, want)
+		}
+		res, err := http.Get("http://" + asString(m["endpoint"]) + "/ping")
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			t.Errorf("execd's /ping through the server proxy with no headers: %d, want 200", res.StatusCode)
+		}
+		st, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes/"+id+"/endpoints/0", nil)
+		isCodeError(t, "endpoint of port 0", st, m, http.StatusBadRequest, "DOCKER::INVALID_PORT")
+		st, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes/"+id+"/endpoints/abc", nil)
+		isValidationError(t, "endpoint of port abc", st, m)
+		st, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes/"+id+"/endpoints/44772?use_server_proxy=bogus", nil)
+		isValidationError(t, "use_server_proxy=bogus", st, m)
 
 		// Renew: 200 with the new expiry; into the past 400.
 		at := time.Now().Add(20 * time.Minute).UTC().Truncate(time.Second)

@@ -10,7 +10,8 @@
 // until execd answers /ping, and deletes a sandbox that does not come up.
 // A snapshot keeps the rootfs only, never processes; a fork is a create from
 // its snapshotId. Commands, uploads and downloads go to execd at the endpoint
-// of port 44772, with the headers the endpoint names.
+// of port 44772, with the headers the endpoint names (the Docker runtime
+// names none; the provider needs none).
 //
 // Calls that fail with 408, 425, 429, 5xx (not 501) or a connection error
 // are retried with jittered backoff (at least Retry-After). A lifecycle

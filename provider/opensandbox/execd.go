@@ -76,6 +76,11 @@ func (p *Provider) endpoint(ctx context.Context, id string) (endpoint, error) {
 	if !strings.Contains(base, "://") {
 		base = p.opts.Protocol + "://" + base
 	}
+	// The Docker runtime names no headers; another runtime may, and every
+	// call carries them.
+	if doc.Headers == nil {
+		doc.Headers = map[string]string{}
+	}
 	ep = endpoint{base: base, header: doc.Headers}
 	p.mu.Lock()
 	p.endpoints[id] = ep

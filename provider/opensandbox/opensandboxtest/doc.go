@@ -28,8 +28,9 @@
 //     deleted once Options.Clock passes it; renew-expiration moves it and is
 //     refused (409) for a sandbox created without one.
 //   - Deleting a snapshot that is still Creating is refused (409).
-//   - Endpoints have no scheme and carry a path prefix; execd requires the
-//     header the endpoint names.
+//   - Endpoints have no scheme and carry a path prefix, and name no headers:
+//     as under the Docker runtime, execd has no access token. The
+//     server-proxy form is /sandboxes/{id}/proxy/{port}, without /v1.
 //   - States are spelled as the spec does, or in lower case
 //     (Options.LowerCaseStates), since servers disagree.
 //   - execd: POST /command answers a stream of raw JSON frames (no "data:"

@@ -18,11 +18,6 @@ import (
 	"github.com/sandboxowner/owner/provider"
 )
 
-// execdError is execd's error body for a refused token.
-type execdError struct {
-	Error string `json:"error"`
-}
-
 // execd serves one sandbox's execd (reached through an endpoint).
 func (s *Server) execd(w http.ResponseWriter, r *http.Request) {
 	if r.PathValue("port") != strconv.Itoa(ExecdPort) {
@@ -31,11 +26,6 @@ func (s *Server) execd(w http.ResponseWriter, r *http.Request) {
 	}
 	sb, ok := s.lookup(w, r)
 	if !ok {
-		return
-	}
-	if r.Header.Get(ExecdTokenHeader) != sb.token {
-		s.note(r, "execd call without the endpoint's headers")
-		writeJSON(w, http.StatusUnauthorized, execdError{Error: "invalid or missing " + ExecdTokenHeader})
 		return
 	}
 	s.mu.Lock()

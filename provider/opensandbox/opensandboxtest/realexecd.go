@@ -270,7 +270,7 @@ func NewRealExecdFront(srv *Server, backend LocalBackend, bin string) *RealExecd
 			writeError(w, http.StatusInternalServerError, "SANDBOX::UNREACHABLE", "%v", err)
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"endpoint": e.Endpoint, "headers": map[string]string{ExecdTokenHeader: e.Token}})
+		writeJSON(w, http.StatusOK, map[string]any{"endpoint": e.Endpoint})
 	})
 	f.Server = httptest.NewServer(mux)
 	f.Domain = strings.TrimPrefix(f.URL, "http://")
@@ -292,7 +292,8 @@ func (f *RealExecdFront) execd(ctx context.Context, id string) (*RealExecd, erro
 	if err != nil {
 		return nil, err
 	}
-	e, err := StartRealExecd(ctx, f.bin, tree, f.backend.Workdir, newID("token-"))
+	// No access token, as the Docker runtime starts execd.
+	e, err := StartRealExecd(ctx, f.bin, tree, f.backend.Workdir, "")
 	if err != nil {
 		return nil, err
 	}

@@ -32,7 +32,8 @@ const ExecdPort = 44772
 // APIKeyHeader authenticates the lifecycle API.
 const APIKeyHeader = "OPEN-SANDBOX-API-KEY"
 
-// ExecdTokenHeader is the header execd checks; endpoints name it.
+// ExecdTokenHeader is the header an execd started with an access token
+// checks; the Docker runtime starts execd without one.
 const ExecdTokenHeader = "X-EXECD-ACCESS-TOKEN"
 
 // maxBody bounds a request body the fake reads.
@@ -163,7 +164,6 @@ type sandbox struct {
 	exited  string
 	paused  bool
 	backend provider.Handle
-	token   string
 }
 
 type snapshot struct {
@@ -575,7 +575,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("DELETE /v1/snapshots/{id}", s.route("DELETE /snapshots/{id}", true, s.deleteSnapshot))
 	// execd, through the server proxy (no API key, as upstream) and
 	// "directly" (a per-sandbox path prefix, as a Docker bridge endpoint).
-	mux.HandleFunc("/v1/sandboxes/{id}/proxy/{port}/{path...}", s.route("execd (proxy)", false, s.execd))
+	mux.HandleFunc("/sandboxes/{id}/proxy/{port}/{path...}", s.route("execd (proxy)", false, s.execd))
 	mux.HandleFunc("/direct/{id}/proxy/{port}/{path...}", s.route("execd (direct)", false, s.execd))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", s.route("POST /sandboxes/{id}/pause", true, s.pause))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.route("POST /sandboxes/{id}/resume", true, s.resume))
@@ -673,7 +673,6 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		readyAt:   now.Add(s.opts.CreateLatency),
 		metadata:  stringMap(req["metadata"]),
 		env:       stringMap(req["env"]),
-		token:     newID("tok-"),
 	}
 	if ep, ok := req["entrypoint"].([]any); ok {
 		for _, e := range ep {
@@ -823,7 +822,7 @@ func (s *Server) sync(ctx context.Context) {
 		s.sandboxes[info.Handle.SandboxID] = &sandbox{
 			id: info.Handle.SandboxID, seq: s.seq, createdAt: info.CreatedAt, readyAt: info.CreatedAt,
 			expiresAt: info.ExpiresAt, metadata: maps.Clone(info.Metadata), entrypoint: []string{"tail", "-f", "/dev/null"},
-			snapshotID: info.FromSnapshot, backend: info.Handle, token: newID("tok-"),
+			snapshotID: info.FromSnapshot, backend: info.Handle,
 		}
 		if info.FromSnapshot == "" {
 			s.sandboxes[info.Handle.SandboxID].image = "adopted"
@@ -917,17 +916,25 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) {
+	// As the real server: a port that is no integer, or a use_server_proxy
+	// that is no boolean, fails the framework's validation (422); a port out
+	// of range is the runtime's 400.
 	port, err := strconv.Atoi(r.PathValue("port"))
-	if err != nil || port < 1 || port > 65535 {
+	if err != nil {
+		s.note(r, "port is not an integer")
+		writeInvalid(w, "port: Input should be a valid integer")
+		return
+	}
+	if port < 1 || port > 65535 {
 		s.note(r, "port is not 1-65535")
-		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "bad port %q", r.PathValue("port"))
+		writeError(w, http.StatusBadRequest, "DOCKER::INVALID_PORT", "Port must be between 1 and 65535.")
 		return
 	}
 	proxy := false
 	if v := r.URL.Query().Get("use_server_proxy"); v != "" {
 		if proxy, err = strconv.ParseBool(v); err != nil {
 			s.note(r, "use_server_proxy is not a boolean")
-			writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_PARAMETER", "use_server_proxy: %v", err)
+			writeInvalid(w, "use_server_proxy: Input should be a valid boolean")
 			return
 		}
 	}
@@ -935,11 +942,13 @@ func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	// The Docker runtime's execd has no access token: the answer names no
+	// headers, and the proxy path has no /v1.
 	ep := fmt.Sprintf("%s/direct/%s/proxy/%d", s.Domain, sb.id, port)
 	if proxy {
-		ep = fmt.Sprintf("%s/v1/sandboxes/%s/proxy/%d", s.Domain, sb.id, port)
+		ep = fmt.Sprintf("%s/sandboxes/%s/proxy/%d", s.Domain, sb.id, port)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"endpoint": ep, "headers": map[string]string{ExecdTokenHeader: sb.token}})
+	writeJSON(w, http.StatusOK, map[string]any{"endpoint": ep})
 }
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {

@@ -309,27 +309,17 @@ func TestEndpointsAndExecd(t *testing.T) {
 		if strings.Contains(addr, "://") || !strings.HasPrefix(addr, c.srv.Domain+"/") {
 			t.Errorf("endpoint %q: want host:port/prefix without a scheme", addr)
 		}
-		hdr := map[string]string{}
-		for k, v := range ep["headers"].(map[string]any) {
-			hdr[k] = v.(string)
+		// As the Docker runtime: no headers named, none needed.
+		if _, ok := ep["headers"]; ok {
+			t.Errorf("endpoint %v: want no headers", ep)
 		}
-		get := func(path string, h map[string]string) int {
-			req, _ := http.NewRequest("GET", "http://"+addr+path, nil)
-			for k, v := range h {
-				req.Header.Set(k, v)
-			}
-			res, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			res.Body.Close()
-			return res.StatusCode
+		res, err := http.Get("http://" + addr + "/ping")
+		if err != nil {
+			t.Fatal(err)
 		}
-		if st := get("/ping", hdr); st != 200 {
-			t.Errorf("ping with the endpoint's headers: %d", st)
-		}
-		if st := get("/ping", nil); st != 401 {
-			t.Errorf("ping without them: %d", st)
+		res.Body.Close()
+		if res.StatusCode != 200 {
+			t.Errorf("ping without headers: %d", res.StatusCode)
 		}
 	}
 	if st, _, _ := c.call("GET", "/v1/sandboxes?pageSize=201", "", nil); st != 422 {
