@@ -232,11 +232,9 @@ func (m *Metrics) Verified(resources string, reward float64, resolved, masked bo
 		return
 	case reward > 0:
 		m.verifies.WithLabelValues(resources, VerifyRewarded).Inc()
+		m.rewards.WithLabelValues(resources).Add(reward)
 	default:
 		m.verifies.WithLabelValues(resources, VerifyUnrewarded).Inc()
-	}
-	if reward > 0 {
-		m.rewards.WithLabelValues(resources).Add(reward)
 	}
 	if resolved {
 		m.resolved.WithLabelValues(resources).Inc()

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -307,5 +309,77 @@ func TestEnvironmentsAndValidationsCounted(t *testing.T) {
 	}
 	if n, sum := histCount(t, reg, "sandboxowner_environment_duration_seconds", map[string]string{"outcome": metrics.EnvironmentOK}); n != 1 || sum != 2 {
 		t.Errorf("environment durations: %d summing %v s, want 1 summing 2", n, sum)
+	}
+}
+
+// gaugeValue is a gauge's value (NaN when the family is absent).
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == name {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return math.NaN()
+}
+
+// TestGaugesSayWhenTheirSourceFails: an index that cannot be read is -1
+// snapshots and -1 pending deletes (visibly not a count), a provider whose
+// backend does not answer is down; readable ones read as they are.
+func TestGaugesSayWhenTheirSourceFails(t *testing.T) {
+	for _, c := range []struct {
+		err                      error
+		snapshots, pending, upIs float64
+	}{
+		{nil, 4, 2, 1},
+		{errors.New("unreadable"), -1, -1, 0},
+	} {
+		m, reg := newMetrics(t)
+		err := m.Observe(metrics.Sources{
+			Snapshots:      func() (int, error) { return 4, c.err },
+			PendingDeletes: func() (int, error) { return 2, c.err },
+			ProviderDown:   func() error { return c.err },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := []float64{gaugeValue(t, reg, "sandboxowner_snapshots"), gaugeValue(t, reg, "sandboxowner_snapshot_deletes_pending"), gaugeValue(t, reg, "sandboxowner_provider_up")}
+		if want := []float64{c.snapshots, c.pending, c.upIs}; !slices.Equal(got, want) {
+			t.Errorf("source error %v: snapshots, pending, up = %v, want %v", c.err, got, want)
+		}
+	}
+}
+
+// TestRecordersOfANilMetricsRecordNothing: a server without metrics calls
+// the same recorders on a nil *Metrics.
+func TestRecordersOfANilMetricsRecordNothing(t *testing.T) {
+	var m *metrics.Metrics
+	m.Seed(metrics.OutcomeOK)
+	m.HTTPRequest("/health", "200", time.Millisecond)
+	m.CheckpointOp("commit", metrics.OutcomeOK, time.Millisecond)
+	m.ProviderCall("fake", metrics.OpExec, metrics.OutcomeOK, time.Millisecond)
+	m.Grading(time.Second)
+	m.Environment(metrics.EnvironmentOK, time.Second)
+	m.Validation(metrics.ValidationOK, time.Second)
+	m.Verified("notes", 1, true, false)
+	if m.ObserveGradings() != nil || m.ObserveVerifies("notes") != nil || m.Observe(metrics.Sources{}) != nil || m.Registry() != nil {
+		t.Error("a nil Metrics registered something")
+	}
+}
+
+// TestGradingsAreTimed: each grading is one observation of its duration.
+func TestGradingsAreTimed(t *testing.T) {
+	m, reg := newMetrics(t)
+	if err := m.ObserveGradings(); err != nil {
+		t.Fatal(err)
+	}
+	m.Grading(3 * time.Second)
+	m.Grading(time.Second)
+	if n, sum := histCount(t, reg, "sandboxowner_grading_duration_seconds", nil); n != 2 || sum != 4 {
+		t.Errorf("gradings: %d summing %v s, want 2 summing 4", n, sum)
 	}
 }
