@@ -769,3 +769,37 @@ func TestASandboxExhaustingInotifyStopsNoOneElse(t *testing.T) {
 		unix.Close(fd)
 	}
 }
+
+// The pids and cpu limits were claimed wherever their cgroups could be
+// made, as memory was. New now probes each over a tiny limit in a
+// throwaway cgroup (pids: a shell refused a fork; cpu: a spinning shell
+// throttled) and claims only those that hold; the probes tell a limit
+// that holds from one the process stays under.
+func TestThePidsAndCPULimitsAreClaimedOnlyWhereTheyHold(t *testing.T) {
+	cg, _ := probeCgroups()
+	for _, c := range []struct {
+		name         string
+		holds, under func(dir string) error
+	}{
+		{"pids", func(dir string) error { return probePids(dir, cg.v2, probePidsLimit) }, func(dir string) error { return probePids(dir, cg.v2, 1000) }},
+		// One spinning shell never uses more than one CPU of a two-CPU quota.
+		{"cpu", func(dir string) error { return probeCPU(dir, cg.v2, 10000) }, func(dir string) error { return probeCPU(dir, cg.v2, 200000) }},
+	} {
+		dir, ok := cg.dirOf(c.name)
+		if !ok {
+			t.Logf("SKIP %s: the host lets the server make no %s cgroup here", c.name, c.name)
+			continue
+		}
+		if err := c.holds(dir); err != nil {
+			t.Logf("SKIP %s: the limit is not enforced on this host: %v", c.name, err)
+			continue
+		}
+		if err := c.under(dir); !errors.Is(err, errNotEnforced) {
+			t.Errorf("%s: a limit the probe stays under: %v, want errNotEnforced", c.name, err)
+		}
+		p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
+		if got := p.LimitsInEffect(); !strings.Contains(got, c.name) {
+			t.Errorf("limits in effect where %s is enforced: %q", c.name, got)
+		}
+	}
+}

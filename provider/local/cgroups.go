@@ -128,11 +128,15 @@ func probeCgroups() (*cgroups, []string) {
 
 // memoryDir is the parent directory of sandboxes' memory cgroups, when
 // there is one.
-func (cg *cgroups) memoryDir() (string, bool) {
+func (cg *cgroups) memoryDir() (string, bool) { return cg.dirOf("memory") }
+
+// dirOf is the parent directory of sandboxes' cgroups of controller c,
+// when there is one.
+func (cg *cgroups) dirOf(c string) (string, bool) {
 	if cg == nil {
 		return "", false
 	}
-	dir, ok := cg.dirs["memory"]
+	dir, ok := cg.dirs[c]
 	return dir, ok
 }
 

@@ -124,8 +124,8 @@
 // gets one with Options.Limits, which its init enters before it runs;
 // every command also gets rlimits (no core files, 4096 open files, 256 MiB
 // per file). The cgroups exist while the sandbox's init runs. New claims
-// the memory limit only where a probe over a tiny limit is killed (see
-// probeMemory). New logs which limits are in effect. ExecRequest.Timeout is
+// a limit only where a probe over a tiny one in a throwaway cgroup finds
+// it holds (see probeMemory, probePids, probeCPU). New logs which limits are in effect. ExecRequest.Timeout is
 // capped by Options.MaxExecTimeout. Disk is not limited.
 //
 // # Shared caches

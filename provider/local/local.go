@@ -629,11 +629,22 @@ func (p *Provider) chooseOverlay(mode string) error {
 func (p *Provider) chooseCgroups() {
 	cg, why := probeCgroups()
 	p.cg = cg
-	if dir, ok := cg.memoryDir(); ok && p.limits.MemoryMB > 0 {
-		// A limit the kernel does not enforce is not claimed.
-		if err := probeMemory(dir, cg.v2, memProbeLimitMiB); err != nil {
-			delete(cg.dirs, "memory")
-			why = append(why, "memory: "+err.Error())
+	// A limit the kernel does not enforce is not claimed: each is probed
+	// over a tiny limit in a throwaway cgroup.
+	for _, probe := range []struct {
+		c    string
+		on   bool
+		test func(dir string) error
+	}{
+		{"memory", p.limits.MemoryMB > 0, func(dir string) error { return probeMemory(dir, cg.v2, memProbeLimitMiB) }},
+		{"pids", p.limits.Pids > 0, func(dir string) error { return probePids(dir, cg.v2, probePidsLimit) }},
+		{"cpu", p.limits.CPUs > 0, func(dir string) error { return probeCPU(dir, cg.v2, 10000) }},
+	} {
+		if dir, ok := cg.dirOf(probe.c); ok && probe.on {
+			if err := probe.test(dir); err != nil {
+				delete(cg.dirs, probe.c)
+				why = append(why, probe.c+": "+err.Error())
+			}
 		}
 	}
 	if len(why) > 0 {
