@@ -35,9 +35,9 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/sirupsen/logrus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/sandboxowner/owner/bench/internal/osbench"
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/opensandbox"
@@ -73,10 +73,7 @@ func main() {
 	n := flag.Int("n", 200, "execs of `true` timed per execd")
 	withCases := flag.Bool("cases", true, "print the mismatch table")
 	flag.Parse()
-	if err := run(*shared, *bin, *n, *withCases); err != nil {
-		fmt.Fprintln(os.Stderr, "execd:", err)
-		os.Exit(1)
-	}
+	osbench.Main("bench/execd", func() error { return run(*shared, *bin, *n, *withCases) })
 }
 
 func run(shared, bin string, n int, withCases bool) error {
@@ -356,7 +353,7 @@ func startReal(shared, dir string) (*agentAPI, func(), error) {
 			http.NotFound(w, r)
 		}
 	}))
-	p, err := opensandbox.New(opensandbox.Options{Domain: strings.TrimPrefix(stub.URL, "http://"), Logger: quiet()})
+	p, err := opensandbox.New(opensandbox.Options{Domain: strings.TrimPrefix(stub.URL, "http://"), Logger: osbench.Quiet()})
 	if err != nil {
 		stop()
 		return nil, nil, err
@@ -379,7 +376,7 @@ func startReal(shared, dir string) (*agentAPI, func(), error) {
 // serves the API over a sandbox of it.
 func startFake() (*agentAPI, error) {
 	srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: "k"})
-	p, err := opensandbox.New(opensandbox.Options{Domain: srv.Domain, APIKey: "k", PollInterval: 5 * time.Millisecond, Logger: quiet()})
+	p, err := opensandbox.New(opensandbox.Options{Domain: srv.Domain, APIKey: "k", PollInterval: 5 * time.Millisecond, Logger: osbench.Quiet()})
 	if err != nil {
 		return nil, err
 	}
@@ -388,10 +385,4 @@ func startFake() (*agentAPI, error) {
 		return nil, err
 	}
 	return serveAPI(p, h)
-}
-
-func quiet() logrus.FieldLogger {
-	l := logrus.New()
-	l.SetOutput(io.Discard)
-	return l
 }

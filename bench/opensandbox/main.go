@@ -18,32 +18,22 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/sirupsen/logrus"
-
+	"github.com/sandboxowner/owner/bench/internal/osbench"
 	"github.com/sandboxowner/owner/owner"
-	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/opensandbox"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 )
 
-func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "bench/opensandbox:", err)
-		os.Exit(1)
-	}
-}
+func main() { osbench.Main("bench/opensandbox", run) }
 
 // row is one measured cell.
 type row struct {
@@ -66,11 +56,11 @@ func run() error {
 	poll := flag.Duration("poll", 5*time.Millisecond, "the client's longest wait between polls")
 	out := flag.String("out", "bench/opensandbox.md", "where the results go")
 	flag.Parse()
-	ns, err := ints(*sizes)
+	ns, err := osbench.Ints(*sizes)
 	if err != nil {
 		return err
 	}
-	ss, err := ints(*snaps)
+	ss, err := osbench.Ints(*snaps)
 	if err != nil {
 		return err
 	}
@@ -96,26 +86,13 @@ func run() error {
 	return os.WriteFile(*out, []byte(md), 0o644)
 }
 
-func ints(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("%q is not a positive integer", f)
-		}
-		out = append(out, n)
-	}
-	return out, nil
-}
-
 // cell seeds n sessions, commits them, abandons the owner (a crash), and
 // restores them in a fresh owner.
 func cell(n, par, snaps int, lat, poll time.Duration) ([]row, error) {
 	ctx := context.Background()
 	srv := opensandboxtest.NewServer(opensandboxtest.Options{CreateLatency: lat, SnapshotLatency: lat})
 	defer srv.Close()
-	lg := logrus.New()
-	lg.SetOutput(io.Discard)
+	lg := osbench.Quiet()
 	prov, err := opensandbox.New(opensandbox.Options{
 		Domain: srv.Domain, PollInterval: poll, MaxConcurrentSnapshots: snaps,
 		MaxConcurrentCreates: 256, ListLabels: map[string]string{owner.LabelOwner: "bench"}, Logger: lg,
@@ -128,17 +105,12 @@ func cell(n, par, snaps int, lat, poll time.Duration) ([]row, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	open := func() (*owner.Owner, error) {
-		return owner.New(ctx, owner.Config{
-			Name: "bench", Provider: prov, Logger: lg, DefaultTTL: time.Hour,
-			Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: dir, Parallelism: par, RoundTimeout: time.Hour},
-		})
-	}
+	open := osbench.Opener(ctx, "bench", prov, lg, dir, par)
 	o, err := open()
 	if err != nil {
 		return nil, err
 	}
-	if err := seed(ctx, o, n); err != nil {
+	if err := osbench.Seed(ctx, o, n, 128, "notes"); err != nil {
 		return nil, err
 	}
 	runtime.GC()
@@ -165,31 +137,6 @@ func cell(n, par, snaps int, lat, poll time.Duration) ([]row, error) {
 		{op: "commit", n: n, par: par, snaps: snaps, latency: lat, measured: commit, ideal: waves(2), peak: peak},
 		{op: "restore", n: n, par: par, snaps: snaps, latency: lat, measured: restore, ideal: waves(par)},
 	}, nil
-}
-
-// seed starts n sessions, many at a time (seeding is not measured).
-func seed(ctx context.Context, o *owner.Owner, n int) error {
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	slots := make(chan struct{}, 128)
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		slots <- struct{}{}
-		go func(i int) {
-			defer wg.Done()
-			defer func() { <-slots }()
-			sid := fmt.Sprintf("s-%06d", i)
-			_, err := o.StartSessionSandbox(ctx, sid, provider.Spec{Image: "notes"}, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) (json.RawMessage, error) {
-				return json.RawMessage(`{}`), p.WriteFile(ctx, sb.Handle, "notes.txt", []byte("one\n"))
-			}, "")
-			if err != nil {
-				errs <- fmt.Errorf("seed %s: %w", sid, err)
-			}
-		}(i)
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
 }
 
 func markdown(rows []row, lat, poll time.Duration) string {

@@ -38,26 +38,19 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/sirupsen/logrus"
-
 	"github.com/sandboxowner/owner/app"
+	"github.com/sandboxowner/owner/bench/internal/osbench"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/opensandbox"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 )
 
-func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "bench/realstack:", err)
-		os.Exit(1)
-	}
-}
+func main() { osbench.Main("bench/realstack", run) }
 
 type row struct {
 	op              string
@@ -76,13 +69,9 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	var ns []int
-	for _, f := range strings.Split(*sizes, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 {
-			return fmt.Errorf("-n: %q", f)
-		}
-		ns = append(ns, n)
+	ns, err := osbench.Ints(*sizes)
+	if err != nil {
+		return fmt.Errorf("-n: %w", err)
 	}
 	var rows []row
 	for _, n := range ns {
@@ -146,8 +135,7 @@ func (f *forkTimer) RoundTrip(req *http.Request) (*http.Response, error) {
 // restores them in a fresh owner; then deletes everything.
 func cell(st opensandboxtest.Stack, n, par int) ([]row, error) {
 	ctx := context.Background()
-	lg := logrus.New()
-	lg.SetOutput(io.Discard)
+	lg := osbench.Quiet()
 	name := fmt.Sprintf("bench%d%d", n, time.Now().UnixNano()%1e6)
 	ft := &forkTimer{base: http.DefaultTransport}
 	prov, err := opensandbox.New(opensandbox.Options{
@@ -163,17 +151,12 @@ func cell(st opensandboxtest.Stack, n, par int) ([]row, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	open := func() (*owner.Owner, error) {
-		return owner.New(ctx, owner.Config{
-			Name: name, Provider: prov, Logger: lg, DefaultTTL: time.Hour,
-			Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: dir, Parallelism: par, RoundTimeout: time.Hour},
-		})
-	}
+	open := osbench.Opener(ctx, name, prov, lg, dir, par)
 	o, err := open()
 	if err != nil {
 		return nil, err
 	}
-	if err := seed(ctx, o, n, st.Image); err != nil {
+	if err := osbench.Seed(ctx, o, n, 8, st.Image); err != nil {
 		return nil, err
 	}
 	t0 := time.Now()
@@ -251,31 +234,6 @@ func captureTimes(ctx context.Context, st opensandboxtest.Stack, prov *opensandb
 	return out, nil
 }
 
-// seed starts n sessions, eight at a time (seeding is not measured).
-func seed(ctx context.Context, o *owner.Owner, n int, image string) error {
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	slots := make(chan struct{}, 8)
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		slots <- struct{}{}
-		go func(i int) {
-			defer wg.Done()
-			defer func() { <-slots }()
-			sid := fmt.Sprintf("s-%03d", i)
-			_, err := o.StartSessionSandbox(ctx, sid, provider.Spec{Image: image}, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) (json.RawMessage, error) {
-				return json.RawMessage(`{}`), p.WriteFile(ctx, sb.Handle, "notes.txt", []byte("one\n"))
-			}, "")
-			if err != nil {
-				errs <- fmt.Errorf("seed %s: %w", sid, err)
-			}
-		}(i)
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
-}
-
 // cleanup deletes what the run left on the stack: sandboxes, then
 // snapshots (a snapshot a fork stands on cannot go first).
 func cleanup(p *opensandbox.Provider) {
@@ -309,8 +267,7 @@ func execs2(st opensandboxtest.Stack, k int) (api, direct []time.Duration, err e
 	if err != nil {
 		return nil, nil, err
 	}
-	lg := logrus.New()
-	lg.SetOutput(io.Discard)
+	lg := osbench.Quiet()
 	a, err := app.Start(ctx, cfg, app.Deps{Listener: ln, Logger: lg})
 	if err != nil {
 		return nil, nil, err
