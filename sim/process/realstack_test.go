@@ -120,21 +120,10 @@ func (r *onRealStack) clean(t *testing.T) {
 // release and a SIGTERM follow, and the lifecycle server's own lists hold no
 // sandbox and no snapshot of the run.
 func TestRealStackWalkThrough(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the server binary")
-	}
-	rs := newOnRealStack(t)
-	bin := buildServer(t)
-	dir := t.TempDir()
 	const sessions = 3
-	s := rs.start(t, bin, dir)
-	agents := make([]*agent, sessions)
-	for i := range agents {
-		agents[i] = newAgent()
-		r := fmt.Sprintf("r%d", i)
-		s.ok(agents[i], "/ng-rollout/"+r+"/seed_session", map[string]any{"instance_id": fmt.Sprintf("row-%d", i)})
-		s.ok(agents[i], "/ng-rollout/"+r+"/append_note", map[string]any{"line": "one"})
-		if code, m := sandboxExec(t, descriptor(t, s, agents[i], r), "cat notes.txt"); code != 200 || m["stdout"] != "one\n" || m["exit_code"] != 0.0 {
+	rs, bin, dir, s, agents := seededOnRealStack(t, sessions)
+	for i, a := range agents {
+		if code, m := sandboxExec(t, descriptor(t, s, a, fmt.Sprintf("r%d", i)), "cat notes.txt"); code != 200 || m["stdout"] != "one\n" || m["exit_code"] != 0.0 {
 			t.Fatalf("exec through the sandbox API: %d %v", code, m)
 		}
 	}
@@ -178,6 +167,20 @@ func TestRealStackWalkThrough(t *testing.T) {
 	if sbs, snaps := rs.left(t); len(sbs)+len(snaps) != 0 {
 		t.Errorf("left on the lifecycle server: sandboxes %v, snapshots %v\n%s", sbs, snaps, lastLines(s.log.String(), 30))
 	}
+}
+
+// seededOnRealStack builds the server binary, starts it on the real stack
+// with its state in a fresh directory and seeds n notes sessions.
+func seededOnRealStack(t *testing.T, n int) (rs *onRealStack, bin, dir string, s *server, agents []*agent) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the server binary")
+	}
+	rs = newOnRealStack(t)
+	bin = buildServer(t)
+	dir = t.TempDir()
+	s = rs.start(t, bin, dir)
+	return rs, bin, dir, s, seedNotes(t, s, n)
 }
 
 // seedNotes seeds n sessions on s, each writing the note "one".
@@ -239,15 +242,8 @@ func (r *onRealStack) restoreCk(t *testing.T, s *server, bin, dir, id string, ag
 // is committed again once the server is back; a fresh server restores from
 // the checkpoint, and nothing of the run is left.
 func TestRealStackLifecycleServerKilledMidCommit(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the server binary")
-	}
-	rs := newOnRealStack(t)
-	bin := buildServer(t)
-	dir := t.TempDir()
 	const sessions = 3
-	s := rs.start(t, bin, dir)
-	agents := seedNotes(t, s, sessions)
+	rs, bin, dir, s, agents := seededOnRealStack(t, sessions)
 	if code, m, err := s.control("prepare", map[string]any{"checkpoint_id": "ck1"}); err != nil || code != 200 {
 		t.Fatalf("prepare: %d %v %v", code, m, err)
 	}
@@ -302,15 +298,8 @@ func TestRealStackLifecycleServerKilledMidCommit(t *testing.T) {
 // reported lost (409 sandbox_lost, never a reward), a fresh server restores
 // them from the last good checkpoint, and nothing of the run is left.
 func TestRealStackDockerdRestartMidEpisode(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the server binary")
-	}
-	rs := newOnRealStack(t)
-	bin := buildServer(t)
-	dir := t.TempDir()
 	const sessions = 3
-	s := rs.start(t, bin, dir)
-	agents := seedNotes(t, s, sessions)
+	rs, bin, dir, s, agents := seededOnRealStack(t, sessions)
 	if code := commitCk(t, s, "ck1", sessions); code != 200 {
 		t.Fatalf("commit: %d", code)
 	}
