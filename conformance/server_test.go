@@ -2,7 +2,6 @@ package conformance_test
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -10,10 +9,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxowner/owner/internal/replytest"
 )
 
 const token = "conformance-token"
@@ -144,36 +144,23 @@ type reply struct {
 
 func (r reply) json(t *testing.T) map[string]any {
 	t.Helper()
-	var m map[string]any
-	if err := json.Unmarshal(r.body, &m); err != nil {
-		t.Fatalf("reply %d is not a JSON object: %s", r.status, r.body)
-	}
-	return m
+	return replytest.Object(t, r.status, r.body)
 }
 
-func (r reply) code() string {
-	var e struct {
-		Error struct{ Code string } `json:"error"`
-	}
-	_ = json.Unmarshal(r.body, &e)
-	return e.Error.Code
-}
+// code is the envelope's error code ("" for none).
+func (r reply) code() string { return replytest.Code(r.body) }
 
 // agent is a client with its session cookie.
 type agent struct{ cookie *http.Cookie }
 
 func (s *server) do(a *agent, method, path string, body any, hdr map[string]string) reply {
 	s.t.Helper()
+	raw, err := replytest.Encode(body)
+	if err != nil {
+		s.t.Fatal(err)
+	}
 	var rd io.Reader
-	switch b := body.(type) {
-	case nil:
-	case string:
-		rd = strings.NewReader(b)
-	default:
-		raw, err := json.Marshal(b)
-		if err != nil {
-			s.t.Fatal(err)
-		}
+	if raw != nil {
 		rd = bytes.NewReader(raw)
 	}
 	req, err := http.NewRequest(method, s.base+path, rd)

@@ -2,7 +2,6 @@ package http_test
 
 import (
 	"context"
-	"encoding/json"
 	"net"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/control"
 	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/internal/replytest"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
@@ -197,21 +197,11 @@ type reply struct {
 
 func (r reply) json(t *testing.T) map[string]any {
 	t.Helper()
-	var m map[string]any
-	if err := json.Unmarshal(r.body, &m); err != nil {
-		t.Fatalf("reply %d is not a JSON object: %s", r.status, r.body)
-	}
-	return m
+	return replytest.Object(t, r.status, r.body)
 }
 
 // code is the envelope's error code ("" for none).
-func (r reply) code() string {
-	var e struct {
-		Error struct{ Code string } `json:"error"`
-	}
-	_ = json.Unmarshal(r.body, &e)
-	return e.Error.Code
-}
+func (r reply) code() string { return replytest.Code(r.body) }
 
 func (h *harness) do(a *agent, method, path string, body any, headers map[string]string) reply {
 	h.t.Helper()
@@ -220,19 +210,11 @@ func (h *harness) do(a *agent, method, path string, body any, headers map[string
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI("http://notes" + path)
 	req.Header.SetMethod(method)
-	switch b := body.(type) {
-	case nil:
-	case string:
-		req.SetBodyString(b)
-	case []byte:
-		req.SetBody(b)
-	default:
-		raw, err := json.Marshal(b)
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		req.SetBody(raw)
+	raw, err := replytest.Encode(body)
+	if err != nil {
+		h.t.Fatal(err)
 	}
+	req.SetBody(raw)
 	if a != nil && a.cookie != "" {
 		req.Header.SetCookie(h.cookieName, a.cookie)
 	}
