@@ -126,12 +126,18 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if r, ok := prov.(interface{ Unreachable() error }); ok {
 		down = r.Unreachable
 	}
+	reachable := true
 	if pr, ok := prov.(interface{ Probe(context.Context) error }); ok {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		if err := pr.Probe(pctx); err != nil {
 			log.Errorf("sandbox provider at startup: %v", err)
+			reachable = false
 		}
 		cancel()
+	}
+	var refused error
+	if reachable && cfg.Checkpoint.Enabled && res.LendsSandboxes() {
+		refused = probeSnapshots(ctx, prov, res, cfg.Name, log)
 	}
 	// A provider built here is closed with the app (the local one then
 	// releases its root's lock); a given one is the caller's.
@@ -170,6 +176,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		},
 		NumWorkers:       cfg.NumWorkers,
 		LendsNoSandboxes: !res.LendsSandboxes(),
+		SnapshotsRefused: refused,
 		Clock:            clk,
 		Logger:           log,
 		RenewEvery:       renew,

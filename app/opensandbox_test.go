@@ -270,3 +270,38 @@ func TestOpenSandboxUnreachable(t *testing.T) {
 		t.Errorf("/health once the server answers: %d %s", st, body)
 	}
 }
+
+// TestOpenSandboxWithoutSnapshots: a lifecycle server whose runtime answers
+// snapshots 501 is found out at startup; the server runs restart_only (a
+// commit records nothing and succeeds, instead of every commit failing),
+// and the probe leaves nothing on the lifecycle server. One that takes
+// snapshots runs exported.
+func TestOpenSandboxWithoutSnapshots(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		noSnapshots bool
+		want        owner.Mode
+	}{
+		{"501", true, owner.ModeRestartOnly},
+		{"snapshots", false, owner.ModeExported},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: "env-key", NoSnapshots: tc.noSnapshots})
+			t.Cleanup(srv.Close)
+			a, _ := startOpenSandboxIn(t, srv, app.LendServer, t.TempDir())
+			if got := a.Owner().Mode(); got != tc.want {
+				t.Fatalf("mode %s, want %s", got, tc.want)
+			}
+			if st := srv.Stats(); st.LiveSandboxes+st.LiveSnapshots != 0 || st.Created != 1 {
+				t.Errorf("after the startup probe: %+v, want one sandbox made and nothing left", st)
+			}
+			if s, body, _ := post(t, a.Addr().String(), "/ng-rollout/r1/seed_session", "", "{}"); s != 200 {
+				t.Fatalf("seed: %d %s", s, body)
+			}
+			res, err := a.Owner().Commit(context.Background(), owner.CommitRequest{CheckpointID: "ck1"})
+			if err != nil || res.Mode != tc.want {
+				t.Errorf("commit: %+v, %v; want mode %s", res, err, tc.want)
+			}
+		})
+	}
+}

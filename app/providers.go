@@ -1,6 +1,8 @@
 package app
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -143,6 +145,35 @@ func newOpenSandboxProvider(cfg *Config, env providerEnv) (provider.Provider, er
 		return nil, fmt.Errorf("sandbox.opensandbox: %w", err)
 	}
 	return p, nil
+}
+
+// probeSnapshots asks a remote provider whether its runtime takes snapshots
+// at all (one answers 501 only of a running sandbox), with a sandbox like a
+// session's of res: the error a provider without them gave, which makes the
+// owner restart_only, or nil. A probe that fails otherwise is logged and
+// changes nothing: commits then say what is wrong.
+func probeSnapshots(ctx context.Context, prov provider.Provider, res any, name string, log logrus.FieldLogger) error {
+	pr, ok := prov.(interface {
+		ProbeSnapshots(context.Context, provider.Spec) error
+	})
+	sp, ok2 := res.(interface{ ProbeSpec() provider.Spec })
+	if !ok || !ok2 {
+		return nil
+	}
+	spec := sp.ProbeSpec()
+	// Labelled as this server's, so that a startup sweep reclaims what a
+	// probe cut short left.
+	spec.Metadata = map[string]string{owner.LabelOwner: name}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	err := pr.ProbeSnapshots(pctx, spec)
+	switch {
+	case errors.Is(err, provider.ErrUnsupported):
+		return err
+	case err != nil:
+		log.Errorf("sandbox provider at startup: could not tell whether it takes snapshots: %v", err)
+	}
+	return nil
 }
 
 // withoutSnapshots hides a provider's optional capabilities, for a server

@@ -165,6 +165,10 @@ type Config struct {
 	// by design, which is logged as such rather than as a provider that
 	// cannot snapshot.
 	LendsNoSandboxes bool
+	// SnapshotsRefused, when set, is why a provider that has snapshot calls
+	// cannot take them (a remote runtime without snapshots, found out at
+	// startup): the mode is restart_only, said with the reason.
+	SnapshotsRefused error
 	// Clock drives leases (default the wall clock).
 	Clock clock.Clock
 	// ActorSystem, when set, is the protoactor system the owner's actors
@@ -348,6 +352,10 @@ func (o *Owner) decideMode() (Mode, error) {
 	}
 	if c.LendsNoSandboxes {
 		o.log.Infof("%s: lends no sandboxes, so there is nothing to export: checkpoint mode restart_only", c.Name)
+		return ModeRestartOnly, nil
+	}
+	if c.SnapshotsRefused != nil {
+		o.log.Warnf("%s: sandbox provider '%s' takes no snapshots (%v); its rollouts restart after a crash instead of continuing", c.Name, c.Provider.Name(), c.SnapshotsRefused)
 		return ModeRestartOnly, nil
 	}
 	if !provider.CapabilitiesOf(c.Provider).Snapshot {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -244,6 +245,32 @@ func TestModes(t *testing.T) {
 		}
 		if got := ns.Fake().Stats().LiveSandboxes; got != 1 {
 			t.Fatalf("the in-flight sandbox was touched: %d live", got)
+		}
+	})
+	t.Run("snapshots refused at startup: restart_only with the reason, and no snapshot taken", func(t *testing.T) {
+		e := newEnv(t)
+		refused := fmt.Errorf("HTTP 501 SNAPSHOT::NOT_IMPLEMENTED: %w", provider.ErrUnsupported)
+		o, err := owner.New(context.Background(), e.config(func(c *owner.Config) { c.SnapshotsRefused = refused }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer o.Close()
+		if o.Mode() != owner.ModeRestartOnly {
+			t.Fatalf("mode %s", o.Mode())
+		}
+		want := "notes: sandbox provider 'fake' takes no snapshots (HTTP 501 SNAPSHOT::NOT_IMPLEMENTED: provider: unsupported); its rollouts restart after a crash instead of continuing"
+		if n := warnings(e.hook, want); n != 1 {
+			t.Fatalf("%d warnings %q, want exactly 1", n, want)
+		}
+		if _, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, nil, ""); err != nil {
+			t.Fatal(err)
+		}
+		res, err := o.Commit(context.Background(), owner.CommitRequest{CheckpointID: "c1"})
+		if err != nil || len(res.Sessions) != 0 || res.Mode != owner.ModeRestartOnly {
+			t.Fatalf("restart_only commit: %+v, %v", res, err)
+		}
+		if n := e.fk.Stats().Calls[fake.OpSnapshot]; n != 0 {
+			t.Errorf("%d snapshot calls, want none", n)
 		}
 	})
 	t.Run("exported needs state_dir", func(t *testing.T) {

@@ -644,3 +644,29 @@ func TestUnreachableServerFailsFast(t *testing.T) {
 		t.Fatalf("after an answer: Probe %v, Unreachable %v; want both nil", err, e2.p.Unreachable())
 	}
 }
+
+// TestProbeSnapshots: the probe says whether the runtime takes snapshots
+// (501 is provider.ErrUnsupported) and leaves nothing either way.
+func TestProbeSnapshots(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		noSnapshots bool
+		want        error
+		snapshots   int
+	}{
+		{"a runtime with snapshots", false, nil, 1},
+		{"a runtime without (501)", true, provider.ErrUnsupported, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, opensandboxtest.Options{NoSnapshots: tc.noSnapshots}, opensandbox.Options{})
+			err := e.p.ProbeSnapshots(context.Background(), provider.Spec{Image: "debian"})
+			if !errors.Is(err, tc.want) || (tc.want == nil && err != nil) {
+				t.Fatalf("probe: %v, want %v", err, tc.want)
+			}
+			st := e.srv.Stats()
+			if st.LiveSandboxes+st.LiveSnapshots != 0 || st.Created != 1 || st.SnapshotsCreated != tc.snapshots {
+				t.Errorf("after the probe: %+v, want one sandbox made, %d snapshots, nothing left", st, tc.snapshots)
+			}
+		})
+	}
+}

@@ -1072,3 +1072,28 @@ func (p *Provider) ListSnapshots(ctx context.Context) ([]provider.SnapshotInfo, 
 	})
 	return out, err
 }
+
+// ProbeSnapshots tells whether the lifecycle server's runtime takes
+// snapshots: it starts a sandbox from spec, snapshots it, and deletes both.
+// A runtime without snapshots answers 501 (provider.ErrUnsupported), and
+// says so only of a running sandbox, hence the sandbox.
+func (p *Provider) ProbeSnapshots(ctx context.Context, spec provider.Spec) error {
+	h, err := p.Start(ctx, spec)
+	if err != nil {
+		return fmt.Errorf("opensandbox: probe snapshots: start: %w", err)
+	}
+	id, err := p.Snapshot(ctx, h, "snapshot-probe")
+	// What the probe made is deleted even when its caller gave up.
+	cleanup := context.WithoutCancel(ctx)
+	stopErr := provider.StopRetrying(cleanup, p, h)
+	if err != nil {
+		return fmt.Errorf("opensandbox: probe snapshots: %w", err)
+	}
+	if err := p.DeleteSnapshot(cleanup, id); err != nil {
+		return fmt.Errorf("opensandbox: probe snapshots: delete its snapshot %s: %w", id, err)
+	}
+	if stopErr != nil {
+		return fmt.Errorf("opensandbox: probe snapshots: stop its sandbox %s: %w", h.SandboxID, stopErr)
+	}
+	return nil
+}

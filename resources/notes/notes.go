@@ -99,6 +99,10 @@ type sessionData struct {
 	SeedToken string `json:"seed_token"`
 }
 
+// ProbeSpec is a sandbox like a session's, for a startup that finds out
+// whether its provider takes snapshots.
+func (s *Server) ProbeSpec() provider.Spec { return s.spec() }
+
 func (s *Server) spec() provider.Spec {
 	return provider.Spec{Image: s.opts.Image, Workdir: s.opts.Workdir, TTLSeconds: s.opts.TTLSeconds}
 }

@@ -212,9 +212,11 @@ func NewServer(opts Options) *Server {
 		_ = s.ts.Listener.Close()
 		s.ts.Listener = opts.Listener
 	}
+	// Set before serving: a handler reads Domain, and a request from
+	// another process has no happens-before edge to a later write.
+	s.URL = "http://" + s.ts.Listener.Addr().String()
+	s.Domain = strings.TrimPrefix(s.URL, "http://")
 	s.ts.Start()
-	s.URL = s.ts.URL
-	s.Domain = strings.TrimPrefix(s.ts.URL, "http://")
 	return s
 }
 
