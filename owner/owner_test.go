@@ -220,59 +220,62 @@ func TestModes(t *testing.T) {
 			t.Errorf("log (-want +got):\n%s", d)
 		}
 	})
-	t.Run("no snapshots: restart_only with one warning, commit records nothing", func(t *testing.T) {
-		e := newEnv(t)
-		ns := fake.NewWithoutSnapshots(fake.Options{Name: "plain"})
-		cfg := e.config(func(c *owner.Config) { c.Provider = ns })
-		o, err := owner.New(context.Background(), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer o.Close()
-		if o.Mode() != owner.ModeRestartOnly {
-			t.Fatalf("mode %s", o.Mode())
-		}
-		want := "notes: sandbox provider 'plain' cannot snapshot; its rollouts restart after a crash instead of continuing"
-		if n := warnings(e.hook, want); n != 1 {
-			t.Fatalf("%d warnings %q, want exactly 1", n, want)
-		}
-		if _, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, nil, ""); err != nil {
-			t.Fatal(err)
-		}
-		res, err := o.Commit(context.Background(), owner.CommitRequest{CheckpointID: "c1"})
-		if err != nil || len(res.Sessions) != 0 || res.Mode != owner.ModeRestartOnly {
-			t.Fatalf("restart_only commit: %+v, %v", res, err)
-		}
-		if got := ns.Fake().Stats().LiveSandboxes; got != 1 {
-			t.Fatalf("the in-flight sandbox was touched: %d live", got)
-		}
-	})
-	t.Run("snapshots refused at startup: restart_only with the reason, and no snapshot taken", func(t *testing.T) {
-		e := newEnv(t)
-		refused := fmt.Errorf("HTTP 501 SNAPSHOT::NOT_IMPLEMENTED: %w", provider.ErrUnsupported)
-		o, err := owner.New(context.Background(), e.config(func(c *owner.Config) { c.SnapshotsRefused = refused }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer o.Close()
-		if o.Mode() != owner.ModeRestartOnly {
-			t.Fatalf("mode %s", o.Mode())
-		}
-		want := "notes: sandbox provider 'fake' takes no snapshots (HTTP 501 SNAPSHOT::NOT_IMPLEMENTED: provider: unsupported); its rollouts restart after a crash instead of continuing"
-		if n := warnings(e.hook, want); n != 1 {
-			t.Fatalf("%d warnings %q, want exactly 1", n, want)
-		}
-		if _, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, nil, ""); err != nil {
-			t.Fatal(err)
-		}
-		res, err := o.Commit(context.Background(), owner.CommitRequest{CheckpointID: "c1"})
-		if err != nil || len(res.Sessions) != 0 || res.Mode != owner.ModeRestartOnly {
-			t.Fatalf("restart_only commit: %+v, %v", res, err)
-		}
-		if n := e.fk.Stats().Calls[fake.OpSnapshot]; n != 0 {
-			t.Errorf("%d snapshot calls, want none", n)
-		}
-	})
+	// A provider without snapshot calls, and one whose runtime refused them
+	// at startup: restart_only with one warning, a commit records nothing
+	// and touches no sandbox.
+	for _, tc := range []struct {
+		name string
+		prov func() (provider.Provider, *fake.Provider)
+		set  func(c *owner.Config, p provider.Provider)
+		want string
+	}{
+		{
+			name: "no snapshots",
+			prov: func() (provider.Provider, *fake.Provider) {
+				ns := fake.NewWithoutSnapshots(fake.Options{Name: "plain"})
+				return ns, ns.Fake()
+			},
+			set:  func(c *owner.Config, p provider.Provider) { c.Provider = p },
+			want: "notes: sandbox provider 'plain' cannot snapshot; its rollouts restart after a crash instead of continuing",
+		},
+		{
+			name: "snapshots refused at startup",
+			set: func(c *owner.Config, _ provider.Provider) {
+				c.SnapshotsRefused = fmt.Errorf("HTTP 501 SNAPSHOT::NOT_IMPLEMENTED: %w", provider.ErrUnsupported)
+			},
+			want: "notes: sandbox provider 'fake' takes no snapshots (HTTP 501 SNAPSHOT::NOT_IMPLEMENTED: provider: unsupported); its rollouts restart after a crash instead of continuing",
+		},
+	} {
+		t.Run(tc.name+": restart_only with one warning, commit records nothing", func(t *testing.T) {
+			e := newEnv(t)
+			var p provider.Provider
+			fk := e.fk
+			if tc.prov != nil {
+				p, fk = tc.prov()
+			}
+			o, err := owner.New(context.Background(), e.config(func(c *owner.Config) { tc.set(c, p) }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer o.Close()
+			if o.Mode() != owner.ModeRestartOnly {
+				t.Fatalf("mode %s", o.Mode())
+			}
+			if n := warnings(e.hook, tc.want); n != 1 {
+				t.Fatalf("%d warnings %q, want exactly 1", n, tc.want)
+			}
+			if _, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, nil, ""); err != nil {
+				t.Fatal(err)
+			}
+			res, err := o.Commit(context.Background(), owner.CommitRequest{CheckpointID: "c1"})
+			if err != nil || len(res.Sessions) != 0 || res.Mode != owner.ModeRestartOnly {
+				t.Fatalf("restart_only commit: %+v, %v", res, err)
+			}
+			if st := fk.Stats(); st.LiveSandboxes != 1 || st.Calls[fake.OpSnapshot] != 0 {
+				t.Fatalf("the in-flight sandbox was touched: %d live, %d snapshot calls", st.LiveSandboxes, st.Calls[fake.OpSnapshot])
+			}
+		})
+	}
 	t.Run("exported needs state_dir", func(t *testing.T) {
 		e := newEnv(t)
 		cfg := e.config(func(c *owner.Config) { c.Checkpoint.StateDir = "" })
