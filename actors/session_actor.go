@@ -282,6 +282,13 @@ type lostWatch struct {
 	lost atomic.Bool
 }
 
+// Capabilities are the flags of the provider watched, and none of its
+// interfaces: their calls would go around the watch.
+func (w *lostWatch) Capabilities() provider.Capabilities {
+	c := w.Provider.Capabilities()
+	return provider.Capabilities{RegularFiles: c.RegularFiles, HostTools: c.HostTools}
+}
+
 func (w *lostWatch) note(h provider.Handle, err error) {
 	if err != nil && h.SandboxID == w.id && errors.Is(err, provider.ErrSandboxNotFound) {
 		w.lost.Store(true)
@@ -319,8 +326,8 @@ func (a *sessionActor) snapshot(e effSnapshot, feed func(any)) {
 		ctx, cancel = clock.WithDeadline(ctx, a.env.Clock, e.Deadline)
 		defer cancel()
 	}
-	snap, ok := a.env.Provider.(provider.Snapshotter)
-	if !ok {
+	snap := a.env.Provider.Capabilities().Snapshotter
+	if snap == nil {
 		feed(snapshotDone{Seq: e.Seq, Err: fmt.Errorf("provider %q cannot snapshot: %w", a.env.Provider.Name(), provider.ErrUnsupported)})
 		return
 	}
@@ -367,8 +374,8 @@ func (a *sessionActor) stop(e effStop, feed func(any)) {
 }
 
 func (a *sessionActor) renew(e effRenew, feed func(any)) {
-	l, ok := a.env.Provider.(provider.Leaser)
-	if !ok {
+	l := a.env.Provider.Capabilities().Leaser
+	if l == nil {
 		feed(renewDone{Seq: e.Seq, Err: provider.ErrUnsupported})
 		return
 	}

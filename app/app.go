@@ -149,13 +149,15 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if d, ok := prov.(interface{ DefaultTTL() time.Duration }); ok {
 		defaultTTL = d.DefaultTTL()
 	}
+	// What only the provider built says (its isolation, filter and limits
+	// for /health, its reaper, direct lending's endpoints) is read from it
+	// here, before it is wrapped; everything after calls it through the
+	// wrappers, which pass its Capabilities on.
+	isolation, seccomp, limits := isolationOf(prov), seccompOf(prov), limitsOf(prov)
+	direct, reaper := lendDirect(&cfg, prov), reaperOf(prov)
 	if !res.LendsSandboxes() {
 		prov = withoutSnapshots{prov}
 	}
-	// The reaper, the isolation report and direct lending find optional
-	// methods on the provider itself; everything else calls it through the
-	// metrics wrapper.
-	bare := prov
 	prov = met.Provider(prov)
 	renew := 30 * time.Second
 	ret := cfg.Checkpoint.Retention
@@ -204,7 +206,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	var access func(*httpapi.Session, owner.Sandbox, map[string]any) error
 	var mounts map[string]fasthttp.RequestHandler
 	if res.LendsSandboxes() {
-		if lend, err = newLending(secret, prov, own, clk, log, lendDirect(&cfg, bare)); err != nil {
+		if lend, err = newLending(secret, prov, own, clk, log, direct); err != nil {
 			return fail(fmt.Errorf("%w: sandbox access tokens: %w", ErrConfig, err))
 		}
 		access, mounts = lend.access, lend.mounts()
@@ -242,13 +244,13 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		LeaseTick:        deps.LeaseTick,
 		Access:           access,
 		Mounts:           mounts,
-		Isolation:        isolationOf(bare),
+		Isolation:        isolation,
 		ProviderDown:     down,
 		PendingDeletes:   own.PendingDeletes,
 		CheckpointsHeld:  held,
 		Retention:        retained,
-		Seccomp:          seccompOf(bare),
-		Limits:           limitsOf(bare),
+		Seccomp:          seccomp,
+		Limits:           limits,
 		Metrics:          met,
 		AccessLog:        deps.AccessLog,
 	})
@@ -274,7 +276,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		lend.listening(ln.Addr())
 	}
 	reapCtx, stopReaper := context.WithCancel(context.Background())
-	runReaper(reapCtx, bare)
+	reaper(reapCtx)
 	a := &App{cfg: cfg, log: log, own: own, srv: srv, ln: ln, served: make(chan error, 1), stopReaper: stopReaper, closeProv: closeProv}
 	go func() { a.served <- srv.Serve(ln) }()
 
@@ -290,6 +292,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		"name":           cfg.Name,
 		"resources":      cfg.Resources,
 		"provider":       provName,
+		"capabilities":   prov.Capabilities().Flags(),
 		"mode":           srv.Mode(),
 		"checkpointing":  cfg.Checkpoint.Enabled,
 		"state_dir":      cfg.Checkpoint.StateDir,

@@ -692,7 +692,7 @@ func (c *Config) validate(given provider.Provider) error {
 	// What the owner would refuse once the provider exists, refused before
 	// anything is created: every provider here can snapshot, so a server
 	// that lends sandboxes with checkpointing on exports them.
-	exports := given == nil || provider.CapabilitiesOf(given).Snapshot
+	exports := given == nil || given.Capabilities().Snapshotter != nil
 	if ck.Enabled && exports && resourcesRegistry()[c.Resources].lends(c) {
 		if ck.StateDir == "" {
 			return bad("checkpoint.state_dir is required with checkpoint.enabled: the sessions' sandboxes are exported into its index")

@@ -139,10 +139,11 @@ func (l *lending) mounts() map[string]fasthttp.RequestHandler {
 	}}
 }
 
-// runReaper starts the local provider's lease reaper until ctx ends; other
-// providers enforce their own leases.
-func runReaper(ctx context.Context, prov provider.Provider) {
+// reaperOf starts prov's lease reaper until ctx ends: the local provider
+// reaps its own sandboxes' leases; other providers' servers enforce theirs.
+func reaperOf(prov provider.Provider) func(ctx context.Context) {
 	if lp, ok := prov.(*local.Provider); ok {
-		go lp.RunReaper(ctx, ReapEvery)
+		return func(ctx context.Context) { go lp.RunReaper(ctx, ReapEvery) }
 	}
+	return func(context.Context) {}
 }

@@ -181,6 +181,13 @@ func probeSnapshots(ctx context.Context, prov provider.Provider, res any, name s
 // provider still serves sandboxes that are not session state (grading).
 type withoutSnapshots struct{ provider.Provider }
 
+// Capabilities: none of the provider's interfaces, only what it says of its
+// sandboxes.
+func (w withoutSnapshots) Capabilities() provider.Capabilities {
+	c := w.Provider.Capabilities()
+	return provider.Capabilities{RegularFiles: c.RegularFiles, HostTools: c.HostTools}
+}
+
 // hidden lists the non-empty paths.
 func hidden(paths ...string) []string {
 	var out []string
@@ -212,9 +219,6 @@ type localReporter interface {
 
 // localReport is f of prov when it is the local provider, else "".
 func localReport(prov provider.Provider, f func(localReporter) string) string {
-	if w, ok := prov.(withoutSnapshots); ok {
-		prov = w.Provider
-	}
 	if l, ok := prov.(localReporter); ok {
 		return f(l)
 	}
@@ -225,9 +229,6 @@ func localReport(prov provider.Provider, f func(localReporter) string) string {
 // local provider says ("container", "none", or "unavailable" where the
 // kernel refuses containers); others hold them their own way.
 func isolationOf(prov provider.Provider) string {
-	if w, ok := prov.(withoutSnapshots); ok {
-		prov = w.Provider
-	}
 	if i, ok := prov.(interface{ Isolation() string }); ok {
 		return i.Isolation()
 	}

@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"context"
 	"errors"
+	"io"
 	"io/fs"
 	"math"
 	"runtime"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandboxowner/owner/metrics"
@@ -28,17 +30,45 @@ func newMetrics(t *testing.T) (*metrics.Metrics, *prometheus.Registry) {
 	return m, reg
 }
 
+// opener is a fake that streams files and checks they are regular.
+type opener struct{ *fake.Provider }
+
+func (o opener) Capabilities() provider.Capabilities {
+	c := o.Provider.Capabilities()
+	c.FileOpener, c.RegularFiles, c.HostTools = o, true, true
+	return c
+}
+
+func (o opener) OpenFile(ctx context.Context, h provider.Handle, path string) (io.ReadCloser, int64, error) {
+	b, err := o.ReadFile(ctx, h, path)
+	return io.NopCloser(strings.NewReader(string(b))), int64(len(b)), err
+}
+
 // TestProviderWrapperKeepsCapabilities: the wrapper has exactly the wrapped
-// provider's optional interfaces, found by type assertion.
+// provider's capabilities, and a streamed read through it is counted as a
+// read.
 func TestProviderWrapperKeepsCapabilities(t *testing.T) {
-	m, _ := newMetrics(t)
+	m, reg := newMetrics(t)
 	for name, p := range map[string]provider.Provider{
 		"fake":                   fake.New(fake.Options{}),
 		"fake without snapshots": fake.NewWithoutSnapshots(fake.Options{}),
+		"opener":                 opener{fake.New(fake.Options{})},
 	} {
-		if got, want := provider.CapabilitiesOf(m.Provider(p)), provider.CapabilitiesOf(p); got != want {
-			t.Errorf("%s: wrapped capabilities %+v, want %+v", name, got, want)
+		if d := cmp.Diff(p.Capabilities().Flags(), m.Provider(p).Capabilities().Flags()); d != "" {
+			t.Errorf("%s: wrapped capabilities (-want +got):\n%s", name, d)
 		}
+	}
+	ctx := context.Background()
+	o := opener{fake.New(fake.Options{Name: "opener"})}
+	h, err := o.Start(ctx, provider.Spec{Files: map[string]string{"f": "x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := provider.ReadFileAtMost(ctx, m.Provider(o), h, "f", 10); err != nil || string(b) != "x" {
+		t.Fatalf("streamed read: %q, %v", b, err)
+	}
+	if got := value(t, reg, "sandboxowner_provider_calls_total", map[string]string{"provider": "opener", "op": metrics.OpReadFile, "outcome": metrics.OutcomeOK}); got != 1 {
+		t.Errorf("streamed reads counted: %v, want 1", got)
 	}
 	var none *metrics.Metrics
 	p := fake.New(fake.Options{})
@@ -61,7 +91,7 @@ func TestProviderCallsCounted(t *testing.T) {
 	if _, err := p.Exec(ctx, h, provider.ExecRequest{Command: "true"}); err == nil {
 		t.Fatal("the injected exec failure did not fail")
 	}
-	if _, err := p.(provider.Snapshotter).Snapshot(ctx, h, "s"); err != nil {
+	if _, err := p.Capabilities().Snapshotter.Snapshot(ctx, h, "s"); err != nil {
 		t.Fatal(err)
 	}
 	// A client's mistakes are refusals, not provider failures.

@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"io"
 	"io/fs"
 	"time"
 
@@ -31,9 +32,8 @@ func providerOps() []string {
 		OpDeleteSnapshot, OpRenew, OpListSandboxes, OpListSnapshots}
 }
 
-// Provider wraps p so that every call is counted and timed. The wrapper
-// has exactly p's optional capabilities (snapshots, leases, listing), which
-// callers find by type assertion. A nil m returns p itself.
+// Provider wraps p so that every call is counted and timed. The wrapper's
+// Capabilities are p's, each wrapped alike. A nil m returns p itself.
 func (m *Metrics) Provider(p provider.Provider) provider.Provider {
 	if m == nil || p == nil {
 		return p
@@ -44,52 +44,20 @@ func (m *Metrics) Provider(p provider.Provider) provider.Provider {
 			m.providerCalls.WithLabelValues(b.name, op, o) // at zero from the start
 		}
 	}
-	s, snap := p.(provider.Snapshotter)
-	l, lease := p.(provider.Leaser)
-	ls, list := p.(provider.Lister)
-	so, lo, li := snapOps{b, s}, leaseOps{b, l}, listOps{b, ls}
-	switch {
-	case snap && lease && list:
-		return struct {
-			*base
-			snapOps
-			leaseOps
-			listOps
-		}{b, so, lo, li}
-	case snap && lease:
-		return struct {
-			*base
-			snapOps
-			leaseOps
-		}{b, so, lo}
-	case snap && list:
-		return struct {
-			*base
-			snapOps
-			listOps
-		}{b, so, li}
-	case lease && list:
-		return struct {
-			*base
-			leaseOps
-			listOps
-		}{b, lo, li}
-	case snap:
-		return struct {
-			*base
-			snapOps
-		}{b, so}
-	case lease:
-		return struct {
-			*base
-			leaseOps
-		}{b, lo}
-	case list:
-		return struct {
-			*base
-			listOps
-		}{b, li}
+	c := p.Capabilities()
+	if c.Snapshotter != nil {
+		c.Snapshotter = snapOps{b, c.Snapshotter}
 	}
+	if c.Leaser != nil {
+		c.Leaser = leaseOps{b, c.Leaser}
+	}
+	if c.Lister != nil {
+		c.Lister = listOps{b, c.Lister}
+	}
+	if c.FileOpener != nil {
+		c.FileOpener = openOps{b, c.FileOpener}
+	}
+	b.caps = c
 	return b
 }
 
@@ -98,6 +66,7 @@ type base struct {
 	p    provider.Provider
 	m    *Metrics
 	name string
+	caps provider.Capabilities
 }
 
 // record times one call from began.
@@ -125,6 +94,8 @@ func providerOutcome(err error) string {
 func (b *base) Unwrap() provider.Provider { return b.p }
 
 func (b *base) Name() string { return b.name }
+
+func (b *base) Capabilities() provider.Capabilities { return b.caps }
 
 func (b *base) Start(ctx context.Context, spec provider.Spec) (provider.Handle, error) {
 	began := time.Now()
@@ -223,4 +194,17 @@ func (o listOps) ListSnapshots(ctx context.Context) ([]provider.SnapshotInfo, er
 	out, err := o.l.ListSnapshots(ctx)
 	o.b.record(OpListSnapshots, began, err)
 	return out, err
+}
+
+type openOps struct {
+	b *base
+	o provider.FileOpener
+}
+
+// OpenFile is counted as a read_file: the op is the same read, streamed.
+func (o openOps) OpenFile(ctx context.Context, h provider.Handle, path string) (io.ReadCloser, int64, error) {
+	began := time.Now()
+	rc, size, err := o.o.OpenFile(ctx, h, path)
+	o.b.record(OpReadFile, began, err)
+	return rc, size, err
 }

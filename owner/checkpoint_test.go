@@ -739,6 +739,12 @@ type inUseProvider struct {
 	inUse map[string]bool
 }
 
+func (p inUseProvider) Capabilities() provider.Capabilities {
+	c := p.Provider.Capabilities()
+	c.Snapshotter = p
+	return c
+}
+
 func (p inUseProvider) DeleteSnapshot(ctx context.Context, id string) error {
 	if p.inUse[id] {
 		return fmt.Errorf("delete %s: %w", id, provider.ErrSnapshotInUse)

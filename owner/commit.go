@@ -16,7 +16,6 @@ import (
 	"github.com/sandboxowner/owner/actors"
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/messages"
-	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
@@ -354,8 +353,8 @@ func (o *Owner) tombstones(ids map[string]bool, reason string) []snapshotindex.T
 // listSnapshotsByTag finds the provider's snapshots of the round of tag
 // (nil when the provider cannot list).
 func (o *Owner) listSnapshotsByTag(ctx context.Context, tag string) []string {
-	l, ok := o.prov.(provider.Lister)
-	if !ok {
+	l := o.caps.Lister
+	if l == nil {
 		return nil
 	}
 	snaps, err := l.ListSnapshots(ctx)

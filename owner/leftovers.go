@@ -4,8 +4,6 @@ import (
 	"context"
 
 	"github.com/sirupsen/logrus"
-
-	"github.com/sandboxowner/owner/provider"
 )
 
 // releaseLeftovers adds to a release what reclaimLeftovers deletes; a
@@ -35,8 +33,8 @@ func (o *Owner) releaseLeftovers(ctx context.Context, kept []string, needed map[
 // kept checkpoint's snapshots from leftovers) and never touches a snapshot
 // a live fork stands on (needed), which a later release deletes.
 func (o *Owner) reclaimLeftovers(ctx context.Context, kept []string, needed map[string]bool) (deleted, inUse []string, failed map[string]string, err error) {
-	l, ok := o.prov.(provider.Lister)
-	if !ok {
+	l := o.caps.Lister
+	if l == nil {
 		return nil, nil, nil, nil
 	}
 	for _, id := range kept {

@@ -209,10 +209,12 @@ type Config struct {
 
 // Owner owns the sessions' sandboxes. It is safe for concurrent use.
 type Owner struct {
-	cfg         Config
-	name        string
-	mode        Mode
-	prov        provider.Provider
+	cfg  Config
+	name string
+	mode Mode
+	prov provider.Provider
+	// caps are prov's capabilities (none without a provider).
+	caps        provider.Capabilities
 	clk         clock.Clock
 	log         logrus.FieldLogger
 	incarnation string
@@ -306,6 +308,9 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 		closed:      make(chan struct{}),
 		replies:     make(chan messages.ReplyTo, maxFreeReplies),
 	}
+	if cfg.Provider != nil {
+		o.caps = cfg.Provider.Capabilities()
+	}
 	o.base, o.cancelBase = context.WithCancel(context.Background())
 	mode, err := o.decideMode()
 	if err != nil {
@@ -358,7 +363,7 @@ func (o *Owner) decideMode() (Mode, error) {
 		o.log.Warnf("%s: sandbox provider '%s' takes no snapshots (%v); its rollouts restart after a crash instead of continuing", c.Name, c.Provider.Name(), c.SnapshotsRefused)
 		return ModeRestartOnly, nil
 	}
-	if !provider.CapabilitiesOf(c.Provider).Snapshot {
+	if c.Provider.Capabilities().Snapshotter == nil {
 		o.log.Warnf("%s: sandbox provider '%s' cannot snapshot; its rollouts restart after a crash instead of continuing", c.Name, c.Provider.Name())
 		return ModeRestartOnly, nil
 	}

@@ -67,8 +67,8 @@ func (o *Owner) recoverIndex(ctx context.Context) error {
 // server left running: a fresh process holds no session, so they serve
 // nobody (a restore forks from snapshots, not from them).
 func (o *Owner) sweepIncarnations(ctx context.Context) {
-	l, ok := o.prov.(provider.Lister)
-	if !ok {
+	l := o.caps.Lister
+	if l == nil {
 		return
 	}
 	list, err := l.ListSandboxes(ctx)

@@ -20,8 +20,8 @@ import (
 // them as in use: pending, not failed; a later release, restart or the
 // sweep deletes them) and the failures.
 func (o *Owner) deleteTombstoned(ctx context.Context, ts []snapshotindex.Tombstone) (deleted, inUse []string, failed map[string]string) {
-	snap, ok := o.prov.(provider.Snapshotter)
-	if !ok || len(ts) == 0 {
+	snap := o.caps.Snapshotter
+	if snap == nil || len(ts) == 0 {
 		return nil, nil, nil
 	}
 	var mu sync.Mutex

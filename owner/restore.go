@@ -172,7 +172,7 @@ func (o *Owner) liveSet() (map[string]bool, error) {
 // forkAll forks every record's snapshot, at most parallelism at once. The
 // returned handles are index-aligned with records (zero where it failed).
 func (o *Owner) forkAll(ctx context.Context, checkpointID string, records []snapshotindex.Record) ([]provider.Handle, map[string]string, []string) {
-	snap := o.prov.(provider.Snapshotter)
+	snap := o.caps.Snapshotter
 	forks := make([]provider.Handle, len(records))
 	var mu sync.Mutex
 	failed := map[string]string{}
@@ -219,8 +219,8 @@ func (o *Owner) forkAll(ctx context.Context, checkpointID string, records []snap
 // the checkpoint that the provider lists: a fork whose call failed after
 // the effect never reported its id.
 func (o *Owner) withListedForks(checkpointID string, forks []provider.Handle) []provider.Handle {
-	l, ok := o.prov.(provider.Lister)
-	if !ok {
+	l := o.caps.Lister
+	if l == nil {
 		return forks
 	}
 	ctx, cancel := context.WithTimeout(o.base, time.Minute)

@@ -6,7 +6,7 @@ import (
 	"io"
 )
 
-// FileOpener is a provider that can hand out a sandbox's file as a stream,
+// FileOpener can hand out a sandbox's file as a stream,
 // so that a caller holds only what it reads at a time, never the whole file.
 type FileOpener interface {
 	// OpenFile opens the regular file at path (as ReadFile names it) and
@@ -16,12 +16,12 @@ type FileOpener interface {
 }
 
 // ReadFileAtMost reads the file at path, refusing one larger than limit
-// bytes with ErrFileTooLarge. Through a FileOpener it reads at most
+// bytes with ErrFileTooLarge. Through p's FileOpener it reads at most
 // limit+1 bytes whatever the file's size; otherwise it is ReadFile with the
 // size checked after.
 func ReadFileAtMost(ctx context.Context, p Provider, h Handle, path string, limit int64) ([]byte, error) {
-	o, ok := p.(FileOpener)
-	if !ok {
+	o := p.Capabilities().FileOpener
+	if o == nil {
 		b, err := p.ReadFile(ctx, h, path)
 		if err == nil && int64(len(b)) > limit {
 			return nil, fmt.Errorf("read %s: %d bytes, more than %d: %w", path, len(b), limit, ErrFileTooLarge)

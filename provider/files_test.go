@@ -20,6 +20,12 @@ type opener struct {
 	taken int
 }
 
+func (o *opener) Capabilities() provider.Capabilities {
+	c := o.Provider.Capabilities()
+	c.FileOpener = o
+	return c
+}
+
 func (o *opener) OpenFile(context.Context, provider.Handle, string) (io.ReadCloser, int64, error) {
 	return io.NopCloser(&counting{r: strings.NewReader(o.body), n: &o.taken}), o.size, nil
 }

@@ -1,14 +1,19 @@
 // Package provider is the sandbox provider interface that the owner and the
 // resources servers are written against.
 //
-// A Provider starts, stops and runs commands in sandboxes. Optional
-// capabilities are separate interfaces found by type assertion, as upstream
-// NeMo Gym probes them at run time:
+// A Provider starts, stops and runs commands in sandboxes. What else it can
+// do it states as a value, its Capabilities, which callers ask instead of
+// its type or name (so a wrapper, such as the metrics one, passes them on
+// by returning them, wrapped or not, rather than by having the same
+// methods):
 //
 //   - Snapshotter: take a snapshot a fork can start from, fork, delete.
 //   - Leaser: move a sandbox's lease (an absolute expiry) forward.
 //   - Lister: list sandboxes and snapshots, for the operator sweep and for
 //     leak checks.
+//   - FileOpener: hand out a file as a stream.
+//   - RegularFiles: file calls refuse what is not a regular file.
+//   - HostTools: sandboxes run on this machine and see its tools.
 //
 // Spec and Handle round-trip through JSON: a Handle written into the snapshot
 // index by one process is enough for a fresh process to stop that sandbox.
@@ -176,6 +181,9 @@ type Provider interface {
 	// Status reports the sandbox's state; a missing sandbox is
 	// ErrSandboxNotFound.
 	Status(ctx context.Context, h Handle) (Status, error)
+	// Capabilities is what else the provider can do. It is the same for
+	// the provider's life.
+	Capabilities() Capabilities
 }
 
 // Snapshotter is a provider that can snapshot a sandbox and fork new ones from
@@ -225,19 +233,43 @@ type Lister interface {
 	ListSnapshots(ctx context.Context) ([]SnapshotInfo, error)
 }
 
-// Capabilities reports which optional interfaces p implements.
+// Capabilities is what a provider can do beyond Provider. A nil interface
+// is a capability the provider lacks. A wrapper returns its inner
+// provider's, each one it passes on wrapped or as it is, and leaves nil
+// what it cannot pass on.
 type Capabilities struct {
-	Snapshot bool `json:"snapshot"`
-	Lease    bool `json:"lease"`
-	List     bool `json:"list"`
+	// Snapshotter snapshots sandboxes and forks from the snapshots.
+	Snapshotter Snapshotter
+	// Leaser renews sandboxes' leases.
+	Leaser Leaser
+	// Lister lists sandboxes and snapshots.
+	Lister Lister
+	// FileOpener hands out files as streams (ReadFileAtMost uses it).
+	FileOpener FileOpener
+	// RegularFiles: ReadFile, WriteFile and OpenFile refuse a path that is
+	// a directory, FIFO, device or socket with ErrNotRegular rather than
+	// reading or blocking on it.
+	RegularFiles bool
+	// HostTools: sandboxes run on this machine, see its tools (PATH) and
+	// start from directories on it (Spec.Image names a directory or
+	// template), so a caller sets their environment up from the host's.
+	HostTools bool
 }
 
-// CapabilitiesOf probes p by type assertion.
-func CapabilitiesOf(p Provider) Capabilities {
-	_, snap := p.(Snapshotter)
-	_, lease := p.(Leaser)
-	_, list := p.(Lister)
-	return Capabilities{Snapshot: snap, Lease: lease, List: list}
+// Flags is which capabilities c has, for logs and tests.
+type Flags struct {
+	Snapshot     bool `json:"snapshot"`
+	Lease        bool `json:"lease"`
+	List         bool `json:"list"`
+	OpenFile     bool `json:"open_file"`
+	RegularFiles bool `json:"regular_files"`
+	HostTools    bool `json:"host_tools"`
+}
+
+// Flags is which capabilities c has.
+func (c Capabilities) Flags() Flags {
+	return Flags{Snapshot: c.Snapshotter != nil, Lease: c.Leaser != nil, List: c.Lister != nil,
+		OpenFile: c.FileOpener != nil, RegularFiles: c.RegularFiles, HostTools: c.HostTools}
 }
 
 // StopAttempts is how often StopRetrying tries.

@@ -21,7 +21,6 @@ import (
 	"github.com/sandboxowner/owner/internal/envelope"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
-	"github.com/sandboxowner/owner/provider/local"
 )
 
 // Prefix is where the routes are mounted: /sandboxes/{sandbox_id}/...
@@ -289,7 +288,7 @@ func (h *Handler) readFile(ctx *fasthttp.RequestCtx, handle provider.Handle) {
 	}
 	callCtx, cancel := context.WithTimeout(context.Background(), fileCallTimeout)
 	defer cancel()
-	if o, ok := h.Provider.(provider.FileOpener); ok {
+	if o := h.Provider.Capabilities().FileOpener; o != nil {
 		// Streamed: the server holds a buffer of the file at a time, not
 		// the file, however many are read at once.
 		rc, size, err := o.OpenFile(callCtx, handle, path)
@@ -360,7 +359,7 @@ func (h *Handler) providerError(ctx *fasthttp.RequestCtx, sandboxID string, err 
 		status, code, detail = fasthttp.StatusBadRequest, "name_too_long", "a name in the path is too long"
 	case errors.Is(err, provider.ErrFileTooLarge):
 		status, code, detail = fasthttp.StatusRequestEntityTooLarge, "file_too_large", "the file is larger than the server's cap on one file"
-	case errors.Is(err, local.ErrNotRegular):
+	case errors.Is(err, provider.ErrNotRegular):
 		status, code, detail = fasthttp.StatusUnprocessableEntity, "not_a_file", "the path is a FIFO, device or socket, not a regular file"
 	case errors.Is(err, provider.ErrInvalidSpec):
 		status, code, detail = fasthttp.StatusUnprocessableEntity, "invalid_request", err.Error()

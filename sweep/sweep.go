@@ -37,7 +37,7 @@ var ErrCannotList = errors.New("sweep: the provider's sandboxes and snapshots ca
 type Options struct {
 	// Owner is the server's name: its sandboxes carry ng.owner = Owner.
 	Owner string
-	// Provider is listed (it must implement provider.Lister) and, with
+	// Provider is listed (its Capabilities must have a Lister) and, with
 	// Reap, stopped and deleted from.
 	Provider provider.Provider
 	// Index is the server's snapshot index.
@@ -132,8 +132,8 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 			return rep, err
 		}
 	}
-	l, ok := opts.Provider.(provider.Lister)
-	if !ok {
+	l := opts.Provider.Capabilities().Lister
+	if l == nil {
 		return rep, fmt.Errorf("%w: provider %q has no listing", ErrCannotList, opts.Provider.Name())
 	}
 	sbs, err := l.ListSandboxes(ctx)
@@ -204,8 +204,7 @@ func reap(ctx context.Context, opts Options, rep Report) (Report, error) {
 	}
 	var snap provider.Snapshotter
 	if len(rep.Snapshots) > 0 {
-		var ok bool
-		if snap, ok = opts.Provider.(provider.Snapshotter); !ok {
+		if snap = opts.Provider.Capabilities().Snapshotter; snap == nil {
 			return rep, fmt.Errorf("sweep: provider %q cannot delete snapshots", opts.Provider.Name())
 		}
 	}

@@ -200,6 +200,12 @@ func TestSweepKeepsExactlyWhatRetainedNames(t *testing.T) {
 // listerless is a provider that cannot list.
 type listerless struct{ provider.Provider }
 
+func (l listerless) Capabilities() provider.Capabilities {
+	c := l.Provider.Capabilities()
+	c.Lister = nil
+	return c
+}
+
 // TestSweepRefusesWithoutWhatItNeeds: no owner name, no index, a provider
 // that cannot list, a snapshot listing that fails: each refuses before
 // anything is removed.
@@ -280,7 +286,11 @@ func TestSweepKeepsLiveSandboxesAndSortsWhatItReports(t *testing.T) {
 // nosnap lists but cannot snapshot.
 type nosnap struct{ *fake.Provider }
 
-func (n nosnap) Snapshot() {} // hides the fake's Snapshot, so nosnap is no provider.Snapshotter
+func (n nosnap) Capabilities() provider.Capabilities {
+	c := n.Provider.Capabilities()
+	c.Snapshotter = nil
+	return c
+}
 
 // TestReapStopsSandboxesBeforeDeletingSnapshots: a server refuses to delete
 // a snapshot while a sandbox forked from it lives, so the reap stops every

@@ -150,13 +150,12 @@ type target struct {
 	id string
 }
 
-// Compile-time checks of the capabilities CapabilitiesOf will find.
-var (
-	_ provider.Provider    = (*Provider)(nil)
-	_ provider.Snapshotter = (*Provider)(nil)
-	_ provider.Leaser      = (*Provider)(nil)
-	_ provider.Lister      = (*Provider)(nil)
-)
+var _ provider.Provider = (*Provider)(nil)
+
+// Capabilities: the fake snapshots, leases and lists.
+func (p *Provider) Capabilities() provider.Capabilities {
+	return provider.Capabilities{Snapshotter: p, Leaser: p, Lister: p}
+}
 
 // New returns an empty fake provider.
 func New(opts Options) *Provider {

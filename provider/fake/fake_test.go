@@ -730,11 +730,11 @@ func TestHookSeesIDs(t *testing.T) {
 
 func TestNoSnapshots(t *testing.T) {
 	ns := fake.NewWithoutSnapshots(fake.Options{Name: "plain"})
-	caps := provider.CapabilitiesOf(ns)
-	if d := cmp.Diff(provider.Capabilities{List: true}, caps); d != "" {
+	caps := ns.Capabilities().Flags()
+	if d := cmp.Diff(provider.Flags{List: true}, caps); d != "" {
 		t.Fatalf("capabilities (-want +got):\n%s", d)
 	}
-	if d := cmp.Diff(provider.Capabilities{Snapshot: true, Lease: true, List: true}, provider.CapabilitiesOf(fake.New(fake.Options{}))); d != "" {
+	if d := cmp.Diff(provider.Flags{Snapshot: true, Lease: true, List: true}, fake.New(fake.Options{}).Capabilities().Flags()); d != "" {
 		t.Fatalf("full fake capabilities (-want +got):\n%s", d)
 	}
 	ctx := context.Background()

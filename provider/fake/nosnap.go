@@ -6,19 +6,20 @@ import (
 	"github.com/sandboxowner/owner/provider"
 )
 
-// NoSnapshots is a fake that cannot snapshot: it implements provider.Provider
-// and provider.Lister only, so provider.CapabilitiesOf reports neither
-// snapshots nor leases, as for a backend without them. Its methods are those
+// NoSnapshots is a fake that cannot snapshot: its Capabilities are a
+// Lister only, neither snapshots nor leases, as for a backend without them. Its methods are those
 // of the wrapped Provider, which Fake exposes for faults and counters. A spec
 // TTL still makes a lease; with no Renew here, only Fake().Renew moves it.
 type NoSnapshots struct {
 	p *Provider
 }
 
-var (
-	_ provider.Provider = (*NoSnapshots)(nil)
-	_ provider.Lister   = (*NoSnapshots)(nil)
-)
+var _ provider.Provider = (*NoSnapshots)(nil)
+
+// Capabilities: a NoSnapshots lists only.
+func (n *NoSnapshots) Capabilities() provider.Capabilities {
+	return provider.Capabilities{Lister: n}
+}
 
 // NewWithoutSnapshots returns an empty fake that cannot snapshot.
 func NewWithoutSnapshots(opts Options) *NoSnapshots { return &NoSnapshots{p: New(opts)} }

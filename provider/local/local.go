@@ -276,6 +276,13 @@ var (
 	_ provider.FileOpener  = (*Provider)(nil)
 )
 
+// Capabilities: the local provider does everything optional; its file
+// calls refuse what is not a regular file, and its sandboxes see this
+// machine's tools.
+func (p *Provider) Capabilities() provider.Capabilities {
+	return provider.Capabilities{Snapshotter: p, Leaser: p, Lister: p, FileOpener: p, RegularFiles: true, HostTools: true}
+}
+
 // New makes the root's directories, probes containers and overlayfs as the
 // options ask, and logs once which isolation and filesystem mode are in
 // effect. It does not touch sandboxes a previous server left: they are found

@@ -68,6 +68,11 @@ var (
 	_ provider.Lister      = (*Provider)(nil)
 )
 
+// Capabilities: an OpenSandbox server snapshots, leases and lists.
+func (p *Provider) Capabilities() provider.Capabilities {
+	return provider.Capabilities{Snapshotter: p, Leaser: p, Lister: p}
+}
+
 // New checks opts and fills in the defaults.
 func New(opts Options) (*Provider, error) {
 	if opts.Domain == "" {

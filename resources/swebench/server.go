@@ -351,7 +351,7 @@ func (s *Server) setup(row Row, image string, log logrus.FieldLogger) owner.Setu
 // environment (built on p if needed), else the row's image, else (other
 // providers) SWE-bench's instance image name.
 func (s *Server) image(ctx context.Context, p provider.Provider, row Row, pr *prep, log logrus.FieldLogger) (string, *Environment, error) {
-	isLocal := p.Name() == local.Name
+	isLocal := p.Capabilities().HostTools
 	if isLocal && s.templates != nil && s.templates.Has(row.Repo) {
 		dir, full, err := s.templates.Ensure(ctx, row.Repo, row.BaseCommit, log)
 		if err != nil {
@@ -392,7 +392,7 @@ func (s *Server) spec(p provider.Provider, image string, row Row, role string, e
 	md["nemo_gym_agent"], md["instance_id"], md["swebench_role"] = s.name, id, role
 	env0 := map[string]string{}
 	network := sc.Network
-	if p.Name() == local.Name {
+	if p.Capabilities().HostTools {
 		// The local provider's HOME is the work tree: tools that write
 		// under HOME (go's caches, git's global config) would put files
 		// into the patch. Its sandboxes see the host's tools (read-only
@@ -411,7 +411,7 @@ func (s *Server) spec(p provider.Provider, image string, row Row, role string, e
 			opts[k] = v
 		}
 	}
-	if p.Name() == local.Name && env != nil {
+	if p.Capabilities().HostTools && env != nil {
 		mounts, vars := s.localMounts(env, role)
 		for k, v := range vars {
 			env0[k] = v

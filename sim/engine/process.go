@@ -238,6 +238,11 @@ var (
 
 func (p *process) Name() string { return p.inner.Name() }
 
+// Capabilities: every call goes through the process, so that it can die.
+func (p *process) Capabilities() provider.Capabilities {
+	return provider.Capabilities{Snapshotter: p, Leaser: p, Lister: p}
+}
+
 func (p *process) Start(ctx context.Context, spec provider.Spec) (provider.Handle, error) {
 	return call(p, ctx, fake.OpStart, "", func() (provider.Handle, error) { return p.inner.Start(ctx, spec) })
 }

@@ -184,6 +184,14 @@ type LocalBackend struct {
 	Workdir string
 }
 
+// Capabilities are the local provider's with b's Fork; no FileOpener,
+// whose paths would miss ReadFile's "/".
+func (b LocalBackend) Capabilities() provider.Capabilities {
+	c := b.Provider.Capabilities()
+	c.Snapshotter, c.FileOpener = b, nil
+	return c
+}
+
 // Start starts a sandbox whose workdir is b.Workdir.
 func (b LocalBackend) Start(ctx context.Context, spec provider.Spec) (provider.Handle, error) {
 	spec.Workdir = b.Workdir

@@ -802,8 +802,8 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (*sandbox, bool)
 // sandboxes and snapshots it no longer has are dropped, and what it has that
 // the server never recorded is adopted (Running, Ready).
 func (s *Server) sync(ctx context.Context) {
-	l, ok := s.backend.(provider.Lister)
-	if !ok || !s.opts.SyncWithBackend {
+	l := s.backend.Capabilities().Lister
+	if l == nil || !s.opts.SyncWithBackend {
 		return
 	}
 	sbs, err1 := l.ListSandboxes(ctx)
@@ -905,7 +905,7 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
 	case !t.After(now):
 		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_EXPIRATION", "expiresAt %s is not in the future", formatTime(t))
 	default:
-		if l, ok := s.backend.(provider.Leaser); ok {
+		if l := s.backend.Capabilities().Leaser; l != nil {
 			if err := l.Renew(r.Context(), sb.backend, t); err != nil {
 				s.backendError(w, "SANDBOX::RENEW_FAILED", err)
 				return
