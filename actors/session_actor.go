@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/timeouts"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/sched"
@@ -379,7 +380,7 @@ func (a *sessionActor) renew(e effRenew, feed func(any)) {
 		feed(renewDone{Seq: e.Seq, Err: provider.ErrUnsupported})
 		return
 	}
-	ctx, cancel := context.WithTimeout(a.env.base(), time.Minute)
+	ctx, cancel := context.WithTimeout(a.env.base(), timeouts.ProviderCall)
 	defer cancel()
 	err := l.Renew(ctx, e.Handle, e.Until)
 	if err != nil {

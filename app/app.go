@@ -35,6 +35,7 @@ import (
 
 	"github.com/sandboxowner/owner/clock"
 	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/internal/timeouts"
 	"github.com/sandboxowner/owner/metrics"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
@@ -128,7 +129,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	}
 	reachable := true
 	if pr, ok := prov.(interface{ Probe(context.Context) error }); ok {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		pctx, cancel := context.WithTimeout(ctx, timeouts.Probe)
 		if err := pr.Probe(pctx); err != nil {
 			log.Errorf("sandbox provider at startup: %v", err)
 			reachable = false
@@ -159,7 +160,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		prov = withoutSnapshots{prov}
 	}
 	prov = met.Provider(prov)
-	renew := 30 * time.Second
+	renew := timeouts.RenewEvery
 	ret := cfg.Checkpoint.Retention
 	retEvery := seconds(cmp.Or(ret.PeriodS, DefaultRetentionPeriodS))
 	if deps.Clock != nil {
@@ -438,7 +439,7 @@ func (a *App) Stop(ctx context.Context) error {
 // the process would.
 func (a *App) Abandon() {
 	a.own.Abandon()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), timeouts.Abandon)
 	defer cancel()
 	_ = a.srv.Shutdown(ctx)
 	_ = a.ln.Close()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandboxowner/owner/clock"
 	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/internal/timeouts"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
@@ -102,7 +103,7 @@ func (l *lending) listening(addr net.Addr) { l.base = "http://" + addr.String() 
 // deleted) and no admission.
 func (l *lending) access(_ *httpapi.Session, sb owner.Sandbox, descriptor map[string]any) error {
 	if l.direct != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), timeouts.ProviderCall)
 		defer cancel()
 		ep, headers, err := l.direct.Endpoint(ctx, sb.Handle)
 		if err != nil {

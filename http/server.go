@@ -190,6 +190,11 @@ type Server struct {
 	stopOnce sync.Once
 	stopTick chan struct{}
 	ticker   sync.WaitGroup
+	// tickMu guards ticking and stopped: the ticker starts with Serve,
+	// never after Shutdown.
+	tickMu  sync.Mutex
+	ticking bool
+	stopped bool
 }
 
 type mount struct {
@@ -200,8 +205,9 @@ type mount struct {
 // ErrConfig: the server cannot be built from its Config.
 var ErrConfig = errors.New("http config")
 
-// New builds a server. It starts the lease ticker (unless LeaseTick < 0);
-// Shutdown stops it.
+// New builds a server; it starts nothing, so a caller that fails after it
+// need not shut it down. Serve starts the lease ticker (unless LeaseTick <
+// 0); Shutdown stops it.
 func New(cfg Config) (*Server, error) {
 	if cfg.Owner == nil || cfg.Resources == nil {
 		return nil, fmt.Errorf("%w: Owner and Resources are required", ErrConfig)
@@ -299,10 +305,6 @@ func New(cfg Config) (*Server, error) {
 			Logger:           s.log,
 		})
 		s.machine = s.part.Machine()
-		if cfg.LeaseTick > 0 {
-			s.ticker.Add(1)
-			go s.tickLease(cfg.LeaseTick)
-		}
 	}
 	s.srv = &fasthttp.Server{
 		Handler:      s.Handler(),
@@ -327,6 +329,19 @@ func New(cfg Config) (*Server, error) {
 		Logger:                       fasthttpLogger{cfg.Logger.WithField("server", name)},
 	}
 	return s, nil
+}
+
+// startTicking starts the lease ticker once, unless the server has none or
+// has been shut down.
+func (s *Server) startTicking() {
+	s.tickMu.Lock()
+	defer s.tickMu.Unlock()
+	if s.machine == nil || s.cfg.LeaseTick < 0 || s.ticking || s.stopped {
+		return
+	}
+	s.ticking = true
+	s.ticker.Add(1)
+	go s.tickLease(s.cfg.LeaseTick)
 }
 
 func (s *Server) tickLease(every time.Duration) {
@@ -392,8 +407,11 @@ func (s *Server) AdmitSandboxCall(ctx context.Context, sessionID string) (leave 
 // FastHTTP is the configured fasthttp server, to Serve a listener with.
 func (s *Server) FastHTTP() *fasthttp.Server { return s.srv }
 
-// Serve serves ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+// Serve ticks the lease and serves ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	s.startTicking()
+	return s.srv.Serve(ln)
+}
 
 // Shutdown stops accepting connections, lets requests waiting at a closed
 // gate go (503), ends waiting control calls (a prepare, a retire), waits for
@@ -402,6 +420,9 @@ func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
 func (s *Server) Shutdown(ctx context.Context) error {
 	var err error
 	s.stopOnce.Do(func() {
+		s.tickMu.Lock()
+		s.stopped = true
+		s.tickMu.Unlock()
 		close(s.stopTick)
 		s.ctlCancel()
 		if s.part != nil {

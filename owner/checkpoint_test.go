@@ -784,3 +784,51 @@ func TestReleaseDefersSnapshotsTheProviderSaysAreInUse(t *testing.T) {
 		t.Fatalf("after the next release: %d pending, %d snapshots", n, e.fk.Stats().LiveSnapshots)
 	}
 }
+
+// TestRetireWaitsBehindAReleaseOnlyAsLongAsItsContext: a release holds
+// the control turn while its snapshot delete is held by a hook; a retire
+// whose context has ended meanwhile returns its context's error instead of
+// waiting, and the release then finishes as before.
+func TestRetireWaitsBehindAReleaseOnlyAsLongAsItsContext(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	seed(t, o, "s1")
+	commit(t, o, "c1")
+	entered, let := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	e.fk.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpDeleteSnapshot && c.Phase == fake.PhaseBegin {
+			once.Do(func() {
+				close(entered)
+				<-let
+			})
+		}
+	})
+	released := make(chan error, 1)
+	go func() {
+		_, err := o.Release(context.Background(), nil)
+		released <- err
+	}()
+	select {
+	case <-entered:
+	case <-time.After(time.Minute): // a guard against a hang, not a wait
+		t.Fatal("the release never deleted a snapshot")
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), e.clk.Now().Add(-time.Second))
+	defer cancel()
+	if _, err := o.Retire(ctx, []string{"s1"}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a retire behind a running release: %v, want context.DeadlineExceeded", err)
+	}
+	close(let)
+	select {
+	case err := <-released:
+		if err != nil {
+			t.Fatalf("the release: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the release never finished")
+	}
+	if res, err := o.Retire(context.Background(), []string{"s1"}); err != nil || !cmp.Equal([]string{"s1"}, res.Stopped) {
+		t.Fatalf("a retire after the release: %+v, %v", res, err)
+	}
+}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandboxowner/owner/actors"
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/timeouts"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -111,7 +112,9 @@ func (o *Owner) Commit(ctx context.Context, req CommitRequest) (CommitResult, er
 		}
 		return res, nil
 	}
-	o.ctl.Lock(o.rt)
+	if err := o.ctl.Lock(ctx, o.rt); err != nil {
+		return res, &CommitError{CheckpointID: req.CheckpointID, Err: fmt.Errorf("waiting for another control operation: %w", err)}
+	}
 	defer o.ctl.Unlock()
 	o.followDirsAtCommit()
 	log := o.log.WithField("checkpoint_id", req.CheckpointID)
@@ -123,12 +126,14 @@ func (o *Owner) Commit(ctx context.Context, req CommitRequest) (CommitResult, er
 		}
 		// A commit whose records could not be written writes them now, as
 		// they were cut; it never snapshots again.
-		return o.republish(req, res, ck.Records)
+		return o.republish(ctx, req, res, ck.Records)
 	} else if !errors.Is(err, snapshotindex.ErrNotFound) {
 		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
 	}
 
-	o.writer.Lock(o.rt)
+	if err := o.writer.Lock(ctx, o.rt); err != nil {
+		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
+	}
 	stopped := o.stopped.Has(req.CheckpointID)
 	u := o.unstored[req.CheckpointID]
 	o.writer.Unlock()
@@ -228,7 +233,9 @@ type unstoredCommit struct {
 // whose id StopCommit stopped is discarded instead.
 func (o *Owner) store(ctx context.Context, req CommitRequest, u *unstoredCommit, log logrus.FieldLogger) (CommitResult, error) {
 	res := CommitResult{Mode: o.mode, Skipped: u.skipped}
-	o.writer.Lock(o.rt)
+	// Not ctx: a store given up here would leave the snapshots taken; the
+	// writer is held only across one store and one records write.
+	_ = o.writer.Lock(context.Background(), o.rt)
 	if o.stopped.Has(req.CheckpointID) {
 		delete(o.unstored, req.CheckpointID)
 		o.writer.Unlock()
@@ -276,7 +283,9 @@ func (o *Owner) store(ctx context.Context, req CommitRequest, u *unstoredCommit,
 // round ends; one whose store failed has them deleted now, in the
 // background.
 func (o *Owner) StopCommit(id string) {
-	o.writer.Lock(o.rt)
+	// Unbounded on purpose: the writer is held only across one store and
+	// one records write, and no commit may be recorded once this returns.
+	_ = o.writer.Lock(context.Background(), o.rt)
 	o.stopped.Put(id, struct{}{})
 	u := o.unstored[id]
 	delete(o.unstored, id)
@@ -292,7 +301,7 @@ func (o *Owner) StopCommit(id string) {
 func (o *Owner) runRound(m *actors.StartRound) (*actors.RoundResult, error) {
 	// The coordinator answers by the deadline plus its drain grace; the
 	// bound only guards against a lost reply.
-	ctx, cancel := clock.WithDeadline(context.Background(), o.clk, m.Deadline.Add(actors.DrainGrace+time.Minute))
+	ctx, cancel := clock.WithDeadline(context.Background(), o.clk, m.Deadline.Add(actors.DrainGrace+timeouts.RoundSlack))
 	defer cancel()
 	r := make(messages.ReplyTo, 1)
 	m.Reply = r
@@ -311,7 +320,7 @@ func (o *Owner) runRound(m *actors.StartRound) (*actors.RoundResult, error) {
 // those it reported and, through the provider's listing, those whose call
 // failed after the effect (their ids never reached the owner).
 func (o *Owner) discardRound(tag string, taken []messages.SnapshotReply, intent snapshotindex.IntentKey, reason string) {
-	ctx, cancel := context.WithTimeout(o.base, 10*time.Minute)
+	ctx, cancel := context.WithTimeout(o.base, timeouts.Cleanup)
 	defer cancel()
 	ids := map[string]bool{}
 	bySession := map[string][]string{}

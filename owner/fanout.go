@@ -8,8 +8,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"github.com/sandboxowner/owner/internal/timeouts"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/sched"
@@ -105,7 +105,7 @@ func joinFailures(failed map[string]string) string {
 // stopHandles stops sandboxes that no session holds, at most parallelism
 // at once, and reports which stopped.
 func (o *Owner) stopHandles(hs []provider.Handle) ([]string, map[string]string) {
-	ctx, cancel := context.WithTimeout(o.base, 10*time.Minute)
+	ctx, cancel := context.WithTimeout(o.base, timeouts.Cleanup)
 	defer cancel()
 	return o.eachOutcome(ctx, len(hs), true, func(i int) (string, error) {
 		if hs[i].SandboxID == "" {
@@ -123,28 +123,62 @@ func toSet(ids []string) map[string]bool {
 	return m
 }
 
-// turnMutex is a sync.Mutex whose Lock waits through a runtime, so that a
-// deterministic scheduler runs other work while it waits.
+// turnMutex is a mutex whose Lock waits through a runtime, so that a
+// deterministic scheduler runs other work while it waits, and only as long
+// as the caller's context lasts. The zero value is unlocked.
 type turnMutex struct {
-	mu   sync.Mutex
-	held atomic.Bool
+	once sync.Once
+	// turn holds a token while the mutex is held.
+	turn chan struct{}
 }
 
-func (m *turnMutex) Lock(rt sched.Runtime) {
-	rt.Await(context.Background(), func() bool { return !m.held.Load() })
-	m.mu.Lock()
-	m.held.Store(true)
+func (m *turnMutex) ch() chan struct{} {
+	m.once.Do(func() { m.turn = make(chan struct{}, 1) })
+	return m.turn
 }
 
+// Lock takes the turn, or returns ctx's error once ctx ends first (at
+// once when it has ended already, even with the turn free).
+func (m *turnMutex) Lock(ctx context.Context, rt sched.Runtime) error {
+	c := m.ch()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// On Det this parks until the turn is free or ctx ends, so that what
+	// follows never blocks there; on the real runtime it returns at once
+	// and the last select waits.
+	rt.Await(ctx, func() bool { return len(c) == 0 })
+	select {
+	case c <- struct{}{}:
+		return nil
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	select {
+	case c <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TryLock takes the turn if it is free.
 func (m *turnMutex) TryLock() bool {
-	if !m.mu.TryLock() {
+	select {
+	case m.ch() <- struct{}{}:
+		return true
+	default:
 		return false
 	}
-	m.held.Store(true)
-	return true
 }
 
+// Unlock hands the turn back.
 func (m *turnMutex) Unlock() {
-	m.held.Store(false)
-	m.mu.Unlock()
+	select {
+	case <-m.ch():
+	default:
+		panic("owner: unlock of an unlocked turnMutex")
+	}
 }

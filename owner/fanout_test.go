@@ -2,6 +2,7 @@ package owner
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -50,7 +51,7 @@ func TestTurnMutexWaitsThroughTheRuntime(t *testing.T) {
 	var log []string
 	release := false
 	det.Go(func() {
-		m.Lock(det)
+		lock(t, &m, det)
 		log = append(log, "a locked")
 		det.Await(context.Background(), func() bool { return release })
 		log = append(log, "a unlocks")
@@ -58,7 +59,7 @@ func TestTurnMutexWaitsThroughTheRuntime(t *testing.T) {
 	})
 	guarded(t, det.Settle)
 	det.Go(func() {
-		m.Lock(det)
+		lock(t, &m, det)
 		log = append(log, "b locked")
 		m.Unlock()
 	})
@@ -82,7 +83,7 @@ func TestTurnMutexWaitsThroughTheRuntime(t *testing.T) {
 		t.Fatal("TryLock of a held mutex succeeded")
 	}
 	det.Go(func() {
-		m.Lock(det)
+		lock(t, &m, det)
 		log = append(log, "c locked")
 		m.Unlock()
 	})
@@ -94,6 +95,47 @@ func TestTurnMutexWaitsThroughTheRuntime(t *testing.T) {
 	guarded(t, det.Settle)
 	if diff := cmp.Diff("c locked", log[len(log)-1]); diff != "" {
 		t.Fatalf("after TryLock's unlock (-want +got):\n%s", diff)
+	}
+}
+
+// lock takes m's turn, failing t if it cannot.
+func lock(t *testing.T, m *turnMutex, rt sched.Runtime) {
+	if err := m.Lock(context.Background(), rt); err != nil {
+		t.Errorf("Lock: %v", err)
+	}
+}
+
+// TestTurnMutexLockEndsWithItsContext: a Lock waiting for a held
+// turnMutex returns its context's error once the context ends, without
+// the turn; the holder keeps it.
+func TestTurnMutexLockEndsWithItsContext(t *testing.T) {
+	det := newDet(t, 3)
+	var m turnMutex
+	if !m.TryLock() {
+		t.Fatal("TryLock of a free mutex failed")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var got error
+	returned := false
+	det.Go(func() {
+		got = m.Lock(ctx, det)
+		returned = true
+	})
+	guarded(t, det.Settle)
+	if returned {
+		t.Fatalf("Lock of a held mutex returned: %v", got)
+	}
+	cancel()
+	guarded(t, det.Settle)
+	if !returned || !errors.Is(got, context.Canceled) {
+		t.Fatalf("Lock after its context ended: returned %v, %v; want context.Canceled", returned, got)
+	}
+	if m.TryLock() {
+		t.Fatal("the holder lost the turn to a Lock that gave up")
+	}
+	m.Unlock()
+	if err := m.Lock(ctx, det); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Lock with an ended context: %v, want context.Canceled", err)
 	}
 }
 

@@ -43,6 +43,7 @@ import (
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/internal/fifo"
 	"github.com/sandboxowner/owner/internal/logs"
+	"github.com/sandboxowner/owner/internal/timeouts"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/records"
@@ -550,7 +551,7 @@ func (o *Owner) await(ctx context.Context, pid *actor.PID, reply messages.ReplyT
 
 // supervisorCall is call for the supervisor, which answers at once.
 func (o *Owner) supervisorCall(msg any, reply messages.ReplyTo) (any, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), timeouts.Reply)
 	defer cancel()
 	return o.call(ctx, o.sup, msg, reply)
 }
@@ -708,7 +709,7 @@ func (o *Owner) RequireSessionSandbox(ctx context.Context, sessionID string) (Sa
 	}
 	// A session answers a view at once unless its mailbox is stuck: bound
 	// the wait even for a caller without a deadline.
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, timeouts.Reply)
 	defer cancel()
 	rep, err := o.view(ctx, pid)
 	if err == nil && rep.Lost {
@@ -901,7 +902,7 @@ func (o *Owner) Close() error {
 	var err error
 	o.closeOnce.Do(func() {
 		if ids, lerr := o.Sessions(); lerr == nil && len(ids) > 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), timeouts.CloseStops)
 			_, failed := o.stopMany(ctx, ids, messages.StopEnd)
 			cancel()
 			if len(failed) > 0 {

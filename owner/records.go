@@ -2,6 +2,7 @@ package owner
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -63,8 +64,10 @@ func (o *Owner) publishRecords(checkpointID, dir string, recs []snapshotindex.Re
 // republish writes the records of a checkpoint the index holds (a retried
 // commit). Once a resume stopped its writer nothing new is published: the
 // retry answers with the manifest already there, if any.
-func (o *Owner) republish(req CommitRequest, res CommitResult, recs []snapshotindex.Record) (CommitResult, error) {
-	o.writer.Lock(o.rt)
+func (o *Owner) republish(ctx context.Context, req CommitRequest, res CommitResult, recs []snapshotindex.Record) (CommitResult, error) {
+	if err := o.writer.Lock(ctx, o.rt); err != nil {
+		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
+	}
 	defer o.writer.Unlock()
 	if req.CheckpointDir != "" && o.stopped.Has(req.CheckpointID) {
 		m, err := records.ReadManifest(o.recordsWriter().FS, req.CheckpointDir, o.participant())

@@ -85,7 +85,9 @@ func (o *Owner) Release(ctx context.Context, kept []string) (ReleaseResult, erro
 	case ModeRestartOnly:
 		return res, nil
 	}
-	o.ctl.Lock(o.rt)
+	if err := o.ctl.Lock(ctx, o.rt); err != nil {
+		return res, fmt.Errorf("release: waiting for another control operation: %w", err)
+	}
 	defer o.ctl.Unlock()
 	all, err := o.index.Checkpoints()
 	if err != nil {

@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/internal/timeouts"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/retention"
@@ -104,7 +104,9 @@ func (o *Owner) Restore(ctx context.Context, req RestoreRequest) (RestoreResult,
 	case ModeRestartOnly:
 		return res, fmt.Errorf("%w: a restart_only owner cannot restore session state", ErrRestoreFailed)
 	}
-	o.ctl.Lock(o.rt)
+	if err := o.ctl.Lock(ctx, o.rt); err != nil {
+		return res, fmt.Errorf("%w: waiting for another control operation: %w", ErrRestoreFailed, err)
+	}
 	defer o.ctl.Unlock()
 	ck, err := o.restoreSource(req)
 	if err != nil {
@@ -223,7 +225,7 @@ func (o *Owner) withListedForks(checkpointID string, forks []provider.Handle) []
 	if l == nil {
 		return forks
 	}
-	ctx, cancel := context.WithTimeout(o.base, time.Minute)
+	ctx, cancel := context.WithTimeout(o.base, timeouts.Listing)
 	defer cancel()
 	list, err := l.ListSandboxes(ctx)
 	if err != nil {
@@ -285,7 +287,7 @@ func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle)
 		at[r.SessionID] = i
 		o.system.Root.Send(o.sup, &messages.SpawnSession{SessionID: r.SessionID, Install: sb, Snapshots: []string{r.SnapshotID}, Reply: replies})
 	}
-	wait, cancelWait := context.WithTimeout(context.Background(), time.Minute)
+	wait, cancelWait := context.WithTimeout(context.Background(), timeouts.Reply)
 	defer cancelWait()
 	installed := make([]bool, len(records))
 	errs := make([]error, len(records))
@@ -319,7 +321,7 @@ func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle)
 	if firstErr == nil {
 		return out, nil
 	}
-	ctx, cancel := context.WithTimeout(o.base, 10*time.Minute)
+	ctx, cancel := context.WithTimeout(o.base, timeouts.Cleanup)
 	for _, done := range out {
 		if _, serr := o.stopSession(ctx, done.SessionID, messages.StopRetire); serr != nil {
 			o.log.WithError(serr).Warn("could not undo a restored session")

@@ -2,6 +2,7 @@ package owner
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -121,7 +122,9 @@ func (o *Owner) CheckRetention(ctx context.Context) (RetentionResult, error) {
 	if !o.followsDirs() {
 		return res, nil
 	}
-	o.ctl.Lock(o.rt)
+	if err := o.ctl.Lock(ctx, o.rt); err != nil {
+		return res, fmt.Errorf("retention check: waiting for another control operation: %w", err)
+	}
 	defer o.ctl.Unlock()
 	drops, dec, err := o.followDirs()
 	res.Dropped, res.Pending, res.Unreadable = dropIDs(drops), dec.Pending, dec.Unreadable
@@ -200,7 +203,9 @@ func (o *Owner) followDirsAtCommit() {
 		return
 	}
 	o.bg.Go(o.rt, func() {
-		o.ctl.Lock(o.rt)
+		if o.ctl.Lock(o.base, o.rt) != nil {
+			return // closing: the tombstones stay for a later release or start
+		}
 		defer o.ctl.Unlock()
 		if _, _, _, err := o.deleteDropped(o.base, drops, o.fates.liveSnapshots()); err != nil {
 			o.log.WithError(err).Warn("deleting the snapshots of dropped checkpoints failed; the next check retries")

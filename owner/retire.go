@@ -17,7 +17,9 @@ type RetireResult struct {
 // snapshots. It is idempotent; a failed stop keeps the session so that a
 // retry stops it.
 func (o *Owner) Retire(ctx context.Context, sessionIDs []string) (RetireResult, error) {
-	o.ctl.Lock(o.rt)
+	if err := o.ctl.Lock(ctx, o.rt); err != nil {
+		return RetireResult{}, fmt.Errorf("retire: waiting for another control operation: %w", err)
+	}
 	defer o.ctl.Unlock()
 	stopped, failed := o.stopMany(ctx, sessionIDs, messages.StopRetire)
 	res := RetireResult{Stopped: stopped, Failed: failed}

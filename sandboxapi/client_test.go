@@ -1,6 +1,9 @@
 package sandboxapi
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -41,5 +44,46 @@ func TestWatchClientHearsAClientGoAway(t *testing.T) {
 	case <-gone:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the server never heard the client go")
+	}
+}
+
+// TestAdmissionWaitsOnlyWhileTheClientDoes: an exec waiting at admission
+// waits with its request: the wait's context ends when the client goes.
+func TestAdmissionWaitsOnlyWhileTheClientDoes(t *testing.T) {
+	w := newWorld(t)
+	id, token := w.sandbox(t)
+	waiting, ended := make(chan struct{}), make(chan error, 1)
+	w.h.Admit = func(ctx context.Context, _ string) (func(), error) {
+		close(waiting)
+		select {
+		case <-ctx.Done():
+			ended <- ctx.Err()
+			return nil, ctx.Err()
+		case <-time.After(time.Minute): // a bound on a broken test
+			ended <- nil
+			return nil, errors.New("the wait never ended")
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: w.h.Serve}
+	go srv.Serve(ln)
+	defer srv.Shutdown()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"command":"true"}`
+	fmt.Fprintf(conn, "POST /sandboxes/%s/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", id, token, len(body), body)
+	select {
+	case <-waiting:
+	case <-time.After(time.Minute):
+		t.Fatal("the exec never reached admission")
+	}
+	conn.Close()
+	if err := <-ended; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the admission wait after the client went: %v, want context.Canceled", err)
 	}
 }

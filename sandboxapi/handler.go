@@ -201,7 +201,13 @@ func (h *Handler) ServeSandbox(ctx *fasthttp.RequestCtx, sandboxID, rest string)
 		return
 	}
 	if h.Admit != nil && (rest == "exec" || method == fasthttp.MethodPut) {
-		leave, err := h.Admit(context.Background(), sandboxID)
+		// The wait at the gate lasts while the client does (a shutdown
+		// lets every waiter go).
+		actx, cancel := context.WithCancel(context.Background())
+		stop := watchClient(ctx.Conn(), cancel)
+		leave, err := h.Admit(actx, sandboxID)
+		stop()
+		cancel()
 		if err != nil {
 			status, code := fasthttp.StatusServiceUnavailable, "unavailable"
 			var ce *control.Error

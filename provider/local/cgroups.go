@@ -2,6 +2,7 @@ package local
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -349,8 +350,9 @@ func (g *sandboxCgroup) canFreeze() bool {
 }
 
 // freeze stops every process of the sandbox (freeze(false) thaws them)
-// and waits, up to limit, for the kernel to say they are.
-func (g *sandboxCgroup) freeze(on bool, limit time.Duration) error {
+// and waits, up to limit and while ctx lasts, for the kernel to say they
+// are. A thaw does not wait.
+func (g *sandboxCgroup) freeze(ctx context.Context, on bool, limit time.Duration) error {
 	dir := g.dirs["freezer"]
 	file, value, done := "freezer.state", "THAWED", "THAWED"
 	if g.v2 {
@@ -384,7 +386,9 @@ func (g *sandboxCgroup) freeze(on bool, limit time.Duration) error {
 		if time.Now().After(deadline) {
 			return errNotStopped
 		}
-		time.Sleep(time.Millisecond)
+		if err := pollPause(ctx); err != nil {
+			return err
+		}
 	}
 }
 
@@ -410,7 +414,7 @@ func (g *sandboxCgroup) pids() []int {
 // returns how many kills it sent.
 func (g *sandboxCgroup) kill() int {
 	if g.canFreeze() {
-		_ = g.freeze(false, 0) // a frozen process cannot die
+		_ = g.freeze(context.Background(), false, 0) // a frozen process cannot die
 	}
 	n := 0
 	deadline := time.Now().Add(killLimit)
@@ -424,7 +428,7 @@ func (g *sandboxCgroup) kill() int {
 				n++
 			}
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(pollEvery)
 	}
 }
 
@@ -434,7 +438,7 @@ func (g *sandboxCgroup) remove() error {
 		return nil
 	}
 	if g.canFreeze() {
-		_ = g.freeze(false, 0) // a frozen process cannot die
+		_ = g.freeze(context.Background(), false, 0) // a frozen process cannot die
 	}
 	deadline := time.Now().Add(killLimit)
 	var errs []error
@@ -451,7 +455,7 @@ func (g *sandboxCgroup) remove() error {
 			for _, pid := range g.pids() {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
-			time.Sleep(time.Millisecond)
+			time.Sleep(pollEvery)
 		}
 	}
 	return errors.Join(errs...)

@@ -2,6 +2,7 @@ package local
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"strconv"
@@ -102,11 +103,12 @@ func killMarked(id string) int {
 				n++
 			}
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(pollEvery)
 	}
 }
 
-// killLimit bounds killMarked.
+// killLimit bounds killMarked and a cgroup's kill and remove. They take no
+// context: a caller that gives up must not leave processes behind.
 const killLimit = 5 * time.Second
 
 // errNotStopped: a process of a paused group did not reach the stopped
@@ -114,8 +116,8 @@ const killLimit = 5 * time.Second
 var errNotStopped = errors.New("local: a paused command did not stop in time")
 
 // waitPidsStopped waits until every process of pids is stopped (or
-// dead), polling /proc, for at most limit.
-func waitPidsStopped(pids []int, limit time.Duration) error {
+// dead), polling /proc, for at most limit and while ctx lasts.
+func waitPidsStopped(ctx context.Context, pids []int, limit time.Duration) error {
 	want := make(map[int]bool, len(pids))
 	for _, pid := range pids {
 		want[pid] = true
@@ -135,6 +137,24 @@ func waitPidsStopped(pids []int, limit time.Duration) error {
 		if time.Now().After(deadline) {
 			return errNotStopped
 		}
-		time.Sleep(time.Millisecond)
+		if err := pollPause(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// pollEvery is how often the provider looks again at what it waits for
+// the kernel to do (processes stopped, frozen or gone).
+const pollEvery = time.Millisecond
+
+// pollPause waits pollEvery, or returns ctx's error once ctx ends first.
+func pollPause(ctx context.Context) error {
+	t := time.NewTimer(pollEvery)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }

@@ -118,11 +118,11 @@ func (p *Provider) copySandbox(ctx context.Context, s *sandbox, id string) (snap
 	// are stopped.
 	var resume func()
 	if cg.canFreeze() {
-		if err := cg.freeze(true, stopLimit); err != nil {
+		if err := cg.freeze(ctx, true, stopLimit); err != nil {
 			p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: snapshot copies a sandbox whose processes did not all freeze")
 		}
 		resume = func() {
-			if err := cg.freeze(false, 0); err != nil {
+			if err := cg.freeze(context.Background(), false, 0); err != nil {
 				p.log.WithError(err).WithField("sandbox_id", s.id).Error("local: thaw a sandbox after its snapshot")
 			}
 		}
@@ -138,7 +138,7 @@ func (p *Provider) copySandbox(ctx context.Context, s *sandbox, id string) (snap
 				_ = syscall.Kill(pid, syscall.SIGCONT)
 			}
 		}
-		if err := waitPidsStopped(pids, stopLimit); err != nil {
+		if err := waitPidsStopped(ctx, pids, stopLimit); err != nil {
 			p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: snapshot copies a sandbox whose commands did not all stop")
 		}
 	}
