@@ -1,6 +1,6 @@
 package main
 
-// Benchmarks of the local provider (issue 4): start, exec, snapshot and fork
+// Benchmarks of the local provider: start, exec, snapshot and fork
 // latency, and snapshot/fork of a 100 MB, 5,000-file tree against `cp -a`
 // of the same tree in the same run. Goals: snapshot ≤ 1.5× cp -a in copy
 // mode; a fork in overlay mode under 50 ms whatever the tree's size.

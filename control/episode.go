@@ -13,8 +13,8 @@ var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 // id may not end in it (with any digits), so ParseCaptureKey is exact.
 var attemptSuffix = regexp.MustCompile(`-a([0-9]+)$`)
 
-// MaxIDLen bounds checkpoint ids (the reference) and rollout ids (ours, so
-// a path or a map key stays small).
+// MaxIDLen bounds checkpoint ids (as the checkpoint protocol does) and
+// rollout ids (so that a path or a map key stays small).
 const MaxIDLen = 128
 
 // EpisodeID names one attempt of a rollout.

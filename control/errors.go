@@ -42,7 +42,8 @@ func (e *Error) Wrap(err error) *Error {
 	return &Error{Code: e.Code, Status: e.Status, Detail: err.Error(), Err: err}
 }
 
-// The protocol's errors (§1.1 of the reference), for errors.Is. Use With to
+// The checkpoint protocol's errors, by the codes its controllers branch
+// on, for errors.Is. Use With to
 // add a detail; never modify them.
 var (
 	ErrStaleCheckpoint        = &Error{Code: "stale_checkpoint", Status: http.StatusConflict}

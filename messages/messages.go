@@ -1,7 +1,9 @@
 // Package messages holds every message exchanged between the owner's actors:
-// plain structs, no behaviour. Requests that can be answered late carry a
-// correlation id (ReqID, Round) that the reply echoes, so a receiver can drop
-// a stale or duplicate reply instead of acting on it.
+// plain structs, no behaviour. A round's messages carry its Round, which the
+// replies echo, so that the coordinator drops a stale or duplicate reply
+// instead of acting on it. A session request's ReqID is echoed too, but the
+// owner leaves it zero: each of its calls waits on a reply channel of its
+// own, so no reply can be taken for another's.
 //
 // Function-typed fields (Setup, Fn) are the owner's way to run a resources
 // server's code against a sandbox; they are executed off the actor's mailbox.

@@ -11,7 +11,7 @@ import (
 )
 
 // TestOwnerRenewsTheLeasesItHolds: a sandbox with a TTL outlives it when the
-// owner ticks past half of it; one the owner no longer holds is reaped.
+// owner ticks past a third of it; one the owner no longer holds is reaped.
 func TestOwnerRenewsTheLeasesItHolds(t *testing.T) {
 	e := newEnv(t)
 	o := e.open()
@@ -30,7 +30,7 @@ func TestOwnerRenewsTheLeasesItHolds(t *testing.T) {
 	if err := o.Tick(e.clk.Now()); err != nil {
 		t.Fatal(err)
 	}
-	e.clk.Advance(50 * time.Second) // 60 s of 100: past half
+	e.clk.Advance(50 * time.Second) // 60 s of 100: past a third
 	if err := o.Tick(e.clk.Now()); err != nil {
 		t.Fatal(err)
 	}

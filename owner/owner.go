@@ -854,8 +854,8 @@ func (o *Owner) onOrphan(sessionID, snapshotID string) {
 	})
 }
 
-// Tick asks every session to renew its sandbox's lease if half of it has
-// passed at now. The simulation and tests call it with logical time.
+// Tick asks every session to renew its sandbox's lease if a third of it
+// has passed at now. The simulation and tests call it with logical time.
 func (o *Owner) Tick(now time.Time) error {
 	refs, err := o.sessions()
 	if err != nil {

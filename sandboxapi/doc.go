@@ -1,5 +1,6 @@
-// Package sandboxapi is the transport-independent part of the routes through
-// which an agent works in a sandbox the owner lends it: access tokens, and a fasthttp handler for exec and file calls.
+// Package sandboxapi serves the routes through which an agent works in a
+// sandbox the owner lends it: access tokens, and a fasthttp handler for
+// exec and file calls.
 //
 // # Routes
 //

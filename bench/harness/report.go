@@ -81,7 +81,8 @@ func (r *Report) find(rows []CheckpointRow, n int, lat time.Duration, par int) (
 
 func met(b bool) *bool { return &b }
 
-// Goals evaluates the goals against the figures.
+// Goals evaluates the figures against the targets set for them (Target
+// and Met in each Goal).
 func (r *Report) Goals() []Goal {
 	var gs []Goal
 	for _, op := range []struct {

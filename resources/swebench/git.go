@@ -70,7 +70,7 @@ type ScrubReport struct {
 	Skipped string `json:"skipped,omitempty"`
 }
 
-// scrubScript is §4.3's anti-cheat scrub. It runs in the workdir with
+// scrubScript is the anti-cheat scrub (apply_anti_cheating). It runs in the workdir with
 // $NG_BASE set to the commit HEAD must be at. Only refs/heads/_nel_work at the
 // base survives; packed refs, special heads, every other ref, the reflogs,
 // the remotes, other worktrees, alternates and keep files go, and gc prunes
