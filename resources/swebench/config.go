@@ -72,6 +72,12 @@ type Config struct {
 	// sandbox gets a copy of the template's of its own. The others (the
 	// module cache) are mounted read-only. nil means ["gobuild"].
 	WritableCaches []string `yaml:"writable_caches,omitempty" json:"writable_caches,omitempty"`
+	// StdCacheDir holds Go's standard library compiled once per toolchain
+	// and shared by every template: a new environment's build cache starts
+	// as a copy of it. Only a sandbox that compiles nothing but the
+	// standard library writes it; no agent, grading or validation sees it.
+	// Default: <template_dir>/.gostd.
+	StdCacheDir string `yaml:"std_cache_dir,omitempty" json:"std_cache_dir,omitempty"`
 	// ShareCachesWithAgent is kept for old configs and has no effect: every
 	// cache belongs to its template, read-only or copied per sandbox, so an
 	// agent and a grading never share what either writes.
@@ -265,6 +271,16 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.LogDir == "" {
 		c.LogDir = filepath.Join(os.TempDir(), "swebench-logs")
+	}
+	if c.StdCacheDir == "" && c.TemplateDir != "" {
+		c.StdCacheDir = filepath.Join(c.TemplateDir, ".gostd")
+	}
+	if c.StdCacheDir != "" {
+		abs, err := filepath.Abs(c.StdCacheDir)
+		if err != nil {
+			return c, fmt.Errorf("%w: std_cache_dir %q: %v", ErrConfig, c.StdCacheDir, err)
+		}
+		c.StdCacheDir = abs
 	}
 	if len(c.Repos) > 0 && c.TemplateDir == "" {
 		return c, fmt.Errorf("%w: template_dir is required with repos", ErrConfig)

@@ -47,9 +47,15 @@ type Environment struct {
 	TreeChanged bool   `json:"tree_changed,omitempty"`
 	// SeededFrom is the environment (of another base commit of the same
 	// repository) whose caches this one's started as a copy of.
-	SeededFrom string    `json:"seeded_from,omitempty"`
-	Seconds    float64   `json:"seconds"`
-	BuiltAt    time.Time `json:"built_at"`
+	SeededFrom string `json:"seeded_from,omitempty"`
+	// StdLayer is the standard-library layer (stdlib.go) its build cache
+	// was seeded with.
+	StdLayer string    `json:"std_layer,omitempty"`
+	Seconds  float64   `json:"seconds"`
+	BuiltAt  time.Time `json:"built_at"`
+
+	// stdDir is the layer a stdlib sandbox writes.
+	stdDir string
 }
 
 // Environment step sources.
@@ -167,6 +173,9 @@ func (s *Server) environment(ctx context.Context, p provider.Provider, row Row, 
 		if stepLog, err = s.runEnvStep(ctx, p, row, cloneDir, staging, env); err != nil {
 			return nil, err
 		}
+	}
+	if env.OK {
+		s.seedStdLayer(ctx, p, row, cloneDir, staging, env, log)
 	}
 	env.Seconds = time.Since(began).Seconds()
 	env.BuiltAt = time.Now().UTC()
@@ -311,6 +320,7 @@ const (
 	roleGrading    = "grading"
 	roleValidation = "validation"
 	roleEnv        = "environment"
+	// roleStdlib (stdlib.go) compiles the standard library.
 )
 
 // localMounts are the local provider's mounts of a template's caches for a
@@ -332,6 +342,10 @@ func (s *Server) localMounts(env *Environment, role string) ([]local.Mount, map[
 		switch {
 		case role == roleEnv:
 			m.Host, m.Mode = env.cacheDir(name), local.MountReadWrite
+		case role == roleStdlib && s.cfg.Caches[name] == stdBuildCache:
+			m.Host, m.Mode = env.stdDir, local.MountReadWrite
+		case role == roleStdlib && s.cfg.writable(name):
+			m.Host, m.Mode = env.cacheDir(name), local.MountCopy
 		case !s.cfg.writable(name):
 			m.Host = env.cacheDir(name)
 		case role == roleValidation:

@@ -120,6 +120,14 @@ func TestAFreshTemplateBuildsItsEnvironmentWithTheNetworkAndGradesOffline(t *tes
 	if len(logged(hook, "swebench: environment ready")) != 1 || len(logged(hook, "swebench: instance validated")) != 1 {
 		t.Error("the environment step and the validation were not logged once each")
 	}
+	// Its build cache started as a copy of the standard-library layer
+	// every template of the toolchain shares.
+	if want := stdLayerKey(context.Background(), "local"); env.StdLayer != want || !strings.HasPrefix(want, "local-go1.") {
+		t.Errorf("the environment's build cache was seeded from layer %q, want %q", env.StdLayer, want)
+	}
+	if len(logged(hook, "swebench: environment's build cache seeded with the standard library")) != 1 {
+		t.Error("the standard-library layer's use was not logged")
+	}
 
 	// The agent's sandbox is offline, against the template's module cache.
 	sb := *seed.SandboxHandle
@@ -302,6 +310,16 @@ func TestAnAgentWritingIntoItsCachesCannotChangeAGrading(t *testing.T) {
 	env := envOf(t, w.cfg.TemplateDir, depTaskRepo, tk.base)
 	caches := filepath.Join(env.Dir, envCaches)
 	before := digest(t, caches)
+	layer := filepath.Join(w.cfg.StdCacheDir, env.StdLayer)
+	if env.StdLayer == "" {
+		t.Fatal("the environment was not seeded from a standard-library layer")
+	}
+	lock, err := lockFile(layer + ".lock") // no other test's environment writes it meanwhile
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock()
+	layerBefore := digest(t, layer)
 
 	// The agent fixes the repository, then breaks the dependency in the
 	// module cache (so that a grading reading it would fail PASS_TO_PASS)
@@ -313,13 +331,24 @@ func TestAnAgentWritingIntoItsCachesCannotChangeAGrading(t *testing.T) {
 		t.Error("the agent wrote the template's module cache")
 	}
 	w.agentRun(sb, `find "$GOCACHE" -type f -exec sh -c 'echo poisoned > "$1"' _ {} \; && test -n "$(ls "$GOCACHE")"`)
+	// It also goes for the layer every template's build cache is seeded
+	// from, by its host path: a poisoned entry there would reach the
+	// environments of every repository built after. (Under bubblewrap the
+	// host's /tmp is not the sandbox's: the writes land in its own.)
+	w.agentExec(sb, "L="+shQuote(layer)+`; find "$L" -type f -exec sh -c 'echo poisoned > "$1"' _ {} \; ; mkdir -p "$L/00"; echo poisoned > "$L/00/planted-a"`)
 	if after := digest(t, caches); after != before {
 		t.Fatal("the agent's writes reached the template's caches")
+	}
+	if digest(t, layer) != layerBefore {
+		t.Fatal("the agent's writes reached the standard-library layer")
 	}
 	wantResolved(t, w.verify("s", row))
 	// Nor did the grading's own writes (it compiled the patched package).
 	if after := digest(t, caches); after != before {
 		t.Error("the grading's writes reached the template's caches")
+	}
+	if digest(t, layer) != layerBefore {
+		t.Error("the grading's writes reached the standard-library layer")
 	}
 }
 

@@ -37,6 +37,7 @@ func newGoldenOn(t *testing.T, tk task, lopts local.Options, opts ...func(*Confi
 		IsVerifyingGoldenPatch: true,
 		Repos:                  map[string]string{taskRepo: tk.dir},
 		TemplateDir:            testTemplatesDir(),
+		StdCacheDir:            testStdCacheDir(),
 		TestCommands:           map[string]string{taskRepo: goTestCmd},
 	}
 	grader := provider.Provider(prov)

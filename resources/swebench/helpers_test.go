@@ -227,6 +227,7 @@ func newWorld(t *testing.T, tk task, opts ...worldOpt) *world {
 	w.cfg = Config{
 		Repos:         map[string]string{taskRepo: tk.dir},
 		TemplateDir:   testTemplatesDir(),
+		StdCacheDir:   testStdCacheDir(),
 		TestCommands:  map[string]string{taskRepo: goTestCmd},
 		SandboxConfig: SandboxConfig{TTLSeconds: 3600},
 		// EvaluationTimeout stays the default (1800 s): on a fresh
@@ -368,6 +369,11 @@ const TemplatesEnv = "SWEBENCH_TEST_TEMPLATES"
 
 // testTemplatesDir is that directory.
 func testTemplatesDir() string { return os.Getenv(TemplatesEnv) }
+
+// testStdCacheDir is the standard-library layers every server of the test
+// binary shares, worlds with templates of their own too: the standard
+// library is compiled once per toolchain, not once per test.
+func testStdCacheDir() string { return filepath.Join(testTemplatesDir(), ".gostd") }
 
 func describe(res VerifyResult) string {
 	b, _ := json.MarshalIndent(res, "", "  ")

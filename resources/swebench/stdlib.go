@@ -1,0 +1,139 @@
+package swebench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+// The standard library layer: Go's standard library compiled once per
+// toolchain, kept under std_cache_dir (<dir>/<toolchain>/) and shared by
+// every template of every repository. A new environment's build cache
+// starts as a copy of it, so that no environment compiles the standard
+// library again; without it every template's validation did, minutes on a
+// loaded machine.
+//
+// Who can write the layer decides whether sharing it is safe: Go trusts its
+// build cache (an entry is looked up by the hash of its inputs and its
+// output is not checked), so a writer could plant a compiled package that
+// every later build links. Only a sandbox of role stdlib writes it, and it
+// runs nothing but `go list` over the template's tree and `go build` of
+// standard-library packages, with the server's GOFLAGS and the network off:
+// no code of the repository, the agent or a test runs there. Agents,
+// gradings and validations never see the layer; they see environment
+// caches that are copies of it, and their own writable caches are copies
+// again (localMounts).
+
+const (
+	roleStdlib = "stdlib"
+	// stdBuildCache is the environment variable of the cache the layer
+	// fills.
+	stdBuildCache = "GOCACHE"
+)
+
+// stdScript lists the standard-library packages the tree's packages and
+// tests import and compiles them (nothing else): a layer grows with the
+// union of what its templates needed.
+const stdScript = `set -e
+exec 2>&1
+pkgs=$(go list -e -deps -test -f '{{if .Standard}}{{.ImportPath}}{{end}}' ./... 2>/dev/null | sort -u)
+if [ -z "$pkgs" ]; then
+	echo "no standard-library package to compile"
+	exit 0
+fi
+printf 'compiling %s standard-library packages\n' "$(printf '%s\n' $pkgs | wc -l)"
+# What compiled is kept when a package does not (a cgo one without a C
+# compiler, say).
+go build $pkgs || echo "go build exited $?"
+`
+
+var unsafeKeyChars = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
+
+// stdCacheName is the build cache's name in Config.Caches, if it is
+// writable ("" when there is none: no layer then).
+func (c Config) stdCacheName() string {
+	for name, env := range c.Caches {
+		if env == stdBuildCache && c.writable(name) {
+			return name
+		}
+	}
+	return ""
+}
+
+// stdLayerKey names the layer of a toolchain: the pinned release, or the
+// host's go for "local".
+func stdLayerKey(ctx context.Context, toolchain string) string {
+	if toolchain == "local" {
+		out, err := exec.CommandContext(ctx, "go", "env", "GOVERSION").Output()
+		if v := strings.TrimSpace(string(out)); err == nil && v != "" {
+			toolchain = "local-" + v
+		}
+	}
+	return unsafeKeyChars.ReplaceAllString(toolchain, "_")
+}
+
+// seedStdLayer compiles into the toolchain's layer what the template's
+// tree needs of the standard library (in a stdlib sandbox of the template,
+// with the environment's other caches, from staging, read-only) and copies
+// the layer into the new environment's build cache. It returns the layer's
+// key; a failure is logged and leaves the environment as it was (the layer
+// only saves time).
+func (s *Server) seedStdLayer(ctx context.Context, p provider.Provider, row Row, image, staging string, env *Environment, log logrus.FieldLogger) {
+	name := s.cfg.stdCacheName()
+	if name == "" || s.cfg.StdCacheDir == "" {
+		return
+	}
+	if fi, err := os.Stat(filepath.Join(image, "go.mod")); err != nil || !fi.Mode().IsRegular() {
+		return
+	}
+	began := time.Now()
+	key := stdLayerKey(ctx, s.cfg.goToolchain(row))
+	layer := filepath.Join(s.cfg.StdCacheDir, key)
+	log = log.WithFields(logrus.Fields{"std_layer": layer})
+	fail := func(what string, err error) {
+		log.WithError(err).Warn("swebench: the standard-library layer could not be used (" + what + "); the environment compiles it itself")
+	}
+	if err := os.MkdirAll(layer, 0o755); err != nil {
+		fail("make its directory", err)
+		return
+	}
+	unlock, err := lockFile(layer + ".lock")
+	if err != nil {
+		fail("lock it", err)
+		return
+	}
+	defer unlock()
+	h, err := p.Start(ctx, s.spec(p, image, row, roleStdlib, &Environment{Dir: staging, stdDir: layer}))
+	if err != nil {
+		fail("start its sandbox", err)
+		return
+	}
+	res, err := run(ctx, p, h, stdScript, nil, s.cfg.envSetupTimeout())
+	s.stopSandbox(ctx, p, h, "standard-library")
+	switch {
+	case err != nil:
+		fail("run go build", err)
+		return
+	case res.TimedOut || res.ExitCode != 0:
+		fail("go build", fmt.Errorf("exit %d (timed out: %v): %s", res.ExitCode, res.TimedOut, lastLines(res.Stdout+res.Stderr, 6)))
+		return
+	}
+	compiled := time.Since(began)
+	cp := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", layer+"/.", filepath.Join(staging, envCaches, name)+"/")
+	if out, err := cp.CombinedOutput(); err != nil {
+		fail("copy it", fmt.Errorf("%w: %s", err, lastLines(string(out), 4)))
+		return
+	}
+	env.StdLayer = key
+	log.WithFields(logrus.Fields{"compile_ms": compiled.Milliseconds(), "duration_ms": time.Since(began).Milliseconds(),
+		"output": lastLines(res.Stdout, 1)}).Info("swebench: environment's build cache seeded with the standard library")
+}
