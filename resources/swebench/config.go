@@ -110,6 +110,11 @@ type Config struct {
 	// ModuleProxy is the proxy the sources come from (default: the first
 	// URL of the server's GOPROXY, else https://proxy.golang.org).
 	ModuleProxy string `yaml:"module_proxy,omitempty" json:"module_proxy,omitempty"`
+	// ModuleVersions maps a base commit to the version of its module that
+	// holds it, for a module proxy that does not resolve commits (a mirror
+	// that serves only the versions it was given): the version's origin,
+	// when the proxy reports one, must be that commit.
+	ModuleVersions map[string]string `yaml:"module_versions,omitempty" json:"module_versions,omitempty"`
 	// GoToolchains maps "owner/name" or an instance_id (which wins) to the
 	// Go toolchain its sandboxes run (GOTOOLCHAIN, such as "go1.21.13"):
 	// the environment step downloads it through the module proxy into the

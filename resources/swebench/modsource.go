@@ -85,6 +85,8 @@ func proxyFirst(list string) string {
 type moduleProxy struct {
 	base   string
 	client *http.Client
+	// versions are the configured versions of commits (module_versions).
+	versions map[string]string
 }
 
 func (m moduleProxy) get(ctx context.Context, module, rest string, limit int64) ([]byte, error) {
@@ -114,6 +116,11 @@ func (m moduleProxy) get(ctx context.Context, module, rest string, limit int64) 
 // version resolves commit to a version of module: a pseudo-version the
 // proxy lists, else the proxy's answer for the commit itself.
 func (m moduleProxy) version(ctx context.Context, module, commit string) (string, error) {
+	for c, v := range m.versions {
+		if len(c) >= 7 && len(commit) >= 7 && (strings.HasPrefix(c, commit) || strings.HasPrefix(commit, c)) {
+			return m.checkedVersion(ctx, module, commit, v)
+		}
+	}
 	if list, err := m.get(ctx, module, "list", 1<<20); err == nil {
 		if v := PseudoVersionFor(strings.Split(string(list), "\n"), commit); v != "" {
 			return v, nil
@@ -128,6 +135,27 @@ func (m moduleProxy) version(ctx context.Context, module, commit string) (string
 		return "", fmt.Errorf("the proxy's answer for %s@%s is not a version: %q", module, commit, b)
 	}
 	return info.Version, nil
+}
+
+// checkedVersion is v, a version configured for commit, once the proxy
+// knows it and the commit it reports for it (its origin, when it has one)
+// is commit.
+func (m moduleProxy) checkedVersion(ctx context.Context, module, commit, v string) (string, error) {
+	b, err := m.get(ctx, module, v+".info", 1<<20)
+	if err != nil {
+		return "", err
+	}
+	var info struct {
+		Version string
+		Origin  struct{ Hash string }
+	}
+	if err := json.Unmarshal(b, &info); err != nil || info.Version != v {
+		return "", fmt.Errorf("the proxy's answer for %s@%s is not that version: %q", module, v, b)
+	}
+	if h := strings.ToLower(info.Origin.Hash); h != "" && !strings.HasPrefix(h, commit) && !strings.HasPrefix(commit, h) {
+		return "", fmt.Errorf("module_versions says %s@%s is commit %s; the proxy says it is %s", module, v, commit, h)
+	}
+	return v, nil
 }
 
 // extractModuleZip writes the files of a module zip (each under
@@ -213,6 +241,6 @@ func (m moduleProxy) fetchModuleRepo(ctx context.Context, module, commit, dir st
 }
 
 // newModuleProxy is a client of base with a bound per request.
-func newModuleProxy(base string) moduleProxy {
-	return moduleProxy{base: strings.TrimRight(base, "/"), client: &http.Client{Timeout: 10 * time.Minute}}
+func newModuleProxy(base string, versions map[string]string) moduleProxy {
+	return moduleProxy{base: strings.TrimRight(base, "/"), client: &http.Client{Timeout: 10 * time.Minute}, versions: versions}
 }

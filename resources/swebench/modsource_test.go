@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -205,5 +206,42 @@ func TestGoToolchainsConfig(t *testing.T) {
 	}
 	if d, err := (Config{}).withDefaults(); err != nil || d.ModuleProxy == "" || d.Modules["gin-gonic/gin"] != "github.com/gin-gonic/gin" {
 		t.Errorf("defaults: %v %q %v", err, d.ModuleProxy, d.Modules)
+	}
+}
+
+// TestConfiguredModuleVersions: a proxy that resolves no commit (a mirror)
+// is asked for the version module_versions names, which must be the
+// commit's when the proxy reports its origin.
+func TestConfiguredModuleVersions(t *testing.T) {
+	const good, other = "6d9a83376b5e19b3c0368541ee46044ab284038b", "1111111111111111111111111111111111111111"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/example.com/m/@v/v1.2.3.info":
+			fmt.Fprintf(w, `{"Version":"v1.2.3","Origin":{"VCS":"git","Hash":%q}}`, good)
+		case "/example.com/m/@v/v1.0.0.info":
+			fmt.Fprint(w, `{"Version":"v1.0.0"}`)
+		default:
+			http.Error(w, "This module version is not available.", http.StatusForbidden)
+		}
+	}))
+	defer srv.Close()
+	cases := []struct {
+		commit   string
+		versions map[string]string
+		want     string
+		err      string
+	}{
+		{good[:12], map[string]string{good: "v1.2.3"}, "v1.2.3", ""},
+		{good, map[string]string{good[:12]: "v1.2.3"}, "v1.2.3", ""},
+		{other, map[string]string{other: "v1.2.3"}, "", "module_versions says example.com/m@v1.2.3 is commit " + other},
+		{other, map[string]string{other: "v1.0.0"}, "v1.0.0", ""}, // no origin to check
+		{other, map[string]string{good: "v1.2.3"}, "", "403"},
+		{other, map[string]string{other: "v9.9.9"}, "", "403"},
+	}
+	for _, c := range cases {
+		got, err := newModuleProxy(srv.URL, c.versions).version(context.Background(), "example.com/m", c.commit)
+		if got != c.want || (c.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("version(%s) with %v = %q, %v; want %q, %q", c.commit, c.versions, got, err, c.want, c.err)
+		}
 	}
 }

@@ -131,7 +131,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		if s.templates, err = NewTemplates(cfg.TemplateDir, cfg.Repos); err != nil {
 			return nil, err
 		}
-		s.templates.WithModules(cfg.Modules, cfg.ModuleProxy)
+		s.templates.WithModules(cfg.Modules, cfg.ModuleProxy, cfg.ModuleVersions)
 	}
 	return s, nil
 }

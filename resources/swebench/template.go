@@ -67,9 +67,10 @@ func (t *Templates) Has(repo string) bool {
 }
 
 // WithModules makes the repositories of modules (owner/name → module path)
-// that repos does not name come from the module proxy at base (a URL).
-func (t *Templates) WithModules(modules map[string]string, base string) *Templates {
-	t.modules, t.proxy = modules, newModuleProxy(base)
+// that repos does not name come from the module proxy at base (a URL);
+// versions are the module versions of commits the proxy cannot resolve.
+func (t *Templates) WithModules(modules map[string]string, base string, versions map[string]string) *Templates {
+	t.modules, t.proxy = modules, newModuleProxy(base, versions)
 	return t
 }
 
@@ -120,6 +121,31 @@ func (t *Templates) ensureFromModule(ctx context.Context, repo, module, base str
 	log.WithFields(logrus.Fields{"repo": repo, "base_commit": base, "module": module, "version": version, "local_commit": local,
 		"dir": dir, "duration_ms": time.Since(began).Milliseconds()}).Info("swebench: template prepared from the module proxy")
 	return dir, local, nil
+}
+
+// existing returns the template directory of (repo, base) if it is already
+// made, without making it or reading the source: for a clone only when base
+// is a full commit id (an abbreviation needs the source to resolve).
+func (t *Templates) existing(repo, base string) (string, bool) {
+	if !hexCommit.MatchString(base) {
+		return "", false
+	}
+	base = strings.ToLower(base)
+	dir := t.dir(repo, base)
+	if _, cloned := t.repos[repo]; cloned {
+		if len(base) != 40 && len(base) != 64 {
+			return "", false
+		}
+	} else {
+		var src moduleSource
+		if b, err := os.ReadFile(dir + ".source.json"); err != nil || json.Unmarshal(b, &src) != nil || src.Local == "" {
+			return "", false
+		}
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return "", false
+	}
+	return dir, true
 }
 
 // Root is the directory the templates are kept in.
