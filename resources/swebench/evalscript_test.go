@@ -2,6 +2,7 @@ package swebench
 
 import (
 	"errors"
+	"os"
 	"runtime"
 	"strings"
 	"testing"
@@ -10,57 +11,19 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-const sampleTestPatch = `diff --git a/calc_test.go b/calc_test.go
-index 1111111..2222222 100644
---- a/calc_test.go
-+++ b/calc_test.go
-@@ -1,3 +1,4 @@
- package calc
-+// more
-diff --git a/new_test.go b/new_test.go
-new file mode 100644
-index 0000000..3333333
---- /dev/null
-+++ b/new_test.go
-@@ -0,0 +1 @@
-+package calc
-diff --git "a/dir with space/\303\251_test.go" "b/dir with space/\303\251_test.go"
-index 1111111..2222222 100644
---- "a/dir with space/\303\251_test.go"
-+++ "b/dir with space/\303\251_test.go"
-@@ -1 +1 @@
--a
-+b
-diff --git a/old_test.go b/old_test.go
-deleted file mode 100644
-index 4444444..0000000
---- a/old_test.go
-+++ /dev/null
-@@ -1 +0,0 @@
--package calc
-`
-
-func TestPatchFiles(t *testing.T) {
-	want := []PatchFile{
-		{Path: "calc_test.go"},
-		{Path: "new_test.go", New: true},
-		{Path: "dir with space/é_test.go"},
-		{Path: "old_test.go", Deleted: true},
+// sampleTestPatch is a test patch touching four files: changed, new, with
+// C-quoted paths, deleted.
+func sampleTestPatch(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("grading/testdata/sample.patch")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if d := cmp.Diff(want, PatchFiles(sampleTestPatch)); d != "" {
-		t.Errorf("files (-want +got):\n%s", d)
-	}
-}
-
-func TestDiffGitPathsWithSpaces(t *testing.T) {
-	a, b := diffGitPaths("a/x b/y.go b/x b/y.go")
-	if a != "x b/y.go" || b != "x b/y.go" {
-		t.Errorf("paths = %q, %q", a, b)
-	}
+	return string(b)
 }
 
 func TestBuildEvalScriptFromTestPatch(t *testing.T) {
-	r := Row{InstanceID: "o__r-1", Repo: "o/r", BaseCommit: "abcdef0", TestPatch: sampleTestPatch}
+	r := Row{InstanceID: "o__r-1", Repo: "o/r", BaseCommit: "abcdef0", TestPatch: sampleTestPatch(t)}
 	got, err := BuildEvalScript(r, "go test -v ./...", "/testbed")
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +32,7 @@ func TestBuildEvalScriptFromTestPatch(t *testing.T) {
 		"git -c core.fileMode=false diff abcdef0\n" +
 		"git checkout abcdef0 -- 'calc_test.go' 'dir with space/é_test.go' 'old_test.go'\n" +
 		"rm -rf -- 'new_test.go'\n" +
-		"git apply --verbose - <<'EOF_114329324912'\n" + sampleTestPatch + "EOF_114329324912\n" +
+		"git apply --verbose - <<'EOF_114329324912'\n" + sampleTestPatch(t) + "EOF_114329324912\n" +
 		"echo '>>>>> Start Test Output'\ngo test -v ./...\necho '>>>>> End Test Output'\n" +
 		"git checkout abcdef0 -- 'calc_test.go' 'dir with space/é_test.go' 'old_test.go'\n"
 	if d := cmp.Diff(want, got); d != "" {
@@ -86,7 +49,7 @@ func TestBuildEvalScriptKeepsTheRowsScript(t *testing.T) {
 }
 
 func TestBuildEvalScriptNeedsATestCommand(t *testing.T) {
-	r := Row{InstanceID: "x", Repo: "o/r", BaseCommit: "abcdef0", TestPatch: sampleTestPatch}
+	r := Row{InstanceID: "x", Repo: "o/r", BaseCommit: "abcdef0", TestPatch: sampleTestPatch(t)}
 	if _, err := BuildEvalScript(r, " ", "/testbed"); !errors.Is(err, ErrNoTestCommand) {
 		t.Errorf("err = %v, want ErrNoTestCommand", err)
 	}

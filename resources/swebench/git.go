@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/resources/swebench/grading"
 )
 
 // WorkBranch is the one branch the scrub leaves (upstream's name).
@@ -358,12 +359,12 @@ func ExtractPatch(ctx context.Context, p provider.Provider, h provider.Handle, b
 func dropSections(patch string, set pristineSet) (string, []string) {
 	var b strings.Builder
 	var dropped []string
-	for _, sec := range splitSections(patch) {
-		if sec.path != "" && (set.has(sec.path) || (sec.oldPath != "" && set.has(sec.oldPath))) {
-			dropped = append(dropped, sec.path)
+	for _, sec := range grading.SplitSections(patch) {
+		if sec.Path != "" && (set.has(sec.Path) || (sec.OldPath != "" && set.has(sec.OldPath))) {
+			dropped = append(dropped, sec.Path)
 			continue
 		}
-		b.WriteString(sec.text)
+		b.WriteString(sec.Text)
 	}
 	return b.String(), dropped
 }

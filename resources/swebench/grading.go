@@ -2,11 +2,11 @@ package swebench
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"time"
 
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/resources/swebench/grading"
 )
 
 // GradingTime is how long the reply's grading took (its
@@ -15,22 +15,6 @@ import (
 func (r VerifyResult) GradingTime() time.Duration {
 	return time.Duration(r.PatchVerificationTimeTaken * float64(time.Second))
 }
-
-// FailureTampering: the model patch ended the test binary itself or its
-// tests' output claimed results the test binary did not report; reward 0.
-const FailureTampering = "test_tampering"
-
-// Test framings (test_framing in a verify reply).
-const (
-	// FramingMarked: Go tests whose toolchain marks its framing; only
-	// marked result lines count.
-	FramingMarked = "go_marked"
-	// FramingUnmarked: Go tests on a toolchain without the marker (before
-	// Go 1.20); result lines count after their test's "=== RUN".
-	FramingUnmarked = "go_unmarked"
-	// FramingLog: the row's log parser reads the whole log.
-	FramingLog = "log"
-)
 
 // goToolchain is what the grader learned of a sandbox's Go before any code
 // of the patch ran: whether the repository is a Go module, and the version
@@ -77,59 +61,13 @@ func (tc goToolchain) framing(logParser string) string {
 	return FramingUnmarked
 }
 
-// Outcome is what a log says of a row's tests under a framing.
-type Outcome struct {
-	Statuses Statuses
-	// Forged are listed tests whose only claims were output, not results
-	// of the test binary.
-	Forged []string
-}
-
 // ReadOutcome reads the row's results from an eval log under framing: the
 // marked test section first, the whole log when that has no listed test.
 func ReadOutcome(row Row, framing, log string) (Outcome, error) {
-	if framing == FramingLog {
-		st, err := ParseLog(row.LogParser, log)
-		return Outcome{Statuses: st}, err
-	}
-	read := func(text string) Outcome {
-		f := ParseGoTestFraming(text, framing == FramingMarked)
-		return Outcome{Statuses: f.Statuses, Forged: f.Forged(row.FailToPass, row.PassToPass)}
-	}
-	if section, ok := TestSection(log); ok {
-		if o := read(section); anyListed(row, o.Statuses) {
-			return o, nil
-		}
-	}
-	return read(log), nil
+	return grading.ReadOutcome(row.LogParser, row.FailToPass, row.PassToPass, framing, log)
 }
 
-// Verdict is the grading's decision from the outcome and the patch.
-type Verdict struct {
-	Tests    TestsStatus
-	Resolved bool
-	// Kind and Reason are the failure_kind and failure_reason of a
-	// grading the agent's code tampered with ("" otherwise).
-	Kind, Reason string
-}
-
-// Decide applies SWE-bench's rule to the outcome, and the grader's: a patch
-// whose added files end the test binary from an init or TestMain (exits),
-// or whose tests' output claimed listed results the binary did not report,
-// is tampering, never resolved.
+// Decide applies grading.Decide to the row's lists.
 func Decide(row Row, o Outcome, exits []string) Verdict {
-	ts, resolved := Resolve(row.FailToPass, row.PassToPass, o.Statuses)
-	v := Verdict{Tests: ts, Resolved: resolved}
-	var reasons []string
-	if len(exits) > 0 {
-		v.Resolved = false
-		reasons = append(reasons, "the patch adds code that ends the test binary before or instead of its tests: "+strings.Join(firstN(exits, 5), "; "))
-	}
-	if len(o.Forged) > 0 && !v.Resolved {
-		reasons = append(reasons, fmt.Sprintf("the tests' output claimed results the test binary did not report (outside its framing, or without a run) for %s", strings.Join(firstN(o.Forged, 10), ", ")))
-	}
-	if len(reasons) > 0 {
-		v.Kind, v.Reason = FailureTampering, strings.Join(reasons, "; ")
-	}
-	return v
+	return grading.Decide(row.FailToPass, row.PassToPass, o, exits)
 }

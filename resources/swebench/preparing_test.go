@@ -96,8 +96,9 @@ func TestARefusingServerAnswersAtOnceWhilePreparing(t *testing.T) {
 	t.Parallel()
 	tk := newTask(t)
 	var held *heldValidation
+	templates := t.TempDir()
 	_, own, srv := newGolden(t, tk, func(c *Config, p *provider.Provider) {
-		c.TemplateDir = t.TempDir()
+		c.TemplateDir = templates
 		c.WhilePreparing = WhilePreparingRefuse
 		held = holdValidations(p)
 	})
@@ -127,4 +128,20 @@ func TestARefusingServerAnswersAtOnceWhilePreparing(t *testing.T) {
 		t.Fatalf("verify: %d %s", r.status, r.body)
 	}
 	wantResolved(t, res)
+
+	// After a restart the instance is prepared on disk: the first seed is
+	// served, and nothing is prepared again.
+	var again *heldValidation
+	_, own2, srv2 := newGolden(t, tk, func(c *Config, p *provider.Provider) {
+		c.TemplateDir = templates
+		c.WhilePreparing = WhilePreparingRefuse
+		again = holdValidations(p)
+	})
+	t.Cleanup(func() { close(again.release); srv2.awaitBackground() })
+	if r := newHTTP(t, own2, srv2).post("/ng-rollout/r-2/seed_session", row); r.status != 200 {
+		t.Fatalf("the first seed after a restart: %d %s", r.status, r.body)
+	}
+	if n := len(again.asked); n != 0 {
+		t.Errorf("%d validations started after the restart", n)
+	}
 }

@@ -9,6 +9,8 @@ import (
 	"io"
 	"regexp"
 	"strings"
+
+	"github.com/sandboxowner/owner/resources/swebench/grading"
 )
 
 // Errors callers branch on. Every error of this package wraps one of them (or
@@ -17,7 +19,7 @@ var (
 	// ErrInvalidRow: the row is not a usable SWE-bench row (HTTP 422).
 	ErrInvalidRow = errors.New("swebench: invalid row")
 	// ErrUnknownLogParser: the row names a log parser this package lacks.
-	ErrUnknownLogParser = errors.New("swebench: unknown log parser")
+	ErrUnknownLogParser = grading.ErrUnknownLogParser
 	// ErrNoTestCommand: the row has no eval_script and the config names no
 	// test command for its repository.
 	ErrNoTestCommand = errors.New("swebench: no test command for the repository")
@@ -156,7 +158,7 @@ func (r Row) Validate() error {
 	case r.EvalScript == "" && strings.TrimSpace(r.TestPatch) == "":
 		return fmt.Errorf("%w: %s: neither eval_script nor test_patch", ErrInvalidRow, r.InstanceID)
 	}
-	if _, err := parserFor(r.LogParser); err != nil {
+	if err := grading.CheckParser(r.LogParser); err != nil {
 		return fmt.Errorf("%w: %s: %w", ErrInvalidRow, r.InstanceID, err)
 	}
 	return nil

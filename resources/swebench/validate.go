@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/resources/swebench/grading"
 )
 
 // Validation is what an instance's eval script did without a patch, in a
@@ -91,12 +92,21 @@ func (s *Server) prepare(ctx context.Context, p provider.Provider, row Row, log 
 }
 
 // preparedOrStart returns nil once row's preparation has finished in this
-// process; until then it starts it in the background (once) and returns
+// process or is found kept on disk (preparedOnDisk); until then it starts it in the background (once) and returns
 // ErrEnvironmentPreparing at once.
 func (s *Server) preparedOrStart(p provider.Provider, row Row, log logrus.FieldLogger) error {
 	key := row.InstanceID + "\x00" + s.validationKey(row)
 	s.mu.Lock()
+	prepared, running := s.prepared[key], s.background[key]
+	s.mu.Unlock()
+	if !prepared && !running && s.preparedOnDisk(row) {
+		prepared = true
+	}
+	s.mu.Lock()
 	defer s.mu.Unlock()
+	if prepared {
+		s.prepared[key] = true
+	}
 	if s.prepared[key] {
 		return nil
 	}
@@ -132,6 +142,39 @@ func (s *Server) validationKey(row Row) string {
 	return hex.EncodeToString(sum[:])[:16]
 }
 
+// validationFile is where row's validation is kept beside env.
+func (s *Server) validationFile(env *Environment, row Row) string {
+	id := unsafeName.ReplaceAllString(row.InstanceID, "_")
+	if len(id) > 100 {
+		id = id[:100]
+	}
+	return filepath.Join(env.Dir, "validations", id+"-"+s.validationKey(row)+".json")
+}
+
+// preparedOnDisk reports whether row's template, environment and (when
+// validating) validation are already kept on disk, by this server before a
+// restart or by another sharing template_dir: preparing it then only reads
+// them, and a refusing server has no reason to refuse.
+func (s *Server) preparedOnDisk(row Row) bool {
+	if s.templates == nil || !s.templates.Has(row.Repo) {
+		return false
+	}
+	dir, ok := s.templates.existing(row.Repo, row.BaseCommit)
+	if !ok {
+		return false
+	}
+	cmds, _ := s.envCommands(row, dir)
+	env, err := readEnvironment(filepath.Join(dir+".env", s.envKey(cmds, s.cfg.goToolchain(row))), dir)
+	if err != nil {
+		return false
+	}
+	if !env.OK || !s.cfg.validates() {
+		return true
+	}
+	_, err = os.Stat(s.validationFile(env, row.At(env.BaseCommit)))
+	return err == nil
+}
+
 // validation returns the instance's validation, running it if no server
 // has yet for this template (env) or, without a template, this process for
 // this image.
@@ -146,11 +189,7 @@ func (s *Server) validation(ctx context.Context, p provider.Provider, row Row, i
 	}
 	var file string
 	if env != nil {
-		id := unsafeName.ReplaceAllString(row.InstanceID, "_")
-		if len(id) > 100 {
-			id = id[:100]
-		}
-		file = filepath.Join(env.Dir, "validations", id+"-"+key+".json")
+		file = s.validationFile(env, row)
 		if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrTemplate, err)
 		}
@@ -283,19 +322,7 @@ func judge(v *Validation, row Row, statuses Statuses, log string) {
 
 // anyListed reports whether the log has a result for any listed test.
 func anyListed(row Row, statuses Statuses) bool {
-	for _, l := range [][]string{row.FailToPass, row.PassToPass} {
-		for _, name := range l {
-			if _, ok := statuses[name]; ok {
-				return true
-			}
-		}
-	}
-	return false
+	return grading.AnyListed(row.FailToPass, row.PassToPass, statuses)
 }
 
-func firstN(s []string, n int) []string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
-}
+func firstN(s []string, n int) []string { return grading.FirstN(s, n) }

@@ -1,4 +1,4 @@
-package swebench
+package grading
 
 import (
 	"errors"

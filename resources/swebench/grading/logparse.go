@@ -1,11 +1,15 @@
-package swebench
+package grading
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"sort"
 	"strings"
 )
+
+// ErrUnknownLogParser: a row names a log parser this package lacks.
+var ErrUnknownLogParser = errors.New("swebench: unknown log parser")
 
 // Status is a test's outcome in a log, in SWE-bench's vocabulary.
 type Status string
@@ -88,6 +92,12 @@ func TestSection(log string) (section string, ok bool) {
 		}
 	}
 	return rest, true
+}
+
+// CheckParser reports whether name is a log parser this package has.
+func CheckParser(name string) error {
+	_, err := parserFor(name)
+	return err
 }
 
 // ParseLog parses an eval log with the named parser (see parserFor): first

@@ -1,4 +1,4 @@
-package swebench
+package grading
 
 import (
 	"fmt"
@@ -68,15 +68,15 @@ const (
 // the row's.
 func (g Guard) Apply(model, testPatch, goldPatch string) (string, []Excluded) {
 	inTest, inGold := patchPaths(testPatch), patchPaths(goldPatch)
-	secs := splitSections(model)
+	secs := SplitSections(model)
 	reasons := make([]string, len(secs))
 	modDropped := false
 	for i, sec := range secs {
-		if sec.path == "" {
+		if sec.Path == "" {
 			continue
 		}
 		reasons[i] = g.reason(sec, inTest, inGold)
-		if reasons[i] == ExcludedModule && path.Base(sec.path) == "go.mod" {
+		if reasons[i] == ExcludedModule && path.Base(sec.Path) == "go.mod" {
 			modDropped = true
 		}
 	}
@@ -86,21 +86,21 @@ func (g Guard) Apply(model, testPatch, goldPatch string) (string, []Excluded) {
 		r := reasons[i]
 		// go.sum goes with its go.mod: alone it would name sums of
 		// modules the kept go.mod does not require.
-		if r == "" && modDropped && path.Base(sec.path) == "go.sum" && !inGold[sec.path] && !g.KeepModuleChanges {
+		if r == "" && modDropped && path.Base(sec.Path) == "go.sum" && !inGold[sec.Path] && !g.KeepModuleChanges {
 			r = ExcludedModule
 		}
 		if r != "" {
-			out = append(out, Excluded{Path: sec.path, Reason: r})
+			out = append(out, Excluded{Path: sec.Path, Reason: r})
 			continue
 		}
-		b.WriteString(sec.text)
+		b.WriteString(sec.Text)
 	}
 	return b.String(), out
 }
 
 // reason is why sec is left out, or "".
-func (g Guard) reason(sec section, inTest, inGold map[string]bool) string {
-	p := sec.path
+func (g Guard) reason(sec Section, inTest, inGold map[string]bool) string {
+	p := sec.Path
 	switch {
 	case inTest[p] || inGold[p]:
 		// The test patch's files are restored by the eval script; the
@@ -112,7 +112,7 @@ func (g Guard) reason(sec section, inTest, inGold map[string]bool) string {
 		return ExcludedVendor
 	case !g.KeepModuleChanges && (path.Base(p) == "go.work" || path.Base(p) == "go.work.sum"):
 		return ExcludedModule
-	case !g.KeepModuleChanges && path.Base(p) == "go.mod" && g.modChangeIsGuarded(sec.text):
+	case !g.KeepModuleChanges && path.Base(p) == "go.mod" && g.modChangeIsGuarded(sec.Text):
 		return ExcludedModule
 	}
 	for _, pat := range g.Paths {
@@ -177,12 +177,12 @@ func containsModule(line, m string) bool {
 // patchPaths are the paths a diff touches.
 func patchPaths(patch string) map[string]bool {
 	out := map[string]bool{}
-	for _, sec := range splitSections(patch) {
-		if sec.path != "" {
-			out[sec.path] = true
+	for _, sec := range SplitSections(patch) {
+		if sec.Path != "" {
+			out[sec.Path] = true
 		}
-		if sec.oldPath != "" {
-			out[sec.oldPath] = true
+		if sec.OldPath != "" {
+			out[sec.OldPath] = true
 		}
 	}
 	return out
@@ -195,15 +195,15 @@ func patchPaths(patch string) map[string]bool {
 // its tests ran, whatever it printed.
 func ExitingInits(patch string) []string {
 	var out []string
-	for _, sec := range splitSections(patch) {
-		if !sec.isNew || !strings.HasSuffix(sec.path, ".go") {
+	for _, sec := range SplitSections(patch) {
+		if !sec.IsNew || !strings.HasSuffix(sec.Path, ".go") {
 			continue
 		}
-		src, ok := addedContent(sec.text)
+		src, ok := addedContent(sec.Text)
 		if !ok {
 			continue
 		}
-		f, err := goparser.ParseFile(token.NewFileSet(), sec.path, src, goparser.SkipObjectResolution)
+		f, err := goparser.ParseFile(token.NewFileSet(), sec.Path, src, goparser.SkipObjectResolution)
 		if err != nil {
 			continue // it does not compile, so it ends nothing
 		}
@@ -213,7 +213,7 @@ func ExitingInits(patch string) []string {
 				continue
 			}
 			if call := exitCall(fn.Body, fn.Name.Name == "TestMain"); call != "" {
-				out = append(out, fmt.Sprintf("%s: %s calls %s", sec.path, fn.Name.Name, call))
+				out = append(out, fmt.Sprintf("%s: %s calls %s", sec.Path, fn.Name.Name, call))
 				break
 			}
 		}
@@ -289,8 +289,8 @@ func addedContent(text string) (string, bool) {
 	return b.String(), inHunk
 }
 
-// excludedPaths are the paths of ex, sorted (for logs).
-func excludedPaths(ex []Excluded) []string {
+// ExcludedPaths are the paths of ex, sorted (for logs).
+func ExcludedPaths(ex []Excluded) []string {
 	out := make([]string, len(ex))
 	for i, e := range ex {
 		out[i] = e.Path

@@ -1,0 +1,150 @@
+package grading
+
+import (
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// framingMarker is the byte (^V) with which the testing package of a
+// toolchain that has it starts every line of its own framing ("=== RUN",
+// "--- PASS: …", the final "PASS") when the test binary runs with
+// -test.v=test2json: output a test, an init or a TestMain prints cannot be
+// told from framing without it.
+const framingMarker = '\x16'
+
+// framingMarkedSince is the first Go release whose testing package marks its
+// framing (and accepts -test.v=test2json at all).
+const framingMarkedSince = "go1.20"
+
+// GoTestFraming is what a Go test log shows under the grader's rules: a
+// result counts only when it is framing of the test binary (marked, when
+// the toolchain marks) and the test's "=== RUN" came before it.
+type GoTestFraming struct {
+	Statuses Statuses
+	// Unframed are the tests that a result line outside the toolchain's
+	// framing (no marker) claimed: output, not results.
+	Unframed []string
+	// NotRun are the tests a framing result named that no "=== RUN"
+	// before it started.
+	NotRun []string
+}
+
+// ParseGoTestFraming reads the results of a Go test log. marked says that
+// the toolchain marks its framing: only marked lines are framing then, and
+// any other line is output, however it looks. A result line ("--- PASS: X
+// (0.00s)", indented for subtests) counts only after X's "=== RUN" line.
+func ParseGoTestFraming(log string, marked bool) GoTestFraming {
+	f := GoTestFraming{Statuses: Statuses{}}
+	ran := map[string]bool{}
+	unframed, notRun := map[string]bool{}, map[string]bool{}
+	for _, line := range strings.Split(log, "\n") {
+		line = strings.TrimRight(line, "\r")
+		isMarked := strings.HasPrefix(line, string(framingMarker))
+		line = strings.TrimPrefix(line, string(framingMarker))
+		line = strings.TrimLeft(line, " \t")
+		if name, ok := strings.CutPrefix(line, "=== RUN   "); ok {
+			if isMarked || !marked {
+				ran[name] = true
+			}
+			continue
+		}
+		g := goTestLine.FindStringSubmatch(line)
+		if g == nil {
+			continue
+		}
+		name := g[2]
+		switch {
+		case marked && !isMarked:
+			unframed[name] = true
+		case !ran[name]:
+			notRun[name] = true
+		default:
+			f.Statuses.add(name, goStatus(g[1]))
+		}
+	}
+	f.Unframed, f.NotRun = sortedSet(unframed), sortedSet(notRun)
+	return f
+}
+
+func goStatus(word string) Status {
+	switch word {
+	case "PASS":
+		return StatusPassed
+	case "SKIP":
+		return StatusSkipped
+	}
+	return StatusFailed
+}
+
+func sortedSet(m map[string]bool) []string {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Forged returns the listed tests whose only claims were forged (outside
+// the framing, or without a run) and that have no counted result.
+func (f GoTestFraming) Forged(listed ...[]string) []string {
+	claimed := map[string]bool{}
+	for _, n := range f.Unframed {
+		claimed[n] = true
+	}
+	for _, n := range f.NotRun {
+		claimed[n] = true
+	}
+	var out []string
+	seen := map[string]bool{}
+	for _, l := range listed {
+		for _, n := range l {
+			if _, counted := f.Statuses[n]; claimed[n] && !counted && !seen[n] {
+				seen[n] = true
+				out = append(out, n)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// MarksFraming reports whether the toolchain of `go env GOVERSION` (such as
+// "go1.24.3", "go1.25rc1" or "devel go1.26-abcdef") marks its test framing.
+// An unknown version is taken to mark: a toolchain new enough to be unknown
+// is newer than the marker.
+func MarksFraming(goVersion string) bool {
+	v := strings.TrimSpace(goVersion)
+	if i := strings.Index(v, "go1."); i >= 0 {
+		v = v[i:]
+	} else {
+		return true
+	}
+	major, minor, ok := goMinor(v)
+	sinceMajor, sinceMinor, _ := goMinor(framingMarkedSince)
+	if !ok {
+		return true
+	}
+	return major > sinceMajor || (major == sinceMajor && minor >= sinceMinor)
+}
+
+// goMinor reads "go1.N…" as (1, N).
+func goMinor(v string) (int, int, bool) {
+	rest, ok := strings.CutPrefix(v, "go1.")
+	if !ok {
+		return 0, 0, false
+	}
+	end := 0
+	for end < len(rest) && rest[end] >= '0' && rest[end] <= '9' {
+		end++
+	}
+	n, err := strconv.Atoi(rest[:end])
+	if err != nil {
+		return 0, 0, false
+	}
+	return 1, n, true
+}

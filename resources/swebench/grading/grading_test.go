@@ -1,0 +1,234 @@
+package grading
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+)
+
+func readTestdata(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestParseGoTestFraming(t *testing.T) {
+	cases := []struct {
+		file   string
+		marked bool
+		want   GoTestFraming
+	}{
+		// A real log of go test with the exec wrapper (go1.26): a test
+		// printed a "--- PASS" line for another, which stays output.
+		{"marked.log", true, GoTestFraming{
+			Statuses: Statuses{"TestPass": StatusPassed, "TestPass/sub": StatusPassed, "TestFail": StatusFailed, "TestSkip": StatusSkipped},
+			Unframed: []string{"TestFail"},
+		}},
+		// The same log read as an old toolchain's: every line may frame,
+		// and the printed line came after TestPass's run but names
+		// TestFail, which had not run yet.
+		{"marked.log", false, GoTestFraming{
+			Statuses: Statuses{"TestPass": StatusPassed, "TestPass/sub": StatusPassed, "TestFail": StatusFailed, "TestSkip": StatusSkipped},
+			NotRun:   []string{"TestFail"},
+		}},
+		// What an init printed before exiting: no marked line, so nothing
+		// counts on a toolchain that marks.
+		{"forged.log", true, GoTestFraming{
+			Statuses: Statuses{},
+			Unframed: []string{"TestAbs", "TestAbs/negative", "TestAdd"},
+		}},
+		// Read without the marker the same lines count only where a run
+		// came first.
+		{"forged.log", false, GoTestFraming{
+			Statuses: Statuses{"TestAbs": StatusPassed},
+			NotRun:   []string{"TestAbs/negative", "TestAdd"},
+		}},
+		{"unmarked.log", false, GoTestFraming{
+			Statuses: Statuses{"TestAbs": StatusFailed, "TestAbs/negative": StatusFailed, "TestAdd": StatusPassed},
+			NotRun:   []string{"TestGhost"},
+		}},
+	}
+	for _, c := range cases {
+		got := ParseGoTestFraming(readTestdata(t, "gotest/"+c.file), c.marked)
+		if d := cmp.Diff(c.want, got, cmpopts.EquateEmpty()); d != "" {
+			t.Errorf("%s (marked %v) (-want +got):\n%s", c.file, c.marked, d)
+		}
+	}
+}
+
+func TestForgedListsOnlyListedTestsWithoutAResult(t *testing.T) {
+	f := GoTestFraming{
+		Statuses: Statuses{"TestA": StatusFailed},
+		Unframed: []string{"TestA", "TestB", "TestX"},
+		NotRun:   []string{"TestC", "TestB"},
+	}
+	got := f.Forged([]string{"TestC", "TestA", "TestB"}, []string{"TestB", "TestD"})
+	if d := cmp.Diff([]string{"TestB", "TestC"}, got); d != "" {
+		t.Errorf("Forged (-want +got):\n%s", d)
+	}
+}
+
+func TestMarksFraming(t *testing.T) {
+	for v, want := range map[string]bool{
+		"go1.19.13": false, "go1.19": false, "go1.9": false, "go1.20": true, "go1.20rc1": true,
+		"go1.21.13": true, "go1.100.1": true, "devel go1.26-abcdef Mon": true, "devel go1.19-abc": false,
+		"something else": true, "go1.x": true,
+	} {
+		if got := MarksFraming(v); got != want {
+			t.Errorf("MarksFraming(%q) = %v, want %v", v, got, want)
+		}
+	}
+}
+
+func TestReadOutcome(t *testing.T) {
+	f2p, p2p := []string{"TestAbs"}, []string{"TestAdd"}
+	marked := readTestdata(t, "gotest/marked.log")
+	// Outside the section a forged line names TestAbs; inside, the
+	// binary's framing reports it: the section is read.
+	log := "--- PASS: TestAbs (0.00s)\n" + StartTestOutput + "\n\x16=== RUN   TestAbs\n\x16--- FAIL: TestAbs (0.00s)\n" + EndTestOutput + "\n"
+	got, err := ReadOutcome("", f2p, p2p, FramingMarked, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(Outcome{Statuses: Statuses{"TestAbs": StatusFailed}}, got, cmpopts.EquateEmpty()); d != "" {
+		t.Errorf("section (-want +got):\n%s", d)
+	}
+	// A section with no listed test: the whole log is read.
+	log = "\x16=== RUN   TestAdd\n\x16--- PASS: TestAdd (0.00s)\n" + StartTestOutput + "\n--- PASS: TestAbs (0.00s)\n"
+	got, _ = ReadOutcome("", f2p, p2p, FramingMarked, log)
+	if d := cmp.Diff(Outcome{Statuses: Statuses{"TestAdd": StatusPassed}, Forged: []string{"TestAbs"}}, got, cmpopts.EquateEmpty()); d != "" {
+		t.Errorf("whole log (-want +got):\n%s", d)
+	}
+	// The log framing is the row's parser's, forged lines and all.
+	got, _ = ReadOutcome("", f2p, p2p, FramingLog, "--- PASS: TestAbs (0.00s)\n")
+	if d := cmp.Diff(Outcome{Statuses: Statuses{"TestAbs": StatusPassed}}, got, cmpopts.EquateEmpty()); d != "" {
+		t.Errorf("log framing (-want +got):\n%s", d)
+	}
+	if _, err := ReadOutcome("nope", nil, nil, FramingLog, marked); err == nil {
+		t.Error("an unknown parser read a log")
+	}
+}
+
+func TestDecide(t *testing.T) {
+	f2p, p2p := []string{"TestAbs"}, []string{"TestAdd"}
+	passed := Statuses{"TestAbs": StatusPassed, "TestAdd": StatusPassed}
+	cases := []struct {
+		name     string
+		o        Outcome
+		exits    []string
+		resolved bool
+		kind     string
+		reason   string
+	}{
+		{"passed", Outcome{Statuses: passed}, nil, true, "", ""},
+		{"failed", Outcome{Statuses: Statuses{"TestAbs": StatusFailed, "TestAdd": StatusPassed}}, nil, false, "", ""},
+		{"forged", Outcome{Statuses: Statuses{"TestAdd": StatusPassed}, Forged: []string{"TestAbs"}}, nil, false, FailureTampering, "did not report (outside its framing, or without a run) for TestAbs"},
+		// A test that printed a result line for a listed test which then
+		// genuinely passed is no tampering.
+		{"claims beside real passes", Outcome{Statuses: passed, Forged: []string{"TestAbs"}}, nil, true, "", ""},
+		{"exiting init", Outcome{Statuses: passed}, []string{"x.go: init calls os.Exit"}, false, FailureTampering, "ends the test binary before or instead of its tests: x.go: init calls os.Exit"},
+	}
+	for _, c := range cases {
+		v := Decide(f2p, p2p, c.o, c.exits)
+		if v.Resolved != c.resolved || v.Kind != c.kind || !strings.Contains(v.Reason, c.reason) || (c.reason == "") != (v.Reason == "") {
+			t.Errorf("%s: %+v", c.name, v)
+		}
+	}
+}
+
+func TestGuardLeavesOutWhatIsNotTheAgents(t *testing.T) {
+	sec := func(path, body string) string {
+		return "diff --git a/" + path + " b/" + path + "\n--- a/" + path + "\n+++ b/" + path + "\n@@ -1 +1 @@\n" + body
+	}
+	newSec := func(path, body string) string {
+		return "diff --git a/" + path + " b/" + path + "\nnew file mode 100644\n--- /dev/null\n+++ b/" + path + "\n@@ -0,0 +1 @@\n" + body
+	}
+	code := sec("calc.go", "-a\n+b\n")
+	testPatch := sec("calc_test.go", "-x\n+y\n")
+	gold := code + sec("other_test.go", "-x\n+y\n") + sec("vendor/modules.txt", "-x\n+y\n")
+	cases := []struct {
+		name  string
+		guard Guard
+		model string
+		kept  string
+		out   []Excluded
+	}{
+		{"code only", Guard{}, code, code, nil},
+		{"test file of the test patch (the eval script restores it)", Guard{}, code + testPatch, code + testPatch, nil},
+		{"added test file", Guard{}, code + newSec("zz_test.go", "+package calc\n"), code, []Excluded{{"zz_test.go", ExcludedTestFile}}},
+		{"testdata", Guard{}, sec("pkg/testdata/golden.txt", "-a\n+b\n") + code, code, []Excluded{{"pkg/testdata/golden.txt", ExcludedTestFile}}},
+		{"test files kept when configured", Guard{KeepTestFiles: true}, newSec("zz_test.go", "+package calc\n"), newSec("zz_test.go", "+package calc\n"), nil},
+		{"a test file the gold patch changes", Guard{}, sec("other_test.go", "-x\n+z\n"), sec("other_test.go", "-x\n+z\n"), nil},
+		{"vendor", Guard{}, newSec("vendor/github.com/stretchr/testify/assert/a.go", "+package assert\n") + newSec("pkg/vendor/x.go", "+package x\n"), "",
+			[]Excluded{{"vendor/github.com/stretchr/testify/assert/a.go", ExcludedVendor}, {"pkg/vendor/x.go", ExcludedVendor}}},
+		{"vendor the gold patch changes", Guard{}, sec("vendor/modules.txt", "-x\n+q\n"), sec("vendor/modules.txt", "-x\n+q\n"), nil},
+		{"vendor kept when configured", Guard{KeepVendor: true}, newSec("vendor/x.go", "+package x\n"), newSec("vendor/x.go", "+package x\n"), nil},
+		{"a replace directive and its go.sum", Guard{}, sec("go.mod", " go 1.22\n+replace github.com/stretchr/testify => ./stub\n") + sec("go.sum", "-a\n+b\n") + code, code,
+			[]Excluded{{"go.mod", ExcludedModule}, {"go.sum", ExcludedModule}}},
+		{"a replace block", Guard{}, sec("go.mod", "+replace (\n+\tgithub.com/a/b v1.0.0\n+)\n"), "", []Excluded{{"go.mod", ExcludedModule}}},
+		{"a removed replace", Guard{}, sec("go.mod", "-replace example.com/x => ../x\n"), "", []Excluded{{"go.mod", ExcludedModule}}},
+		{"a protected module's version", Guard{}, sec("go.mod", "-\tgithub.com/stretchr/testify v1.8.0\n+\tgithub.com/stretchr/testify v1.0.0\n"), "", []Excluded{{"go.mod", ExcludedModule}}},
+		{"a configured protected module", Guard{ProtectedModules: []string{"example.com/assert"}}, sec("go.mod", "+\texample.com/assert/v2 v2.0.0\n"), "", []Excluded{{"go.mod", ExcludedModule}}},
+		{"an ordinary dependency (a fix may need one) and its go.sum", Guard{}, sec("go.mod", "+require golang.org/x/text v0.3.0\n") + sec("go.sum", "+x\n"), sec("go.mod", "+require golang.org/x/text v0.3.0\n") + sec("go.sum", "+x\n"), nil},
+		{"a module change kept when configured", Guard{KeepModuleChanges: true}, sec("go.mod", "+replace a => ./b\n") + sec("go.sum", "+x\n"), sec("go.mod", "+replace a => ./b\n") + sec("go.sum", "+x\n"), nil},
+		{"go.work", Guard{}, newSec("go.work", "+use .\n") + newSec("go.work.sum", "+x\n"), "", []Excluded{{"go.work", ExcludedModule}, {"go.work.sum", ExcludedModule}}},
+		{"configured paths", Guard{Paths: []string{"scripts/", "*.sh"}}, sec("scripts/ci.py", "-a\n+b\n") + sec("run.sh", "-a\n+b\n") + code, code,
+			[]Excluded{{"scripts/ci.py", ExcludedPath}, {"run.sh", ExcludedPath}}},
+	}
+	for _, c := range cases {
+		kept, out := c.guard.Apply(c.model, testPatch, gold)
+		if kept != c.kept {
+			t.Errorf("%s: kept\n%s\nwant\n%s", c.name, kept, c.kept)
+		}
+		if d := cmp.Diff(c.out, out, cmpopts.EquateEmpty()); d != "" {
+			t.Errorf("%s: excluded (-want +got):\n%s", c.name, d)
+		}
+	}
+	// The gold patch graded as the model's loses nothing.
+	if kept, out := (Guard{}).Apply(gold, testPatch, gold); kept != gold || len(out) != 0 {
+		t.Errorf("the gold patch lost %v", out)
+	}
+}
+
+func TestExitingInits(t *testing.T) {
+	newFile := func(path, src string) string {
+		var b strings.Builder
+		b.WriteString("diff --git a/" + path + " b/" + path + "\nnew file mode 100644\nindex 0000000..1111111\n--- /dev/null\n+++ b/" + path + "\n@@ -0,0 +1 @@\n")
+		for _, l := range strings.SplitAfter(src, "\n") {
+			if l != "" {
+				b.WriteString("+" + l)
+			}
+		}
+		return b.String()
+	}
+	cases := []struct {
+		name, patch string
+		want        []string
+	}{
+		{"init exits", newFile("a.go", "package a\nimport \"os\"\nfunc init() {\n\tif true {\n\t\tos.Exit(0)\n\t}\n}\n"), []string{"a.go: init calls os.Exit"}},
+		{"init log.Fatal", newFile("a.go", "package a\nimport \"log\"\nfunc init() { log.Fatalf(\"x\") }\n"), []string{"a.go: init calls log.Fatalf"}},
+		{"init Goexit", newFile("a.go", "package a\nimport \"runtime\"\nfunc init() { runtime.Goexit() }\n"), []string{"a.go: init calls runtime.Goexit"}},
+		{"init syscall", newFile("a.go", "package a\nimport \"syscall\"\nfunc init() { syscall.Exit(0) }\n"), []string{"a.go: init calls syscall.Exit"}},
+		{"TestMain with a constant exit", newFile("a_test.go", "package a\nimport (\"os\"; \"testing\")\nfunc TestMain(m *testing.M) { os.Exit(0) }\n"), []string{"a_test.go: TestMain calls os.Exit"}},
+		{"TestMain running the tests", newFile("a_test.go", "package a\nimport (\"log\"; \"os\"; \"testing\")\nfunc TestMain(m *testing.M) { if false { log.Fatal(1) }; os.Exit(m.Run()) }\n"), nil},
+		{"TestMain exiting with a computed code", newFile("a_test.go", "package a\nimport (\"os\"; \"testing\")\nfunc TestMain(m *testing.M) { c := m.Run(); os.Exit(c) }\n"), nil},
+		{"an init that returns", newFile("a.go", "package a\nimport \"fmt\"\nfunc init() { fmt.Println() }\n"), nil},
+		{"a method named init", newFile("a.go", "package a\nimport \"os\"\ntype T struct{}\nfunc (T) init() { os.Exit(1) }\n"), nil},
+		{"exit outside init", newFile("main.go", "package main\nimport \"os\"\nfunc main() { os.Exit(2) }\n"), nil},
+		{"not Go", newFile("a.txt", "func init() { os.Exit(0) }\n"), nil},
+		{"does not parse", newFile("a.go", "package a\nfunc init() { os.Exit(0) \n"), nil},
+		{"a changed file (only added files are read)", "diff --git a/a.go b/a.go\n--- a/a.go\n+++ b/a.go\n@@ -1,2 +1,2 @@\n package a\n-func init() {}\n+func init() { os.Exit(0) }\n", nil},
+	}
+	for _, c := range cases {
+		if d := cmp.Diff(c.want, ExitingInits(c.patch), cmpopts.EquateEmpty()); d != "" {
+			t.Errorf("%s (-want +got):\n%s", c.name, d)
+		}
+	}
+}
