@@ -333,7 +333,7 @@ func TestAnAgentWritingIntoItsCachesCannotChangeAGrading(t *testing.T) {
 	w.agentRun(sb, `find "$GOCACHE" -type f -exec sh -c 'echo poisoned > "$1"' _ {} \; && test -n "$(ls "$GOCACHE")"`)
 	// It also goes for the layer every template's build cache is seeded
 	// from, by its host path: a poisoned entry there would reach the
-	// environments of every repository built after. (Under bubblewrap the
+	// environments of every repository built after. (In a container the
 	// host's /tmp is not the sandbox's: the writes land in its own.)
 	w.agentExec(sb, "L="+shQuote(layer)+`; find "$L" -type f -exec sh -c 'echo poisoned > "$1"' _ {} \; ; mkdir -p "$L/00"; echo poisoned > "$L/00/planted-a"`)
 	if after := digest(t, caches); after != before {
