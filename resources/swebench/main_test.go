@@ -51,7 +51,7 @@ func TestMain(m *testing.M) {
 	parallel := false
 	flag.Visit(func(f *flag.Flag) { parallel = parallel || f.Name == "test.parallel" })
 	if !parallel {
-		_ = flag.Set("test.parallel", strconv.Itoa(max(8, runtime.GOMAXPROCS(0))))
+		_ = flag.Set("test.parallel", strconv.Itoa(max(4, runtime.GOMAXPROCS(0))))
 	}
 	dir, keep, err := sharedTemplates()
 	if err != nil {

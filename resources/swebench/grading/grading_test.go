@@ -232,3 +232,28 @@ func TestExitingInits(t *testing.T) {
 		}
 	}
 }
+
+func TestSmallHelpers(t *testing.T) {
+	if d := cmp.Diff([]string{"a", "b"}, FirstN([]string{"a", "b", "c"}, 2)); d != "" {
+		t.Errorf("FirstN cut (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]string{"a", "b"}, FirstN([]string{"a", "b"}, 2)); d != "" {
+		t.Errorf("FirstN at its length (-want +got):\n%s", d)
+	}
+	st := Statuses{"TestB": StatusFailed}
+	if !AnyListed(nil, []string{"TestA", "TestB"}, st) || !AnyListed([]string{"TestB"}, nil, st) || AnyListed([]string{"TestA"}, []string{"TestC"}, st) {
+		t.Error("AnyListed")
+	}
+	ex := []Excluded{{Path: "z_test.go"}, {Path: "a/vendor/x.go"}}
+	if d := cmp.Diff([]string{"a/vendor/x.go", "z_test.go"}, ExcludedPaths(ex)); d != "" {
+		t.Errorf("ExcludedPaths (-want +got):\n%s", d)
+	}
+	for _, name := range []string{"", "auto", "parse_log_gotest", "pytest", "cargo"} {
+		if err := CheckParser(name); err != nil {
+			t.Errorf("CheckParser(%q): %v", name, err)
+		}
+	}
+	if err := CheckParser("cobol"); err == nil {
+		t.Error("CheckParser took an unknown parser")
+	}
+}
