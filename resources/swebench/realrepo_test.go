@@ -107,7 +107,12 @@ func (ri realInstance) row(t *testing.T, proxy string) map[string]any {
 			}
 			files = append(files, e.file)
 		}
-		return git(t, dir, append([]string{"diff", local, "--"}, files...)...) + "\n"
+		// Not git(), which trims: a hunk's last context lines may be blank.
+		d, err := hostGit(context.Background(), dir, append([]string{"diff", local, "--"}, files...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
 	}
 	patch, testPatch := diff(ri.fix), diff(ri.test)
 	return map[string]any{
