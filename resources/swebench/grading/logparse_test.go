@@ -185,3 +185,46 @@ func TestTestSection(t *testing.T) {
 		t.Error("marker changed")
 	}
 }
+
+// TestSeverityOrder: of two reports of a test the worse wins, in the order
+// skipped < passed < xfail < failed < error, and an unknown status loses to
+// all of them.
+func TestSeverityOrder(t *testing.T) {
+	order := []Status{"UNKNOWN", StatusSkipped, StatusPassed, StatusXFail, StatusFailed, StatusError}
+	for i, a := range order {
+		for j, b := range order {
+			m := Statuses{}
+			m.add("T", a)
+			m.add("T", b)
+			want := a
+			if j > i {
+				want = b
+			}
+			if m["T"] != want {
+				t.Errorf("%s then %s: %s, want %s", a, b, m["T"], want)
+			}
+		}
+	}
+}
+
+func TestTestSectionEdges(t *testing.T) {
+	cases := []struct {
+		log, want string
+		ok        bool
+	}{
+		{StartTestOutput, "", true},                                // the marker ends the log
+		{StartTestOutput + "\nx" + EndTestOutput + "\n", "", true}, // the end marker on a line of output
+		{StartTestOutput + "\nx\ny" + EndTestOutput, "x\n", true},  // the part of the end marker's line before it is cut
+		{StartTestOutput + " trailing\nx\n" + EndTestOutput, "x\n", true},
+		{EndTestOutput + "\n" + StartTestOutput + "\nx\n", "x\n", true}, // an end before the start is not its end
+	}
+	for _, c := range cases {
+		if got, ok := TestSection(c.log); got != c.want || ok != c.ok {
+			t.Errorf("TestSection(%q) = %q, %v; want %q, %v", c.log, got, ok, c.want, c.ok)
+		}
+	}
+	got := Statuses{"TestB": StatusPassed, "TestA": StatusFailed}.Names()
+	if d := cmp.Diff([]string{"TestA", "TestB"}, got); d != "" {
+		t.Errorf("Names (-want +got):\n%s", d)
+	}
+}
