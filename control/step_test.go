@@ -43,21 +43,8 @@ func (r *stepRun) base(c *script.Case) Base {
 	return Base{CheckpointID: c.Args["id"], DeadlineTS: UnixSeconds(r.now.Add(time.Duration(d * float64(time.Second))))}
 }
 
-// list reads a comma-separated argument; absent is nil, present and empty
-// an empty list.
-func list(c *script.Case, key string) []string {
-	v, ok := c.Args[key]
-	if !ok {
-		return nil
-	}
-	if v == "" {
-		return []string{}
-	}
-	return strings.Split(v, ",")
-}
-
 func (r *stepRun) episodes(c *script.Case, key string) []EpisodeID {
-	keys := list(c, key)
+	keys := c.List(key)
 	if keys == nil {
 		return nil
 	}
@@ -73,7 +60,7 @@ func (r *stepRun) episodes(c *script.Case, key string) []EpisodeID {
 }
 
 func report(c *script.Case) Report {
-	return Report{Ready: c.Args["ready"] != "false", Blockers: list(c, "blockers"), Restarts: list(c, "restarts")}
+	return Report{Ready: c.Args["ready"] != "false", Blockers: c.List("blockers"), Restarts: c.List("restarts")}
 }
 
 func errArg(c *script.Case) error {
@@ -122,12 +109,12 @@ func (r *stepRun) do(c *script.Case) string {
 	case "commit-check":
 		in = InCommitCheck{Req: r.commitReq(c), Report: report(c)}
 	case "commit-done":
-		res := CommitResult{Manifest: Manifest{CheckpointID: c.Args["id"], RecordCount: len(list(c, "exported")), RecordsSHA256: "sha"}, EpisodeIDs: list(c, "exported"), Parked: list(c, "parked")}
+		res := CommitResult{Manifest: Manifest{CheckpointID: c.Args["id"], RecordCount: len(c.List("exported")), RecordsSHA256: "sha"}, EpisodeIDs: c.List("exported"), Parked: c.List("parked")}
 		in = InCommitDone{Req: r.commitReq(c), Result: res, Err: errArg(c)}
 	case "restore":
 		in = InRestore{Req: r.restoreReq(c)}
 	case "restore-done":
-		in = InRestoreDone{Req: r.restoreReq(c), Result: RestoreResult{SourceCheckpointID: c.Args["src"], Restored: list(c, "restored")}, Err: errArg(c)}
+		in = InRestoreDone{Req: r.restoreReq(c), Result: RestoreResult{SourceCheckpointID: c.Args["src"], Restored: c.List("restored")}, Err: errArg(c)}
 	case "resume":
 		in = InResume{Req: ResumeRequest{Base: r.base(c)}, WriterStopped: c.Has("stopped")}
 	case "retire":
@@ -135,7 +122,7 @@ func (r *stepRun) do(c *script.Case) string {
 	case "retire-done":
 		in = InRetireDone{Req: RetireRequest{Base: r.base(c), EpisodeIDs: r.episodes(c, "episodes")}, Err: errArg(c)}
 	case "forget":
-		in = InForget{Req: ForgetRequest{Base: r.base(c), RolloutIDs: list(c, "rollouts")}}
+		in = InForget{Req: ForgetRequest{Base: r.base(c), RolloutIDs: c.List("rollouts")}}
 	case "renew":
 		in = InRenew{Req: RenewRequest{Base: r.base(c)}}
 	case "admission-failed":

@@ -346,7 +346,7 @@ func (o *Owner) discardRound(tag string, taken []messages.SnapshotReply, intent 
 			o.system.Root.Send(pid, &messages.SnapshotsDiscarded{SnapshotIDs: bySession[sid]})
 		}
 	}
-	o.deleteTombstoned(ctx, ts)
+	o.deleteTombstoned(ctx, snapshotIDs(ts))
 }
 
 func (o *Owner) tombstones(ids map[string]bool, reason string) []snapshotindex.Tombstone {
@@ -357,6 +357,14 @@ func (o *Owner) tombstones(ids map[string]bool, reason string) []snapshotindex.T
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].SnapshotID < out[j].SnapshotID })
 	return out
+}
+
+func snapshotIDs(ts []snapshotindex.Tombstone) []string {
+	ids := make([]string, len(ts))
+	for i, t := range ts {
+		ids[i] = t.SnapshotID
+	}
+	return ids
 }
 
 // listSnapshotsByTag finds the provider's snapshots of the round of tag

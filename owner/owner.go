@@ -850,7 +850,7 @@ func (o *Owner) onOrphan(sessionID, snapshotID string) {
 			o.log.WithError(err).Warn("could not tombstone a late snapshot")
 			return
 		}
-		o.deleteTombstoned(o.base, ts)
+		o.deleteTombstoned(o.base, []string{snapshotID})
 	})
 }
 

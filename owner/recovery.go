@@ -57,8 +57,8 @@ func (o *Owner) recoverIndex(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, _, failed := o.deleteTombstoned(ctx, ts); len(failed) > 0 {
-		o.log.WithField("failed", len(failed)).Warn("tombstoned snapshots could not be deleted at startup")
+	if del := o.deleteTombstoned(ctx, snapshotIDs(ts)); len(del.Failed) > 0 {
+		o.log.WithField("failed", len(del.Failed)).Warn("tombstoned snapshots could not be deleted at startup")
 	}
 	return nil
 }

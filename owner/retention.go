@@ -131,7 +131,9 @@ func (o *Owner) CheckRetention(ctx context.Context) (RetentionResult, error) {
 	if err != nil {
 		return res, err
 	}
-	res.Deleted, res.Deferred, res.Failed, err = o.deleteDropped(ctx, drops, o.fates.liveSnapshots())
+	m := newDropDelete(drops, o.fates.liveSnapshots())
+	err = o.run(ctx, m)
+	res.Deleted, res.Deferred, res.Failed = m.res.Deleted, m.res.Deferred, m.res.Failed
 	return res, err
 }
 
@@ -183,8 +185,9 @@ func (o *Owner) followDirs() ([]dropped, retention.Decision, error) {
 			kept = append(kept, m.ID)
 		}
 	}
-	drops, err := o.dropExcept(all, kept, DropDirGone)
-	return drops, dec, err
+	m := newDirDrop(all, kept)
+	err = o.run(context.Background(), m)
+	return m.drops, dec, err
 }
 
 // followDirsAtCommit is the check a commit makes before its round: the
@@ -207,7 +210,7 @@ func (o *Owner) followDirsAtCommit() {
 			return // closing: the tombstones stay for a later release or start
 		}
 		defer o.ctl.Unlock()
-		if _, _, _, err := o.deleteDropped(o.base, drops, o.fates.liveSnapshots()); err != nil {
+		if err := o.run(o.base, newDropDelete(drops, o.fates.liveSnapshots())); err != nil {
 			o.log.WithError(err).Warn("deleting the snapshots of dropped checkpoints failed; the next check retries")
 		}
 	})

@@ -34,6 +34,19 @@ type Case struct {
 // Has reports whether the case names key.
 func (c *Case) Has(key string) bool { _, ok := c.Args[key]; return ok }
 
+// List reads a comma-separated argument: absent is nil, present and empty
+// an empty list.
+func (c *Case) List(key string) []string {
+	v, ok := c.Args[key]
+	if !ok {
+		return nil
+	}
+	if v == "" {
+		return []string{}
+	}
+	return strings.Split(v, ",")
+}
+
 // Parse reads a script.
 func Parse(path string) ([]*Case, error) {
 	b, err := os.ReadFile(path)

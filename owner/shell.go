@@ -1,0 +1,110 @@
+package owner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+// run drives m from inStart to its effDone, performing its effects in
+// order, and returns the error effDone carries.
+func (o *Owner) run(ctx context.Context, m machine) error {
+	in := input(inStart{})
+	for {
+		var next input
+		for _, e := range m.step(in) {
+			if d, ok := e.(effDone); ok {
+				return d.Err
+			}
+			if v := o.perform(ctx, e); v != nil {
+				next = v
+			}
+		}
+		if next == nil {
+			panic(fmt.Sprintf("owner: %T neither asked for anything nor ended", m))
+		}
+		in = next
+	}
+}
+
+// perform does one effect and returns the input it gives (nil for an
+// effect that gives none).
+func (o *Owner) perform(ctx context.Context, e effect) input {
+	switch e := e.(type) {
+	case effReadCheckpoints:
+		all, err := o.index.Checkpoints()
+		return inCheckpoints{All: all, Err: err}
+	case effReadRefs:
+		refs, err := o.index.ReferencedSnapshots()
+		return inRefs{Refs: refs, Err: err}
+	case effReadTombstones:
+		ts, err := o.index.Tombstones()
+		return inTombstones{IDs: snapshotIDs(ts), Err: err}
+	case effCheckKept:
+		for _, id := range e.IDs {
+			if _, err := o.index.Checkpoint(id); err != nil {
+				return inKept{Missing: id, Err: err}
+			}
+		}
+		return inKept{}
+	case effListSnapshots:
+		snaps, err := o.caps.Lister.ListSnapshots(ctx)
+		return inSnapshots{Snaps: snaps, Err: err}
+	case effDrop:
+		return inWritten{Err: o.index.Drop(e.IDs, o.tombstones(toSet(e.Tombstones), e.Reason))}
+	case effTombstone:
+		return inWritten{Err: o.index.AddTombstones(o.tombstones(toSet(e.IDs), e.Reason))}
+	case effDelete:
+		return o.deleteSnapshots(ctx, e.IDs)
+	case effClear:
+		if err := o.index.ClearTombstones(e.IDs); err != nil {
+			o.log.WithError(err).Warn("could not clear tombstones; the next release retries the deletes")
+		}
+	case effCountDrops:
+		o.ret.count(e.Reason, e.N)
+	case effLog:
+		o.log.WithFields(e.Fields).Log(e.Level, e.Msg)
+	default:
+		panic(fmt.Sprintf("owner: no shell for %T", e))
+	}
+	return nil
+}
+
+// deleteSnapshots deletes snapshots, at most parallelism at once. One a
+// live fork still stands on (the provider refuses it as in use) is neither
+// deleted nor failed.
+func (o *Owner) deleteSnapshots(ctx context.Context, ids []string) inDeleted {
+	snap := o.caps.Snapshotter
+	var mu sync.Mutex
+	var out inDeleted
+	out.Deleted, out.Failed = o.eachOutcome(ctx, len(ids), true, func(i int) (string, error) {
+		err := snap.DeleteSnapshot(ctx, ids[i])
+		if errors.Is(err, provider.ErrSnapshotInUse) {
+			mu.Lock()
+			out.InUse = append(out.InUse, ids[i])
+			mu.Unlock()
+			return "", nil
+		}
+		return ids[i], err
+	})
+	slices.Sort(out.InUse)
+	return out
+}
+
+// deleteTombstoned deletes the snapshots of tombstones and clears the
+// tombstones of those deleted; a failed delete keeps its tombstone for the
+// next release or restart. It returns what deleteSnapshots does.
+func (o *Owner) deleteTombstoned(ctx context.Context, ids []string) inDeleted {
+	if o.caps.Snapshotter == nil || len(ids) == 0 {
+		return inDeleted{}
+	}
+	out := o.deleteSnapshots(ctx, ids)
+	for _, e := range afterDelete(out) {
+		o.perform(ctx, e)
+	}
+	return out
+}
