@@ -2,7 +2,6 @@ package owner
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -10,8 +9,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-
-	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/actors"
 	"github.com/sandboxowner/owner/clock"
@@ -117,99 +114,9 @@ func (o *Owner) Commit(ctx context.Context, req CommitRequest) (CommitResult, er
 	}
 	defer o.ctl.Unlock()
 	o.followDirsAtCommit()
-	log := o.log.WithField("checkpoint_id", req.CheckpointID)
-
-	if ck, err := o.index.Checkpoint(req.CheckpointID); err == nil {
-		res.Existing, res.Meta = true, ck.Meta
-		for _, r := range ck.Records {
-			res.Sessions = append(res.Sessions, r.SessionID)
-		}
-		// A commit whose records could not be written writes them now, as
-		// they were cut; it never snapshots again.
-		return o.republish(ctx, req, res, ck.Records)
-	} else if !errors.Is(err, snapshotindex.ErrNotFound) {
-		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
-	}
-
-	if err := o.writer.Lock(ctx, o.rt); err != nil {
-		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
-	}
-	stopped := o.stopped.Has(req.CheckpointID)
-	u := o.unstored[req.CheckpointID]
-	o.writer.Unlock()
-	if stopped {
-		return res, &CommitError{CheckpointID: req.CheckpointID, Err: ErrCommitStopped}
-	}
-	if u != nil {
-		// The snapshots are taken: store the same records again.
-		if u.meta.CheckpointDir != req.CheckpointDir || !slices.Equal(u.meta.Scope, req.Scope) {
-			return res, &CommitError{CheckpointID: req.CheckpointID, Err: fmt.Errorf("%w: a commit of %q with another dir or scope took its snapshots", snapshotindex.ErrConflict, req.CheckpointID)}
-		}
-		return o.store(ctx, req, u, log)
-	}
-
-	refs, err := o.sessions()
-	if err != nil {
-		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
-	}
-	refs = inScope(refs, func(r messages.SessionRef) string { return r.SessionID }, req.Scope)
-
-	o.round++
-	round := o.round
-	tag := roundTag(o.incarnation, req.CheckpointID, round)
-	unix := o.clk.Now().Unix()
-	names := make(map[string]string, len(refs))
-	for _, r := range refs {
-		names[r.SessionID] = snapshotName(r.SessionID, unix, tag)
-	}
-	body, _ := json.Marshal(commitIntent{Tag: tag})
-	intent := snapshotindex.IntentKey{Kind: intentCommit, ID: req.CheckpointID}
-	if err := o.index.PutIntent(snapshotindex.Intent{Kind: intentCommit, ID: req.CheckpointID, Body: body, At: o.clk.Now()}); err != nil {
-		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
-	}
-
-	deadline := o.clk.Now().Add(o.cfg.Checkpoint.RoundTimeout)
-	if !req.Deadline.IsZero() && req.Deadline.Before(deadline) {
-		deadline = req.Deadline
-	}
-	started := o.clk.Now()
-	rr, err := o.runRound(&actors.StartRound{ID: round, Sessions: refs, Names: names, Deadline: deadline})
-	if err != nil {
-		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
-	}
-	if len(rr.Failed) > 0 {
-		res.Skipped = rr.Skipped
-		o.discardRound(tag, rr.Taken, intent, "commit "+req.CheckpointID+" failed")
-		log.WithField("failed", len(rr.Failed)).Warn("checkpoint commit failed; its snapshots were deleted")
-		return res, &CommitError{CheckpointID: req.CheckpointID, Failed: rr.Failed}
-	}
-
-	u = &unstoredCommit{tag: tag, taken: rr.Taken, intent: intent, skipped: rr.Skipped, began: started}
-	u.records = make([]snapshotindex.Record, 0, len(rr.Taken))
-	for _, t := range rr.Taken {
-		spec := t.Sandbox.Spec
-		// The snapshot holds the filesystem; the seed's files would only
-		// bloat the record (and must not be replayed over a fork).
-		spec.Files = nil
-		u.records = append(u.records, snapshotindex.Record{
-			SessionID:  t.SessionID,
-			Episode:    req.Episodes[t.SessionID],
-			Provider:   o.prov.Name(),
-			Sandbox:    t.Sandbox.Handle,
-			SnapshotID: t.SnapshotID,
-			Spec:       spec,
-			Workdir:    t.Sandbox.Workdir,
-			Data:       t.Sandbox.Data,
-			SnapshotAt: t.At,
-		})
-	}
-	u.meta = snapshotindex.CheckpointMeta{
-		ID:            req.CheckpointID,
-		CommittedAt:   o.clk.Now(),
-		CheckpointDir: req.CheckpointDir,
-		Scope:         req.Scope,
-	}
-	return o.store(ctx, req, u, log)
+	m := newCommitting(req, o.prov.Name(), o.cfg.Checkpoint.OnStop == OnStopKill, o.cfg.Checkpoint.RoundTimeout, o.incarnation)
+	err := o.run(ctx, m)
+	return m.res, err
 }
 
 // stoppedMemory is how many stopped checkpoint ids the writer remembers:
@@ -226,55 +133,6 @@ type unstoredCommit struct {
 	records []snapshotindex.Record
 	skipped []string
 	began   time.Time
-}
-
-// store records a commit whose snapshots are taken. A store that fails
-// keeps the commit for a retry, which stores the same records; a commit
-// whose id StopCommit stopped is discarded instead.
-func (o *Owner) store(ctx context.Context, req CommitRequest, u *unstoredCommit, log logrus.FieldLogger) (CommitResult, error) {
-	res := CommitResult{Mode: o.mode, Skipped: u.skipped}
-	// Not ctx: a store given up here would leave the snapshots taken; the
-	// writer is held only across one store and one records write.
-	_ = o.writer.Lock(context.Background(), o.rt)
-	if o.stopped.Has(req.CheckpointID) {
-		delete(o.unstored, req.CheckpointID)
-		o.writer.Unlock()
-		o.discardRound(u.tag, u.taken, u.intent, "commit "+req.CheckpointID+" stopped by a resume")
-		log.Info("checkpoint commit stopped by a resume; its snapshots were deleted")
-		return res, &CommitError{CheckpointID: req.CheckpointID, Err: ErrCommitStopped}
-	}
-	meta, err := o.index.Commit(u.meta, u.records, u.intent)
-	if err != nil {
-		o.unstored[req.CheckpointID] = u
-		o.writer.Unlock()
-		log.WithError(err).Warn("checkpoint store failed; a retry stores the same records, a resume deletes its snapshots")
-		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
-	}
-	delete(o.unstored, req.CheckpointID)
-	// The records under checkpoint_dir publish the commit, under the
-	// writer's lock so that none is published once StopCommit returned. A
-	// failed write leaves the checkpoint in the index: a retry writes its
-	// records as they were cut (a release drops it if it is never kept).
-	var pubErr error
-	res.Manifest, pubErr = o.publishRecords(req.CheckpointID, req.CheckpointDir, u.records)
-	o.writer.Unlock()
-	res.Meta = meta
-	for _, r := range u.records {
-		res.Sessions = append(res.Sessions, r.SessionID)
-	}
-	if err := pubErr; err != nil {
-		log.WithError(err).Warn("checkpoint records could not be written; a retry writes them")
-		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
-	}
-	log.WithFields(logrus.Fields{"records": len(u.records), "skipped": len(u.skipped), "took": o.clk.Now().Sub(u.began)}).Info("checkpoint committed")
-
-	if req.Stop && o.cfg.Checkpoint.OnStop == OnStopKill {
-		res.Parked, res.ParkFailed = o.stopMany(ctx, res.Sessions, messages.StopPark)
-		if len(res.ParkFailed) > 0 {
-			log.WithField("failed", res.ParkFailed).Warn("some exported sandboxes could not be parked")
-		}
-	}
-	return res, nil
 }
 
 // StopCommit stops the writer of checkpoint id, as a resume does: it waits

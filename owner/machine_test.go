@@ -5,11 +5,16 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/sandboxowner/owner/actors"
 	"github.com/sandboxowner/owner/internal/script"
+	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -174,6 +179,116 @@ func TestReleaseScripts(t *testing.T) {
 			r := m.res
 			return effects(out) + fmt.Sprintf("state: waiting=%s dropped=%s deleted=%s deferred=%s failed=%s",
 				m.phase, bracket(r.Dropped), bracket(r.Deleted), bracket(r.Deferred), failedText(r.Failed))
+		}
+	})
+}
+
+var scriptT0 = time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+
+// at reads at=seconds after scriptT0 (0 when absent).
+func at(t *testing.T, c *script.Case, key string) time.Time {
+	v, ok := c.Args[key]
+	if !ok {
+		return scriptT0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatalf("%s: %s=%q: %v", c.Pos, key, v, err)
+	}
+	return scriptT0.Add(time.Duration(n) * time.Second)
+}
+
+// snapRecords reads session:snapshot words.
+func snapRecords(c *script.Case, key string) []snapshotindex.Record {
+	var out []snapshotindex.Record
+	for _, w := range c.List(key) {
+		sid, snap, _ := strings.Cut(w, ":")
+		out = append(out, snapshotindex.Record{SessionID: sid, SnapshotID: snap})
+	}
+	return out
+}
+
+// commitInput reads a commit's inputs.
+func commitInput(t *testing.T, c *script.Case) (input, bool) {
+	switch c.Cmd {
+	case "checkpoint":
+		if c.Has("missing") {
+			return inCheckpoint{Err: fmt.Errorf("checkpoint: %w", snapshotindex.ErrNotFound)}, true
+		}
+		return inCheckpoint{Ck: snapshotindex.Checkpoint{Meta: snapshotindex.CheckpointMeta{ID: c.Args["id"], Seq: 1}, Records: snapRecords(c, "records")}, Err: scriptErr(c)}, true
+	case "writer":
+		in := inWriter{Stopped: c.Has("stopped"), Err: scriptErr(c)}
+		if c.Has("unstored") {
+			in.Unstored = &unstoredCommit{
+				tag: "tag0", taken: []messages.SnapshotReply{{SessionID: "a", SnapshotID: "sa"}},
+				meta:    snapshotindex.CheckpointMeta{ID: c.Args["unstored"], CheckpointDir: c.Args["dir"], Scope: c.List("scope")},
+				records: snapRecords(c, "records"), skipped: c.List("skipped"), began: scriptT0,
+			}
+		}
+		return in, true
+	case "manifest":
+		return inManifest{M: records.Manifest{CheckpointID: c.Args["id"]}, Err: scriptErr(c)}, true
+	case "published":
+		return inPublished{M: records.Manifest{CheckpointID: c.Args["id"]}, Err: scriptErr(c), Now: at(t, c, "at")}, true
+	case "sessions":
+		var refs []messages.SessionRef
+		for _, id := range c.List("ids") {
+			refs = append(refs, messages.SessionRef{SessionID: id})
+		}
+		return inSessions{Refs: refs, Err: scriptErr(c)}, true
+	case "round-no":
+		n, _ := strconv.ParseUint(c.Args["n"], 10, 64)
+		return inRoundNo{N: n, Now: at(t, c, "at")}, true
+	case "round":
+		if err := scriptErr(c); err != nil {
+			return inRound{Err: err}, true
+		}
+		rr := &actors.RoundResult{Skipped: c.List("skipped"), Failed: failures(c, "failed")}
+		for _, r := range snapRecords(c, "taken") {
+			rr.Taken = append(rr.Taken, messages.SnapshotReply{SessionID: r.SessionID, SnapshotID: r.SnapshotID,
+				Sandbox: messages.Sandbox{Handle: provider.Handle{SandboxID: "sb-" + r.SessionID}, Spec: provider.Spec{Image: "img", Files: map[string]string{"/seed": "x"}}}})
+		}
+		return inRound{R: rr, Now: at(t, c, "at")}, true
+	case "stored":
+		return inStored{Meta: snapshotindex.CheckpointMeta{ID: c.Args["id"], Seq: 2}, Err: scriptErr(c)}, true
+	case "parked":
+		return inParked{Parked: c.List("ok"), Failed: failures(c, "failed")}, true
+	}
+	return commonInput(c)
+}
+
+// TestCommitScripts runs testdata/commit/*.txt against the commit machine.
+// "commit" makes one (deadline= seconds after the script's start; the
+// round timeout is ten minutes; on-stop=none leaves a stop's sandboxes).
+func TestCommitScripts(t *testing.T) {
+	script.Run(t, "testdata/commit/*.txt", func(t *testing.T) func(c *script.Case) string {
+		var m *committing
+		return func(c *script.Case) string {
+			var out []effect
+			if c.Cmd == "commit" {
+				req := CommitRequest{CheckpointID: c.Args["id"], CheckpointDir: c.Args["dir"], Scope: c.List("scope"), Stop: c.Has("stop")}
+				if c.Has("deadline") {
+					req.Deadline = at(t, c, "deadline")
+				}
+				for _, w := range c.List("episodes") {
+					sid, ep, _ := strings.Cut(w, ":")
+					if req.Episodes == nil {
+						req.Episodes = map[string]string{}
+					}
+					req.Episodes[sid] = ep
+				}
+				m = newCommitting(req, "fake", c.Args["on-stop"] != OnStopNone, 10*time.Minute, "now")
+				out = m.step(inStart{})
+			} else {
+				in, ok := commitInput(t, c)
+				if !ok {
+					t.Fatalf("%s: unknown command %q", c.Pos, c.Cmd)
+				}
+				out = m.step(in)
+			}
+			r := m.res
+			return effects(out) + fmt.Sprintf("state: waiting=%s existing=%v meta=%s/%d sessions=%s skipped=%s parked=%s park-failed=%s manifest=%s",
+				m.phase, r.Existing, r.Meta.ID, r.Meta.Seq, bracket(r.Sessions), bracket(r.Skipped), bracket(r.Parked), failedText(r.ParkFailed), r.Manifest.CheckpointID)
 		}
 	})
 }

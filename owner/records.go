@@ -2,7 +2,6 @@ package owner
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -59,29 +58,6 @@ func (o *Owner) publishRecords(checkpointID, dir string, recs []snapshotindex.Re
 		lines[i] = line
 	}
 	return o.recordsWriter().Write(dir, checkpointID, lines, nil)
-}
-
-// republish writes the records of a checkpoint the index holds (a retried
-// commit). Once a resume stopped its writer nothing new is published: the
-// retry answers with the manifest already there, if any.
-func (o *Owner) republish(ctx context.Context, req CommitRequest, res CommitResult, recs []snapshotindex.Record) (CommitResult, error) {
-	if err := o.writer.Lock(ctx, o.rt); err != nil {
-		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
-	}
-	defer o.writer.Unlock()
-	if req.CheckpointDir != "" && o.stopped.Has(req.CheckpointID) {
-		m, err := records.ReadManifest(o.recordsWriter().FS, req.CheckpointDir, o.participant())
-		if err != nil || m.CheckpointID != req.CheckpointID {
-			return res, &CommitError{CheckpointID: req.CheckpointID, Err: ErrCommitStopped}
-		}
-		res.Manifest = m
-		return res, nil
-	}
-	var err error
-	if res.Manifest, err = o.publishRecords(req.CheckpointID, req.CheckpointDir, recs); err != nil {
-		return res, &CommitError{CheckpointID: req.CheckpointID, Err: err}
-	}
-	return res, nil
 }
 
 func toRecord(r snapshotindex.Record) records.Record {

@@ -7,7 +7,10 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/records"
+	"github.com/sandboxowner/owner/snapshotindex"
 )
 
 // run drives m from inStart to its effDone, performing its effects in
@@ -68,6 +71,58 @@ func (o *Owner) perform(ctx context.Context, e effect) input {
 		o.ret.count(e.Reason, e.N)
 	case effLog:
 		o.log.WithFields(e.Fields).Log(e.Level, e.Msg)
+	default:
+		return o.performCommit(ctx, e)
+	}
+	return nil
+}
+
+// performCommit does the effects of a commit.
+func (o *Owner) performCommit(ctx context.Context, e effect) input {
+	switch e := e.(type) {
+	case effReadCheckpoint:
+		ck, err := o.index.Checkpoint(e.ID)
+		return inCheckpoint{Ck: ck, Err: err}
+	case effLockWriter:
+		lockCtx := ctx
+		if e.Unbounded {
+			lockCtx = context.Background()
+		}
+		if err := o.writer.Lock(lockCtx, o.rt); err != nil {
+			return inWriter{Err: err}
+		}
+		return inWriter{Stopped: o.stopped.Has(e.ID), Unstored: o.unstored[e.ID]}
+	case effUnlockWriter:
+		o.writer.Unlock()
+	case effKeepUnstored:
+		o.unstored[e.U.meta.ID] = e.U
+	case effForgetUnstored:
+		delete(o.unstored, e.ID)
+	case effReadManifest:
+		m, err := records.ReadManifest(o.recordsWriter().FS, e.Dir, o.participant())
+		return inManifest{M: m, Err: err}
+	case effPublish:
+		m, err := o.publishRecords(e.ID, e.Dir, e.Records)
+		return inPublished{M: m, Err: err, Now: o.clk.Now()}
+	case effListSessions:
+		refs, err := o.sessions()
+		return inSessions{Refs: refs, Err: err}
+	case effNewRound:
+		o.round++
+		return inRoundNo{N: o.round, Now: o.clk.Now()}
+	case effPutIntent:
+		return inWritten{Err: o.index.PutIntent(snapshotindex.Intent{Kind: intentCommit, ID: e.ID, Body: commitIntentBody(e.Tag), At: o.clk.Now()})}
+	case effRound:
+		rr, err := o.runRound(&e.Start)
+		return inRound{R: rr, Err: err, Now: o.clk.Now()}
+	case effDiscard:
+		o.discardRound(e.Tag, e.Taken, e.Intent, e.Reason)
+	case effStore:
+		meta, err := o.index.Commit(e.U.meta, e.U.records, e.U.intent)
+		return inStored{Meta: meta, Err: err}
+	case effPark:
+		parked, failed := o.stopMany(ctx, e.Sessions, messages.StopPark)
+		return inParked{Parked: parked, Failed: failed}
 	default:
 		panic(fmt.Sprintf("owner: no shell for %T", e))
 	}
