@@ -5,6 +5,7 @@ import (
 
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // kinds names the effects Step returned, for the session scripts
@@ -79,8 +80,8 @@ func kinds(effects []any) []string {
 	return out
 }
 
-func sandbox(id string) messages.Sandbox {
-	return messages.Sandbox{Handle: provider.Handle{SandboxID: id, Provider: "fake"}, Workdir: "/w", Data: []byte("{}")}
+func sandboxOf(id string) sandbox.Sandbox {
+	return sandbox.Sandbox{Handle: provider.Handle{SandboxID: id, Provider: "fake"}, Workdir: "/w", Data: []byte("{}")}
 }
 
 // refs are session refs with pids pid-<id>, for the round scripts

@@ -58,7 +58,7 @@ func TestSessionScripts(t *testing.T) {
 				s = NewSession(c.Args["id"])
 				return sessionState(s)
 			case "installed":
-				sb := sandbox(c.Args["sandbox"])
+				sb := sandboxOf(c.Args["sandbox"])
 				sb.Restored = c.Has("restored")
 				if c.Has("nodata") {
 					sb.Data = nil
@@ -95,7 +95,7 @@ func TestSessionScripts(t *testing.T) {
 			case "start-done":
 				d := startDone{Seq: seq(t, c), Err: scriptErr(c)}
 				if c.Has("sandbox") {
-					d.Sandbox = sandbox(c.Args["sandbox"])
+					d.Sandbox = sandboxOf(c.Args["sandbox"])
 				}
 				in = d
 			case "stop-done":

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // Errors a session replies with.
@@ -15,8 +16,6 @@ var (
 	// ErrSandboxExists: the session already has a sandbox (or one is
 	// starting).
 	ErrSandboxExists = errors.New("session already has a sandbox")
-	// ErrNoSandbox: the session holds no sandbox.
-	ErrNoSandbox = errors.New("session holds no sandbox")
 	// ErrSandboxLost: the session's sandbox is gone behind the owner's
 	// back (stopped out of band, its lease lost, the provider knows it
 	// no more); nothing may run in it or grade it.
@@ -59,15 +58,15 @@ type (
 		Seq     uint64
 		Ctx     context.Context
 		Spec    provider.Spec
-		Setup   messages.SetupFunc
+		Setup   sandbox.SetupFunc
 		Workdir string
 	}
 	// effDo: run a DoFunc against the sandbox.
 	effDo struct {
 		Seq     uint64
 		Ctx     context.Context
-		Fn      messages.DoFunc
-		Sandbox messages.Sandbox
+		Fn      sandbox.DoFunc
+		Sandbox sandbox.Sandbox
 	}
 	// effSnapshot: snapshot the sandbox.
 	effSnapshot struct {
@@ -75,7 +74,7 @@ type (
 		Name     string
 		Round    uint64
 		Deadline time.Time
-		Sandbox  messages.Sandbox
+		Sandbox  sandbox.Sandbox
 	}
 	// effStop: stop the sandbox.
 	effStop struct {
@@ -96,11 +95,11 @@ type (
 	}
 	// effHeld: the session now holds Sandbox (the owner indexes it).
 	effHeld struct {
-		Sandbox messages.Sandbox
+		Sandbox sandbox.Sandbox
 	}
 	// effLost: the session's sandbox was found gone (once per session).
 	effLost struct {
-		Sandbox messages.Sandbox
+		Sandbox sandbox.Sandbox
 		Cause   error
 	}
 	// effEnded: the session is over; the supervisor may forget it.
@@ -114,7 +113,7 @@ type (
 type (
 	startDone struct {
 		Seq     uint64
-		Sandbox messages.Sandbox
+		Sandbox sandbox.Sandbox
 		At      time.Time // when the start ended
 		Err     error
 	}
@@ -150,7 +149,7 @@ type (
 type Session struct {
 	ID        string
 	Phase     Phase
-	Sandbox   messages.Sandbox
+	Sandbox   sandbox.Sandbox
 	Snapshots []string
 	// Lost is set once the sandbox is found gone behind the owner's back:
 	// the session still holds its handle (a stop of it succeeds) but runs
@@ -177,7 +176,7 @@ type Session struct {
 func NewSession(id string) *Session { return &Session{ID: id} }
 
 // NewInstalledSession returns a session holding a sandbox a restore forked.
-func NewInstalledSession(id string, sb messages.Sandbox, snapshots []string) *Session {
+func NewInstalledSession(id string, sb sandbox.Sandbox, snapshots []string) *Session {
 	if len(sb.Data) == 0 {
 		sb.Data = json.RawMessage("{}")
 	}
@@ -291,7 +290,7 @@ func (s *Session) begin(r request) []any {
 			return reply(&messages.DoReply{ReqID: m.ReqID, Err: ErrSandboxLost})
 		}
 		if s.Phase != PhaseReady {
-			return reply(&messages.DoReply{ReqID: m.ReqID, Err: ErrNoSandbox})
+			return reply(&messages.DoReply{ReqID: m.ReqID, Err: sandbox.ErrNone})
 		}
 		return s.run(r, effDo{Seq: s.seq, Ctx: m.Ctx, Fn: m.Fn, Sandbox: s.Sandbox})
 	case *messages.TakeSnapshot:

@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxowner/owner/internal/timeouts"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/sched"
 )
 
@@ -40,10 +41,10 @@ type SessionEnv struct {
 	// tokens. It must be safe for concurrent use.
 	OnEnded func(sessionID string, stopped *provider.Handle, reason messages.StopReason)
 	// OnHeld is told when a session's start succeeded, before the reply.
-	OnHeld func(sessionID string, sb messages.Sandbox)
+	OnHeld func(sessionID string, sb sandbox.Sandbox)
 	// OnLost is told once when a session's sandbox is found gone behind
 	// the owner's back. It must be safe for concurrent use.
-	OnLost func(sessionID string, sb messages.Sandbox)
+	OnLost func(sessionID string, sb sandbox.Sandbox)
 	// StopTimeout bounds a Stop call (default 2 minutes).
 	StopTimeout time.Duration
 	// Context, when set, bounds every provider call the session makes on
@@ -199,7 +200,7 @@ func (a *sessionActor) start(e effStart, feed func(any)) {
 		feed(startDone{Seq: e.Seq, Err: fmt.Errorf("start sandbox: %w", err)})
 		return
 	}
-	sb := messages.Sandbox{Handle: h, Spec: e.Spec, Workdir: e.Workdir}
+	sb := sandbox.Sandbox{Handle: h, Spec: e.Spec, Workdir: e.Workdir}
 	if ttl := e.Spec.TTL(); ttl > 0 {
 		sb.ExpiresAt = a.env.Clock.Now().Add(ttl)
 	}
@@ -222,7 +223,7 @@ func (a *sessionActor) start(e effStart, feed func(any)) {
 	feed(startDone{Seq: e.Seq, Sandbox: sb, At: a.env.Clock.Now()})
 }
 
-func (a *sessionActor) runSetup(ctx context.Context, setup messages.SetupFunc, sb messages.Sandbox) (data json.RawMessage, err error) {
+func (a *sessionActor) runSetup(ctx context.Context, setup sandbox.SetupFunc, sb sandbox.Sandbox) (data json.RawMessage, err error) {
 	if setup == nil {
 		return json.RawMessage("{}"), nil
 	}

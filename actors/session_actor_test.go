@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 var shellT0 = time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
@@ -48,8 +49,8 @@ func newShell(t *testing.T, p provider.Provider) *shell {
 			s.note("ended %s %s stopped=%v", id, reason, stopped != nil)
 			s.ended <- struct{}{}
 		},
-		OnHeld: func(id string, sb messages.Sandbox) { s.note("held %s", id) },
-		OnLost: func(id string, sb messages.Sandbox) { s.note("lost %s", id) },
+		OnHeld: func(id string, sb sandbox.Sandbox) { s.note("held %s", id) },
+		OnLost: func(id string, sb sandbox.Sandbox) { s.note("lost %s", id) },
 	}
 	s.pid = s.sys.Root.Spawn(actors.SessionProps(s.env, func() *actors.Session { return actors.NewSession("s1") }))
 	t.Cleanup(func() { s.sys.Shutdown() })
@@ -81,13 +82,13 @@ func (s *shell) ask(msg any, slot messages.ReplyTo) any {
 	}
 }
 
-func (s *shell) start(setup messages.SetupFunc, spec provider.Spec) *messages.StartReply {
+func (s *shell) start(setup sandbox.SetupFunc, spec provider.Spec) *messages.StartReply {
 	slot := make(messages.ReplyTo, 1)
 	r, _ := s.ask(&messages.StartSandbox{ReqID: 1, Spec: spec, Setup: setup, Reply: slot}, slot).(*messages.StartReply)
 	return r
 }
 
-func (s *shell) do(fn messages.DoFunc) error {
+func (s *shell) do(fn sandbox.DoFunc) error {
 	slot := make(messages.ReplyTo, 1)
 	r, _ := s.ask(&messages.Do{ReqID: 2, Fn: fn, Reply: slot}, slot).(*messages.DoReply)
 	return r.Err
@@ -110,7 +111,7 @@ func (s *shell) request(msg any) any {
 func TestShellStartsAndStops(t *testing.T) {
 	p := fake.New(fake.Options{Clock: clock.NewManual(shellT0)})
 	s := newShell(t, p)
-	rep := s.start(func(ctx context.Context, pr provider.Provider, sb messages.Sandbox) (json.RawMessage, error) {
+	rep := s.start(func(ctx context.Context, pr provider.Provider, sb sandbox.Sandbox) (json.RawMessage, error) {
 		return json.RawMessage(`{"seed":1}`), nil
 	}, provider.Spec{Workdir: "/work", TTLSeconds: 60})
 	if rep.Err != nil {
@@ -174,17 +175,17 @@ func (e *execLog) requests() []provider.ExecRequest {
 // returns something other than a JSON object fails the start with ErrSetup
 // and leaves no sandbox running; the session can start again.
 func TestShellFailedSetupsStopTheirSandbox(t *testing.T) {
-	for name, setup := range map[string]messages.SetupFunc{
-		"error": func(context.Context, provider.Provider, messages.Sandbox) (json.RawMessage, error) {
+	for name, setup := range map[string]sandbox.SetupFunc{
+		"error": func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) {
 			return nil, errors.New("clone failed")
 		},
-		"panic": func(context.Context, provider.Provider, messages.Sandbox) (json.RawMessage, error) {
+		"panic": func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) {
 			panic("bad grader")
 		},
-		"array": func(context.Context, provider.Provider, messages.Sandbox) (json.RawMessage, error) {
+		"array": func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) {
 			return json.RawMessage(`[1]`), nil
 		},
-		"too big": func(context.Context, provider.Provider, messages.Sandbox) (json.RawMessage, error) {
+		"too big": func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) {
 			return json.RawMessage(`{"x":"` + strings.Repeat("a", actors.MaxSessionData) + `"}`), nil
 		},
 	} {
@@ -248,22 +249,22 @@ func TestShellDo(t *testing.T) {
 	s := newShell(t, p)
 	sb := s.start(nil, provider.Spec{Workdir: "/w"}).Sandbox
 	var saw string
-	if err := s.do(func(ctx context.Context, pr provider.Provider, got messages.Sandbox) error {
+	if err := s.do(func(ctx context.Context, pr provider.Provider, got sandbox.Sandbox) error {
 		saw = got.Handle.SandboxID
 		return pr.WriteFile(ctx, got.Handle, "/w/a", []byte("x"))
 	}); err != nil || saw != sb.Handle.SandboxID {
 		t.Fatalf("do: %v on %q", err, saw)
 	}
-	if err := s.do(func(context.Context, provider.Provider, messages.Sandbox) error { return errors.New("tool failed") }); err == nil || err.Error() != "tool failed" {
+	if err := s.do(func(context.Context, provider.Provider, sandbox.Sandbox) error { return errors.New("tool failed") }); err == nil || err.Error() != "tool failed" {
 		t.Errorf("do returning an error: %v", err)
 	}
-	if err := s.do(func(context.Context, provider.Provider, messages.Sandbox) error { panic("oops") }); err == nil || !strings.Contains(err.Error(), "panic: oops") {
+	if err := s.do(func(context.Context, provider.Provider, sandbox.Sandbox) error { panic("oops") }); err == nil || !strings.Contains(err.Error(), "panic: oops") {
 		t.Errorf("do that panics: %v", err)
 	}
 	// Each of the watched calls on another sandbox, or failing otherwise,
 	// loses nothing.
 	other := provider.Handle{SandboxID: "elsewhere", Provider: "fake"}
-	if err := s.do(func(ctx context.Context, pr provider.Provider, got messages.Sandbox) error {
+	if err := s.do(func(ctx context.Context, pr provider.Provider, got sandbox.Sandbox) error {
 		_, _ = pr.Exec(ctx, other, provider.ExecRequest{Command: "true"})
 		_, _ = pr.ReadFile(ctx, got.Handle, "/w/missing")
 		return nil
@@ -297,7 +298,7 @@ func TestShellDo(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The operation swallows the error; the loss is still seen.
-		if err := s2.do(func(ctx context.Context, pr provider.Provider, sb messages.Sandbox) error {
+		if err := s2.do(func(ctx context.Context, pr provider.Provider, sb sandbox.Sandbox) error {
 			_ = call(ctx, pr, sb.Handle)
 			return nil
 		}); !errors.Is(err, actors.ErrSandboxLost) {

@@ -39,6 +39,7 @@ import (
 	"github.com/sandboxowner/owner/metrics"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // Deps replace parts of what Start builds from the config: for tests and the
@@ -204,7 +205,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		return fail(fmt.Errorf("%w: %w", ErrConfig, err))
 	}
 	var lend *lending
-	var access func(*httpapi.Session, owner.Sandbox, map[string]any) error
+	var access func(*httpapi.Session, sandbox.Sandbox, map[string]any) error
 	var mounts map[string]fasthttp.RequestHandler
 	if res.LendsSandboxes() {
 		if lend, err = newLending(secret, prov, own, clk, log, direct); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // localOwner is an owner on a local provider at root (no isolation,
@@ -42,7 +43,7 @@ func TestSweepCommand(t *testing.T) {
 	dir := t.TempDir()
 	root := filepath.Join(dir, "sandboxes")
 	p, o := localOwner(t, root, dir)
-	setup := func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) { return nil, nil }
+	setup := func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) { return nil, nil }
 	if _, err := o.StartSessionSandbox(ctx, "kept", provider.Spec{Image: "notes"}, setup, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,7 @@ func TestSweepRetainFrom(t *testing.T) {
 	dir, ckRoot := t.TempDir(), t.TempDir()
 	root := filepath.Join(dir, "sandboxes")
 	p, o := localOwner(t, root, filepath.Join(dir, "state"))
-	setup := func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) { return nil, nil }
+	setup := func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) { return nil, nil }
 	if _, err := o.StartSessionSandbox(ctx, "s1", provider.Spec{Image: "notes"}, setup, ""); err != nil {
 		t.Fatal(err)
 	}

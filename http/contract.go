@@ -20,10 +20,6 @@ type (
 	HealthReporter = resources.HealthReporter
 )
 
-// ErrNoSessionSandbox is the 409 a verify or a tool call gets without a
-// sandbox; errors.Is(err, owner.ErrNoSessionSandbox) is mapped to it.
-var ErrNoSessionSandbox = resources.ErrNoSessionSandbox
-
 // Wrap is resources.Wrap.
 func Wrap(status int, code string, err error) *Error { return resources.Wrap(status, code, err) }
 
@@ -43,7 +39,9 @@ func CheckObject(body []byte) error { return resources.CheckObject(body) }
 
 // Codes this package answers with besides the protocol's.
 const (
-	CodeNoSessionSandbox = resources.CodeNoSessionSandbox
+	// CodeNoSessionSandbox: the session holds no sandbox (409,
+	// sandbox.ErrNone).
+	CodeNoSessionSandbox = "no_session_sandbox"
 	CodeNoSandboxAccess  = "no_sandbox_access"
 	CodeSessionClosed    = "session_closed"
 	CodeBodyTooLarge     = "body_too_large"

@@ -30,6 +30,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/participant"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // Routes and headers of the wire protocol.
@@ -119,7 +120,7 @@ type Config struct {
 	ClosedRetention time.Duration
 	// Access, when set, adds fields to the descriptor /sandbox_access
 	// returns (an exec API's endpoint and token).
-	Access func(sess *Session, sb owner.Sandbox, descriptor map[string]any) error
+	Access func(sess *Session, sb sandbox.Sandbox, descriptor map[string]any) error
 	// Mounts serve other path prefixes (the sandbox exec API) with their
 	// own handlers; they get the panic guard and nothing else.
 	Mounts map[string]fasthttp.RequestHandler
@@ -620,7 +621,7 @@ func classify(err error) (status int, code, detail string) {
 		return he.Status, he.Code, he.Detail
 	case errors.As(err, &ce):
 		return ce.Status, ce.Code, ce.Detail
-	case errors.Is(err, owner.ErrNoSessionSandbox):
+	case errors.Is(err, sandbox.ErrNone):
 		return nethttp.StatusConflict, CodeNoSessionSandbox, err.Error()
 	case errors.Is(err, owner.ErrSetup):
 		return nethttp.StatusInternalServerError, CodeSetupFailed, err.Error()

@@ -11,36 +11,11 @@ package messages
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 )
-
-// Sandbox is what a session holds: the handle of its sandbox, the spec it was
-// started (or forked) from, its workdir and the session data its setup
-// returned.
-type Sandbox struct {
-	Handle  provider.Handle
-	Spec    provider.Spec
-	Workdir string
-	// Data is the setup's JSON object; never nil once installed ("{}").
-	Data json.RawMessage
-	// Restored is true when the sandbox is a fork a restore installed.
-	Restored bool
-	// FromSnapshot is the snapshot the sandbox was forked from, if any.
-	FromSnapshot string
-	// ExpiresAt is the lease the owner last set; zero without one.
-	ExpiresAt time.Time
-}
-
-// SetupFunc runs a resources server's setup against a freshly started
-// sandbox. It returns the session data (a JSON object, or nil for {}).
-type SetupFunc func(ctx context.Context, p provider.Provider, sb Sandbox) (json.RawMessage, error)
-
-// DoFunc is one operation on a session's sandbox (a tool call, a patch
-// extraction), serialised with the session's other operations.
-type DoFunc func(ctx context.Context, p provider.Provider, sb Sandbox) error
 
 // StopReason says why a session's sandbox is stopped.
 type StopReason string
@@ -104,7 +79,7 @@ type StartSandbox struct {
 	Ctx     context.Context
 	ReqID   uint64
 	Spec    provider.Spec
-	Setup   SetupFunc
+	Setup   sandbox.SetupFunc
 	Workdir string
 	Reply   ReplyTo
 }
@@ -112,7 +87,7 @@ type StartSandbox struct {
 // StartReply answers StartSandbox.
 type StartReply struct {
 	ReqID   uint64
-	Sandbox Sandbox
+	Sandbox sandbox.Sandbox
 	// Existing is true when the session already held a sandbox that a
 	// restore installed: setup did not run again.
 	Existing bool
@@ -124,7 +99,7 @@ type Do struct {
 	// Ctx bounds Fn; nil means no bound.
 	Ctx   context.Context
 	ReqID uint64
-	Fn    DoFunc
+	Fn    sandbox.DoFunc
 	Reply ReplyTo
 }
 
@@ -142,7 +117,7 @@ type GetSandbox struct {
 // GetSandboxReply answers GetSandbox.
 type GetSandboxReply struct {
 	SessionID string
-	Sandbox   Sandbox
+	Sandbox   sandbox.Sandbox
 	// Held is false when the session holds no sandbox (before setup
 	// returned, after it ended).
 	Held bool
@@ -196,7 +171,7 @@ type SnapshotReply struct {
 	SessionID  string
 	Skipped    bool
 	SnapshotID string
-	Sandbox    Sandbox
+	Sandbox    sandbox.Sandbox
 	At         time.Time
 	Err        error
 }
@@ -219,7 +194,7 @@ type RenewLease struct {
 type SpawnSession struct {
 	SessionID string
 	// Install, when set, is the sandbox a restore forked for the session.
-	Install *Sandbox
+	Install *sandbox.Sandbox
 	// Snapshots are the snapshot ids the installed sandbox stands on.
 	Snapshots []string
 	// Limit, when positive, refuses a new actor while the supervisor

@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -81,7 +82,7 @@ func TestCommitSkipsSessionsInSetup(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		_, err := o.StartSessionSandbox(context.Background(), "in-setup", provider.Spec{}, func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) {
+		_, err := o.StartSessionSandbox(context.Background(), "in-setup", provider.Spec{}, func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) {
 			close(entered)
 			<-release
 			return nil, nil
@@ -331,13 +332,13 @@ func TestCrashThenFreshOwnerRestores(t *testing.T) {
 	if got := string(o2.SessionData(context.Background(), "s1")); got != `{"seed_token":"tok-s1"}` {
 		t.Fatalf("restored data %s", got)
 	}
-	if _, _, fate := o2.SandboxFate(sb1.Handle.SandboxID); fate != owner.FateSuperseded {
+	if _, _, fate := o2.SandboxFate(sb1.Handle.SandboxID); fate != sandbox.FateSuperseded {
 		t.Fatalf("fate of the superseded sandbox = %s", fate)
 	}
 	// A replacement attempt re-seeding the session gets the fork; its setup
 	// does not run again.
 	ran := false
-	sb, err := o2.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) {
+	sb, err := o2.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) {
 		ran = true
 		return nil, nil
 	}, "")

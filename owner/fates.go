@@ -4,19 +4,8 @@ import (
 	"sync"
 
 	"github.com/sandboxowner/owner/internal/fifo"
-	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
-)
-
-// Fate is what became of a sandbox the owner held.
-type Fate = messages.Fate
-
-// Fates.
-const (
-	FateLive       = messages.FateLive
-	FateEnded      = messages.FateEnded
-	FateSuperseded = messages.FateSuperseded
-	FateUnknown    = messages.FateUnknown
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // fateMemory remembers the live sandboxes and a bounded number of gone
@@ -25,7 +14,7 @@ const (
 type fateMemory struct {
 	mu   sync.Mutex
 	live map[string]liveSandbox
-	gone *fifo.Map[string, Fate]
+	gone *fifo.Map[string, sandbox.Fate]
 }
 
 type liveSandbox struct {
@@ -37,7 +26,7 @@ type liveSandbox struct {
 }
 
 func newFateMemory(limit int) *fateMemory {
-	return &fateMemory{live: map[string]liveSandbox{}, gone: fifo.New[string, Fate](limit)}
+	return &fateMemory{live: map[string]liveSandbox{}, gone: fifo.New[string, sandbox.Fate](limit)}
 }
 
 func (f *fateMemory) hold(sessionID string, h provider.Handle, fromSnapshot string) {
@@ -46,23 +35,23 @@ func (f *fateMemory) hold(sessionID string, h provider.Handle, fromSnapshot stri
 	f.live[h.SandboxID] = liveSandbox{sessionID: sessionID, handle: h, fromSnapshot: fromSnapshot}
 }
 
-func (f *fateMemory) set(sandboxID string, fate Fate) {
+func (f *fateMemory) set(sandboxID string, fate sandbox.Fate) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.live, sandboxID)
 	f.gone.Put(sandboxID, fate)
 }
 
-func (f *fateMemory) get(sandboxID string) (liveSandbox, Fate) {
+func (f *fateMemory) get(sandboxID string) (liveSandbox, sandbox.Fate) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if l, ok := f.live[sandboxID]; ok {
-		return l, FateLive
+		return l, sandbox.FateLive
 	}
 	if fate, ok := f.gone.Get(sandboxID); ok {
 		return liveSandbox{}, fate
 	}
-	return liveSandbox{}, FateUnknown
+	return liveSandbox{}, sandbox.FateUnknown
 }
 
 // liveSnapshots are the snapshots live sandboxes were forked from: a

@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/records"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -73,8 +74,8 @@ func (e *env) open(opts ...cfgOpt) *owner.Owner {
 }
 
 // notesSetup writes a token file and returns it as session data.
-func notesSetup(token string) owner.SetupFunc {
-	return func(ctx context.Context, p provider.Provider, sb owner.Sandbox) (json.RawMessage, error) {
+func notesSetup(token string) sandbox.SetupFunc {
+	return func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) (json.RawMessage, error) {
 		if err := p.WriteFile(ctx, sb.Handle, ".seed_token", []byte(token)); err != nil {
 			return nil, err
 		}
@@ -82,7 +83,7 @@ func notesSetup(token string) owner.SetupFunc {
 	}
 }
 
-func seed(t *testing.T, o *owner.Owner, sid string) owner.Sandbox {
+func seed(t *testing.T, o *owner.Owner, sid string) sandbox.Sandbox {
 	t.Helper()
 	sb, err := o.StartSessionSandbox(context.Background(), sid, provider.Spec{Image: "notes"}, notesSetup("tok-"+sid), "")
 	if err != nil {
@@ -94,7 +95,7 @@ func seed(t *testing.T, o *owner.Owner, sid string) owner.Sandbox {
 // appendNote appends a line to notes.txt through the session's sandbox.
 func appendNote(t *testing.T, o *owner.Owner, sid, line string) {
 	t.Helper()
-	err := o.Do(context.Background(), sid, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+	err := o.Do(context.Background(), sid, func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
 		res, err := p.Exec(ctx, sb.Handle, provider.ExecRequest{Command: fmt.Sprintf("echo %s >> notes.txt", line)})
 		if err != nil {
 			return err
@@ -112,7 +113,7 @@ func appendNote(t *testing.T, o *owner.Owner, sid, line string) {
 func notes(t *testing.T, o *owner.Owner, sid string) []string {
 	t.Helper()
 	var out []string
-	err := o.Do(context.Background(), sid, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+	err := o.Do(context.Background(), sid, func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
 		b, err := p.ReadFile(ctx, sb.Handle, "notes.txt")
 		if err != nil {
 			return err

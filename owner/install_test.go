@@ -12,6 +12,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // A seed that races a restore (after its records were checked, before the
@@ -34,7 +35,7 @@ func TestRestoreRacedBySeedInstallsNothing(t *testing.T) {
 	// fake's lock, on the fork's goroutine).
 	var mu sync.Mutex
 	forks := 0
-	var raced owner.Sandbox
+	var raced sandbox.Sandbox
 	var seedErr error
 	e.fk.SetHook(func(c fake.Call) {
 		if c.Op != fake.OpFork || c.Phase != fake.PhaseBegin {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // Requests find a session's actor in the supervisor's directory instead of
@@ -22,8 +23,8 @@ import (
 func TestRequestsAfterAnEndSeeNoSessionSandbox(t *testing.T) {
 	e := newEnv(t)
 	o := e.open()
-	noop := func(context.Context, provider.Provider, owner.Sandbox) error { return nil }
-	failing := func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) {
+	noop := func(context.Context, provider.Provider, sandbox.Sandbox) error { return nil }
+	failing := func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) {
 		return nil, errors.New("setup failed")
 	}
 	for i := 0; i < 300; i++ {
@@ -39,10 +40,10 @@ func TestRequestsAfterAnEndSeeNoSessionSandbox(t *testing.T) {
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		if err := o.Do(ctx, sid, noop); !errors.Is(err, owner.ErrNoSessionSandbox) {
-			t.Fatalf("%s: Do after the end: %v, want ErrNoSessionSandbox", sid, err)
+		if err := o.Do(ctx, sid, noop); !errors.Is(err, sandbox.ErrNone) {
+			t.Fatalf("%s: Do after the end: %v, want sandbox.ErrNone", sid, err)
 		}
-		if _, err := o.RequireSessionSandbox(context.Background(), sid); !errors.Is(err, owner.ErrNoSessionSandbox) {
+		if _, err := o.RequireSessionSandbox(context.Background(), sid); !errors.Is(err, sandbox.ErrNone) {
 			t.Fatalf("%s: RequireSessionSandbox after the end: %v", sid, err)
 		}
 		if err := o.EndSessionSandbox(ctx, sid); err != nil {

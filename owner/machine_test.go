@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/records"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -246,7 +247,7 @@ func commitInput(t *testing.T, c *script.Case) (input, bool) {
 		rr := &actors.RoundResult{Skipped: c.List("skipped"), Failed: failures(c, "failed")}
 		for _, r := range snapRecords(c, "taken") {
 			rr.Taken = append(rr.Taken, messages.SnapshotReply{SessionID: r.SessionID, SnapshotID: r.SnapshotID,
-				Sandbox: messages.Sandbox{Handle: provider.Handle{SandboxID: "sb-" + r.SessionID}, Spec: provider.Spec{Image: "img", Files: map[string]string{"/seed": "x"}}}})
+				Sandbox: sandbox.Sandbox{Handle: provider.Handle{SandboxID: "sb-" + r.SessionID}, Spec: provider.Spec{Image: "img", Files: map[string]string{"/seed": "x"}}}})
 		}
 		return inRound{R: rr, Now: at(t, c, "at")}, true
 	case "stored":

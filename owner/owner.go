@@ -48,20 +48,11 @@ import (
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/retention"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/sched"
 	"github.com/sandboxowner/owner/snapshotindex"
 	"github.com/sandboxowner/owner/supervisor"
 )
-
-// Sandbox is what a session holds: handle, spec, workdir, session data.
-type Sandbox = messages.Sandbox
-
-// SetupFunc runs a resources server's setup against a new sandbox and
-// returns the session data (a JSON object, or nil for {}).
-type SetupFunc = messages.SetupFunc
-
-// DoFunc is one operation on a session's sandbox.
-type DoFunc = messages.DoFunc
 
 // Mode is the checkpoint mode in effect, decided at startup.
 type Mode string
@@ -93,8 +84,6 @@ const (
 
 // Errors callers branch on.
 var (
-	// ErrNoSessionSandbox: the session holds no sandbox (HTTP 409).
-	ErrNoSessionSandbox = errors.New("no session sandbox")
 	// ErrSandboxExists: the session already has a sandbox.
 	ErrSandboxExists = actors.ErrSandboxExists
 	// ErrSetup: the session's setup failed; nothing is tracked.
@@ -417,7 +406,7 @@ func (o *Owner) startActors() {
 		o.dispatch = actors.NewDispatcher(dispatchWorkers, dispatchQueue, dispatchThroughput)
 		onPool = actor.WithDispatcher(o.dispatch)
 	}
-	props := func(sessionID string, install *messages.Sandbox, snapshots []string) *actor.Props {
+	props := func(sessionID string, install *sandbox.Sandbox, snapshots []string) *actor.Props {
 		return actors.SessionProps(env, func() *actors.Session {
 			if install != nil {
 				s := actors.NewInstalledSession(sessionID, *install, snapshots)
@@ -572,7 +561,7 @@ func (o *Owner) lookup(sessionID string) (*actor.PID, error) {
 // between the lookup and the ask, so its session is over.
 func gone(err error) bool { return errors.Is(err, actor.ErrDeadLetter) }
 
-func (o *Owner) spawn(sessionID string, install *messages.Sandbox, snapshots []string) (*messages.SessionRef, error) {
+func (o *Owner) spawn(sessionID string, install *sandbox.Sandbox, snapshots []string) (*messages.SessionRef, error) {
 	r := o.slot()
 	limit := 0
 	if install == nil {
@@ -636,12 +625,12 @@ func (o *Owner) labelled(spec provider.Spec, sessionID string, extra map[string]
 // session that already has a sandbox gets ErrSandboxExists, except a session
 // a restore rebuilt: a replacement attempt gets the fork (Restored is set)
 // and setup does not run again.
-func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec provider.Spec, setup SetupFunc, workdir string) (Sandbox, error) {
+func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec provider.Spec, setup sandbox.SetupFunc, workdir string) (sandbox.Sandbox, error) {
 	if o.prov == nil {
-		return Sandbox{}, fmt.Errorf("%w: server %q lends no sandboxes", provider.ErrUnsupported, o.name)
+		return sandbox.Sandbox{}, fmt.Errorf("%w: server %q lends no sandboxes", provider.ErrUnsupported, o.name)
 	}
 	if sessionID == "" {
-		return Sandbox{}, fmt.Errorf("%w: empty session id", provider.ErrInvalidSpec)
+		return sandbox.Sandbox{}, fmt.Errorf("%w: empty session id", provider.ErrInvalidSpec)
 	}
 	spec = o.labelled(spec, sessionID, nil)
 	o.starting.Add(1)
@@ -651,13 +640,13 @@ func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec 
 	for attempt := 0; ; attempt++ {
 		ref, err := o.spawn(sessionID, nil, nil)
 		if err != nil {
-			return Sandbox{}, err
+			return sandbox.Sandbox{}, err
 		}
 		pid := ref.PID.(*actor.PID)
 		r := o.slot()
 		v, err := o.call(ctx, pid, &messages.StartSandbox{Ctx: ctx, Spec: spec, Setup: setup, Workdir: workdir, Reply: r}, r)
 		if err != nil {
-			return Sandbox{}, err
+			return sandbox.Sandbox{}, err
 		}
 		rep := v.(*messages.StartReply)
 		if errors.Is(rep.Err, actors.ErrSessionEnded) && attempt < 100 {
@@ -670,7 +659,7 @@ func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec 
 				o.forget(sessionID, pid)
 				o.settle()
 			}
-			return Sandbox{}, rep.Err
+			return sandbox.Sandbox{}, rep.Err
 		}
 		return rep.Sandbox, nil
 	}
@@ -692,20 +681,20 @@ func (o *Owner) settle() {
 
 // SessionSandbox returns the session's sandbox, including one a restore
 // rebuilt. ok is false when it holds none (unknown, in setup, ended).
-func (o *Owner) SessionSandbox(ctx context.Context, sessionID string) (Sandbox, bool) {
+func (o *Owner) SessionSandbox(ctx context.Context, sessionID string) (sandbox.Sandbox, bool) {
 	sb, err := o.RequireSessionSandbox(ctx, sessionID)
 	return sb, err == nil
 }
 
-// RequireSessionSandbox is SessionSandbox with ErrNoSessionSandbox when
+// RequireSessionSandbox is SessionSandbox with sandbox.ErrNone when
 // there is none, so that a resent verify is refused instead of graded 0.
-func (o *Owner) RequireSessionSandbox(ctx context.Context, sessionID string) (Sandbox, error) {
+func (o *Owner) RequireSessionSandbox(ctx context.Context, sessionID string) (sandbox.Sandbox, error) {
 	pid, err := o.lookup(sessionID)
 	if err != nil {
-		return Sandbox{}, err
+		return sandbox.Sandbox{}, err
 	}
 	if pid == nil {
-		return Sandbox{}, fmt.Errorf("%w: session %q", ErrNoSessionSandbox, sessionID)
+		return sandbox.Sandbox{}, fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
 	}
 	// A session answers a view at once unless its mailbox is stuck: bound
 	// the wait even for a caller without a deadline.
@@ -713,10 +702,10 @@ func (o *Owner) RequireSessionSandbox(ctx context.Context, sessionID string) (Sa
 	defer cancel()
 	rep, err := o.view(ctx, pid)
 	if err == nil && rep.Lost {
-		return Sandbox{}, fmt.Errorf("%w: session %q", ErrSandboxLost, sessionID)
+		return sandbox.Sandbox{}, fmt.Errorf("%w: session %q", ErrSandboxLost, sessionID)
 	}
 	if err != nil || !rep.Held {
-		return Sandbox{}, fmt.Errorf("%w: session %q", ErrNoSessionSandbox, sessionID)
+		return sandbox.Sandbox{}, fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
 	}
 	return rep.Sandbox, nil
 }
@@ -733,25 +722,25 @@ func (o *Owner) SessionData(ctx context.Context, sessionID string) json.RawMessa
 
 // Do runs fn against the session's sandbox, serialised with the session's
 // other operations (a stop or a snapshot never runs during it).
-func (o *Owner) Do(ctx context.Context, sessionID string, fn DoFunc) error {
+func (o *Owner) Do(ctx context.Context, sessionID string, fn sandbox.DoFunc) error {
 	pid, err := o.lookup(sessionID)
 	if err != nil {
 		return err
 	}
 	if pid == nil {
-		return fmt.Errorf("%w: session %q", ErrNoSessionSandbox, sessionID)
+		return fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
 	}
 	r := o.slot()
 	v, err := o.call(ctx, pid, &messages.Do{Ctx: ctx, Fn: fn, Reply: r}, r)
 	if gone(err) {
-		return fmt.Errorf("%w: session %q", ErrNoSessionSandbox, sessionID)
+		return fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
 	}
 	if err != nil {
 		return err
 	}
 	if err := v.(*messages.DoReply).Err; err != nil {
-		if errors.Is(err, actors.ErrNoSandbox) {
-			return fmt.Errorf("%w: session %q", ErrNoSessionSandbox, sessionID)
+		if errors.Is(err, sandbox.ErrNone) {
+			return fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
 		}
 		if errors.Is(err, actors.ErrSandboxLost) {
 			return fmt.Errorf("%w: session %q", ErrSandboxLost, sessionID)
@@ -816,24 +805,24 @@ func (o *Owner) Sessions() ([]string, error) {
 
 // --- fates, orphans, leases ---
 
-func (o *Owner) onHeld(sessionID string, sb messages.Sandbox) {
+func (o *Owner) onHeld(sessionID string, sb sandbox.Sandbox) {
 	o.fates.hold(sessionID, sb.Handle, sb.FromSnapshot)
 }
 
-func (o *Owner) onLost(sessionID string, sb messages.Sandbox) {
+func (o *Owner) onLost(sessionID string, sb sandbox.Sandbox) {
 	o.fates.markLost(sb.Handle.SandboxID)
 }
 
 func (o *Owner) onEnded(sessionID string, stopped *provider.Handle, reason messages.StopReason) {
 	if stopped != nil {
-		o.fates.set(stopped.SandboxID, FateEnded)
+		o.fates.set(stopped.SandboxID, sandbox.FateEnded)
 	}
 }
 
 // SandboxFate tells what became of a sandbox the owner held: live (with the
 // session holding it and its handle), ended, superseded by a restore's fork,
 // or unknown.
-func (o *Owner) SandboxFate(sandboxID string) (sessionID string, h provider.Handle, fate Fate) {
+func (o *Owner) SandboxFate(sandboxID string) (sessionID string, h provider.Handle, fate sandbox.Fate) {
 	l, fate := o.fates.get(sandboxID)
 	return l.sessionID, l.handle, fate
 }

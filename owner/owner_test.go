@@ -14,6 +14,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 func TestStartTwiceIsTyped(t *testing.T) {
@@ -52,17 +53,17 @@ func TestWorkdirDefaultsToPwdAndDataRoundTrips(t *testing.T) {
 }
 
 func TestFailedSetupStopsSandboxAndTracksNothing(t *testing.T) {
-	cases := map[string]owner.SetupFunc{
-		"error": func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) {
+	cases := map[string]sandbox.SetupFunc{
+		"error": func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) {
 			return nil, errors.New("boom")
 		},
-		"not an object": func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) {
+		"not an object": func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) {
 			return json.RawMessage(`[1,2]`), nil
 		},
-		"too big": func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) {
+		"too big": func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) {
 			return json.RawMessage(`{"x":"` + strings.Repeat("a", 70<<10) + `"}`), nil
 		},
-		"panic": func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) {
+		"panic": func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) {
 			panic("setup exploded")
 		},
 	}
@@ -77,7 +78,7 @@ func TestFailedSetupStopsSandboxAndTracksNothing(t *testing.T) {
 			if got := e.fk.Stats().LiveSandboxes; got != 0 {
 				t.Fatalf("live sandboxes after failed setup = %d, want 0", got)
 			}
-			if _, err := o.RequireSessionSandbox(context.Background(), "s1"); !errors.Is(err, owner.ErrNoSessionSandbox) {
+			if _, err := o.RequireSessionSandbox(context.Background(), "s1"); !errors.Is(err, sandbox.ErrNone) {
 				t.Fatalf("require after failed setup: %v", err)
 			}
 			// No empty actor stays behind for the session.
@@ -98,18 +99,18 @@ func TestFailedSetupStopsSandboxAndTracksNothing(t *testing.T) {
 func TestRequireWithoutSandboxIsTyped(t *testing.T) {
 	e := newEnv(t)
 	o := e.open()
-	if _, err := o.RequireSessionSandbox(context.Background(), "s1"); !errors.Is(err, owner.ErrNoSessionSandbox) {
-		t.Fatalf("got %v, want ErrNoSessionSandbox", err)
+	if _, err := o.RequireSessionSandbox(context.Background(), "s1"); !errors.Is(err, sandbox.ErrNone) {
+		t.Fatalf("got %v, want sandbox.ErrNone", err)
 	}
 	seed(t, o, "s1")
 	if err := o.EndSessionSandbox(context.Background(), "s1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := o.RequireSessionSandbox(context.Background(), "s1"); !errors.Is(err, owner.ErrNoSessionSandbox) {
-		t.Fatalf("after end: got %v, want ErrNoSessionSandbox", err)
+	if _, err := o.RequireSessionSandbox(context.Background(), "s1"); !errors.Is(err, sandbox.ErrNone) {
+		t.Fatalf("after end: got %v, want sandbox.ErrNone", err)
 	}
-	err := o.Do(context.Background(), "s1", func(context.Context, provider.Provider, owner.Sandbox) error { return nil })
-	if !errors.Is(err, owner.ErrNoSessionSandbox) {
+	err := o.Do(context.Background(), "s1", func(context.Context, provider.Provider, sandbox.Sandbox) error { return nil })
+	if !errors.Is(err, sandbox.ErrNone) {
 		t.Fatalf("Do after end: got %v", err)
 	}
 }
@@ -131,7 +132,7 @@ func TestEndIsIdempotentKeepsSnapshotsAndAllowsReseed(t *testing.T) {
 	if st.LiveSandboxes != 0 || st.LiveSnapshots != 1 {
 		t.Fatalf("after end: %d sandboxes, %d snapshots; want 0, 1", st.LiveSandboxes, st.LiveSnapshots)
 	}
-	if _, _, fate := o.SandboxFate(sb.Handle.SandboxID); fate != owner.FateEnded {
+	if _, _, fate := o.SandboxFate(sb.Handle.SandboxID); fate != sandbox.FateEnded {
 		t.Fatalf("fate of ended sandbox = %s", fate)
 	}
 	sb2 := seed(t, o, "s1")
@@ -151,7 +152,7 @@ func TestConcurrentOperationsOnOneSessionAreSerialised(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = o.Do(context.Background(), "s1", func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+			_ = o.Do(context.Background(), "s1", func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
 				mu.Lock()
 				inside++
 				if inside > peak {

@@ -13,15 +13,15 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 func TestRequestsRacingAnEndSeeNoSessionSandbox(t *testing.T) {
 	e := newEnv(t)
 	o := e.open()
 	ctx := context.Background()
-	noop := func(context.Context, provider.Provider, owner.Sandbox) error { return nil }
+	noop := func(context.Context, provider.Provider, sandbox.Sandbox) error { return nil }
 	for i := 0; i < 100; i++ {
 		sid := fmt.Sprintf("s%d", i)
 		seed(t, o, sid)
@@ -31,7 +31,7 @@ func TestRequestsRacingAnEndSeeNoSessionSandbox(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for j := 0; j < 8; j++ {
-					if err := o.Do(ctx, sid, noop); err != nil && !errors.Is(err, owner.ErrNoSessionSandbox) {
+					if err := o.Do(ctx, sid, noop); err != nil && !errors.Is(err, sandbox.ErrNone) {
 						t.Errorf("do: %v", err)
 					}
 					_, _ = o.RequireSessionSandbox(context.Background(), sid)

@@ -8,6 +8,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -87,7 +88,7 @@ func (o *Owner) sweepIncarnations(ctx context.Context) {
 	}
 	stopped, failed := o.stopHandles(stale)
 	for _, id := range stopped {
-		o.fates.set(id, FateEnded)
+		o.fates.set(id, sandbox.FateEnded)
 	}
 	o.log.WithFields(logrus.Fields{"stopped": len(stopped), "failed": len(failed)}).Warn("stopped sandboxes an earlier run of this server left behind")
 }

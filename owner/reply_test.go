@@ -11,6 +11,7 @@ import (
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // guardTimeout only turns a hang into a failure; nothing waits on it.
@@ -57,7 +58,7 @@ func blockingDo(t *testing.T, o *Owner, ctx context.Context) (result <-chan erro
 	running, unblock := make(chan struct{}), make(chan struct{})
 	errc := make(chan error, 1)
 	go func() {
-		errc <- o.Do(ctx, "s1", func(context.Context, provider.Provider, Sandbox) error {
+		errc <- o.Do(ctx, "s1", func(context.Context, provider.Provider, sandbox.Sandbox) error {
 			close(running)
 			<-unblock
 			return nil
@@ -91,7 +92,7 @@ func TestAnAbandonedSlotIsNotReused(t *testing.T) {
 	release()
 	// This Do queues behind the first: once it is answered, the first's
 	// answer has been delivered into its slot.
-	if err := o.Do(context.Background(), "s1", func(context.Context, provider.Provider, Sandbox) error { return nil }); err != nil {
+	if err := o.Do(context.Background(), "s1", func(context.Context, provider.Provider, sandbox.Sandbox) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	// Every slot in the free list gets used; a reused abandoned one would

@@ -14,6 +14,7 @@ import (
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/retention"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -79,7 +80,7 @@ func (o *Owner) restoreSource(req RestoreRequest) (snapshotindex.Checkpoint, err
 type RestoredSession struct {
 	SessionID string
 	Episode   string
-	Sandbox   Sandbox
+	Sandbox   sandbox.Sandbox
 }
 
 // RestoreResult is what a restore installed.
@@ -150,7 +151,7 @@ func (o *Owner) Restore(ctx context.Context, req RestoreRequest) (RestoreResult,
 
 	old := make([]provider.Handle, 0, len(records))
 	for _, r := range records {
-		o.fates.set(r.Sandbox.SandboxID, FateSuperseded)
+		o.fates.set(r.Sandbox.SandboxID, sandbox.FateSuperseded)
 		old = append(old, r.Sandbox)
 	}
 	res.Superseded, res.SupersedeFailed = o.stopHandles(old)
@@ -243,7 +244,7 @@ func (o *Owner) withListedForks(checkpointID string, forks []provider.Handle) []
 		}
 		// An earlier restore of the same checkpoint made forks with the
 		// same labels: those a session holds are not this restore's.
-		if _, _, fate := o.SandboxFate(s.Handle.SandboxID); fate == FateLive {
+		if _, _, fate := o.SandboxFate(s.Handle.SandboxID); fate == sandbox.FateLive {
 			continue
 		}
 		out = append(out, s.Handle)
@@ -264,12 +265,12 @@ func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle)
 	default:
 	}
 	now := o.clk.Now()
-	sbs := make([]messages.Sandbox, len(records))
+	sbs := make([]sandbox.Sandbox, len(records))
 	replies := make(messages.ReplyTo, len(records))
 	at := make(map[string]int, len(records))
 	for i, r := range records {
 		sb := &sbs[i]
-		*sb = messages.Sandbox{
+		*sb = sandbox.Sandbox{
 			Handle:       forks[i],
 			Spec:         o.labelled(r.Spec, r.SessionID, nil),
 			Workdir:      r.Workdir,

@@ -12,6 +12,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // Regression tests for bugs the simulation (go run ./sim) found; each names
@@ -23,7 +24,7 @@ func TestFailedSetupStopsItsSandboxDespiteAFailedStop(t *testing.T) {
 	e := newEnv(t)
 	o := e.open()
 	e.fk.FailNext(fake.OpStop, 1)
-	failing := func(ctx context.Context, p provider.Provider, sb owner.Sandbox) (json.RawMessage, error) {
+	failing := func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) (json.RawMessage, error) {
 		return nil, errors.New("setup failed")
 	}
 	if _, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, failing, ""); !errors.Is(err, owner.ErrSetup) {

@@ -28,7 +28,7 @@ import (
 //
 // Methods get the request body as a copy they may keep. They return a value
 // to send as JSON, or an error: an *Error is sent as it is,
-// owner.ErrNoSessionSandbox as 409 no_session_sandbox, anything else as 500.
+// sandbox.ErrNone as 409 no_session_sandbox, anything else as 500.
 type Resources interface {
 	// Name is the server's config name ("notes"), the instance in status
 	// and the second half of the cookie name.
@@ -49,7 +49,7 @@ type Resources interface {
 	// rebuilt must hand back the fork, which StartSessionSandbox does.
 	Seed(ctx context.Context, sess *Session, row []byte) (any, error)
 	// Verify grades the episode and ends the session's sandbox; without a
-	// sandbox it must fail with owner.ErrNoSessionSandbox (409), never
+	// sandbox it must fail with sandbox.ErrNone (409), never
 	// reward.
 	Verify(ctx context.Context, sess *Session, body []byte) (any, error)
 	// Tools are the server's own POST routes, keyed by path ("/append_note").
@@ -116,13 +116,6 @@ func Errorf(status int, code, format string, args ...any) *Error {
 func Invalid(format string, args ...any) *Error {
 	return Errorf(nethttp.StatusUnprocessableEntity, control.ErrInvalidRequest.Code, format, args...)
 }
-
-// CodeNoSessionSandbox is the envelope code of ErrNoSessionSandbox.
-const CodeNoSessionSandbox = "no_session_sandbox"
-
-// ErrNoSessionSandbox is the 409 a verify or a tool call gets without a
-// sandbox; errors.Is(err, owner.ErrNoSessionSandbox) is mapped to it.
-var ErrNoSessionSandbox = &Error{Status: nethttp.StatusConflict, Code: CodeNoSessionSandbox, Detail: "this session has no sandbox (seed it first)"}
 
 // DecodeData decodes a data route's body into v as upstream's models do:
 // unknown fields are ignored (dataset rows carry many), an empty body is {},

@@ -85,10 +85,10 @@ func TestCheckObject(t *testing.T) {
 func TestErrorsMatchByCodeAndUnwrap(t *testing.T) {
 	cause := errors.New("disk full")
 	e := resources.Wrap(500, "commit_failed", cause)
-	if !errors.Is(e, cause) || !errors.Is(e, &resources.Error{Code: "commit_failed"}) || errors.Is(e, resources.ErrNoSessionSandbox) {
+	if !errors.Is(e, cause) || !errors.Is(e, &resources.Error{Code: "commit_failed"}) || errors.Is(e, &resources.Error{Code: "restore_failed"}) {
 		t.Fatalf("Is/Unwrap of %v", e)
 	}
-	if diff := cmp.Diff("409 no_session_sandbox", code(t, fmt.Errorf("wrapped: %w", resources.ErrNoSessionSandbox))); diff != "" {
+	if diff := cmp.Diff("500 commit_failed", code(t, fmt.Errorf("wrapped: %w", e))); diff != "" {
 		t.Fatal(diff)
 	}
 }

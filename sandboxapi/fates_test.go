@@ -6,16 +6,17 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/sandboxapi"
 )
 
 // fates answers from a table and records the sessions touched.
 type fates struct {
-	by      map[string]sandboxapi.Fate
+	by      map[string]sandbox.Fate
 	touched []string
 }
 
-func (f *fates) SandboxFate(id string) (string, provider.Handle, sandboxapi.Fate) {
+func (f *fates) SandboxFate(id string) (string, provider.Handle, sandbox.Fate) {
 	return "session-of-" + id, provider.Handle{Provider: "fake", SandboxID: id}, f.by[id]
 }
 
@@ -25,13 +26,13 @@ func (f *fates) Touch(sessionID string) { f.touched = append(f.touched, sessionI
 // (an agent working in it keeps the session from its idle end); any other
 // fate gives no handle and touches nothing.
 func TestResolverOf(t *testing.T) {
-	f := &fates{by: map[string]sandboxapi.Fate{
-		"live": sandboxapi.FateLive, "old": sandboxapi.FateSuperseded, "done": sandboxapi.FateEnded, "unknown": sandboxapi.FateUnknown,
+	f := &fates{by: map[string]sandbox.Fate{
+		"live": sandbox.FateLive, "old": sandbox.FateSuperseded, "done": sandbox.FateEnded, "unknown": sandbox.FateUnknown,
 	}}
 	resolve := sandboxapi.ResolverOf(f)
 	type answer struct {
 		Handle provider.Handle
-		Fate   sandboxapi.Fate
+		Fate   sandbox.Fate
 	}
 	var got []answer
 	for _, id := range []string{"live", "old", "done", "unknown"} {
@@ -39,10 +40,10 @@ func TestResolverOf(t *testing.T) {
 		got = append(got, answer{h, fate})
 	}
 	want := []answer{
-		{provider.Handle{Provider: "fake", SandboxID: "live"}, sandboxapi.FateLive},
-		{provider.Handle{}, sandboxapi.FateSuperseded},
-		{provider.Handle{}, sandboxapi.FateEnded},
-		{provider.Handle{}, sandboxapi.FateUnknown},
+		{provider.Handle{Provider: "fake", SandboxID: "live"}, sandbox.FateLive},
+		{provider.Handle{}, sandbox.FateSuperseded},
+		{provider.Handle{}, sandbox.FateEnded},
+		{provider.Handle{}, sandbox.FateUnknown},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("resolved (-want +got):\n%s", diff)

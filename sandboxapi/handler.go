@@ -19,8 +19,8 @@ import (
 
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/internal/envelope"
-	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // Prefix is where the routes are mounted: /sandboxes/{sandbox_id}/...
@@ -35,22 +35,10 @@ const fileCallTimeout = time.Minute
 // execGrace is added to a command's timeout to bound the whole Exec call.
 const execGrace = 30 * time.Second
 
-// Fate is what became of a sandbox a token may name.
-type Fate = messages.Fate
-
-// The fates a Resolver reports: unknown (404), live, superseded by a
-// restore (410 superseded), ended (410 ended).
-const (
-	FateUnknown    = messages.FateUnknown
-	FateLive       = messages.FateLive
-	FateSuperseded = messages.FateSuperseded
-	FateEnded      = messages.FateEnded
-)
-
 // Resolver tells what became of a sandbox id and, when it is live, its
 // handle. The owner answers it from its sessions (and what it remembers of
 // superseded and ended sandboxes); it must be safe for concurrent use.
-type Resolver func(sandboxID string) (provider.Handle, Fate)
+type Resolver func(sandboxID string) (provider.Handle, sandbox.Fate)
 
 // Handler serves the agent-facing sandbox routes:
 //
@@ -185,11 +173,11 @@ func (h *Handler) ServeSandbox(ctx *fasthttp.RequestCtx, sandboxID, rest string)
 	}
 	handle, fate := h.Resolve(sandboxID)
 	switch fate {
-	case FateLive:
-	case FateSuperseded:
+	case sandbox.FateLive:
+	case sandbox.FateSuperseded:
 		h.fail(ctx, sandboxID, fasthttp.StatusGone, "superseded", "a restore replaced this sandbox; ask /sandbox_access for the current one")
 		return
-	case FateEnded:
+	case sandbox.FateEnded:
 		h.fail(ctx, sandboxID, fasthttp.StatusGone, "ended", "the session that held this sandbox has ended")
 		return
 	default:

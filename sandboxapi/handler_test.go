@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // world is a handler over a real local provider, with fates the test sets.
@@ -34,7 +35,7 @@ type world struct {
 	h      *Handler
 
 	mu      sync.Mutex
-	fates   map[string]Fate
+	fates   map[string]sandbox.Fate
 	handles map[string]provider.Handle
 }
 
@@ -47,8 +48,8 @@ func newWorld(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	clk := clock.NewManual(time.Now())
-	w := &world{p: p, tokens: newTokens(t, "test-secret", clk), clk: clk, fates: map[string]Fate{}, handles: map[string]provider.Handle{}}
-	w.h = &Handler{Provider: p, Tokens: w.tokens, Logger: log, MaxBody: 1 << 10, Resolve: func(id string) (provider.Handle, Fate) {
+	w := &world{p: p, tokens: newTokens(t, "test-secret", clk), clk: clk, fates: map[string]sandbox.Fate{}, handles: map[string]provider.Handle{}}
+	w.h = &Handler{Provider: p, Tokens: w.tokens, Logger: log, MaxBody: 1 << 10, Resolve: func(id string) (provider.Handle, sandbox.Fate) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		return w.handles[id], w.fates[id]
@@ -69,12 +70,12 @@ func (w *world) sandbox(t *testing.T) (string, string) {
 		t.Fatal(err)
 	}
 	w.mu.Lock()
-	w.handles[h.SandboxID], w.fates[h.SandboxID] = h, FateLive
+	w.handles[h.SandboxID], w.fates[h.SandboxID] = h, sandbox.FateLive
 	w.mu.Unlock()
 	return h.SandboxID, w.tokens.Mint(h.SandboxID, w.clk.Now().Add(time.Hour))
 }
 
-func (w *world) setFate(id string, f Fate) {
+func (w *world) setFate(id string, f sandbox.Fate) {
 	w.mu.Lock()
 	w.fates[id] = f
 	w.mu.Unlock()
@@ -190,14 +191,14 @@ func TestSupersededEndedUnknownAndForgedTokens(t *testing.T) {
 	}
 	// A restore superseded the sandbox: its (genuine) token answers 410,
 	// and nothing runs in the old sandbox.
-	w.setFate(id, FateSuperseded)
+	w.setFate(id, sandbox.FateSuperseded)
 	if got := exec(id, token); got != errReply(410, "superseded") {
 		t.Errorf("superseded: %+v", got)
 	}
 	if got := codeOf(t, w.do("PUT", "/sandboxes/"+id+"/files?path=x", token, []byte("x"))); got != errReply(410, "superseded") {
 		t.Errorf("superseded PUT: %+v", got)
 	}
-	w.setFate(other, FateEnded)
+	w.setFate(other, sandbox.FateEnded)
 	if got := exec(other, otherToken); got != errReply(410, "ended") {
 		t.Errorf("ended: %+v", got)
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // ErrSessionExists answers a SpawnSession with Install for a session that
@@ -33,7 +34,7 @@ var ErrAtCapacity = fmt.Errorf("supervisor: at capacity")
 
 // PropsFunc makes the props of a session actor: empty, or holding a restored
 // sandbox.
-type PropsFunc func(sessionID string, install *messages.Sandbox, snapshots []string) *actor.Props
+type PropsFunc func(sessionID string, install *sandbox.Sandbox, snapshots []string) *actor.Props
 
 // Props returns the supervisor's props.
 func Props(sessionProps PropsFunc) *actor.Props {

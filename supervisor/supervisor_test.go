@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/supervisor"
 )
 
@@ -40,7 +41,7 @@ func newHarness(t *testing.T) *harness {
 			}
 		},
 	}
-	props := func(sid string, install *messages.Sandbox, snaps []string) *actor.Props {
+	props := func(sid string, install *sandbox.Sandbox, snaps []string) *actor.Props {
 		return actors.SessionProps(env, func() *actors.Session {
 			if install != nil {
 				return actors.NewInstalledSession(sid, *install, snaps)
@@ -72,7 +73,7 @@ func TestPanickingSessionIsStoppedWithItsSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb := messages.Sandbox{Handle: hd, Data: []byte("{}")}
+	sb := sandbox.Sandbox{Handle: hd, Data: []byte("{}")}
 	ref := h.ask(t, h.sup, &messages.SpawnSession{SessionID: "s1", Install: &sb}).(*messages.SessionRef)
 	pid := ref.PID.(*actor.PID)
 	other := h.ask(t, h.sup, &messages.SpawnSession{SessionID: "s2"}).(*messages.SessionRef)
@@ -112,7 +113,7 @@ func TestSpawnLookupForget(t *testing.T) {
 	if !a.Spawned || b.Spawned || a.PID.(*actor.PID).Id != b.PID.(*actor.PID).Id {
 		t.Fatalf("get-or-create: %+v then %+v", a, b)
 	}
-	sb := messages.Sandbox{Data: []byte("{}")}
+	sb := sandbox.Sandbox{Data: []byte("{}")}
 	if c := h.ask(t, h.sup, &messages.SpawnSession{SessionID: "s1", Install: &sb}).(*messages.SessionRef); c.Err == nil {
 		t.Fatal("installing over a live session succeeded")
 	}

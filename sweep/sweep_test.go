@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/records"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/snapshotindex"
 	"github.com/sandboxowner/owner/sweep"
 )
@@ -35,8 +36,8 @@ func crashed(t *testing.T) (*fake.Provider, string, []string, []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	setup := func(context.Context, provider.Provider, owner.Sandbox) (json.RawMessage, error) { return nil, nil }
-	var held []owner.Sandbox
+	setup := func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) { return nil, nil }
+	var held []sandbox.Sandbox
 	for _, sid := range []string{"s1", "s2", "s3"} {
 		if sid == "s3" {
 			if _, err := o.Commit(ctx, owner.CommitRequest{CheckpointID: "c1"}); err != nil {

@@ -42,6 +42,7 @@ import (
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/opensandbox"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/sandboxapi"
 )
 
@@ -293,11 +294,11 @@ func serveAPI(p provider.Provider, h provider.Handle) (*agentAPI, error) {
 	if err != nil {
 		return nil, err
 	}
-	handler := &sandboxapi.Handler{Provider: p, Tokens: tokens, Resolve: func(id string) (provider.Handle, sandboxapi.Fate) {
+	handler := &sandboxapi.Handler{Provider: p, Tokens: tokens, Resolve: func(id string) (provider.Handle, sandbox.Fate) {
 		if id != h.SandboxID {
-			return provider.Handle{}, sandboxapi.FateUnknown
+			return provider.Handle{}, sandbox.FateUnknown
 		}
-		return h, sandboxapi.FateLive
+		return h, sandbox.FateLive
 	}}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

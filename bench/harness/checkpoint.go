@@ -14,6 +14,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -148,8 +149,8 @@ func (e *ownerEnv) remove() {
 
 // notesSetup is the notes server's setup: a token written into the sandbox
 // and returned as session data.
-func notesSetup(token string) owner.SetupFunc {
-	return func(ctx context.Context, p provider.Provider, sb owner.Sandbox) (json.RawMessage, error) {
+func notesSetup(token string) sandbox.SetupFunc {
+	return func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) (json.RawMessage, error) {
 		if err := p.WriteFile(ctx, sb.Handle, ".seed_token", []byte(token)); err != nil {
 			return nil, fmt.Errorf("write seed token: %w", err)
 		}

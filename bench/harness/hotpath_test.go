@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/sandboxapi"
 )
 
@@ -41,7 +42,7 @@ func benchOwner(b *testing.B, sessions int) *owner.Owner {
 	return env.o
 }
 
-func noop(context.Context, provider.Provider, owner.Sandbox) error { return nil }
+func noop(context.Context, provider.Provider, sandbox.Sandbox) error { return nil }
 
 // BenchmarkSessionDo is one request round trip through a session actor:
 // the supervisor lookup, the ask, fn on its own goroutine, the reply.
@@ -119,7 +120,7 @@ func benchRound(b *testing.B, n int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		sb := messages.Sandbox{Handle: h, Spec: provider.Spec{Image: "notes"}, Workdir: fake.DefaultWorkdir}
+		sb := sandbox.Sandbox{Handle: h, Spec: provider.Spec{Image: "notes"}, Workdir: fake.DefaultWorkdir}
 		pid := sys.Root.Spawn(actors.SessionProps(env, func() *actors.Session { return actors.NewInstalledSession(sid, sb, nil) }))
 		refs[i] = messages.SessionRef{SessionID: sid, PID: pid}
 		names[sid] = "snap-" + sid

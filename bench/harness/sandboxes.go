@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // SandboxRow is one checkpoint operation of N real sandboxes on the local
@@ -298,7 +299,7 @@ func (h *harness) sandboxCell(ctx context.Context, mode string, n int, modDir st
 		if _, err := o.StartSessionSandbox(ctx, sid, provider.Spec{Image: "gomod"}, nil, local.DefaultWorkdir); err != nil {
 			return fmt.Errorf("seed %s: %w", sid, err)
 		}
-		return o.Do(ctx, sid, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+		return o.Do(ctx, sid, func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
 			for j, f := range changed {
 				old, err := p.ReadFile(ctx, sb.Handle, f)
 				if err != nil {
@@ -372,7 +373,7 @@ func (h *harness) sandboxCell(ctx context.Context, mode string, n int, modDir st
 // checkRestored reads a changed file back from a restored session: the
 // agent's change must be there.
 func checkRestored(ctx context.Context, o *owner.Owner, sid, file string) error {
-	return o.Do(ctx, sid, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+	return o.Do(ctx, sid, func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
 		b, err := p.ReadFile(ctx, sb.Handle, file)
 		if err != nil {
 			return fmt.Errorf("read back %s of %s: %w", file, sid, err)

@@ -27,6 +27,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/resources"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // Names inside the sandbox and of the server.
@@ -109,7 +110,7 @@ func (s *Server) spec() provider.Spec {
 
 // setup writes a fresh token into the sandbox and returns it as session
 // data.
-func setup(ctx context.Context, p provider.Provider, sb owner.Sandbox) (json.RawMessage, error) {
+func setup(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) (json.RawMessage, error) {
 	b := make([]byte, 16)
 	if _, err := rand.Read(b); err != nil {
 		return nil, fmt.Errorf("seed token: %w", err)
@@ -154,7 +155,7 @@ func (s *Server) appendNote(ctx context.Context, sess *resources.Session, body [
 	if strings.ContainsAny(line, "\n\r") || len(line) > MaxLine {
 		return nil, resources.Invalid("line must be one line of at most %d bytes", MaxLine)
 	}
-	err := sess.Owner.Do(ctx, sess.ID, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+	err := sess.Owner.Do(ctx, sess.ID, func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
 		old, err := readOptional(ctx, p, sb.Handle, NotesFile, MaxNotesBytes-int64(len(line))-1)
 		if unreadable(err) {
 			return resources.Errorf(http.StatusConflict, CodeNotesUnreadable, "%s cannot take a note: %v", NotesFile, err)
@@ -225,7 +226,7 @@ func (s *Server) Verify(ctx context.Context, sess *resources.Session, body []byt
 		return nil, resources.Invalid("expected_notes is required")
 	}
 	rep := VerifyReply{ExpectedNotes: *req.ExpectedNotes, Notes: []string{}}
-	err := sess.Owner.Do(ctx, sess.ID, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+	err := sess.Owner.Do(ctx, sess.ID, func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
 		notes, err := readOptional(ctx, p, sb.Handle, NotesFile, MaxNotesBytes)
 		if unreadable(err) {
 			rep.Reason, notes = err.Error(), nil

@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxowner/owner/provider/local"
 	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/resources/notes"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // providers the notes server must run on unchanged.
@@ -39,7 +40,7 @@ func TestNotesOnEveryProvider(t *testing.T) {
 			s := notes.New(notes.Options{})
 			sess := &resources.Session{ID: "s1", Owner: own, Log: logrus.New()}
 
-			if _, err := s.Verify(ctx, sess, []byte(`{"expected_notes":[]}`)); !errors.Is(err, owner.ErrNoSessionSandbox) {
+			if _, err := s.Verify(ctx, sess, []byte(`{"expected_notes":[]}`)); !errors.Is(err, sandbox.ErrNone) {
 				t.Fatalf("verify before seed: %v", err)
 			}
 			v, err := s.Seed(ctx, sess, []byte(`{"whatever": 1}`))

@@ -12,6 +12,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // newGolden is the golden-patch instance: its owner has no provider (with
@@ -83,8 +84,8 @@ func TestGoldenPatchInstanceResolvesAndLendsNothing(t *testing.T) {
 			if seed.SandboxHandle != nil {
 				t.Errorf("the golden seed lent sandbox %s", *seed.SandboxHandle)
 			}
-			if _, err := own.RequireSessionSandbox(context.Background(), sid); !errors.Is(err, owner.ErrNoSessionSandbox) {
-				t.Errorf("RequireSessionSandbox = %v, want ErrNoSessionSandbox (so /sandbox_access is 404)", err)
+			if _, err := own.RequireSessionSandbox(context.Background(), sid); !errors.Is(err, sandbox.ErrNone) {
+				t.Errorf("RequireSessionSandbox = %v, want sandbox.ErrNone (so /sandbox_access is 404)", err)
 			}
 			res, err := srv.VerifySession(context.Background(), own, sid, mustJSON(t, row))
 			if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/sandboxapi"
 )
 
@@ -274,17 +275,17 @@ func (w *world) open() {
 
 // resolver tells the sandbox API what the owner knows of a sandbox.
 func resolver(own *owner.Owner) sandboxapi.Resolver {
-	return func(id string) (provider.Handle, sandboxapi.Fate) {
+	return func(id string) (provider.Handle, sandbox.Fate) {
 		_, h, fate := own.SandboxFate(id)
 		switch fate {
-		case owner.FateLive:
-			return h, sandboxapi.FateLive
-		case owner.FateSuperseded:
-			return h, sandboxapi.FateSuperseded
-		case owner.FateEnded:
-			return h, sandboxapi.FateEnded
+		case sandbox.FateLive:
+			return h, sandbox.FateLive
+		case sandbox.FateSuperseded:
+			return h, sandbox.FateSuperseded
+		case sandbox.FateEnded:
+			return h, sandbox.FateEnded
 		}
-		return h, sandboxapi.FateUnknown
+		return h, sandbox.FateUnknown
 	}
 }
 

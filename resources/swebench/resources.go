@@ -9,6 +9,7 @@ import (
 
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/resources"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // Error codes of this server's refusals, besides package http's.
@@ -81,13 +82,13 @@ func (e *statusError) Unwrap() []error { return []error{e.he, e.err} }
 
 // httpError gives err its status: a row that cannot be graded is 422
 // invalid_row, a verify or re-seed naming another instance 409
-// session_mismatch; owner.ErrNoSessionSandbox (409) and setup failures (500
+// session_mismatch; sandbox.ErrNone (409) and setup failures (500
 // setup_failed) are package http's.
 func httpError(err error) error {
 	var status int
 	var code string
 	switch {
-	case errors.Is(err, owner.ErrNoSessionSandbox), errors.Is(err, owner.ErrSetup):
+	case errors.Is(err, sandbox.ErrNone), errors.Is(err, owner.ErrSetup):
 		return err
 	case errors.Is(err, ErrInvalidRow), errors.Is(err, ErrUnknownLogParser), errors.Is(err, ErrNoTestCommand), errors.Is(err, ErrUnknownRepo):
 		status, code = nethttp.StatusUnprocessableEntity, CodeInvalidRow

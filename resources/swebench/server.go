@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // maxSessionData keeps the session data under the owner's 64 KiB bound.
@@ -305,8 +306,8 @@ func (s *Server) ready(ctx context.Context, p provider.Provider, row Row, log lo
 }
 
 // setup is the agent sandbox's setup: the scrub, then the pristine list.
-func (s *Server) setup(row Row, image string, log logrus.FieldLogger) owner.SetupFunc {
-	return func(ctx context.Context, p provider.Provider, sb owner.Sandbox) (json.RawMessage, error) {
+func (s *Server) setup(row Row, image string, log logrus.FieldLogger) sandbox.SetupFunc {
+	return func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) (json.RawMessage, error) {
 		rep := ScrubReport{Base: row.BaseCommit, Skipped: "apply_anti_cheating is off"}
 		if s.cfg.applyAntiCheating() {
 			r, err := Scrub(ctx, p, sb.Handle, row.BaseCommit, s.cfg.setupTimeout())
@@ -506,7 +507,7 @@ type VerifyResult struct {
 // VerifySession grades the session: the model patch (the row's own in the
 // golden-patch instance) is extracted from the agent's sandbox, the session
 // ends, and the patch is graded in a fresh sandbox of the same image. A
-// session without a sandbox is owner.ErrNoSessionSandbox (409), never a
+// session without a sandbox is sandbox.ErrNone (409), never a
 // reward. Failures of the patch or the tests are a reward of 0 with a
 // failure_kind; failures of the grading sandbox are a masked sample.
 func (s *Server) VerifySession(ctx context.Context, own *owner.Owner, sessionID string, body []byte) (VerifyResult, error) {
@@ -531,7 +532,7 @@ func (s *Server) verify(ctx context.Context, own *owner.Owner, sessionID string,
 	if reason, bad := r.unavailable(); bad && perr == nil {
 		// Never graded: whatever the patch, this environment cannot say.
 		if s.LendsSandboxes() {
-			if err := own.EndSessionSandbox(ctx, sessionID); err != nil && !errors.Is(err, owner.ErrNoSessionSandbox) {
+			if err := own.EndSessionSandbox(ctx, sessionID); err != nil && !errors.Is(err, sandbox.ErrNone) {
 				log.WithError(err).Warn("swebench: could not end the session of an unavailable instance")
 			}
 		}
@@ -630,14 +631,14 @@ func (s *Server) takePatch(ctx context.Context, own *owner.Owner, sessionID stri
 	t := time.Now()
 	var ex Extraction
 	var exErr error
-	err = own.Do(ctx, sessionID, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+	err = own.Do(ctx, sessionID, func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
 		ex, exErr = ExtractPatch(ctx, p, sb.Handle, base, data.PristineUntracked, s.cfg.setupTimeout())
 		return nil
 	})
 	res.PatchExtractionTimeTaken = time.Since(t).Seconds()
 	// A lost sandbox is refused like a missing one: grading the empty patch
 	// it would give scores an episode that cannot be read.
-	if errors.Is(err, owner.ErrNoSessionSandbox) || errors.Is(err, owner.ErrSandboxLost) {
+	if errors.Is(err, sandbox.ErrNone) || errors.Is(err, owner.ErrSandboxLost) {
 		return "", fmt.Errorf("swebench: verify %s: %w", row.InstanceID, err)
 	}
 	if err != nil {

@@ -9,8 +9,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 func wantResolved(t *testing.T, res VerifyResult) {
@@ -79,8 +79,8 @@ func TestVerifyWithoutASandboxIsRefused(t *testing.T) {
 	tk := newTask(t)
 	w := newWorld(t, tk)
 	_, err := w.srv.VerifySession(context.Background(), w.own, "never-seeded", mustJSON(t, tk.row("example__calc-1")))
-	if !errors.Is(err, owner.ErrNoSessionSandbox) {
-		t.Fatalf("err = %v, want owner.ErrNoSessionSandbox", err)
+	if !errors.Is(err, sandbox.ErrNone) {
+		t.Fatalf("err = %v, want sandbox.ErrNone", err)
 	}
 }
 
@@ -184,7 +184,7 @@ func TestCommittedWorkOnABranchTheAgentLeft(t *testing.T) {
 	w.applyAsAgent(sb, tk.patch)
 	w.agentRun(sb, "git commit -q -am one && echo '// two' >> calc.go && git commit -q -am two && git checkout -q "+WorkBranch)
 	var ex Extraction
-	err := w.own.Do(context.Background(), "s-branch", func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+	err := w.own.Do(context.Background(), "s-branch", func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
 		var err error
 		ex, err = ExtractPatch(ctx, p, sb.Handle, tk.base, nil, time.Minute)
 		return err

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -189,6 +190,6 @@ func (r *run) check() {
 }
 
 // isNoSandbox reports a refusal for want of a session sandbox (409).
-func isNoSandbox(err error) bool { return errors.Is(err, owner.ErrNoSessionSandbox) }
+func isNoSandbox(err error) bool { return errors.Is(err, sandbox.ErrNone) }
 
 func isLost(err error) bool { return errors.Is(err, owner.ErrSandboxLost) }

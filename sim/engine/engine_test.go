@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/sandboxapi"
 )
 
@@ -370,8 +371,8 @@ func TestLostSandboxFaultIsRefused(t *testing.T) {
 // must see it.
 func TestStaleAccessCheckCatchesAnOpenFence(t *testing.T) {
 	open := func(r *run) sandboxapi.Resolver {
-		return func(id string) (provider.Handle, sandboxapi.Fate) {
-			return provider.Handle{Provider: r.fk.Name(), SandboxID: id}, sandboxapi.FateLive
+		return func(id string) (provider.Handle, sandbox.Fate) {
+			return provider.Handle{Provider: r.fk.Name(), SandboxID: id}, sandbox.FateLive
 		}
 	}
 	for seed := int64(1); seed <= 60; seed++ {

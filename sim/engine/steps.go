@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -70,8 +71,8 @@ func (r *run) spec() provider.Spec {
 
 // notesSetup is the notes server's setup: it writes a token to .seed_token
 // and returns it as session data. fail makes it fail after the write.
-func notesSetup(token string, fail bool, ran *bool) owner.SetupFunc {
-	return func(ctx context.Context, p provider.Provider, sb owner.Sandbox) (json.RawMessage, error) {
+func notesSetup(token string, fail bool, ran *bool) sandbox.SetupFunc {
+	return func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) (json.RawMessage, error) {
 		*ran = true
 		if err := p.WriteFile(ctx, sb.Handle, tokenFile, []byte(token)); err != nil {
 			return nil, fmt.Errorf("write %s: %w", tokenFile, err)
@@ -84,8 +85,8 @@ func notesSetup(token string, fail bool, ran *bool) owner.SetupFunc {
 }
 
 // appendNote is the notes server's append_note tool.
-func appendNote(line string) owner.DoFunc {
-	return func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+func appendNote(line string) sandbox.DoFunc {
+	return func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
 		old, err := p.ReadFile(ctx, sb.Handle, notesFile)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
@@ -145,7 +146,7 @@ func (r *run) opSeed() {
 		r.proc.arm(sample(r.rng, trigs))
 	}
 	ran := false
-	var sb owner.Sandbox
+	var sb sandbox.Sandbox
 	err, crashed := r.guarded(func(ctx context.Context) error {
 		var err error
 		sb, err = r.o.StartSessionSandbox(ctx, sid, r.spec(), notesSetup(token, setupFail, &ran), "")
@@ -192,7 +193,7 @@ func (r *run) opAppend() {
 	switch {
 	case !s.live:
 		if !isNoSandbox(err) {
-			r.violate(NoEmptyGrading, "append to %s, which holds no sandbox: got %v, want ErrNoSessionSandbox", sid, err)
+			r.violate(NoEmptyGrading, "append to %s, which holds no sandbox: got %v, want sandbox.ErrNone", sid, err)
 		}
 	case err != nil:
 		r.violate(Unexpected, "append to live session %s: %v", sid, err)
@@ -226,7 +227,7 @@ func (r *run) verify(ctx context.Context, sid string, expected []string) verdict
 	}
 	var notes []string
 	var token, dataToken string
-	err := r.o.Do(ctx, sid, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) error {
+	err := r.o.Do(ctx, sid, func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
 		b, err := p.ReadFile(ctx, sb.Handle, notesFile)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
@@ -518,7 +519,7 @@ func (r *run) opCommit() {
 // flight; then every snapshot nothing accounts for must see its delete.
 func (r *run) awaitOrphans() {
 	for _, sid := range r.m.live() {
-		_ = r.o.Do(r.life, sid, func(context.Context, provider.Provider, owner.Sandbox) error { return nil })
+		_ = r.o.Do(r.life, sid, func(context.Context, provider.Provider, sandbox.Sandbox) error { return nil })
 	}
 	st, ok := r.checkCheckpoints(r.o.Index(), "index")
 	if !ok {
@@ -868,7 +869,7 @@ func (r *run) restore(id string, scope []string, faults bool) {
 
 // checkRestored checks that a restored session's fork holds exactly its
 // record's notes and token, and puts it in the model.
-func (r *run) checkRestored(ck *checkpointState, sid string, sb owner.Sandbox) bool {
+func (r *run) checkRestored(ck *checkpointState, sid string, sb sandbox.Sandbox) bool {
 	rec := ck.records[sid]
 	files, ok := r.fk.Files(sb.Handle.SandboxID)
 	if !ok {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // Main runs a command's body and exits 1 with its error, named by prog.
@@ -73,7 +74,7 @@ func Seed(ctx context.Context, o *owner.Owner, n, workers int, image string) err
 			defer wg.Done()
 			defer func() { <-slots }()
 			sid := fmt.Sprintf("s-%06d", i)
-			_, err := o.StartSessionSandbox(ctx, sid, provider.Spec{Image: image}, func(ctx context.Context, p provider.Provider, sb owner.Sandbox) (json.RawMessage, error) {
+			_, err := o.StartSessionSandbox(ctx, sid, provider.Spec{Image: image}, func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) (json.RawMessage, error) {
 				return json.RawMessage(`{}`), p.WriteFile(ctx, sb.Handle, "notes.txt", []byte("one\n"))
 			}, "")
 			if err != nil {

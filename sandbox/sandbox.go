@@ -1,0 +1,62 @@
+// Package sandbox holds what every layer means by a session's sandbox: the
+// Sandbox a session holds, the setup and operations run against it, the
+// Fate of one the owner held, and ErrNone, the one error for a session that
+// holds none. It sits below the actors so that the actors, the owner, the
+// transports and the resources servers share these names instead of
+// aliasing each other's.
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+// Sandbox is what a session holds: the handle of its sandbox, the spec it was
+// started (or forked) from, its workdir and the session data its setup
+// returned.
+type Sandbox struct {
+	Handle  provider.Handle
+	Spec    provider.Spec
+	Workdir string
+	// Data is the setup's JSON object; never nil once installed ("{}").
+	Data json.RawMessage
+	// Restored is true when the sandbox is a fork a restore installed.
+	Restored bool
+	// FromSnapshot is the snapshot the sandbox was forked from, if any.
+	FromSnapshot string
+	// ExpiresAt is the lease the owner last set; zero without one.
+	ExpiresAt time.Time
+}
+
+// SetupFunc runs a resources server's setup against a freshly started
+// sandbox. It returns the session data (a JSON object, or nil for {}).
+type SetupFunc func(ctx context.Context, p provider.Provider, sb Sandbox) (json.RawMessage, error)
+
+// DoFunc is one operation on a session's sandbox (a tool call, a patch
+// extraction), serialised with the session's other operations.
+type DoFunc func(ctx context.Context, p provider.Provider, sb Sandbox) error
+
+// ErrNone: the session holds no sandbox (never seeded, ended, or its
+// start failed). The transports answer it 409 no_session_sandbox; a
+// verify that gets it must never grade.
+var ErrNone = errors.New("no session sandbox")
+
+// Fate is what became of a sandbox a session held: the owner remembers it,
+// and the sandbox API answers an agent's stale sandbox id by it.
+type Fate string
+
+// Fates.
+const (
+	// FateUnknown: no session held the sandbox (or it was forgotten).
+	FateUnknown Fate = "unknown"
+	// FateLive: the sandbox is its session's current one.
+	FateLive Fate = "live"
+	// FateSuperseded: a restore replaced it with a fork.
+	FateSuperseded Fate = "superseded"
+	// FateEnded: its session ended.
+	FateEnded Fate = "ended"
+)
