@@ -39,6 +39,7 @@ import (
 	"github.com/sandboxowner/owner/metrics"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/sandbox"
 )
 
@@ -205,7 +206,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		return fail(fmt.Errorf("%w: %w", ErrConfig, err))
 	}
 	var lend *lending
-	var access func(*httpapi.Session, sandbox.Sandbox, map[string]any) error
+	var access func(*resources.Session, sandbox.Sandbox, map[string]any) error
 	var mounts map[string]fasthttp.RequestHandler
 	if res.LendsSandboxes() {
 		if lend, err = newLending(secret, prov, own, clk, log, direct); err != nil {
@@ -307,11 +308,11 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 // the metrics: the reward, whether the task was resolved or the sample
 // masked, and the grading's time (SWE-bench's GradingTime).
 type verifyObserved struct {
-	httpapi.Resources
+	resources.Resources
 	met *metrics.Metrics
 }
 
-func (g verifyObserved) Verify(ctx context.Context, sess *httpapi.Session, body []byte) (any, error) {
+func (g verifyObserved) Verify(ctx context.Context, sess *resources.Session, body []byte) (any, error) {
 	rep, err := g.Resources.Verify(ctx, sess, body)
 	if err != nil {
 		return rep, err
@@ -361,7 +362,7 @@ func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Se
 const PprofPrefix = "/debug/pprof/"
 
 // sources are the state gauges' readers.
-func sources(own *owner.Owner, srv *httpapi.Server, res httpapi.Resources) metrics.Sources {
+func sources(own *owner.Owner, srv *httpapi.Server, res resources.Resources) metrics.Sources {
 	src := metrics.Sources{Sessions: func() metrics.SessionCounts {
 		live, setup, lost := own.SessionCounts()
 		return metrics.SessionCounts{Live: live, InSetup: setup, Lost: lost}

@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/sandboxapi"
 )
@@ -102,7 +103,7 @@ func (l *lending) listening(addr net.Addr) { l.base = "http://" + addr.String() 
 // /sandbox_access descriptor. Lent directly, it is execd's endpoint and
 // headers instead: no fencing (a superseded sandbox answers until it is
 // deleted) and no admission.
-func (l *lending) access(_ *httpapi.Session, sb sandbox.Sandbox, descriptor map[string]any) error {
+func (l *lending) access(_ *resources.Session, sb sandbox.Sandbox, descriptor map[string]any) error {
 	if l.direct != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), timeouts.ProviderCall)
 		defer cancel()

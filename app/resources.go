@@ -6,8 +6,8 @@ import (
 	"os"
 	"path/filepath"
 
-	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/metrics"
+	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/resources/notes"
 	"github.com/sandboxowner/owner/resources/swebench"
 )
@@ -16,7 +16,7 @@ import (
 type resourcesEntry struct {
 	// build makes the server; met receives what it reports (SWE-bench's
 	// environments and validations).
-	build func(cfg *Config, met *metrics.Metrics) (httpapi.Resources, error)
+	build func(cfg *Config, met *metrics.Metrics) (resources.Resources, error)
 	// templates are images the server's sandboxes start from, for
 	// providers that need them declared (local).
 	templates map[string]string
@@ -29,7 +29,7 @@ type resourcesEntry struct {
 func resourcesRegistry() map[string]resourcesEntry {
 	return map[string]resourcesEntry{
 		"notes": {
-			build: func(cfg *Config, _ *metrics.Metrics) (httpapi.Resources, error) {
+			build: func(cfg *Config, _ *metrics.Metrics) (resources.Resources, error) {
 				return notes.New(notes.Options{Name: cfg.Name}), nil
 			},
 			templates: map[string]string{notes.Image: ""},
@@ -42,7 +42,7 @@ func resourcesRegistry() map[string]resourcesEntry {
 // newSWEBench builds the SWE-bench server. Its sandboxes run git and the
 // repositories' tests, which the fake provider cannot: it needs a real one
 // (sandbox.provider: local on one machine).
-func newSWEBench(cfg *Config, met *metrics.Metrics) (httpapi.Resources, error) {
+func newSWEBench(cfg *Config, met *metrics.Metrics) (resources.Resources, error) {
 	if p := cmp.Or(cfg.Sandbox.Provider, DefaultProvider); p == "fake" {
 		return nil, errors.New("swebench needs a real sandbox provider (sandbox.provider: local), not the fake")
 	}

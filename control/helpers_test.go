@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/sched"
 )
 
@@ -228,7 +229,7 @@ func (r *rig) phase() control.Phase {
 }
 
 // wantCode fails unless err is the protocol error with target's code.
-func wantCode(t *testing.T, err error, target *control.Error) {
+func wantCode(t *testing.T, err error, target *problem.Error) {
 	t.Helper()
 	if !errors.Is(err, target) {
 		t.Fatalf("error = %v, want %s", err, target.Code)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/internal/logs"
+	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/sched"
 )
 
@@ -437,8 +438,8 @@ func (m *Machine) Resume(ctx context.Context, req ResumeRequest) (ResumeReply, e
 }
 
 // IsCode reports whether err is a protocol error with target's code.
-func IsCode(err error, target *Error) bool {
-	e, ok := err.(*Error)
+func IsCode(err error, target *problem.Error) bool {
+	e, ok := err.(*problem.Error)
 	return ok && e.Code == target.Code
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/problem"
 )
 
 // step is one operation of a scripted run and what it must answer.
@@ -165,7 +166,7 @@ func TestScripts(t *testing.T) {
 			for i, s := range tc.steps {
 				err := r.do(s)
 				got := ""
-				var ce *control.Error
+				var ce *problem.Error
 				if errors.As(err, &ce) {
 					got = ce.Code
 				} else if err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sandboxowner/owner/internal/script"
+	"github.com/sandboxowner/owner/problem"
 )
 
 // TestStepScripts runs the scripted tests of the control plane's Step
@@ -144,7 +145,7 @@ func (r *stepRun) at(t time.Time) string {
 func (r *stepRun) render(out Output) string {
 	var b strings.Builder
 	if out.Err != nil {
-		var e *Error
+		var e *problem.Error
 		if errors.As(out.Err, &e) {
 			fmt.Fprintf(&b, "error: %s: %s\n", e.Code, e.Detail)
 		} else {

@@ -8,16 +8,17 @@ import (
 	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/resources/notes"
 )
 
 // tools is the notes server with other tool routes.
 type tools struct {
 	*notes.Server
-	routes map[string]httpapi.ToolFunc
+	routes map[string]resources.ToolFunc
 }
 
-func (t tools) Tools() map[string]httpapi.ToolFunc { return t.routes }
+func (t tools) Tools() map[string]resources.ToolFunc { return t.routes }
 
 func TestNewRefusesBadConfigs(t *testing.T) {
 	ctx := context.Background()
@@ -27,12 +28,12 @@ func TestNewRefusesBadConfigs(t *testing.T) {
 	}
 	defer own.Close()
 	secret := []byte("0123456789abcdef")
-	noop := func(context.Context, *httpapi.Session, []byte) (any, error) { return nil, nil }
+	noop := func(context.Context, *resources.Session, []byte) (any, error) { return nil, nil }
 	cases := map[string]httpapi.Config{
 		"no control token": {Owner: own, Resources: notes.New(notes.Options{}), SessionSecret: secret},
 		"short secret":     {Owner: own, Resources: notes.New(notes.Options{}), SessionSecret: []byte("x"), ControlAuthToken: "t"},
-		"reserved tool":    {Owner: own, Resources: tools{notes.New(notes.Options{}), map[string]httpapi.ToolFunc{"/verify": noop}}, SessionSecret: secret, ControlAuthToken: "t"},
-		"nested tool":      {Owner: own, Resources: tools{notes.New(notes.Options{}), map[string]httpapi.ToolFunc{"/a/b": noop}}, SessionSecret: secret, ControlAuthToken: "t"},
+		"reserved tool":    {Owner: own, Resources: tools{notes.New(notes.Options{}), map[string]resources.ToolFunc{"/verify": noop}}, SessionSecret: secret, ControlAuthToken: "t"},
+		"nested tool":      {Owner: own, Resources: tools{notes.New(notes.Options{}), map[string]resources.ToolFunc{"/a/b": noop}}, SessionSecret: secret, ControlAuthToken: "t"},
 		"no owner":         {Resources: notes.New(notes.Options{}), SessionSecret: secret},
 	}
 	for name, cfg := range cases {

@@ -13,6 +13,8 @@ import (
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/participant"
+	"github.com/sandboxowner/owner/problem"
+	"github.com/sandboxowner/owner/resources"
 )
 
 // routeKind classifies a data route for admission and bookkeeping.
@@ -41,7 +43,7 @@ func (k routeKind) admission() participant.Kind {
 	}
 }
 
-func (s *Server) kindOf(route string) (routeKind, ToolFunc) {
+func (s *Server) kindOf(route string) (routeKind, resources.ToolFunc) {
 	switch route {
 	case RouteSeed:
 		return kindSeed, nil
@@ -111,7 +113,7 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 	// and a resources server may hand it to the owner's goroutines.
 	body := bytes.Clone(ctx.PostBody())
 	if kind != kindAccess {
-		if err := CheckObject(body); err != nil {
+		if err := resources.CheckObject(body); err != nil {
 			s.fail(ctx, err)
 			return
 		}
@@ -124,12 +126,12 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 			return
 		}
 	}
-	sess := &Session{ID: s.sessionOf(ctx), Owner: s.own}
+	sess := &resources.Session{ID: s.sessionOf(ctx), Owner: s.own}
 	if typed != nil {
 		// The caller names the session; the cookie follows it, so that
 		// cookie-bound routes (tools, verify) reach the same session.
 		if ep != nil && *ep != typed.episode {
-			s.fail(ctx, Invalid("episode_id %s is not the rollout prefix's %s", typed.episode.CaptureKey(), ep.CaptureKey()))
+			s.fail(ctx, resources.Invalid("episode_id %s is not the rollout prefix's %s", typed.episode.CaptureKey(), ep.CaptureKey()))
 			return
 		}
 		sess.ID = typed.ResourcesSessionID
@@ -166,7 +168,7 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 	switch kind {
 	case kindSeed:
 		if s.closed.has(sess.ID) {
-			err = Errorf(nethttp.StatusConflict, CodeSessionClosed, "this session was closed; start a new one")
+			err = problem.Errorf(nethttp.StatusConflict, CodeSessionClosed, "this session was closed; start a new one")
 			break
 		}
 		if typed != nil {
@@ -210,9 +212,9 @@ type closeRequest struct {
 // body, the named one ({resources_session_id}) for a typed body. Closing a
 // closed or never-seeded session succeeds; a failed stop fails the call, so
 // a retry stops it again.
-func (s *Server) closeSession(ctx context.Context, rc *fasthttp.RequestCtx, sess *Session, body []byte) (any, error) {
+func (s *Server) closeSession(ctx context.Context, rc *fasthttp.RequestCtx, sess *resources.Session, body []byte) (any, error) {
 	var req closeRequest
-	if err := DecodeData(body, &req); err != nil {
+	if err := resources.DecodeData(body, &req); err != nil {
 		return nil, err
 	}
 	if req.ResourcesSessionID == nil {
@@ -224,7 +226,7 @@ func (s *Server) closeSession(ctx context.Context, rc *fasthttp.RequestCtx, sess
 	}
 	id := *req.ResourcesSessionID
 	if id == "" {
-		return nil, Invalid("resources_session_id must not be empty")
+		return nil, resources.Invalid("resources_session_id must not be empty")
 	}
 	if _, _, err := parseEpisodeField(req.EpisodeID); err != nil {
 		return nil, err
@@ -261,8 +263,8 @@ type Connection struct {
 	Descriptor        map[string]any `json:"descriptor"`
 }
 
-func (s *Server) sandboxAccess(ctx context.Context, sess *Session) (*Access, error) {
-	noAccess := Errorf(nethttp.StatusNotFound, CodeNoSandboxAccess, "this session has no sandbox access")
+func (s *Server) sandboxAccess(ctx context.Context, sess *resources.Session) (*Access, error) {
+	noAccess := problem.Errorf(nethttp.StatusNotFound, CodeNoSandboxAccess, "this session has no sandbox access")
 	if !s.res.LendsSandboxes() {
 		return nil, noAccess
 	}

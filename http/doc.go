@@ -16,7 +16,7 @@
 //	                          only with checkpointing on; Authorization: Bearer <token>
 //
 // Every error is {"error":{"code","detail"}}: the protocol's codes and
-// statuses (control.Error), 409 no_session_sandbox, 404 no_sandbox_access,
+// statuses (problem.Error), 409 no_session_sandbox, 404 no_sandbox_access,
 // 413 body_too_large, 422 invalid_request for malformed JSON or wrong types,
 // 500 internal_error for a panic (the server lives on). Control bodies refuse
 // unknown fields; data bodies ignore them, as dataset rows carry many.

@@ -13,6 +13,8 @@ import (
 
 	"github.com/sandboxowner/owner/aggregate"
 	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/problem"
+	"github.com/sandboxowner/owner/resources"
 )
 
 // Gym's routes besides the session routes.
@@ -69,16 +71,16 @@ func (s *Server) aggregateMetrics(ctx *fasthttp.RequestCtx) {
 	dec := json.NewDecoder(bytes.NewReader(ctx.PostBody()))
 	dec.UseNumber()
 	if err := dec.Decode(&req); err != nil {
-		s.fail(ctx, Invalid("%s", jsonProblem(err)))
+		s.fail(ctx, resources.Invalid("%s", resources.JSONProblem(err)))
 		return
 	}
 	if req.VerifyResponses == nil {
-		s.fail(ctx, Invalid("verify_responses is required"))
+		s.fail(ctx, resources.Invalid("verify_responses is required"))
 		return
 	}
 	m, err := aggregate.Compute(*req.VerifyResponses)
 	if err != nil {
-		s.fail(ctx, Invalid("%v", err))
+		s.fail(ctx, resources.Invalid("%v", err))
 		return
 	}
 	writeJSON(ctx, nethttp.StatusOK, m)
@@ -128,23 +130,23 @@ func parseTypedSeed(body []byte) (*typedSeed, error) {
 		return nil, nil
 	}
 	var t typedSeed
-	if err := decodeControl(body, &t); err != nil {
+	if err := resources.DecodeStrict(body, &t); err != nil {
 		return nil, err
 	}
 	switch {
 	case !sessionIDPattern.MatchString(t.ResourcesSessionID):
-		return nil, Invalid("resources_session_id must match %s", sessionIDPattern)
+		return nil, resources.Invalid("resources_session_id must match %s", sessionIDPattern)
 	case t.TaskID == nil || t.TaskID.Taskset == "" || t.TaskID.TaskID == "":
-		return nil, Invalid("task_id {taskset, task_id} is required")
+		return nil, resources.Invalid("task_id {taskset, task_id} is required")
 	case len(bytes.TrimSpace(t.TaskData)) == 0 || bytes.TrimSpace(t.TaskData)[0] != '{':
-		return nil, Invalid("task_data must be an object")
+		return nil, resources.Invalid("task_data must be an object")
 	}
 	ep, ok, err := parseEpisodeField(t.EpisodeID)
 	if err != nil {
 		return nil, err
 	}
 	if !ok {
-		return nil, Invalid("episode_id is required")
+		return nil, resources.Invalid("episode_id is required")
 	}
 	t.episode = ep
 	return &t, nil
@@ -160,20 +162,20 @@ func parseEpisodeField(raw json.RawMessage) (control.EpisodeID, bool, error) {
 	if raw[0] == '"' {
 		var key string
 		if err := json.Unmarshal(raw, &key); err != nil {
-			return control.EpisodeID{}, false, Invalid("episode_id: %s", jsonProblem(err))
+			return control.EpisodeID{}, false, resources.Invalid("episode_id: %s", resources.JSONProblem(err))
 		}
 		e, err := control.ParseCaptureKey(key)
 		if err != nil {
-			return control.EpisodeID{}, false, Invalid("episode_id: %v", err)
+			return control.EpisodeID{}, false, resources.Invalid("episode_id: %v", err)
 		}
 		return e, true, nil
 	}
 	var e control.EpisodeID
 	if err := json.Unmarshal(raw, &e); err != nil {
-		return control.EpisodeID{}, false, Invalid("episode_id: %s", jsonProblem(err))
+		return control.EpisodeID{}, false, resources.Invalid("episode_id: %s", resources.JSONProblem(err))
 	}
 	if err := e.Validate(); err != nil {
-		return control.EpisodeID{}, false, Invalid("episode_id: %v", err)
+		return control.EpisodeID{}, false, resources.Invalid("episode_id: %v", err)
 	}
 	return e, true, nil
 }
@@ -200,7 +202,7 @@ func (t *typedSessions) claim(id string, b typedBinding) (fresh bool, err error)
 	defer t.mu.Unlock()
 	if old, ok := t.bound[id]; ok {
 		if old != b {
-			return false, Errorf(nethttp.StatusConflict, CodeSessionConflict,
+			return false, problem.Errorf(nethttp.StatusConflict, CodeSessionConflict,
 				"session %s was seeded for episode %s, task %s/%s", id, old.episode, old.task.Taskset, old.task.TaskID)
 		}
 		return false, nil
@@ -217,7 +219,7 @@ func (t *typedSessions) forget(id string) {
 
 // seedTyped serves a typed seed: the resources server seeds the session
 // from task_data, and the reply carries the sandbox access.
-func (s *Server) seedTyped(ctx context.Context, sess *Session, t *typedSeed) (any, error) {
+func (s *Server) seedTyped(ctx context.Context, sess *resources.Session, t *typedSeed) (any, error) {
 	fresh, err := s.typed.claim(sess.ID, typedBinding{episode: t.episode.CaptureKey(), task: *t.TaskID})
 	if err != nil {
 		return nil, err
@@ -231,7 +233,7 @@ func (s *Server) seedTyped(ctx context.Context, sess *Session, t *typedSeed) (an
 	rep := TypedSeedReply{ResourcesSessionID: sess.ID, ResourcesTools: s.resourcesTools(sess.ID)}
 	if s.res.LendsSandboxes() {
 		a, err := s.sandboxAccess(ctx, sess)
-		var he *Error
+		var he *problem.Error
 		switch {
 		case errors.As(err, &he) && he.Code == CodeNoSandboxAccess:
 		case err != nil:

@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/records"
+	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/resources/notes"
 )
 
@@ -54,7 +55,7 @@ type harness struct {
 type options struct {
 	checkpoint bool
 	prov       provider.Provider
-	res        httpapi.Resources
+	res        resources.Resources
 	maxBody    int
 	// owner adjusts the owner's config.
 	owner func(*owner.Config)
@@ -62,11 +63,11 @@ type options struct {
 
 type opt func(*options)
 
-func checkpointOff() opt                    { return func(o *options) { o.checkpoint = false } }
-func withProvider(p provider.Provider) opt  { return func(o *options) { o.prov = p } }
-func withResources(r httpapi.Resources) opt { return func(o *options) { o.res = r } }
-func withMaxBody(n int) opt                 { return func(o *options) { o.maxBody = n } }
-func withOwner(f func(*owner.Config)) opt   { return func(o *options) { o.owner = f } }
+func checkpointOff() opt                      { return func(o *options) { o.checkpoint = false } }
+func withProvider(p provider.Provider) opt    { return func(o *options) { o.prov = p } }
+func withResources(r resources.Resources) opt { return func(o *options) { o.res = r } }
+func withMaxBody(n int) opt                   { return func(o *options) { o.maxBody = n } }
+func withOwner(f func(*owner.Config)) opt     { return func(o *options) { o.owner = f } }
 
 func newHarness(t *testing.T, opts ...opt) *harness {
 	t.Helper()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/participant"
+	"github.com/sandboxowner/owner/resources"
 )
 
 // The MCP endpoint: the resources server's tools as Gym's MCP environments
@@ -161,11 +162,11 @@ func (s *Server) mcpCall(ctx *fasthttp.RequestCtx, req rpcRequest) {
 	if len(args) == 0 || string(args) == "null" {
 		args = []byte("{}")
 	}
-	if err := CheckObject(args); err != nil {
+	if err := resources.CheckObject(args); err != nil {
 		writeRPC(ctx, nethttp.StatusOK, req.ID, nil, &rpcError{rpcInvalidParams, "arguments must be a JSON object"})
 		return
 	}
-	sess := &Session{ID: sid, Owner: s.own}
+	sess := &resources.Session{ID: sid, Owner: s.own}
 	s.own.Touch(sid)
 	if s.part != nil {
 		sess.Episode, sess.HasEpisode = s.part.BoundEpisode(sid)

@@ -9,6 +9,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/resources/notes"
 )
 
@@ -84,9 +85,9 @@ func TestMCPToolsOfATypedSession(t *testing.T) {
 // as resources servers do.
 type loggingTool struct{ *notes.Server }
 
-func (l loggingTool) Tools() map[string]httpapi.ToolFunc {
+func (l loggingTool) Tools() map[string]resources.ToolFunc {
 	tools := l.Server.Tools()
-	tools["/log_me"] = func(_ context.Context, sess *httpapi.Session, _ []byte) (any, error) {
+	tools["/log_me"] = func(_ context.Context, sess *resources.Session, _ []byte) (any, error) {
 		sess.Log.Info("the tool ran")
 		return map[string]bool{"ok": true}, nil
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxowner/owner/control"
 	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/resources/notes"
 )
 
@@ -387,9 +388,9 @@ func TestForgedCookieIsANewSession(t *testing.T) {
 // boom is the notes server with a tool that panics.
 type boom struct{ *notes.Server }
 
-func (b boom) Tools() map[string]httpapi.ToolFunc {
+func (b boom) Tools() map[string]resources.ToolFunc {
 	tools := b.Server.Tools()
-	tools["/boom"] = func(ctx context.Context, sess *httpapi.Session, body []byte) (any, error) { panic("boom") }
+	tools["/boom"] = func(ctx context.Context, sess *resources.Session, body []byte) (any, error) { panic("boom") }
 	return tools
 }
 

@@ -29,7 +29,9 @@ import (
 	"github.com/sandboxowner/owner/metrics"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/participant"
+	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/sandbox"
 )
 
@@ -77,7 +79,7 @@ func reserved(route string) bool {
 // Config configures a Server.
 type Config struct {
 	Owner     *owner.Owner
-	Resources Resources
+	Resources resources.Resources
 	Logger    *logrus.Logger
 	// Clock is the control plane's clock (default the wall clock; the
 	// simulation passes its logical one).
@@ -120,7 +122,7 @@ type Config struct {
 	ClosedRetention time.Duration
 	// Access, when set, adds fields to the descriptor /sandbox_access
 	// returns (an exec API's endpoint and token).
-	Access func(sess *Session, sb sandbox.Sandbox, descriptor map[string]any) error
+	Access func(sess *resources.Session, sb sandbox.Sandbox, descriptor map[string]any) error
 	// Mounts serve other path prefixes (the sandbox exec API) with their
 	// own handlers; they get the panic guard and nothing else.
 	Mounts map[string]fasthttp.RequestHandler
@@ -158,14 +160,14 @@ type Config struct {
 type Server struct {
 	cfg        Config
 	own        *owner.Owner
-	res        Resources
+	res        resources.Resources
 	log        *logrus.Entry
 	clk        clock.Clock
 	mode       owner.Mode
 	cookieName string
 	signer     *Signer
 	mcpSigner  *Signer
-	tools      map[string]ToolFunc
+	tools      map[string]resources.ToolFunc
 	tokenSum   [32]byte
 	verifyMode string
 	mounts     []mount
@@ -249,7 +251,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	tools := map[string]ToolFunc{}
+	tools := map[string]resources.ToolFunc{}
 	for route, fn := range res.Tools() {
 		if !strings.HasPrefix(route, "/") || strings.Count(route, "/") != 1 || reserved(route) {
 			return nil, fmt.Errorf("%w: tool route %q must be /<name> and not one of the reserved routes", ErrConfig, route)
@@ -539,7 +541,7 @@ func (s *Server) health(ctx *fasthttp.RequestCtx) {
 			reply["retention"] = retentionHealth(st)
 		}
 	}
-	if hr, ok := s.res.(HealthReporter); ok {
+	if hr, ok := s.res.(resources.HealthReporter); ok {
 		for k, v := range hr.Health() {
 			if _, taken := reply[k]; !taken {
 				reply[k] = v
@@ -604,7 +606,7 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
 	case CodeProviderUnavailable:
 		ctx.Response.Header.Set("Retry-After", ProviderUnavailableRetryAfter)
 	}
-	if he := (*Error)(nil); errors.As(err, &he) && he.RetryAfter != "" {
+	if he := (*problem.Error)(nil); errors.As(err, &he) && he.RetryAfter != "" {
 		ctx.Response.Header.Set("Retry-After", he.RetryAfter)
 	}
 	if status >= 500 && status != nethttp.StatusServiceUnavailable {
@@ -614,13 +616,10 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, err error) {
 }
 
 func classify(err error) (status int, code, detail string) {
-	var he *Error
-	var ce *control.Error
+	var pe *problem.Error
 	switch {
-	case errors.As(err, &he):
-		return he.Status, he.Code, he.Detail
-	case errors.As(err, &ce):
-		return ce.Status, ce.Code, ce.Detail
+	case errors.As(err, &pe):
+		return pe.Status, pe.Code, pe.Detail
 	case errors.Is(err, sandbox.ErrNone):
 		return nethttp.StatusConflict, CodeNoSessionSandbox, err.Error()
 	case errors.Is(err, owner.ErrSetup):
@@ -734,7 +733,7 @@ func (s *Server) serveControl(ctx *fasthttp.RequestCtx, op string) {
 // controlCall decodes a control body strictly and calls fn with it.
 func controlCall[T any](body []byte, fn func(T) (any, error)) (any, error) {
 	var req T
-	if err := decodeControl(body, &req); err != nil {
+	if err := resources.DecodeStrict(body, &req); err != nil {
 		return nil, err
 	}
 	return fn(req)

@@ -14,6 +14,7 @@ import (
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/participant"
+	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/retention"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -403,7 +404,7 @@ func TestRelease(t *testing.T) {
 		return owner.ReleaseResult{Dropped: []string{"c0", "c1"}, Failed: map[string]string{"snap": "busy"}}, errors.New("1 delete failed")
 	}
 	_, err = p.Release(ctx, participant.ReleaseRequest{KeptCheckpointIDs: &[]string{"c2"}})
-	var re *resources.Error
+	var re *problem.Error
 	if !errors.As(err, &re) || re.Code != participant.CodeReleaseFailed || !strings.Contains(re.Detail, "(dropped c0, c1; a retry deletes the rest)") {
 		t.Errorf("failed release: %v", err)
 	}
@@ -441,7 +442,7 @@ func TestCheckRetention(t *testing.T) {
 		return owner.RetentionResult{Dropped: []string{"c0"}}, errors.New("index closed")
 	}
 	_, err = p.CheckRetention(ctx, participant.CheckRetentionRequest{})
-	var re *resources.Error
+	var re *problem.Error
 	if !errors.As(err, &re) || re.Code != participant.CodeRetentionFailed || !strings.Contains(re.Detail, "(dropped c0; the next check deletes the rest)") {
 		t.Errorf("failed check: %v", err)
 	}

@@ -13,7 +13,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	nethttp "net/http"
 	"os"
 	"sort"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/sched"
@@ -358,7 +358,7 @@ func (h hooks) Commit(ctx context.Context, req control.CommitRequest) (control.C
 		if errors.Is(err, records.ErrInvalidState) {
 			return control.CommitResult{}, control.ErrInvalidCheckpointState.Wrap(err)
 		}
-		return control.CommitResult{}, resources.Wrap(nethttp.StatusInternalServerError, CodeCommitFailed, err)
+		return control.CommitResult{}, problem.Wrap(problem.StatusInternal, CodeCommitFailed, err)
 	}
 	out := control.CommitResult{Manifest: manifestOf(req.CheckpointID, res), EpisodeIDs: []string{}}
 	for _, sid := range res.Sessions {
@@ -427,7 +427,7 @@ func (h hooks) Restore(ctx context.Context, req control.RestoreRequest) (control
 		if errors.Is(err, owner.ErrInvalidRecord) || errors.Is(err, owner.ErrUnknownCheckpoint) {
 			return control.RestoreResult{}, control.ErrInvalidCheckpointState.Wrap(err)
 		}
-		return control.RestoreResult{}, resources.Wrap(nethttp.StatusInternalServerError, CodeRestoreFailed, err)
+		return control.RestoreResult{}, problem.Wrap(problem.StatusInternal, CodeRestoreFailed, err)
 	}
 	out := control.RestoreResult{SourceCheckpointID: res.CheckpointID, Restored: []string{}}
 	next := map[string]control.EpisodeID{}
@@ -500,7 +500,7 @@ func (h hooks) Retire(ctx context.Context, eps []control.EpisodeID) error {
 	}
 	p.mu.Unlock()
 	if err != nil {
-		return fail(resources.Wrap(nethttp.StatusInternalServerError, CodeRetireFailed, err), res.Failed)
+		return fail(problem.Wrap(problem.StatusInternal, CodeRetireFailed, err), res.Failed)
 	}
 	p.log.WithFields(logrus.Fields{"episodes": control.CaptureKeys(eps), "sessions": len(sessions)}).Info("retired attempts")
 	return nil
@@ -572,7 +572,7 @@ func (p *Participant) CheckRetention(ctx context.Context, _ CheckRetentionReques
 		rep.Unreadable = append(rep.Unreadable, DirSeen{CheckpointID: s.ID, CheckpointDir: s.Dir, Reason: s.Reason, Error: s.Detail})
 	}
 	if err != nil {
-		e := resources.Wrap(nethttp.StatusInternalServerError, CodeRetentionFailed, err)
+		e := problem.Wrap(problem.StatusInternal, CodeRetentionFailed, err)
 		e.Detail += fmt.Sprintf(" (dropped %s; the next check deletes the rest)", strings.Join(rep.Dropped, ", "))
 		return nil, e
 	}
@@ -613,7 +613,7 @@ func (p *Participant) Release(ctx context.Context, req ReleaseRequest) (any, err
 	res, err := p.own.Release(ctx, kept)
 	rep := ReleaseReply{Kept: kept, Dropped: nonNil(res.Dropped), Deleted: nonNil(res.Deleted), Deferred: nonNil(res.Deferred), Failed: res.Failed}
 	if err != nil {
-		e := resources.Wrap(nethttp.StatusInternalServerError, CodeReleaseFailed, err)
+		e := problem.Wrap(problem.StatusInternal, CodeReleaseFailed, err)
 		e.Detail += fmt.Sprintf(" (dropped %s; a retry deletes the rest)", strings.Join(rep.Dropped, ", "))
 		return nil, e
 	}

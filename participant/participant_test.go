@@ -13,6 +13,7 @@ import (
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/participant"
+	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/resources"
 )
 
@@ -177,8 +178,8 @@ func TestRestoreErrorsAreTyped(t *testing.T) {
 }
 
 func codeOf(err error) string {
-	var ce *control.Error
-	var re *resources.Error
+	var ce *problem.Error
+	var re *problem.Error
 	switch {
 	case errors.As(err, &ce):
 		return ce.Code

@@ -12,12 +12,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	nethttp "net/http"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/problem"
 )
 
 // Resources is a resources server written on the owner: the notes server,
@@ -27,7 +27,7 @@ import (
 // request's Session.
 //
 // Methods get the request body as a copy they may keep. They return a value
-// to send as JSON, or an error: an *Error is sent as it is,
+// to send as JSON, or an error: a *problem.Error is sent as it is,
 // sandbox.ErrNone as 409 no_session_sandbox, anything else as 500.
 type Resources interface {
 	// Name is the server's config name ("notes"), the instance in status
@@ -79,42 +79,10 @@ type Session struct {
 	Log   logrus.FieldLogger
 }
 
-// Error is an error with its HTTP status and envelope code.
-type Error struct {
-	Status int
-	Code   string
-	Detail string
-	// Err is the cause, if any (errors.Is and errors.As see it).
-	Err error
-	// RetryAfter, when set, is the reply's Retry-After header (seconds).
-	RetryAfter string
-}
-
-func (e *Error) Error() string { return e.Code + ": " + e.Detail }
-
-// Unwrap exposes the cause.
-func (e *Error) Unwrap() error { return e.Err }
-
-// Wrap makes an *Error caused by err, with err's text as the detail.
-func Wrap(status int, code string, err error) *Error {
-	return &Error{Status: status, Code: code, Detail: err.Error(), Err: err}
-}
-
-// Is matches errors of the same code.
-func (e *Error) Is(target error) bool {
-	t, ok := target.(*Error)
-	return ok && t.Code == e.Code
-}
-
-// Errorf makes an *Error.
-func Errorf(status int, code, format string, args ...any) *Error {
-	return &Error{Status: status, Code: code, Detail: fmt.Sprintf(format, args...)}
-}
-
 // Invalid is a 422 invalid_request: a body that is not JSON, or of the
 // wrong types.
-func Invalid(format string, args ...any) *Error {
-	return Errorf(nethttp.StatusUnprocessableEntity, control.ErrInvalidRequest.Code, format, args...)
+func Invalid(format string, args ...any) *problem.Error {
+	return control.ErrInvalidRequest.With(format, args...)
 }
 
 // DecodeData decodes a data route's body into v as upstream's models do:

@@ -12,14 +12,15 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/resources"
 )
 
 func code(t *testing.T, err error) string {
 	t.Helper()
-	var e *resources.Error
+	var e *problem.Error
 	if !errors.As(err, &e) {
-		t.Fatalf("error %v is not a *resources.Error", err)
+		t.Fatalf("error %v is not a *problem.Error", err)
 	}
 	return fmt.Sprintf("%d %s", e.Status, e.Code)
 }
@@ -84,8 +85,8 @@ func TestCheckObject(t *testing.T) {
 
 func TestErrorsMatchByCodeAndUnwrap(t *testing.T) {
 	cause := errors.New("disk full")
-	e := resources.Wrap(500, "commit_failed", cause)
-	if !errors.Is(e, cause) || !errors.Is(e, &resources.Error{Code: "commit_failed"}) || errors.Is(e, &resources.Error{Code: "restore_failed"}) {
+	e := problem.Wrap(500, "commit_failed", cause)
+	if !errors.Is(e, cause) || !errors.Is(e, &problem.Error{Code: "commit_failed"}) || errors.Is(e, &problem.Error{Code: "restore_failed"}) {
 		t.Fatalf("Is/Unwrap of %v", e)
 	}
 	if diff := cmp.Diff("500 commit_failed", code(t, fmt.Errorf("wrapped: %w", e))); diff != "" {

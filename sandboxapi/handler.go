@@ -17,8 +17,8 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/valyala/fasthttp"
 
-	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/internal/envelope"
+	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/sandbox"
 )
@@ -91,7 +91,7 @@ type Handler struct {
 	// and counts the call in flight until leave is called, so that a
 	// checkpoint never cuts a command or a write in half. File reads are
 	// not admitted. An error is answered with its status when it is a
-	// *control.Error, 503 otherwise.
+	// *problem.Error, 503 otherwise.
 	Admit func(ctx context.Context, sandboxID string) (leave func(), err error)
 }
 
@@ -198,7 +198,7 @@ func (h *Handler) ServeSandbox(ctx *fasthttp.RequestCtx, sandboxID, rest string)
 		cancel()
 		if err != nil {
 			status, code := fasthttp.StatusServiceUnavailable, "unavailable"
-			var ce *control.Error
+			var ce *problem.Error
 			if errors.As(err, &ce) {
 				status, code = ce.Status, ce.Code
 			}

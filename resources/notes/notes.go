@@ -25,6 +25,7 @@ import (
 	"syscall"
 
 	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/sandbox"
@@ -158,7 +159,7 @@ func (s *Server) appendNote(ctx context.Context, sess *resources.Session, body [
 	err := sess.Owner.Do(ctx, sess.ID, func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
 		old, err := readOptional(ctx, p, sb.Handle, NotesFile, MaxNotesBytes-int64(len(line))-1)
 		if unreadable(err) {
-			return resources.Errorf(http.StatusConflict, CodeNotesUnreadable, "%s cannot take a note: %v", NotesFile, err)
+			return problem.Errorf(http.StatusConflict, CodeNotesUnreadable, "%s cannot take a note: %v", NotesFile, err)
 		}
 		if err != nil {
 			return err

@@ -11,6 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/provider/local"
@@ -126,7 +127,7 @@ func TestVerifyRewardsZero(t *testing.T) {
 	}
 	bad := &resources.Session{ID: "bad", Owner: own, Log: logrus.New()}
 	for _, body := range []string{`{}`, `{"expected_notes": "one"}`, `{`} {
-		var he *resources.Error
+		var he *problem.Error
 		if _, err := s.Verify(ctx, bad, []byte(body)); !errors.As(err, &he) || he.Status != 422 {
 			t.Errorf("verify %s: %v, want 422", body, err)
 		}
@@ -177,7 +178,7 @@ func TestVerifyGradesAnUnreadableNotesFileZero(t *testing.T) {
 				t.Fatalf("%s: %+v %v", make_, res, err)
 			}
 			if name != "token" {
-				var he *resources.Error
+				var he *problem.Error
 				if _, err := s.Tools()[notes.RouteAppend](ctx, sess, []byte(`{"line":"one"}`)); !errors.As(err, &he) || he.Status != 409 || he.Code != notes.CodeNotesUnreadable {
 					t.Errorf("append to it: %v, want 409 %s", err, notes.CodeNotesUnreadable)
 				}

@@ -17,7 +17,7 @@ import (
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
-	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
 )
@@ -82,7 +82,7 @@ func wantUnavailable(t *testing.T, err error, reason string) {
 	if !errors.Is(err, ErrEnvironmentUnavailable) || !strings.Contains(err.Error(), reason) {
 		t.Fatalf("seed err = %v, want ErrEnvironmentUnavailable with %q", err, reason)
 	}
-	var he *httpapi.Error
+	var he *problem.Error
 	if !errors.As(httpError(err), &he) || he.Status != 503 || he.Code != CodeEnvironmentUnavailable || !strings.Contains(he.Detail, reason) {
 		t.Errorf("seed answers %+v, want 503 %s with the reason", he, CodeEnvironmentUnavailable)
 	}

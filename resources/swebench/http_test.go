@@ -12,6 +12,7 @@ import (
 	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/resources"
 )
 
 // client drives an http.Server's handler directly, keeping its cookie.
@@ -62,7 +63,7 @@ func (r reply) code(t *testing.T) string {
 	return env.Error.Code
 }
 
-func newHTTP(t *testing.T, own *owner.Owner, res httpapi.Resources) *client {
+func newHTTP(t *testing.T, own *owner.Owner, res resources.Resources) *client {
 	t.Helper()
 	srv, err := httpapi.New(httpapi.Config{
 		Owner: own, Resources: res, Logger: testLogger(t), SessionSecret: []byte("a-test-session-secret-of-32-bytes"),

@@ -8,6 +8,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/sandbox"
 )
@@ -70,10 +71,10 @@ func (s *Server) requestLog(sess *resources.Session) logrus.FieldLogger {
 	return sess.Log.WithField("resources", Kind)
 }
 
-// statusError is an *resources.Error (what package http answers with) that
+// statusError is an *problem.Error (what package http answers with) that
 // still matches this package's sentinels.
 type statusError struct {
-	he  *resources.Error
+	he  *problem.Error
 	err error
 }
 
@@ -97,11 +98,11 @@ func httpError(err error) error {
 	case errors.Is(err, ErrEnvironmentUnavailable):
 		status, code = nethttp.StatusServiceUnavailable, CodeEnvironmentUnavailable
 	case errors.Is(err, ErrEnvironmentPreparing):
-		he := resources.Errorf(nethttp.StatusServiceUnavailable, CodeEnvironmentPreparing, "%s", err.Error())
+		he := problem.Errorf(nethttp.StatusServiceUnavailable, CodeEnvironmentPreparing, "%s", err.Error())
 		he.RetryAfter = PreparingRetryAfter
 		return &statusError{he: he, err: err}
 	default:
 		return err
 	}
-	return &statusError{he: resources.Errorf(status, code, "%s", err.Error()), err: err}
+	return &statusError{he: problem.Errorf(status, code, "%s", err.Error()), err: err}
 }
