@@ -1,0 +1,109 @@
+package sandboxapi
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
+
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local"
+)
+
+// TestABodyOfExactlyMaxBodyIsServed: the cap is on more than MaxBody bytes;
+// a handler left at zero takes DefaultMaxBody.
+func TestABodyOfExactlyMaxBodyIsServed(t *testing.T) {
+	w := newWorld(t)
+	id, token := w.sandbox(t)
+	uri := "/sandboxes/" + id + "/files?path="
+	at := strings.Repeat("x", w.h.MaxBody)
+	if got := codeOf(t, w.do("PUT", uri+"at", token, []byte(at))); got.Status != 200 {
+		t.Errorf("a body of MaxBody bytes: %+v, want 200", got)
+	}
+	if got := codeOf(t, w.do("PUT", uri+"over", token, []byte(at+"x"))); got != errReply(413, "body_too_large") {
+		t.Errorf("a body of MaxBody+1 bytes: %+v, want 413 body_too_large", got)
+	}
+	w.h.MaxBody = 0
+	if got := codeOf(t, w.do("PUT", uri+"default", token, []byte(at+"x"))); got.Status != 200 {
+		t.Errorf("MaxBody 0 (DefaultMaxBody): %+v, want 200", got)
+	}
+	if got := codeOf(t, w.do("PUT", uri+"over-default", token, make([]byte, DefaultMaxBody+1))); got != errReply(413, "body_too_large") {
+		t.Errorf("DefaultMaxBody+1 bytes: %+v, want 413 body_too_large", got)
+	}
+}
+
+// deadlineProvider records whether each Exec call was bounded.
+type deadlineProvider struct {
+	*local.Provider
+	bounded []bool
+}
+
+func (p *deadlineProvider) Exec(ctx context.Context, h provider.Handle, req provider.ExecRequest) (provider.ExecResult, error) {
+	_, ok := ctx.Deadline()
+	p.bounded = append(p.bounded, ok)
+	return p.Provider.Exec(ctx, h, req)
+}
+
+// TestOnlyATimedCommandIsBoundedByTheHandler: a command with timeout_ms
+// has the whole call bounded (its timeout and a grace); one without is left
+// to the provider's own bound, never cut by the handler.
+func TestOnlyATimedCommandIsBoundedByTheHandler(t *testing.T) {
+	w := newWorld(t)
+	id, token := w.sandbox(t)
+	p := &deadlineProvider{Provider: w.p}
+	w.h.Provider = p
+	for _, body := range []string{`{"command":"true","timeout_ms":1000}`, `{"command":"true"}`, `{"command":"true","timeout_ms":0}`} {
+		if r := w.do("POST", "/sandboxes/"+id+"/exec", token, []byte(body)); r.Status != 200 {
+			t.Fatalf("%s: %d %s", body, r.Status, r.Body)
+		}
+	}
+	if diff := cmp.Diff([]bool{true, false, false}, p.bounded); diff != "" {
+		t.Errorf("calls bounded (-want +got):\n%s", diff)
+	}
+}
+
+// TestRefusalsAreLoggedWithTheirSandbox: a refused request and a failed
+// provider call each leave one line naming the sandbox, status and code;
+// a handler without a logger answers the same and logs nothing.
+func TestRefusalsAreLoggedWithTheirSandbox(t *testing.T) {
+	w := newWorld(t)
+	id, token := w.sandbox(t)
+	log, hook := logtest.NewNullLogger()
+	log.SetLevel(logrus.DebugLevel)
+	w.h.Logger = log
+	requests := []struct{ method, uri, body string }{
+		{"POST", "/sandboxes/" + id + "/exec", `{"cwd":"."}`},
+		{"GET", "/sandboxes/" + id + "/files?path=nope", ""},
+	}
+	type line struct {
+		Msg       string
+		SandboxID any
+		Status    any
+		Code      any
+	}
+	var got []line
+	for _, r := range requests {
+		w.do(r.method, r.uri, token, []byte(r.body))
+	}
+	for _, e := range hook.AllEntries() {
+		got = append(got, line{e.Message, e.Data["sandbox_id"], e.Data["status"], e.Data["code"]})
+	}
+	want := []line{
+		{"sandboxapi: refused", id, 422, "invalid_request"},
+		{"sandboxapi: provider call failed", id, 404, "file_not_found"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("log lines (-want +got):\n%s", diff)
+	}
+	w.h.Logger = nil
+	var answers []reply
+	for _, r := range requests {
+		answers = append(answers, codeOf(t, w.do(r.method, r.uri, token, []byte(r.body))))
+	}
+	if diff := cmp.Diff([]reply{errReply(422, "invalid_request"), errReply(404, "file_not_found")}, answers); diff != "" {
+		t.Errorf("answers without a logger (-want +got):\n%s", diff)
+	}
+}
