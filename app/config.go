@@ -149,6 +149,9 @@ type LocalLimits struct {
 	Pids     int     `yaml:"pids"`
 	MemoryMB int     `yaml:"memory_mb"`
 	CPUs     float64 `yaml:"cpus"`
+	// DiskMB and DiskInodes size each sandbox's filesystem of its own.
+	DiskMB     int `yaml:"disk_mb"`
+	DiskInodes int `yaml:"disk_inodes"`
 }
 
 // CheckpointConfig is the checkpoint block.
@@ -244,6 +247,8 @@ func keyUsage() map[string]string {
 		"sandbox.local.limits.pids":                    "local provider: processes of one sandbox (default 1024; -1: no limit)",
 		"sandbox.local.limits.memory_mb":               "local provider: memory of one sandbox, MiB (default 4096; -1: no limit)",
 		"sandbox.local.limits.cpus":                    "local provider: CPUs of one sandbox (default 2; -1: no limit)",
+		"sandbox.local.limits.disk_mb":                 "local provider: disk of one sandbox (its tree and its mounts' copies), MiB (default 10240; -1: no limit)",
+		"sandbox.local.limits.disk_inodes":             "local provider: files, directories and links one sandbox may hold (default: one per 16 KiB of disk_mb)",
 		"sandbox.local.max_exec_timeout":               "local provider: longest timeout a command may ask for (default 30m)",
 		"sandbox.local.seccomp":                        "local provider: syscall filter of sandboxed commands: default, off, or a file holding a compiled BPF program (default: default)",
 		"sandbox.local.max_file_bytes":                 "local provider: largest file the server reads or writes in a sandbox, bytes (default 67108864)",

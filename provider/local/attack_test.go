@@ -125,7 +125,7 @@ func TestCommandsRunAsNobodyWithoutCapabilities(t *testing.T) {
 		mustRun(t, p, h, "echo x > mine && mkdir d")
 		onDisk := fsDir(p, h)
 		if m.overlay == OverlayOn {
-			onDisk = filepath.Join(p.sandboxDir(h.SandboxID), "upper")
+			onDisk = upperDir(p, h)
 		}
 		for _, name := range []string{"mine", "d", "."} {
 			var st syscall.Stat_t

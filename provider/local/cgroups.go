@@ -23,6 +23,14 @@ type Limits struct {
 	MemoryMB int
 	// CPUs caps its CPU time, in CPUs (1.5 is one and a half).
 	CPUs float64
+	// DiskMB caps what its tree and its mounts' copies hold, in MiB: its
+	// writable layer is a filesystem of this size of its own (see disks),
+	// and a write past it fails with ENOSPC.
+	DiskMB int
+	// DiskInodes caps the files, directories and links it holds (about:
+	// the filesystem rounds up to fill its block groups, and a few are its
+	// own); zero is one per 16 KiB of DiskMB.
+	DiskInodes int
 }
 
 // Default limits of a sandbox.
@@ -42,6 +50,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.CPUs == 0 {
 		l.CPUs = DefaultCPUs
+	}
+	if l.DiskMB == 0 {
+		l.DiskMB = DefaultDiskMB
 	}
 	return l
 }

@@ -61,7 +61,7 @@ func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, er
 	var setup *initSetup
 	var as *owner
 	if p.ctr != nil {
-		caches, err := p.sandboxMounts(meta.Spec, meta.Workdir, s.dir, true)
+		caches, err := p.sandboxMounts(meta.Spec, meta.Workdir, s.writableDir(), true)
 		if err != nil {
 			return nil, err
 		}
@@ -73,7 +73,7 @@ func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, er
 				return nil, err
 			}
 			if !meta.Overlay {
-				tree = filepath.Join(viewsOf(s.dir).sb(), "fs")
+				tree = s.viewOf(s.fsDir())
 			}
 			as = ids
 		}

@@ -37,6 +37,9 @@
 //	sandboxes/<sb-id>/fs/         the tree (overlay mode: the merged mount)
 //	sandboxes/<sb-id>/upper/      overlay mode: the sandbox's own layer
 //	sandboxes/<sb-id>/work/       overlay mode: overlayfs's work directory
+//	sandboxes/<sb-id>/disk.img    with a disk limit: the sandbox's filesystem image
+//	sandboxes/<sb-id>/disk/       its mount, which holds upper/ and work/ (copy mode: fs/) and mounts/
+//	disks/                        the formatted templates sandboxes' images are copied from
 //	sandboxes/<sb-id>/.views/     idmapped mounts its own uid sees its tree, the root's layers, caches through
 //	snapshots/<snap-id>/meta.json the source sandbox, its metadata, layers, deleted mark
 //	snapshots/<snap-id>/layer/    the whole tree, or (overlay mode) the diff
@@ -126,7 +129,14 @@
 // per file). The cgroups exist while the sandbox's init runs. New claims
 // a limit only where a probe over a tiny one in a throwaway cgroup finds
 // it holds (see probeMemory, probePids, probeCPU). New logs which limits are in effect. ExecRequest.Timeout is
-// capped by Options.MaxExecTimeout. Disk is not limited.
+// capped by Options.MaxExecTimeout.
+//
+// Where the server is root and loop devices and mkfs.ext4 are there, what
+// a sandbox writes (overlay mode: its upper and work directories; copy
+// mode: its tree; and its mounts' copies) is on an ext4 image of its own,
+// Limits.DiskMB and DiskInodes big, sparse, loop-mounted at <sb>/disk:
+// past it a write fails with ENOSPC and nothing else fills (see disks). New
+// claims it only where a tiny full image refuses a write and a file.
 //
 // # Shared caches
 //

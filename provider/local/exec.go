@@ -152,7 +152,7 @@ func (p *Provider) commandEnv(s *sandbox, rel string, req provider.ExecRequest) 
 		env[k] = v
 	}
 	if p.ctr == nil {
-		if caches, err := p.sandboxMounts(meta.Spec, meta.Workdir, s.dir, true); err == nil {
+		if caches, err := p.sandboxMounts(meta.Spec, meta.Workdir, s.writableDir(), true); err == nil {
 			rewriteCacheEnv(env, caches)
 		}
 	}

@@ -211,7 +211,20 @@ func fork(t *testing.T, p *Provider, snap string) provider.Handle {
 
 // fsDir is the host directory of a sandbox's tree.
 func fsDir(p *Provider, h provider.Handle) string {
-	return filepath.Join(p.sandboxDir(h.SandboxID), "fs")
+	s, err := p.loaded(h)
+	if err != nil {
+		panic(err)
+	}
+	return s.fsDir()
+}
+
+// upperDir is the host directory of an overlay sandbox's own layer.
+func upperDir(p *Provider, h provider.Handle) string {
+	s, err := p.loaded(h)
+	if err != nil {
+		panic(err)
+	}
+	return s.upperDir()
 }
 
 // mkfifo makes a FIFO in the sandbox's tree and returns a func that waits

@@ -103,6 +103,19 @@ func viewsOf(sandboxDir string) views {
 // sb is the view of the sandbox's own directory, writable.
 func (v views) sb() string { return filepath.Join(v.dir, "sb") }
 
+// disk is the view of the sandbox's disk, writable.
+func (v views) disk() string { return filepath.Join(v.dir, diskDirName) }
+
+// viewOf is where host path h, in s's directory or on its disk, is seen
+// through s's views.
+func (s *sandbox) viewOf(h string) string {
+	v := viewsOf(s.dir)
+	if s.hasDisk && within(h, s.diskDir()) {
+		return filepath.Join(v.disk(), strings.TrimPrefix(h, s.diskDir()))
+	}
+	return filepath.Join(v.sb(), strings.TrimPrefix(h, s.dir))
+}
+
 // makeViews mounts s's views for the sandbox uid ids: its directory, the
 // provider's root (in overlay mode), each of lowers outside the root, and
 // each writable cache or mount; it returns the paths to use for lowers,
@@ -135,6 +148,11 @@ func (p *Provider) makeViews(s *sandbox, ids owner, lowers []string, mounts []ca
 	if _, err := through(v.sb(), s.dir, false); err != nil {
 		return nil, "", "", nil, err
 	}
+	if s.hasDisk {
+		if _, err := through(v.disk(), s.diskDir(), false); err != nil {
+			return nil, "", "", nil, err
+		}
+	}
 	for i, l := range lowers {
 		if rel, ok := strings.CutPrefix(l, p.root+"/"); ok {
 			if _, err := through(v.root, p.root, true); err != nil {
@@ -153,7 +171,7 @@ func (p *Provider) makeViews(s *sandbox, ids owner, lowers []string, mounts []ca
 		switch {
 		case m.ro:
 		case within(m.host, s.dir):
-			m.host = filepath.Join(v.sb(), strings.TrimPrefix(m.host, s.dir))
+			m.host = s.viewOf(m.host)
 		default:
 			if m.host, err = through(filepath.Join(v.dir, "m"+strconv.Itoa(i)), m.host, false); err != nil {
 				return nil, "", "", nil, err
@@ -161,7 +179,7 @@ func (p *Provider) makeViews(s *sandbox, ids owner, lowers []string, mounts []ca
 		}
 		viewMounts = append(viewMounts, m)
 	}
-	return viewLowers, filepath.Join(v.sb(), "upper"), filepath.Join(v.sb(), "work"), viewMounts, nil
+	return viewLowers, s.viewOf(s.upperDir()), s.viewOf(s.workDir()), viewMounts, nil
 }
 
 // detachViews detaches every view of the sandbox directory dir. It is
@@ -192,14 +210,20 @@ func isMountRoot(p string) bool {
 }
 
 // removeSandboxDir removes a sandbox's directory (or one moved to the
-// trash), its views detached first; it refuses when one stays mounted.
+// trash), its overlay, views and disk detached first (see
+// detachSandboxMounts); it refuses when one stays mounted.
 func removeSandboxDir(dir string) error {
-	detachViews(dir)
+	detachSandboxMounts(dir)
 	v := viewsOf(dir)
 	entries, _ := os.ReadDir(v.dir)
 	for _, e := range entries {
 		if isMountRoot(filepath.Join(v.dir, e.Name())) {
 			return fmt.Errorf("remove %s: view %s is still mounted", dir, e.Name())
+		}
+	}
+	for _, m := range []string{"fs", diskDirName} {
+		if isMountRoot(filepath.Join(dir, m)) {
+			return fmt.Errorf("remove %s: %s is still mounted", dir, m)
 		}
 	}
 	return os.RemoveAll(dir)

@@ -236,8 +236,12 @@ type Provider struct {
 	rootless bool
 	// cg, when the host lets the server make cgroups, holds each sandbox's;
 	// limits are written to them.
-	cg             *cgroups
-	limits         Limits
+	cg     *cgroups
+	limits Limits
+	// disks, when the disk limit holds here, makes each sandbox's
+	// filesystem image (see disks); diskErr says why it does not.
+	disks          *disks
+	diskErr        error
 	maxExecTimeout time.Duration
 	overlay        bool
 	durable        bool
@@ -447,6 +451,7 @@ func New(opts Options) (_ *Provider, err error) {
 		mode = "overlay"
 	}
 	p.chooseCgroups()
+	p.chooseDisks()
 	fields := logrus.Fields{"root": p.root, "isolation": p.Isolation(), "fs_mode": mode, "limits": p.LimitsInEffect(), "seccomp": p.Seccomp()}
 	if p.ctr != nil {
 		fields["uid"], fields["gid"] = p.uid, p.gid
@@ -456,6 +461,9 @@ func New(opts Options) (_ *Provider, err error) {
 	}
 	if p.isoErr != nil {
 		fields["isolation_error"] = p.isoErr.Error()
+	}
+	if p.diskErr != nil {
+		fields["disk_error"] = p.diskErr.Error()
 	}
 	if p.uids != nil {
 		fields["uid_range"] = fmt.Sprintf("%d-%d", p.uids.first, p.uids.last)
@@ -676,8 +684,30 @@ func (p *Provider) LimitsInEffect() string {
 		}
 		parts = append(parts, kind+" "+strings.Join(cs, ","))
 	}
+	if p.disks != nil {
+		parts = append(parts, p.disks.limit.String()+" (ext4 image)")
+	}
 	parts = append(parts, "rlimits core,nofile,fsize")
 	return strings.Join(parts, "; ")
+}
+
+// chooseDisks claims the disk limit where images mount here and a full
+// one refuses writes (see newDisks); it needs root, to mount them.
+func (p *Provider) chooseDisks() {
+	limit, ok := p.limits.disk()
+	if !ok {
+		return
+	}
+	if p.rootless {
+		p.diskErr = errors.New("the server is not root, so it cannot mount a disk per sandbox")
+	} else if mkfs, err := findMkfs(); err != nil {
+		p.diskErr = err
+	} else if p.disks, p.diskErr = newDisks(p.disksDir(), limit, mkfs); p.diskErr != nil {
+		p.disks = nil
+	}
+	if p.diskErr != nil {
+		p.log.WithError(p.diskErr).Warn("local provider: the sandbox disk limit is not enforced here: a sandbox can fill the filesystem its root is on")
+	}
 }
 
 // Name returns "local".
@@ -787,6 +817,7 @@ func (p *Provider) snapshotTrashDir() string {
 func (p *Provider) trashDir() string  { return filepath.Join(p.root, "trash") }
 func (p *Provider) emptyDir() string  { return filepath.Join(p.root, "empty") }
 func (p *Provider) imagesDir() string { return filepath.Join(p.root, "images") }
+func (p *Provider) disksDir() string  { return filepath.Join(p.root, "disks") }
 
 func (p *Provider) sandboxDir(id string) string  { return filepath.Join(p.sandboxesDir(), id) }
 func (p *Provider) snapshotDir(id string) string { return filepath.Join(p.snapshotsDir(), id) }

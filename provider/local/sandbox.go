@@ -55,6 +55,9 @@ type sandboxMeta struct {
 	// uidRange); zero: the provider's Options.UID and GID.
 	UID int `json:"uid,omitempty"`
 	GID int `json:"gid,omitempty"`
+	// Disk: its writable layer is on a filesystem image of its own,
+	// mounted at <dir>/disk (see disks).
+	Disk bool `json:"disk,omitempty"`
 }
 
 // sandboxIDs are the host ids of its own of the sandbox meta describes,
@@ -74,6 +77,10 @@ type sandbox struct {
 	// written, and exclusively by Snapshot and Stop.
 	gate sync.RWMutex
 
+	// hasDisk and overlay are meta.Disk and meta.Overlay, fixed once the
+	// sandbox is made or loaded.
+	hasDisk, overlay bool
+
 	mu      sync.Mutex
 	meta    sandboxMeta
 	stopped bool
@@ -86,9 +93,27 @@ type sandbox struct {
 	initMu sync.Mutex
 }
 
-func (s *sandbox) fsDir() string    { return filepath.Join(s.dir, "fs") }
-func (s *sandbox) upperDir() string { return filepath.Join(s.dir, "upper") }
-func (s *sandbox) workDir() string  { return filepath.Join(s.dir, "work") }
+// fsDir is the sandbox's tree: the overlay's mount, or in copy mode the
+// tree itself (on its disk when it has one).
+func (s *sandbox) fsDir() string {
+	if s.hasDisk && !s.overlay {
+		return filepath.Join(s.diskDir(), "fs")
+	}
+	return filepath.Join(s.dir, "fs")
+}
+
+// writableDir is where what the sandbox writes lands: its disk, or its
+// directory.
+func (s *sandbox) writableDir() string {
+	if s.hasDisk {
+		return s.diskDir()
+	}
+	return s.dir
+}
+
+func (s *sandbox) diskDir() string  { return filepath.Join(s.dir, diskDirName) }
+func (s *sandbox) upperDir() string { return filepath.Join(s.writableDir(), "upper") }
+func (s *sandbox) workDir() string  { return filepath.Join(s.writableDir(), "work") }
 func (s *sandbox) metaPath() string { return filepath.Join(s.dir, "meta.json") }
 
 // origin is what a new sandbox's tree starts from.
@@ -236,10 +261,14 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 			}
 		}
 	}()
+	s.overlay = p.overlay
+	if err := p.startDisk(ctx, s); err != nil {
+		return provider.Handle{}, err
+	}
 	now := p.clk.Now()
 	meta := sandboxMeta{
 		ID: id, CreatedAt: now, Workdir: workdir, Env: spec.Env, Metadata: spec.Metadata,
-		Network: spec.Network, Image: o.image, FromSnapshot: o.fromSnapshot,
+		Network: spec.Network, Image: o.image, FromSnapshot: o.fromSnapshot, Disk: s.hasDisk,
 	}
 	if ttl := spec.TTL(); ttl > 0 {
 		meta.ExpiresAt = now.Add(ttl)
@@ -301,7 +330,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 	if err := writeFiles(s.fsDir(), workdir, o.files, treeOwner); err != nil {
 		return provider.Handle{}, err
 	}
-	if err := p.copyMounts(ctx, spec, s.dir); err != nil {
+	if err := p.copyMounts(ctx, spec, s.writableDir()); err != nil {
 		return provider.Handle{}, err
 	}
 	if err := ctxErr(ctx, "start"); err != nil {
@@ -367,6 +396,7 @@ func (p *Provider) loaded(h provider.Handle) (*sandbox, error) {
 		}
 		return nil, fmt.Errorf("local: sandbox %s: %w", id, err)
 	}
+	s.hasDisk, s.overlay = s.meta.Disk, s.meta.Overlay
 	p.sandboxes[id] = s
 	return s, nil
 }
@@ -420,6 +450,9 @@ func (p *Provider) adoptLocked(s *sandbox) error {
 	}
 	if n > 0 {
 		p.log.WithFields(logrus.Fields{"sandbox_id": s.id, "kills": n}).Info("local: killed processes a previous server left in the sandbox")
+	}
+	if err := ensureDisk(s); err != nil {
+		return fmt.Errorf("local: sandbox %s: %w", s.id, err)
 	}
 	if s.meta.Overlay {
 		mounted, err := isMountPoint(s.fsDir())
@@ -504,7 +537,7 @@ func (p *Provider) stop(s *sandbox, reason string) error {
 			return p.stopFailed(s, err)
 		}
 	}
-	detachViews(s.dir)
+	detachSandboxMounts(s.dir)
 	trash := filepath.Join(p.trashDir(), s.id+"-"+newID("")[:8])
 	if err := os.Rename(s.dir, trash); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return p.stopFailed(s, err)

@@ -1,0 +1,183 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+// newDiskProvider is newProvider with a small disk limit, skipping where
+// the limit is not enforced here (no loop devices, no mke2fs, not root).
+func newDiskProvider(t *testing.T, m mode, limit Limits) *Provider {
+	t.Helper()
+	p := newProvider(t, m, Options{Limits: limit})
+	if p.disks == nil {
+		t.Skipf("SKIP: the disk limit is not enforced here: %v", p.diskErr)
+	}
+	return p
+}
+
+// fillDisk is a command that writes 16 MiB, past an 8 MiB disk.
+const fillDisk = "head -c 16777216 /dev/zero > big"
+
+// fillInodesCmd makes empty files until one fails, and says how many it made.
+const fillInodesCmd = `mkdir many && cd many && i=0; while [ $i -lt 4000 ] && : > f$i; do i=$((i+1)); done; echo $i`
+
+// A sandbox filled the disk (or its inodes) that every session, seed and
+// checkpoint shares, and the root-reserved blocks with it. Now its writes
+// fail with ENOSPC on a filesystem of its own, and another sandbox, the
+// server's own writes and a checkpoint of the full sandbox still work.
+func TestAFullSandboxDiskStopsNoOneElse(t *testing.T) {
+	for _, m := range []mode{{"container-overlay", IsolationContainer, OverlayOn}, {"container-copy", IsolationContainer, OverlayOff}, {"none-copy", IsolationNone, OverlayOff}} {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			p := newDiskProvider(t, m, Limits{DiskMB: 8, DiskInodes: 512})
+			if got := p.LimitsInEffect(); !strings.Contains(got, "disk 8 MiB, 512 inodes") {
+				t.Errorf("limits in effect: %q, want the disk named", got)
+			}
+			a := start(t, p, provider.Spec{Files: map[string]string{"kept": "a"}})
+			b := start(t, p, provider.Spec{})
+
+			res := run(t, p, a, fillDisk)
+			if res.ExitCode == 0 || !strings.Contains(res.Stderr, "No space left on device") {
+				t.Errorf("16 MiB written to an 8 MiB disk: %+v", res)
+			}
+			mustRun(t, p, a, "rm big")
+			res = run(t, p, a, fillInodesCmd)
+			if !strings.Contains(res.Stderr, "No space left on device") || strings.TrimSpace(res.Stdout) == "4000" {
+				t.Errorf("4000 files made on a disk of 512 inodes: %+v", res)
+			}
+			res = run(t, p, a, fillDisk)
+			if res.ExitCode == 0 {
+				t.Errorf("16 MiB written to an 8 MiB disk full of files: %+v", res)
+			}
+
+			// The other sandbox, and the server, still write.
+			if got := mustRun(t, p, b, "head -c 4194304 /dev/zero > four && : > one && ls"); got != "four\none\n" {
+				t.Errorf("the other sandbox: %q", got)
+			}
+			if err := os.WriteFile(filepath.Join(p.root, "server-write"), []byte("ok"), 0o600); err != nil {
+				t.Errorf("the server's own write beside the full sandbox: %v", err)
+			}
+			// A checkpoint of the full sandbox commits, and its restore has
+			// the limit too.
+			snap := snapshot(t, p, a)
+			f := fork(t, p, snap)
+			if got := readFile(t, p, f, "kept"); got != "a" {
+				t.Errorf("the fork's kept: %q", got)
+			}
+			mustRun(t, p, f, "rm -rf many big")
+			if res := run(t, p, f, fillDisk); res.ExitCode == 0 || !strings.Contains(res.Stderr, "No space left on device") {
+				t.Errorf("16 MiB written to the fork's 8 MiB disk: %+v", res)
+			}
+			c := start(t, p, provider.Spec{})
+			mustRun(t, p, c, ": > seeded-after")
+		})
+	}
+}
+
+// A sandbox's disk is unmounted, and its image removed, on every way out:
+// a stop, a start that fails, and a sandbox left behind by a crash.
+func TestASandboxDiskGoesWithIt(t *testing.T) {
+	p := newDiskProvider(t, mode{"container-overlay", IsolationContainer, OverlayOn}, Limits{DiskMB: 8})
+	ctx := context.Background()
+	h := start(t, p, provider.Spec{})
+	mustRun(t, p, h, "echo x > f")
+	dir := p.sandboxDir(h.SandboxID)
+	if !isMountRoot(filepath.Join(dir, diskDirName)) {
+		t.Fatalf("the sandbox's disk is not mounted at %s", dir)
+	}
+	if err := p.Stop(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	if got := mountsUnder(t, p.root); len(got) != 0 {
+		t.Errorf("mounts left under the root after a stop: %v", got)
+	}
+
+	// A start whose files cannot be written removes its disk.
+	_, err := p.Start(ctx, provider.Spec{Files: map[string]string{"big": strings.Repeat("x", 9<<20)}})
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("a seed of 9 MiB on an 8 MiB disk: %v, want ENOSPC", err)
+	}
+	if got := mountsUnder(t, p.root); len(got) != 0 {
+		t.Errorf("mounts left under the root after a failed start: %v", got)
+	}
+
+	// A crashed server's sandbox whose disk is gone (a reboot) is mounted
+	// again, with its files, by the next server to use it.
+	h = start(t, p, provider.Spec{Files: map[string]string{"kept": "k"}})
+	mustRun(t, p, h, "echo more >> kept")
+	crash(p)
+	detachSandboxMounts(p.sandboxDir(h.SandboxID))
+	p2 := newProvider(t, mode{"container-overlay", IsolationContainer, OverlayOn}, Options{Root: p.root, Limits: Limits{DiskMB: 8}})
+	if got := mustRun(t, p2, h, "cat kept"); got != "kmore\n" {
+		t.Errorf("kept after a reboot: %q", got)
+	}
+	if err := p2.Stop(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	if got := mountsUnder(t, p.root); len(got) != 0 {
+		t.Errorf("mounts left under the root: %v", got)
+	}
+}
+
+// mountsUnder lists the mount points under dir.
+func mountsUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && within(f[4], dir) {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+func TestTheDiskLimitsDefaults(t *testing.T) {
+	got := []diskLimit{}
+	for _, l := range []Limits{{}, {DiskMB: 10240}, {DiskMB: 64, DiskInodes: 100}, {DiskMB: -1}} {
+		d, ok := l.withDefaults().disk()
+		if ok {
+			got = append(got, d)
+		}
+	}
+	want := []diskLimit{{DefaultDiskMB, DefaultDiskMB * 64}, {10240, 655360}, {64, 100}}
+	if diff := cmp.Diff(want, got, cmp.AllowUnexported(diskLimit{})); diff != "" {
+		t.Errorf("disk limits (-want +got):\n%s", diff)
+	}
+}
+
+// The disk limit is claimed only where a full image refuses writes: a
+// mke2fs that fails leaves it out of the limits in effect.
+func TestTheDiskLimitIsClaimedOnlyWhereItHolds(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP: only root mounts sandbox disks")
+	}
+	if _, err := newDisks(t.TempDir(), diskLimit{mb: 8, inodes: 64}, "/bin/false"); err == nil {
+		t.Errorf("disks with a mke2fs that fails: no error")
+	}
+	mkfs, err := findMkfs()
+	if err != nil {
+		t.Skipf("SKIP: %v", err)
+	}
+	if _, err := newDisks(t.TempDir(), diskLimit{mb: 8, inodes: 64}, mkfs); err != nil {
+		t.Skipf("SKIP: the disk limit is not enforced here: %v", err)
+	}
+	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{Limits: Limits{DiskMB: -1}})
+	if got := p.LimitsInEffect(); strings.Contains(got, "disk") {
+		t.Errorf("limits in effect with no disk limit: %q", got)
+	}
+}
