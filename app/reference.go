@@ -91,7 +91,7 @@ func keyDetails() map[string]string {
 		"sandbox.local.ro_binds":               "A toolchain in `/opt`, say; never under `/root`, `/home`, `/var`, `/srv`, `/run`, `/tmp`",
 		"sandbox.local.limits.pids":            "Processes and threads",
 		"sandbox.local.limits.memory_mb":       "No swap; past it the kernel kills one of the sandbox's processes",
-		"sandbox.local.limits.disk_mb":         "Each sandbox's writable layer is an ext4 image of its own (sparse, loop-mounted): past it a write fails with `ENOSPC`, and the host's filesystem, the state directory and other sandboxes keep working. Needs root, loop devices and `mkfs.ext4`; `/health` names it only where a probe at startup found it enforced ([security.md](security.md))",
+		"sandbox.local.limits.disk_mb":         "Each sandbox's writable layer is an ext4 image of its own (sparse, loop-mounted): past it a write fails with `ENOSPC`, and the host's filesystem, the state directory and other sandboxes keep working. Isolated sandboxes only (unisolated commands write wherever the server can). Needs root, loop devices and `mkfs.ext4`; `/health` names it only where a probe at startup found it enforced ([security.md](security.md))",
 		"sandbox.local.limits.disk_inodes":     "About: the filesystem rounds it up to fill its block groups. Past it, a new file fails with `ENOSPC`",
 		"sandbox.local.max_exec_timeout":       "A longer `timeout_ms` is 422",
 		"sandbox.local.seccomp":                "See the [security model](security.md)",

@@ -36,7 +36,7 @@ const fillInodesCmd = `mkdir many && cd many && i=0; while [ $i -lt 4000 ] && : 
 // fail with ENOSPC on a filesystem of its own, and another sandbox, the
 // server's own writes and a checkpoint of the full sandbox still work.
 func TestAFullSandboxDiskStopsNoOneElse(t *testing.T) {
-	for _, m := range []mode{{"container-overlay", IsolationContainer, OverlayOn}, {"container-copy", IsolationContainer, OverlayOff}, {"none-copy", IsolationNone, OverlayOff}} {
+	for _, m := range []mode{{"container-overlay", IsolationContainer, OverlayOn}, {"container-copy", IsolationContainer, OverlayOff}} {
 		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
 			p := newDiskProvider(t, m, Limits{DiskMB: 8, DiskInodes: 512})
@@ -176,8 +176,14 @@ func TestTheDiskLimitIsClaimedOnlyWhereItHolds(t *testing.T) {
 	if _, err := newDisks(t.TempDir(), diskLimit{mb: 8, inodes: 64}, mkfs); err != nil {
 		t.Skipf("SKIP: the disk limit is not enforced here: %v", err)
 	}
-	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{Limits: Limits{DiskMB: -1}})
+	p := newProvider(t, mode{"container-copy", IsolationContainer, OverlayOff}, Options{Limits: Limits{DiskMB: -1}})
 	if got := p.LimitsInEffect(); strings.Contains(got, "disk") {
 		t.Errorf("limits in effect with no disk limit: %q", got)
+	}
+	// Unisolated commands write wherever the server can: no disk is
+	// claimed for them.
+	p = newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{Limits: Limits{DiskMB: 8}})
+	if got := p.LimitsInEffect(); strings.Contains(got, "disk") || p.diskErr == nil {
+		t.Errorf("limits in effect unisolated: %q (%v)", got, p.diskErr)
 	}
 }

@@ -131,8 +131,8 @@
 // it holds (see probeMemory, probePids, probeCPU). New logs which limits are in effect. ExecRequest.Timeout is
 // capped by Options.MaxExecTimeout.
 //
-// Where the server is root and loop devices and mkfs.ext4 are there, what
-// a sandbox writes (overlay mode: its upper and work directories; copy
+// Isolated, where the server is root and loop devices and mkfs.ext4 are
+// there, what a sandbox writes (overlay mode: its upper and work directories; copy
 // mode: its tree; and its mounts' copies) is on an ext4 image of its own,
 // Limits.DiskMB and DiskInodes big, sparse, loop-mounted at <sb>/disk:
 // past it a write fails with ENOSPC and nothing else fills (see disks). New

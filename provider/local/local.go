@@ -698,6 +698,12 @@ func (p *Provider) chooseDisks() {
 	if !ok {
 		return
 	}
+	if p.ctr == nil {
+		// Unisolated commands write wherever the server can: a disk of
+		// the tree's own would bound nothing.
+		p.diskErr = errors.New("commands run unisolated and can write wherever the server can")
+		return
+	}
 	if p.rootless {
 		p.diskErr = errors.New("the server is not root, so it cannot mount a disk per sandbox")
 	} else if mkfs, err := findMkfs(); err != nil {
