@@ -2,13 +2,13 @@
 // checkpoint protocol, as plain Go state: the phase machine, the admission
 // gate, episode ids and the protocol's errors.
 //
-// The decisions are State.Step: every route, the lease's tick and every
+// The decisions are state.Step: every route, the lease's tick and every
 // hook's completion is an input; Step returns the reply and the effects
 // (close or open admission, run a hook, retire, notify, log) and holds no
 // lock, goroutine or timer. Machine is the thin shell around it: it
 // serialises steps, performs their effects, runs a commit or restore hook
 // once per id (single flight) and waits on the injected clock. The scripted
-// tests in testdata/step drive State alone. It knows nothing of HTTP or of
+// tests in testdata/step drive state alone. It knows nothing of HTTP or of
 // sandboxes; package http serves it under /ng-control/v1/checkpoint/ and
 // implements its Hooks with the owner, and the simulation drives it directly
 // with a clock.Manual.

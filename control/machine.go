@@ -123,8 +123,8 @@ type Machine struct {
 	changed *broadcast
 
 	mu    sync.Mutex
-	st    *State
-	calls map[OpKey]*call
+	st    *state
+	calls map[opKey]*call
 }
 
 // New returns an idle machine.
@@ -154,15 +154,15 @@ func New(cfg Config) *Machine {
 		rt:      sched.Or(cfg.Runtime),
 		log:     cfg.Logger.WithField("component", "checkpoint-control"),
 		changed: newBroadcast(),
-		st:      NewState(cfg.Kind, cfg.Instance, cfg.LeaseGrace, cfg.MaxDeadline),
-		calls:   map[OpKey]*call{},
+		st:      newState(cfg.Kind, cfg.Instance, cfg.LeaseGrace, cfg.MaxDeadline),
+		calls:   map[opKey]*call{},
 	}
 }
 
 // step applies in and performs its effects: admission changes with the
 // lock held (so they happen in the order of the steps), the rest after. A
 // close of admission that fails is stepped back in.
-func (m *Machine) step(in Input) Output {
+func (m *Machine) step(in input) output {
 	out, _ := m.stepRun(in)
 	return out
 }
@@ -172,22 +172,22 @@ func (m *Machine) step(in Input) Output {
 // that ended in between would be gone: the caller would step again and
 // start a second run of the hook in place of reporting the first one's
 // failure.
-func (m *Machine) stepRun(in Input) (Output, *call) {
+func (m *Machine) stepRun(in input) (output, *call) {
 	m.mu.Lock()
 	out := m.st.Step(in, m.clk.Now())
-	var after []Effect
+	var after []effect
 	for i := 0; i < len(out.Effects); i++ {
 		switch e := out.Effects[i].(type) {
-		case EffCloseAdmission:
+		case effCloseAdmission:
 			if err := m.hooks.CloseAdmission(); err != nil {
 				// What the step did is undone, and nothing after the
 				// close is performed.
-				out = m.st.Step(InAdmissionFailed{Op: e.Op, ID: e.ID, Err: err}, m.clk.Now())
+				out = m.st.Step(inAdmissionFailed{Op: e.Op, ID: e.ID, Err: err}, m.clk.Now())
 				i = -1
 			}
-		case EffOpenAdmission:
+		case effOpenAdmission:
 			m.hooks.OpenAdmission()
-		case EffRun:
+		case effRun:
 			m.calls[e.Key] = &call{done: make(chan struct{})}
 		default:
 			after = append(after, e)
@@ -208,15 +208,15 @@ func (m *Machine) stepRun(in Input) (Output, *call) {
 }
 
 // settleLocked closes the call a commit or restore completion ended.
-func (m *Machine) settleLocked(in Input, out Output) {
-	var key OpKey
+func (m *Machine) settleLocked(in input, out output) {
+	var key opKey
 	switch in := in.(type) {
-	case InCommitCheck:
-		key = OpKey{in.Req.CheckpointID, OpCommit}
-	case InCommitDone:
-		key = OpKey{in.Req.CheckpointID, OpCommit}
-	case InRestoreDone:
-		key = OpKey{in.Req.CheckpointID, OpRestore}
+	case inCommitCheck:
+		key = opKey{in.Req.CheckpointID, OpCommit}
+	case inCommitDone:
+		key = opKey{in.Req.CheckpointID, OpCommit}
+	case inRestoreDone:
+		key = opKey{in.Req.CheckpointID, OpRestore}
 	default:
 		return
 	}
@@ -228,16 +228,16 @@ func (m *Machine) settleLocked(in Input, out Output) {
 }
 
 // perform runs the effects that need no lock.
-func (m *Machine) perform(effects []Effect) {
+func (m *Machine) perform(effects []effect) {
 	for _, e := range effects {
 		switch e := e.(type) {
-		case EffNotify:
+		case effNotify:
 			m.changed.Fire()
-		case EffLog:
+		case effLog:
 			m.log.WithFields(e.Fields).Log(e.Level, e.Msg)
-		case EffForget:
+		case effForget:
 			m.hooks.Forget(e.RolloutIDs)
-		case EffStopWriter:
+		case effStopWriter:
 			m.hooks.StopWriter(e.ID)
 		}
 	}
@@ -283,13 +283,13 @@ func (m *Machine) FencedRollouts() int {
 // commit or restore of it is still running; the next tick retries). It
 // reports whether it did.
 func (m *Machine) Tick() bool {
-	expired, _ := m.step(InTick{}).Reply.(bool)
+	expired, _ := m.step(inTick{}).Reply.(bool)
 	return expired
 }
 
 // Status reports the phase, the lease, the retire marks and readiness.
 func (m *Machine) Status() Status {
-	in := InStatus{Report: m.hooks.Readiness(), Description: m.hooks.Describe()}
+	in := inStatus{Report: m.hooks.Readiness(), Description: m.hooks.Describe()}
 	st, _ := m.step(in).Reply.(Status)
 	return st
 }
@@ -298,7 +298,7 @@ func (m *Machine) Status() Status {
 // deadline passes. Not ready by then is not an error: the reply's phase is
 // preparing, its report names the blockers, and admission stays closed.
 func (m *Machine) Prepare(ctx context.Context, req PrepareRequest) (PrepareReply, error) {
-	out := m.step(InPrepare{Req: req})
+	out := m.step(inPrepare{Req: req})
 	if !out.Wait {
 		rep, _ := out.Reply.(PrepareReply)
 		return rep, out.Err
@@ -308,7 +308,7 @@ func (m *Machine) Prepare(ctx context.Context, req PrepareRequest) (PrepareReply
 	defer timer.Stop()
 	for {
 		woken := m.changed.Wait()
-		out := m.step(InReadiness{Req: req, Report: m.hooks.Readiness()})
+		out := m.step(inReadiness{Req: req, Report: m.hooks.Readiness()})
 		if !out.Wait {
 			rep, _ := out.Reply.(PrepareReply)
 			return rep, out.Err
@@ -368,7 +368,7 @@ func (m *Machine) await(ctx context.Context, b Base, c *call) (any, error) {
 // restart is refused, and the hook runs once per checkpoint id, shielded from
 // the caller's deadline.
 func (m *Machine) Commit(ctx context.Context, req CommitRequest) (CommitReply, error) {
-	out, run := m.stepRun(InCommit{Req: req})
+	out, run := m.stepRun(inCommit{Req: req})
 	if out.Start {
 		// Shielded from the caller's deadline: the run goes on, and a
 		// retry awaits it.
@@ -384,24 +384,24 @@ func (m *Machine) Commit(ctx context.Context, req CommitRequest) (CommitReply, e
 }
 
 func (m *Machine) runCommit(ctx context.Context, req CommitRequest) {
-	out := m.step(InCommitCheck{Req: req, Report: m.hooks.Readiness()})
+	out := m.step(inCommitCheck{Req: req, Report: m.hooks.Readiness()})
 	if !out.Start {
 		return
 	}
 	res, err := m.hooks.Commit(ctx, req)
-	m.step(InCommitDone{Req: req, Result: res, Err: err})
+	m.step(inCommitDone{Req: req, Result: res, Err: err})
 }
 
 // Restore installs checkpointed episodes in a process with no live state:
 // admission closes, the hook runs shielded from the deadline, and on failure
 // admission reopens once the hook has returned.
 func (m *Machine) Restore(ctx context.Context, req RestoreRequest) (RestoreReply, error) {
-	out, run := m.stepRun(InRestore{Req: req})
+	out, run := m.stepRun(inRestore{Req: req})
 	if out.Start {
 		shielded := context.WithoutCancel(ctx)
 		m.rt.Go(func() {
 			res, err := m.hooks.Restore(shielded, req)
-			m.step(InRestoreDone{Req: req, Result: res, Err: err})
+			m.step(inRestoreDone{Req: req, Result: res, Err: err})
 		})
 	}
 	v, err := out.Reply, out.Err
@@ -421,7 +421,7 @@ func (m *Machine) Restore(ctx context.Context, req RestoreRequest) (RestoreReply
 func (m *Machine) Resume(ctx context.Context, req ResumeRequest) (ResumeReply, error) {
 	stopped := false
 	for {
-		out, run := m.stepRun(InResume{Req: req, WriterStopped: stopped})
+		out, run := m.stepRun(inResume{Req: req, WriterStopped: stopped})
 		if out.StopWriter {
 			m.hooks.StopWriter(req.CheckpointID)
 			stopped = true
@@ -448,7 +448,7 @@ func IsCode(err error, target *problem.Error) bool {
 // forget; a retire that fails can be repeated.
 func (m *Machine) Retire(ctx context.Context, req RetireRequest) (RetireReply, error) {
 	for {
-		out, run := m.stepRun(InRetire{Req: req})
+		out, run := m.stepRun(inRetire{Req: req})
 		if out.Await != nil {
 			if _, err := m.await(ctx, req.Base, run); IsCode(err, ErrDeadlineExceeded) {
 				return RetireReply{}, err
@@ -458,11 +458,11 @@ func (m *Machine) Retire(ctx context.Context, req RetireRequest) (RetireReply, e
 		if out.Err != nil {
 			return RetireReply{}, out.Err
 		}
-		eff := out.Effects[len(out.Effects)-1].(EffRetire)
+		eff := out.Effects[len(out.Effects)-1].(effRetire)
 		rctx, cancel := clock.WithDeadline(ctx, m.clk, eff.Deadline)
 		err := m.hooks.Retire(rctx, eff.Episodes)
 		cancel()
-		done := m.step(InRetireDone{Req: req, Err: err})
+		done := m.step(inRetireDone{Req: req, Err: err})
 		rep, _ := done.Reply.(RetireReply)
 		return rep, done.Err
 	}
@@ -470,14 +470,14 @@ func (m *Machine) Retire(ctx context.Context, req RetireRequest) (RetireReply, e
 
 // Forget drops the retire marks of rollouts that can no longer run.
 func (m *Machine) Forget(_ context.Context, req ForgetRequest) (ForgetReply, error) {
-	out := m.step(InForget{Req: req})
+	out := m.step(inForget{Req: req})
 	rep, _ := out.Reply.(ForgetReply)
 	return rep, out.Err
 }
 
 // Renew extends the active checkpoint's lease.
 func (m *Machine) Renew(_ context.Context, req RenewRequest) (RenewReply, error) {
-	out := m.step(InRenew{Req: req})
+	out := m.step(inRenew{Req: req})
 	rep, _ := out.Reply.(RenewReply)
 	return rep, out.Err
 }

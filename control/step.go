@@ -10,11 +10,11 @@ import (
 	"github.com/sandboxowner/owner/internal/fifo"
 )
 
-// State is the whole of the control plane's decisions: the phase, the
+// state is the whole of the control plane's decisions: the phase, the
 // active checkpoint, its lease, the recorded replies, the runs in flight,
 // the resumed ids and the retire marks. Step is its only writer. It holds no
 // lock, goroutine or timer; Machine is the shell that performs its effects.
-type State struct {
+type state struct {
 	Kind, Instance string
 	LeaseGrace     time.Duration
 	MaxDeadline    time.Duration
@@ -24,31 +24,31 @@ type State struct {
 	Lease  time.Time
 	// results are the replies recorded per (id, operation); a retry with
 	// the same arguments gets them again.
-	results map[OpKey]recorded
+	results map[opKey]recorded
 	// running are the commits and restores in flight, by their arguments'
 	// fingerprint.
-	running  map[OpKey]string
+	running  map[opKey]string
 	resumed  *fifo.Map[string, struct{}]
 	fence    map[string]int // rollout id -> highest retired attempt
 	Retiring int
 	events   []Event // the last eventMemory, oldest first
 }
 
-// OpKey names one operation on one checkpoint id.
-type OpKey struct{ ID, Op string }
+// opKey names one operation on one checkpoint id.
+type opKey struct{ ID, Op string }
 
 type recorded struct {
 	fp    string
 	reply any
 }
 
-// NewState returns an idle state.
-func NewState(kind, instance string, leaseGrace, maxDeadline time.Duration) *State {
-	return &State{
+// newState returns an idle state.
+func newState(kind, instance string, leaseGrace, maxDeadline time.Duration) *state {
+	return &state{
 		Kind: kind, Instance: instance, LeaseGrace: leaseGrace, MaxDeadline: maxDeadline,
 		Phase:   PhaseIdle,
-		results: map[OpKey]recorded{},
-		running: map[OpKey]string{},
+		results: map[opKey]recorded{},
+		running: map[opKey]string{},
 		resumed: fifo.New[string, struct{}](ResumedMemory),
 		fence:   map[string]int{},
 	}
@@ -56,111 +56,111 @@ func NewState(kind, instance string, leaseGrace, maxDeadline time.Duration) *Sta
 
 // Inputs: one per route, one per hook completion, and the lease's tick.
 type (
-	// InPrepare opens a prepare (or joins one of the same id).
-	InPrepare struct{ Req PrepareRequest }
-	// InReadiness is a prepare's readiness check.
-	InReadiness struct {
+	// inPrepare opens a prepare (or joins one of the same id).
+	inPrepare struct{ Req PrepareRequest }
+	// inReadiness is a prepare's readiness check.
+	inReadiness struct {
 		Req    PrepareRequest
 		Report Report
 	}
-	// InCommit admits a commit.
-	InCommit struct{ Req CommitRequest }
-	// InCommitCheck is a commit run's readiness check, before its hook.
-	InCommitCheck struct {
+	// inCommit admits a commit.
+	inCommit struct{ Req CommitRequest }
+	// inCommitCheck is a commit run's readiness check, before its hook.
+	inCommitCheck struct {
 		Req    CommitRequest
 		Report Report
 	}
-	// InCommitDone is the commit hook's outcome.
-	InCommitDone struct {
+	// inCommitDone is the commit hook's outcome.
+	inCommitDone struct {
 		Req    CommitRequest
 		Result CommitResult
 		Err    error
 	}
-	// InRestore admits a restore.
-	InRestore struct{ Req RestoreRequest }
-	// InRestoreDone is the restore hook's outcome.
-	InRestoreDone struct {
+	// inRestore admits a restore.
+	inRestore struct{ Req RestoreRequest }
+	// inRestoreDone is the restore hook's outcome.
+	inRestoreDone struct {
 		Req    RestoreRequest
 		Result RestoreResult
 		Err    error
 	}
-	// InResume ends (or aborts) a checkpoint. WriterStopped: the caller
+	// inResume ends (or aborts) a checkpoint. WriterStopped: the caller
 	// stopped the writer of a commit of the id still running.
-	InResume struct {
+	inResume struct {
 		Req           ResumeRequest
 		WriterStopped bool
 	}
-	// InRetire fences attempts.
-	InRetire struct{ Req RetireRequest }
-	// InRetireDone is the retire hook's outcome.
-	InRetireDone struct {
+	// inRetire fences attempts.
+	inRetire struct{ Req RetireRequest }
+	// inRetireDone is the retire hook's outcome.
+	inRetireDone struct {
 		Req RetireRequest
 		Err error
 	}
-	// InForget drops retire marks.
-	InForget struct{ Req ForgetRequest }
-	// InRenew extends the lease.
-	InRenew struct{ Req RenewRequest }
-	// InTick checks the lease.
-	InTick struct{}
-	// InStatus reports the state with the hooks' readiness and fields.
-	InStatus struct {
+	// inForget drops retire marks.
+	inForget struct{ Req ForgetRequest }
+	// inRenew extends the lease.
+	inRenew struct{ Req RenewRequest }
+	// inTick checks the lease.
+	inTick struct{}
+	// inStatus reports the state with the hooks' readiness and fields.
+	inStatus struct {
 		Report      Report
 		Description Description
 	}
-	// InAdmissionFailed: the hooks could not close admission for op.
-	InAdmissionFailed struct {
+	// inAdmissionFailed: the hooks could not close admission for op.
+	inAdmissionFailed struct {
 		Op, ID string
 		Err    error
 	}
 )
 
-// Input is one of the In* types.
-type Input any
+// input is one of the In* types.
+type input any
 
 // Effects the shell performs, in order.
 type (
-	// EffCloseAdmission makes data requests wait; if it fails the shell
-	// steps InAdmissionFailed.
-	EffCloseAdmission struct{ Op, ID string }
-	// EffOpenAdmission lets them in.
-	EffOpenAdmission struct{}
-	// EffRun starts the commit or restore hook of the request the caller
-	// holds (Output.Start says this caller is the first).
-	EffRun struct{ Key OpKey }
-	// EffRetire has the hooks stop the fenced attempts, bounded by
-	// Deadline; the shell steps InRetireDone.
-	EffRetire struct {
+	// effCloseAdmission makes data requests wait; if it fails the shell
+	// steps inAdmissionFailed.
+	effCloseAdmission struct{ Op, ID string }
+	// effOpenAdmission lets them in.
+	effOpenAdmission struct{}
+	// effRun starts the commit or restore hook of the request the caller
+	// holds (output.Start says this caller is the first).
+	effRun struct{ Key opKey }
+	// effRetire has the hooks stop the fenced attempts, bounded by
+	// Deadline; the shell steps inRetireDone.
+	effRetire struct {
 		Episodes []EpisodeID
 		Deadline time.Time
 	}
-	// EffForget drops what the hooks keep of retired rollouts.
-	EffForget struct{ RolloutIDs []string }
-	// EffStopWriter stops the commit writer of a checkpoint that ended.
-	EffStopWriter struct{ ID string }
-	// EffNotify wakes waiting prepares and awaiters.
-	EffNotify struct{}
-	// EffLog is a line for the log.
-	EffLog struct {
+	// effForget drops what the hooks keep of retired rollouts.
+	effForget struct{ RolloutIDs []string }
+	// effStopWriter stops the commit writer of a checkpoint that ended.
+	effStopWriter struct{ ID string }
+	// effNotify wakes waiting prepares and awaiters.
+	effNotify struct{}
+	// effLog is a line for the log.
+	effLog struct {
 		Level  logrus.Level
 		Msg    string
 		Fields logrus.Fields
 	}
 )
 
-// Effect is one of the Eff* types.
-type Effect any
+// effect is one of the Eff* types.
+type effect any
 
-// Output is what one Step decided.
-type Output struct {
+// output is what one Step decided.
+type output struct {
 	// Reply answers the input (nil while it must wait); Err refuses it.
 	Reply any
 	Err   error
 	// Await names a run in flight the caller waits for: a commit or
 	// restore retry, or a resume or retire that must step again after it.
-	Await *OpKey
-	// Start: the caller registered the run (EffRun) and must start it;
-	// after InCommitCheck, the commit hook may run.
+	Await *opKey
+	// Start: the caller registered the run (effRun) and must start it;
+	// after inCommitCheck, the commit hook may run.
 	Start bool
 	// Wait: a prepare not yet ready and not yet past its deadline; the
 	// caller checks readiness again when woken.
@@ -169,50 +169,50 @@ type Output struct {
 	// stops its writer (Hooks.StopWriter) and steps again with
 	// WriterStopped.
 	StopWriter bool
-	Effects    []Effect
+	Effects    []effect
 }
 
-func (o *Output) emit(e ...Effect) { o.Effects = append(o.Effects, e...) }
+func (o *output) emit(e ...effect) { o.Effects = append(o.Effects, e...) }
 
 // Step applies one input at time now.
-func (s *State) Step(in Input, now time.Time) (out Output) {
+func (s *state) Step(in input, now time.Time) (out output) {
 	switch in := in.(type) {
-	case InTick:
+	case inTick:
 		out.Reply = s.expire(now, &out)
-	case InStatus:
+	case inStatus:
 		s.expire(now, &out)
 		out.Reply = s.status(in)
-	case InPrepare:
+	case inPrepare:
 		s.prepare(in.Req, now, &out)
-	case InReadiness:
+	case inReadiness:
 		s.readiness(in, now, &out)
-	case InCommit:
+	case inCommit:
 		s.commit(in.Req, now, &out)
-	case InCommitCheck:
+	case inCommitCheck:
 		s.commitCheck(in, &out)
-	case InCommitDone:
+	case inCommitDone:
 		s.commitDone(in, &out)
-	case InRestore:
+	case inRestore:
 		s.restore(in.Req, now, &out)
-	case InRestoreDone:
+	case inRestoreDone:
 		s.restoreDone(in, &out)
-	case InResume:
+	case inResume:
 		s.resume(in, now, &out)
-	case InRetire:
+	case inRetire:
 		s.retire(in.Req, now, &out)
-	case InRetireDone:
+	case inRetireDone:
 		s.Retiring--
-		out.emit(EffNotify{})
+		out.emit(effNotify{})
 		if in.Err != nil {
 			out.Err = in.Err
 		} else {
 			out.Reply = RetireReply{Retired: CaptureKeys(in.Req.EpisodeIDs)}
 		}
-	case InForget:
+	case inForget:
 		s.forget(in.Req, now, &out)
-	case InRenew:
+	case inRenew:
 		s.renew(in.Req, now, &out)
-	case InAdmissionFailed:
+	case inAdmissionFailed:
 		s.admissionFailed(in, &out)
 	default:
 		out.Err = ErrInvalidRequest.With("unknown input %T", in)
@@ -221,44 +221,44 @@ func (s *State) Step(in Input, now time.Time) (out Output) {
 }
 
 // Fenced reports whether e is an attempt a retire refused.
-func (s *State) Fenced(e EpisodeID) bool {
+func (s *state) Fenced(e EpisodeID) bool {
 	max, ok := s.fence[e.RolloutID]
 	return ok && e.Attempt <= max
 }
 
 // FencedRollouts is how many rollouts carry retire marks.
-func (s *State) FencedRollouts() int { return len(s.fence) }
+func (s *state) FencedRollouts() int { return len(s.fence) }
 
 // Events returns the last events, oldest first.
-func (s *State) Events() []Event { return slices.Clone(s.events) }
+func (s *state) Events() []Event { return slices.Clone(s.events) }
 
 // Running reports whether a commit or restore of id is in flight.
-func (s *State) Running(id string) bool {
+func (s *state) Running(id string) bool {
 	_, ok := s.runningOf(id)
 	return ok
 }
 
-func (s *State) runningOf(id string) (OpKey, bool) {
+func (s *state) runningOf(id string) (opKey, bool) {
 	for _, op := range []string{OpCommit, OpRestore} {
-		if _, ok := s.running[OpKey{id, op}]; ok {
-			return OpKey{id, op}, true
+		if _, ok := s.running[opKey{id, op}]; ok {
+			return opKey{id, op}, true
 		}
 	}
-	return OpKey{}, false
+	return opKey{}, false
 }
 
 // --- shared rules ---
 
 // admit applies the checks every phased operation shares, in the order of
 // the protocol. It returns a recorded reply when there is one.
-func (s *State) admit(op, id, fp string, ring bool, allowed ...Phase) (any, bool, error) {
+func (s *state) admit(op, id, fp string, ring bool, allowed ...Phase) (any, bool, error) {
 	if ring && s.resumed.Has(id) {
 		return nil, false, ErrStaleCheckpoint.With("checkpoint %q was already resumed", id)
 	}
 	if s.Active != "" && s.Active != id {
 		return nil, false, ErrCheckpointConflict.With("checkpoint %q is active, not %q", s.Active, id)
 	}
-	if r, ok := s.results[OpKey{id, op}]; ok {
+	if r, ok := s.results[opKey{id, op}]; ok {
 		if r.fp != fp {
 			return nil, false, ErrCheckpointConflict.With("%s of %q was already answered for other arguments", op, id)
 		}
@@ -275,7 +275,7 @@ func (s *State) admit(op, id, fp string, ring bool, allowed ...Phase) (any, bool
 }
 
 // nearEnough refuses a deadline further ahead than MaxDeadline.
-func (s *State) nearEnough(now time.Time, b Base) error {
+func (s *state) nearEnough(now time.Time, b Base) error {
 	// Compared as floats: a huge deadline_ts does not fit a time.Time.
 	if limit := now.Add(s.MaxDeadline); b.DeadlineTS > UnixSeconds(limit) {
 		return ErrInvalidRequest.With("deadline_ts %v is more than %v ahead (checkpoint.max_deadline_seconds)", b.DeadlineTS, s.MaxDeadline)
@@ -291,7 +291,7 @@ func pastDeadline(now time.Time, b Base) error {
 }
 
 // arm moves the lease to at least deadline + grace.
-func (s *State) arm(deadline time.Time) {
+func (s *state) arm(deadline time.Time) {
 	if at := deadline.Add(s.LeaseGrace); at.After(s.Lease) {
 		s.Lease = at
 	}
@@ -299,8 +299,8 @@ func (s *State) arm(deadline time.Time) {
 
 // reopen ends the checkpoint as a resume does: admission reopens, the id is
 // remembered, its recorded replies are cleared.
-func (s *State) reopen(id string, out *Output) {
-	out.emit(EffStopWriter{ID: id}, EffOpenAdmission{})
+func (s *state) reopen(id string, out *output) {
+	out.emit(effStopWriter{ID: id}, effOpenAdmission{})
 	s.resumed.Put(id, struct{}{})
 	for k := range s.results {
 		if k.ID == id {
@@ -308,18 +308,18 @@ func (s *State) reopen(id string, out *Output) {
 		}
 	}
 	s.Phase, s.Active, s.Lease = PhaseIdle, "", time.Time{}
-	out.emit(EffNotify{})
+	out.emit(effNotify{})
 }
 
 // expire resumes the active checkpoint if its lease has passed (unless a
 // commit or restore of it is still running; the next tick retries). It
 // reports whether it did.
-func (s *State) expire(now time.Time, out *Output) bool {
+func (s *state) expire(now time.Time, out *output) bool {
 	if s.Active == "" || s.Lease.IsZero() || now.Before(s.Lease) || s.Running(s.Active) {
 		return false
 	}
 	id := s.Active
-	out.emit(EffLog{Level: logrus.WarnLevel, Msg: "checkpoint lease expired; resuming as the controller would",
+	out.emit(effLog{Level: logrus.WarnLevel, Msg: "checkpoint lease expired; resuming as the controller would",
 		Fields: logrus.Fields{"checkpoint_id": id, "phase": s.Phase, "lease_expired_at": s.Lease}})
 	s.events = append(s.events, Event{At: now, Kind: "lease_expired", CheckpointID: id})
 	if len(s.events) > eventMemory {
@@ -349,7 +349,7 @@ func normalize(r Report) Report {
 
 // --- operations ---
 
-func (s *State) status(in InStatus) Status {
+func (s *state) status(in inStatus) Status {
 	st := Status{Kind: s.Kind, Instance: s.Instance, Phase: s.Phase, Retiring: s.Retiring, Report: normalize(in.Report),
 		RetiredRollouts: len(s.fence), Description: in.Description}
 	if s.Active != "" {
@@ -363,7 +363,7 @@ func (s *State) status(in InStatus) Status {
 	return st
 }
 
-func (s *State) prepare(req PrepareRequest, now time.Time, out *Output) {
+func (s *state) prepare(req PrepareRequest, now time.Time, out *output) {
 	if out.Err = req.Validate(); out.Err != nil {
 		return
 	}
@@ -385,14 +385,14 @@ func (s *State) prepare(req PrepareRequest, now time.Time, out *Output) {
 		}
 		s.Phase, s.Active = PhasePreparing, id
 		s.arm(req.Deadline())
-		out.emit(EffCloseAdmission{Op: OpPrepare, ID: id},
-			EffLog{Level: logrus.InfoLevel, Msg: "checkpoint prepare: admission closed", Fields: logrus.Fields{"checkpoint_id": id}},
-			EffNotify{})
+		out.emit(effCloseAdmission{Op: OpPrepare, ID: id},
+			effLog{Level: logrus.InfoLevel, Msg: "checkpoint prepare: admission closed", Fields: logrus.Fields{"checkpoint_id": id}},
+			effNotify{})
 	}
 	out.Wait = true
 }
 
-func (s *State) readiness(in InReadiness, now time.Time, out *Output) {
+func (s *state) readiness(in inReadiness, now time.Time, out *output) {
 	id := in.Req.CheckpointID
 	if s.Active != id || (s.Phase != PhasePreparing && s.Phase != PhasePrepared) {
 		out.Err = ErrStaleCheckpoint.With("checkpoint %q was resumed while it prepared", id)
@@ -402,7 +402,7 @@ func (s *State) readiness(in InReadiness, now time.Time, out *Output) {
 	if rep.Ready {
 		s.Phase = PhasePrepared
 		reply := PrepareReply{Phase: PhasePrepared, Report: rep}
-		s.results[OpKey{id, OpPrepare}] = recorded{reply: reply}
+		s.results[opKey{id, OpPrepare}] = recorded{reply: reply}
 		out.Reply = reply
 		return
 	}
@@ -428,8 +428,8 @@ func restoreFP(req RestoreRequest) string {
 
 // start admits a commit or restore: a recorded reply, the run to await, or
 // a new run this caller starts.
-func (s *State) start(op, id, fp string, out *Output, allowed ...Phase) bool {
-	key := OpKey{id, op}
+func (s *state) start(op, id, fp string, out *output, allowed ...Phase) bool {
+	key := opKey{id, op}
 	if s.resumed.Has(id) {
 		out.Err = ErrStaleCheckpoint.With("checkpoint %q was already resumed", id)
 		return false
@@ -450,13 +450,13 @@ func (s *State) start(op, id, fp string, out *Output, allowed ...Phase) bool {
 	return true
 }
 
-func (s *State) run(key OpKey, fp string, out *Output) {
+func (s *state) run(key opKey, fp string, out *output) {
 	s.running[key] = fp
 	out.Await, out.Start = &key, true
-	out.emit(EffRun{Key: key})
+	out.emit(effRun{Key: key})
 }
 
-func (s *State) commit(req CommitRequest, now time.Time, out *Output) {
+func (s *state) commit(req CommitRequest, now time.Time, out *output) {
 	if out.Err = req.Validate(); out.Err != nil {
 		return
 	}
@@ -469,15 +469,15 @@ func (s *State) commit(req CommitRequest, now time.Time, out *Output) {
 		return
 	}
 	s.arm(req.Deadline())
-	s.run(OpKey{req.CheckpointID, OpCommit}, fp, out)
+	s.run(opKey{req.CheckpointID, OpCommit}, fp, out)
 }
 
 // commitCheck decides, before the hook runs, whether the commit may: ready
 // again, and no episode of the scope restarting.
-func (s *State) commitCheck(in InCommitCheck, out *Output) {
+func (s *state) commitCheck(in inCommitCheck, out *output) {
 	rep := normalize(in.Report)
 	if !rep.Ready {
-		s.finish(OpKey{in.Req.CheckpointID, OpCommit}, nil, ErrInvalidPhase.With("not ready to commit; %d blockers: %s", rep.BlockerCount, strings.Join(rep.Blockers, ", ")), out)
+		s.finish(opKey{in.Req.CheckpointID, OpCommit}, nil, ErrInvalidPhase.With("not ready to commit; %d blockers: %s", rep.BlockerCount, strings.Join(rep.Blockers, ", ")), out)
 		return
 	}
 	if in.Req.EpisodeIDs != nil {
@@ -492,17 +492,17 @@ func (s *State) commitCheck(in InCommitCheck, out *Output) {
 			}
 		}
 		if len(clash) > 0 {
-			s.finish(OpKey{in.Req.CheckpointID, OpCommit}, nil, ErrRestartInScope.With("episodes that restart cannot be continued: %s", strings.Join(clash, ", ")), out)
+			s.finish(opKey{in.Req.CheckpointID, OpCommit}, nil, ErrRestartInScope.With("episodes that restart cannot be continued: %s", strings.Join(clash, ", ")), out)
 			return
 		}
 	}
 	out.Start = true // go on: run the hook
 }
 
-func (s *State) commitDone(in InCommitDone, out *Output) {
-	id, key := in.Req.CheckpointID, OpKey{in.Req.CheckpointID, OpCommit}
+func (s *state) commitDone(in inCommitDone, out *output) {
+	id, key := in.Req.CheckpointID, opKey{in.Req.CheckpointID, OpCommit}
 	if in.Err != nil {
-		out.emit(EffLog{Level: logrus.WarnLevel, Msg: "checkpoint commit failed", Fields: logrus.Fields{"checkpoint_id": id, logrus.ErrorKey: in.Err}})
+		out.emit(effLog{Level: logrus.WarnLevel, Msg: "checkpoint commit failed", Fields: logrus.Fields{"checkpoint_id": id, logrus.ErrorKey: in.Err}})
 		s.finish(key, nil, in.Err, out)
 		return
 	}
@@ -519,17 +519,17 @@ func (s *State) commitDone(in InCommitDone, out *Output) {
 
 // finish ends a run: a reply is recorded, an error is not (a retry runs
 // again), and every waiter is woken.
-func (s *State) finish(key OpKey, reply any, err error, out *Output) {
+func (s *state) finish(key opKey, reply any, err error, out *output) {
 	fp := s.running[key]
 	delete(s.running, key)
 	if err == nil && !s.resumed.Has(key.ID) {
 		s.results[key] = recorded{fp: fp, reply: reply}
 	}
 	out.Reply, out.Err = reply, err
-	out.emit(EffNotify{})
+	out.emit(effNotify{})
 }
 
-func (s *State) restore(req RestoreRequest, now time.Time, out *Output) {
+func (s *state) restore(req RestoreRequest, now time.Time, out *output) {
 	if out.Err = req.Validate(); out.Err != nil {
 		return
 	}
@@ -543,18 +543,18 @@ func (s *State) restore(req RestoreRequest, now time.Time, out *Output) {
 	}
 	// Active while it runs, so another checkpoint conflicts.
 	s.Active = req.CheckpointID
-	out.emit(EffCloseAdmission{Op: OpRestore, ID: req.CheckpointID})
-	s.run(OpKey{req.CheckpointID, OpRestore}, fp, out)
+	out.emit(effCloseAdmission{Op: OpRestore, ID: req.CheckpointID})
+	s.run(opKey{req.CheckpointID, OpRestore}, fp, out)
 }
 
-func (s *State) restoreDone(in InRestoreDone, out *Output) {
-	id, key := in.Req.CheckpointID, OpKey{in.Req.CheckpointID, OpRestore}
+func (s *state) restoreDone(in inRestoreDone, out *output) {
+	id, key := in.Req.CheckpointID, opKey{in.Req.CheckpointID, OpRestore}
 	if in.Err != nil {
-		out.emit(EffOpenAdmission{})
+		out.emit(effOpenAdmission{})
 		if s.Active == id {
 			s.Active = ""
 		}
-		out.emit(EffLog{Level: logrus.WarnLevel, Msg: "checkpoint restore failed; admission reopened", Fields: logrus.Fields{"checkpoint_id": id, logrus.ErrorKey: in.Err}})
+		out.emit(effLog{Level: logrus.WarnLevel, Msg: "checkpoint restore failed; admission reopened", Fields: logrus.Fields{"checkpoint_id": id, logrus.ErrorKey: in.Err}})
 		s.finish(key, nil, in.Err, out)
 		return
 	}
@@ -570,22 +570,22 @@ func (s *State) restoreDone(in InRestoreDone, out *Output) {
 
 // admissionFailed undoes what a prepare or restore did before its
 // admission could not close.
-func (s *State) admissionFailed(in InAdmissionFailed, out *Output) {
-	out.emit(EffOpenAdmission{})
+func (s *state) admissionFailed(in inAdmissionFailed, out *output) {
+	out.emit(effOpenAdmission{})
 	switch in.Op {
 	case OpPrepare:
 		s.Phase, s.Active, s.Lease = PhaseIdle, "", time.Time{}
 	case OpRestore:
-		delete(s.running, OpKey{in.ID, OpRestore})
+		delete(s.running, opKey{in.ID, OpRestore})
 		if s.Active == in.ID {
 			s.Active = ""
 		}
 	}
 	out.Err = ErrCheckpoint.With("close admission: %v", in.Err)
-	out.emit(EffNotify{})
+	out.emit(effNotify{})
 }
 
-func (s *State) resume(in InResume, now time.Time, out *Output) {
+func (s *state) resume(in inResume, now time.Time, out *output) {
 	req := in.Req
 	if out.Err = req.Validate(); out.Err != nil {
 		return
@@ -611,19 +611,19 @@ func (s *State) resume(in InResume, now time.Time, out *Output) {
 		}
 		// The commit runs on, but its writer is stopped: nothing of it is
 		// recorded, and its snapshots go when it ends.
-		out.emit(EffLog{Level: logrus.InfoLevel, Msg: "checkpoint resumed during its commit: the commit is abandoned", Fields: logrus.Fields{"checkpoint_id": id}})
+		out.emit(effLog{Level: logrus.InfoLevel, Msg: "checkpoint resumed during its commit: the commit is abandoned", Fields: logrus.Fields{"checkpoint_id": id}})
 	}
 	// A resume with no checkpoint open changes nothing but the fence: it
 	// answers as a repeat does.
 	idle := s.Active == ""
 	if !idle {
-		out.emit(EffLog{Level: logrus.InfoLevel, Msg: "checkpoint resumed: admission open", Fields: logrus.Fields{"checkpoint_id": id}})
+		out.emit(effLog{Level: logrus.InfoLevel, Msg: "checkpoint resumed: admission open", Fields: logrus.Fields{"checkpoint_id": id}})
 	}
 	s.reopen(id, out)
 	out.Reply = ResumeReply{Phase: PhaseIdle, Idempotent: idle}
 }
 
-func (s *State) retire(req RetireRequest, now time.Time, out *Output) {
+func (s *state) retire(req RetireRequest, now time.Time, out *output) {
 	if out.Err = req.Validate(); out.Err != nil {
 		return
 	}
@@ -652,10 +652,10 @@ func (s *State) retire(req RetireRequest, now time.Time, out *Output) {
 		}
 	}
 	s.Retiring++
-	out.emit(EffRetire{Episodes: req.EpisodeIDs, Deadline: req.Deadline()})
+	out.emit(effRetire{Episodes: req.EpisodeIDs, Deadline: req.Deadline()})
 }
 
-func (s *State) forget(req ForgetRequest, now time.Time, out *Output) {
+func (s *state) forget(req ForgetRequest, now time.Time, out *output) {
 	if out.Err = req.Validate(); out.Err != nil {
 		return
 	}
@@ -667,13 +667,13 @@ func (s *State) forget(req ForgetRequest, now time.Time, out *Output) {
 	for _, id := range req.RolloutIDs {
 		delete(s.fence, id)
 	}
-	out.emit(EffForget{RolloutIDs: req.RolloutIDs})
+	out.emit(effForget{RolloutIDs: req.RolloutIDs})
 	ids := slices.Clone(req.RolloutIDs)
 	slices.Sort(ids)
 	out.Reply = ForgetReply{Forgotten: slices.Compact(ids)}
 }
 
-func (s *State) renew(req RenewRequest, now time.Time, out *Output) {
+func (s *state) renew(req RenewRequest, now time.Time, out *output) {
 	if out.Err = req.Validate(); out.Err != nil {
 		return
 	}

@@ -20,7 +20,7 @@ import (
 func TestStepScripts(t *testing.T) {
 	script.Run(t, "testdata/step/*.txt", func(t *testing.T) func(c *script.Case) string {
 		t0 := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
-		r := &stepRun{t: t, t0: t0, now: t0, s: NewState("resources", "notes", 600*time.Second, time.Hour)}
+		r := &stepRun{t: t, t0: t0, now: t0, s: newState("resources", "notes", 600*time.Second, time.Hour)}
 		return r.do
 	})
 }
@@ -29,7 +29,7 @@ type stepRun struct {
 	t   *testing.T
 	t0  time.Time
 	now time.Time
-	s   *State
+	s   *state
 }
 
 func (r *stepRun) base(c *script.Case) Base {
@@ -80,7 +80,7 @@ func (r *stepRun) restoreReq(c *script.Case) RestoreRequest {
 }
 
 func (r *stepRun) do(c *script.Case) string {
-	var in Input
+	var in input
 	switch c.Cmd {
 	case "advance":
 		d, err := time.ParseDuration(c.Words[0])
@@ -98,36 +98,36 @@ func (r *stepRun) do(c *script.Case) string {
 		}
 		return strconv.FormatBool(r.s.Fenced(e))
 	case "tick":
-		in = InTick{}
+		in = inTick{}
 	case "status":
-		in = InStatus{Report: report(c), Description: Description{Mode: "exported", Verify: "wait"}}
+		in = inStatus{Report: report(c), Description: Description{Mode: "exported", Verify: "wait"}}
 	case "prepare":
-		in = InPrepare{Req: PrepareRequest{Base: r.base(c)}}
+		in = inPrepare{Req: PrepareRequest{Base: r.base(c)}}
 	case "readiness":
-		in = InReadiness{Req: PrepareRequest{Base: r.base(c)}, Report: report(c)}
+		in = inReadiness{Req: PrepareRequest{Base: r.base(c)}, Report: report(c)}
 	case "commit":
-		in = InCommit{Req: r.commitReq(c)}
+		in = inCommit{Req: r.commitReq(c)}
 	case "commit-check":
-		in = InCommitCheck{Req: r.commitReq(c), Report: report(c)}
+		in = inCommitCheck{Req: r.commitReq(c), Report: report(c)}
 	case "commit-done":
 		res := CommitResult{Manifest: Manifest{CheckpointID: c.Args["id"], RecordCount: len(c.List("exported")), RecordsSHA256: "sha"}, EpisodeIDs: c.List("exported"), Parked: c.List("parked")}
-		in = InCommitDone{Req: r.commitReq(c), Result: res, Err: errArg(c)}
+		in = inCommitDone{Req: r.commitReq(c), Result: res, Err: errArg(c)}
 	case "restore":
-		in = InRestore{Req: r.restoreReq(c)}
+		in = inRestore{Req: r.restoreReq(c)}
 	case "restore-done":
-		in = InRestoreDone{Req: r.restoreReq(c), Result: RestoreResult{SourceCheckpointID: c.Args["src"], Restored: c.List("restored")}, Err: errArg(c)}
+		in = inRestoreDone{Req: r.restoreReq(c), Result: RestoreResult{SourceCheckpointID: c.Args["src"], Restored: c.List("restored")}, Err: errArg(c)}
 	case "resume":
-		in = InResume{Req: ResumeRequest{Base: r.base(c)}, WriterStopped: c.Has("stopped")}
+		in = inResume{Req: ResumeRequest{Base: r.base(c)}, WriterStopped: c.Has("stopped")}
 	case "retire":
-		in = InRetire{Req: RetireRequest{Base: r.base(c), EpisodeIDs: r.episodes(c, "episodes")}}
+		in = inRetire{Req: RetireRequest{Base: r.base(c), EpisodeIDs: r.episodes(c, "episodes")}}
 	case "retire-done":
-		in = InRetireDone{Req: RetireRequest{Base: r.base(c), EpisodeIDs: r.episodes(c, "episodes")}, Err: errArg(c)}
+		in = inRetireDone{Req: RetireRequest{Base: r.base(c), EpisodeIDs: r.episodes(c, "episodes")}, Err: errArg(c)}
 	case "forget":
-		in = InForget{Req: ForgetRequest{Base: r.base(c), RolloutIDs: c.List("rollouts")}}
+		in = inForget{Req: ForgetRequest{Base: r.base(c), RolloutIDs: c.List("rollouts")}}
 	case "renew":
-		in = InRenew{Req: RenewRequest{Base: r.base(c)}}
+		in = inRenew{Req: RenewRequest{Base: r.base(c)}}
 	case "admission-failed":
-		in = InAdmissionFailed{Op: c.Args["op"], ID: c.Args["id"], Err: errArg(c)}
+		in = inAdmissionFailed{Op: c.Args["op"], ID: c.Args["id"], Err: errArg(c)}
 	default:
 		r.t.Fatalf("%s: unknown command %q", c.Pos, c.Cmd)
 	}
@@ -142,7 +142,7 @@ func (r *stepRun) at(t time.Time) string {
 	return "+" + t.Sub(r.t0).String()
 }
 
-func (r *stepRun) render(out Output) string {
+func (r *stepRun) render(out output) string {
 	var b strings.Builder
 	if out.Err != nil {
 		var e *problem.Error
@@ -173,21 +173,21 @@ func (r *stepRun) render(out Output) string {
 	}
 	for _, e := range out.Effects {
 		switch e := e.(type) {
-		case EffCloseAdmission:
+		case effCloseAdmission:
 			fmt.Fprintf(&b, "effect: close admission (%s %s)\n", e.Op, e.ID)
-		case EffOpenAdmission:
+		case effOpenAdmission:
 			b.WriteString("effect: open admission\n")
-		case EffRun:
+		case effRun:
 			fmt.Fprintf(&b, "effect: run %s %s\n", e.Key.Op, e.Key.ID)
-		case EffRetire:
+		case effRetire:
 			fmt.Fprintf(&b, "effect: retire %s by %s\n", strings.Join(CaptureKeys(e.Episodes), ","), r.at(e.Deadline))
-		case EffForget:
+		case effForget:
 			fmt.Fprintf(&b, "effect: forget %s\n", strings.Join(e.RolloutIDs, ","))
-		case EffStopWriter:
+		case effStopWriter:
 			fmt.Fprintf(&b, "effect: stop writer %s\n", e.ID)
-		case EffNotify:
+		case effNotify:
 			b.WriteString("effect: notify\n")
-		case EffLog:
+		case effLog:
 			fmt.Fprintf(&b, "effect: log %s %q\n", e.Level, e.Msg)
 		default:
 			fmt.Fprintf(&b, "effect: %T\n", e)
