@@ -1,7 +1,5 @@
 package http
 
-import "github.com/sandboxowner/owner/participant"
-
 // Codes this package answers with besides the protocol's.
 const (
 	// CodeNoSessionSandbox: the session holds no sandbox (409,
@@ -16,10 +14,6 @@ const (
 	CodeInternal         = "internal_error"
 	CodeSetupFailed      = "setup_failed"
 	CodeInvalidCapture   = "invalid_capture_key"
-	CodeCommitFailed     = participant.CodeCommitFailed
-	CodeRestoreFailed    = participant.CodeRestoreFailed
-	CodeRetireFailed     = participant.CodeRetireFailed
-	CodeReleaseFailed    = participant.CodeReleaseFailed
 	CodeAtCapacity       = "at_capacity"
 	CodeSandboxLost      = "sandbox_lost"
 	// CodeProviderUnavailable: the sandbox provider's backend cannot be
