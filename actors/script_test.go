@@ -133,7 +133,7 @@ func sessionState(s *Session) string {
 		exp = "+" + s.Sandbox.ExpiresAt.Sub(scriptT0).String()
 	}
 	return fmt.Sprintf("state: %s sandbox=%s data=%s restored=%v snapshots=[%s] busy=%v expires=%s",
-		s.Phase, sb, s.Sandbox.Data, s.Sandbox.Restored, strings.Join(s.Snapshots, ","), s.Busy(), exp)
+		s.Stage, sb, s.Sandbox.Data, s.Sandbox.Restored, strings.Join(s.Snapshots, ","), s.Busy(), exp)
 }
 
 // TestRoundScripts runs testdata/round/*.txt against Round. Each script

@@ -25,21 +25,22 @@ var (
 	ErrSessionEnded = errors.New("session ended")
 )
 
-// Phase is where a session is in its life.
-type Phase int
+// Stage is where a session is in its life (not to be confused with a
+// checkpoint's control.Phase).
+type Stage int
 
-// Phases. A session moves Empty → Starting → Ready → Stopping → Ended; a
+// Stages. A session moves Empty → Starting → Ready → Stopping → Ended; a
 // failed start goes back to Empty, a failed stop back to Ready (so a retry
 // stops it), and a restore installs a session directly in Ready.
 const (
-	PhaseEmpty Phase = iota
-	PhaseStarting
-	PhaseReady
-	PhaseStopping
-	PhaseEnded
+	StageEmpty Stage = iota
+	StageStarting
+	StageReady
+	StageStopping
+	StageEnded
 )
 
-func (p Phase) String() string {
+func (p Stage) String() string {
 	return [...]string{"empty", "starting", "ready", "stopping", "ended"}[p]
 }
 
@@ -148,7 +149,7 @@ type (
 // tool call.
 type Session struct {
 	ID        string
-	Phase     Phase
+	Stage     Stage
 	Sandbox   sandbox.Sandbox
 	Snapshots []string
 	// Lost is set once the sandbox is found gone behind the owner's back:
@@ -180,7 +181,7 @@ func NewInstalledSession(id string, sb sandbox.Sandbox, snapshots []string) *Ses
 	if len(sb.Data) == 0 {
 		sb.Data = json.RawMessage("{}")
 	}
-	return &Session{ID: id, Phase: PhaseReady, Sandbox: sb, Snapshots: append([]string(nil), snapshots...)}
+	return &Session{ID: id, Stage: StageReady, Sandbox: sb, Snapshots: append([]string(nil), snapshots...)}
 }
 
 // Busy reports whether an operation is outstanding.
@@ -197,10 +198,10 @@ func (s *Session) Step(in any, sender any) []any {
 			return nil
 		}
 		s.renewSeq = 0
-		if m.Err == nil && s.Phase == PhaseReady {
+		if m.Err == nil && s.Stage == StageReady {
 			s.Sandbox.ExpiresAt = m.Until
 		}
-		if s.Phase == PhaseReady && errors.Is(m.Err, provider.ErrSandboxNotFound) {
+		if s.Stage == StageReady && errors.Is(m.Err, provider.ErrSandboxNotFound) {
 			return s.lose(m.Err)
 		}
 		return nil
@@ -209,8 +210,8 @@ func (s *Session) Step(in any, sender any) []any {
 		return []any{effReply{To: sender, Msg: s.view()}}
 	case *messages.SessionForgotten:
 		s.forgotten = true
-		if s.Phase == PhaseEmpty && s.running == nil {
-			s.Phase = PhaseEnded
+		if s.Stage == StageEmpty && s.running == nil {
+			s.Stage = StageEnded
 		}
 		return nil
 	case *messages.SnapshotsDiscarded:
@@ -225,11 +226,11 @@ func (s *Session) Step(in any, sender any) []any {
 		// A conditional (idle) stop is decided now, against what is
 		// running and queued, so that a request that just arrived keeps
 		// the session.
-		if !m.IdleSince.IsZero() && (s.Phase != PhaseReady || s.running != nil || len(s.queue) > 0 || s.LastUse.After(m.IdleSince)) {
+		if !m.IdleSince.IsZero() && (s.Stage != StageReady || s.running != nil || len(s.queue) > 0 || s.LastUse.After(m.IdleSince)) {
 			return []any{effReply{To: sender, Msg: &messages.StopReply{ReqID: m.ReqID, SessionID: s.ID, NotIdle: true}}}
 		}
 	case *messages.TakeSnapshot:
-		if s.Phase == PhaseStarting || s.Phase == PhaseEmpty || s.Phase == PhaseEnded || s.Lost {
+		if s.Stage == StageStarting || s.Stage == StageEmpty || s.Stage == StageEnded || s.Lost {
 			// Nothing to export, and waiting for a setup to finish would
 			// hold the whole commit: answer at once.
 			return []any{effReply{To: sender, Msg: &messages.SnapshotReply{Round: m.Round, SessionID: s.ID, Skipped: true}}}
@@ -243,9 +244,9 @@ func (s *Session) view() *messages.GetSandboxReply {
 	return &messages.GetSandboxReply{
 		SessionID: s.ID,
 		Sandbox:   s.Sandbox,
-		Held:      (s.Phase == PhaseReady || s.Phase == PhaseStopping) && !s.Lost,
-		Starting:  s.Phase == PhaseStarting,
-		Lost:      s.Lost && s.Phase == PhaseReady,
+		Held:      (s.Stage == StageReady || s.Stage == StageStopping) && !s.Lost,
+		Starting:  s.Stage == StageStarting,
+		Lost:      s.Lost && s.Stage == StageReady,
 	}
 }
 
@@ -265,51 +266,51 @@ func (s *Session) begin(r request) []any {
 	reply := func(msg any) []any { return []any{effReply{To: r.sender, Msg: msg}} }
 	switch m := r.msg.(type) {
 	case *messages.StartSandbox:
-		switch s.Phase {
-		case PhaseReady:
+		switch s.Stage {
+		case StageReady:
 			if s.Sandbox.Restored {
 				// A replacement attempt re-seeding a restored session
 				// gets the fork; setup does not run again.
 				return reply(&messages.StartReply{ReqID: m.ReqID, Sandbox: s.Sandbox, Existing: true})
 			}
 			return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSandboxExists})
-		case PhaseEmpty:
+		case StageEmpty:
 			if s.forgotten {
-				s.Phase = PhaseEnded
+				s.Stage = StageEnded
 				return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSessionEnded})
 			}
-			s.Phase = PhaseStarting
+			s.Stage = StageStarting
 			return s.run(r, effStart{Seq: s.seq, Ctx: m.Ctx, Spec: m.Spec, Setup: m.Setup, Workdir: m.Workdir})
-		case PhaseEnded:
+		case StageEnded:
 			return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSessionEnded})
 		default:
 			return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSandboxExists})
 		}
 	case *messages.Do:
-		if s.Lost && s.Phase == PhaseReady {
+		if s.Lost && s.Stage == StageReady {
 			return reply(&messages.DoReply{ReqID: m.ReqID, Err: ErrSandboxLost})
 		}
-		if s.Phase != PhaseReady {
+		if s.Stage != StageReady {
 			return reply(&messages.DoReply{ReqID: m.ReqID, Err: sandbox.ErrNone})
 		}
 		return s.run(r, effDo{Seq: s.seq, Ctx: m.Ctx, Fn: m.Fn, Sandbox: s.Sandbox})
 	case *messages.TakeSnapshot:
-		if s.Phase != PhaseReady || s.Lost {
+		if s.Stage != StageReady || s.Lost {
 			return reply(&messages.SnapshotReply{Round: m.Round, SessionID: s.ID, Skipped: true})
 		}
 		return s.run(r, effSnapshot{Seq: s.seq, Name: m.Name, Round: m.Round, Deadline: m.Deadline, Sandbox: s.Sandbox})
 	case *messages.StopSandbox:
-		if s.Phase != PhaseReady {
+		if s.Stage != StageReady {
 			// Nothing held: stopping is idempotent. An ended session is
 			// forgotten before the caller hears of it (see stopDone).
 			var out []any
-			if s.Phase == PhaseEmpty {
-				s.Phase = PhaseEnded
+			if s.Stage == StageEmpty {
+				s.Stage = StageEnded
 				out = append(out, effEnded{Reason: m.Reason})
 			}
 			return append(out, reply(&messages.StopReply{ReqID: m.ReqID, SessionID: s.ID})...)
 		}
-		s.Phase = PhaseStopping
+		s.Stage = StageStopping
 		return s.run(r, effStop{Seq: s.seq, Handle: s.Sandbox.Handle, Reason: m.Reason})
 	}
 	return nil
@@ -335,11 +336,11 @@ func (s *Session) complete(done any) []any {
 	case startDone:
 		m := r.msg.(*messages.StartSandbox)
 		if d.Err != nil {
-			s.Phase = PhaseEmpty
+			s.Stage = StageEmpty
 			reply(&messages.StartReply{ReqID: m.ReqID, Err: d.Err})
 			break
 		}
-		s.Phase = PhaseReady
+		s.Stage = StageReady
 		s.Sandbox = d.Sandbox
 		s.touch(d.At)
 		out = append(out, effHeld{Sandbox: s.Sandbox})
@@ -364,12 +365,12 @@ func (s *Session) complete(done any) []any {
 		m := r.msg.(*messages.StopSandbox)
 		if d.Err != nil {
 			// Keep the session so that a retry stops it.
-			s.Phase = PhaseReady
+			s.Stage = StageReady
 			reply(&messages.StopReply{ReqID: m.ReqID, SessionID: s.ID, Err: d.Err})
 			break
 		}
 		h := s.Sandbox.Handle
-		s.Phase = PhaseEnded
+		s.Stage = StageEnded
 		// Forget first: once the caller hears the stop succeeded, the
 		// supervisor no longer lists the session (so a commit right after
 		// an end does not ask an actor on its way out).
@@ -383,7 +384,7 @@ func (s *Session) complete(done any) []any {
 // that two renewals can fail before the lease runs out.
 func (s *Session) renew(now time.Time) []any {
 	ttl := s.Sandbox.Spec.TTL()
-	if s.Phase != PhaseReady || s.Lost || ttl <= 0 || s.renewSeq != 0 || s.Sandbox.ExpiresAt.IsZero() {
+	if s.Stage != StageReady || s.Lost || ttl <= 0 || s.renewSeq != 0 || s.Sandbox.ExpiresAt.IsZero() {
 		return nil
 	}
 	if s.Sandbox.ExpiresAt.Sub(now) > ttl*2/3 {
@@ -458,7 +459,7 @@ func (s *Session) touch(at time.Time) {
 // lose marks the session's sandbox lost; effLost is emitted the first time
 // only, so that the owner logs it once.
 func (s *Session) lose(cause error) []any {
-	if s.Lost || s.Phase != PhaseReady {
+	if s.Lost || s.Stage != StageReady {
 		return nil
 	}
 	s.Lost = true

@@ -108,7 +108,7 @@ func (a *sessionActor) Receive(ctx actor.Context) {
 // supervisor's decision) still holds its sandbox: stop it, so that nothing
 // leaks and no checkpoint exports a session whose state is suspect.
 func (a *sessionActor) abandon() {
-	if a.s.Phase != PhaseReady && a.s.Phase != PhaseStopping {
+	if a.s.Stage != StageReady && a.s.Stage != StageStopping {
 		return
 	}
 	h := a.s.Sandbox.Handle
