@@ -68,19 +68,19 @@ func run(args []string, stdout, stderr io.Writer, tty bool) int {
 		fmt.Fprintf(stderr, "sim: -provider must be %s or %s, not %q\n", engine.ProviderFake, engine.ProviderOpenSandbox, *prov)
 		return 2
 	}
-	if *mode != "" && *mode != engine.ModeDeterministic && *mode != engine.ModeReal {
-		fmt.Fprintf(stderr, "sim: -mode must be %s or %s, not %q\n", engine.ModeDeterministic, engine.ModeReal, *mode)
+	if *mode != "" && *mode != engine.RuntimeDeterministic && *mode != engine.RuntimeReal {
+		fmt.Fprintf(stderr, "sim: -mode must be %s or %s, not %q\n", engine.RuntimeDeterministic, engine.RuntimeReal, *mode)
 		return 2
 	}
-	if *mode == engine.ModeDeterministic && *prov == engine.ProviderOpenSandbox {
+	if *mode == engine.RuntimeDeterministic && *prov == engine.ProviderOpenSandbox {
 		fmt.Fprintln(stderr, "sim: -provider opensandbox talks HTTP and runs only in -mode real-goroutines")
 		return 2
 	}
-	cfg := engine.Config{Sessions: *sessions, Steps: *steps, Faults: f, Provider: *prov, Mode: *mode}
-	if cfg.Mode == "" {
-		cfg.Mode = engine.ModeDeterministic
+	cfg := engine.Config{Sessions: *sessions, Steps: *steps, Faults: f, Provider: *prov, Runtime: *mode}
+	if cfg.Runtime == "" {
+		cfg.Runtime = engine.RuntimeDeterministic
 		if *prov == engine.ProviderOpenSandbox {
-			cfg.Mode = engine.ModeReal
+			cfg.Runtime = engine.RuntimeReal
 		}
 	}
 	if *verbose {
@@ -88,10 +88,10 @@ func run(args []string, stdout, stderr io.Writer, tty bool) int {
 		cfg.Trace = stdout
 	}
 	replay := func(s int64) string {
-		return fmt.Sprintf("go run ./sim -provider %s -mode %s -seed %d -runs 1 -sessions %d -steps %d -faults %s -v", *prov, cfg.Mode, s, *sessions, *steps, f)
+		return fmt.Sprintf("go run ./sim -provider %s -mode %s -seed %d -runs 1 -sessions %d -steps %d -faults %s -v", *prov, cfg.Runtime, s, *sessions, *steps, f)
 	}
 	fmt.Fprintf(stderr, "sim: %d runs from seed %d, %d sessions, %d steps, faults %s, %d at once\n", *runs, *seed, *sessions, *steps, f, min(*parallel, *runs))
-	if cfg.Mode == engine.ModeReal {
+	if cfg.Runtime == engine.RuntimeReal {
 		// Said so that nobody takes a trace for an exact replay: the raced
 		// operations interleave as the Go scheduler runs them.
 		fmt.Fprintln(stderr, "sim: mode real-goroutines (the owner's actors on goroutines; a seed replays its steps, not the interleaving of raced ones)")

@@ -219,24 +219,25 @@ type Config struct {
 	// against the fake OpenSandbox server whose runtime is the same fake,
 	// so faults and checks are unchanged).
 	Provider string
-	// Mode is how the owner's concurrency runs: ModeDeterministic
-	// (default: one seeded scheduler on virtual time, so a seed replays
-	// exactly) or ModeReal (goroutines, as in the server). The OpenSandbox
-	// provider, which talks HTTP, runs only in ModeReal.
-	Mode string
+	// Runtime is the sched.Runtime the owner's concurrency runs on (the
+	// -mode flag): RuntimeDeterministic (default: one seeded scheduler on
+	// virtual time, so a seed replays exactly) or RuntimeReal (goroutines,
+	// as in the server). The OpenSandbox provider, which talks HTTP, runs
+	// only on RuntimeReal.
+	Runtime string
 }
 
-// The modes.
+// The runtimes, by their -mode names.
 const (
-	ModeDeterministic = "deterministic"
-	ModeReal          = "real-goroutines"
+	RuntimeDeterministic = "deterministic"
+	RuntimeReal          = "real-goroutines"
 )
 
 func (c Config) withDefaults() Config {
-	if c.Mode == "" {
-		c.Mode = ModeDeterministic
+	if c.Runtime == "" {
+		c.Runtime = RuntimeDeterministic
 		if c.Provider == ProviderOpenSandbox {
-			c.Mode = ModeReal
+			c.Runtime = RuntimeReal
 		}
 	}
 	if c.Sessions <= 0 {

@@ -17,9 +17,9 @@
 // a crash, the index opened again) and the fake's sandboxes, snapshots and
 // files.
 //
-// # Modes
+// # Runtimes
 //
-// ModeDeterministic (the default) runs everything concurrent on one
+// RuntimeDeterministic (the default) runs everything concurrent on one
 // sched.Det seeded by the run: the actors' mailboxes, the sessions'
 // effects, the owner's fan-outs and waits, the control plane's hook runs and
 // gate, the fake's hangs and the harness's own raced calls take turns one at
@@ -29,7 +29,7 @@
 // would), and a worker's runs share one protoactor system. So a seed is one
 // run: the same trace, byte for byte, every time.
 //
-// ModeReal runs the owner as the server does: goroutines, Badger on a
+// RuntimeReal runs the owner as the server does: goroutines, Badger on a
 // temporary state_dir, wall-clock waits beside the manual clock. A seed then
 // replays its steps, faults and incarnation ids, but the Go scheduler
 // decides how raced operations interleave. The OpenSandbox provider (HTTP)

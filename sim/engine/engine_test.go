@@ -302,9 +302,9 @@ func TestASeedReplaysItsStepsWithRealGoroutines(t *testing.T) {
 	ids := regexp.MustCompile(`\b(sb|snap)-[0-9]+`)
 	trace := func(seed int64) string {
 		var b bytes.Buffer
-		res := Run(seed, Config{Sessions: 3, Steps: 30, Faults: faults, Trace: &b, TempDir: t.TempDir(), Mode: ModeReal})
+		res := Run(seed, Config{Sessions: 3, Steps: 30, Faults: faults, Trace: &b, TempDir: t.TempDir(), Runtime: RuntimeReal})
 		for _, v := range res.Violations {
-			t.Errorf("%s\n  replay: go run ./sim -mode %s -seed %d -runs 1 -sessions 3 -steps 30 -faults %s -v", v, ModeReal, seed, faults)
+			t.Errorf("%s\n  replay: go run ./sim -mode %s -seed %d -runs 1 -sessions 3 -steps 30 -faults %s -v", v, RuntimeReal, seed, faults)
 		}
 		var keep []string
 		for _, line := range strings.Split(b.String(), "\n") {

@@ -196,7 +196,7 @@ type run struct {
 	log   *logrus.Logger
 
 	clk simClock
-	// det is the deterministic scheduler (nil in ModeReal); rt is what the
+	// det is the deterministic scheduler (nil in RuntimeReal); rt is what the
 	// owner and the harness run concurrent work on (det, or goroutines).
 	det *sched.Det
 	rt  sched.Runtime
@@ -319,7 +319,7 @@ func newRun(seed int64, cfg Config) *run {
 		rt  sched.Runtime = sched.Real{}
 	)
 	var mem *snapshotindex.Memory
-	if cfg.Mode == ModeDeterministic {
+	if cfg.Runtime == RuntimeDeterministic {
 		det = sched.NewDet(uint64(seed), start)
 		clk, rt = det, det
 		mem = snapshotindex.NewMemory()
