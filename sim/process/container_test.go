@@ -2,6 +2,7 @@ package process_test
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,11 +19,19 @@ func TestNotesWalkThroughInContainers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the server binary")
 	}
+	t.Parallel()
 	bin := buildServer(t)
 	dir := t.TempDir()
-	t.Setenv("PATH", t.TempDir())
+	// The server's PATH only: the test's own runs alongside others that
+	// need theirs.
+	env := []string{"PATH=" + t.TempDir()}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "PATH=") {
+			env = append(env, kv)
+		}
+	}
 	local := []string{"-sandbox.provider", "local"}
-	s := startWith(t, bin, dir, local...)
+	s := startWithEnv(t, bin, dir, env, local...)
 	if code, h, err := s.call(nil, "GET", "/health", nil); err != nil || code != 200 || h["isolation"] != "container" {
 		t.Fatalf("health: %d %v %v\n%s", code, h, err, s.log)
 	}
@@ -49,7 +58,7 @@ func TestNotesWalkThroughInContainers(t *testing.T) {
 	}
 	s.kill()
 
-	s = startWith(t, bin, dir, local...)
+	s = startWithEnv(t, bin, dir, env, local...)
 	code, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": filepath.Join(dir, "ctl-ck1"), "episode_ids": episodes(len(agents), 0)})
 	if err != nil || code != 200 {
 		t.Fatalf("restore: %d %v\n%s", code, err, s.log)

@@ -212,6 +212,7 @@ func notesServer(t *testing.T, bin, dir string, flags ...string) *server {
 // the controller's restore; the re-seeded attempts continue from the
 // checkpoint and verify with reward 1.
 func TestGymCheckpointKillRestore(t *testing.T) {
+	t.Parallel()
 	g := startGym(t)
 	bin := buildServer(t)
 	dir := t.TempDir()
@@ -268,6 +269,7 @@ type retentionStep struct {
 // the provider holds exactly the snapshots that the existing directories'
 // records name.
 func TestGymRetentionTenCheckpoints(t *testing.T) {
+	t.Parallel()
 	g := startGym(t)
 	bin := buildServer(t)
 	dir := t.TempDir()

@@ -26,6 +26,7 @@ func TestRestoreOnAnotherMachine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the server binary")
 	}
+	t.Parallel()
 	bin := buildServer(t)
 	const sessions = 3
 	// Local sandboxes are copies (overlay off): the gone machine's root is
@@ -127,6 +128,7 @@ func TestManyOwnersOneLost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the server binary")
 	}
+	t.Parallel()
 	bin := buildServer(t)
 	const owners, perOwner = 3, 2
 	shared, ckDir := t.TempDir(), filepath.Join(t.TempDir(), "ck1")

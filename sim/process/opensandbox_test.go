@@ -102,9 +102,11 @@ func TestOpenSandboxWalkThroughAndSIGKILL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the server binary")
 	}
+	t.Parallel()
 	bin := buildServer(t)
 	for iter := 0; iter < 4; iter++ {
 		t.Run(fmt.Sprintf("iteration-%d", iter), func(t *testing.T) {
+			t.Parallel()
 			srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: osbKey, CreateLatency: osbLatency, SnapshotLatency: osbLatency, LowerCaseStates: iter%2 == 1})
 			defer srv.Close()
 			walkThroughAndSIGKILL(t, bin, srv, srv.Domain, iter)
@@ -121,6 +123,7 @@ func TestOpenSandboxRealExecd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the server binary and the real execd")
 	}
+	t.Parallel()
 	execd, err := opensandboxtest.BuildRealExecd("../../../shared/opensandbox")
 	if errors.Is(err, opensandboxtest.ErrNoRealExecd) {
 		t.Skipf("no real execd here (CI has it): %v", err)
@@ -133,6 +136,7 @@ func TestOpenSandboxRealExecd(t *testing.T) {
 	quiet.SetOutput(io.Discard)
 	for _, iter := range []int{0, 2} {
 		t.Run(fmt.Sprintf("iteration-%d", iter), func(t *testing.T) {
+			t.Parallel()
 			lp, err := local.New(local.Options{Root: t.TempDir(), Templates: map[string]string{"registry.example/notes:1": ""}, Isolation: local.IsolationNone, Overlay: local.OverlayOff, Logger: quiet})
 			if err != nil {
 				t.Fatal(err)

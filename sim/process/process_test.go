@@ -16,6 +16,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -33,6 +34,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/internal/testparallel"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -41,13 +43,28 @@ import (
 
 const token = "sim-control-token"
 
-// buildServer builds cmd/server once per test binary run.
-func buildServer(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "server")
+// buildDir holds the server binary the tests share; TestMain makes it
+// before any test runs and removes it after the last.
+var buildDir string
+
+// builtServer builds cmd/server once per test binary run, when a test
+// first asks: linking it took most of ten seconds under load, once per
+// test.
+var builtServer = sync.OnceValues(func() (string, error) {
+	bin := filepath.Join(buildDir, "server")
 	cmd := exec.Command("go", "build", "-o", bin, "github.com/sandboxowner/owner/cmd/server")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/server: %v\n%s", err, out)
+		return "", fmt.Errorf("go build ./cmd/server: %w\n%s", err, out)
+	}
+	return bin, nil
+})
+
+// buildServer returns the server binary the tests share.
+func buildServer(t *testing.T) string {
+	t.Helper()
+	bin, err := builtServer()
+	if err != nil {
+		t.Fatal(err)
 	}
 	return bin
 }
@@ -94,9 +111,17 @@ func start(t *testing.T, bin, dir string) *server {
 // startWith runs the server with the provider flags given.
 func startWith(t *testing.T, bin, dir string, providerArgs ...string) *server {
 	t.Helper()
+	return startWithEnv(t, bin, dir, nil, providerArgs...)
+}
+
+// startWithEnv is startWith with the server's environment env (nil: the
+// test's own).
+func startWithEnv(t *testing.T, bin, dir string, env []string, providerArgs ...string) *server {
+	t.Helper()
 	args := append([]string{"-port", "0", "-log-format", "json", "-log-level", "info"}, providerArgs...)
 	args = append(args, "-checkpoint.enabled", "-checkpoint.state_dir", dir, "-checkpoint.control_auth_token", token)
 	cmd := exec.Command(bin, args...)
+	cmd.Env = env
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -341,10 +366,12 @@ func TestSIGKILLMidCommitAndMidRestore(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the server binary")
 	}
+	t.Parallel()
 	bin := buildServer(t)
 	const sessions = 12
 	for iter := 0; iter < 6; iter++ {
 		t.Run(fmt.Sprintf("iteration-%d", iter), func(t *testing.T) {
+			t.Parallel()
 			rng := rand.New(rand.NewPCG(uint64(iter), 5))
 			dir := t.TempDir()
 			s := start(t, bin, dir)
@@ -453,5 +480,17 @@ func lastLines(s string, n int) string {
 }
 
 func TestMain(m *testing.M) {
-	os.Exit(m.Run())
+	// Most of these tests wait on server processes and sandboxes, not on
+	// the CPU.
+	flag.Parse()
+	testparallel.AtLeast(4)
+	dir, err := os.MkdirTemp("", "sim-process-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	buildDir = dir
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
 }

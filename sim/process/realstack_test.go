@@ -96,6 +96,24 @@ func (r *onRealStack) left(t *testing.T) (sandboxes, snapshots []string) {
 	return sandboxes, snapshots
 }
 
+// firstSnapshot waits until the lifecycle server lists a snapshot of this
+// run, for at most five minutes (a guard against a commit that never
+// snapshots, not a measure of speed).
+func (r *onRealStack) firstSnapshot(t *testing.T) error {
+	t.Helper()
+	p := r.client(t)
+	for bound := time.Now().Add(5 * time.Minute); time.Now().Before(bound); time.Sleep(20 * time.Millisecond) {
+		snaps, err := p.ListSnapshots(context.Background())
+		if err != nil {
+			return fmt.Errorf("list the run's snapshots: %w", err)
+		}
+		if len(snaps) > 0 {
+			return nil
+		}
+	}
+	return errors.New("no snapshot of the commit listed within five minutes")
+}
+
 // clean removes what a failed run left on the shared stack.
 func (r *onRealStack) clean(t *testing.T) {
 	ctx := context.Background()
@@ -112,14 +130,26 @@ func (r *onRealStack) clean(t *testing.T) {
 	}
 }
 
-// TestRealStackWalkThrough is README's notes walk-through on the real
+// TestRealStack runs the tests on the real stack one after another (two
+// of them restart its parts), alongside the package's other tests.
+func TestRealStack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the server binary")
+	}
+	t.Parallel()
+	t.Run("WalkThrough", realStackWalkThrough)
+	t.Run("LifecycleServerKilledMidCommit", realStackLifecycleServerKilledMidCommit)
+	t.Run("DockerdRestartMidEpisode", realStackDockerdRestartMidEpisode)
+}
+
+// realStackWalkThrough is README's notes walk-through on the real
 // OpenSandbox: three sessions seed, write a note and read it through the
 // sandbox API; a checkpoint is committed; work goes on and the server is
 // SIGKILLed; a fresh server restores, every session re-seeds onto its fork
 // (the note of the checkpoint, not the lost one) and verifies to 1.0; a
 // release and a SIGTERM follow, and the lifecycle server's own lists hold no
 // sandbox and no snapshot of the run.
-func TestRealStackWalkThrough(t *testing.T) {
+func realStackWalkThrough(t *testing.T) {
 	const sessions = 3
 	rs, bin, dir, s, agents := seededOnRealStack(t, sessions)
 	for i, a := range agents {
@@ -173,9 +203,6 @@ func TestRealStackWalkThrough(t *testing.T) {
 // with its state in a fresh directory and seeds n notes sessions.
 func seededOnRealStack(t *testing.T, n int) (rs *onRealStack, bin, dir string, s *server, agents []*agent) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("builds and runs the server binary")
-	}
 	rs = newOnRealStack(t)
 	bin = buildServer(t)
 	dir = t.TempDir()
@@ -183,15 +210,34 @@ func seededOnRealStack(t *testing.T, n int) (rs *onRealStack, bin, dir string, s
 	return rs, bin, dir, s, seedNotes(t, s, n)
 }
 
-// seedNotes seeds n sessions on s, each writing the note "one".
+// seedNotes seeds n sessions on s at once, as a rollout's agents do, each
+// writing the note "one".
 func seedNotes(t *testing.T, s *server, n int) []*agent {
 	t.Helper()
 	agents := make([]*agent, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
 	for i := range agents {
 		agents[i] = newAgent()
 		r := fmt.Sprintf("r%d", i)
-		s.ok(agents[i], "/ng-rollout/"+r+"/seed_session", map[string]any{"instance_id": fmt.Sprintf("row-%d", i)})
-		s.ok(agents[i], "/ng-rollout/"+r+"/append_note", map[string]any{"line": "one"})
+		wg.Go(func() {
+			for _, step := range []struct {
+				path string
+				body map[string]any
+			}{
+				{"/ng-rollout/" + r + "/seed_session", map[string]any{"instance_id": fmt.Sprintf("row-%d", i)}},
+				{"/ng-rollout/" + r + "/append_note", map[string]any{"line": "one"}},
+			} {
+				if code, m, err := s.call(agents[i], "POST", step.path, step.body); err != nil || code != 200 {
+					errs[i] = fmt.Errorf("POST %s: %d %v %v", step.path, code, m, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("%v\n%s", err, lastLines(s.log.String(), 30))
 	}
 	return agents
 }
@@ -236,12 +282,12 @@ func (r *onRealStack) restoreCk(t *testing.T, s *server, bin, dir, id string, ag
 	}
 }
 
-// TestRealStackLifecycleServerKilledMidCommit: the lifecycle server is
+// realStackLifecycleServerKilledMidCommit: the lifecycle server is
 // SIGKILLed while a commit's snapshots are in flight and started again. The
 // commit completes or fails cleanly (an answer, never a hang); a failed one
 // is committed again once the server is back; a fresh server restores from
 // the checkpoint, and nothing of the run is left.
-func TestRealStackLifecycleServerKilledMidCommit(t *testing.T) {
+func realStackLifecycleServerKilledMidCommit(t *testing.T) {
 	const sessions = 3
 	rs, bin, dir, s, agents := seededOnRealStack(t, sessions)
 	if code, m, err := s.control("prepare", map[string]any{"checkpoint_id": "ck1"}); err != nil || code != 200 {
@@ -257,10 +303,12 @@ func TestRealStackLifecycleServerKilledMidCommit(t *testing.T) {
 		code, m, err := s.control("commit", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": filepath.Join(dir, "ctl-ck1"), "episode_ids": episodes(sessions, 0)})
 		done <- answer{code, m, err}
 	}()
-	// Kill once the first snapshot request is on its way (the server logs
-	// nothing per snapshot, so: a short, fixed delay into a commit that
-	// takes seconds; wherever it lands, the outcome must be clean).
-	time.Sleep(300 * time.Millisecond)
+	// Kill once the lifecycle server lists the commit's first snapshot:
+	// the commit is then under way, its other snapshots still to come or
+	// in flight (wherever the kill lands, the outcome must be clean).
+	if err := rs.firstSnapshot(t); err != nil {
+		t.Fatalf("%v\n%s", err, lastLines(s.log.String(), 30))
+	}
 	if err := rs.st.KillServer(); err != nil {
 		t.Fatal(err)
 	}
@@ -293,11 +341,11 @@ func TestRealStackLifecycleServerKilledMidCommit(t *testing.T) {
 	rs.restoreCk(t, s, bin, dir, good, agents)
 }
 
-// TestRealStackDockerdRestartMidEpisode: dockerd restarts in the middle of
+// realStackDockerdRestartMidEpisode: dockerd restarts in the middle of
 // episodes, and every sandbox comes back Terminated. The sessions are
 // reported lost (409 sandbox_lost, never a reward), a fresh server restores
 // them from the last good checkpoint, and nothing of the run is left.
-func TestRealStackDockerdRestartMidEpisode(t *testing.T) {
+func realStackDockerdRestartMidEpisode(t *testing.T) {
 	const sessions = 3
 	rs, bin, dir, s, agents := seededOnRealStack(t, sessions)
 	if code := commitCk(t, s, "ck1", sessions); code != 200 {
