@@ -1,0 +1,248 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"slices"
+
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sandbox"
+)
+
+// --- seed ---
+
+func (r *run) opSeed() {
+	sid := r.pickSession(0.2)
+	s := r.m.sessions[sid]
+	token := r.token()
+	crash := r.chance(FaultCrashSeed)
+	setupFail := r.chance(FaultSetupFail)
+	stopFail := r.failStop()
+	if crash {
+		// After the sandbox started, before setup returned: at the start's
+		// end, at the token write (before or after it), or at the workdir
+		// probe that follows setup.
+		trigs := []*trigger{
+			{op: fake.OpStart, n: 1, after: true},
+			{op: fake.OpWriteFile, n: 1},
+			{op: fake.OpWriteFile, n: 1, after: true},
+			{op: fake.OpExec, n: 1},
+		}
+		r.proc.arm(sample(r.rng, trigs))
+	}
+	ran := false
+	var sb sandbox.Sandbox
+	err, crashed := r.guarded(func(ctx context.Context) error {
+		var err error
+		sb, err = r.o.StartSessionSandbox(ctx, sid, r.spec(), notesSetup(token, setupFail, &ran), "")
+		return err
+	})
+	r.tracef("seed %s (live %v, setup fails %v, stop fails %v, crash %v): sandbox %s err %v", sid, s.live, setupFail, stopFail, crash, sb.Handle.SandboxID, err)
+	if crashed {
+		r.fire(FaultCrashSeed)
+		r.afterCrash()
+		return
+	}
+	r.noteStopFault()
+	switch {
+	case s.live && s.restored:
+		// A replacement attempt gets the fork; setup does not run again.
+		if err != nil || !sb.Restored || ran || tokenOf(sb.Data) != s.token {
+			r.violate(ExactRestore, "re-seed of restored session %s: restored %v, setup ran %v, token %q (want %q), err %v", sid, sb.Restored, ran, tokenOf(sb.Data), s.token, err)
+		}
+	case s.live:
+		if !errors.Is(err, owner.ErrSandboxExists) {
+			r.violate(LiveState, "seed of live session %s: got %v, want ErrSandboxExists", sid, err)
+		}
+	case setupFail:
+		r.fire(FaultSetupFail)
+		if !errors.Is(err, owner.ErrSetup) {
+			r.violate(Unexpected, "seed of %s with a failing setup: got %v, want ErrSetup", sid, err)
+		}
+	case err != nil:
+		r.violate(Unexpected, "seed %s: %v", sid, err)
+	default:
+		*s = sessionState{live: true, token: token}
+	}
+}
+
+// --- append ---
+
+func (r *run) opAppend() {
+	sid := r.pickSession(0.9)
+	s := r.m.sessions[sid]
+	r.nextLine++
+	line := fmt.Sprintf("%s-n%d", sid, r.nextLine)
+	err := r.o.Do(r.life, sid, appendNote(line))
+	r.tracef("append %q to %s (live %v): %v", line, sid, s.live, err)
+	switch {
+	case !s.live:
+		if !isNoSandbox(err) {
+			r.violate(NoEmptyGrading, "append to %s, which holds no sandbox: got %v, want sandbox.ErrNone", sid, err)
+		}
+	case err != nil:
+		r.violate(Unexpected, "append to live session %s: %v", sid, err)
+	default:
+		s.notes = append(s.notes, line)
+	}
+}
+
+// --- verify and close ---
+
+type verdict struct {
+	refused bool
+	lost    bool // refused as sandbox_lost
+	reward  float64
+	err     error // reading the notes failed
+	endErr  error
+}
+
+// verify is the notes server's verify: reward 1.0 when the notes file's
+// lines equal expected and the session data's token equals the sandbox's,
+// then the session ends. A session without a sandbox is refused.
+func (r *run) verify(ctx context.Context, sid string, expected []string) verdict {
+	var v verdict
+	if _, err := r.o.RequireSessionSandbox(r.life, sid); err != nil {
+		if isNoSandbox(err) || isLost(err) {
+			v.refused, v.lost = true, isLost(err)
+		} else {
+			v.err = err
+		}
+		return v
+	}
+	var notes []string
+	var token, dataToken string
+	err := r.o.Do(ctx, sid, func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
+		b, err := p.ReadFile(ctx, sb.Handle, notesFile)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		notes = parseNotes(string(b))
+		t, err := p.ReadFile(ctx, sb.Handle, tokenFile)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		token, dataToken = string(t), tokenOf(sb.Data)
+		return nil
+	})
+	if isNoSandbox(err) || isLost(err) {
+		v.refused, v.lost = true, isLost(err)
+		return v
+	}
+	if err != nil {
+		v.err = err
+		return v
+	}
+	if slices.Equal(notes, expected) && token != "" && token == dataToken {
+		v.reward = 1
+	}
+	v.endErr = r.o.EndSessionSandbox(ctx, sid)
+	return v
+}
+
+// armEndCrash arms a crash at the stop that ends a session.
+func (r *run) armEndCrash() bool {
+	if !r.chance(FaultCrashEnd) {
+		return false
+	}
+	r.proc.arm(&trigger{op: fake.OpStop, n: 1, after: r.rng.IntN(2) == 0})
+	return true
+}
+
+func (r *run) opVerify() {
+	sid := r.pickSession(0.8)
+	s := r.m.sessions[sid]
+	if s.live && r.chanceApart(FaultLost) {
+		r.verifyLost(sid)
+		return
+	}
+	crash := r.armEndCrash()
+	stopFail := r.failStop()
+	resend := r.chance(FaultResentVerify)
+	var v verdict
+	_, crashed := r.guarded(func(ctx context.Context) error {
+		v = r.verify(ctx, sid, s.notes)
+		return nil
+	})
+	r.tracef("verify %s (live %v, restored %v, expect %q; stop fails %v, crash %v): refused %v reward %v err %v end %v",
+		sid, s.live, s.restored, s.notes, stopFail, crash, v.refused, v.reward, v.err, v.endErr)
+	if crashed {
+		r.fire(FaultCrashEnd)
+		r.afterCrash()
+		return
+	}
+	r.noteStopFault()
+	if !s.live {
+		if !v.refused {
+			r.violate(NoEmptyGrading, "verify of %s, which holds no sandbox, was not refused (reward %v, err %v)", sid, v.reward, v.err)
+		}
+		return
+	}
+	inv := LiveState
+	if s.restored {
+		inv = ExactRestore
+	}
+	switch {
+	case v.refused || v.err != nil:
+		r.violate(inv, "verify of live session %s: refused %v, err %v", sid, v.refused, v.err)
+		return
+	case v.reward != 1:
+		r.violate(inv, "verify of session %s rewarded %v, want 1.0", sid, v.reward)
+		return
+	}
+	if !r.settleEnd(sid, v.endErr) {
+		return
+	}
+	if resend && !s.live {
+		r.fire(FaultResentVerify)
+		r.lastVerified = sid
+		r.sabotagePoint(atResentVerify)
+		again := r.verify(r.life, sid, s.notes)
+		r.tracef("verify %s again: refused %v reward %v", sid, again.refused, again.reward)
+		if !again.refused {
+			r.violate(NoEmptyGrading, "a resent verify of ended session %s was not refused (reward %v, err %v)", sid, again.reward, again.err)
+		}
+	}
+}
+
+// settleEnd applies the outcome of ending a live session.
+func (r *run) settleEnd(sid string, err error) bool {
+	s := r.m.sessions[sid]
+	switch {
+	case err == nil:
+		s.live, s.restored = false, false
+	case r.injectedNow(fake.OpStop) > 0:
+		// The stop failed: the session keeps its sandbox, so that a retry
+		// stops it.
+	default:
+		r.violate(Unexpected, "end of session %s: %v", sid, err)
+		return false
+	}
+	return true
+}
+
+func (r *run) opClose() {
+	sid := r.pickSession(0.8)
+	s := r.m.sessions[sid]
+	crash := r.armEndCrash()
+	stopFail := r.failStop()
+	err, crashed := r.guarded(func(ctx context.Context) error { return r.o.EndSessionSandbox(ctx, sid) })
+	r.tracef("close %s (live %v; stop fails %v, crash %v): %v", sid, s.live, stopFail, crash, err)
+	if crashed {
+		r.fire(FaultCrashEnd)
+		r.afterCrash()
+		return
+	}
+	r.noteStopFault()
+	if !s.live {
+		if err != nil {
+			r.violate(Unexpected, "closing %s, which holds no sandbox: %v", sid, err)
+		}
+		return
+	}
+	r.settleEnd(sid, err)
+}
