@@ -2,10 +2,16 @@
 // provider's sandboxes and snapshots and reports those that no live session,
 // committed checkpoint or tombstone accounts for; with Reap it deletes them.
 //
-// It fails closed: the whole index (every checkpoint, verified against its
-// hash, the snapshots they name, the tombstones) and both provider listings
-// are read before anything is deleted, and any error there stops the sweep
-// with nothing deleted.
+// It fails closed: both provider listings and then the whole index (every
+// checkpoint, verified against its hash, the snapshots they name, the
+// tombstones) are read before anything is deleted, and any error there stops
+// the sweep with nothing deleted. The listings come first: what is listed and
+// then named by the index is kept, whereas an index read first would miss a
+// name written after it.
+//
+// A running server sweeps on a period (Loop): then what its live sessions
+// hold (Options.Held) is kept too, and an unaccounted sandbox or snapshot is
+// removed only once an Aging has seen it unaccounted for its retention.
 //
 // Only what the server labelled is considered: sandboxes and snapshots whose
 // ng.owner metadata is Options.Owner. Others (another server's, a person's)
@@ -16,8 +22,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
@@ -41,7 +49,7 @@ type Options struct {
 	// Reap, stopped and deleted from.
 	Provider provider.Provider
 	// Index is the server's snapshot index.
-	Index *snapshotindex.Index
+	Index snapshotindex.Store
 	// Retained, when set, replaces the index: what the checkpoint
 	// directories under a root name (records.RetainedUnder) is accounted
 	// for and nothing else, as Gym's sweep with --retain-from.
@@ -51,6 +59,13 @@ type Options struct {
 	// and Live empty: then every sandbox the server labelled that no
 	// checkpoint names is unaccounted for.
 	Live map[string]bool
+	// Held, when set, is read after the listings and before the index: what
+	// a running server's sessions hold is kept.
+	Held func() (Held, error)
+	// Aging, when set, holds back the unaccounted ones it has not yet seen
+	// unaccounted for its retention (Report.Waiting); Now is the time.
+	Aging *Aging
+	Now   time.Time
 	// Reap stops the unaccounted sandboxes and deletes the unaccounted
 	// snapshots; without it the sweep only reports.
 	Reap bool
@@ -67,10 +82,27 @@ type Report struct {
 	KeptSandboxes, KeptSnapshots int
 	// Foreign counts listed sandboxes and snapshots of other owners.
 	Foreign int
+	// Waiting are the unaccounted ones the Aging holds back, by id.
+	Waiting []Waiting
 	// Stopped and Deleted are what Reap removed; Failed what it could not
-	// (id -> error).
-	Stopped, Deleted []string
-	Failed           map[string]string
+	// (id -> error); InUse the snapshots the provider refused to delete
+	// because a fork stands on them (not a failure: a later sweep retries).
+	Stopped, Deleted, InUse []string
+	Failed                  map[string]string
+}
+
+// Held is what a running server's sessions hold that the index may not
+// name yet.
+type Held struct {
+	// Sessions are the sessions the server tracks, starting ones included:
+	// a sandbox labelled with one of them is kept (a seed's sandbox exists
+	// before its session holds it).
+	Sessions map[string]bool
+	// Sandboxes are the sandboxes live sessions hold.
+	Sandboxes map[string]bool
+	// Snapshots are those live sandboxes were forked from, and those of
+	// commits taken but not yet stored (a retry stores them).
+	Snapshots map[string]bool
 }
 
 // accounted is what the index accounts for.
@@ -80,11 +112,8 @@ type accounted struct {
 }
 
 // readIndex reads everything the sweep trusts from the index, or fails.
-func readIndex(idx *snapshotindex.Index) (accounted, error) {
+func readIndex(idx snapshotindex.Store) (accounted, error) {
 	a := accounted{snapshots: map[string]bool{}, sandboxes: map[string]bool{}}
-	if idx == nil {
-		return a, fmt.Errorf("%w: no index", ErrIndexUnreadable)
-	}
 	metas, err := idx.Checkpoints()
 	if err != nil {
 		return a, fmt.Errorf("%w: %w", ErrIndexUnreadable, err)
@@ -116,21 +145,16 @@ func readIndex(idx *snapshotindex.Index) (accounted, error) {
 	return a, nil
 }
 
-// Run sweeps: it reads the index and the provider's listings, reports what
-// nothing accounts for and, with Reap, removes it.
+// Run sweeps: it lists the provider's sandboxes and snapshots, reads what
+// the server holds and the index, reports what nothing accounts for and,
+// with Reap, removes it (with an Aging, only what is due).
 func Run(ctx context.Context, opts Options) (Report, error) {
 	rep := Report{Failed: map[string]string{}}
 	if opts.Owner == "" {
 		return rep, errors.New("sweep: no owner name")
 	}
-	acc := accounted{}
-	if opts.Retained != nil {
-		acc.snapshots, acc.sandboxes = opts.Retained.Snapshots, opts.Retained.Sandboxes
-	} else {
-		var err error
-		if acc, err = readIndex(opts.Index); err != nil {
-			return rep, err
-		}
+	if opts.Retained == nil && opts.Index == nil {
+		return rep, fmt.Errorf("%w: no index", ErrIndexUnreadable)
 	}
 	l := opts.Provider.Capabilities().Lister
 	if l == nil {
@@ -144,11 +168,24 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	if err != nil {
 		return rep, fmt.Errorf("%w: %w", ErrCannotList, err)
 	}
+	var held Held
+	if opts.Held != nil {
+		if held, err = opts.Held(); err != nil {
+			return rep, fmt.Errorf("sweep: what the sessions hold: %w; nothing was deleted", err)
+		}
+	}
+	acc := accounted{}
+	if opts.Retained != nil {
+		acc.snapshots, acc.sandboxes = opts.Retained.Snapshots, opts.Retained.Sandboxes
+	} else if acc, err = readIndex(opts.Index); err != nil {
+		return rep, err
+	}
 	for _, s := range sbs {
+		id := s.Handle.SandboxID
 		switch {
 		case s.Metadata[owner.LabelOwner] != opts.Owner:
 			rep.Foreign++
-		case opts.Live[s.Handle.SandboxID] || acc.sandboxes[s.Handle.SandboxID]:
+		case opts.Live[id] || acc.sandboxes[id] || held.Sandboxes[id] || held.Sessions[s.Metadata[owner.LabelSession]]:
 			rep.KeptSandboxes++
 		default:
 			rep.Sandboxes = append(rep.Sandboxes, s)
@@ -158,7 +195,7 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 		switch {
 		case s.Metadata[owner.LabelOwner] != opts.Owner:
 			rep.Foreign++
-		case acc.snapshots[s.ID]:
+		case acc.snapshots[s.ID] || held.Snapshots[s.ID]:
 			rep.KeptSnapshots++
 		default:
 			rep.Snapshots = append(rep.Snapshots, s)
@@ -166,42 +203,18 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	}
 	sort.Slice(rep.Sandboxes, func(i, j int) bool { return rep.Sandboxes[i].Handle.SandboxID < rep.Sandboxes[j].Handle.SandboxID })
 	sort.Slice(rep.Snapshots, func(i, j int) bool { return rep.Snapshots[i].ID < rep.Snapshots[j].ID })
+	if opts.Aging != nil {
+		rep = opts.Aging.hold(rep, opts.Now)
+	}
 	if !opts.Reap {
 		return rep, nil
 	}
 	return reap(ctx, opts, rep)
 }
 
-// reap deletes the unaccounted snapshots, then stops the unaccounted
-// sandboxes (as upstream's sweep: snapshots first).
+// reap stops the unaccounted sandboxes, then deletes the unaccounted
+// snapshots.
 func reap(ctx context.Context, opts Options, rep Report) (Report, error) {
-	n := opts.Parallelism
-	if n <= 0 {
-		n = 8
-	}
-	var mu sync.Mutex
-	each := func(count int, fn func(i int) (string, error), done *[]string) {
-		slots := make(chan struct{}, n)
-		var wg sync.WaitGroup
-		for i := 0; i < count; i++ {
-			wg.Add(1)
-			slots <- struct{}{}
-			go func(i int) {
-				defer wg.Done()
-				defer func() { <-slots }()
-				id, err := fn(i)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					rep.Failed[id] = err.Error()
-					return
-				}
-				*done = append(*done, id)
-			}(i)
-		}
-		wg.Wait()
-		sort.Strings(*done)
-	}
 	var snap provider.Snapshotter
 	if len(rep.Snapshots) > 0 {
 		if snap = opts.Provider.Capabilities().Snapshotter; snap == nil {
@@ -210,18 +223,63 @@ func reap(ctx context.Context, opts Options, rep Report) (Report, error) {
 	}
 	// Sandboxes first: a server refuses to delete a snapshot while a
 	// sandbox forked from it lives.
-	each(len(rep.Sandboxes), func(i int) (string, error) {
-		h := rep.Sandboxes[i].Handle
-		return h.SandboxID, opts.Provider.Stop(ctx, h)
-	}, &rep.Stopped)
+	sbIDs := make([]string, len(rep.Sandboxes))
+	for i, s := range rep.Sandboxes {
+		sbIDs[i] = s.Handle.SandboxID
+	}
+	var failed map[string]string
+	rep.Stopped, _, failed = removeEach(opts.Parallelism, sbIDs, func(i int) error {
+		return opts.Provider.Stop(ctx, rep.Sandboxes[i].Handle)
+	})
+	maps.Copy(rep.Failed, failed)
 	if snap != nil {
-		each(len(rep.Snapshots), func(i int) (string, error) {
-			id := rep.Snapshots[i].ID
-			return id, snap.DeleteSnapshot(ctx, id)
-		}, &rep.Deleted)
+		snapIDs := make([]string, len(rep.Snapshots))
+		for i, s := range rep.Snapshots {
+			snapIDs[i] = s.ID
+		}
+		rep.Deleted, rep.InUse, failed = removeEach(opts.Parallelism, snapIDs, func(i int) error {
+			return snap.DeleteSnapshot(ctx, snapIDs[i])
+		})
+		maps.Copy(rep.Failed, failed)
 	}
 	if len(rep.Failed) > 0 {
 		return rep, fmt.Errorf("sweep: %d of %d removals failed", len(rep.Failed), len(rep.Snapshots)+len(rep.Sandboxes))
 	}
 	return rep, nil
+}
+
+// removeEach runs remove for each of ids, at most parallelism at once
+// (default 8), and sorts out the outcomes: done, in use (the provider
+// refused a snapshot a fork stands on) and failed (id -> error).
+func removeEach(parallelism int, ids []string, remove func(i int) error) (done, inUse []string, failed map[string]string) {
+	if parallelism <= 0 {
+		parallelism = 8
+	}
+	failed = map[string]string{}
+	var mu sync.Mutex
+	slots := make(chan struct{}, parallelism)
+	var wg sync.WaitGroup
+	for i := range ids {
+		wg.Add(1)
+		slots <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			err := remove(i)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case errors.Is(err, provider.ErrSnapshotInUse):
+				inUse = append(inUse, ids[i])
+			case err != nil:
+				failed[ids[i]] = err.Error()
+			default:
+				done = append(done, ids[i])
+			}
+		}()
+	}
+	wg.Wait()
+	sort.Strings(done)
+	sort.Strings(inUse)
+	return done, inUse, failed
 }
