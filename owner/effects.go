@@ -47,10 +47,12 @@ type (
 		IDs, Tombstones []string
 		Reason          string
 	}
-	// effTombstone tombstones snapshots: inWritten.
+	// effTombstone tombstones snapshots, clearing intents in the same
+	// transaction: inWritten.
 	effTombstone struct {
 		IDs    []string
 		Reason string
+		Clear  []snapshotindex.IntentKey
 	}
 	// effDelete deletes snapshots from the provider (at most parallelism
 	// at once): inDeleted.
@@ -122,7 +124,11 @@ func (e effDrop) String() string {
 	return fmt.Sprintf("drop %s tombstone %s (%s)", bracket(e.IDs), bracket(e.Tombstones), e.Reason)
 }
 func (e effTombstone) String() string {
-	return fmt.Sprintf("tombstone %s (%s)", bracket(e.IDs), e.Reason)
+	s := fmt.Sprintf("tombstone %s (%s)", bracket(e.IDs), e.Reason)
+	for _, k := range e.Clear {
+		s += " clearing intent " + k.Kind + " " + k.ID
+	}
+	return s
 }
 func (e effDelete) String() string     { return "delete " + bracket(e.IDs) }
 func (e effClear) String() string      { return "clear tombstones " + bracket(e.IDs) }
@@ -140,6 +146,8 @@ func (e effDone) String() string {
 	}
 	return "done"
 }
+
+func sortedKeys(m map[string]bool) []string { return slices.Sorted(maps.Keys(m)) }
 
 func logAt(level logrus.Level, msg string, fields logrus.Fields) effLog {
 	return effLog{Level: level, Msg: msg, Fields: fields}

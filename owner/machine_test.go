@@ -152,35 +152,42 @@ func failedText(f map[string]string) string {
 	return bracket(parts)
 }
 
+// scripted runs the scripts of glob against one machine: a command that
+// make takes makes a new one and starts it; any other is an input. Each
+// prints the effects of the step and state(m).
+func scripted[M machine](t *testing.T, glob string, make func(c *script.Case) (M, bool), state func(m M) string) {
+	script.Run(t, glob, func(t *testing.T) func(c *script.Case) string {
+		var m M
+		return func(c *script.Case) string {
+			var in input = inStart{}
+			if made, ok := make(c); ok {
+				m = made
+			} else if in, ok = machineInput(t, c); !ok {
+				t.Fatalf("%s: unknown command %q", c.Pos, c.Cmd)
+			}
+			return effects(m.step(in)) + state(m)
+		}
+	})
+}
+
 // TestReleaseScripts runs testdata/release/*.txt against the reclaim
 // machine: a release, a drop of checkpoints whose directory is gone, and
 // the deletes after such a drop.
 func TestReleaseScripts(t *testing.T) {
-	script.Run(t, "testdata/release/*.txt", func(t *testing.T) func(c *script.Case) string {
-		var m *reclaim
-		return func(c *script.Case) string {
-			var out []effect
-			switch c.Cmd {
-			case "release":
-				m = newRelease(c.List("kept"), toSet(c.List("needed")), c.Has("leftovers"), "notes", "now")
-				out = m.step(inStart{})
-			case "dir-drop":
-				m = newDirDrop(checkpointsArg(c, "kept"), c.List("kept"))
-				out = m.step(inStart{})
-			case "drop-delete":
-				m = newDropDelete(dropsArg(c), toSet(c.List("needed")))
-				out = m.step(inStart{})
-			default:
-				in, ok := commonInput(c)
-				if !ok {
-					t.Fatalf("%s: unknown command %q", c.Pos, c.Cmd)
-				}
-				out = m.step(in)
-			}
-			r := m.res
-			return effects(out) + fmt.Sprintf("state: waiting=%s dropped=%s deleted=%s deferred=%s failed=%s",
-				m.phase, bracket(r.Dropped), bracket(r.Deleted), bracket(r.Deferred), failedText(r.Failed))
+	scripted(t, "testdata/release/*.txt", func(c *script.Case) (*reclaim, bool) {
+		switch c.Cmd {
+		case "release":
+			return newRelease(c.List("kept"), toSet(c.List("needed")), c.Has("leftovers"), "notes", "now"), true
+		case "dir-drop":
+			return newDirDrop(checkpointsArg(c, "kept"), c.List("kept")), true
+		case "drop-delete":
+			return newDropDelete(dropsArg(c), toSet(c.List("needed"))), true
 		}
+		return nil, false
+	}, func(m *reclaim) string {
+		r := m.res
+		return fmt.Sprintf("state: waiting=%s dropped=%s deleted=%s deferred=%s failed=%s",
+			m.phase, bracket(r.Dropped), bracket(r.Deleted), bracket(r.Deferred), failedText(r.Failed))
 	})
 }
 
@@ -199,24 +206,52 @@ func at(t *testing.T, c *script.Case, key string) time.Time {
 	return scriptT0.Add(time.Duration(n) * time.Second)
 }
 
-// snapRecords reads session:snapshot words.
+// snapRecords reads session:snapshot@episode words (the episode is
+// optional): records of provider "fake" whose sandbox is sb-<session>.
 func snapRecords(c *script.Case, key string) []snapshotindex.Record {
 	var out []snapshotindex.Record
 	for _, w := range c.List(key) {
-		sid, snap, _ := strings.Cut(w, ":")
-		out = append(out, snapshotindex.Record{SessionID: sid, SnapshotID: snap})
+		sid, rest, _ := strings.Cut(w, ":")
+		snap, ep, _ := strings.Cut(rest, "@")
+		out = append(out, snapshotindex.Record{SessionID: sid, SnapshotID: snap, Episode: ep, Provider: "fake", Sandbox: provider.Handle{SandboxID: "sb-" + sid}})
 	}
 	return out
 }
 
-// commitInput reads a commit's inputs.
-func commitInput(t *testing.T, c *script.Case) (input, bool) {
+// machineInput reads the inputs of every machine.
+func machineInput(t *testing.T, c *script.Case) (input, bool) {
 	switch c.Cmd {
 	case "checkpoint":
 		if c.Has("missing") {
 			return inCheckpoint{Err: fmt.Errorf("checkpoint: %w", snapshotindex.ErrNotFound)}, true
 		}
-		return inCheckpoint{Ck: snapshotindex.Checkpoint{Meta: snapshotindex.CheckpointMeta{ID: c.Args["id"], Seq: 1}, Records: snapRecords(c, "records")}, Err: scriptErr(c)}, true
+		return inCheckpoint{Ck: snapshotindex.Checkpoint{Meta: snapshotindex.CheckpointMeta{ID: c.Args["id"], CheckpointDir: c.Args["dir"], Seq: 1}, Records: snapRecords(c, "records")}, Err: scriptErr(c)}, true
+	case "dir":
+		return inDir{Gone: c.Has("gone")}, true
+	case "dir-records":
+		var err error
+		if v, ok := c.Args["err"]; ok {
+			err = fmt.Errorf("%w: %s", ErrInvalidRecord, v)
+		}
+		return inDirRecords{Ck: snapshotindex.Checkpoint{Meta: snapshotindex.CheckpointMeta{ID: c.Args["id"]}, Records: snapRecords(c, "records")}, OK: c.Has("id") || err != nil, Err: err}, true
+	case "found":
+		return inFound{Meta: snapshotindex.CheckpointMeta{ID: c.Args["id"]}, OK: c.Has("id"), Err: scriptErr(c)}, true
+	case "forked":
+		// forks=fork-a,-: one per record, - where it failed.
+		var forks []provider.Handle
+		for _, id := range c.List("forks") {
+			if id == "-" {
+				id = ""
+			}
+			forks = append(forks, provider.Handle{SandboxID: id})
+		}
+		return inForked{Forks: forks, Failed: failures(c, "failed"), Missing: c.List("missing")}, true
+	case "installed":
+		var ss []RestoredSession
+		for _, sid := range c.List("sessions") {
+			ss = append(ss, RestoredSession{SessionID: sid})
+		}
+		return inInstalled{Sessions: ss, Err: scriptErr(c)}, true
 	case "writer":
 		in := inWriter{Stopped: c.Has("stopped"), Err: scriptErr(c)}
 		if c.Has("unstored") {
@@ -254,42 +289,59 @@ func commitInput(t *testing.T, c *script.Case) (input, bool) {
 		return inStored{Meta: snapshotindex.CheckpointMeta{ID: c.Args["id"], Seq: 2}, Err: scriptErr(c)}, true
 	case "parked":
 		return inParked{Parked: c.List("ok"), Failed: failures(c, "failed")}, true
+	case "intents":
+		// list=kind/id/tag: a tag "bad" is a body that is no JSON.
+		var ins []snapshotindex.Intent
+		for _, w := range c.List("list") {
+			parts := strings.SplitN(w+"//", "/", 4)
+			body := commitIntentBody(parts[2])
+			if parts[2] == "bad" {
+				body = []byte("{")
+			}
+			ins = append(ins, snapshotindex.Intent{Kind: parts[0], ID: parts[1], Body: body})
+		}
+		return inIntents{Intents: ins, Err: scriptErr(c)}, true
+	case "listed":
+		return inListed{IDs: c.List("ids")}, true
+	case "sandboxes":
+		var list []provider.SandboxInfo
+		for _, p := range pairs(c, "err") {
+			name, inc, _ := strings.Cut(p[1], "/")
+			list = append(list, provider.SandboxInfo{Handle: provider.Handle{SandboxID: p[0]}, Metadata: map[string]string{LabelOwner: name, LabelIncarnation: inc}})
+		}
+		return inSandboxes{List: list, Err: scriptErr(c)}, true
+	case "stopped":
+		return inStopped{Stopped: c.List("ok"), Failed: failures(c, "failed")}, true
 	}
 	return commonInput(c)
 }
 
-// TestCommitScripts runs testdata/commit/*.txt against the commit machine.
-// "commit" makes one (deadline= seconds after the script's start; the
-// round timeout is ten minutes; on-stop=none leaves a stop's sandboxes).
-func TestCommitScripts(t *testing.T) {
-	script.Run(t, "testdata/commit/*.txt", func(t *testing.T) func(c *script.Case) string {
-		var m *committing
-		return func(c *script.Case) string {
-			var out []effect
-			if c.Cmd == "commit" {
-				req := CommitRequest{CheckpointID: c.Args["id"], CheckpointDir: c.Args["dir"], Scope: c.List("scope"), Stop: c.Has("stop")}
-				if c.Has("deadline") {
-					req.Deadline = at(t, c, "deadline")
-				}
-				for _, w := range c.List("episodes") {
-					sid, ep, _ := strings.Cut(w, ":")
-					if req.Episodes == nil {
-						req.Episodes = map[string]string{}
-					}
-					req.Episodes[sid] = ep
-				}
-				m = newCommitting(req, "fake", c.Args["on-stop"] != OnStopNone, 10*time.Minute, "now")
-				out = m.step(inStart{})
-			} else {
-				in, ok := commitInput(t, c)
-				if !ok {
-					t.Fatalf("%s: unknown command %q", c.Pos, c.Cmd)
-				}
-				out = m.step(in)
-			}
-			r := m.res
-			return effects(out) + fmt.Sprintf("state: waiting=%s existing=%v meta=%s/%d sessions=%s skipped=%s parked=%s park-failed=%s manifest=%s",
-				m.phase, r.Existing, r.Meta.ID, r.Meta.Seq, bracket(r.Sessions), bracket(r.Skipped), bracket(r.Parked), failedText(r.ParkFailed), r.Manifest.CheckpointID)
+// TestRecoverScripts runs testdata/recover/*.txt against the recovery
+// machine: "recover" makes one (no-index: an owner that does not export;
+// no-list: a provider that cannot list).
+func TestRecoverScripts(t *testing.T) {
+	scripted(t, "testdata/recover/*.txt", func(c *script.Case) (*recovering, bool) {
+		if c.Cmd != "recover" {
+			return nil, false
 		}
+		return newRecovering(!c.Has("no-index"), !c.Has("no-list"), "notes", "now"), true
+	}, func(m *recovering) string { return "state: waiting=" + m.phase.String() })
+}
+
+// TestRestoreScripts runs testdata/restore/*.txt against the restore
+// machine: "restore" makes one (provider "fake").
+func TestRestoreScripts(t *testing.T) {
+	scripted(t, "testdata/restore/*.txt", func(c *script.Case) (*restoring, bool) {
+		if c.Cmd != "restore" {
+			return nil, false
+		}
+		return newRestoring(RestoreRequest{CheckpointID: c.Args["id"], CheckpointDir: c.Args["dir"], Sessions: c.List("sessions"), Episodes: c.List("episodes")}, "fake"), true
+	}, func(m *restoring) string {
+		var sessions []string
+		for _, s := range m.res.Sessions {
+			sessions = append(sessions, s.SessionID)
+		}
+		return fmt.Sprintf("state: waiting=%s checkpoint=%s sessions=%s superseded=%s supersede-failed=%s",
+			m.phase, m.res.CheckpointID, bracket(sessions), bracket(m.res.Superseded), failedText(m.res.SupersedeFailed))
 	})
 }

@@ -2,8 +2,6 @@ package owner
 
 import (
 	"fmt"
-	"maps"
-	"slices"
 
 	"github.com/sirupsen/logrus"
 
@@ -226,7 +224,7 @@ func (m *reclaim) step(in input) []effect {
 			if len(ids) == 0 {
 				return m.finish()
 			}
-			m.left = slices.Sorted(maps.Keys(ids))
+			m.left = sortedKeys(ids)
 			return m.await(rcLeftTombstone, effTombstone{IDs: m.left, Reason: "left by an earlier run"})
 		}
 	}

@@ -8,12 +8,9 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/sirupsen/logrus"
-
 	"github.com/sandboxowner/owner/internal/timeouts"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
-	"github.com/sandboxowner/owner/retention"
 	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
@@ -32,48 +29,6 @@ type RestoreRequest struct {
 	// Episodes, when not nil, limits the restore to the records labelled
 	// with one of these episodes (those the checkpoint lacks are skipped).
 	Episodes []string
-}
-
-// restoreSource reads the checkpoint a restore names: from its records in
-// its dir, or (a dir without this server's records, or none given) from
-// the index by id, or the latest committed with its dir, which must match
-// when both are given.
-func (o *Owner) restoreSource(req RestoreRequest) (snapshotindex.Checkpoint, error) {
-	if req.CheckpointDir != "" {
-		// A directory the controller deleted is no checkpoint, even while
-		// the index still holds what it named.
-		if obs := retention.Look(o.dirs, req.CheckpointDir); obs.Status == retention.Gone {
-			return snapshotindex.Checkpoint{}, fmt.Errorf("%w: checkpoint_dir %s does not exist", ErrInvalidRecord, req.CheckpointDir)
-		}
-		if ck, ok, err := o.checkpointFromRecords(req); ok || err != nil {
-			return ck, err
-		}
-	}
-	id := req.CheckpointID
-	if id == "" {
-		if req.CheckpointDir == "" {
-			return snapshotindex.Checkpoint{}, fmt.Errorf("%w: neither a checkpoint id nor a checkpoint dir", ErrUnknownCheckpoint)
-		}
-		meta, ok, err := o.index.FindByDir(req.CheckpointDir)
-		if err != nil {
-			return snapshotindex.Checkpoint{}, fmt.Errorf("find the checkpoint of %s: %w", req.CheckpointDir, err)
-		}
-		if !ok {
-			return snapshotindex.Checkpoint{}, fmt.Errorf("%w: no checkpoint was committed with checkpoint_dir %s", ErrUnknownCheckpoint, req.CheckpointDir)
-		}
-		id = meta.ID
-	}
-	ck, err := o.index.Checkpoint(id)
-	if errors.Is(err, snapshotindex.ErrNotFound) {
-		return ck, fmt.Errorf("%w: %q", ErrUnknownCheckpoint, id)
-	}
-	if err != nil {
-		return ck, err
-	}
-	if req.CheckpointDir != "" && ck.Meta.CheckpointDir != "" && ck.Meta.CheckpointDir != req.CheckpointDir {
-		return ck, fmt.Errorf("%w: checkpoint %s was committed with checkpoint_dir %s, not %s", ErrInvalidRecord, id, ck.Meta.CheckpointDir, req.CheckpointDir)
-	}
-	return ck, nil
 }
 
 // RestoredSession is one installed session.
@@ -109,67 +64,9 @@ func (o *Owner) Restore(ctx context.Context, req RestoreRequest) (RestoreResult,
 		return res, fmt.Errorf("%w: waiting for another control operation: %w", ErrRestoreFailed, err)
 	}
 	defer o.ctl.Unlock()
-	ck, err := o.restoreSource(req)
-	if err != nil {
-		return res, fmt.Errorf("%w: %w", ErrRestoreFailed, err)
-	}
-	req.CheckpointID, res.CheckpointID = ck.Meta.ID, ck.Meta.ID
-	records := inScope(ck.Records, func(r snapshotindex.Record) string { return r.SessionID }, req.Sessions)
-	if req.Sessions != nil && len(records) != len(req.Sessions) {
-		return res, fmt.Errorf("%w: %w: checkpoint %q does not hold every requested session", ErrRestoreFailed, ErrInvalidRecord, req.CheckpointID)
-	}
-	if req.Episodes != nil {
-		records = inScope(records, func(r snapshotindex.Record) string { return r.Episode }, req.Episodes)
-		if len(records) == 0 {
-			return res, nil
-		}
-	}
-	live, err := o.liveSet()
-	if err != nil {
-		return res, fmt.Errorf("%w: %w", ErrRestoreFailed, err)
-	}
-	if err := validateRecords(records, o.prov.Name(), live); err != nil {
-		return res, fmt.Errorf("%w: %w", ErrRestoreFailed, err)
-	}
-	// A restore writes no intent: a crash mid-restore leaves forks that
-	// carry this incarnation's labels, which the next start's sweep of
-	// earlier incarnations stops, and nothing in the index to undo.
-	forks, failed, missing := o.forkAll(ctx, req.CheckpointID, records)
-	if len(failed) > 0 {
-		o.stopHandles(o.withListedForks(req.CheckpointID, forks))
-		err := fmt.Errorf("%w: %d of %d forks failed: %s", ErrRestoreFailed, len(failed), len(records), joinFailures(failed))
-		if len(missing) > 0 {
-			err = missingSnapshots(err, o.prov.Name(), missing)
-		}
-		return res, err
-	}
-	installed, err := o.install(records, forks)
-	if err != nil {
-		return res, fmt.Errorf("%w: %w", ErrRestoreFailed, err)
-	}
-	res.Sessions = installed
-
-	old := make([]provider.Handle, 0, len(records))
-	for _, r := range records {
-		o.fates.set(r.Sandbox.SandboxID, sandbox.FateSuperseded)
-		old = append(old, r.Sandbox)
-	}
-	res.Superseded, res.SupersedeFailed = o.stopHandles(old)
-	o.log.WithFields(logrus.Fields{"checkpoint_id": req.CheckpointID, "sessions": len(installed), "superseded": len(res.Superseded)}).Info("checkpoint restored")
-	return res, nil
-}
-
-// liveSet is the set of sessions the owner tracks.
-func (o *Owner) liveSet() (map[string]bool, error) {
-	refs, err := o.sessions()
-	if err != nil {
-		return nil, err
-	}
-	live := make(map[string]bool, len(refs))
-	for _, r := range refs {
-		live[r.SessionID] = true
-	}
-	return live, nil
+	m := newRestoring(req, o.prov.Name())
+	err := o.run(ctx, m)
+	return m.res, err
 }
 
 // forkAll forks every record's snapshot, at most parallelism at once. The

@@ -10,6 +10,8 @@ import (
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/records"
+	"github.com/sandboxowner/owner/retention"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -60,7 +62,7 @@ func (o *Owner) perform(ctx context.Context, e effect) input {
 	case effDrop:
 		return inWritten{Err: o.index.Drop(e.IDs, o.tombstones(toSet(e.Tombstones), e.Reason))}
 	case effTombstone:
-		return inWritten{Err: o.index.AddTombstones(o.tombstones(toSet(e.IDs), e.Reason))}
+		return inWritten{Err: o.index.AddTombstones(o.tombstones(toSet(e.IDs), e.Reason), e.Clear...)}
 	case effDelete:
 		return o.deleteSnapshots(ctx, e.IDs)
 	case effClear:
@@ -71,6 +73,43 @@ func (o *Owner) perform(ctx context.Context, e effect) input {
 		o.ret.count(e.Reason, e.N)
 	case effLog:
 		o.log.WithFields(e.Fields).Log(e.Level, e.Msg)
+	case effReadIntents:
+		ins, err := o.index.Intents("")
+		return inIntents{Intents: ins, Err: err}
+	case effDeleteIntent:
+		return inWritten{Err: o.index.DeleteIntent(e.Key)}
+	case effListByTag:
+		return inListed{IDs: o.listSnapshotsByTag(ctx, e.RoundTag)}
+	case effListSandboxes:
+		list, err := o.caps.Lister.ListSandboxes(ctx)
+		return inSandboxes{List: list, Err: err}
+	case effStopHandles:
+		stopped, failed := o.stopHandles(e.Handles)
+		return inStopped{Stopped: stopped, Failed: failed}
+	case effLookDir:
+		return inDir{Gone: retention.Look(o.dirs, e.Dir).Status == retention.Gone}
+	case effReadDirRecords:
+		ck, ok, err := o.checkpointFromRecords(e.Req)
+		return inDirRecords{Ck: ck, OK: ok, Err: err}
+	case effFindByDir:
+		meta, ok, err := o.index.FindByDir(e.Dir)
+		return inFound{Meta: meta, OK: ok, Err: err}
+	case effFork:
+		forks, failed, missing := o.forkAll(ctx, e.CheckpointID, e.Records)
+		return inForked{Forks: forks, Failed: failed, Missing: missing}
+	case effStopForks:
+		o.stopHandles(o.withListedForks(e.CheckpointID, e.Forks))
+	case effInstall:
+		sessions, err := o.install(e.Records, e.Forks)
+		return inInstalled{Sessions: sessions, Err: err}
+	case effSuperseded:
+		for _, id := range e.IDs {
+			o.fates.set(id, sandbox.FateSuperseded)
+		}
+	case effEnded:
+		for _, id := range e.IDs {
+			o.fates.set(id, sandbox.FateEnded)
+		}
 	default:
 		return o.performCommit(ctx, e)
 	}

@@ -1,0 +1,292 @@
+package owner
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/snapshotindex"
+)
+
+// restoring is the machine of a restore, once the caller holds the
+// control turn: find the checkpoint (by its dir's records, by its id, or
+// the latest committed with its dir), pick the records asked for, check
+// them all before the provider is touched, fork them all, and install them
+// all or none; then the superseded sandboxes are stopped, best effort. A
+// restore writes no intent: a crash mid-restore leaves forks that carry
+// this incarnation's labels, which the next start's sweep of earlier
+// incarnations stops, and nothing in the index to undo.
+type restoring struct {
+	req      RestoreRequest
+	provider string
+
+	phase restorePhase
+	// reading is the id of the checkpoint read from the index.
+	reading string
+	records []snapshotindex.Record
+	forks   []provider.Handle
+	res     RestoreResult
+}
+
+// restorePhase is what the machine waits for.
+type restorePhase int
+
+const (
+	rsStart restorePhase = iota
+	rsDir
+	rsDirRecords
+	rsFound
+	rsCheckpoint
+	rsSessions
+	rsForked
+	rsInstalled
+	rsSuperseded
+	rsDone
+)
+
+var restorePhases = [...]string{"start", "dir", "dir-records", "found", "checkpoint", "sessions", "forked", "installed", "superseded", "done"}
+
+func (p restorePhase) String() string { return restorePhases[p] }
+
+// Effects of a restore.
+type (
+	// effLookDir looks the checkpoint's dir up: inDir.
+	effLookDir struct{ Dir string }
+	// effReadDirRecords reads the checkpoint from the records under its
+	// dir (into the index if it lacks it): inDirRecords.
+	effReadDirRecords struct{ Req RestoreRequest }
+	// effFindByDir finds the latest checkpoint committed with Dir: inFound.
+	effFindByDir struct{ Dir string }
+	// effFork forks every record's snapshot (at most parallelism at
+	// once), labelled for the checkpoint: inForked.
+	effFork struct {
+		CheckpointID string
+		Records      []snapshotindex.Record
+	}
+	// effStopForks stops the forks of a failed restore, and those the
+	// provider lists as this incarnation's forks of the checkpoint that no
+	// session holds (a fork whose call failed after the effect).
+	effStopForks struct {
+		CheckpointID string
+		Forks        []provider.Handle
+	}
+	// effInstall gives each fork to a new session, all or none:
+	// inInstalled.
+	effInstall struct {
+		Records []snapshotindex.Record
+		Forks   []provider.Handle
+	}
+	// effSuperseded remembers sandboxes as superseded by a fork.
+	effSuperseded struct{ IDs []string }
+)
+
+// Inputs of a restore.
+type (
+	inDir        struct{ Gone bool }
+	inDirRecords struct {
+		Ck snapshotindex.Checkpoint
+		// OK: the dir holds this server's records (else the index is
+		// asked).
+		OK  bool
+		Err error
+	}
+	inFound struct {
+		Meta snapshotindex.CheckpointMeta
+		OK   bool
+		Err  error
+	}
+	// inForked: the forks, index-aligned with the records (zero where it
+	// failed), the failures by session, and the snapshots the provider
+	// does not have.
+	inForked struct {
+		Forks   []provider.Handle
+		Failed  map[string]string
+		Missing []string
+	}
+	inInstalled struct {
+		Sessions []RestoredSession
+		Err      error
+	}
+)
+
+func (e effLookDir) String() string        { return "look up " + e.Dir }
+func (e effReadDirRecords) String() string { return "read records under " + e.Req.CheckpointDir }
+func (e effFindByDir) String() string      { return "find checkpoint of " + e.Dir }
+func (e effFork) String() string           { return "fork " + e.CheckpointID + " " + recordsText(e.Records) }
+func (e effStopForks) String() string {
+	return "stop forks of " + e.CheckpointID + " " + handlesText(e.Forks)
+}
+func (e effInstall) String() string    { return "install " + handlesText(e.Forks) }
+func (e effSuperseded) String() string { return "superseded " + bracket(e.IDs) }
+
+func handlesText(hs []provider.Handle) string {
+	var ids []string
+	for _, h := range hs {
+		id := h.SandboxID
+		if id == "" {
+			id = "-"
+		}
+		ids = append(ids, id)
+	}
+	return bracket(ids)
+}
+
+func newRestoring(req RestoreRequest, providerName string) *restoring {
+	return &restoring{req: req, provider: providerName, res: RestoreResult{CheckpointID: req.CheckpointID}}
+}
+
+func (m *restoring) await(p restorePhase, e ...effect) []effect {
+	m.phase = p
+	return e
+}
+
+// fail ends the restore with err, which says ErrRestoreFailed.
+func (m *restoring) fail(err error) []effect {
+	m.phase = rsDone
+	if !errors.Is(err, ErrRestoreFailed) {
+		err = fmt.Errorf("%w: %w", ErrRestoreFailed, err)
+	}
+	return []effect{effDone{Err: err}}
+}
+
+func (m *restoring) step(in input) []effect {
+	switch in := in.(type) {
+	case inStart:
+		if m.phase == rsStart {
+			if m.req.CheckpointDir != "" {
+				return m.await(rsDir, effLookDir{Dir: m.req.CheckpointDir})
+			}
+			return m.byIndex()
+		}
+	case inDir:
+		if m.phase == rsDir {
+			// A directory the controller deleted is no checkpoint, even
+			// while the index still holds what it named.
+			if in.Gone {
+				return m.fail(fmt.Errorf("%w: checkpoint_dir %s does not exist", ErrInvalidRecord, m.req.CheckpointDir))
+			}
+			return m.await(rsDirRecords, effReadDirRecords{Req: m.req})
+		}
+	case inDirRecords:
+		if m.phase == rsDirRecords {
+			switch {
+			case in.Err != nil:
+				return m.fail(in.Err)
+			case in.OK:
+				return m.source(in.Ck)
+			}
+			return m.byIndex()
+		}
+	case inFound:
+		if m.phase == rsFound {
+			if in.Err != nil {
+				return m.fail(fmt.Errorf("find the checkpoint of %s: %w", m.req.CheckpointDir, in.Err))
+			}
+			if !in.OK {
+				return m.fail(fmt.Errorf("%w: no checkpoint was committed with checkpoint_dir %s", ErrUnknownCheckpoint, m.req.CheckpointDir))
+			}
+			return m.read(in.Meta.ID)
+		}
+	case inCheckpoint:
+		if m.phase == rsCheckpoint {
+			if errors.Is(in.Err, snapshotindex.ErrNotFound) {
+				return m.fail(fmt.Errorf("%w: %q", ErrUnknownCheckpoint, m.reading))
+			}
+			if in.Err != nil {
+				return m.fail(in.Err)
+			}
+			ck := in.Ck
+			if m.req.CheckpointDir != "" && ck.Meta.CheckpointDir != "" && ck.Meta.CheckpointDir != m.req.CheckpointDir {
+				return m.fail(fmt.Errorf("%w: checkpoint %s was committed with checkpoint_dir %s, not %s", ErrInvalidRecord, m.reading, ck.Meta.CheckpointDir, m.req.CheckpointDir))
+			}
+			return m.source(ck)
+		}
+	case inSessions:
+		if m.phase == rsSessions {
+			if in.Err != nil {
+				return m.fail(in.Err)
+			}
+			live := make(map[string]bool, len(in.Refs))
+			for _, r := range in.Refs {
+				live[r.SessionID] = true
+			}
+			if err := validateRecords(m.records, m.provider, live); err != nil {
+				return m.fail(err)
+			}
+			return m.await(rsForked, effFork{CheckpointID: m.req.CheckpointID, Records: m.records})
+		}
+	case inForked:
+		if m.phase == rsForked {
+			if len(in.Failed) > 0 {
+				err := fmt.Errorf("%w: %d of %d forks failed: %s", ErrRestoreFailed, len(in.Failed), len(m.records), joinFailures(in.Failed))
+				if len(in.Missing) > 0 {
+					err = missingSnapshots(err, m.provider, in.Missing)
+				}
+				return append([]effect{effStopForks{CheckpointID: m.req.CheckpointID, Forks: in.Forks}}, m.fail(err)...)
+			}
+			m.forks = in.Forks
+			return m.await(rsInstalled, effInstall{Records: m.records, Forks: in.Forks})
+		}
+	case inInstalled:
+		if m.phase == rsInstalled {
+			if in.Err != nil {
+				return m.fail(in.Err)
+			}
+			m.res.Sessions = in.Sessions
+			old := make([]provider.Handle, 0, len(m.records))
+			ids := make([]string, 0, len(m.records))
+			for _, r := range m.records {
+				old = append(old, r.Sandbox)
+				ids = append(ids, r.Sandbox.SandboxID)
+			}
+			return m.await(rsSuperseded, effSuperseded{IDs: ids}, effStopHandles{Handles: old})
+		}
+	case inStopped:
+		if m.phase == rsSuperseded {
+			m.res.Superseded, m.res.SupersedeFailed = in.Stopped, in.Failed
+			m.phase = rsDone
+			return []effect{
+				logAt(logrus.InfoLevel, "checkpoint restored", logrus.Fields{"checkpoint_id": m.req.CheckpointID, "sessions": len(m.res.Sessions), "superseded": len(in.Stopped)}),
+				effDone{},
+			}
+		}
+	}
+	panic(fmt.Sprintf("owner: a restore waiting for %s got %T", m.phase, in))
+}
+
+// byIndex finds the checkpoint in the index: by its id, or the latest
+// committed with the request's dir.
+func (m *restoring) byIndex() []effect {
+	if m.req.CheckpointID != "" {
+		return m.read(m.req.CheckpointID)
+	}
+	if m.req.CheckpointDir == "" {
+		return m.fail(fmt.Errorf("%w: neither a checkpoint id nor a checkpoint dir", ErrUnknownCheckpoint))
+	}
+	return m.await(rsFound, effFindByDir{Dir: m.req.CheckpointDir})
+}
+
+func (m *restoring) read(id string) []effect {
+	m.reading = id
+	return m.await(rsCheckpoint, effReadCheckpoint{ID: id})
+}
+
+// source picks the records of ck the request asks for.
+func (m *restoring) source(ck snapshotindex.Checkpoint) []effect {
+	m.req.CheckpointID, m.res.CheckpointID = ck.Meta.ID, ck.Meta.ID
+	records := inScope(ck.Records, func(r snapshotindex.Record) string { return r.SessionID }, m.req.Sessions)
+	if m.req.Sessions != nil && len(records) != len(m.req.Sessions) {
+		return m.fail(fmt.Errorf("%w: checkpoint %q does not hold every requested session", ErrInvalidRecord, m.req.CheckpointID))
+	}
+	if m.req.Episodes != nil {
+		records = inScope(records, func(r snapshotindex.Record) string { return r.Episode }, m.req.Episodes)
+		if len(records) == 0 {
+			m.phase = rsDone
+			return []effect{effDone{}}
+		}
+	}
+	m.records = records
+	return m.await(rsSessions, effListSessions{})
+}
