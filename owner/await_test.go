@@ -22,7 +22,7 @@ func TestAwaitReadyOrder(t *testing.T) {
 	cancel()
 	pid := &actor.PID{Id: "x"}
 	for i := range 64 {
-		o := &Owner{closed: closed, rt: sched.Real{}}
+		o := &client{closed: closed, rt: sched.Real{}}
 		reply := make(messages.ReplyTo, 1)
 		reply <- "answer"
 		if v, err := o.await(done, pid, reply); v != "answer" || err != nil {

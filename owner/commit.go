@@ -2,7 +2,6 @@ package owner
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -156,20 +155,14 @@ func (o *Owner) StopCommit(id string) {
 // runRound hands a round to the coordinator and waits for its result. The
 // wait is not bounded by the caller's context: the round ends by its own
 // deadline, and its result is needed to clean up.
-func (o *Owner) runRound(m *actors.StartRound) (*actors.RoundResult, error) {
+func (o *Owner) runRound(m actors.StartRound) (*actors.RoundResult, error) {
 	// The coordinator answers by the deadline plus its drain grace; the
 	// bound only guards against a lost reply.
 	ctx, cancel := clock.WithDeadline(context.Background(), o.clk, m.Deadline.Add(actors.DrainGrace+timeouts.RoundSlack))
 	defer cancel()
-	r := make(messages.ReplyTo, 1)
-	m.Reply = r
-	v, err := o.call(ctx, o.coord, m, r)
+	rr, err := o.ask.round(ctx, m)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot round: %w", err)
-	}
-	rr := v.(*actors.RoundResult)
-	if rr.Busy {
-		return nil, errors.New("snapshot round: another round is running")
 	}
 	return rr, nil
 }
@@ -200,8 +193,8 @@ func (o *Owner) discardRound(tag string, taken []messages.SnapshotReply, intent 
 	// In session order: the sends schedule mailboxes, and a deterministic
 	// scheduler must see them in the same order every run.
 	for _, sid := range slices.Sorted(maps.Keys(bySession)) {
-		if pid, err := o.lookup(sid); err == nil && pid != nil {
-			o.system.Root.Send(pid, &messages.SnapshotsDiscarded{SnapshotIDs: bySession[sid]})
+		if pid, err := o.ask.lookup(sid); err == nil && pid != nil {
+			o.ask.send(pid, &messages.SnapshotsDiscarded{SnapshotIDs: bySession[sid]})
 		}
 	}
 	o.deleteTombstoned(ctx, snapshotIDs(ts))

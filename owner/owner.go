@@ -238,9 +238,8 @@ type Owner struct {
 	// starting counts StartSessionSandbox calls in progress.
 	starting atomic.Int64
 
-	// replies recycles the reply slots of answered requests (a slot whose
-	// asker gave up is dropped: its answer may still come).
-	replies chan messages.ReplyTo
+	// ask is the owner's typed client of its actors.
+	ask *client
 
 	// base bounds the provider calls the owner makes on its own; Abandon
 	// cancels it, as a crash ends them.
@@ -296,7 +295,6 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 		stopped:     fifo.New[string, struct{}](stoppedMemory),
 		unstored:    map[string]*unstoredCommit{},
 		closed:      make(chan struct{}),
-		replies:     make(chan messages.ReplyTo, maxFreeReplies),
 	}
 	if cfg.Provider != nil {
 		o.caps = cfg.Provider.Capabilities()
@@ -433,6 +431,7 @@ func (o *Owner) startActors() {
 		Clock:    o.clk,
 		OnOrphan: o.onOrphan,
 	}).Configure(onPool), names("coordinator"))
+	o.ask = newClient(root, o.sup, o.coord, o.dir, o.closed, o.rt)
 }
 
 // The dispatcher's shape: a few workers per CPU are enough for mailbox runs,
@@ -464,138 +463,6 @@ func (o *Owner) Index() snapshotindex.Store { return o.index }
 // CheckpointQueue is how many checkpoint provider calls wait for a slot of
 // checkpoint.parallelism, and a channel closed when that changes.
 func (o *Owner) CheckpointQueue() (int, <-chan struct{}) { return o.limiter.Waiting() }
-
-// --- actor plumbing ---
-
-// maxFreeReplies bounds the reply slots kept for reuse.
-const maxFreeReplies = 4096
-
-// slot is a reply slot for one request, reused or new; call recycles it
-// once answered.
-func (o *Owner) slot() messages.ReplyTo {
-	select {
-	case r := <-o.replies:
-		return r
-	default:
-		return make(messages.ReplyTo, 1)
-	}
-}
-
-func (o *Owner) recycle(r messages.ReplyTo) {
-	select {
-	case o.replies <- r:
-	default:
-	}
-}
-
-// call sends msg, which carries reply (from slot), to pid and waits for the
-// answer, ctx's end or the owner's close: no future, no goroutine. A
-// request that reached no actor fails with actor.ErrDeadLetter (see gone).
-func (o *Owner) call(ctx context.Context, pid *actor.PID, msg any, reply messages.ReplyTo) (any, error) {
-	select {
-	case <-o.closed:
-		return nil, ErrClosed
-	default:
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	o.system.Root.Send(pid, msg)
-	v, err := o.await(ctx, pid, reply)
-	if err == nil {
-		o.recycle(reply)
-	}
-	return v, err
-}
-
-// await waits for the next answer in reply (a request to pid carried it).
-func (o *Owner) await(ctx context.Context, pid *actor.PID, reply messages.ReplyTo) (any, error) {
-	// Not on the real runtime, whose Await does nothing: the closure
-	// would cost every request an allocation.
-	if _, real := o.rt.(sched.Real); !real {
-		o.rt.Await(ctx, func() bool { return len(reply) > 0 || sched.Closed(o.closed) })
-	}
-	// When more than one is ready, the answer wins, then the close: a
-	// fixed order, where select would pick at random.
-	var v any
-	select {
-	case v = <-reply:
-	default:
-		select {
-		case v = <-reply:
-		case <-o.closed:
-			return nil, ErrClosed
-		case <-ctx.Done():
-			if sched.Closed(o.closed) {
-				return nil, ErrClosed
-			}
-			return nil, ctx.Err()
-		}
-	}
-	if _, ok := v.(messages.Undelivered); ok {
-		return nil, fmt.Errorf("actor %s: %w", pid.Id, actor.ErrDeadLetter)
-	}
-	return v, nil
-}
-
-// supervisorCall is call for the supervisor, which answers at once.
-func (o *Owner) supervisorCall(msg any, reply messages.ReplyTo) (any, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeouts.Reply)
-	defer cancel()
-	return o.call(ctx, o.sup, msg, reply)
-}
-
-// lookup finds the session's actor in the supervisor's directory, without a
-// round trip through its mailbox (this is on every request's path). The
-// actor found may stop before it is asked, as its session ends: see gone.
-func (o *Owner) lookup(sessionID string) (*actor.PID, error) {
-	select {
-	case <-o.closed:
-		return nil, ErrClosed
-	default:
-	}
-	return o.dir.Lookup(sessionID), nil
-}
-
-// gone reports an ask that reached no actor: the session's actor stopped
-// between the lookup and the ask, so its session is over.
-func gone(err error) bool { return errors.Is(err, actor.ErrDeadLetter) }
-
-func (o *Owner) spawn(sessionID string, install *sandbox.Sandbox, snapshots []string) (*messages.SessionRef, error) {
-	r := o.slot()
-	limit := 0
-	if install == nil {
-		limit = o.cfg.MaxSessions
-	}
-	v, err := o.supervisorCall(&messages.SpawnSession{SessionID: sessionID, Install: install, Snapshots: snapshots, Limit: limit, Reply: r}, r)
-	if err != nil {
-		return nil, err
-	}
-	ref := v.(*messages.SessionRef)
-	if ref.Err != nil {
-		return ref, ref.Err
-	}
-	return ref, nil
-}
-
-func (o *Owner) sessions() ([]messages.SessionRef, error) {
-	r := o.slot()
-	v, err := o.supervisorCall(&messages.ListSessions{Reply: r}, r)
-	if err != nil {
-		return nil, err
-	}
-	return v.(*messages.SessionList).Sessions, nil
-}
-
-// view asks a session for its sandbox.
-func (o *Owner) view(ctx context.Context, pid *actor.PID) (*messages.GetSandboxReply, error) {
-	r := o.slot()
-	v, err := o.call(ctx, pid, &messages.GetSandbox{Reply: r}, r)
-	if err != nil {
-		return nil, err
-	}
-	return v.(*messages.GetSandboxReply), nil
-}
 
 // --- the session API ---
 
@@ -638,45 +505,29 @@ func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec 
 	// An ended session's actor may still be on its way out: retry once it
 	// is forgotten.
 	for attempt := 0; ; attempt++ {
-		ref, err := o.spawn(sessionID, nil, nil)
+		ref, err := o.ask.spawn(sessionID, nil, nil, o.cfg.MaxSessions)
 		if err != nil {
 			return sandbox.Sandbox{}, err
 		}
 		pid := ref.PID.(*actor.PID)
-		r := o.slot()
-		v, err := o.call(ctx, pid, &messages.StartSandbox{Ctx: ctx, Spec: spec, Setup: setup, Workdir: workdir, Reply: r}, r)
+		rep, err := o.ask.start(ctx, pid, messages.StartSandbox{Ctx: ctx, Spec: spec, Setup: setup, Workdir: workdir})
 		if err != nil {
 			return sandbox.Sandbox{}, err
 		}
-		rep := v.(*messages.StartReply)
 		if errors.Is(rep.Err, actors.ErrSessionEnded) && attempt < 100 {
-			o.forget(sessionID, pid)
+			o.ask.forget(sessionID, pid)
 			continue
 		}
 		if rep.Err != nil {
 			if ref.Spawned && !errors.Is(rep.Err, actors.ErrSandboxExists) {
 				// Nothing is tracked for a failed start: drop the empty actor.
-				o.forget(sessionID, pid)
-				o.settle()
+				o.ask.forget(sessionID, pid)
+				o.ask.settle()
 			}
 			return sandbox.Sandbox{}, rep.Err
 		}
 		return rep.Sandbox, nil
 	}
-}
-
-func (o *Owner) forget(sessionID string, pid *actor.PID) {
-	o.system.Root.Send(o.sup, &messages.ForgetSession{SessionID: sessionID, PID: pid})
-}
-
-// settle waits until the supervisor has processed every message sent to it
-// before (a forget), so that the directory no longer lists a session the
-// caller just ended: a request after an end then finds no actor, instead of
-// reaching one on its way out (a message queued behind its poison pill is
-// dropped, and its asker waits out its timeout).
-func (o *Owner) settle() {
-	r := o.slot()
-	_, _ = o.supervisorCall(&messages.LookupSession{Reply: r}, r)
 }
 
 // SessionSandbox returns the session's sandbox, including one a restore
@@ -689,7 +540,7 @@ func (o *Owner) SessionSandbox(ctx context.Context, sessionID string) (sandbox.S
 // RequireSessionSandbox is SessionSandbox with sandbox.ErrNone when
 // there is none, so that a resent verify is refused instead of graded 0.
 func (o *Owner) RequireSessionSandbox(ctx context.Context, sessionID string) (sandbox.Sandbox, error) {
-	pid, err := o.lookup(sessionID)
+	pid, err := o.ask.lookup(sessionID)
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
@@ -700,7 +551,7 @@ func (o *Owner) RequireSessionSandbox(ctx context.Context, sessionID string) (sa
 	// the wait even for a caller without a deadline.
 	ctx, cancel := context.WithTimeout(ctx, timeouts.Reply)
 	defer cancel()
-	rep, err := o.view(ctx, pid)
+	rep, err := o.ask.view(ctx, pid)
 	if err == nil && rep.Lost {
 		return sandbox.Sandbox{}, fmt.Errorf("%w: session %q", ErrSandboxLost, sessionID)
 	}
@@ -723,22 +574,21 @@ func (o *Owner) SessionData(ctx context.Context, sessionID string) json.RawMessa
 // Do runs fn against the session's sandbox, serialised with the session's
 // other operations (a stop or a snapshot never runs during it).
 func (o *Owner) Do(ctx context.Context, sessionID string, fn sandbox.DoFunc) error {
-	pid, err := o.lookup(sessionID)
+	pid, err := o.ask.lookup(sessionID)
 	if err != nil {
 		return err
 	}
 	if pid == nil {
 		return fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
 	}
-	r := o.slot()
-	v, err := o.call(ctx, pid, &messages.Do{Ctx: ctx, Fn: fn, Reply: r}, r)
+	rep, err := o.ask.do(ctx, pid, fn)
 	if gone(err) {
 		return fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
 	}
 	if err != nil {
 		return err
 	}
-	if err := v.(*messages.DoReply).Err; err != nil {
+	if err := rep.Err; err != nil {
 		if errors.Is(err, sandbox.ErrNone) {
 			return fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
 		}
@@ -762,22 +612,20 @@ func (o *Owner) EndSessionSandbox(ctx context.Context, sessionID string) error {
 // stopSession stops a session's sandbox for reason and reports the handle
 // stopped (nil when none was held).
 func (o *Owner) stopSession(ctx context.Context, sessionID string, reason messages.StopReason) (*provider.Handle, error) {
-	pid, err := o.lookup(sessionID)
+	pid, err := o.ask.lookup(sessionID)
 	if err != nil || pid == nil {
 		return nil, err
 	}
-	r := o.slot()
-	v, err := o.call(ctx, pid, &messages.StopSandbox{Reason: reason, Reply: r}, r)
+	rep, err := o.ask.stop(ctx, pid, reason, time.Time{})
 	if gone(err) {
 		return nil, nil // ended meanwhile: nothing held
 	}
 	if err != nil {
 		return nil, err
 	}
-	rep := v.(*messages.StopReply)
 	if rep.Err == nil {
 		// The session told the supervisor to forget it before answering.
-		o.settle()
+		o.ask.settle()
 	}
 	return rep.Stopped, rep.Err
 }
@@ -792,7 +640,7 @@ func (o *Owner) SessionCounts() (live, inSetup, lost int) {
 
 // Sessions lists the ids of the sessions the owner tracks.
 func (o *Owner) Sessions() ([]string, error) {
-	refs, err := o.sessions()
+	refs, err := o.ask.list()
 	if err != nil {
 		return nil, err
 	}
@@ -846,12 +694,12 @@ func (o *Owner) onOrphan(sessionID, snapshotID string) {
 // Tick asks every session to renew its sandbox's lease if a third of it
 // has passed at now. The simulation and tests call it with logical time.
 func (o *Owner) Tick(now time.Time) error {
-	refs, err := o.sessions()
+	refs, err := o.ask.list()
 	if err != nil {
 		return err
 	}
 	for _, r := range refs {
-		o.system.Root.Send(r.PID.(*actor.PID), &messages.RenewLease{Now: now})
+		o.ask.send(r.PID.(*actor.PID), &messages.RenewLease{Now: now})
 	}
 	return nil
 }
@@ -966,11 +814,11 @@ func (o *Owner) Abandon() {
 // Touch records that the session was used now (a request named it), which
 // defers its idle end. A session the owner does not hold is ignored.
 func (o *Owner) Touch(sessionID string) {
-	pid, err := o.lookup(sessionID)
+	pid, err := o.ask.lookup(sessionID)
 	if err != nil || pid == nil {
 		return
 	}
-	o.system.Root.Send(pid, &messages.Touch{At: o.clk.Now()})
+	o.ask.send(pid, &messages.Touch{At: o.clk.Now()})
 }
 
 // ReapIdle ends the sessions unused for IdleTimeout at now (sandbox
@@ -988,22 +836,20 @@ func (o *Owner) ReapIdle(ctx context.Context, now time.Time) ([]string, error) {
 		return nil, nil
 	}
 	defer o.ctl.Unlock()
-	refs, err := o.sessions()
+	refs, err := o.ask.list()
 	if err != nil {
 		return nil, err
 	}
 	since := now.Add(-o.cfg.IdleTimeout)
 	ended, failed := o.eachOutcome(ctx, len(refs), false, func(i int) (string, error) {
 		sid := refs[i].SessionID
-		r := o.slot()
-		v, err := o.call(ctx, refs[i].PID.(*actor.PID), &messages.StopSandbox{Reason: messages.StopIdle, IdleSince: since, Reply: r}, r)
+		rep, err := o.ask.stop(ctx, refs[i].PID.(*actor.PID), messages.StopIdle, since)
 		if gone(err) {
 			return "", nil
 		}
 		if err != nil {
 			return sid, err
 		}
-		rep := v.(*messages.StopReply)
 		if rep.NotIdle || (rep.Err == nil && rep.Stopped == nil) {
 			return "", nil
 		}
@@ -1015,7 +861,7 @@ func (o *Owner) ReapIdle(ctx context.Context, now time.Time) ([]string, error) {
 		return sid, nil
 	})
 	if len(ended) > 0 {
-		o.settle()
+		o.ask.settle()
 	}
 	for _, sid := range slices.Sorted(maps.Keys(failed)) {
 		o.log.WithFields(logrus.Fields{"session_id": sid, "error": failed[sid]}).Warn("could not end an idle session; the next tick retries")

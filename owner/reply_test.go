@@ -8,7 +8,6 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/sandbox"
@@ -44,8 +43,7 @@ func TestCallToAStoppedActorIsUndelivered(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), guardTimeout)
 	defer cancel()
-	r := o.slot()
-	_, err := o.call(ctx, pid, &messages.GetSandbox{Reply: r}, r)
+	_, err := o.ask.view(ctx, pid)
 	if !errors.Is(err, actor.ErrDeadLetter) {
 		t.Fatalf("call to a stopped actor: %v, want ErrDeadLetter", err)
 	}
@@ -103,7 +101,7 @@ func TestAnAbandonedSlotIsNotReused(t *testing.T) {
 			t.Fatalf("view %d: %+v, %v", i, sb, err)
 		}
 	}
-	if n := len(o.replies); n == 0 {
+	if n := len(o.ask.replies); n == 0 {
 		t.Fatal("no slot was recycled: the free list is unused")
 	}
 }

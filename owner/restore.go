@@ -183,14 +183,14 @@ func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle)
 		}
 		o.fates.hold(r.SessionID, sb.Handle, sb.FromSnapshot)
 		at[r.SessionID] = i
-		o.system.Root.Send(o.sup, &messages.SpawnSession{SessionID: r.SessionID, Install: sb, Snapshots: []string{r.SnapshotID}, Reply: replies})
+		o.ask.send(o.sup, &messages.SpawnSession{SessionID: r.SessionID, Install: sb, Snapshots: []string{r.SnapshotID}, Reply: replies})
 	}
 	wait, cancelWait := context.WithTimeout(context.Background(), timeouts.Reply)
 	defer cancelWait()
 	installed := make([]bool, len(records))
 	errs := make([]error, len(records))
 	for range records {
-		v, err := o.await(wait, o.sup, replies)
+		v, err := o.ask.await(wait, o.sup, replies)
 		if err != nil {
 			// Whatever answers are missing count as not installed.
 			break

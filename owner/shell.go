@@ -144,7 +144,7 @@ func (o *Owner) performCommit(ctx context.Context, e effect) input {
 		m, err := o.publishRecords(e.ID, e.Dir, e.Records)
 		return inPublished{M: m, Err: err, Now: o.clk.Now()}
 	case effListSessions:
-		refs, err := o.sessions()
+		refs, err := o.ask.list()
 		return inSessions{Refs: refs, Err: err}
 	case effNewRound:
 		o.round++
@@ -152,7 +152,7 @@ func (o *Owner) performCommit(ctx context.Context, e effect) input {
 	case effPutIntent:
 		return inWritten{Err: o.index.PutIntent(snapshotindex.Intent{Kind: intentCommit, ID: e.ID, Body: commitIntentBody(e.Tag), At: o.clk.Now()})}
 	case effRound:
-		rr, err := o.runRound(&e.Start)
+		rr, err := o.runRound(e.Start)
 		return inRound{R: rr, Err: err, Now: o.clk.Now()}
 	case effDiscard:
 		o.discardRound(e.Tag, e.Taken, e.Intent, e.Reason)

@@ -1,0 +1,216 @@
+package owner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/sandboxowner/owner/actors"
+	"github.com/sandboxowner/owner/internal/timeouts"
+	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/sandbox"
+	"github.com/sandboxowner/owner/sched"
+	"github.com/sandboxowner/owner/supervisor"
+)
+
+// client is the owner's side of its actors: one typed method per request.
+// Each sends its message with a reply slot and waits for the answer, the
+// caller's context's end or the owner's close: no future, no goroutine. A
+// request that reached no actor fails with actor.ErrDeadLetter (see gone).
+type client struct {
+	root       *actor.RootContext
+	sup, coord *actor.PID
+	dir        *supervisor.Directory
+	closed     <-chan struct{}
+	rt         sched.Runtime
+	// replies recycles the reply slots of answered requests (a slot whose
+	// asker gave up is dropped: its answer may still come).
+	replies chan messages.ReplyTo
+}
+
+// maxFreeReplies bounds the reply slots kept for reuse.
+const maxFreeReplies = 4096
+
+func newClient(root *actor.RootContext, sup, coord *actor.PID, dir *supervisor.Directory, closed <-chan struct{}, rt sched.Runtime) *client {
+	return &client{root: root, sup: sup, coord: coord, dir: dir, closed: closed, rt: rt, replies: make(chan messages.ReplyTo, maxFreeReplies)}
+}
+
+// ask sends the request build makes around a reply slot to pid and waits
+// for its answer, of type R.
+func ask[R any](ctx context.Context, c *client, pid *actor.PID, build func(messages.ReplyTo) any) (R, error) {
+	var zero R
+	r := c.slot()
+	v, err := c.call(ctx, pid, build(r), r)
+	if err != nil {
+		return zero, err
+	}
+	return v.(R), nil
+}
+
+// askSupervisor is ask for the supervisor, which answers at once: the wait
+// is bounded even for a caller without a deadline.
+func askSupervisor[R any](c *client, build func(messages.ReplyTo) any) (R, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeouts.Reply)
+	defer cancel()
+	return ask[R](ctx, c, c.sup, build)
+}
+
+// spawn asks the supervisor for the session's actor: a new one (holding
+// install when set), or the one it has. limit bounds a new seed's sessions
+// (0: none).
+func (c *client) spawn(sessionID string, install *sandbox.Sandbox, snapshots []string, limit int) (*messages.SessionRef, error) {
+	ref, err := askSupervisor[*messages.SessionRef](c, func(r messages.ReplyTo) any {
+		return &messages.SpawnSession{SessionID: sessionID, Install: install, Snapshots: snapshots, Limit: limit, Reply: r}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ref, ref.Err
+}
+
+// list lists the sessions the supervisor holds.
+func (c *client) list() ([]messages.SessionRef, error) {
+	l, err := askSupervisor[*messages.SessionList](c, func(r messages.ReplyTo) any { return &messages.ListSessions{Reply: r} })
+	if err != nil {
+		return nil, err
+	}
+	return l.Sessions, nil
+}
+
+// settle waits until the supervisor has processed every message sent to it
+// before (a forget), so that the directory no longer lists a session the
+// caller just ended: a request after an end then finds no actor, instead of
+// reaching one on its way out (a message queued behind its poison pill is
+// dropped, and its asker waits out its timeout).
+func (c *client) settle() {
+	_, _ = askSupervisor[*messages.SessionRef](c, func(r messages.ReplyTo) any { return &messages.LookupSession{Reply: r} })
+}
+
+// forget tells the supervisor to forget the session's actor pid.
+func (c *client) forget(sessionID string, pid *actor.PID) {
+	c.root.Send(c.sup, &messages.ForgetSession{SessionID: sessionID, PID: pid})
+}
+
+// lookup finds the session's actor in the supervisor's directory, without a
+// round trip through its mailbox (this is on every request's path). The
+// actor found may stop before it is asked, as its session ends: see gone.
+func (c *client) lookup(sessionID string) (*actor.PID, error) {
+	select {
+	case <-c.closed:
+		return nil, ErrClosed
+	default:
+	}
+	return c.dir.Lookup(sessionID), nil
+}
+
+// view asks a session for its sandbox.
+func (c *client) view(ctx context.Context, pid *actor.PID) (*messages.GetSandboxReply, error) {
+	return ask[*messages.GetSandboxReply](ctx, c, pid, func(r messages.ReplyTo) any { return &messages.GetSandbox{Reply: r} })
+}
+
+// start asks a session to start its sandbox and run setup.
+func (c *client) start(ctx context.Context, pid *actor.PID, m messages.StartSandbox) (*messages.StartReply, error) {
+	return ask[*messages.StartReply](ctx, c, pid, func(r messages.ReplyTo) any { m.Reply = r; return &m })
+}
+
+// do runs fn against a session's sandbox.
+func (c *client) do(ctx context.Context, pid *actor.PID, fn sandbox.DoFunc) (*messages.DoReply, error) {
+	return ask[*messages.DoReply](ctx, c, pid, func(r messages.ReplyTo) any { return &messages.Do{Ctx: ctx, Fn: fn, Reply: r} })
+}
+
+// stop asks a session to stop its sandbox for reason (an idle stop only
+// if the session has been unused since idleSince).
+func (c *client) stop(ctx context.Context, pid *actor.PID, reason messages.StopReason, idleSince time.Time) (*messages.StopReply, error) {
+	return ask[*messages.StopReply](ctx, c, pid, func(r messages.ReplyTo) any {
+		return &messages.StopSandbox{Reason: reason, IdleSince: idleSince, Reply: r}
+	})
+}
+
+// round hands a round to the coordinator and waits for its result.
+func (c *client) round(ctx context.Context, m actors.StartRound) (*actors.RoundResult, error) {
+	rr, err := ask[*actors.RoundResult](ctx, c, c.coord, func(r messages.ReplyTo) any { m.Reply = r; return &m })
+	if err != nil {
+		return nil, err
+	}
+	if rr.Busy {
+		return nil, errors.New("another round is running")
+	}
+	return rr, nil
+}
+
+// send tells pid msg, expecting no answer.
+func (c *client) send(pid *actor.PID, msg any) { c.root.Send(pid, msg) }
+
+// slot is a reply slot for one request, reused or new; call recycles it
+// once answered.
+func (c *client) slot() messages.ReplyTo {
+	select {
+	case r := <-c.replies:
+		return r
+	default:
+		return make(messages.ReplyTo, 1)
+	}
+}
+
+func (c *client) recycle(r messages.ReplyTo) {
+	select {
+	case c.replies <- r:
+	default:
+	}
+}
+
+// call sends msg, which carries reply (from slot), to pid and waits for
+// the answer.
+func (c *client) call(ctx context.Context, pid *actor.PID, msg any, reply messages.ReplyTo) (any, error) {
+	select {
+	case <-c.closed:
+		return nil, ErrClosed
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c.root.Send(pid, msg)
+	v, err := c.await(ctx, pid, reply)
+	if err == nil {
+		c.recycle(reply)
+	}
+	return v, err
+}
+
+// await waits for the next answer in reply (a request to pid carried it).
+func (c *client) await(ctx context.Context, pid *actor.PID, reply messages.ReplyTo) (any, error) {
+	// Not on the real runtime, whose Await does nothing: the closure
+	// would cost every request an allocation.
+	if _, real := c.rt.(sched.Real); !real {
+		c.rt.Await(ctx, func() bool { return len(reply) > 0 || sched.Closed(c.closed) })
+	}
+	// When more than one is ready, the answer wins, then the close: a
+	// fixed order, where select would pick at random.
+	var v any
+	select {
+	case v = <-reply:
+	default:
+		select {
+		case v = <-reply:
+		case <-c.closed:
+			return nil, ErrClosed
+		case <-ctx.Done():
+			if sched.Closed(c.closed) {
+				return nil, ErrClosed
+			}
+			return nil, ctx.Err()
+		}
+	}
+	if _, ok := v.(messages.Undelivered); ok {
+		return nil, fmt.Errorf("actor %s: %w", pid.Id, actor.ErrDeadLetter)
+	}
+	return v, nil
+}
+
+// gone reports an ask that reached no actor: the session's actor stopped
+// between the lookup and the ask, so its session is over.
+func gone(err error) bool { return errors.Is(err, actor.ErrDeadLetter) }
