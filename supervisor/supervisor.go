@@ -3,8 +3,9 @@
 // id, forgets them when their session ends, and lists the live set for the
 // checkpoint coordinator.
 //
-// It is deliberately trivial: it does no I/O and holds only a map, because a
-// restart of a parent actor kills every child (go-libraries.md, pitfall 7).
+// It is deliberately trivial: it does no I/O and holds only its Directory,
+// because a restart of a parent actor kills every child (go-libraries.md,
+// pitfall 7).
 // A session actor that panics is stopped, not restarted: the message that
 // caused the panic is lost and its state is suspect, so the actor stops its
 // sandbox on the way out (actors.sessionActor.abandon) and the session is
@@ -41,8 +42,8 @@ func Props(sessionProps PropsFunc) *actor.Props {
 	return PropsWithDirectory(sessionProps, nil)
 }
 
-// PropsWithDirectory is Props with the supervisor keeping dir in step with
-// its sessions (dir may be nil).
+// PropsWithDirectory is Props whose record of the sessions is dir (nil: one
+// of its own).
 func PropsWithDirectory(sessionProps PropsFunc, dir *Directory) *actor.Props {
 	return PropsOn(sessionProps, dir, nil)
 }
@@ -53,23 +54,29 @@ func PropsOn(sessionProps PropsFunc, dir *Directory, clk clock.Clock) *actor.Pro
 	if clk == nil {
 		clk = clock.Real{}
 	}
+	if dir == nil {
+		dir = NewDirectory()
+	}
 	return actor.PropsFromProducer(func() actor.Actor {
 		dir.reset()
-		return &supervisor{props: sessionProps, byID: map[string]*actor.PID{}, byPID: map[string]string{}, dir: dir, clk: clk}
+		return &supervisor{props: sessionProps, dir: dir, clk: clk}
 	}, actor.WithSupervisor(actor.NewOneForOneStrategy(0, 0, func(any) actor.Directive {
 		return actor.StopDirective
 	})))
 }
 
-// Directory answers LookupSession without a round trip through the
-// supervisor's mailbox, for the owner's per-request path. Only the
-// supervisor writes it, inside its Receive and together with its own map,
-// so a Lookup sees what a LookupSession processed at that instant would.
-// It does not order after messages the caller sent the supervisor before;
-// callers that need that (a spawn after a forget) still ask.
+// Directory is the one record of which sessions exist: the supervisor's
+// own map, which it alone writes (inside its Receive), and which the owner
+// reads without a round trip through the supervisor's mailbox on its
+// per-request path, so a Lookup sees what a LookupSession processed at that
+// instant would. It does not order after messages the caller sent the
+// supervisor before; callers that need that (a spawn after a forget) still
+// ask.
 type Directory struct {
 	mu   sync.RWMutex
 	byID map[string]*actor.PID
+	// sessionOf is the session of each actor in byID, by PID id.
+	sessionOf map[string]string
 	// children are every session actor still running, by PID id: those in
 	// byID and the forgotten ones living out their grace.
 	children map[string]*actor.PID
@@ -77,7 +84,34 @@ type Directory struct {
 
 // NewDirectory returns an empty directory.
 func NewDirectory() *Directory {
-	return &Directory{byID: map[string]*actor.PID{}, children: map[string]*actor.PID{}}
+	return &Directory{byID: map[string]*actor.PID{}, sessionOf: map[string]string{}, children: map[string]*actor.PID{}}
+}
+
+// count is the number of sessions.
+func (d *Directory) count() int {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return len(d.byID)
+}
+
+// list lists the sessions, sorted by id.
+func (d *Directory) list() []messages.SessionRef {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	out := make([]messages.SessionRef, 0, len(d.byID))
+	for id, pid := range d.byID {
+		out = append(out, messages.SessionRef{SessionID: id, PID: pid})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].SessionID < out[j].SessionID })
+	return out
+}
+
+// session is the session whose live actor is pidID.
+func (d *Directory) session(pidID string) (string, bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	id, ok := d.sessionOf[pidID]
+	return id, ok
 }
 
 // Lookup returns the session's actor, nil when the supervisor has none.
@@ -100,40 +134,34 @@ func (d *Directory) Children() []*actor.PID {
 }
 
 func (d *Directory) terminated(pidID string) {
-	if d == nil {
-		return
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.children, pidID)
 }
 
 func (d *Directory) set(sessionID string, pid *actor.PID) {
-	if d == nil {
-		return
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.byID[sessionID] = pid
+	d.sessionOf[pid.Id] = sessionID
 	d.children[pid.Id] = pid
 }
 
-func (d *Directory) remove(sessionID string) {
-	if d == nil {
-		return
-	}
+// remove forgets the session, if pid is its live actor.
+func (d *Directory) remove(sessionID string, pid *actor.PID) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	delete(d.byID, sessionID)
+	if cur := d.byID[sessionID]; cur != nil && cur.Id == pid.Id {
+		delete(d.byID, sessionID)
+		delete(d.sessionOf, pid.Id)
+	}
 }
 
 func (d *Directory) reset() {
-	if d == nil {
-		return
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	clear(d.byID)
+	clear(d.sessionOf)
 	clear(d.children)
 }
 
@@ -147,8 +175,6 @@ type supervisor struct {
 	props PropsFunc
 	dir   *Directory
 	clk   clock.Clock
-	byID  map[string]*actor.PID
-	byPID map[string]string // child PID id -> session id
 	// next numbers incarnations: a session id may come back (re-seeded
 	// after its end) before its old actor's name is released.
 	next uint64
@@ -157,7 +183,7 @@ type supervisor struct {
 func (s *supervisor) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *messages.SpawnSession:
-		if pid, ok := s.byID[m.SessionID]; ok {
+		if pid := s.dir.Lookup(m.SessionID); pid != nil {
 			ref := &messages.SessionRef{SessionID: m.SessionID, PID: pid}
 			if m.Install != nil {
 				ref.Err = ErrSessionExists
@@ -165,7 +191,7 @@ func (s *supervisor) Receive(ctx actor.Context) {
 			respond(ctx, m.Reply, ref)
 			return
 		}
-		if m.Limit > 0 && len(s.byID) >= m.Limit {
+		if m.Limit > 0 && s.dir.count() >= m.Limit {
 			respond(ctx, m.Reply, &messages.SessionRef{SessionID: m.SessionID, Err: ErrAtCapacity})
 			return
 		}
@@ -175,27 +201,23 @@ func (s *supervisor) Receive(ctx actor.Context) {
 			respond(ctx, m.Reply, &messages.SessionRef{SessionID: m.SessionID, Err: err})
 			return
 		}
-		s.byID[m.SessionID] = pid
-		s.byPID[pid.Id] = m.SessionID
 		s.dir.set(m.SessionID, pid)
 		respond(ctx, m.Reply, &messages.SessionRef{SessionID: m.SessionID, PID: pid, Spawned: true})
 	case *messages.LookupSession:
 		ref := &messages.SessionRef{SessionID: m.SessionID}
-		if pid, ok := s.byID[m.SessionID]; ok {
+		if pid := s.dir.Lookup(m.SessionID); pid != nil {
 			ref.PID = pid
 		}
 		respond(ctx, m.Reply, ref)
 	case *messages.ForgetSession:
-		pid, ok := s.byID[m.SessionID]
-		if !ok {
+		pid := s.dir.Lookup(m.SessionID)
+		if pid == nil {
 			return
 		}
 		if want, _ := m.PID.(*actor.PID); want != nil && want.Id != pid.Id {
 			return
 		}
-		delete(s.byID, m.SessionID)
-		delete(s.byPID, pid.Id)
-		s.dir.remove(m.SessionID)
+		s.dir.remove(m.SessionID, pid)
 		// The actor answers as ended from now on, and is poisoned only
 		// after a grace period: protoactor drops (without a reply) any
 		// request that reaches an actor after its poison pill, so a request
@@ -209,21 +231,12 @@ func (s *supervisor) Receive(ctx actor.Context) {
 		// are still answered (a stop would drop them silently).
 		ctx.Poison(m.pid)
 	case *messages.ListSessions:
-		list := &messages.SessionList{Sessions: make([]messages.SessionRef, 0, len(s.byID))}
-		for id, pid := range s.byID {
-			list.Sessions = append(list.Sessions, messages.SessionRef{SessionID: id, PID: pid})
-		}
-		sort.Slice(list.Sessions, func(i, j int) bool { return list.Sessions[i].SessionID < list.Sessions[j].SessionID })
-		respond(ctx, m.Reply, list)
+		respond(ctx, m.Reply, &messages.SessionList{Sessions: s.dir.list()})
 	case *actor.Terminated:
 		s.dir.terminated(m.Who.Id)
 		// A child that stopped without being forgotten (it panicked).
-		if id, ok := s.byPID[m.Who.Id]; ok {
-			delete(s.byPID, m.Who.Id)
-			if s.byID[id] != nil && s.byID[id].Id == m.Who.Id {
-				delete(s.byID, id)
-				s.dir.remove(id)
-			}
+		if id, ok := s.dir.session(m.Who.Id); ok {
+			s.dir.remove(id, m.Who)
 		}
 	}
 }
