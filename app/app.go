@@ -118,150 +118,39 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	if err := met.ObserveVerifies(res.Kind()); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	prov, provName, err := buildProvider(&cfg, deps, providerEnv{log: log, clk: clk, templates: entry.templates, hide: hidden(deps.ConfigFile), serving: true})
+	sp, err := startProvider(ctx, &cfg, deps, entry, res, met, log, clk)
 	if err != nil {
 		return nil, err
 	}
-	// A remote provider that cannot be reached is said at once, in one
-	// line naming it; the server serves anyway (/health reports it, seeds
-	// answer 503 provider_unavailable until it answers).
-	down := func() error { return nil }
-	if r, ok := prov.(interface{ Unreachable() error }); ok {
-		down = r.Unreachable
-	}
-	reachable := true
-	if pr, ok := prov.(interface{ Probe(context.Context) error }); ok {
-		pctx, cancel := context.WithTimeout(ctx, timeouts.Probe)
-		if err := pr.Probe(pctx); err != nil {
-			log.Errorf("sandbox provider at startup: %v", err)
-			reachable = false
-		}
-		cancel()
-	}
-	var refused error
-	if reachable && cfg.Checkpoint.Enabled && res.LendsSandboxes() {
-		refused = probeSnapshots(ctx, prov, res, cfg.Name, log)
-	}
-	// A provider built here is closed with the app (the local one then
-	// releases its root's lock); a given one is the caller's.
-	closeProv := func() error { return nil }
-	if c, ok := prov.(io.Closer); ok && deps.Provider == nil {
-		closeProv = c.Close
-	}
-	var defaultTTL time.Duration
-	if d, ok := prov.(interface{ DefaultTTL() time.Duration }); ok {
-		defaultTTL = d.DefaultTTL()
-	}
-	// What only the provider built says (its isolation, filter and limits
-	// for /health, its reaper, direct lending's endpoints) is read from it
-	// here, before it is wrapped; everything after calls it through the
-	// wrappers, which pass its Capabilities on.
-	isolation, seccomp, limits := isolationOf(prov), seccompOf(prov), limitsOf(prov)
-	direct, reaper := lendDirect(&cfg, prov), reaperOf(prov)
-	if !res.LendsSandboxes() {
-		prov = withoutSnapshots{prov}
-	}
-	prov = met.Provider(prov)
-	renew := timeouts.RenewEvery
-	ret := cfg.Checkpoint.Retention
-	retEvery := seconds(cmp.Or(ret.PeriodS, DefaultRetentionPeriodS))
-	if deps.Clock != nil {
-		renew = 0 // logical time: the caller ticks the owner
-		retEvery = 0
-	}
-	own, err := owner.New(ctx, owner.Config{
-		Name:     cfg.Name,
-		Provider: prov,
-		Checkpoint: owner.CheckpointConfig{
-			Enabled:     cfg.Checkpoint.Enabled,
-			StateDir:    cfg.Checkpoint.StateDir,
-			Parallelism: cmp.Or(sandboxCheckpoint(&cfg).Parallelism, cfg.Checkpoint.Parallelism),
-			OnStop:      cmp.Or(sandboxCheckpoint(&cfg).OnStop, cfg.Checkpoint.OnStop),
-			Retention:   owner.RetentionConfig{FollowDirs: ret.FollowDirs, Grace: seconds(ret.GraceS), Every: retEvery},
-		},
-		NumWorkers:       cfg.NumWorkers,
-		LendsNoSandboxes: !res.LendsSandboxes(),
-		SnapshotsRefused: refused,
-		Clock:            clk,
-		Logger:           log,
-		RenewEvery:       renew,
-		DefaultTTL:       defaultTTL,
-		MaxSessions:      cfg.MaxSessions,
-		IdleTimeout:      cfg.SessionIdleTimeout,
-	})
+	own, err := startOwner(ctx, &cfg, deps, sp, res, log, clk)
 	if err != nil {
-		_ = closeProv()
-		if errors.Is(err, owner.ErrConfig) {
-			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
-		}
-		return nil, fmt.Errorf("start the owner: %w", err)
+		_ = sp.close()
+		return nil, err
 	}
 	fail := func(err error) (*App, error) {
 		_ = own.Close()
-		_ = closeProv()
+		_ = sp.close()
 		return nil, err
 	}
 	secret, generated, err := httpapi.LoadSessionSecret(cfg.SessionSecret, cfg.Checkpoint.StateDir)
 	if err != nil {
 		return fail(fmt.Errorf("%w: %w", ErrConfig, err))
 	}
-	var lend *lending
-	var access func(*resources.Session, sandbox.Sandbox, map[string]any) error
-	var mounts map[string]fasthttp.RequestHandler
-	if res.LendsSandboxes() {
-		if lend, err = newLending(secret, prov, own, clk, log, direct); err != nil {
-			return fail(fmt.Errorf("%w: sandbox access tokens: %w", ErrConfig, err))
-		}
-		access, mounts = lend.access, lend.mounts()
-	}
-	if deps.Pprof {
-		if mounts == nil {
-			mounts = map[string]fasthttp.RequestHandler{}
-		}
-		mounts[PprofPrefix] = pprofhandler.PprofHandler
+	lend, access, mounts, err := startLending(deps, sp, own, res, log, clk, secret)
+	if err != nil {
+		return fail(err)
 	}
 	if _, grades := res.(interface{ Gradings() (int, int) }); grades {
 		if err := met.ObserveGradings(); err != nil {
 			return fail(fmt.Errorf("metrics: %w", err))
 		}
 	}
-	var held func() (int, error)
-	var retained func() owner.RetentionStatus
-	if own.Index() != nil {
-		held, retained = own.CheckpointsHeld, own.RetentionStatus
-	}
-	srv, err := httpapi.New(httpapi.Config{
-		Owner:            own,
-		Resources:        verifyObserved{res, met},
-		Logger:           log,
-		Clock:            clk,
-		SessionSecret:    secret,
-		ControlAuthToken: cfg.Checkpoint.ControlAuthToken,
-		LeaseGrace:       time.Duration(cfg.Checkpoint.LeaseGraceSeconds * float64(time.Second)),
-		MaxDeadline:      time.Duration(cfg.Checkpoint.MaxDeadlineSeconds * float64(time.Second)),
-		ReadTimeout:      cfg.HTTP.ReadTimeout,
-		WriteTimeout:     cfg.HTTP.WriteTimeout,
-		IdleTimeout:      cfg.HTTP.IdleTimeout,
-		MaxConns:         cfg.HTTP.MaxConns,
-		MaxConnsPerIP:    cfg.HTTP.MaxConnsPerIP,
-		LeaseTick:        deps.LeaseTick,
-		Access:           access,
-		Mounts:           mounts,
-		Isolation:        isolation,
-		ProviderDown:     down,
-		PendingDeletes:   own.PendingDeletes,
-		CheckpointsHeld:  held,
-		Retention:        retained,
-		Seccomp:          seccomp,
-		Limits:           limits,
-		Metrics:          met,
-		AccessLog:        deps.AccessLog,
-	})
+	srv, err := newServer(&cfg, deps, sp, own, res, met, log, clk, secret, access, mounts)
 	if err != nil {
 		return fail(fmt.Errorf("%w: %w", ErrConfig, err))
 	}
 	src := sources(own, srv, res)
-	src.ProviderDown = down
+	src.ProviderDown = sp.down
 	if err := met.Observe(src); err != nil {
 		return fail(fmt.Errorf("metrics: %w", err))
 	}
@@ -279,29 +168,193 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 		lend.listening(ln.Addr())
 	}
 	reapCtx, stopReaper := context.WithCancel(context.Background())
-	reaper(reapCtx)
-	a := &App{cfg: cfg, log: log, own: own, srv: srv, ln: ln, served: make(chan error, 1), stopReaper: stopReaper, closeProv: closeProv}
+	sp.reaper(reapCtx)
+	a := &App{cfg: cfg, log: log, own: own, srv: srv, ln: ln, served: make(chan error, 1), stopReaper: stopReaper, closeProv: sp.close}
 	go func() { a.served <- srv.Serve(ln) }()
+	logServing(log, &cfg, sp, srv, ln.Addr(), generated)
+	return a, nil
+}
 
+// startedProvider is the provider Start built, wrapped for the owner, and
+// what it said of itself before it was wrapped.
+type startedProvider struct {
+	prov provider.Provider
+	name string
+	// down says whether a remote provider is unreachable now (nil when it
+	// answers, or for a local one).
+	down func() error
+	// refused: why the provider refused a startup snapshot (nil if it took
+	// one or none was tried).
+	refused error
+	// close closes a provider Start built (the local one then releases
+	// its root's lock); a given one is the caller's.
+	close      func() error
+	defaultTTL time.Duration
+	// For /health and the startup line, and direct lending's endpoints.
+	isolation, seccomp, limits string
+	direct                     endpointer
+	reaper                     func(ctx context.Context)
+}
+
+// startProvider builds the configured provider (or takes the given one),
+// probes it and its snapshots, and wraps it for the owner.
+func startProvider(ctx context.Context, cfg *Config, deps Deps, entry resourcesEntry, res resources.Resources, met *metrics.Metrics, log *logrus.Logger, clk clock.Clock) (*startedProvider, error) {
+	prov, provName, err := buildProvider(cfg, deps, providerEnv{log: log, clk: clk, templates: entry.templates, hide: hidden(deps.ConfigFile), serving: true})
+	if err != nil {
+		return nil, err
+	}
+	sp := &startedProvider{name: provName, down: func() error { return nil }, close: func() error { return nil }}
+	// A remote provider that cannot be reached is said at once, in one
+	// line naming it; the server serves anyway (/health reports it, seeds
+	// answer 503 provider_unavailable until it answers).
+	if r, ok := prov.(interface{ Unreachable() error }); ok {
+		sp.down = r.Unreachable
+	}
+	reachable := true
+	if pr, ok := prov.(interface{ Probe(context.Context) error }); ok {
+		pctx, cancel := context.WithTimeout(ctx, timeouts.Probe)
+		if err := pr.Probe(pctx); err != nil {
+			log.Errorf("sandbox provider at startup: %v", err)
+			reachable = false
+		}
+		cancel()
+	}
+	if reachable && cfg.Checkpoint.Enabled && res.LendsSandboxes() {
+		sp.refused = probeSnapshots(ctx, prov, res, cfg.Name, log)
+	}
+	if c, ok := prov.(io.Closer); ok && deps.Provider == nil {
+		sp.close = c.Close
+	}
+	if d, ok := prov.(interface{ DefaultTTL() time.Duration }); ok {
+		sp.defaultTTL = d.DefaultTTL()
+	}
+	// What only the provider built says (its isolation, filter and limits
+	// for /health, its reaper, direct lending's endpoints) is read from it
+	// here, before it is wrapped; everything after calls it through the
+	// wrappers, which pass its Capabilities on.
+	sp.isolation, sp.seccomp, sp.limits = isolationOf(prov), seccompOf(prov), limitsOf(prov)
+	sp.direct, sp.reaper = lendDirect(cfg, prov), reaperOf(prov)
+	if !res.LendsSandboxes() {
+		prov = withoutSnapshots{prov}
+	}
+	sp.prov = met.Provider(prov)
+	return sp, nil
+}
+
+// startOwner starts the owner over the started provider: its recovery
+// runs here.
+func startOwner(ctx context.Context, cfg *Config, deps Deps, sp *startedProvider, res resources.Resources, log *logrus.Logger, clk clock.Clock) (*owner.Owner, error) {
+	renew := timeouts.RenewEvery
+	ret := cfg.Checkpoint.Retention
+	retEvery := seconds(cmp.Or(ret.PeriodS, DefaultRetentionPeriodS))
+	if deps.Clock != nil {
+		renew = 0 // logical time: the caller ticks the owner
+		retEvery = 0
+	}
+	own, err := owner.New(ctx, owner.Config{
+		Name:     cfg.Name,
+		Provider: sp.prov,
+		Checkpoint: owner.CheckpointConfig{
+			Enabled:     cfg.Checkpoint.Enabled,
+			StateDir:    cfg.Checkpoint.StateDir,
+			Parallelism: cmp.Or(sandboxCheckpoint(cfg).Parallelism, cfg.Checkpoint.Parallelism),
+			OnStop:      cmp.Or(sandboxCheckpoint(cfg).OnStop, cfg.Checkpoint.OnStop),
+			Retention:   owner.RetentionConfig{FollowDirs: ret.FollowDirs, Grace: seconds(ret.GraceS), Every: retEvery},
+		},
+		NumWorkers:       cfg.NumWorkers,
+		LendsNoSandboxes: !res.LendsSandboxes(),
+		SnapshotsRefused: sp.refused,
+		Clock:            clk,
+		Logger:           log,
+		RenewEvery:       renew,
+		DefaultTTL:       sp.defaultTTL,
+		MaxSessions:      cfg.MaxSessions,
+		IdleTimeout:      cfg.SessionIdleTimeout,
+	})
+	if errors.Is(err, owner.ErrConfig) {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("start the owner: %w", err)
+	}
+	return own, nil
+}
+
+// startLending makes the sandbox API and its tokens when the resources
+// server lends sandboxes (nil otherwise), and the routes mounted beside the
+// server's own.
+func startLending(deps Deps, sp *startedProvider, own *owner.Owner, res resources.Resources, log *logrus.Logger, clk clock.Clock, secret []byte) (lend *lending, access func(*resources.Session, sandbox.Sandbox, map[string]any) error, mounts map[string]fasthttp.RequestHandler, err error) {
+	if res.LendsSandboxes() {
+		if lend, err = newLending(secret, sp.prov, own, clk, log, sp.direct); err != nil {
+			return nil, nil, nil, fmt.Errorf("%w: sandbox access tokens: %w", ErrConfig, err)
+		}
+		access, mounts = lend.access, lend.mounts()
+	}
+	if deps.Pprof {
+		if mounts == nil {
+			mounts = map[string]fasthttp.RequestHandler{}
+		}
+		mounts[PprofPrefix] = pprofhandler.PprofHandler
+	}
+	return lend, access, mounts, nil
+}
+
+// newServer builds the HTTP server over the owner.
+func newServer(cfg *Config, deps Deps, sp *startedProvider, own *owner.Owner, res resources.Resources, met *metrics.Metrics, log *logrus.Logger, clk clock.Clock, secret []byte, access func(*resources.Session, sandbox.Sandbox, map[string]any) error, mounts map[string]fasthttp.RequestHandler) (*httpapi.Server, error) {
+	var held func() (int, error)
+	var retained func() owner.RetentionStatus
+	if own.Index() != nil {
+		held, retained = own.CheckpointsHeld, own.RetentionStatus
+	}
+	return httpapi.New(httpapi.Config{
+		Owner:            own,
+		Resources:        verifyObserved{res, met},
+		Logger:           log,
+		Clock:            clk,
+		SessionSecret:    secret,
+		ControlAuthToken: cfg.Checkpoint.ControlAuthToken,
+		LeaseGrace:       time.Duration(cfg.Checkpoint.LeaseGraceSeconds * float64(time.Second)),
+		MaxDeadline:      time.Duration(cfg.Checkpoint.MaxDeadlineSeconds * float64(time.Second)),
+		ReadTimeout:      cfg.HTTP.ReadTimeout,
+		WriteTimeout:     cfg.HTTP.WriteTimeout,
+		IdleTimeout:      cfg.HTTP.IdleTimeout,
+		MaxConns:         cfg.HTTP.MaxConns,
+		MaxConnsPerIP:    cfg.HTTP.MaxConnsPerIP,
+		LeaseTick:        deps.LeaseTick,
+		Access:           access,
+		Mounts:           mounts,
+		Isolation:        sp.isolation,
+		ProviderDown:     sp.down,
+		PendingDeletes:   own.PendingDeletes,
+		CheckpointsHeld:  held,
+		Retention:        retained,
+		Seccomp:          sp.seccomp,
+		Limits:           sp.limits,
+		Metrics:          met,
+		AccessLog:        deps.AccessLog,
+	})
+}
+
+// logServing says what the server serves, where, and on what.
+func logServing(log *logrus.Logger, cfg *Config, sp *startedProvider, srv *httpapi.Server, addr net.Addr, generatedSecret bool) {
 	secretFrom := "checkpoint.state_dir"
 	switch {
 	case cfg.SessionSecret != "":
 		secretFrom = "config"
-	case generated:
+	case generatedSecret:
 		secretFrom = "generated for this process (cookies do not survive a restart)"
 	}
 	log.WithFields(logrus.Fields{
-		"addr":           ln.Addr().String(),
+		"addr":           addr.String(),
 		"name":           cfg.Name,
 		"resources":      cfg.Resources,
-		"provider":       provName,
-		"capabilities":   prov.Capabilities().Flags(),
+		"provider":       sp.name,
+		"capabilities":   sp.prov.Capabilities().Flags(),
 		"mode":           srv.Mode(),
 		"checkpointing":  cfg.Checkpoint.Enabled,
 		"state_dir":      cfg.Checkpoint.StateDir,
 		"session_secret": secretFrom,
-	}).Infof("serving %s on %s (checkpoint mode in effect: %s)", cfg.Resources, ln.Addr(), srv.Mode())
-	return a, nil
+	}).Infof("serving %s on %s (checkpoint mode in effect: %s)", cfg.Resources, addr, srv.Mode())
 }
 
 // verifyObserved records what a resources server's verify replies say in
