@@ -2,18 +2,21 @@ package conformance_test
 
 import (
 	"bytes"
+	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sandboxowner/owner/internal/replytest"
+	"github.com/sandboxowner/owner/internal/testparallel"
 )
 
 const token = "conformance-token"
@@ -22,6 +25,8 @@ const token = "conformance-token"
 var binary string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	testparallel.AtLeast(4)
 	dir, err := os.MkdirTemp("", "conformance-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -44,7 +49,7 @@ type server struct {
 	base string
 	dir  string
 	cmd  *exec.Cmd
-	log  *bytes.Buffer
+	log  *serverLog
 	args []string
 	// exited is closed once the process has been waited for.
 	exited chan struct{}
@@ -69,22 +74,45 @@ func start(t *testing.T, extra ...string) *server {
 	return s
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+// serverLog is a server's output so far, written by exec's copying
+// goroutine while the test reads it; it says the address the server
+// logged it serves on, once.
+type serverLog struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	addr chan string
+}
+
+// servingOn finds the address in the startup line (the text format's
+// addr=..., quoted or not).
+var servingOn = regexp.MustCompile(`\baddr="?(127\.0\.0\.1:[0-9]+)`)
+
+func (l *serverLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Write(p)
+	if l.addr != nil {
+		if m := servingOn.FindSubmatch(l.buf.Bytes()); m != nil {
+			l.addr <- string(m[1])
+			l.addr = nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return len(p), nil
+}
+
+func (l *serverLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
 
 func (s *server) run() {
 	s.t.Helper()
-	port := freePort(s.t)
-	s.base = fmt.Sprintf("http://127.0.0.1:%d", port)
-	s.log = &bytes.Buffer{}
-	s.cmd = exec.Command(binary, append(s.args, "-port", fmt.Sprint(port))...)
+	// Port 0: the kernel's port, read from the log, so that servers of
+	// tests running at once never race for one.
+	addr := make(chan string, 1)
+	s.log = &serverLog{addr: addr}
+	s.cmd = exec.Command(binary, append(s.args, "-port", "0")...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
@@ -93,6 +121,14 @@ func (s *server) run() {
 	s.exited = exited
 	go func() { _ = s.cmd.Wait(); close(exited) }()
 	// Startup: a bound on a broken server, not a synchronisation.
+	select {
+	case a := <-addr:
+		s.base = "http://" + a
+	case <-exited:
+		s.t.Fatalf("the server exited at startup:\n%s", s.log)
+	case <-time.After(60 * time.Second):
+		s.t.Fatalf("the server logged no address within a minute:\n%s", s.log)
+	}
 	for deadline := time.Now().Add(60 * time.Second); ; {
 		select {
 		case <-exited:

@@ -328,11 +328,14 @@ var statements = []statement{
 	}},
 	{name: "FollowsDeletedDirs", section: "3.5, 8", text: "a controller that deletes the directories of the checkpoints it no longer keeps and never calls release (Gym's CollectionCheckpointer) has their snapshots deleted within checkpoint.retention.grace_s and one check; nothing is deleted on an error that is not \"no such file\"", note: "issue 33: every snapshot of every checkpoint stayed until a release", by: "sim/process TestGymRetentionTenCheckpoints; owner TestGoneDirectoryDropsItsCheckpoint, TestUnreadableDirectoriesDeleteNothing; retention TestMachineScripts; sim dir-gone"},
 	{name: "ResumeDuringCommit", section: "1.3", text: "resume stops the writer, then reopens: a resume during a running commit answers within its deadline, and nothing of the commit is published", note: "issue 29: a resume with a 1 s deadline during a 4 s commit answered 409 deadline_exceeded, admission stayed closed and the commit was published afterwards", check: func(t *testing.T) {
-		s, _ := seeded(t, "-sandbox.local.snapshot_delay_ms", "3000")
+		// The resume's deadline is half the snapshot's hold: a resume that
+		// waited for the commit misses it; one that does not meets it
+		// however loaded the machine.
+		s, _ := seeded(t, "-sandbox.local.snapshot_delay_ms", "10000")
 		s.op("prepare", "c1", nil)
 		// A commit whose 1 s deadline passes answers 409 and runs on.
 		s.want(s.control("commit", map[string]any{"checkpoint_id": "c1", "deadline_ts": deadline(time.Second), "checkpoint_dir": ck(t, "/d/c1")}), 409, "deadline_exceeded", "commit")
-		r := s.ok(s.control("resume", map[string]any{"checkpoint_id": "c1", "deadline_ts": deadline(time.Second)}), "resume during the commit")
+		r := s.ok(s.control("resume", map[string]any{"checkpoint_id": "c1", "deadline_ts": deadline(5 * time.Second)}), "resume during the commit")
 		if r["phase"] != "idle" {
 			t.Errorf("resume: %v", r)
 		}
@@ -460,10 +463,13 @@ var statements = []statement{
 		}
 		done := make(chan reply, 1)
 		go func() { done <- s.post(a, "/ng-rollout/r1/append_note", map[string]any{"line": "x"}) }()
+		// Held once the gate counts it as waiting (a tool call that went
+		// through is never counted so).
+		waitMetric(t, s, "sandboxowner_admission_waiting")
 		select {
 		case r := <-done:
 			t.Fatalf("a tool call went through a prepared checkpoint: %d %s", r.status, r.body)
-		case <-time.After(200 * time.Millisecond):
+		default:
 		}
 		s.op("resume", "c1", nil)
 		s.ok(<-done, "the waiting tool call")
@@ -590,7 +596,7 @@ func snapshotsIn(t *testing.T, s *server) int {
 }
 
 // waitMetric waits until /metrics has a sample named exactly so, counted
-// at least once.
+// at least once (a gauge: above zero).
 func waitMetric(t *testing.T, s *server, sample string) {
 	t.Helper()
 	for bound := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
@@ -617,6 +623,8 @@ func TestConformance(t *testing.T) {
 		t.Run(st.name, func(t *testing.T) {
 			switch {
 			case st.check != nil:
+				// Each check runs servers of its own, mostly waited on.
+				t.Parallel()
 				st.check(t)
 			case st.na != "":
 				t.Skipf("SKIP (%s): %s", st.section, st.na)
