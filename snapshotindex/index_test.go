@@ -363,11 +363,15 @@ func testConflict(t *testing.T, x Store, _ func() Store) {
 	for name, tc := range map[string]struct {
 		meta CheckpointMeta
 		recs []Record
+		// differ are what the error says differs, of records, scope and
+		// checkpoint_dir.
+		differ []string
 	}{
-		"records": {CheckpointMeta{ID: "c1", CheckpointDir: "/d", Scope: []string{"s"}}, changed},
-		"fewer":   {CheckpointMeta{ID: "c1", CheckpointDir: "/d", Scope: []string{"s"}}, recs[:2]},
-		"scope":   {CheckpointMeta{ID: "c1", CheckpointDir: "/d", Scope: []string{"t"}}, recs},
-		"dir":     {CheckpointMeta{ID: "c1", CheckpointDir: "/e", Scope: []string{"s"}}, recs},
+		"records": {CheckpointMeta{ID: "c1", CheckpointDir: "/d", Scope: []string{"s"}}, changed, []string{"records"}},
+		"fewer":   {CheckpointMeta{ID: "c1", CheckpointDir: "/d", Scope: []string{"s"}}, recs[:2], []string{"records"}},
+		"scope":   {CheckpointMeta{ID: "c1", CheckpointDir: "/d", Scope: []string{"t"}}, recs, []string{"scope"}},
+		"dir":     {CheckpointMeta{ID: "c1", CheckpointDir: "/e", Scope: []string{"s"}}, recs, []string{"checkpoint_dir"}},
+		"all":     {CheckpointMeta{ID: "c1", CheckpointDir: "/e", Scope: []string{"t"}}, changed, []string{"records", "scope", "checkpoint_dir"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := x.Commit(tc.meta, tc.recs)
@@ -378,6 +382,15 @@ func testConflict(t *testing.T, x Store, _ func() Store) {
 			}
 			if !strings.Contains(err.Error(), `"c1"`) {
 				t.Fatalf("error %q does not name the checkpoint", err)
+			}
+			var said []string
+			for _, what := range []string{"records", "scope", "checkpoint_dir"} {
+				if strings.Contains(err.Error(), what+" ") {
+					said = append(said, what)
+				}
+			}
+			if d := cmp.Diff(tc.differ, said); d != "" {
+				t.Errorf("error %q says the wrong things differ (-want +got):\n%s", err, d)
 			}
 		})
 	}
@@ -549,7 +562,8 @@ func testTombstones(t *testing.T, x Store, _ func() Store) {
 	wantErr(t, x.AddTombstones([]Tombstone{{SnapshotID: "kept"}}), ErrInvalid)
 	wantErr(t, x.AddTombstones([]Tombstone{{SnapshotID: ""}}), ErrInvalid)
 
-	if err := x.ClearTombstones([]string{"a-1", "missing"}); err != nil {
+	// An absent id first: the ones after it are cleared too.
+	if err := x.ClearTombstones([]string{"missing", "a-1"}); err != nil {
 		t.Fatal(err)
 	}
 	got, _ = x.Tombstones()
@@ -596,7 +610,8 @@ func testIntents(t *testing.T, x Store, _ func() Store) {
 		t.Fatalf("Intents(commit) (-want +got):\n%s", d)
 	}
 
-	mustCommit(t, x, CheckpointMeta{ID: "c1"}, nil, IntentKey{"commit", "c1"})
+	// A commit clears every intent it names, an absent one among them.
+	mustCommit(t, x, CheckpointMeta{ID: "c1"}, nil, IntentKey{"commit", "never"}, IntentKey{"commit", "c1"}, IntentKey{"commit2", "x"})
 	if err := x.DeleteIntent(IntentKey{"release", "r/1"}); err != nil {
 		t.Fatal(err)
 	}
@@ -604,7 +619,7 @@ func testIntents(t *testing.T, x Store, _ func() Store) {
 		t.Fatal(err)
 	}
 	all, _ = x.Intents("")
-	if d := cmp.Diff(want[1:3], keys(all)); d != "" {
+	if d := cmp.Diff(want[1:2], keys(all)); d != "" {
 		t.Fatalf("after deletes (-want +got):\n%s", d)
 	}
 	wantErr(t, x.PutIntent(Intent{Kind: "commit"}), ErrInvalid)
@@ -706,6 +721,25 @@ func testCorruptValues(t *testing.T, x Store, _ func() Store) {
 			}
 			rawSet(t, x, keySeq, encodeSeq(1))
 		})
+	}
+}
+
+func TestDropCheckpointWithoutRecords(t *testing.T) { forEach(t, testDropCheckpointWithoutRecords) }
+
+// A checkpoint whose every record is gone is corrupt, not absent: dropping
+// it removes its meta and its references, found by a scan.
+func testDropCheckpointWithoutRecords(t *testing.T, x Store, _ func() Store) {
+	mustCommit(t, x, CheckpointMeta{ID: "c"}, []Record{testRecord("s1", "snap-1", 500)})
+	rawDelete(t, x, string(recordKey("c", "s1")))
+	wantCorrupt(t, func() error { _, err := x.Checkpoint("c"); return err }(), "c/c")
+	if err := x.Drop([]string{"c"}, []Tombstone{{SnapshotID: "snap-1"}}); err != nil {
+		t.Fatalf("Drop: %v", err)
+	}
+	if _, err := x.Checkpoint("c"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Checkpoint after drop = %v, want ErrNotFound", err)
+	}
+	if refs, _ := x.SnapshotRefs("snap-1"); len(refs) != 0 {
+		t.Fatalf("refs left: %v", refs)
 	}
 }
 
