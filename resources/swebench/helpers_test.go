@@ -252,8 +252,17 @@ func (w *world) open() {
 	if err != nil {
 		t.Fatal(err)
 	}
+	w.prov = p
+	w.serve(p, "swebench")
+}
+
+// serve starts an owner named name on p with checkpoints in the world's
+// state_dir, the server and the sandbox API.
+func (w *world) serve(p provider.Provider, name string) {
+	t := w.t
+	t.Helper()
 	o, err := owner.New(context.Background(), owner.Config{
-		Name: "swebench", Provider: p, Logger: w.log,
+		Name: name, Provider: p, Logger: w.log,
 		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: w.state},
 	})
 	if err != nil {
@@ -269,7 +278,7 @@ func (w *world) open() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.prov, w.own, w.srv, w.tokens = p, o, srv, tokens
+	w.own, w.srv, w.tokens = o, srv, tokens
 	w.api = &sandboxapi.Handler{Provider: p, Tokens: tokens, Logger: w.log, Resolve: resolver(own)}
 }
 

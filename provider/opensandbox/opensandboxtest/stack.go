@@ -182,3 +182,8 @@ func (s Stack) signal(part string, sig syscall.Signal) error {
 	}
 	return fmt.Errorf("the stack's %s (%d) did not exit", part, pid)
 }
+
+// Release gives the stack back to the test binaries waiting in StackUp, for
+// a test that is done with it long before its binary ends. The Stack must
+// not be used after.
+func (s Stack) Release() { _ = s.lock.Close() }
