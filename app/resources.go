@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/sandboxowner/owner/metrics"
+	"github.com/sandboxowner/owner/provider/local"
 	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/resources/notes"
 	"github.com/sandboxowner/owner/resources/swebench"
@@ -30,13 +31,23 @@ func resourcesRegistry() map[string]resourcesEntry {
 	return map[string]resourcesEntry{
 		"notes": {
 			build: func(cfg *Config, _ *metrics.Metrics) (resources.Resources, error) {
-				return notes.New(notes.Options{Name: cfg.Name}), nil
+				return notes.New(notes.Options{Name: cfg.Name, Workdir: knownWorkdir(cfg)}), nil
 			},
 			templates: map[string]string{notes.Image: ""},
 			lends:     func(*Config) bool { return true },
 		},
 		"swebench": {build: newSWEBench, lends: func(cfg *Config) bool { return cfg.SWEBench.LendsSandboxes() }},
 	}
+}
+
+// knownWorkdir is the workdir of the sandboxes of a spec that names none,
+// where the configuration says it (the local provider), else "": a seed
+// that knows it asks the sandbox for none (no command, so no init, runs).
+func knownWorkdir(cfg *Config) string {
+	if cmp.Or(cfg.Sandbox.Provider, DefaultProvider) != "local" {
+		return ""
+	}
+	return cmp.Or(cfg.Sandbox.Local.DefaultWorkdir, local.DefaultWorkdir)
 }
 
 // newSWEBench builds the SWE-bench server. Its sandboxes run git and the
