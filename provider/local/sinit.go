@@ -3,7 +3,6 @@ package local
 import (
 	"encoding/json"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -103,31 +102,36 @@ func runInit(isolated bool) int {
 		_ = unix.Sendmsg(initFd, b, nil, nil, 0)
 		sendMu.Unlock()
 	}
-	chld := make(chan os.Signal, 1)
-	signal.Notify(chld, syscall.SIGCHLD)
+	// The reaper waits in wait4 itself rather than for SIGCHLD: a
+	// signal reaches it through the runtime's signal goroutine, a wakeup
+	// more per command, which a loaded machine makes milliseconds. With no
+	// child to wait for it waits for the next command to start.
+	spawned := make(chan struct{}, 1)
 	go func() {
-		for range chld {
-			for {
-				var ws unix.WaitStatus
-				pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
-				if pid <= 0 || err != nil {
-					break
-				}
-				mu.Lock()
-				id, ok := procs[pid]
-				delete(procs, pid)
-				wasKilled := killed[id]
-				delete(killed, id)
-				mu.Unlock()
-				if !ok {
-					continue
-				}
-				if wasKilled {
-					// What the kill hit is gone before the exit is told.
-					reapGroup(pid)
-				}
-				send(initMsg{Op: "exit", ID: id, Status: uint32(ws)})
+		for {
+			var ws unix.WaitStatus
+			pid, err := unix.Wait4(-1, &ws, 0, nil)
+			switch {
+			case err == unix.ECHILD:
+				<-spawned
+				continue
+			case err != nil || pid <= 0:
+				continue
 			}
+			mu.Lock()
+			id, ok := procs[pid]
+			delete(procs, pid)
+			wasKilled := killed[id]
+			delete(killed, id)
+			mu.Unlock()
+			if !ok {
+				continue
+			}
+			if wasKilled {
+				// What the kill hit is gone before the exit is told.
+				reapGroup(pid)
+			}
+			send(initMsg{Op: "exit", ID: id, Status: uint32(ws)})
 		}
 	}()
 	devnull, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
@@ -177,6 +181,10 @@ func runInit(isolated bool) int {
 			if err == nil {
 				procs[pid] = m.ID
 				send(initMsg{Op: "started", ID: m.ID})
+				select {
+				case spawned <- struct{}{}:
+				default:
+				}
 			}
 			mu.Unlock()
 			closeFds(fds)
