@@ -74,12 +74,12 @@ type disks struct {
 // newDisks makes dir and checks, with a tiny limit, that a
 // full image refuses both a block and an inode with ENOSPC (see
 // probeDisk). An error says why disks cannot be limited here.
-func newDisks(dir string, limit diskLimit, mkfs string) (*disks, error) {
+func newDisks(dir string, limit diskLimit, mkfs string, probed *probeResults) (*disks, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
 	d := &disks{dir: dir, limit: limit, mkfs: mkfs}
-	if err := d.probe(); err != nil {
+	if err := probed.run("disk", d.probe); err != nil {
 		return nil, err
 	}
 	return d, nil

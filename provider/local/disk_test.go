@@ -166,14 +166,14 @@ func TestTheDiskLimitIsClaimedOnlyWhereItHolds(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("SKIP: only root mounts sandbox disks")
 	}
-	if _, err := newDisks(t.TempDir(), diskLimit{mb: 8, inodes: 64}, "/bin/false"); err == nil {
+	if _, err := newDisks(t.TempDir(), diskLimit{mb: 8, inodes: 64}, "/bin/false", nil); err == nil {
 		t.Errorf("disks with a mke2fs that fails: no error")
 	}
 	mkfs, err := findMkfs()
 	if err != nil {
 		t.Skipf("SKIP: %v", err)
 	}
-	if _, err := newDisks(t.TempDir(), diskLimit{mb: 8, inodes: 64}, mkfs); err != nil {
+	if _, err := newDisks(t.TempDir(), diskLimit{mb: 8, inodes: 64}, mkfs, nil); err != nil {
 		t.Skipf("SKIP: the disk limit is not enforced here: %v", err)
 	}
 	p := newProvider(t, mode{"container-copy", IsolationContainer, OverlayOff}, Options{Limits: Limits{DiskMB: -1}})

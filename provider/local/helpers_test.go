@@ -22,6 +22,10 @@ import (
 // TestMain): the value names what it does.
 const helperEnv = "LOCAL_PROVIDER_TEST_HELPER"
 
+// sharedProbes keeps what New's probes found for every provider
+// newProvider makes: the host is the same for all of them.
+var sharedProbes = newProbeResults()
+
 func TestMain(m *testing.M) {
 	if action := os.Getenv(helperEnv); action != "" {
 		os.Exit(runHelper(action))
@@ -116,6 +120,9 @@ func newProvider(t *testing.T, m mode, opts Options) *Provider {
 		opts.Root = t.TempDir()
 	}
 	opts.Isolation, opts.Overlay = m.isolation, m.overlay
+	if opts.probed == nil {
+		opts.probed = sharedProbes
+	}
 	if opts.Logger == nil {
 		opts.Logger = testLogger(t)
 	}

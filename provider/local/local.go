@@ -197,6 +197,9 @@ type Options struct {
 	// probeIsolation, when a test in this package sets it, replaces New's
 	// start of a throwaway container (see probeContainer).
 	probeIsolation func() error
+	// probed, when a test in this package sets it, keeps what New's probes
+	// found for the next providers that share it (see probeResults).
+	probed *probeResults
 }
 
 // Provider is the local provider. It implements provider.Provider,
@@ -224,6 +227,8 @@ type Provider struct {
 	// probeIsolation, when set by a test, replaces the start of a
 	// throwaway container that New makes to see that containers work.
 	probeIsolation func() error
+	// probed: see Options.probed.
+	probed *probeResults
 	// seccompName is Options.Seccomp, "default" when empty.
 	seccompName string
 	// uids, when isolated sandboxes get a host uid each, hands them out.
@@ -320,6 +325,7 @@ func New(opts Options) (_ *Provider, err error) {
 		forkDelay:      opts.ForkDelay,
 		clk:            opts.Clock,
 		probeIsolation: opts.probeIsolation,
+		probed:         opts.probed,
 		log:            opts.Logger,
 		sandboxes:      map[string]*sandbox{},
 		pending:        map[string]int{},
@@ -534,6 +540,11 @@ func (p *Provider) probeContainer() error {
 	if p.probeIsolation != nil {
 		return p.probeIsolation()
 	}
+	return p.probed.run(fmt.Sprintf("container seccomp=%s/%t", p.seccompName, p.ctr.seccomp != nil), p.startProbeContainer)
+}
+
+// startProbeContainer is probeContainer's start of a container.
+func (p *Provider) startProbeContainer() error {
 	dir, err := os.MkdirTemp(p.trashDir(), "probe-")
 	if err != nil {
 		return fmt.Errorf("probe: %w", err)
@@ -628,7 +639,7 @@ func (p *Provider) chooseOverlay(mode string) error {
 	default:
 		return fmt.Errorf("%w: overlay %q (want auto, on or off)", ErrBadOptions, mode)
 	}
-	if err := probeOverlay(p.trashDir()); err != nil {
+	if err := p.probed.run("overlay", func() error { return probeOverlay(p.trashDir()) }); err != nil {
 		if mode == OverlayOn {
 			return fmt.Errorf("%w: %v", ErrOverlayUnavailable, err)
 		}
@@ -656,7 +667,7 @@ func (p *Provider) chooseCgroups() {
 		{"cpu", p.limits.CPUs > 0, func(dir string) error { return probeCPU(dir, cg.v2, 10000) }},
 	} {
 		if dir, ok := cg.dirOf(probe.c); ok && probe.on {
-			if err := probe.test(dir); err != nil {
+			if err := p.probed.run(probe.c, func() error { return probe.test(dir) }); err != nil {
 				delete(cg.dirs, probe.c)
 				why = append(why, probe.c+": "+err.Error())
 			}
@@ -708,7 +719,7 @@ func (p *Provider) chooseDisks() {
 		p.diskErr = errors.New("the server is not root, so it cannot mount a disk per sandbox")
 	} else if mkfs, err := findMkfs(); err != nil {
 		p.diskErr = err
-	} else if p.disks, p.diskErr = newDisks(p.disksDir(), limit, mkfs); p.diskErr != nil {
+	} else if p.disks, p.diskErr = newDisks(p.disksDir(), limit, mkfs, p.probed); p.diskErr != nil {
 		p.disks = nil
 	}
 	if p.diskErr != nil {
