@@ -43,8 +43,13 @@ func openBeneath(dirfd int, rel string, flags int) (int, error) {
 	if !errors.Is(err, unix.ENOSYS) {
 		return fd, err
 	}
+	return openByParts(dirfd, rel, flags)
+}
+
+// openByParts is openBeneath where the kernel has no openat2: one
+// component at a time, each with O_NOFOLLOW.
+func openByParts(dirfd int, rel string, flags int) (int, error) {
 	flags |= unix.O_NOFOLLOW
-	// No openat2: one component at a time.
 	parts := strings.Split(rel, "/")
 	cur, owned := dirfd, false
 	defer func() {
