@@ -9,6 +9,7 @@ import (
 
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // lostSession is an installed session whose sandbox the provider reported
@@ -45,8 +46,8 @@ func TestLostSandbox(t *testing.T) {
 					lost++
 				}
 				if r, ok := e.(effReply); ok {
-					if d, ok := r.Msg.(*messages.DoReply); ok && !errors.Is(d.Err, ErrSandboxLost) {
-						t.Errorf("the call that found the loss got %v, want ErrSandboxLost", d.Err)
+					if d, ok := r.Msg.(*messages.DoReply); ok && !errors.Is(d.Err, sandbox.ErrLost) {
+						t.Errorf("the call that found the loss got %v, want sandbox.ErrLost", d.Err)
 					}
 				}
 			}

@@ -13,13 +13,6 @@ import (
 
 // Errors a session replies with.
 var (
-	// ErrSandboxExists: the session already has a sandbox (or one is
-	// starting).
-	ErrSandboxExists = errors.New("session already has a sandbox")
-	// ErrSandboxLost: the session's sandbox is gone behind the owner's
-	// back (stopped out of band, its lease lost, the provider knows it
-	// no more); nothing may run in it or grade it.
-	ErrSandboxLost = errors.New("the session's sandbox was lost")
 	// ErrSessionEnded: the session is over and its actor on its way out;
 	// a new start must go to a new actor.
 	ErrSessionEnded = errors.New("session ended")
@@ -273,7 +266,7 @@ func (s *Session) begin(r request) []any {
 				// gets the fork; setup does not run again.
 				return reply(&messages.StartReply{ReqID: m.ReqID, Sandbox: s.Sandbox, Existing: true})
 			}
-			return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSandboxExists})
+			return reply(&messages.StartReply{ReqID: m.ReqID, Err: sandbox.ErrExists})
 		case StageEmpty:
 			if s.forgotten {
 				s.Stage = StageEnded
@@ -284,11 +277,11 @@ func (s *Session) begin(r request) []any {
 		case StageEnded:
 			return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSessionEnded})
 		default:
-			return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSandboxExists})
+			return reply(&messages.StartReply{ReqID: m.ReqID, Err: sandbox.ErrExists})
 		}
 	case *messages.Do:
 		if s.Lost && s.Stage == StageReady {
-			return reply(&messages.DoReply{ReqID: m.ReqID, Err: ErrSandboxLost})
+			return reply(&messages.DoReply{ReqID: m.ReqID, Err: sandbox.ErrLost})
 		}
 		if s.Stage != StageReady {
 			return reply(&messages.DoReply{ReqID: m.ReqID, Err: sandbox.ErrNone})
@@ -349,7 +342,7 @@ func (s *Session) complete(done any) []any {
 		err := d.Err
 		if d.Lost || errors.Is(err, provider.ErrSandboxNotFound) {
 			out = append(out, s.lose(err)...)
-			err = ErrSandboxLost
+			err = sandbox.ErrLost
 		}
 		reply(&messages.DoReply{ReqID: r.msg.(*messages.Do).ReqID, Err: err})
 	case snapshotDone:

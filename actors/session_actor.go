@@ -24,10 +24,6 @@ import (
 // MaxSessionData bounds the JSON object a setup may return.
 const MaxSessionData = 64 << 10
 
-// ErrSetup wraps every failure of a session's setup (including one that
-// returned something other than a JSON object).
-var ErrSetup = errors.New("session setup failed")
-
 // SessionEnv is what every session actor shares: the provider, the clock,
 // the logger, the checkpoint limiter and the owner's callback for ended
 // sandboxes.
@@ -233,7 +229,7 @@ func (a *sessionActor) runSetup(ctx context.Context, setup sandbox.SetupFunc, sb
 		return err
 	}()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSetup, err)
+		return nil, fmt.Errorf("%w: %w", sandbox.ErrSetup, err)
 	}
 	return ValidateSessionData(data)
 }
@@ -245,11 +241,11 @@ func ValidateSessionData(data json.RawMessage) (json.RawMessage, error) {
 		return json.RawMessage("{}"), nil
 	}
 	if len(data) > MaxSessionData {
-		return nil, fmt.Errorf("%w: session data is %d bytes, more than %d", ErrSetup, len(data), MaxSessionData)
+		return nil, fmt.Errorf("%w: session data is %d bytes, more than %d", sandbox.ErrSetup, len(data), MaxSessionData)
 	}
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(data, &obj); err != nil || obj == nil {
-		return nil, fmt.Errorf("%w: session data must be a JSON object", ErrSetup)
+		return nil, fmt.Errorf("%w: session data must be a JSON object", sandbox.ErrSetup)
 	}
 	return append(json.RawMessage(nil), data...), nil
 }

@@ -172,7 +172,7 @@ func (e *execLog) requests() []provider.ExecRequest {
 }
 
 // TestShellFailedSetupsStopTheirSandbox: a setup that fails, panics or
-// returns something other than a JSON object fails the start with ErrSetup
+// returns something other than a JSON object fails the start with sandbox.ErrSetup
 // and leaves no sandbox running; the session can start again.
 func TestShellFailedSetupsStopTheirSandbox(t *testing.T) {
 	for name, setup := range map[string]sandbox.SetupFunc{
@@ -193,8 +193,8 @@ func TestShellFailedSetupsStopTheirSandbox(t *testing.T) {
 			p := fake.New(fake.Options{})
 			s := newShell(t, p)
 			rep := s.start(setup, provider.Spec{Workdir: "/w"})
-			if !errors.Is(rep.Err, actors.ErrSetup) {
-				t.Fatalf("start: %v, want ErrSetup", rep.Err)
+			if !errors.Is(rep.Err, sandbox.ErrSetup) {
+				t.Fatalf("start: %v, want sandbox.ErrSetup", rep.Err)
 			}
 			if live := p.LiveSandboxIDs(); len(live) != 0 {
 				t.Errorf("sandboxes live after a failed setup: %v", live)
@@ -216,8 +216,8 @@ func TestValidateSessionData(t *testing.T) {
 		t.Errorf("an object of exactly MaxSessionData bytes: %v", err)
 	}
 	for _, bad := range []string{obj + " ", "null", `"s"`, "{"} {
-		if _, err := actors.ValidateSessionData(json.RawMessage(bad)); !errors.Is(err, actors.ErrSetup) {
-			t.Errorf("%.20q: %v, want ErrSetup", bad, err)
+		if _, err := actors.ValidateSessionData(json.RawMessage(bad)); !errors.Is(err, sandbox.ErrSetup) {
+			t.Errorf("%.20q: %v, want sandbox.ErrSetup", bad, err)
 		}
 	}
 }
@@ -301,8 +301,8 @@ func TestShellDo(t *testing.T) {
 		if err := s2.do(func(ctx context.Context, pr provider.Provider, sb sandbox.Sandbox) error {
 			_ = call(ctx, pr, sb.Handle)
 			return nil
-		}); !errors.Is(err, actors.ErrSandboxLost) {
-			t.Errorf("do whose call found the sandbox gone: %v, want ErrSandboxLost", err)
+		}); !errors.Is(err, sandbox.ErrLost) {
+			t.Errorf("do whose call found the sandbox gone: %v, want sandbox.ErrLost", err)
 		}
 		if diff := cmp.Diff([]string{"held s1", "lost s1"}, s2.noted()); diff != "" {
 			t.Errorf("owner heard (-want +got):\n%s", diff)

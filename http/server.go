@@ -622,9 +622,9 @@ func classify(err error) (status int, code, detail string) {
 		return pe.Status, pe.Code, pe.Detail
 	case errors.Is(err, sandbox.ErrNone):
 		return nethttp.StatusConflict, CodeNoSessionSandbox, err.Error()
-	case errors.Is(err, owner.ErrSetup):
+	case errors.Is(err, sandbox.ErrSetup):
 		return nethttp.StatusInternalServerError, CodeSetupFailed, err.Error()
-	case errors.Is(err, owner.ErrSandboxLost):
+	case errors.Is(err, sandbox.ErrLost):
 		// A fixed detail: the provider's error can carry host paths.
 		return nethttp.StatusConflict, CodeSandboxLost, "the session's sandbox is gone (stopped outside this server, or its lease ran out); the episode cannot go on or be graded: start a new one"
 	case errors.Is(err, owner.ErrAtCapacity):

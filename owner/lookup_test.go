@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/sandbox"
 )
@@ -30,8 +29,8 @@ func TestRequestsAfterAnEndSeeNoSessionSandbox(t *testing.T) {
 	for i := 0; i < 300; i++ {
 		sid := fmt.Sprintf("s%d", i)
 		if i%3 == 2 {
-			if _, err := o.StartSessionSandbox(context.Background(), sid, provider.Spec{}, failing, ""); !errors.Is(err, owner.ErrSetup) {
-				t.Fatalf("%s: got %v, want ErrSetup", sid, err)
+			if _, err := o.StartSessionSandbox(context.Background(), sid, provider.Spec{}, failing, ""); !errors.Is(err, sandbox.ErrSetup) {
+				t.Fatalf("%s: got %v, want sandbox.ErrSetup", sid, err)
 			}
 		} else {
 			seed(t, o, sid)

@@ -84,10 +84,6 @@ const (
 
 // Errors callers branch on.
 var (
-	// ErrSandboxExists: the session already has a sandbox.
-	ErrSandboxExists = actors.ErrSandboxExists
-	// ErrSetup: the session's setup failed; nothing is tracked.
-	ErrSetup = actors.ErrSetup
 	// ErrConfig: the configuration is not usable.
 	ErrConfig = errors.New("owner config")
 	// ErrCheckpointingOff: a checkpoint operation on an owner without one.
@@ -106,11 +102,6 @@ var (
 	ErrUnknownCheckpoint = errors.New("unknown checkpoint")
 	// ErrClosed: the owner was closed.
 	ErrClosed = errors.New("owner closed")
-	// ErrSandboxLost: the session's sandbox is gone behind the owner's
-	// back (stopped out of band, its lease lost, unknown to the provider):
-	// its calls and its verify are refused (HTTP 409 sandbox_lost), never
-	// graded, and no checkpoint exports it. Ending the session still works.
-	ErrSandboxLost = actors.ErrSandboxLost
 	// ErrAtCapacity: the owner holds MaxSessions sessions; a seed starts
 	// nothing (HTTP 503 at_capacity).
 	ErrAtCapacity = supervisor.ErrAtCapacity
@@ -489,7 +480,7 @@ func (o *Owner) labelled(spec provider.Spec, sessionID string, extra map[string]
 // runs setup against it, and only then tracks it. A failed setup (or one
 // returning anything but a JSON object of at most 64 KiB) stops the sandbox
 // and tracks nothing. workdir "" means the sandbox's pwd after setup. A
-// session that already has a sandbox gets ErrSandboxExists, except a session
+// session that already has a sandbox gets sandbox.ErrExists, except a session
 // a restore rebuilt: a replacement attempt gets the fork (Restored is set)
 // and setup does not run again.
 func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec provider.Spec, setup sandbox.SetupFunc, workdir string) (sandbox.Sandbox, error) {
@@ -519,7 +510,7 @@ func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec 
 			continue
 		}
 		if rep.Err != nil {
-			if ref.Spawned && !errors.Is(rep.Err, actors.ErrSandboxExists) {
+			if ref.Spawned && !errors.Is(rep.Err, sandbox.ErrExists) {
 				// Nothing is tracked for a failed start: drop the empty actor.
 				o.ask.forget(sessionID, pid)
 				o.ask.settle()
@@ -553,7 +544,7 @@ func (o *Owner) RequireSessionSandbox(ctx context.Context, sessionID string) (sa
 	defer cancel()
 	rep, err := o.ask.view(ctx, pid)
 	if err == nil && rep.Lost {
-		return sandbox.Sandbox{}, fmt.Errorf("%w: session %q", ErrSandboxLost, sessionID)
+		return sandbox.Sandbox{}, fmt.Errorf("%w: session %q", sandbox.ErrLost, sessionID)
 	}
 	if err != nil || !rep.Held {
 		return sandbox.Sandbox{}, fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
@@ -592,8 +583,8 @@ func (o *Owner) Do(ctx context.Context, sessionID string, fn sandbox.DoFunc) err
 		if errors.Is(err, sandbox.ErrNone) {
 			return fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
 		}
-		if errors.Is(err, actors.ErrSandboxLost) {
-			return fmt.Errorf("%w: session %q", ErrSandboxLost, sessionID)
+		if errors.Is(err, sandbox.ErrLost) {
+			return fmt.Errorf("%w: session %q", sandbox.ErrLost, sessionID)
 		}
 		return err
 	}

@@ -22,8 +22,8 @@ func TestStartTwiceIsTyped(t *testing.T) {
 	o := e.open()
 	seed(t, o, "s1")
 	_, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, nil, "")
-	if !errors.Is(err, owner.ErrSandboxExists) {
-		t.Fatalf("second start: got %v, want ErrSandboxExists", err)
+	if !errors.Is(err, sandbox.ErrExists) {
+		t.Fatalf("second start: got %v, want sandbox.ErrExists", err)
 	}
 	if got := e.fk.Stats().LiveSandboxes; got != 1 {
 		t.Fatalf("live sandboxes = %d, want 1", got)
@@ -72,8 +72,8 @@ func TestFailedSetupStopsSandboxAndTracksNothing(t *testing.T) {
 			e := newEnv(t)
 			o := e.open()
 			_, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, setup, "")
-			if !errors.Is(err, owner.ErrSetup) {
-				t.Fatalf("start: got %v, want ErrSetup", err)
+			if !errors.Is(err, sandbox.ErrSetup) {
+				t.Fatalf("start: got %v, want sandbox.ErrSetup", err)
 			}
 			if got := e.fk.Stats().LiveSandboxes; got != 0 {
 				t.Fatalf("live sandboxes after failed setup = %d, want 0", got)

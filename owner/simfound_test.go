@@ -27,8 +27,8 @@ func TestFailedSetupStopsItsSandboxDespiteAFailedStop(t *testing.T) {
 	failing := func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) (json.RawMessage, error) {
 		return nil, errors.New("setup failed")
 	}
-	if _, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, failing, ""); !errors.Is(err, owner.ErrSetup) {
-		t.Fatalf("got %v, want ErrSetup", err)
+	if _, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, failing, ""); !errors.Is(err, sandbox.ErrSetup) {
+		t.Fatalf("got %v, want sandbox.ErrSetup", err)
 	}
 	if got := e.fk.LiveSandboxIDs(); len(got) != 0 {
 		t.Fatalf("the sandbox of a failed setup still runs: %v", got)

@@ -1,7 +1,8 @@
 // Package sandbox holds what every layer means by a session's sandbox: the
 // Sandbox a session holds, the setup and operations run against it, the
 // Fate of one the owner held, and ErrNone, the one error for a session that
-// holds none. It sits below the actors so that the actors, the owner, the
+// holds none (and
+// the other errors of its calls). It sits below the actors so that the actors, the owner, the
 // transports and the resources servers share these names instead of
 // aliasing each other's.
 package sandbox
@@ -40,10 +41,23 @@ type SetupFunc func(ctx context.Context, p provider.Provider, sb Sandbox) (json.
 // extraction), serialised with the session's other operations.
 type DoFunc func(ctx context.Context, p provider.Provider, sb Sandbox) error
 
-// ErrNone: the session holds no sandbox (never seeded, ended, or its
-// start failed). The transports answer it 409 no_session_sandbox; a
-// verify that gets it must never grade.
-var ErrNone = errors.New("no session sandbox")
+// Errors a session's sandbox calls answer, for every layer to branch on.
+var (
+	// ErrNone: the session holds no sandbox (never seeded, ended, or its
+	// start failed). The transports answer it 409 no_session_sandbox; a
+	// verify that gets it must never grade.
+	ErrNone = errors.New("no session sandbox")
+	// ErrExists: the session already has a sandbox (or one is starting).
+	ErrExists = errors.New("session already has a sandbox")
+	// ErrLost: the session's sandbox is gone behind the owner's back
+	// (stopped out of band, its lease lost, unknown to the provider): its
+	// calls and its verify are refused (HTTP 409 sandbox_lost), never
+	// graded, and no checkpoint exports it. Ending the session still works.
+	ErrLost = errors.New("the session's sandbox was lost")
+	// ErrSetup wraps every failure of a session's setup; nothing of the
+	// session is tracked after it.
+	ErrSetup = errors.New("session setup failed")
+)
 
 // Fate is what became of a sandbox a session held: the owner remembers it,
 // and the sandbox API answers an agent's stale sandbox id by it.

@@ -24,7 +24,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/resources"
@@ -128,7 +127,7 @@ func setup(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) (json.R
 // its session data back without a second sandbox or a second setup.
 func (s *Server) Seed(ctx context.Context, sess *resources.Session, _ []byte) (any, error) {
 	sb, err := sess.Owner.StartSessionSandbox(ctx, sess.ID, s.spec(), setup, s.opts.Workdir)
-	if errors.Is(err, owner.ErrSandboxExists) {
+	if errors.Is(err, sandbox.ErrExists) {
 		sb, err = sess.Owner.RequireSessionSandbox(ctx, sess.ID)
 	}
 	if err != nil {

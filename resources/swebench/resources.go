@@ -7,7 +7,6 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/sandbox"
@@ -89,7 +88,7 @@ func httpError(err error) error {
 	var status int
 	var code string
 	switch {
-	case errors.Is(err, sandbox.ErrNone), errors.Is(err, owner.ErrSetup):
+	case errors.Is(err, sandbox.ErrNone), errors.Is(err, sandbox.ErrSetup):
 		return err
 	case errors.Is(err, ErrInvalidRow), errors.Is(err, ErrUnknownLogParser), errors.Is(err, ErrNoTestCommand), errors.Is(err, ErrUnknownRepo):
 		status, code = nethttp.StatusUnprocessableEntity, CodeInvalidRow

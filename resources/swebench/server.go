@@ -271,7 +271,7 @@ func (s *Server) seed(ctx context.Context, own *owner.Owner, sessionID string, b
 	}
 	row = r.row
 	sb, err := own.StartSessionSandbox(ctx, sessionID, s.spec(p, r.image, row, roleAgent, r.env), s.setup(row, r.image, log), s.cfg.Workdir)
-	if errors.Is(err, owner.ErrSandboxExists) {
+	if errors.Is(err, sandbox.ErrExists) {
 		sb, err = own.RequireSessionSandbox(ctx, sessionID)
 	}
 	if err != nil {
@@ -638,7 +638,7 @@ func (s *Server) takePatch(ctx context.Context, own *owner.Owner, sessionID stri
 	res.PatchExtractionTimeTaken = time.Since(t).Seconds()
 	// A lost sandbox is refused like a missing one: grading the empty patch
 	// it would give scores an episode that cannot be read.
-	if errors.Is(err, sandbox.ErrNone) || errors.Is(err, owner.ErrSandboxLost) {
+	if errors.Is(err, sandbox.ErrNone) || errors.Is(err, sandbox.ErrLost) {
 		return "", fmt.Errorf("swebench: verify %s: %w", row.InstanceID, err)
 	}
 	if err != nil {

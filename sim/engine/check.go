@@ -7,7 +7,6 @@ import (
 	"path"
 	"slices"
 
-	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
@@ -192,4 +191,4 @@ func (r *run) check() {
 // isNoSandbox reports a refusal for want of a session sandbox (409).
 func isNoSandbox(err error) bool { return errors.Is(err, sandbox.ErrNone) }
 
-func isLost(err error) bool { return errors.Is(err, owner.ErrSandboxLost) }
+func isLost(err error) bool { return errors.Is(err, sandbox.ErrLost) }

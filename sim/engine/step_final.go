@@ -113,7 +113,7 @@ func (r *run) verifyLost(sid string) {
 	if r.step%2 == 0 {
 		err := r.o.Do(r.life, sid, appendNote("after the loss"))
 		if !isLost(err) {
-			r.violate(NoEmptyGrading, "append to %s, whose sandbox was deleted behind the owner's back: got %v, want ErrSandboxLost", sid, err)
+			r.violate(NoEmptyGrading, "append to %s, whose sandbox was deleted behind the owner's back: got %v, want sandbox.ErrLost", sid, err)
 		}
 	}
 	v := r.verify(r.life, sid, s.notes)

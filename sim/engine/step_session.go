@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"slices"
 
-	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/sandbox"
@@ -55,13 +54,13 @@ func (r *run) opSeed() {
 			r.violate(ExactRestore, "re-seed of restored session %s: restored %v, setup ran %v, token %q (want %q), err %v", sid, sb.Restored, ran, tokenOf(sb.Data), s.token, err)
 		}
 	case s.live:
-		if !errors.Is(err, owner.ErrSandboxExists) {
-			r.violate(LiveState, "seed of live session %s: got %v, want ErrSandboxExists", sid, err)
+		if !errors.Is(err, sandbox.ErrExists) {
+			r.violate(LiveState, "seed of live session %s: got %v, want sandbox.ErrExists", sid, err)
 		}
 	case setupFail:
 		r.fire(FaultSetupFail)
-		if !errors.Is(err, owner.ErrSetup) {
-			r.violate(Unexpected, "seed of %s with a failing setup: got %v, want ErrSetup", sid, err)
+		if !errors.Is(err, sandbox.ErrSetup) {
+			r.violate(Unexpected, "seed of %s with a failing setup: got %v, want sandbox.ErrSetup", sid, err)
 		}
 	case err != nil:
 		r.violate(Unexpected, "seed %s: %v", sid, err)
