@@ -92,18 +92,8 @@ type Report struct {
 }
 
 // Held is what a running server's sessions hold that the index may not
-// name yet.
-type Held struct {
-	// Sessions are the sessions the server tracks, starting ones included:
-	// a sandbox labelled with one of them is kept (a seed's sandbox exists
-	// before its session holds it).
-	Sessions map[string]bool
-	// Sandboxes are the sandboxes live sessions hold.
-	Sandboxes map[string]bool
-	// Snapshots are those live sandboxes were forked from, and those of
-	// commits taken but not yet stored (a retry stores them).
-	Snapshots map[string]bool
-}
+// name yet (owner.Quiet reads it).
+type Held = owner.Holdings
 
 // accounted is what the index accounts for.
 type accounted struct {
