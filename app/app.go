@@ -41,6 +41,7 @@ import (
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/sandbox"
+	"github.com/sandboxowner/owner/sweep"
 )
 
 // Deps replace parts of what Start builds from the config: for tests and the
@@ -66,6 +67,9 @@ type Deps struct {
 	AccessLog bool
 	// Pprof is -pprof: serve /debug/pprof/.
 	Pprof bool
+	// OnSweep, when set, is told of every pass of the server's own sweep
+	// when it ends.
+	OnSweep func(sweep.Pass)
 }
 
 // App is a running server.
@@ -80,6 +84,9 @@ type App struct {
 	stopReaper context.CancelFunc
 	// closeProv closes the provider Start built (nil error otherwise).
 	closeProv func() error
+	// sweep is the server's own sweep; stopSweep ends its loop and waits.
+	sweep     *sweep.Loop
+	stopSweep func()
 }
 
 // Start builds the provider, the owner and the HTTP server from cfg and
@@ -145,12 +152,14 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 			return fail(fmt.Errorf("metrics: %w", err))
 		}
 	}
-	srv, err := newServer(&cfg, deps, sp, own, res, met, log, clk, secret, access, mounts)
+	swept, sweepOff := sweepLoop(&cfg, sp.prov, own, clk, log, deps.OnSweep)
+	srv, err := newServer(&cfg, deps, sp, own, res, met, log, clk, secret, access, mounts, func() map[string]any { return sweepHealth(swept, sweepOff) })
 	if err != nil {
 		return fail(fmt.Errorf("%w: %w", ErrConfig, err))
 	}
 	src := sources(own, srv, res)
 	src.ProviderDown = sp.down
+	src.Sweep = func() metrics.SweepCounts { return sweepCounts(swept) }
 	if err := met.Observe(src); err != nil {
 		return fail(fmt.Errorf("metrics: %w", err))
 	}
@@ -169,7 +178,11 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	}
 	reapCtx, stopReaper := context.WithCancel(context.Background())
 	sp.reaper(reapCtx)
-	a := &App{cfg: cfg, log: log, own: own, srv: srv, ln: ln, served: make(chan error, 1), stopReaper: stopReaper, closeProv: sp.close}
+	sweepCtx, endSweep := context.WithCancel(context.Background())
+	sweepDone := make(chan struct{})
+	go func() { defer close(sweepDone); swept.Run(sweepCtx) }()
+	a := &App{cfg: cfg, log: log, own: own, srv: srv, ln: ln, served: make(chan error, 1), stopReaper: stopReaper, closeProv: sp.close,
+		sweep: swept, stopSweep: func() { endSweep(); <-sweepDone }}
 	go func() { a.served <- srv.Serve(ln) }()
 	logServing(log, &cfg, sp, srv, ln.Addr(), generated)
 	return a, nil
@@ -300,7 +313,7 @@ func startLending(deps Deps, sp *startedProvider, own *owner.Owner, res resource
 }
 
 // newServer builds the HTTP server over the owner.
-func newServer(cfg *Config, deps Deps, sp *startedProvider, own *owner.Owner, res resources.Resources, met *metrics.Metrics, log *logrus.Logger, clk clock.Clock, secret []byte, access func(*resources.Session, sandbox.Sandbox, map[string]any) error, mounts map[string]fasthttp.RequestHandler) (*httpapi.Server, error) {
+func newServer(cfg *Config, deps Deps, sp *startedProvider, own *owner.Owner, res resources.Resources, met *metrics.Metrics, log *logrus.Logger, clk clock.Clock, secret []byte, access func(*resources.Session, sandbox.Sandbox, map[string]any) error, mounts map[string]fasthttp.RequestHandler, sweep func() map[string]any) (*httpapi.Server, error) {
 	var held func() (int, error)
 	var retained func() owner.RetentionStatus
 	if own.Index() != nil {
@@ -328,6 +341,7 @@ func newServer(cfg *Config, deps Deps, sp *startedProvider, own *owner.Owner, re
 		PendingDeletes:   own.PendingDeletes,
 		CheckpointsHeld:  held,
 		Retention:        retained,
+		Sweep:            sweep,
 		Seccomp:          sp.seccomp,
 		Limits:           sp.limits,
 		Metrics:          met,
@@ -467,6 +481,9 @@ func (a *App) Addr() net.Addr { return a.ln.Addr() }
 // Owner is the server's owner.
 func (a *App) Owner() *owner.Owner { return a.own }
 
+// Sweep is the server's own sweep (its Once makes a pass now).
+func (a *App) Sweep() *sweep.Loop { return a.sweep }
+
 // Server is the HTTP server.
 func (a *App) Server() *httpapi.Server { return a.srv }
 
@@ -479,6 +496,8 @@ func (a *App) Stop(ctx context.Context) error {
 	_ = a.ln.Close()
 	<-a.served
 	a.stopReaper()
+	// Before the owner closes: a pass holds its control turn.
+	a.stopSweep()
 	oerr := a.own.Close()
 	perr := a.closeProv()
 	if err := errors.Join(serr, oerr, perr); err != nil {
@@ -493,6 +512,7 @@ func (a *App) Stop(ctx context.Context) error {
 // the listener closes and the provider lets go of its root, as the end of
 // the process would.
 func (a *App) Abandon() {
+	a.stopSweep()
 	a.own.Abandon()
 	ctx, cancel := context.WithTimeout(context.Background(), timeouts.Abandon)
 	defer cancel()

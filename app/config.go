@@ -42,6 +42,7 @@ type Config struct {
 	Sandbox       SandboxConfig    `yaml:"sandbox"`
 	Checkpoint    CheckpointConfig `yaml:"checkpoint"`
 	HTTP          HTTPConfig       `yaml:"http"`
+	Sweep         SweepConfig      `yaml:"sweep"`
 	// MaxSessions bounds live sessions (0: no bound); a seed beyond it is
 	// 503 at_capacity.
 	MaxSessions int `yaml:"max_sessions"`
@@ -185,6 +186,33 @@ type RetentionConfig struct {
 	PeriodS float64 `yaml:"period_s"`
 }
 
+// SweepConfig is the sweep block: the sweep a running server makes on a
+// period (the same decisions as `server sweep -reap`, with what its
+// sessions hold kept), and how long each kind waits before it is removed.
+type SweepConfig struct {
+	// Interval is the period (0: no sweep in the server).
+	Interval  time.Duration        `yaml:"interval"`
+	Retention SweepRetentionConfig `yaml:"retention"`
+}
+
+// SweepRetentionConfig is sweep.retention: a duration per kind. Templates,
+// when they exist, get theirs here (unused for a while).
+type SweepRetentionConfig struct {
+	// Orphans: how long a sandbox or snapshot of the server's must be seen
+	// unaccounted for before it is removed.
+	Orphans time.Duration `yaml:"orphans"`
+	// PendingDeletes: how old a pending delete (a tombstoned snapshot) must
+	// be before the sweep retries it.
+	PendingDeletes time.Duration `yaml:"pending_deletes"`
+}
+
+// Defaults of the sweep block.
+const (
+	DefaultSweepInterval       = 10 * time.Minute
+	DefaultSweepOrphans        = time.Hour
+	DefaultSweepPendingDeletes = 10 * time.Minute
+)
+
 // HTTPConfig is the http block: what one client may cost the server.
 type HTTPConfig struct {
 	// ReadTimeout bounds reading a request, headers and body (408 after).
@@ -215,6 +243,7 @@ func Defaults() Config {
 			Retention: RetentionConfig{FollowDirs: true, GraceS: 300, PeriodS: DefaultRetentionPeriodS}},
 		MaxSessions:        DefaultMaxSessions(),
 		SessionIdleTimeout: DefaultSessionIdleTimeout,
+		Sweep:              SweepConfig{Interval: DefaultSweepInterval, Retention: SweepRetentionConfig{Orphans: DefaultSweepOrphans, PendingDeletes: DefaultSweepPendingDeletes}},
 		HTTP: HTTPConfig{
 			ReadTimeout: httpapi.DefaultReadTimeout, WriteTimeout: httpapi.DefaultWriteTimeout, IdleTimeout: httpapi.DefaultIdleTimeout,
 			MaxConns: httpapi.DefaultMaxConns, MaxConnsPerIP: httpapi.DefaultMaxConnsPerIP,
@@ -279,6 +308,9 @@ func keyUsage() map[string]string {
 		"checkpoint.retention.period_s":                "seconds between checks of the checkpoint directories (every commit checks too)",
 		"max_sessions":                                 "live sessions at most; a seed beyond is 503 at_capacity (0: no bound; default sized for this machine's memory)",
 		"session_idle_timeout":                         "end a session with no request for this long, as 6h (0: never)",
+		"sweep.interval":                               "period of the server's own sweep of sandboxes and snapshots nothing accounts for and of pending deletes, as 10m (0: none; `server sweep` still runs by hand)",
+		"sweep.retention.orphans":                      "how long a sandbox or snapshot of this server's must be seen unaccounted for (no session, checkpoint or tombstone; at two sweeps at least) before the sweep removes it",
+		"sweep.retention.pending_deletes":              "how old a pending delete (a snapshot tombstoned but not deleted: a fork stood on it, or its delete failed) must be before the sweep retries it",
 		"http.read_timeout":                            "longest a request (headers and body) may take to arrive, as 30s or 2m; slower is 408 (0: the default)",
 		"http.write_timeout":                           "longest a response may take to be written to the client (0: the default)",
 		"http.idle_timeout":                            "a keep-alive connection with no request this long is closed (0: the default)",
@@ -676,7 +708,8 @@ func (c *Config) validate(given provider.Provider) error {
 	for _, d := range []struct {
 		key string
 		v   time.Duration
-	}{{"http.read_timeout", c.HTTP.ReadTimeout}, {"http.write_timeout", c.HTTP.WriteTimeout}, {"http.idle_timeout", c.HTTP.IdleTimeout}} {
+	}{{"http.read_timeout", c.HTTP.ReadTimeout}, {"http.write_timeout", c.HTTP.WriteTimeout}, {"http.idle_timeout", c.HTTP.IdleTimeout},
+		{"sweep.interval", c.Sweep.Interval}, {"sweep.retention.orphans", c.Sweep.Retention.Orphans}, {"sweep.retention.pending_deletes", c.Sweep.Retention.PendingDeletes}} {
 		if d.v < 0 {
 			return bad("%s must not be negative, not %v", d.key, d.v)
 		}

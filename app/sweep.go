@@ -8,8 +8,14 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/metrics"
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/snapshotindex"
 	"github.com/sandboxowner/owner/sweep"
@@ -130,4 +136,63 @@ func sweepFlags(args []string) (reap bool, retainFrom string, rest []string, err
 		}
 	}
 	return reap, retainFrom, rest, nil
+}
+
+// sweepLoop is the server's own sweep, or nil when it cannot run: without
+// an index there is nothing to tell a checkpoint's snapshot from a leak by
+// (why says so, for /health).
+func sweepLoop(cfg *Config, prov provider.Provider, own *owner.Owner, clk clock.Clock, log *logrus.Logger, onPass func(sweep.Pass)) (loop *sweep.Loop, why string) {
+	c := cfg.Sweep
+	lc := sweep.LoopConfig{Owner: cfg.Name, Provider: prov, Index: own.Index(), Quiet: own.Quiet, Clock: clk, Interval: c.Interval,
+		Retention:   sweep.Retention{Orphans: c.Retention.Orphans, PendingDeletes: c.Retention.PendingDeletes},
+		Parallelism: cfg.Checkpoint.Parallelism, Log: log.WithField("component", "sweep"), OnPass: onPass}
+	switch {
+	case c.Interval <= 0:
+		why = "sweep.interval is 0"
+	case own.Index() == nil:
+		why = "no snapshot index (checkpointing off, or restart_only): nothing tells a checkpoint's snapshot from a leak"
+	}
+	if why != "" {
+		lc.Interval = 0
+	}
+	return sweep.NewLoop(lc), why
+}
+
+// sweepHealth is /health's sweep.
+func sweepHealth(l *sweep.Loop, off string) map[string]any {
+	st := l.Status()
+	h := map[string]any{
+		"interval_s":  st.Interval.Seconds(),
+		"retention_s": map[string]float64{"orphans": st.Retention.Orphans.Seconds(), "pending_deletes": st.Retention.PendingDeletes.Seconds()},
+		"runs":        st.Runs,
+	}
+	if off != "" {
+		h["off"] = off
+	}
+	if !st.LastRun.IsZero() {
+		h["last_run"] = st.LastRun.UTC().Format(time.RFC3339Nano)
+	}
+	if st.LastError != "" {
+		h["last_error"] = st.LastError
+	}
+	kinds := map[string]any{}
+	for k, ks := range st.Kinds {
+		kinds[k] = map[string]any{"found": ks.Found, "waiting": ks.Waiting, "deferred": ks.Deferred, "removed": ks.Removed, "failed": ks.Failed,
+			"removed_total": ks.RemovedTotal, "failed_total": ks.FailedTotal}
+	}
+	h["kinds"] = kinds
+	return h
+}
+
+// sweepCounts are the sweep's metrics.
+func sweepCounts(l *sweep.Loop) metrics.SweepCounts {
+	st := l.Status()
+	c := metrics.SweepCounts{Runs: st.Runs, Removed: map[string]uint64{}, Failed: map[string]uint64{}, Found: map[string]int{}}
+	for k, ks := range st.Kinds {
+		c.Removed[k], c.Failed[k], c.Found[k] = ks.RemovedTotal, ks.FailedTotal, ks.Found
+	}
+	if !st.LastRun.IsZero() {
+		c.LastRunSeconds = float64(st.LastRun.UnixNano()) / 1e9
+	}
+	return c
 }

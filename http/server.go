@@ -142,6 +142,9 @@ type Config struct {
 	// Retention, when set, reports the checks of the checkpoint
 	// directories, for /health (shown while they follow the directories).
 	Retention func() owner.RetentionStatus
+	// Sweep, when set, is /health's sweep: what the server's own sweep
+	// is configured to do and what its passes found and removed.
+	Sweep func() map[string]any
 	// Seccomp is the syscall filter of sandboxed commands ("default",
 	// "off", a file), reported by /health when set.
 	Seccomp string
@@ -540,6 +543,9 @@ func (s *Server) health(ctx *fasthttp.RequestCtx) {
 		if st := s.cfg.Retention(); st.FollowDirs {
 			reply["retention"] = retentionHealth(st)
 		}
+	}
+	if s.cfg.Sweep != nil {
+		reply["sweep"] = s.cfg.Sweep()
 	}
 	if hr, ok := s.res.(resources.HealthReporter); ok {
 		for k, v := range hr.Health() {

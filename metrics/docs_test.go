@@ -43,6 +43,10 @@ func everyFamily(t *testing.T) []string {
 		CheckpointDrops:  func() map[string]uint64 { return map[string]uint64{"release": 1} },
 		UnreadableDirs:   func() map[string]uint64 { return map[string]uint64{"io_error": 1} },
 		Preparing:        func() map[string]int { return map[string]int{"template": 1} },
+		Sweep: func() metrics.SweepCounts {
+			one := map[string]uint64{"sandbox": 1}
+			return metrics.SweepCounts{Runs: map[string]uint64{"ok": 1}, Removed: one, Failed: one, Found: map[string]int{"sandbox": 1}, LastRunSeconds: 1}
+		},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -328,6 +328,22 @@ type Sources struct {
 	// whose template, environment or validation requests wait for
 	// (SWE-bench).
 	Preparing func() map[string]int
+	// Sweep: the families of the server's own sweep,
+	// sandboxowner_sweep_runs_total{outcome},
+	// sandboxowner_sweep_removed_total{kind},
+	// sandboxowner_sweep_failed_total{kind}, sandboxowner_sweep_found{kind}
+	// and sandboxowner_sweep_last_run_timestamp_seconds.
+	Sweep func() SweepCounts
+}
+
+// SweepCounts are the server's sweep's figures (package sweep's kinds and
+// outcomes).
+type SweepCounts struct {
+	Runs           map[string]uint64
+	Removed        map[string]uint64
+	Failed         map[string]uint64
+	Found          map[string]int
+	LastRunSeconds float64
 }
 
 // Observe registers the state gauges.
@@ -379,13 +395,14 @@ func (m *Metrics) Observe(src Sources) error {
 	if src.GradingsWaiting != nil {
 		gauge("gradings_waiting", "SWE-bench verifies waiting for a grading slot.", func() float64 { return float64(src.GradingsWaiting()) })
 	}
-	counters := func(name, help string, read func() map[string]uint64) {
+	labelled := func(name, label, help string, read func() map[string]uint64) {
 		errs = append(errs, m.reg.Register(byLabel[uint64]{
-			desc: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, []string{"reason"}, nil),
+			desc: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, []string{label}, nil),
 			kind: prometheus.CounterValue,
 			read: read,
 		}))
 	}
+	counters := func(name, help string, read func() map[string]uint64) { labelled(name, "reason", help, read) }
 	if src.CheckpointDrops != nil {
 		counters("checkpoint_drops_total", "Checkpoints dropped from the index, by reason: release (a release did not keep them), dir_gone (their checkpoint_dir was gone for the grace).", src.CheckpointDrops)
 	}
@@ -400,6 +417,19 @@ func (m *Metrics) Observe(src Sources) error {
 				[]string{"phase"}, nil),
 			read: src.Preparing,
 		}))
+	}
+	if src.Sweep != nil {
+		labelled("sweep_runs_total", "outcome", "Passes of the server's own sweep, by outcome: ok, error (nothing is removed of a kind whose reads failed).", func() map[string]uint64 { return src.Sweep().Runs })
+		labelled("sweep_removed_total", "kind", "What the server's own sweep removed, by kind: sandbox and snapshot (nothing accounted for them for sweep.retention.orphans), pending_delete (a tombstoned snapshot's delete retried).", func() map[string]uint64 { return src.Sweep().Removed })
+		labelled("sweep_failed_total", "kind", "Removals the server's own sweep tried that failed, by kind; the next pass retries.", func() map[string]uint64 { return src.Sweep().Failed })
+		errs = append(errs, m.reg.Register(byLabel[int]{
+			kind: prometheus.GaugeValue,
+			desc: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "sweep_found"),
+				"What the last pass of the server's own sweep found, by kind: sandboxes and snapshots nothing accounted for (due or not), pending deletes.",
+				[]string{"kind"}, nil),
+			read: func() map[string]int { return src.Sweep().Found },
+		}))
+		gauge("sweep_last_run_timestamp_seconds", "When the last pass of the server's own sweep began, in Unix seconds (0: none yet).", func() float64 { return src.Sweep().LastRunSeconds })
 	}
 	return errors.Join(errs...)
 }
