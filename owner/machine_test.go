@@ -225,7 +225,22 @@ func machineInput(t *testing.T, c *script.Case) (input, bool) {
 		if c.Has("missing") {
 			return inCheckpoint{Err: fmt.Errorf("checkpoint: %w", snapshotindex.ErrNotFound)}, true
 		}
-		return inCheckpoint{Ck: snapshotindex.Checkpoint{Meta: snapshotindex.CheckpointMeta{ID: c.Args["id"], CheckpointDir: c.Args["dir"], Seq: 1}, Records: snapRecords(c, "records")}, Err: scriptErr(c)}, true
+		// bad-data: sessions whose data is no JSON object; good-data:
+		// sessions with an object; other-provider: sessions taken on
+		// provider "other".
+		recs := snapRecords(c, "records")
+		for i := range recs {
+			switch sid := recs[i].SessionID; {
+			case slices.Contains(c.List("bad-data"), sid):
+				recs[i].Data = []byte(`"not an object"`)
+			case slices.Contains(c.List("good-data"), sid):
+				recs[i].Data = []byte(`{"k":1}`)
+			}
+			if slices.Contains(c.List("other-provider"), recs[i].SessionID) {
+				recs[i].Provider = "other"
+			}
+		}
+		return inCheckpoint{Ck: snapshotindex.Checkpoint{Meta: snapshotindex.CheckpointMeta{ID: c.Args["id"], CheckpointDir: c.Args["dir"], Seq: 1}, Records: recs}, Err: scriptErr(c)}, true
 	case "dir":
 		return inDir{Gone: c.Has("gone")}, true
 	case "dir-records":
