@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -159,4 +160,27 @@ func TestServerSweepRetriesAPendingDelete(t *testing.T) {
 	if st := a.Sweep().Status().Kinds[sweep.KindPendingDelete]; st.RemovedTotal != 1 {
 		t.Fatalf("pending deletes status %+v", st)
 	}
+}
+
+// TestServerSweepOffWithoutAnIndex: a server that does not checkpoint has
+// no index to tell a checkpoint's snapshot from a leak by: it does not
+// sweep, and /health says why; its sweep families are there, at zero.
+func TestServerSweepOffWithoutAnIndex(t *testing.T) {
+	a, _, _ := startFake(t, t.TempDir(), fake.New(fake.Options{}), app.Deps{}, func(c *app.Config) { c.Checkpoint.Enabled = false })
+	_, body := get(t, a.Addr().String(), "/health")
+	var h struct {
+		Sweep struct {
+			IntervalS float64 `json:"interval_s"`
+			Off       string  `json:"off"`
+		}
+	}
+	if err := json.Unmarshal([]byte(body), &h); err != nil {
+		t.Fatal(err)
+	}
+	if h.Sweep.IntervalS != 0 || !strings.Contains(h.Sweep.Off, "no snapshot index") {
+		t.Fatalf("/health sweep: %s", body)
+	}
+	fams := scrape(t, a.Addr().String())
+	check{"passes", counter(t, fams, "sandboxowner_sweep_runs_total", map[string]string{"outcome": "ok"}), 0}.verify(t)
+	check{"snapshots swept", counter(t, fams, "sandboxowner_sweep_removed_total", map[string]string{"kind": "snapshot"}), 0}.verify(t)
 }
