@@ -70,6 +70,10 @@ type Deps struct {
 	// OnSweep, when set, is told of every pass of the server's own sweep
 	// when it ends.
 	OnSweep func(sweep.Pass)
+
+	// beforeServe, when set, runs on the serving goroutine before Serve:
+	// tests hold Serve back with it.
+	beforeServe func()
 }
 
 // App is a running server.
@@ -183,7 +187,12 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	go func() { defer close(sweepDone); swept.Run(sweepCtx) }()
 	a := &App{cfg: cfg, log: log, own: own, srv: srv, ln: ln, served: make(chan error, 1), stopReaper: stopReaper, closeProv: sp.close,
 		sweep: swept, stopSweep: func() { endSweep(); <-sweepDone }}
-	go func() { a.served <- srv.Serve(ln) }()
+	go func() {
+		if deps.beforeServe != nil {
+			deps.beforeServe()
+		}
+		a.served <- srv.Serve(ln)
+	}()
 	logServing(log, &cfg, sp, srv, ln.Addr(), generated)
 	return a, nil
 }

@@ -11,3 +11,10 @@ func Keys() []string {
 
 // KeyUsage is a key's line in -h.
 func KeyUsage(key string) string { return keyUsage()[key] }
+
+// WithBeforeServe returns d whose server runs f on its serving goroutine
+// before Serve.
+func WithBeforeServe(d Deps, f func()) Deps {
+	d.beforeServe = f
+	return d
+}

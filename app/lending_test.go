@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,7 +22,8 @@ func startLocal(t *testing.T, stateDir string) *app.App {
 	return startLocalWith(t, stateDir, app.Deps{})
 }
 
-// startLocalWith is startLocal with deps (its Listener is the test's).
+// startLocalWith is startLocal with deps (a Listener on 127.0.0.1 unless
+// they give one).
 func startLocalWith(t *testing.T, stateDir string, deps app.Deps) *app.App {
 	t.Helper()
 	cfg := app.Defaults()
@@ -31,11 +33,13 @@ func startLocalWith(t *testing.T, stateDir string, deps app.Deps) *app.App {
 	cfg.Checkpoint.Enabled = true
 	cfg.Checkpoint.StateDir = stateDir
 	cfg.Checkpoint.ControlAuthToken = "tok"
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	if deps.Listener == nil {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		deps.Listener = ln
 	}
-	deps.Listener = ln
 	a, err := app.Start(context.Background(), cfg, deps)
 	if err != nil {
 		t.Fatal(err)
@@ -146,14 +150,42 @@ func TestAgentsWorkInTheirSandboxWithFencedTokens(t *testing.T) {
 }
 
 // TestStopRightAfterStartReturns: a stop that comes before the server's
-// Serve goroutine has begun still ends it.
+// Serve goroutine has begun still ends it. Serve is held back until the
+// listener closes, which only the stop does.
 func TestStopRightAfterStartReturns(t *testing.T) {
-	for i := 0; i < 20; i++ {
-		a := startLocal(t, t.TempDir())
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		if err := a.Stop(ctx); err != nil {
-			t.Fatalf("stop %d: %v", i, err)
-		}
-		cancel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
+	cl := &closeSignal{Listener: ln, closed: make(chan struct{})}
+	gaveUp := make(chan struct{})
+	defer close(gaveUp)
+	a := startLocalWith(t, t.TempDir(), app.WithBeforeServe(app.Deps{Listener: cl}, func() {
+		select {
+		case <-cl.closed:
+		case <-gaveUp:
+		}
+	}))
+	stopped := make(chan error, 1)
+	go func() { stopped <- a.Stop(context.Background()) }()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("stop: %v", err)
+		}
+	case <-time.After(time.Minute): // a guard against the hang, not a wait
+		t.Fatal("the stop did not return: a Serve that began after it accepts forever")
+	}
+}
+
+// closeSignal is a listener that says when it is closed.
+type closeSignal struct {
+	net.Listener
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (l *closeSignal) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return l.Listener.Close()
 }
