@@ -69,12 +69,21 @@ func control(t *testing.T, addr, op, body string) {
 // reply.
 func controlReply(t *testing.T, addr, op, body string) map[string]any {
 	t.Helper()
+	return controlAs(t, addr, op, "", body)
+}
+
+// controlAs is controlReply with the request id requestID ("": none sent).
+func controlAs(t *testing.T, addr, op, requestID, body string) map[string]any {
+	t.Helper()
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI("http://" + addr + "/ng-control/v1/checkpoint/" + op)
 	req.Header.SetMethod("POST")
 	req.Header.Set("Authorization", "Bearer tok")
+	if requestID != "" {
+		req.Header.Set("X-Request-Id", requestID)
+	}
 	req.SetBodyString(body)
 	if err := fasthttp.DoTimeout(req, resp, 30*time.Second); err != nil || resp.StatusCode() != 200 {
 		t.Fatalf("%s: %v %d %s", op, err, resp.StatusCode(), resp.Body())

@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/participant"
 	"github.com/sandboxowner/owner/problem"
@@ -150,7 +151,7 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 		sess.Log = sess.Log.WithField("episode", sess.Episode.CaptureKey())
 	}
 
-	rctx, cancel := context.WithCancel(s.base)
+	rctx, cancel := context.WithCancel(logs.WithRequestID(s.base, RequestID(ctx)))
 	defer cancel()
 	if s.part != nil {
 		leave, err := s.part.Admit(rctx, kind.admission(), sess)

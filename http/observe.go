@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/metrics"
 )
 
@@ -47,7 +48,7 @@ const (
 )
 
 // requestIDValue holds the request's id.
-const requestIDValue = "request_id"
+const requestIDValue = logs.RequestID
 
 // maxRequestID bounds a client's request id; a longer one, or one with
 // anything but letters, digits and "-_.:", is replaced by a made one.

@@ -693,7 +693,7 @@ func (s *Server) serveControl(ctx *fasthttp.RequestCtx, op string) {
 		writeError(ctx, nethttp.StatusRequestEntityTooLarge, CodeBodyTooLarge, fmt.Sprintf("control body over %d bytes", MaxControlBody))
 		return
 	}
-	rctx, cancel := context.WithCancel(s.ctlBase)
+	rctx, cancel := context.WithCancel(logs.WithRequestID(s.ctlBase, RequestID(ctx)))
 	defer cancel()
 	var reply any
 	var err error

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxowner/owner/actors"
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/internal/timeouts"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/records"
@@ -227,7 +228,7 @@ func (o *Owner) listSnapshotsByTag(ctx context.Context, tag string) []string {
 	}
 	snaps, err := l.ListSnapshots(ctx)
 	if err != nil {
-		o.log.WithError(err).Warn("listing snapshots failed")
+		logs.ForRequest(ctx, o.log).WithError(err).Warn("listing snapshots failed")
 		return nil
 	}
 	var out []string

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/records"
@@ -67,12 +68,13 @@ func (o *Owner) perform(ctx context.Context, e effect) input {
 		return o.deleteSnapshots(ctx, e.IDs)
 	case effClear:
 		if err := o.index.ClearTombstones(e.IDs); err != nil {
-			o.log.WithError(err).Warn("could not clear tombstones; the next release retries the deletes")
+			logs.ForRequest(ctx, o.log).WithError(err).Warn("could not clear tombstones; the next release retries the deletes")
 		}
 	case effCountDrops:
 		o.ret.count(e.Reason, e.N)
 	case effLog:
-		o.log.WithFields(e.Fields).Log(e.Level, e.Msg)
+		// A line of a control call names its request.
+		logs.ForRequest(ctx, o.log).WithFields(e.Fields).Log(e.Level, e.Msg)
 	case effReadIntents:
 		ins, err := o.index.Intents("")
 		return inIntents{Intents: ins, Err: err}

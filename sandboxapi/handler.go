@@ -18,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sandboxowner/owner/internal/envelope"
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/sandbox"
@@ -260,7 +261,7 @@ func (h *Handler) exec(ctx *fasthttp.RequestCtx, handle provider.Handle) {
 		return
 	}
 	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
-	callCtx, cancel := context.Background(), context.CancelFunc(func() {})
+	callCtx, cancel := h.callContext(ctx), context.CancelFunc(func() {})
 	if timeout > 0 {
 		callCtx, cancel = context.WithTimeout(callCtx, timeout+execGrace)
 	}
@@ -280,7 +281,7 @@ func (h *Handler) readFile(ctx *fasthttp.RequestCtx, handle provider.Handle) {
 	if !ok {
 		return
 	}
-	callCtx, cancel := context.WithTimeout(context.Background(), fileCallTimeout)
+	callCtx, cancel := context.WithTimeout(h.callContext(ctx), fileCallTimeout)
 	defer cancel()
 	if o := h.Provider.Capabilities().FileOpener; o != nil {
 		// Streamed: the server holds a buffer of the file at a time, not
@@ -311,7 +312,7 @@ func (h *Handler) writeFile(ctx *fasthttp.RequestCtx, handle provider.Handle) {
 		return
 	}
 	data := bytes.Clone(ctx.Request.Body())
-	callCtx, cancel := context.WithTimeout(context.Background(), fileCallTimeout)
+	callCtx, cancel := context.WithTimeout(h.callContext(ctx), fileCallTimeout)
 	defer cancel()
 	if err := h.Provider.WriteFile(callCtx, handle, path, data); err != nil {
 		h.providerError(ctx, handle.SandboxID, err, "file_not_found")
@@ -373,6 +374,17 @@ func (h *Handler) fail(ctx *fasthttp.RequestCtx, sandboxID string, status int, c
 		h.log(ctx).WithFields(logrus.Fields{"sandbox_id": sandboxID, "status": status, "code": code, "path": string(ctx.Path())}).Debug("sandboxapi: refused")
 	}
 	h.writeError(ctx, status, code, detail)
+}
+
+// callContext is the base of a request's provider calls: it carries the
+// request's id (from LogFields), so that the provider's log lines name it.
+func (h *Handler) callContext(ctx *fasthttp.RequestCtx) context.Context {
+	base := context.Background()
+	if h.LogFields == nil {
+		return base
+	}
+	id, _ := h.LogFields(ctx)[logs.RequestID].(string)
+	return logs.WithRequestID(base, id)
 }
 
 // log is Logger with the request's LogFields.

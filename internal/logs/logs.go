@@ -4,6 +4,7 @@
 package logs
 
 import (
+	"context"
 	"io"
 
 	"github.com/sirupsen/logrus"
@@ -14,7 +15,38 @@ const (
 	SessionID    = "session_id"
 	SandboxID    = "sandbox_id"
 	CheckpointID = "checkpoint_id"
+	// RequestID names the HTTP request a line was caused by: the id its
+	// client sent in X-Request-Id, or the one the server made.
+	RequestID = "request_id"
 )
+
+// requestKey is the context key of the id of the request a call serves.
+type requestKey struct{}
+
+// WithRequestID returns ctx carrying id, the id of the request the calls
+// made with it serve, so that what they log can be tied to that request
+// ("" leaves ctx as it is).
+func WithRequestID(ctx context.Context, id string) context.Context {
+	if id == "" {
+		return ctx
+	}
+	return context.WithValue(ctx, requestKey{}, id)
+}
+
+// RequestIDOf is the request id ctx carries, or "".
+func RequestIDOf(ctx context.Context) string {
+	id, _ := ctx.Value(requestKey{}).(string)
+	return id
+}
+
+// ForRequest returns l with the request_id of the request ctx serves, or
+// l itself when ctx serves none.
+func ForRequest(ctx context.Context, l logrus.FieldLogger) logrus.FieldLogger {
+	if id := RequestIDOf(ctx); id != "" {
+		return l.WithField(RequestID, id)
+	}
+	return l
+}
 
 // Discard is the default of a component given no logger.
 func Discard() *logrus.Logger {

@@ -17,6 +17,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
 )
 
@@ -244,7 +245,7 @@ func (p *Provider) do(ctx context.Context, req request) (*response, error) {
 			ra, status = retryAfter(resp.header, p.clk.Now()), resp.status
 		}
 		wait := p.backoff(attempt, ra)
-		p.log.WithFields(logrus.Fields{"op": req.op, "status": status, "attempt": attempt + 1, "wait": wait}).WithError(err).Debug("opensandbox: retrying")
+		logs.ForRequest(ctx, p.log).WithFields(logrus.Fields{"op": req.op, "status": status, "attempt": attempt + 1, "wait": wait}).WithError(err).Debug("opensandbox: retrying")
 		if err := p.sleep(ctx, wait); err != nil {
 			return nil, fmt.Errorf("opensandbox: %s: %w", req.op, err)
 		}

@@ -463,7 +463,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, sourceKey str
 		}
 		id, state = doc.ID, doc.Status.State
 	}
-	log := p.log.WithField("sandbox_id", id)
+	log := logs.ForRequest(ctx, p.log).WithField("sandbox_id", id)
 	fail := func(err error) (provider.Handle, error) {
 		// A sandbox that did not come up is deleted, never left behind.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.RequestTimeout)
@@ -612,7 +612,7 @@ func (p *Provider) waitRunning(ctx context.Context, id string, deadline time.Tim
 			// Pending, Allocated, or a state this client does not know:
 			// keep waiting until the deadline.
 			if st != "pending" && st != "allocated" {
-				p.log.WithFields(logrus.Fields{"sandbox_id": id, "state": doc.Status.State}).Debug("opensandbox: unknown sandbox state while starting")
+				logs.ForRequest(ctx, p.log).WithFields(logrus.Fields{"sandbox_id": id, "state": doc.Status.State}).Debug("opensandbox: unknown sandbox state while starting")
 			}
 		}
 		if !p.clk.Now().Before(deadline) {
@@ -655,7 +655,7 @@ func (p *Provider) reapCreate(ctx context.Context, token string) {
 		err = p.deleteSandbox(ctx, id)
 	}
 	if err != nil {
-		p.log.WithError(err).Warn("opensandbox: could not look for a sandbox a failed create may have made (its lease will end it)")
+		logs.ForRequest(ctx, p.log).WithError(err).Warn("opensandbox: could not look for a sandbox a failed create may have made (its lease will end it)")
 	}
 }
 
@@ -888,7 +888,7 @@ func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string)
 		sid = doc.ID
 		loc = resp.header.Get("Location")
 	}
-	log := p.log.WithFields(logrus.Fields{"sandbox_id": id, "snapshot_id": sid})
+	log := logs.ForRequest(ctx, p.log).WithFields(logrus.Fields{"sandbox_id": id, "snapshot_id": sid})
 	if err := p.waitReady(ctx, sid, snapshotPath(sid, loc), deadline); err != nil {
 		p.discardSnapshot(ctx, sid, log)
 		return "", err
@@ -910,7 +910,7 @@ func (p *Provider) reapSnapshot(ctx context.Context, sandboxID, name string) {
 			err = p.DeleteSnapshot(ctx, sid)
 		}
 		if err != nil {
-			p.log.WithError(err).WithField("sandbox_id", sandboxID).Warn("opensandbox: could not delete what a failed snapshot request may have made")
+			logs.ForRequest(ctx, p.log).WithError(err).WithField("sandbox_id", sandboxID).Warn("opensandbox: could not delete what a failed snapshot request may have made")
 		}
 	}()
 }
