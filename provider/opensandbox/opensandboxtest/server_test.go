@@ -362,3 +362,18 @@ func TestSyncWithBackend(t *testing.T) {
 		t.Errorf("after a failed delete the sandbox is still there: %d", st)
 	}
 }
+
+// Paging takes page and pageSize from 1 (pageSize at most 200); anything
+// else, or what is not a number, is 422 as the real server answers a
+// schema error.
+func TestPagingLimits(t *testing.T) {
+	c := newClient(t, opensandboxtest.Options{})
+	for q, want := range map[string]int{
+		"pageSize=1": 200, "pageSize=200": 200, "page=1": 200, "pageSize=": 200,
+		"pageSize=0": 422, "pageSize=201": 422, "page=0": 422, "pageSize=x": 422,
+	} {
+		if st, _, _ := c.call("GET", "/v1/sandboxes?"+q, "", nil); st != want {
+			t.Errorf("GET /v1/sandboxes?%s: %d, want %d", q, st, want)
+		}
+	}
+}
