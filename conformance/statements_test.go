@@ -209,7 +209,7 @@ var statements = []statement{
 			t.Errorf("prepare (-want +got):\n%s", d)
 		}
 	}},
-	{name: "PreparePastDeadline", section: "1.3", text: "a prepare not ready by its deadline answers phase preparing with its blockers (capture keys) and leaves admission closed", note: "issue 29: an exec in flight said sandbox:<id>, an unbound session session:<id>; now the episode's capture key, and a session bound to no episode blocks nothing", check: func(t *testing.T) {
+	{name: "PreparePastDeadline", section: "1.3", text: "a prepare not ready by its deadline answers phase preparing with its blockers (capture keys) and leaves admission closed", note: "was: an exec in flight said sandbox:<id>, an unbound session session:<id>; now the episode's capture key, and a session bound to no episode blocks nothing", check: func(t *testing.T) {
 		s, a := seeded(t)
 		release, done := heldExec(t, s, a)
 		r := s.ok(s.control("prepare", map[string]any{"checkpoint_id": "c1", "deadline_ts": deadline(time.Second)}), "prepare")
@@ -225,7 +225,7 @@ var statements = []statement{
 		release()
 		s.ok(<-done, "exec")
 	}},
-	{name: "CommitReply", section: "1.3", text: "commit answers {phase: committed, manifest, episode_ids: sorted capture keys of the exported records}; the manifest is the one written under checkpoint_dir, with schema_version, kind, instance and records_file", note: "issue 33: the manifest lacked schema_version, kind, instance and records_file", check: func(t *testing.T) {
+	{name: "CommitReply", section: "1.3", text: "commit answers {phase: committed, manifest, episode_ids: sorted capture keys of the exported records}; the manifest is the one written under checkpoint_dir, with schema_version, kind, instance and records_file", note: "was: the manifest lacked schema_version, kind, instance and records_file", check: func(t *testing.T) {
 		s, _ := seeded(t)
 		b := &agent{}
 		s.ok(s.post(b, "/ng-rollout/a0-a2/seed_session", nil), "seed a0-a2")
@@ -251,7 +251,7 @@ var statements = []statement{
 		s, _ := seeded(t)
 		s.want(s.control("commit", body("c1", map[string]any{"checkpoint_dir": ck(t, "/d")})), 409, "invalid_phase", "commit before prepare")
 	}},
-	{name: "ExportOnceOutlivesDeadline", section: "1.3, 1.8", text: "the export runs once per checkpoint, shielded from the caller's deadline; a retry awaits the same export", note: "issue 29: with 4 s snapshots and a 2 s deadline the commit answered 409, deleted its snapshots and the retry took new ones", check: func(t *testing.T) {
+	{name: "ExportOnceOutlivesDeadline", section: "1.3, 1.8", text: "the export runs once per checkpoint, shielded from the caller's deadline; a retry awaits the same export", note: "was: with 4 s snapshots and a 2 s deadline the commit answered 409, deleted its snapshots and the retry took new ones", check: func(t *testing.T) {
 		s, _ := seeded(t, "-sandbox.local.snapshot_delay_ms", "3000")
 		s.op("prepare", "c1", nil)
 		r := s.control("commit", map[string]any{"checkpoint_id": "c1", "deadline_ts": deadline(time.Second), "checkpoint_dir": ck(t, "/d/c1")})
@@ -304,7 +304,7 @@ var statements = []statement{
 		}
 		s.want(s.control("prepare", body("c9", nil)), 409, "stale_checkpoint", "late prepare")
 	}},
-	{name: "ResumeAfterFailedRestore", section: "1.3, addendum 1", text: "a resume after a failed restore answers idempotent: true: the failed restore left no active id", note: "issue 33: it answered idempotent: false where Gym's participant answers true", check: func(t *testing.T) {
+	{name: "ResumeAfterFailedRestore", section: "1.3, addendum 1", text: "a resume after a failed restore answers idempotent: true: the failed restore left no active id", note: "was: it answered idempotent: false where Gym's participant answers true", check: func(t *testing.T) {
 		s := start(t)
 		s.want(s.control("restore", body("rs1", map[string]any{"checkpoint_dir": ck(t, "/d/none"), "episode_ids": []any{ep("r1", 0)}})), 422, "invalid_checkpoint_state", "restore of a directory that does not exist")
 		if r := s.op("resume", "rs1", nil); !cmp.Equal(r, map[string]any{"phase": "idle", "idempotent": true}) {
@@ -326,8 +326,8 @@ var statements = []statement{
 			s.want(s.control("restore", body("rs1", extra)), 422, "invalid_checkpoint_state", fmt.Sprintf("restore from the deleted directory (%v)", extra["source_checkpoint_id"]))
 		}
 	}},
-	{name: "FollowsDeletedDirs", section: "3.5, 8", text: "a controller that deletes the directories of the checkpoints it no longer keeps and never calls release (Gym's CollectionCheckpointer) has their snapshots deleted within checkpoint.retention.grace_s and one check; nothing is deleted on an error that is not \"no such file\"", note: "issue 33: every snapshot of every checkpoint stayed until a release", by: "sim/process TestGymRetentionTenCheckpoints; owner TestGoneDirectoryDropsItsCheckpoint, TestUnreadableDirectoriesDeleteNothing; retention TestMachineScripts; sim dir-gone"},
-	{name: "ResumeDuringCommit", section: "1.3", text: "resume stops the writer, then reopens: a resume during a running commit answers within its deadline, and nothing of the commit is published", note: "issue 29: a resume with a 1 s deadline during a 4 s commit answered 409 deadline_exceeded, admission stayed closed and the commit was published afterwards", check: func(t *testing.T) {
+	{name: "FollowsDeletedDirs", section: "3.5, 8", text: "a controller that deletes the directories of the checkpoints it no longer keeps and never calls release (Gym's CollectionCheckpointer) has their snapshots deleted within checkpoint.retention.grace_s and one check; nothing is deleted on an error that is not \"no such file\"", note: "was: every snapshot of every checkpoint stayed until a release", by: "sim/process TestGymRetentionTenCheckpoints; owner TestGoneDirectoryDropsItsCheckpoint, TestUnreadableDirectoriesDeleteNothing; retention TestMachineScripts; sim dir-gone"},
+	{name: "ResumeDuringCommit", section: "1.3", text: "resume stops the writer, then reopens: a resume during a running commit answers within its deadline, and nothing of the commit is published", note: "was: a resume with a 1 s deadline during a 4 s commit answered 409 deadline_exceeded, admission stayed closed and the commit was published afterwards", check: func(t *testing.T) {
 		// The resume's deadline is half the snapshot's hold: a resume that
 		// waited for the commit misses it; one that does not meets it
 		// however loaded the machine.
@@ -354,7 +354,7 @@ var statements = []statement{
 		s.op("prepare", "c1", nil)
 		s.want(s.control("retire", body("c1", map[string]any{"episode_ids": []any{ep("r1", 0)}})), 409, "invalid_phase", "retire while prepared")
 	}},
-	{name: "RetireAndStaleAttempt", section: "1.3, 2.3", text: `retire answers {"retired": [capture keys]}; later calls of a retired attempt (and of its session) are 409 stale_attempt until forget; /close_session is never refused`, note: "issue 29: a session of a retired attempt could seed again", check: func(t *testing.T) {
+	{name: "RetireAndStaleAttempt", section: "1.3, 2.3", text: `retire answers {"retired": [capture keys]}; later calls of a retired attempt (and of its session) are 409 stale_attempt until forget; /close_session is never refused`, note: "was: a session of a retired attempt could seed again", check: func(t *testing.T) {
 		s, a := seeded(t)
 		r := s.op("retire", "rt", map[string]any{"episode_ids": []any{ep("r1", 0)}})
 		if !cmp.Equal(r, map[string]any{"retired": []any{"r1"}}) {
@@ -370,7 +370,7 @@ var statements = []statement{
 		}
 		s.ok(s.post(a, "/close_session", nil), "close")
 	}},
-	{name: "RetireForgetOnResumedID", section: "1.2, 1.8", text: "retire and forget on a resumed id are 409 stale_checkpoint", note: "issue 29: they answered 200", check: func(t *testing.T) {
+	{name: "RetireForgetOnResumedID", section: "1.2, 1.8", text: "retire and forget on a resumed id are 409 stale_checkpoint", note: "was: they answered 200", check: func(t *testing.T) {
 		s := start(t)
 		s.op("resume", "c1", nil)
 		s.want(s.control("retire", body("c1", map[string]any{"episode_ids": []any{ep("r1", 0)}})), 409, "stale_checkpoint", "retire")
@@ -428,7 +428,7 @@ var statements = []statement{
 		}
 		s.want(s.do(nil, "POST", "/mcp", map[string]any{"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": map[string]any{"name": "append_note"}}, nil), 401, "unauthorized", "without the token")
 	}},
-	{name: "SetCookieEveryReply", section: "2.2", text: "every data reply re-sends the session's Set-Cookie", note: "issue 29: only new sessions got one", check: func(t *testing.T) {
+	{name: "SetCookieEveryReply", section: "2.2", text: "every data reply re-sends the session's Set-Cookie", note: "was: only new sessions got one", check: func(t *testing.T) {
 		s := start(t)
 		a := &agent{}
 		first := s.post(a, "/ng-rollout/r1/seed_session", nil)
@@ -526,7 +526,7 @@ var statements = []statement{
 			t.Errorf("typed close: %v", r)
 		}
 	}},
-	{name: "VerifyExtendsItsRequest", section: "2.4", text: "verify's reply is the request (responses_create_params, response, every other field) plus reward", note: "issue 29: notes answered only its grade", check: func(t *testing.T) {
+	{name: "VerifyExtendsItsRequest", section: "2.4", text: "verify's reply is the request (responses_create_params, response, every other field) plus reward", note: "was: notes answered only its grade", check: func(t *testing.T) {
 		s, a := seeded(t)
 		req := map[string]any{"responses_create_params": map[string]any{"input": "x"}, "response": map[string]any{"id": "resp_1", "output": []any{}}, "expected_notes": []any{}, "row": 7.0}
 		r := s.ok(s.post(a, "/ng-rollout/r1/verify", req), "verify")
@@ -553,10 +553,10 @@ var statements = []statement{
 	{name: "ControllerOrdering", section: "1.7", text: "the controller's stage order, timeouts and publication", na: "the controller's obligations, not a participant's"},
 	{name: "SnapshotsReleased", section: "3.5, 8", text: "snapshots of dropped checkpoints are reclaimed by an operator sweep", note: "project: snapshots stay until a release drops the checkpoints that name them (POST /release, server sweep) or the controller deletes their checkpoint_dir (FollowsDeletedDirs)", na: "upstream has no in-process release; this server's release replaces the operator sweep"},
 	{name: "SWEBenchBehaviour", section: "4", text: "SWE-bench seed, scrub, grading and checkpoint behaviour", by: "resources/swebench tests (they need git and Go; TestGymVerifyRoundTripOverHTTP validates the verify reply with Gym's model)"},
-	{name: "SWEBenchConfigKeys", section: "4.1", text: "apply_anti_cheating, clear_swebench_debug_logs, sandbox_provider and sandbox_checkpoint are configuration keys", note: "issue 29: they were refused as unknown", by: "resources/swebench TestUpstreamKeys, TestAntiCheatingOffRunsNoScrub"},
-	{name: "SWEBenchScrubGoesOn", section: "4.3", text: "a scrub that fails is reported and the seed goes on", note: "issue 29: the failure refused the seed", by: "resources/swebench TestAFailingScrubIsReportedAndTheSeedGoesOn"},
+	{name: "SWEBenchConfigKeys", section: "4.1", text: "apply_anti_cheating, clear_swebench_debug_logs, sandbox_provider and sandbox_checkpoint are configuration keys", note: "was: they were refused as unknown", by: "resources/swebench TestUpstreamKeys, TestAntiCheatingOffRunsNoScrub"},
+	{name: "SWEBenchScrubGoesOn", section: "4.3", text: "a scrub that fails is reported and the seed goes on", note: "was: the failure refused the seed", by: "resources/swebench TestAFailingScrubIsReportedAndTheSeedGoesOn"},
 	{name: "SWEBenchLogDir", section: "4.4, 2.4", text: "the verify reply has log_dir; the grading's logs are removed unless clear_swebench_debug_logs is off", by: "resources/swebench TestGymVerifyRoundTripOverHTTP, TestUpstreamKeys"},
-	{name: "SWEBenchPassToPass", section: "4.4", text: "every PASS_TO_PASS test must still pass (passed or xfail): a skipped one is no pass", note: "issue 29: a skipped one counted as passed", by: "resources/swebench TestResolve"},
+	{name: "SWEBenchPassToPass", section: "4.4", text: "every PASS_TO_PASS test must still pass (passed or xfail): a skipped one is no pass", note: "was: a skipped one counted as passed", by: "resources/swebench TestResolve"},
 	{name: "SWEBenchMultilingualFixups", section: "4.2, 4.4", text: "SWE-bench Multilingual's per-instance resource overrides, post-start patch hook and eval-script fixups (timeout 10s → 120s, mvnd → mvn)", na: "not built: the local provider's instances here are Go repositories; the fixups are listed in the issue as still to do"},
 }
 

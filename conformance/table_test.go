@@ -30,7 +30,7 @@ func table() string {
 	b.WriteString("Generated from `conformance/statements_test.go` by `go test ./conformance -run TestTable -rewrite`;\n")
 	b.WriteString("`go test ./conformance` runs every check against the server binary (`cmd/server`, notes, local provider)\n")
 	b.WriteString("and fails if this file is not what the statements give. Sections are those of the protocol reference\n")
-	b.WriteString("(`nemo-gym-protocol.md`) and its addendum. Where an issue and the reference disagree the issue wins, and\n")
+	b.WriteString("(`nemo-gym-protocol.md`) and its addendum. Where the project's own decisions and the reference disagree the project wins, and\n")
 	b.WriteString("where the reference only infers the project wins; the notes say so.\n\n")
 	fmt.Fprintf(&b, "%d statements: %d pass against the binary, %d are checked by another package's tests, %d do not apply.\n\n", len(statements), pass, by, na)
 	b.WriteString("| test | section | statement | status | notes |\n|---|---|---|---|---|\n")

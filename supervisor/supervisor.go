@@ -4,8 +4,8 @@
 // checkpoint coordinator.
 //
 // It is deliberately trivial: it does no I/O and holds only its Directory,
-// because a restart of a parent actor kills every child (go-libraries.md,
-// pitfall 7).
+// because protoactor restarts a parent by stopping every child first: a
+// supervisor that failed would end every session it holds.
 // A session actor that panics is stopped, not restarted: the message that
 // caused the panic is lost and its state is suspect, so the actor stops its
 // sandbox on the way out (actors.sessionActor.abandon) and the session is
