@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/resources/swebench/grading"
 )
 
 // Defaults of zero Config fields.
@@ -134,7 +135,7 @@ type Config struct {
 	// agent's remit and keep their base content in the grading (test files
 	// the test patch does not touch, vendor/, module replacements), and
 	// whether a patch may end the test binary from an init.
-	GradingGuard Guard `yaml:"grading_guard" json:"grading_guard"`
+	GradingGuard grading.Guard `yaml:"grading_guard" json:"grading_guard"`
 	// ApplyAntiCheating runs the anti-cheat scrub at seed (nil means
 	// true). A scrub that fails is logged and the seed goes on, as
 	// upstream's does.

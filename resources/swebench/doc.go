@@ -31,15 +31,15 @@
 // untracked files and committed work included, the files untracked at seed
 // excluded); the agent's session ends; a grading sandbox starts from the same
 // image; ApplyPatch tries git apply, git apply --reject and patch --fuzz=5;
-// Guard leaves out the patch's files outside the agent's remit (test files
+// grading.Guard leaves out the patch's files outside the agent's remit (test files
 // the test patch does not touch, vendor/, module replacements); RunEval runs
 // the eval script with stdout and stderr merged in order under the
 // evaluation timeout, its output reaching the server only through the
 // command's pipe; ReadOutcome reads the section between the
 // ">>>>> Start Test Output" and ">>>>> End Test Output" markers (the whole log
 // when that section yields nothing): for a Go module only the test binary's
-// own framing, marked by the toolchain, counts (ParseGoTestFraming), for
-// other rows the row's parser (ParseLog); Decide applies SWE-bench's rule and
+// own framing, marked by the toolchain, counts (grading.ParseGoTestFraming), for
+// other rows the row's parser (grading.ParseLog); Decide applies SWE-bench's rule and
 // grades 0 a patch that ends the test binary from an init or forges
 // results. The grading sandbox is stopped on every path.
 //

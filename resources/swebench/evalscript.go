@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/sandboxowner/owner/resources/swebench/grading"
 )
 
 // shQuote quotes s for a POSIX shell.
@@ -43,7 +45,7 @@ func BuildEvalScript(r Row, testCommand, workdir string) (string, error) {
 	}
 	var existing, created []string
 	seen := map[string]bool{}
-	for _, f := range PatchFiles(r.TestPatch) {
+	for _, f := range grading.PatchFiles(r.TestPatch) {
 		if seen[f.Path] {
 			continue
 		}
@@ -78,7 +80,7 @@ func BuildEvalScript(r Row, testCommand, workdir string) (string, error) {
 		fmt.Fprintf(&b, "rm -rf -- %s\n", quote(created))
 	}
 	fmt.Fprintf(&b, "git apply --verbose - <<'%s'\n%s%s\n", delim, testPatch, delim)
-	fmt.Fprintf(&b, "echo %s\n%s\necho %s\n", shQuote(StartTestOutput), testCommand, shQuote(EndTestOutput))
+	fmt.Fprintf(&b, "echo %s\n%s\necho %s\n", shQuote(grading.StartTestOutput), testCommand, shQuote(grading.EndTestOutput))
 	if len(existing) > 0 {
 		fmt.Fprintf(&b, "git checkout %s -- %s\n", r.BaseCommit, quote(existing))
 	}

@@ -50,24 +50,24 @@ func (tc goToolchain) framing(logParser string) string {
 	switch strings.ToLower(strings.TrimSpace(logParser)) {
 	case "", "auto", "go", "gotest", "go_test", "parse_log_gotest", "parse_log_go":
 	default:
-		return FramingLog
+		return grading.FramingLog
 	}
 	if !tc.module || tc.version == "" {
-		return FramingLog
+		return grading.FramingLog
 	}
-	if MarksFraming(tc.version) {
-		return FramingMarked
+	if grading.MarksFraming(tc.version) {
+		return grading.FramingMarked
 	}
-	return FramingUnmarked
+	return grading.FramingUnmarked
 }
 
 // ReadOutcome reads the row's results from an eval log under framing: the
 // marked test section first, the whole log when that has no listed test.
-func ReadOutcome(row Row, framing, log string) (Outcome, error) {
+func ReadOutcome(row Row, framing, log string) (grading.Outcome, error) {
 	return grading.ReadOutcome(row.LogParser, row.FailToPass, row.PassToPass, framing, log)
 }
 
 // Decide applies grading.Decide to the row's lists.
-func Decide(row Row, o Outcome, exits []string) Verdict {
+func Decide(row Row, o grading.Outcome, exits []string) grading.Verdict {
 	return grading.Decide(row.FailToPass, row.PassToPass, o, exits)
 }

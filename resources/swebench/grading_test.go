@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/sandboxowner/owner/resources/swebench/grading"
 )
 
 func TestFramingOfARow(t *testing.T) {
@@ -13,13 +15,13 @@ func TestFramingOfARow(t *testing.T) {
 		parser string
 		want   string
 	}{
-		{goToolchain{true, "go1.26.8"}, "", FramingMarked},
-		{goToolchain{true, "go1.26.8"}, "parse_log_gotest", FramingMarked},
-		{goToolchain{true, "go1.19.13"}, "gotest", FramingUnmarked},
-		{goToolchain{true, "go1.20.14"}, "gotest", FramingMarked},
-		{goToolchain{true, "go1.26.8"}, "pytest", FramingLog},
-		{goToolchain{false, "go1.26.8"}, "", FramingLog},
-		{goToolchain{true, ""}, "gotest", FramingLog},
+		{goToolchain{true, "go1.26.8"}, "", grading.FramingMarked},
+		{goToolchain{true, "go1.26.8"}, "parse_log_gotest", grading.FramingMarked},
+		{goToolchain{true, "go1.19.13"}, "gotest", grading.FramingUnmarked},
+		{goToolchain{true, "go1.20.14"}, "gotest", grading.FramingMarked},
+		{goToolchain{true, "go1.26.8"}, "pytest", grading.FramingLog},
+		{goToolchain{false, "go1.26.8"}, "", grading.FramingLog},
+		{goToolchain{true, ""}, "gotest", grading.FramingLog},
 	}
 	for _, c := range cases {
 		if got := c.tc.framing(c.parser); got != c.want {
@@ -33,7 +35,7 @@ func TestFramingOfARow(t *testing.T) {
 func TestEvalFilterKeepsResultsAndCutsTheMiddle(t *testing.T) {
 	needTools(t, "awk", "sh")
 	var in strings.Builder
-	in.WriteString(StartTestOutput + "\n")
+	in.WriteString(grading.StartTestOutput + "\n")
 	filler := strings.Repeat("x", 1000)
 	for i := 0; i < 1000; i++ {
 		in.WriteString(filler + "\n")
@@ -41,7 +43,7 @@ func TestEvalFilterKeepsResultsAndCutsTheMiddle(t *testing.T) {
 			in.WriteString("\x16=== RUN   TestMiddle\n\x16--- PASS: TestMiddle (0.00s)\n    --- FAIL: TestOld/sub (0.00s)\ntest a::b ... ok\nPASSED t.py::x\nt.py::y FAILED\n")
 		}
 	}
-	in.WriteString(strings.Repeat("y", 10000) + "\nlast line\n" + EndTestOutput + "\n")
+	in.WriteString(strings.Repeat("y", 10000) + "\nlast line\n" + grading.EndTestOutput + "\n")
 	cmd := exec.Command("sh", "-c", "NG_AWK=awk; "+evalFilter)
 	cmd.Env = append(os.Environ(), "LC_ALL=C")
 	cmd.Stdin = strings.NewReader(in.String())
@@ -50,8 +52,8 @@ func TestEvalFilterKeepsResultsAndCutsTheMiddle(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := string(out)
-	for _, want := range []string{StartTestOutput, "\x16--- PASS: TestMiddle", "--- FAIL: TestOld/sub", "test a::b ... ok", "PASSED t.py::x", "t.py::y FAILED",
-		"last line", EndTestOutput, "lines of output here", strings.Repeat("y", 4096) + "[line cut by the grader]"} {
+	for _, want := range []string{grading.StartTestOutput, "\x16--- PASS: TestMiddle", "--- FAIL: TestOld/sub", "test a::b ... ok", "PASSED t.py::x", "t.py::y FAILED",
+		"last line", grading.EndTestOutput, "lines of output here", strings.Repeat("y", 4096) + "[line cut by the grader]"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("the filtered output lacks %q", want)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider/opensandbox"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
+	"github.com/sandboxowner/owner/resources/swebench/grading"
 )
 
 // goImageDockerfile is the image of a Go instance on OpenSandbox, built on
@@ -258,7 +259,7 @@ func TestARealGinInstanceOnOpenSandbox(t *testing.T) {
 		v := w.verify(c.sid, row)
 		t.Logf("%s: reward %v, grading %.1f s (sandbox start %.1f s, apply %.1f s, eval %.1f s), failure %q", c.sid, v.Reward,
 			v.PatchVerificationTimeTaken, v.EvalSandboxStartTimeTaken, v.PatchApplyTimeTaken, v.EvalTimeTaken, v.FailureKind)
-		if v.Reward != c.want || v.MaskSample || v.TestFraming != FramingMarked {
+		if v.Reward != c.want || v.MaskSample || v.TestFraming != grading.FramingMarked {
 			t.Errorf("%s: want reward %v, got:\n%s", c.sid, c.want, describe(v))
 		}
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandboxowner/owner/resources/swebench/grading"
 )
 
 // realInstance is a real bug of a real repository, fetched from the module
@@ -186,7 +188,7 @@ func testRealInstance(t *testing.T, ri realInstance) {
 		res := w.verify(sid, row)
 		t.Logf("%s: reward %v, seed %.1f s, grading %.1f s (sandbox start %.1f s, apply %.1f s, eval %.1f s), framing %s, failure %q", c.name, res.Reward, seeded.Seconds(),
 			res.PatchVerificationTimeTaken, res.EvalSandboxStartTimeTaken, res.PatchApplyTimeTaken, res.EvalTimeTaken, res.TestFraming, res.FailureKind)
-		if res.Reward != c.want || res.MaskSample || res.TestFraming != FramingMarked {
+		if res.Reward != c.want || res.MaskSample || res.TestFraming != grading.FramingMarked {
 			t.Errorf("%s: want reward %v, got:\n%s", c.name, c.want, describe(res))
 		}
 	}

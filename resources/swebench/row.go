@@ -100,7 +100,7 @@ type Row struct {
 	PassToPass             TestList `json:"PASS_TO_PASS"`
 	// EvalScript, when present, is run as is (Multilingual rows carry it).
 	EvalScript string `json:"eval_script,omitempty"`
-	// LogParser names the parser of the test log (ParseLog); empty means
+	// LogParser names the parser of the test log (grading.ParseLog); empty means
 	// every parser this package has.
 	LogParser string `json:"log_parser,omitempty"`
 	// Image is the sandbox image on providers other than local ("image", or

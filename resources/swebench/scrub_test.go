@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/resources/swebench/grading"
 )
 
 func TestScrubLeavesTheFixUnreachable(t *testing.T) {
@@ -110,7 +112,7 @@ func TestPristineUntrackedFilesNeverEnterThePatch(t *testing.T) {
 	res := w.verify("s-pristine", row)
 	wantResolved(t, res)
 	var got []string
-	for _, f := range PatchFiles(*res.ModelPatch) {
+	for _, f := range grading.PatchFiles(*res.ModelPatch) {
 		got = append(got, f.Path)
 	}
 	if diff := cmp.Diff([]string{"NOTES.md", "calc.go", "scratch.txt"}, got); diff != "" {

@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/resources/swebench/grading"
 	"github.com/sandboxowner/owner/sandbox"
 )
 
@@ -460,12 +461,12 @@ func (s *Server) stopSandbox(ctx context.Context, p provider.Provider, h provide
 // VerifyResult is the verify reply: upstream's fields, the model patch's
 // provenance, and the time each phase took (seconds).
 type VerifyResult struct {
-	Reward              float64      `json:"reward"`
-	Resolved            bool         `json:"resolved"`
-	EvaluationCompleted bool         `json:"evaluation_completed"`
-	InstanceID          string       `json:"instance_id"`
-	ModelPatch          *string      `json:"model_patch"`
-	TestsStatus         *TestsStatus `json:"tests_status"`
+	Reward              float64              `json:"reward"`
+	Resolved            bool                 `json:"resolved"`
+	EvaluationCompleted bool                 `json:"evaluation_completed"`
+	InstanceID          string               `json:"instance_id"`
+	ModelPatch          *string              `json:"model_patch"`
+	TestsStatus         *grading.TestsStatus `json:"tests_status"`
 	// TestOutput is the marked test section of the eval log (the whole log
 	// without markers; the apply log when the patch did not apply), cut to
 	// test_output_cap around the middle.
@@ -485,9 +486,9 @@ type VerifyResult struct {
 	PatchApplyMethod string   `json:"patch_apply_method,omitempty"`
 	// ExcludedFiles are the model patch's files left out of the grading
 	// (swebench.grading_guard): they kept their base content.
-	ExcludedFiles []Excluded `json:"excluded_files,omitempty"`
+	ExcludedFiles []grading.Excluded `json:"excluded_files,omitempty"`
 	// TestFraming is the rule the test results were read by
-	// (FramingMarked, FramingUnmarked, FramingLog).
+	// (grading.FramingMarked, grading.FramingUnmarked, grading.FramingLog).
 	TestFraming string `json:"test_framing,omitempty"`
 
 	PatchExtractionTimeTaken  float64 `json:"patch_extraction_time_taken"`
@@ -698,11 +699,11 @@ func (s *Server) grade(ctx context.Context, p provider.Provider, r readiness, pr
 	kept, excluded := s.cfg.GradingGuard.Apply(patch, row.TestPatch, row.Patch)
 	res.ExcludedFiles = excluded
 	if len(excluded) > 0 {
-		log.WithField("excluded", excludedPaths(excluded)).Info("swebench: files outside the agent's remit left out of the grading")
+		log.WithField("excluded", grading.ExcludedPaths(excluded)).Info("swebench: files outside the agent's remit left out of the grading")
 	}
 	var exits []string
 	if !s.cfg.GradingGuard.AllowExitingInit {
-		exits = ExitingInits(kept)
+		exits = grading.ExitingInits(kept)
 	}
 
 	t = time.Now()
@@ -726,13 +727,13 @@ func (s *Server) grade(ctx context.Context, p provider.Provider, r readiness, pr
 		return
 	}
 	t = time.Now()
-	ev, err := RunEval(ctx, p, h, script, framing == FramingMarked, s.cfg.evaluationTimeout())
+	ev, err := RunEval(ctx, p, h, script, framing == grading.FramingMarked, s.cfg.evaluationTimeout())
 	res.EvalTimeTaken = time.Since(t).Seconds()
 	if err != nil {
 		infra("run the eval script", err)
 		return
 	}
-	section, ok := TestSection(ev.Log)
+	section, ok := grading.TestSection(ev.Log)
 	if !ok {
 		section = ev.Log
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/resources/swebench/grading"
 	"github.com/sandboxowner/owner/sandbox"
 )
 
@@ -18,9 +19,9 @@ func wantResolved(t *testing.T, res VerifyResult) {
 	if res.Reward != 1 || !res.Resolved || !res.EvaluationCompleted {
 		t.Fatalf("want reward 1.0, resolved and completed; got:\n%s", describe(res))
 	}
-	want := &TestsStatus{
-		FailToPass: TestResults{Success: failToPass, Failure: []string{}},
-		PassToPass: TestResults{Success: passToPass, Failure: []string{}},
+	want := &grading.TestsStatus{
+		FailToPass: grading.TestResults{Success: failToPass, Failure: []string{}},
+		PassToPass: grading.TestResults{Success: passToPass, Failure: []string{}},
 	}
 	if d := cmp.Diff(want, res.TestsStatus); d != "" {
 		t.Errorf("tests_status (-want +got):\n%s", d)

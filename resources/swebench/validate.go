@@ -272,7 +272,7 @@ func (s *Server) runValidation(ctx context.Context, p provider.Provider, row Row
 	if err != nil {
 		return nil, fmt.Errorf("%w: build the eval script: %w", ErrGrading, err)
 	}
-	ev, err := RunEval(ctx, p, h, script, framing == FramingMarked, s.cfg.evaluationTimeout())
+	ev, err := RunEval(ctx, p, h, script, framing == grading.FramingMarked, s.cfg.evaluationTimeout())
 	if err != nil {
 		return nil, fmt.Errorf("%w: run the eval script: %w", ErrGrading, err)
 	}
@@ -301,7 +301,7 @@ func (s *Server) runValidation(ctx context.Context, p provider.Provider, row Row
 }
 
 // judge applies the validation rule to the statuses of a patchless run.
-func judge(v *Validation, row Row, statuses Statuses, log string) {
+func judge(v *Validation, row Row, statuses grading.Statuses, log string) {
 	if len(row.FailToPass)+len(row.PassToPass) == 0 {
 		v.Available, v.Reason = false, "the row lists no FAIL_TO_PASS or PASS_TO_PASS test"
 		return
@@ -311,7 +311,7 @@ func judge(v *Validation, row Row, statuses Statuses, log string) {
 		v.Reason = "no FAIL_TO_PASS or PASS_TO_PASS test appears in the eval log (does it build here?): " + lastLines(log, 6)
 		return
 	}
-	ts, _ := Resolve(row.FailToPass, row.PassToPass, statuses)
+	ts, _ := grading.Resolve(row.FailToPass, row.PassToPass, statuses)
 	v.FailToPassPassing = ts.FailToPass.Success
 	if len(ts.PassToPass.Failure) > 0 {
 		v.PassToPassFailing = ts.PassToPass.Failure
@@ -321,7 +321,7 @@ func judge(v *Validation, row Row, statuses Statuses, log string) {
 }
 
 // anyListed reports whether the log has a result for any listed test.
-func anyListed(row Row, statuses Statuses) bool {
+func anyListed(row Row, statuses grading.Statuses) bool {
 	return grading.AnyListed(row.FailToPass, row.PassToPass, statuses)
 }
 
