@@ -119,7 +119,9 @@ func (failingStart) Start(context.Context, provider.Spec) (provider.Handle, erro
 // manual clock (its local provider's ExecClock): it runs the eval script,
 // waits until the script has written its output and signalled through the
 // FIFO evalStarted, then moves the clock past the evaluation timeout. So
-// the eval times out after its output, however slow the machine.
+// the eval times out after its output, however slow the machine (the
+// script's cue comes after the grader's filter forwarded that output:
+// timeoutEvalScript).
 type evalTimeoutOnCue struct {
 	provider.Provider
 	clk *clock.Manual
@@ -164,6 +166,18 @@ func (e evalTimeoutOnCue) Exec(ctx context.Context, h provider.Handle, req provi
 	return r.res, r.err
 }
 
+// timeoutEvalScript prints its output, then gives evalTimeoutOnCue its cue
+// and sleeps. Its output reaches the grader through the eval's filter, an
+// awk on the other end of a pipe, which the timeout kills with the script:
+// a cue given right after the echo left the output in the pipe, or awk not
+// yet started, when the kill came under load (an empty test_output). So
+// 256 KiB follow it before the cue: a pipe holds 64 KiB, so the writes
+// return only once awk has read (and so printed and flushed) at least
+// 192 KiB, the lines before them first.
+const timeoutEvalScript = "#!/bin/bash\necho '>>>>> Start Test Output'\necho started\n" +
+	"for i in $(seq 256); do printf '%01023d\\n' \"$i\"; done\n" +
+	"echo > " + evalStarted + "\nsleep 120\n"
+
 func TestGradingFailuresAreReportedAndLeaveNothingRunning(t *testing.T) {
 	t.Parallel()
 	tk := newTask(t)
@@ -184,7 +198,7 @@ func TestGradingFailuresAreReportedAndLeaveNothingRunning(t *testing.T) {
 			c.EvaluationTimeout, c.Validate = 1, off()
 			*p = evalTimeoutOnCue{Provider: *p, clk: evalClk, t: t}
 		}, evalClk, func(r map[string]any) {
-			r["eval_script"] = "#!/bin/bash\necho '>>>>> Start Test Output'\necho started\necho > " + evalStarted + "\nsleep 120\n"
+			r["eval_script"] = timeoutEvalScript
 		}, FailureEvalTimeout, false, "started"},
 		{"a grading sandbox that cannot start", func(_ *Config, p *provider.Provider) { *p = failingStart{*p} }, nil, nil, FailureGrading, true, ""},
 	}
