@@ -230,10 +230,7 @@ func TestValidationMakesABrokenInstanceUnavailable(t *testing.T) {
 	tk := newTask(t)
 	w := newWorld(t, tk)
 	hook := logtest.NewLocal(w.log)
-	// Validations are kept with the test binary's shared templates: ids of
-	// this run's own, so that a rerun (-count=2) validates them again.
-	sum := sha256.Sum256([]byte(t.TempDir()))
-	run := hex.EncodeToString(sum[:4])
+	run := runSuffix(t)
 
 	p2p := tk.row("example__calc-p2p-" + run)
 	p2p["FAIL_TO_PASS"], p2p["PASS_TO_PASS"] = []string{"TestAbs"}, append(append([]string{}, passToPass...), "TestAbs/negative")

@@ -148,6 +148,10 @@ func TestHacksGradeZero(t *testing.T) {
 	w := newWorld(t, tk)
 	for _, c := range hackCases() {
 		t.Run(c.name, func(t *testing.T) {
+			// Each hack is a session of its own on a server of its own:
+			// they grade at once.
+			t.Parallel()
+			w := w.in(t)
 			cfg := w.srv.cfg
 			cfg.GradingGuard = c.guard
 			srv, err := New(cfg, Deps{Name: "swebench", Logger: w.log})

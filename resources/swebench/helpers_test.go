@@ -2,6 +2,8 @@ package swebench
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -305,6 +307,23 @@ func (w *world) crash() {
 	w.open()
 }
 
+// runSuffix makes instance ids of the test's own: validations are kept
+// with the test binary's shared templates (whose template and environment
+// of the task other tests share), so an id with it is validated anew on
+// every run (-count=2 too).
+func runSuffix(t *testing.T) string {
+	sum := sha256.Sum256([]byte(t.TempDir()))
+	return hex.EncodeToString(sum[:4])
+}
+
+// in is the world as seen from t, a subtest of its test: its helpers fail
+// t, not the parent test, so that subtests can run in parallel on it.
+func (w *world) in(t *testing.T) *world {
+	c := *w
+	c.t = t
+	return &c
+}
+
 func (w *world) seed(sid string, row map[string]any) SeedResult {
 	w.t.Helper()
 	res, err := w.srv.SeedSession(context.Background(), w.own, sid, mustJSON(w.t, row))
@@ -380,10 +399,14 @@ const TemplatesEnv = "SWEBENCH_TEST_TEMPLATES"
 // testTemplatesDir is that directory.
 func testTemplatesDir() string { return os.Getenv(TemplatesEnv) }
 
-// testStdCacheDir is the standard-library layers every server of the test
-// binary shares, worlds with templates of their own too: the standard
-// library is compiled once per toolchain, not once per test.
-func testStdCacheDir() string { return filepath.Join(testTemplatesDir(), ".gostd") }
+// StdCacheEnv names the std_cache_dir every server of the test binary
+// shares, worlds with templates of their own too: the standard library is
+// compiled once per toolchain, not once per test (nor, kept, once per run);
+// TestMain makes it.
+const StdCacheEnv = "SWEBENCH_TEST_STD_CACHE"
+
+// testStdCacheDir is that directory.
+func testStdCacheDir() string { return os.Getenv(StdCacheEnv) }
 
 func describe(res VerifyResult) string {
 	b, _ := json.MarshalIndent(res, "", "  ")

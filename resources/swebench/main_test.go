@@ -59,6 +59,23 @@ func TestMain(m *testing.M) {
 		os.Exit(2)
 	}
 	os.Setenv(swebench.TemplatesEnv, dir)
+	std, err := sharedStdLayers(dir, keep)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	os.Setenv(swebench.StdCacheEnv, std)
+	proxyCache := filepath.Join(dir, ".goproxy")
+	if keep {
+		// What a module proxy served of a module version never changes:
+		// kept for every source tree.
+		proxyCache = filepath.Join(filepath.Dir(dir), ".goproxy")
+	}
+	if err := touchDir(proxyCache); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	os.Setenv(swebench.ProxyCacheEnv, proxyCache)
 	code := m.Run()
 	if !keep || code != 0 {
 		// A failed run's templates go: what failed (a validation that
@@ -93,13 +110,10 @@ func sharedTemplates() (dir string, keep bool, err error) {
 	}
 	parent := filepath.Join(os.TempDir(), "sandboxowner-swebench-tests")
 	dir = filepath.Join(parent, key)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := touchDir(dir); err != nil {
 		return "", false, err
 	}
 	now := time.Now()
-	if err := os.Chtimes(dir, now, now); err != nil {
-		return "", false, err
-	}
 	entries, _ := os.ReadDir(parent)
 	for _, e := range entries {
 		if info, err := e.Info(); err == nil && e.Name() != key && now.Sub(info.ModTime()) > 24*time.Hour {
@@ -107,6 +121,39 @@ func sharedTemplates() (dir string, keep bool, err error) {
 		}
 	}
 	return dir, true, nil
+}
+
+// sharedStdLayers is the std_cache_dir of the test binary's servers. Kept
+// templates share one kept beside theirs across every source tree whose
+// standard-library layer is made the same way (stdlib.go and the Go
+// version name it), so that a change elsewhere in the module does not
+// compile the standard library of each toolchain again: minutes of the
+// package's time on a cold run. A layer is Go's build cache, addressed by
+// what each entry was built from, so whatever another tree's run left there
+// can be unused but never wrong. A fresh run's is inside its templates.
+func sharedStdLayers(templates string, keep bool) (string, error) {
+	if !keep {
+		return filepath.Join(templates, ".gostd"), nil
+	}
+	b, err := os.ReadFile("stdlib.go")
+	if err != nil {
+		return "", fmt.Errorf("hash the standard-library layer's code: %w", err)
+	}
+	h := sha256.New()
+	fmt.Fprintln(h, runtime.Version())
+	h.Write(b)
+	dir := filepath.Join(filepath.Dir(templates), ".gostd-"+hex.EncodeToString(h.Sum(nil))[:16])
+	return dir, touchDir(dir)
+}
+
+// touchDir makes dir and marks it used now (directories unused for a day
+// are removed: sharedTemplates).
+func touchDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	now := time.Now()
+	return os.Chtimes(dir, now, now)
 }
 
 // sourceKey hashes the Go version and every .go file, go.mod and go.sum

@@ -68,15 +68,15 @@ func TestAWaitingSeedShowsItsPhaseInHealth(t *testing.T) {
 	tk := newTask(t)
 	var held *heldValidation
 	_, own, srv := newGolden(t, tk, func(c *Config, p *provider.Provider) {
-		c.TemplateDir = t.TempDir()
 		held = holdValidations(p)
 	})
 	c := newHTTP(t, own, srv)
-	row := mustJSON(t, tk.row("example__calc-1"))
+	id := "example__calc-health-" + runSuffix(t)
+	row := mustJSON(t, tk.row(id))
 	seeded := make(chan reply, 1)
 	go func() { seeded <- c.post("/ng-rollout/r-1/seed_session", row) }()
 	<-held.asked
-	want := []Preparing{{InstanceID: "example__calc-1", Repo: taskRepo, Phase: PhaseValidation, Waiting: 1}}
+	want := []Preparing{{InstanceID: id, Repo: taskRepo, Phase: PhaseValidation, Waiting: 1}}
 	if d := cmp.Diff(want, preparingOf(t, c)); d != "" {
 		t.Errorf("/health preparing while the validation waits (-want +got):\n%s", d)
 	}
@@ -96,14 +96,12 @@ func TestARefusingServerAnswersAtOnceWhilePreparing(t *testing.T) {
 	t.Parallel()
 	tk := newTask(t)
 	var held *heldValidation
-	templates := t.TempDir()
 	_, own, srv := newGolden(t, tk, func(c *Config, p *provider.Provider) {
-		c.TemplateDir = templates
 		c.WhilePreparing = WhilePreparingRefuse
 		held = holdValidations(p)
 	})
 	c := newHTTP(t, own, srv)
-	row := mustJSON(t, tk.row("example__calc-1"))
+	row := mustJSON(t, tk.row("example__calc-refuse-"+runSuffix(t)))
 	for i := range 2 {
 		r := c.post("/ng-rollout/r-1/seed_session", row)
 		if r.status != 503 || r.code(t) != CodeEnvironmentPreparing || r.header["Retry-After"] != PreparingRetryAfter {
@@ -133,7 +131,6 @@ func TestARefusingServerAnswersAtOnceWhilePreparing(t *testing.T) {
 	// served, and nothing is prepared again.
 	var again *heldValidation
 	_, own2, srv2 := newGolden(t, tk, func(c *Config, p *provider.Provider) {
-		c.TemplateDir = templates
 		c.WhilePreparing = WhilePreparingRefuse
 		again = holdValidations(p)
 	})

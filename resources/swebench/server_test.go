@@ -128,6 +128,8 @@ func TestChangesThatDoNotFixTheBugDoNotResolve(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel() // sessions of their own
+			w := w.in(t)
 			row := tk.row("example__calc-1")
 			sid := "s-" + strings.ReplaceAll(c.name, " ", "-")
 			seed := w.seed(sid, row)
