@@ -633,7 +633,7 @@ func classify(err error) (status int, code, detail string) {
 	case errors.Is(err, sandbox.ErrLost):
 		// A fixed detail: the provider's error can carry host paths.
 		return nethttp.StatusConflict, CodeSandboxLost, "the session's sandbox is gone (stopped outside this server, or its lease ran out); the episode cannot go on or be graded: start a new one"
-	case errors.Is(err, owner.ErrAtCapacity):
+	case errors.Is(err, sandbox.ErrAtCapacity):
 		return nethttp.StatusServiceUnavailable, CodeAtCapacity, "the server holds max_sessions sessions; retry later"
 	case errors.Is(err, provider.ErrUnavailable):
 		return nethttp.StatusServiceUnavailable, CodeProviderUnavailable, err.Error()

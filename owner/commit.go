@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/snapshotindex"
+	"github.com/sirupsen/logrus"
 )
 
 // CommitRequest asks for a checkpoint of the live sessions.
@@ -238,4 +239,20 @@ func (o *Owner) listSnapshotsByTag(ctx context.Context, tag string) []string {
 		}
 	}
 	return out
+}
+
+// onOrphan deletes a snapshot that arrived after its round gave up on it.
+func (o *Owner) onOrphan(sessionID, snapshotID string) {
+	if o.index == nil {
+		return
+	}
+	o.log.WithFields(logrus.Fields{"session_id": sessionID, "snapshot_id": snapshotID}).Warn("snapshot arrived after its checkpoint failed; deleting it")
+	o.bg.Go(o.rt, func() {
+		ts := []snapshotindex.Tombstone{{SnapshotID: snapshotID, Provider: o.prov.Name(), Reason: "late snapshot of a failed commit", At: o.clk.Now()}}
+		if err := o.index.AddTombstones(ts); err != nil {
+			o.log.WithError(err).Warn("could not tombstone a late snapshot")
+			return
+		}
+		o.deleteTombstoned(o.base, []string{snapshotID})
+	})
 }

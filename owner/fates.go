@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"github.com/sandboxowner/owner/internal/fifo"
+	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/sandbox"
 )
@@ -89,4 +90,26 @@ func (f *fateMemory) markLost(sandboxID string) {
 		l.lost = true
 		f.live[sandboxID] = l
 	}
+}
+
+func (o *Owner) onHeld(sessionID string, sb sandbox.Sandbox) {
+	o.fates.hold(sessionID, sb.Handle, sb.FromSnapshot)
+}
+
+func (o *Owner) onLost(sessionID string, sb sandbox.Sandbox) {
+	o.fates.markLost(sb.Handle.SandboxID)
+}
+
+func (o *Owner) onEnded(sessionID string, stopped *provider.Handle, reason messages.StopReason) {
+	if stopped != nil {
+		o.fates.set(stopped.SandboxID, sandbox.FateEnded)
+	}
+}
+
+// SandboxFate tells what became of a sandbox the owner held: live (with the
+// session holding it and its handle), ended, superseded by a restore's fork,
+// or unknown.
+func (o *Owner) SandboxFate(sandboxID string) (sessionID string, h provider.Handle, fate sandbox.Fate) {
+	l, fate := o.fates.get(sandboxID)
+	return l.sessionID, l.handle, fate
 }

@@ -2,12 +2,14 @@ package owner_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // TestRenewLoopEndsIdleSessions: the owner's own ticker, on the injected
@@ -44,7 +46,7 @@ func TestRenewLoopEndsIdleSessions(t *testing.T) {
 }
 
 // TestMaxSessionsBoundsStarts: a start past MaxSessions is
-// ErrAtCapacity and starts nothing.
+// sandbox.ErrAtCapacity and starts nothing.
 func TestMaxSessionsBoundsStarts(t *testing.T) {
 	e := newEnv(t)
 	o := e.open(func(c *owner.Config) { c.Checkpoint.Enabled = false; c.MaxSessions = 2 })
@@ -53,7 +55,7 @@ func TestMaxSessionsBoundsStarts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := o.StartSessionSandbox(context.Background(), "s3", provider.Spec{}, nil, "/w"); err != owner.ErrAtCapacity {
+	if _, err := o.StartSessionSandbox(context.Background(), "s3", provider.Spec{}, nil, "/w"); !errors.Is(err, sandbox.ErrAtCapacity) {
 		t.Fatalf("third start: %v, want ErrAtCapacity", err)
 	}
 	if st := e.fk.Stats(); st.Started != 2 {

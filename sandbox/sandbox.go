@@ -57,6 +57,9 @@ var (
 	// ErrSetup wraps every failure of a session's setup; nothing of the
 	// session is tracked after it.
 	ErrSetup = errors.New("session setup failed")
+	// ErrAtCapacity: the owner holds as many sessions as it may; a seed
+	// starts nothing (HTTP 503 at_capacity). A restore is not bounded.
+	ErrAtCapacity = errors.New("at capacity")
 )
 
 // Fate is what became of a sandbox a session held: the owner remembers it,

@@ -30,9 +30,6 @@ import (
 // already has an actor.
 var ErrSessionExists = fmt.Errorf("supervisor: session already exists")
 
-// ErrAtCapacity answers a SpawnSession whose Limit the sessions reach.
-var ErrAtCapacity = fmt.Errorf("supervisor: at capacity")
-
 // PropsFunc makes the props of a session actor: empty, or holding a restored
 // sandbox.
 type PropsFunc func(sessionID string, install *sandbox.Sandbox, snapshots []string) *actor.Props
@@ -192,7 +189,7 @@ func (s *supervisor) Receive(ctx actor.Context) {
 			return
 		}
 		if m.Limit > 0 && s.dir.count() >= m.Limit {
-			respond(ctx, m.Reply, &messages.SessionRef{SessionID: m.SessionID, Err: ErrAtCapacity})
+			respond(ctx, m.Reply, &messages.SessionRef{SessionID: m.SessionID, Err: sandbox.ErrAtCapacity})
 			return
 		}
 		s.next++

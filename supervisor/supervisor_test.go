@@ -139,7 +139,7 @@ func TestSpawnRefusedAtCapacity(t *testing.T) {
 			t.Fatalf("spawn %s under the limit: %+v", sid, ref)
 		}
 	}
-	if ref := h.ask(t, h.sup, &messages.SpawnSession{SessionID: "s3", Limit: 2}).(*messages.SessionRef); !errors.Is(ref.Err, supervisor.ErrAtCapacity) || ref.PID != nil {
+	if ref := h.ask(t, h.sup, &messages.SpawnSession{SessionID: "s3", Limit: 2}).(*messages.SessionRef); !errors.Is(ref.Err, sandbox.ErrAtCapacity) || ref.PID != nil {
 		t.Errorf("spawn at capacity: %+v, want ErrAtCapacity", ref)
 	}
 	if ref := h.ask(t, h.sup, &messages.SpawnSession{SessionID: "s1", Limit: 2}).(*messages.SessionRef); ref.Err != nil || ref.PID == nil {

@@ -1,0 +1,202 @@
+package owner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/sandboxowner/owner/actors"
+	"github.com/sandboxowner/owner/internal/timeouts"
+	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
+)
+
+// labelled returns spec with the owner's labels added.
+func (o *Owner) labelled(spec provider.Spec, sessionID string, extra map[string]string) provider.Spec {
+	md := make(map[string]string, len(spec.Metadata)+4)
+	for k, v := range spec.Metadata {
+		md[k] = v
+	}
+	md[LabelOwner] = o.name
+	md[LabelIncarnation] = o.incarnation
+	md[LabelSession] = sessionID
+	for k, v := range extra {
+		md[k] = v
+	}
+	spec.Metadata = md
+	if spec.TTLSeconds == 0 && o.cfg.DefaultTTL > 0 {
+		spec.TTLSeconds = o.cfg.DefaultTTL.Seconds()
+	}
+	return spec
+}
+
+// StartSessionSandbox starts the session's sandbox on the shared provider,
+// runs setup against it, and only then tracks it. A failed setup (or one
+// returning anything but a JSON object of at most 64 KiB) stops the sandbox
+// and tracks nothing. workdir "" means the sandbox's pwd after setup. A
+// session that already has a sandbox gets sandbox.ErrExists, except a session
+// a restore rebuilt: a replacement attempt gets the fork (Restored is set)
+// and setup does not run again.
+func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec provider.Spec, setup sandbox.SetupFunc, workdir string) (sandbox.Sandbox, error) {
+	if o.prov == nil {
+		return sandbox.Sandbox{}, fmt.Errorf("%w: server %q lends no sandboxes", provider.ErrUnsupported, o.name)
+	}
+	if sessionID == "" {
+		return sandbox.Sandbox{}, fmt.Errorf("%w: empty session id", provider.ErrInvalidSpec)
+	}
+	spec = o.labelled(spec, sessionID, nil)
+	o.starting.Add(1)
+	defer o.starting.Add(-1)
+	// An ended session's actor may still be on its way out: retry once it
+	// is forgotten.
+	for attempt := 0; ; attempt++ {
+		ref, err := o.ask.spawn(sessionID, nil, nil, o.cfg.MaxSessions)
+		if err != nil {
+			return sandbox.Sandbox{}, err
+		}
+		pid := ref.PID.(*actor.PID)
+		rep, err := o.ask.start(ctx, pid, messages.StartSandbox{Ctx: ctx, Spec: spec, Setup: setup, Workdir: workdir})
+		if err != nil {
+			return sandbox.Sandbox{}, err
+		}
+		if errors.Is(rep.Err, actors.ErrSessionEnded) && attempt < 100 {
+			o.ask.forget(sessionID, pid)
+			continue
+		}
+		if rep.Err != nil {
+			if ref.Spawned && !errors.Is(rep.Err, sandbox.ErrExists) {
+				// Nothing is tracked for a failed start: drop the empty actor.
+				o.ask.forget(sessionID, pid)
+				o.ask.settle()
+			}
+			return sandbox.Sandbox{}, rep.Err
+		}
+		return rep.Sandbox, nil
+	}
+}
+
+// SessionSandbox returns the session's sandbox, including one a restore
+// rebuilt. ok is false when it holds none (unknown, in setup, ended).
+func (o *Owner) SessionSandbox(ctx context.Context, sessionID string) (sandbox.Sandbox, bool) {
+	sb, err := o.RequireSessionSandbox(ctx, sessionID)
+	return sb, err == nil
+}
+
+// RequireSessionSandbox is SessionSandbox with sandbox.ErrNone when
+// there is none, so that a resent verify is refused instead of graded 0.
+func (o *Owner) RequireSessionSandbox(ctx context.Context, sessionID string) (sandbox.Sandbox, error) {
+	pid, err := o.ask.lookup(sessionID)
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	if pid == nil {
+		return sandbox.Sandbox{}, fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
+	}
+	// A session answers a view at once unless its mailbox is stuck: bound
+	// the wait even for a caller without a deadline.
+	ctx, cancel := context.WithTimeout(ctx, timeouts.Reply)
+	defer cancel()
+	rep, err := o.ask.view(ctx, pid)
+	if err == nil && rep.Lost {
+		return sandbox.Sandbox{}, fmt.Errorf("%w: session %q", sandbox.ErrLost, sessionID)
+	}
+	if err != nil || !rep.Held {
+		return sandbox.Sandbox{}, fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
+	}
+	return rep.Sandbox, nil
+}
+
+// SessionData is the session's setup object ({} when setup returned none or
+// the session holds no sandbox).
+func (o *Owner) SessionData(ctx context.Context, sessionID string) json.RawMessage {
+	sb, ok := o.SessionSandbox(ctx, sessionID)
+	if !ok || len(sb.Data) == 0 {
+		return json.RawMessage("{}")
+	}
+	return sb.Data
+}
+
+// Do runs fn against the session's sandbox, serialised with the session's
+// other operations (a stop or a snapshot never runs during it).
+func (o *Owner) Do(ctx context.Context, sessionID string, fn sandbox.DoFunc) error {
+	pid, err := o.ask.lookup(sessionID)
+	if err != nil {
+		return err
+	}
+	if pid == nil {
+		return fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
+	}
+	rep, err := o.ask.do(ctx, pid, fn)
+	if gone(err) {
+		return fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
+	}
+	if err != nil {
+		return err
+	}
+	if err := rep.Err; err != nil {
+		if errors.Is(err, sandbox.ErrNone) {
+			return fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
+		}
+		if errors.Is(err, sandbox.ErrLost) {
+			return fmt.Errorf("%w: session %q", sandbox.ErrLost, sessionID)
+		}
+		return err
+	}
+	return nil
+}
+
+// EndSessionSandbox stops the session's sandbox and forgets the session.
+// Ending a session without a sandbox is success. The session's snapshots
+// stay until the checkpoints that name them are dropped (a release, or
+// their checkpoint_dir gone).
+func (o *Owner) EndSessionSandbox(ctx context.Context, sessionID string) error {
+	_, err := o.stopSession(ctx, sessionID, messages.StopEnd)
+	return err
+}
+
+// stopSession stops a session's sandbox for reason and reports the handle
+// stopped (nil when none was held).
+func (o *Owner) stopSession(ctx context.Context, sessionID string, reason messages.StopReason) (*provider.Handle, error) {
+	pid, err := o.ask.lookup(sessionID)
+	if err != nil || pid == nil {
+		return nil, err
+	}
+	rep, err := o.ask.stop(ctx, pid, reason, time.Time{})
+	if gone(err) {
+		return nil, nil // ended meanwhile: nothing held
+	}
+	if err != nil {
+		return nil, err
+	}
+	if rep.Err == nil {
+		// The session told the supervisor to forget it before answering.
+		o.ask.settle()
+	}
+	return rep.Stopped, rep.Err
+}
+
+// SessionCounts are how many sessions hold a sandbox (live, restored ones
+// included), how many seeds are starting one (in setup), and how many hold
+// one that was lost behind the owner's back and not yet ended.
+func (o *Owner) SessionCounts() (live, inSetup, lost int) {
+	live, lost = o.fates.liveCount()
+	return live, int(o.starting.Load()), lost
+}
+
+// Sessions lists the ids of the sessions the owner tracks.
+func (o *Owner) Sessions() ([]string, error) {
+	refs, err := o.ask.list()
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(refs))
+	for i, r := range refs {
+		ids[i] = r.SessionID
+	}
+	return ids, nil
+}
