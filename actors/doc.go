@@ -12,7 +12,10 @@
 // A session serialises its operations (start, tool calls, snapshots, stops):
 // a stop never races its own start and a snapshot never runs during a tool
 // call. Requests that only read state (GetSandbox), and snapshot requests to
-// a session with nothing to export, are answered at once.
+// a session with nothing to export, are answered at once. What GetSandbox
+// answers is also published, an immutable value swapped after each change
+// (messages.SessionView), so that the owner's per-request reads need no
+// message at all; every change still goes through the mailbox.
 //
 // The coordinator runs one snapshot round at a time: it asks every session,
 // watches each one, and gives up on the stragglers at the round's deadline.

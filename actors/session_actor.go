@@ -68,16 +68,56 @@ type sessionActor struct {
 	env *SessionEnv
 	s   *Session
 	log logrus.FieldLogger
+	// view, when set, is where the actor publishes the session's view
+	// after every message that changes it; shown is what it last
+	// published.
+	view  *messages.SessionView
+	shown viewKey
 }
 
 // SessionProps returns the props of a session actor starting from state.
 // The producer has no side effects (protoactor runs it even when a spawn
 // fails).
 func SessionProps(env *SessionEnv, state func() *Session) *actor.Props {
+	return SessionPropsPublishing(env, nil, state)
+}
+
+// SessionPropsPublishing is SessionProps whose actor publishes its view in
+// view (when not nil): the initial one as the actor is made, before the
+// spawn returns, then each change before the replies of the message that
+// made it, so that a caller who heard a reply loads what followed it. The
+// only side effect of the producer is that first store, which a failed
+// spawn leaves in a view nobody reads.
+func SessionPropsPublishing(env *SessionEnv, view *messages.SessionView, state func() *Session) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		s := state()
-		return &sessionActor{env: env, s: s, log: env.Log.WithField("session_id", s.ID)}
+		a := &sessionActor{env: env, s: s, log: env.Log.WithField("session_id", s.ID), view: view}
+		a.publish(true)
+		return a
 	})
+}
+
+// viewKey is what a view is made of that a message can change: the
+// sandbox itself is only ever replaced with a change of stage (a start,
+// an end) and its lease with a change of expiry.
+type viewKey struct {
+	stage   Stage
+	lost    bool
+	expires time.Time
+}
+
+// publish stores the session's view when it changed since the last store
+// (or always, when force).
+func (a *sessionActor) publish(force bool) {
+	if a.view == nil {
+		return
+	}
+	k := viewKey{stage: a.s.Stage, lost: a.s.Lost, expires: a.s.Sandbox.ExpiresAt}
+	if !force && k == a.shown {
+		return
+	}
+	a.shown = k
+	a.view.Store(a.s.view())
 }
 
 func (a *sessionActor) Receive(ctx actor.Context) {
@@ -85,10 +125,15 @@ func (a *sessionActor) Receive(ctx actor.Context) {
 	case *actor.Started, *actor.Stopping, *actor.Restarting:
 		return
 	case *actor.Stopped:
+		// A stopped actor answers nothing: readers of its view see a
+		// session that holds no sandbox, as an ask would have found.
+		if a.view != nil {
+			a.view.Store(&messages.GetSandboxReply{SessionID: a.s.ID})
+		}
 		a.abandon()
 		return
 	case startDone, doDone, snapshotDone, stopDone, renewDone:
-		a.perform(ctx, a.s.Step(m, nil))
+		a.step(ctx, m, nil)
 	default:
 		// An asker outside the actor system waits on the slot its request
 		// carries; an actor (the coordinator) on its PID.
@@ -96,8 +141,16 @@ func (a *sessionActor) Receive(ctx actor.Context) {
 		if r := messages.ReplySlot(m); r != nil {
 			sender = r
 		}
-		a.perform(ctx, a.s.Step(m, sender))
+		a.step(ctx, m, sender)
 	}
+}
+
+// step feeds one input to the session, publishes the view it leaves, then
+// performs the effects (the replies among them).
+func (a *sessionActor) step(ctx actor.Context, in, sender any) {
+	effects := a.s.Step(in, sender)
+	a.publish(false)
+	a.perform(ctx, effects)
 }
 
 // abandon runs when the actor stops. A session stopped for a panic (the

@@ -34,6 +34,8 @@ type shell struct {
 	clk *clock.Manual
 	env *actors.SessionEnv
 	pid *actor.PID
+	// view is what the actor publishes.
+	view *messages.SessionView
 
 	mu     sync.Mutex
 	events []string
@@ -52,7 +54,8 @@ func newShell(t *testing.T, p provider.Provider) *shell {
 		OnHeld: func(id string, sb sandbox.Sandbox) { s.note("held %s", id) },
 		OnLost: func(id string, sb sandbox.Sandbox) { s.note("lost %s", id) },
 	}
-	s.pid = s.sys.Root.Spawn(actors.SessionProps(s.env, func() *actors.Session { return actors.NewSession("s1") }))
+	s.view = &messages.SessionView{}
+	s.pid = s.sys.Root.Spawn(actors.SessionPropsPublishing(s.env, s.view, func() *actors.Session { return actors.NewSession("s1") }))
 	t.Cleanup(func() { s.sys.Shutdown() })
 	return s
 }
@@ -420,5 +423,68 @@ func TestShellAbandonStopsTheSandbox(t *testing.T) {
 	}
 	if live := p.LiveSandboxIDs(); len(live) != 0 {
 		t.Errorf("sandboxes live after the actor stopped: %v", live)
+	}
+}
+
+// TestShellPublishesItsView: the actor publishes what a GetSandbox would
+// answer from the spawn on, each change before the reply of the request
+// that made it (a caller who heard the start's reply reads the sandbox
+// held), a lease renewal's new expiry, a stop, and nothing held once the
+// actor is gone.
+func TestShellPublishesItsView(t *testing.T) {
+	pclk := clock.NewManual(shellT0)
+	p := fake.New(fake.Options{Clock: pclk})
+	renewed := make(chan struct{}, 1)
+	p.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpRenew && c.Phase == fake.PhaseEnd {
+			renewed <- struct{}{}
+		}
+	})
+	s := newShell(t, p)
+	if diff := cmp.Diff(&messages.GetSandboxReply{SessionID: "s1"}, s.view.Load()); diff != "" {
+		t.Fatalf("view of a new session (-want +got):\n%s", diff)
+	}
+	inSetup, release := make(chan *messages.GetSandboxReply, 1), make(chan struct{})
+	slot := make(messages.ReplyTo, 1)
+	s.sys.Root.Send(s.pid, &messages.StartSandbox{ReqID: 1, Spec: provider.Spec{Workdir: "/w", TTLSeconds: 90}, Reply: slot,
+		Setup: func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) {
+			inSetup <- s.view.Load()
+			<-release
+			return nil, nil
+		}})
+	if v := <-inSetup; !v.Starting || v.Held {
+		t.Errorf("view during setup: %+v, want starting and not held", v)
+	}
+	close(release)
+	rep := (<-slot).(*messages.StartReply)
+	if diff := cmp.Diff(&messages.GetSandboxReply{SessionID: "s1", Sandbox: rep.Sandbox, Held: true}, s.view.Load()); diff != "" {
+		t.Errorf("view right after the start's reply (-want +got):\n%s", diff)
+	}
+	now := shellT0.Add(time.Minute)
+	pclk.Set(now)
+	s.sys.Root.Send(s.pid, &messages.RenewLease{Now: now})
+	<-renewed
+	// The renewal's outcome reaches the mailbox after the provider's
+	// call: ask until an answer shows it (each ask is one mailbox turn).
+	var asked *messages.GetSandboxReply
+	for asked == nil || asked.Sandbox.ExpiresAt.Equal(rep.Sandbox.ExpiresAt) {
+		slot := make(messages.ReplyTo, 1)
+		asked = s.ask(&messages.GetSandbox{Reply: slot}, slot).(*messages.GetSandboxReply)
+	}
+	if diff := cmp.Diff(asked, s.view.Load()); diff != "" {
+		t.Errorf("view after the renewal against the answer of an ask (-want +got):\n%s", diff)
+	}
+	stop, _ := s.ask(&messages.StopSandbox{ReqID: 3, Reason: messages.StopEnd, Reply: slot}, slot).(*messages.StopReply)
+	if stop == nil || stop.Err != nil {
+		t.Fatalf("stop: %+v", stop)
+	}
+	if v := s.view.Load(); v.Held || v.Starting {
+		t.Errorf("view after the stop: %+v, want nothing held", v)
+	}
+	if err := s.sys.Root.StopFuture(s.pid).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(&messages.GetSandboxReply{SessionID: "s1"}, s.view.Load()); diff != "" {
+		t.Errorf("view once the actor stopped (-want +got):\n%s", diff)
 	}
 }

@@ -22,7 +22,9 @@ type Gate struct {
 	stopped  bool
 	inflight int
 	waiting  int
-	sessions map[string]*slot
+	// sessions holds slots by value: a request of a session with none in
+	// flight adds one without an allocation.
+	sessions map[string]slot
 
 	changed  *broadcast
 	onChange func()
@@ -46,7 +48,7 @@ func NewGateOn(onChange func(), rt sched.Runtime) *Gate {
 		open:     open,
 		isOpen:   true,
 		stopping: make(chan struct{}),
-		sessions: map[string]*slot{},
+		sessions: map[string]slot{},
 		changed:  newBroadcast(),
 		onChange: onChange,
 	}
@@ -97,12 +99,9 @@ func (g *Gate) Enter(ctx context.Context, e Entry) (leave func(), err error) {
 	}
 	g.inflight++
 	s := g.sessions[e.Session]
-	if s == nil {
-		s = &slot{}
-		g.sessions[e.Session] = s
-	}
 	s.n++
 	s.label = e.Label
+	g.sessions[e.Session] = s
 	g.mu.Unlock()
 	g.changed.Fire()
 	var once sync.Once
@@ -112,10 +111,12 @@ func (g *Gate) Enter(ctx context.Context, e Entry) (leave func(), err error) {
 func (g *Gate) leave(session string) {
 	g.mu.Lock()
 	g.inflight--
-	if s := g.sessions[session]; s != nil {
+	if s, ok := g.sessions[session]; ok {
 		s.n--
 		if s.n <= 0 {
 			delete(g.sessions, session)
+		} else {
+			g.sessions[session] = s
 		}
 	}
 	g.mu.Unlock()
@@ -213,10 +214,7 @@ func (g *Gate) Blocking() int {
 func (g *Gate) InflightOf(session string) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if s := g.sessions[session]; s != nil {
-		return s.n
-	}
-	return 0
+	return g.sessions[session].n
 }
 
 // Changed returns a channel closed at the gate's next change (a request
@@ -230,7 +228,7 @@ func (g *Gate) WaitIdle(ctx context.Context, sessions []string) error {
 		busy := false
 		g.mu.Lock()
 		for _, s := range sessions {
-			if g.sessions[s] != nil {
+			if _, ok := g.sessions[s]; ok {
 				busy = true
 				break
 			}

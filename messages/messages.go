@@ -11,6 +11,7 @@ package messages
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxowner/owner/provider"
@@ -126,6 +127,22 @@ type GetSandboxReply struct {
 	// Lost is true when the sandbox is gone behind the owner's back.
 	Lost bool
 }
+
+// SessionView is where a session actor publishes what GetSandbox would
+// answer, as an immutable value swapped whole after each message that
+// changes it: a read on every request's path (an agent's /sandbox_access,
+// a verify) loads it without a round trip through the session's mailbox.
+// Only the actor stores into it.
+type SessionView struct {
+	p atomic.Pointer[GetSandboxReply]
+}
+
+// Load returns the last view published (nil before the first). The reply
+// is shared: callers must not change it.
+func (v *SessionView) Load() *GetSandboxReply { return v.p.Load() }
+
+// Store publishes r, which must not be changed afterwards.
+func (v *SessionView) Store(r *GetSandboxReply) { v.p.Store(r) }
 
 // StopSandbox asks a session to stop its sandbox.
 type StopSandbox struct {

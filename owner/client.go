@@ -106,9 +106,19 @@ func (c *client) lookup(sessionID string) (*actor.PID, error) {
 	return c.dir.Lookup(sessionID), nil
 }
 
-// view asks a session for its sandbox.
-func (c *client) view(ctx context.Context, pid *actor.PID) (*messages.GetSandboxReply, error) {
-	return ask[*messages.GetSandboxReply](ctx, c, pid, func(r messages.ReplyTo) any { return &messages.GetSandbox{Reply: r} })
+// view is what the session's actor last published of its sandbox, nil
+// when the supervisor lists no actor for it: no message, no wait.
+func (c *client) view(sessionID string) (*messages.GetSandboxReply, error) {
+	select {
+	case <-c.closed:
+		return nil, ErrClosed
+	default:
+	}
+	_, v := c.dir.View(sessionID)
+	if v == nil {
+		return nil, nil
+	}
+	return v.Load(), nil
 }
 
 // start asks a session to start its sandbox and run setup.

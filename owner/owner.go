@@ -212,8 +212,8 @@ func (o *Owner) startActors() {
 		o.dispatch = actors.NewDispatcher(dispatchWorkers, dispatchQueue, dispatchThroughput)
 		onPool = actor.WithDispatcher(o.dispatch)
 	}
-	props := func(sessionID string, install *sandbox.Sandbox, snapshots []string) *actor.Props {
-		return actors.SessionProps(env, func() *actors.Session {
+	props := func(sessionID string, install *sandbox.Sandbox, snapshots []string, view *messages.SessionView) *actor.Props {
+		return actors.SessionPropsPublishing(env, view, func() *actors.Session {
 			if install != nil {
 				s := actors.NewInstalledSession(sessionID, *install, snapshots)
 				s.LastUse = o.clk.Now() // a restored episode goes on from now
@@ -233,7 +233,7 @@ func (o *Owner) startActors() {
 	})
 	root := o.system.Root
 	o.dir = supervisor.NewDirectory()
-	o.sup, _ = root.SpawnNamed(supervisor.PropsOn(props, o.dir, o.clk).Configure(onPool), names("sessions"))
+	o.sup, _ = root.SpawnNamed(supervisor.PropsPublishing(props, o.dir, o.clk).Configure(onPool), names("sessions"))
 	o.coord, _ = root.SpawnNamed(actors.CoordinatorProps(&actors.CoordinatorEnv{
 		Log:      o.log,
 		Clock:    o.clk,

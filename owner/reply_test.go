@@ -3,6 +3,7 @@ package owner
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -43,9 +44,14 @@ func TestCallToAStoppedActorIsUndelivered(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), guardTimeout)
 	defer cancel()
-	_, err := o.ask.view(ctx, pid)
+	_, err := o.ask.do(ctx, pid, func(context.Context, provider.Provider, sandbox.Sandbox) error { return nil })
 	if !errors.Is(err, actor.ErrDeadLetter) {
 		t.Fatalf("call to a stopped actor: %v, want ErrDeadLetter", err)
+	}
+	// Its published view went with it: the session holds nothing, as an
+	// ask of it would have found.
+	if _, err := o.RequireSessionSandbox(ctx, "s1"); !errors.Is(err, sandbox.ErrNone) {
+		t.Fatalf("the sandbox of a stopped actor's session: %v, want ErrNone", err)
 	}
 }
 
@@ -94,11 +100,12 @@ func TestAnAbandonedSlotIsNotReused(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Every slot in the free list gets used; a reused abandoned one would
-	// hand a GetSandbox the stale DoReply.
+	// hand a later Do the first one's answer (nil) in place of its own.
 	for i := 0; i < 2*maxFreeReplies/1024+8; i++ {
-		sb, err := o.RequireSessionSandbox(context.Background(), "s1")
-		if err != nil || sb.Handle.SandboxID == "" {
-			t.Fatalf("view %d: %+v, %v", i, sb, err)
+		want := fmt.Errorf("call %d", i)
+		err := o.Do(context.Background(), "s1", func(context.Context, provider.Provider, sandbox.Sandbox) error { return want })
+		if !errors.Is(err, want) {
+			t.Fatalf("Do %d answered %v, want its own %v", i, err, want)
 		}
 	}
 	if n := len(o.ask.replies); n == 0 {

@@ -10,7 +10,6 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/sandboxowner/owner/actors"
-	"github.com/sandboxowner/owner/internal/timeouts"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/sandbox"
@@ -90,22 +89,15 @@ func (o *Owner) SessionSandbox(ctx context.Context, sessionID string) (sandbox.S
 // RequireSessionSandbox is SessionSandbox with sandbox.ErrNone when
 // there is none, so that a resent verify is refused instead of graded 0.
 func (o *Owner) RequireSessionSandbox(ctx context.Context, sessionID string) (sandbox.Sandbox, error) {
-	pid, err := o.ask.lookup(sessionID)
+	// The session's actor publishes what it holds: read without a message.
+	rep, err := o.ask.view(sessionID)
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
-	if pid == nil {
-		return sandbox.Sandbox{}, fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
-	}
-	// A session answers a view at once unless its mailbox is stuck: bound
-	// the wait even for a caller without a deadline.
-	ctx, cancel := context.WithTimeout(ctx, timeouts.Reply)
-	defer cancel()
-	rep, err := o.ask.view(ctx, pid)
-	if err == nil && rep.Lost {
+	if rep != nil && rep.Lost {
 		return sandbox.Sandbox{}, fmt.Errorf("%w: session %q", sandbox.ErrLost, sessionID)
 	}
-	if err != nil || !rep.Held {
+	if rep == nil || !rep.Held {
 		return sandbox.Sandbox{}, fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
 	}
 	return rep.Sandbox, nil

@@ -34,6 +34,10 @@ var ErrSessionExists = fmt.Errorf("supervisor: session already exists")
 // sandbox.
 type PropsFunc func(sessionID string, install *sandbox.Sandbox, snapshots []string) *actor.Props
 
+// ViewPropsFunc is PropsFunc for session actors that publish their view in
+// view (messages.SessionView), which the Directory hands readers.
+type ViewPropsFunc func(sessionID string, install *sandbox.Sandbox, snapshots []string, view *messages.SessionView) *actor.Props
+
 // Props returns the supervisor's props.
 func Props(sessionProps PropsFunc) *actor.Props {
 	return PropsWithDirectory(sessionProps, nil)
@@ -48,6 +52,15 @@ func PropsWithDirectory(sessionProps PropsFunc, dir *Directory) *actor.Props {
 // PropsOn is PropsWithDirectory whose forget grace runs on clk (nil: the
 // wall clock).
 func PropsOn(sessionProps PropsFunc, dir *Directory, clk clock.Clock) *actor.Props {
+	return PropsPublishing(func(id string, install *sandbox.Sandbox, snapshots []string, _ *messages.SessionView) *actor.Props {
+		return sessionProps(id, install, snapshots)
+	}, dir, clk)
+}
+
+// PropsPublishing is PropsOn whose session actors publish their views:
+// each spawn gets a fresh view, which Directory.View returns for as long
+// as the session is listed.
+func PropsPublishing(sessionProps ViewPropsFunc, dir *Directory, clk clock.Clock) *actor.Props {
 	if clk == nil {
 		clk = clock.Real{}
 	}
@@ -71,7 +84,7 @@ func PropsOn(sessionProps PropsFunc, dir *Directory, clk clock.Clock) *actor.Pro
 // ask.
 type Directory struct {
 	mu   sync.RWMutex
-	byID map[string]*actor.PID
+	byID map[string]entry
 	// sessionOf is the session of each actor in byID, by PID id.
 	sessionOf map[string]string
 	// children are every session actor still running, by PID id: those in
@@ -81,7 +94,7 @@ type Directory struct {
 
 // NewDirectory returns an empty directory.
 func NewDirectory() *Directory {
-	return &Directory{byID: map[string]*actor.PID{}, sessionOf: map[string]string{}, children: map[string]*actor.PID{}}
+	return &Directory{byID: map[string]entry{}, sessionOf: map[string]string{}, children: map[string]*actor.PID{}}
 }
 
 // count is the number of sessions.
@@ -96,8 +109,8 @@ func (d *Directory) list() []messages.SessionRef {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	out := make([]messages.SessionRef, 0, len(d.byID))
-	for id, pid := range d.byID {
-		out = append(out, messages.SessionRef{SessionID: id, PID: pid})
+	for id, e := range d.byID {
+		out = append(out, messages.SessionRef{SessionID: id, PID: e.pid})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].SessionID < out[j].SessionID })
 	return out
@@ -115,7 +128,22 @@ func (d *Directory) session(pidID string) (string, bool) {
 func (d *Directory) Lookup(sessionID string) *actor.PID {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	return d.byID[sessionID]
+	return d.byID[sessionID].pid
+}
+
+// View returns the session's actor and the view it publishes (nil, nil
+// when the supervisor has none).
+func (d *Directory) View(sessionID string) (*actor.PID, *messages.SessionView) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	e := d.byID[sessionID]
+	return e.pid, e.view
+}
+
+// entry is a listed session: its actor and the view it publishes.
+type entry struct {
+	pid  *actor.PID
+	view *messages.SessionView
 }
 
 // Children lists every session actor still running, forgotten ones
@@ -136,10 +164,10 @@ func (d *Directory) terminated(pidID string) {
 	delete(d.children, pidID)
 }
 
-func (d *Directory) set(sessionID string, pid *actor.PID) {
+func (d *Directory) set(sessionID string, pid *actor.PID, view *messages.SessionView) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.byID[sessionID] = pid
+	d.byID[sessionID] = entry{pid: pid, view: view}
 	d.sessionOf[pid.Id] = sessionID
 	d.children[pid.Id] = pid
 }
@@ -148,7 +176,7 @@ func (d *Directory) set(sessionID string, pid *actor.PID) {
 func (d *Directory) remove(sessionID string, pid *actor.PID) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if cur := d.byID[sessionID]; cur != nil && cur.Id == pid.Id {
+	if cur := d.byID[sessionID].pid; cur != nil && cur.Id == pid.Id {
 		delete(d.byID, sessionID)
 		delete(d.sessionOf, pid.Id)
 	}
@@ -169,7 +197,7 @@ const ForgetGrace = 30 * time.Second
 type poisonLater struct{ pid *actor.PID }
 
 type supervisor struct {
-	props PropsFunc
+	props ViewPropsFunc
 	dir   *Directory
 	clk   clock.Clock
 	// next numbers incarnations: a session id may come back (re-seeded
@@ -193,12 +221,13 @@ func (s *supervisor) Receive(ctx actor.Context) {
 			return
 		}
 		s.next++
-		pid, err := ctx.SpawnNamed(s.props(m.SessionID, m.Install, m.Snapshots), fmt.Sprintf("s%d", s.next))
+		view := &messages.SessionView{}
+		pid, err := ctx.SpawnNamed(s.props(m.SessionID, m.Install, m.Snapshots, view), fmt.Sprintf("s%d", s.next))
 		if err != nil {
 			respond(ctx, m.Reply, &messages.SessionRef{SessionID: m.SessionID, Err: err})
 			return
 		}
-		s.dir.set(m.SessionID, pid)
+		s.dir.set(m.SessionID, pid, view)
 		respond(ctx, m.Reply, &messages.SessionRef{SessionID: m.SessionID, PID: pid, Spawned: true})
 	case *messages.LookupSession:
 		ref := &messages.SessionRef{SessionID: m.SessionID}

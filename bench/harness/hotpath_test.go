@@ -81,7 +81,8 @@ func BenchmarkSessionDoParallel(b *testing.B) {
 }
 
 // BenchmarkSessionSandbox is a read of a session's sandbox (what
-// /sandbox_access asks): the lookup and a GetSandbox answered at once.
+// /sandbox_access asks): the lookup and a load of the view its actor
+// published.
 func BenchmarkSessionSandbox(b *testing.B) {
 	o := benchOwner(b, 1)
 	b.ReportAllocs()
