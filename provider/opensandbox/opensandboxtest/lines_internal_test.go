@@ -39,6 +39,13 @@ func TestExpandPath(t *testing.T) {
 		"/w/$1":            "/w/",
 		"/w/$X":            "/w/x-value",
 		"/w/$NOPE":         "error",
+		// A name is letters, digits and _, not starting with a digit:
+		// the ends of each range are names (undefined: an error), the
+		// characters just outside them are not (they expand to nothing).
+		"/w/$a": "error", "/w/$z": "error", "/w/$A": "error", "/w/$Z": "error", "/w/$_": "error",
+		"/w/${x0}": "error", "/w/${x9}": "error",
+		"/w/${x`}": "/w/", "/w/${x{}": "/w/", "/w/${x@}": "/w/", "/w/${x[}": "/w/",
+		"/w/${x/}": "/w/", "/w/${x:}": "/w/", "/w/${0x}": "/w/",
 	} {
 		got, err := expandPath(in, map[string]string{"X": "x-value"})
 		if err != nil {

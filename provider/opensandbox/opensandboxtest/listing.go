@@ -33,14 +33,20 @@ func (s *Server) paging(w http.ResponseWriter, r *http.Request) (page, size int,
 	return page, size, true
 }
 
-func pageOf[T any](items []T, page, size int) ([]T, map[string]any) {
+// writePage answers page (from 1) of items, size a page, with the real
+// server's pagination object; a page past the end has no items ([], never
+// null).
+func writePage(w http.ResponseWriter, items []map[string]any, page, size int) {
 	total := len(items)
 	from := min((page-1)*size, total)
 	to := min(from+size, total)
 	pages := (total + size - 1) / size
-	return items[from:to], map[string]any{
-		"page": page, "pageSize": size, "totalItems": total, "totalPages": pages, "hasNextPage": page < pages,
-	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"items": append([]map[string]any{}, items[from:to]...),
+		"pagination": map[string]any{
+			"page": page, "pageSize": size, "totalItems": total, "totalPages": pages, "hasNextPage": page < pages,
+		},
+	})
 }
 
 // states returns the state filter, or nil for none. Matching is

@@ -277,11 +277,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.mu.Unlock()
-	pageItems, pag := pageOf(items, page, size)
-	if pageItems == nil {
-		pageItems = []map[string]any{}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": pageItems, "pagination": pag})
+	writePage(w, items, page, size)
 }
 
 // pause answers 202 with an empty body. The Docker runtime fails a second

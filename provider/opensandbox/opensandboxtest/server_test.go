@@ -327,15 +327,21 @@ func TestEndpointsAndExecd(t *testing.T) {
 	}
 }
 
-// TestSyncWithBackend: with SyncWithBackend, what the backend has is listed
-// (a sandbox made behind the server's back is adopted) and what it lost is
-// gone.
-func TestSyncWithBackend(t *testing.T) {
+// newSyncClient is a client of a server whose runtime of record is an
+// in-memory backend, returned too.
+func newSyncClient(t *testing.T) (*client, *fake.Provider) {
 	clk := clock.NewManual(t0)
 	be := fake.New(fake.Options{Clock: clk})
 	srv := opensandboxtest.NewServer(opensandboxtest.Options{Clock: clk, Backend: be, SyncWithBackend: true})
 	t.Cleanup(srv.Close)
-	c := &client{t: t, srv: srv, clk: clk}
+	return &client{t: t, srv: srv, clk: clk}, be
+}
+
+// TestSyncWithBackend: with SyncWithBackend, what the backend has is listed
+// (a sandbox made behind the server's back is adopted) and what it lost is
+// gone.
+func TestSyncWithBackend(t *testing.T) {
+	c, be := newSyncClient(t)
 	_, m, _ := c.call("POST", "/v1/sandboxes", create, nil)
 	id := m["id"].(string)
 	if info, ok := be.Sandbox(id); !ok || info.Metadata["ng.owner"] != "x" {
@@ -375,5 +381,43 @@ func TestPagingLimits(t *testing.T) {
 		if st, _, _ := c.call("GET", "/v1/sandboxes?"+q, "", nil); st != want {
 			t.Errorf("GET /v1/sandboxes?%s: %d, want %d", q, st, want)
 		}
+	}
+}
+
+// TestSyncAdoptsInOrder: what the backend made behind the server's back is
+// listed newest first after what the server made, and a fork shows the
+// snapshot it came from instead of an image.
+func TestSyncAdoptsInOrder(t *testing.T) {
+	c, be := newSyncClient(t)
+	_, m, _ := c.call("POST", "/v1/sandboxes", create, nil)
+	first := m["id"].(string)
+	ctx := context.Background()
+	behind, err := be.Start(ctx, provider.Spec{Metadata: map[string]string{"ng.owner": "y"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid, err := be.Snapshot(ctx, behind, "n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fork, err := be.Fork(ctx, provider.Spec{}, sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, m, _ = c.call("GET", "/v1/sandboxes", "", nil)
+	var got []string
+	for _, it := range m["items"].([]any) {
+		got = append(got, it.(map[string]any)["id"].(string))
+	}
+	if diff := cmp.Diff([]string{fork.SandboxID, behind.SandboxID, first}, got); diff != "" {
+		t.Errorf("list, newest first (-want +got):\n%s", diff)
+	}
+	_, m, _ = c.call("GET", "/v1/sandboxes/"+fork.SandboxID, "", nil)
+	if _, hasImage := m["image"]; m["snapshotId"] != sid || hasImage {
+		t.Errorf("an adopted fork: %v, want snapshotId %s and no image", m, sid)
+	}
+	_, m, _ = c.call("GET", "/v1/sandboxes/"+behind.SandboxID, "", nil)
+	if img, _ := m["image"].(map[string]any); img["uri"] != "adopted" || m["snapshotId"] != nil {
+		t.Errorf("an adopted sandbox: %v, want an image and no snapshotId", m)
 	}
 }

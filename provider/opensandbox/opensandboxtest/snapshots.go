@@ -165,9 +165,5 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.mu.Unlock()
-	pageItems, pag := pageOf(items, page, size)
-	if pageItems == nil {
-		pageItems = []map[string]any{}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": pageItems, "pagination": pag})
+	writePage(w, items, page, size)
 }
