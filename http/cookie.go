@@ -1,19 +1,17 @@
 package http
 
 import (
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
+
+	"github.com/sandboxowner/owner/internal/macs"
 )
 
 // SecretFile is the file in checkpoint.state_dir that keeps a generated
@@ -83,10 +81,7 @@ func randomSecret() []byte {
 // valid only for the cookie (server) it was issued by.
 type Signer struct {
 	name string
-	key  []byte
-	// macs keeps keyed HMACs for reuse: keying one hashes the secret's
-	// pads, which cost as much as the sum itself on every request.
-	macs sync.Pool
+	macs *macs.Keyed
 }
 
 // NewSigner returns a signer for the cookie name with the secret.
@@ -94,22 +89,10 @@ func NewSigner(cookieName string, secret []byte) (*Signer, error) {
 	if len(secret) < MinSecretLen {
 		return nil, fmt.Errorf("%w: at least %d bytes are required", ErrSecret, MinSecretLen)
 	}
-	s := &Signer{name: cookieName, key: append([]byte(nil), secret...)}
-	s.macs.New = func() any { return hmac.New(sha256.New, s.key) }
-	return s, nil
+	return &Signer{name: cookieName, macs: macs.New(secret)}, nil
 }
 
 var b64 = base64.RawURLEncoding
-
-func (s *Signer) sum(id string) []byte {
-	m := s.macs.Get().(hash.Hash)
-	defer s.macs.Put(m)
-	m.Reset()
-	m.Write([]byte(s.name))
-	m.Write([]byte{0})
-	m.Write([]byte(id))
-	return m.Sum(nil)
-}
 
 // NewID returns a fresh random session id.
 func NewID() string {
@@ -119,7 +102,17 @@ func NewID() string {
 }
 
 // Sign returns the cookie value for a session id.
-func (s *Signer) Sign(id string) string { return id + "." + b64.EncodeToString(s.sum(id)) }
+func (s *Signer) Sign(id string) string {
+	var sum [macs.Size]byte
+	mac := s.macs.Append(sum[:0], s.name, "\x00", id)
+	var v strings.Builder
+	v.Grow(len(id) + 1 + b64.EncodedLen(macs.Size))
+	v.WriteString(id)
+	v.WriteByte('.')
+	var enc [64]byte
+	v.Write(b64.AppendEncode(enc[:0], mac))
+	return v.String()
+}
 
 // Verify returns the session id of a genuine cookie value; ok is false for a
 // forged, tampered or malformed one.
@@ -129,8 +122,14 @@ func (s *Signer) Verify(value string) (id string, ok bool) {
 		return "", false
 	}
 	id = value[:i]
-	got, err := b64.DecodeString(value[i+1:])
-	if err != nil || !hmac.Equal(got, s.sum(id)) {
+	var raw [64]byte
+	src := value[i+1:]
+	if b64.DecodedLen(len(src)) > len(raw) {
+		return "", false
+	}
+	var in [128]byte
+	n, err := b64.Decode(raw[:], append(in[:0], src...))
+	if err != nil || !s.macs.Equal(raw[:n], s.name, "\x00", id) {
 		return "", false
 	}
 	return id, true

@@ -1,6 +1,9 @@
 package http_test
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"os"
 	"path/filepath"
@@ -101,5 +104,20 @@ func TestCookieValues(t *testing.T) {
 	}
 	if httpapi.NewID() == id {
 		t.Error("two session ids are equal")
+	}
+	// The value is "<id>.<base64url HMAC-SHA256 of name, NUL, id>": what a
+	// server before a restart (or an upgrade) signed must still verify.
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte("notes\x00session-1"))
+	if want := "session-1." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil)); v != want {
+		t.Errorf("cookie value %q, want %q", v, want)
+	}
+	for name, bad := range map[string]string{
+		"a signature too long to be one": "session-1." + strings.Repeat("A", 200),
+		"a padded signature":             v + "=",
+	} {
+		if got, ok := s.Verify(bad); ok {
+			t.Errorf("%s: accepted as %q", name, got)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/internal/jsonw"
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/participant"
@@ -67,8 +68,9 @@ func (s *Server) kindOf(route string) (routeKind, resources.ToolFunc) {
 // middleware sends it.
 func (s *Server) sessionOf(ctx *fasthttp.RequestCtx) string {
 	if v := ctx.Request.Header.Cookie(s.cookieName); len(v) > 0 {
-		if id, ok := s.signer.Verify(string(v)); ok {
-			s.setCookie(ctx, string(v), false)
+		value := string(v) // once: the id returned is part of it
+		if id, ok := s.signer.Verify(value); ok {
+			s.setCookie(ctx, value, false)
 			return id
 		}
 	}
@@ -264,14 +266,34 @@ type Connection struct {
 	Descriptor        map[string]any `json:"descriptor"`
 }
 
+// AppendJSON appends what json.Marshal writes for a, without reflection:
+// /sandbox_access is an agent's most frequent call.
+func (a *Access) AppendJSON(dst []byte) ([]byte, error) {
+	dst = append(dst, `{"connection":{"kind":`...)
+	dst = jsonw.AppendString(dst, a.Connection.Kind)
+	dst = append(dst, `,"provider_config_ref":`...)
+	dst = jsonw.AppendString(dst, a.Connection.ProviderConfigRef)
+	dst = append(dst, `,"descriptor":`...)
+	dst, err := jsonw.Append(dst, a.Connection.Descriptor)
+	if err != nil {
+		return dst, err
+	}
+	dst = append(dst, `},"workdir":`...)
+	dst = jsonw.AppendString(dst, a.Workdir)
+	return append(dst, '}'), nil
+}
+
+func noSandboxAccess() error {
+	return problem.Errorf(nethttp.StatusNotFound, CodeNoSandboxAccess, "this session has no sandbox access")
+}
+
 func (s *Server) sandboxAccess(ctx context.Context, sess *resources.Session) (*Access, error) {
-	noAccess := problem.Errorf(nethttp.StatusNotFound, CodeNoSandboxAccess, "this session has no sandbox access")
 	if !s.res.LendsSandboxes() {
-		return nil, noAccess
+		return nil, noSandboxAccess()
 	}
 	sb, ok := s.own.SessionSandbox(ctx, sess.ID)
 	if !ok {
-		return nil, noAccess
+		return nil, noSandboxAccess()
 	}
 	// The descriptor's workdir is the spec's, as Gym serialises a sandbox;
 	// a spec that names none runs in the provider's default, which is the

@@ -1,16 +1,18 @@
 package sandboxapi
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/jsonw"
+	"github.com/sandboxowner/owner/internal/macs"
 )
 
 // Token errors. Verify wraps one of them.
@@ -40,8 +42,8 @@ const (
 // so an agent needs nothing but the token and the endpoint. Tokens are not
 // stored: any server with the secret verifies them, across restarts.
 type Tokens struct {
-	secret []byte
-	clk    clock.Clock
+	macs *macs.Keyed
+	clk  clock.Clock
 }
 
 // Claims are what a valid token says.
@@ -64,48 +66,57 @@ func NewTokens(secret []byte, clk clock.Clock) (*Tokens, error) {
 	if clk == nil {
 		clk = clock.Real{}
 	}
-	return &Tokens{secret: append([]byte(nil), secret...), clk: clk}, nil
+	return &Tokens{macs: macs.New(secret), clk: clk}, nil
 }
+
+var b64 = base64.RawURLEncoding
 
 // Mint returns a token for sandboxID valid until expiresAt (to the second,
-// rounded down).
+// rounded down). The payload is what json.Marshal writes for it, written
+// by hand: a token is minted on every /sandbox_access.
 func (t *Tokens) Mint(sandboxID string, expiresAt time.Time) string {
-	b, err := json.Marshal(payload{SandboxID: sandboxID, Exp: expiresAt.Unix()})
-	if err != nil {
-		panic(fmt.Sprintf("sandboxapi: marshal token payload: %v", err)) // a string and an int never fail
-	}
-	body := base64.RawURLEncoding.EncodeToString(b)
-	return tokenVersion + "." + body + "." + base64.RawURLEncoding.EncodeToString(t.mac(body))
-}
-
-func (t *Tokens) mac(body string) []byte {
-	m := hmac.New(sha256.New, t.secret)
-	m.Write([]byte(macDomain))
-	m.Write([]byte(body))
-	return m.Sum(nil)
+	var pbuf, tbuf [256]byte
+	p := append(pbuf[:0], `{"sid":`...)
+	p = jsonw.AppendString(p, sandboxID)
+	p = append(p, `,"exp":`...)
+	p = strconv.AppendInt(p, expiresAt.Unix(), 10)
+	p = append(p, '}')
+	tok := append(tbuf[:0], tokenVersion+"."...)
+	tok = b64.AppendEncode(tok, p)
+	var sum [macs.Size]byte
+	mac := t.macs.AppendTo(sum[:0], macDomain, tok[len(tokenVersion)+1:])
+	tok = append(tok, '.')
+	tok = b64.AppendEncode(tok, mac)
+	return string(tok)
 }
 
 // Verify checks token and that it names sandboxID (when sandboxID is not
 // empty). The signature is checked first, in constant time, so an expired or
 // misdirected token is only reported as such when it is genuine.
 func (t *Tokens) Verify(token, sandboxID string) (Claims, error) {
-	parts := strings.Split(token, ".")
-	if len(parts) != 3 || parts[0] != tokenVersion {
+	version, rest, _ := strings.Cut(token, ".")
+	body, sigText, ok := strings.Cut(rest, ".")
+	if !ok || strings.IndexByte(sigText, '.') >= 0 || version != tokenVersion {
 		return Claims{}, fmt.Errorf("%w: malformed", ErrTokenInvalid)
 	}
-	sig, err := base64.RawURLEncoding.DecodeString(parts[2])
+	var sbuf [64]byte
+	sig, err := decode(sbuf[:0], sigText)
 	if err != nil {
 		return Claims{}, fmt.Errorf("%w: malformed signature", ErrTokenInvalid)
 	}
-	if !hmac.Equal(sig, t.mac(parts[1])) {
+	if !t.macs.Equal(sig, macDomain, body) {
 		return Claims{}, fmt.Errorf("%w: bad signature", ErrTokenInvalid)
 	}
-	raw, err := base64.RawURLEncoding.DecodeString(parts[1])
+	var pbuf [256]byte
+	raw, err := decode(pbuf[:0], body)
 	if err != nil {
 		return Claims{}, fmt.Errorf("%w: malformed payload", ErrTokenInvalid)
 	}
-	var p payload
-	if err := json.Unmarshal(raw, &p); err != nil || p.SandboxID == "" || p.Exp == 0 {
+	p, ok := parsePayload(raw, sandboxID)
+	if !ok {
+		p = unmarshalPayload(raw)
+	}
+	if p.SandboxID == "" || p.Exp == 0 {
 		return Claims{}, fmt.Errorf("%w: malformed payload", ErrTokenInvalid)
 	}
 	c := Claims{SandboxID: p.SandboxID, ExpiresAt: time.Unix(p.Exp, 0)}
@@ -116,6 +127,74 @@ func (t *Tokens) Verify(token, sandboxID string) (Claims, error) {
 		return c, fmt.Errorf("%w: token names %s", ErrTokenWrongSandbox, c.SandboxID)
 	}
 	return c, nil
+}
+
+// unmarshalPayload reads a payload as json.Unmarshal does (the zero
+// payload for one it refuses), from a copy: raw is on Verify's stack.
+func unmarshalPayload(raw []byte) payload {
+	var p payload
+	if err := json.Unmarshal(bytes.Clone(raw), &p); err != nil {
+		return payload{}
+	}
+	return p
+}
+
+// decode appends the base64url text s decodes to to dst (a buffer on the
+// caller's stack when it is large enough).
+func decode(dst []byte, s string) ([]byte, error) {
+	n := b64.DecodedLen(len(s))
+	if n > cap(dst) {
+		return b64.DecodeString(s)
+	}
+	var in [512]byte
+	src := in[:0]
+	if len(s) > len(in) {
+		src = make([]byte, 0, len(s))
+	}
+	src = append(src, s...)
+	m, err := b64.Decode(dst[:n], src)
+	return dst[:m], err
+}
+
+// parsePayload reads the payload Mint writes, {"sid":"<id>","exp":<n>},
+// when its id has nothing JSON escapes; ok is false for anything else,
+// which json.Unmarshal reads instead. The id is want itself when it names
+// want, so that the usual check allocates nothing.
+func parsePayload(raw []byte, want string) (p payload, ok bool) {
+	const pre, mid = `{"sid":"`, `","exp":`
+	if len(raw) < len(pre) || string(raw[:len(pre)]) != pre {
+		return payload{}, false
+	}
+	raw = raw[len(pre):]
+	i := 0
+	for ; i < len(raw) && raw[i] != '"'; i++ {
+		if c := raw[i]; c < 0x20 || c >= 0x7f || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return payload{}, false
+		}
+	}
+	if len(raw)-i < len(mid) || string(raw[i:i+len(mid)]) != mid || raw[len(raw)-1] != '}' {
+		return payload{}, false
+	}
+	digits := raw[i+len(mid) : len(raw)-1]
+	if len(digits) == 0 || len(digits) > 1 && digits[0] == '0' {
+		return payload{}, false
+	}
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return payload{}, false
+		}
+	}
+	exp, err := strconv.ParseInt(string(digits), 10, 64)
+	if err != nil {
+		return payload{}, false
+	}
+	if id := raw[:i]; string(id) == want {
+		p.SandboxID = want
+	} else {
+		p.SandboxID = string(id)
+	}
+	p.Exp = exp
+	return p, true
 }
 
 // Access is what /sandbox_access adds to a local sandbox's descriptor.

@@ -1,8 +1,12 @@
 package sandboxapi
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -90,7 +94,68 @@ func TestForgedTokensAreInvalid(t *testing.T) {
 
 // signed builds a token with a genuine MAC over an arbitrary payload.
 func signed(tok *Tokens, body string) string {
-	return tokenVersion + "." + body + "." + base64.RawURLEncoding.EncodeToString(tok.mac(body))
+	return tokenVersion + "." + body + "." + base64.RawURLEncoding.EncodeToString(tok.macs.Append(nil, macDomain, body))
+}
+
+// A token is "v1.<base64url of json.Marshal of the payload>.<base64url of
+// HMAC-SHA256 of the domain and that text>": what a server signed before a
+// restart or an upgrade still verifies, and an id JSON escapes is escaped as
+// json.Marshal escapes it.
+func TestTokenFormat(t *testing.T) {
+	tok := newTokens(t, "secret", clock.NewManual(t0))
+	for _, id := range []string{"sb-1", "a<b>&\"c\u2028"} {
+		p, _ := json.Marshal(payload{SandboxID: id, Exp: t0.Add(time.Hour).Unix()})
+		body := base64.RawURLEncoding.EncodeToString(p)
+		mac := hmac.New(sha256.New, []byte("secret"))
+		mac.Write([]byte(macDomain + body))
+		want := "v1." + body + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+		if got := tok.Mint(id, t0.Add(time.Hour)); got != want {
+			t.Errorf("token for %q: %s, want %s", id, got, want)
+		}
+		if c, err := tok.Verify(want, ""); err != nil || c.SandboxID != id {
+			t.Errorf("verify of the token for %q: %+v, %v", id, c, err)
+		}
+	}
+}
+
+// A genuine payload other than the one Mint writes is read as json.Unmarshal
+// reads it: spaces, escapes and a key's case are accepted; a number with a
+// leading zero, a negative one, trailing bytes and a missing field are not
+// (each signed, so only the payload decides).
+func TestSignedPayloadsAsJSONReadsThem(t *testing.T) {
+	tok := newTokens(t, "secret", clock.NewManual(t0))
+	exp := t0.Add(time.Hour).Unix()
+	enc := func(s string) string { return signed(tok, base64.RawURLEncoding.EncodeToString([]byte(s))) }
+	for _, p := range []string{
+		fmt.Sprintf(`{ "sid": "sb-1", "exp": %d }`, exp),
+		fmt.Sprintf(`{"sid":"sb\u002d1","exp":%d}`, exp),
+		fmt.Sprintf(`{"SID":"sb-1","exp":%d}`, exp),
+		fmt.Sprintf(`{"exp":%d,"sid":"sb-1"}`, exp),
+	} {
+		if c, err := tok.Verify(enc(p), "sb-1"); err != nil || c.SandboxID != "sb-1" || c.ExpiresAt.Unix() != exp {
+			t.Errorf("%s: %+v, %v; want sb-1 until %d", p, c, err, exp)
+		}
+	}
+	for _, p := range []string{
+		`{"sid":"sb-1","exp":0` + fmt.Sprint(exp) + `}`,
+		fmt.Sprintf(`{"sid":"sb-1","exp":%d}x`, exp),
+		`{"sid":"sb-1","exp":0}`,
+		`{"sid":"","exp":5}`,
+		`{"sid":"sb-1","exp":}`,
+		`{"sid":"sb-1","exp":99999999999999999999}`,
+	} {
+		if c, err := tok.Verify(enc(p), "sb-1"); !errors.Is(err, ErrTokenInvalid) {
+			t.Errorf("%s: %+v, %v; want ErrTokenInvalid", p, c, err)
+		}
+	}
+	if c, err := tok.Verify(enc(fmt.Sprintf(`{"sid":"sb-1","exp":-%d}`, exp)), "sb-1"); !errors.Is(err, ErrTokenExpired) {
+		t.Errorf("a negative expiry: %+v, %v; want ErrTokenExpired", c, err)
+	}
+	// A signature too long to be one is a bad one, and no longer parsed.
+	good := tok.Mint("sb-1", t0.Add(time.Hour))
+	if _, err := tok.Verify(good+strings.Repeat("A", 200), "sb-1"); !errors.Is(err, ErrTokenInvalid) {
+		t.Errorf("a long signature: %v, want ErrTokenInvalid", err)
+	}
 }
 
 func TestAccessAndEndpoint(t *testing.T) {
