@@ -9,100 +9,60 @@ import (
 	"github.com/sandboxowner/owner/sandbox"
 )
 
-// fateMemory remembers the live sandboxes and a bounded number of gone
-// ones, so that an agent holding a stale sandbox id learns that it was
-// superseded or ended instead of "unknown".
+// fateMemory remembers what became of a bounded number of sandboxes that
+// are no longer held, so that an agent holding a stale sandbox id learns
+// that it was superseded or ended instead of "unknown". What is held is the
+// directory's to say: the fates record outcomes only.
 type fateMemory struct {
 	mu   sync.Mutex
-	live map[string]liveSandbox
 	gone *fifo.Map[string, sandbox.Fate]
 }
 
-type liveSandbox struct {
-	sessionID    string
-	handle       provider.Handle
-	fromSnapshot string
-	// lost: found gone behind the owner's back; the session has not ended.
-	lost bool
-}
-
 func newFateMemory(limit int) *fateMemory {
-	return &fateMemory{live: map[string]liveSandbox{}, gone: fifo.New[string, sandbox.Fate](limit)}
-}
-
-func (f *fateMemory) hold(sessionID string, h provider.Handle, fromSnapshot string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.live[h.SandboxID] = liveSandbox{sessionID: sessionID, handle: h, fromSnapshot: fromSnapshot}
+	return &fateMemory{gone: fifo.New[string, sandbox.Fate](limit)}
 }
 
 func (f *fateMemory) set(sandboxID string, fate sandbox.Fate) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.live, sandboxID)
 	f.gone.Put(sandboxID, fate)
 }
 
-func (f *fateMemory) get(sandboxID string) (liveSandbox, sandbox.Fate) {
+func (f *fateMemory) get(sandboxID string) sandbox.Fate {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if l, ok := f.live[sandboxID]; ok {
-		return l, sandbox.FateLive
-	}
 	if fate, ok := f.gone.Get(sandboxID); ok {
-		return liveSandbox{}, fate
+		return fate
 	}
-	return liveSandbox{}, sandbox.FateUnknown
+	return sandbox.FateUnknown
 }
 
-// liveSnapshots are the snapshots live sandboxes were forked from: a
+// liveSnapshots are the snapshots held sandboxes were forked from: a
 // copy-on-write fork may still stand on them.
-func (f *fateMemory) liveSnapshots() map[string]bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+func (o *Owner) liveSnapshots() map[string]bool {
 	out := map[string]bool{}
-	for _, l := range f.live {
-		if l.fromSnapshot != "" {
-			out[l.fromSnapshot] = true
+	for _, h := range o.dir.Holdings() {
+		if from := h.Sandbox.FromSnapshot; from != "" {
+			out[from] = true
 		}
 	}
 	return out
 }
 
-// liveCount is the number of live sandboxes, and of those among them that
-// were lost.
-func (f *fateMemory) liveCount() (live, lost int) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, l := range f.live {
-		if l.lost {
-			lost++
-		}
-	}
-	return len(f.live) - lost, lost
-}
-
-// markLost notes that a live sandbox was lost.
-func (f *fateMemory) markLost(sandboxID string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if l, ok := f.live[sandboxID]; ok {
-		l.lost = true
-		f.live[sandboxID] = l
-	}
-}
-
 func (o *Owner) onHeld(sessionID string, sb sandbox.Sandbox) {
-	o.fates.hold(sessionID, sb.Handle, sb.FromSnapshot)
+	o.dir.Hold(sessionID, sb)
 }
 
 func (o *Owner) onLost(sessionID string, sb sandbox.Sandbox) {
-	o.fates.markLost(sb.Handle.SandboxID)
+	o.dir.MarkLost(sb.Handle.SandboxID)
 }
 
+// onEnded records the outcome before the directory lets go of the sandbox,
+// so that SandboxFate never finds it in neither.
 func (o *Owner) onEnded(sessionID string, stopped *provider.Handle, reason messages.StopReason) {
 	if stopped != nil {
 		o.fates.set(stopped.SandboxID, sandbox.FateEnded)
+		o.dir.Drop(stopped.SandboxID)
 	}
 }
 
@@ -110,6 +70,8 @@ func (o *Owner) onEnded(sessionID string, stopped *provider.Handle, reason messa
 // session holding it and its handle), ended, superseded by a restore's fork,
 // or unknown.
 func (o *Owner) SandboxFate(sandboxID string) (sessionID string, h provider.Handle, fate sandbox.Fate) {
-	l, fate := o.fates.get(sandboxID)
-	return l.sessionID, l.handle, fate
+	if held, ok := o.dir.Holder(sandboxID); ok {
+		return held.SessionID, held.Sandbox.Handle, sandbox.FateLive
+	}
+	return "", provider.Handle{}, o.fates.get(sandboxID)
 }

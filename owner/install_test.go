@@ -72,6 +72,10 @@ func TestRestoreRacedBySeedInstallsNothing(t *testing.T) {
 	if sb, err := o.RequireSessionSandbox(context.Background(), "s2"); err != nil || sb.Handle.SandboxID != raced.Handle.SandboxID || sb.Restored {
 		t.Fatalf("the raced session holds %+v (%v), want its own sandbox %s", sb.Handle, err, raced.Handle.SandboxID)
 	}
+	// The fork that was never installed is held by nobody.
+	if live, _, lost := o.SessionCounts(); live != 1 || lost != 0 {
+		t.Errorf("SessionCounts = %d live, %d lost; want the raced seed's sandbox only", live, lost)
+	}
 }
 
 // A restore writes nothing to the index before its forks (its forks carry

@@ -35,7 +35,7 @@ func (o *Owner) Quiet(ctx context.Context, fn func(holdings func() (Holdings, er
 }
 
 func (o *Owner) holdings() (Holdings, error) {
-	h := Holdings{Sessions: map[string]bool{}, Sandboxes: map[string]bool{}, Snapshots: o.fates.liveSnapshots()}
+	h := Holdings{Sessions: map[string]bool{}, Sandboxes: map[string]bool{}, Snapshots: o.liveSnapshots()}
 	ids, err := o.Sessions()
 	if err != nil {
 		return h, err
@@ -43,11 +43,9 @@ func (o *Owner) holdings() (Holdings, error) {
 	for _, id := range ids {
 		h.Sessions[id] = true
 	}
-	o.fates.mu.Lock()
-	for id := range o.fates.live {
-		h.Sandboxes[id] = true
+	for _, held := range o.dir.Holdings() {
+		h.Sandboxes[held.Sandbox.Handle.SandboxID] = true
 	}
-	o.fates.mu.Unlock()
 	if err := o.writer.Lock(context.Background(), o.rt); err != nil {
 		return h, err
 	}

@@ -181,7 +181,6 @@ func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle)
 		if ttl := r.Spec.TTL(); ttl > 0 {
 			sb.ExpiresAt = now.Add(ttl)
 		}
-		o.fates.hold(r.SessionID, sb.Handle, sb.FromSnapshot)
 		at[r.SessionID] = i
 		o.ask.send(o.sup, &messages.SpawnSession{SessionID: r.SessionID, Install: sb, Snapshots: []string{r.SnapshotID}, Reply: replies})
 	}

@@ -131,7 +131,7 @@ func (o *Owner) CheckRetention(ctx context.Context) (RetentionResult, error) {
 	if err != nil {
 		return res, err
 	}
-	m := newDropDelete(drops, o.fates.liveSnapshots())
+	m := newDropDelete(drops, o.liveSnapshots())
 	err = o.run(ctx, m)
 	res.Deleted, res.Deferred, res.Failed = m.res.Deleted, m.res.Deferred, m.res.Failed
 	return res, err
@@ -210,7 +210,7 @@ func (o *Owner) followDirsAtCommit() {
 			return // closing: the tombstones stay for a later release or start
 		}
 		defer o.ctl.Unlock()
-		if err := o.run(o.base, newDropDelete(drops, o.fates.liveSnapshots())); err != nil {
+		if err := o.run(o.base, newDropDelete(drops, o.liveSnapshots())); err != nil {
 			o.log.WithError(err).Warn("deleting the snapshots of dropped checkpoints failed; the next check retries")
 		}
 	})

@@ -176,7 +176,7 @@ func (o *Owner) stopSession(ctx context.Context, sessionID string, reason messag
 // included), how many seeds are starting one (in setup), and how many hold
 // one that was lost behind the owner's back and not yet ended.
 func (o *Owner) SessionCounts() (live, inSetup, lost int) {
-	live, lost = o.fates.liveCount()
+	live, lost = o.dir.Counts()
 	return live, int(o.starting.Load()), lost
 }
 

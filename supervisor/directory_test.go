@@ -4,8 +4,11 @@ import (
 	"testing"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/supervisor"
 )
 
@@ -40,5 +43,55 @@ func TestDirectoryFollowsTheSupervisor(t *testing.T) {
 	h.sys.Root.Send(b.PID.(*actor.PID), (*messages.StartSandbox)(nil))
 	for dir.Lookup("s2") != nil {
 		h.ask(t, sup, &messages.ListSessions{}) // wait for the Terminated notice
+	}
+}
+
+// What a session holds goes with the session: set with a restore's
+// install, by Hold for a seed, and gone with its Drop or its forget; a
+// Hold for a session the directory lacks records nothing.
+func TestDirectoryHoldingsGoWithTheirSession(t *testing.T) {
+	h := newHarness(t)
+	dir := supervisor.NewDirectory()
+	sup := h.sys.Root.Spawn(supervisor.PropsWithDirectory(h.props, dir))
+	t.Cleanup(func() { _ = h.sys.Root.PoisonFuture(sup).Wait() })
+	type held struct {
+		Session, Sandbox, From string
+		Lost                   bool
+	}
+	holdings := func() map[string]held {
+		out := map[string]held{}
+		for _, x := range dir.Holdings() {
+			out[x.Sandbox.Handle.SandboxID] = held{x.SessionID, x.Sandbox.Handle.SandboxID, x.Sandbox.FromSnapshot, x.Lost}
+			if got, ok := dir.Holder(x.Sandbox.Handle.SandboxID); !ok || got.SessionID != x.SessionID {
+				t.Errorf("Holder(%s) = %+v, %v; Holdings says %s", x.Sandbox.Handle.SandboxID, got, ok, x.SessionID)
+			}
+		}
+		return out
+	}
+	fork := sandbox.Sandbox{Handle: provider.Handle{SandboxID: "fork1"}, FromSnapshot: "snap1", Data: []byte("{}")}
+	h.ask(t, sup, &messages.SpawnSession{SessionID: "r1", Install: &fork})
+	h.ask(t, sup, &messages.SpawnSession{SessionID: "s1"})
+	dir.Hold("s1", sandbox.Sandbox{Handle: provider.Handle{SandboxID: "sb1"}})
+	dir.Hold("nobody", sandbox.Sandbox{Handle: provider.Handle{SandboxID: "stray"}})
+	dir.MarkLost("sb1")
+	want := map[string]held{
+		"fork1": {"r1", "fork1", "snap1", false},
+		"sb1":   {"s1", "sb1", "", true},
+	}
+	if diff := cmp.Diff(want, holdings()); diff != "" {
+		t.Fatalf("holdings (-want +got):\n%s", diff)
+	}
+	if held, lost := dir.Counts(); held != 1 || lost != 1 {
+		t.Errorf("Counts = %d held, %d lost; want 1, 1", held, lost)
+	}
+
+	dir.Drop("sb1")
+	h.sys.Root.Send(sup, &messages.ForgetSession{SessionID: "r1"})
+	h.ask(t, sup, &messages.ListSessions{}) // the forget is processed
+	if got := holdings(); len(got) != 0 {
+		t.Fatalf("after a drop and a forget the directory still holds %v", got)
+	}
+	if _, ok := dir.Holder("fork1"); ok {
+		t.Error("a forgotten session's fork is still held")
 	}
 }

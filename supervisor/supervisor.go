@@ -75,13 +75,17 @@ func PropsPublishing(sessionProps ViewPropsFunc, dir *Directory, clk clock.Clock
 	})))
 }
 
-// Directory is the one record of which sessions exist: the supervisor's
-// own map, which it alone writes (inside its Receive), and which the owner
-// reads without a round trip through the supervisor's mailbox on its
-// per-request path, so a Lookup sees what a LookupSession processed at that
-// instant would. It does not order after messages the caller sent the
-// supervisor before; callers that need that (a spawn after a forget) still
-// ask.
+// Directory is the one record of which sessions exist and which sandbox
+// each holds. Which sessions exist is the supervisor's own map, which it
+// alone writes (inside its Receive); the sandbox a session holds is set
+// with its actor when a restore installs it, and by the owner when a
+// seed's start succeeds (Hold), and goes with the session: when its
+// sandbox ends (Drop) or the session is forgotten, whichever comes first.
+// The owner reads it without a round trip through the supervisor's mailbox
+// on its per-request path, so a Lookup sees what a LookupSession processed
+// at that instant would. It does not order after messages the caller sent
+// the supervisor before; callers that need that (a spawn after a forget)
+// still ask.
 type Directory struct {
 	mu   sync.RWMutex
 	byID map[string]entry
@@ -90,11 +94,102 @@ type Directory struct {
 	// children are every session actor still running, by PID id: those in
 	// byID and the forgotten ones living out their grace.
 	children map[string]*actor.PID
+	// held are the sandboxes the sessions in byID hold, by sandbox id, and
+	// heldBy the sandbox id of each holding session.
+	held   map[string]Holding
+	heldBy map[string]string
+}
+
+// Holding is a sandbox a session holds.
+type Holding struct {
+	SessionID string
+	Sandbox   sandbox.Sandbox
+	// Lost: found gone behind the owner's back; the session has not ended.
+	Lost bool
 }
 
 // NewDirectory returns an empty directory.
 func NewDirectory() *Directory {
-	return &Directory{byID: map[string]entry{}, sessionOf: map[string]string{}, children: map[string]*actor.PID{}}
+	return &Directory{
+		byID: map[string]entry{}, sessionOf: map[string]string{}, children: map[string]*actor.PID{},
+		held: map[string]Holding{}, heldBy: map[string]string{},
+	}
+}
+
+// Hold records that the session holds sb, if the directory has the
+// session (a session forgotten meanwhile holds nothing).
+func (d *Directory) Hold(sessionID string, sb sandbox.Sandbox) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.byID[sessionID].pid != nil {
+		d.holdLocked(sessionID, sb)
+	}
+}
+
+func (d *Directory) holdLocked(sessionID string, sb sandbox.Sandbox) {
+	d.dropLocked(sessionID)
+	d.held[sb.Handle.SandboxID] = Holding{SessionID: sessionID, Sandbox: sb}
+	d.heldBy[sessionID] = sb.Handle.SandboxID
+}
+
+// Drop records that the sandbox is no longer held (its session stopped it).
+func (d *Directory) Drop(sandboxID string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if h, ok := d.held[sandboxID]; ok {
+		d.dropLocked(h.SessionID)
+	}
+}
+
+// dropLocked forgets the sandbox the session holds.
+func (d *Directory) dropLocked(sessionID string) {
+	if id, ok := d.heldBy[sessionID]; ok {
+		delete(d.held, id)
+		delete(d.heldBy, sessionID)
+	}
+}
+
+// MarkLost records that a held sandbox was found gone behind the owner's
+// back (its session still holds it until it ends).
+func (d *Directory) MarkLost(sandboxID string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if h, ok := d.held[sandboxID]; ok {
+		h.Lost = true
+		d.held[sandboxID] = h
+	}
+}
+
+// Holder is the holding of the sandbox, ok false when no session holds it.
+func (d *Directory) Holder(sandboxID string) (h Holding, ok bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	h, ok = d.held[sandboxID]
+	return h, ok
+}
+
+// Counts are how many sandboxes the sessions hold that are not lost, and
+// how many that are.
+func (d *Directory) Counts() (held, lost int) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	for _, h := range d.held {
+		if h.Lost {
+			lost++
+		}
+	}
+	return len(d.held) - lost, lost
+}
+
+// Holdings lists what the sessions hold, in no particular order.
+func (d *Directory) Holdings() []Holding {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	out := make([]Holding, 0, len(d.held))
+	for _, h := range d.held {
+		out = append(out, h)
+	}
+	return out
 }
 
 // count is the number of sessions.
@@ -164,12 +259,17 @@ func (d *Directory) terminated(pidID string) {
 	delete(d.children, pidID)
 }
 
-func (d *Directory) set(sessionID string, pid *actor.PID, view *messages.SessionView) {
+// set records the session's actor and the view it publishes, holding
+// install when set (a restore's fork).
+func (d *Directory) set(sessionID string, pid *actor.PID, view *messages.SessionView, install *sandbox.Sandbox) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.byID[sessionID] = entry{pid: pid, view: view}
 	d.sessionOf[pid.Id] = sessionID
 	d.children[pid.Id] = pid
+	if install != nil {
+		d.holdLocked(sessionID, *install)
+	}
 }
 
 // remove forgets the session, if pid is its live actor.
@@ -179,6 +279,7 @@ func (d *Directory) remove(sessionID string, pid *actor.PID) {
 	if cur := d.byID[sessionID].pid; cur != nil && cur.Id == pid.Id {
 		delete(d.byID, sessionID)
 		delete(d.sessionOf, pid.Id)
+		d.dropLocked(sessionID)
 	}
 }
 
@@ -188,6 +289,8 @@ func (d *Directory) reset() {
 	clear(d.byID)
 	clear(d.sessionOf)
 	clear(d.children)
+	clear(d.held)
+	clear(d.heldBy)
 }
 
 // ForgetGrace is how long a forgotten session actor lives on, answering as
@@ -227,7 +330,7 @@ func (s *supervisor) Receive(ctx actor.Context) {
 			respond(ctx, m.Reply, &messages.SessionRef{SessionID: m.SessionID, Err: err})
 			return
 		}
-		s.dir.set(m.SessionID, pid, view)
+		s.dir.set(m.SessionID, pid, view, m.Install)
 		respond(ctx, m.Reply, &messages.SessionRef{SessionID: m.SessionID, PID: pid, Spawned: true})
 	case *messages.LookupSession:
 		ref := &messages.SessionRef{SessionID: m.SessionID}
