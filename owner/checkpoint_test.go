@@ -733,39 +733,22 @@ func TestRestoreFindsItsCheckpointByDirAndEpisodes(t *testing.T) {
 	}
 }
 
-// inUseProvider refuses deletes of the snapshots in inUse as a server does
-// while a sandbox it does not know of stands on them.
-type inUseProvider struct {
-	*fake.Provider
-	inUse map[string]bool
-}
-
-func (p inUseProvider) Capabilities() provider.Capabilities {
-	c := p.Provider.Capabilities()
-	c.Snapshotter = p
-	return c
-}
-
-func (p inUseProvider) DeleteSnapshot(ctx context.Context, id string) error {
-	if p.inUse[id] {
-		return fmt.Errorf("delete %s: %w", id, provider.ErrSnapshotInUse)
-	}
-	return p.Provider.DeleteSnapshot(ctx, id)
-}
-
 // TestReleaseDefersSnapshotsTheProviderSaysAreInUse: a delete refused as in
 // use is a pending delete, not a failure: the release succeeds at once, the
 // tombstone stays (PendingDeletes counts it) and a later release deletes it.
 func TestReleaseDefersSnapshotsTheProviderSaysAreInUse(t *testing.T) {
 	e := newEnv(t)
-	prov := inUseProvider{Provider: e.fk, inUse: map[string]bool{}}
-	o := e.open(func(c *owner.Config) { c.Provider = prov })
+	o := e.open()
 	seed(t, o, "s1")
 	seed(t, o, "s2")
 	commit(t, o, "c1")
 	ck := loadCheckpoint(t, e, o, "c1")
 	busy := ck.Records[0].SnapshotID
-	prov.inUse[busy] = true
+	// A sandbox the owner does not know of stands on the snapshot.
+	fork, err := e.fk.Fork(context.Background(), provider.Spec{}, busy)
+	if err != nil {
+		t.Fatal(err)
+	}
 	res, err := o.Release(context.Background(), nil)
 	if err != nil {
 		t.Fatalf("a release with a snapshot in use failed: %v", err)
@@ -776,7 +759,9 @@ func TestReleaseDefersSnapshotsTheProviderSaysAreInUse(t *testing.T) {
 	if n, err := o.PendingDeletes(); err != nil || n != 1 {
 		t.Fatalf("PendingDeletes = %d, %v; want 1", n, err)
 	}
-	delete(prov.inUse, busy)
+	if err := e.fk.Stop(context.Background(), fork); err != nil {
+		t.Fatal(err)
+	}
 	res, err = o.Release(context.Background(), nil)
 	if err != nil || !cmp.Equal([]string{busy}, res.Deleted) {
 		t.Fatalf("the next release: %+v, %v; want %s deleted", res, err, busy)

@@ -131,31 +131,15 @@ func TestSweepKeepsWhatTheSessionsHold(t *testing.T) {
 	}
 }
 
-// inUse refuses to delete the snapshots in refuse, as a server does while a
-// fork stands on them.
-type inUse struct {
-	*fake.Provider
-	refuse map[string]bool
-}
-
-func (p inUse) Capabilities() provider.Capabilities {
-	c := p.Provider.Capabilities()
-	c.Snapshotter = p
-	return c
-}
-
-func (p inUse) DeleteSnapshot(ctx context.Context, id string) error {
-	if p.refuse[id] {
-		return provider.ErrSnapshotInUse
-	}
-	return p.Provider.DeleteSnapshot(ctx, id)
-}
-
 // TestSweepLeavesSnapshotsInUse: a snapshot the provider refuses as in use
 // is reported in use, not failed.
 func TestSweepLeavesSnapshotsInUse(t *testing.T) {
 	fk, dir, _, wantSnaps := crashed(t)
-	rep, err := sweep.Run(context.Background(), sweep.Options{Owner: "notes", Provider: inUse{fk, map[string]bool{wantSnaps[0]: true}}, Index: open(t, dir), Reap: true})
+	// A sandbox not of the owner's stands on the snapshot.
+	if _, err := fk.Fork(context.Background(), provider.Spec{Image: "someone-else"}, wantSnaps[0]); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := sweep.Run(context.Background(), sweep.Options{Owner: "notes", Provider: fk, Index: open(t, dir), Reap: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,8 +178,11 @@ func TestRetryPending(t *testing.T) {
 		t.Fatal(err)
 	}
 	fk.FailNextFor(fake.OpDeleteSnapshot, snaps["failing"], 1)
-	prov := inUse{fk, map[string]bool{snaps["refused"]: true}}
-	opts := sweep.PendingOptions{Provider: prov, Index: idx, After: time.Minute, Now: t0.Add(time.Minute), InUse: map[string]bool{snaps["needed"]: true}}
+	fork, err := fk.Fork(ctx, provider.Spec{Image: "someone-else"}, snaps["refused"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := sweep.PendingOptions{Provider: fk, Index: idx, After: time.Minute, Now: t0.Add(time.Minute), InUse: map[string]bool{snaps["needed"]: true}}
 	rep, err := sweep.RetryPending(ctx, opts)
 	if err == nil {
 		t.Fatal("a failed delete was not an error")
@@ -216,7 +203,10 @@ func TestRetryPending(t *testing.T) {
 		t.Fatalf("tombstones left %v, %v: want all but the deleted one's", left, err)
 	}
 	// The forks are gone: everything old enough goes.
-	opts.InUse, prov.refuse[snaps["refused"]] = nil, false
+	opts.InUse = nil
+	if err := fk.Stop(ctx, fork); err != nil {
+		t.Fatal(err)
+	}
 	opts.Now = t0.Add(2 * time.Minute)
 	if rep, err = sweep.RetryPending(ctx, opts); err != nil {
 		t.Fatal(err)

@@ -19,7 +19,9 @@
 // counters, "<IDPrefix>sb-<N>" and "<IDPrefix>snap-<N>", so a test can predict
 // them. Snapshot copies the files; Fork starts from a copy of them (spec.Files
 // are ignored, as provider.Snapshotter says), so a fork and its original never
-// share state.
+// share state. A snapshot a live fork stands on cannot be deleted:
+// DeleteSnapshot answers provider.ErrSnapshotInUse until the fork is stopped
+// or its lease runs out, as OpenSandbox answers SNAPSHOT::DELETE_CONFLICT.
 // Paths that climb above "/" are refused with provider.ErrPathEscape.
 //
 // Exec interprets one simple command: pwd, cat FILE..., ls [DIR], echo

@@ -376,22 +376,22 @@ func TestSnapshotAndFork(t *testing.T) {
 		t.Fatalf("fork info = %+v", info)
 	}
 
-	// The fork and the original are independent both ways, and outlive the
-	// snapshot.
+	// The fork and the original are independent both ways; while the fork
+	// stands, its snapshot cannot be deleted.
 	if err := p.WriteFile(ctx, fork, "a", []byte("fork")); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.DeleteSnapshot(ctx, sid); err != nil {
-		t.Fatal(err)
+	if err := p.DeleteSnapshot(ctx, sid); !errors.Is(err, provider.ErrSnapshotInUse) {
+		t.Fatalf("DeleteSnapshot under a live fork = %v, want ErrSnapshotInUse", err)
+	}
+	if _, ok := p.SnapshotInfo(sid); !ok {
+		t.Fatal("a refused delete removed the snapshot")
 	}
 	if got, _ := p.ReadFile(ctx, orig, "a"); string(got) != "2" {
 		t.Fatalf("original a = %q", got)
 	}
 	if got, _ := p.ReadFile(ctx, fork, "a"); string(got) != "fork" {
 		t.Fatalf("fork a = %q", got)
-	}
-	if _, err := p.Fork(ctx, provider.Spec{}, sid); !errors.Is(err, provider.ErrSnapshotNotFound) {
-		t.Fatalf("Fork of a deleted snapshot = %v", err)
 	}
 	other, err := p.Fork(ctx, provider.Spec{Workdir: "/other"}, snap(t, p, fork))
 	if err != nil {
@@ -403,8 +403,39 @@ func TestSnapshotAndFork(t *testing.T) {
 	if res, _ := p.Exec(ctx, other, provider.ExecRequest{Command: "pwd"}); res.Stdout != "/other\n" {
 		t.Fatalf("explicit fork workdir = %q", res.Stdout)
 	}
+	// Once its fork is stopped, the snapshot goes.
+	if err := p.Stop(ctx, fork); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.DeleteSnapshot(ctx, sid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Fork(ctx, provider.Spec{}, sid); !errors.Is(err, provider.ErrSnapshotNotFound) {
+		t.Fatalf("Fork of a deleted snapshot = %v", err)
+	}
 	st := p.Stats()
-	if st.Started != 1 || st.Forked != 2 || st.LiveSnapshots != 1 || st.LiveSandboxes != 3 {
+	if st.Started != 1 || st.Forked != 2 || st.LiveSnapshots != 1 || st.LiveSandboxes != 2 {
+		t.Fatalf("stats = %+v", st)
+	}
+}
+
+// A fork whose lease ran out no longer stands on its snapshot.
+func TestExpiredForkFreesItsSnapshot(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewManual(t0)
+	p := fake.New(fake.Options{Clock: clk})
+	sid := snap(t, p, start(t, p, provider.Spec{}))
+	if _, err := p.Fork(ctx, provider.Spec{TTLSeconds: 60}, sid); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.DeleteSnapshot(ctx, sid); !errors.Is(err, provider.ErrSnapshotInUse) {
+		t.Fatalf("DeleteSnapshot under a live fork = %v, want ErrSnapshotInUse", err)
+	}
+	clk.Advance(time.Minute)
+	if err := p.DeleteSnapshot(ctx, sid); err != nil {
+		t.Fatalf("DeleteSnapshot after its fork expired = %v", err)
+	}
+	if st := p.Stats(); st.LiveSnapshots != 0 || st.Reaped != 1 {
 		t.Fatalf("stats = %+v", st)
 	}
 }

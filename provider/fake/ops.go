@@ -251,13 +251,24 @@ func (p *Provider) Fork(ctx context.Context, spec provider.Spec, snapshotID stri
 	return p.launch(ctx, OpFork, spec, snapshotID)
 }
 
-// DeleteSnapshot deletes the snapshot; a missing one is success. Sandboxes
-// forked from it are unaffected.
+// DeleteSnapshot deletes the snapshot; a missing one is success. While a
+// live sandbox forked from it stands, it refuses with
+// provider.ErrSnapshotInUse and keeps the snapshot, as a runtime whose
+// forks share the snapshot's layers does.
 func (p *Provider) DeleteSnapshot(ctx context.Context, snapshotID string) error {
 	c := &Call{Op: OpDeleteSnapshot, SnapshotID: snapshotID}
 	return p.run(ctx, c, func() error {
 		p.mu.Lock()
 		defer p.mu.Unlock()
+		if _, ok := p.snapshots[snapshotID]; !ok {
+			return nil
+		}
+		p.reapLocked()
+		for _, sb := range p.sandboxes {
+			if sb.fromSnapshot == snapshotID {
+				return fmt.Errorf("fake: delete snapshot %s: sandbox %s stands on it: %w", snapshotID, sb.id, provider.ErrSnapshotInUse)
+			}
+		}
 		delete(p.snapshots, snapshotID)
 		return nil
 	})
