@@ -327,6 +327,8 @@ func machineInput(t *testing.T, c *script.Case) (input, bool) {
 		return inSandboxes{List: list, Err: scriptErr(c)}, true
 	case "stopped":
 		return inStopped{Stopped: c.List("ok"), Failed: failures(c, "failed")}, true
+	case "turn":
+		return inTurn{Err: scriptErr(c)}, true
 	}
 	return commonInput(c)
 }
@@ -358,5 +360,18 @@ func TestRestoreScripts(t *testing.T) {
 		}
 		return fmt.Sprintf("state: waiting=%s checkpoint=%s sessions=%s superseded=%s supersede-failed=%s",
 			m.phase, m.res.CheckpointID, bracket(sessions), bracket(m.res.Superseded), failedText(m.res.SupersedeFailed))
+	})
+}
+
+// TestRetireScripts runs testdata/retire/*.txt against the retire machine:
+// "retire" makes one.
+func TestRetireScripts(t *testing.T) {
+	scripted(t, "testdata/retire/*.txt", func(c *script.Case) (*retiring, bool) {
+		if c.Cmd != "retire" {
+			return nil, false
+		}
+		return newRetiring(c.List("sessions")), true
+	}, func(m *retiring) string {
+		return fmt.Sprintf("state: waiting=%s stopped=%s failed=%s", m.phase, bracket(m.res.Stopped), failedText(m.res.Failed))
 	})
 }

@@ -2,9 +2,6 @@ package owner
 
 import (
 	"context"
-	"fmt"
-
-	"github.com/sandboxowner/owner/messages"
 )
 
 // RetireResult is what a retire stopped.
@@ -15,16 +12,10 @@ type RetireResult struct {
 
 // Retire stops the sandboxes of discarded attempts and keeps their
 // snapshots. It is idempotent; a failed stop keeps the session so that a
-// retry stops it.
+// retry stops it. ctx bounds the wait for the control turn as well as the
+// stops.
 func (o *Owner) Retire(ctx context.Context, sessionIDs []string) (RetireResult, error) {
-	if err := o.ctl.Lock(ctx, o.rt); err != nil {
-		return RetireResult{}, fmt.Errorf("retire: waiting for another control operation: %w", err)
-	}
-	defer o.ctl.Unlock()
-	stopped, failed := o.stopMany(ctx, sessionIDs, messages.StopRetire)
-	res := RetireResult{Stopped: stopped, Failed: failed}
-	if len(failed) > 0 {
-		return res, fmt.Errorf("retire: %d of %d sessions could not be stopped", len(failed), len(sessionIDs))
-	}
-	return res, nil
+	m := newRetiring(sessionIDs)
+	err := o.run(ctx, m)
+	return m.res, err
 }

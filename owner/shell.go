@@ -164,6 +164,13 @@ func (o *Owner) performCommit(ctx context.Context, e effect) input {
 	case effPark:
 		parked, failed := o.stopMany(ctx, e.Sessions, messages.StopPark)
 		return inParked{Parked: parked, Failed: failed}
+	case effTakeTurn:
+		return inTurn{Err: o.ctl.Lock(ctx, o.rt)}
+	case effGiveTurn:
+		o.ctl.Unlock()
+	case effRetire:
+		stopped, failed := o.stopMany(ctx, e.Sessions, messages.StopRetire)
+		return inStopped{Stopped: stopped, Failed: failed}
 	default:
 		panic(fmt.Sprintf("owner: no shell for %T", e))
 	}
