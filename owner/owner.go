@@ -61,6 +61,7 @@ type Owner struct {
 	system      *actor.ActorSystem
 	deadLetters *eventstream.Subscription
 	dispatch    *actors.Dispatcher
+	workers     *actors.Workers
 	sup         *actor.PID
 	dir         *supervisor.Directory
 	coord       *actor.PID
@@ -211,6 +212,10 @@ func (o *Owner) startActors() {
 	} else {
 		o.dispatch = actors.NewDispatcher(dispatchWorkers, dispatchQueue, dispatchThroughput)
 		onPool = actor.WithDispatcher(o.dispatch)
+		// The sessions' effects (each Do among them) run on kept
+		// goroutines too.
+		o.workers = actors.NewWorkers(effectWorkers)
+		env.Runtime = o.workers
 	}
 	props := func(sessionID string, install *sandbox.Sandbox, snapshots []string, view *messages.SessionView) *actor.Props {
 		return actors.SessionPropsPublishing(env, view, func() *actors.Session {
@@ -247,7 +252,10 @@ func (o *Owner) startActors() {
 // beyond it a run gets its own goroutine. The throughput is protoactor's
 // default.
 const (
-	dispatchWorkers    = 8
+	dispatchWorkers = 8
+	// effectWorkers is how many goroutines that ran sessions' effects wait
+	// for the next one.
+	effectWorkers      = 64
 	dispatchQueue      = 4096
 	dispatchThroughput = 300
 )

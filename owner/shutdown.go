@@ -62,6 +62,9 @@ func (o *Owner) stopDispatcher() {
 	if o.dispatch != nil {
 		o.dispatch.Stop()
 	}
+	if o.workers != nil {
+		o.workers.Stop()
+	}
 }
 
 // Abandon drops the owner as a crash would: no sandbox is stopped, no
