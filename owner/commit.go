@@ -150,7 +150,9 @@ func (o *Owner) StopCommit(id string) {
 	delete(o.unstored, id)
 	o.writer.Unlock()
 	if u != nil {
-		o.bg.Go(o.rt, func() { o.discardRound(u.tag, u.taken, u.intent, "commit "+id+" stopped by a resume") })
+		o.bg.Go(o.rt, func() {
+			o.discard(discard{Tag: u.tag, Taken: u.taken, Intent: u.intent, Reason: "commit " + id + " stopped by a resume"})
+		})
 	}
 }
 
@@ -169,37 +171,12 @@ func (o *Owner) runRound(m actors.StartRound) (*actors.RoundResult, error) {
 	return rr, nil
 }
 
-// discardRound tombstones and deletes every snapshot a failed round took:
-// those it reported and, through the provider's listing, those whose call
-// failed after the effect (their ids never reached the owner).
-func (o *Owner) discardRound(tag string, taken []messages.SnapshotReply, intent snapshotindex.IntentKey, reason string) {
+// discard runs a discard's machine, its provider calls bounded by the
+// cleanup timeout.
+func (o *Owner) discard(d discard) {
 	ctx, cancel := context.WithTimeout(o.base, timeouts.Cleanup)
 	defer cancel()
-	ids := map[string]bool{}
-	bySession := map[string][]string{}
-	for _, t := range taken {
-		if t.SnapshotID != "" {
-			ids[t.SnapshotID] = true
-			bySession[t.SessionID] = append(bySession[t.SessionID], t.SnapshotID)
-		}
-	}
-	for _, id := range o.listSnapshotsByTag(ctx, tag) {
-		ids[id] = true
-	}
-	ts := o.tombstones(ids, reason)
-	if err := o.index.AddTombstones(ts, intent); err != nil {
-		// The intent stays: a restart finds the snapshots by their tag.
-		o.log.WithError(err).Error("could not tombstone a failed commit's snapshots")
-		return
-	}
-	// In session order: the sends schedule mailboxes, and a deterministic
-	// scheduler must see them in the same order every run.
-	for _, sid := range slices.Sorted(maps.Keys(bySession)) {
-		if pid, err := o.ask.lookup(sid); err == nil && pid != nil {
-			o.ask.send(pid, &messages.SnapshotsDiscarded{SnapshotIDs: bySession[sid]})
-		}
-	}
-	o.deleteTombstoned(ctx, snapshotIDs(ts))
+	_ = o.run(ctx, newDiscarding(d))
 }
 
 func (o *Owner) tombstones(ids map[string]bool, reason string) []snapshotindex.Tombstone {
@@ -248,11 +225,6 @@ func (o *Owner) onOrphan(sessionID, snapshotID string) {
 	}
 	o.log.WithFields(logrus.Fields{"session_id": sessionID, "snapshot_id": snapshotID}).Warn("snapshot arrived after its checkpoint failed; deleting it")
 	o.bg.Go(o.rt, func() {
-		ts := []snapshotindex.Tombstone{{SnapshotID: snapshotID, Provider: o.prov.Name(), Reason: "late snapshot of a failed commit", At: o.clk.Now()}}
-		if err := o.index.AddTombstones(ts); err != nil {
-			o.log.WithError(err).Warn("could not tombstone a late snapshot")
-			return
-		}
-		o.deleteTombstoned(o.base, []string{snapshotID})
+		o.discard(discard{Late: []string{snapshotID}, Reason: "late snapshot of a failed commit"})
 	})
 }

@@ -375,3 +375,22 @@ func TestRetireScripts(t *testing.T) {
 		return fmt.Sprintf("state: waiting=%s stopped=%s failed=%s", m.phase, bracket(m.res.Stopped), failedText(m.res.Failed))
 	})
 }
+
+// TestDiscardScripts runs testdata/discard/*.txt against the discard
+// machine: "discard" makes one (taken=session:snapshot words,
+// intent=kind/id).
+func TestDiscardScripts(t *testing.T) {
+	scripted(t, "testdata/discard/*.txt", func(c *script.Case) (*discarding, bool) {
+		if c.Cmd != "discard" {
+			return nil, false
+		}
+		d := discard{Tag: c.Args["tag"], Late: c.List("late"), Reason: c.Args["reason"]}
+		for _, r := range snapRecords(c, "taken") {
+			d.Taken = append(d.Taken, messages.SnapshotReply{SessionID: r.SessionID, SnapshotID: r.SnapshotID})
+		}
+		if kind, id, ok := strings.Cut(c.Args["intent"], "/"); ok {
+			d.Intent = snapshotindex.IntentKey{Kind: kind, ID: id}
+		}
+		return newDiscarding(d), true
+	}, func(m *discarding) string { return "state: waiting=" + m.phase.String() })
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 
@@ -157,7 +158,15 @@ func (o *Owner) performCommit(ctx context.Context, e effect) input {
 		rr, err := o.runRound(e.Start)
 		return inRound{R: rr, Err: err, Now: o.clk.Now()}
 	case effDiscard:
-		o.discardRound(e.Tag, e.Taken, e.Intent, e.Reason)
+		o.discard(discard{Tag: e.Tag, Taken: e.Taken, Intent: e.Intent, Reason: e.Reason})
+	case effTellDiscarded:
+		// In session order: the sends schedule mailboxes, and a
+		// deterministic scheduler must see them in the same order every run.
+		for _, sid := range slices.Sorted(maps.Keys(e.BySession)) {
+			if pid, err := o.ask.lookup(sid); err == nil && pid != nil {
+				o.ask.send(pid, &messages.SnapshotsDiscarded{SnapshotIDs: e.BySession[sid]})
+			}
+		}
 	case effStore:
 		meta, err := o.index.Commit(e.U.meta, e.U.records, e.U.intent)
 		return inStored{Meta: meta, Err: err}
@@ -195,19 +204,5 @@ func (o *Owner) deleteSnapshots(ctx context.Context, ids []string) inDeleted {
 		return ids[i], err
 	})
 	slices.Sort(out.InUse)
-	return out
-}
-
-// deleteTombstoned deletes the snapshots of tombstones and clears the
-// tombstones of those deleted; a failed delete keeps its tombstone for the
-// next release or restart. It returns what deleteSnapshots does.
-func (o *Owner) deleteTombstoned(ctx context.Context, ids []string) inDeleted {
-	if o.caps.Snapshotter == nil || len(ids) == 0 {
-		return inDeleted{}
-	}
-	out := o.deleteSnapshots(ctx, ids)
-	for _, e := range afterDelete(out) {
-		o.perform(ctx, e)
-	}
 	return out
 }

@@ -1,0 +1,136 @@
+package owner
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/snapshotindex"
+)
+
+// discard is what a discard throws away: snapshots that no checkpoint will
+// name.
+type discard struct {
+	// Tag is the round's tag: the provider's snapshots listed with it are
+	// discarded too (one whose reply was lost). "" lists nothing.
+	Tag string
+	// Taken are the snapshots the round's sessions took; each session is
+	// told of its own.
+	Taken []messages.SnapshotReply
+	// Late are snapshots that came after their round gave up on them; no
+	// session is told.
+	Late []string
+	// Intent is the commit's intent, cleared with the tombstones (zero:
+	// none).
+	Intent snapshotindex.IntentKey
+	Reason string
+}
+
+// discarding is a discard's decisions: the snapshots are tombstoned first,
+// clearing the commit's intent in the same transaction (from then on the
+// tombstones account for them), the sessions that took them are told, and
+// then they are deleted, each tombstone cleared once its snapshot is gone.
+// A failed tombstone write deletes nothing: the intent stays, by whose tag
+// a restart finds them (a late snapshot has none: the sweep finds it).
+type discarding struct {
+	d     discard
+	ids   []string
+	phase discardPhase
+}
+
+// discardPhase is what the machine waits for.
+type discardPhase int
+
+const (
+	dsStart discardPhase = iota
+	dsListed
+	dsTombstoned
+	dsDeleted
+	dsDone
+)
+
+var discardPhases = [...]string{"start", "listed", "tombstoned", "deleted", "done"}
+
+func (p discardPhase) String() string { return discardPhases[p] }
+
+// effTellDiscarded tells each session which of its snapshots were
+// discarded, in session order.
+type effTellDiscarded struct{ BySession map[string][]string }
+
+func (e effTellDiscarded) String() string {
+	var parts []string
+	for _, sid := range slices.Sorted(maps.Keys(e.BySession)) {
+		parts = append(parts, sid+":"+bracket(e.BySession[sid]))
+	}
+	return "tell discarded " + bracket(parts)
+}
+
+func newDiscarding(d discard) *discarding { return &discarding{d: d} }
+
+func (m *discarding) step(in input) []effect {
+	switch in := in.(type) {
+	case inStart:
+		if m.d.Tag == "" {
+			return m.tombstone(nil)
+		}
+		m.phase = dsListed
+		return []effect{effListByTag{RoundTag: m.d.Tag}}
+	case inListed:
+		return m.tombstone(in.IDs)
+	case inWritten:
+		m.phase = dsDone
+		if in.Err != nil {
+			if m.d.Intent != (snapshotindex.IntentKey{}) {
+				return []effect{logAt(logrus.ErrorLevel, "could not tombstone a failed commit's snapshots; its intent stays, by which a restart finds them", logrus.Fields{"error": in.Err.Error()}), effDone{}}
+			}
+			return []effect{logAt(logrus.WarnLevel, "could not tombstone a late snapshot", logrus.Fields{"error": in.Err.Error()}), effDone{}}
+		}
+		var out []effect
+		if told := m.told(); len(told) > 0 {
+			out = append(out, effTellDiscarded{BySession: told})
+		}
+		if len(m.ids) == 0 {
+			return append(out, effDone{})
+		}
+		m.phase = dsDeleted
+		return append(out, effDelete{IDs: m.ids})
+	case inDeleted:
+		m.phase = dsDone
+		return append(afterDelete(in), effDone{})
+	}
+	panic(fmt.Sprintf("owner: discard waiting for %s got %T", m.phase, in))
+}
+
+// tombstone tombstones what the round took, the late snapshots and listed.
+func (m *discarding) tombstone(listed []string) []effect {
+	ids := map[string]bool{}
+	for _, t := range m.d.Taken {
+		if t.SnapshotID != "" {
+			ids[t.SnapshotID] = true
+		}
+	}
+	for _, id := range append(slices.Clone(m.d.Late), listed...) {
+		ids[id] = true
+	}
+	m.ids = sortedKeys(ids)
+	m.phase = dsTombstoned
+	e := effTombstone{IDs: m.ids, Reason: m.d.Reason}
+	if m.d.Intent != (snapshotindex.IntentKey{}) {
+		e.Clear = []snapshotindex.IntentKey{m.d.Intent}
+	}
+	return []effect{e}
+}
+
+// told are the snapshots each session took.
+func (m *discarding) told() map[string][]string {
+	out := map[string][]string{}
+	for _, t := range m.d.Taken {
+		if t.SnapshotID != "" {
+			out[t.SessionID] = append(out[t.SessionID], t.SnapshotID)
+		}
+	}
+	return out
+}
