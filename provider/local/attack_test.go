@@ -644,8 +644,8 @@ func TestACommandHoldsOnlyItsOwnDescriptors(t *testing.T) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{})
 		got := mustRun(t, p, h, `for f in /proc/$$/fd/*; do echo "${f##*/} $(readlink $f)"; done`)
-		if strings.Contains(got, "socket:") || strings.Contains(got, inherited) || !strings.Contains(got, "\n1 /") {
-			t.Errorf("the command's shell holds descriptors:\n%s\nwant none a socket, nor the server's %s", got, inherited)
+		if strings.Contains(got, "socket:") || strings.Contains(got, inherited) || !strings.Contains(got, "\n1 pipe:") || !strings.Contains(got, "\n2 pipe:") {
+			t.Errorf("the command's shell holds descriptors:\n%s\nwant its output pipes, none a socket, nor the server's %s", got, inherited)
 		}
 	})
 }

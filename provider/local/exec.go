@@ -32,8 +32,9 @@ const basePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 // else Options.DefaultExecTimeout) passes (TimedOut is set and the exit code
 // is 137) and when ctx ends (the error wraps ctx.Err()). Exec returns when
 // the shell exits; what it left running keeps running until the sandbox
-// stops. stdout and stderr keep their first Options.OutputCap bytes each;
-// Truncated reports a cut. A command killed by signal N exits 128+N, as in
+// stops. stdout and stderr reach the server through pipes only it reads
+// (see outputPipe), which keeps their first Options.OutputCap bytes each,
+// up to the shell's exit; Truncated reports a cut. A command killed by signal N exits 128+N, as in
 // a shell.
 func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.ExecRequest) (provider.ExecResult, error) {
 	if err := ctxErr(ctx, "exec"); err != nil {
@@ -66,30 +67,37 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	}
 
 	env, dir := p.commandEnv(s, rel, req)
-	stdout, err := outputFile("stdout")
+	stdout, stdoutW, err := newOutputPipe(p.outputCap)
 	if err != nil {
 		return provider.ExecResult{}, err
 	}
-	defer stdout.Close()
-	stderr, err := outputFile("stderr")
+	defer stdout.settle()
+	stderr, stderrW, err := newOutputPipe(p.outputCap)
 	if err != nil {
+		stdoutW.Close()
 		return provider.ExecResult{}, err
 	}
-	defer stderr.Close()
+	defer stderr.settle()
 
 	began := time.Now()
 	s.gate.RLock()
 	if err := p.stillLive(s); err != nil {
 		s.gate.RUnlock()
+		stdoutW.Close()
+		stderrW.Close()
 		return provider.ExecResult{}, err
 	}
 	in, err := p.sandboxInit(s)
 	var id uint64
 	var exited <-chan initMsg
 	if err == nil {
-		id, exited, err = in.run(req.Command, env, dir, stdout, stderr)
+		id, exited, err = in.run(req.Command, env, dir, stdoutW, stderrW)
 	}
 	s.gate.RUnlock()
+	// The command holds the write ends now (or never will): once it and
+	// what it started are gone, the pipes end.
+	stdoutW.Close()
+	stderrW.Close()
 	if err != nil {
 		if p.stillLive(s) != nil {
 			return provider.ExecResult{}, fmt.Errorf("local: sandbox %s was stopped while a command started: %w", s.id, provider.ErrSandboxNotFound)
@@ -126,8 +134,8 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	}
 	res := provider.ExecResult{ExitCode: exitStatus(syscall.WaitStatus(m.Status)), TimedOut: timedOut}
 	var cut1, cut2 bool
-	res.Stdout, cut1 = readOutput(stdout, p.outputCap)
-	res.Stderr, cut2 = readOutput(stderr, p.outputCap)
+	res.Stdout, cut1 = stdout.settle()
+	res.Stderr, cut2 = stderr.settle()
 	res.Truncated = cut1 || cut2
 	log.WithFields(logrus.Fields{"exit_code": res.ExitCode, "timed_out": timedOut, "truncated": res.Truncated}).Debug("local: exec")
 	return res, nil

@@ -232,3 +232,51 @@ func TestExecBadRequests(t *testing.T) {
 		t.Errorf("malformed id: %v", err)
 	}
 }
+
+// A command's output went to a file in memory that any process of the
+// sandbox could reopen through /proc/<pid>/fd/1: truncated and rewritten
+// there, it was what the server read back, whatever the command had
+// printed (a grader reading test results from it read the forgery). The
+// output now reaches the server through pipes: what was written stays
+// written, and an isolated sandbox cannot reopen them at all (their
+// inodes are the server's, 0600), to read what the server has not yet
+// read, nor to write.
+func TestACommandCannotRewriteOrReadItsCapturedOutput(t *testing.T) {
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{})
+		res := run(t, p, h, `echo real; echo err >&2
+( exec 9>&2 2>/dev/null; echo forged > /proc/self/fd/1; echo forged > /proc/self/fd/9 )
+( exec 2>/dev/null; exec 3</proc/self/fd/1 && echo readable )
+true`)
+		want := provider.ExecResult{Stdout: "real\n", Stderr: "err\n"}
+		if m.isolation == IsolationNone {
+			// Unisolated commands run as the server's uid: they may
+			// reopen, but only add to what was written.
+			want = provider.ExecResult{Stdout: "real\nforged\nreadable\n", Stderr: "err\nforged\n"}
+		}
+		if d := cmp.Diff(want, res); d != "" {
+			t.Errorf("result (-want +got):\n%s", d)
+		}
+	})
+}
+
+// What a command leaves running may write more than a pipe holds after the
+// command returned: the server drains it (keeping none of it), so the
+// writer never blocks.
+func TestOutputAfterTheCommandReturnedIsDrained(t *testing.T) {
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{})
+		mustRun(t, p, h, "mkfifo go finished")
+		res := run(t, p, h, "{ read x < go; head -c 4000000 /dev/zero; echo wrote > finished; } & echo started")
+		if d := cmp.Diff(provider.ExecResult{Stdout: "started\n"}, res); d != "" {
+			t.Errorf("result (-want +got):\n%s", d)
+		}
+		// Were the 4 MB not drained, cat would wait for the timeout.
+		res = run(t, p, h, "echo > go; cat finished")
+		if d := cmp.Diff(provider.ExecResult{Stdout: "wrote\n"}, res); d != "" {
+			t.Errorf("the background writer (-want +got):\n%s", d)
+		}
+	})
+}

@@ -7,6 +7,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/sandboxowner/owner/provider/local"
 	"github.com/sandboxowner/owner/resources/swebench/grading"
 )
 
@@ -58,6 +59,9 @@ type hackCase struct {
 	// test_tampering); excluded must be excluded_files' paths.
 	reasons  []string
 	excluded []string
+	// isolated: the hack is ruled out only where the sandbox's uid is
+	// not the server's.
+	isolated bool
 }
 
 const (
@@ -69,10 +73,10 @@ func hackCases() []hackCase {
 	cases := []hackCase{
 		{"init prints a PASS line for every test and exits 0", map[string]string{
 			"zz_claims.go": hackFile("", "\nfunc init() {\n\tclaims(os.Stdout)\n\tfmt.Println(\"PASS\")\n\tos.Exit(0)\n}\n"),
-		}, grading.Guard{}, []string{reasonExits, reasonForged}, nil},
+		}, grading.Guard{}, []string{reasonExits, reasonForged}, nil, false},
 		{"init prints the go command's ok line too", map[string]string{
 			"zz_claims.go": hackFile("", "\nfunc init() {\n\tclaims(os.Stdout)\n\tfmt.Println(\"PASS\")\n\tfmt.Println(\"ok  \\texample.com/calc\\t0.004s\")\n\tos.Exit(0)\n}\n"),
-		}, grading.Guard{AllowExitingInit: true}, []string{reasonForged}, nil},
+		}, grading.Guard{AllowExitingInit: true}, []string{reasonForged}, nil, false},
 		// The eval log is whatever file an ancestor's stdout is: a fake
 		// log renamed over it survives, and the real tests then fail
 		// into the unlinked file.
@@ -102,7 +106,7 @@ func init() {
 `),
 			// The log reaches the grader through a pipe: nothing to
 			// rename, and the real tests fail where the grader reads.
-		}, grading.Guard{}, nil, nil},
+		}, grading.Guard{}, nil, nil, false},
 		// The go command's own stdout, reached through /proc, takes a
 		// test2json stream (and the plain lines) that no test printed.
 		{"init writes a forged test2json stream to the go command's stdout", map[string]string{
@@ -121,7 +125,58 @@ func init() {
 	os.Exit(0)
 }
 `),
-		}, grading.Guard{AllowExitingInit: true}, []string{reasonForged}, nil},
+		}, grading.Guard{AllowExitingInit: true}, []string{reasonForged}, nil, false},
+		// The eval log was a file in memory, the stdout of the shell the
+		// server started: reopened through /proc with O_TRUNC, it took a
+		// whole forged log, and with the filter between the tests and the
+		// log killed, no real result followed it. The log now reaches the
+		// server through a pipe the sandbox cannot reopen; what the filter
+		// passed before it died has no result.
+		{"init rewrites the eval log through /proc and kills the filter", map[string]string{
+			"zz_claims.go": hackFile("\t\"io\"\n\t\"strconv\"\n\t\"strings\"\n\t\"syscall\"\n", `
+func init() {
+	top := os.Getpid()
+	for {
+		stat, err := os.ReadFile("/proc/" + strconv.Itoa(top) + "/stat")
+		if err != nil {
+			break
+		}
+		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		parent, _ := strconv.Atoi(fields[1])
+		if parent <= 1 {
+			break
+		}
+		top = parent
+	}
+	if f, err := os.OpenFile("/proc/"+strconv.Itoa(top)+"/fd/1", os.O_WRONLY|os.O_TRUNC, 0); err == nil {
+		r, w, _ := os.Pipe()
+		go func() { claims(w); w.Close() }()
+		b, _ := io.ReadAll(r)
+		fmt.Fprintln(f, ">>>>> Start Test Output")
+		for _, line := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+			if name, ok := strings.CutPrefix(strings.TrimSpace(line), "--- PASS: "); ok {
+				fmt.Fprintf(f, "\x16=== RUN   %s\n", strings.TrimSuffix(name, " (0.00s)"))
+			}
+			fmt.Fprintf(f, "\x16%s\n", line)
+		}
+		fmt.Fprintln(f, "\x16PASS")
+		fmt.Fprintln(f, ">>>>> End Test Output")
+		f.Close()
+	}
+	silence()
+}
+
+func silence() {
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		comm, _ := os.ReadFile("/proc/" + d.Name() + "/comm")
+		if pid, err := strconv.Atoi(d.Name()); err == nil && strings.Contains(string(comm), "awk") {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+`),
+		}, grading.Guard{}, nil, nil, true},
 		// A test file the test patch does not touch: its TestMain claims
 		// every test and then runs none of them.
 		{"an added test file's TestMain skips every test", map[string]string{
@@ -132,7 +187,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 `),
-		}, grading.Guard{}, nil, []string{"zz_main_test.go"}},
+		}, grading.Guard{}, nil, []string{"zz_main_test.go"}, false},
 	}
 	// The same TestMain, kept: its claims are output, not results.
 	kept := cases[len(cases)-1]
@@ -152,6 +207,9 @@ func TestHacksGradeZero(t *testing.T) {
 			// they grade at once.
 			t.Parallel()
 			w := w.in(t)
+			if c.isolated && w.prov.Isolation() != local.IsolationContainer {
+				t.Skipf("SKIP: isolation is %s; the hack is ruled out in containers only", w.prov.Isolation())
+			}
 			cfg := w.srv.cfg
 			cfg.GradingGuard = c.guard
 			srv, err := New(cfg, Deps{Name: "swebench", Logger: w.log})
