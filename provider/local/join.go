@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
+	"sync"
 	"syscall"
 	"unsafe"
 
@@ -86,6 +87,8 @@ func startAs(cmd *exec.Cmd, as *owner) error {
 	if as == nil {
 		return cmd.Start()
 	}
+	startAsMu.Lock()
+	defer startAsMu.Unlock()
 	groups, err := unix.Getgroups()
 	if err != nil {
 		return err
@@ -139,6 +142,15 @@ func startAs(cmd *exec.Cmd, as *owner) error {
 	}
 	return nil
 }
+
+// startAsMu makes starts as another uid (startAs) one at a time in the
+// process. Dumpability is the process's, not the thread's: a thread's
+// change of effective uid makes the whole process undumpable, so another
+// start meanwhile cloned an undumpable child whose /proc files (uid_map,
+// gid_map, setgroups) its thread, no longer root, could not write (its
+// start failed with "permission denied" or "operation not permitted").
+// Kernel state of the whole process needs a lock of the whole process.
+var startAsMu sync.Mutex
 
 // setThreadGroups sets the calling thread's supplementary groups.
 func setThreadGroups(groups []int) error {
