@@ -13,21 +13,52 @@ import (
 
 // --- retire ---
 
+// retirePlan is what one retire chose: the sessions and a failed stop.
+type retirePlan struct {
+	sids     []string
+	stopFail bool
+}
+
+// opRetire is a retire in the simulation's one shape: choose, arm, act,
+// check.
 func (r *run) opRetire() {
+	p := r.chooseRetire()
+	r.armRetire(p)
+	res, err := r.actRetire(p)
+	r.checkRetire(p, res, err)
+}
+
+func (r *run) chooseRetire() retirePlan {
 	sids := subset(r.rng, r.m.ids)
 	if len(sids) == 0 {
 		sids = []string{r.pickSession(1)}
 	}
-	stopFail := r.failStop()
-	res, err := r.o.Retire(r.life, sids)
-	r.tracef("retire %v (stop fails %v): stopped %v failed %v err %v", sids, stopFail, res.Stopped, res.Failed, err)
+	return retirePlan{sids: sids, stopFail: r.chance(FaultStopFail)}
+}
+
+func (r *run) armRetire(p retirePlan) {
+	if p.stopFail {
+		r.fk.FailNext(fake.OpStop, 1)
+	}
+}
+
+func (r *run) actRetire(p retirePlan) (owner.RetireResult, error) {
+	res, err := r.o.Retire(r.life, p.sids)
+	r.tracef("retire %v (stop fails %v): stopped %v failed %v err %v", p.sids, p.stopFail, res.Stopped, res.Failed, err)
+	return res, err
+}
+
+// checkRetire holds a retire to the model: it fails only by an injected
+// stop fault, and stops every live session asked for whose stop did not
+// fail.
+func (r *run) checkRetire(p retirePlan, res owner.RetireResult, err error) {
 	r.noteStopFault()
 	if err != nil && r.injectedNow(fake.OpStop) == 0 {
 		r.violate(Unexpected, "retire without a fault failed: %v", err)
 		return
 	}
 	var want []string
-	for _, sid := range sids {
+	for _, sid := range p.sids {
 		if r.m.sessions[sid].live {
 			if _, failed := res.Failed[sid]; !failed {
 				want = append(want, sid)
@@ -36,7 +67,7 @@ func (r *run) opRetire() {
 	}
 	sort.Strings(want)
 	if !slices.Equal(res.Stopped, want) {
-		r.violate(LiveState, "retire of %v stopped %v (failed %v), want %v", sids, res.Stopped, res.Failed, want)
+		r.violate(LiveState, "retire of %v stopped %v (failed %v), want %v", p.sids, res.Stopped, res.Failed, want)
 		return
 	}
 	for _, sid := range res.Stopped {
@@ -46,56 +77,93 @@ func (r *run) opRetire() {
 
 // --- release ---
 
+// releasePlan is what one release chose: the checkpoints it keeps of
+// those there are, a failed delete, and a crash at one of its deletes.
+type releasePlan struct {
+	all, kept  []string
+	deleteFail bool
+	// crash crashes the owner at delete crashAt (0: between the
+	// tombstones and the first delete, k: after the k-th).
+	crash   bool
+	crashAt int
+}
+
+// opRelease is a release in the simulation's one shape: choose, arm, act,
+// check.
 func (r *run) opRelease() {
-	all := r.m.checkpointIDs()
-	var kept []string
-	switch r.rng.IntN(4) {
-	case 0: // keep nothing
-	case 1:
-		kept = all
-	default:
-		kept = subset(r.rng, all)
-	}
-	deleteFail := r.chance(FaultDeleteFail)
-	crash := r.chance(FaultCrashRelease)
-	if deleteFail {
-		r.fk.FailNext(fake.OpDeleteSnapshot, 1)
-	}
-	if crash {
-		// Between the tombstones and the first delete, or after k deletes.
-		k := r.rng.IntN(3)
-		if k == 0 {
-			r.proc.arm(&trigger{op: fake.OpDeleteSnapshot, n: 1})
-		} else {
-			r.proc.arm(&trigger{op: fake.OpDeleteSnapshot, n: k, after: true})
-		}
-	}
-	r.pendingRelease, r.releasing = kept, true
-	var res owner.ReleaseResult
-	err, crashed := r.guarded(func(ctx context.Context) error {
-		var err error
-		res, err = r.o.Release(ctx, kept)
-		return err
-	})
-	r.tracef("release keeping %v of %v (delete fails %v, crash %v): dropped %v deleted %v deferred %v failed %v err %v",
-		kept, all, deleteFail, crash, res.Dropped, res.Deleted, res.Deferred, res.Failed, err)
+	p := r.chooseRelease()
+	r.armRelease(p)
+	res, err, crashed := r.actRelease(p)
 	if crashed {
-		if crash {
+		if p.crash {
 			r.fire(FaultCrashRelease)
 		}
 		r.afterCrash()
 		return
 	}
-	r.releasing = false
+	r.checkRelease(p, res, err)
+}
+
+func (r *run) chooseRelease() releasePlan {
+	p := releasePlan{all: r.m.checkpointIDs()}
+	switch r.rng.IntN(4) {
+	case 0: // keep nothing
+	case 1:
+		p.kept = p.all
+	default:
+		p.kept = subset(r.rng, p.all)
+	}
+	p.deleteFail = r.chance(FaultDeleteFail)
+	p.crash = r.chance(FaultCrashRelease)
+	if p.crash {
+		p.crashAt = r.rng.IntN(3)
+	}
+	return p
+}
+
+func (r *run) armRelease(p releasePlan) {
+	if p.deleteFail {
+		r.fk.FailNext(fake.OpDeleteSnapshot, 1)
+	}
+	if p.crash {
+		if p.crashAt == 0 {
+			r.proc.arm(&trigger{op: fake.OpDeleteSnapshot, n: 1})
+		} else {
+			r.proc.arm(&trigger{op: fake.OpDeleteSnapshot, n: p.crashAt, after: true})
+		}
+	}
+}
+
+// actRelease runs the owner's Release, the checkpoints it keeps pending
+// until it answers (a crash in it leaves them for recovery to judge).
+func (r *run) actRelease(p releasePlan) (res owner.ReleaseResult, err error, crashed bool) {
+	r.pendingRelease, r.releasing = p.kept, true
+	err, crashed = r.guarded(func(ctx context.Context) error {
+		var err error
+		res, err = r.o.Release(ctx, p.kept)
+		return err
+	})
+	r.tracef("release keeping %v of %v (delete fails %v, crash %v): dropped %v deleted %v deferred %v failed %v err %v",
+		p.kept, p.all, p.deleteFail, p.crash, res.Dropped, res.Deleted, res.Deferred, res.Failed, err)
+	if !crashed {
+		r.releasing = false
+	}
+	return res, err, crashed
+}
+
+// checkRelease holds a release the owner answered to the model: it fails
+// only by an injected delete fault, and drops exactly the checkpoints not
+// kept (and those whose directory went).
+func (r *run) checkRelease(p releasePlan, res owner.ReleaseResult, err error) {
 	if r.injectedNow(fake.OpDeleteSnapshot) > 0 {
 		r.fire(FaultDeleteFail)
 	} else if err != nil {
 		r.violate(Unexpected, "release without a fault failed: %v", err)
 		return
 	}
-	keep := toSet(kept)
+	keep := toSet(p.kept)
 	var drop []string
-	for _, id := range all {
+	for _, id := range p.all {
 		if !keep[id] {
 			drop = append(drop, id)
 		}
@@ -110,7 +178,7 @@ func (r *run) opRelease() {
 		return false
 	})
 	if !slices.Equal(res.Dropped, drop) {
-		r.violate(WholeCheckpoints, "release keeping %v dropped %v, want %v", kept, res.Dropped, drop)
+		r.violate(WholeCheckpoints, "release keeping %v dropped %v, want %v", p.kept, res.Dropped, drop)
 		return
 	}
 	for _, id := range drop {

@@ -68,61 +68,111 @@ func (r *run) opRestoreInPlace() {
 	r.restore(id, scope, true)
 }
 
+// restorePlan is what one restore chose before it acts: the faults it
+// arms and the sessions it must install.
+type restorePlan struct {
+	id    string
+	scope []string // nil: all of the checkpoint
+	want  []string
+	// forkFault is the fork fault armed ("" none).
+	forkFault Fault
+	stopFail  bool
+	// crash crashes the owner at fork crashAt (0: as the first begins,
+	// k: after the k-th).
+	crash   bool
+	crashAt int
+}
+
 // restore restores checkpoint id (scope nil: all of it) in the current
-// owner, with faults when faults is set.
+// owner, with faults when faults is set, in the simulation's one shape:
+// choose, arm, act, check.
 func (r *run) restore(id string, scope []string, faults bool) {
-	ck := r.m.ckpts[id]
-	want := scope
-	if want == nil {
-		want = slices.Sorted(maps.Keys(ck.records))
-	}
-	var forkFault Fault
-	crash := false
-	if faults {
-		for _, f := range []Fault{FaultForkFail, FaultForkFailAfter} {
-			if r.chance(f) && forkFault == "" {
-				forkFault = f
-			}
-		}
-		r.failStop()
-		crash = r.chance(FaultCrashRestore) && len(want) > 0
-	}
-	switch forkFault {
-	case FaultForkFail:
-		r.fk.FailNext(fake.OpFork, 1)
-	case FaultForkFailAfter:
-		r.fk.FailAfterEffect(fake.OpFork, 1)
-	}
-	if crash {
-		k := r.rng.IntN(len(want))
-		if k == 0 {
-			r.proc.arm(&trigger{op: fake.OpFork, n: 1})
-		} else {
-			r.proc.arm(&trigger{op: fake.OpFork, n: k, after: true})
-		}
-	}
+	p := r.chooseRestore(id, scope, faults)
+	r.armRestore(p)
 	incarnation := r.o.Incarnation()
-	var res owner.RestoreResult
-	err, crashed := r.guarded(func(ctx context.Context) error {
-		var err error
-		res, err = r.o.Restore(ctx, owner.RestoreRequest{CheckpointID: id, Sessions: scope})
-		return err
-	})
-	var got []string
-	for _, s := range res.Sessions {
-		got = append(got, s.SessionID)
-	}
-	sort.Strings(got)
-	r.tracef("restore %s sessions %v (fork fault %q, crash %v): restored %v superseded %v supersede failed %v err %v",
-		id, want, forkFault, crash, got, res.Superseded, res.SupersedeFailed, err)
+	res, err, crashed := r.actRestore(p)
 	if crashed {
 		r.fire(FaultCrashRestore)
 		r.afterCrash()
 		return
 	}
+	r.checkRestore(p, res, err, incarnation)
+}
+
+// chooseRestore draws the restore's faults: at most one fork fault, a
+// failed stop, and a crash at one of its forks.
+func (r *run) chooseRestore(id string, scope []string, faults bool) restorePlan {
+	p := restorePlan{id: id, scope: scope, want: scope}
+	if p.want == nil {
+		p.want = slices.Sorted(maps.Keys(r.m.ckpts[id].records))
+	}
+	if !faults {
+		return p
+	}
+	for _, f := range []Fault{FaultForkFail, FaultForkFailAfter} {
+		if r.chance(f) && p.forkFault == "" {
+			p.forkFault = f
+		}
+	}
+	p.stopFail = r.chance(FaultStopFail)
+	p.crash = r.chance(FaultCrashRestore) && len(p.want) > 0
+	if p.crash {
+		p.crashAt = r.rng.IntN(len(p.want))
+	}
+	return p
+}
+
+// armRestore arms the plan's faults on the fake provider and the crash
+// trigger.
+func (r *run) armRestore(p restorePlan) {
+	if p.stopFail {
+		r.fk.FailNext(fake.OpStop, 1)
+	}
+	switch p.forkFault {
+	case FaultForkFail:
+		r.fk.FailNext(fake.OpFork, 1)
+	case FaultForkFailAfter:
+		r.fk.FailAfterEffect(fake.OpFork, 1)
+	}
+	if p.crash {
+		if p.crashAt == 0 {
+			r.proc.arm(&trigger{op: fake.OpFork, n: 1})
+		} else {
+			r.proc.arm(&trigger{op: fake.OpFork, n: p.crashAt, after: true})
+		}
+	}
+}
+
+// actRestore runs the owner's Restore.
+func (r *run) actRestore(p restorePlan) (res owner.RestoreResult, err error, crashed bool) {
+	err, crashed = r.guarded(func(ctx context.Context) error {
+		var err error
+		res, err = r.o.Restore(ctx, owner.RestoreRequest{CheckpointID: p.id, Sessions: p.scope})
+		return err
+	})
+	r.tracef("restore %s sessions %v (fork fault %q, crash %v): restored %v superseded %v supersede failed %v err %v",
+		p.id, p.want, p.forkFault, p.crash, restoredIDs(res), res.Superseded, res.SupersedeFailed, err)
+	return res, err, crashed
+}
+
+func restoredIDs(res owner.RestoreResult) []string {
+	var got []string
+	for _, s := range res.Sessions {
+		got = append(got, s.SessionID)
+	}
+	sort.Strings(got)
+	return got
+}
+
+// checkRestore holds a restore the owner answered to the model: it fails
+// only by an injected fork fault and then installs nothing and leaves no
+// fork; one that succeeds installed exactly the sessions asked for, each
+// holding its record.
+func (r *run) checkRestore(p restorePlan, res owner.RestoreResult, err error, incarnation string) {
+	id := p.id
 	forkInjected := r.injectedNow(fake.OpFork) > 0
 	if forkInjected {
-		r.fire(forkFault)
+		r.fire(p.forkFault)
 	}
 	r.noteStopFault()
 	if err != nil {
@@ -139,10 +189,11 @@ func (r *run) restore(id string, scope []string, faults bool) {
 		r.violate(AllOrNone, "restore of %s succeeded although a fork failed", id)
 		return
 	}
-	if !slices.Equal(got, want) {
-		r.violate(AllOrNone, "restore of %s installed %v, want %v", id, got, want)
+	if got := restoredIDs(res); !slices.Equal(got, p.want) {
+		r.violate(AllOrNone, "restore of %s installed %v, want %v", id, got, p.want)
 		return
 	}
+	ck := r.m.ckpts[id]
 	for _, rs := range res.Sessions {
 		if !r.checkRestored(ck, rs.SessionID, rs.Sandbox) {
 			return

@@ -14,58 +14,93 @@ import (
 
 // --- seed ---
 
+// seedPlan is what one seed chose: the session, its token, and the faults
+// it arms.
+type seedPlan struct {
+	sid       string
+	token     string
+	setupFail bool
+	stopFail  bool
+	// crash is where the owner crashes (nil: it does not): after the
+	// sandbox started, before setup returned.
+	crash *trigger
+}
+
+// opSeed is a seed in the simulation's one shape: choose, arm, act, check.
 func (r *run) opSeed() {
-	sid := r.pickSession(0.2)
-	s := r.m.sessions[sid]
-	token := r.token()
-	crash := r.chance(FaultCrashSeed)
-	setupFail := r.chance(FaultSetupFail)
-	stopFail := r.failStop()
-	if crash {
-		// After the sandbox started, before setup returned: at the start's
-		// end, at the token write (before or after it), or at the workdir
-		// probe that follows setup.
-		trigs := []*trigger{
-			{op: fake.OpStart, n: 1, after: true},
-			{op: fake.OpWriteFile, n: 1},
-			{op: fake.OpWriteFile, n: 1, after: true},
-			{op: fake.OpExec, n: 1},
-		}
-		r.proc.arm(sample(r.rng, trigs))
-	}
-	ran := false
-	var sb sandbox.Sandbox
-	err, crashed := r.guarded(func(ctx context.Context) error {
-		var err error
-		sb, err = r.o.StartSessionSandbox(ctx, sid, r.spec(), notesSetup(token, setupFail, &ran), "")
-		return err
-	})
-	r.tracef("seed %s (live %v, setup fails %v, stop fails %v, crash %v): sandbox %s err %v", sid, s.live, setupFail, stopFail, crash, sb.Handle.SandboxID, err)
+	p := r.chooseSeed()
+	r.armSeed(p)
+	s := r.m.sessions[p.sid]
+	sb, ran, err, crashed := r.actSeed(p, s)
 	if crashed {
 		r.fire(FaultCrashSeed)
 		r.afterCrash()
 		return
 	}
+	r.checkSeed(p, s, sb, ran, err)
+}
+
+func (r *run) chooseSeed() seedPlan {
+	p := seedPlan{sid: r.pickSession(0.2), token: r.token()}
+	crash := r.chance(FaultCrashSeed)
+	p.setupFail = r.chance(FaultSetupFail)
+	p.stopFail = r.chance(FaultStopFail)
+	if crash {
+		// At the start's end, at the token write (before or after it), or
+		// at the workdir probe that follows setup.
+		p.crash = sample(r.rng, []*trigger{
+			{op: fake.OpStart, n: 1, after: true},
+			{op: fake.OpWriteFile, n: 1},
+			{op: fake.OpWriteFile, n: 1, after: true},
+			{op: fake.OpExec, n: 1},
+		})
+	}
+	return p
+}
+
+func (r *run) armSeed(p seedPlan) {
+	if p.stopFail {
+		r.fk.FailNext(fake.OpStop, 1)
+	}
+	if p.crash != nil {
+		r.proc.arm(p.crash)
+	}
+}
+
+// actSeed runs the owner's StartSessionSandbox; ran tells whether setup ran.
+func (r *run) actSeed(p seedPlan, s *sessionState) (sb sandbox.Sandbox, ran bool, err error, crashed bool) {
+	err, crashed = r.guarded(func(ctx context.Context) error {
+		var err error
+		sb, err = r.o.StartSessionSandbox(ctx, p.sid, r.spec(), notesSetup(p.token, p.setupFail, &ran), "")
+		return err
+	})
+	r.tracef("seed %s (live %v, setup fails %v, stop fails %v, crash %v): sandbox %s err %v", p.sid, s.live, p.setupFail, p.stopFail, p.crash != nil, sb.Handle.SandboxID, err)
+	return sb, ran, err, crashed
+}
+
+// checkSeed holds a seed to the model: a live session's seed is refused
+// (a restored one gets its fork, its setup not run again), a failing setup
+// fails it, and any other seeds.
+func (r *run) checkSeed(p seedPlan, s *sessionState, sb sandbox.Sandbox, ran bool, err error) {
 	r.noteStopFault()
 	switch {
 	case s.live && s.restored:
-		// A replacement attempt gets the fork; setup does not run again.
 		if err != nil || !sb.Restored || ran || tokenOf(sb.Data) != s.token {
-			r.violate(ExactRestore, "re-seed of restored session %s: restored %v, setup ran %v, token %q (want %q), err %v", sid, sb.Restored, ran, tokenOf(sb.Data), s.token, err)
+			r.violate(ExactRestore, "re-seed of restored session %s: restored %v, setup ran %v, token %q (want %q), err %v", p.sid, sb.Restored, ran, tokenOf(sb.Data), s.token, err)
 		}
 	case s.live:
 		if !errors.Is(err, sandbox.ErrExists) {
-			r.violate(LiveState, "seed of live session %s: got %v, want sandbox.ErrExists", sid, err)
+			r.violate(LiveState, "seed of live session %s: got %v, want sandbox.ErrExists", p.sid, err)
 		}
-	case setupFail:
+	case p.setupFail:
 		r.fire(FaultSetupFail)
 		if !errors.Is(err, sandbox.ErrSetup) {
-			r.violate(Unexpected, "seed of %s with a failing setup: got %v, want sandbox.ErrSetup", sid, err)
+			r.violate(Unexpected, "seed of %s with a failing setup: got %v, want sandbox.ErrSetup", p.sid, err)
 		}
 	case err != nil:
-		r.violate(Unexpected, "seed %s: %v", sid, err)
+		r.violate(Unexpected, "seed %s: %v", p.sid, err)
 	default:
-		*s = sessionState{live: true, token: token}
+		*s = sessionState{live: true, token: p.token}
 	}
 }
 
