@@ -221,7 +221,8 @@ type startedProvider struct {
 // startProvider builds the configured provider (or takes the given one),
 // probes it and its snapshots, and wraps it for the owner.
 func startProvider(ctx context.Context, cfg *Config, deps Deps, entry resourcesEntry, res resources.Resources, met *metrics.Metrics, log *logrus.Logger, clk clock.Clock) (*startedProvider, error) {
-	prov, provName, err := buildProvider(cfg, deps, providerEnv{log: log, clk: clk, templates: entry.templates, hide: hidden(deps.ConfigFile), serving: true})
+	prov, provName, err := buildProvider(cfg, deps, providerEnv{log: log, clk: clk, templates: entry.templates, hide: hidden(deps.ConfigFile), serving: true,
+		onPause: func(_ string, d time.Duration) { met.SnapshotPause(d) }})
 	if err != nil {
 		return nil, err
 	}

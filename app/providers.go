@@ -35,6 +35,9 @@ type providerEnv struct {
 	// serving: the provider is a server's, which owns its sandbox root
 	// alone (the sweep's is not).
 	serving bool
+	// onPause hears how long each snapshot paused its sandbox (the local
+	// provider's), for the metrics.
+	onPause func(sandboxID string, paused time.Duration)
 }
 
 // providerFactory builds one provider from its options in the config.
@@ -108,6 +111,7 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 		SnapshotDelay:  time.Duration(o.SnapshotDelayMS) * time.Millisecond,
 		ForkDelay:      time.Duration(o.ForkDelayMS) * time.Millisecond,
 		Exclusive:      env.serving,
+		OnPause:        env.onPause,
 		Clock:          env.clk,
 		Logger:         env.log.WithField("provider", "local"),
 	})

@@ -49,6 +49,7 @@ type Metrics struct {
 	checkpointDur    *prometheus.HistogramVec
 	providerCalls    *prometheus.CounterVec
 	providerDuration *prometheus.HistogramVec
+	snapshotPause    prometheus.Histogram
 	gradingDuration  prometheus.Histogram
 	environments     *prometheus.CounterVec
 	environmentDur   *prometheus.HistogramVec
@@ -62,6 +63,10 @@ type Metrics struct {
 // latencyBuckets span a fast request (100 µs) to a long commit or grading
 // (about 30 min).
 func latencyBuckets() []float64 { return prometheus.ExponentialBuckets(0.0001, 2.5, 18) }
+
+// pauseBuckets span a pause no agent notices (250 µs) to one it does
+// (about 8 s, a copy-mode snapshot of a large tree).
+func pauseBuckets() []float64 { return prometheus.ExponentialBuckets(0.00025, 2, 16) }
 
 // New registers every family, and the Go and process collectors, on reg.
 func New(reg *prometheus.Registry) (*Metrics, error) {
@@ -98,6 +103,11 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 			Help:    "Duration of sandbox provider calls, by provider, op and outcome.",
 			Buckets: latencyBuckets(),
 		}, []string{"provider", "op", "outcome"}),
+		snapshotPause: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "snapshot_pause_seconds",
+			Help:    "How long each snapshot held its sandbox paused (new commands and file calls waiting, running ones stopped), local provider: over one commit, that commit's distribution of pauses.",
+			Buckets: pauseBuckets(),
+		}),
 		gradingDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "grading_duration_seconds",
 			Help:    "SWE-bench gradings: from the patch taken to the grading sandbox stopped.",
@@ -140,6 +150,7 @@ func New(reg *prometheus.Registry) (*Metrics, error) {
 		reg.Register(m.seeds), reg.Register(m.httpRequests), reg.Register(m.httpDuration),
 		reg.Register(m.checkpointOps), reg.Register(m.checkpointDur),
 		reg.Register(m.providerCalls), reg.Register(m.providerDuration),
+		reg.Register(m.snapshotPause),
 		reg.Register(buildInfo()),
 	)
 	if err != nil {
@@ -514,4 +525,11 @@ func OutcomeOfStatus(status int) string {
 		return OutcomeRefused
 	}
 	return OutcomeFailed
+}
+
+// SnapshotPause records how long a snapshot held its sandbox paused.
+func (m *Metrics) SnapshotPause(d time.Duration) {
+	if m != nil {
+		m.snapshotPause.Observe(d.Seconds())
+	}
 }

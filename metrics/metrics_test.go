@@ -393,6 +393,7 @@ func TestRecordersOfANilMetricsRecordNothing(t *testing.T) {
 	m.CheckpointOp("commit", metrics.OutcomeOK, time.Millisecond)
 	m.ProviderCall("fake", metrics.OpExec, metrics.OutcomeOK, time.Millisecond)
 	m.Grading(time.Second)
+	m.SnapshotPause(time.Millisecond)
 	m.Environment(metrics.EnvironmentOK, time.Second)
 	m.Validation(metrics.ValidationOK, time.Second)
 	m.Verified("notes", 1, true, false)
@@ -411,5 +412,32 @@ func TestGradingsAreTimed(t *testing.T) {
 	m.Grading(time.Second)
 	if n, sum := histCount(t, reg, "sandboxowner_grading_duration_seconds", nil); n != 2 || sum != 4 {
 		t.Errorf("gradings: %d summing %v s, want 2 summing 4", n, sum)
+	}
+}
+
+// TestSnapshotPausesAreObserved: each snapshot's pause is one observation,
+// in seconds, in the bucket it falls in: a commit's pauses are the
+// histogram's growth over it.
+func TestSnapshotPausesAreObserved(t *testing.T) {
+	m, reg := newMetrics(t)
+	m.SnapshotPause(2 * time.Millisecond)
+	m.SnapshotPause(500 * time.Millisecond)
+	if n, sum := histCount(t, reg, "sandboxowner_snapshot_pause_seconds", nil); n != 2 || sum != 0.502 {
+		t.Errorf("pauses: %d summing %v s, want 2 summing 0.502", n, sum)
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	under := map[float64]uint64{}
+	for _, f := range fams {
+		if f.GetName() == "sandboxowner_snapshot_pause_seconds" {
+			for _, b := range f.GetMetric()[0].GetHistogram().GetBucket() {
+				under[b.GetUpperBound()] = b.GetCumulativeCount()
+			}
+		}
+	}
+	if under[0.001] != 0 || under[0.002] != 1 || under[0.256] != 1 || under[0.512] != 2 {
+		t.Errorf("cumulative counts by upper bound: %v", under)
 	}
 }

@@ -1,6 +1,7 @@
 package local
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -175,10 +177,17 @@ type Options struct {
 	// copies at once (DefaultCopyWorkers when zero).
 	CopyWorkers int
 	// OnPause, when set, is told after each snapshot how long the sandbox
-	// was paused: from when the snapshot held it (no command starting, no
-	// file call, running commands stopped) to when it let it go. For
-	// benchmarks and metrics; it must be quick and safe for concurrent use.
+	// was paused: from when the snapshot began to hold it (new commands
+	// and file calls wait from then on; running commands are stopped) to
+	// when it let it go. For benchmarks and metrics; it must be quick and
+	// safe for concurrent use.
 	OnPause func(sandboxID string, paused time.Duration)
+	// Captures is how many snapshots copy a sandbox at once
+	// (GOMAXPROCS when zero). A snapshot waits for a turn before it holds
+	// its sandbox, in the order they came: a sandbox is paused only for
+	// its own copy, never while other copies share the machine's CPUs and
+	// disk with it.
+	Captures int
 	// Exclusive locks Root for this provider until Close (or the process
 	// ends): New fails with ErrRootLocked while another holds it, naming
 	// the process. A server sets it, since a second one on the same root
@@ -253,6 +262,8 @@ type Provider struct {
 	// snapshotDelay and forkDelay: see Options.
 	snapshotDelay, forkDelay time.Duration
 	onPause                  func(sandboxID string, paused time.Duration)
+	// captures holds a token per snapshot copying a sandbox.
+	captures chan struct{}
 
 	// hook, when set by a test in this package, runs during a snapshot
 	// while the sandbox's commands are paused.
@@ -374,6 +385,7 @@ func New(opts Options) (_ *Provider, err error) {
 	if p.copyWorkers <= 0 {
 		p.copyWorkers = DefaultCopyWorkers
 	}
+	p.captures = make(chan struct{}, cmp.Or(max(opts.Captures, 0), runtime.GOMAXPROCS(0)))
 	if p.clk == nil {
 		p.clk = clock.Real{}
 	}

@@ -94,10 +94,20 @@ func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string)
 	return id, nil
 }
 
-// copySandbox copies s's tree into snapshot id's layer with s paused.
+// copySandbox copies s's tree into snapshot id's layer with s paused, once
+// a capture turn is its.
 func (p *Provider) copySandbox(ctx context.Context, s *sandbox, id string) (snapshotMeta, error) {
-	s.gate.Lock()
+	if p.hook != nil {
+		p.hook("turn", s.id)
+	}
+	select {
+	case p.captures <- struct{}{}:
+	case <-ctx.Done():
+		return snapshotMeta{}, fmt.Errorf("local: snapshot %s: waiting for a capture turn: %w", s.id, ctx.Err())
+	}
+	defer func() { <-p.captures }()
 	paused := time.Now()
+	s.gate.Lock()
 	defer func() {
 		s.gate.Unlock()
 		if p.onPause != nil {

@@ -317,7 +317,11 @@ func TestSnapshotReportsItsPause(t *testing.T) {
 		}})
 		h := start(t, p, provider.Spec{Files: map[string]string{"a": "x"}})
 		var stages []time.Time
-		p.hook = func(string, string) { stages = append(stages, time.Now()) }
+		p.hook = func(stage, _ string) {
+			if stage != "turn" {
+				stages = append(stages, time.Now())
+			}
+		}
 		t0 := time.Now()
 		snapshot(t, p, h)
 		call := time.Since(t0)
@@ -330,4 +334,55 @@ func TestSnapshotReportsItsPause(t *testing.T) {
 			t.Errorf("pause %v, want between the copy (%v) and the call (%v)", pauses[0], copying, call)
 		}
 	})
+}
+
+// A snapshot holds its sandbox only once a capture turn is its: with one
+// turn, a second snapshot waits unpaused (its sandbox never held, OnPause
+// not told) while the first copies, and gives up when its context ends.
+func TestSnapshotsTakeTurns(t *testing.T) {
+	var mu sync.Mutex
+	var paused []string
+	p := newProvider(t, allModes()[0], Options{Captures: 1, OnPause: func(id string, _ time.Duration) {
+		mu.Lock()
+		defer mu.Unlock()
+		paused = append(paused, id)
+	}})
+	a := start(t, p, provider.Spec{Files: map[string]string{"a": "x"}})
+	b := start(t, p, provider.Spec{Files: map[string]string{"b": "y"}})
+	held, release, waiting := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	p.hook = func(stage, id string) {
+		switch {
+		case stage == "paused" && id == a.SandboxID:
+			close(held)
+			<-release
+		case stage == "turn" && id == b.SandboxID:
+			close(waiting)
+		}
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Snapshot(context.Background(), a, "first")
+		done <- err
+	}()
+	<-held
+	ctx, cancel := context.WithCancel(context.Background())
+	second := make(chan error, 1)
+	go func() {
+		_, err := p.Snapshot(ctx, b, "second")
+		second <- err
+	}()
+	<-waiting
+	cancel()
+	if err := <-second; !errors.Is(err, context.Canceled) {
+		t.Errorf("the second snapshot, its context ended while the first copied: %v, want context.Canceled", err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if diff := cmp.Diff([]string{a.SandboxID}, paused); diff != "" {
+		t.Errorf("sandboxes paused (-want +got):\n%s", diff)
+	}
 }
