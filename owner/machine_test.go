@@ -330,6 +330,9 @@ func machineInput(t *testing.T, c *script.Case) (input, bool) {
 	case "turn":
 		return inTurn{Err: scriptErr(c)}, true
 	}
+	if in, ok := seedInput(c); ok {
+		return in, true
+	}
 	return commonInput(c)
 }
 
@@ -393,4 +396,75 @@ func TestDiscardScripts(t *testing.T) {
 		}
 		return newDiscarding(d), true
 	}, func(m *discarding) string { return "state: waiting=" + m.phase.String() })
+}
+
+// TestSeedScripts runs testdata/seed/*.txt against the seed machine:
+// "seed" makes one. "spawned pid=P [new]" answers the spawn (new: the
+// supervisor made the actor); "start-reply" answers the start: sandbox=ID,
+// or rep-err=ended|exists|other, or err= for an ask that got no answer.
+func TestSeedScripts(t *testing.T) {
+	scripted(t, "testdata/seed/*.txt", func(c *script.Case) (*seeding, bool) {
+		if c.Cmd != "seed" {
+			return nil, false
+		}
+		limit, _ := strconv.Atoi(c.Args["limit"])
+		return newSeeding(c.Args["session"], limit, messages.StartSandbox{}), true
+	}, func(m *seeding) string {
+		return fmt.Sprintf("state: waiting=%s attempt=%d sandbox=%s", m.phase, m.attempt, m.sb.Handle.SandboxID)
+	})
+}
+
+// seedInput reads the inputs of the seed machine.
+func seedInput(c *script.Case) (input, bool) {
+	switch c.Cmd {
+	case "spawned":
+		if err := scriptErr(c); err != nil {
+			return inSpawned{Err: err}, true
+		}
+		return inSpawned{Ref: &messages.SessionRef{PID: c.Args["pid"], Spawned: c.Has("new")}}, true
+	case "start-reply":
+		if err := scriptErr(c); err != nil {
+			return inStartReply{Err: err}, true
+		}
+		rep := &messages.StartReply{}
+		switch c.Args["rep-err"] {
+		case "":
+			rep.Sandbox = sandbox.Sandbox{Handle: provider.Handle{SandboxID: c.Args["sandbox"]}}
+		case "ended":
+			rep.Err = actors.ErrSessionEnded
+		case "exists":
+			rep.Err = sandbox.ErrExists
+		default:
+			rep.Err = errors.New(c.Args["rep-err"])
+		}
+		return inStartReply{Rep: rep}, true
+	}
+	return nil, false
+}
+
+// A seed that finds the session's actor on its way out every time gives
+// up after maxSeedAttempts spawns, with the actor's answer.
+func TestSeedGivesUpOnAnActorAlwaysOnItsWayOut(t *testing.T) {
+	m := newSeeding("s1", 0, messages.StartSandbox{})
+	spawns := 0
+	in := input(inStart{})
+	for range 3 * maxSeedAttempts {
+		var next input
+		for _, e := range m.step(in) {
+			switch e := e.(type) {
+			case effSpawn:
+				spawns++
+				next = inSpawned{Ref: &messages.SessionRef{PID: "a"}}
+			case effStartSandbox:
+				next = inStartReply{Rep: &messages.StartReply{Err: actors.ErrSessionEnded}}
+			case effDone:
+				if !errors.Is(e.Err, actors.ErrSessionEnded) || spawns != maxSeedAttempts {
+					t.Fatalf("done with %v after %d spawns, want ErrSessionEnded after %d", e.Err, spawns, maxSeedAttempts)
+				}
+				return
+			}
+		}
+		in = next
+	}
+	t.Fatalf("still seeding after %d spawns", spawns)
 }

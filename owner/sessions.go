@@ -7,9 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
-
-	"github.com/sandboxowner/owner/actors"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/sandbox"
@@ -51,32 +48,11 @@ func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec 
 	spec = o.labelled(spec, sessionID, nil)
 	o.starting.Add(1)
 	defer o.starting.Add(-1)
-	// An ended session's actor may still be on its way out: retry once it
-	// is forgotten.
-	for attempt := 0; ; attempt++ {
-		ref, err := o.ask.spawn(sessionID, nil, nil, o.cfg.MaxSessions)
-		if err != nil {
-			return sandbox.Sandbox{}, err
-		}
-		pid := ref.PID.(*actor.PID)
-		rep, err := o.ask.start(ctx, pid, messages.StartSandbox{Ctx: ctx, Spec: spec, Setup: setup, Workdir: workdir})
-		if err != nil {
-			return sandbox.Sandbox{}, err
-		}
-		if errors.Is(rep.Err, actors.ErrSessionEnded) && attempt < 100 {
-			o.ask.forget(sessionID, pid)
-			continue
-		}
-		if rep.Err != nil {
-			if ref.Spawned && !errors.Is(rep.Err, sandbox.ErrExists) {
-				// Nothing is tracked for a failed start: drop the empty actor.
-				o.ask.forget(sessionID, pid)
-				o.ask.settle()
-			}
-			return sandbox.Sandbox{}, rep.Err
-		}
-		return rep.Sandbox, nil
+	m := newSeeding(sessionID, o.cfg.MaxSessions, messages.StartSandbox{Ctx: ctx, Spec: spec, Setup: setup, Workdir: workdir})
+	if err := o.run(ctx, m); err != nil {
+		return sandbox.Sandbox{}, err
 	}
+	return m.sb, nil
 }
 
 // SessionSandbox returns the session's sandbox, including one a restore

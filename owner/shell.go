@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
@@ -173,6 +174,16 @@ func (o *Owner) performCommit(ctx context.Context, e effect) input {
 	case effPark:
 		parked, failed := o.stopMany(ctx, e.Sessions, messages.StopPark)
 		return inParked{Parked: parked, Failed: failed}
+	case effSpawn:
+		ref, err := o.ask.spawn(e.SessionID, nil, nil, e.Limit)
+		return inSpawned{Ref: ref, Err: err}
+	case effStartSandbox:
+		rep, err := o.ask.start(ctx, e.PID.(*actor.PID), e.Msg)
+		return inStartReply{Rep: rep, Err: err}
+	case effForget:
+		o.ask.forget(e.SessionID, e.PID.(*actor.PID))
+	case effSettle:
+		o.ask.settle()
 	case effTakeTurn:
 		return inTurn{Err: o.ctl.Lock(ctx, o.rt)}
 	case effGiveTurn:

@@ -1,0 +1,134 @@
+package owner
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/sandboxowner/owner/actors"
+	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/sandbox"
+)
+
+// maxSeedAttempts bounds how many times a seed asks again after finding
+// the session's actor on its way out.
+const maxSeedAttempts = 101
+
+// seeding is a seed's decisions: ask the supervisor for the session's
+// actor (a new one, within the capacity), then ask that actor to start the
+// sandbox and run setup. An actor found on its way out (its session just
+// ended) is forgotten and the supervisor asked again; a failed start of an
+// actor this seed spawned forgets it, and waits for the supervisor to have
+// done so, so that nothing is tracked for it.
+type seeding struct {
+	sessionID string
+	limit     int
+	// start is the request to the actor (its reply slot set by the shell).
+	start   messages.StartSandbox
+	attempt int
+	ref     *messages.SessionRef
+	phase   seedPhase
+	sb      sandbox.Sandbox
+}
+
+// seedPhase is what the machine waits for.
+type seedPhase int
+
+const (
+	sdStart seedPhase = iota
+	sdSpawned
+	sdStarted
+	sdDone
+)
+
+var seedPhases = [...]string{"start", "spawned", "started", "done"}
+
+func (p seedPhase) String() string { return seedPhases[p] }
+
+// Effects of a seed.
+type (
+	// effSpawn asks the supervisor for the session's actor, a new one only
+	// if fewer than Limit sessions exist (0: no bound): inSpawned.
+	effSpawn struct {
+		SessionID string
+		Limit     int
+	}
+	// effStartSandbox asks the actor PID to start the sandbox and run
+	// setup: inStartReply.
+	effStartSandbox struct {
+		PID any
+		Msg messages.StartSandbox
+	}
+	// effForget tells the supervisor to forget the session's actor PID.
+	effForget struct {
+		SessionID string
+		PID       any
+	}
+	// effSettle waits until the supervisor has done what it was told.
+	effSettle struct{}
+)
+
+// Inputs of a seed.
+type (
+	inSpawned struct {
+		Ref *messages.SessionRef
+		Err error
+	}
+	inStartReply struct {
+		Rep *messages.StartReply
+		Err error
+	}
+)
+
+func (e effSpawn) String() string        { return fmt.Sprintf("spawn %s (limit %d)", e.SessionID, e.Limit) }
+func (e effStartSandbox) String() string { return fmt.Sprintf("start sandbox on %v", e.PID) }
+func (e effForget) String() string       { return fmt.Sprintf("forget %s on %v", e.SessionID, e.PID) }
+func (effSettle) String() string         { return "settle the supervisor" }
+
+func newSeeding(sessionID string, limit int, start messages.StartSandbox) *seeding {
+	return &seeding{sessionID: sessionID, limit: limit, start: start}
+}
+
+func (m *seeding) step(in input) []effect {
+	switch in := in.(type) {
+	case inStart:
+		return m.spawn()
+	case inSpawned:
+		if in.Err != nil {
+			return m.done(in.Err)
+		}
+		m.ref = in.Ref
+		m.phase = sdStarted
+		return []effect{effStartSandbox{PID: in.Ref.PID, Msg: m.start}}
+	case inStartReply:
+		if in.Err != nil {
+			return m.done(in.Err)
+		}
+		err := in.Rep.Err
+		if errors.Is(err, actors.ErrSessionEnded) && m.attempt < maxSeedAttempts {
+			// The actor is on its way out: forget it and ask again.
+			return append([]effect{effForget{SessionID: m.sessionID, PID: m.ref.PID}}, m.spawn()...)
+		}
+		if err != nil {
+			if m.ref.Spawned && !errors.Is(err, sandbox.ErrExists) {
+				// Nothing is tracked for a failed start: drop the empty
+				// actor.
+				return append([]effect{effForget{SessionID: m.sessionID, PID: m.ref.PID}, effSettle{}}, m.done(err)...)
+			}
+			return m.done(err)
+		}
+		m.sb = in.Rep.Sandbox
+		return m.done(nil)
+	}
+	panic(fmt.Sprintf("owner: seed waiting for %s got %T", m.phase, in))
+}
+
+func (m *seeding) spawn() []effect {
+	m.attempt++
+	m.phase = sdSpawned
+	return []effect{effSpawn{SessionID: m.sessionID, Limit: m.limit}}
+}
+
+func (m *seeding) done(err error) []effect {
+	m.phase = sdDone
+	return []effect{effDone{Err: err}}
+}
