@@ -49,6 +49,9 @@ type CheckpointRow struct {
 	Load string
 	// Err is why the cell could not be measured ("" when it was).
 	Err string
+	// Reruns: the cell was measured again because its first measure was
+	// flagged (these are the second's figures).
+	Reruns int
 }
 
 // Floor is the ideal schedule with the waits this machine's timers really
@@ -290,21 +293,36 @@ func (h *harness) cell(fk *fake.Provider, op fake.Op, base CheckpointRow, rep fu
 	}
 	fk.SetLatency(op, base.Latency)
 	defer fk.SetLatency(op, 0)
-	var measured, index []time.Duration
-	start := time.Now()
-	for r := 0; r < h.plan.maxReps && (r == 0 || time.Since(start) < h.plan.budget); r++ {
-		m, i, err := rep(r)
-		if err != nil {
-			h.add(failedRow(base, fmt.Errorf("rep %d: %w", r+1, err)))
-			return false
+	next := 0 // rep numbers go on across a rerun: a commit's id names its rep
+	measure := func() (CheckpointRow, error) {
+		row := base
+		var measured, index []time.Duration
+		start := time.Now()
+		for r := 0; r < h.plan.maxReps && (r == 0 || time.Since(start) < h.plan.budget); r++ {
+			m, i, err := rep(next)
+			next++
+			if err != nil {
+				return row, fmt.Errorf("rep %d: %w", r+1, err)
+			}
+			measured, index = append(measured, m), append(index, i)
 		}
-		measured, index = append(measured, m), append(index, i)
+		row.Reps, row.Measured, row.Best, row.Worst, row.Index = len(measured), median(measured), slices.Min(measured), slices.Max(measured), median(index)
+		row.Load = LoadAverage()
+		row.Peak = fk.Stats().Peak[op]
+		row.Wait = h.waits[row.Latency]
+		return row, nil
 	}
-	base.Reps, base.Measured, base.Best, base.Worst, base.Index = len(measured), median(measured), slices.Min(measured), slices.Max(measured), median(index)
-	base.Load = LoadAverage()
-	base.Peak = fk.Stats().Peak[op]
-	base.Wait = h.waits[base.Latency]
-	h.add(base)
+	row, err := measure()
+	if err == nil && row.Flag() != "" {
+		// A noisy cell gets a second chance; flagged again, it stays so.
+		row, err = measure()
+		row.Reruns = 1
+	}
+	if err != nil {
+		h.add(failedRow(base, err))
+		return false
+	}
+	h.add(row)
 	return true
 }
 

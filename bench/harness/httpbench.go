@@ -38,6 +38,9 @@ type HTTPRow struct {
 	Load string
 	// Err is why the cell could not be measured ("" when it was).
 	Err string
+	// Reruns: the cell was measured again because its first measure was
+	// flagged for noise (these are the second's figures).
+	Reruns int
 }
 
 // BareRPS is bare fasthttp's throughput: the mean of its runs before and
@@ -156,24 +159,34 @@ func (h *harness) http(ctx context.Context) error {
 				return err
 			}
 			sc, _ := scenarioNamed(name)
-			row := HTTPRow{Route: name, Clients: c}
-			for _, s := range sc.loop {
-				row.ReplyBytes += len(replies[s.path()].body)
-			}
-			// Bare, the server, bare again, back to back, so that both see
-			// the same state of this noisy machine and a change of that
-			// state during the cell shows. A failed run fails the cell
-			// only: the next one runs.
-			var err error
-			if row.Bare, err = h.load(ctx, bare.Addr, name, c); err == nil {
-				if row.Server, err = h.load(ctx, srv.Addr, name, c); err == nil {
-					row.BareAfter, err = h.load(ctx, bare.Addr, name, c)
+			measure := func() HTTPRow {
+				row := HTTPRow{Route: name, Clients: c}
+				for _, s := range sc.loop {
+					row.ReplyBytes += len(replies[s.path()].body)
 				}
+				// Bare, the server, bare again, back to back, so that both
+				// see the same state of this noisy machine and a change of
+				// that state during the cell shows. A failed run fails the
+				// cell only: the next one runs.
+				var err error
+				if row.Bare, err = h.load(ctx, bare.Addr, name, c); err == nil {
+					if row.Server, err = h.load(ctx, srv.Addr, name, c); err == nil {
+						row.BareAfter, err = h.load(ctx, bare.Addr, name, c)
+					}
+				}
+				if err != nil {
+					row.Err = oneLine(err.Error())
+				}
+				row.Load = LoadAverage()
+				return row
 			}
-			if err != nil {
-				row.Err = oneLine(err.Error())
+			row := measure()
+			if row.Noisy() {
+				// The machine moved under the cell: measure it again;
+				// flagged again, it stays so.
+				row = measure()
+				row.Reruns = 1
 			}
-			row.Load = LoadAverage()
 			fmt.Fprintf(h.opts.Progress, "http %-16s C=%-4d %8.0f req/s p50 %-8s p99 %-8s | bare %8.0f req/s p50 %-8s p99 %-8s | %.0f%% (errors %d) load %s %s\n",
 				name, c, row.Server.RPS(), fmtDur(row.Server.P50), fmtDur(row.Server.P99),
 				row.BareRPS(), fmtDur(row.Bare.P50), fmtDur(row.Bare.P99), row.Ratio()*100, row.Server.Errors, row.Load, row.Flag())

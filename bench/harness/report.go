@@ -394,7 +394,7 @@ func (r *Report) Markdown() string {
 	ideal := "Ideal is ⌈calls/P⌉·L plus the operation's index transaction measured alone in the same run " +
 		"(%s); ratio is measured/ideal; overhead is (measured − ideal)/calls, at L=0 the coordinator's cost per session. " +
 		"Times are medians over reps (best, worst: the fastest and slowest rep); peak is the most concurrent provider calls the fake saw; load is the 1-minute load average when the cell ended. " +
-		fmt.Sprintf("A cell whose reps spread by more than %.0f%%%% (worst against best), or that beat its ideal, is flagged and its ratio is not a figure. ", MaxSpread*100) +
+		fmt.Sprintf("A cell whose reps spread by more than %.0f%%%% (worst against best), or that beat its ideal, is measured again once; still so, it is flagged and its ratio is not a figure. ", MaxSpread*100) +
 		"Floor is the ideal with the wait a Go timer of L really gives here (Wait, measured at the start of the run) in place of L: " +
 		"no program sleeping on timers beats it, so 'to floor' (measured/floor) is the owner's own share of the ratio."
 	if len(r.Commit) > 0 {
@@ -411,7 +411,7 @@ func (r *Report) Markdown() string {
 		section("Release", fmt.Sprintf("Release of K checkpoints of N sessions each: K·N snapshot deletes at delete latency L. "+ideal, "one Drop of the K checkpoints with their K·N tombstones"), CheckpointTable(r.Release))
 	}
 	if len(r.HTTP) > 0 {
-		section("HTTP", fmt.Sprintf("C concurrent keep-alive clients in a separate process, each on its own session, for the same duration against the owner's server and against a bare fasthttp handler answering the same number of bytes on the same route, run before and again after the server's. Ratio is req/s against the mean of the two bare runs. A cell with errors, whose bare runs differ by more than %.0f%%, or that beats bare by more than %.0f%%, is flagged.", MaxBareDrift*100, (MaxHTTPRatio-1)*100)+" seed+close counts one seed and one close as one request (their latency is the pair's).", HTTPTable(r.HTTP))
+		section("HTTP", fmt.Sprintf("C concurrent keep-alive clients in a separate process, each on its own session, for the same duration against the owner's server and against a bare fasthttp handler answering the same number of bytes on the same route, run before and again after the server's. Ratio is req/s against the mean of the two bare runs. A cell with errors, whose bare runs differ by more than %.0f%%, or that beats bare by more than %.0f%%, is measured again once, then flagged if it still is (one with errors at once).", MaxBareDrift*100, (MaxHTTPRatio-1)*100)+" seed+close counts one seed and one close as one request (their latency is the pair's).", HTTPTable(r.HTTP))
 	} else if reason, ok := r.Skipped[SectionHTTP]; ok {
 		section("HTTP", "Skipped: "+reason+".", "")
 	}

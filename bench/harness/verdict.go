@@ -36,11 +36,19 @@ func (r CheckpointRow) Flag() string {
 	case r.Err != "":
 		return "failed: " + r.Err
 	case r.Spread() > MaxSpread:
-		return fmt.Sprintf("spread %.0f%% between reps", r.Spread()*100)
+		return fmt.Sprintf("spread %.0f%% between reps", r.Spread()*100) + rerun(r.Reruns)
 	case r.Ideal() > 0 && r.Ratio() < 1:
-		return fmt.Sprintf("impossible: %.3f of the ideal", r.Ratio())
+		return fmt.Sprintf("impossible: %.3f of the ideal", r.Ratio()) + rerun(r.Reruns)
 	}
 	return ""
+}
+
+// rerun says that a flag held when its cell was measured again.
+func rerun(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return ", again when rerun"
 }
 
 // Drift is how much the bare handler's throughput moved between its runs
@@ -66,11 +74,18 @@ func (r HTTPRow) Flag() string {
 	case r.Server.Errors > 0:
 		return fmt.Sprintf("%d errors (first: %.120s)", r.Server.Errors, r.Server.FirstError)
 	case r.Drift() > MaxBareDrift:
-		return fmt.Sprintf("bare moved %.0f%% during the cell", r.Drift()*100)
+		return fmt.Sprintf("bare moved %.0f%% during the cell", r.Drift()*100) + rerun(r.Reruns)
 	case r.Ratio() > MaxHTTPRatio:
-		return fmt.Sprintf("impossible: %.0f%% of bare", r.Ratio()*100)
+		return fmt.Sprintf("impossible: %.0f%% of bare", r.Ratio()*100) + rerun(r.Reruns)
 	}
 	return ""
+}
+
+// Noisy reports a cell flagged for the machine's noise (its bare runs
+// disagree, or it beat bare), not for a failure or errors: one a second
+// measure may clear.
+func (r HTTPRow) Noisy() bool {
+	return r.Err == "" && r.Server.Errors == 0 && r.Flag() != ""
 }
 
 // failedRow is a checkpoint cell that could not be measured.

@@ -3,6 +3,7 @@ package harness
 import (
 	"context"
 	"errors"
+	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/valyala/fasthttp"
+
+	"github.com/sandboxowner/owner/provider/fake"
 )
 
 func TestCheckpointRowFlag(t *testing.T) {
@@ -175,4 +178,70 @@ func newFlakyServer(t *testing.T) Target {
 	}
 	t.Cleanup(func() { _ = tg.Close() })
 	return tg
+}
+
+// A flag that held when its cell was measured again says so; only noise
+// (bare runs that disagree, a server that beat bare) makes an HTTP cell
+// worth measuring again, not a failure or errors.
+func TestRerunsAreSaid(t *testing.T) {
+	ms := time.Millisecond
+	row := CheckpointRow{Op: OpCommit, Sessions: 100, Calls: 100, Parallelism: 10, Latency: 20 * ms, Reps: 3,
+		Measured: 210 * ms, Best: 205 * ms, Worst: 400 * ms, Index: 2 * ms, Reruns: 1}
+	if got, want := row.Flag(), "spread 95% between reps, again when rerun"; got != want {
+		t.Errorf("Flag() = %q, want %q", got, want)
+	}
+	res := func(n int64) LoadResult { return LoadResult{Iterations: n, Window: time.Second} }
+	good := HTTPRow{Route: ScenarioAppendNote, Clients: 64, Server: res(600), Bare: res(1000), BareAfter: res(1000)}
+	for _, tc := range []struct {
+		name  string
+		edit  func(r *HTTPRow)
+		noisy bool
+		flag  string
+	}{
+		{"trusted", func(*HTTPRow) {}, false, ""},
+		{"bare drifted", func(r *HTTPRow) { r.BareAfter = res(1300) }, true, "bare moved 30% during the cell"},
+		{"bare drifted, rerun", func(r *HTTPRow) { r.BareAfter, r.Reruns = res(1300), 1 }, true, "bare moved 30% during the cell, again when rerun"},
+		{"beats bare", func(r *HTTPRow) { r.Server = res(1200) }, true, "impossible: 120% of bare"},
+		{"errors", func(r *HTTPRow) { r.Server.Errors, r.BareAfter = 1, res(1300) }, false, "1 errors (first: )"},
+		{"failed", func(r *HTTPRow) { r.Err = "x" }, false, "failed: x"},
+	} {
+		r := good
+		tc.edit(&r)
+		if r.Noisy() != tc.noisy || r.Flag() != tc.flag {
+			t.Errorf("%s: Noisy() %v, Flag() %q; want %v, %q", tc.name, r.Noisy(), r.Flag(), tc.noisy, tc.flag)
+		}
+	}
+}
+
+// A checkpoint cell whose reps disagree is measured again, its reps
+// numbered on (a commit's id names its rep); the second measure's figures
+// are the cell's. A cell that measures clean the first time is not.
+func TestANoisyCellIsMeasuredAgain(t *testing.T) {
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		times  []time.Duration
+		reps   []int
+		reruns int
+		flag   string
+	}{
+		{"clean", []time.Duration{100 * ms, 101 * ms, 102 * ms}, []int{0, 1, 2}, 0, ""},
+		{"noisy, then clean", []time.Duration{100 * ms, 300 * ms, 101 * ms, 100 * ms, 101 * ms, 102 * ms}, []int{0, 1, 2, 3, 4, 5}, 1, ""},
+		{"noisy twice", []time.Duration{100 * ms, 300 * ms, 101 * ms, 100 * ms, 300 * ms, 101 * ms}, []int{0, 1, 2, 3, 4, 5}, 1, "spread 200% between reps, again when rerun"},
+	} {
+		h := &harness{opts: Options{Progress: io.Discard}, plan: plan{maxReps: 3, budget: time.Hour}, rep: &Report{}, waits: map[time.Duration]time.Duration{}}
+		var reps []int
+		h.cell(fake.New(fake.Options{}), fake.OpSnapshot, CheckpointRow{Op: OpCommit, Sessions: 1, Calls: 1, Parallelism: 1},
+			func(r int) (time.Duration, time.Duration, error) {
+				reps = append(reps, r)
+				return tc.times[len(reps)-1], 0, nil
+			})
+		if len(h.rep.Commit) != 1 {
+			t.Fatalf("%s: %d rows", tc.name, len(h.rep.Commit))
+		}
+		row := h.rep.Commit[0]
+		if diff := cmp.Diff(tc.reps, reps); diff != "" || row.Reruns != tc.reruns || row.Flag() != tc.flag || row.Reps != 3 {
+			t.Errorf("%s: reps %v, reruns %d, flag %q (%d reps); want %v, %d, %q", tc.name, reps, row.Reruns, row.Flag(), row.Reps, tc.reps, tc.reruns, tc.flag)
+		}
+	}
 }
