@@ -54,6 +54,7 @@ type (
 		Spec    provider.Spec
 		Setup   sandbox.SetupFunc
 		Workdir string
+		Launch  sandbox.LaunchFunc
 	}
 	// effDo: run a DoFunc against the sandbox.
 	effDo struct {
@@ -273,7 +274,7 @@ func (s *Session) begin(r request) []any {
 				return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSessionEnded})
 			}
 			s.Stage = StageStarting
-			return s.run(r, effStart{Seq: s.seq, Ctx: m.Ctx, Spec: m.Spec, Setup: m.Setup, Workdir: m.Workdir})
+			return s.run(r, effStart{Seq: s.seq, Ctx: m.Ctx, Spec: m.Spec, Setup: m.Setup, Workdir: m.Workdir, Launch: m.Launch})
 		case StageEnded:
 			return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSessionEnded})
 		default:

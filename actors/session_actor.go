@@ -244,14 +244,18 @@ func orBackground(ctx context.Context) context.Context {
 func (a *sessionActor) start(e effStart, feed func(any)) {
 	ctx := orBackground(e.Ctx)
 	p := a.env.Provider
-	h, err := p.Start(ctx, e.Spec)
+	l, err := a.launch(ctx, e)
 	if err != nil {
 		feed(startDone{Seq: e.Seq, Err: fmt.Errorf("start sandbox: %w", err)})
 		return
 	}
-	sb := sandbox.Sandbox{Handle: h, Spec: e.Spec, Workdir: e.Workdir}
+	h := l.Handle
+	sb := sandbox.Sandbox{Handle: h, Spec: e.Spec, Workdir: e.Workdir, FromSnapshot: l.FromSnapshot}
+	if sb.Workdir == "" {
+		sb.Workdir = l.Workdir
+	}
 	if ttl := e.Spec.TTL(); ttl > 0 {
-		sb.ExpiresAt = a.env.Clock.Now().Add(ttl)
+		sb.ExpiresAt = l.StartedAt.Add(ttl)
 	}
 	data, err := a.runSetup(ctx, e.Setup, sb)
 	if err == nil && sb.Workdir == "" {
@@ -270,6 +274,20 @@ func (a *sessionActor) start(e effStart, feed func(any)) {
 	}
 	sb.Data = data
 	feed(startDone{Seq: e.Seq, Sandbox: sb, At: a.env.Clock.Now()})
+}
+
+// launch makes the sandbox: e's Launch when it has one, else the
+// provider's Start. StartedAt is when its lease began.
+func (a *sessionActor) launch(ctx context.Context, e effStart) (sandbox.Launched, error) {
+	if e.Launch == nil {
+		h, err := a.env.Provider.Start(ctx, e.Spec)
+		return sandbox.Launched{Handle: h, StartedAt: a.env.Clock.Now()}, err
+	}
+	l, err := e.Launch(ctx, e.Spec)
+	if err == nil && l.StartedAt.IsZero() {
+		l.StartedAt = a.env.Clock.Now()
+	}
+	return l, err
 }
 
 func (a *sessionActor) runSetup(ctx context.Context, setup sandbox.SetupFunc, sb sandbox.Sandbox) (data json.RawMessage, err error) {

@@ -209,6 +209,53 @@ func TestShellFailedSetupsStopTheirSandbox(t *testing.T) {
 	}
 }
 
+// TestShellStartWithALaunch: a start with a Launch makes the sandbox
+// through it and not the provider's Start: the fork's snapshot and workdir
+// are the launch's (no pwd asked; a session's own workdir wins), the lease
+// runs from when the launch says it began (or now when it says nothing); a
+// launch that fails fails the start.
+func TestShellStartWithALaunch(t *testing.T) {
+	fk := fake.New(fake.Options{Clock: clock.NewManual(shellT0)})
+	p := &execLog{Provider: fk}
+	began := shellT0.Add(-10 * time.Second)
+	var asked provider.Spec
+	launch := func(at time.Time, fail error) sandbox.LaunchFunc {
+		return func(ctx context.Context, spec provider.Spec) (sandbox.Launched, error) {
+			asked = spec
+			if fail != nil {
+				return sandbox.Launched{}, fail
+			}
+			h, err := fk.Start(ctx, spec)
+			return sandbox.Launched{Handle: h, FromSnapshot: "tmpl-1", Workdir: "/tmpl", StartedAt: at}, err
+		}
+	}
+	start := func(l sandbox.LaunchFunc, spec provider.Spec, workdir string) *messages.StartReply {
+		s := newShell(t, p)
+		slot := make(messages.ReplyTo, 1)
+		r, _ := s.ask(&messages.StartSandbox{ReqID: 1, Spec: spec, Workdir: workdir, Launch: l, Reply: slot}, slot).(*messages.StartReply)
+		return r
+	}
+	rep := start(launch(began, nil), provider.Spec{Image: "x", TTLSeconds: 60}, "")
+	if rep.Err != nil {
+		t.Fatal(rep.Err)
+	}
+	got := rep.Sandbox
+	if got.FromSnapshot != "tmpl-1" || got.Workdir != "/tmpl" || !got.ExpiresAt.Equal(began.Add(time.Minute)) || asked.Image != "x" {
+		t.Errorf("sandbox %+v (launch asked %+v): want the launch's snapshot and workdir, a lease from when it began", got, asked)
+	}
+	if st := fk.Stats(); st.Calls[fake.OpStart] != 1 || len(p.requests()) != 0 {
+		t.Errorf("starts %d, execs %v: want the launch's one start and no pwd", st.Calls[fake.OpStart], p.requests())
+	}
+	rep = start(launch(time.Time{}, nil), provider.Spec{TTLSeconds: 60}, "/own")
+	if rep.Err != nil || !rep.Sandbox.ExpiresAt.Equal(shellT0.Add(time.Minute)) || rep.Sandbox.Workdir != "/own" {
+		t.Errorf("start: %+v, %v: want a lease a minute from now, the session's workdir", rep.Sandbox, rep.Err)
+	}
+	boom := errors.New("no such template")
+	if rep := start(launch(began, boom), provider.Spec{}, ""); !errors.Is(rep.Err, boom) || !strings.Contains(rep.Err.Error(), "start sandbox") {
+		t.Errorf("a failed launch: %v", rep.Err)
+	}
+}
+
 // TestValidateSessionData: up to MaxSessionData bytes of JSON object.
 func TestValidateSessionData(t *testing.T) {
 	obj := `{"x":"` + strings.Repeat("a", actors.MaxSessionData-8) + `"}`

@@ -195,8 +195,7 @@ type SweepConfig struct {
 	Retention SweepRetentionConfig `yaml:"retention"`
 }
 
-// SweepRetentionConfig is sweep.retention: a duration per kind. Templates,
-// when they exist, get theirs here (unused for a while).
+// SweepRetentionConfig is sweep.retention: a duration per kind.
 type SweepRetentionConfig struct {
 	// Orphans: how long a sandbox or snapshot of the server's must be seen
 	// unaccounted for before it is removed.
@@ -204,6 +203,9 @@ type SweepRetentionConfig struct {
 	// PendingDeletes: how old a pending delete (a tombstoned snapshot) must
 	// be before the sweep retries it.
 	PendingDeletes time.Duration `yaml:"pending_deletes"`
+	// Templates: how long a keyed setup's template may go unused before
+	// the sweep drops it.
+	Templates time.Duration `yaml:"templates"`
 }
 
 // Defaults of the sweep block.
@@ -211,6 +213,7 @@ const (
 	DefaultSweepInterval       = 10 * time.Minute
 	DefaultSweepOrphans        = time.Hour
 	DefaultSweepPendingDeletes = 10 * time.Minute
+	DefaultSweepTemplates      = time.Hour
 )
 
 // HTTPConfig is the http block: what one client may cost the server.
@@ -243,7 +246,7 @@ func Defaults() Config {
 			Retention: RetentionConfig{FollowDirs: true, GraceS: 300, PeriodS: DefaultRetentionPeriodS}},
 		MaxSessions:        DefaultMaxSessions(),
 		SessionIdleTimeout: DefaultSessionIdleTimeout,
-		Sweep:              SweepConfig{Interval: DefaultSweepInterval, Retention: SweepRetentionConfig{Orphans: DefaultSweepOrphans, PendingDeletes: DefaultSweepPendingDeletes}},
+		Sweep:              SweepConfig{Interval: DefaultSweepInterval, Retention: SweepRetentionConfig{Orphans: DefaultSweepOrphans, PendingDeletes: DefaultSweepPendingDeletes, Templates: DefaultSweepTemplates}},
 		HTTP: HTTPConfig{
 			ReadTimeout: httpapi.DefaultReadTimeout, WriteTimeout: httpapi.DefaultWriteTimeout, IdleTimeout: httpapi.DefaultIdleTimeout,
 			MaxConns: httpapi.DefaultMaxConns, MaxConnsPerIP: httpapi.DefaultMaxConnsPerIP,
@@ -311,6 +314,7 @@ func keyUsage() map[string]string {
 		"sweep.interval":                               "period of the server's own sweep of sandboxes and snapshots nothing accounts for and of pending deletes, as 10m (0: none; `server sweep` still runs by hand)",
 		"sweep.retention.orphans":                      "how long a sandbox or snapshot of this server's must be seen unaccounted for (no session, checkpoint or tombstone; at two sweeps at least) before the sweep removes it",
 		"sweep.retention.pending_deletes":              "how old a pending delete (a snapshot tombstoned but not deleted: a fork stood on it, or its delete failed) must be before the sweep retries it",
+		"sweep.retention.templates":                    "how long a template (a keyed setup's snapshot its task's seeds fork) may go unused before the sweep drops it",
 		"http.read_timeout":                            "longest a request (headers and body) may take to arrive, as 30s or 2m; slower is 408 (0: the default)",
 		"http.write_timeout":                           "longest a response may take to be written to the client (0: the default)",
 		"http.idle_timeout":                            "a keep-alive connection with no request this long is closed (0: the default)",
@@ -709,7 +713,8 @@ func (c *Config) validate(given provider.Provider) error {
 		key string
 		v   time.Duration
 	}{{"http.read_timeout", c.HTTP.ReadTimeout}, {"http.write_timeout", c.HTTP.WriteTimeout}, {"http.idle_timeout", c.HTTP.IdleTimeout},
-		{"sweep.interval", c.Sweep.Interval}, {"sweep.retention.orphans", c.Sweep.Retention.Orphans}, {"sweep.retention.pending_deletes", c.Sweep.Retention.PendingDeletes}} {
+		{"sweep.interval", c.Sweep.Interval}, {"sweep.retention.orphans", c.Sweep.Retention.Orphans}, {"sweep.retention.pending_deletes", c.Sweep.Retention.PendingDeletes},
+		{"sweep.retention.templates", c.Sweep.Retention.Templates}} {
 		if d.v < 0 {
 			return bad("%s must not be negative, not %v", d.key, d.v)
 		}

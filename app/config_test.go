@@ -52,6 +52,7 @@ http:
 sweep:
   retention:
     orphans: 2h
+    templates: 30m
 `)
 	opts, err := app.ParseArgs([]string{"-config", file, "-port", "9001", "-checkpoint.state_dir", "/other", "-sandbox.local.templates", "x=/t/x", "-log-format", "json",
 		"-http.max_conns", "100", "-http.idle_timeout", "2m", "-max_sessions", "0", "-session_idle_timeout", "90m", "-sweep.interval", "5m"}, io.Discard)
@@ -65,7 +66,7 @@ sweep:
 		Checkpoint: app.CheckpointConfig{Enabled: true, StateDir: "/other", ControlAuthToken: "tok", Parallelism: 8, OnStop: "none", LeaseGraceSeconds: 30, MaxDeadlineSeconds: 3600,
 			Retention: app.RetentionConfig{FollowDirs: true, GraceS: 30, PeriodS: 60}},
 		HTTP:        app.HTTPConfig{ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxConns: 100, MaxConnsPerIP: 2048},
-		Sweep:       app.SweepConfig{Interval: 5 * time.Minute, Retention: app.SweepRetentionConfig{Orphans: 2 * time.Hour, PendingDeletes: app.DefaultSweepPendingDeletes}},
+		Sweep:       app.SweepConfig{Interval: 5 * time.Minute, Retention: app.SweepRetentionConfig{Orphans: 2 * time.Hour, PendingDeletes: app.DefaultSweepPendingDeletes, Templates: 30 * time.Minute}},
 		MaxSessions: 0, SessionIdleTimeout: 90 * time.Minute,
 	}
 	if diff := cmp.Diff(want, opts.Config); diff != "" {
@@ -199,6 +200,7 @@ func TestConfigErrorLines(t *testing.T) {
 		{name: "negative timeout", args: []string{"-http.read_timeout", "-1s"}, want: `config: http.read_timeout must not be negative, not -1s`},
 		{name: "negative sweep interval", args: []string{"-sweep.interval", "-1m"}, want: `config: sweep.interval must not be negative, not -1m0s`},
 		{name: "negative sweep retention", args: []string{"-sweep.retention.pending_deletes", "-1s"}, want: `config: sweep.retention.pending_deletes must not be negative, not -1s`},
+		{name: "negative template retention", args: []string{"-sweep.retention.templates", "-1s"}, want: `config: sweep.retention.templates must not be negative, not -1s`},
 		{name: "negative max_sessions", args: []string{"-max_sessions", "-1"}, want: `config: max_sessions must not be negative (0: no bound), not -1`},
 		{name: "negative max deadline", args: []string{"-checkpoint.max_deadline_seconds", "-1"}, want: `config: checkpoint.max_deadline_seconds must be > 0 (0: the default, 3600), not -1`},
 	}

@@ -144,8 +144,9 @@ func sweepFlags(args []string) (reap bool, retainFrom string, rest []string, err
 func sweepLoop(cfg *Config, prov provider.Provider, own *owner.Owner, clk clock.Clock, log *logrus.Logger, onPass func(sweep.Pass)) (loop *sweep.Loop, why string) {
 	c := cfg.Sweep
 	lc := sweep.LoopConfig{Owner: cfg.Name, Provider: prov, Index: own.Index(), Quiet: own.Quiet, Clock: clk, Interval: c.Interval,
-		Retention:   sweep.Retention{Orphans: c.Retention.Orphans, PendingDeletes: c.Retention.PendingDeletes},
-		Parallelism: cfg.Checkpoint.Parallelism, Log: log.WithField("component", "sweep"), OnPass: onPass}
+		Retention:       sweep.Retention{Orphans: c.Retention.Orphans, PendingDeletes: c.Retention.PendingDeletes, Templates: c.Retention.Templates},
+		ExpireTemplates: own.ExpireTemplates,
+		Parallelism:     cfg.Checkpoint.Parallelism, Log: log.WithField("component", "sweep"), OnPass: onPass}
 	switch {
 	case c.Interval <= 0:
 		why = "sweep.interval is 0"
@@ -163,7 +164,7 @@ func sweepHealth(l *sweep.Loop, off string) map[string]any {
 	st := l.Status()
 	h := map[string]any{
 		"interval_s":  st.Interval.Seconds(),
-		"retention_s": map[string]float64{"orphans": st.Retention.Orphans.Seconds(), "pending_deletes": st.Retention.PendingDeletes.Seconds()},
+		"retention_s": map[string]float64{"orphans": st.Retention.Orphans.Seconds(), "pending_deletes": st.Retention.PendingDeletes.Seconds(), "templates": st.Retention.Templates.Seconds()},
 		"runs":        st.Runs,
 	}
 	if off != "" {

@@ -29,6 +29,7 @@ func sweepServer(t *testing.T, orphans time.Duration) (*app.App, *fake.Provider,
 	passes := make(chan sweep.Pass, 1)
 	a, _, _ := startFake(t, t.TempDir(), fk, app.Deps{Clock: clk, OnSweep: func(p sweep.Pass) { passes <- p }}, func(c *app.Config) {
 		c.Sweep.Interval, c.Sweep.Retention.Orphans, c.Sweep.Retention.PendingDeletes = time.Minute, orphans, 0
+		c.Sweep.Retention.Templates = 2 * time.Minute
 	})
 	clk.WaitPending(1, nil)
 	return a, fk, func() sweep.Pass {
@@ -183,4 +184,45 @@ func TestServerSweepOffWithoutAnIndex(t *testing.T) {
 	fams := scrape(t, a.Addr().String())
 	check{"passes", counter(t, fams, "sandboxowner_sweep_runs_total", map[string]string{"outcome": "ok"}), 0}.verify(t)
 	check{"snapshots swept", counter(t, fams, "sandboxowner_sweep_removed_total", map[string]string{"kind": "snapshot"}), 0}.verify(t)
+}
+
+// TestServerSweepDropsUnusedTemplates: a keyed seed's template is kept
+// while seeds use it, and dropped by the first pass after it went unused
+// for sweep.retention.templates: out of the index, its snapshot deleted;
+// /health and the metrics count it under the template kind.
+func TestServerSweepDropsUnusedTemplates(t *testing.T) {
+	ctx := context.Background()
+	a, fk, pass := sweepServer(t, time.Hour)
+	o := a.Owner()
+	sb, err := o.StartKeyedSessionSandbox(ctx, "s1", "task-1", provider.Spec{Image: "notes"}, noSetup, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.EndSessionSandbox(ctx, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	for i, wantKept := range []bool{true, true, false} {
+		p := pass()
+		if got := slices.Contains(fk.SnapshotIDs(), sb.FromSnapshot); got != wantKept {
+			t.Fatalf("pass %d at %v: template kept %t, want %t (%+v)", i, p.At, got, wantKept, p.Templates)
+		}
+	}
+	if ts, err := o.Index().Templates(); err != nil || len(ts) != 0 {
+		t.Fatalf("index templates %+v, %v", ts, err)
+	}
+	_, body := get(t, a.Addr().String(), "/health")
+	var h struct {
+		Sweep struct {
+			RetentionS map[string]float64 `json:"retention_s"`
+			Kinds      map[string]map[string]float64
+		}
+	}
+	if err := json.Unmarshal([]byte(body), &h); err != nil {
+		t.Fatal(err)
+	}
+	if h.Sweep.RetentionS["templates"] != 120 || h.Sweep.Kinds["template"]["removed_total"] != 1 {
+		t.Fatalf("/health sweep: %s", body)
+	}
+	fams := scrape(t, a.Addr().String())
+	check{"templates swept", counter(t, fams, "sandboxowner_sweep_removed_total", map[string]string{"kind": "template"}), 1}.verify(t)
 }

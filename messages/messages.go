@@ -82,7 +82,10 @@ type StartSandbox struct {
 	Spec    provider.Spec
 	Setup   sandbox.SetupFunc
 	Workdir string
-	Reply   ReplyTo
+	// Launch, when set, makes the sandbox in place of the provider's
+	// Start: a fork of a template, or one a warm pool started earlier.
+	Launch sandbox.LaunchFunc
+	Reply  ReplyTo
 }
 
 // StartReply answers StartSandbox.

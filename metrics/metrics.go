@@ -431,12 +431,12 @@ func (m *Metrics) Observe(src Sources) error {
 	}
 	if src.Sweep != nil {
 		labelled("sweep_runs_total", "outcome", "Passes of the server's own sweep, by outcome: ok, error (nothing is removed of a kind whose reads failed).", func() map[string]uint64 { return src.Sweep().Runs })
-		labelled("sweep_removed_total", "kind", "What the server's own sweep removed, by kind: sandbox and snapshot (nothing accounted for them for sweep.retention.orphans), pending_delete (a tombstoned snapshot's delete retried).", func() map[string]uint64 { return src.Sweep().Removed })
+		labelled("sweep_removed_total", "kind", "What the server's own sweep removed, by kind: sandbox and snapshot (nothing accounted for them for sweep.retention.orphans), pending_delete (a tombstoned snapshot's delete retried), template (a template's snapshot deleted once it went unused for sweep.retention.templates).", func() map[string]uint64 { return src.Sweep().Removed })
 		labelled("sweep_failed_total", "kind", "Removals the server's own sweep tried that failed, by kind; the next pass retries.", func() map[string]uint64 { return src.Sweep().Failed })
 		errs = append(errs, m.reg.Register(byLabel[int]{
 			kind: prometheus.GaugeValue,
 			desc: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "sweep_found"),
-				"What the last pass of the server's own sweep found, by kind: sandboxes and snapshots nothing accounted for (due or not), pending deletes.",
+				"What the last pass of the server's own sweep found, by kind: sandboxes and snapshots nothing accounted for (due or not), pending deletes, templates dropped as unused.",
 				[]string{"kind"}, nil),
 			read: func() map[string]int { return src.Sweep().Found },
 		}))

@@ -87,6 +87,8 @@ type Owner struct {
 	dirs retention.FS
 	// starting counts StartSessionSandbox calls in progress.
 	starting atomic.Int64
+	// tmpl are the templates of keyed seeds.
+	tmpl *templates
 
 	// ask is the owner's typed client of its actors.
 	ask *client
@@ -144,6 +146,7 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 		dirs:        dirsOf(cfg.Checkpoint),
 		stopped:     fifo.New[string, struct{}](stoppedMemory),
 		unstored:    map[string]*unstoredCommit{},
+		tmpl:        newTemplates(),
 		closed:      make(chan struct{}),
 	}
 	if cfg.Provider != nil {
@@ -168,6 +171,10 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 	if err := o.recover(ctx); err != nil {
 		o.Close()
 		return nil, err
+	}
+	if err := o.loadTemplates(); err != nil {
+		o.Close()
+		return nil, fmt.Errorf("read the templates: %w", err)
 	}
 	if cfg.RenewEvery > 0 && o.prov != nil {
 		o.bg.Go(o.rt, func() { o.renewLoop(cfg.RenewEvery) })

@@ -46,6 +46,7 @@ func (o *Owner) holdings() (Holdings, error) {
 	for _, held := range o.dir.Holdings() {
 		h.Sandboxes[held.Sandbox.Handle.SandboxID] = true
 	}
+	o.holdTemplates(&h)
 	if err := o.writer.Lock(context.Background(), o.rt); err != nil {
 		return h, err
 	}

@@ -45,7 +45,7 @@ func (o *Owner) Release(ctx context.Context, kept []string) (ReleaseResult, erro
 		return res, fmt.Errorf("release: waiting for another control operation: %w", err)
 	}
 	defer o.ctl.Unlock()
-	m := newRelease(kept, o.liveSnapshots(), o.caps.Lister != nil, o.name, o.incarnation)
+	m := newRelease(kept, o.keptSnapshots(), o.caps.Lister != nil, o.name, o.incarnation)
 	err := o.run(ctx, m)
 	return m.res, err
 }

@@ -39,6 +39,12 @@ func (o *Owner) labelled(spec provider.Spec, sessionID string, extra map[string]
 // a restore rebuilt: a replacement attempt gets the fork (Restored is set)
 // and setup does not run again.
 func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec provider.Spec, setup sandbox.SetupFunc, workdir string) (sandbox.Sandbox, error) {
+	return o.startSession(ctx, sessionID, spec, setup, workdir, nil)
+}
+
+// startSession is StartSessionSandbox with launch, when set, making the
+// sandbox in place of the provider's Start.
+func (o *Owner) startSession(ctx context.Context, sessionID string, spec provider.Spec, setup sandbox.SetupFunc, workdir string, launch sandbox.LaunchFunc) (sandbox.Sandbox, error) {
 	if o.prov == nil {
 		return sandbox.Sandbox{}, fmt.Errorf("%w: server %q lends no sandboxes", provider.ErrUnsupported, o.name)
 	}
@@ -48,7 +54,7 @@ func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec 
 	spec = o.labelled(spec, sessionID, nil)
 	o.starting.Add(1)
 	defer o.starting.Add(-1)
-	m := newSeeding(sessionID, o.cfg.MaxSessions, messages.StartSandbox{Ctx: ctx, Spec: spec, Setup: setup, Workdir: workdir})
+	m := newSeeding(sessionID, o.cfg.MaxSessions, messages.StartSandbox{Ctx: ctx, Spec: spec, Setup: setup, Workdir: workdir, Launch: launch})
 	if err := o.run(ctx, m); err != nil {
 		return sandbox.Sandbox{}, err
 	}

@@ -37,6 +37,20 @@ type Sandbox struct {
 // sandbox. It returns the session data (a JSON object, or nil for {}).
 type SetupFunc func(ctx context.Context, p provider.Provider, sb Sandbox) (json.RawMessage, error)
 
+// Launched is a sandbox a LaunchFunc made: its handle, the snapshot it was
+// forked from ("" for none), its workdir when the launch knows it (a
+// template's) and when its lease began (zero: now).
+type Launched struct {
+	Handle       provider.Handle
+	FromSnapshot string
+	Workdir      string
+	StartedAt    time.Time
+}
+
+// LaunchFunc makes a session's sandbox in place of the provider's Start
+// (the owner's fork of a template, or a claim on a warm pool).
+type LaunchFunc func(ctx context.Context, spec provider.Spec) (Launched, error)
+
 // DoFunc is one operation on a session's sandbox (a tool call, a patch
 // extraction), serialised with the session's other operations.
 type DoFunc func(ctx context.Context, p provider.Provider, sb Sandbox) error

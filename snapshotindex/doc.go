@@ -53,6 +53,7 @@
 //	s/<snapshot>/<ckpt>   reverse reference, empty value
 //	t/<snapshot>          Tombstone, JSON
 //	i/<kind>/<id>         Intent, JSON
+//	m/<key>               Template, JSON (a keyed setup's snapshot)
 //
 // The canonical form of a record is encoding/json's output for it with its
 // times in UTC; RecordsSHA256 is the hex SHA-256 of the canonical records in

@@ -17,6 +17,7 @@ const (
 	pfxRef      = "s/"
 	pfxTomb     = "t/"
 	pfxIntent   = "i/"
+	pfxTemplate = "m/"
 	schemaValue = 1
 )
 
@@ -55,6 +56,8 @@ func refKey(snapshot, id string) []byte {
 }
 
 func tombKey(snapshot string) []byte { return []byte(pfxTomb + escape(snapshot)) }
+
+func templateKey(key string) []byte { return []byte(pfxTemplate + escape(key)) }
 
 func intentPrefix(kind string) []byte {
 	if kind == "" {

@@ -25,6 +25,9 @@ type Store interface {
 	PutIntent(in Intent) error
 	Intents(kind string) ([]Intent, error)
 	DeleteIntent(k IntentKey) error
+	PutTemplate(t Template) error
+	Templates() ([]Template, error)
+	DropTemplates(keys []string, tombstones []Tombstone) error
 	Close() error
 }
 

@@ -20,11 +20,14 @@ const (
 	// KindPendingDelete: a tombstoned snapshot whose delete has not
 	// happened (a fork stood on it, or the delete failed).
 	KindPendingDelete = "pending_delete"
+	// KindTemplate: a keyed setup's template no seed used for the
+	// templates' retention (dropped, its snapshot deleted or pending).
+	KindTemplate = "template"
 )
 
 // Kinds lists every kind, for reports and counters that exist from the
 // start.
-func Kinds() []string { return []string{KindSandbox, KindSnapshot, KindPendingDelete} }
+func Kinds() []string { return []string{KindSandbox, KindSnapshot, KindPendingDelete, KindTemplate} }
 
 // Waiting is an unaccounted sandbox or snapshot not yet due for removal.
 type Waiting struct {

@@ -10,6 +10,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
@@ -23,6 +24,9 @@ type Retention struct {
 	// PendingDeletes: how old a tombstone must be before the sweep retries
 	// its delete (the operation that wrote it deletes it first).
 	PendingDeletes time.Duration
+	// Templates: how long a keyed setup's template may go unused (no seed
+	// forked it) before the sweep drops it.
+	Templates time.Duration
 }
 
 // LoopConfig is a running server's sweep.
@@ -34,6 +38,10 @@ type LoopConfig struct {
 	// Quiet runs a pass with the server's control operations held off and
 	// says what its sessions hold (owner.Owner.Quiet).
 	Quiet func(ctx context.Context, fn func(holdings func() (Held, error)) error) error
+	// ExpireTemplates, when set, drops the templates unused since a time
+	// (owner.Owner.ExpireTemplates); each pass calls it with the
+	// templates' retention.
+	ExpireTemplates func(ctx context.Context, before time.Time) (owner.TemplateExpiry, error)
 	// Clock times the passes; Interval is their period (zero: no loop).
 	Clock     clock.Clock
 	Interval  time.Duration
@@ -52,6 +60,8 @@ type Pass struct {
 	// when the provider cannot list); Pending the retry of pending deletes.
 	Orphans Report
 	Pending PendingReport
+	// Templates are the templates the pass dropped as unused.
+	Templates owner.TemplateExpiry
 	// Err is what went wrong (nothing is removed of a kind whose reads
 	// failed).
 	Err error
@@ -160,7 +170,15 @@ func (l *Loop) Once(ctx context.Context) Pass {
 		}
 		p.Pending, err = RetryPending(ctx, PendingOptions{Provider: l.cfg.Provider, Index: l.cfg.Index, After: l.cfg.Retention.PendingDeletes,
 			Now: p.At, InUse: h.Snapshots, Parallelism: l.cfg.Parallelism})
-		return errors.Join(append(errs, err)...)
+		errs = append(errs, err)
+		if l.cfg.ExpireTemplates != nil {
+			// After the pending deletes: a template dropped now deletes
+			// its snapshot itself, and one a fork stands on waits for a
+			// later pass's retry.
+			p.Templates, err = l.cfg.ExpireTemplates(ctx, p.At.Add(-l.cfg.Retention.Templates))
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
 	})
 	l.record(p)
 	l.logPass(p)
@@ -211,6 +229,9 @@ func (l *Loop) record(p Pass) {
 		Deferred: len(o.InUse), Removed: len(o.Deleted), Failed: failedOf(snapIDs, o.Failed)})
 	count(KindPendingDelete, KindStatus{Found: pd.Pending, Waiting: len(pd.Waiting), Deferred: len(pd.Deferred),
 		Removed: len(pd.Deleted), Failed: len(pd.Failed)})
+	tm := p.Templates
+	count(KindTemplate, KindStatus{Found: len(tm.Dropped), Waiting: tm.Kept, Deferred: len(tm.Deferred),
+		Removed: len(tm.Deleted), Failed: len(tm.Failed)})
 }
 
 func (l *Loop) logPass(p Pass) {
@@ -219,6 +240,9 @@ func (l *Loop) logPass(p Pass) {
 	}
 	for _, id := range p.Orphans.Deleted {
 		l.cfg.Log.WithField("snapshot_id", id).Info("sweep: deleted a snapshot nothing accounted for")
+	}
+	for _, k := range p.Templates.Dropped {
+		l.cfg.Log.WithField("template", k).Info("sweep: dropped a template unused for its retention")
 	}
 	for _, id := range p.Pending.Deleted {
 		l.cfg.Log.WithField("snapshot_id", id).Info("sweep: deleted a snapshot whose delete was pending")

@@ -97,7 +97,7 @@ type Held = owner.Holdings
 
 // accounted is what the index accounts for.
 type accounted struct {
-	snapshots map[string]bool // named by a checkpoint, or tombstoned
+	snapshots map[string]bool // named by a checkpoint or a template, or tombstoned
 	sandboxes map[string]bool // named by a checkpoint record
 }
 
@@ -130,6 +130,13 @@ func readIndex(idx snapshotindex.Store) (accounted, error) {
 		return a, fmt.Errorf("%w: %w", ErrIndexUnreadable, err)
 	}
 	for _, t := range ts {
+		a.snapshots[t.SnapshotID] = true
+	}
+	tmpls, err := idx.Templates()
+	if err != nil {
+		return a, fmt.Errorf("%w: %w", ErrIndexUnreadable, err)
+	}
+	for _, t := range tmpls {
 		a.snapshots[t.SnapshotID] = true
 	}
 	return a, nil

@@ -346,3 +346,36 @@ func TestSweepCountsForeignSnapshots(t *testing.T) {
 		t.Errorf("a reap with no snapshot to delete on a provider that cannot: stopped %v, %v", rep.Stopped, err)
 	}
 }
+
+// A template the index records is accounted for, after a crash as before:
+// the sweep keeps its snapshot though no session or checkpoint names it.
+func TestSweepKeepsRecordedTemplates(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewManual(time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
+	fk := fake.New(fake.Options{Clock: clk, Seed: 1})
+	dir := t.TempDir()
+	o, err := owner.New(ctx, owner.Config{Name: "notes", Provider: fk, Clock: clk,
+		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: dir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setup := func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) { return nil, nil }
+	sb, err := o.StartKeyedSessionSandbox(ctx, "s1", "task-1", provider.Spec{Image: "swe"}, setup, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.EndSessionSandbox(ctx, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	o.Abandon()
+	rep, err := sweep.Run(ctx, sweep.Options{Owner: "notes", Provider: fk, Index: open(t, dir), Reap: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sbs, snaps := ids(rep); len(sbs)+len(snaps) != 0 || rep.KeptSnapshots != 1 {
+		t.Fatalf("found %v %v, kept %d snapshots; want the template kept", sbs, snaps, rep.KeptSnapshots)
+	}
+	if _, ok := fk.SnapshotInfo(sb.FromSnapshot); !ok {
+		t.Fatal("the template's snapshot is gone")
+	}
+}

@@ -1,0 +1,5 @@
+package owner
+
+// SetTemplateWaitHook has fn told of every keyed seed that waits for the
+// build of its template.
+func SetTemplateWaitHook(o *Owner, fn func()) { o.tmpl.onWait = fn }

@@ -1,0 +1,304 @@
+package owner_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
+)
+
+// keyedSetup writes the task's file and returns it as session data; it
+// counts its runs, and each run first waits for release (closed: no wait).
+func keyedSetup(task string, runs *atomic.Int64, release <-chan struct{}, fail error) sandbox.SetupFunc {
+	return func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) (json.RawMessage, error) {
+		runs.Add(1)
+		<-release
+		if fail != nil {
+			return nil, fail
+		}
+		if err := p.WriteFile(ctx, sb.Handle, "task.txt", []byte(task)); err != nil {
+			return nil, err
+		}
+		return json.RawMessage(fmt.Sprintf(`{"task":%q}`, task)), nil
+	}
+}
+
+var keyedSpec = provider.Spec{Image: "swe"}
+
+// seedGroup seeds n sessions of key at once, the first one's setup held
+// until the other n-1 wait for its build; it returns each seed's sandbox
+// and error by session.
+func seedGroup(t *testing.T, o *owner.Owner, key string, n int, setup func(release <-chan struct{}) sandbox.SetupFunc) (map[string]sandbox.Sandbox, map[string]error) {
+	t.Helper()
+	release := make(chan struct{})
+	var waiting atomic.Int64
+	owner.SetTemplateWaitHook(o, func() {
+		if waiting.Add(1) == int64(n-1) {
+			close(release)
+		}
+	})
+	defer owner.SetTemplateWaitHook(o, nil)
+	if n == 1 {
+		close(release)
+	}
+	sbs, errs := map[string]sandbox.Sandbox{}, map[string]error{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range n {
+		sid := fmt.Sprintf("%s-s%d", key, i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb, err := o.StartKeyedSessionSandbox(context.Background(), sid, key, keyedSpec, setup(release), "")
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs[sid] = err
+				return
+			}
+			sbs[sid] = sb
+		}()
+	}
+	wg.Wait()
+	return sbs, errs
+}
+
+// A group of 8 seeds of one key runs the setup once: every seed is a fork
+// of one template with the setup's session data and files, and the sandbox
+// the setup ran in is stopped.
+func TestKeyedGroupRunsSetupOnce(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	var runs atomic.Int64
+	sbs, errs := seedGroup(t, o, "task-1", 8, func(release <-chan struct{}) sandbox.SetupFunc {
+		return keyedSetup("task-1", &runs, release, nil)
+	})
+	if len(errs) != 0 {
+		t.Fatalf("seeds failed: %v", errs)
+	}
+	if runs.Load() != 1 || o.TemplateSetups() != 1 {
+		t.Fatalf("setups run = %d (owner counts %d), want 1", runs.Load(), o.TemplateSetups())
+	}
+	snaps := map[string]bool{}
+	var live []string
+	for sid, sb := range sbs {
+		snaps[sb.FromSnapshot] = true
+		live = append(live, sb.Handle.SandboxID)
+		if string(sb.Data) != `{"task":"task-1"}` {
+			t.Errorf("%s: data %s", sid, sb.Data)
+		}
+		if sb.Workdir == "" {
+			t.Errorf("%s: no workdir", sid)
+		}
+		files, _ := e.fk.Files(sb.Handle.SandboxID)
+		if files["/workspace/task.txt"] != "task-1" {
+			t.Errorf("%s: the fork lacks the setup's file: %v", sid, files)
+		}
+	}
+	if len(snaps) != 1 || snaps[""] {
+		t.Fatalf("forked from %v, want one template", snaps)
+	}
+	slices.Sort(live)
+	if d := cmp.Diff(live, e.fk.LiveSandboxIDs()); d != "" {
+		t.Fatalf("live sandboxes: the template's builder still runs (-sessions' +live):\n%s", d)
+	}
+	ts, err := o.Index().Templates()
+	if err != nil || len(ts) != 1 || !snaps[ts[0].SnapshotID] {
+		t.Fatalf("index templates = %+v, %v", ts, err)
+	}
+	// Another key is another template; the same key later forks at once.
+	if _, errs := seedGroup(t, o, "task-2", 1, func(release <-chan struct{}) sandbox.SetupFunc {
+		return keyedSetup("task-2", &runs, release, nil)
+	}); len(errs) != 0 {
+		t.Fatal(errs)
+	}
+	if _, err := o.StartKeyedSessionSandbox(context.Background(), "late", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), ""); err != nil {
+		t.Fatal(err)
+	}
+	if runs.Load() != 2 || o.Templates() != 2 {
+		t.Fatalf("setups = %d, templates = %d; want 2, 2", runs.Load(), o.Templates())
+	}
+}
+
+func closed() <-chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+
+// A setup that fails fails every seed that waited for it with its error,
+// and nothing is kept: no template, no sandbox; the next seed builds again.
+func TestKeyedSetupFailureFailsTheGroup(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	var runs atomic.Int64
+	boom := errors.New("clone failed: exit 128")
+	_, errs := seedGroup(t, o, "task-1", 8, func(release <-chan struct{}) sandbox.SetupFunc {
+		return keyedSetup("task-1", &runs, release, boom)
+	})
+	if len(errs) != 8 || runs.Load() != 1 {
+		t.Fatalf("%d seeds failed after %d setups, want 8 after 1", len(errs), runs.Load())
+	}
+	for sid, err := range errs {
+		if !errors.Is(err, boom) || !errors.Is(err, sandbox.ErrSetup) {
+			t.Errorf("%s: %v, want the setup's error", sid, err)
+		}
+	}
+	if live := e.fk.LiveSandboxIDs(); len(live) != 0 {
+		t.Fatalf("sandboxes left: %v", live)
+	}
+	if ts, _ := o.Index().Templates(); len(ts) != 0 || o.Templates() != 0 {
+		t.Fatalf("a failed setup was kept: %+v", ts)
+	}
+	if _, err := o.StartKeyedSessionSandbox(context.Background(), "again", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), ""); err != nil {
+		t.Fatal(err)
+	}
+	if runs.Load() != 2 {
+		t.Fatalf("setups = %d, want 2 (built again)", runs.Load())
+	}
+}
+
+// A fresh owner on the same index forks the templates of the one before
+// without running their setup; an unused template expires (out of the
+// index, its snapshot deleted) and the next seed builds it again.
+func TestTemplatesOutliveTheOwnerAndExpire(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	var runs atomic.Int64
+	sb, err := o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "/w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := sb.FromSnapshot
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o2 := e.open()
+	sb2, err := o2.StartKeyedSessionSandbox(context.Background(), "b", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "/w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runs.Load() != 1 || sb2.FromSnapshot != tmpl || sb2.Workdir != "/w" || string(sb2.Data) != `{"task":"task-1"}` {
+		t.Fatalf("after a restart: setups %d, fork of %q (want %q), workdir %q, data %s", runs.Load(), sb2.FromSnapshot, tmpl, sb2.Workdir, sb2.Data)
+	}
+	// Used at the clock's now: a cut at now keeps it, a later one drops it
+	// (no fork stands on it once b ends).
+	if err := o2.EndSessionSandbox(context.Background(), "b"); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := o2.ExpireTemplates(context.Background(), e.clk.Now())
+	if err != nil || len(rep.Dropped) != 0 {
+		t.Fatalf("expire at the last use: %+v, %v", rep, err)
+	}
+	rep, err = o2.ExpireTemplates(context.Background(), e.clk.Now().Add(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(owner.TemplateExpiry{Dropped: []string{rep.Dropped[0]}, Deleted: []string{tmpl}, Failed: map[string]string{}}, rep); d != "" {
+		t.Fatalf("expiry (-want +got):\n%s", d)
+	}
+	if _, ok := e.fk.SnapshotInfo(tmpl); ok {
+		t.Fatal("the expired template's snapshot is still there")
+	}
+	if ts, _ := o2.Index().Templates(); len(ts) != 0 {
+		t.Fatalf("index still has %+v", ts)
+	}
+	if tomb, _ := o2.Index().Tombstones(); len(tomb) != 0 {
+		t.Fatalf("tombstones left: %+v", tomb)
+	}
+	if _, err := o2.StartKeyedSessionSandbox(context.Background(), "c", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "/w"); err != nil {
+		t.Fatal(err)
+	}
+	if runs.Load() != 2 {
+		t.Fatalf("setups = %d, want 2", runs.Load())
+	}
+}
+
+// A template whose snapshot was deleted behind the owner's back is built
+// again by the seed that finds it gone.
+func TestTemplateLostIsBuiltAgain(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	var runs atomic.Int64
+	sb, err := o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.EndSessionSandbox(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.fk.DeleteSnapshot(context.Background(), sb.FromSnapshot); err != nil {
+		t.Fatal(err)
+	}
+	sb2, err := o.StartKeyedSessionSandbox(context.Background(), "b", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runs.Load() != 2 || sb2.FromSnapshot == sb.FromSnapshot || sb2.FromSnapshot == "" {
+		t.Fatalf("setups %d, forked from %q then %q", runs.Load(), sb.FromSnapshot, sb2.FromSnapshot)
+	}
+}
+
+// Without an index the templates last until Close, which deletes them;
+// an empty key is an ordinary seed.
+func TestTemplatesWithoutIndex(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(func(c *owner.Config) { c.Checkpoint.Enabled = false })
+	var runs atomic.Int64
+	sb, err := o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := o.StartKeyedSessionSandbox(context.Background(), "b", "", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain.FromSnapshot != "" || runs.Load() != 2 || o.TemplateSetups() != 1 {
+		t.Fatalf("an unkeyed seed: from %q, setups %d (templates %d)", plain.FromSnapshot, runs.Load(), o.TemplateSetups())
+	}
+	if rep, err := o.ExpireTemplates(context.Background(), e.clk.Now().Add(1)); err != nil || len(rep.Dropped) != 0 {
+		t.Fatalf("an owner without an index expired %+v, %v", rep, err)
+	}
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ids := e.fk.SnapshotIDs(); slices.Contains(ids, sb.FromSnapshot) {
+		t.Fatalf("Close left the template %s: %v", sb.FromSnapshot, ids)
+	}
+}
+
+// A release after a restart keeps the templates an earlier run built,
+// though no checkpoint names them: it takes only the leftovers of earlier
+// runs that nothing accounts for.
+func TestReleaseKeepsTemplatesOfEarlierRuns(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	var runs atomic.Int64
+	sb, err := o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o2 := e.open()
+	if _, err := o2.Release(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(e.fk.SnapshotIDs(), sb.FromSnapshot) {
+		t.Fatalf("the release took the template %s as a leftover", sb.FromSnapshot)
+	}
+	if _, err := o2.StartKeyedSessionSandbox(context.Background(), "b", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), ""); err != nil || runs.Load() != 1 {
+		t.Fatalf("after the release: %v, setups %d", err, runs.Load())
+	}
+}
