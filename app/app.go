@@ -164,6 +164,10 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	src := sources(own, srv, res)
 	src.ProviderDown = sp.down
 	src.Sweep = func() metrics.SweepCounts { return sweepCounts(swept) }
+	src.Pool = func() metrics.PoolCounts {
+		st := own.PoolStats()
+		return metrics.PoolCounts{Hits: st.Hits, Misses: st.Misses, Expired: st.Expired, StartFailures: st.Failed, Ready: st.Ready, Starting: st.Starting}
+	}
 	if err := met.Observe(src); err != nil {
 		return fail(fmt.Errorf("metrics: %w", err))
 	}
@@ -293,6 +297,7 @@ func startOwner(ctx context.Context, cfg *Config, deps Deps, sp *startedProvider
 		DefaultTTL:       sp.defaultTTL,
 		MaxSessions:      cfg.MaxSessions,
 		IdleTimeout:      cfg.SessionIdleTimeout,
+		Pool:             owner.PoolConfig{Size: cfg.Sandbox.Pool.Size, MaxIdle: cfg.Sandbox.Pool.MaxIdle, RefillConcurrency: cfg.Sandbox.Pool.RefillConcurrency},
 	})
 	if errors.Is(err, owner.ErrConfig) {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)

@@ -62,7 +62,27 @@ type SandboxConfig struct {
 	Fake        FakeOptions        `yaml:"fake"`
 	Local       LocalOptions       `yaml:"local"`
 	OpenSandbox OpenSandboxOptions `yaml:"opensandbox"`
+	// Pool keeps started sandboxes ready for seeds.
+	Pool PoolOptions `yaml:"pool"`
 }
+
+// PoolOptions are sandbox.pool: warm pools of started sandboxes, one per
+// template (a keyed seed's forks) or per spec (an unkeyed seed's).
+type PoolOptions struct {
+	// Size is how many sandboxes each pool keeps ready (0: no pools).
+	Size int `yaml:"size"`
+	// MaxIdle stops a pooled sandbox no seed claimed for that long (0:
+	// never).
+	MaxIdle time.Duration `yaml:"max_idle"`
+	// RefillConcurrency bounds the pools' starts in flight.
+	RefillConcurrency int `yaml:"refill_concurrency"`
+}
+
+// Defaults of sandbox.pool.
+const (
+	DefaultPoolMaxIdle           = 10 * time.Minute
+	DefaultPoolRefillConcurrency = 4
+)
 
 // OpenSandboxOptions configure the OpenSandbox provider (package
 // provider/opensandbox).
@@ -241,7 +261,7 @@ func Defaults() Config {
 		NumWorkers: 1,
 		Sandbox: SandboxConfig{OpenSandbox: OpenSandboxOptions{
 			Protocol: "http", TTLSeconds: 3600, Lend: LendServer,
-		}},
+		}, Pool: PoolOptions{MaxIdle: DefaultPoolMaxIdle, RefillConcurrency: DefaultPoolRefillConcurrency}},
 		Checkpoint: CheckpointConfig{Parallelism: 16, OnStop: "kill", LeaseGraceSeconds: 600, MaxDeadlineSeconds: 3600,
 			Retention: RetentionConfig{FollowDirs: true, GraceS: 300, PeriodS: DefaultRetentionPeriodS}},
 		MaxSessions:        DefaultMaxSessions(),
@@ -287,6 +307,9 @@ func keyUsage() map[string]string {
 		"sandbox.local.snapshot_delay_ms":              "local provider: hold every snapshot this long (crash tests only)",
 		"sandbox.local.snapshot_dir":                   "local provider: where snapshots go, on a filesystem every machine that may restore them mounts (NFS, Lustre); default <root>/snapshots, which lives and dies with the machine",
 		"sandbox.local.fork_delay_ms":                  "local provider: hold every fork this long (crash tests only)",
+		"sandbox.pool.size":                            "sandboxes each warm pool keeps started for seeds to claim, per template (a keyed seed's forks) or per spec (0: no pools)",
+		"sandbox.pool.max_idle":                        "a pooled sandbox no seed claimed for this long is stopped, and its pool refills at the next claim, as 10m (0: never; at most half of a provider's lease)",
+		"sandbox.pool.refill_concurrency":              "sandbox starts the warm pools make at once",
 		"sandbox.opensandbox.domain":                   "opensandbox provider: host:port of the lifecycle server (required)",
 		"sandbox.opensandbox.protocol":                 "opensandbox provider: http or https",
 		"sandbox.opensandbox.api_key":                  "opensandbox provider: API key (default: $OPEN_SANDBOX_API_KEY)",
@@ -718,6 +741,9 @@ func (c *Config) validate(given provider.Provider) error {
 		if d.v < 0 {
 			return bad("%s must not be negative, not %v", d.key, d.v)
 		}
+	}
+	if p := c.Sandbox.Pool; p.Size < 0 || p.RefillConcurrency < 1 || p.MaxIdle < 0 {
+		return bad("sandbox.pool: size must not be negative (0: no pools), refill_concurrency must be at least 1 and max_idle not negative, not %d, %d, %v", p.Size, p.RefillConcurrency, p.MaxIdle)
 	}
 	if c.MaxSessions < 0 {
 		return bad("max_sessions must not be negative (0: no bound), not %d", c.MaxSessions)

@@ -62,7 +62,7 @@ sweep:
 	want := app.Config{
 		Name: "notes-a", Resources: "notes", Host: "0.0.0.0", Port: 9001, NumWorkers: 1, SessionSecret: "a-secret-of-16-chars",
 		Sandbox: app.SandboxConfig{Provider: "local", Local: app.LocalOptions{Root: "/srv/sandboxes", Templates: map[string]string{"notes": "", "x": "/t/x"}},
-			OpenSandbox: app.Defaults().Sandbox.OpenSandbox},
+			OpenSandbox: app.Defaults().Sandbox.OpenSandbox, Pool: app.Defaults().Sandbox.Pool},
 		Checkpoint: app.CheckpointConfig{Enabled: true, StateDir: "/other", ControlAuthToken: "tok", Parallelism: 8, OnStop: "none", LeaseGraceSeconds: 30, MaxDeadlineSeconds: 3600,
 			Retention: app.RetentionConfig{FollowDirs: true, GraceS: 30, PeriodS: 60}},
 		HTTP:        app.HTTPConfig{ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxConns: 100, MaxConnsPerIP: 2048},
@@ -200,6 +200,8 @@ func TestConfigErrorLines(t *testing.T) {
 		{name: "negative timeout", args: []string{"-http.read_timeout", "-1s"}, want: `config: http.read_timeout must not be negative, not -1s`},
 		{name: "negative sweep interval", args: []string{"-sweep.interval", "-1m"}, want: `config: sweep.interval must not be negative, not -1m0s`},
 		{name: "negative sweep retention", args: []string{"-sweep.retention.pending_deletes", "-1s"}, want: `config: sweep.retention.pending_deletes must not be negative, not -1s`},
+		{name: "negative pool size", args: []string{"-sandbox.pool.size", "-1"}, want: `config: sandbox.pool: size must not be negative (0: no pools), refill_concurrency must be at least 1 and max_idle not negative, not -1, 4, 10m0s`},
+		{name: "no pool refills", args: []string{"-sandbox.pool.refill_concurrency", "0"}, want: `config: sandbox.pool: size must not be negative (0: no pools), refill_concurrency must be at least 1 and max_idle not negative, not 0, 0, 10m0s`},
 		{name: "negative template retention", args: []string{"-sweep.retention.templates", "-1s"}, want: `config: sweep.retention.templates must not be negative, not -1s`},
 		{name: "negative max_sessions", args: []string{"-max_sessions", "-1"}, want: `config: max_sessions must not be negative (0: no bound), not -1`},
 		{name: "negative max deadline", args: []string{"-checkpoint.max_deadline_seconds", "-1"}, want: `config: checkpoint.max_deadline_seconds must be > 0 (0: the default, 3600), not -1`},

@@ -47,6 +47,7 @@ func everyFamily(t *testing.T) []string {
 			one := map[string]uint64{"sandbox": 1}
 			return metrics.SweepCounts{Runs: map[string]uint64{"ok": 1}, Removed: one, Failed: one, Found: map[string]int{"sandbox": 1}, LastRunSeconds: 1}
 		},
+		Pool: func() metrics.PoolCounts { return metrics.PoolCounts{Hits: 1} },
 	})
 	if err != nil {
 		t.Fatal(err)

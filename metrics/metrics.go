@@ -345,7 +345,24 @@ type Sources struct {
 	// sandboxowner_sweep_failed_total{kind}, sandboxowner_sweep_found{kind}
 	// and sandboxowner_sweep_last_run_timestamp_seconds.
 	Sweep func() SweepCounts
+	// Pool: the warm pools' families, sandboxowner_pool_hits_total,
+	// sandboxowner_pool_misses_total, sandboxowner_pool_expired_total,
+	// sandboxowner_pool_start_failures_total and
+	// sandboxowner_pool_sandboxes{state}.
+	Pool func() PoolCounts
 }
+
+// PoolCounts are the warm pools' figures.
+type PoolCounts struct {
+	Hits, Misses, Expired, StartFailures uint64
+	Ready, Starting                      int
+}
+
+// Pool sandbox states of sandboxowner_pool_sandboxes.
+const (
+	PoolReady    = "ready"
+	PoolStarting = "starting"
+)
 
 // SweepCounts are the server's sweep's figures (package sweep's kinds and
 // outcomes).
@@ -441,6 +458,26 @@ func (m *Metrics) Observe(src Sources) error {
 			read: func() map[string]int { return src.Sweep().Found },
 		}))
 		gauge("sweep_last_run_timestamp_seconds", "When the last pass of the server's own sweep began, in Unix seconds (0: none yet).", func() float64 { return src.Sweep().LastRunSeconds })
+	}
+	if src.Pool != nil {
+		counter := func(name, help string, read func(PoolCounts) uint64) {
+			errs = append(errs, m.reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help},
+				func() float64 { return float64(read(src.Pool())) })))
+		}
+		counter("pool_hits_total", "Seeds that claimed a sandbox a warm pool had started (sandbox.pool).", func(c PoolCounts) uint64 { return c.Hits })
+		counter("pool_misses_total", "Seeds that found their warm pool empty and started (or forked) a sandbox themselves; 0 hits and misses: no pools.", func(c PoolCounts) uint64 { return c.Misses })
+		counter("pool_expired_total", "Pooled sandboxes stopped after sandbox.pool.max_idle unclaimed.", func(c PoolCounts) uint64 { return c.Expired })
+		counter("pool_start_failures_total", "Starts of the warm pools that failed (the pool refills at its next claim).", func(c PoolCounts) uint64 { return c.StartFailures })
+		errs = append(errs, m.reg.Register(byLabel[int]{
+			kind: prometheus.GaugeValue,
+			desc: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "pool_sandboxes"),
+				"Sandboxes of the warm pools, by state: ready (started, waiting for a seed to claim them), starting.",
+				[]string{"state"}, nil),
+			read: func() map[string]int {
+				c := src.Pool()
+				return map[string]int{PoolReady: c.Ready, PoolStarting: c.Starting}
+			},
+		}))
 	}
 	return errors.Join(errs...)
 }

@@ -123,6 +123,8 @@ type Config struct {
 	// provider whose sandboxes always have one (OpenSandbox's ttl_s): the
 	// owner renews only leases it knows of.
 	DefaultTTL time.Duration
+	// Pool keeps started sandboxes ready for seeds (Size 0: none).
+	Pool PoolConfig
 }
 
 func (o *Owner) decideMode() (Mode, error) {

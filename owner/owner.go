@@ -87,8 +87,10 @@ type Owner struct {
 	dirs retention.FS
 	// starting counts StartSessionSandbox calls in progress.
 	starting atomic.Int64
-	// tmpl are the templates of keyed seeds.
-	tmpl *templates
+	// tmpl are the templates of keyed seeds; pools the warm pools (nil:
+	// none).
+	tmpl  *templates
+	pools *pools
 
 	// ask is the owner's typed client of its actors.
 	ask *client
@@ -147,6 +149,7 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 		stopped:     fifo.New[string, struct{}](stoppedMemory),
 		unstored:    map[string]*unstoredCommit{},
 		tmpl:        newTemplates(),
+		pools:       newPools(poolConfig(cfg)),
 		closed:      make(chan struct{}),
 	}
 	if cfg.Provider != nil {
@@ -175,6 +178,11 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 	if err := o.loadTemplates(); err != nil {
 		o.Close()
 		return nil, fmt.Errorf("read the templates: %w", err)
+	}
+	if every := cfg.Pool.MaxIdle / 4; o.pools != nil && every > 0 {
+		o.bg.Go(o.rt, func() {
+			o.tickLoop(every, func(now time.Time) time.Duration { o.PoolTick(now); return every })
+		})
 	}
 	if cfg.RenewEvery > 0 && o.prov != nil {
 		o.bg.Go(o.rt, func() { o.renewLoop(cfg.RenewEvery) })

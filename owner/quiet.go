@@ -47,6 +47,7 @@ func (o *Owner) holdings() (Holdings, error) {
 		h.Sandboxes[held.Sandbox.Handle.SandboxID] = true
 	}
 	o.holdTemplates(&h)
+	o.holdPools(&h)
 	if err := o.writer.Lock(context.Background(), o.rt); err != nil {
 		return h, err
 	}

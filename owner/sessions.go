@@ -39,7 +39,10 @@ func (o *Owner) labelled(spec provider.Spec, sessionID string, extra map[string]
 // a restore rebuilt: a replacement attempt gets the fork (Restored is set)
 // and setup does not run again.
 func (o *Owner) StartSessionSandbox(ctx context.Context, sessionID string, spec provider.Spec, setup sandbox.SetupFunc, workdir string) (sandbox.Sandbox, error) {
-	return o.startSession(ctx, sessionID, spec, setup, workdir, nil)
+	if o.pools == nil {
+		return o.startSession(ctx, sessionID, spec, setup, workdir, nil)
+	}
+	return o.startPooled(ctx, sessionID, spec, setup, workdir)
 }
 
 // startSession is StartSessionSandbox with launch, when set, making the

@@ -23,6 +23,7 @@ func (o *Owner) Close() error {
 				o.log.WithField("failed", len(failed)).Warn("some sandboxes could not be stopped at shutdown; the next start stops them")
 			}
 		}
+		o.closePools()
 		ctx, cancel := context.WithTimeout(context.Background(), timeouts.CloseStops)
 		o.closeTemplates(ctx)
 		cancel()

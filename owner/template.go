@@ -94,6 +94,7 @@ func (o *Owner) StartKeyedSessionSandbox(ctx context.Context, sessionID, key str
 	}
 	tkey := templateKey(key, spec, workdir)
 	var ready tmplReady
+	var claimed string
 	launch := func(ctx context.Context, labelled provider.Spec) (sandbox.Launched, error) {
 		// A fork that finds the template's snapshot gone (deleted behind
 		// the owner's back, or expired meanwhile) builds it again, once.
@@ -102,27 +103,34 @@ func (o *Owner) StartKeyedSessionSandbox(ctx context.Context, sessionID, key str
 			if err != nil {
 				return sandbox.Launched{}, err
 			}
-			l, err := o.launchFork(ctx, tkey, labelled, r)
+			l, err := o.launchFork(ctx, tkey, spec, labelled, r)
 			if errors.Is(err, provider.ErrSnapshotNotFound) && attempt == 0 {
 				o.tmpl.mu.Lock()
 				o.tmpl.book.lost(tkey, r.SnapshotID)
 				o.tmpl.mu.Unlock()
+				o.drainPool(tkey)
 				continue
 			}
-			ready = r
+			ready, claimed = r, l.Handle.SandboxID
 			return l, err
 		}
 	}
 	fromTemplate := func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) {
 		return ready.Data, nil
 	}
-	return o.startSession(ctx, sessionID, spec, fromTemplate, workdir, launch)
+	sb, err := o.startSession(ctx, sessionID, spec, fromTemplate, workdir, launch)
+	o.settleClaim(claimed)
+	return sb, err
 }
 
-// launchFork forks r for a session.
-func (o *Owner) launchFork(ctx context.Context, tkey string, spec provider.Spec, r tmplReady) (sandbox.Launched, error) {
+// launchFork claims a fork of r from its warm pool, or forks r for the
+// session (labelled: spec with the session's labels).
+func (o *Owner) launchFork(ctx context.Context, tkey string, spec, labelled provider.Spec, r tmplReady) (sandbox.Launched, error) {
+	if l, ok := o.fromPool(tkey, poolRecipe{Spec: spec, Snapshot: r.SnapshotID, Workdir: r.Workdir}); ok {
+		return l, nil
+	}
 	at := o.clk.Now()
-	h, err := o.caps.Snapshotter.Fork(ctx, spec, r.SnapshotID)
+	h, err := o.caps.Snapshotter.Fork(ctx, labelled, r.SnapshotID)
 	if err != nil {
 		return sandbox.Launched{}, fmt.Errorf("fork the template: %w", err)
 	}
@@ -309,6 +317,10 @@ func (o *Owner) ExpireTemplates(ctx context.Context, before time.Time) (Template
 		return rep, nil
 	}
 	rep.Dropped = slices.Sorted(maps.Keys(gone))
+	for _, k := range rep.Dropped {
+		// The pool's forks would stand on the snapshot.
+		o.drainPool(k)
+	}
 	ids := make([]string, 0, len(gone))
 	ts := make([]snapshotindex.Tombstone, 0, len(gone))
 	for _, k := range rep.Dropped {

@@ -1,0 +1,197 @@
+package owner_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/owner"
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
+)
+
+func pool(size, refill int, idle time.Duration) cfgOpt {
+	return func(c *owner.Config) {
+		c.Pool = owner.PoolConfig{Size: size, RefillConcurrency: refill, MaxIdle: idle}
+	}
+}
+
+// poolStarts counts the pools' starts that ended; wait(n) returns once n
+// more have.
+func poolStarts(o *owner.Owner) (wait func(n int)) {
+	ended := make(chan struct{}, 1024)
+	owner.SetPoolHook(o, func() { ended <- struct{}{} })
+	return func(n int) {
+		for range n {
+			<-ended
+		}
+	}
+}
+
+// A seed claims a started sandbox of its spec's pool; the first misses and
+// the pool fills behind it; each hit refills it. Pooled sandboxes are lent
+// once: a group seeding at once gets as many sandboxes as seeds.
+func TestPoolHitsAndRefills(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(pool(4, 2, 0))
+	wait := poolStarts(o)
+	first := seed(t, o, "s0")
+	wait(4)
+	if st := o.PoolStats(); st != (owner.PoolStats{Misses: 1, Ready: 4}) {
+		t.Fatalf("after the first seed: %+v", st)
+	}
+	ids := map[string]string{first.Handle.SandboxID: "s0"}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := 1; i <= 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sid := fmt.Sprintf("s%d", i)
+			sb, err := o.StartSessionSandbox(context.Background(), sid, provider.Spec{Image: "notes"}, notesSetup("tok-"+sid), "")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if other, ok := ids[sb.Handle.SandboxID]; ok {
+				t.Errorf("%s and %s got the same sandbox %s", sid, other, sb.Handle.SandboxID)
+			}
+			ids[sb.Handle.SandboxID] = sid
+		}()
+	}
+	wg.Wait()
+	st := o.PoolStats()
+	if st.Hits < 4 || st.Hits+st.Misses != 9 {
+		t.Fatalf("stats %+v: want at least the 4 ready claimed, 9 seeds", st)
+	}
+	// Every session runs its own setup in its own sandbox.
+	for _, sid := range []string{"s0", "s3", "s8"} {
+		err := o.Do(context.Background(), sid, func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
+			b, err := p.ReadFile(ctx, sb.Handle, ".seed_token")
+			if err == nil && string(b) != "tok-"+sid {
+				err = fmt.Errorf("token %q", b)
+			}
+			return err
+		})
+		if err != nil {
+			t.Errorf("%s: %v", sid, err)
+		}
+	}
+	// Close stops the sessions' sandboxes and the pool's.
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if live := e.fk.LiveSandboxIDs(); len(live) != 0 {
+		t.Fatalf("sandboxes left after Close: %v", live)
+	}
+}
+
+// A sandbox that waits the idle time unclaimed is stopped, and its pool
+// fills again only at the next claim; a sweep keeps what the pools hold.
+func TestPoolIdleAndHoldings(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(pool(2, 2, time.Minute))
+	wait := poolStarts(o)
+	s0 := seed(t, o, "s0")
+	wait(2)
+	var held owner.Holdings
+	err := o.Quiet(context.Background(), func(h func() (owner.Holdings, error)) error {
+		var err error
+		held, err = h()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var heldIDs []string
+	for id := range held.Sandboxes {
+		heldIDs = append(heldIDs, id)
+	}
+	slices.Sort(heldIDs)
+	if d := cmp.Diff(e.fk.LiveSandboxIDs(), heldIDs); d != "" || len(heldIDs) != 3 {
+		t.Fatalf("holdings: the session's and the pool's sandboxes (-live +held):\n%s", d)
+	}
+	o.PoolTick(e.clk.Now().Add(time.Minute - 1))
+	if st := o.PoolStats(); st.Ready != 2 || st.Expired != 0 {
+		t.Fatalf("before the idle time: %+v", st)
+	}
+	o.PoolTick(e.clk.Now().Add(time.Minute))
+	if st := o.PoolStats(); st.Ready != 0 || st.Expired != 2 || st.Starting != 0 {
+		t.Fatalf("after the idle time: %+v", st)
+	}
+	if d := cmp.Diff([]string{s0.Handle.SandboxID}, e.fk.LiveSandboxIDs()); d != "" {
+		t.Fatalf("live (-want +got):\n%s", d)
+	}
+	seed(t, o, "s1")
+	wait(2)
+	if st := o.PoolStats(); st.Ready != 2 || st.Misses != 2 {
+		t.Fatalf("after the next claim: %+v", st)
+	}
+}
+
+// A keyed seed's pool holds forks of its template: a hit is a fork with
+// the setup's data and files, and no setup runs for it.
+func TestPoolOfATemplate(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(pool(2, 1, 0))
+	wait := poolStarts(o)
+	var runs atomic.Int64
+	first, err := o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait(2)
+	sb, err := o.StartKeyedSessionSandbox(context.Background(), "b", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := o.PoolStats(); st.Hits != 1 || st.Misses != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	files, _ := e.fk.Files(sb.Handle.SandboxID)
+	if runs.Load() != 1 || sb.FromSnapshot != first.FromSnapshot || string(sb.Data) != `{"task":"task-1"}` || files["/workspace/task.txt"] != "task-1" || sb.Workdir != first.Workdir {
+		t.Fatalf("a pool hit: setups %d, %+v, files %v", runs.Load(), sb, files)
+	}
+	// Dropping the template stops its pool's forks before its snapshot
+	// goes.
+	wait(1)
+	if err := o.EndSessionSandbox(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.EndSessionSandbox(context.Background(), "b"); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := o.ExpireTemplates(context.Background(), e.clk.Now().Add(1))
+	if err != nil || len(rep.Deleted) != 1 {
+		t.Fatalf("expiry %+v, %v", rep, err)
+	}
+	if live := e.fk.LiveSandboxIDs(); len(live) != 0 || o.PoolStats().Ready != 0 {
+		t.Fatalf("the dropped template's pool left %v (%+v)", live, o.PoolStats())
+	}
+}
+
+// After a crash, a fresh owner stops what the pools of the one before had
+// started (they carry its incarnation).
+func TestPoolAfterACrash(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(pool(3, 3, 0))
+	wait := poolStarts(o)
+	seed(t, o, "s0")
+	wait(3)
+	o.Abandon()
+	if n := len(e.fk.LiveSandboxIDs()); n != 4 {
+		t.Fatalf("%d sandboxes live after the crash, want 4", n)
+	}
+	e.open()
+	if live := e.fk.LiveSandboxIDs(); len(live) != 0 {
+		t.Fatalf("sandboxes left after the restart: %v", live)
+	}
+}
