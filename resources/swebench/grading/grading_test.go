@@ -106,6 +106,11 @@ func TestReadOutcome(t *testing.T) {
 	if d := cmp.Diff(Outcome{Statuses: Statuses{"TestAdd": StatusPassed}, Forged: []string{"TestAbs"}}, got, cmpopts.EquateEmpty()); d != "" {
 		t.Errorf("whole log (-want +got):\n%s", d)
 	}
+	// Unmarked framing (an old toolchain): a result after its run counts.
+	got, _ = ReadOutcome("", f2p, p2p, FramingUnmarked, "=== RUN   TestAbs\n--- PASS: TestAbs (0.00s)\n")
+	if d := cmp.Diff(Outcome{Statuses: Statuses{"TestAbs": StatusPassed}}, got, cmpopts.EquateEmpty()); d != "" {
+		t.Errorf("unmarked framing (-want +got):\n%s", d)
+	}
 	// The log framing is the row's parser's, forged lines and all.
 	got, _ = ReadOutcome("", f2p, p2p, FramingLog, "--- PASS: TestAbs (0.00s)\n")
 	if d := cmp.Diff(Outcome{Statuses: Statuses{"TestAbs": StatusPassed}}, got, cmpopts.EquateEmpty()); d != "" {
@@ -190,6 +195,15 @@ func TestGuardLeavesOutWhatIsNotTheAgents(t *testing.T) {
 		if d := cmp.Diff(c.out, out, cmpopts.EquateEmpty()); d != "" {
 			t.Errorf("%s: excluded (-want +got):\n%s", c.name, d)
 		}
+	}
+	// A test patch and a gold patch that rename files: both sides of each
+	// are theirs.
+	rename := func(from, to string) string {
+		return "diff --git a/" + from + " b/" + to + "\nsimilarity index 90%\nrename from " + from + "\nrename to " + to + "\n--- a/" + from + "\n+++ b/" + to + "\n@@ -1 +1 @@\n-x\n+y\n"
+	}
+	model := sec("old_test.go", "-x\n+z\n") + sec("new_test.go", "-x\n+z\n") + sec("a_test.go", "-x\n+z\n") + sec("b_test.go", "-x\n+z\n")
+	if kept, out := (Guard{}).Apply(model, rename("old_test.go", "new_test.go"), rename("a_test.go", "b_test.go")); kept != model || len(out) != 0 {
+		t.Errorf("renamed files of the test and gold patches left out: %v", out)
 	}
 	// The gold patch graded as the model's loses nothing.
 	if kept, out := (Guard{}).Apply(gold, testPatch, gold); kept != gold || len(out) != 0 {

@@ -57,6 +57,22 @@ ERROR tests/test_x.py::test_f - fixture missing
 	}
 }
 
+// Lines SWE-bench's parse_log_pytest reads its own way: a FAILED or ERROR
+// summary line loses its first " - " before it is split (a PASSED one
+// does not), a status word alone is no test, and a verbose line needs no
+// percentage after its status.
+func TestParsePytestLogQuirks(t *testing.T) {
+	log := "FAILED - tests/x.py::t_f\nERROR - tests/x.py::t_e\nPASSED - tests/x.py::t_p\nPASSED \ntests/x.py::t_v SKIPPED\n"
+	got, err := ParseLog("pytest", log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Statuses{"tests/x.py::t_f": StatusFailed, "tests/x.py::t_e": StatusError, "-": StatusPassed, "tests/x.py::t_v": StatusSkipped}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("statuses (-want +got):\n%s", d)
+	}
+}
+
 func TestParseCargoLog(t *testing.T) {
 	log := "running 3 tests\ntest a::ok_one ... ok\ntest a::bad ... FAILED\ntest b::later ... ignored\n"
 	got, err := ParseLog("cargo", log)
@@ -216,7 +232,9 @@ func TestTestSectionEdges(t *testing.T) {
 		{StartTestOutput + "\nx" + EndTestOutput + "\n", "", true}, // the end marker on a line of output
 		{StartTestOutput + "\nx\ny" + EndTestOutput, "x\n", true},  // the part of the end marker's line before it is cut
 		{StartTestOutput + " trailing\nx\n" + EndTestOutput, "x\n", true},
-		{EndTestOutput + "\n" + StartTestOutput + "\nx\n", "x\n", true}, // an end before the start is not its end
+		{EndTestOutput + "\n" + StartTestOutput + "\nx\n", "x\n", true},  // an end before the start is not its end
+		{StartTestOutput + "\n" + EndTestOutput + "\nafter\n", "", true}, // an empty section
+		{StartTestOutput + "\n\n" + EndTestOutput, "\n", true},           // a section of one empty line
 	}
 	for _, c := range cases {
 		if got, ok := TestSection(c.log); got != c.want || ok != c.ok {

@@ -85,7 +85,8 @@ func SplitSections(patch string) []Section {
 	}
 	flush()
 	for i := range secs {
-		if secs[i].Deleted && secs[i].Path == "" {
+		// A deleted file's path is its a/ side.
+		if secs[i].Deleted && secs[i].OldPath != "" {
 			secs[i].Path = secs[i].OldPath
 		}
 	}

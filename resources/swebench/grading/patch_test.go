@@ -61,6 +61,8 @@ func TestUnquoteGit(t *testing.T) {
 		"\"\\303\\251 x\"\t":    "é x",
 		`"\0"`:                  "0",
 		`"dir with space/\303"`: "dir with space/\xc3",
+		`""`:                    "",
+		`"\30"`:                 "30", // an octal escape cut by the end
 	}
 	for in, want := range cases {
 		if got := unquoteGit(in); got != want {
@@ -100,5 +102,37 @@ func TestSplitSections(t *testing.T) {
 	}
 	if text != patch {
 		t.Error("the sections do not add up to the patch")
+	}
+}
+
+// Headers SplitSections must read however git (or a hand) wrote them.
+func TestSplitSectionsHeaders(t *testing.T) {
+	type view struct {
+		Path, OldPath  string
+		IsNew, Deleted bool
+	}
+	cases := []struct {
+		name, patch string
+		want        []view
+	}{
+		{"no preamble: no empty section", "diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n",
+			[]view{{"x", "x", false, false}}},
+		{"a diff --git line it cannot read takes the +++ path", "diff --git \"a/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n",
+			[]view{{"x", "", false, false}}},
+		{"the diff --git line's path wins over a +++ line's", "diff --git a/x b/x\n--- a/x\n+++ b/y\n@@ -1 +1 @@\n-a\n+b\n",
+			[]view{{"x", "x", false, false}}},
+		{"a deleted file is its a/ side", "diff --git a/x b/y\ndeleted file mode 100644\n--- a/x\n+++ /dev/null\n@@ -1 +0,0 @@\n-a\n",
+			[]view{{"x", "x", false, true}}},
+		{"a deletion without an a/ side keeps its b/ side", "diff --git  b/x\ndeleted file mode 100644\n",
+			[]view{{"x", "", false, true}}},
+	}
+	for _, c := range cases {
+		var got []view
+		for _, sec := range SplitSections(c.patch) {
+			got = append(got, view{sec.Path, sec.OldPath, sec.IsNew, sec.Deleted})
+		}
+		if d := cmp.Diff(c.want, got); d != "" {
+			t.Errorf("%s (-want +got):\n%s", c.name, d)
+		}
 	}
 }
