@@ -35,6 +35,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/internal/testparallel"
+	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -493,4 +494,58 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// TestSIGKILLWithWarmPools: a server whose warm pools keep sandboxes
+// started ahead is SIGKILLed while seeds claim from them and the pools
+// refill; the next start stops what the pools of the dead one had started,
+// and once it stops nothing is left that no checkpoint names.
+func TestSIGKILLWithWarmPools(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the server binary")
+	}
+	t.Parallel()
+	bin := buildServer(t)
+	dir := t.TempDir()
+	s := startWith(t, bin, dir, "-sandbox.provider", "local", "-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off",
+		"-sandbox.pool.size", "3", "-sandbox.pool.refill_concurrency", "2")
+	for i := range 4 {
+		a := newAgent()
+		s.ok(a, fmt.Sprintf("/ng-rollout/r%d/seed_session", i), map[string]any{})
+		s.ok(a, fmt.Sprintf("/ng-rollout/r%d/append_note", i), map[string]any{"line": "one"})
+	}
+	// The kill must leave pooled sandboxes behind for the restart to find:
+	// wait (bounded) until the pools' refill has started one.
+	lg := logrus.New()
+	lg.SetOutput(io.Discard)
+	p, err := local.New(local.Options{Root: filepath.Join(dir, "sandboxes"), Templates: map[string]string{"notes": ""}, Isolation: "none", Overlay: "off", Logger: lg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pooled := func() (n int) {
+		sbs, err := p.ListSandboxes(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range sbs {
+			if sb.Metadata[owner.LabelPool] != "" && sb.Status == provider.StatusRunning {
+				n++
+			}
+		}
+		return n
+	}
+	for deadline := time.Now().Add(time.Minute); pooled() == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no pooled sandbox started within a minute:\n%s", lastLines(s.log.String(), 30))
+		}
+	}
+	s.kill()
+	t.Logf("killed with %d pooled sandboxes running", pooled())
+	recovered(t, bin, dir)
+	if n := pooled(); n != 0 {
+		t.Errorf("no leak: %d pooled sandboxes still run after the restart", n)
+	}
+	if t.Failed() {
+		t.Logf("last server log:\n%s", lastLines(s.log.String(), 30))
+	}
 }
