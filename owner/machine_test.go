@@ -244,11 +244,8 @@ func machineInput(t *testing.T, c *script.Case) (input, bool) {
 	case "dir":
 		return inDir{Gone: c.Has("gone")}, true
 	case "dir-records":
-		var err error
-		if v, ok := c.Args["err"]; ok {
-			err = fmt.Errorf("%w: %s", ErrInvalidRecord, v)
-		}
-		return inDirRecords{Ck: snapshotindex.Checkpoint{Meta: snapshotindex.CheckpointMeta{ID: c.Args["id"]}, Records: snapRecords(c, "records")}, OK: c.Has("id") || err != nil, Err: err}, true
+		// No id and no err: the dir holds no manifest of this server's.
+		return inDirRecords{ID: c.Args["id"], Records: snapRecords(c, "records"), NoManifest: !c.Has("id") && !c.Has("err"), Err: scriptErr(c)}, true
 	case "found":
 		return inFound{Meta: snapshotindex.CheckpointMeta{ID: c.Args["id"]}, OK: c.Has("id"), Err: scriptErr(c)}, true
 	case "forked":
@@ -301,7 +298,12 @@ func machineInput(t *testing.T, c *script.Case) (input, bool) {
 		}
 		return inRound{R: rr, Now: at(t, c, "at")}, true
 	case "stored":
-		return inStored{Meta: snapshotindex.CheckpointMeta{ID: c.Args["id"], Seq: 2}, Err: scriptErr(c)}, true
+		// invalid: the index refuses the records as invalid.
+		err := scriptErr(c)
+		if c.Has("invalid") {
+			err = fmt.Errorf("%w: %s", snapshotindex.ErrInvalid, c.Args["invalid"])
+		}
+		return inStored{Meta: snapshotindex.CheckpointMeta{ID: c.Args["id"], Seq: 2}, Err: err}, true
 	case "parked":
 		return inParked{Parked: c.List("ok"), Failed: failures(c, "failed")}, true
 	case "intents":

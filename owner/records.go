@@ -93,15 +93,11 @@ func fromRecord(r records.Record) snapshotindex.Record {
 	}
 }
 
-// checkpointFromRecords reads and verifies this server's records under
-// dir; ok is false when dir holds no manifest of this server. The whole
-// file is verified before any record is returned. The index learns the
-// checkpoint if it did not know it (a fresh state_dir), so that release and
-// the sweep account for its snapshots.
-func (o *Owner) checkpointFromRecords(req RestoreRequest) (ck snapshotindex.Checkpoint, ok bool, err error) {
-	fsys := o.recordsWriter().FS
+// dirRecords reads this server's records under the request's dir: the
+// checkpoint id its manifest names and its records, sorted by session.
+func (o *Owner) dirRecords(req RestoreRequest) inDirRecords {
 	var recs []snapshotindex.Record
-	m, err := records.Read(fsys, req.CheckpointDir, o.participant(), func(line []byte) error {
+	m, err := records.Read(o.recordsWriter().FS, req.CheckpointDir, o.participant(), func(line []byte) error {
 		r, err := records.ParseRecord(line)
 		if err != nil {
 			return err
@@ -110,35 +106,12 @@ func (o *Owner) checkpointFromRecords(req RestoreRequest) (ck snapshotindex.Chec
 		return nil
 	})
 	if errors.Is(err, records.ErrNoManifest) {
-		return ck, false, nil
+		return inDirRecords{NoManifest: true}
 	}
 	if err != nil {
-		return ck, true, fmt.Errorf("%w: %w", ErrInvalidRecord, err)
+		return inDirRecords{Err: err}
 	}
-	if req.CheckpointID != "" && m.CheckpointID != req.CheckpointID {
-		return ck, true, fmt.Errorf("%w: %s holds checkpoint %q, not %q", ErrInvalidRecord, req.CheckpointDir, m.CheckpointID, req.CheckpointID)
-	}
-	known, err := o.index.Checkpoint(m.CheckpointID)
-	switch {
-	case err == nil:
-		if known.Meta.CheckpointDir != "" && known.Meta.CheckpointDir != req.CheckpointDir {
-			return ck, true, fmt.Errorf("%w: checkpoint %s was committed with checkpoint_dir %s, not %s", ErrInvalidRecord, m.CheckpointID, known.Meta.CheckpointDir, req.CheckpointDir)
-		}
-		ck.Meta = known.Meta
-	case errors.Is(err, snapshotindex.ErrNotFound):
-		ck.Meta, err = o.index.Commit(snapshotindex.CheckpointMeta{ID: m.CheckpointID, CommittedAt: o.clk.Now(), CheckpointDir: req.CheckpointDir}, recs)
-		if errors.Is(err, snapshotindex.ErrInvalid) {
-			return ck, true, fmt.Errorf("%w: %w", ErrInvalidRecord, err)
-		}
-		if err != nil {
-			return ck, true, err
-		}
-		o.log.WithFields(map[string]any{"checkpoint_id": m.CheckpointID, "records": len(recs)}).Info("checkpoint read from its records into a fresh index")
-	default:
-		return ck, true, err
-	}
-	ck.Records = slices.SortedFunc(slices.Values(recs), func(a, b snapshotindex.Record) int { return cmp.Compare(a.SessionID, b.SessionID) })
-	return ck, true, nil
+	return inDirRecords{ID: m.CheckpointID, Records: slices.SortedFunc(slices.Values(recs), func(a, b snapshotindex.Record) int { return cmp.Compare(a.SessionID, b.SessionID) })}
 }
 
 // missingSnapshots is the error of a restore whose snapshots the provider

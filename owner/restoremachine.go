@@ -37,6 +37,8 @@ const (
 	rsStart restorePhase = iota
 	rsDir
 	rsDirRecords
+	rsDirKnown
+	rsImported
 	rsFound
 	rsCheckpoint
 	rsSessions
@@ -46,7 +48,7 @@ const (
 	rsDone
 )
 
-var restorePhases = [...]string{"start", "dir", "dir-records", "found", "checkpoint", "sessions", "forked", "installed", "superseded", "done"}
+var restorePhases = [...]string{"start", "dir", "dir-records", "dir-known", "imported", "found", "checkpoint", "sessions", "forked", "installed", "superseded", "done"}
 
 func (p restorePhase) String() string { return restorePhases[p] }
 
@@ -54,9 +56,15 @@ func (p restorePhase) String() string { return restorePhases[p] }
 type (
 	// effLookDir looks the checkpoint's dir up: inDir.
 	effLookDir struct{ Dir string }
-	// effReadDirRecords reads the checkpoint from the records under its
-	// dir (into the index if it lacks it): inDirRecords.
+	// effReadDirRecords reads this server's records under the dir:
+	// inDirRecords.
 	effReadDirRecords struct{ Req RestoreRequest }
+	// effImport commits a checkpoint read from its records into an index
+	// that lacks it: inStored.
+	effImport struct {
+		Meta    snapshotindex.CheckpointMeta
+		Records []snapshotindex.Record
+	}
 	// effFindByDir finds the latest checkpoint committed with Dir: inFound.
 	effFindByDir struct{ Dir string }
 	// effFork forks every record's snapshot (at most parallelism at
@@ -84,13 +92,16 @@ type (
 
 // Inputs of a restore.
 type (
-	inDir        struct{ Gone bool }
+	inDir struct{ Gone bool }
+	// inDirRecords: the checkpoint id the dir's manifest names and the
+	// records under it, sorted by session; NoManifest when the dir holds
+	// none of this server's (the index is asked instead); Err when they
+	// cannot be read or parsed.
 	inDirRecords struct {
-		Ck snapshotindex.Checkpoint
-		// OK: the dir holds this server's records (else the index is
-		// asked).
-		OK  bool
-		Err error
+		ID         string
+		Records    []snapshotindex.Record
+		NoManifest bool
+		Err        error
 	}
 	inFound struct {
 		Meta snapshotindex.CheckpointMeta
@@ -114,7 +125,10 @@ type (
 func (e effLookDir) String() string        { return "look up " + e.Dir }
 func (e effReadDirRecords) String() string { return "read records under " + e.Req.CheckpointDir }
 func (e effFindByDir) String() string      { return "find checkpoint of " + e.Dir }
-func (e effFork) String() string           { return "fork " + e.CheckpointID + " " + recordsText(e.Records) }
+func (e effImport) String() string {
+	return "import " + e.Meta.ID + " from " + e.Meta.CheckpointDir + " " + recordsText(e.Records)
+}
+func (e effFork) String() string { return "fork " + e.CheckpointID + " " + recordsText(e.Records) }
 func (e effStopForks) String() string {
 	return "stop forks of " + e.CheckpointID + " " + handlesText(e.Forks)
 }
@@ -172,12 +186,28 @@ func (m *restoring) step(in input) []effect {
 	case inDirRecords:
 		if m.phase == rsDirRecords {
 			switch {
+			case in.NoManifest:
+				return m.byIndex()
 			case in.Err != nil:
-				return m.fail(in.Err)
-			case in.OK:
-				return m.source(in.Ck)
+				return m.fail(fmt.Errorf("%w: %w", ErrInvalidRecord, in.Err))
+			case m.req.CheckpointID != "" && in.ID != m.req.CheckpointID:
+				return m.fail(fmt.Errorf("%w: %s holds checkpoint %q, not %q", ErrInvalidRecord, m.req.CheckpointDir, in.ID, m.req.CheckpointID))
 			}
-			return m.byIndex()
+			// The records are the dir's; the index says whether the
+			// checkpoint was committed there, or takes it in.
+			m.reading, m.records = in.ID, in.Records
+			return m.await(rsDirKnown, effReadCheckpoint{ID: in.ID})
+		}
+	case inStored:
+		if m.phase == rsImported {
+			if errors.Is(in.Err, snapshotindex.ErrInvalid) {
+				return m.fail(fmt.Errorf("%w: %w", ErrInvalidRecord, in.Err))
+			}
+			if in.Err != nil {
+				return m.fail(in.Err)
+			}
+			return append([]effect{logAt(logrus.InfoLevel, "checkpoint read from its records into a fresh index", logrus.Fields{"checkpoint_id": in.Meta.ID, "records": len(m.records)})},
+				m.source(snapshotindex.Checkpoint{Meta: in.Meta, Records: m.records})...)
 		}
 	case inFound:
 		if m.phase == rsFound {
@@ -190,7 +220,17 @@ func (m *restoring) step(in input) []effect {
 			return m.read(in.Meta.ID)
 		}
 	case inCheckpoint:
-		if m.phase == rsCheckpoint {
+		if m.phase == rsDirKnown {
+			switch {
+			case errors.Is(in.Err, snapshotindex.ErrNotFound):
+				m.phase = rsImported
+				return []effect{effImport{Meta: snapshotindex.CheckpointMeta{ID: m.reading, CheckpointDir: m.req.CheckpointDir}, Records: m.records}}
+			case in.Err != nil:
+				return m.fail(in.Err)
+			}
+			in.Ck.Records = m.records
+		}
+		if m.phase == rsCheckpoint || m.phase == rsDirKnown {
 			if errors.Is(in.Err, snapshotindex.ErrNotFound) {
 				return m.fail(fmt.Errorf("%w: %q", ErrUnknownCheckpoint, m.reading))
 			}

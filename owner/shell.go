@@ -93,8 +93,11 @@ func (o *Owner) perform(ctx context.Context, e effect) input {
 	case effLookDir:
 		return inDir{Gone: retention.Look(o.dirs, e.Dir).Status == retention.Gone}
 	case effReadDirRecords:
-		ck, ok, err := o.checkpointFromRecords(e.Req)
-		return inDirRecords{Ck: ck, OK: ok, Err: err}
+		return o.dirRecords(e.Req)
+	case effImport:
+		e.Meta.CommittedAt = o.clk.Now()
+		meta, err := o.index.Commit(e.Meta, e.Records)
+		return inStored{Meta: meta, Err: err}
 	case effFindByDir:
 		meta, ok, err := o.index.FindByDir(e.Dir)
 		return inFound{Meta: meta, OK: ok, Err: err}
