@@ -1,10 +1,9 @@
 // Package sandbox holds what every layer means by a session's sandbox: the
 // Sandbox a session holds, the setup and operations run against it, the
 // Fate of one the owner held, and ErrNone, the one error for a session that
-// holds none (and
-// the other errors of its calls). It sits below the actors so that the actors, the owner, the
-// transports and the resources servers share these names instead of
-// aliasing each other's.
+// holds none (and the other errors of its calls). It sits below the actors
+// so that the actors, the owner, the transports and the resources servers
+// share these names instead of aliasing each other's.
 package sandbox
 
 import (
