@@ -370,8 +370,18 @@ func fakeCost(ctx context.Context, n int) (map[fake.Op]time.Duration, error) {
 		hs[i] = h
 	}
 	snaps := make([]string, n)
+	forks := make([]provider.Handle, n)
 	cost := map[fake.Op]time.Duration{}
 	for _, op := range []fake.Op{fake.OpSnapshot, fake.OpFork, fake.OpDeleteSnapshot} {
+		if op == fake.OpDeleteSnapshot {
+			// A snapshot a live fork stands on is not deleted: the forks
+			// go first, untimed.
+			for _, f := range forks {
+				if err := fk.Stop(ctx, f); err != nil {
+					return nil, fmt.Errorf("fake stop: %w", err)
+				}
+			}
+		}
 		d, err := timed(func() error {
 			for i := range n {
 				var err error
@@ -379,7 +389,7 @@ func fakeCost(ctx context.Context, n int) (map[fake.Op]time.Duration, error) {
 				case fake.OpSnapshot:
 					snaps[i], err = fk.Snapshot(ctx, hs[i], "bench")
 				case fake.OpFork:
-					_, err = fk.Fork(ctx, provider.Spec{Image: "notes"}, snaps[i])
+					forks[i], err = fk.Fork(ctx, provider.Spec{Image: "notes"}, snaps[i])
 				case fake.OpDeleteSnapshot:
 					err = fk.DeleteSnapshot(ctx, snaps[i])
 				}

@@ -245,3 +245,18 @@ func TestANoisyCellIsMeasuredAgain(t *testing.T) {
 		}
 	}
 }
+
+// The fake's own cost is measured for every checkpoint op: its forks are
+// stopped before the snapshots they stand on are deleted (the fake refuses
+// that delete otherwise).
+func TestFakeCostMeasuresEveryOp(t *testing.T) {
+	cost, err := fakeCost(context.Background(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []fake.Op{fake.OpSnapshot, fake.OpFork, fake.OpDeleteSnapshot} {
+		if cost[op] <= 0 {
+			t.Errorf("%s: cost %v", op, cost[op])
+		}
+	}
+}
