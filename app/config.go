@@ -353,6 +353,7 @@ func keyUsage() map[string]string {
 		"swebench.default_test_command":                "swebench: test command of repos not in swebench.test_commands",
 		"swebench.workdir":                             "swebench: the repository's path in a sandbox (default /testbed)",
 		"swebench.image_namespace":                     "swebench: namespace of instance images on other providers (default swebench)",
+		"swebench.fork_seeds":                          "swebench: run an instance's agent setup (scrub, pristine list) once into a template and seed every session of the instance as a fork of it (sweep.retention.templates drops it unused)",
 		"swebench.test_output_cap":                     "swebench: bytes of test_output in a verify reply (default 65536)",
 		"swebench.caches":                              "swebench: cache name=environment variable of a template's caches, at /caches/<name> (default gomod=GOMODCACHE, gobuild=GOCACHE)",
 		"swebench.share_caches_with_agent":             "swebench: no effect (kept for old configs): caches belong to their template",

@@ -62,6 +62,11 @@ type Config struct {
 	TestOutputCap int `yaml:"test_output_cap" json:"test_output_cap"`
 	// SandboxConfig is applied to the agent's and the grading sandboxes.
 	SandboxConfig SandboxConfig `yaml:"sandbox_config" json:"sandbox_config"`
+	// ForkSeeds seeds every session of an instance as a fork of the
+	// instance's setup (the scrub, the pristine list) run once into a
+	// template snapshot: the setup is a pure function of the instance id,
+	// so a group of rollouts of one instance pays for it once.
+	ForkSeeds bool `yaml:"fork_seeds" json:"fork_seeds"`
 	// Caches are the local provider's named shared caches, cache name →
 	// the environment variable that points at it (mounted at
 	// CacheMountDir/<name>), so that module and build caches are reused

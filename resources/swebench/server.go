@@ -271,7 +271,11 @@ func (s *Server) seed(ctx context.Context, own *owner.Owner, sessionID string, b
 		return SeedResult{}, err
 	}
 	row = r.row
-	sb, err := own.StartSessionSandbox(ctx, sessionID, s.spec(p, r.image, row, roleAgent, r.env), s.setup(row, r.image, log), s.cfg.Workdir)
+	key := "" // an unkeyed seed runs its own setup
+	if s.cfg.ForkSeeds {
+		key = row.InstanceID
+	}
+	sb, err := own.StartKeyedSessionSandbox(ctx, sessionID, key, s.spec(p, r.image, row, roleAgent, r.env), s.setup(row, r.image, log), s.cfg.Workdir)
 	if errors.Is(err, sandbox.ErrExists) {
 		sb, err = own.RequireSessionSandbox(ctx, sessionID)
 	}
