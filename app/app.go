@@ -246,7 +246,7 @@ func startProvider(ctx context.Context, cfg *Config, deps Deps, entry resourcesE
 		}
 		cancel()
 	}
-	if reachable && cfg.Checkpoint.Enabled && res.LendsSandboxes() {
+	if reachable && cfg.Checkpoint.Enabled && res.LendsSandboxes() && !cfg.Sandbox.OpenSandbox.SkipSnapshotProbe {
 		sp.refused = probeSnapshots(ctx, prov, res, cfg.Name, log)
 	}
 	if c, ok := prov.(io.Closer); ok && deps.Provider == nil {

@@ -102,6 +102,10 @@ type OpenSandboxOptions struct {
 	RequestTimeoutSeconds  float64              `yaml:"request_timeout_s"`
 	ReadyTimeoutSeconds    float64              `yaml:"ready_timeout_s"`
 	MaxConcurrentSnapshots int                  `yaml:"max_concurrent_snapshots"`
+	// SkipSnapshotProbe: the runtime is known to take snapshots, so the
+	// startup probe (a sandbox started, snapshotted and deleted, seconds
+	// on a Docker runtime) is not run.
+	SkipSnapshotProbe bool `yaml:"skip_snapshot_probe"`
 	// Lend is what /sandbox_access hands agents: "server" (this server's
 	// sandbox API) or "direct" (execd's endpoint and headers).
 	Lend string `yaml:"lend"`
@@ -322,6 +326,7 @@ func keyUsage() map[string]string {
 		"sandbox.opensandbox.ready_timeout_s":          "opensandbox provider: seconds a sandbox may take to run and answer (default 300)",
 		"sandbox.opensandbox.max_concurrent_snapshots": "opensandbox provider: snapshots in flight; the rest queue (default 2, the server's capture limit)",
 		"sandbox.opensandbox.lend":                     "opensandbox provider: what /sandbox_access hands agents: server (this server's sandbox API) or direct (execd)",
+		"sandbox.opensandbox.skip_snapshot_probe":      "opensandbox provider: the runtime is known to take snapshots; skip the startup probe that starts, snapshots and deletes a sandbox",
 		"checkpoint.enabled":                           "serve the checkpoint control plane",
 		"checkpoint.state_dir":                         "directory of the snapshot index (required to export snapshots)",
 		"checkpoint.control_auth_token":                "bearer token of the control plane (required when enabled)",

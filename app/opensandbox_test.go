@@ -60,6 +60,35 @@ func startOpenSandboxIn(t *testing.T, srv *opensandboxtest.Server, lend, stateDi
 	return a, stop
 }
 
+// TestOpenSandboxSkipSnapshotProbe: with skip_snapshot_probe the server
+// starts no sandbox at startup and trusts the runtime to take snapshots: it
+// runs exported even on a lifecycle server that would answer 501.
+func TestOpenSandboxSkipSnapshotProbe(t *testing.T) {
+	srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: "env-key", NoSnapshots: true})
+	t.Cleanup(srv.Close)
+	cfg := app.Defaults()
+	cfg.Checkpoint.Enabled, cfg.Checkpoint.StateDir, cfg.Checkpoint.ControlAuthToken = true, t.TempDir(), "tok"
+	cfg.SessionSecret = "a-secret-of-sixteen-plus"
+	cfg.Sandbox.Provider = "opensandbox"
+	cfg.Sandbox.OpenSandbox.Domain, cfg.Sandbox.OpenSandbox.APIKey = srv.Domain, "env-key"
+	cfg.Sandbox.OpenSandbox.SkipSnapshotProbe = true
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := app.Start(context.Background(), cfg, app.Deps{Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Stop(context.Background()) })
+	if got := a.Owner().Mode(); got != owner.ModeExported {
+		t.Errorf("mode %s, want %s", got, owner.ModeExported)
+	}
+	if st := srv.Stats(); st.Created != 0 {
+		t.Errorf("at startup: %+v, want no sandbox made", st)
+	}
+}
+
 // TestOpenSandboxLending: by default agents get this server's sandbox API
 // (which forwards to execd); lend: direct hands them execd's endpoint and
 // headers instead.

@@ -69,6 +69,11 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	release, err := st.Shared()
+	if err != nil {
+		return err
+	}
+	defer release()
 	ns, err := osbench.Ints(*sizes)
 	if err != nil {
 		return fmt.Errorf("-n: %w", err)

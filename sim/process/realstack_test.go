@@ -16,6 +16,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/opensandbox"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 )
@@ -30,25 +31,62 @@ var realStack = sync.OnceValues(opensandboxtest.StackUp)
 type onRealStack struct {
 	st   opensandboxtest.Stack
 	name string
+	// probed: the run's servers need not probe whether the stack takes
+	// snapshots (the binary or an earlier server of the run found out).
+	probed bool
 }
 
-func newOnRealStack(t *testing.T) *onRealStack {
+// newOnRealStack holds the real stack shared for the test. Its first
+// server probes snapshots itself when serverProbes; otherwise the probe
+// the test binary makes once stands for it.
+func newOnRealStack(t *testing.T, serverProbes bool) *onRealStack {
 	t.Helper()
 	st, err := realStack()
 	st = opensandboxtest.Require(t, st, err)
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	r := &onRealStack{st: st, name: "e2e" + hex.EncodeToString(b)}
+	if !serverProbes {
+		if err := stackSnapshots(st); err != nil {
+			t.Fatalf("probe the stack's snapshots: %v", err)
+		}
+		r.probed = true
+	}
 	t.Cleanup(func() { r.clean(t) })
 	return r
 }
 
+// stackSnapshots probes, once per test binary, that the real stack takes
+// snapshots, as a server does at startup (a sandbox started, snapshotted
+// and deleted: seconds each time).
+var stackSnapshots = func() func(opensandboxtest.Stack) error {
+	var once sync.Once
+	var err error
+	return func(st opensandboxtest.Stack) error {
+		once.Do(func() {
+			lg := logrus.New()
+			lg.SetOutput(io.Discard)
+			var p *opensandbox.Provider
+			if p, err = opensandbox.New(opensandbox.Options{Domain: st.Domain, APIKey: st.APIKey, Logger: lg}); err == nil {
+				err = p.ProbeSnapshots(context.Background(), provider.Spec{Image: st.Image, TTLSeconds: 600,
+					Metadata: map[string]string{"ng.owner": "e2e-probe"}})
+			}
+		})
+		return err
+	}
+}()
+
 func (r *onRealStack) start(t *testing.T, bin, dir string) *server {
 	t.Helper()
-	return startWith(t, bin, dir, "-name", r.name, "-sandbox.provider", "opensandbox",
+	args := []string{"-name", r.name, "-sandbox.provider", "opensandbox",
 		"-sandbox.opensandbox.domain", r.st.Domain, "-sandbox.opensandbox.api_key", r.st.APIKey,
-		"-sandbox.opensandbox.ttl_s", "600", "-sandbox.opensandbox.images", "notes="+r.st.Image,
-		"-sandbox.opensandbox.resources.memory", "256Mi")
+		"-sandbox.opensandbox.ttl_s", "600", "-sandbox.opensandbox.images", "notes=" + r.st.Image,
+		"-sandbox.opensandbox.resources.memory", "256Mi"}
+	if r.probed {
+		args = append(args, "-sandbox.opensandbox.skip_snapshot_probe")
+	}
+	r.probed = true
+	return startWith(t, bin, dir, args...)
 }
 
 // client lists what carries this run's label, through the lifecycle
@@ -130,16 +168,25 @@ func (r *onRealStack) clean(t *testing.T) {
 	}
 }
 
-// TestRealStack runs the tests on the real stack one after another (two
-// of them restart its parts), alongside the package's other tests.
+// TestRealStack runs the tests on the real stack alongside each other and
+// the package's other tests: each holds the stack shared, and the two that
+// stop a part of it hold it exclusively only from the stop until the part
+// is up again.
 func TestRealStack(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the server binary")
 	}
 	t.Parallel()
-	t.Run("WalkThrough", realStackWalkThrough)
-	t.Run("LifecycleServerKilledMidCommit", realStackLifecycleServerKilledMidCommit)
-	t.Run("DockerdRestartMidEpisode", realStackDockerdRestartMidEpisode)
+	for name, f := range map[string]func(*testing.T){
+		"WalkThrough":                    realStackWalkThrough,
+		"LifecycleServerKilledMidCommit": realStackLifecycleServerKilledMidCommit,
+		"DockerdRestartMidEpisode":       realStackDockerdRestartMidEpisode,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f(t)
+		})
+	}
 }
 
 // realStackWalkThrough is README's notes walk-through on the real
@@ -151,7 +198,7 @@ func TestRealStack(t *testing.T) {
 // sandbox and no snapshot of the run.
 func realStackWalkThrough(t *testing.T) {
 	const sessions = 3
-	rs, bin, dir, s, agents := seededOnRealStack(t, sessions)
+	rs, bin, dir, s, agents := seededOnRealStack(t, sessions, true)
 	for i, a := range agents {
 		if code, m := sandboxExec(t, descriptor(t, s, a, fmt.Sprintf("r%d", i)), "cat notes.txt"); code != 200 || m["stdout"] != "one\n" || m["exit_code"] != 0.0 {
 			t.Fatalf("exec through the sandbox API: %d %v", code, m)
@@ -200,10 +247,11 @@ func realStackWalkThrough(t *testing.T) {
 }
 
 // seededOnRealStack builds the server binary, starts it on the real stack
-// with its state in a fresh directory and seeds n notes sessions.
-func seededOnRealStack(t *testing.T, n int) (rs *onRealStack, bin, dir string, s *server, agents []*agent) {
+// with its state in a fresh directory (it probes snapshots itself when
+// serverProbes) and seeds n notes sessions.
+func seededOnRealStack(t *testing.T, n int, serverProbes bool) (rs *onRealStack, bin, dir string, s *server, agents []*agent) {
 	t.Helper()
-	rs = newOnRealStack(t)
+	rs = newOnRealStack(t, serverProbes)
 	bin = buildServer(t)
 	dir = t.TempDir()
 	s = rs.start(t, bin, dir)
@@ -289,10 +337,13 @@ func (r *onRealStack) restoreCk(t *testing.T, s *server, bin, dir, id string, ag
 // the checkpoint, and nothing of the run is left.
 func realStackLifecycleServerKilledMidCommit(t *testing.T) {
 	const sessions = 3
-	rs, bin, dir, s, agents := seededOnRealStack(t, sessions)
+	rs, bin, dir, s, agents := seededOnRealStack(t, sessions, false)
 	if code, m, err := s.control("prepare", map[string]any{"checkpoint_id": "ck1"}); err != nil || code != 200 {
 		t.Fatalf("prepare: %d %v %v", code, m, err)
 	}
+	// From the commit until the lifecycle server is back, no other test
+	// may use the stack.
+	shared := rs.st.Exclusive(t)
 	type answer struct {
 		code int
 		m    map[string]any
@@ -315,6 +366,7 @@ func realStackLifecycleServerKilledMidCommit(t *testing.T) {
 	if err := rs.st.Up(); err != nil {
 		t.Fatal(err)
 	}
+	shared()
 	var a answer
 	select {
 	case a = <-done:
@@ -347,10 +399,13 @@ func realStackLifecycleServerKilledMidCommit(t *testing.T) {
 // them from the last good checkpoint, and nothing of the run is left.
 func realStackDockerdRestartMidEpisode(t *testing.T) {
 	const sessions = 3
-	rs, bin, dir, s, agents := seededOnRealStack(t, sessions)
+	rs, bin, dir, s, agents := seededOnRealStack(t, sessions, false)
 	if code := commitCk(t, s, "ck1", sessions); code != 200 {
 		t.Fatalf("commit: %d", code)
 	}
+	// A dockerd restart ends every sandbox on the stack: no other test
+	// may have one until it is up again.
+	shared := rs.st.Exclusive(t)
 	if err := rs.st.StopDockerd(); err != nil {
 		if errors.Is(err, opensandboxtest.ErrNoStack) {
 			t.Skipf("skipped: %v", err)
@@ -360,6 +415,7 @@ func realStackDockerdRestartMidEpisode(t *testing.T) {
 	if err := rs.st.Up(); err != nil {
 		t.Fatal(err)
 	}
+	shared()
 	for i, ag := range agents {
 		r := fmt.Sprintf("r%d", i)
 		code, m, err := s.call(ag, "POST", "/ng-rollout/"+r+"/append_note", map[string]any{"line": "two"})

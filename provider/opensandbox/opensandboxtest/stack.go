@@ -29,7 +29,8 @@ type Stack struct {
 	// Dir is the stack's state folder (its logs, pid files).
 	Dir string
 
-	lock *os.File
+	// held is the test's shared hold on the stack (Require).
+	held *os.File
 }
 
 // ErrNoStack means the real stack cannot run here: ../shared/opensandbox is
@@ -62,10 +63,10 @@ func StackScript() (string, error) {
 
 // StackUp brings the real stack up through stack.sh up (a few seconds when
 // it is up already; minutes cold, most of it building execd) and returns
-// where it answers. It first takes an exclusive lock on the stack, held
-// until the process ends, so that test binaries running at once (go test
-// runs packages in parallel) never share it: a fault test restarts its
-// parts. Call it once per test binary.
+// where it answers. It holds the stack shared (Shared) only while stack.sh
+// runs, so that it never starts a part a fault test stopped on purpose.
+// Call it once per test binary; each test then takes its own hold through
+// Require.
 func StackUp() (Stack, error) {
 	script, err := StackScript()
 	if err != nil {
@@ -78,23 +79,19 @@ func StackUp() (Stack, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Stack{}, err
 	}
-	lock, err := os.OpenFile(filepath.Join(dir, "tests.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	st := Stack{Script: script, Dir: dir}
+	hold, err := st.hold(syscall.LOCK_SH)
 	if err != nil {
 		return Stack{}, err
 	}
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		lock.Close()
-		return Stack{}, fmt.Errorf("lock the stack: %w", err)
-	}
+	defer hold.Close()
 	var stderr bytes.Buffer
 	cmd := exec.Command(script, "up")
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		lock.Close()
 		return Stack{}, fmt.Errorf("%s up: %v: %s", script, err, lastLine(stderr.String()))
 	}
-	st := Stack{Script: script, Dir: dir, lock: lock}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
 		k, v, _ := strings.Cut(sc.Text(), "=")
@@ -108,20 +105,76 @@ func StackUp() (Stack, error) {
 		}
 	}
 	if st.URL == "" || st.Image == "" {
-		lock.Close()
 		return Stack{}, fmt.Errorf("%s up printed no OSSTACK_URL or OSSTACK_IMAGE: %q", script, out)
 	}
 	st.Domain = strings.TrimPrefix(st.URL, "http://")
 	return st, nil
 }
 
-// Require returns the stack StackUp brought up, or ends the test: a skip
-// in one line where the stack is absent, or could not come up outside CI;
-// in CI (CI=true) a stack that does not come up fails the test.
+// hold opens the stack's lock file and flocks it (LOCK_SH or LOCK_EX).
+// Test binaries (go test runs packages at once) share the stack: every
+// test that uses it holds it shared, and a test that stops or restarts one
+// of its parts holds it exclusively for just that while (Exclusive). A
+// flock is per open file, so each hold is a file of its own and holds in
+// one process exclude each other as they do across processes.
+func (s Stack) hold(how int) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(s.Dir, "tests.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), how); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock the stack: %w", err)
+	}
+	return f, nil
+}
+
+// Shared holds the stack shared until release is called: no fault test
+// stops or restarts a part of it meanwhile. Require takes it for a test;
+// a program that is not a test (a benchmark) takes it itself.
+func (s Stack) Shared() (release func(), err error) {
+	f, err := s.hold(syscall.LOCK_SH)
+	if err != nil {
+		return nil, err
+	}
+	return func() { _ = f.Close() }, nil
+}
+
+// Exclusive turns the test's shared hold into an exclusive one, waiting
+// until no other test holds the stack, for a test about to stop or
+// restart a part of it; done turns it back into a shared hold, once the
+// part is up again. The Stack must come from Require.
+func (s Stack) Exclusive(tb testing.TB) (done func()) {
+	tb.Helper()
+	if s.held == nil {
+		tb.Fatal("Exclusive on a Stack that Require did not return")
+	}
+	// A conversion drops the shared hold before it waits: two tests
+	// converting at once cannot wait on each other.
+	if err := syscall.Flock(int(s.held.Fd()), syscall.LOCK_EX); err != nil {
+		tb.Fatalf("hold the stack exclusively: %v", err)
+	}
+	return func() {
+		if err := syscall.Flock(int(s.held.Fd()), syscall.LOCK_SH); err != nil {
+			tb.Errorf("hold the stack shared again: %v", err)
+		}
+	}
+}
+
+// Require returns the stack StackUp brought up, held shared until the
+// test ends (see hold), or ends the test: a skip in one line where the
+// stack is absent, or could not come up outside CI; in CI (CI=true) a
+// stack that does not come up fails the test.
 func Require(tb testing.TB, st Stack, err error) Stack {
 	tb.Helper()
 	switch {
 	case err == nil:
+		f, err := st.hold(syscall.LOCK_SH)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { _ = f.Close() })
+		st.held = f
 		return st
 	case errors.Is(err, ErrNoStack):
 		tb.Skipf("skipped: no real OpenSandbox stack here (%v)", err)
@@ -183,7 +236,10 @@ func (s Stack) signal(part string, sig syscall.Signal) error {
 	return fmt.Errorf("the stack's %s (%d) did not exit", part, pid)
 }
 
-// Release gives the stack back to the test binaries waiting in StackUp, for
-// a test that is done with it long before its binary ends. The Stack must
-// not be used after.
-func (s Stack) Release() { _ = s.lock.Close() }
+// Release gives the test's hold on the stack back before the test ends.
+// The Stack must not be used after.
+func (s Stack) Release() {
+	if s.held != nil {
+		_ = s.held.Close()
+	}
+}
