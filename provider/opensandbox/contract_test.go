@@ -230,6 +230,7 @@ func isValidationError(t *testing.T, what string, st int, m map[string]any) {
 }
 
 func TestContractAuthAndErrorShapes(t *testing.T) {
+	t.Parallel()
 	eachServer(t, func(t *testing.T, s *server) {
 		st, m, _ := s.call(t, http.MethodGet, "/v1/sandboxes", nil, opensandbox.APIKeyHeader, "")
 		isCodeError(t, "no API key", st, m, http.StatusUnauthorized, "MISSING_API_KEY")
@@ -270,6 +271,7 @@ func TestContractAuthAndErrorShapes(t *testing.T) {
 }
 
 func TestContractSandboxLifecycle(t *testing.T) {
+	t.Parallel()
 	eachServer(t, func(t *testing.T, s *server) {
 		// Create answers 202 with the sandbox already Running.
 		first := s.create(t, map[string]any{"metadata": map[string]string{"contract.run": s.run, "role": "first"}})
@@ -376,6 +378,7 @@ func TestContractSandboxLifecycle(t *testing.T) {
 // TestContractExitedSandboxes: an entrypoint that exits leaves the sandbox
 // listed, Terminated (exit 0) or Failed (non-zero), until it is deleted.
 func TestContractExitedSandboxes(t *testing.T) {
+	t.Parallel()
 	eachServer(t, func(t *testing.T, s *server) {
 		for entry, want := range map[string]string{"true": "Terminated", "false": "Failed"} {
 			m := s.create(t, map[string]any{"entrypoint": []string{entry}})
@@ -387,6 +390,7 @@ func TestContractExitedSandboxes(t *testing.T) {
 }
 
 func TestContractSnapshotsAndForks(t *testing.T) {
+	t.Parallel()
 	eachServer(t, func(t *testing.T, s *server) {
 		src := s.create(t, map[string]any{
 			"metadata": map[string]string{"contract.run": s.run, "role": "source", "ng.restore": "ck-old"},
@@ -533,6 +537,7 @@ func (s *server) provider(t *testing.T, opts *opensandbox.Options) *opensandbox.
 // TestContractProvider drives the provider itself through every call it
 // makes, on both servers.
 func TestContractProvider(t *testing.T) {
+	t.Parallel()
 	eachServer(t, func(t *testing.T, s *server) {
 		ctx := context.Background()
 		p := s.provider(t, nil)
@@ -621,6 +626,7 @@ func TestContractProvider(t *testing.T) {
 // exited (as every one does after its runtime restarts) is reported gone,
 // never as a sandbox that merely failed a command.
 func TestContractProviderExitedSandboxIsLost(t *testing.T) {
+	t.Parallel()
 	eachServer(t, func(t *testing.T, s *server) {
 		ctx := context.Background()
 		p := s.provider(t, &opensandbox.Options{Entrypoint: []string{"true"}})

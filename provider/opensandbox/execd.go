@@ -221,6 +221,11 @@ type streamHooks struct {
 // frames each on a line and followed by a blank line, without SSE's "data:"
 // prefix (which is accepted too, as are SSE comment and field lines).
 func parseStream(r io.Reader, outCap int, hooks streamHooks) (provider.ExecResult, error) {
+	return parseFrames(r, outCap, maxFrame, hooks)
+}
+
+// parseFrames is parseStream with frames bounded at frameCap bytes.
+func parseFrames(r io.Reader, outCap, frameCap int, hooks streamHooks) (provider.ExecResult, error) {
 	stdout, stderr := &capped{max: outCap}, &capped{max: outCap}
 	result := func(code int) provider.ExecResult {
 		return provider.ExecResult{Stdout: stdout.buf.String(), Stderr: stderr.buf.String(), ExitCode: code,
@@ -228,7 +233,7 @@ func parseStream(r io.Reader, outCap int, hooks streamHooks) (provider.ExecResul
 	}
 	br := bufio.NewReaderSize(r, 64<<10)
 	for {
-		line, cut, err := readLine(br)
+		line, cut, err := readLine(br, frameCap)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return result(-1), errNoFinalEvent
@@ -326,6 +331,13 @@ func partialLine(frame []byte, stdout, stderr *capped) (*capped, string, bool) {
 	} else {
 		return nil, "", false
 	}
+	// Only what fits is kept: an escape is at most six bytes for one byte
+	// of text, so a prefix of 6·room bytes, and the few a cut may drop or
+	// spoil at its end, decodes to all of it, without scanning a 16 MiB
+	// frame over and over.
+	if keep := 6*max(out.max-out.buf.Len(), 0) + 24; len(rest) > keep {
+		rest = rest[:keep]
+	}
 	// The cut may fall inside an escape (at most \uXXXX\uXXXX): drop bytes
 	// until what is left is a whole JSON string.
 	for drop := 0; drop <= 12 && drop <= len(rest); drop++ {
@@ -337,15 +349,15 @@ func partialLine(frame []byte, stdout, stderr *capped) (*capped, string, bool) {
 	return out, "", true
 }
 
-// readLine reads one line, keeping at most maxFrame bytes of it; cut says
+// readLine reads one line, keeping at most frameCap bytes of it; cut says
 // that the rest was read and dropped.
-func readLine(br *bufio.Reader) (line []byte, cut bool, err error) {
+func readLine(br *bufio.Reader, frameCap int) (line []byte, cut bool, err error) {
 	for {
 		chunk, isPrefix, err := br.ReadLine()
 		if err != nil {
 			return nil, false, err
 		}
-		if room := maxFrame - len(line); len(chunk) > room {
+		if room := frameCap - len(line); len(chunk) > room {
 			chunk, cut = chunk[:max(room, 0)], true
 		}
 		line = append(line, chunk...)

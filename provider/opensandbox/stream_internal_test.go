@@ -70,7 +70,8 @@ func TestParseStream(t *testing.T) {
 }
 
 func TestParseStreamLongFrame(t *testing.T) {
-	big := strings.Repeat("x", 3<<20) // longer than bufio's buffer
+	t.Parallel()
+	big := strings.Repeat("x", 256<<10) // longer than the reader's 64 KiB buffer
 	got, err := parseStream(strings.NewReader(`{"type":"stdout","text":"`+big+`"}`+"\n\n"+`{"type":"execution_complete"}`+"\n\n"), 4<<20, streamHooks{})
 	if err != nil || got.Stdout != big+"\n" || got.Truncated {
 		t.Fatalf("len %d, truncated %v, %v", len(got.Stdout), got.Truncated, err)
@@ -80,11 +81,15 @@ func TestParseStreamLongFrame(t *testing.T) {
 // A line longer than a frame may be is cut, not an error that loses the
 // output around it; the cut may fall inside a JSON escape.
 func TestParseStreamLineOverFrame(t *testing.T) {
+	t.Parallel()
+	// A frame of 256 KiB (the client's is 16 MiB) still spans several
+	// reads of the 64 KiB buffer.
+	const frame = 256 << 10
 	for _, tail := range []string{"x", `\u00e9`, `\n`} {
-		line := strings.Repeat("y", maxFrame-len(`{"type":"stderr","text":"`)-1) + strings.Repeat(tail, 8)
+		line := strings.Repeat("y", frame-len(`{"type":"stderr","text":"`)-1) + strings.Repeat(tail, 8)
 		stream := `{"type":"stdout","text":"before"}` + "\n\n" + `{"type":"stderr","text":"` + line + `"}` + "\n\n" +
 			`{"type":"stdout","text":"after"}` + "\n\n" + `{"type":"execution_complete"}` + "\n\n"
-		got, err := parseStream(strings.NewReader(stream), 64, streamHooks{})
+		got, err := parseFrames(strings.NewReader(stream), 64, frame, streamHooks{})
 		if err != nil {
 			t.Fatalf("tail %q: %v", tail, err)
 		}
@@ -98,6 +103,17 @@ func TestParseStreamLineOverFrame(t *testing.T) {
 	c, text, ok := partialLine([]byte(`{"type":"stdout","text":"ab\u00e9\u00`), out, nil)
 	if !ok || c != out || text != "abé" {
 		t.Errorf("partialLine = %v %q %v", c == out, text, ok)
+	}
+	// Of a long frame only what fits is decoded; the text is a whole
+	// prefix of the line's, at least as long as the room, wherever the
+	// shortened frame's end falls in an escape.
+	for room := 10; room < 16; room++ {
+		small := &capped{max: room}
+		_, text, ok := partialLine([]byte(`{"type":"stdout","text":"x`+strings.Repeat(`\u00e9`, 1000)), small, nil)
+		full := "x" + strings.Repeat("é", 1000)
+		if !ok || len(text) < room || len(text) > 200 || !strings.HasPrefix(full, text) {
+			t.Errorf("room %d: partialLine = %q (%d bytes), %v; want a prefix of the line of at least %d bytes, far short of all of it", room, text, len(text), ok, room)
+		}
 	}
 	if _, _, ok := partialLine([]byte(`{"type":"ping","text":"`), out, nil); ok {
 		t.Error("a cut frame that is not output was taken for output")
