@@ -36,17 +36,22 @@ type onRealStack struct {
 	probed bool
 }
 
-// newOnRealStack holds the real stack shared for the test. Its first
-// server probes snapshots itself when serverProbes; otherwise the probe
-// the test binary makes once stands for it.
-func newOnRealStack(t *testing.T, serverProbes bool) *onRealStack {
+// newOnRealStack holds the real stack shared for the test, and for a
+// fault test (one that stops a part of the stack) takes the fault lock
+// too. A fault test's servers rely on the probe the test binary makes
+// once; the walk-through's first server probes snapshots itself.
+func newOnRealStack(t *testing.T, fault bool) *onRealStack {
 	t.Helper()
 	st, err := realStack()
-	st = opensandboxtest.Require(t, st, err)
+	if fault {
+		st = opensandboxtest.RequireFault(t, st, err)
+	} else {
+		st = opensandboxtest.Require(t, st, err)
+	}
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	r := &onRealStack{st: st, name: "e2e" + hex.EncodeToString(b)}
-	if !serverProbes {
+	if fault {
 		if err := stackSnapshots(st); err != nil {
 			t.Fatalf("probe the stack's snapshots: %v", err)
 		}
@@ -198,7 +203,7 @@ func TestRealStack(t *testing.T) {
 // sandbox and no snapshot of the run.
 func realStackWalkThrough(t *testing.T) {
 	const sessions = 3
-	rs, bin, dir, s, agents := seededOnRealStack(t, sessions, true)
+	rs, bin, dir, s, agents := seededOnRealStack(t, sessions, false)
 	for i, a := range agents {
 		if code, m := sandboxExec(t, descriptor(t, s, a, fmt.Sprintf("r%d", i)), "cat notes.txt"); code != 200 || m["stdout"] != "one\n" || m["exit_code"] != 0.0 {
 			t.Fatalf("exec through the sandbox API: %d %v", code, m)
@@ -247,11 +252,11 @@ func realStackWalkThrough(t *testing.T) {
 }
 
 // seededOnRealStack builds the server binary, starts it on the real stack
-// with its state in a fresh directory (it probes snapshots itself when
-// serverProbes) and seeds n notes sessions.
-func seededOnRealStack(t *testing.T, n int, serverProbes bool) (rs *onRealStack, bin, dir string, s *server, agents []*agent) {
+// (for a fault test when fault, see newOnRealStack) with its state in a
+// fresh directory and seeds n notes sessions.
+func seededOnRealStack(t *testing.T, n int, fault bool) (rs *onRealStack, bin, dir string, s *server, agents []*agent) {
 	t.Helper()
-	rs = newOnRealStack(t, serverProbes)
+	rs = newOnRealStack(t, fault)
 	bin = buildServer(t)
 	dir = t.TempDir()
 	s = rs.start(t, bin, dir)
@@ -337,7 +342,7 @@ func (r *onRealStack) restoreCk(t *testing.T, s *server, bin, dir, id string, ag
 // the checkpoint, and nothing of the run is left.
 func realStackLifecycleServerKilledMidCommit(t *testing.T) {
 	const sessions = 3
-	rs, bin, dir, s, agents := seededOnRealStack(t, sessions, false)
+	rs, bin, dir, s, agents := seededOnRealStack(t, sessions, true)
 	if code, m, err := s.control("prepare", map[string]any{"checkpoint_id": "ck1"}); err != nil || code != 200 {
 		t.Fatalf("prepare: %d %v %v", code, m, err)
 	}
@@ -399,7 +404,7 @@ func realStackLifecycleServerKilledMidCommit(t *testing.T) {
 // them from the last good checkpoint, and nothing of the run is left.
 func realStackDockerdRestartMidEpisode(t *testing.T) {
 	const sessions = 3
-	rs, bin, dir, s, agents := seededOnRealStack(t, sessions, false)
+	rs, bin, dir, s, agents := seededOnRealStack(t, sessions, true)
 	if code := commitCk(t, s, "ck1", sessions); code != 200 {
 		t.Fatalf("commit: %d", code)
 	}

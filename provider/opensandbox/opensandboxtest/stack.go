@@ -29,8 +29,10 @@ type Stack struct {
 	// Dir is the stack's state folder (its logs, pid files).
 	Dir string
 
-	// held is the test's shared hold on the stack (Require).
-	held *os.File
+	// held is the test's shared hold on the stack (Require); fault, that
+	// the test also holds the fault lock (RequireFault).
+	held  *os.File
+	fault bool
 }
 
 // ErrNoStack means the real stack cannot run here: ../shared/opensandbox is
@@ -80,7 +82,7 @@ func StackUp() (Stack, error) {
 		return Stack{}, err
 	}
 	st := Stack{Script: script, Dir: dir}
-	hold, err := st.hold(syscall.LOCK_SH)
+	hold, err := st.hold(testsLock, syscall.LOCK_SH)
 	if err != nil {
 		return Stack{}, err
 	}
@@ -111,14 +113,14 @@ func StackUp() (Stack, error) {
 	return st, nil
 }
 
-// hold opens the stack's lock file and flocks it (LOCK_SH or LOCK_EX).
-// Test binaries (go test runs packages at once) share the stack: every
-// test that uses it holds it shared, and a test that stops or restarts one
-// of its parts holds it exclusively for just that while (Exclusive). A
-// flock is per open file, so each hold is a file of its own and holds in
-// one process exclude each other as they do across processes.
-func (s Stack) hold(how int) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(s.Dir, "tests.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+// hold opens one of the stack's lock files and flocks it (LOCK_SH or
+// LOCK_EX). Test binaries (go test runs packages at once) share the stack:
+// every test that uses it holds tests.lock shared, and a test that stops or
+// restarts one of its parts holds it exclusively for just that while
+// (Exclusive). A flock is per open file, so each hold is a file of its own
+// and holds in one process exclude each other as they do across processes.
+func (s Stack) hold(name string, how int) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(s.Dir, name), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -129,11 +131,18 @@ func (s Stack) hold(how int) (*os.File, error) {
 	return f, nil
 }
 
+// Lock files: every test holds testsLock; fault tests also hold faultsLock
+// exclusively, one after another.
+const (
+	testsLock  = "tests.lock"
+	faultsLock = "faults.lock"
+)
+
 // Shared holds the stack shared until release is called: no fault test
 // stops or restarts a part of it meanwhile. Require takes it for a test;
 // a program that is not a test (a benchmark) takes it itself.
 func (s Stack) Shared() (release func(), err error) {
-	f, err := s.hold(syscall.LOCK_SH)
+	f, err := s.hold(testsLock, syscall.LOCK_SH)
 	if err != nil {
 		return nil, err
 	}
@@ -143,14 +152,14 @@ func (s Stack) Shared() (release func(), err error) {
 // Exclusive turns the test's shared hold into an exclusive one, waiting
 // until no other test holds the stack, for a test about to stop or
 // restart a part of it; done turns it back into a shared hold, once the
-// part is up again. The Stack must come from Require.
+// part is up again. The Stack must come from RequireFault: a conversion
+// drops the shared hold before it waits, and only the fault lock keeps
+// another fault from ending the test's sandboxes meanwhile.
 func (s Stack) Exclusive(tb testing.TB) (done func()) {
 	tb.Helper()
-	if s.held == nil {
-		tb.Fatal("Exclusive on a Stack that Require did not return")
+	if s.held == nil || !s.fault {
+		tb.Fatal("Exclusive on a Stack that RequireFault did not return")
 	}
-	// A conversion drops the shared hold before it waits: two tests
-	// converting at once cannot wait on each other.
 	if err := syscall.Flock(int(s.held.Fd()), syscall.LOCK_EX); err != nil {
 		tb.Fatalf("hold the stack exclusively: %v", err)
 	}
@@ -161,6 +170,23 @@ func (s Stack) Exclusive(tb testing.TB) (done func()) {
 	}
 }
 
+// RequireFault is Require for a test that stops or restarts a part of the
+// stack (through Exclusive). It first takes the fault lock, exclusively and
+// until the test ends, before its shared hold: fault tests run one after
+// another, and one waiting for its turn holds nothing another waits on.
+func RequireFault(tb testing.TB, st Stack, err error) Stack {
+	tb.Helper()
+	if err == nil {
+		f, err := st.hold(faultsLock, syscall.LOCK_EX)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { _ = f.Close() })
+		st.fault = true
+	}
+	return Require(tb, st, err)
+}
+
 // Require returns the stack StackUp brought up, held shared until the
 // test ends (see hold), or ends the test: a skip in one line where the
 // stack is absent, or could not come up outside CI; in CI (CI=true) a
@@ -169,7 +195,7 @@ func Require(tb testing.TB, st Stack, err error) Stack {
 	tb.Helper()
 	switch {
 	case err == nil:
-		f, err := st.hold(syscall.LOCK_SH)
+		f, err := st.hold(testsLock, syscall.LOCK_SH)
 		if err != nil {
 			tb.Fatal(err)
 		}
