@@ -1,6 +1,7 @@
 package app_test
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	logtest "github.com/sirupsen/logrus/hooks/test"
+	"github.com/valyala/fasthttp"
 
 	"github.com/sandboxowner/owner/app"
 	"github.com/sandboxowner/owner/provider/fake"
@@ -55,4 +57,34 @@ func requestsOf(hook *logtest.Hook, msg string) []string {
 		}
 	}
 	return out
+}
+
+// TestSeedAndControlLinesNameTheirRequest: the local provider's line about
+// the sandbox a seed started, and the control plane's own lines about a
+// prepare and a resume, carry the id of the request that caused them.
+func TestSeedAndControlLinesNameTheirRequest(t *testing.T) {
+	lg, hook := logtest.NewNullLogger()
+	a := startLocalWith(t, t.TempDir(), app.Deps{Logger: lg})
+	t.Cleanup(func() { _ = a.Stop(context.Background()) })
+	addr := a.Addr().String()
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + "/ng-rollout/r1/seed_session")
+	req.Header.SetMethod("POST")
+	req.Header.Set("X-Request-Id", "seed-1")
+	req.SetBodyString("{}")
+	if err := fasthttp.DoTimeout(req, resp, 30*time.Second); err != nil || resp.StatusCode() != 200 {
+		t.Fatalf("seed: %v %d %s", err, resp.StatusCode(), resp.Body())
+	}
+	d := time.Now().Add(time.Minute).Unix()
+	controlAs(t, addr, "prepare", "prepare-2", fmt.Sprintf(`{"checkpoint_id":"ck1","deadline_ts":%d}`, d))
+	controlAs(t, addr, "resume", "resume-3", fmt.Sprintf(`{"checkpoint_id":"ck1","deadline_ts":%d}`, d))
+	var got []string
+	for _, msg := range []string{"local: sandbox started", "checkpoint prepare: admission closed", "checkpoint resumed: admission open"} {
+		got = append(got, requestsOf(hook, msg)...)
+	}
+	if diff := cmp.Diff([]string{"seed-1", "prepare-2", "resume-3"}, got); diff != "" {
+		t.Errorf("request ids of the sandbox's start, the prepare and the resume (-want +got):\n%s", diff)
+	}
 }

@@ -162,8 +162,8 @@ func New(cfg Config) *Machine {
 // step applies in and performs its effects: admission changes with the
 // lock held (so they happen in the order of the steps), the rest after. A
 // close of admission that fails is stepped back in.
-func (m *Machine) step(in input) output {
-	out, _ := m.stepRun(in)
+func (m *Machine) step(ctx context.Context, in input) output {
+	out, _ := m.stepRun(ctx, in)
 	return out
 }
 
@@ -172,7 +172,7 @@ func (m *Machine) step(in input) output {
 // that ended in between would be gone: the caller would step again and
 // start a second run of the hook in place of reporting the first one's
 // failure.
-func (m *Machine) stepRun(in input) (output, *call) {
+func (m *Machine) stepRun(ctx context.Context, in input) (output, *call) {
 	m.mu.Lock()
 	out := m.st.Step(in, m.clk.Now())
 	var after []effect
@@ -203,7 +203,7 @@ func (m *Machine) stepRun(in input) (output, *call) {
 		run = m.calls[*out.Await]
 	}
 	m.mu.Unlock()
-	m.perform(after)
+	m.perform(ctx, after)
 	return out, run
 }
 
@@ -227,14 +227,15 @@ func (m *Machine) settleLocked(in input, out output) {
 	}
 }
 
-// perform runs the effects that need no lock.
-func (m *Machine) perform(effects []effect) {
+// perform runs the effects that need no lock; its lines carry the id of
+// the request ctx serves.
+func (m *Machine) perform(ctx context.Context, effects []effect) {
 	for _, e := range effects {
 		switch e := e.(type) {
 		case effNotify:
 			m.changed.Fire()
 		case effLog:
-			m.log.WithFields(e.Fields).Log(e.Level, e.Msg)
+			logs.ForRequest(ctx, m.log).WithFields(e.Fields).Log(e.Level, e.Msg)
 		case effForget:
 			m.hooks.Forget(e.RolloutIDs)
 		case effStopWriter:
@@ -283,14 +284,15 @@ func (m *Machine) FencedRollouts() int {
 // commit or restore of it is still running; the next tick retries). It
 // reports whether it did.
 func (m *Machine) Tick() bool {
-	expired, _ := m.step(inTick{}).Reply.(bool)
+	// A tick serves no request: its lines carry none.
+	expired, _ := m.step(context.Background(), inTick{}).Reply.(bool)
 	return expired
 }
 
 // Status reports the phase, the lease, the retire marks and readiness.
 func (m *Machine) Status() Status {
 	in := inStatus{Report: m.hooks.Readiness(), Description: m.hooks.Describe()}
-	st, _ := m.step(in).Reply.(Status)
+	st, _ := m.step(context.Background(), in).Reply.(Status)
 	return st
 }
 
@@ -298,7 +300,7 @@ func (m *Machine) Status() Status {
 // deadline passes. Not ready by then is not an error: the reply's phase is
 // preparing, its report names the blockers, and admission stays closed.
 func (m *Machine) Prepare(ctx context.Context, req PrepareRequest) (PrepareReply, error) {
-	out := m.step(inPrepare{Req: req})
+	out := m.step(ctx, inPrepare{Req: req})
 	if !out.Wait {
 		rep, _ := out.Reply.(PrepareReply)
 		return rep, out.Err
@@ -308,7 +310,7 @@ func (m *Machine) Prepare(ctx context.Context, req PrepareRequest) (PrepareReply
 	defer timer.Stop()
 	for {
 		woken := m.changed.Wait()
-		out := m.step(inReadiness{Req: req, Report: m.hooks.Readiness()})
+		out := m.step(ctx, inReadiness{Req: req, Report: m.hooks.Readiness()})
 		if !out.Wait {
 			rep, _ := out.Reply.(PrepareReply)
 			return rep, out.Err
@@ -368,7 +370,7 @@ func (m *Machine) await(ctx context.Context, b Base, c *call) (any, error) {
 // restart is refused, and the hook runs once per checkpoint id, shielded from
 // the caller's deadline.
 func (m *Machine) Commit(ctx context.Context, req CommitRequest) (CommitReply, error) {
-	out, run := m.stepRun(inCommit{Req: req})
+	out, run := m.stepRun(ctx, inCommit{Req: req})
 	if out.Start {
 		// Shielded from the caller's deadline: the run goes on, and a
 		// retry awaits it.
@@ -384,24 +386,24 @@ func (m *Machine) Commit(ctx context.Context, req CommitRequest) (CommitReply, e
 }
 
 func (m *Machine) runCommit(ctx context.Context, req CommitRequest) {
-	out := m.step(inCommitCheck{Req: req, Report: m.hooks.Readiness()})
+	out := m.step(ctx, inCommitCheck{Req: req, Report: m.hooks.Readiness()})
 	if !out.Start {
 		return
 	}
 	res, err := m.hooks.Commit(ctx, req)
-	m.step(inCommitDone{Req: req, Result: res, Err: err})
+	m.step(ctx, inCommitDone{Req: req, Result: res, Err: err})
 }
 
 // Restore installs checkpointed episodes in a process with no live state:
 // admission closes, the hook runs shielded from the deadline, and on failure
 // admission reopens once the hook has returned.
 func (m *Machine) Restore(ctx context.Context, req RestoreRequest) (RestoreReply, error) {
-	out, run := m.stepRun(inRestore{Req: req})
+	out, run := m.stepRun(ctx, inRestore{Req: req})
 	if out.Start {
 		shielded := context.WithoutCancel(ctx)
 		m.rt.Go(func() {
 			res, err := m.hooks.Restore(shielded, req)
-			m.step(inRestoreDone{Req: req, Result: res, Err: err})
+			m.step(shielded, inRestoreDone{Req: req, Result: res, Err: err})
 		})
 	}
 	v, err := out.Reply, out.Err
@@ -421,7 +423,7 @@ func (m *Machine) Restore(ctx context.Context, req RestoreRequest) (RestoreReply
 func (m *Machine) Resume(ctx context.Context, req ResumeRequest) (ResumeReply, error) {
 	stopped := false
 	for {
-		out, run := m.stepRun(inResume{Req: req, WriterStopped: stopped})
+		out, run := m.stepRun(ctx, inResume{Req: req, WriterStopped: stopped})
 		if out.StopWriter {
 			m.hooks.StopWriter(req.CheckpointID)
 			stopped = true
@@ -448,7 +450,7 @@ func IsCode(err error, target *problem.Error) bool {
 // forget; a retire that fails can be repeated.
 func (m *Machine) Retire(ctx context.Context, req RetireRequest) (RetireReply, error) {
 	for {
-		out, run := m.stepRun(inRetire{Req: req})
+		out, run := m.stepRun(ctx, inRetire{Req: req})
 		if out.Await != nil {
 			if _, err := m.await(ctx, req.Base, run); IsCode(err, ErrDeadlineExceeded) {
 				return RetireReply{}, err
@@ -462,22 +464,22 @@ func (m *Machine) Retire(ctx context.Context, req RetireRequest) (RetireReply, e
 		rctx, cancel := clock.WithDeadline(ctx, m.clk, eff.Deadline)
 		err := m.hooks.Retire(rctx, eff.Episodes)
 		cancel()
-		done := m.step(inRetireDone{Req: req, Err: err})
+		done := m.step(ctx, inRetireDone{Req: req, Err: err})
 		rep, _ := done.Reply.(RetireReply)
 		return rep, done.Err
 	}
 }
 
 // Forget drops the retire marks of rollouts that can no longer run.
-func (m *Machine) Forget(_ context.Context, req ForgetRequest) (ForgetReply, error) {
-	out := m.step(inForget{Req: req})
+func (m *Machine) Forget(ctx context.Context, req ForgetRequest) (ForgetReply, error) {
+	out := m.step(ctx, inForget{Req: req})
 	rep, _ := out.Reply.(ForgetReply)
 	return rep, out.Err
 }
 
 // Renew extends the active checkpoint's lease.
-func (m *Machine) Renew(_ context.Context, req RenewRequest) (RenewReply, error) {
-	out := m.step(inRenew{Req: req})
+func (m *Machine) Renew(ctx context.Context, req RenewRequest) (RenewReply, error) {
+	out := m.step(ctx, inRenew{Req: req})
 	rep, _ := out.Reply.(RenewReply)
 	return rep, out.Err
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
 )
 
@@ -122,7 +123,7 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	}
 	timer.Stop()
 
-	log := p.log.WithFields(logrus.Fields{"sandbox_id": s.id, "duration_ms": time.Since(began).Milliseconds()})
+	log := logs.ForRequest(ctx, p.log).WithFields(logrus.Fields{"sandbox_id": s.id, "duration_ms": time.Since(began).Milliseconds()})
 	if !ok {
 		if p.stillLive(s) != nil {
 			return provider.ExecResult{}, fmt.Errorf("local: sandbox %s was stopped while a command ran: %w", s.id, provider.ErrSandboxNotFound)

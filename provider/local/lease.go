@@ -71,7 +71,7 @@ func (p *Provider) Reap(ctx context.Context) ([]string, error) {
 		if stopped || exp.IsZero() || p.clk.Now().Before(exp) {
 			continue
 		}
-		if err := p.stop(s, "lease expired"); err != nil {
+		if err := p.stop(ctx, s, "lease expired"); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -82,7 +82,7 @@ func (p *Provider) Reap(ctx context.Context) ([]string, error) {
 			errs = append(errs, removeSandboxDir(filepath.Join(p.trashDir(), e.Name())))
 		}
 	}
-	if err := p.collect(); err != nil {
+	if err := p.collect(ctx); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {

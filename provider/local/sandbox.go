@@ -17,6 +17,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
 )
 
@@ -257,7 +258,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 				p.uids.release(ids.uid, id)
 			}
 			if rmErr := removeSandboxDir(s.dir); rmErr != nil {
-				p.log.WithError(rmErr).WithField("sandbox_id", id).Warn("local: remove a sandbox that failed to start")
+				logs.ForRequest(ctx, p.log).WithError(rmErr).WithField("sandbox_id", id).Warn("local: remove a sandbox that failed to start")
 			}
 		}
 	}()
@@ -346,7 +347,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 	p.mu.Lock()
 	p.sandboxes[id] = s
 	p.mu.Unlock()
-	p.log.WithFields(logrus.Fields{
+	logs.ForRequest(ctx, p.log).WithFields(logrus.Fields{
 		"sandbox_id": id, "image": o.image, "from_snapshot": o.fromSnapshot, "overlay": p.overlay,
 		"duration_ms": time.Since(began).Milliseconds(),
 	}).Info("local: sandbox started")
@@ -502,10 +503,10 @@ func (p *Provider) Stop(ctx context.Context, h provider.Handle) error {
 	if err != nil {
 		return err
 	}
-	return p.stop(s, "stop")
+	return p.stop(ctx, s, "stop")
 }
 
-func (p *Provider) stop(s *sandbox, reason string) error {
+func (p *Provider) stop(ctx context.Context, s *sandbox, reason string) error {
 	s.gate.Lock()
 	defer s.gate.Unlock()
 	s.mu.Lock()
@@ -528,7 +529,7 @@ func (p *Provider) stop(s *sandbox, reason string) error {
 	if p.cg != nil {
 		// Found by id: a previous server may have made them.
 		if err := p.cg.of(s.id).remove(); err != nil {
-			p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: remove a stopped sandbox's cgroups")
+			logs.ForRequest(ctx, p.log).WithError(err).WithField("sandbox_id", s.id).Warn("local: remove a stopped sandbox's cgroups")
 		}
 		p.cg.tidy()
 	}
@@ -546,13 +547,13 @@ func (p *Provider) stop(s *sandbox, reason string) error {
 		p.uids.release(ids.uid, s.id)
 	}
 	if err := removeSandboxDir(trash); err != nil {
-		p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: remove a stopped sandbox's tree (Reap retries)")
+		logs.ForRequest(ctx, p.log).WithError(err).WithField("sandbox_id", s.id).Warn("local: remove a stopped sandbox's tree (Reap retries)")
 	}
 	p.mu.Lock()
 	delete(p.sandboxes, s.id)
 	p.mu.Unlock()
-	p.log.WithFields(logrus.Fields{"sandbox_id": s.id, "reason": reason}).Info("local: sandbox stopped")
-	p.collectSnapshots()
+	logs.ForRequest(ctx, p.log).WithFields(logrus.Fields{"sandbox_id": s.id, "reason": reason}).Info("local: sandbox stopped")
+	p.collectSnapshots(ctx)
 	return nil
 }
 

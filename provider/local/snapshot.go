@@ -16,6 +16,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
 )
 
@@ -80,14 +81,14 @@ func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string)
 	}
 	if err != nil {
 		if rmErr := os.RemoveAll(dir); rmErr != nil {
-			p.log.WithError(rmErr).WithField("snapshot_id", id).Warn("local: remove a failed snapshot (Reap retries)")
+			logs.ForRequest(ctx, p.log).WithError(rmErr).WithField("snapshot_id", id).Warn("local: remove a failed snapshot (Reap retries)")
 			p.snapMu.Lock()
 			p.garbage = true
 			p.snapMu.Unlock()
 		}
 		return "", err
 	}
-	p.log.WithFields(logrus.Fields{
+	logs.ForRequest(ctx, p.log).WithFields(logrus.Fields{
 		"sandbox_id": s.id, "snapshot_id": id, "overlay": meta.Overlay,
 		"duration_ms": time.Since(began).Milliseconds(),
 	}).Info("local: snapshot taken")
@@ -129,11 +130,11 @@ func (p *Provider) copySandbox(ctx context.Context, s *sandbox, id string) (snap
 	var resume func()
 	if cg.canFreeze() {
 		if err := cg.freeze(ctx, true, stopLimit); err != nil {
-			p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: snapshot copies a sandbox whose processes did not all freeze")
+			logs.ForRequest(ctx, p.log).WithError(err).WithField("sandbox_id", s.id).Warn("local: snapshot copies a sandbox whose processes did not all freeze")
 		}
 		resume = func() {
 			if err := cg.freeze(context.Background(), false, 0); err != nil {
-				p.log.WithError(err).WithField("sandbox_id", s.id).Error("local: thaw a sandbox after its snapshot")
+				logs.ForRequest(ctx, p.log).WithError(err).WithField("sandbox_id", s.id).Error("local: thaw a sandbox after its snapshot")
 			}
 		}
 	} else {
@@ -149,7 +150,7 @@ func (p *Provider) copySandbox(ctx context.Context, s *sandbox, id string) (snap
 			}
 		}
 		if err := waitPidsStopped(ctx, pids, stopLimit); err != nil {
-			p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: snapshot copies a sandbox whose commands did not all stop")
+			logs.ForRequest(ctx, p.log).WithError(err).WithField("sandbox_id", s.id).Warn("local: snapshot copies a sandbox whose commands did not all stop")
 		}
 	}
 	resumeOnce := sync.OnceFunc(resume)
@@ -227,7 +228,7 @@ func (p *Provider) Fork(ctx context.Context, spec provider.Spec, snapshotID stri
 		return provider.Handle{}, err
 	}
 	release()
-	p.collectSnapshots() // the snapshot may have been deleted while the fork read it
+	p.collectSnapshots(ctx) // the snapshot may have been deleted while the fork read it
 	return h, nil
 }
 
@@ -253,20 +254,20 @@ func (p *Provider) DeleteSnapshot(ctx context.Context, snapshotID string) error 
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("local: delete snapshot %s: %w", snapshotID, err)
 	}
-	p.collectSnapshots()
+	p.collectSnapshots(ctx)
 	return nil
 }
 
 // collectSnapshots removes deleted snapshots nothing stands on, and
 // snapshot directories without a metadata file that no call is making
 // (a crashed Snapshot's). Failures are logged; the next call retries.
-func (p *Provider) collectSnapshots() {
-	if err := p.collect(); err != nil {
-		p.log.WithError(err).Warn("local: collect deleted snapshots")
+func (p *Provider) collectSnapshots(ctx context.Context) {
+	if err := p.collect(ctx); err != nil {
+		logs.ForRequest(ctx, p.log).WithError(err).Warn("local: collect deleted snapshots")
 	}
 }
 
-func (p *Provider) collect() (err error) {
+func (p *Provider) collect(ctx context.Context) (err error) {
 	p.snapMu.Lock()
 	defer p.snapMu.Unlock()
 	if !p.garbage {
@@ -349,7 +350,7 @@ func (p *Provider) collect() (err error) {
 			continue
 		}
 		errs = append(errs, os.RemoveAll(trash))
-		p.log.WithField("snapshot_id", id).Info("local: snapshot removed")
+		logs.ForRequest(ctx, p.log).WithField("snapshot_id", id).Info("local: snapshot removed")
 	}
 	return errors.Join(errs...)
 }
