@@ -424,7 +424,7 @@ func (a *sessionActor) snapshot(e effSnapshot, feed func(any)) {
 }
 
 func (a *sessionActor) stop(e effStop, feed func(any)) {
-	ctx, cancel := context.WithTimeout(a.env.base(), a.stopTimeout())
+	ctx, cancel := clock.WithTimeout(a.env.base(), a.env.Clock, a.stopTimeout())
 	defer cancel()
 	if e.Reason != messages.StopEnd {
 		// Parks and retires come in bulk from the control plane: bound them

@@ -400,13 +400,26 @@ func TestShellSnapshots(t *testing.T) {
 func TestShellStopsBoundedByTheLimiter(t *testing.T) {
 	p := fake.New(fake.Options{})
 	s := newShell(t, p)
-	s.env.StopTimeout = 50 * time.Millisecond
+	s.env.StopTimeout = time.Minute
 	s.start(nil, provider.Spec{Workdir: "/w"})
 	if err := s.env.Limiter.Acquire(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	slot := make(messages.ReplyTo, 1)
-	stop, _ := s.ask(&messages.StopSandbox{ReqID: 3, Reason: messages.StopRetire, Reply: slot}, slot).(*messages.StopReply)
+	s.sys.Root.Send(s.pid, &messages.StopSandbox{ReqID: 3, Reason: messages.StopRetire, Reply: slot})
+	// The retire waits for a slot; its bound passes on the session's
+	// clock only once it is seen waiting.
+	for n, changed := s.env.Limiter.Waiting(); n != 1; n, changed = s.env.Limiter.Waiting() {
+		<-changed
+	}
+	s.clk.Advance(time.Minute)
+	var stop *messages.StopReply
+	select {
+	case r := <-slot:
+		stop, _ = r.(*messages.StopReply)
+	case <-time.After(time.Minute): // a hang guard only
+		t.Fatal("no answer to the retire once its bound passed")
+	}
 	if stop == nil || !errors.Is(stop.Err, context.DeadlineExceeded) || len(p.LiveSandboxIDs()) != 1 {
 		t.Fatalf("retire with no limiter slot: %+v, live %v", stop, p.LiveSandboxIDs())
 	}
