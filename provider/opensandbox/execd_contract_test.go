@@ -234,7 +234,9 @@ func runContract(t *testing.T, e execdUnderTest) {
 		}{
 			{"kills itself with SIGTERM", "echo bye; kill -TERM $$", time.Minute, provider.ExecResult{Stdout: "bye\n", ExitCode: 143}},
 			{"kills itself with SIGKILL", "kill -KILL $$", time.Minute, provider.ExecResult{ExitCode: 137}},
-			{"killed by its timeout", "echo started; sleep 60", time.Second, provider.ExecResult{Stdout: "started\n", ExitCode: 137, TimedOut: true}},
+			// The echo must run before the timeout: ten seconds leave a
+			// loaded machine's process start a wide margin.
+			{"killed by its timeout", "echo started; sleep 60", 10 * time.Second, provider.ExecResult{Stdout: "started\n", ExitCode: 137, TimedOut: true}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				got := run(t, e, provider.ExecRequest{Command: tc.command, Timeout: tc.timeout})
