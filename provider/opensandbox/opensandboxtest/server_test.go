@@ -400,16 +400,20 @@ func TestSyncAdoptsInOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sid2, err := be.Snapshot(ctx, behind, "n2")
+	if err != nil {
+		t.Fatal(err)
+	}
 	fork, err := be.Fork(ctx, provider.Spec{}, sid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, m, _ = c.call("GET", "/v1/sandboxes", "", nil)
-	var got []string
-	for _, it := range m["items"].([]any) {
-		got = append(got, it.(map[string]any)["id"].(string))
+	_, m, _ = c.call("GET", "/v1/snapshots", "", nil)
+	if diff := cmp.Diff([]string{sid2, sid}, itemIDs(m)); diff != "" {
+		t.Errorf("adopted snapshots, newest first (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff([]string{fork.SandboxID, behind.SandboxID, first}, got); diff != "" {
+	_, m, _ = c.call("GET", "/v1/sandboxes", "", nil)
+	if diff := cmp.Diff([]string{fork.SandboxID, behind.SandboxID, first}, itemIDs(m)); diff != "" {
 		t.Errorf("list, newest first (-want +got):\n%s", diff)
 	}
 	_, m, _ = c.call("GET", "/v1/sandboxes/"+fork.SandboxID, "", nil)
@@ -420,4 +424,14 @@ func TestSyncAdoptsInOrder(t *testing.T) {
 	if img, _ := m["image"].(map[string]any); img["uri"] != "adopted" || m["snapshotId"] != nil {
 		t.Errorf("an adopted sandbox: %v, want an image and no snapshotId", m)
 	}
+}
+
+// itemIDs are the ids of a list's items, in order.
+func itemIDs(list map[string]any) []string {
+	var out []string
+	items, _ := list["items"].([]any)
+	for _, it := range items {
+		out = append(out, it.(map[string]any)["id"].(string))
+	}
+	return out
 }
