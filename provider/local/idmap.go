@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A sandbox with a host uid of its own (see uidRange) sees the trees the
+// A sandbox with a host uid of its own (see uidrange.Range) sees the trees the
 // provider keeps as the storage uid (Options.UID, 65534) through idmapped
 // mounts, its views: what the storage uid owns on disk is the sandbox's uid
 // to it, and what the sandbox's uid writes lands on disk as the storage

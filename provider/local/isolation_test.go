@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local/uidrange"
 )
 
 func TestImages(t *testing.T) {
@@ -300,8 +301,8 @@ func TestEachSandboxTakesAFreeUIDOfTheRange(t *testing.T) {
 	ctx := context.Background()
 	a := start(t, p, provider.Spec{})
 	b := start(t, p, provider.Spec{})
-	if _, err := p.Start(ctx, provider.Spec{}); !errors.Is(err, errNoUID) {
-		t.Errorf("a third sandbox in a range of two: %v, want errNoUID", err)
+	if _, err := p.Start(ctx, provider.Spec{}); !errors.Is(err, uidrange.ErrExhausted) {
+		t.Errorf("a third sandbox in a range of two: %v, want uidrange.ErrExhausted", err)
 	}
 	ua, ub := hostUID(t, p, a), hostUID(t, p, b)
 	if ua == ub || min(ua, ub) != 1879113000 || max(ua, ub) != 1879113001 {
@@ -318,7 +319,7 @@ func TestEachSandboxTakesAFreeUIDOfTheRange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := q.Start(ctx, provider.Spec{}); !errors.Is(err, errNoUID) {
+	if _, err := q.Start(ctx, provider.Spec{}); !errors.Is(err, uidrange.ErrExhausted) {
 		t.Errorf("a restarted server gave out a uid its sandboxes hold: %v", err)
 	}
 }

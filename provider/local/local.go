@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local/uidrange"
 )
 
 // Name is what (*Provider).Name returns and what Handle.Provider holds.
@@ -241,7 +242,7 @@ type Provider struct {
 	// seccompName is Options.Seccomp, "default" when empty.
 	seccompName string
 	// uids, when isolated sandboxes get a host uid each, hands them out.
-	uids *uidRange
+	uids *uidrange.Range
 	// uid and gid own sandbox trees (and run sandboxed commands, but where
 	// uids gives each sandbox its own).
 	uid, gid int
@@ -447,10 +448,10 @@ func New(opts Options) (_ *Provider, err error) {
 		if spec == "" {
 			spec = DefaultUIDRange
 		}
-		if p.uids, err = parseUIDRange(spec); err != nil {
+		if p.uids, err = uidrange.Parse(spec); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrBadOptions, err)
 		}
-		if err := p.uids.checkHostIDs(p.uid, p.gid); err != nil {
+		if err := p.uids.CheckHost(uidrange.System(), p.uid, p.gid); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrBadOptions, err)
 		}
 	}
@@ -484,7 +485,8 @@ func New(opts Options) (_ *Provider, err error) {
 		fields["disk_error"] = p.diskErr.Error()
 	}
 	if p.uids != nil {
-		fields["uid_range"] = fmt.Sprintf("%d-%d", p.uids.first, p.uids.last)
+		first, last := p.uids.Bounds()
+		fields["uid_range"] = fmt.Sprintf("%d-%d", first, last)
 	}
 	p.log.WithFields(fields).Info("local provider ready")
 	return p, nil
@@ -567,7 +569,8 @@ func (p *Provider) startProbeContainer() error {
 	}
 	s := &sandbox{id: "probe", dir: dir, groups: map[int]struct{}{}, meta: sandboxMeta{Workdir: p.workdir}}
 	if p.uids != nil {
-		s.meta.UID, s.meta.GID = p.uids.first, p.uids.first
+		first, _ := p.uids.Bounds()
+		s.meta.UID, s.meta.GID = first, first
 	}
 	if err := os.Mkdir(s.fsDir(), 0o755); err != nil {
 		return fmt.Errorf("probe: %w", err)
@@ -799,7 +802,7 @@ func (p *Provider) holdUIDs() {
 	for _, id := range ids {
 		var meta sandboxMeta
 		if readJSON(filepath.Join(p.sandboxDir(id), "meta.json"), &meta) == nil && meta.UID != 0 {
-			p.uids.hold(meta.UID, id)
+			p.uids.Hold(meta.UID, id)
 		}
 	}
 }

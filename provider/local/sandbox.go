@@ -53,7 +53,7 @@ type sandboxMeta struct {
 	// Spec is the spec it was started with, without Files.
 	Spec provider.Spec `json:"spec"`
 	// UID and GID are the host ids of its own its processes run as (see
-	// uidRange); zero: the provider's Options.UID and GID.
+	// uidrange.Range); zero: the provider's Options.UID and GID.
 	UID int `json:"uid,omitempty"`
 	GID int `json:"gid,omitempty"`
 	// Disk: its writable layer is on a filesystem image of its own,
@@ -245,7 +245,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 	}
 	var ids *owner
 	if p.uids != nil {
-		uid, err := p.uids.take(id)
+		uid, err := p.uids.Take(id)
 		if err != nil {
 			return provider.Handle{}, err
 		}
@@ -255,7 +255,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 		if err != nil {
 			_ = unmount(s.fsDir())
 			if ids != nil {
-				p.uids.release(ids.uid, id)
+				p.uids.Release(ids.uid, id)
 			}
 			if rmErr := removeSandboxDir(s.dir); rmErr != nil {
 				logs.ForRequest(ctx, p.log).WithError(rmErr).WithField("sandbox_id", id).Warn("local: remove a sandbox that failed to start")
@@ -544,7 +544,7 @@ func (p *Provider) stop(ctx context.Context, s *sandbox, reason string) error {
 		return p.stopFailed(s, err)
 	}
 	if ids := sandboxIDs(s.meta); ids != nil && p.uids != nil {
-		p.uids.release(ids.uid, s.id)
+		p.uids.Release(ids.uid, s.id)
 	}
 	if err := removeSandboxDir(trash); err != nil {
 		logs.ForRequest(ctx, p.log).WithError(err).WithField("sandbox_id", s.id).Warn("local: remove a stopped sandbox's tree (Reap retries)")
