@@ -74,3 +74,27 @@ func pooledText(ps []pooled) string {
 	}
 	return "[" + strings.Join(out, ",") + "]"
 }
+
+// TestPoolConfig: no provider, no pools; with a default lease a pooled
+// sandbox waits unclaimed at most half of it.
+func TestPoolConfig(t *testing.T) {
+	fk := fakeProvider{}
+	for _, tc := range []struct {
+		name string
+		c    Config
+		want PoolConfig
+	}{
+		{"no provider", Config{Pool: PoolConfig{Size: 2, MaxIdle: time.Hour}}, PoolConfig{Size: 0, MaxIdle: time.Hour}},
+		{"no lease", Config{Provider: fk, Pool: PoolConfig{Size: 2, MaxIdle: time.Hour}}, PoolConfig{Size: 2, MaxIdle: time.Hour}},
+		{"lease caps idle", Config{Provider: fk, DefaultTTL: time.Hour, Pool: PoolConfig{Size: 2, MaxIdle: 2 * time.Hour}}, PoolConfig{Size: 2, MaxIdle: 30 * time.Minute}},
+		{"lease sets idle", Config{Provider: fk, DefaultTTL: time.Hour, Pool: PoolConfig{Size: 2}}, PoolConfig{Size: 2, MaxIdle: 30 * time.Minute}},
+		{"shorter idle kept", Config{Provider: fk, DefaultTTL: time.Hour, Pool: PoolConfig{Size: 2, MaxIdle: 30*time.Minute - 1}}, PoolConfig{Size: 2, MaxIdle: 30*time.Minute - 1}},
+	} {
+		if got := poolConfig(tc.c); got != tc.want {
+			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// fakeProvider is a provider that is only there.
+type fakeProvider struct{ provider.Provider }

@@ -302,3 +302,29 @@ func TestReleaseKeepsTemplatesOfEarlierRuns(t *testing.T) {
 		t.Fatalf("after the release: %v, setups %d", err, runs.Load())
 	}
 }
+
+// A template dropped while a fork stands on it is a pending delete: out of
+// the index, its snapshot tombstoned and kept until the fork ends.
+func TestTemplateExpiryWithAForkLive(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	var runs atomic.Int64
+	sb, err := o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := o.ExpireTemplates(context.Background(), e.clk.Now().Add(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff([]string{sb.FromSnapshot}, rep.Deferred); d != "" || len(rep.Deleted) != 0 || len(rep.Dropped) != 1 {
+		t.Fatalf("expiry %+v (-want deferred +got):\n%s", rep, d)
+	}
+	tomb, err := o.Index().Tombstones()
+	if err != nil || len(tomb) != 1 || tomb[0].SnapshotID != sb.FromSnapshot || tomb[0].Reason != "template unused" {
+		t.Fatalf("tombstones %+v, %v", tomb, err)
+	}
+	if !slices.Contains(e.fk.SnapshotIDs(), sb.FromSnapshot) || o.Templates() != 0 {
+		t.Fatalf("the snapshot a fork stands on is gone, or the template still ready (%d)", o.Templates())
+	}
+}
