@@ -8,8 +8,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -328,7 +330,66 @@ func ensureDisk(s *sandbox) error {
 	if !s.hasDisk || isMountRoot(s.diskDir()) {
 		return nil
 	}
-	return mountDisk(filepath.Join(s.dir, diskImageName), s.diskDir())
+	img := filepath.Join(s.dir, diskImageName)
+	if err := waitImageFree(img, diskReleaseBound, diskReleasePoll); err != nil {
+		return err
+	}
+	return mountDisk(img, s.diskDir())
+}
+
+// ErrDiskBusy is a sandbox's disk image still attached to a loop device
+// when it is to be mounted again.
+var ErrDiskBusy = errors.New("local: the sandbox's disk image is still in use")
+
+// How long a remount waits for the last mount of an image to go, and how
+// often it looks. A mount detached lazily lives on until the processes and
+// namespaces that held it are gone, which the kernel finishes after they
+// exit (longer on a loaded machine).
+const (
+	diskReleaseBound = 30 * time.Second
+	diskReleasePoll  = 10 * time.Millisecond
+)
+
+// waitImageFree waits, up to bound, until no loop device has img as its
+// backing file. An image mounted beside a lazily detached mount of itself
+// would be two ext4 filesystems writing one file: it corrupts.
+func waitImageFree(img string, bound, poll time.Duration) error {
+	deadline := time.Now().Add(bound)
+	for {
+		dev, err := loopOf(img)
+		if err != nil || dev == "" {
+			return err
+		}
+		if !time.Now().Before(deadline) {
+			return fmt.Errorf("%w: %s still backs %s after %v", ErrDiskBusy, img, dev, bound)
+		}
+		time.Sleep(poll)
+	}
+}
+
+// loopOf names a loop device whose backing file is img, or "" if none is.
+func loopOf(img string) (string, error) {
+	want, err := filepath.Abs(img)
+	if err != nil {
+		return "", err
+	}
+	if resolved, err := filepath.EvalSymlinks(want); err == nil {
+		want = resolved
+	}
+	files, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	if err != nil {
+		return "", err
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // detached meanwhile
+		}
+		if strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)") == want {
+			return filepath.Base(filepath.Dir(filepath.Dir(f))), nil
+		}
+	}
+	return "", nil
 }
 
 // detachSandboxMounts detaches what the server mounted in the sandbox

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -185,5 +186,33 @@ func TestTheDiskLimitIsClaimedOnlyWhereItHolds(t *testing.T) {
 	p = newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{Limits: Limits{DiskMB: 8}})
 	if got := p.LimitsInEffect(); strings.Contains(got, "disk") || p.diskErr == nil {
 		t.Errorf("limits in effect unisolated: %q (%v)", got, p.diskErr)
+	}
+}
+
+// An image still attached to a loop device (a lazily detached mount that
+// its last holders have not yet let go) is not mounted a second time: a
+// remount waits for it and, past its bound, refuses with ErrDiskBusy.
+func TestARemountWaitsForTheImagesLastMount(t *testing.T) {
+	p := newDiskProvider(t, mode{"container-overlay", IsolationContainer, OverlayOn}, Limits{DiskMB: 8})
+	dir := t.TempDir()
+	img, other := filepath.Join(dir, "held.img"), filepath.Join(dir, "other.img")
+	for _, f := range []string{img, other} {
+		if err := p.disks.format(f, diskLimit{mb: 1, inodes: 64}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dev, err := attachLoop(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitImageFree(img, 0, time.Millisecond); !errors.Is(err, ErrDiskBusy) {
+		t.Errorf("an attached image: %v, want ErrDiskBusy", err)
+	}
+	if err := waitImageFree(other, 0, time.Millisecond); err != nil {
+		t.Errorf("an image nothing attached: %v", err)
+	}
+	dev.Close() // autoclear: the device lets the image go
+	if err := waitImageFree(img, time.Minute, time.Millisecond); err != nil {
+		t.Errorf("an image whose device was closed: %v", err)
 	}
 }
