@@ -312,7 +312,7 @@ func keyUsage() map[string]string {
 		"sandbox.local.snapshot_dir":                   "local provider: where snapshots go, on a filesystem every machine that may restore them mounts (NFS, Lustre); default <root>/snapshots, which lives and dies with the machine",
 		"sandbox.local.fork_delay_ms":                  "local provider: hold every fork this long (crash tests only)",
 		"sandbox.pool.size":                            "sandboxes each warm pool keeps started for seeds to claim, per template (a keyed seed's forks) or per spec (0: no pools)",
-		"sandbox.pool.max_idle":                        "a pooled sandbox no seed claimed for this long is stopped, and its pool refills at the next claim, as 10m (0: never; at most half of a provider's lease)",
+		"sandbox.pool.max_idle":                        "a pooled sandbox no seed claimed for this long is stopped, and its pool refills at the next claim, as 10m (0: never; a pooled sandbox's lease is renewed meanwhile)",
 		"sandbox.pool.refill_concurrency":              "sandbox starts the warm pools make at once",
 		"sandbox.opensandbox.domain":                   "opensandbox provider: host:port of the lifecycle server (required)",
 		"sandbox.opensandbox.protocol":                 "opensandbox provider: http or https",

@@ -466,7 +466,7 @@ func (m *Metrics) Observe(src Sources) error {
 		}
 		counter("pool_hits_total", "Seeds that claimed a sandbox a warm pool had started (sandbox.pool).", func(c PoolCounts) uint64 { return c.Hits })
 		counter("pool_misses_total", "Seeds that found their warm pool empty and started (or forked) a sandbox themselves; 0 hits and misses: no pools.", func(c PoolCounts) uint64 { return c.Misses })
-		counter("pool_expired_total", "Pooled sandboxes stopped after sandbox.pool.max_idle unclaimed.", func(c PoolCounts) uint64 { return c.Expired })
+		counter("pool_expired_total", "Pooled sandboxes stopped unclaimed: after sandbox.pool.max_idle, or when their lease could not be renewed.", func(c PoolCounts) uint64 { return c.Expired })
 		counter("pool_start_failures_total", "Starts of the warm pools that failed (the pool refills at its next claim).", func(c PoolCounts) uint64 { return c.StartFailures })
 		errs = append(errs, m.reg.Register(byLabel[int]{
 			kind: prometheus.GaugeValue,

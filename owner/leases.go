@@ -11,8 +11,10 @@ import (
 )
 
 // Tick asks every session to renew its sandbox's lease if a third of it
-// has passed at now. The simulation and tests call it with logical time.
+// has passed at now, and renews the warm pools' leases likewise. The
+// simulation and tests call it with logical time.
 func (o *Owner) Tick(now time.Time) error {
+	o.PoolTick(now)
 	refs, err := o.ask.list()
 	if err != nil {
 		return err

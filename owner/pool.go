@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"strconv"
 	"sync"
 	"time"
 
@@ -18,10 +19,16 @@ import (
 // LabelPool is set on the sandboxes a warm pool starts.
 const LabelPool = "ng.pool"
 
+// LabelPoolStart numbers each start of the warm pools within an
+// incarnation, so that a start that failed after the provider made its
+// sandbox finds that sandbox by its labels.
+const LabelPoolStart = "ng.pool_start"
+
 // PoolConfig keeps started sandboxes ready for seeds: per template (a
 // keyed seed's) or per spec (an unkeyed seed's), Size of them, each
-// stopped once it waited MaxIdle unclaimed (0: never; with leases, at most
-// half the default lease), at most RefillConcurrency starts at once.
+// stopped once it waited MaxIdle unclaimed (0: never), at most
+// RefillConcurrency starts at once. A pooled sandbox's lease is renewed on
+// the owner's ticks as a lent one's is.
 type PoolConfig struct {
 	Size              int
 	MaxIdle           time.Duration
@@ -33,8 +40,9 @@ type PoolStats struct {
 	// Hits and Misses count the seeds that claimed a ready sandbox and
 	// those that found none.
 	Hits, Misses uint64
-	// Expired counts the sandboxes stopped after MaxIdle unclaimed;
-	// Failed the starts that failed.
+	// Expired counts the sandboxes stopped unclaimed: after MaxIdle, or
+	// when their lease could not be renewed; Failed the starts that
+	// failed.
 	Expired, Failed uint64
 	// Ready and Starting are the sandboxes ready now and being started.
 	Ready, Starting int
@@ -50,6 +58,8 @@ type pools struct {
 	claimed map[string]bool
 	closed  bool
 	stats   PoolStats
+	// starts numbers the starts (LabelPoolStart).
+	starts uint64
 	// onStarted, when set, is told when each of the pools' starts ended
 	// (a test's hook).
 	onStarted func()
@@ -70,16 +80,11 @@ func newPools(c PoolConfig) *pools {
 	return &pools{book: newPoolBook(c.Size, c.RefillConcurrency, c.MaxIdle), recipes: map[string]poolRecipe{}, claimed: map[string]bool{}}
 }
 
-// poolConfig is c's pools: none without a provider; on a provider whose
-// sandboxes have a default lease, a sandbox waits unclaimed at most half
-// of it (a claimed one's lease runs from its start).
+// poolConfig is c's pools: none without a provider.
 func poolConfig(c Config) PoolConfig {
 	pc := c.Pool
 	if c.Provider == nil {
 		pc.Size = 0
-	}
-	if half := c.DefaultTTL / 2; half > 0 && (pc.MaxIdle <= 0 || pc.MaxIdle > half) {
-		pc.MaxIdle = half
 	}
 	return pc
 }
@@ -134,7 +139,8 @@ func (o *Owner) fromPool(key string, r poolRecipe) (l sandbox.Launched, ok bool)
 	if !hit {
 		return l, false
 	}
-	return sandbox.Launched{Handle: got.Handle, FromSnapshot: r.Snapshot, Workdir: r.Workdir, StartedAt: got.At}, true
+	// The session's lease runs from the last renewal (or the start).
+	return sandbox.Launched{Handle: got.Handle, FromSnapshot: r.Snapshot, Workdir: r.Workdir, StartedAt: got.Leased}, true
 }
 
 // settleClaim forgets a claimed sandbox once its seed ended: its session
@@ -165,9 +171,11 @@ func (o *Owner) poolStart(s poolStart) {
 		o.poolStarts(more)
 		return
 	}
+	p.starts++
+	n := strconv.FormatUint(p.starts, 10)
 	p.mu.Unlock()
 	at := o.clk.Now()
-	spec := o.labelled(r.Spec, "", map[string]string{LabelPool: labelValue(s.Key)})
+	spec := o.labelled(r.Spec, "", map[string]string{LabelPool: labelValue(s.Key), LabelPoolStart: n})
 	var h provider.Handle
 	var err error
 	if r.Snapshot != "" {
@@ -176,7 +184,7 @@ func (o *Owner) poolStart(s poolStart) {
 		h, err = o.prov.Start(o.base, spec)
 	}
 	p.mu.Lock()
-	stop, more := p.book.started(s, pooled{Handle: h, At: at}, err == nil)
+	stop, more := p.book.started(s, pooled{Handle: h, At: at, TTL: spec.TTL(), Leased: at}, err == nil)
 	if err != nil {
 		p.stats.Failed++
 	}
@@ -186,6 +194,8 @@ func (o *Owner) poolStart(s poolStart) {
 	p.mu.Unlock()
 	if err != nil {
 		o.log.WithError(err).Warn("a warm pool's start failed; the pool refills at its next claim")
+		// It may have failed after the provider made the sandbox.
+		o.stopUnreported(LabelPoolStart, n)
 	}
 	if stop {
 		o.stopPooled([]pooled{{Handle: h}})
@@ -216,18 +226,67 @@ func (o *Owner) stopPooled(ps []pooled) {
 }
 
 // PoolTick stops the pools' sandboxes that waited the idle time unclaimed
-// at now. A loop calls it when the pools have an idle time; tests call it
-// with their clock.
+// at now, and renews the leases a third of which has passed (a sandbox
+// whose renewal fails is stopped). A loop calls it when the pools have an
+// idle time, and Tick with every lease tick; tests call it with their
+// clock.
 func (o *Owner) PoolTick(now time.Time) {
 	p := o.pools
 	if p == nil {
 		return
 	}
 	p.mu.Lock()
-	gone := p.book.expire(now)
+	gone, renew := p.book.tick(now)
 	p.stats.Expired += uint64(len(gone))
 	p.mu.Unlock()
 	o.stopPooled(gone)
+	for _, r := range renew {
+		err := o.renewPooled(r.Handle, now.Add(r.TTL))
+		p.mu.Lock()
+		lapsed, taken := p.book.renewed(r.Handle.SandboxID, now, err == nil)
+		if taken {
+			p.stats.Expired++
+		}
+		p.mu.Unlock()
+		if taken {
+			o.log.WithError(err).WithField("sandbox_id", r.Handle.SandboxID).Warn("could not renew a pooled sandbox's lease: stopped")
+			o.stopPooled([]pooled{lapsed})
+		}
+	}
+}
+
+func (o *Owner) renewPooled(h provider.Handle, until time.Time) error {
+	l := o.caps.Leaser
+	if l == nil {
+		return provider.ErrUnsupported
+	}
+	ctx, cancel := context.WithTimeout(o.base, timeouts.ProviderCall)
+	defer cancel()
+	return l.Renew(ctx, h, until)
+}
+
+// stopUnreported stops this incarnation's sandboxes labelled k=v: a start
+// that failed after the provider made its sandbox never reported its id,
+// and nothing else would stop it before the next start or sweep.
+func (o *Owner) stopUnreported(k, v string) {
+	l := o.caps.Lister
+	if l == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(o.base, timeouts.Listing)
+	defer cancel()
+	list, err := l.ListSandboxes(ctx)
+	if err != nil {
+		o.log.WithError(err).Warn("listing sandboxes after a failed start failed; the next start or sweep stops what it made")
+		return
+	}
+	var made []pooled
+	for _, s := range list {
+		if s.Metadata[k] == v && s.Metadata[LabelIncarnation] == o.incarnation {
+			made = append(made, pooled{Handle: s.Handle})
+		}
+	}
+	o.stopPooled(made)
 }
 
 // drainPool stops the sandboxes of key's pool (its template was dropped

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/sandbox"
 )
 
@@ -193,5 +194,101 @@ func TestPoolAfterACrash(t *testing.T) {
 	e.open()
 	if live := e.fk.LiveSandboxIDs(); len(live) != 0 {
 		t.Fatalf("sandboxes left after the restart: %v", live)
+	}
+}
+
+// A pool's start that fails after the provider made the sandbox (its id
+// never reported) stops what the provider made, for an unkeyed pool's
+// start and a template pool's fork alike.
+func TestPoolStartFailingAfterItsEffectLeavesNothing(t *testing.T) {
+	for name, tc := range map[string]struct {
+		op   fake.Op
+		seed func(t *testing.T, o *owner.Owner, sid string) sandbox.Sandbox
+	}{
+		"start": {fake.OpStart, seed},
+		"fork": {fake.OpFork, func(t *testing.T, o *owner.Owner, sid string) sandbox.Sandbox {
+			var runs atomic.Int64
+			sb, err := o.StartKeyedSessionSandbox(context.Background(), sid, "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return sb
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			o := e.open(pool(1, 1, 0))
+			wait := poolStarts(o)
+			s0 := tc.seed(t, o, "s0")
+			wait(1)
+			e.fk.FailAfterEffect(tc.op, 1)
+			s1 := tc.seed(t, o, "s1")
+			wait(1)
+			if st := o.PoolStats(); st.Failed != 1 || st.Hits != 1 {
+				t.Fatalf("stats %+v: want the refill after the hit failed", st)
+			}
+			want := []string{s0.Handle.SandboxID, s1.Handle.SandboxID}
+			slices.Sort(want)
+			if d := cmp.Diff(want, e.fk.LiveSandboxIDs()); d != "" {
+				t.Fatalf("live: the sessions' only (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+// A pooled sandbox's lease is renewed on the owner's tick once a third of
+// it has passed, as a lent one's is; a seed claiming it gets the renewed
+// lease; one whose renewal fails is stopped.
+func TestPoolRenewsLeases(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(pool(1, 1, 0), func(c *owner.Config) { c.DefaultTTL = 90 * time.Second })
+	wait := poolStarts(o)
+	t0 := e.clk.Now()
+	s0 := seed(t, o, "s0")
+	wait(1)
+	pooledID := func() string {
+		for _, id := range e.fk.LiveSandboxIDs() {
+			if id != s0.Handle.SandboxID {
+				return id
+			}
+		}
+		t.Fatal("no pooled sandbox")
+		return ""
+	}
+	p1 := pooledID()
+	expiry := func(id string) time.Time {
+		info, ok := e.fk.Sandbox(id)
+		if !ok {
+			t.Fatalf("%s is gone", id)
+		}
+		return info.ExpiresAt
+	}
+	if err := o.Tick(t0.Add(29 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if got := expiry(p1); !got.Equal(t0.Add(90 * time.Second)) {
+		t.Fatalf("renewed before a third of its lease: expires %v", got)
+	}
+	if err := o.Tick(t0.Add(30 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if got := expiry(p1); !got.Equal(t0.Add(120 * time.Second)) {
+		t.Fatalf("after a third of its lease: expires %v, want t0+120s", got)
+	}
+	s1 := seed(t, o, "s1")
+	wait(1)
+	if s1.Handle.SandboxID != p1 || !s1.ExpiresAt.Equal(t0.Add(120*time.Second)) {
+		t.Fatalf("the claim got %s expiring %v, want %s at t0+120s", s1.Handle.SandboxID, s1.ExpiresAt, p1)
+	}
+	p2 := ""
+	for _, id := range e.fk.LiveSandboxIDs() {
+		if id != s0.Handle.SandboxID && id != s1.Handle.SandboxID {
+			p2 = id
+		}
+	}
+	e.fk.FailNext(fake.OpRenew, 1)
+	o.PoolTick(t0.Add(30 * time.Second))
+	if _, ok := e.fk.Sandbox(p2); ok || o.PoolStats().Expired != 1 || o.PoolStats().Ready != 0 {
+		t.Fatalf("a pooled sandbox whose renewal failed: live %t, stats %+v", ok, o.PoolStats())
 	}
 }

@@ -14,7 +14,9 @@ import (
 // is refilled to its size, at most refill starts in flight across every
 // pool; a sandbox ready for longer than the idle time is stopped, and a
 // pool no seed claimed from is not refilled until one does. A sandbox is
-// handed out once: a claim takes it out of the book.
+// handed out once: a claim takes it out of the book. A ready sandbox with
+// a lease is renewed once a third of it has passed, as a lent one is, and
+// stopped if that fails.
 //
 // It is pure: the shell (pool.go) holds it under a mutex, starts and stops
 // what it says, and tells it what became of each start.
@@ -38,10 +40,15 @@ type poolEntry struct {
 	wanted bool
 }
 
-// pooled is one sandbox ready in a pool, and when it got there.
+// pooled is one sandbox ready in a pool, and when it got there; with a
+// lease (TTL), when its lease last began.
 type pooled struct {
 	Handle provider.Handle
 	At     time.Time
+	TTL    time.Duration
+	Leased time.Time
+	// renewing: a renewal handed out has not yet ended.
+	renewing bool
 }
 
 func newPoolBook(size, refill int, maxIdle time.Duration) *poolBook {
@@ -117,34 +124,66 @@ func (b *poolBook) fillAll() []poolStart {
 	return out
 }
 
-// expire takes out the sandboxes ready since before now less the idle
-// time (to stop); a pool that lost one is not refilled until a seed
-// claims from it again.
-func (b *poolBook) expire(now time.Time) []pooled {
-	if b.maxIdle <= 0 {
-		return nil
-	}
-	var out []pooled
+// tick is the pools at now: it takes out the sandboxes ready since before
+// now less the idle time (to stop; a pool that lost one is not refilled
+// until a seed claims from it again), and hands out those a third of whose
+// lease has passed (to renew; renewed says how it went).
+func (b *poolBook) tick(now time.Time) (stop, renew []pooled) {
 	cut := now.Add(-b.maxIdle)
 	for _, k := range slices.Sorted(maps.Keys(b.pools)) {
 		e := b.pools[k]
 		keep := e.ready[:0]
 		for _, p := range e.ready {
-			if p.At.After(cut) {
-				keep = append(keep, p)
-			} else {
-				out = append(out, p)
+			if b.maxIdle > 0 && !p.At.After(cut) {
+				stop = append(stop, p)
+				continue
 			}
+			if p.TTL > 0 && !p.renewing && p.Leased.Add(p.TTL).Sub(now) <= p.TTL*2/3 {
+				p.renewing = true
+				renew = append(renew, p)
+			}
+			keep = append(keep, p)
 		}
 		if len(keep) < len(e.ready) {
 			e.wanted = false
 		}
 		e.ready = keep
-		if len(e.ready) == 0 && e.starting == 0 && !e.wanted {
-			delete(b.pools, k)
+		b.forget(k)
+	}
+	return stop, renew
+}
+
+// renewed ends the renewal of sandbox id: its lease began again at at
+// (ok), or the renewal failed and the sandbox is taken out, to stop (its
+// lease would run out in the pool): then taken is true. A sandbox a seed
+// claimed meanwhile, or whose pool was drained, is not the book's.
+func (b *poolBook) renewed(id string, at time.Time, ok bool) (p pooled, taken bool) {
+	for _, k := range slices.Sorted(maps.Keys(b.pools)) {
+		e := b.pools[k]
+		for i := range e.ready {
+			if e.ready[i].Handle.SandboxID != id {
+				continue
+			}
+			e.ready[i].renewing = false
+			if ok {
+				e.ready[i].Leased = at
+				return pooled{}, false
+			}
+			p = e.ready[i]
+			e.ready = slices.Delete(e.ready, i, i+1)
+			e.wanted = false
+			b.forget(k)
+			return p, true
 		}
 	}
-	return out
+	return pooled{}, false
+}
+
+// forget drops key's pool once it holds nothing and no seed wants it.
+func (b *poolBook) forget(key string) {
+	if e := b.pools[key]; len(e.ready) == 0 && e.starting == 0 && !e.wanted {
+		delete(b.pools, key)
+	}
 }
 
 // drain takes key's pool out whole (its template was dropped): its ready
@@ -194,7 +233,14 @@ func (b *poolBook) String() string {
 		e := b.pools[k]
 		var ids []string
 		for _, p := range e.ready {
-			ids = append(ids, fmt.Sprintf("%s@%s", p.Handle.SandboxID, p.At.UTC().Format("15:04:05")))
+			id := fmt.Sprintf("%s@%s", p.Handle.SandboxID, p.At.UTC().Format("15:04:05"))
+			if p.TTL > 0 {
+				id += fmt.Sprintf("+lease@%s", p.Leased.UTC().Format("15:04:05"))
+			}
+			if p.renewing {
+				id += "(renewing)"
+			}
+			ids = append(ids, id)
 		}
 		s += fmt.Sprintf("%s: gen=%d ready=%s starting=%d wanted=%t\n", k, e.gen, bracket(ids), e.starting, e.wanted)
 	}

@@ -13,8 +13,9 @@ import (
 
 // TestPoolScripts runs testdata/pool/*.txt against the warm pools' book:
 // "pools size= refill= idle=" (idle in seconds) makes it, then "claim
-// key=", "started key= gen= id= at=" (fail: the start failed), "expire
-// at=", "drain key=", "drain-all", "counts" and "state".
+// key=", "started key= gen= id= at= [ttl=]" (fail: the start failed; ttl:
+// its lease in seconds), "tick at=", "renewed id= at=" (fail: the renewal
+// failed), "drain key=", "drain-all", "counts" and "state".
 func TestPoolScripts(t *testing.T) {
 	script.Run(t, "testdata/pool/*.txt", func(t *testing.T) func(c *script.Case) string {
 		var b *poolBook
@@ -39,10 +40,21 @@ func TestPoolScripts(t *testing.T) {
 				return fmt.Sprintf("hit %s; start %s", p.Handle.SandboxID, startsText(starts))
 			case "started":
 				s := poolStart{Key: c.Args["key"], Gen: uint64(num(c, "gen"))}
-				stop, starts := b.started(s, pooled{Handle: provider.Handle{SandboxID: c.Args["id"]}, At: secs(c)}, !c.Has("fail"))
+				var ttl time.Duration
+				if c.Has("ttl") {
+					ttl = time.Duration(num(c, "ttl")) * time.Second
+				}
+				stop, starts := b.started(s, pooled{Handle: provider.Handle{SandboxID: c.Args["id"]}, At: secs(c), TTL: ttl, Leased: secs(c)}, !c.Has("fail"))
 				return fmt.Sprintf("stop=%t; start %s", stop, startsText(starts))
-			case "expire":
-				return "stop " + pooledText(b.expire(secs(c)))
+			case "tick":
+				stop, renew := b.tick(secs(c))
+				return fmt.Sprintf("stop %s; renew %s", pooledText(stop), pooledText(renew))
+			case "renewed":
+				p, taken := b.renewed(c.Args["id"], secs(c), !c.Has("fail"))
+				if !taken {
+					return "kept"
+				}
+				return "stop " + p.Handle.SandboxID
 			case "drain":
 				return "stop " + pooledText(b.drain(c.Args["key"]))
 			case "drain-all":
@@ -75,8 +87,8 @@ func pooledText(ps []pooled) string {
 	return "[" + strings.Join(out, ",") + "]"
 }
 
-// TestPoolConfig: no provider, no pools; with a default lease a pooled
-// sandbox waits unclaimed at most half of it.
+// TestPoolConfig: no provider, no pools; a lease leaves the idle time as
+// configured (pooled leases are renewed).
 func TestPoolConfig(t *testing.T) {
 	fk := fakeProvider{}
 	for _, tc := range []struct {
@@ -86,9 +98,7 @@ func TestPoolConfig(t *testing.T) {
 	}{
 		{"no provider", Config{Pool: PoolConfig{Size: 2, MaxIdle: time.Hour}}, PoolConfig{Size: 0, MaxIdle: time.Hour}},
 		{"no lease", Config{Provider: fk, Pool: PoolConfig{Size: 2, MaxIdle: time.Hour}}, PoolConfig{Size: 2, MaxIdle: time.Hour}},
-		{"lease caps idle", Config{Provider: fk, DefaultTTL: time.Hour, Pool: PoolConfig{Size: 2, MaxIdle: 2 * time.Hour}}, PoolConfig{Size: 2, MaxIdle: 30 * time.Minute}},
-		{"lease sets idle", Config{Provider: fk, DefaultTTL: time.Hour, Pool: PoolConfig{Size: 2}}, PoolConfig{Size: 2, MaxIdle: 30 * time.Minute}},
-		{"shorter idle kept", Config{Provider: fk, DefaultTTL: time.Hour, Pool: PoolConfig{Size: 2, MaxIdle: 30*time.Minute - 1}}, PoolConfig{Size: 2, MaxIdle: 30*time.Minute - 1}},
+		{"lease", Config{Provider: fk, DefaultTTL: time.Hour, Pool: PoolConfig{Size: 2, MaxIdle: 2 * time.Hour}}, PoolConfig{Size: 2, MaxIdle: 2 * time.Hour}},
 	} {
 		if got := poolConfig(tc.c); got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)

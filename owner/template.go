@@ -193,6 +193,9 @@ func (o *Owner) buildTemplate(ctx context.Context, tkey string, spec provider.Sp
 	log := logs.ForRequest(ctx, o.log).WithField("template", tkey)
 	h, err := o.prov.Start(ctx, o.labelled(spec, "", map[string]string{LabelTemplate: label}))
 	if err != nil {
+		// It may have failed after the provider made the sandbox; no other
+		// build of the key runs meanwhile (single flight).
+		o.stopUnreported(LabelTemplate, label)
 		return tmplReady{}, fmt.Errorf("start the template's sandbox: %w", err)
 	}
 	o.tmpl.mu.Lock()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/sandbox"
 )
 
@@ -326,5 +327,20 @@ func TestTemplateExpiryWithAForkLive(t *testing.T) {
 	}
 	if !slices.Contains(e.fk.SnapshotIDs(), sb.FromSnapshot) || o.Templates() != 0 {
 		t.Fatalf("the snapshot a fork stands on is gone, or the template still ready (%d)", o.Templates())
+	}
+}
+
+// A template's start that fails after the provider made its sandbox (its
+// id never reported) stops what the provider made, and the seed fails.
+func TestTemplateStartFailingAfterItsEffectLeavesNothing(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	e.fk.FailAfterEffect(fake.OpStart, 1)
+	var runs atomic.Int64
+	if _, err := o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), ""); !errors.Is(err, provider.ErrInjected) {
+		t.Fatalf("got %v, want the injected start failure", err)
+	}
+	if live := e.fk.LiveSandboxIDs(); len(live) != 0 || runs.Load() != 0 {
+		t.Fatalf("left %v after a failed template start (setups %d)", live, runs.Load())
 	}
 }
