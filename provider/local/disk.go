@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxowner/owner/clock"
 )
 
 // A sandbox's writable layer (overlay mode: its upper and work
@@ -325,13 +327,13 @@ func fillInodes(dir string, n int) error {
 }
 
 // ensureDisk mounts s's image again where it is not mounted (after a
-// reboot); a sandbox without one is left alone.
-func ensureDisk(s *sandbox) error {
+// reboot, or a server that stopped); a sandbox without one is left alone.
+func (p *Provider) ensureDisk(ctx context.Context, s *sandbox) error {
 	if !s.hasDisk || isMountRoot(s.diskDir()) {
 		return nil
 	}
 	img := filepath.Join(s.dir, diskImageName)
-	if err := waitImageFree(img, diskReleaseBound, diskReleasePoll); err != nil {
+	if err := p.release.wait(ctx, img); err != nil {
 		return err
 	}
 	return mountDisk(img, s.diskDir())
@@ -350,20 +352,39 @@ const (
 	diskReleasePoll  = 10 * time.Millisecond
 )
 
-// waitImageFree waits, up to bound, until no loop device has img as its
-// backing file. An image mounted beside a lazily detached mount of itself
-// would be two ext4 filesystems writing one file: it corrupts.
-func waitImageFree(img string, bound, poll time.Duration) error {
-	deadline := time.Now().Add(bound)
+// imageRelease waits until no loop device backs an image. An image
+// mounted beside a lazily detached mount of itself would be two ext4
+// filesystems writing one file: it corrupts. The kernel says nothing when
+// a device lets its file go, so the wait looks every poll, up to bound.
+type imageRelease struct {
+	clk         clock.Clock
+	backing     func(img string) (dev string, err error) // loopOf; tests replace it
+	bound, poll time.Duration
+}
+
+func newImageRelease() imageRelease {
+	return imageRelease{clk: clock.Real{}, backing: loopOf, bound: diskReleaseBound, poll: diskReleasePoll}
+}
+
+// wait returns once no loop device backs img; ErrDiskBusy past the bound,
+// the context's error if it ends first.
+func (r imageRelease) wait(ctx context.Context, img string) error {
+	deadline := r.clk.Now().Add(r.bound)
 	for {
-		dev, err := loopOf(img)
+		dev, err := r.backing(img)
 		if err != nil || dev == "" {
 			return err
 		}
-		if !time.Now().Before(deadline) {
-			return fmt.Errorf("%w: %s still backs %s after %v", ErrDiskBusy, img, dev, bound)
+		if !r.clk.Now().Before(deadline) {
+			return fmt.Errorf("%w: %s still backs %s after %v", ErrDiskBusy, dev, img, r.bound)
 		}
-		time.Sleep(poll)
+		t := r.clk.NewTimer(r.poll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("local: waiting for %s to let %s go: %w", dev, img, ctx.Err())
+		case <-t.C():
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package local
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/provider"
 )
 
@@ -189,10 +191,9 @@ func TestTheDiskLimitIsClaimedOnlyWhereItHolds(t *testing.T) {
 	}
 }
 
-// An image still attached to a loop device (a lazily detached mount that
-// its last holders have not yet let go) is not mounted a second time: a
-// remount waits for it and, past its bound, refuses with ErrDiskBusy.
-func TestARemountWaitsForTheImagesLastMount(t *testing.T) {
+// loopOf names the loop device an image is attached to, and no device for
+// an image nothing attached or once its device let it go.
+func TestLoopOfNamesTheDeviceBackingAnImage(t *testing.T) {
 	p := newDiskProvider(t, mode{"container-overlay", IsolationContainer, OverlayOn}, Limits{DiskMB: 8})
 	dir := t.TempDir()
 	img, other := filepath.Join(dir, "held.img"), filepath.Join(dir, "other.img")
@@ -205,14 +206,172 @@ func TestARemountWaitsForTheImagesLastMount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := waitImageFree(img, 0, time.Millisecond); !errors.Is(err, ErrDiskBusy) {
-		t.Errorf("an attached image: %v, want ErrDiskBusy", err)
+	if got, err := loopOf(img); err != nil || got != filepath.Base(dev.Name()) {
+		t.Errorf("an attached image: %q, %v; want %q", got, err, filepath.Base(dev.Name()))
 	}
-	if err := waitImageFree(other, 0, time.Millisecond); err != nil {
-		t.Errorf("an image nothing attached: %v", err)
+	if got, err := loopOf(other); err != nil || got != "" {
+		t.Errorf("an image nothing attached: %q, %v", got, err)
 	}
 	dev.Close() // autoclear: the device lets the image go
-	if err := waitImageFree(img, time.Minute, time.Millisecond); err != nil {
+	if err := newImageRelease().wait(context.Background(), img); err != nil {
 		t.Errorf("an image whose device was closed: %v", err)
+	}
+}
+
+// busyImage is a stand-in for loopOf that answers each question with what
+// the test sends, after telling it which image was asked about.
+type busyImage struct {
+	asked  chan string
+	answer chan string
+}
+
+func newBusyImage() busyImage {
+	return busyImage{asked: make(chan string), answer: make(chan string)}
+}
+
+func (b busyImage) backing(img string) (string, error) {
+	b.asked <- img
+	return <-b.answer, nil
+}
+
+// expect waits for the next question, failing if done answers first (the
+// code mounted without asking).
+func (b busyImage) expect(t *testing.T, done <-chan error, img string) {
+	t.Helper()
+	select {
+	case got := <-b.asked:
+		if got != img {
+			t.Fatalf("asked about %s, want %s", got, img)
+		}
+	case err := <-done:
+		t.Fatalf("returned (%v) without asking whether a loop device still backs %s", err, img)
+	}
+}
+
+// diskSandbox is a sandbox record whose formatted image is not mounted, as
+// after a reboot; its mount is undone at the end of the test.
+func diskSandbox(t *testing.T, p *Provider) (*sandbox, string) {
+	t.Helper()
+	s := &sandbox{id: "sb-remount", dir: t.TempDir(), hasDisk: true}
+	img := filepath.Join(s.dir, diskImageName)
+	if err := p.disks.format(img, diskLimit{mb: 1, inodes: 64}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { detachSandboxMounts(s.dir) })
+	return s, img
+}
+
+// A remount of an image a loop device still backs (a lazily detached
+// mount its last holders have not let go) waits, looking again every poll
+// on the clock, and mounts once the device has gone.
+func TestARemountWaitsForTheImagesLastMount(t *testing.T) {
+	p := newDiskProvider(t, mode{"container-overlay", IsolationContainer, OverlayOn}, Limits{DiskMB: 8})
+	s, img := diskSandbox(t, p)
+	clk := clock.NewManual(time.Unix(0, 0))
+	b := newBusyImage()
+	p.release = imageRelease{clk: clk, backing: b.backing, bound: time.Minute, poll: time.Second}
+
+	done := make(chan error, 1)
+	go func() { done <- p.ensureDisk(context.Background(), s) }()
+	b.expect(t, done, img)
+	b.answer <- "loop9"
+	if !clk.WaitPending(1, nil) {
+		t.Fatal("no poll armed")
+	}
+	if isMountRoot(s.diskDir()) {
+		t.Fatal("mounted while a loop device still backs the image")
+	}
+	clk.Advance(time.Second)
+	b.expect(t, done, img)
+	b.answer <- ""
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !isMountRoot(s.diskDir()) {
+		t.Error("not mounted once the image was free")
+	}
+}
+
+// Past its bound (looking at its start and every poll, the last time at
+// the bound itself) a remount refuses with ErrDiskBusy and mounts nothing.
+func TestARemountOfAnImageStillBusyRefuses(t *testing.T) {
+	p := newDiskProvider(t, mode{"container-overlay", IsolationContainer, OverlayOn}, Limits{DiskMB: 8})
+	s, img := diskSandbox(t, p)
+	clk := clock.NewManual(time.Unix(0, 0))
+	b := newBusyImage()
+	p.release = imageRelease{clk: clk, backing: b.backing, bound: 3 * time.Second, poll: time.Second}
+
+	done, finished := make(chan error, 1), make(chan struct{})
+	go func() {
+		done <- p.ensureDisk(context.Background(), s)
+		close(finished)
+	}()
+	asked := 0
+	for {
+		b.expect(t, done, img)
+		if asked++; asked > 8 {
+			t.Fatalf("still waiting after %d looks in a bound of three polls", asked)
+		}
+		b.answer <- "loop9"
+		if !clk.WaitPending(1, finished) {
+			break
+		}
+		clk.Advance(time.Second)
+	}
+	if err := <-done; !errors.Is(err, ErrDiskBusy) {
+		t.Errorf("busy past the bound: %v, want ErrDiskBusy", err)
+	}
+	if asked != 4 {
+		t.Errorf("asked %d times in a bound of three polls, want 4 (at 0, 1, 2 and 3 s)", asked)
+	}
+	if isMountRoot(s.diskDir()) {
+		t.Error("mounted an image a loop device still backs")
+	}
+}
+
+// The wait is the call's: a server that takes over a crashed server's
+// sandbox whose image is still held gives up when the exec's context ends,
+// mounting nothing, and mounts it on a later call once the image is free.
+func TestAnAdoptionsRemountEndsWithTheCallsContext(t *testing.T) {
+	m := mode{"container-overlay", IsolationContainer, OverlayOn}
+	p := newDiskProvider(t, m, Limits{DiskMB: 8})
+	h := start(t, p, provider.Spec{Files: map[string]string{"kept": "k"}})
+	crash(p)
+	dir := p.sandboxDir(h.SandboxID)
+	detachSandboxMounts(dir)
+	p2 := newProvider(t, m, Options{Root: p.root, Limits: Limits{DiskMB: 8}})
+	b := newBusyImage()
+	p2.release.backing = b.backing
+	p2.release.clk = clock.NewManual(time.Unix(0, 0)) // its polls never come: only the context ends the wait
+
+	exec := func(ctx context.Context) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			res, err := p2.Exec(ctx, h, provider.ExecRequest{Command: "cat kept"})
+			if err == nil && res.Stdout != "k" {
+				err = fmt.Errorf("kept: %+v", res)
+			}
+			done <- err
+		}()
+		return done
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := exec(ctx)
+	img := filepath.Join(dir, diskImageName)
+	b.expect(t, done, img)
+	cancel()
+	b.answer <- "loop9"
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("an exec whose context ended while the image was held: %v, want context.Canceled", err)
+	}
+	if isMountRoot(filepath.Join(dir, diskDirName)) {
+		t.Error("mounted an image a loop device still backs")
+	}
+
+	done = exec(context.Background())
+	b.expect(t, done, img)
+	b.answer <- ""
+	if err := <-done; err != nil {
+		t.Errorf("an exec once the image was free: %v", err)
 	}
 }

@@ -41,7 +41,7 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	if err := ctxErr(ctx, "exec"); err != nil {
 		return provider.ExecResult{}, err
 	}
-	s, err := p.live(h, true)
+	s, err := p.live(ctx, h, true)
 	if err != nil {
 		return provider.ExecResult{}, err
 	}

@@ -258,7 +258,7 @@ func (p *Provider) WriteFile(ctx context.Context, h provider.Handle, name string
 	if err := ctxErr(ctx, "write file"); err != nil {
 		return err
 	}
-	s, err := p.live(h, true)
+	s, err := p.live(ctx, h, true)
 	if err != nil {
 		return err
 	}
@@ -326,7 +326,7 @@ func (p *Provider) fileCall(ctx context.Context, h provider.Handle, what, name s
 	if err := ctxErr(ctx, what); err != nil {
 		return nil, "", err
 	}
-	s, err := p.live(h, true)
+	s, err := p.live(ctx, h, true)
 	if err != nil {
 		return nil, "", err
 	}

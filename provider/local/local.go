@@ -266,6 +266,9 @@ type Provider struct {
 	// captures holds a token per snapshot copying a sandbox.
 	captures chan struct{}
 
+	// release: a remount's wait for the image's last loop device to go.
+	release imageRelease
+
 	// hook, when set by a test in this package, runs during a snapshot
 	// while the sandbox's commands are paused.
 	hook func(stage string, sandboxID string)
@@ -342,6 +345,7 @@ func New(opts Options) (_ *Provider, err error) {
 		sandboxes:      map[string]*sandbox{},
 		pending:        map[string]int{},
 		garbage:        true,
+		release:        newImageRelease(),
 	}
 	if p.workdir == "" {
 		p.workdir = DefaultWorkdir

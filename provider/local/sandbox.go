@@ -405,7 +405,7 @@ func (p *Provider) loaded(h provider.Handle) (*sandbox, error) {
 // live returns the sandbox h names if it is running and its lease has not
 // run out, adopted (tree mounted, a crashed server's leftover processes
 // killed) when adopt is set.
-func (p *Provider) live(h provider.Handle, adopt bool) (*sandbox, error) {
+func (p *Provider) live(ctx context.Context, h provider.Handle, adopt bool) (*sandbox, error) {
 	s, err := p.loaded(h)
 	if err != nil {
 		return nil, err
@@ -416,7 +416,7 @@ func (p *Provider) live(h provider.Handle, adopt bool) (*sandbox, error) {
 		return nil, err
 	}
 	if adopt && !s.adopted {
-		if err := p.adoptLocked(s); err != nil {
+		if err := p.adoptLocked(ctx, s); err != nil {
 			return nil, err
 		}
 	}
@@ -443,7 +443,7 @@ func (p *Provider) checkLiveLocked(s *sandbox) error {
 // outlive their Exec call, so any process still marked with the sandbox's id
 // belongs to a server that died mid-call and is killed; an overlay tree that
 // is no longer mounted (after a reboot) is mounted again.
-func (p *Provider) adoptLocked(s *sandbox) error {
+func (p *Provider) adoptLocked(ctx context.Context, s *sandbox) error {
 	n := killMarked(s.id)
 	if p.cg != nil {
 		// Its cgroup holds them all, one that cleared its environment too.
@@ -452,7 +452,7 @@ func (p *Provider) adoptLocked(s *sandbox) error {
 	if n > 0 {
 		p.log.WithFields(logrus.Fields{"sandbox_id": s.id, "kills": n}).Info("local: killed processes a previous server left in the sandbox")
 	}
-	if err := ensureDisk(s); err != nil {
+	if err := p.ensureDisk(ctx, s); err != nil {
 		return fmt.Errorf("local: sandbox %s: %w", s.id, err)
 	}
 	if s.meta.Overlay {
@@ -483,7 +483,7 @@ func (p *Provider) Status(ctx context.Context, h provider.Handle) (provider.Stat
 	if err := ctxErr(ctx, "status"); err != nil {
 		return provider.StatusUnknown, err
 	}
-	if _, err := p.live(h, false); err != nil {
+	if _, err := p.live(ctx, h, false); err != nil {
 		return provider.StatusUnknown, err
 	}
 	return provider.StatusRunning, nil

@@ -57,7 +57,7 @@ func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string)
 	if err := ctxErr(ctx, "snapshot"); err != nil {
 		return "", err
 	}
-	s, err := p.live(h, true)
+	s, err := p.live(ctx, h, true)
 	if err != nil {
 		return "", err
 	}

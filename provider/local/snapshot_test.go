@@ -245,7 +245,7 @@ func TestOverlayChainsAreFlattened(t *testing.T) {
 	if got := readFile(t, p, h, "log"); got != want {
 		t.Errorf("after %d generations the log is %q", maxLayers+3, got)
 	}
-	s, err := p.live(h, false)
+	s, err := p.live(ctx, h, false)
 	if err != nil {
 		t.Fatal(err)
 	}
