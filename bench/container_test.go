@@ -10,6 +10,7 @@ import (
 	"net/http/cookiejar"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,10 +34,12 @@ import (
 // BenchmarkContainerSeed: POST seed_session of a notes session (its
 // sandbox started, not yet its init); median.
 // BenchmarkContainerIdleMemory: b.N sessions each with one exec behind it
-// (its init live, idle): the proportional set size of their inits per
-// sandbox, what the kernel charges their memory cgroups per sandbox, and
-// the host's MemAvailable drop per sandbox (noisy on a shared machine:
-// others' work moves it).
+// (its init live, idle), per sandbox: the proportional set size of their
+// inits, the server's live heap growth, the host's kernel memory growth
+// (slab, kernel stacks, page tables, per-cpu), their sum, what the kernel
+// charges their memory cgroups, and the host's MemAvailable drop (the
+// host-wide figures are noisy on a shared machine: others' work moves
+// them). Linear in b.N but for shared text: -benchtime 100x extrapolates.
 
 // notesServer starts the notes server on the local provider over a fresh
 // state directory.
@@ -168,24 +171,73 @@ func BenchmarkContainerSeed(b *testing.B) {
 func BenchmarkContainerIdleMemory(b *testing.B) {
 	base := notesServer(b)
 	before := memAvailableKiB(b)
+	kBefore := kernelKiB(b)
+	heapBefore := liveHeapBytes()
+	var agents []*notesAgent // kept: the sessions stay live
 	n := 0
 	for b.Loop() {
 		a := newNotesAgent(base)
 		endpoint, token := a.seed(b, "r"+strconv.Itoa(n))
 		a.exec(b, endpoint, token, "true")
+		agents = append(agents, a)
 		n++
 	}
+	heapAfter := liveHeapBytes()
+	kAfter := kernelKiB(b)
 	after := memAvailableKiB(b)
 	pss, inits := initsPssKiB(b)
 	if inits < n {
 		b.Fatalf("%d inits for %d sandboxes", inits, n)
 	}
-	b.ReportMetric(float64(pss)/float64(inits), "init-pss-KiB/sandbox")
+	initKiB := float64(pss) / float64(inits)
+	heapKiB := float64(heapAfter-heapBefore) / 1024 / float64(n)
+	b.ReportMetric(initKiB, "init-pss-KiB/sandbox")
+	b.ReportMetric(heapKiB, "server-heap-KiB/sandbox")
+	var kernel float64
+	for _, k := range kernelFields {
+		d := float64(kAfter[k]-kBefore[k]) / float64(n)
+		kernel += d
+		b.ReportMetric(d, "kernel-"+k+"-KiB/sandbox")
+	}
+	b.ReportMetric(initKiB+heapKiB+kernel, "total-KiB/sandbox")
 	if cg, k := cgroupsUsageKiB(); k > 0 {
 		b.ReportMetric(float64(cg)/float64(k), "cgroup-usage-KiB/sandbox")
 	}
 	b.ReportMetric(float64(before-after)/float64(n), "memavailable-drop-KiB/sandbox")
-	b.Logf("%d sandboxes, %d inits, load average %s", n, inits, loadavg())
+	b.Logf("%d sandboxes, %d inits, %d sessions kept, load average %s", n, inits, len(agents), loadavg())
+}
+
+// liveHeapBytes is this process's (the server's) live heap after a
+// collection.
+func liveHeapBytes() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+// kernelFields are the host's kernel memory counters (in /proc/meminfo)
+// a sandbox grows: its namespaces, mounts, cgroups, loop device and
+// seccomp filter are slab and per-cpu objects, its processes' kernel
+// stacks and page tables. Host-wide: others' work moves them too.
+var kernelFields = []string{"SUnreclaim", "SReclaimable", "KernelStack", "PageTables", "Percpu"}
+
+func kernelKiB(b *testing.B) map[string]int {
+	b.Helper()
+	runtime.GC()
+	raw, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, l := range strings.Split(string(raw), "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok || !slices.Contains(kernelFields, k) {
+			continue
+		}
+		out[k], _ = strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+	}
+	return out
 }
 
 // cgroupsUsageKiB sums memory.usage_in_bytes (v1) of the sandboxes'
