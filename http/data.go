@@ -216,8 +216,8 @@ type closeRequest struct {
 // closed or never-seeded session succeeds; a failed stop fails the call, so
 // a retry stops it again.
 func (s *Server) closeSession(ctx context.Context, rc *fasthttp.RequestCtx, sess *resources.Session, body []byte) (any, error) {
-	var req closeRequest
-	if err := resources.DecodeData(body, &req); err != nil {
+	req, err := decodeClose(body, true)
+	if err != nil {
 		return nil, err
 	}
 	if req.ResourcesSessionID == nil {
@@ -225,7 +225,7 @@ func (s *Server) closeSession(ctx context.Context, rc *fasthttp.RequestCtx, sess
 			return nil, err
 		}
 		s.setCookie(rc, "", true)
-		return map[string]bool{"closed": true}, nil
+		return closedReply(""), nil
 	}
 	id := *req.ResourcesSessionID
 	if id == "" {
@@ -237,7 +237,21 @@ func (s *Server) closeSession(ctx context.Context, rc *fasthttp.RequestCtx, sess
 	if err := s.endSession(ctx, id); err != nil {
 		return nil, err
 	}
-	return map[string]string{"resources_session_id": id}, nil
+	return closedReply(id), nil
+}
+
+// closedReply is /close_session's reply: {"closed":true} for the cookie's
+// session, {"resources_session_id":id} for a named one (an id is never
+// empty).
+type closedReply string
+
+// AppendJSON writes the reply without reflection.
+func (r closedReply) AppendJSON(dst []byte) ([]byte, error) {
+	if r == "" {
+		return append(dst, `{"closed":true}`...), nil
+	}
+	dst = append(dst, `{"resources_session_id":`...)
+	return append(jsonw.AppendString(dst, string(r)), '}'), nil
 }
 
 func (s *Server) endSession(ctx context.Context, id string) error {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandboxowner/owner/aggregate"
 	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/internal/jsonr"
 	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/resources"
 )
@@ -121,16 +122,13 @@ var sessionIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
 // parseTypedSeed returns the typed request a seed body holds, or nil for a
 // legacy body (a dataset row, which never has resources_session_id). A typed
 // body is strict: extra keys, a missing field or a bad id are a 422.
-func parseTypedSeed(body []byte) (*typedSeed, error) {
-	var probe map[string]json.RawMessage
-	if json.Unmarshal(body, &probe) != nil {
-		return nil, nil // not an object: the resources server judges it
-	}
-	if _, ok := probe["resources_session_id"]; !ok {
-		return nil, nil
-	}
-	var t typedSeed
-	if err := resources.DecodeStrict(body, &t); err != nil {
+func parseTypedSeed(body []byte) (*typedSeed, error) { return parseTyped(body, true) }
+
+// parseTyped is parseTypedSeed; fast false decodes with encoding/json only,
+// which the hand-written reader must agree with.
+func parseTyped(body []byte, fast bool) (*typedSeed, error) {
+	t, err := decodeTypedSeed(body, fast)
+	if t == nil || err != nil {
 		return nil, err
 	}
 	switch {
@@ -141,7 +139,7 @@ func parseTypedSeed(body []byte) (*typedSeed, error) {
 	case len(bytes.TrimSpace(t.TaskData)) == 0 || bytes.TrimSpace(t.TaskData)[0] != '{':
 		return nil, resources.Invalid("task_data must be an object")
 	}
-	ep, ok, err := parseEpisodeField(t.EpisodeID)
+	ep, ok, err := parseEpisode(t.EpisodeID, fast)
 	if err != nil {
 		return nil, err
 	}
@@ -149,15 +147,34 @@ func parseTypedSeed(body []byte) (*typedSeed, error) {
 		return nil, resources.Invalid("episode_id is required")
 	}
 	t.episode = ep
-	return &t, nil
+	return t, nil
 }
 
 // parseEpisodeField reads an episode_id: an EpisodeId object or a capture
 // key; absent or null is no episode.
 func parseEpisodeField(raw json.RawMessage) (control.EpisodeID, bool, error) {
+	return parseEpisode(raw, true)
+}
+
+func parseEpisode(raw json.RawMessage, fast bool) (control.EpisodeID, bool, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return control.EpisodeID{}, false, nil
+	}
+	if fast && json.Valid(raw) {
+		if e, ok := readEpisode(raw); ok {
+			if err := e.Validate(); err != nil {
+				return control.EpisodeID{}, false, resources.Invalid("episode_id: %v", err)
+			}
+			return e, true, nil
+		}
+		if key, ok := jsonr.String(raw); ok {
+			e, err := control.ParseCaptureKey(string(key))
+			if err != nil {
+				return control.EpisodeID{}, false, resources.Invalid("episode_id: %v", err)
+			}
+			return e, true, nil
+		}
 	}
 	if raw[0] == '"' {
 		var key string

@@ -77,7 +77,10 @@ func TestTypedSeed(t *testing.T) {
 		t.Errorf("verify left %s running", sb)
 	}
 	h.want(h.post(&agent{}, "/seed_session", typedSeed("s-1", ep("r1", 0), "notes", "t2")), 409, httpapi.CodeSessionConflict, "seed of a verified session for another task")
-	h.ok(h.post(nil, "/close_session", map[string]any{"resources_session_id": "s-1", "episode_id": ep("r1", 0)}), "typed close")
+	closed := h.ok(h.post(nil, "/close_session", map[string]any{"resources_session_id": "s-1", "episode_id": ep("r1", 0)}), "typed close")
+	if diff := cmp.Diff(map[string]any{"resources_session_id": "s-1"}, closed); diff != "" {
+		t.Errorf("typed close's reply (-want +got):\n%s", diff)
+	}
 	h.want(h.post(&agent{}, "/seed_session", typedSeed("s-1", ep("r1", 0), "notes", "t1")), 409, httpapi.CodeSessionClosed, "seed of a closed typed session")
 }
 
