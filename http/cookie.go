@@ -114,11 +114,16 @@ func (s *Signer) Sign(id string) string {
 	return v.String()
 }
 
+// MaxSessionIDLen is the longest session id a cookie carries: a typed
+// seed's resources_session_id may be this long, and the cookie it is given
+// must name it.
+const MaxSessionIDLen = 128
+
 // Verify returns the session id of a genuine cookie value; ok is false for a
 // forged, tampered or malformed one.
 func (s *Signer) Verify(value string) (id string, ok bool) {
 	i := strings.LastIndexByte(value, '.')
-	if i <= 0 || i > 64 {
+	if i <= 0 || i > MaxSessionIDLen {
 		return "", false
 	}
 	id = value[:i]

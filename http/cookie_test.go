@@ -71,7 +71,7 @@ func TestSessionSecretGenerated(t *testing.T) {
 }
 
 // TestCookieValues: a cookie names its session for the cookie name it was
-// signed for; a session id of up to 64 characters is accepted; a longer
+// signed for; a session id of up to 128 characters is accepted; a longer
 // one, an empty one, a forged or tampered value, or another server's cookie
 // is not.
 func TestCookieValues(t *testing.T) {
@@ -85,13 +85,13 @@ func TestCookieValues(t *testing.T) {
 	if got, ok := s.Verify(s.Sign(id)); !ok || got != id {
 		t.Errorf("a genuine cookie: %q %v", got, ok)
 	}
-	longest := strings.Repeat("i", 64)
+	longest := strings.Repeat("i", httpapi.MaxSessionIDLen)
 	if got, ok := s.Verify(s.Sign(longest)); !ok || got != longest {
-		t.Errorf("a 64-character id: %q %v", got, ok)
+		t.Errorf("a %d-character id: %q %v", len(longest), got, ok)
 	}
 	v := s.Sign("session-1")
 	for name, bad := range map[string]string{
-		"65-character id": s.Sign(longest + "i"),
+		"129-character id": s.Sign(longest + "i"),
 		"empty id":        s.Sign(""),
 		"no signature":    id,
 		"tampered":        "session-2" + strings.TrimPrefix(v, "session-1"),

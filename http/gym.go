@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	nethttp "net/http"
 	"regexp"
 	"sync"
@@ -117,7 +118,7 @@ type TypedSeedReply struct {
 
 // sessionIDPattern bounds a caller-named session id: it becomes a sandbox
 // label and a cookie.
-var sessionIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
+var sessionIDPattern = regexp.MustCompile(fmt.Sprintf(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,%d}$`, MaxSessionIDLen-1))
 
 // parseTypedSeed returns the typed request a seed body holds, or nil for a
 // legacy body (a dataset row, which never has resources_session_id). A typed

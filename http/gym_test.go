@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -46,6 +47,16 @@ func TestTypedSeed(t *testing.T) {
 		t.Errorf("typed seed reply (-want +got):\n%s", diff)
 	}
 	sb := h.sandboxID(a)
+
+	// The longest typed id's cookie names it, as the shortest's does.
+	for _, id := range []string{"x", strings.Repeat("x", httpapi.MaxSessionIDLen)} {
+		b := &agent{}
+		seeded := h.ok(h.post(b, "/seed_session", typedSeed(id, ep("r-"+id[:1], 0), "notes", "t1")), "typed seed of a "+id[:1]+" id")
+		if diff := cmp.Diff(seeded["sandbox_access"], any(h.ok(h.post(b, "/sandbox_access", nil), "access by cookie"))); diff != "" {
+			t.Errorf("a %d-character typed id: the cookie's session has another sandbox (-seed +access):\n%s", len(id), diff)
+		}
+		h.ok(h.post(nil, "/close_session", map[string]any{"resources_session_id": id}), "close")
+	}
 
 	// The same seed again (a retry) is the same session and sandbox.
 	again := h.ok(h.post(&agent{}, "/seed_session", typedSeed("s-1", "r1", "notes", "t1")), "repeated typed seed")
@@ -100,17 +111,18 @@ func TestTypedSeedRefusals(t *testing.T) {
 		return m
 	}
 	cases := map[string]any{
-		"an extra key":              with("extra", 1),
-		"an extra key in task_id":   with("task_id", map[string]any{"taskset": "n", "task_id": "t", "x": 1}),
-		"no task_id":                with("task_id", nil),
-		"an empty task_id":          with("task_id", map[string]any{"taskset": "", "task_id": "t"}),
-		"no episode_id":             with("episode_id", nil),
-		"a bad episode_id":          with("episode_id", map[string]any{"rollout_id": "r-a1", "attempt": 0}),
-		"no task_data":              with("task_data", nil),
-		"task_data not an object":   with("task_data", []int{1}),
-		"an empty session id":       with("resources_session_id", ""),
-		"a session id with a /":     with("resources_session_id", "a/b"),
-		"a session id not a string": with("resources_session_id", 5),
+		"an extra key":               with("extra", 1),
+		"an extra key in task_id":    with("task_id", map[string]any{"taskset": "n", "task_id": "t", "x": 1}),
+		"no task_id":                 with("task_id", nil),
+		"an empty task_id":           with("task_id", map[string]any{"taskset": "", "task_id": "t"}),
+		"no episode_id":              with("episode_id", nil),
+		"a bad episode_id":           with("episode_id", map[string]any{"rollout_id": "r-a1", "attempt": 0}),
+		"no task_data":               with("task_data", nil),
+		"task_data not an object":    with("task_data", []int{1}),
+		"an empty session id":        with("resources_session_id", ""),
+		"a session id with a /":      with("resources_session_id", "a/b"),
+		"a session id not a string":  with("resources_session_id", 5),
+		"a 129-character session id": with("resources_session_id", strings.Repeat("i", httpapi.MaxSessionIDLen+1)),
 	}
 	for name, body := range cases {
 		h.want(h.post(&agent{}, "/seed_session", body), 422, "invalid_request", "typed seed with "+name)
