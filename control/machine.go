@@ -189,12 +189,15 @@ func (m *Machine) stepRun(ctx context.Context, in input) (output, *call) {
 			m.hooks.OpenAdmission()
 		case effRun:
 			m.calls[e.Key] = &call{done: make(chan struct{})}
+		case effSettle:
+			if c, ok := m.calls[e.Key]; ok {
+				delete(m.calls, e.Key)
+				c.reply, c.err = e.Reply, e.Err
+				close(c.done)
+			}
 		default:
 			after = append(after, e)
 		}
-	}
-	if out.Reply != nil || out.Err != nil {
-		m.settleLocked(in, out)
 	}
 	var run *call
 	if out.Await != nil {
@@ -205,26 +208,6 @@ func (m *Machine) stepRun(ctx context.Context, in input) (output, *call) {
 	m.mu.Unlock()
 	m.perform(ctx, after)
 	return out, run
-}
-
-// settleLocked closes the call a commit or restore completion ended.
-func (m *Machine) settleLocked(in input, out output) {
-	var key opKey
-	switch in := in.(type) {
-	case inCommitCheck:
-		key = opKey{in.Req.CheckpointID, OpCommit}
-	case inCommitDone:
-		key = opKey{in.Req.CheckpointID, OpCommit}
-	case inRestoreDone:
-		key = opKey{in.Req.CheckpointID, OpRestore}
-	default:
-		return
-	}
-	if c, ok := m.calls[key]; ok {
-		delete(m.calls, key)
-		c.reply, c.err = out.Reply, out.Err
-		close(c.done)
-	}
 }
 
 // perform runs the effects that need no lock; its lines carry the id of

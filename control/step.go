@@ -138,6 +138,12 @@ type (
 	effForget struct{ RolloutIDs []string }
 	// effStopWriter stops the commit writer of a checkpoint that ended.
 	effStopWriter struct{ ID string }
+	// effSettle answers everyone waiting on the run Key with Reply or Err.
+	effSettle struct {
+		Key   opKey
+		Reply any
+		Err   error
+	}
 	// effNotify wakes waiting prepares and awaiters.
 	effNotify struct{}
 	// effLog is a line for the log.
@@ -526,7 +532,7 @@ func (s *state) finish(key opKey, reply any, err error, out *output) {
 		s.results[key] = recorded{fp: fp, reply: reply}
 	}
 	out.Reply, out.Err = reply, err
-	out.emit(effNotify{})
+	out.emit(effSettle{Key: key, Reply: reply, Err: err}, effNotify{})
 }
 
 func (s *state) restore(req RestoreRequest, now time.Time, out *output) {

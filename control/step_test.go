@@ -185,6 +185,8 @@ func (r *stepRun) render(out output) string {
 			fmt.Fprintf(&b, "effect: forget %s\n", strings.Join(e.RolloutIDs, ","))
 		case effStopWriter:
 			fmt.Fprintf(&b, "effect: stop writer %s\n", e.ID)
+		case effSettle:
+			fmt.Fprintf(&b, "effect: settle %s %s\n", e.Key.Op, e.Key.ID)
 		case effNotify:
 			b.WriteString("effect: notify\n")
 		case effLog:
