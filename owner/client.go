@@ -71,6 +71,43 @@ func (c *client) spawn(sessionID string, install *sandbox.Sandbox, snapshots []s
 	return ref, ref.Err
 }
 
+// errNoAnswer: the supervisor did not answer a spawn in time.
+var errNoAnswer = errors.New("the supervisor did not answer")
+
+// install asks the supervisor for a new session actor holding each
+// session's sandbox. The spawns go all at once, sharing one reply slot with
+// room for every answer, and the answers are then collected: one round trip
+// per session would hold a restore that long. errs is index-aligned with
+// sessions: nil where the session was installed, errNoAnswer where no
+// answer came.
+func (c *client) install(sessions []RestoredSession) (errs []error, err error) {
+	select {
+	case <-c.closed:
+		return nil, ErrClosed
+	default:
+	}
+	replies := make(messages.ReplyTo, len(sessions))
+	at := make(map[string]int, len(sessions))
+	errs = make([]error, len(sessions))
+	for i := range sessions {
+		s := &sessions[i]
+		at[s.SessionID], errs[i] = i, errNoAnswer
+		c.send(c.sup, &messages.SpawnSession{SessionID: s.SessionID, Install: &s.Sandbox, Snapshots: []string{s.Sandbox.FromSnapshot}, Reply: replies})
+	}
+	wait, cancel := context.WithTimeout(context.Background(), timeouts.Reply)
+	defer cancel()
+	for range sessions {
+		v, err := c.await(wait, c.sup, replies)
+		if err != nil {
+			// Whatever answers are missing count as not installed.
+			break
+		}
+		ref := v.(*messages.SessionRef)
+		errs[at[ref.SessionID]] = ref.Err
+	}
+	return errs, nil
+}
+
 // list lists the sessions the supervisor holds.
 func (c *client) list() ([]messages.SessionRef, error) {
 	l, err := askSupervisor[*messages.SessionList](c, func(r messages.ReplyTo) any { return &messages.ListSessions{Reply: r} })

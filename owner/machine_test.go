@@ -239,6 +239,10 @@ func machineInput(t *testing.T, c *script.Case) (input, bool) {
 			if slices.Contains(c.List("other-provider"), recs[i].SessionID) {
 				recs[i].Provider = "other"
 			}
+			// ttl: sessions whose sandbox lives a minute.
+			if slices.Contains(c.List("ttl"), recs[i].SessionID) {
+				recs[i].Spec.TTLSeconds = 60
+			}
 		}
 		return inCheckpoint{Ck: snapshotindex.Checkpoint{Meta: snapshotindex.CheckpointMeta{ID: c.Args["id"], CheckpointDir: c.Args["dir"], Seq: 1}, Records: recs}, Err: scriptErr(c)}, true
 	case "dir":
@@ -257,13 +261,25 @@ func machineInput(t *testing.T, c *script.Case) (input, bool) {
 			}
 			forks = append(forks, provider.Handle{SandboxID: id})
 		}
-		return inForked{Forks: forks, Failed: failures(c, "failed"), Missing: c.List("missing")}, true
+		return inForked{Forks: forks, Failed: failures(c, "failed"), Missing: c.List("missing"), Now: at(t, c, "at")}, true
 	case "installed":
-		var ss []RestoredSession
-		for _, sid := range c.List("sessions") {
-			ss = append(ss, RestoredSession{SessionID: sid})
+		// errs=-,taken,?: one per session, - where it was installed, ?
+		// where no answer came; closed: the owner closed first.
+		if c.Has("closed") {
+			return inInstalled{Err: ErrClosed}, true
 		}
-		return inInstalled{Sessions: ss, Err: scriptErr(c)}, true
+		var errs []error
+		for _, e := range c.List("errs") {
+			switch e {
+			case "-":
+				errs = append(errs, nil)
+			case "?":
+				errs = append(errs, errNoAnswer)
+			default:
+				errs = append(errs, errors.New(e))
+			}
+		}
+		return inInstalled{Errs: errs}, true
 	case "writer":
 		in := inWriter{Stopped: c.Has("stopped"), Err: scriptErr(c)}
 		if c.Has("unstored") {
@@ -357,7 +373,7 @@ func TestRestoreScripts(t *testing.T) {
 		if c.Cmd != "restore" {
 			return nil, false
 		}
-		return newRestoring(RestoreRequest{CheckpointID: c.Args["id"], CheckpointDir: c.Args["dir"], Sessions: c.List("sessions"), Episodes: c.List("episodes")}, "fake"), true
+		return newRestoring(RestoreRequest{CheckpointID: c.Args["id"], CheckpointDir: c.Args["dir"], Sessions: c.List("sessions"), Episodes: c.List("episodes")}, "fake", labeller{owner: "notes", incarnation: "now"}), true
 	}, func(m *restoring) string {
 		var sessions []string
 		for _, s := range m.res.Sessions {

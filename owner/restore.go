@@ -2,7 +2,6 @@ package owner
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -64,7 +63,7 @@ func (o *Owner) Restore(ctx context.Context, req RestoreRequest) (RestoreResult,
 		return res, fmt.Errorf("%w: waiting for another control operation: %w", ErrRestoreFailed, err)
 	}
 	defer o.ctl.Unlock()
-	m := newRestoring(req, o.prov.Name())
+	m := newRestoring(req, o.prov.Name(), o.labeller())
 	err := o.run(ctx, m)
 	return m.res, err
 }
@@ -149,82 +148,15 @@ func (o *Owner) withListedForks(checkpointID string, forks []provider.Handle) []
 	return out
 }
 
-// install spawns a session actor holding each fork. The spawns go to the
-// supervisor all at once, sharing one reply slot with room for every
-// answer, and the answers are then collected: one round trip (or one
-// future) per session would hold the restore that long. If one cannot be installed
-// (a seed of the same session raced the restore), the installed ones are
-// ended and the other forks stopped: all or none.
-func (o *Owner) install(records []snapshotindex.Record, forks []provider.Handle) ([]RestoredSession, error) {
-	select {
-	case <-o.closed:
-		return nil, ErrClosed
-	default:
-	}
-	now := o.clk.Now()
-	sbs := make([]sandbox.Sandbox, len(records))
-	replies := make(messages.ReplyTo, len(records))
-	at := make(map[string]int, len(records))
-	for i, r := range records {
-		sb := &sbs[i]
-		*sb = sandbox.Sandbox{
-			Handle:       forks[i],
-			Spec:         o.labelled(r.Spec, r.SessionID, nil),
-			Workdir:      r.Workdir,
-			Data:         r.Data,
-			Restored:     true,
-			FromSnapshot: r.SnapshotID,
-		}
-		if len(sb.Data) == 0 {
-			sb.Data = json.RawMessage("{}")
-		}
-		if ttl := r.Spec.TTL(); ttl > 0 {
-			sb.ExpiresAt = now.Add(ttl)
-		}
-		at[r.SessionID] = i
-		o.ask.send(o.sup, &messages.SpawnSession{SessionID: r.SessionID, Install: sb, Snapshots: []string{r.SnapshotID}, Reply: replies})
-	}
-	wait, cancelWait := context.WithTimeout(context.Background(), timeouts.Reply)
-	defer cancelWait()
-	installed := make([]bool, len(records))
-	errs := make([]error, len(records))
-	for range records {
-		v, err := o.ask.await(wait, o.sup, replies)
-		if err != nil {
-			// Whatever answers are missing count as not installed.
-			break
-		}
-		ref := v.(*messages.SessionRef)
-		i := at[ref.SessionID]
-		installed[i], errs[i] = ref.Err == nil, ref.Err
-	}
-	out := make([]RestoredSession, 0, len(records))
-	var notInstalled []provider.Handle
-	var firstErr error
-	for i, r := range records {
-		if !installed[i] {
-			notInstalled = append(notInstalled, forks[i])
-			if firstErr == nil {
-				err := errs[i]
-				if err == nil {
-					err = errors.New("the supervisor did not answer")
-				}
-				firstErr = fmt.Errorf("install session %q: %w", r.SessionID, err)
-			}
-			continue
-		}
-		out = append(out, RestoredSession{SessionID: r.SessionID, Episode: r.Episode, Sandbox: sbs[i]})
-	}
-	if firstErr == nil {
-		return out, nil
-	}
+// undoInstall ends the sessions of an install that failed as a whole and
+// stops the forks no session took.
+func (o *Owner) undoInstall(sessions []string, forks []provider.Handle) {
 	ctx, cancel := context.WithTimeout(o.base, timeouts.Cleanup)
-	for _, done := range out {
-		if _, serr := o.stopSession(ctx, done.SessionID, messages.StopRetire); serr != nil {
-			o.log.WithError(serr).Warn("could not undo a restored session")
+	for _, sid := range sessions {
+		if _, err := o.stopSession(ctx, sid, messages.StopRetire); err != nil {
+			o.log.WithError(err).Warn("could not undo a restored session")
 		}
 	}
 	cancel()
-	o.stopHandles(notInstalled)
-	return nil, firstErr
+	o.stopHandles(forks)
 }

@@ -1,12 +1,16 @@
 package owner
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -21,13 +25,15 @@ import (
 type restoring struct {
 	req      RestoreRequest
 	provider string
+	labels   labeller
 
 	phase restorePhase
 	// reading is the id of the checkpoint read from the index.
 	reading string
 	records []snapshotindex.Record
-	forks   []provider.Handle
-	res     RestoreResult
+	// installs are the sessions the forks make, as installed.
+	installs []RestoredSession
+	res      RestoreResult
 }
 
 // restorePhase is what the machine waits for.
@@ -80,11 +86,14 @@ type (
 		CheckpointID string
 		Forks        []provider.Handle
 	}
-	// effInstall gives each fork to a new session, all or none:
-	// inInstalled.
-	effInstall struct {
-		Records []snapshotindex.Record
-		Forks   []provider.Handle
+	// effInstall gives each session its sandbox (a fork), a new session
+	// actor each: inInstalled.
+	effInstall struct{ Sessions []RestoredSession }
+	// effUndoInstall undoes an install that failed in part: it ends the
+	// sessions installed and stops the forks of the others.
+	effUndoInstall struct {
+		Sessions []string
+		Forks    []provider.Handle
 	}
 	// effSuperseded remembers sandboxes as superseded by a fork.
 	effSuperseded struct{ IDs []string }
@@ -115,10 +124,14 @@ type (
 		Forks   []provider.Handle
 		Failed  map[string]string
 		Missing []string
+		Now     time.Time
 	}
+	// inInstalled: each session's refusal, index-aligned with the
+	// install (nil where it was installed); Err when nothing was asked
+	// (the owner closed).
 	inInstalled struct {
-		Sessions []RestoredSession
-		Err      error
+		Errs []error
+		Err  error
 	}
 )
 
@@ -132,7 +145,20 @@ func (e effFork) String() string { return "fork " + e.CheckpointID + " " + recor
 func (e effStopForks) String() string {
 	return "stop forks of " + e.CheckpointID + " " + handlesText(e.Forks)
 }
-func (e effInstall) String() string    { return "install " + handlesText(e.Forks) }
+func (e effInstall) String() string {
+	var parts []string
+	for _, s := range e.Sessions {
+		p := fmt.Sprintf("%s:%s from %s data %s", s.SessionID, s.Sandbox.Handle.SandboxID, s.Sandbox.FromSnapshot, s.Sandbox.Data)
+		if !s.Sandbox.ExpiresAt.IsZero() {
+			p += " until " + s.Sandbox.ExpiresAt.UTC().Format(time.TimeOnly)
+		}
+		parts = append(parts, p)
+	}
+	return "install [" + strings.Join(parts, "; ") + "]"
+}
+func (e effUndoInstall) String() string {
+	return "undo install: end " + bracket(e.Sessions) + " stop " + handlesText(e.Forks)
+}
 func (e effSuperseded) String() string { return "superseded " + bracket(e.IDs) }
 
 func handlesText(hs []provider.Handle) string {
@@ -147,8 +173,8 @@ func handlesText(hs []provider.Handle) string {
 	return bracket(ids)
 }
 
-func newRestoring(req RestoreRequest, providerName string) *restoring {
-	return &restoring{req: req, provider: providerName, res: RestoreResult{CheckpointID: req.CheckpointID}}
+func newRestoring(req RestoreRequest, providerName string, labels labeller) *restoring {
+	return &restoring{req: req, provider: providerName, labels: labels, res: RestoreResult{CheckpointID: req.CheckpointID}}
 }
 
 func (m *restoring) await(p restorePhase, e ...effect) []effect {
@@ -266,15 +292,32 @@ func (m *restoring) step(in input) []effect {
 				}
 				return append([]effect{effStopForks{CheckpointID: m.req.CheckpointID, Forks: in.Forks}}, m.fail(err)...)
 			}
-			m.forks = in.Forks
-			return m.await(rsInstalled, effInstall{Records: m.records, Forks: in.Forks})
+			m.installs = m.sessions(in.Forks, in.Now)
+			return m.await(rsInstalled, effInstall{Sessions: m.installs})
 		}
 	case inInstalled:
 		if m.phase == rsInstalled {
 			if in.Err != nil {
 				return m.fail(in.Err)
 			}
-			m.res.Sessions = in.Sessions
+			// All or none: one session refused (a seed of it raced the
+			// restore) undoes the others.
+			var undo effUndoInstall
+			var refused error
+			for i, s := range m.installs {
+				if err := in.Errs[i]; err != nil {
+					undo.Forks = append(undo.Forks, s.Sandbox.Handle)
+					if refused == nil {
+						refused = fmt.Errorf("install session %q: %w", s.SessionID, err)
+					}
+					continue
+				}
+				undo.Sessions = append(undo.Sessions, s.SessionID)
+			}
+			if refused != nil {
+				return append([]effect{undo}, m.fail(refused)...)
+			}
+			m.res.Sessions = m.installs
 			old := make([]provider.Handle, 0, len(m.records))
 			ids := make([]string, 0, len(m.records))
 			for _, r := range m.records {
@@ -294,6 +337,30 @@ func (m *restoring) step(in input) []effect {
 		}
 	}
 	panic(fmt.Sprintf("owner: a restore waiting for %s got %T", m.phase, in))
+}
+
+// sessions are the sessions the forks make: each record's sandbox on its
+// fork, restored from its snapshot, its lease running from now.
+func (m *restoring) sessions(forks []provider.Handle, now time.Time) []RestoredSession {
+	out := make([]RestoredSession, len(m.records))
+	for i, r := range m.records {
+		sb := sandbox.Sandbox{
+			Handle:       forks[i],
+			Spec:         m.labels.spec(r.Spec, r.SessionID, nil),
+			Workdir:      r.Workdir,
+			Data:         r.Data,
+			Restored:     true,
+			FromSnapshot: r.SnapshotID,
+		}
+		if len(sb.Data) == 0 {
+			sb.Data = json.RawMessage("{}")
+		}
+		if ttl := r.Spec.TTL(); ttl > 0 {
+			sb.ExpiresAt = now.Add(ttl)
+		}
+		out[i] = RestoredSession{SessionID: r.SessionID, Episode: r.Episode, Sandbox: sb}
+	}
+	return out
 }
 
 // byIndex finds the checkpoint in the index: by its id, or the latest

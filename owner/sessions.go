@@ -12,23 +12,38 @@ import (
 	"github.com/sandboxowner/owner/sandbox"
 )
 
-// labelled returns spec with the owner's labels added.
-func (o *Owner) labelled(spec provider.Spec, sessionID string, extra map[string]string) provider.Spec {
+// labeller marks a session's sandbox spec as this owner's: its name,
+// incarnation and the session in the metadata, and the default lease where
+// the spec names none.
+type labeller struct {
+	owner, incarnation string
+	defaultTTL         time.Duration
+}
+
+// spec returns spec with the labels (and extra) added.
+func (l labeller) spec(spec provider.Spec, sessionID string, extra map[string]string) provider.Spec {
 	md := make(map[string]string, len(spec.Metadata)+4)
 	for k, v := range spec.Metadata {
 		md[k] = v
 	}
-	md[LabelOwner] = o.name
-	md[LabelIncarnation] = o.incarnation
+	md[LabelOwner] = l.owner
+	md[LabelIncarnation] = l.incarnation
 	md[LabelSession] = sessionID
 	for k, v := range extra {
 		md[k] = v
 	}
 	spec.Metadata = md
-	if spec.TTLSeconds == 0 && o.cfg.DefaultTTL > 0 {
-		spec.TTLSeconds = o.cfg.DefaultTTL.Seconds()
+	if spec.TTLSeconds == 0 && l.defaultTTL > 0 {
+		spec.TTLSeconds = l.defaultTTL.Seconds()
 	}
 	return spec
+}
+
+func (o *Owner) labeller() labeller { return labeller{o.name, o.incarnation, o.cfg.DefaultTTL} }
+
+// labelled returns spec with the owner's labels added.
+func (o *Owner) labelled(spec provider.Spec, sessionID string, extra map[string]string) provider.Spec {
+	return o.labeller().spec(spec, sessionID, extra)
 }
 
 // StartSessionSandbox starts the session's sandbox on the shared provider,

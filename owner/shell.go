@@ -103,12 +103,14 @@ func (o *Owner) perform(ctx context.Context, e effect) input {
 		return inFound{Meta: meta, OK: ok, Err: err}
 	case effFork:
 		forks, failed, missing := o.forkAll(ctx, e.CheckpointID, e.Records)
-		return inForked{Forks: forks, Failed: failed, Missing: missing}
+		return inForked{Forks: forks, Failed: failed, Missing: missing, Now: o.clk.Now()}
 	case effStopForks:
 		o.stopHandles(o.withListedForks(e.CheckpointID, e.Forks))
 	case effInstall:
-		sessions, err := o.install(e.Records, e.Forks)
-		return inInstalled{Sessions: sessions, Err: err}
+		errs, err := o.ask.install(e.Sessions)
+		return inInstalled{Errs: errs, Err: err}
+	case effUndoInstall:
+		o.undoInstall(e.Sessions, e.Forks)
 	case effSuperseded:
 		for _, id := range e.IDs {
 			o.fates.set(id, sandbox.FateSuperseded)
