@@ -169,10 +169,18 @@ type CoordinatorEnv struct {
 	// Clock times the round's deadline and drain grace (default the wall
 	// clock).
 	Clock clock.Clock
-	// OnOrphan is told about a snapshot that arrived after its round ended
-	// (the round timed out). Nothing names it: the owner deletes it. It is
-	// called from the coordinator's goroutine and must not block.
-	OnOrphan func(sessionID, snapshotID string)
+}
+
+// OrphanSnapshot is what the coordinator publishes on its actor system's
+// event stream when a snapshot arrives after its round ended (the round
+// timed out): no checkpoint names it, and whoever keeps the snapshots
+// deletes it. The coordinator reports it and calls no one; subscribers run
+// on the coordinator's goroutine and must not block.
+type OrphanSnapshot struct {
+	// Coordinator is the coordinator that gave up on the snapshot: an
+	// actor system may hold more than one.
+	Coordinator           *actor.PID
+	SessionID, SnapshotID string
 }
 
 // coordinator runs one snapshot round at a time: it fans TakeSnapshot out to
@@ -225,8 +233,8 @@ func (c *coordinator) Receive(ctx actor.Context) {
 			c.maybeFinish(ctx)
 			return
 		}
-		if m.SnapshotID != "" && c.env.OnOrphan != nil {
-			c.env.OnOrphan(m.SessionID, m.SnapshotID)
+		if m.SnapshotID != "" {
+			ctx.ActorSystem().EventStream.Publish(&OrphanSnapshot{Coordinator: ctx.Self(), SessionID: m.SessionID, SnapshotID: m.SnapshotID})
 		}
 	case *actor.Terminated:
 		if c.cur != nil {

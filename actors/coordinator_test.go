@@ -62,10 +62,14 @@ func newCoordination(t *testing.T, answers map[string]answer) *coordination {
 	c.sys = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) }))
 	on := actor.WithDispatcher(c.det)
 	c.coord = c.sys.Root.Spawn(actors.CoordinatorProps(&actors.CoordinatorEnv{
-		Log:      logs.Discard(),
-		Clock:    c.det,
-		OnOrphan: func(sid, snap string) { c.orphans = append(c.orphans, sid+":"+snap) },
+		Log:   logs.Discard(),
+		Clock: c.det,
 	}).Configure(on))
+	c.sys.EventStream.Subscribe(func(ev any) {
+		if o, ok := ev.(*actors.OrphanSnapshot); ok && o.Coordinator.Equal(c.coord) {
+			c.orphans = append(c.orphans, o.SessionID+":"+o.SnapshotID)
+		}
+	})
 	for _, sid := range []string{"s0", "s1", "s2"} {
 		a, ok := answers[sid]
 		if !ok {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
@@ -332,5 +334,30 @@ func TestRenewLoopOnADet(t *testing.T) {
 	}
 	if got := e.det.Parked(); got != 0 {
 		t.Fatalf("%d coroutines still parked after Close, want the renewal loop ended", got)
+	}
+}
+
+// TestAnOrphanSnapshotIsDeletedByItsOwnerAlone: a snapshot reply that
+// reaches a coordinator with no round running (its round gave up on it) is
+// deleted, once, by that coordinator's owner, though another owner hears
+// the same actor system's events.
+func TestAnOrphanSnapshotIsDeletedByItsOwnerAlone(t *testing.T) {
+	e := newDetEnv(t, 5)
+	o1 := e.open("inc-1", 2)
+	e.openNamed("other", "inc-2", 2)
+	sb := seed(t, o1, "s1")
+	snap, err := e.fk.Snapshot(context.Background(), sb.Handle, "late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deletes := e.fk.Stats().Calls[fake.OpDeleteSnapshot]
+	coord := actor.NewPID(e.sys.Address(), "coordinator-inc-1")
+	e.sys.Root.Send(coord, &messages.SnapshotReply{Round: 99, SessionID: "s1", SnapshotID: snap})
+	e.det.Settle()
+	if got := e.fk.Stats().Calls[fake.OpDeleteSnapshot] - deletes; got != 1 {
+		t.Fatalf("%d deletes of the orphan, want 1 (by its coordinator's owner alone)", got)
+	}
+	if slices.Contains(e.fk.SnapshotIDs(), snap) {
+		t.Fatalf("the orphan %s is still there", snap)
 	}
 }

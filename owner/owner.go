@@ -60,13 +60,15 @@ type Owner struct {
 
 	system      *actor.ActorSystem
 	deadLetters *eventstream.Subscription
-	dispatch    *actors.Dispatcher
-	workers     *actors.Workers
-	sup         *actor.PID
-	dir         *supervisor.Directory
-	coord       *actor.PID
-	limiter     *actors.Limiter
-	index       snapshotindex.Store
+	// orphans hears of snapshots the coordinator gave up on.
+	orphans  *eventstream.Subscription
+	dispatch *actors.Dispatcher
+	workers  *actors.Workers
+	sup      *actor.PID
+	dir      *supervisor.Directory
+	coord    *actor.PID
+	limiter  *actors.Limiter
+	index    snapshotindex.Store
 
 	// ctl serialises control operations (commit, restore, retire,
 	// release) with each other.
@@ -255,10 +257,16 @@ func (o *Owner) startActors() {
 	o.dir = supervisor.NewDirectory()
 	o.sup, _ = root.SpawnNamed(supervisor.PropsPublishing(props, o.dir, o.clk).Configure(onPool), names("sessions"))
 	o.coord, _ = root.SpawnNamed(actors.CoordinatorProps(&actors.CoordinatorEnv{
-		Log:      o.log,
-		Clock:    o.clk,
-		OnOrphan: o.onOrphan,
+		Log:   o.log,
+		Clock: o.clk,
 	}).Configure(onPool), names("coordinator"))
+	// The snapshots the coordinator reports as orphans are deleted. The
+	// owner listens for them: the coordinator does not call up into it.
+	o.orphans = o.system.EventStream.Subscribe(func(ev any) {
+		if m, ok := ev.(*actors.OrphanSnapshot); ok && m.Coordinator.Equal(o.coord) {
+			o.onOrphan(m.SessionID, m.SnapshotID)
+		}
+	})
 	o.ask = newClient(root, o.sup, o.coord, o.dir, o.closed, o.rt)
 }
 

@@ -57,6 +57,7 @@ func (o *Owner) poisonAndWait(pid *actor.PID) {
 // stops listening to it.
 func (o *Owner) leaveSystem() {
 	o.system.EventStream.Unsubscribe(o.deadLetters)
+	o.system.EventStream.Unsubscribe(o.orphans)
 	if o.cfg.ActorSystem == nil {
 		o.system.Shutdown()
 	}
