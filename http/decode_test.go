@@ -43,6 +43,8 @@ var bodyTemplates = []string{
 	`{"rollout_id":"bad id!","attempt":1}`,
 	`{"resources_session_id":"s","task_id":{"taskset":"a","task_id":"b"},"task_data":{}}`,
 	`"r1-a2"`, `"bad key!"`,
+	`{"responses_create_params":{"input":[{"role":"user","content":"<b>&</b>"}]},"response":{"output":[]},"a<b":1,"\u2028":2}`,
+	`{"a":1,"b":{"c":[1,2]},"a":3}`,
 	`[1,2]`, `"str"`, `null`, `12`,
 }
 
@@ -109,7 +111,7 @@ func mutants(seed uint64, n int) []string {
 
 // The hand-read session bodies decode as encoding/json decodes them: the
 // same value, or the same status, code and detail, for every body, well
-// formed or not.
+// formed or not; a verify request splits into the same fields.
 func TestSessionBodiesDecodeAsEncodingJSONDoes(t *testing.T) {
 	bodies := mutants(1, 30000)
 	read, typed := 0, 0
@@ -129,6 +131,11 @@ func TestSessionBodiesDecodeAsEncodingJSONDoes(t *testing.T) {
 		we, wok, werr2 := parseEpisode(body, false)
 		if got, want := outcome(fmt.Sprint(e, ok), err), outcome(fmt.Sprint(we, wok), werr2); got != want {
 			t.Fatalf("episode %q:\n got %s\nwant %s", b, got, want)
+		}
+		keys, vals, ferr := fields(body, true)
+		wkeys, wvals, wferr := fields(body, false)
+		if got, want := fmt.Sprintf("%q %q %v", keys, vals, ferr), fmt.Sprintf("%q %q %v", wkeys, wvals, wferr); got != want {
+			t.Fatalf("verify fields of %q:\n got %s\nwant %s", b, got, want)
 		}
 		if json.Valid(body) {
 			if ts, ok := readTypedSeed(body); ok {
@@ -168,5 +175,44 @@ func TestClosedReplyAsMarshalWritesIt(t *testing.T) {
 		if err != nil || string(got) != "x"+string(w) {
 			t.Errorf("%q: %s, %v; want x%s", id, got, err, w)
 		}
+	}
+}
+
+// A verify request of more members than the reader takes is split as
+// encoding/json splits it.
+func TestManyVerifyFields(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("{")
+	for i := range maxReadFields + 1 {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, "%q:%d", fmt.Sprint("k", i), i)
+	}
+	b.WriteString("}")
+	keys, vals, err := fields([]byte(b.String()), true)
+	if err != nil || len(keys) != maxReadFields+1 || string(vals[maxReadFields]) != fmt.Sprint(maxReadFields) {
+		t.Fatalf("%d keys, %v", len(keys), err)
+	}
+}
+
+// BenchmarkVerifyFields splits a Gym-sized verify request (a conversation of
+// 40 turns) by hand and by encoding/json, in one run.
+func BenchmarkVerifyFields(b *testing.B) {
+	var turns []string
+	for i := range 40 {
+		turns = append(turns, fmt.Sprintf(`{"role":"user","content":"turn %d: %s"}`, i, strings.Repeat("lorem ipsum ", 40)))
+	}
+	body := []byte(`{"responses_create_params":{"input":[` + strings.Join(turns, ",") + `]},"response":{"id":"r","output":[` + strings.Join(turns, ",") + `]},"expected_notes":["one"]}`)
+	for _, fast := range []bool{true, false} {
+		b.Run(fmt.Sprint("fast=", fast), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := fields(body, fast); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
