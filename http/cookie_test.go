@@ -92,11 +92,11 @@ func TestCookieValues(t *testing.T) {
 	v := s.Sign("session-1")
 	for name, bad := range map[string]string{
 		"129-character id": s.Sign(longest + "i"),
-		"empty id":        s.Sign(""),
-		"no signature":    id,
-		"tampered":        "session-2" + strings.TrimPrefix(v, "session-1"),
-		"not base64":      id + ".***",
-		"another server":  other.Sign(id),
+		"empty id":         s.Sign(""),
+		"no signature":     id,
+		"tampered":         "session-2" + strings.TrimPrefix(v, "session-1"),
+		"not base64":       id + ".***",
+		"another server":   other.Sign(id),
 	} {
 		if got, ok := s.Verify(bad); ok {
 			t.Errorf("%s: accepted as %q", name, got)
