@@ -266,10 +266,14 @@ func (in *sandboxInit) send(b, rights []byte) error {
 }
 
 // run asks the init to start command with env in dir, its stdout and
-// stderr on the given files, and returns once it started, with the channel
-// its exit arrives on (closed, with no message, if the init goes first).
+// stderr on the given files, and returns once the init has the request,
+// with the channel its one answer arrives on: the command's exit, or why
+// it could not start (see initMsg.startErr); closed, with no message, if
+// the init goes first. The request is sent, not awaited: the init starts
+// the command and kills it (see kill) in the order it reads them, and a
+// start awaited would cost a wakeup of the server more per command.
 func (in *sandboxInit) run(command string, env []string, dir string, stdout, stderr *os.File) (uint64, <-chan initMsg, error) {
-	ch := make(chan initMsg, 2)
+	ch := make(chan initMsg, 1)
 	in.mu.Lock()
 	if in.waits == nil {
 		in.mu.Unlock()
@@ -293,14 +297,16 @@ func (in *sandboxInit) run(command string, env []string, dir string, stdout, std
 		in.forget(id)
 		return 0, nil, err
 	}
-	m, ok := <-ch
-	switch {
-	case !ok:
-		return 0, nil, errInitGone
-	case m.Op == "exit":
-		return 0, nil, fmt.Errorf("local: exec: start the command: %s", m.Error)
-	}
 	return id, ch, nil
+}
+
+// startErr is why the init could not start a command, nil if it started
+// (m is its exit).
+func (m initMsg) startErr() error {
+	if m.Error == "" {
+		return nil
+	}
+	return fmt.Errorf("local: exec: start the command: %s", m.Error)
 }
 
 func (in *sandboxInit) forget(id uint64) {

@@ -130,6 +130,9 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 		}
 		return provider.ExecResult{}, fmt.Errorf("local: exec: %w", errInitGone)
 	}
+	if err := m.startErr(); err != nil {
+		return provider.ExecResult{}, err
+	}
 	if canceled {
 		return provider.ExecResult{}, fmt.Errorf("local: exec: %w", ctx.Err())
 	}

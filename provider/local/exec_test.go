@@ -55,6 +55,22 @@ func TestExecOutputExitCodeEnvAndCwd(t *testing.T) {
 	})
 }
 
+// A command its init cannot start (its cwd one the sandbox may not enter:
+// every capability is dropped) is an error, not an exit of 0, and the init
+// goes on starting the next.
+func TestExecACommandThatCannotStartIsAnError(t *testing.T) {
+	p := newProvider(t, mode{"container-copy", IsolationContainer, OverlayOff}, Options{})
+	h := start(t, p, provider.Spec{})
+	mustRun(t, p, h, "mkdir shut && chmod 000 shut")
+	res, err := p.Exec(context.Background(), h, provider.ExecRequest{Command: "true", Cwd: "shut"})
+	if err == nil || !strings.Contains(err.Error(), "start the command") || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("a cwd the sandbox may not enter: %+v, %v; want the start's error", res, err)
+	}
+	if got := mustRun(t, p, h, "echo next"); got != "next\n" {
+		t.Errorf("the next command: %q", got)
+	}
+}
+
 // t0 is when the manual clocks of these tests start.
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 

@@ -600,6 +600,9 @@ func (p *Provider) startProbeContainer() error {
 		return fmt.Errorf("probe: %w", err)
 	}
 	m, ok := <-exited
+	if err := m.startErr(); ok && err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
 	if !ok || m.Status != 0 {
 		out, _ := readOutput(stdout, 4<<10)
 		return fmt.Errorf("probe: a command in a container failed (status %d): %s", m.Status, strings.TrimSpace(out))

@@ -34,8 +34,8 @@ const initFd = 3
 //	init → server  {"op":"ready"} once it runs commands; {"op":"exit","error"} if it cannot
 //	server → init  {"op":"run","id","command","env","dir"} + the command's stdout and stderr
 //	server → init  {"op":"kill","id"}: SIGKILL to the command's process group
-//	init → server  {"op":"started","id"}, then {"op":"exit","id","status"}
-//	init → server  {"op":"exit","id","error"} when the command could not start
+//	init → server  {"op":"exit","id","status"} once the command exited, or
+//	init → server  {"op":"exit","id","error"} when it could not start
 type initMsg struct {
 	Op      string     `json:"op"`
 	ID      uint64     `json:"id"`
@@ -174,13 +174,12 @@ func runInit(isolated bool) int {
 			}
 			attr := &syscall.ProcAttr{Dir: m.Dir, Env: m.Env, Files: []uintptr{uintptr(devnull), uintptr(fds[0]), uintptr(fds[1])},
 				Sys: &syscall.SysProcAttr{Setpgid: true}}
-			// Under mu until "started" is sent: the reaper, which looks
-			// the pid up under mu, sends its exit after.
+			// Under mu until the pid is recorded: the reaper looks it
+			// up under mu.
 			mu.Lock()
 			pid, err := syscall.ForkExec("/bin/sh", []string{"sh", "-c", m.Command}, attr)
 			if err == nil {
 				procs[pid] = m.ID
-				send(initMsg{Op: "started", ID: m.ID})
 				select {
 				case spawned <- struct{}{}:
 				default:
