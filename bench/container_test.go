@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,16 +31,18 @@ import (
 //
 // BenchmarkContainerExec: POST /sandboxes/{id}/exec of `true` through the
 // sandbox API (HTTP, the token /sandbox_access gave), one session; median
-// and 90th percentile.
+// and 90th percentile, and the median of the floor (see shellFloor)
+// measured between them.
 // BenchmarkContainerSeed: POST seed_session of a notes session (its
 // sandbox started, not yet its init); median.
 // BenchmarkContainerIdleMemory: b.N sessions each with one exec behind it
 // (its init live, idle), per sandbox: the proportional set size of their
 // inits, the server's live heap growth, the host's kernel memory growth
-// (slab, kernel stacks, page tables, per-cpu), their sum, what the kernel
-// charges their memory cgroups, and the host's MemAvailable drop (the
-// host-wide figures are noisy on a shared machine: others' work moves
-// them). Linear in b.N but for shared text: -benchtime 100x extrapolates.
+// (slab, kernel stacks, page tables, per-cpu), their sum, the page cache
+// apart (reclaimable), what the kernel charges their memory cgroups, and
+// the host's MemAvailable drop (the host-wide figures are noisy on a
+// shared machine: others' work moves them). Linear in b.N but for shared
+// text: -benchtime 100x extrapolates.
 
 // notesServer starts the notes server on the local provider over a fresh
 // state directory.
@@ -141,15 +144,39 @@ func BenchmarkContainerExec(b *testing.B) {
 	a := newNotesAgent(notesServer(b))
 	endpoint, token := a.seed(b, "r0")
 	a.exec(b, endpoint, token, "true") // the init starts
-	var took []time.Duration
+	var took, floor []time.Duration
 	for b.Loop() {
 		began := time.Now()
 		a.exec(b, endpoint, token, "true")
 		took = append(took, time.Since(began))
+		b.StopTimer()
+		floor = append(floor, shellFloor(b))
+		b.StartTimer()
 	}
 	b.ReportMetric(percentile(took, 0.5), "median-ms")
 	b.ReportMetric(percentile(took, 0.9), "p90-ms")
+	b.ReportMetric(percentile(floor, 0.5), "floor-median-ms")
 	b.Logf("load average %s", loadavg())
+}
+
+// shellFloor is what `/bin/sh -c true` costs started straight from this
+// process (fork, exec, exit, wait; no sandbox, no server), measured
+// between the execs so that the load weighs on both alike: no exec of a
+// sandbox's shell can take less.
+func shellFloor(b *testing.B) time.Duration {
+	b.Helper()
+	began := time.Now()
+	pid, err := syscall.ForkExec("/bin/sh", []string{"sh", "-c", "true"}, &syscall.ProcAttr{Env: []string{"PATH=/usr/bin:/bin"}, Sys: &syscall.SysProcAttr{Setpgid: true}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ws syscall.WaitStatus
+	for {
+		if _, err := syscall.Wait4(pid, &ws, 0, nil); err != syscall.EINTR {
+			break
+		}
+	}
+	return time.Since(began)
 }
 
 func BenchmarkContainerSeed(b *testing.B) {
@@ -199,6 +226,9 @@ func BenchmarkContainerIdleMemory(b *testing.B) {
 		kernel += d
 		b.ReportMetric(d, "kernel-"+k+"-KiB/sandbox")
 	}
+	for _, k := range cacheFields {
+		b.ReportMetric(float64(kAfter[k]-kBefore[k])/float64(n), "cache-"+k+"-KiB/sandbox")
+	}
 	b.ReportMetric(initKiB+heapKiB+kernel, "total-KiB/sandbox")
 	if cg, k := cgroupsUsageKiB(); k > 0 {
 		b.ReportMetric(float64(cg)/float64(k), "cgroup-usage-KiB/sandbox")
@@ -222,6 +252,11 @@ func liveHeapBytes() int64 {
 // stacks and page tables. Host-wide: others' work moves them too.
 var kernelFields = []string{"SUnreclaim", "SReclaimable", "KernelStack", "PageTables", "Percpu"}
 
+// cacheFields are the page cache a sandbox's disk image fills (its file's
+// pages and its loop device's buffers, the ext4 metadata written and read),
+// reported apart: the kernel reclaims it under pressure.
+var cacheFields = []string{"Buffers", "Cached", "Dirty"}
+
 func kernelKiB(b *testing.B) map[string]int {
 	b.Helper()
 	runtime.GC()
@@ -232,7 +267,7 @@ func kernelKiB(b *testing.B) map[string]int {
 	out := map[string]int{}
 	for _, l := range strings.Split(string(raw), "\n") {
 		k, v, ok := strings.Cut(l, ":")
-		if !ok || !slices.Contains(kernelFields, k) {
+		if !ok || !slices.Contains(kernelFields, k) && !slices.Contains(cacheFields, k) {
 			continue
 		}
 		out[k], _ = strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
