@@ -52,37 +52,66 @@ func (r *run) agentExec(id, command string) (int, []byte) {
 	return rc.Response.StatusCode(), append([]byte(nil), rc.Response.Body()...)
 }
 
-// opAgentExec has an agent exec in a sandbox the owner once lent: the
-// session's current one must run the command (and read the session's
-// token); any other (ended, superseded, or a crashed process's) must be
-// refused before the call reaches the provider.
+// agentExecPlan is what one agent exec chose: a sandbox the owner once
+// lent, and the session it was lent to.
+type agentExecPlan struct{ id, sid string }
+
+// agentExecuted is what an agent's exec saw: whether the sandbox was the
+// session's current one, the answer, and whether the call reached the
+// provider.
+type agentExecuted struct {
+	current, reached bool
+	status           int
+	body             []byte
+}
+
+// opAgentExec has an agent exec in a sandbox the owner once lent, in the
+// simulation's one shape; it arms nothing: choose, act, check.
 func (r *run) opAgentExec() {
-	if len(r.lent) == 0 {
+	p, ok := r.chooseAgentExec()
+	if !ok {
 		return
 	}
+	r.checkAgentExec(p, r.actAgentExec(p))
+}
+
+func (r *run) chooseAgentExec() (agentExecPlan, bool) {
+	if len(r.lent) == 0 {
+		return agentExecPlan{}, false
+	}
 	id := sample(r.rng, slices.Sorted(maps.Keys(r.lent)))
-	sid := r.lent[id]
-	current := false
-	if r.m.sessions[sid].live {
-		if sb, err := r.o.RequireSessionSandbox(r.life, sid); err == nil && sb.Handle.SandboxID == id {
-			current = true
+	return agentExecPlan{id: id, sid: r.lent[id]}, true
+}
+
+func (r *run) actAgentExec(p agentExecPlan) (x agentExecuted) {
+	if r.m.sessions[p.sid].live {
+		if sb, err := r.o.RequireSessionSandbox(r.life, p.sid); err == nil && sb.Handle.SandboxID == p.id {
+			x.current = true
 		}
 	}
-	before := r.calls.count(fake.OpExec, id)
-	status, body := r.agentExec(id, "cat "+tokenFile)
-	reached := r.calls.count(fake.OpExec, id) > before
-	r.tracef("agent exec in %s of %s (current %v): %d %s", id, sid, current, status, body)
-	if current {
+	before := r.calls.count(fake.OpExec, p.id)
+	x.status, x.body = r.agentExec(p.id, "cat "+tokenFile)
+	x.reached = r.calls.count(fake.OpExec, p.id) > before
+	r.tracef("agent exec in %s of %s (current %v): %d %s", p.id, p.sid, x.current, x.status, x.body)
+	return x
+}
+
+// checkAgentExec holds an agent's exec to the model: the session's current
+// sandbox runs the command (and reads the session's token); any other
+// (ended, superseded, or a crashed process's) is refused before the call
+// reaches the provider.
+func (r *run) checkAgentExec(p agentExecPlan, x agentExecuted) {
+	if x.current {
 		var res provider.ExecResult
 		// The token file has no final newline, which OpenSandbox's execd
 		// cannot carry: its client ends every line of output with one.
-		if err := json.Unmarshal(body, &res); err != nil || status != fasthttp.StatusOK || res.ExitCode != 0 || strings.TrimSuffix(res.Stdout, "\n") != r.m.sessions[sid].token {
-			r.violate(LiveState, "an agent's exec in %s, the sandbox of live session %s: %d %s, want 200 with token %q", id, sid, status, body, r.m.sessions[sid].token)
+		if err := json.Unmarshal(x.body, &res); err != nil || x.status != fasthttp.StatusOK || res.ExitCode != 0 || strings.TrimSuffix(res.Stdout, "\n") != r.m.sessions[p.sid].token {
+			r.violate(LiveState, "an agent's exec in %s, the sandbox of live session %s: %d %s, want 200 with token %q", p.id, p.sid, x.status, x.body, r.m.sessions[p.sid].token)
 		}
 		return
 	}
-	if reached || (status != fasthttp.StatusGone && status != fasthttp.StatusNotFound) {
-		r.violate(StaleAccess, "an agent's exec in %s, no longer the sandbox of session %s, answered %d %s (reached the provider: %v; want 410 or 404 before it)", id, sid, status, body, reached)
+	if x.reached || (x.status != fasthttp.StatusGone && x.status != fasthttp.StatusNotFound) {
+		r.violate(StaleAccess, "an agent's exec in %s, no longer the sandbox of session %s, answered %d %s (reached the provider: %v; want 410 or 404 before it)", p.id, p.sid, x.status, x.body, x.reached)
 	}
 }
 

@@ -56,47 +56,111 @@ func (r *run) bindLive() {
 	}
 }
 
+// controlKind is which of its three a control step runs.
+type controlKind int
+
+const (
+	controlCheckpoint controlKind = iota
+	controlRetires
+	controlLeaseRunsOut
+)
+
+// controlPlan is what one control step chose: the checkpoint id and its
+// base, which of the three it runs, the live sessions and what the model
+// holds of them; for a retire the session it fences ("": none live); for a
+// checkpoint a failed snapshot and the session whose agent's exec is held at
+// the gate meanwhile ("": none).
+type controlPlan struct {
+	kind     controlKind
+	base     control.Base
+	live     []string
+	records  map[string]recordState
+	retire   string
+	snapFail bool
+	held     string
+}
+
+// controlled is what a checkpoint through the control plane answered: the
+// commit's reply and error, and the resume's error.
+type controlled struct {
+	rep       control.CommitReply
+	err, rerr error
+}
+
 // opControl drives a checkpoint through the control plane, as the
-// controller does: prepare, then commit and resume (a snapshot may fail),
-// or a lease that runs out after the prepare, or a retire of a live
-// episode that fences its attempt.
+// controller does, in the simulation's one shape: choose, arm, act, check.
+// It is a prepare, then commit and resume (a snapshot may fail), or a
+// lease that runs out after the prepare, or a retire of a live episode that
+// fences its attempt.
 func (r *run) opControl() {
 	// Only this step's own faults: a fault an earlier step armed and did
 	// not use would make a retire cut short, and prepare wait for it.
 	r.fk.ClearFaults()
 	m := r.part.Machine()
 	r.bindLive()
-	live := r.m.live()
-	id := r.newCheckpointID()
-	base := control.Base{CheckpointID: id, DeadlineTS: control.UnixSeconds(r.clk.Now().Add(time.Minute))}
-	switch r.rng.IntN(3) {
-	case 0:
-		r.controlRetire(m, base, live)
+	p := r.chooseControl()
+	switch p.kind {
+	case controlRetires:
+		r.controlRetire(m, p.base, p.retire)
 		return
-	case 1:
-		r.controlLease(m, base)
+	case controlLeaseRunsOut:
+		r.controlLease(m, p.base)
 		return
 	}
-	snapFail := r.chance(FaultSnapshotFail) && len(live) > 0
-	if snapFail {
-		r.fk.FailNext(fake.OpSnapshot, 1)
-	}
-	records := map[string]recordState{}
-	for _, sid := range live {
-		records[sid] = r.m.recordOf(sid)
-	}
+	r.armControl(p)
 	// Nothing holds a prepare up in the simulation; the wall-clock bound
 	// turns a bug into a violation instead of a hung run.
 	ctx, cancel := r.wallBound(30 * time.Second)
 	defer cancel()
-	prep, err := m.Prepare(ctx, control.PrepareRequest{Base: base})
+	if c, ok := r.actControl(ctx, m, p); ok {
+		r.checkControl(p, c)
+	}
+}
+
+func (r *run) chooseControl() controlPlan {
+	live := r.m.live()
+	id := r.newCheckpointID()
+	p := controlPlan{live: live, base: control.Base{CheckpointID: id, DeadlineTS: control.UnixSeconds(r.clk.Now().Add(time.Minute))}}
+	switch r.rng.IntN(3) {
+	case 0:
+		p.kind = controlRetires
+		if len(live) > 0 {
+			p.retire = sample(r.rng, live)
+		}
+		return p
+	case 1:
+		p.kind = controlLeaseRunsOut
+		return p
+	}
+	p.snapFail = r.chance(FaultSnapshotFail) && len(live) > 0
+	p.records = map[string]recordState{}
+	for _, sid := range live {
+		p.records[sid] = r.m.recordOf(sid)
+	}
+	if len(live) > 0 && r.rng.IntN(2) != 0 {
+		p.held = sample(r.rng, live)
+	}
+	return p
+}
+
+func (r *run) armControl(p controlPlan) {
+	if p.snapFail {
+		r.fk.FailNext(fake.OpSnapshot, 1)
+	}
+}
+
+// actControl prepares, holds an agent's exec at the closed gate, commits
+// and resumes; ok is false when the prepare failed (a violation).
+func (r *run) actControl(ctx context.Context, m *control.Machine, p controlPlan) (c controlled, ok bool) {
+	id := p.base.CheckpointID
+	prep, err := m.Prepare(ctx, control.PrepareRequest{Base: p.base})
 	if err != nil || prep.Phase != control.PhasePrepared {
 		r.violate(Unexpected, "control prepare %s: %+v %v", id, prep, err)
-		return
+		return c, false
 	}
-	held := r.heldExec(ctx, live)
-	rep, err := m.Commit(ctx, control.CommitRequest{Base: base, CheckpointDir: "/ck/" + id})
-	_, rerr := m.Resume(ctx, control.ResumeRequest{Base: base})
+	held := r.heldExec(ctx, p.held)
+	c.rep, c.err = m.Commit(ctx, control.CommitRequest{Base: p.base, CheckpointDir: "/ck/" + id})
+	_, c.rerr = m.Resume(ctx, control.ResumeRequest{Base: p.base})
 	if held != nil {
 		// Admission reopened: the agent's exec runs now.
 		r.rt.Await(ctx, func() bool { return len(held) > 0 })
@@ -104,18 +168,27 @@ func (r *run) opControl() {
 			r.violate(Unexpected, "an agent's exec held at the gate during %s: %v", id, eerr)
 		}
 	}
-	r.tracef("control checkpoint %s of %v (snapshot fails %v): committed %v err %v; resume err %v", id, live, snapFail, rep.EpisodeIDs, err, rerr)
-	if rerr != nil {
-		r.violate(Unexpected, "control resume %s: %v", id, rerr)
+	r.tracef("control checkpoint %s of %v (snapshot fails %v): committed %v err %v; resume err %v", id, p.live, p.snapFail, c.rep.EpisodeIDs, c.err, c.rerr)
+	return c, true
+}
+
+// checkControl holds a checkpoint through the control plane to the model:
+// the resume succeeds, the commit fails only by the injected snapshot fault
+// (and then leaves no snapshot behind), and otherwise exports every live
+// session's episode.
+func (r *run) checkControl(p controlPlan, c controlled) {
+	id := p.base.CheckpointID
+	if c.rerr != nil {
+		r.violate(Unexpected, "control resume %s: %v", id, c.rerr)
 		return
 	}
 	injected := r.injectedNow(fake.OpSnapshot) > 0
 	if injected {
 		r.fire(FaultSnapshotFail)
 	}
-	if err != nil {
+	if c.err != nil {
 		if !injected {
-			r.violate(Unexpected, "control commit %s failed without a fault: %v", id, err)
+			r.violate(Unexpected, "control commit %s failed without a fault: %v", id, c.err)
 			return
 		}
 		r.awaitOrphans()
@@ -126,79 +199,108 @@ func (r *run) opControl() {
 		return
 	}
 	var want []string
-	for _, sid := range live {
+	for _, sid := range p.live {
 		want = append(want, episodeOf(sid).CaptureKey())
 	}
 	sort.Strings(want)
-	if !slices.Equal(rep.EpisodeIDs, want) && !(len(want) == 0 && len(rep.EpisodeIDs) == 0) {
-		r.violate(WholeCheckpoints, "control commit %s exported episodes %v, want %v", id, rep.EpisodeIDs, want)
+	if !slices.Equal(c.rep.EpisodeIDs, want) && !(len(want) == 0 && len(c.rep.EpisodeIDs) == 0) {
+		r.violate(WholeCheckpoints, "control commit %s exported episodes %v, want %v", id, c.rep.EpisodeIDs, want)
 		return
 	}
-	r.m.ckpts[id] = &checkpointState{id: id, records: records, control: true}
+	r.m.ckpts[id] = &checkpointState{id: id, records: p.records, control: true}
+}
+
+// controlRestorePlan is what a restore through the control plane chose:
+// the checkpoint (and what the model holds of it), the sessions it continues, their episodes and the
+// attempts they must continue as, and a failed fork.
+type controlRestorePlan struct {
+	id       string
+	ck       *checkpointState
+	want     []string
+	eps      []control.EpisodeID
+	next     []string
+	forkFail bool
 }
 
 // controlRestore restores checkpoint id (scope nil: all of it) in a fresh
 // process through the control plane, as the controller does after a crash:
-// restore by checkpoint_dir with the episodes to continue, then resume. The
-// episodes come back under their next attempt; a fork that fails fails the
-// restore, which must leave nothing installed and admission open after the
-// resume.
+// restore by checkpoint_dir with the episodes to continue, then resume, in
+// the simulation's one shape: choose, arm, act, check.
 func (r *run) controlRestore(id string, scope []string) {
-	ck := r.m.ckpts[id]
-	want := scope
-	if want == nil {
-		want = slices.Sorted(maps.Keys(ck.records))
-	}
-	eps := []control.EpisodeID{}
-	var next []string
-	for _, sid := range want {
-		eps = append(eps, episodeOf(sid))
-		next = append(next, episodeOf(sid).Next().CaptureKey())
-	}
-	sort.Strings(next)
-	forkFail := r.chance(FaultForkFail) && len(want) > 0
-	if forkFail {
+	p := r.chooseControlRestore(id, scope)
+	if p.forkFail {
 		r.fk.FailNext(fake.OpFork, 1)
 	}
-	m := r.part.Machine()
 	incarnation := r.o.Incarnation()
+	rep, err, ok := r.actControlRestore(p)
+	if ok {
+		r.checkControlRestore(p, rep, err, incarnation)
+	}
+}
+
+func (r *run) chooseControlRestore(id string, scope []string) controlRestorePlan {
+	p := controlRestorePlan{id: id, ck: r.m.ckpts[id], want: scope, eps: []control.EpisodeID{}}
+	if p.want == nil {
+		p.want = slices.Sorted(maps.Keys(r.m.ckpts[id].records))
+	}
+	for _, sid := range p.want {
+		p.eps = append(p.eps, episodeOf(sid))
+		p.next = append(p.next, episodeOf(sid).Next().CaptureKey())
+	}
+	sort.Strings(p.next)
+	p.forkFail = r.chance(FaultForkFail) && len(p.want) > 0
+	return p
+}
+
+// actControlRestore restores and resumes; ok is false when the resume
+// failed or left admission closed (a violation).
+func (r *run) actControlRestore(p controlRestorePlan) (rep control.RestoreReply, err error, ok bool) {
+	m := r.part.Machine()
 	base := control.Base{CheckpointID: r.newCheckpointID(), DeadlineTS: control.UnixSeconds(r.clk.Now().Add(time.Minute))}
 	ctx, cancel := r.wallBound(30 * time.Second)
 	defer cancel()
-	rep, err := m.Restore(ctx, control.RestoreRequest{Base: base, CheckpointDir: "/ck/" + id, EpisodeIDs: eps})
+	rep, err = m.Restore(ctx, control.RestoreRequest{Base: base, CheckpointDir: "/ck/" + p.id, EpisodeIDs: p.eps})
 	_, rerr := m.Resume(ctx, control.ResumeRequest{Base: base})
-	r.tracef("control restore of %s episodes %v (fork fails %v): restored %v err %v; resume err %v", id, want, forkFail, rep.Restored, err, rerr)
+	r.tracef("control restore of %s episodes %v (fork fails %v): restored %v err %v; resume err %v", p.id, p.want, p.forkFail, rep.Restored, err, rerr)
 	if rerr != nil || !r.part.Gate().IsOpen() {
-		r.violate(Unexpected, "control resume after restoring %s: %v (admission open %v)", id, rerr, r.part.Gate().IsOpen())
-		return
+		r.violate(Unexpected, "control resume after restoring %s: %v (admission open %v)", p.id, rerr, r.part.Gate().IsOpen())
+		return rep, err, false
 	}
+	return rep, err, true
+}
+
+// checkControlRestore holds a restore through the control plane to the
+// model: it fails only by the injected fork fault, and then leaves nothing
+// installed; otherwise the episodes come back under their next attempts,
+// each session on its fork.
+func (r *run) checkControlRestore(p controlRestorePlan, rep control.RestoreReply, err error, incarnation string) {
 	injected := r.injectedNow(fake.OpFork) > 0
 	if injected {
 		r.fire(FaultForkFail)
 	}
 	if err != nil {
 		if !injected {
-			r.violate(Unexpected, "control restore of %s failed without a fault: %v", id, err)
+			r.violate(Unexpected, "control restore of %s failed without a fault: %v", p.id, err)
 			return
 		}
-		r.checkRolledBack(id, incarnation)
+		r.checkRolledBack(p.id, incarnation)
 		return
 	}
 	if injected {
-		r.violate(AllOrNone, "control restore of %s succeeded although a fork failed", id)
+		r.violate(AllOrNone, "control restore of %s succeeded although a fork failed", p.id)
 		return
 	}
-	if !slices.Equal(rep.Restored, next) {
-		r.violate(AllOrNone, "control restore of %s continued episodes %v, want %v", id, rep.Restored, next)
+	if !slices.Equal(rep.Restored, p.next) {
+		r.violate(AllOrNone, "control restore of %s continued episodes %v, want %v", p.id, rep.Restored, p.next)
 		return
 	}
-	for _, sid := range want {
+	for _, sid := range p.want {
 		sb, err := r.o.RequireSessionSandbox(r.life, sid)
 		if err != nil {
-			r.violate(AllOrNone, "control restore of %s did not install %s: %v", id, sid, err)
+			r.violate(AllOrNone, "control restore of %s did not install %s: %v", p.id, sid, err)
 			return
 		}
-		if !r.checkRestored(ck, sid, sb) {
+		if !r.checkRestored(p.ck, sid, sb) {
 			return
 		}
 	}
@@ -230,13 +332,13 @@ func (r *run) controlLease(m *control.Machine, base control.Base) {
 	}
 }
 
-// controlRetire retires a live episode: its sandbox stops (the snapshots
-// stay), its requests are refused as stale, and forget lifts the fence.
-func (r *run) controlRetire(m *control.Machine, base control.Base, live []string) {
-	if len(live) == 0 {
+// controlRetire retires a live episode (sid "": none is live): its
+// sandbox stops (the snapshots stay), its requests are refused as stale,
+// and forget lifts the fence.
+func (r *run) controlRetire(m *control.Machine, base control.Base, sid string) {
+	if sid == "" {
 		return
 	}
-	sid := sample(r.rng, live)
 	e := episodeOf(sid)
 	_, err := m.Retire(r.life, control.RetireRequest{Base: base, EpisodeIDs: []control.EpisodeID{e}})
 	r.tracef("control retire %s: %v", e.CaptureKey(), err)
@@ -256,16 +358,15 @@ func (r *run) controlRetire(m *control.Machine, base control.Base, live []string
 	}
 }
 
-// heldExec sends an agent's exec on a live session's sandbox through the
-// admission gate, as the sandbox API does, while a checkpoint is prepared:
-// it must wait at the closed gate (it reads the seed token and changes nothing, so the
-// checkpoint's records stay the model's). It returns once the exec waits;
-// the channel gets its outcome.
-func (r *run) heldExec(ctx context.Context, live []string) <-chan error {
-	if len(live) == 0 || r.rng.IntN(2) == 0 {
+// heldExec sends an agent's exec on live session sid's sandbox through
+// the admission gate, as the sandbox API does, while a checkpoint is
+// prepared (sid "": none): it must wait at the closed gate (it reads the
+// seed token and changes nothing, so the checkpoint's records stay the
+// model's). It returns once the exec waits; the channel gets its outcome.
+func (r *run) heldExec(ctx context.Context, sid string) <-chan error {
+	if sid == "" {
 		return nil
 	}
-	sid := sample(r.rng, live)
 	sb, err := r.o.RequireSessionSandbox(ctx, sid)
 	if err != nil {
 		r.violate(LiveState, "live session %s has no sandbox: %v", sid, err)

@@ -38,11 +38,13 @@
 // Each step draws from its own stream (seed, step), so that a different
 // outcome in one step does not shift the next ones.
 //
-// A step that arms faults has one shape: choose (every draw from the
-// step's stream, into a plan), arm (the plan's faults on the fake and the
-// crash trigger), act (the owner's call, and its trace line), check (what
-// the owner answered, against the model). Seed, commit, restore, retire and
-// release are so.
+// Every step has one shape: choose (every draw from the step's stream,
+// into a plan), arm (the plan's faults on the fake and the crash trigger;
+// append, recommit and agent-exec arm none), act (the owner's call, and
+// its trace line), check (what the owner answered, against the model). A
+// restore draws its checkpoint and scope before the crash that precedes
+// it, and the rest after; a raced commit (seed and end against a commit)
+// acts all three at once.
 //
 // A crash is modelled by a per-incarnation view of the fake (process): from
 // the moment the owner dies no call of it reaches the backend, and calls in

@@ -20,10 +20,10 @@ const (
 	retentionPeriod = 30 * time.Second
 )
 
-// deleteDirs has the controller delete some of the directories of the
-// checkpoints it committed through the control plane (at least one), and
-// keep the rest: the model keeps only those.
-func (r *run) deleteDirs(rng *rand.Rand) {
+// chooseDirsGone draws, from rng, which directories of the checkpoints
+// committed through the control plane the controller deletes (at least
+// one; none when there are none).
+func (r *run) chooseDirsGone(rng *rand.Rand) []string {
 	var there []string
 	for _, id := range r.m.checkpointIDs() {
 		if _, err := r.ckdirs.Lstat(dirOf(id)); err == nil && r.m.ckpts[id].control {
@@ -31,11 +31,20 @@ func (r *run) deleteDirs(rng *rand.Rand) {
 		}
 	}
 	if len(there) == 0 {
-		return
+		return nil
 	}
 	gone := subset(rng, there)
 	if len(gone) == 0 {
 		gone = []string{there[rng.IntN(len(there))]}
+	}
+	return gone
+}
+
+// deleteDirs has the controller delete the directories of gone and keep
+// the rest: the model keeps only those.
+func (r *run) deleteDirs(gone []string) {
+	if len(gone) == 0 {
+		return
 	}
 	r.fire(FaultDirGone)
 	now := r.clk.Now()

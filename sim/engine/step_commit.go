@@ -308,25 +308,48 @@ func (r *run) drift(id string) {
 	r.restore(id, nil, false)
 }
 
-// recommit retries the commit of a checkpoint that exists: nothing is
-// snapshotted again.
+// recommitPlan is what one recommit chose: a checkpoint that exists.
+type recommitPlan struct{ id string }
+
+// opRecommit retries the commit of a checkpoint that exists, in the
+// simulation's one shape; it arms nothing: choose, act, check.
 func (r *run) opRecommit() {
-	ids := r.m.checkpointIDs()
-	if len(ids) == 0 {
+	p, ok := r.chooseRecommit()
+	if !ok {
 		return
 	}
-	id := sample(r.rng, ids)
+	res, snapshots, err := r.actRecommit(p)
+	r.checkRecommit(p, res, snapshots, err)
+}
+
+func (r *run) chooseRecommit() (recommitPlan, bool) {
+	ids := r.m.checkpointIDs()
+	if len(ids) == 0 {
+		return recommitPlan{}, false
+	}
+	return recommitPlan{id: sample(r.rng, ids)}, true
+}
+
+// actRecommit commits again; snapshots is how many snapshots the provider
+// took meanwhile.
+func (r *run) actRecommit(p recommitPlan) (res owner.CommitResult, snapshots int, err error) {
 	before := r.fk.Stats().Calls[fake.OpSnapshot]
-	res, err := r.o.Commit(r.life, owner.CommitRequest{CheckpointID: id})
-	r.tracef("recommit %s: existing %v sessions %v err %v", id, res.Existing, res.Sessions, err)
-	want := slices.Sorted(maps.Keys(r.m.ckpts[id].records))
+	res, err = r.o.Commit(r.life, owner.CommitRequest{CheckpointID: p.id})
+	r.tracef("recommit %s: existing %v sessions %v err %v", p.id, res.Existing, res.Sessions, err)
+	return res, r.fk.Stats().Calls[fake.OpSnapshot] - before, err
+}
+
+// checkRecommit holds a retried commit to the model: it answers the stored
+// checkpoint and snapshots nothing again.
+func (r *run) checkRecommit(p recommitPlan, res owner.CommitResult, snapshots int, err error) {
+	want := slices.Sorted(maps.Keys(r.m.ckpts[p.id].records))
 	switch {
 	case err != nil:
-		r.violate(Unexpected, "a retried commit of %s failed: %v", id, err)
+		r.violate(Unexpected, "a retried commit of %s failed: %v", p.id, err)
 	case !res.Existing || !slices.Equal(res.Sessions, want):
-		r.violate(WholeCheckpoints, "a retried commit of %s: existing %v sessions %v, want the stored %v", id, res.Existing, res.Sessions, want)
-	case r.fk.Stats().Calls[fake.OpSnapshot] != before:
-		r.violate(WholeCheckpoints, "a retried commit of %s snapshotted again", id)
+		r.violate(WholeCheckpoints, "a retried commit of %s: existing %v sessions %v, want the stored %v", p.id, res.Existing, res.Sessions, want)
+	case snapshots != 0:
+		r.violate(WholeCheckpoints, "a retried commit of %s snapshotted again", p.id)
 	}
 }
 

@@ -188,43 +188,81 @@ func (r *run) checkRelease(p releasePlan, res owner.ReleaseResult, err error) {
 
 // --- time ---
 
+// advancePlan is what one advance chose: how far time moves, and which
+// checkpoint directories the controller deletes first (from the step's
+// own stream, so that the fault's rate does not shift the other draws).
+type advancePlan struct {
+	d    time.Duration
+	gone []string
+}
+
+// advanced is what an advance saw: the leases due when it ticked, and the
+// sandboxes the backend reaped, with the live sessions that held them.
+type advanced struct {
+	due, reaped []string
+	held        map[string]string
+}
+
 // opAdvance moves logical time forward by less than half a lease, has the
-// owner renew the leases due, and lets the backend reap what expired: no
-// live session may lose its sandbox.
+// owner renew the leases due, and lets the backend reap what expired, in
+// the simulation's one shape: choose, arm (the directories deleted), act,
+// check (no live session may lose its sandbox).
 func (r *run) opAdvance() {
-	d := 10*time.Second + time.Duration(r.rng.Int64N(int64(r.ttl/2-20*time.Second)))
-	if gone := rand.New(rand.NewPCG(uint64(r.seed), dirGoneStream+uint64(r.step))); r.chanceOn(FaultDirGone, gone) {
-		r.deleteDirs(gone)
-	}
-	if !r.followDirs(r.clk.Now().Add(d)) {
+	p := r.chooseAdvance()
+	r.deleteDirs(p.gone)
+	a, ok := r.actAdvance(p)
+	if !ok {
 		return
 	}
+	r.checkAdvance(a)
+}
+
+func (r *run) chooseAdvance() advancePlan {
+	p := advancePlan{d: 10*time.Second + time.Duration(r.rng.Int64N(int64(r.ttl/2-20*time.Second)))}
+	if gone := rand.New(rand.NewPCG(uint64(r.seed), dirGoneStream+uint64(r.step))); r.chanceOn(FaultDirGone, gone) {
+		p.gone = r.chooseDirsGone(gone)
+	}
+	return p
+}
+
+// actAdvance moves the clock (running the retention checks due on the
+// way), ticks the owner and reaps; ok is false when a violation ended the
+// step.
+func (r *run) actAdvance(p advancePlan) (a advanced, ok bool) {
+	if !r.followDirs(r.clk.Now().Add(p.d)) {
+		return a, false
+	}
 	now := r.clk.Now()
-	var due []string
-	held := map[string]string{}
+	a.held = map[string]string{}
 	for _, sid := range r.m.live() {
 		sb, err := r.o.RequireSessionSandbox(r.life, sid)
 		if err != nil {
 			continue // the checks report it
 		}
-		held[sb.Handle.SandboxID] = sid
+		a.held[sb.Handle.SandboxID] = sid
 		if ttl := sb.Spec.TTL(); ttl > 0 && !sb.ExpiresAt.IsZero() && sb.ExpiresAt.Sub(now) <= ttl/2 {
-			due = append(due, sb.Handle.SandboxID)
+			a.due = append(a.due, sb.Handle.SandboxID)
 		}
 	}
-	r.calls.expect(fake.OpRenew, due)
+	r.calls.expect(fake.OpRenew, a.due)
 	if err := r.o.Tick(now); err != nil {
 		r.violate(Unexpected, "owner.Tick: %v", err)
-		return
+		return a, false
 	}
 	if missing := r.waitCalls(30 * time.Second); len(missing) > 0 {
 		r.violate(LiveState, "the leases of %v were due at %v but never renewed", missing, now)
-		return
+		return a, false
 	}
-	reaped := r.fk.Reap()
-	r.tracef("advance %v: renewed %v, reaped %v", d, due, reaped)
-	for _, id := range reaped {
-		if sid, ok := held[id]; ok {
+	a.reaped = r.fk.Reap()
+	r.tracef("advance %v: renewed %v, reaped %v", p.d, a.due, a.reaped)
+	return a, true
+}
+
+// checkAdvance holds an advance to the model: no live session's sandbox
+// was reaped.
+func (r *run) checkAdvance(a advanced) {
+	for _, id := range a.reaped {
+		if sid, ok := a.held[id]; ok {
 			r.violate(LiveState, "the lease of live session %s's sandbox %s ran out", sid, id)
 		}
 	}

@@ -106,22 +106,42 @@ func (r *run) checkSeed(p seedPlan, s *sessionState, sb sandbox.Sandbox, ran boo
 
 // --- append ---
 
+// appendPlan is what one append chose: the session and the line it adds.
+type appendPlan struct{ sid, line string }
+
+// opAppend is an append in the simulation's one shape; it arms nothing:
+// choose, act, check.
 func (r *run) opAppend() {
+	p := r.chooseAppend()
+	err := r.actAppend(p)
+	r.checkAppend(p, err)
+}
+
+func (r *run) chooseAppend() appendPlan {
 	sid := r.pickSession(0.9)
-	s := r.m.sessions[sid]
 	r.nextLine++
-	line := fmt.Sprintf("%s-n%d", sid, r.nextLine)
-	err := r.o.Do(r.life, sid, appendNote(line))
-	r.tracef("append %q to %s (live %v): %v", line, sid, s.live, err)
+	return appendPlan{sid: sid, line: fmt.Sprintf("%s-n%d", sid, r.nextLine)}
+}
+
+func (r *run) actAppend(p appendPlan) error {
+	err := r.o.Do(r.life, p.sid, appendNote(p.line))
+	r.tracef("append %q to %s (live %v): %v", p.line, p.sid, r.m.sessions[p.sid].live, err)
+	return err
+}
+
+// checkAppend holds an append to the model: a session without a sandbox
+// refuses it, a live one takes the line.
+func (r *run) checkAppend(p appendPlan, err error) {
+	s := r.m.sessions[p.sid]
 	switch {
 	case !s.live:
 		if !isNoSandbox(err) {
-			r.violate(NoEmptyGrading, "append to %s, which holds no sandbox: got %v, want sandbox.ErrNone", sid, err)
+			r.violate(NoEmptyGrading, "append to %s, which holds no sandbox: got %v, want sandbox.ErrNone", p.sid, err)
 		}
 	case err != nil:
-		r.violate(Unexpected, "append to live session %s: %v", sid, err)
+		r.violate(Unexpected, "append to live session %s: %v", p.sid, err)
 	default:
-		s.notes = append(s.notes, line)
+		s.notes = append(s.notes, p.line)
 	}
 }
 
@@ -178,43 +198,93 @@ func (r *run) verify(ctx context.Context, sid string, expected []string) verdict
 	return v
 }
 
-// armEndCrash arms a crash at the stop that ends a session.
-func (r *run) armEndCrash() bool {
-	if !r.chance(FaultCrashEnd) {
-		return false
-	}
-	r.proc.arm(&trigger{op: fake.OpStop, n: 1, after: r.rng.IntN(2) == 0})
-	return true
+// endFaults are the faults of a step that ends a session: a crash at the
+// stop that ends it (before or after the stop) and a failed stop.
+type endFaults struct {
+	crash    *trigger
+	stopFail bool
 }
 
+func (r *run) chooseEndFaults() (f endFaults) {
+	if r.chance(FaultCrashEnd) {
+		f.crash = &trigger{op: fake.OpStop, n: 1, after: r.rng.IntN(2) == 0}
+	}
+	f.stopFail = r.chance(FaultStopFail)
+	return f
+}
+
+func (r *run) armEndFaults(f endFaults) {
+	if f.crash != nil {
+		r.proc.arm(f.crash)
+	}
+	if f.stopFail {
+		r.fk.FailNext(fake.OpStop, 1)
+	}
+}
+
+// verifyPlan is what one verify chose: the session, whether its sandbox is
+// lost behind the owner's back first (then nothing else is drawn), the
+// faults of its end, and whether the verify is sent again.
+type verifyPlan struct {
+	sid    string
+	lost   bool
+	end    endFaults
+	resend bool
+}
+
+// opVerify is a verify in the simulation's one shape: choose, arm, act,
+// check; a resent verify is a second act and check.
 func (r *run) opVerify() {
-	sid := r.pickSession(0.8)
-	s := r.m.sessions[sid]
-	if s.live && r.chanceApart(FaultLost) {
-		r.verifyLost(sid)
+	p := r.chooseVerify()
+	if p.lost {
+		r.verifyLost(p.sid)
 		return
 	}
-	crash := r.armEndCrash()
-	stopFail := r.failStop()
-	resend := r.chance(FaultResentVerify)
-	var v verdict
-	_, crashed := r.guarded(func(ctx context.Context) error {
-		v = r.verify(ctx, sid, s.notes)
-		return nil
-	})
-	r.tracef("verify %s (live %v, restored %v, expect %q; stop fails %v, crash %v): refused %v reward %v err %v end %v",
-		sid, s.live, s.restored, s.notes, stopFail, crash, v.refused, v.reward, v.err, v.endErr)
+	r.armEndFaults(p.end)
+	v, crashed := r.actVerify(p)
 	if crashed {
 		r.fire(FaultCrashEnd)
 		r.afterCrash()
 		return
 	}
+	if r.checkVerify(p, v) && p.resend && !r.m.sessions[p.sid].live {
+		r.resendVerify(p.sid)
+	}
+}
+
+func (r *run) chooseVerify() verifyPlan {
+	p := verifyPlan{sid: r.pickSession(0.8)}
+	if r.m.sessions[p.sid].live && r.chanceApart(FaultLost) {
+		p.lost = true
+		return p
+	}
+	p.end = r.chooseEndFaults()
+	p.resend = r.chance(FaultResentVerify)
+	return p
+}
+
+func (r *run) actVerify(p verifyPlan) (v verdict, crashed bool) {
+	s := r.m.sessions[p.sid]
+	_, crashed = r.guarded(func(ctx context.Context) error {
+		v = r.verify(ctx, p.sid, s.notes)
+		return nil
+	})
+	r.tracef("verify %s (live %v, restored %v, expect %q; stop fails %v, crash %v): refused %v reward %v err %v end %v",
+		p.sid, s.live, s.restored, s.notes, p.end.stopFail, p.end.crash != nil, v.refused, v.reward, v.err, v.endErr)
+	return v, crashed
+}
+
+// checkVerify holds a verify to the model: a session without a sandbox is
+// refused, a live one is rewarded 1.0 and ends. It reports whether the
+// session's end was applied.
+func (r *run) checkVerify(p verifyPlan, v verdict) bool {
 	r.noteStopFault()
+	s := r.m.sessions[p.sid]
 	if !s.live {
 		if !v.refused {
-			r.violate(NoEmptyGrading, "verify of %s, which holds no sandbox, was not refused (reward %v, err %v)", sid, v.reward, v.err)
+			r.violate(NoEmptyGrading, "verify of %s, which holds no sandbox, was not refused (reward %v, err %v)", p.sid, v.reward, v.err)
 		}
-		return
+		return false
 	}
 	inv := LiveState
 	if s.restored {
@@ -222,24 +292,25 @@ func (r *run) opVerify() {
 	}
 	switch {
 	case v.refused || v.err != nil:
-		r.violate(inv, "verify of live session %s: refused %v, err %v", sid, v.refused, v.err)
-		return
+		r.violate(inv, "verify of live session %s: refused %v, err %v", p.sid, v.refused, v.err)
+		return false
 	case v.reward != 1:
-		r.violate(inv, "verify of session %s rewarded %v, want 1.0", sid, v.reward)
-		return
+		r.violate(inv, "verify of session %s rewarded %v, want 1.0", p.sid, v.reward)
+		return false
 	}
-	if !r.settleEnd(sid, v.endErr) {
-		return
-	}
-	if resend && !s.live {
-		r.fire(FaultResentVerify)
-		r.lastVerified = sid
-		r.sabotagePoint(atResentVerify)
-		again := r.verify(r.life, sid, s.notes)
-		r.tracef("verify %s again: refused %v reward %v", sid, again.refused, again.reward)
-		if !again.refused {
-			r.violate(NoEmptyGrading, "a resent verify of ended session %s was not refused (reward %v, err %v)", sid, again.reward, again.err)
-		}
+	return r.settleEnd(p.sid, v.endErr)
+}
+
+// resendVerify sends the verify of a session that ended again: it must be
+// refused.
+func (r *run) resendVerify(sid string) {
+	r.fire(FaultResentVerify)
+	r.lastVerified = sid
+	r.sabotagePoint(atResentVerify)
+	again := r.verify(r.life, sid, r.m.sessions[sid].notes)
+	r.tracef("verify %s again: refused %v reward %v", sid, again.refused, again.reward)
+	if !again.refused {
+		r.violate(NoEmptyGrading, "a resent verify of ended session %s was not refused (reward %v, err %v)", sid, again.reward, again.err)
 	}
 }
 
@@ -259,24 +330,49 @@ func (r *run) settleEnd(sid string, err error) bool {
 	return true
 }
 
+// --- close ---
+
+// closePlan is what one close chose: the session and the faults of its
+// end.
+type closePlan struct {
+	sid string
+	end endFaults
+}
+
+// opClose is an end of a session in the simulation's one shape: choose,
+// arm, act, check.
 func (r *run) opClose() {
-	sid := r.pickSession(0.8)
-	s := r.m.sessions[sid]
-	crash := r.armEndCrash()
-	stopFail := r.failStop()
-	err, crashed := r.guarded(func(ctx context.Context) error { return r.o.EndSessionSandbox(ctx, sid) })
-	r.tracef("close %s (live %v; stop fails %v, crash %v): %v", sid, s.live, stopFail, crash, err)
+	p := r.chooseClose()
+	r.armEndFaults(p.end)
+	err, crashed := r.actClose(p)
 	if crashed {
 		r.fire(FaultCrashEnd)
 		r.afterCrash()
 		return
 	}
+	r.checkClose(p, err)
+}
+
+func (r *run) chooseClose() closePlan {
+	sid := r.pickSession(0.8)
+	return closePlan{sid: sid, end: r.chooseEndFaults()}
+}
+
+func (r *run) actClose(p closePlan) (err error, crashed bool) {
+	err, crashed = r.guarded(func(ctx context.Context) error { return r.o.EndSessionSandbox(ctx, p.sid) })
+	r.tracef("close %s (live %v; stop fails %v, crash %v): %v", p.sid, r.m.sessions[p.sid].live, p.end.stopFail, p.end.crash != nil, err)
+	return err, crashed
+}
+
+// checkClose holds an end to the model: nothing to end is no error, and a
+// live session ends unless its stop failed.
+func (r *run) checkClose(p closePlan, err error) {
 	r.noteStopFault()
-	if !s.live {
+	if !r.m.sessions[p.sid].live {
 		if err != nil {
-			r.violate(Unexpected, "closing %s, which holds no sandbox: %v", sid, err)
+			r.violate(Unexpected, "closing %s, which holds no sandbox: %v", p.sid, err)
 		}
 		return
 	}
-	r.settleEnd(sid, err)
+	r.settleEnd(p.sid, err)
 }

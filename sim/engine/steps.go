@@ -100,15 +100,6 @@ func (r *run) pickSession(pLive float64) string {
 	return sample(r.rng, r.m.ids)
 }
 
-// failStop arms a failed stop for the step's first stop call.
-func (r *run) failStop() bool {
-	if r.chance(FaultStopFail) {
-		r.fk.FailNext(fake.OpStop, 1)
-		return true
-	}
-	return false
-}
-
 func (r *run) noteStopFault() {
 	if r.injectedNow(fake.OpStop) > 0 {
 		r.fire(FaultStopFail)
