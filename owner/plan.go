@@ -15,9 +15,14 @@ import (
 // tested without a provider or an index.
 
 // intentCommit is the kind of intent a commit writes before its snapshots.
-// Intents of other kinds found at startup (a restore's, written by earlier
-// versions) are dropped.
+// Intents of kinds other than these two found at startup (a restore's,
+// written by earlier versions) are dropped.
 const intentCommit = "commit"
+
+// intentTemplate is a template's build between its snapshot and the
+// template's record (which clears it); its body is a commitIntent whose
+// tag ends the snapshot's name.
+const intentTemplate = "template"
 
 // commitIntent is the body of a commit intent: the tag that ends the name
 // of every snapshot the round takes, so that a crash mid-round can find them.

@@ -44,7 +44,9 @@ type PoolStats struct {
 	// when their lease could not be renewed; Failed the starts that
 	// failed.
 	Expired, Failed uint64
-	// Ready and Starting are the sandboxes ready now and being started.
+	// Ready are the sandboxes ready now; Starting the pools' starts not
+	// yet ended, their clean-up included (0: the pools make no provider
+	// call of their own).
 	Ready, Starting int
 }
 
@@ -58,8 +60,10 @@ type pools struct {
 	claimed map[string]bool
 	closed  bool
 	stats   PoolStats
-	// starts numbers the starts (LabelPoolStart).
-	starts uint64
+	// starts numbers the starts (LabelPoolStart); running counts those
+	// whose goroutine has not yet returned.
+	starts  uint64
+	running int
 	// onStarted, when set, is told when each of the pools' starts ended
 	// (a test's hook).
 	onStarted func()
@@ -109,7 +113,8 @@ func (o *Owner) PoolStats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := p.stats
-	st.Ready, st.Starting = p.book.counts()
+	st.Ready, _ = p.book.counts()
+	st.Starting = p.running
 	return st
 }
 
@@ -154,6 +159,13 @@ func (o *Owner) settleClaim(sandboxID string) {
 }
 
 func (o *Owner) poolStarts(starts []poolStart) {
+	if len(starts) == 0 {
+		return
+	}
+	p := o.pools
+	p.mu.Lock()
+	p.running += len(starts)
+	p.mu.Unlock()
 	for _, s := range starts {
 		o.bg.Go(o.rt, func() { o.poolStart(s) })
 	}
@@ -169,6 +181,7 @@ func (o *Owner) poolStart(s poolStart) {
 		_, more := p.book.started(s, pooled{}, false)
 		p.mu.Unlock()
 		o.poolStarts(more)
+		o.poolStartEnded()
 		return
 	}
 	p.starts++
@@ -201,9 +214,20 @@ func (o *Owner) poolStart(s poolStart) {
 		o.stopPooled([]pooled{{Handle: h}})
 	}
 	o.poolStarts(more)
+	o.poolStartEnded()
 	if p.onStarted != nil {
 		p.onStarted()
 	}
+}
+
+// poolStartEnded counts a pool start's goroutine out, after the starts it
+// began were counted in: Starting is 0 only once every start and its
+// clean-up ended.
+func (o *Owner) poolStartEnded() {
+	p := o.pools
+	p.mu.Lock()
+	p.running--
+	p.mu.Unlock()
 }
 
 // stopPooled stops sandboxes of the pools no seed will claim.

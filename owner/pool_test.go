@@ -222,10 +222,19 @@ func TestPoolStartFailingAfterItsEffectLeavesNothing(t *testing.T) {
 			s0 := tc.seed(t, o, "s0")
 			wait(1)
 			e.fk.FailAfterEffect(tc.op, 1)
+			// The clean-up's listing sees its start still counted: Starting
+			// 0 means no pool call is left in flight.
+			var during atomic.Int64
+			during.Store(-1)
+			e.fk.SetHook(func(c fake.Call) {
+				if c.Op == fake.OpList && c.Phase == fake.PhaseBegin {
+					during.Store(int64(o.PoolStats().Starting))
+				}
+			})
 			s1 := tc.seed(t, o, "s1")
 			wait(1)
-			if st := o.PoolStats(); st.Failed != 1 || st.Hits != 1 {
-				t.Fatalf("stats %+v: want the refill after the hit failed", st)
+			if st := o.PoolStats(); st.Failed != 1 || st.Hits != 1 || st.Starting != 0 || during.Load() != 1 {
+				t.Fatalf("stats %+v, starting during the clean-up %d: want the refill after the hit failed, counted until cleaned up", st, during.Load())
 			}
 			want := []string{s0.Handle.SandboxID, s1.Handle.SandboxID}
 			slices.Sort(want)

@@ -146,6 +146,11 @@ func (m *recovering) step(in input) []effect {
 	case inListed:
 		if m.phase == rvListed {
 			id := m.intents[m.at].ID
+			if m.intents[m.at].Kind == intentTemplate {
+				return m.await(rvSettled,
+					logAt(logrus.WarnLevel, "a template's build did not finish before the last stop; deleting its snapshot", logrus.Fields{"template": id, "snapshots": len(toSet(in.IDs))}),
+					effTombstone{IDs: sortedSet(in.IDs), Reason: "unfinished template " + id, Clear: []snapshotindex.IntentKey{m.key()}})
+			}
 			return m.await(rvSettled,
 				logAt(logrus.WarnLevel, "a commit did not finish before the last stop; deleting its snapshots", logrus.Fields{"checkpoint_id": id, "snapshots": len(toSet(in.IDs))}),
 				effTombstone{IDs: sortedSet(in.IDs), Reason: "unfinished commit " + id, Clear: []snapshotindex.IntentKey{m.key()}})
@@ -218,12 +223,22 @@ func (m *recovering) next() []effect {
 		return m.await(rvTombstones, effReadTombstones{})
 	}
 	in := m.intents[m.at]
-	if in.Kind != intentCommit {
-		// A restore's forks carry this server's labels: the sweep of
-		// earlier incarnations stops them.
-		return m.await(rvSettled, effDeleteIntent{Key: m.key()})
+	switch in.Kind {
+	case intentCommit:
+		return m.await(rvCheckpoint, effReadCheckpoint{ID: in.ID})
+	case intentTemplate:
+		// The build never recorded its template (that clears the intent):
+		// the snapshot it may have taken carries its tag.
+		var body commitIntent
+		if json.Unmarshal(in.Body, &body) != nil || body.Tag == "" {
+			return m.await(rvSettled, effDeleteIntent{Key: m.key()})
+		}
+		m.tag = body.Tag
+		return m.await(rvListed, effListByTag{RoundTag: body.Tag})
 	}
-	return m.await(rvCheckpoint, effReadCheckpoint{ID: in.ID})
+	// A restore's forks carry this server's labels: the sweep of earlier
+	// incarnations stops them.
+	return m.await(rvSettled, effDeleteIntent{Key: m.key()})
 }
 
 // sweep lists the sandboxes, on a provider that lists.

@@ -37,8 +37,9 @@ type templates struct {
 	book     *templateBook
 	flights  map[uint64]chan struct{}
 	builders map[string]bool
-	// setups counts the setups run into templates.
-	setups atomic.Int64
+	// setups counts the setups run into templates; builds numbers the
+	// builds, for their snapshots' tags.
+	setups, builds atomic.Int64
 	// onWait, when set, is told of every seed that waits for a build (a
 	// test's hook).
 	onWait func()
@@ -221,22 +222,52 @@ func (o *Owner) buildTemplate(ctx context.Context, tkey string, spec provider.Sp
 			return tmplReady{}, err
 		}
 	}
-	snap, err := o.caps.Snapshotter.Snapshot(ctx, h, "template-"+label)
+	// The snapshot's name ends with a tag that an intent names until the
+	// template is recorded: a crash in between leaves the next start a
+	// snapshot to find and delete, not one nothing names.
+	tag := roundTag(o.incarnation, "template/"+tkey, uint64(o.tmpl.builds.Add(1)))
+	intent := snapshotindex.IntentKey{Kind: intentTemplate, ID: label + "-" + tag}
+	if o.index != nil {
+		body, _ := json.Marshal(commitIntent{Tag: tag})
+		if err := o.index.PutIntent(snapshotindex.Intent{Kind: intent.Kind, ID: intent.ID, Body: body}); err != nil {
+			return tmplReady{}, fmt.Errorf("record the template's build: %w", err)
+		}
+	}
+	snap, err := o.caps.Snapshotter.Snapshot(ctx, h, "ng-template-"+label+"-"+tag)
 	if err != nil {
+		o.dropTemplateBuild(log, intent, tag)
 		return tmplReady{}, fmt.Errorf("snapshot the template: %w", err)
 	}
 	r := tmplReady{SnapshotID: snap, Workdir: workdir, Data: data}
 	if o.index != nil {
-		err := o.index.PutTemplate(snapshotindex.Template{Key: tkey, SnapshotID: snap, Provider: o.prov.Name(), Workdir: workdir, Data: data, CreatedAt: o.clk.Now()})
+		err := o.index.PutTemplate(snapshotindex.Template{Key: tkey, SnapshotID: snap, Provider: o.prov.Name(), Workdir: workdir, Data: data, CreatedAt: o.clk.Now()}, intent)
 		if err != nil {
-			if derr := o.caps.Snapshotter.DeleteSnapshot(o.base, snap); derr != nil {
-				log.WithError(derr).WithField("snapshot_id", snap).Warn("could not delete a template the index did not record; the sweep deletes it")
-			}
+			o.dropTemplateBuild(log, intent, tag, snap)
 			return tmplReady{}, fmt.Errorf("record the template: %w", err)
 		}
 	}
 	log.WithFields(logrus.Fields{"sandbox_id": h.SandboxID, "snapshot_id": snap}).Info("template built: its key's seeds fork it")
 	return r, nil
+}
+
+// dropTemplateBuild deletes the snapshots of a build that will not be a
+// template (taken: those known; a snapshot call may fail after its effect,
+// so the others are found by their tag), then its intent; what it cannot
+// delete the intent leaves to the next start.
+func (o *Owner) dropTemplateBuild(log logrus.FieldLogger, intent snapshotindex.IntentKey, tag string, taken ...string) {
+	ctx, cancel := context.WithTimeout(o.base, timeouts.CloseStops)
+	defer cancel()
+	for _, id := range sortedSet(append(o.listSnapshotsByTag(ctx, tag), taken...)) {
+		if err := o.caps.Snapshotter.DeleteSnapshot(ctx, id); err != nil {
+			log.WithError(err).WithField("snapshot_id", id).Warn("could not delete the snapshot of a template not recorded; the next start deletes it")
+			return
+		}
+	}
+	if o.index != nil {
+		if err := o.index.DeleteIntent(intent); err != nil {
+			log.WithError(err).Warn("could not drop a failed template build's intent; the next start drops it")
+		}
+	}
 }
 
 // runTemplateSetup runs setup as a session's start does: a panic is an

@@ -344,3 +344,48 @@ func TestTemplateStartFailingAfterItsEffectLeavesNothing(t *testing.T) {
 		t.Fatalf("left %v after a failed template start (setups %d)", live, runs.Load())
 	}
 }
+
+// A template's snapshot whose call failed after its effect is found by its
+// tag and deleted with the build's intent: the seed fails and nothing is
+// left.
+func TestTemplateSnapshotFailingAfterItsEffectLeavesNothing(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	e.fk.FailAfterEffect(fake.OpSnapshot, 1)
+	var runs atomic.Int64
+	if _, err := o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), ""); !errors.Is(err, provider.ErrInjected) {
+		t.Fatalf("got %v, want the injected snapshot failure", err)
+	}
+	ins, err := o.Index().Intents("")
+	if snaps := e.fk.SnapshotIDs(); len(snaps) != 0 || len(e.fk.LiveSandboxIDs()) != 0 || err != nil || len(ins) != 0 {
+		t.Fatalf("left snapshots %v, sandboxes %v, intents %v (%v)", snaps, e.fk.LiveSandboxIDs(), ins, err)
+	}
+}
+
+// A crash between a template's snapshot and its record leaves an intent
+// naming the snapshot's tag: the next start deletes the snapshot.
+func TestTemplateBuildCutByACrash(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	var runs atomic.Int64
+	crashed := make(chan struct{})
+	e.fk.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpSnapshot && c.Phase == fake.PhaseEnd {
+			e.fk.SetHook(nil)
+			o.Abandon()
+			close(crashed)
+		}
+	})
+	go func() {
+		_, _ = o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+	}()
+	<-crashed
+	if len(e.fk.SnapshotIDs()) != 1 {
+		t.Fatalf("snapshots after the crash: %v", e.fk.SnapshotIDs())
+	}
+	o2 := e.open()
+	ts, err := o2.Index().Templates()
+	if snaps := e.fk.SnapshotIDs(); len(snaps) != 0 || err != nil || len(ts) != 0 {
+		t.Fatalf("after the restart: snapshots %v, templates %v (%v)", snaps, ts, err)
+	}
+}

@@ -25,7 +25,7 @@ type Store interface {
 	PutIntent(in Intent) error
 	Intents(kind string) ([]Intent, error)
 	DeleteIntent(k IntentKey) error
-	PutTemplate(t Template) error
+	PutTemplate(t Template, clearIntents ...IntentKey) error
 	Templates() ([]Template, error)
 	DropTemplates(keys []string, tombstones []Tombstone) error
 	Close() error

@@ -19,11 +19,12 @@ type Template struct {
 	CreatedAt  time.Time       `json:"created_at"`
 }
 
-// PutTemplate writes (or replaces) the template of t.Key. A zero CreatedAt
-// is set to now; a snapshot tombstoned is ErrInvalid.
-func (x *engine) PutTemplate(t Template) error {
-	var err error
-	if t.Key == "" || t.SnapshotID == "" {
+// PutTemplate writes (or replaces) the template of t.Key and deletes the
+// intents clearIntents, in one transaction. A zero CreatedAt is set to
+// now; a snapshot tombstoned is ErrInvalid.
+func (x *engine) PutTemplate(t Template, clearIntents ...IntentKey) error {
+	err := checkIntentKeys(clearIntents)
+	if err == nil && (t.Key == "" || t.SnapshotID == "") {
 		err = invalid("template %q with snapshot %q: both are required", t.Key, t.SnapshotID)
 	}
 	if err == nil {
@@ -36,7 +37,10 @@ func (x *engine) PutTemplate(t Template) error {
 			if dead {
 				return invalid("template %q names snapshot %q, which is tombstoned", t.Key, t.SnapshotID)
 			}
-			return setJSON(txn, templateKey(t.Key), t)
+			if err := setJSON(txn, templateKey(t.Key), t); err != nil {
+				return err
+			}
+			return deleteIntents(txn, clearIntents)
 		})
 	}
 	if err != nil {

@@ -35,6 +35,22 @@ func testTemplates(t *testing.T, x Store, reopen func() Store) {
 	wantErr(t, x.PutTemplate(Template{Key: "", SnapshotID: "s"}), ErrInvalid)
 	wantErr(t, x.PutTemplate(Template{Key: "k", SnapshotID: ""}), ErrInvalid)
 
+	// A put clears the build's intent in its transaction; an intent key
+	// without a kind is refused.
+	if err := x.PutIntent(Intent{Kind: "template", ID: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, x.PutTemplate(Template{Key: "d", SnapshotID: "snap-d"}, IntentKey{ID: "t1"}), ErrInvalid)
+	if err := x.PutTemplate(Template{Key: "d", SnapshotID: "snap-d"}, IntentKey{Kind: "template", ID: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	if ins, err := x.Intents(""); err != nil || len(ins) != 0 {
+		t.Fatalf("intents after the put: %v, %v", ins, err)
+	}
+	if err := x.DropTemplates([]string{"d"}, nil); err != nil {
+		t.Fatal(err)
+	}
+
 	// A drop removes the templates and tombstones their snapshots in one
 	// transaction; a tombstoned snapshot cannot become a template again.
 	if err := x.DropTemplates([]string{"task/b", "absent"}, []Tombstone{{SnapshotID: "snap-b", Reason: "template unused", At: at}}); err != nil {
