@@ -40,6 +40,7 @@ func run(args []string, stdout, stderr io.Writer, tty bool) int {
 	verbose := fs.Bool("v", false, "print the trace of the first run (then -runs is 1)")
 	parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "runs at once")
 	mode := fs.String("mode", "", "how the owner's concurrency runs: deterministic (the default with the fake: one seeded scheduler on virtual time, so a seed replays exactly) or real-goroutines (the default and only mode with opensandbox)")
+	keyed := fs.Bool("keyed", false, "add the keyed workload: groups of seeds of one task key forking its template (built once), templates expiring, and warm pools in the owner")
 	prov := fs.String("provider", engine.ProviderFake, "what the owner drives: fake, or opensandbox (the OpenSandbox client against the fake OpenSandbox server over the same fake)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: go run ./sim [flags]\n\nfault kinds: ")
@@ -76,7 +77,7 @@ func run(args []string, stdout, stderr io.Writer, tty bool) int {
 		fmt.Fprintln(stderr, "sim: -provider opensandbox talks HTTP and runs only in -mode real-goroutines")
 		return 2
 	}
-	cfg := engine.Config{Sessions: *sessions, Steps: *steps, Faults: f, Provider: *prov, Runtime: *mode}
+	cfg := engine.Config{Sessions: *sessions, Steps: *steps, Faults: f, Provider: *prov, Runtime: *mode, Keyed: *keyed}
 	if cfg.Runtime == "" {
 		cfg.Runtime = engine.RuntimeDeterministic
 		if *prov == engine.ProviderOpenSandbox {
@@ -87,8 +88,12 @@ func run(args []string, stdout, stderr io.Writer, tty bool) int {
 		*runs = 1
 		cfg.Trace = stdout
 	}
+	keyedFlag := ""
+	if *keyed {
+		keyedFlag = " -keyed"
+	}
 	replay := func(s int64) string {
-		return fmt.Sprintf("go run ./sim -provider %s -mode %s -seed %d -runs 1 -sessions %d -steps %d -faults %s -v", *prov, cfg.Runtime, s, *sessions, *steps, f)
+		return fmt.Sprintf("go run ./sim -provider %s -mode %s -seed %d -runs 1 -sessions %d -steps %d -faults %s%s -v", *prov, cfg.Runtime, s, *sessions, *steps, f, keyedFlag)
 	}
 	fmt.Fprintf(stderr, "sim: %d runs from seed %d, %d sessions, %d steps, faults %s, %d at once\n", *runs, *seed, *sessions, *steps, f, min(*parallel, *runs))
 	if cfg.Runtime == engine.RuntimeReal {

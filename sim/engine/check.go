@@ -174,14 +174,18 @@ func (r *run) check() {
 	if !ok {
 		return
 	}
+	pooled, templates := r.keyedHeld(held)
+	if r.broken {
+		return
+	}
 	for _, id := range r.fk.LiveSandboxIDs() {
-		if _, ok := held[id]; !ok && !st.named[id] {
+		if _, ok := held[id]; !ok && !st.named[id] && !pooled[id] {
 			info, _ := r.fk.Sandbox(id)
 			r.violate(NoLeak, "sandbox %s (labels %v) runs, but no live session holds it and no checkpoint names it", id, info.Metadata)
 		}
 	}
 	for _, id := range r.fk.SnapshotIDs() {
-		if len(st.refs[id]) == 0 && !st.tomb[id] {
+		if len(st.refs[id]) == 0 && !st.tomb[id] && !templates[id] {
 			info, _ := r.fk.SnapshotInfo(id)
 			r.violate(NoLeak, "snapshot %s (%s, of sandbox %s) exists, but no checkpoint names it and no tombstone covers it", id, info.Name, info.SandboxID)
 		}

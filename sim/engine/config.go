@@ -219,6 +219,11 @@ type Config struct {
 	// against the fake OpenSandbox server whose runtime is the same fake,
 	// so faults and checks are unchanged).
 	Provider string
+	// Keyed adds the keyed workload: groups of seeds of one task key
+	// forking its template, and templates expiring, with warm pools of
+	// keyedPoolSize in the owner. Off, a seed's run is what it was before
+	// the keyed workload existed.
+	Keyed bool
 	// Runtime is the sched.Runtime the owner's concurrency runs on (the
 	// -mode flag): RuntimeDeterministic (default: one seeded scheduler on
 	// virtual time, so a seed replays exactly) or RuntimeReal (goroutines,

@@ -77,6 +77,11 @@ func (s *Summary) WriteTable(w io.Writer, cfg Config, replay func(seed int64) st
 	for _, inv := range Invariants() {
 		fmt.Fprintf(tw, "%s\t%d\t\n", inv, by[inv])
 	}
+	for _, inv := range keyedInvariants() {
+		if cfg.Keyed || by[inv] > 0 {
+			fmt.Fprintf(tw, "%s\t%d\t\n", inv, by[inv])
+		}
+	}
 	fmt.Fprintf(tw, "total\t%d\t\n", len(s.Violations))
 	tw.Flush()
 

@@ -527,7 +527,7 @@ func (r *run) ownerConfig() owner.Config {
 }
 
 func (r *run) baseOwnerConfig() owner.Config {
-	return owner.Config{
+	c := owner.Config{
 		Name:     "notes",
 		Provider: r.proc,
 		Checkpoint: owner.CheckpointConfig{
@@ -548,6 +548,10 @@ func (r *run) baseOwnerConfig() owner.Config {
 		// its incarnation ids too.
 		Incarnation: fmt.Sprintf("%08x-%d", uint32(r.seed), r.incarnations),
 	}
+	if r.cfg.Keyed {
+		c.Pool = keyedPool()
+	}
+	return c
 }
 
 func (r *run) ownerIndex() snapshotindex.Store {

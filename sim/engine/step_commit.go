@@ -231,8 +231,9 @@ func (r *run) awaitOrphans() {
 		return
 	}
 	var orphans []string
+	templates := r.templateSnapshots()
 	for _, id := range r.fk.SnapshotIDs() {
-		if len(st.refs[id]) == 0 && !st.tomb[id] {
+		if len(st.refs[id]) == 0 && !st.tomb[id] && !templates[id] {
 			orphans = append(orphans, id)
 		}
 	}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"math/rand/v2"
+	"slices"
 	"strings"
 
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -27,6 +28,7 @@ func (r *run) final() {
 		}
 		r.m.sessions[sid].live = false
 	}
+	r.finalKeyed()
 	res, err := r.o.Release(r.life, nil)
 	r.tracef("final: ended %v; release dropped %v deleted %v deferred %v err %v", ids, res.Dropped, res.Deleted, res.Deferred, err)
 	if err != nil {
@@ -38,7 +40,8 @@ func (r *run) final() {
 	}
 	r.m.ckpts = map[string]*checkpointState{}
 	clear(r.m.gone)
-	if sbs := r.fk.LiveSandboxIDs(); len(sbs) > 0 {
+	pooled, _ := r.keyedHeld(nil)
+	if sbs := slices.DeleteFunc(r.fk.LiveSandboxIDs(), func(id string) bool { return pooled[id] }); len(sbs) > 0 {
 		r.violate(NoLeak, "every session ended and a release kept nothing, but sandboxes %v run", sbs)
 	}
 	if snaps := r.fk.SnapshotIDs(); len(snaps) > 0 {
@@ -55,6 +58,7 @@ func (r *run) final() {
 		return
 	}
 	defer idx.Close()
+	r.afterCloseKeyed(idx)
 	metas, _ := idx.Checkpoints()
 	ts, _ := idx.Tombstones()
 	in, _ := idx.Intents("")

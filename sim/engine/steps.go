@@ -39,6 +39,9 @@ func ops() []op {
 
 func (r *run) doStep() {
 	all := ops()
+	if r.cfg.Keyed {
+		all = append(all, keyedOps()...)
+	}
 	total := 0
 	for _, o := range all {
 		total += o.weight
