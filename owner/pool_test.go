@@ -145,12 +145,12 @@ func TestPoolOfATemplate(t *testing.T) {
 	o := e.open(pool(2, 1, 0))
 	wait := poolStarts(o)
 	var runs atomic.Int64
-	first, err := o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+	first, err := seedTask(o, "a", &runs, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	wait(2)
-	sb, err := o.StartKeyedSessionSandbox(context.Background(), "b", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+	sb, err := seedTask(o, "b", &runs, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func TestPoolStartFailingAfterItsEffectLeavesNothing(t *testing.T) {
 		"start": {fake.OpStart, seed},
 		"fork": {fake.OpFork, func(t *testing.T, o *owner.Owner, sid string) sandbox.Sandbox {
 			var runs atomic.Int64
-			sb, err := o.StartKeyedSessionSandbox(context.Background(), sid, "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+			sb, err := seedTask(o, sid, &runs, "")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -123,12 +123,18 @@ func TestKeyedGroupRunsSetupOnce(t *testing.T) {
 	}); len(errs) != 0 {
 		t.Fatal(errs)
 	}
-	if _, err := o.StartKeyedSessionSandbox(context.Background(), "late", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), ""); err != nil {
+	if _, err := seedTask(o, "late", &runs, ""); err != nil {
 		t.Fatal(err)
 	}
 	if runs.Load() != 2 || o.Templates() != 2 {
 		t.Fatalf("setups = %d, templates = %d; want 2, 2", runs.Load(), o.Templates())
 	}
+}
+
+// seedTask seeds sid with task-1's keyed setup, which does not wait,
+// counting its runs in runs.
+func seedTask(o *owner.Owner, sid string, runs *atomic.Int64, workdir string) (sandbox.Sandbox, error) {
+	return o.StartKeyedSessionSandbox(context.Background(), sid, "task-1", keyedSpec, keyedSetup("task-1", runs, closed(), nil), workdir)
 }
 
 func closed() <-chan struct{} {
@@ -161,7 +167,7 @@ func TestKeyedSetupFailureFailsTheGroup(t *testing.T) {
 	if ts, _ := o.Index().Templates(); len(ts) != 0 || o.Templates() != 0 {
 		t.Fatalf("a failed setup was kept: %+v", ts)
 	}
-	if _, err := o.StartKeyedSessionSandbox(context.Background(), "again", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), ""); err != nil {
+	if _, err := seedTask(o, "again", &runs, ""); err != nil {
 		t.Fatal(err)
 	}
 	if runs.Load() != 2 {
@@ -176,7 +182,7 @@ func TestTemplatesOutliveTheOwnerAndExpire(t *testing.T) {
 	e := newEnv(t)
 	o := e.open()
 	var runs atomic.Int64
-	sb, err := o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "/w")
+	sb, err := seedTask(o, "a", &runs, "/w")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +191,7 @@ func TestTemplatesOutliveTheOwnerAndExpire(t *testing.T) {
 		t.Fatal(err)
 	}
 	o2 := e.open()
-	sb2, err := o2.StartKeyedSessionSandbox(context.Background(), "b", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "/w")
+	sb2, err := seedTask(o2, "b", &runs, "/w")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +223,7 @@ func TestTemplatesOutliveTheOwnerAndExpire(t *testing.T) {
 	if tomb, _ := o2.Index().Tombstones(); len(tomb) != 0 {
 		t.Fatalf("tombstones left: %+v", tomb)
 	}
-	if _, err := o2.StartKeyedSessionSandbox(context.Background(), "c", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "/w"); err != nil {
+	if _, err := seedTask(o2, "c", &runs, "/w"); err != nil {
 		t.Fatal(err)
 	}
 	if runs.Load() != 2 {
@@ -231,7 +237,7 @@ func TestTemplateLostIsBuiltAgain(t *testing.T) {
 	e := newEnv(t)
 	o := e.open()
 	var runs atomic.Int64
-	sb, err := o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+	sb, err := seedTask(o, "a", &runs, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +247,7 @@ func TestTemplateLostIsBuiltAgain(t *testing.T) {
 	if err := e.fk.DeleteSnapshot(context.Background(), sb.FromSnapshot); err != nil {
 		t.Fatal(err)
 	}
-	sb2, err := o.StartKeyedSessionSandbox(context.Background(), "b", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+	sb2, err := seedTask(o, "b", &runs, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +262,7 @@ func TestTemplatesWithoutIndex(t *testing.T) {
 	e := newEnv(t)
 	o := e.open(func(c *owner.Config) { c.Checkpoint.Enabled = false })
 	var runs atomic.Int64
-	sb, err := o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+	sb, err := seedTask(o, "a", &runs, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +291,7 @@ func TestReleaseKeepsTemplatesOfEarlierRuns(t *testing.T) {
 	e := newEnv(t)
 	o := e.open()
 	var runs atomic.Int64
-	sb, err := o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+	sb, err := seedTask(o, "a", &runs, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +305,7 @@ func TestReleaseKeepsTemplatesOfEarlierRuns(t *testing.T) {
 	if !slices.Contains(e.fk.SnapshotIDs(), sb.FromSnapshot) {
 		t.Fatalf("the release took the template %s as a leftover", sb.FromSnapshot)
 	}
-	if _, err := o2.StartKeyedSessionSandbox(context.Background(), "b", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), ""); err != nil || runs.Load() != 1 {
+	if _, err := seedTask(o2, "b", &runs, ""); err != nil || runs.Load() != 1 {
 		t.Fatalf("after the release: %v, setups %d", err, runs.Load())
 	}
 }
@@ -310,7 +316,7 @@ func TestTemplateExpiryWithAForkLive(t *testing.T) {
 	e := newEnv(t)
 	o := e.open()
 	var runs atomic.Int64
-	sb, err := o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+	sb, err := seedTask(o, "a", &runs, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +343,7 @@ func TestTemplateStartFailingAfterItsEffectLeavesNothing(t *testing.T) {
 	o := e.open()
 	e.fk.FailAfterEffect(fake.OpStart, 1)
 	var runs atomic.Int64
-	if _, err := o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), ""); !errors.Is(err, provider.ErrInjected) {
+	if _, err := seedTask(o, "a", &runs, ""); !errors.Is(err, provider.ErrInjected) {
 		t.Fatalf("got %v, want the injected start failure", err)
 	}
 	if live := e.fk.LiveSandboxIDs(); len(live) != 0 || runs.Load() != 0 {
@@ -353,7 +359,7 @@ func TestTemplateSnapshotFailingAfterItsEffectLeavesNothing(t *testing.T) {
 	o := e.open()
 	e.fk.FailAfterEffect(fake.OpSnapshot, 1)
 	var runs atomic.Int64
-	if _, err := o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), ""); !errors.Is(err, provider.ErrInjected) {
+	if _, err := seedTask(o, "a", &runs, ""); !errors.Is(err, provider.ErrInjected) {
 		t.Fatalf("got %v, want the injected snapshot failure", err)
 	}
 	ins, err := o.Index().Intents("")
@@ -377,7 +383,7 @@ func TestTemplateBuildCutByACrash(t *testing.T) {
 		}
 	})
 	go func() {
-		_, _ = o.StartKeyedSessionSandbox(context.Background(), "a", "task-1", keyedSpec, keyedSetup("task-1", &runs, closed(), nil), "")
+		_, _ = seedTask(o, "a", &runs, "")
 	}()
 	<-crashed
 	if len(e.fk.SnapshotIDs()) != 1 {
