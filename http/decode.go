@@ -125,40 +125,47 @@ func readEpisode(raw []byte) (control.EpisodeID, bool) {
 
 // decodeClose decodes a /close_session body as resources.DecodeData does.
 func decodeClose(body []byte, fast bool) (closeRequest, error) {
-	var req closeRequest
 	body = bytes.TrimSpace(body)
 	if fast && len(body) == 0 {
-		return req, nil // DecodeData reads an empty body as {}
+		return closeRequest{}, nil // DecodeData reads an empty body as {}
 	}
 	if fast && json.Valid(body) {
-		var seen [2]bool
-		if jsonr.Members(body, func(key, value []byte) bool {
-			i, ok := jsonr.Fields(key, "resources_session_id", "episode_id")
-			switch {
-			case !ok:
-				return false
-			case i < 0:
-				return true
-			case seen[i]:
-				return false
-			}
-			seen[i] = true
-			if i == 1 {
-				req.EpisodeID = value
-				return true
-			}
-			if string(value) == "null" {
-				return true
-			}
-			s, ok := jsonr.String(value)
-			id := string(s)
-			req.ResourcesSessionID = &id
-			return ok
-		}) {
+		if req, ok := readClose(body); ok {
 			return req, nil
 		}
-		req = closeRequest{}
 	}
+	var req closeRequest
 	err := resources.DecodeData(body, &req)
 	return req, err
+}
+
+// readClose reads a valid close body as json.Unmarshal does (unknown
+// fields ignored), when it can.
+func readClose(body []byte) (closeRequest, bool) {
+	var req closeRequest
+	var seen [2]bool
+	ok := jsonr.Members(body, func(key, value []byte) bool {
+		i, ok := jsonr.Fields(key, "resources_session_id", "episode_id")
+		switch {
+		case !ok:
+			return false
+		case i < 0:
+			return true
+		case seen[i]:
+			return false
+		}
+		seen[i] = true
+		if i == 1 {
+			req.EpisodeID = value
+			return true
+		}
+		if string(value) == "null" {
+			return true
+		}
+		s, ok := jsonr.String(value)
+		id := string(s)
+		req.ResourcesSessionID = &id
+		return ok
+	})
+	return req, ok
 }

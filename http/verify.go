@@ -73,28 +73,34 @@ func objectFields(body []byte) ([]string, []json.RawMessage, error) { return fie
 // for a repeated key by comparing with each before).
 const maxReadFields = 64
 
+// readFields splits a valid body by hand, when it can: its values are
+// slices of body, which the request owns.
+func readFields(body []byte) ([]string, []json.RawMessage, bool) {
+	var keys []string
+	var vals []json.RawMessage
+	ok := jsonr.Members(body, func(k, v []byte) bool {
+		// A repeated key or one whose bad bytes the decoder replaces is
+		// left to it.
+		key := string(k)
+		if len(keys) == maxReadFields || !utf8.Valid(k) || slices.Contains(keys, key) {
+			return false
+		}
+		keys = append(keys, key)
+		vals = append(vals, v)
+		return true
+	})
+	return keys, vals, ok
+}
+
 // fields is objectFields; fast false reads with encoding/json only, which
-// the hand-written reader must agree with. The reader's values are slices
-// of body, which the request owns.
+// the hand-written reader must agree with.
 func fields(body []byte, fast bool) ([]string, []json.RawMessage, error) {
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 {
 		return nil, nil, nil
 	}
 	if fast && json.Valid(body) {
-		var keys []string
-		var vals []json.RawMessage
-		if jsonr.Members(body, func(k, v []byte) bool {
-			// A repeated key or one whose bad bytes the decoder replaces
-			// is left to it.
-			key := string(k)
-			if len(keys) == maxReadFields || !utf8.Valid(k) || slices.Contains(keys, key) {
-				return false
-			}
-			keys = append(keys, key)
-			vals = append(vals, v)
-			return true
-		}) {
+		if keys, vals, ok := readFields(body); ok {
 			return keys, vals, nil
 		}
 	}
