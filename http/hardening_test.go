@@ -94,3 +94,33 @@ func TestPrepareWithAPastDeadlineLeavesAdmissionOpen(t *testing.T) {
 }
 
 func jsonNumber(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+// TestRequestIDs: a client's X-Request-Id of up to 128 letters, digits and
+// "-_.:" names its request and comes back on the reply; any other (longer,
+// empty, another character) is replaced by 16 fresh lowercase hex digits,
+// as is a missing one.
+func TestRequestIDs(t *testing.T) {
+	h := newHarness(t)
+	id := func(sent string) string {
+		t.Helper()
+		var hdr map[string]string
+		if sent != "" {
+			hdr = map[string]string{httpapi.HeaderRequestID: sent}
+		}
+		return h.do(nil, "GET", "/health", nil, hdr).requestID
+	}
+	longest := strings.Repeat("r", 128)
+	for _, kept := range []string{"azAZ09-_.:", "a", longest} {
+		if got := id(kept); got != kept {
+			t.Errorf("request id %q came back as %q", kept, got)
+		}
+	}
+	made := map[string]bool{}
+	for _, replaced := range []string{"", longest + "r", "a b", "a/b", "é", "a\tb"} {
+		got := id(replaced)
+		if len(got) != 16 || strings.Trim(got, "0123456789abcdef") != "" || made[got] || got == replaced {
+			t.Errorf("request id %q came back as %q, want 16 fresh hex digits", replaced, got)
+		}
+		made[got] = true
+	}
+}

@@ -194,6 +194,8 @@ type reply struct {
 	header map[string]string
 	// cookie is what Set-Cookie said ("" when nothing, "-" when deleted).
 	cookie string
+	// requestID is the reply's X-Request-Id.
+	requestID string
 }
 
 func (r reply) json(t *testing.T) map[string]any {
@@ -225,7 +227,7 @@ func (h *harness) do(a *agent, method, path string, body any, headers map[string
 	if err := h.cl.DoTimeout(req, resp, 30*time.Second); err != nil {
 		h.t.Fatalf("%s %s: %v", method, path, err)
 	}
-	r := reply{status: resp.StatusCode(), body: append([]byte(nil), resp.Body()...), header: map[string]string{}}
+	r := reply{status: resp.StatusCode(), body: append([]byte(nil), resp.Body()...), header: map[string]string{}, requestID: string(resp.Header.Peek(httpapi.HeaderRequestID))}
 	for _, k := range []string{httpapi.HeaderVerify, httpapi.HeaderRestart, "Retry-After"} {
 		if v := resp.Header.Peek(k); v != nil {
 			r.header[k] = string(v)

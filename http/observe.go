@@ -61,7 +61,9 @@ func requestID(ctx *fasthttp.RequestCtx) {
 	if !usableRequestID(id) {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
-		id = hex.EncodeToString(b[:])
+		var h [16]byte
+		hex.Encode(h[:], b[:])
+		id = string(h[:]) // one allocation, where EncodeToString makes two
 	}
 	ctx.SetUserValue(requestIDValue, id)
 	ctx.Response.Header.Set(HeaderRequestID, id)
