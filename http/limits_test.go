@@ -184,6 +184,21 @@ func TestBodyLimits(t *testing.T) {
 	if st := post("Content-Length: 2\r\n", "{}"); st != 200 {
 		t.Errorf("small body: %d, want 200", st)
 	}
+	// Exactly on the limit, announced or chunked, is read; one byte more
+	// is not.
+	for _, n := range []int{1 << 10, 1<<10 + 1} {
+		want := 200
+		if n > 1<<10 {
+			want = 413
+		}
+		body := "{}" + strings.Repeat(" ", n-2)
+		if st := post(fmt.Sprintf("Content-Length: %d\r\n", n), body); st != want {
+			t.Errorf("a body of %d bytes: %d, want %d", n, st, want)
+		}
+		if st := post("Transfer-Encoding: chunked\r\n", fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", n, body)); st != want {
+			t.Errorf("a chunked body of %d bytes: %d, want %d", n, st, want)
+		}
+	}
 	// A header that never ends is a 408 at the read timeout.
 	c := dialRaw(t, addr)
 	c.send("POST /seed_session HTTP/1.1\r\nHost: x\r\nX-Slow: ")
