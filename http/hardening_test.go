@@ -124,3 +124,14 @@ func TestRequestIDs(t *testing.T) {
 		made[got] = true
 	}
 }
+
+// TestControlBodyLimit: a control body of exactly MaxControlBody bytes is
+// read; one byte more is refused (413) before it is decoded.
+func TestControlBodyLimit(t *testing.T) {
+	h := newHarness(t)
+	release := `{"kept_checkpoint_ids":[]}`
+	body := release + strings.Repeat(" ", httpapi.MaxControlBody-len(release))
+	auth := map[string]string{"Authorization": "Bearer " + token}
+	h.ok(h.do(nil, "POST", httpapi.ControlPrefix+"release", body, auth), "a release of exactly the limit")
+	h.want(h.do(nil, "POST", httpapi.ControlPrefix+"release", body+" ", auth), 413, httpapi.CodeBodyTooLarge, "a release one byte over")
+}

@@ -526,3 +526,18 @@ func TestControlTokenComparedInFull(t *testing.T) {
 	}
 	h.ok(h.control("status", nil), "status with the token")
 }
+
+// TestClosedSessionIDRetention: a closed session's id is refused a new seed
+// for the closed-id retention (an hour by default) and seeded again from
+// exactly then.
+func TestClosedSessionIDRetention(t *testing.T) {
+	h := newHarness(t)
+	a := &agent{}
+	h.ok(h.post(a, "/seed_session", nil), "seed")
+	cookie := a.cookie
+	h.ok(h.post(a, "/close_session", nil), "close")
+	h.clk.Advance(time.Hour - time.Nanosecond)
+	h.want(h.post(&agent{cookie: cookie}, "/seed_session", nil), 409, httpapi.CodeSessionClosed, "seed a moment before the retention ends")
+	h.clk.Advance(time.Nanosecond)
+	h.ok(h.post(&agent{cookie: cookie}, "/seed_session", nil), "seed once the retention ended")
+}
