@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/sandboxowner/owner/control"
 	httpapi "github.com/sandboxowner/owner/http"
 )
@@ -134,4 +136,61 @@ func TestControlBodyLimit(t *testing.T) {
 	auth := map[string]string{"Authorization": "Bearer " + token}
 	h.ok(h.do(nil, "POST", httpapi.ControlPrefix+"release", body, auth), "a release of exactly the limit")
 	h.want(h.do(nil, "POST", httpapi.ControlPrefix+"release", body+" ", auth), 413, httpapi.CodeBodyTooLarge, "a release one byte over")
+}
+
+// TestAccessLogRoutes: each answered request has one access-log line naming
+// its route as a bounded label (the route without the rollout prefix, a
+// control operation by name, "other" for anything no route serves), its
+// status and its session.
+func TestAccessLogRoutes(t *testing.T) {
+	h := newHarness(t, withAccessLog())
+	a := &agent{}
+	call := func(id, method, path string, body any) {
+		t.Helper()
+		hdr := map[string]string{httpapi.HeaderRequestID: id}
+		if strings.HasPrefix(path, httpapi.ControlPrefix) {
+			hdr["Authorization"] = "Bearer " + token
+		}
+		h.do(a, method, path, body, hdr)
+	}
+	call("seed", "POST", "/ng-rollout/r1/seed_session", nil)
+	call("empty-key", "POST", "/ng-rollout//seed_session", nil)
+	call("no-route", "POST", "/ng-rollout/r1", nil)
+	call("tool", "POST", "/append_note", map[string]any{"line": "x"})
+	call("health", "GET", "/health", nil)
+	call("unknown", "GET", "/nope", nil)
+	call("status", "GET", httpapi.ControlPrefix+"status", nil)
+	call("bogus-op", "POST", httpapi.ControlPrefix+"bogus", nil)
+	type line struct {
+		Route   string
+		Status  int
+		Session bool
+	}
+	got := map[string]line{}
+	for _, e := range h.log.AllEntries() {
+		if e.Message != "request" {
+			continue
+		}
+		id, _ := e.Data["request_id"].(string)
+		route, _ := e.Data["route"].(string)
+		status, _ := e.Data["status"].(int)
+		sess, _ := e.Data["session_id"].(string)
+		if _, dup := got[id]; dup {
+			t.Errorf("two access-log lines for request %s", id)
+		}
+		got[id] = line{route, status, sess != "" && sess == sessionID(a)}
+	}
+	want := map[string]line{
+		"seed":      {"/seed_session", 200, true},
+		"empty-key": {"other", 404, false},
+		"no-route":  {"other", 404, false},
+		"tool":      {"/append_note", 200, true},
+		"health":    {"/health", 200, false},
+		"unknown":   {"other", 404, false},
+		"status":    {httpapi.ControlPrefix + "status", 200, false},
+		"bogus-op":  {"other", 404, false},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("access-log lines by request id (-want +got):\n%s", diff)
+	}
 }

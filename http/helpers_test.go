@@ -57,6 +57,7 @@ type options struct {
 	prov       provider.Provider
 	res        resources.Resources
 	maxBody    int
+	accessLog  bool
 	// owner adjusts the owner's config.
 	owner func(*owner.Config)
 }
@@ -67,6 +68,7 @@ func checkpointOff() opt                      { return func(o *options) { o.chec
 func withProvider(p provider.Provider) opt    { return func(o *options) { o.prov = p } }
 func withResources(r resources.Resources) opt { return func(o *options) { o.res = r } }
 func withMaxBody(n int) opt                   { return func(o *options) { o.maxBody = n } }
+func withAccessLog() opt                      { return func(o *options) { o.accessLog = true } }
 func withOwner(f func(*owner.Config)) opt     { return func(o *options) { o.owner = f } }
 
 func newHarness(t *testing.T, opts ...opt) *harness {
@@ -131,6 +133,7 @@ func (h *harness) start() {
 		SessionSecret:    secret,
 		ControlAuthToken: token,
 		MaxBodyBytes:     h.opts.maxBody,
+		AccessLog:        h.opts.accessLog,
 		LeaseTick:        -1,
 	})
 	if err != nil {
