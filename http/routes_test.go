@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/control"
 	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/resources"
 	"github.com/sandboxowner/owner/resources/notes"
@@ -391,7 +392,44 @@ type boom struct{ *notes.Server }
 func (b boom) Tools() map[string]resources.ToolFunc {
 	tools := b.Server.Tools()
 	tools["/boom"] = func(ctx context.Context, sess *resources.Session, body []byte) (any, error) { panic("boom") }
+	// A tool failing with each status: its body names it.
+	tools["/fail"] = func(ctx context.Context, sess *resources.Session, body []byte) (any, error) {
+		var req struct{ Status int }
+		if err := json.Unmarshal(body, &req); err != nil {
+			return nil, err
+		}
+		if req.Status == 0 {
+			return nil, errors.New("broke") // unexpected: a 500
+		}
+		return nil, problem.Errorf(req.Status, "failed", "failed with %d", req.Status)
+	}
 	return tools
+}
+
+// TestUnexpectedFailuresLogged: a request that fails with a 5xx other than
+// 503 (the server's own fault) is logged as an error with its status; a
+// 503 (retry later) or a 4xx (the client's) is not.
+func TestUnexpectedFailuresLogged(t *testing.T) {
+	h := newHarness(t, withResources(boom{notes.New(notes.Options{})}))
+	a := &agent{}
+	h.ok(h.post(a, "/seed_session", nil), "seed")
+	for _, status := range []int{0, 499, 500, 502, 503} {
+		body := map[string]any{"Status": status}
+		if status == 0 {
+			body = map[string]any{}
+		}
+		h.post(a, "/fail", body)
+	}
+	var logged []int
+	for _, e := range h.log.AllEntries() {
+		if e.Message == "request failed" {
+			st, _ := e.Data["status"].(int)
+			logged = append(logged, st)
+		}
+	}
+	if diff := cmp.Diff([]int{500, 500, 502}, logged); diff != "" {
+		t.Errorf("statuses of the failures logged (-want +got):\n%s", diff)
+	}
 }
 
 func TestPanicIs500AndTheServerLives(t *testing.T) {
