@@ -69,7 +69,7 @@ func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, er
 		if ids := sandboxIDs(meta); ids != nil {
 			// Its tree (in copy mode; an overlay is mounted over views
 			// already), caches and writable mounts, through its views.
-			if _, _, _, caches, err = p.makeViews(s, *ids, nil, caches); err != nil {
+			if _, _, _, caches, err = p.makeViews(s, *ids, -1, nil, caches); err != nil {
 				return nil, err
 			}
 			if !meta.Overlay {

@@ -135,7 +135,10 @@ func newProvider(t *testing.T, m mode, opts Options) *Provider {
 	case err != nil:
 		t.Fatalf("New: %v", err)
 	}
-	t.Cleanup(func() { stopAll(t, p) })
+	t.Cleanup(func() {
+		stopAll(t, p)
+		_ = p.Close()
+	})
 	return p
 }
 

@@ -116,20 +116,22 @@ func (s *sandbox) viewOf(h string) string {
 	return filepath.Join(v.sb(), strings.TrimPrefix(h, s.dir))
 }
 
-// makeViews mounts s's views for the sandbox uid ids: its directory, the
+// makeViews mounts s's views for the sandbox uid ids (through userns, a
+// namespace made for ids ahead, which the caller closes; -1: one is made
+// when a view is): its directory, the
 // provider's root (in overlay mode), each of lowers outside the root, and
 // each writable cache or mount; it returns the paths to use for lowers,
 // the upper and work directories, and the mounts. Views already mounted
 // (a server restarted while the sandbox lived) are kept. A view that
 // failed stays to be detached with the others (see detachViews).
-func (p *Provider) makeViews(s *sandbox, ids owner, lowers []string, mounts []cacheMount) (viewLowers []string, upper, work string, viewMounts []cacheMount, err error) {
+func (p *Provider) makeViews(s *sandbox, ids owner, userns int, lowers []string, mounts []cacheMount) (viewLowers []string, upper, work string, viewMounts []cacheMount, err error) {
 	v := viewsOf(s.dir)
 	if err := os.MkdirAll(v.dir, 0o711); err != nil {
 		return nil, "", "", nil, err
 	}
-	nsfd := -1
+	nsfd := userns
 	defer func() {
-		if nsfd >= 0 {
+		if nsfd >= 0 && nsfd != userns {
 			unix.Close(nsfd)
 		}
 	}()

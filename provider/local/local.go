@@ -189,6 +189,13 @@ type Options struct {
 	// its own copy, never while other copies share the machine's CPUs and
 	// disk with it.
 	Captures int
+	// ReadyIDs is how many sandbox ids, each with its uid taken and the
+	// user namespace its views map through made, a provider that gives
+	// sandboxes uids of their own in overlay mode keeps made ahead, so
+	// that a start does not wait for the namespace (DefaultReadyIDs when
+	// zero, none when negative). They are made once a first sandbox
+	// started, and given back by Close.
+	ReadyIDs int
 	// Exclusive locks Root for this provider until Close (or the process
 	// ends): New fails with ErrRootLocked while another holds it, naming
 	// the process. A server sets it, since a second one on the same root
@@ -266,6 +273,8 @@ type Provider struct {
 	// captures holds a token per snapshot copying a sandbox.
 	captures chan struct{}
 
+	// ready keeps sandbox ids made ahead (nil: none are).
+	ready *readyIDs
 	// release: a remount's wait for the image's last loop device to go.
 	release imageRelease
 
@@ -468,6 +477,9 @@ func New(opts Options) (_ *Provider, err error) {
 	p.holdUIDs()
 	if err := p.chooseOverlay(opts.Overlay); err != nil {
 		return nil, err
+	}
+	if p.uids != nil && p.overlay && opts.ReadyIDs >= 0 {
+		p.ready = &readyIDs{p: p, max: cmp.Or(opts.ReadyIDs, DefaultReadyIDs)}
 	}
 	mode := "copy"
 	if p.overlay {

@@ -50,9 +50,11 @@ func lockRoot(root string) (*os.File, error) {
 	return f, nil
 }
 
-// Close releases the root's lock (Options.Exclusive). Sandboxes are not
-// touched: a provider on the same root finds them again.
+// Close releases the root's lock (Options.Exclusive) and gives back the
+// ids made ahead (see readyIDs). Sandboxes are not touched: a provider on
+// the same root finds them again.
 func (p *Provider) Close() error {
+	p.ready.close()
 	p.mu.Lock()
 	f := p.lock
 	p.lock = nil

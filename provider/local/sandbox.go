@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
@@ -237,19 +238,21 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 	if err := ctxErr(ctx, "start"); err != nil {
 		return provider.Handle{}, err
 	}
-	id := newID(sandboxPrefix)
+	got, err := p.newSandboxID()
+	if err != nil {
+		return provider.Handle{}, err
+	}
+	id, ids, userns := got.id, got.ids, got.nsfd
+	if userns >= 0 {
+		defer unix.Close(userns)
+	}
 	defer p.markPending(id)()
 	s := &sandbox{id: id, dir: p.sandboxDir(id), adopted: true, groups: map[int]struct{}{}}
 	if err := os.Mkdir(s.dir, 0o755); err != nil {
-		return provider.Handle{}, fmt.Errorf("local: start: %w", err)
-	}
-	var ids *owner
-	if p.uids != nil {
-		uid, err := p.uids.Take(id)
-		if err != nil {
-			return provider.Handle{}, err
+		if ids != nil {
+			p.uids.Release(ids.uid, id)
 		}
-		ids = &owner{uid, uid}
+		return provider.Handle{}, fmt.Errorf("local: start: %w", err)
 	}
 	defer func() {
 		if err != nil {
@@ -308,7 +311,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 		}
 		upper, work := s.upperDir(), s.workDir()
 		if ids != nil {
-			if lowers, upper, work, _, err = p.makeViews(s, *ids, lowers, nil); err != nil {
+			if lowers, upper, work, _, err = p.makeViews(s, *ids, userns, lowers, nil); err != nil {
 				return provider.Handle{}, fmt.Errorf("local: start: %w", err)
 			}
 		}
@@ -464,7 +467,7 @@ func (p *Provider) adoptLocked(ctx context.Context, s *sandbox) error {
 			lowers, upper, work := s.meta.Lowers, s.upperDir(), s.workDir()
 			if ids := sandboxIDs(s.meta); ids != nil {
 				var err error
-				if lowers, upper, work, _, err = p.makeViews(s, *ids, lowers, nil); err != nil {
+				if lowers, upper, work, _, err = p.makeViews(s, *ids, -1, lowers, nil); err != nil {
 					return fmt.Errorf("local: sandbox %s: remount: %w", s.id, err)
 				}
 			}

@@ -1,0 +1,143 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local/uidrange"
+)
+
+var overlayContainer = mode{"container-overlay", IsolationContainer, OverlayOn}
+
+// readyNow waits for the fill that runs and lists the ids made ahead.
+func readyNow(p *Provider) []readyID {
+	p.ready.settle()
+	p.ready.mu.Lock()
+	defer p.ready.mu.Unlock()
+	return append([]readyID(nil), p.ready.ready...)
+}
+
+// A provider's first start makes its own id, uid and namespace and has
+// more made ahead; the next start takes the first made ahead (its id, its
+// uid) and runs commands in a tree it owns; Close gives back the uids of
+// those still ready.
+func TestAStartTakesAnIDMadeAhead(t *testing.T) {
+	p := newProvider(t, overlayContainer, Options{})
+	if p.ready == nil {
+		t.Skip("SKIP: sandboxes here get no uid of their own")
+	}
+	if got := readyNow(p); len(got) != 0 {
+		t.Fatalf("%d ids made before any start", len(got))
+	}
+	start(t, p, provider.Spec{})
+	ahead := readyNow(p)
+	if len(ahead) != DefaultReadyIDs {
+		t.Fatalf("%d ids made ahead after a start, want %d", len(ahead), DefaultReadyIDs)
+	}
+	h := start(t, p, provider.Spec{Files: map[string]string{"f": "x"}})
+	if h.SandboxID != ahead[0].id {
+		t.Errorf("started %s, want the id made ahead %s", h.SandboxID, ahead[0].id)
+	}
+	s, err := p.live(context.Background(), h, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.meta.UID != ahead[0].ids.uid || s.meta.GID != ahead[0].ids.gid {
+		t.Errorf("uid/gid %d/%d, want the ones made ahead %d/%d", s.meta.UID, s.meta.GID, ahead[0].ids.uid, ahead[0].ids.gid)
+	}
+	if got := mustRun(t, p, h, "cat f && echo y > g && stat -c %u f g"); got != "x0\n0\n" {
+		t.Errorf("the tree through views made with the namespace made ahead: %q", got)
+	}
+	again := readyNow(p)
+	if len(again) != DefaultReadyIDs || again[0].id != ahead[1].id {
+		t.Errorf("after a take: %d ready, first %v; want %d, first %s", len(again), again, DefaultReadyIDs, ahead[1].id)
+	}
+
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var back []int
+	for _, r := range again {
+		uid, err := p.uids.Take(r.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back = append(back, uid)
+	}
+	want := []int{again[0].ids.uid, again[1].ids.uid}
+	if d := cmp.Diff(want, back); d != "" {
+		t.Errorf("the uids made ahead are not free again after Close (-want +got):\n%s", d)
+	}
+	if _, ok := p.ready.take(); ok {
+		t.Error("an id taken after Close")
+	}
+}
+
+// With ReadyIDs negative none is made ahead.
+func TestReadyIDsOff(t *testing.T) {
+	p := newProvider(t, overlayContainer, Options{ReadyIDs: -1})
+	if p.ready != nil {
+		t.Errorf("ids made ahead with ReadyIDs -1: %+v", p.ready)
+	}
+	start(t, p, provider.Spec{})
+}
+
+// A uid range's last free uid, taken by a fill as a start looks for one,
+// is the start's: it waits for the fill and takes what it made.
+func TestTheLastUIDGoesToTheStartThroughAFill(t *testing.T) {
+	p := newProvider(t, overlayContainer, Options{UIDRange: "1879113000-1879113001"})
+	if p.ready == nil {
+		t.Skip("SKIP: sandboxes here get no uid of their own")
+	}
+	ctx := context.Background()
+	a := start(t, p, provider.Spec{})
+	if got := readyNow(p); len(got) != 1 {
+		t.Fatalf("%d ids made ahead with one uid left, want 1", len(got))
+	}
+	start(t, p, provider.Spec{}) // takes the one made ahead
+	if _, err := p.Start(ctx, provider.Spec{}); !errors.Is(err, uidrange.ErrExhausted) {
+		t.Fatalf("a third start in a range of two: %v, want ErrExhausted", err)
+	}
+	readyNow(p)
+	if err := p.Stop(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+
+	// A fill takes the freed uid and holds it while the start looks.
+	holding, release, waiting := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	letGo := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(letGo) // before the provider's: Close waits for the fill
+	p.ready.mu.Lock()
+	p.ready.taken = func() {
+		close(holding)
+		<-release
+	}
+	p.ready.settling = func() { close(waiting) }
+	p.ready.mu.Unlock()
+	if _, ok := p.ready.take(); ok {
+		t.Fatal("an id was ready")
+	}
+	<-holding
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Start(ctx, provider.Spec{})
+		done <- err
+	}()
+	select {
+	case <-waiting:
+	case err := <-done:
+		t.Fatalf("a start while a fill held the last uid: %v, without waiting for the fill", err)
+	}
+	letGo()
+	p.ready.mu.Lock()
+	p.ready.taken, p.ready.settling = nil, nil
+	p.ready.mu.Unlock()
+	if err := <-done; err != nil {
+		t.Errorf("a start while a fill held the last uid: %v", err)
+	}
+}
