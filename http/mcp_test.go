@@ -3,6 +3,8 @@ package http_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -117,5 +119,31 @@ func TestMCPToolLinesCarryTheRequest(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("the tool's line (-want +got):\n%s\nline: %v", diff, line)
+	}
+}
+
+// TestMCPToolFailures: a tool failing over MCP answers a tool error naming
+// its code; a failure with a 5xx is logged as an error, a 4xx is not.
+func TestMCPToolFailures(t *testing.T) {
+	h := newHarness(t, withResources(boom{notes.New(notes.Options{})}))
+	seed := h.ok(h.post(&agent{}, "/seed_session", typedSeed("s-1", ep("r7", 0), "notes", "t1")), "typed seed")
+	tok := seed["resources_tools"].(map[string]any)["headers"].(map[string]any)[httpapi.HeaderMCPSession].(string)
+	for _, status := range []int{499, 500} {
+		r := h.ok(h.do(nil, "POST", "/mcp", map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": map[string]any{"name": "fail", "arguments": map[string]any{"Status": status}}},
+			map[string]string{httpapi.HeaderMCPSession: tok}), "tools/call")
+		res, _ := r["result"].(map[string]any)
+		content, _ := res["content"].([]any)
+		if res["isError"] != true || len(content) != 1 || !strings.Contains(fmt.Sprint(content[0]), `"code":"failed"`) {
+			t.Errorf("a tool failing with %d: %v", status, r)
+		}
+	}
+	n := 0
+	for _, e := range h.log.AllEntries() {
+		if e.Message == "MCP tool call failed" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d failures logged, want the 500's alone", n)
 	}
 }
