@@ -52,10 +52,7 @@ type pooled struct {
 }
 
 func newPoolBook(size, refill int, maxIdle time.Duration) *poolBook {
-	if refill < 1 {
-		refill = 1
-	}
-	return &poolBook{size: size, refill: refill, maxIdle: maxIdle, pools: map[string]*poolEntry{}}
+	return &poolBook{size: size, refill: max(refill, 1), maxIdle: maxIdle, pools: map[string]*poolEntry{}}
 }
 
 // claim is a seed of key: the oldest ready sandbox (hit) or none (miss),
