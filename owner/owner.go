@@ -57,6 +57,8 @@ type Owner struct {
 	clk         clock.Clock
 	log         logrus.FieldLogger
 	incarnation string
+	// starts numbers the starts and forks labelled LabelStart.
+	starts atomic.Uint64
 
 	system      *actor.ActorSystem
 	deadLetters *eventstream.Subscription

@@ -19,10 +19,10 @@ import (
 // LabelPool is set on the sandboxes a warm pool starts.
 const LabelPool = "ng.pool"
 
-// LabelPoolStart numbers each start of the warm pools within an
-// incarnation, so that a start that failed after the provider made its
-// sandbox finds that sandbox by its labels.
-const LabelPoolStart = "ng.pool_start"
+// LabelStart numbers each start and fork the owner makes for its warm
+// pools and keyed seeds within an incarnation, so that one that failed
+// after the provider made its sandbox finds that sandbox by its labels.
+const LabelStart = "ng.start"
 
 // PoolConfig keeps started sandboxes ready for seeds: per template (a
 // keyed seed's) or per spec (an unkeyed seed's), Size of them, each
@@ -60,9 +60,7 @@ type pools struct {
 	claimed map[string]bool
 	closed  bool
 	stats   PoolStats
-	// starts numbers the starts (LabelPoolStart); running counts those
-	// whose goroutine has not yet returned.
-	starts  uint64
+	// running counts the starts whose goroutine has not yet returned.
 	running int
 	// onStarted, when set, is told when each of the pools' starts ended
 	// (a test's hook).
@@ -184,11 +182,10 @@ func (o *Owner) poolStart(s poolStart) {
 		o.poolStartEnded()
 		return
 	}
-	p.starts++
-	n := strconv.FormatUint(p.starts, 10)
 	p.mu.Unlock()
+	n := o.startLabel()
 	at := o.clk.Now()
-	spec := o.labelled(r.Spec, "", map[string]string{LabelPool: labelValue(s.Key), LabelPoolStart: n})
+	spec := o.labelled(r.Spec, "", map[string]string{LabelPool: labelValue(s.Key), LabelStart: n})
 	var h provider.Handle
 	var err error
 	if r.Snapshot != "" {
@@ -208,7 +205,7 @@ func (o *Owner) poolStart(s poolStart) {
 	if err != nil {
 		o.log.WithError(err).Warn("a warm pool's start failed; the pool refills at its next claim")
 		// It may have failed after the provider made the sandbox.
-		o.stopUnreported(LabelPoolStart, n)
+		o.stopUnreported(LabelStart, n)
 	}
 	if stop {
 		o.stopPooled([]pooled{{Handle: h}})
@@ -288,6 +285,9 @@ func (o *Owner) renewPooled(h provider.Handle, until time.Time) error {
 	defer cancel()
 	return l.Renew(ctx, h, until)
 }
+
+// startLabel is the next LabelStart value.
+func (o *Owner) startLabel() string { return strconv.FormatUint(o.starts.Add(1), 10) }
 
 // stopUnreported stops this incarnation's sandboxes labelled k=v: a start
 // that failed after the provider made its sandbox never reported its id,

@@ -131,8 +131,13 @@ func (o *Owner) launchFork(ctx context.Context, tkey string, spec, labelled prov
 		return l, nil
 	}
 	at := o.clk.Now()
+	n := o.startLabel()
+	labelled.Metadata = maps.Clone(labelled.Metadata)
+	labelled.Metadata[LabelStart] = n
 	h, err := o.caps.Snapshotter.Fork(ctx, labelled, r.SnapshotID)
 	if err != nil {
+		// It may have failed after the provider made the fork.
+		o.stopUnreported(LabelStart, n)
 		return sandbox.Launched{}, fmt.Errorf("fork the template: %w", err)
 	}
 	return sandbox.Launched{Handle: h, FromSnapshot: r.SnapshotID, Workdir: r.Workdir, StartedAt: at}, nil

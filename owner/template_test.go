@@ -395,3 +395,22 @@ func TestTemplateBuildCutByACrash(t *testing.T) {
 		t.Fatalf("after the restart: snapshots %v, templates %v (%v)", snaps, ts, err)
 	}
 }
+
+// A keyed seed's fork that fails after the provider made it stops what the
+// provider made; the seed fails, and the template stays.
+func TestKeyedForkFailingAfterItsEffectLeavesNothing(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	var runs atomic.Int64
+	a, err := seedTask(o, "a", &runs, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.fk.FailAfterEffect(fake.OpFork, 1)
+	if _, err := seedTask(o, "b", &runs, ""); !errors.Is(err, provider.ErrInjected) {
+		t.Fatalf("got %v, want the injected fork failure", err)
+	}
+	if d := cmp.Diff([]string{a.Handle.SandboxID}, e.fk.LiveSandboxIDs()); d != "" || o.Templates() != 1 {
+		t.Fatalf("templates %d; live (-want +got):\n%s", o.Templates(), d)
+	}
+}

@@ -84,6 +84,9 @@ type keyedPlan struct {
 	key       string
 	sids      []string
 	setupFail bool
+	// forkFail: a fork (a seed's or a pool's refill) fails after the
+	// provider made it.
+	forkFail bool
 	// crash is where the owner crashes (nil: it does not): at the end of
 	// the template's start, of its snapshot, or of a fork.
 	crash *trigger
@@ -126,6 +129,7 @@ func (r *run) chooseKeyed() keyedPlan {
 	}
 	slices.Sort(p.sids)
 	p.setupFail = r.chance(FaultSetupFail)
+	p.forkFail = r.chance(FaultForkFailAfter)
 	if r.chance(FaultCrashSeed) {
 		p.crash = sample(r.rng, []*trigger{
 			{op: fake.OpStart, n: 1, after: true},
@@ -137,6 +141,9 @@ func (r *run) chooseKeyed() keyedPlan {
 }
 
 func (r *run) armKeyed(p keyedPlan) {
+	if p.forkFail {
+		r.fk.FailAfterEffect(fake.OpFork, 1)
+	}
 	if p.crash != nil {
 		r.proc.arm(p.crash)
 	}
@@ -171,7 +178,7 @@ func (r *run) actKeyed(p keyedPlan) (out keyedOutcome, crashed bool) {
 	for i := range p.sids {
 		ids = append(ids, fmt.Sprintf("%s:%s/%v", p.sids[i], out.sbs[i].Handle.SandboxID, out.errs[i]))
 	}
-	r.tracef("keyed seed of %s by %v (setup fails %v, crash %v): setups %d, %s", p.key, p.sids, p.setupFail, p.crash != nil, out.setups, strings.Join(ids, " "))
+	r.tracef("keyed seed of %s by %v (setup fails %v, fork fails after %v, crash %v): setups %d, %s", p.key, p.sids, p.setupFail, p.forkFail, p.crash != nil, out.setups, strings.Join(ids, " "))
 	return out, crashed
 }
 
@@ -180,6 +187,12 @@ func (r *run) actKeyed(p keyedPlan) (out keyedOutcome, crashed bool) {
 // and left no template; each other seed holds a sandbox of its own, never
 // lent before, forked from the key's template with its data.
 func (r *run) checkKeyed(p keyedPlan, before string, out keyedOutcome) {
+	// The fork fault may strike a seed's fork or a pool's refill: at most
+	// one seed fails of it, and nothing it made may be left (the checks).
+	forkFailed := r.injectedNow(fake.OpFork) > 0
+	if forkFailed {
+		r.fire(FaultForkFailAfter)
+	}
 	after := r.templateOf(p.key)
 	if p.setupFail && before == "" {
 		r.fire(FaultSetupFail)
@@ -204,6 +217,10 @@ func (r *run) checkKeyed(p keyedPlan, before string, out keyedOutcome) {
 	got := map[string]string{}
 	for i, sid := range p.sids {
 		sb, err := out.sbs[i], out.errs[i]
+		if err != nil && forkFailed && errors.Is(err, provider.ErrInjected) {
+			forkFailed = false
+			continue
+		}
 		if err != nil {
 			r.violate(Unexpected, "keyed seed %s of %s: %v", sid, p.key, err)
 			return
