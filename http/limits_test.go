@@ -234,6 +234,12 @@ func TestBodyMemoryBudget(t *testing.T) {
 	if st := health(t, addr); st != 200 {
 		t.Fatalf("/health with the budget spent: %d", st)
 	}
+	// So does one whose body is announced empty.
+	empty := dialRaw(t, addr)
+	empty.send("POST /seed_session HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+	if st, body := empty.answer(30 * time.Second); st != 200 {
+		t.Fatalf("an empty body with the budget spent: %d %s", st, body)
+	}
 }
 
 func TestConnectionCaps(t *testing.T) {
@@ -266,5 +272,22 @@ func TestConnectionCaps(t *testing.T) {
 	}
 	if st, _ := dialRaw(t, addr).answer(30 * time.Second); st != 503 {
 		t.Fatalf("a connection past max_conns: %d, want 503", st)
+	}
+}
+
+// TestBodyOfExactlyTheBudget: a body as large as the whole body-memory
+// budget is read (what is reserved for it is what it needs, not a whole
+// chunk more), and its memory is given back once it is answered.
+func TestBodyOfExactlyTheBudget(t *testing.T) {
+	const budget = 100 << 10 // a chunk and a part of one
+	addr, srv := tcpServer(t, httpapi.Config{MaxBodyBytes: 1 << 20, BodyMemory: budget, ReadTimeout: 30 * time.Second})
+	body := "{}" + strings.Repeat(" ", budget-2)
+	c := dialRaw(t, addr)
+	c.send(fmt.Sprintf("POST /seed_session HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
+	if st, reply := c.answer(30 * time.Second); st != 200 {
+		t.Fatalf("a body of exactly the budget: %d %s", st, reply)
+	}
+	if n := srv.BodyMemoryInUse(); n != 0 {
+		t.Errorf("%d bytes of body memory still held after the answer", n)
 	}
 }

@@ -123,7 +123,7 @@ func TestMCPToolLinesCarryTheRequest(t *testing.T) {
 }
 
 // TestMCPToolFailures: a tool failing over MCP answers a tool error naming
-// its code; a failure with a 5xx is logged as an error, a 4xx is not.
+// its code, under the call's id; a failure with a 5xx is logged as an error, a 4xx is not.
 func TestMCPToolFailures(t *testing.T) {
 	h := newHarness(t, withResources(boom{notes.New(notes.Options{})}))
 	seed := h.ok(h.post(&agent{}, "/seed_session", typedSeed("s-1", ep("r7", 0), "notes", "t1")), "typed seed")
@@ -133,7 +133,7 @@ func TestMCPToolFailures(t *testing.T) {
 			map[string]string{httpapi.HeaderMCPSession: tok}), "tools/call")
 		res, _ := r["result"].(map[string]any)
 		content, _ := res["content"].([]any)
-		if res["isError"] != true || len(content) != 1 || !strings.Contains(fmt.Sprint(content[0]), `"code":"failed"`) {
+		if r["id"] != 1.0 || res["isError"] != true || len(content) != 1 || !strings.Contains(fmt.Sprint(content[0]), `"code":"failed"`) {
 			t.Errorf("a tool failing with %d: %v", status, r)
 		}
 	}
