@@ -194,3 +194,22 @@ func TestAccessLogRoutes(t *testing.T) {
 		t.Errorf("access-log lines by request id (-want +got):\n%s", diff)
 	}
 }
+
+// TestBearerToken: the scheme's name is case-insensitive and the token is
+// what follows "Bearer " (empty when nothing does); a header too short to
+// hold the scheme, or of another scheme, has no token.
+func TestBearerToken(t *testing.T) {
+	type result struct {
+		Token string
+		OK    bool
+	}
+	var got []result
+	for _, h := range []string{"Bearer abc", "bEaReR abc", "Bearer ", "Bearer", "Basic abc", ""} {
+		tok, ok := httpapi.BearerToken([]byte(h))
+		got = append(got, result{string(tok), ok})
+	}
+	want := []result{{"abc", true}, {"abc", true}, {"", true}, {"", false}, {"", false}, {"", false}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("tokens of Bearer, bEaReR, an empty token, no space, Basic, nothing (-want +got):\n%s", diff)
+	}
+}
