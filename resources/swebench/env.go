@@ -382,15 +382,22 @@ func lockFile(path string) (func(), error) {
 	}, nil
 }
 
-// writeJSONFile writes v to path through a temporary file and a rename.
+// writeJSONFile writes v to path through a temporary file of its own (two
+// processes may write the same path) and a rename.
 func writeJSONFile(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	tmp := path + ".tmp-" + hex.EncodeToString(rnd[:])
 	if err := os.WriteFile(tmp, b, 0o644); err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	return nil
 }

@@ -377,3 +377,22 @@ func TestTheGoldenInstanceOnAFreshMachineResolvesWithOnlyTheRepository(t *testin
 		t.Errorf("a resolved grading has a failure_kind: %v", out["failure_kind"])
 	}
 }
+
+// Two processes writing one JSON file: each through a temporary file of
+// its own, so neither publishes the other's half-written one.
+func TestWriteJSONFileLeavesAnotherWritersTemporaryFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "v.json")
+	other := path + ".tmp"
+	if err := os.WriteFile(other, []byte(`{"half":`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeJSONFile(path, map[string]int{"a": 1}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(other); err != nil || string(b) != `{"half":` {
+		t.Errorf("the other writer's temporary file: %q, %v", b, err)
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != "{\n  \"a\": 1\n}" {
+		t.Errorf("the file: %q, %v", b, err)
+	}
+}

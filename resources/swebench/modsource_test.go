@@ -12,7 +12,9 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -243,5 +245,63 @@ func TestConfiguredModuleVersions(t *testing.T) {
 		if got != c.want || (c.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.err)) {
 			t.Errorf("version(%s) with %v = %q, %v; want %q, %q", c.commit, c.versions, got, err, c.want, c.err)
 		}
+	}
+}
+
+// Two servers sharing template_dir (two Templates: each has its own
+// in-process locks) making the same template from the module proxy: while
+// one holds the template's lock file, the other waits for it instead of
+// fetching the module and replacing a directory the first's sandboxes may
+// stand on.
+func TestAModuleTemplateWaitsForAnotherServersLock(t *testing.T) {
+	needTools(t, "git")
+	tk := newTask(t)
+	url, _, asked := moduleProxyOf(t, tk)
+	root := t.TempDir()
+	tp, err := NewTemplates(root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp.WithModules(map[string]string{taskRepo: "example.com/calc"}, url, nil)
+	dir := tp.dir(taskRepo, tk.base)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := lockFile(dir + ".lock") // the other server's
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := tp.Ensure(context.Background(), taskRepo, tk.base, testLogger(t))
+		done <- err
+	}()
+	// Either it fetches (the bug) or it waits on the lock: /proc/locks
+	// lists a waiter with "->".
+	var fi os.FileInfo
+	if fi, err = os.Stat(dir + ".lock"); err != nil {
+		t.Fatal(err)
+	}
+	ino := fmt.Sprintf(":%d ", fi.Sys().(*syscall.Stat_t).Ino)
+	waiting := func() bool {
+		b, _ := os.ReadFile("/proc/locks")
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, "->") && strings.Contains(l, "FLOCK") && strings.Contains(l, ino) {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(2 * time.Minute); len(asked()) == 0 && !waiting(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("neither a fetch nor a wait on the lock")
+		}
+	}
+	if got := asked(); len(got) > 0 {
+		t.Fatalf("the module was fetched while another server held the template's lock: %v", got)
+	}
+	unlock()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -94,14 +94,31 @@ func (t *Templates) ensureFromModule(ctx context.Context, repo, module, base str
 	lock.Lock()
 	defer lock.Unlock()
 	var src moduleSource
-	if b, err := os.ReadFile(dir + ".source.json"); err == nil && json.Unmarshal(b, &src) == nil && src.Local != "" {
-		if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
-			return dir, src.Local, nil
+	made := func() bool {
+		b, err := os.ReadFile(dir + ".source.json")
+		if err != nil || json.Unmarshal(b, &src) != nil || src.Local == "" {
+			return false
 		}
+		fi, err := os.Stat(dir)
+		return err == nil && fi.IsDir()
+	}
+	if made() {
+		return dir, src.Local, nil
 	}
 	began := time.Now()
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return "", "", fmt.Errorf("%w: %w", ErrTemplate, err)
+	}
+	// Across processes too: another server sharing template_dir may be
+	// making the same template, and the replacing below would remove a
+	// directory its sandboxes stand on.
+	unlock, err := lockFile(dir + ".lock")
+	if err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrTemplate, err)
+	}
+	defer unlock()
+	if made() {
+		return dir, src.Local, nil
 	}
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
