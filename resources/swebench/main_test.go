@@ -9,11 +9,13 @@ import (
 	"flag"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -53,11 +55,12 @@ func TestMain(m *testing.M) {
 	if !parallel {
 		_ = flag.Set("test.parallel", strconv.Itoa(max(4, runtime.GOMAXPROCS(0))))
 	}
-	dir, keep, err := sharedTemplates()
+	held, dir, err := sharedTemplates()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
+	keep := held != nil
 	os.Setenv(swebench.TemplatesEnv, dir)
 	std, err := sharedStdLayers(dir, keep)
 	if err != nil {
@@ -77,10 +80,9 @@ func TestMain(m *testing.M) {
 	}
 	os.Setenv(swebench.ProxyCacheEnv, proxyCache)
 	code := m.Run()
-	if !keep || code != 0 {
-		// A failed run's templates go: what failed (a validation that
-		// timed out on a loaded machine, say) is kept beside a template as
-		// its outcome, and must not become the next run's.
+	if keep {
+		held.release(code == 0)
+	} else {
 		_ = os.RemoveAll(dir)
 	}
 	os.Exit(code)
@@ -90,37 +92,32 @@ func TestMain(m *testing.M) {
 // the end, instead of the one kept between runs.
 const freshEnv = "SWEBENCH_TEST_FRESH"
 
-// sharedTemplates is the template_dir every test of the binary shares
-// (whether it is kept after the run). It is kept between runs of the same
-// source tree (every .go file of the module, go.mod, go.sum and the Go
-// version name it), so that a rerun does not build the templates'
-// environments and validations again: those of a clean tree take minutes of
-// compiling inside sandboxes. Any change to the code makes a new one; the
-// templates, environments and validations are made to be shared by servers
-// (and so by test binaries) at once. Directories of other trees unused for
-// a day are removed.
-func sharedTemplates() (dir string, keep bool, err error) {
+// sharedTemplates is the template_dir every test of the binary shares, and
+// the binary's hold on it when it is kept (nil for a fresh one). It is kept
+// between runs of the same source tree (every .go file of the module,
+// go.mod, go.sum and the Go version name it), so that a rerun does not
+// build the templates' environments and validations again: those of a
+// clean tree take minutes of compiling inside sandboxes. Any change to the
+// code makes a new one; the templates, environments and validations are
+// made to be shared by servers (and so by test binaries running at once:
+// claimShared). Directories of other trees unused for a day are removed.
+func sharedTemplates() (*claim, string, error) {
 	if os.Getenv(freshEnv) != "" {
 		dir, err := os.MkdirTemp("", "swebench-test-templates-")
-		return dir, false, err
+		return nil, dir, err
 	}
 	key, err := sourceKey(filepath.Join("..", ".."))
 	if err != nil {
-		return "", false, err
+		return nil, "", err
 	}
 	parent := filepath.Join(os.TempDir(), "sandboxowner-swebench-tests")
-	dir = filepath.Join(parent, key)
-	if err := touchDir(dir); err != nil {
-		return "", false, err
+	c, err := claimShared(parent, key)
+	if err != nil {
+		return nil, "", err
 	}
-	now := time.Now()
-	entries, _ := os.ReadDir(parent)
-	for _, e := range entries {
-		if info, err := e.Info(); err == nil && e.Name() != key && now.Sub(info.ModTime()) > 24*time.Hour {
-			_ = os.RemoveAll(filepath.Join(parent, e.Name()))
-		}
-	}
-	return dir, true, nil
+	sweepUnused(parent, key, time.Now())
+	seedFromEarlierTree(parent, c)
+	return c, c.dir, nil
 }
 
 // sharedStdLayers is the std_cache_dir of the test binary's servers. Kept
@@ -156,36 +153,86 @@ func touchDir(dir string) error {
 	return os.Chtimes(dir, now, now)
 }
 
-// sourceKey hashes the Go version and every .go file, go.mod and go.sum
-// under root (the module), by path and content.
+// sourceKey hashes what the kept templates, environments and validations
+// are made by, by path and content: the Go version, go.mod and go.sum, the
+// .go files of every package of the module this package's code imports
+// (go list -deps), of app (the binary's tests run its wiring of the
+// server), and every file under this package's directory (its tests and
+// their rows, testdata, the grading package). A change elsewhere (the HTTP
+// layer, the simulation, docs) cannot change what is kept, so it reuses
+// it; any change to these makes a new one.
 func sourceKey(root string) (string, error) {
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{if .Module}}{{if .Module.Main}}{{.Dir}}{{end}}{{end}}", ".").Output()
+	if err != nil {
+		return "", fmt.Errorf("list the package's dependencies: %w", err)
+	}
+	self, err := filepath.Abs(".")
+	if err != nil {
+		return "", err
+	}
+	mod, err := filepath.Abs(root)
+	if err != nil {
+		return "", err
+	}
+	dirs := map[string]bool{filepath.Join(mod, "app"): true}
+	for _, d := range strings.Fields(string(out)) {
+		dirs[d] = true
+	}
 	h := sha256.New()
 	fmt.Fprintln(h, runtime.Version())
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if path != root && strings.HasPrefix(d.Name(), ".") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if name := d.Name(); !strings.HasSuffix(name, ".go") && name != "go.mod" && name != "go.sum" {
-			return nil
-		}
+	hash := func(path string) error {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(h, "%s %d\n", filepath.ToSlash(path), len(b))
+		rel, _ := filepath.Rel(mod, path)
+		fmt.Fprintf(h, "%s %d\n", filepath.ToSlash(rel), len(b))
 		h.Write(b)
 		return nil
+	}
+	for _, f := range []string{"go.mod", "go.sum"} {
+		if err := hash(filepath.Join(mod, f)); err != nil {
+			return "", fmt.Errorf("hash the module's sources: %w", err)
+		}
+	}
+	for _, d := range slices.Sorted(maps.Keys(dirs)) {
+		if within(d, self) {
+			continue // walked whole below
+		}
+		entries, err := os.ReadDir(d)
+		if err != nil {
+			return "", fmt.Errorf("hash the module's sources: %w", err)
+		}
+		for _, e := range entries {
+			if e.Type().IsRegular() && strings.HasSuffix(e.Name(), ".go") {
+				if err := hash(filepath.Join(d, e.Name())); err != nil {
+					return "", fmt.Errorf("hash the module's sources: %w", err)
+				}
+			}
+		}
+	}
+	err = filepath.WalkDir(self, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != self && strings.HasPrefix(d.Name(), ".") {
+			return filepath.SkipDir
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		return hash(path)
 	})
 	if err != nil {
-		return "", fmt.Errorf("hash the module's sources: %w", err)
+		return "", fmt.Errorf("hash the package's files: %w", err)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// within reports whether path is dir or inside it.
+func within(path, dir string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
 const (

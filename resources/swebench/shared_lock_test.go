@@ -1,0 +1,142 @@
+package swebench_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// Two test binaries of one source tree at once (two claims: flock locks
+// are per open file, so one process stands in for two): a failed one
+// leaves the directory the other's sandboxes stand on, and the next
+// binary to find itself alone empties it.
+func TestAFailedBinaryLeavesTheDirectoryAnotherHolds(t *testing.T) {
+	parent := t.TempDir()
+	a, err := claimShared(parent, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := claimShared(parent, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inUse := filepath.Join(b.dir, "in-use")
+	if err := os.WriteFile(inUse, []byte("b's cache entry"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a.release(false)
+	if _, err := os.Stat(inUse); err != nil {
+		t.Fatalf("a failed binary removed what another binary holds: %v", err)
+	}
+	b.release(true)
+	c, err := claimShared(parent, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.release(true)
+	if _, err := os.Stat(inUse); !os.IsNotExist(err) {
+		t.Fatalf("the failed run's directory was used again (stat: %v)", err)
+	}
+}
+
+// A binary alone that fails removes the directory at once; one that
+// succeeds keeps it for the next.
+func TestAKeptDirectoryOutlivesOnlyGoodRuns(t *testing.T) {
+	parent := t.TempDir()
+	entry := func(c *claim) string { return filepath.Join(c.dir, "entry") }
+	a, err := claimShared(parent, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(entry(a), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a.release(true)
+	b, err := claimShared(parent, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(entry(b)); err != nil {
+		t.Fatalf("a good run's directory was not kept: %v", err)
+	}
+	b.release(false)
+	if _, err := os.Stat(b.dir); !os.IsNotExist(err) {
+		t.Fatalf("a failed run alone kept its directory (stat: %v)", err)
+	}
+}
+
+// The sweep removes other trees' directories unused for a day, unless a
+// binary holds one.
+func TestTheSweepSparesAHeldDirectory(t *testing.T) {
+	parent := t.TempDir()
+	held, err := claimShared(parent, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.release(true)
+	old := filepath.Join(parent, "old")
+	if err := os.MkdirAll(old, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	past := time.Now().Add(-48 * time.Hour)
+	for _, d := range []string{held.dir, old} {
+		if err := os.Chtimes(d, past, past); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sweepUnused(parent, "mine", time.Now())
+	if _, err := os.Stat(held.dir); err != nil {
+		t.Errorf("the sweep removed a held directory: %v", err)
+	}
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("the sweep kept an unused one (stat: %v)", err)
+	}
+}
+
+// A new tree's directory starts with the caches of the newest finished
+// tree's good environments (linked where a server looks for another
+// commit's), and nothing of a failed environment or an unfinished run.
+func TestANewTreeStartsWithAnEarlierTreesCaches(t *testing.T) {
+	parent := t.TempDir()
+	env := func(key, name, okJSON string, mark bool) {
+		dir := filepath.Join(parent, key, "ex__calc", "abc.env", name)
+		if err := os.MkdirAll(filepath.Join(dir, "caches", "gobuild"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "caches", "gobuild", "entry-d"), []byte(key), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "env.json"), []byte(okJSON), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if mark {
+			if err := os.WriteFile(filepath.Join(parent, key, unfinishedMark+"x"), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	env("old", "good", `{"ok": true}`, false)
+	env("old", "bad", `{"ok": false}`, false)
+	env("unfinished", "good", `{"ok": true}`, true)
+	past := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(filepath.Join(parent, "old"), past, past); err != nil {
+		t.Fatal(err)
+	}
+	c, err := claimShared(parent, "new")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.release(true)
+	seedFromEarlierTree(parent, c)
+	got, _ := filepath.Glob(filepath.Join(c.dir, "*", "*", "*", "caches", "gobuild", "*"))
+	want := []string{filepath.Join(c.dir, "ex__calc", "seed-old.env", "good", "caches", "gobuild", "entry-d")}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatalf("seeded caches (-want +got):\n%s", d)
+	}
+	if b, err := os.ReadFile(filepath.Join(c.dir, "ex__calc", "seed-old.env", "good", "env.json")); err != nil || string(b) != `{"ok": true}` {
+		t.Errorf("the seed's env.json: %q %v", b, err)
+	}
+}
