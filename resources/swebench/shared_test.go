@@ -139,14 +139,17 @@ func flock(f *os.File, how int) error {
 }
 
 // seedFromEarlierTree gives a new tree's kept directory the environments'
-// caches of the newest finished run of another tree: each good
-// environment's caches, hard-linked (only ever read: a server copies them)
+// build caches of the newest finished run of another tree: each good
+// environment's gobuild cache, hard-linked (only ever read: a server copies it)
 // under <repo>/seed-<key>.env/, where a server building an environment of
-// that repository finds them as another commit's and starts its caches as
-// a copy of them (seedCaches). What is copied is Go's module and build
-// caches, addressed by content, so whatever the other tree's run left can
-// be unused but never wrong; the environment steps and validations still
-// run, with this tree's code, and make their own outcomes.
+// that repository finds them as another commit's and starts its build
+// cache as a copy of it (seedCaches). Go's build cache is addressed by
+// content, so whatever the other tree's run left can be unused but never
+// wrong; the environment steps and validations still run, with this
+// tree's code, and make their own outcomes. The module caches are left
+// out: the environment step downloads them again from the kept module
+// proxy answers faster than a copy of them (hundreds of megabytes for gin
+// and caddy with their toolchain) takes on a loaded machine.
 func seedFromEarlierTree(parent string, c *claim) {
 	if entries, _ := os.ReadDir(c.dir); len(entries) > 1 {
 		return // not new: the binary's own mark is its one entry
@@ -188,7 +191,10 @@ func seedFromEarlierTree(parent string, c *claim) {
 		if err := os.MkdirAll(dst, 0o755); err != nil {
 			continue
 		}
-		if exec.Command("cp", "-al", filepath.Join(envDir, "caches"), dst+"/").Run() != nil {
+		if err := os.MkdirAll(filepath.Join(dst, "caches"), 0o755); err != nil {
+			continue
+		}
+		if exec.Command("cp", "-al", filepath.Join(envDir, "caches", "gobuild"), filepath.Join(dst, "caches")+"/").Run() != nil {
 			_ = os.RemoveAll(dst)
 			continue
 		}
