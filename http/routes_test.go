@@ -401,7 +401,11 @@ func (b boom) Tools() map[string]resources.ToolFunc {
 		if req.Status == 0 {
 			return nil, errors.New("broke") // unexpected: a 500
 		}
-		return nil, problem.Errorf(req.Status, "failed", "failed with %d", req.Status)
+		err := problem.Errorf(req.Status, "failed", "failed with %d", req.Status)
+		if req.Status == 429 {
+			err.RetryAfter = "7"
+		}
+		return nil, err
 	}
 	return tools
 }
@@ -578,4 +582,19 @@ func TestClosedSessionIDRetention(t *testing.T) {
 	h.want(h.post(&agent{cookie: cookie}, "/seed_session", nil), 409, httpapi.CodeSessionClosed, "seed a moment before the retention ends")
 	h.clk.Advance(time.Nanosecond)
 	h.ok(h.post(&agent{cookie: cookie}, "/seed_session", nil), "seed once the retention ended")
+}
+
+// TestRetryAfterOfAnError: an error that says when to retry answers with
+// that Retry-After; one that does not answers without any.
+func TestRetryAfterOfAnError(t *testing.T) {
+	h := newHarness(t, withResources(boom{notes.New(notes.Options{})}))
+	a := &agent{}
+	h.ok(h.post(a, "/seed_session", nil), "seed")
+	got := map[int]string{}
+	for _, status := range []int{429, 409} {
+		got[status] = h.post(a, "/fail", map[string]any{"Status": status}).header["Retry-After"]
+	}
+	if diff := cmp.Diff(map[int]string{429: "7", 409: ""}, got); diff != "" {
+		t.Errorf("Retry-After by status (-want +got):\n%s", diff)
+	}
 }
