@@ -60,6 +60,8 @@ type options struct {
 	accessLog  bool
 	// owner adjusts the owner's config.
 	owner func(*owner.Config)
+	// config adjusts the server's config.
+	config func(*httpapi.Config)
 }
 
 type opt func(*options)
@@ -70,6 +72,7 @@ func withResources(r resources.Resources) opt { return func(o *options) { o.res 
 func withMaxBody(n int) opt                   { return func(o *options) { o.maxBody = n } }
 func withAccessLog() opt                      { return func(o *options) { o.accessLog = true } }
 func withOwner(f func(*owner.Config)) opt     { return func(o *options) { o.owner = f } }
+func withConfig(f func(*httpapi.Config)) opt  { return func(o *options) { o.config = f } }
 
 func newHarness(t *testing.T, opts ...opt) *harness {
 	t.Helper()
@@ -125,7 +128,7 @@ func (h *harness) start() {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	srv, err := httpapi.New(httpapi.Config{
+	cfg := httpapi.Config{
 		Owner:            own,
 		Resources:        h.opts.res,
 		Logger:           lg,
@@ -135,7 +138,11 @@ func (h *harness) start() {
 		MaxBodyBytes:     h.opts.maxBody,
 		AccessLog:        h.opts.accessLog,
 		LeaseTick:        -1,
-	})
+	}
+	if h.opts.config != nil {
+		h.opts.config(&cfg)
+	}
+	srv, err := httpapi.New(cfg)
 	if err != nil {
 		h.t.Fatalf("http.New: %v", err)
 	}
