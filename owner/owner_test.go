@@ -298,3 +298,24 @@ func TestModes(t *testing.T) {
 		}
 	})
 }
+
+// An ordinary seed whose start fails after the provider made the sandbox
+// stops what the provider made: the seed fails and nothing is left running
+// until a restart or a sweep.
+func TestStartFailingAfterItsEffectLeavesNothing(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	a := seed(t, o, "a")
+	e.fk.FailAfterEffect(fake.OpStart, 1)
+	if _, err := o.StartSessionSandbox(context.Background(), "b", provider.Spec{Image: "notes"}, notesSetup("tok-b"), ""); !errors.Is(err, provider.ErrInjected) {
+		t.Fatalf("got %v, want the injected start failure", err)
+	}
+	if d := cmp.Diff([]string{a.Handle.SandboxID}, e.fk.LiveSandboxIDs()); d != "" {
+		t.Fatalf("live (-want +got):\n%s", d)
+	}
+	// The session may seed again once its failed start is cleaned up.
+	b := seed(t, o, "b")
+	if got := len(e.fk.LiveSandboxIDs()); got != 2 || b.Handle.SandboxID == "" {
+		t.Fatalf("live sandboxes %d after the second seed of b, want 2", got)
+	}
+}

@@ -19,9 +19,9 @@ import (
 // LabelPool is set on the sandboxes a warm pool starts.
 const LabelPool = "ng.pool"
 
-// LabelStart numbers each start and fork the owner makes for its warm
-// pools and keyed seeds within an incarnation, so that one that failed
-// after the provider made its sandbox finds that sandbox by its labels.
+// LabelStart numbers each start and fork the owner makes for a seed or a
+// warm pool within an incarnation, so that one that failed after the
+// provider made its sandbox finds that sandbox by its labels.
 const LabelStart = "ng.start"
 
 // PoolConfig keeps started sandboxes ready for seeds: per template (a
@@ -367,8 +367,7 @@ func (o *Owner) startPooled(ctx context.Context, sessionID string, spec provider
 			claimed = l.Handle.SandboxID
 			return l, nil
 		}
-		h, err := o.prov.Start(ctx, labelled)
-		return sandbox.Launched{Handle: h, StartedAt: o.clk.Now()}, err
+		return o.startNumbered(ctx, labelled)
 	}
 	sb, err := o.startSession(ctx, sessionID, spec, setup, workdir, launch)
 	o.settleClaim(claimed)

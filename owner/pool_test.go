@@ -2,6 +2,7 @@ package owner_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -299,5 +300,27 @@ func TestPoolRenewsLeases(t *testing.T) {
 	o.PoolTick(t0.Add(30 * time.Second))
 	if _, ok := e.fk.Sandbox(p2); ok || o.PoolStats().Expired != 1 || o.PoolStats().Ready != 0 {
 		t.Fatalf("a pooled sandbox whose renewal failed: live %t, stats %+v", ok, o.PoolStats())
+	}
+}
+
+// A seed that finds its pool empty starts a sandbox of its own; when that
+// start fails after the provider made the sandbox, it is stopped, as the
+// pool's own start that failed alike is.
+func TestPoolMissStartFailingAfterItsEffectLeavesNothing(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(pool(1, 1, 0))
+	wait := poolStarts(o)
+	// The seed's start and the refill its miss begins both fail after
+	// their effect, in whichever order they reach the provider.
+	e.fk.FailAfterEffect(fake.OpStart, 2)
+	if _, err := o.StartSessionSandbox(context.Background(), "s0", provider.Spec{Image: "notes"}, notesSetup("tok"), ""); !errors.Is(err, provider.ErrInjected) {
+		t.Fatalf("got %v, want the injected start failure", err)
+	}
+	wait(1)
+	if st := o.PoolStats(); st.Misses != 1 || st.Failed != 1 {
+		t.Fatalf("stats %+v: want one miss and its refill failed", st)
+	}
+	if live := e.fk.LiveSandboxIDs(); len(live) != 0 {
+		t.Fatalf("live %v, want none", live)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/sandboxowner/owner/messages"
@@ -70,6 +71,9 @@ func (o *Owner) startSession(ctx context.Context, sessionID string, spec provide
 		return sandbox.Sandbox{}, fmt.Errorf("%w: empty session id", provider.ErrInvalidSpec)
 	}
 	spec = o.labelled(spec, sessionID, nil)
+	if launch == nil {
+		launch = o.startNumbered
+	}
 	o.starting.Add(1)
 	defer o.starting.Add(-1)
 	m := newSeeding(sessionID, o.cfg.MaxSessions, messages.StartSandbox{Ctx: ctx, Spec: spec, Setup: setup, Workdir: workdir, Launch: launch})
@@ -77,6 +81,22 @@ func (o *Owner) startSession(ctx context.Context, sessionID string, spec provide
 		return sandbox.Sandbox{}, err
 	}
 	return m.sb, nil
+}
+
+// startNumbered starts labelled with the next LabelStart: a start that
+// fails after the provider made its sandbox stops that sandbox, which no
+// session tracks and nothing else would stop before the next start or
+// sweep.
+func (o *Owner) startNumbered(ctx context.Context, labelled provider.Spec) (sandbox.Launched, error) {
+	n := o.startLabel()
+	labelled.Metadata = maps.Clone(labelled.Metadata)
+	labelled.Metadata[LabelStart] = n
+	h, err := o.prov.Start(ctx, labelled)
+	if err != nil {
+		o.stopUnreported(LabelStart, n)
+		return sandbox.Launched{}, err
+	}
+	return sandbox.Launched{Handle: h, StartedAt: o.clk.Now()}, nil
 }
 
 // SessionSandbox returns the session's sandbox, including one a restore

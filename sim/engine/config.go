@@ -50,6 +50,9 @@ const (
 	FaultForkFail Fault = "fork-fail"
 	// FaultForkFailAfter: a fork is made but its call fails.
 	FaultForkFailAfter Fault = "fork-fail-after"
+	// FaultStartFailAfter: a seed's start makes its sandbox but its call
+	// fails.
+	FaultStartFailAfter Fault = "start-fail-after"
 	// FaultStopFail: a sandbox stop fails (end, retire, park, rollback,
 	// supersede, startup sweep, a failed setup's cleanup).
 	FaultStopFail Fault = "stop-fail"
@@ -98,6 +101,7 @@ func defaultRates() map[Fault]float64 {
 		FaultLatency:           0.04,
 		FaultForkFail:          0.10,
 		FaultForkFailAfter:     0.10,
+		FaultStartFailAfter:    0.06,
 		FaultStopFail:          0.08,
 		FaultDeleteFail:        0.10,
 		FaultSetupFail:         0.06,

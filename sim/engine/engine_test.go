@@ -366,6 +366,23 @@ func TestLostSandboxFaultIsRefused(t *testing.T) {
 	}
 }
 
+// A seed whose start fails after the provider made its sandbox fails and
+// leaves nothing running (the no-leak check after its step): at rate 1
+// every seed of a session without a sandbox arms it.
+func TestStartFailingAfterItsEffectLeavesNoSandbox(t *testing.T) {
+	fired := 0
+	for seed := int64(1); seed <= 6; seed++ {
+		res := Run(seed, Config{Sessions: 3, Steps: 24, Faults: Faults{FaultStartFailAfter: 1}, TempDir: t.TempDir()})
+		for _, v := range res.Violations {
+			t.Errorf("seed %d: %s", seed, v)
+		}
+		fired += res.Fired[FaultStartFailAfter]
+	}
+	if fired == 0 {
+		t.Fatal("the start fault never fired")
+	}
+}
+
 // A sandbox API that resolves every sandbox as live lets an agent's exec
 // reach a sandbox its session no longer holds: the stale access check
 // must see it.

@@ -75,12 +75,13 @@ func describeIntents(in []snapshotindex.Intent) string {
 	return strings.Join(parts, ", ")
 }
 
-// lostStream and dirGoneStream number the random streams of FaultLost
-// and FaultDirGone, apart from the step's own, so that enabling them
-// changes no other draw of a step.
+// lostStream, dirGoneStream and startFailStream number the random
+// streams of FaultLost, FaultDirGone and FaultStartFailAfter, apart from
+// the step's own, so that enabling them changes no other draw of a step.
 const (
-	lostStream    = 1 << 40
-	dirGoneStream = 2 << 40
+	lostStream      = 1 << 40
+	dirGoneStream   = 2 << 40
+	startFailStream = 3 << 40
 )
 
 // chanceApart is chance on a stream of f's own for this step.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"slices"
 
 	"github.com/sandboxowner/owner/provider"
@@ -21,6 +22,11 @@ type seedPlan struct {
 	token     string
 	setupFail bool
 	stopFail  bool
+	// startFail: the seed's start (or, with warm pools, the refill its
+	// claim begins) makes its sandbox but its call fails. Armed only when
+	// a start follows: the session holds no sandbox and the owner does
+	// not crash.
+	startFail bool
 	// crash is where the owner crashes (nil: it does not): after the
 	// sandbox started, before setup returned.
 	crash *trigger
@@ -45,6 +51,9 @@ func (r *run) chooseSeed() seedPlan {
 	crash := r.chance(FaultCrashSeed)
 	p.setupFail = r.chance(FaultSetupFail)
 	p.stopFail = r.chance(FaultStopFail)
+	if own := rand.New(rand.NewPCG(uint64(r.seed), startFailStream+uint64(r.step))); !crash && !r.m.sessions[p.sid].live {
+		p.startFail = r.chanceOn(FaultStartFailAfter, own)
+	}
 	if crash {
 		// At the start's end, at the token write (before or after it), or
 		// at the workdir probe that follows setup.
@@ -59,6 +68,9 @@ func (r *run) chooseSeed() seedPlan {
 }
 
 func (r *run) armSeed(p seedPlan) {
+	if p.startFail {
+		r.fk.FailAfterEffect(fake.OpStart, 1)
+	}
 	if p.stopFail {
 		r.fk.FailNext(fake.OpStop, 1)
 	}
@@ -74,7 +86,11 @@ func (r *run) actSeed(p seedPlan, s *sessionState) (sb sandbox.Sandbox, ran bool
 		sb, err = r.o.StartSessionSandbox(ctx, p.sid, r.spec(), notesSetup(p.token, p.setupFail, &ran), "")
 		return err
 	})
-	r.tracef("seed %s (live %v, setup fails %v, stop fails %v, crash %v): sandbox %s err %v", p.sid, s.live, p.setupFail, p.stopFail, p.crash != nil, sb.Handle.SandboxID, err)
+	startFail := ""
+	if p.startFail {
+		startFail = ", start fails after"
+	}
+	r.tracef("seed %s (live %v, setup fails %v, stop fails %v%s, crash %v): sandbox %s err %v", p.sid, s.live, p.setupFail, p.stopFail, startFail, p.crash != nil, sb.Handle.SandboxID, err)
 	return sb, ran, err, crashed
 }
 
@@ -83,7 +99,27 @@ func (r *run) actSeed(p seedPlan, s *sessionState) (sb sandbox.Sandbox, ran bool
 // fails it, and any other seeds.
 func (r *run) checkSeed(p seedPlan, s *sessionState, sb sandbox.Sandbox, ran bool, err error) {
 	r.noteStopFault()
+	if p.startFail {
+		// With warm pools the fault may strike a refill still to come:
+		// let the pools' starts end, then disarm what is left.
+		if r.cfg.Keyed && !r.poolsIdle() {
+			r.violate(Unexpected, "the warm pools' starts never ended")
+		}
+		r.fk.FailAfterEffect(fake.OpStart, 0)
+	}
+	startFailed := r.injectedNow(fake.OpStart) > 0
+	if startFailed {
+		r.fire(FaultStartFailAfter)
+	}
 	switch {
+	case startFailed && err != nil && !errors.Is(err, sandbox.ErrSetup):
+		// The seed's own start failed (over OpenSandbox the fault comes
+		// back as the server's error, not the fake's): the session holds
+		// nothing, and what the start made must be gone (the no-leak
+		// check).
+		if ran {
+			r.violate(Unexpected, "seed of %s whose start failed ran its setup", p.sid)
+		}
 	case s.live && s.restored:
 		if err != nil || !sb.Restored || ran || tokenOf(sb.Data) != s.token {
 			r.violate(ExactRestore, "re-seed of restored session %s: restored %v, setup ran %v, token %q (want %q), err %v", p.sid, sb.Restored, ran, tokenOf(sb.Data), s.token, err)
