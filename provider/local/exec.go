@@ -105,6 +105,9 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 		}
 		return provider.ExecResult{}, err
 	}
+	if p.hook != nil {
+		p.hook("sent", s.id)
+	}
 
 	timer := p.execClk.NewTimer(timeout)
 	var timedOut, canceled bool

@@ -278,8 +278,9 @@ type Provider struct {
 	// release: a remount's wait for the image's last loop device to go.
 	release imageRelease
 
-	// hook, when set by a test in this package, runs during a snapshot
-	// while the sandbox's commands are paused.
+	// hook, when set by a test in this package, runs at a snapshot's
+	// stages (its turn, the sandbox paused, resumed) and once an exec's
+	// command is sent to the init and the sandbox's gate let go ("sent").
 	hook func(stage string, sandboxID string)
 
 	// initBin is the server's binary as sandboxes' inits run it (see

@@ -8,10 +8,12 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxowner/owner/provider"
 )
@@ -385,4 +387,115 @@ func TestSnapshotsTakeTurns(t *testing.T) {
 	if diff := cmp.Diff([]string{a.SandboxID}, paused); diff != "" {
 		t.Errorf("sandboxes paused (-want +got):\n%s", diff)
 	}
+}
+
+// An exec holds its sandbox's gate only while it sends the command to the
+// init, so a snapshot may begin after the send and before the command's
+// fork. The init is frozen with the rest of the sandbox, so the command
+// runs after the copy, never during it. The test stops the init (SIGSTOP
+// from the host) before the send, so that the request is still unread
+// when the copy begins, and continues it once the sandbox is paused:
+// from then on only the freeze holds it back.
+func TestACommandSentAsASnapshotBeginsRunsAfterTheCopy(t *testing.T) {
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		h := start(t, p, provider.Spec{Files: map[string]string{"notes": "one\n"}})
+		mustRun(t, p, h, "true") // the init runs
+		p.mu.Lock()
+		s := p.sandboxes[h.SandboxID]
+		p.mu.Unlock()
+		s.mu.Lock()
+		in, cg := s.init, s.cgroup
+		s.mu.Unlock()
+		if !cg.canFreeze() {
+			t.Skip("SKIP: no freezer cgroup here: the snapshot stops the init by signal, which the test's own signals would undo")
+		}
+		pid := in.cmd.Process.Pid
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for strings.Trim(threadStates(t, pid), "T") != "" {
+			if err := pollPause(ctx); err != nil {
+				t.Fatalf("the init did not stop: %s", threadStates(t, pid))
+			}
+		}
+
+		sent := make(chan struct{})
+		var unreadAtPause, unreadAfter int
+		var during string
+		p.hook = func(stage, _ string) {
+			switch stage {
+			case "sent":
+				close(sent)
+			case "paused":
+				unreadAtPause = unread(t, in.fd)
+				// SIGCONT wakes a stopped task before kill returns: from
+				// here only the freeze keeps the init from reading.
+				if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+					t.Error(err)
+				}
+				during = threadStates(t, pid)
+				unreadAfter = unread(t, in.fd)
+			}
+		}
+		done := make(chan error, 1)
+		go func() {
+			res, err := p.Exec(ctx, h, provider.ExecRequest{Command: "echo ran >> notes", Timeout: time.Minute})
+			if err == nil && res.ExitCode != 0 {
+				err = fmt.Errorf("exit %d, stderr %q", res.ExitCode, res.Stderr)
+			}
+			done <- err
+		}()
+		<-sent
+		snap := snapshot(t, p, h)
+		if err := <-done; err != nil {
+			t.Fatalf("the exec sent before the snapshot: %v", err)
+		}
+		if unreadAtPause == 0 {
+			t.Fatal("the init had read the request before the sandbox paused: the test did not set up its case")
+		}
+		if strings.Trim(during, "D") != "" || unreadAfter == 0 {
+			t.Errorf("during the copy, continued, the init's threads were %q with %d bytes of requests unread, want all frozen (D) and the request unread", during, unreadAfter)
+		}
+		if got := readFile(t, p, fork(t, p, snap), "notes"); got != "one\n" {
+			t.Errorf("the snapshot holds %q, want the tree before the command", got)
+		}
+		if got := readFile(t, p, h, "notes"); got != "one\nran\n" {
+			t.Errorf("after the snapshot the sandbox holds %q, want the command run", got)
+		}
+	})
+}
+
+// threadStates are the states of process pid's threads, concatenated.
+func threadStates(t *testing.T, pid int) string {
+	t.Helper()
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, task := range tasks {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			continue
+		}
+		if i := strings.LastIndexByte(string(st), ')'); i >= 0 && i+2 < len(st) {
+			b.WriteByte(st[i+2])
+		}
+	}
+	return b.String()
+}
+
+// unread is how many bytes the server sent on its control socket fd that
+// the init has not read yet.
+func unread(t *testing.T, fd int) int {
+	t.Helper()
+	n, err := unix.IoctlGetInt(fd, unix.SIOCOUTQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
