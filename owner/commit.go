@@ -129,7 +129,6 @@ const stoppedMemory = 64
 type unstoredCommit struct {
 	tag     string
 	taken   []messages.SnapshotReply
-	intent  snapshotindex.IntentKey
 	meta    snapshotindex.CheckpointMeta
 	records []snapshotindex.Record
 	skipped []string
@@ -151,7 +150,7 @@ func (o *Owner) StopCommit(id string) {
 	o.writer.Unlock()
 	if u != nil {
 		o.bg.Go(o.rt, func() {
-			o.discard(discard{Tag: u.tag, Taken: u.taken, Intent: u.intent, Reason: "commit " + id + " stopped by a resume"})
+			o.discard(discard{Tag: u.tag, Taken: u.taken, Round: true, Reason: "commit " + id + " stopped by a resume"})
 		})
 	}
 }
@@ -200,6 +199,12 @@ func snapshotIDs(ts []snapshotindex.Tombstone) []string {
 // listSnapshotsByTag finds the provider's snapshots of the round of tag
 // (nil when the provider cannot list).
 func (o *Owner) listSnapshotsByTag(ctx context.Context, tag string) []string {
+	return o.listSnapshots(ctx, func(name string) bool { return hasTag(name, tag) })
+}
+
+// listSnapshots finds the provider's snapshots whose names match (nil when
+// the provider cannot list).
+func (o *Owner) listSnapshots(ctx context.Context, match func(name string) bool) []string {
 	l := o.caps.Lister
 	if l == nil {
 		return nil
@@ -211,7 +216,7 @@ func (o *Owner) listSnapshotsByTag(ctx context.Context, tag string) []string {
 	}
 	var out []string
 	for _, s := range snaps {
-		if hasTag(s.Name, tag) {
+		if match(s.Name) {
 			out = append(out, s.ID)
 		}
 	}

@@ -17,11 +17,13 @@ import (
 
 // committing is the machine of an exported commit, once the caller holds
 // the control turn: a checkpoint the index holds has its records written
-// again; a commit whose store failed stores the same records; otherwise an
-// intent naming the round's tag is written, the round snapshots the
-// sessions in scope, and the records are stored and published under the
-// writer's turn (none once a resume stopped the writer). A failed round
-// has its snapshots discarded; a stop commit parks the exported sandboxes.
+// again; a commit whose store failed stores the same records; otherwise the
+// round snapshots the sessions in scope, under names that end with the
+// incarnation's mark (its rounds intent, written at the start, lets a
+// crash's successor find them: no write precedes the round), and the
+// records are stored and published under the writer's turn (none once a
+// resume stopped the writer). A failed round has its snapshots discarded;
+// a stop commit parks the exported sandboxes.
 type committing struct {
 	req CommitRequest
 	// provider names the records' provider; park says a stop commit
@@ -35,12 +37,9 @@ type committing struct {
 	existing []snapshotindex.Record
 	refs     []messages.SessionRef
 	tag      string
-	intent   snapshotindex.IntentKey
 	began    time.Time
 	u        *unstoredCommit
-	// pending is the round the intent is written for.
-	pending *actors.StartRound
-	res     CommitResult
+	res      CommitResult
 }
 
 // commitPhase is what the machine waits for.
@@ -55,7 +54,6 @@ const (
 	cmWriterTurn
 	cmSessions
 	cmRoundNo
-	cmIntent
 	cmRound
 	cmStoreTurn
 	cmStored
@@ -64,12 +62,12 @@ const (
 	cmDone
 )
 
-var commitPhases = [...]string{"start", "checkpoint", "republish-turn", "manifest", "republished", "writer-turn", "sessions", "round-no", "intent", "round", "store-turn", "stored", "published", "parked", "done"}
+var commitPhases = [...]string{"start", "checkpoint", "republish-turn", "manifest", "republished", "writer-turn", "sessions", "round-no", "round", "store-turn", "stored", "published", "parked", "done"}
 
 func (p commitPhase) String() string { return commitPhases[p] }
 
 // Effects of a commit; each but effUnlockWriter, effKeepUnstored,
-// effForgetUnstored and effDiscard gives an input.
+// effForgetUnstored, effDiscard and effRoundSettled gives an input.
 type (
 	// effReadCheckpoint reads the checkpoint: inCheckpoint.
 	effReadCheckpoint struct{ ID string }
@@ -97,24 +95,20 @@ type (
 	effListSessions struct{}
 	// effNewRound numbers a round: inRoundNo.
 	effNewRound struct{}
-	// effPutIntent writes the commit's intent: inWritten.
-	effPutIntent struct {
-		ID  string
-		Tag string
-	}
-	// effRound runs a snapshot round: inRound.
+	// effRound runs a snapshot round, loose until its snapshots are
+	// recorded or tombstoned: inRound.
 	effRound struct{ Start actors.StartRound }
 	// effDiscard tombstones and deletes what a round took, and what the
-	// provider lists with its tag.
+	// provider lists with its tag; once tombstoned, the round is settled.
 	effDiscard struct {
 		Tag    string
 		Taken  []messages.SnapshotReply
-		Intent snapshotindex.IntentKey
 		Reason string
 	}
-	// effStore records the checkpoint in the index, clearing its intent:
-	// inStored.
+	// effStore records the checkpoint in the index: inStored.
 	effStore struct{ U *unstoredCommit }
+	// effRoundSettled: a round's snapshots are recorded or tombstoned.
+	effRoundSettled struct{}
 	// effPark stops the sandboxes of sessions for a stop commit: inParked.
 	effPark struct{ Sessions []string }
 )
@@ -180,7 +174,7 @@ func (e effPublish) String() string {
 }
 func (effListSessions) String() string { return "list sessions" }
 func (effNewRound) String() string     { return "new round" }
-func (e effPutIntent) String() string  { return fmt.Sprintf("put intent commit %s tag=%s", e.ID, e.Tag) }
+func (effRoundSettled) String() string { return "round settled" }
 func (e effRound) String() string {
 	var names []string
 	for _, r := range e.Start.Sessions {
@@ -299,7 +293,7 @@ func (m *committing) step(in input) []effect {
 				return append([]effect{
 					effForgetUnstored{ID: id},
 					effUnlockWriter{},
-					effDiscard{Tag: m.u.tag, Taken: m.u.taken, Intent: m.u.intent, Reason: "commit " + id + " stopped by a resume"},
+					effDiscard{Tag: m.u.tag, Taken: m.u.taken, Reason: "commit " + id + " stopped by a resume"},
 					m.log(logrus.InfoLevel, "checkpoint commit stopped by a resume; its snapshots were deleted", nil),
 				}, m.fail(ErrCommitStopped)...)
 			}
@@ -353,13 +347,6 @@ func (m *committing) step(in input) []effect {
 		if m.phase == cmRoundNo {
 			return m.startRound(in)
 		}
-	case inWritten:
-		if m.phase == cmIntent {
-			if in.Err != nil {
-				return m.fail(in.Err)
-			}
-			return m.await(cmRound, m.round())
-		}
 	case inRound:
 		if m.phase == cmRound {
 			return m.roundDone(in)
@@ -379,7 +366,7 @@ func (m *committing) step(in input) []effect {
 			// The records under checkpoint_dir publish the commit, under
 			// the writer's turn so that none is published once a resume
 			// stopped the writer.
-			return m.await(cmPublished, effForgetUnstored{ID: id}, effPublish{ID: id, Dir: m.req.CheckpointDir, Records: m.u.records})
+			return m.await(cmPublished, effRoundSettled{}, effForgetUnstored{ID: id}, effPublish{ID: id, Dir: m.req.CheckpointDir, Records: m.u.records})
 		}
 	case inParked:
 		if m.phase == cmParked {
@@ -394,13 +381,12 @@ func (m *committing) step(in input) []effect {
 	panic(fmt.Sprintf("owner: a commit waiting for %s got %T", m.phase, in))
 }
 
-// startRound names the round's snapshots and writes the intent that
-// names its tag, before any snapshot is taken.
+// startRound names the round's snapshots by a tag that begins with the
+// incarnation's mark, and runs it.
 func (m *committing) startRound(in inRoundNo) []effect {
 	m.began = in.Now
-	m.tag = roundTag(m.incarnation, m.req.CheckpointID, in.N)
-	m.intent = snapshotindex.IntentKey{Kind: intentCommit, ID: m.req.CheckpointID}
-	m.u = &unstoredCommit{tag: m.tag, intent: m.intent, began: in.Now}
+	m.tag = commitTag(m.incarnation, m.req.CheckpointID, in.N)
+	m.u = &unstoredCommit{tag: m.tag, began: in.Now}
 	deadline := in.Now.Add(m.roundTimeout)
 	if !m.req.Deadline.IsZero() && m.req.Deadline.Before(deadline) {
 		deadline = m.req.Deadline
@@ -409,11 +395,8 @@ func (m *committing) startRound(in inRoundNo) []effect {
 	for _, r := range m.refs {
 		names[r.SessionID] = snapshotName(r.SessionID, in.Now.Unix(), m.tag)
 	}
-	m.pending = &actors.StartRound{ID: in.N, Sessions: m.refs, Names: names, Deadline: deadline}
-	return m.await(cmIntent, effPutIntent{ID: m.req.CheckpointID, Tag: m.tag})
+	return m.await(cmRound, effRound{Start: actors.StartRound{ID: in.N, Sessions: m.refs, Names: names, Deadline: deadline}})
 }
-
-func (m *committing) round() effect { return effRound{Start: *m.pending} }
 
 // roundDone stores a round that took every snapshot, and discards one that
 // failed.
@@ -427,7 +410,7 @@ func (m *committing) roundDone(in inRound) []effect {
 		m.res.Skipped = rr.Skipped
 		m.phase = cmDone
 		return []effect{
-			effDiscard{Tag: m.tag, Taken: rr.Taken, Intent: m.intent, Reason: "commit " + id + " failed"},
+			effDiscard{Tag: m.tag, Taken: rr.Taken, Reason: "commit " + id + " failed"},
 			m.log(logrus.WarnLevel, "checkpoint commit failed; its snapshots were deleted", logrus.Fields{"failed": len(rr.Failed)}),
 			effDone{Err: &CommitError{CheckpointID: id, Failed: rr.Failed}},
 		}
@@ -463,7 +446,7 @@ func (m *committing) store(u *unstoredCommit) []effect {
 	return m.await(cmStoreTurn, effLockWriter{ID: m.req.CheckpointID, Unbounded: true})
 }
 
-// commitIntentBody is the body of a commit's intent for tag.
+// commitIntentBody is the body of an intent naming tag.
 func commitIntentBody(tag string) json.RawMessage {
 	body, _ := json.Marshal(commitIntent{Tag: tag})
 	return body

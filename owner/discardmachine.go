@@ -8,7 +8,6 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/messages"
-	"github.com/sandboxowner/owner/snapshotindex"
 )
 
 // discard is what a discard throws away: snapshots that no checkpoint will
@@ -23,18 +22,19 @@ type discard struct {
 	// Late are snapshots that came after their round gave up on them; no
 	// session is told.
 	Late []string
-	// Intent is the commit's intent, cleared with the tombstones (zero:
-	// none).
-	Intent snapshotindex.IntentKey
+	// Round says the discard is a commit round's: once its snapshots are
+	// tombstoned the round is settled.
+	Round  bool
 	Reason string
 }
 
-// discarding is a discard's decisions: the snapshots are tombstoned first,
-// clearing the commit's intent in the same transaction (from then on the
-// tombstones account for them), the sessions that took them are told, and
-// then they are deleted, each tombstone cleared once its snapshot is gone.
-// A failed tombstone write deletes nothing: the intent stays, by whose tag
-// a restart finds them (a late snapshot has none: the sweep finds it).
+// discarding is a discard's decisions: the snapshots are tombstoned first
+// (from then on the tombstones account for them, and a round's is
+// settled), the sessions that took them are told, and then they are
+// deleted, each tombstone cleared once its snapshot is gone. A failed
+// tombstone write deletes nothing: the round stays loose, so the
+// incarnation's rounds intent stays, by whose mark a restart finds its
+// snapshots (late ones among them).
 type discarding struct {
 	d     discard
 	ids   []string
@@ -83,12 +83,15 @@ func (m *discarding) step(in input) []effect {
 	case inWritten:
 		m.phase = dsDone
 		if in.Err != nil {
-			if m.d.Intent != (snapshotindex.IntentKey{}) {
-				return []effect{logAt(logrus.ErrorLevel, "could not tombstone a failed commit's snapshots; its intent stays, by which a restart finds them", logrus.Fields{"error": in.Err.Error()}), effDone{}}
+			if m.d.Round {
+				return []effect{logAt(logrus.ErrorLevel, "could not tombstone a failed commit's snapshots; this run's rounds intent stays, by which a restart finds them", logrus.Fields{"error": in.Err.Error()}), effDone{}}
 			}
 			return []effect{logAt(logrus.WarnLevel, "could not tombstone a late snapshot", logrus.Fields{"error": in.Err.Error()}), effDone{}}
 		}
 		var out []effect
+		if m.d.Round {
+			out = append(out, effRoundSettled{})
+		}
 		if told := m.told(); len(told) > 0 {
 			out = append(out, effTellDiscarded{BySession: told})
 		}
@@ -117,11 +120,7 @@ func (m *discarding) tombstone(listed []string) []effect {
 	}
 	m.ids = sortedKeys(ids)
 	m.phase = dsTombstoned
-	e := effTombstone{IDs: m.ids, Reason: m.d.Reason}
-	if m.d.Intent != (snapshotindex.IntentKey{}) {
-		e.Clear = []snapshotindex.IntentKey{m.d.Intent}
-	}
-	return []effect{e}
+	return []effect{effTombstone{IDs: m.ids, Reason: m.d.Reason}}
 }
 
 // told are the snapshots each session took.

@@ -176,6 +176,17 @@ func checkConsistent(t *testing.T, fk *fake.Provider, dir string) {
 	}
 }
 
+// onlyRoundsOf reports whether the intents are at most o's standing rounds
+// intent (the one every exporting owner holds while it runs).
+func onlyRoundsOf(in []snapshotindex.Intent, o *owner.Owner) bool {
+	for _, i := range in {
+		if i.Kind != "rounds" || i.ID != o.Incarnation() {
+			return false
+		}
+	}
+	return true
+}
+
 func warnings(h *logtest.Hook, substr string) int {
 	n := 0
 	for _, e := range h.AllEntries() {

@@ -354,6 +354,33 @@ func machineInput(t *testing.T, c *script.Case) (input, bool) {
 	return commonInput(c)
 }
 
+// TestCommitScripts runs testdata/commit/*.txt against the commit machine:
+// "commit" makes one (deadline= seconds after the script's start; the
+// round timeout is ten minutes; on-stop=none leaves a stop's sandboxes).
+func TestCommitScripts(t *testing.T) {
+	scripted(t, "testdata/commit/*.txt", func(c *script.Case) (*committing, bool) {
+		if c.Cmd != "commit" {
+			return nil, false
+		}
+		req := CommitRequest{CheckpointID: c.Args["id"], CheckpointDir: c.Args["dir"], Scope: c.List("scope"), Stop: c.Has("stop")}
+		if c.Has("deadline") {
+			req.Deadline = at(t, c, "deadline")
+		}
+		for _, w := range c.List("episodes") {
+			sid, ep, _ := strings.Cut(w, ":")
+			if req.Episodes == nil {
+				req.Episodes = map[string]string{}
+			}
+			req.Episodes[sid] = ep
+		}
+		return newCommitting(req, "fake", c.Args["on-stop"] != OnStopNone, 10*time.Minute, "now"), true
+	}, func(m *committing) string {
+		r := m.res
+		return fmt.Sprintf("state: waiting=%s existing=%v meta=%s/%d sessions=%s skipped=%s parked=%s park-failed=%s manifest=%s",
+			m.phase, r.Existing, r.Meta.ID, r.Meta.Seq, bracket(r.Sessions), bracket(r.Skipped), bracket(r.Parked), failedText(r.ParkFailed), r.Manifest.CheckpointID)
+	})
+}
+
 // TestRecoverScripts runs testdata/recover/*.txt against the recovery
 // machine: "recover" makes one (no-index: an owner that does not export;
 // no-list: a provider that cannot list).
@@ -398,8 +425,8 @@ func TestRetireScripts(t *testing.T) {
 }
 
 // TestDiscardScripts runs testdata/discard/*.txt against the discard
-// machine: "discard" makes one (taken=session:snapshot words,
-// intent=kind/id).
+// machine: "discard" makes one (taken=session:snapshot words, round: a
+// commit round's).
 func TestDiscardScripts(t *testing.T) {
 	scripted(t, "testdata/discard/*.txt", func(c *script.Case) (*discarding, bool) {
 		if c.Cmd != "discard" {
@@ -409,9 +436,7 @@ func TestDiscardScripts(t *testing.T) {
 		for _, r := range snapRecords(c, "taken") {
 			d.Taken = append(d.Taken, messages.SnapshotReply{SessionID: r.SessionID, SnapshotID: r.SnapshotID})
 		}
-		if kind, id, ok := strings.Cut(c.Args["intent"], "/"); ok {
-			d.Intent = snapshotindex.IntentKey{Kind: kind, ID: id}
-		}
+		d.Round = c.Has("round")
 		return newDiscarding(d), true
 	}, func(m *discarding) string { return "state: waiting=" + m.phase.String() })
 }

@@ -14,8 +14,9 @@
 // Control operations (Commit, Restore, Retire, Release) run one at a time.
 //
 // Crash safety rests on three things written to the index before the effect
-// they guard: a commit intent (names the round's snapshots, so a crash
-// mid-round leaks none), tombstones (snapshots decided for deletion), and
+// they guard: the incarnation's rounds intent (written at its start, it
+// names the mark every commit round's snapshot names begin their tag with,
+// so a crash mid-round leaks none), tombstones (snapshots decided for deletion), and
 // sandbox labels (every sandbox carries ng.owner and ng.incarnation metadata,
 // so a fresh owner stops what a crashed one left running).
 package owner
@@ -84,6 +85,9 @@ type Owner struct {
 	writer   turnMutex
 	stopped  *fifo.Map[string, struct{}]
 	unstored map[string]*unstoredCommit
+	// loose counts the commit rounds begun whose snapshots are neither
+	// recorded nor tombstoned: Close keeps the rounds intent while any is.
+	loose atomic.Int64
 
 	fates *fateMemory
 	// ret is what the retention checks remember; dirs where they look.

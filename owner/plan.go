@@ -14,10 +14,19 @@ import (
 // The decisions of the checkpoint operations, kept pure so that they can be
 // tested without a provider or an index.
 
-// intentCommit is the kind of intent a commit writes before its snapshots.
-// Intents of kinds other than these two found at startup (a restore's,
-// written by earlier versions) are dropped.
+// intentCommit is the kind of intent earlier versions wrote before each
+// commit's snapshots: a start still settles one it finds. Intents of kinds
+// other than these three found at startup (a restore's, written by earlier
+// versions) are dropped.
 const intentCommit = "commit"
+
+// intentRounds is an incarnation's standing intent, written at its start
+// before any commit can run: its body's tag is the mark that begins the tag
+// of every commit round the incarnation takes, so that a crash mid-round
+// leaves snapshots the next start finds by name without a write on the
+// commit's path. A clean Close drops it once every round is accounted for
+// (recorded or tombstoned).
+const intentRounds = "rounds"
 
 // intentTemplate is a template's build between its snapshot and the
 // template's record (which clears it); its body is a commitIntent whose
@@ -40,6 +49,32 @@ func shortHash(s string) string {
 // touches another round's snapshots.
 func roundTag(incarnation, checkpointID string, round uint64) string {
 	return shortHash(fmt.Sprintf("%s/%s/%d", incarnation, checkpointID, round))
+}
+
+// roundsMark begins the tag of every commit round of an incarnation: 16 hex
+// digits, so that no other incarnation's rounds share it.
+func roundsMark(incarnation string) string {
+	sum := sha256.Sum256([]byte("rounds/" + incarnation))
+	return hex.EncodeToString(sum[:8])
+}
+
+// commitTag is a commit round's tag: the incarnation's mark, then the
+// round's own tag.
+func commitTag(incarnation, checkpointID string, round uint64) string {
+	return roundsMark(incarnation) + roundTag(incarnation, checkpointID, round)
+}
+
+// hasMark reports whether a snapshot name is a commit round's of the
+// incarnation whose mark is mark: its tag (what follows the last '-') is
+// the mark and a round's tag. Names of other rounds (a template's tag is a
+// round's tag alone) never match.
+func hasMark(name, mark string) bool {
+	i := strings.LastIndexByte(name, '-')
+	if !strings.HasPrefix(name, "ng-") || i < 0 {
+		return false
+	}
+	tag := name[i+1:]
+	return len(tag) == len(mark)+8 && strings.HasPrefix(tag, mark)
 }
 
 // snapshotName is upstream's ng-<session[:16]>-<unix seconds>, followed by

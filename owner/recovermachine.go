@@ -10,12 +10,15 @@ import (
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
-// recovering is the machine of a fresh owner's start after a predecessor
-// that did not shut down: every intent is settled (a commit's that never
-// committed has the snapshots of its round tombstoned, by their tag; any
-// other is dropped), every tombstoned snapshot is deleted, and the
-// sandboxes an earlier incarnation of this server left running are
-// stopped (a fresh process holds no session, so they serve nobody).
+// recovering is the machine of a fresh owner's start: every intent is
+// settled (an earlier incarnation's rounds intent has the snapshots of its
+// rounds that no checkpoint names tombstoned, found by its mark; a commit's
+// that never committed, written by earlier versions, has the snapshots of
+// its round tombstoned, by their tag; any other is dropped), every
+// tombstoned snapshot is deleted, this incarnation's rounds intent is
+// written, and the sandboxes an earlier incarnation of this server left
+// running are stopped (a fresh process holds no session, so they serve
+// nobody).
 type recovering struct {
 	// index: the owner exports (it has an index to recover); list: the
 	// provider lists its sandboxes.
@@ -24,9 +27,13 @@ type recovering struct {
 
 	phase   recoverPhase
 	intents []snapshotindex.Intent
-	// at is the intent being settled; tag its round's tag.
-	at  int
-	tag string
+	// at is the intent being settled; tag its round's tag (a rounds
+	// intent's: its mark), refs the snapshots checkpoints name.
+	at   int
+	tag  string
+	refs map[string][]string
+	// own says this incarnation's rounds intent is written.
+	own bool
 }
 
 // recoverPhase is what the machine waits for.
@@ -36,16 +43,18 @@ const (
 	rvStart recoverPhase = iota
 	rvIntents
 	rvCheckpoint
+	rvRefs
 	rvListed
 	rvSettled
 	rvTombstones
 	rvDeleted
+	rvOwn
 	rvSandboxes
 	rvStopped
 	rvDone
 )
 
-var recoverPhases = [...]string{"start", "intents", "checkpoint", "listed", "settled", "tombstones", "deleted", "sandboxes", "stopped", "done"}
+var recoverPhases = [...]string{"start", "intents", "checkpoint", "refs", "listed", "settled", "tombstones", "deleted", "own", "sandboxes", "stopped", "done"}
 
 func (p recoverPhase) String() string { return recoverPhases[p] }
 
@@ -57,6 +66,11 @@ type (
 	effDeleteIntent struct{ Key snapshotindex.IntentKey }
 	// effListByTag lists the provider's snapshots of a round: inListed.
 	effListByTag struct{ RoundTag string }
+	// effListMarked lists the provider's snapshots of the commit rounds of
+	// the incarnation whose mark is Mark: inListed.
+	effListMarked struct{ Mark string }
+	// effPutIntent writes an intent whose body names Tag: inWritten.
+	effPutIntent struct{ Kind, ID, Tag string }
 	// effListSandboxes lists the provider's sandboxes: inSandboxes.
 	effListSandboxes struct{}
 	// effStopHandles stops sandboxes no session holds: inStopped.
@@ -85,7 +99,11 @@ type (
 func (effReadIntents) String() string    { return "read intents" }
 func (e effDeleteIntent) String() string { return "delete intent " + e.Key.Kind + " " + e.Key.ID }
 func (e effListByTag) String() string    { return "list snapshots tagged " + e.RoundTag }
-func (effListSandboxes) String() string  { return "list sandboxes" }
+func (e effListMarked) String() string   { return "list snapshots marked " + e.Mark }
+func (e effPutIntent) String() string {
+	return fmt.Sprintf("put intent %s %s tag=%s", e.Kind, e.ID, e.Tag)
+}
+func (effListSandboxes) String() string { return "list sandboxes" }
 func (e effStopHandles) String() string {
 	var ids []string
 	for _, h := range e.Handles {
@@ -143,10 +161,33 @@ func (m *recovering) step(in input) []effect {
 			m.tag = body.Tag
 			return m.await(rvListed, effListByTag{RoundTag: body.Tag})
 		}
+	case inRefs:
+		if m.phase == rvRefs {
+			if in.Err != nil {
+				return m.fail(in.Err)
+			}
+			m.refs = in.Refs
+			return m.await(rvListed, effListMarked{Mark: m.tag})
+		}
 	case inListed:
 		if m.phase == rvListed {
 			id := m.intents[m.at].ID
-			if m.intents[m.at].Kind == intentTemplate {
+			switch m.intents[m.at].Kind {
+			case intentRounds:
+				// What a checkpoint names was recorded; the rest was
+				// taken by rounds that never committed.
+				var loose []string
+				for _, s := range sortedSet(in.IDs) {
+					if len(m.refs[s]) == 0 {
+						loose = append(loose, s)
+					}
+				}
+				var out []effect
+				if len(loose) > 0 {
+					out = append(out, logAt(logrus.WarnLevel, "commits of an earlier run did not finish before it stopped; deleting their snapshots", logrus.Fields{"incarnation": id, "snapshots": len(loose)}))
+				}
+				return m.await(rvSettled, append(out, effTombstone{IDs: loose, Reason: "unfinished commits of incarnation " + id, Clear: []snapshotindex.IntentKey{m.key()}})...)
+			case intentTemplate:
 				return m.await(rvSettled,
 					logAt(logrus.WarnLevel, "a template's build did not finish before the last stop; deleting its snapshot", logrus.Fields{"template": id, "snapshots": len(toSet(in.IDs))}),
 					effTombstone{IDs: sortedSet(in.IDs), Reason: "unfinished template " + id, Clear: []snapshotindex.IntentKey{m.key()}})
@@ -156,11 +197,17 @@ func (m *recovering) step(in input) []effect {
 				effTombstone{IDs: sortedSet(in.IDs), Reason: "unfinished commit " + id, Clear: []snapshotindex.IntentKey{m.key()}})
 		}
 	case inWritten:
-		if m.phase == rvSettled {
+		switch m.phase {
+		case rvSettled:
 			if in.Err != nil {
 				return m.fail(in.Err)
 			}
 			return m.next()
+		case rvOwn:
+			if in.Err != nil {
+				return m.fail(in.Err)
+			}
+			return m.sweep()
 		}
 	case inTombstones:
 		if m.phase == rvTombstones {
@@ -226,6 +273,13 @@ func (m *recovering) next() []effect {
 	switch in.Kind {
 	case intentCommit:
 		return m.await(rvCheckpoint, effReadCheckpoint{ID: in.ID})
+	case intentRounds:
+		var body commitIntent
+		if json.Unmarshal(in.Body, &body) != nil || body.Tag == "" {
+			return m.await(rvSettled, effDeleteIntent{Key: m.key()})
+		}
+		m.tag = body.Tag
+		return m.await(rvRefs, effReadRefs{})
 	case intentTemplate:
 		// The build never recorded its template (that clears the intent):
 		// the snapshot it may have taken carries its tag.
@@ -241,8 +295,13 @@ func (m *recovering) next() []effect {
 	return m.await(rvSettled, effDeleteIntent{Key: m.key()})
 }
 
-// sweep lists the sandboxes, on a provider that lists.
+// sweep writes this incarnation's rounds intent, before any commit can
+// run, then lists the sandboxes, on a provider that lists.
 func (m *recovering) sweep() []effect {
+	if m.index && !m.own {
+		m.own = true
+		return m.await(rvOwn, effPutIntent{Kind: intentRounds, ID: m.incarnation, Tag: roundsMark(m.incarnation)})
+	}
 	if !m.list {
 		return []effect{m.done()}
 	}

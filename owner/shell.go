@@ -84,6 +84,10 @@ func (o *Owner) perform(ctx context.Context, e effect) input {
 		return inWritten{Err: o.index.DeleteIntent(e.Key)}
 	case effListByTag:
 		return inListed{IDs: o.listSnapshotsByTag(ctx, e.RoundTag)}
+	case effListMarked:
+		return inListed{IDs: o.listSnapshots(ctx, func(name string) bool { return hasMark(name, e.Mark) })}
+	case effRoundSettled:
+		o.loose.Add(-1)
 	case effListSandboxes:
 		list, err := o.caps.Lister.ListSandboxes(ctx)
 		return inSandboxes{List: list, Err: err}
@@ -159,12 +163,13 @@ func (o *Owner) performCommit(ctx context.Context, e effect) input {
 		o.round++
 		return inRoundNo{N: o.round, Now: o.clk.Now()}
 	case effPutIntent:
-		return inWritten{Err: o.index.PutIntent(snapshotindex.Intent{Kind: intentCommit, ID: e.ID, Body: commitIntentBody(e.Tag), At: o.clk.Now()})}
+		return inWritten{Err: o.index.PutIntent(snapshotindex.Intent{Kind: e.Kind, ID: e.ID, Body: commitIntentBody(e.Tag), At: o.clk.Now()})}
 	case effRound:
+		o.loose.Add(1)
 		rr, err := o.runRound(e.Start)
 		return inRound{R: rr, Err: err, Now: o.clk.Now()}
 	case effDiscard:
-		o.discard(discard{Tag: e.Tag, Taken: e.Taken, Intent: e.Intent, Reason: e.Reason})
+		o.discard(discard{Tag: e.Tag, Taken: e.Taken, Round: true, Reason: e.Reason})
 	case effTellDiscarded:
 		// In session order: the sends schedule mailboxes, and a
 		// deterministic scheduler must see them in the same order every run.
@@ -174,7 +179,7 @@ func (o *Owner) performCommit(ctx context.Context, e effect) input {
 			}
 		}
 	case effStore:
-		meta, err := o.index.Commit(e.U.meta, e.U.records, e.U.intent)
+		meta, err := o.index.Commit(e.U.meta, e.U.records)
 		return inStored{Meta: meta, Err: err}
 	case effPark:
 		parked, failed := o.stopMany(ctx, e.Sessions, messages.StopPark)

@@ -7,11 +7,14 @@ import (
 
 	"github.com/sandboxowner/owner/internal/timeouts"
 	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/snapshotindex"
 )
 
 // Close shuts the owner down: every session's sandbox is stopped (a fresh
 // process could not serve them; checkpoints keep their snapshots), the
-// actors stop, and the index is closed cleanly.
+// actors stop, the rounds intent is dropped when every round is accounted
+// for (else the next start looks for their snapshots by its mark), and the
+// index is closed cleanly.
 func (o *Owner) Close() error {
 	var err error
 	o.closeOnce.Do(func() {
@@ -37,10 +40,23 @@ func (o *Owner) Close() error {
 		o.leaveSystem()
 		o.stopDispatcher()
 		if o.index != nil {
+			o.dropRoundsIntent()
 			err = o.index.Close()
 		}
 	})
 	return err
+}
+
+// dropRoundsIntent drops this incarnation's rounds intent at a clean
+// close, unless a round's snapshots are neither recorded nor tombstoned.
+func (o *Owner) dropRoundsIntent() {
+	if n := o.loose.Load(); n != 0 {
+		o.log.WithField("rounds", n).Warn("commit rounds whose snapshots are neither recorded nor tombstoned; the next start looks for them")
+		return
+	}
+	if err := o.index.DeleteIntent(snapshotindex.IntentKey{Kind: intentRounds, ID: o.incarnation}); err != nil {
+		o.log.WithError(err).Warn("could not drop this run's rounds intent; the next start drops it")
+	}
 }
 
 // poisonAndWait stops an actor and waits until it has (its children first).

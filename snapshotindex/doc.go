@@ -80,10 +80,13 @@
 // a kept checkpoint needs is deleted.
 //
 // Intents cover the window before a snapshot is recorded anywhere: write an
-// intent (PutIntent) before taking snapshots for a commit, and clear it in
-// the same transaction as the outcome (Commit(..., key) on success,
-// AddTombstones(snapshots, key) on failure). An intent found at startup is a
-// commit that died midway; its body says which snapshots to tombstone.
+// intent (PutIntent) before taking the snapshots it covers, and clear it in
+// the same transaction as the outcome (Commit(..., key) or PutTemplate(...,
+// key) on success, AddTombstones(snapshots, key) on failure). An intent
+// found at startup is an operation that died midway; its body says how to
+// find the snapshots to tombstone. The owner writes one standing intent per
+// run at its start, covering every commit of that run, so that a commit
+// writes nothing before its snapshots.
 //
 // # Sizing
 //
