@@ -109,7 +109,7 @@ func (h *harness) phases(ctx context.Context) (*Phases, error) {
 	}
 	env.fk.SetLatency(fake.OpSnapshot, p.Latency)
 	p.Commit, err = spans(env.fk, p.Reps,
-		[]string{"before the first snapshot (commit intent, session list)", "first snapshot to last", "after the last snapshot (fan-in, index commit)"},
+		[]string{"before the first snapshot (session list, round start)", "first snapshot to last", "after the last snapshot (fan-in, index commit)"},
 		nil, nil,
 		func(r int) error {
 			_, err := env.o.Commit(ctx, owner.CommitRequest{CheckpointID: fmt.Sprint("phases-", r)})
