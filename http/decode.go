@@ -49,13 +49,7 @@ func readTypedSeed(body []byte) (*typedSeed, bool) {
 		return nil, true
 	}
 	var t typedSeed
-	var seen [4]bool
-	ok := jsonr.Members(body, func(key, value []byte) bool {
-		i, _ := jsonr.Fields(key, "resources_session_id", "episode_id", "task_id", "task_data")
-		if i < 0 || seen[i] { // unknown (strict), folded, or repeated
-			return false
-		}
-		seen[i] = true
+	ok := jsonr.Object(body, true, []string{"resources_session_id", "episode_id", "task_id", "task_data"}, func(i int, value []byte) bool {
 		switch i {
 		case 0:
 			s, ok := jsonr.String(value)
@@ -79,13 +73,7 @@ func readTypedSeed(body []byte) (*typedSeed, bool) {
 
 // readTaskID reads a task_id object strictly.
 func readTaskID(value []byte, id *TaskID) bool {
-	var seen [2]bool
-	return jsonr.Members(value, func(key, value []byte) bool {
-		i, _ := jsonr.Fields(key, "taskset", "task_id")
-		if i < 0 || seen[i] {
-			return false
-		}
-		seen[i] = true
+	return jsonr.Object(value, true, []string{"taskset", "task_id"}, func(i int, value []byte) bool {
 		s, ok := jsonr.String(value)
 		if i == 0 {
 			id.Taskset = string(s)
@@ -100,19 +88,9 @@ func readTaskID(value []byte, id *TaskID) bool {
 // (unknown fields ignored), when it can.
 func readEpisode(raw []byte) (control.EpisodeID, bool) {
 	var e control.EpisodeID
-	var seen [2]bool
-	ok := jsonr.Members(raw, func(key, value []byte) bool {
-		i, ok := jsonr.Fields(key, "rollout_id", "attempt")
-		switch {
-		case !ok:
-			return false
-		case i < 0:
-			return true
-		case seen[i]:
-			return false
-		}
-		seen[i] = true
+	ok := jsonr.Object(raw, false, []string{"rollout_id", "attempt"}, func(i int, value []byte) bool {
 		if i == 1 {
+			var ok bool
 			e.Attempt, ok = jsonr.Int(value)
 			return ok
 		}
@@ -143,18 +121,7 @@ func decodeClose(body []byte, fast bool) (closeRequest, error) {
 // fields ignored), when it can.
 func readClose(body []byte) (closeRequest, bool) {
 	var req closeRequest
-	var seen [2]bool
-	ok := jsonr.Members(body, func(key, value []byte) bool {
-		i, ok := jsonr.Fields(key, "resources_session_id", "episode_id")
-		switch {
-		case !ok:
-			return false
-		case i < 0:
-			return true
-		case seen[i]:
-			return false
-		}
-		seen[i] = true
+	ok := jsonr.Object(body, false, []string{"resources_session_id", "episode_id"}, func(i int, value []byte) bool {
 		if i == 1 {
 			req.EpisodeID = value
 			return true

@@ -105,6 +105,31 @@ func Fields(key []byte, names ...string) (i int, ok bool) {
 	return -1, true
 }
 
+// Object reads the members of the object data into a struct whose JSON
+// field names are names (at most 64), as encoding/json would: fn gets the
+// index of each member's name and its value, and returns false for a value
+// it cannot read. A key that matches no name is refused when strict (as
+// DisallowUnknownFields does) and skipped otherwise. ok is false, for the
+// caller to decode the body with encoding/json instead, when data is not an
+// object, a key holds an escape or matches a name only by folding, a name
+// repeats, an unknown key comes in strict mode, or fn returns false.
+func Object(data []byte, strict bool, names []string, fn func(i int, value []byte) bool) (ok bool) {
+	var seen uint64
+	return Members(data, func(key, value []byte) bool {
+		i, exact := Fields(key, names...)
+		switch {
+		case !exact:
+			return false
+		case i < 0:
+			return !strict
+		case seen&(1<<i) != 0:
+			return false
+		}
+		seen |= 1 << i
+		return fn(i, value)
+	})
+}
+
 // foldEqual reports whether the ASCII key equals name but for case.
 func foldEqual(key []byte, name string) bool {
 	if len(key) != len(name) {

@@ -149,3 +149,47 @@ func TestStringIntFields(t *testing.T) {
 		t.Errorf("Fields (-want +got):\n%s", diff)
 	}
 }
+
+// Object hands each known member to fn by its name's index, skips or
+// refuses unknown keys by strict, and declines what encoding/json would
+// read otherwise: a folded key, a repeated name, a value fn refuses.
+func TestObject(t *testing.T) {
+	type got struct {
+		OK   bool
+		Read []member // index as Key, value
+	}
+	names := []string{"a", "b", "c"}
+	for _, c := range []struct {
+		data   string
+		strict bool
+		want   got
+	}{
+		{`{}`, true, got{OK: true}},
+		{`{"c":3,"a":1}`, true, got{true, []member{{"2", "3"}, {"0", "1"}}}},
+		{`{"a":1,"x":[1,2],"b":"s"}`, false, got{true, []member{{"0", "1"}, {"1", `"s"`}}}},
+		{`{"a":1,"x":2,"b":3}`, true, got{false, []member{{"0", "1"}}}},
+		{`{"A":1}`, false, got{}},
+		{`{"b":1,"b":2}`, false, got{false, []member{{"1", "1"}}}},
+		{`{"c":1,"a":2,"c":3}`, true, got{false, []member{{"2", "1"}, {"0", "2"}}}},
+		{`{"a":1,"b":2,"c":3}`, false, got{true, []member{{"0", "1"}, {"1", "2"}, {"2", "3"}}}},
+		{`{"a":"refuse","b":2}`, false, got{false, []member{{"0", `"refuse"`}}}},
+		{`[{"a":1}]`, false, got{}},
+	} {
+		var g got
+		g.OK = Object([]byte(c.data), c.strict, names, func(i int, v []byte) bool {
+			g.Read = append(g.Read, member{strconv.Itoa(i), string(v)})
+			return string(v) != `"refuse"`
+		})
+		if diff := cmp.Diff(c.want, g); diff != "" {
+			t.Errorf("%s strict=%v (-want +got):\n%s", c.data, c.strict, diff)
+		}
+	}
+	// The 64th name is told apart from the first.
+	many := make([]string, 64)
+	for i := range many {
+		many[i] = "n" + strconv.Itoa(i)
+	}
+	if !Object([]byte(`{"n0":1,"n63":2}`), true, many, func(int, []byte) bool { return true }) {
+		t.Error(`{"n0","n63"}: a repeat seen`)
+	}
+}
