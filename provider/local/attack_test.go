@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local/seccomp"
 )
 
 // The tests in this file are attacks a hostile agent tried on sandboxes
@@ -552,12 +553,12 @@ func TestASeccompFileIsChecked(t *testing.T) {
 		t.Errorf("a file that is no BPF program: %v, want ErrBadOptions", err)
 	}
 	// The default program, written to a file, is a filter file that works.
-	f, err := defaultFilter()
+	f, err := seccomp.Filter()
 	if err != nil {
 		t.Skipf("SKIP: %v", err)
 	}
 	good := filepath.Join(t.TempDir(), "good.bpf")
-	if err := os.WriteFile(good, encodeFilter(f), 0o644); err != nil {
+	if err := os.WriteFile(good, seccomp.Encode(f), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	p := newProvider(t, m, Options{Seccomp: good})

@@ -17,6 +17,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxowner/owner/provider/local/beneath"
 )
 
 // ficlone is the FICLONE ioctl: make dst share src's blocks (a reflink).
@@ -240,7 +242,7 @@ func (c *treeCopier) copyEntry(ctx context.Context, dirfd int, rel, name, target
 // said: swapped for a symlink, it is copied as one; gone, it is skipped.
 func (c *treeCopier) changed(dirfd int, name, target string, err error) error {
 	switch {
-	case errors.Is(linkErr(dirfd, name, err), unix.ELOOP):
+	case errors.Is(beneath.LinkErr(dirfd, name, err), unix.ELOOP):
 		return c.copyLink(dirfd, name, target)
 	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR):
 		return nil

@@ -79,7 +79,7 @@
 // commands run as that root
 // with every capability dropped (bounding set included), no_new_privs, no
 // further user namespaces, and the syscall filter of Options.Seccomp (see
-// deniedSyscalls). Trees belong on disk to Options.UID and GID, the
+// seccomp.Filter). Trees belong on disk to Options.UID and GID, the
 // storage ids: an image is given to them (copy mode: as it is copied;
 // overlay mode: by a metadata-only layer made once per template, under
 // <Root>/images); a sandbox with a uid of its own sees its tree, caches

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local/beneath"
 )
 
 // basePath is the PATH of every command before the spec's and request's env.
@@ -59,7 +60,7 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	if cwd == "" {
 		cwd = "."
 	}
-	rel, err := sandboxRel(s.meta.Workdir, cwd)
+	rel, err := beneath.Rel(s.meta.Workdir, cwd)
 	if err != nil {
 		return provider.ExecResult{}, fmt.Errorf("local: exec cwd: %w", err)
 	}
@@ -257,14 +258,14 @@ func readOutput(f *os.File, limit int) (string, bool) {
 
 // checkDir checks that rel is a directory inside the tree at fsDir.
 func checkDir(fsDir, rel string) error {
-	top, err := openTree(fsDir)
+	top, err := beneath.OpenTree(fsDir)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(top)
-	fd, err := openBeneath(top, rel, unix.O_PATH|unix.O_DIRECTORY)
+	fd, err := beneath.Open(top, rel, unix.O_PATH|unix.O_DIRECTORY)
 	if err != nil {
-		return pathErr("exec cwd", rel, err)
+		return beneath.PathErr("exec cwd", rel, err)
 	}
 	unix.Close(fd)
 	return nil

@@ -8,42 +8,13 @@ import (
 	"os"
 	"path"
 	"sort"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local/beneath"
 )
-
-// sandboxRel turns a path in the sandbox's view (relative to workdir, or
-// absolute under it) into a slash path relative to the tree's top, refusing
-// one that leaves the tree by its spelling. Symlinks are refused by the walk
-// (openBeneath).
-func sandboxRel(workdir, p string) (string, error) {
-	if p == "" {
-		return "", fmt.Errorf("empty path: %w", provider.ErrPathEscape)
-	}
-	if strings.ContainsRune(p, 0) {
-		return "", fmt.Errorf("path %q holds a NUL: %w", p, provider.ErrPathEscape)
-	}
-	if path.IsAbs(p) {
-		c := path.Clean(p)
-		switch {
-		case c == workdir:
-			return ".", nil
-		case strings.HasPrefix(c, workdir+"/"):
-			return c[len(workdir)+1:], nil
-		default:
-			return "", fmt.Errorf("path %q is outside the workdir %s: %w", p, workdir, provider.ErrPathEscape)
-		}
-	}
-	c := path.Clean(p)
-	if c == ".." || strings.HasPrefix(c, "../") {
-		return "", fmt.Errorf("path %q leaves the workdir: %w", p, provider.ErrPathEscape)
-	}
-	return c, nil
-}
 
 // writeFileIn writes data at rel inside the tree at fsDir, making parents;
 // what it makes belongs to own (when not nil). The data goes to a new file
@@ -55,14 +26,18 @@ func writeFileIn(fsDir, rel string, data []byte, own *owner) error {
 	if rel == "." {
 		return fmt.Errorf("local: write %q: the workdir itself is not a file: %w", rel, syscall.EISDIR)
 	}
-	top, err := openTree(fsDir)
+	top, err := beneath.OpenTree(fsDir)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(top)
-	dirfd, err := makeDirsBeneath(top, path.Dir(rel), own)
+	var bown *beneath.Owner
+	if own != nil {
+		bown = &beneath.Owner{UID: own.uid, GID: own.gid}
+	}
+	dirfd, err := beneath.MakeDirs(top, path.Dir(rel), bown)
 	if err != nil {
-		return pathErr("write", rel, err)
+		return beneath.PathErr("write", rel, err)
 	}
 	defer unix.Close(dirfd)
 	name := path.Base(rel)
@@ -76,12 +51,12 @@ func writeFileIn(fsDir, rel string, data []byte, own *owner) error {
 	case err == nil && st.Mode&unix.S_IFMT != unix.S_IFLNK:
 		return fmt.Errorf("local: %q is a %s: %w", rel, kindOf(fileMode(st.Mode)), ErrNotRegular)
 	case err != nil && !errors.Is(err, unix.ENOENT):
-		return pathErr("write", rel, err)
+		return beneath.PathErr("write", rel, err)
 	}
 	tmp := ".tmp-" + newID("")[:16]
 	fd, err := unix.Openat(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
 	if err != nil {
-		return pathErr("write", rel, err)
+		return beneath.PathErr("write", rel, err)
 	}
 	f := os.NewFile(uintptr(fd), tmp)
 	err = func() error {
@@ -102,59 +77,25 @@ func writeFileIn(fsDir, rel string, data []byte, own *owner) error {
 	}
 	if err != nil {
 		_ = unix.Unlinkat(dirfd, tmp, 0)
-		return pathErr("write", rel, err)
+		return beneath.PathErr("write", rel, err)
 	}
 	return nil
-}
-
-// makeDirsBeneath opens the directory rel under top, making what is
-// missing (owned by own), one component at a time without following links.
-func makeDirsBeneath(top int, rel string, own *owner) (int, error) {
-	cur, err := unix.Dup(top)
-	if err != nil {
-		return -1, err
-	}
-	if rel == "." {
-		return cur, nil
-	}
-	for _, part := range strings.Split(rel, "/") {
-		next, err := unix.Openat(cur, part, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if errors.Is(err, unix.ENOENT) {
-			if err = unix.Mkdirat(cur, part, 0o755); err == nil || errors.Is(err, unix.EEXIST) {
-				if err == nil && own != nil {
-					err = unix.Fchownat(cur, part, own.uid, own.gid, unix.AT_SYMLINK_NOFOLLOW)
-				}
-				if err == nil || errors.Is(err, unix.EEXIST) {
-					next, err = unix.Openat(cur, part, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-				}
-			}
-		}
-		if err != nil {
-			err = linkErr(cur, part, err)
-		}
-		unix.Close(cur)
-		if err != nil {
-			return -1, err
-		}
-		cur = next
-	}
-	return cur, nil
 }
 
 // openFileIn opens the regular file at rel inside the tree at fsDir and
 // returns it with its size, refusing one over limit bytes
 // (provider.ErrFileTooLarge) before reading any of it.
 func openFileIn(fsDir, rel string, limit int64) (*os.File, int64, error) {
-	top, err := openTree(fsDir)
+	top, err := beneath.OpenTree(fsDir)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer unix.Close(top)
 	// O_NONBLOCK: a FIFO a command left at the path must not hang the
 	// server; anything but a regular file is refused once open.
-	fd, err := openBeneath(top, rel, unix.O_RDONLY|unix.O_NONBLOCK)
+	fd, err := beneath.Open(top, rel, unix.O_RDONLY|unix.O_NONBLOCK)
 	if err != nil {
-		return nil, 0, pathErr("read", rel, err)
+		return nil, 0, beneath.PathErr("read", rel, err)
 	}
 	f := os.NewFile(uintptr(fd), rel)
 	fi, err := regular(f, rel)
@@ -240,7 +181,7 @@ func writeFiles(fsDir, workdir string, files map[string]string, own *owner) erro
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		rel, err := sandboxRel(workdir, name)
+		rel, err := beneath.Rel(workdir, name)
 		if err != nil {
 			return fmt.Errorf("local: spec file: %w", err)
 		}
@@ -262,7 +203,7 @@ func (p *Provider) WriteFile(ctx context.Context, h provider.Handle, name string
 	if err != nil {
 		return err
 	}
-	rel, err := sandboxRel(s.meta.Workdir, name)
+	rel, err := beneath.Rel(s.meta.Workdir, name)
 	if err != nil {
 		return fmt.Errorf("local: write file: %w", err)
 	}
@@ -330,7 +271,7 @@ func (p *Provider) fileCall(ctx context.Context, h provider.Handle, what, name s
 	if err != nil {
 		return nil, "", err
 	}
-	rel, err := sandboxRel(s.meta.Workdir, name)
+	rel, err := beneath.Rel(s.meta.Workdir, name)
 	if err != nil {
 		return nil, "", fmt.Errorf("local: %s: %w", what, err)
 	}

@@ -190,30 +190,6 @@ func TestFileMistakesKeepTheirKind(t *testing.T) {
 	}
 }
 
-func TestSandboxRel(t *testing.T) {
-	cases := []struct {
-		in, want string
-		escape   bool
-	}{
-		{"a", "a", false}, {"./a/../b", "b", false}, {".", ".", false},
-		{"/sandbox", ".", false}, {"/sandbox/", ".", false}, {"/sandbox/a/b", "a/b", false},
-		{"/sandbox/a/../../x", "", true}, {"/sandboxx", "", true}, {"/", "", true},
-		{"..", "", true}, {"../a", "", true}, {"a/../..", "", true}, {"", "", true}, {"a\x00b", "", true},
-	}
-	for _, c := range cases {
-		got, err := sandboxRel("/sandbox", c.in)
-		if c.escape {
-			if !errors.Is(err, provider.ErrPathEscape) {
-				t.Errorf("sandboxRel(%q) = %q, %v; want ErrPathEscape", c.in, got, err)
-			}
-			continue
-		}
-		if err != nil || got != c.want {
-			t.Errorf("sandboxRel(%q) = %q, %v; want %q", c.in, got, err, c.want)
-		}
-	}
-}
-
 // A file over Options.MaxFileBytes is refused before any of it is read, so
 // a sandbox cannot make the server hold a file of any size; OpenFile hands
 // out a file as a stream of the size it had when opened.

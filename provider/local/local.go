@@ -20,6 +20,8 @@ import (
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local/searchable"
+	"github.com/sandboxowner/owner/provider/local/seccomp"
 	"github.com/sandboxowner/owner/provider/local/uidrange"
 )
 
@@ -103,7 +105,7 @@ type Options struct {
 	Isolation string
 	// Seccomp is the syscall filter of sandboxed commands: "default" (or
 	// empty) refuses what container runtimes' default profiles refuse
-	// (see deniedSyscalls), "off" none, anything else is a file holding a
+	// (see seccomp.Filter), "off" none, anything else is a file holding a
 	// compiled classic BPF program. It applies to isolated sandboxes.
 	Seccomp string
 	// UID and GID are the unprivileged host ids sandboxed commands run as
@@ -532,7 +534,7 @@ func (p *Provider) chooseIsolation(opts Options) error {
 		return fmt.Errorf("%w: %v", ErrBadOptions, err)
 	}
 	cfg.rootless = p.rootless
-	if cfg.seccomp, err = loadFilter(opts.Seccomp); err != nil {
+	if cfg.seccomp, err = seccomp.Load(opts.Seccomp); err != nil {
 		return fmt.Errorf("%w: seccomp %q: %v", ErrBadOptions, opts.Seccomp, err)
 	}
 	if !p.rootless {
@@ -653,10 +655,10 @@ func (p *Provider) reachable(caches map[string]string) error {
 	return nil
 }
 
-// reach makes dir searchable by the sandbox's uid (see searchable), saying
+// reach makes dir searchable by the sandbox's uid (see searchable.Make), saying
 // so when it changes a directory.
 func (p *Provider) reach(dir string) error {
-	changed, err := searchable(dir, p.uid, p.gid)
+	changed, err := searchable.Make(dir, p.uid, p.gid)
 	if err != nil {
 		return fmt.Errorf("make %s searchable by uid %d: %w", dir, p.uid, err)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local/beneath"
 )
 
 // Descriptor is the JSON in a local Handle's Descriptor. The sandbox id is
@@ -202,7 +203,7 @@ func (p *Provider) checkSpec(spec provider.Spec, files map[string]string) (strin
 		return "", err
 	}
 	for name := range files {
-		if _, err := sandboxRel(workdir, name); err != nil {
+		if _, err := beneath.Rel(workdir, name); err != nil {
 			return "", fmt.Errorf("local: spec file: %w", err)
 		}
 	}

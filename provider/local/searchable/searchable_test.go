@@ -1,4 +1,4 @@
-package local
+package searchable
 
 import (
 	"os"
@@ -8,7 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-// searchable adds o+x to each directory from / down to dir that the
+// Make adds o+x to each directory from / down to dir that the
 // sandbox's uid could not search, keeping setgid and sticky bits, and
 // leaves one it can search (o+x, its owner's u+x, its group's g+x).
 func TestSearchableAddsOnlyTheSearchBitWhereItIsMissing(t *testing.T) {
@@ -17,7 +17,7 @@ func TestSearchableAddsOnlyTheSearchBitWhereItIsMissing(t *testing.T) {
 	}
 	const uid, gid = 4242, 4343
 	base := t.TempDir()
-	if _, err := searchable(base, uid, gid); err != nil { // the test's own parents
+	if _, err := Make(base, uid, gid); err != nil { // the test's own parents
 		t.Fatal(err)
 	}
 	type dir struct {
@@ -46,7 +46,7 @@ func TestSearchableAddsOnlyTheSearchBitWhereItIsMissing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	changed, err := searchable(p, uid, gid)
+	changed, err := Make(p, uid, gid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestSearchableAddsOnlyTheSearchBitWhereItIsMissing(t *testing.T) {
 	if diff := cmp.Diff(wantModes, modes); diff != "" {
 		t.Errorf("modes (-want +got):\n%s", diff)
 	}
-	if _, err := searchable(filepath.Join(base, "missing"), uid, gid); !os.IsNotExist(err) {
+	if _, err := Make(filepath.Join(base, "missing"), uid, gid); !os.IsNotExist(err) {
 		t.Errorf("a missing directory: %v, want not exist", err)
 	}
 }
