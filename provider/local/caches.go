@@ -153,16 +153,3 @@ func (p *Provider) sandboxMounts(spec provider.Spec, workdir, dir string, makeDi
 	sort.Slice(all, func(i, j int) bool { return all[i].path < all[j].path })
 	return all, nil
 }
-
-// rewriteCacheEnv points environment values that name a cache's path at its
-// host directory (unisolated commands cannot see a mount).
-func rewriteCacheEnv(env map[string]string, mounts []cacheMount) {
-	for k, v := range env {
-		for _, m := range mounts {
-			if within(v, m.path) {
-				env[k] = m.host + filepath.FromSlash(strings.TrimPrefix(v, m.path))
-				break
-			}
-		}
-	}
-}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxowner/owner/provider/local/cmdenv"
 )
 
 // errInitGone: the sandbox's init ended (the sandbox was stopped, or the
@@ -78,12 +80,12 @@ func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, er
 			as = ids
 		}
 		setup = p.ctr.setup(tree, meta.Workdir, meta.Network, caches)
-		cmd = &exec.Cmd{Path: exe, Args: []string{initName, initStageSetup}, Dir: "/", Env: hostEnv(s.id)}
+		cmd = &exec.Cmd{Path: exe, Args: []string{initName, initStageSetup}, Dir: "/", Env: cmdenv.Host(s.id)}
 		cmd.SysProcAttr = p.ctr.sysProcAttr(meta.Network, as)
 	} else {
 		// No death signal: when the server dies the init sees its control
 		// socket close and kills what it started before it exits.
-		cmd = &exec.Cmd{Path: exe, Args: []string{initName}, Dir: s.fsDir(), Env: hostEnv(s.id)}
+		cmd = &exec.Cmd{Path: exe, Args: []string{initName}, Dir: s.fsDir(), Env: cmdenv.Host(s.id)}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	}
 	cmd.ExtraFiles = []*os.File{child}

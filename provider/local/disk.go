@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/provider/local/cmdenv"
 )
 
 // A sandbox's writable layer (overlay mode: its upper and work
@@ -126,7 +127,7 @@ func (d *disks) format(img string, limit diskLimit) error {
 	// nodiscard: discarding a sparse file's every block takes minutes.
 	cmd := exec.Command(d.mkfs, "-q", "-F", "-t", "ext4", "-m", "0", "-N", strconv.Itoa(limit.inodes),
 		"-O", "^has_journal", "-E", "nodiscard,lazy_itable_init=1", img)
-	cmd.Env = []string{"PATH=" + basePath}
+	cmd.Env = []string{"PATH=" + cmdenv.BasePath}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("mkfs %s: %w: %s", img, err, out)
 	}

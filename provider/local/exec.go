@@ -7,7 +7,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
 	"syscall"
 	"time"
 
@@ -17,10 +16,8 @@ import (
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local/beneath"
+	"github.com/sandboxowner/owner/provider/local/cmdenv"
 )
-
-// basePath is the PATH of every command before the spec's and request's env.
-const basePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // Exec runs req.Command with /bin/sh -c in the sandbox, started by its init
 // (see runInit): in the workdir (or req.Cwd), with a small base environment
@@ -46,7 +43,7 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	if err != nil {
 		return provider.ExecResult{}, err
 	}
-	if err := checkEnv(req.Env); err != nil {
+	if err := cmdenv.Check(req.Env); err != nil {
 		return provider.ExecResult{}, err
 	}
 	if req.Timeout < 0 || req.Timeout > p.maxExecTimeout {
@@ -160,29 +157,15 @@ func (p *Provider) commandEnv(s *sandbox, rel string, req provider.ExecRequest) 
 	if p.ctr != nil {
 		home, dir = meta.Workdir, path.Join(meta.Workdir, rel)
 	}
-	env := map[string]string{"PATH": basePath, "HOME": home, "LANG": "C.UTF-8"}
-	for k, v := range meta.Env {
-		env[k] = v
-	}
-	for k, v := range req.Env {
-		env[k] = v
-	}
+	var rewrites []cmdenv.Rewrite
 	if p.ctr == nil {
 		if caches, err := p.sandboxMounts(meta.Spec, meta.Workdir, s.writableDir(), true); err == nil {
-			rewriteCacheEnv(env, caches)
+			for _, m := range caches {
+				rewrites = append(rewrites, cmdenv.Rewrite{From: m.path, To: m.host})
+			}
 		}
 	}
-	env[SandboxIDEnv] = s.id
-	keys := make([]string, 0, len(env))
-	for k := range env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	list := make([]string, 0, len(keys))
-	for _, k := range keys {
-		list = append(list, k+"="+env[k])
-	}
-	return list, dir
+	return cmdenv.Command(home, meta.Env, req.Env, rewrites, s.id), dir
 }
 
 // sandboxInit returns the sandbox's running init, starting one (in the

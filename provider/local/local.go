@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local/cmdenv"
 	"github.com/sandboxowner/owner/provider/local/searchable"
 	"github.com/sandboxowner/owner/provider/local/seccomp"
 	"github.com/sandboxowner/owner/provider/local/uidrange"
@@ -66,7 +67,7 @@ const (
 // SandboxIDEnv is set in every command's environment to the sandbox's id. The
 // provider also uses it to find a sandbox's processes that outlived a crashed
 // server, so a command that clears its environment escapes that sweep.
-const SandboxIDEnv = "LOCAL_SANDBOX_ID"
+const SandboxIDEnv = cmdenv.IDVar
 
 // Errors of this package (the provider's sentinels are in package provider).
 var (
@@ -610,7 +611,7 @@ func (p *Provider) startProbeContainer() error {
 		return err
 	}
 	defer stdout.Close()
-	_, exited, err := in.run("touch probe", []string{"PATH=" + basePath}, p.workdir, stdout, stdout)
+	_, exited, err := in.run("touch probe", []string{"PATH=" + cmdenv.BasePath}, p.workdir, stdout, stdout)
 	if err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}

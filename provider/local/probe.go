@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sandboxowner/owner/provider/local/cmdenv"
 )
 
 // memProbeName is argv[0] of the memory probe: the server's binary run
@@ -128,7 +130,7 @@ func probePids(parent string, v2 bool, limit int) error {
 		return err
 	}
 	defer f.Close()
-	cmd := &exec.Cmd{Path: "/bin/sh", Args: []string{"sh", "-c", script}, Env: []string{"PATH=" + basePath}, ExtraFiles: []*os.File{r}, Stdout: f, Stderr: f}
+	cmd := &exec.Cmd{Path: "/bin/sh", Args: []string{"sh", "-c", script}, Env: []string{"PATH=" + cmdenv.BasePath}, ExtraFiles: []*os.File{r}, Stdout: f, Stderr: f}
 	if err := startJoined(cmd, procs, nil); err != nil {
 		w.Close()
 		return err

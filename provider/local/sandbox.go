@@ -8,9 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -21,6 +19,7 @@ import (
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local/beneath"
+	"github.com/sandboxowner/owner/provider/local/cmdenv"
 )
 
 // Descriptor is the JSON in a local Handle's Descriptor. The sandbox id is
@@ -193,7 +192,7 @@ func (p *Provider) checkSpec(spec provider.Spec, files map[string]string) (strin
 	if spec.TTLSeconds < 0 {
 		return "", fmt.Errorf("local: negative ttl_s %v: %w", spec.TTLSeconds, provider.ErrInvalidSpec)
 	}
-	if err := checkEnv(spec.Env); err != nil {
+	if err := cmdenv.Check(spec.Env); err != nil {
 		return "", err
 	}
 	if _, err := p.sandboxMounts(spec, workdir, "", false); err != nil {
@@ -208,21 +207,6 @@ func (p *Provider) checkSpec(spec provider.Spec, files map[string]string) (strin
 		}
 	}
 	return workdir, nil
-}
-
-// envNameRE is what a shell accepts as a variable name.
-var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-func checkEnv(env map[string]string) error {
-	for k, v := range env {
-		if !envNameRE.MatchString(k) {
-			return fmt.Errorf("local: environment variable name %q (want [A-Za-z_][A-Za-z0-9_]*): %w", k, provider.ErrInvalidSpec)
-		}
-		if strings.ContainsRune(v, 0) {
-			return fmt.Errorf("local: environment variable %s holds a NUL: %w", k, provider.ErrInvalidSpec)
-		}
-	}
-	return nil
 }
 
 // create makes a sandbox directory from o; the metadata file is written last,

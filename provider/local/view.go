@@ -187,13 +187,6 @@ func (c *containerConfig) sysProcAttr(network bool, ids *owner) *syscall.SysProc
 	return a
 }
 
-// hostEnv is the init's own environment: fixed, so that nothing in a
-// request changes how the sandbox starts. id marks the process as the
-// sandbox's (see killMarked).
-func hostEnv(id string) []string {
-	return []string{"PATH=" + basePath, "LANG=C.UTF-8", SandboxIDEnv + "=" + id}
-}
-
 // checkWorkdir refuses a workdir the tree cannot be mounted at: one
 // under /proc or /dev, one that would hide a bound host directory, or one
 // inside a bound directory that has no such directory on the host.
