@@ -69,11 +69,10 @@ func commitTag(incarnation, checkpointID string, round uint64) string {
 // the mark and a round's tag. Names of other rounds (a template's tag is a
 // round's tag alone) never match.
 func hasMark(name, mark string) bool {
-	i := strings.LastIndexByte(name, '-')
-	if !strings.HasPrefix(name, "ng-") || i < 0 {
+	if !strings.HasPrefix(name, "ng-") {
 		return false
 	}
-	tag := name[i+1:]
+	tag := name[strings.LastIndexByte(name, '-')+1:]
 	return len(tag) == len(mark)+8 && strings.HasPrefix(tag, mark)
 }
 
