@@ -194,13 +194,12 @@ func valueEnd(data []byte, i int) int {
 			}
 		}
 	}
-	// A number or a literal runs to the next delimiter.
-	for i < len(data) {
+	// A number or a literal runs to the next delimiter, which a member's
+	// value in valid JSON always has after it.
+	for ; ; i++ {
 		switch data[i] {
 		case ',', '}', ']', ' ', '\t', '\n', '\r':
 			return i
 		}
-		i++
 	}
-	return i
 }

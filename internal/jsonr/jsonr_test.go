@@ -97,7 +97,7 @@ func TestMembersAsTheDecoderReadsThem(t *testing.T) {
 }
 
 func TestMembersDeclines(t *testing.T) {
-	for _, data := range []string{`[1]`, `"s"`, `1`, `null`, `{"a\u0062":1}`, `{"a":1,"\"":2}`} {
+	for _, data := range []string{``, "  \n", `[1]`, `"s"`, `1`, `null`, `{"a\u0062":1}`, `{"a":1,"\"":2}`} {
 		if Members([]byte(data), func(_, _ []byte) bool { return true }) {
 			t.Errorf("%s: read", data)
 		}
@@ -140,11 +140,11 @@ func TestStringIntFields(t *testing.T) {
 		OK bool
 	}
 	var gotF []field
-	for _, k := range []string{"task_id", "taskset", "TaskSet", "other", "taſk_id", "x\x80", "task_i", "task_idd"} {
-		i, ok := Fields([]byte(k), "taskset", "task_id")
+	for _, k := range []string{"task_id", "taskset", "TaskSet", "other", "taſk_id", "x\x80", "task_i", "task_idd", "TASKSET", "ZONE", "zone"} {
+		i, ok := Fields([]byte(k), "taskset", "task_id", "zone")
 		gotF = append(gotF, field{i, ok})
 	}
-	wantF := []field{{1, true}, {0, true}, {-1, false}, {-1, true}, {-1, false}, {-1, false}, {-1, true}, {-1, true}}
+	wantF := []field{{1, true}, {0, true}, {-1, false}, {-1, true}, {-1, false}, {-1, false}, {-1, true}, {-1, true}, {-1, false}, {-1, false}, {2, true}}
 	if diff := cmp.Diff(wantF, gotF); diff != "" {
 		t.Errorf("Fields (-want +got):\n%s", diff)
 	}

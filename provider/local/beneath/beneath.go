@@ -81,7 +81,6 @@ func Open(dirfd int, rel string, flags int) (int, error) {
 // openByParts is Open where the kernel has no openat2: one
 // component at a time, each with O_NOFOLLOW.
 func openByParts(dirfd int, rel string, flags int) (int, error) {
-	flags |= unix.O_NOFOLLOW
 	parts := strings.Split(rel, "/")
 	cur, owned := dirfd, false
 	defer func() {
@@ -89,27 +88,28 @@ func openByParts(dirfd int, rel string, flags int) (int, error) {
 			unix.Close(cur)
 		}
 	}()
-	for i, part := range parts {
+	open := func(part string, f int) (int, error) {
 		if part == ".." {
 			return -1, unix.EXDEV
 		}
-		f := unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_NOFOLLOW
-		if i == len(parts)-1 {
-			f = flags
-		}
-		next, err := unix.Openat(cur, part, f, 0)
+		fd, err := unix.Openat(cur, part, f|unix.O_NOFOLLOW, 0)
 		if err != nil {
 			return -1, LinkErr(cur, part, err)
 		}
-		if i == len(parts)-1 {
-			return next, nil
+		return fd, nil
+	}
+	last := len(parts) - 1
+	for _, part := range parts[:last] {
+		next, err := open(part, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC)
+		if err != nil {
+			return -1, err
 		}
 		if owned {
 			unix.Close(cur)
 		}
 		cur, owned = next, true
 	}
-	return -1, unix.EINVAL
+	return open(parts[last], flags)
 }
 
 // PathErr words an error of a walk in the tree, keeping its errno for

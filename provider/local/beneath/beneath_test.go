@@ -156,10 +156,14 @@ func tree(t *testing.T) string {
 }
 
 // opened names what fd is ("file" or "dir") and closes it, or names err's
-// errno.
+// errno; a refusal's descriptor is -1, never one a caller could close by
+// mistake.
 func opened(t *testing.T, fd int, err error) string {
 	t.Helper()
 	if err != nil {
+		if fd != -1 {
+			t.Errorf("%v: descriptor %d, want -1", err, fd)
+		}
 		var errno unix.Errno
 		if !errors.As(err, &errno) {
 			t.Fatalf("not an errno: %v", err)
@@ -206,11 +210,14 @@ func TestOpenRefusesLinksAndClimbs(t *testing.T) {
 	}
 	// The walk without openat2 closes what it opened on the way, whether it
 	// ends in a file or a refusal, and never the caller's directory.
-	for _, rel := range []string{"d/e/f", "d/le/f", "d/e/missing", "d/../d"} {
+	walked := map[string]string{}
+	for _, rel := range []string{"d/e/f", "d/le/f", "d/e/missing", "d/../d", "..", "d/e/f/g"} {
 		fd, err := openByParts(dirfd, rel, unix.O_RDONLY)
-		if err == nil {
-			unix.Close(fd)
-		}
+		walked[rel] = opened(t, fd, err)
+	}
+	wantWalked := map[string]string{"d/e/f": "file", "d/le/f": "ELOOP", "d/e/missing": "ENOENT", "d/../d": "EXDEV", "..": "EXDEV", "d/e/f/g": "ENOTDIR"}
+	if diff := cmp.Diff(wantWalked, walked); diff != "" {
+		t.Errorf("walks (-want +got):\n%s", diff)
 	}
 	if after := openFDs(t); after != before {
 		t.Errorf("%d descriptors open after the walks, %d before", after, before)
@@ -225,11 +232,14 @@ func TestOpenRefusesLinksAndClimbs(t *testing.T) {
 // A sandbox's tree whose top is a symlink or missing is not opened.
 func TestOpenTreeRefusesALinkedTop(t *testing.T) {
 	top := tree(t)
-	for _, p := range []string{filepath.Join(top, "ld"), filepath.Join(top, "none")} {
-		if fd, err := OpenTree(p); err == nil {
-			unix.Close(fd)
-			t.Errorf("OpenTree(%s) opened", p)
-		}
+	got := map[string]string{}
+	for _, p := range []string{"ld", "none", "d/e/f"} {
+		fd, err := OpenTree(filepath.Join(top, p))
+		got[p] = opened(t, fd, errors.Unwrap(err))
+	}
+	want := map[string]string{"ld": "ENOTDIR", "none": "ENOENT", "d/e/f": "ENOTDIR"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("OpenTree (-want +got):\n%s", diff)
 	}
 }
 
@@ -299,5 +309,10 @@ func TestMakeDirsMakesWhatIsMissingAndRefusesLinks(t *testing.T) {
 	}
 	if after := openFDs(t); after != before {
 		t.Errorf("%d descriptors open after MakeDirs, %d before", after, before)
+	}
+	// A tree that is not open: EBADF.
+	fd, err := MakeDirs(-1, "x", nil)
+	if got := opened(t, fd, err); got != "EBADF" {
+		t.Errorf("MakeDirs under no tree: %s, want EBADF", got)
 	}
 }
