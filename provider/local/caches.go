@@ -32,6 +32,9 @@ type cacheMount struct {
 	host string // the directory on the host
 	path string // where the sandbox sees it
 	ro   bool   // bound read-only
+	// layered: host is an overlay the provider mounted over views
+	// already (MountOverlay), bound as it is.
+	layered bool
 }
 
 // cacheMounts parses spec's caches option, sorted by path. Names and paths
@@ -133,8 +136,8 @@ func (p *Provider) sandboxMounts(spec provider.Spec, workdir, dir string, makeDi
 			if err := p.reach(m.host); err != nil {
 				return nil, fmt.Errorf("local: %s: %w", m.name, err)
 			}
-			if m.ro {
-				continue
+			if m.ro || m.layered {
+				continue // an overlay's upper layer is the sandbox's already
 			}
 			// Written by the sandbox's uid, like a cache.
 			if err := p.owner().chown(m.host); err != nil {

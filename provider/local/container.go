@@ -63,6 +63,9 @@ func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, er
 	var setup *initSetup
 	var as *owner
 	if p.ctr != nil {
+		if err := p.mountLayers(s, meta.Spec, sandboxIDs(meta)); err != nil {
+			return nil, err
+		}
 		caches, err := p.sandboxMounts(meta.Spec, meta.Workdir, s.writableDir(), true)
 		if err != nil {
 			return nil, err

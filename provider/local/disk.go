@@ -415,12 +415,13 @@ func loopOf(img string) (string, error) {
 }
 
 // detachSandboxMounts detaches what the server mounted in the sandbox
-// directory dir: its overlay, its views, and its disk, in that order (each
-// holds the next). A removal must never go through one of them.
+// directory dir: its overlay, its mounts' overlays, its views, and its
+// disk, in that order (each holds the next). A removal must never go through one of them.
 func detachSandboxMounts(dir string) {
 	if fsDir := filepath.Join(dir, "fs"); isMountRoot(fsDir) {
 		_ = unmount(fsDir)
 	}
+	detachLayers(dir)
 	detachViews(dir)
 	d := filepath.Join(dir, diskDirName)
 	for i := 0; i < 8 && isMountRoot(d); i++ {

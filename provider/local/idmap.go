@@ -171,7 +171,7 @@ func (p *Provider) makeViews(s *sandbox, ids owner, userns int, lowers []string,
 	}
 	for i, m := range mounts {
 		switch {
-		case m.ro:
+		case m.ro, m.layered:
 		case within(m.host, s.dir):
 			m.host = s.viewOf(m.host)
 		default:

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandboxowner/owner/provider"
 )
 
@@ -34,6 +36,17 @@ const (
 	// it: the host directory is only read, and nothing one sandbox writes
 	// reaches another.
 	MountCopy = "copy"
+	// MountOverlay is MountCopy without the copy: where the provider
+	// isolates sandboxes and mounts overlays, the sandbox sees an overlay
+	// whose one lower layer is the host directory and whose upper layer is
+	// its own (in its directory, removed with it), so that a start costs a
+	// mount, not a copy of the whole directory. Elsewhere it is a copy.
+	// Entries the storage uid does not own stay their owner's (a copy
+	// gives every entry to the sandbox). The host directory should not
+	// change while sandboxes stand on it: an entry added meanwhile may or
+	// may not show, which suits a content-addressed cache (Go's build
+	// cache) and nothing that needs one consistent state.
+	MountOverlay = "overlay"
 )
 
 // Mount is one entry of MountsOption.
@@ -43,7 +56,7 @@ type Mount struct {
 	// Path is where the sandbox sees it: absolute, not /, neither holding
 	// nor inside the workdir.
 	Path string `json:"path"`
-	// Mode is MountReadOnly, MountReadWrite or MountCopy.
+	// Mode is MountReadOnly, MountReadWrite, MountCopy or MountOverlay.
 	Mode string `json:"mode"`
 }
 
@@ -83,8 +96,10 @@ func (p *Provider) mountsOf(spec provider.Spec, workdir, sandboxDir string) ([]c
 		case MountReadWrite:
 		case MountCopy:
 			cm.host = mountCopyDir(sandboxDir, i)
+		case MountOverlay:
+			cm.host, cm.layered = mountCopyDir(sandboxDir, i), p.layeredMounts()
 		default:
-			return nil, fmt.Errorf("local: %s: mode %q (want %s, %s or %s): %w", name, m.Mode, MountReadOnly, MountReadWrite, MountCopy, provider.ErrInvalidSpec)
+			return nil, fmt.Errorf("local: %s: mode %q (want %s, %s, %s or %s): %w", name, m.Mode, MountReadOnly, MountReadWrite, MountCopy, MountOverlay, provider.ErrInvalidSpec)
 		}
 		out = append(out, cm)
 	}
@@ -129,14 +144,15 @@ func checkMountHosts(spec provider.Spec) error {
 	return nil
 }
 
-// copyMounts makes the sandbox's copies of its MountCopy entries.
+// copyMounts makes the sandbox's copies of its MountCopy entries (and of
+// its MountOverlay ones where they are not overlays).
 func (p *Provider) copyMounts(ctx context.Context, spec provider.Spec, sandboxDir string) error {
 	ms, err := decodeMounts(spec)
 	if err != nil {
 		return err
 	}
 	for i, m := range ms {
-		if m.Mode != MountCopy {
+		if m.Mode != MountCopy && (m.Mode != MountOverlay || p.layeredMounts()) {
 			continue
 		}
 		dst := mountCopyDir(sandboxDir, i)
@@ -148,4 +164,87 @@ func (p *Provider) copyMounts(ctx context.Context, spec provider.Spec, sandboxDi
 		}
 	}
 	return nil
+}
+
+// layeredMounts reports whether MountOverlay entries are overlays: the
+// provider mounts overlays, and binds mounts into containers (unisolated
+// commands are pointed at a host directory, which must then be a copy).
+func (p *Provider) layeredMounts() bool { return p.overlay && p.ctr != nil }
+
+// Where a MountOverlay entry's writable layer and overlayfs's work
+// directory are, beside its mount point.
+func mountUpperDir(sandboxDir string, i int) string { return mountCopyDir(sandboxDir, i) + ".upper" }
+func mountWorkDir(sandboxDir string, i int) string  { return mountCopyDir(sandboxDir, i) + ".work" }
+
+// mountLayers mounts the overlays of s's MountOverlay entries that are not
+// mounted yet (a new sandbox's, or an adopted one's after a reboot). With a
+// uid of its own (ids), the host directory and the sandbox's layer are
+// seen through views, as its tree's are: the storage uid's entries are the
+// sandbox's uid's.
+func (p *Provider) mountLayers(s *sandbox, spec provider.Spec, ids *owner) error {
+	if !p.layeredMounts() {
+		return nil
+	}
+	ms, err := decodeMounts(spec)
+	if err != nil {
+		return err
+	}
+	nsfd := -1
+	defer func() {
+		if nsfd >= 0 {
+			unix.Close(nsfd)
+		}
+	}()
+	for i, m := range ms {
+		target := mountCopyDir(s.writableDir(), i)
+		if m.Mode != MountOverlay || isMountRoot(target) {
+			continue
+		}
+		upper, work := mountUpperDir(s.writableDir(), i), mountWorkDir(s.writableDir(), i)
+		for _, d := range []string{target, upper, work} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return fmt.Errorf("local: %s[%d]: %w", MountsOption, i, err)
+			}
+		}
+		if err := p.owner().chown(upper); err != nil {
+			return fmt.Errorf("local: %s[%d]: %w", MountsOption, i, err)
+		}
+		lower := m.Host
+		if ids != nil {
+			v := viewsOf(s.dir)
+			view := filepath.Join(v.dir, "c"+strconv.Itoa(i))
+			if !isMountRoot(view) {
+				if nsfd < 0 {
+					if nsfd, err = p.idmapNS(*ids); err != nil {
+						return fmt.Errorf("local: %s[%d]: %w", MountsOption, i, err)
+					}
+				}
+				if err := idmapMount(m.Host, view, nsfd, true); err != nil {
+					return fmt.Errorf("local: %s[%d]: %w", MountsOption, i, err)
+				}
+			}
+			lower, upper, work = view, s.viewOf(upper), s.viewOf(work)
+		}
+		if err := mountOverlay(target, []string{lower}, upper, work); err != nil {
+			return fmt.Errorf("local: %s[%d]: %w", MountsOption, i, err)
+		}
+	}
+	return nil
+}
+
+// detachLayers detaches the MountOverlay overlays under the sandbox
+// directory dir (on its disk too): they hold its views.
+func detachLayers(dir string) {
+	for _, d := range []string{filepath.Join(dir, "mounts"), filepath.Join(dir, diskDirName, "mounts")} {
+		entries, err := os.ReadDir(d)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			p := filepath.Join(d, e.Name())
+			for i := 0; i < 8 && isMountRoot(p); i++ {
+				_ = unmount(p)
+			}
+		}
+	}
 }
