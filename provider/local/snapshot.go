@@ -191,22 +191,27 @@ func (p *Provider) Fork(ctx context.Context, spec provider.Spec, snapshotID stri
 	if !validID(snapshotID, snapshotPrefix) {
 		return provider.Handle{}, fmt.Errorf("local: snapshot %q: %w", snapshotID, provider.ErrSnapshotNotFound)
 	}
-	p.snapMu.Lock()
+	// The snapshot is marked read before its record is: a collection
+	// that did not see the mark read the record afterwards, and so a
+	// delete written before it, which this read sees too. No lock is
+	// shared with the other forks, so a group of them forking one
+	// snapshot at once does not pass through one by one.
+	release := sync.OnceFunc(p.markPending(snapshotID)) // kept until the fork stands on it
+	defer release()
 	var sm snapshotMeta
 	err := readJSON(p.snapshotMetaPath(snapshotID), &sm)
 	if err == nil && sm.Deleted {
 		err = fs.ErrNotExist
 	}
 	if err != nil {
-		p.snapMu.Unlock()
 		if errors.Is(err, fs.ErrNotExist) {
 			return provider.Handle{}, fmt.Errorf("local: snapshot %s: %w", snapshotID, provider.ErrSnapshotNotFound)
 		}
 		return provider.Handle{}, fmt.Errorf("local: snapshot %s: %w", snapshotID, err)
 	}
-	release := sync.OnceFunc(p.markPending(snapshotID)) // kept until the fork stands on it
-	defer release()
-	p.snapMu.Unlock()
+	if p.hook != nil {
+		p.hook("fork-read", snapshotID)
+	}
 
 	layer := p.snapshotLayer(snapshotID)
 	o := origin{fromSnapshot: snapshotID, copyFrom: layer, lowers: []string{layer}, layers: []string{snapshotID}}
@@ -228,7 +233,13 @@ func (p *Provider) Fork(ctx context.Context, spec provider.Spec, snapshotID stri
 		return provider.Handle{}, err
 	}
 	release()
-	p.collectSnapshots(ctx) // the snapshot may have been deleted while the fork read it
+	// A snapshot deleted while the fork read it was kept for the fork; a
+	// collection now removes it unless the fork stands on it. Only then:
+	// a collection takes the snapshots' lock, which every fork of a group
+	// would otherwise queue on.
+	if err := readJSON(p.snapshotMetaPath(snapshotID), &sm); err != nil || sm.Deleted {
+		p.collectSnapshots(ctx)
+	}
 	return h, nil
 }
 
@@ -283,14 +294,19 @@ func (p *Provider) collect(ctx context.Context) (err error) {
 	var deleted, orphans []string
 	for _, e := range entries {
 		id := e.Name()
-		if !validID(id, snapshotPrefix) || p.isPending(id) {
+		if !validID(id, snapshotPrefix) {
 			continue
 		}
+		// A pending snapshot is listed all the same (it is needed below):
+		// one a fork reads may be deleted, and what it stands on is needed.
+		// Pending is read before the record: one made meanwhile wrote its
+		// record before its mark went.
+		pending := p.isPending(id)
 		var sm snapshotMeta
 		if err := readJSON(p.snapshotMetaPath(id), &sm); err != nil {
 			// In a shared directory a snapshot without its record may be
-			// another server's, being written.
-			if errors.Is(err, fs.ErrNotExist) && p.snapDir == "" {
+			// another server's, being written; here, one being made.
+			if errors.Is(err, fs.ErrNotExist) && p.snapDir == "" && !pending {
 				orphans = append(orphans, id)
 			}
 			continue

@@ -499,3 +499,42 @@ func unread(t *testing.T, fd int) int {
 	}
 	return n
 }
+
+// A snapshot deleted while a fork reads it is kept for that fork: the fork
+// succeeds, and once it returns the snapshot goes unless the fork stands
+// on it (an overlay layer), then with the fork's stop.
+func TestSnapshotDeletedWhileAForkReadsIt(t *testing.T) {
+	for _, m := range []mode{{"none-copy", IsolationNone, OverlayOff}, {"none-overlay", IsolationNone, OverlayOn}} {
+		t.Run(m.name, func(t *testing.T) {
+			p := newProvider(t, m, Options{})
+			ctx := context.Background()
+			h := start(t, p, provider.Spec{Files: map[string]string{"a": "1"}})
+			snap := snapshot(t, p, h)
+			p.hook = func(stage, id string) {
+				if stage == "fork-read" && id == snap {
+					if err := p.DeleteSnapshot(ctx, snap); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+			f := fork(t, p, snap)
+			p.hook = nil
+			if got := mustRun(t, p, f, "cat a"); got != "1" {
+				t.Errorf("the fork sees %q", got)
+			}
+			_, err := os.Stat(p.snapshotDir(snap))
+			if stands := m.overlay == OverlayOn; stands != (err == nil) {
+				t.Fatalf("after the fork (overlay %v): the deleted snapshot's layer: %v", stands, err)
+			}
+			if _, err := p.Fork(ctx, provider.Spec{}, snap); !errors.Is(err, provider.ErrSnapshotNotFound) {
+				t.Errorf("a fork of the deleted snapshot: %v, want ErrSnapshotNotFound", err)
+			}
+			if err := p.Stop(ctx, f); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(p.snapshotDir(snap)); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("the layer outlived its last fork: %v", err)
+			}
+		})
+	}
+}
