@@ -375,3 +375,25 @@ func TestAnAdoptionsRemountEndsWithTheCallsContext(t *testing.T) {
 		t.Errorf("an exec once the image was free: %v", err)
 	}
 }
+
+// Every sandbox's image is a copy of the template, so what the template
+// holds is copied (and cached) per sandbox: a default-sized disk's holds
+// its filesystem's bare metadata, not the 4 MiB a resize inode reserves.
+func TestASandboxImageCopiesLittle(t *testing.T) {
+	p := newDiskProvider(t, mode{"container-overlay", IsolationContainer, OverlayOn}, Limits{})
+	if p.disks.limit.mb != DefaultDiskMB {
+		t.Fatalf("disk limit %d MiB, want the default %d", p.disks.limit.mb, DefaultDiskMB)
+	}
+	h := start(t, p, provider.Spec{})
+	s, err := p.loaded(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(s.dir, diskImageName), &st); err != nil {
+		t.Fatal(err)
+	}
+	if held := st.Blocks * 512; held > 1<<20 {
+		t.Errorf("a new sandbox's %d MiB image holds %d KiB, want at most 1 MiB", DefaultDiskMB, held>>10)
+	}
+}
