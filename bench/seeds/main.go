@@ -3,6 +3,7 @@
 //
 //	go run ./bench/seeds                       # N = 1, 8, 64; L = 200ms
 //	go run ./bench/seeds -n 1,8 -l 50ms -out DIR
+//	go run ./bench/seeds -kinds "local keyed" -n 64 -profile DIR  # CPU, block, mutex profiles and a trace
 //
 // Each cell seeds N sessions at once on a fresh owner and reports the time
 // until the last one is seeded, beside one seed alone (the first row of its
@@ -56,13 +57,25 @@ type row struct {
 	setups int64
 }
 
-func run() error {
+func run() (err error) {
 	sizes := flag.String("n", "1,8,64", "comma-separated group sizes")
 	lat := flag.Duration("l", 200*time.Millisecond, "create and capture latency of the fake OpenSandbox server")
 	out := flag.String("out", filepath.Join(os.TempDir(), "sandboxowner-bench"), "directory for seeds.md")
 	hits := flag.Int("hits", 10, "pool hits measured")
 	kinds := flag.String("kinds", "local notes,local keyed,opensandbox notes,opensandbox keyed", "comma-separated kinds to measure")
+	prof := flag.String("profile", "", "directory for the run's CPU, block and mutex profiles and execution trace (none when empty)")
 	flag.Parse()
+	if *prof != "" {
+		stop, err := osbench.Profile(*prof)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if perr := stop(); perr != nil && err == nil {
+				err = perr
+			}
+		}()
+	}
 	ns, err := osbench.Ints(*sizes)
 	if err != nil {
 		return err
