@@ -45,3 +45,25 @@ func TestHasMark(t *testing.T) {
 		t.Errorf("hasMark (-want +got):\n%s", diff)
 	}
 }
+
+// A snapshot's name keeps the first 16 characters of its session's id, and
+// of them only letters, digits and "-_." (each range to its ends); any other
+// character, the ones just outside each range among them, becomes "_".
+func TestSnapshotNameKeepsSafeCharacters(t *testing.T) {
+	tag := commitTag("inc-a", "c1", 3)
+	got := map[string]string{
+		"range ends":    snapshotName("aAzZ09-_.", 5, tag),
+		"just outside":  snapshotName("`{@[/:é ", 5, tag),
+		"sixteen, cut":  snapshotName("0123456789abcdefXYZ", 5, tag),
+		"cut on unsafe": snapshotName("0123456789abcde/é", 5, tag),
+	}
+	want := map[string]string{
+		"range ends":    "ng-aAzZ09-_.-5-" + tag,
+		"just outside":  "ng-________-5-" + tag,
+		"sixteen, cut":  "ng-0123456789abcdef-5-" + tag,
+		"cut on unsafe": "ng-0123456789abcde_-5-" + tag,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("snapshotName (-want +got):\n%s", diff)
+	}
+}
