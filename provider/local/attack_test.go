@@ -784,7 +784,7 @@ func TestThePidsAndCPULimitsAreClaimedOnlyWhereTheyHold(t *testing.T) {
 	}{
 		{"pids", func(dir string) error { return probePids(dir, cg.v2, probePidsLimit) }, func(dir string) error { return probePids(dir, cg.v2, 1000) }},
 		// One spinning shell never uses more than one CPU of a two-CPU quota.
-		{"cpu", func(dir string) error { return probeCPU(dir, cg.v2, 10000) }, func(dir string) error { return probeCPU(dir, cg.v2, 200000) }},
+		{"cpu", func(dir string) error { return probeCPU(dir, cg.v2, probeCPUQuotaUS) }, func(dir string) error { return probeCPU(dir, cg.v2, 2*probeCPUPeriodUS) }},
 	} {
 		dir, ok := cg.dirOf(c.name)
 		if !ok {

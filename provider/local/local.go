@@ -702,7 +702,7 @@ func (p *Provider) chooseCgroups() {
 	}{
 		{"memory", p.limits.MemoryMB > 0, func(dir string) error { return probeMemory(dir, cg.v2, memProbeLimitMiB) }},
 		{"pids", p.limits.Pids > 0, func(dir string) error { return probePids(dir, cg.v2, probePidsLimit) }},
-		{"cpu", p.limits.CPUs > 0, func(dir string) error { return probeCPU(dir, cg.v2, 10000) }},
+		{"cpu", p.limits.CPUs > 0, func(dir string) error { return probeCPU(dir, cg.v2, probeCPUQuotaUS) }},
 	} {
 		if dir, ok := cg.dirOf(probe.c); ok && probe.on {
 			if err := p.probed.run(probe.c, func() error { return probe.test(dir) }); err != nil {

@@ -147,13 +147,22 @@ func probePids(parent string, v2 bool, limit int) error {
 	return fmt.Errorf("the pids probe: %v: %s", err, strings.TrimSpace(out))
 }
 
+// The cpu probe's limit: the kernel's smallest quota over a long period, so
+// that a shell spinning on a saturated host, given well under a tenth of a
+// CPU, still exceeds it within a period and is throttled. A quota of a
+// tenth of a CPU was never reached at a load of 20 on two cores, and the
+// probe then called an enforced limit unenforced.
+const (
+	probeCPUPeriodUS = 250000
+	probeCPUQuotaUS  = 1000
+)
+
 // probeCPUWait bounds how long the cpu probe spins waiting to be
-// throttled: at a tenth of a CPU, the first throttling comes within a
-// period (100 ms) of CPU time.
+// throttled: twelve periods.
 const probeCPUWait = 3 * time.Second
 
 // probeCPU checks that a CPU limit holds here: in a throwaway cgroup under
-// parent limited to quotaUS of CPU time per 100 ms period, a shell that
+// parent limited to quotaUS of CPU time per probeCPUPeriodUS, a shell that
 // spins must be throttled (cpu.stat's nr_throttled grows) within
 // probeCPUWait. A limit the kernel does not enforce never throttles it
 // (errNotEnforced).
@@ -166,8 +175,8 @@ func probeCPU(parent string, v2 bool, quotaUS int) error {
 	defer g.remove()
 	var err error
 	if v2 {
-		err = os.WriteFile(filepath.Join(dir, "cpu.max"), []byte(strconv.Itoa(quotaUS)+" 100000"), 0)
-	} else if err = os.WriteFile(filepath.Join(dir, "cpu.cfs_period_us"), []byte("100000"), 0); err == nil {
+		err = os.WriteFile(filepath.Join(dir, "cpu.max"), []byte(strconv.Itoa(quotaUS)+" "+strconv.Itoa(probeCPUPeriodUS)), 0)
+	} else if err = os.WriteFile(filepath.Join(dir, "cpu.cfs_period_us"), []byte(strconv.Itoa(probeCPUPeriodUS)), 0); err == nil {
 		err = os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte(strconv.Itoa(quotaUS)), 0)
 	}
 	if err != nil {
@@ -193,7 +202,7 @@ func probeCPU(parent string, v2 bool, quotaUS int) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return fmt.Errorf("%w: a process spun for %s under a quota of %d µs per 100 ms and was never throttled", errNotEnforced, probeCPUWait, quotaUS)
+	return fmt.Errorf("%w: a process spun for %s under a quota of %d µs per %d µs and was never throttled", errNotEnforced, probeCPUWait, quotaUS, probeCPUPeriodUS)
 }
 
 // throttled is cpu.stat's nr_throttled in the cgroup dir.
