@@ -743,6 +743,24 @@ func testDropCheckpointWithoutRecords(t *testing.T, x Store, _ func() Store) {
 	}
 }
 
+func TestDropCheckpointWithoutMeta(t *testing.T) { forEach(t, testDropCheckpointWithoutMeta) }
+
+// A checkpoint whose meta is gone but whose records remain reads as absent,
+// yet dropping it still removes its records and their references.
+func testDropCheckpointWithoutMeta(t *testing.T, x Store, _ func() Store) {
+	mustCommit(t, x, CheckpointMeta{ID: "c"}, testRecords(2, 500, "c"))
+	rawDelete(t, x, "c/c")
+	if _, err := x.Checkpoint("c"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Checkpoint without its meta = %v, want ErrNotFound", err)
+	}
+	if err := x.Drop([]string{"c"}, nil); err != nil {
+		t.Fatalf("Drop: %v", err)
+	}
+	if snaps, err := x.ReferencedSnapshots(); err != nil || len(snaps) != 0 {
+		t.Fatalf("snapshots still referenced after the drop: %v (%v)", snaps, err)
+	}
+}
+
 func TestClosed(t *testing.T) { forEach(t, testClosed) }
 
 func testClosed(t *testing.T, x Store, _ func() Store) {
