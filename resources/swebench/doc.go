@@ -64,8 +64,10 @@
 // or not, is kept beside the template (<template>.env/<key>/). Agent,
 // validation and grading sandboxes run Go offline (GOFLAGS=-mod=mod,
 // GOPROXY=off) against it: the module cache read-only, the writable caches
-// (the build cache) a copy of each sandbox's own, so that nothing an agent
-// or a grading writes reaches another sandbox. Only a validation, which runs
+// (the build cache) a writable layer of each sandbox's own over the
+// template's (an overlay where the local provider mounts overlays, else a
+// copy), so that nothing an agent or a grading writes reaches another
+// sandbox and a start copies nothing. Only a validation, which runs
 // no model code, writes the template's build cache, and so warms it. A new
 // template's caches start as a copy of those of the newest environment of
 // the same repository (seedCaches).

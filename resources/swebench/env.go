@@ -327,8 +327,10 @@ const (
 // sandbox of role: in the environment step every cache is read-write (env
 // is then the environment being built, in its staging directory); in a validation (which runs no model code) the
 // writable caches are the template's own, so that it warms them; agents and
-// gradings get the read-only caches read-only and a copy of the writable
-// ones each, so that nothing one of them writes reaches another.
+// gradings get the read-only caches read-only and a writable layer of their
+// own over each writable one (local.MountOverlay: an overlay where the
+// provider can mount one, else a copy), so that nothing one of them writes
+// reaches another and a start does not copy the template's build cache.
 func (s *Server) localMounts(env *Environment, role string) ([]local.Mount, map[string]string) {
 	vars := map[string]string{}
 	var mounts []local.Mount
@@ -345,13 +347,13 @@ func (s *Server) localMounts(env *Environment, role string) ([]local.Mount, map[
 		case role == roleStdlib && s.cfg.Caches[name] == stdBuildCache:
 			m.Host, m.Mode = env.stdDir, local.MountReadWrite
 		case role == roleStdlib && s.cfg.writable(name):
-			m.Host, m.Mode = env.cacheDir(name), local.MountCopy
+			m.Host, m.Mode = env.cacheDir(name), local.MountOverlay
 		case !s.cfg.writable(name):
 			m.Host = env.cacheDir(name)
 		case role == roleValidation:
 			m.Host, m.Mode = env.cacheDir(name), local.MountReadWrite
 		default:
-			m.Host, m.Mode = env.cacheDir(name), local.MountCopy
+			m.Host, m.Mode = env.cacheDir(name), local.MountOverlay
 		}
 		mounts = append(mounts, m)
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -277,6 +278,7 @@ func TestAGradingThatRanNoTestSaysSo(t *testing.T) {
 	tk := newTask(t)
 	for _, validated := range []bool{true, false} {
 		t.Run("validated="+strconv.FormatBool(validated), func(t *testing.T) {
+			t.Parallel()
 			w := newWorld(t, tk, withConfig(func(c *Config) {
 				if !validated {
 					c.Validate = off()
@@ -297,7 +299,12 @@ func TestAnAgentWritingIntoItsCachesCannotChangeAGrading(t *testing.T) {
 	t.Parallel()
 	gp := newGoProxy(t)
 	tk := newDepTask(t, gp)
-	w := newWorld(t, tk, withConfig(withDepTask(tk, gp)))
+	// The standard-library layers are a copy of the shared ones, which
+	// other tests' environments write meanwhile: this test holds no lock
+	// on them while its agent and grading run, and its layer changes only
+	// by what this test's sandboxes could do to it.
+	std := privateStdLayers(t)
+	w := newWorld(t, tk, withConfig(withDepTask(tk, gp)), withConfig(func(c *Config) { c.StdCacheDir = std }))
 	if w.prov.Isolation() != local.IsolationContainer {
 		t.Skip("SKIP: unisolated, nothing is read-only to an agent (this kernel refuses containers)")
 	}
@@ -311,11 +318,9 @@ func TestAnAgentWritingIntoItsCachesCannotChangeAGrading(t *testing.T) {
 	if env.StdLayer == "" {
 		t.Fatal("the environment was not seeded from a standard-library layer")
 	}
-	lock, err := lockFile(layer + ".lock") // no other test's environment writes it meanwhile
-	if err != nil {
-		t.Fatal(err)
+	if _, err := os.Stat(layer); err != nil {
+		t.Fatalf("the layer the environment was seeded from: %v", err)
 	}
-	defer lock()
 	layerBefore := digest(t, layer)
 
 	// The agent fixes the repository, then breaks the dependency in the
@@ -376,6 +381,30 @@ func TestTheGoldenInstanceOnAFreshMachineResolvesWithOnlyTheRepository(t *testin
 	if _, ok := out["failure_kind"]; ok {
 		t.Errorf("a resolved grading has a failure_kind: %v", out["failure_kind"])
 	}
+}
+
+// privateStdLayers is a copy of the test binary's standard-library layers,
+// each copied under its lock, for a test of its own to digest.
+func privateStdLayers(t *testing.T) string {
+	t.Helper()
+	dst := t.TempDir()
+	entries, _ := os.ReadDir(testStdCacheDir())
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		src := filepath.Join(testStdCacheDir(), e.Name())
+		unlock, err := lockFile(src + ".lock")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command("cp", "-a", src, dst+"/").CombinedOutput()
+		unlock()
+		if err != nil {
+			t.Fatalf("copy the layer %s: %v: %s", src, err, out)
+		}
+	}
+	return dst
 }
 
 // Two processes writing one JSON file: each through a temporary file of

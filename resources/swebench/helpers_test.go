@@ -212,8 +212,21 @@ func imageRows() worldOpt {
 		w.cfg.Repos, w.cfg.TemplateDir, w.cfg.Validate = nil, "", off()
 		w.cfg.SandboxConfig.Env = map[string]string{"GOCACHE": "/caches/gobuild"}
 		w.cfg.SandboxConfig.ProviderOptions = map[string]any{local.CachesOption: map[string]any{"gobuild": "/caches/gobuild"}}
-		w.caches = map[string]string{"gobuild": filepath.Join(testTemplatesDir(), "image-rows-gobuild")}
+		w.caches = map[string]string{"gobuild": imageRowsCache()}
 	}
+}
+
+// imageRowsCache is the build cache the worlds of imageRows share. It lies
+// beside the standard-library layers, so that kept ones serve every source
+// tree (a build cache is addressed by what each entry was built from, so
+// what another tree left is never wrong) and a new tree's first imageRows
+// test does not compile the standard library inside its sandbox; it is
+// marked used now, as they are.
+func imageRowsCache() string {
+	dir := filepath.Join(filepath.Dir(testStdCacheDir()), ".image-rows-gobuild")
+	now := time.Now()
+	_ = os.Chtimes(dir, now, now)
+	return dir
 }
 
 // off is a false *bool (swebench.validate: false).
