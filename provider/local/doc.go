@@ -40,6 +40,7 @@
 //	sandboxes/<sb-id>/disk.img    with a disk limit: the sandbox's filesystem image
 //	sandboxes/<sb-id>/disk/       its mount, which holds upper/ and work/ (copy mode: fs/) and mounts/
 //	disks/                        the formatted templates sandboxes' images are copied from
+//	ready/<sb-id>/                with a disk limit: a directory made ahead, its disk mounted, that a start renames into sandboxes/
 //	sandboxes/<sb-id>/.views/     idmapped mounts its own uid sees its tree, the root's layers, caches through
 //	snapshots/<snap-id>/meta.json the source sandbox, its metadata, layers, deleted mark
 //	snapshots/<snap-id>/layer/    the whole tree, or (overlay mode) the diff

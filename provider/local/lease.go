@@ -42,7 +42,8 @@ func (p *Provider) Renew(ctx context.Context, h provider.Handle, expiresAt time.
 // expiry) and returns their ids, sorted. It also finishes what a crashed
 // server left half done: sandbox directories without a metadata file (a
 // start that did not finish), stopped sandboxes not yet removed, deleted
-// snapshots nothing stands on any more.
+// snapshots nothing stands on any more, sandbox directories made ahead
+// that no start of this provider holds.
 func (p *Provider) Reap(ctx context.Context) ([]string, error) {
 	ids, err := p.sandboxIDs()
 	if err != nil {
@@ -82,6 +83,7 @@ func (p *Provider) Reap(ctx context.Context) ([]string, error) {
 			errs = append(errs, removeSandboxDir(filepath.Join(p.trashDir(), e.Name())))
 		}
 	}
+	errs = append(errs, p.removeReadyDirs())
 	if err := p.collect(ctx); err != nil {
 		errs = append(errs, err)
 	}

@@ -192,12 +192,14 @@ type Options struct {
 	// its own copy, never while other copies share the machine's CPUs and
 	// disk with it.
 	Captures int
-	// ReadyIDs is how many sandbox ids, each with its uid taken and the
-	// user namespace its views map through made, a provider that gives
-	// sandboxes uids of their own in overlay mode keeps made ahead, so
-	// that a start does not wait for the namespace (DefaultReadyIDs when
-	// zero, none when negative). They are made once a first sandbox
-	// started, and given back by Close.
+	// ReadyIDs is how many sandbox ids a provider keeps made ahead, each
+	// with what a start would otherwise wait for: its uid taken and the
+	// user namespace its views map through made (sandboxes with uids of
+	// their own, overlay mode), its directory made with its disk copied
+	// and mounted (with a disk limit). DefaultReadyIDs when zero, none
+	// when negative. They are made once a first sandbox started, and
+	// given back by Close; the directories a crashed server left are
+	// removed by the next exclusive provider's New and by Reap.
 	ReadyIDs int
 	// Exclusive locks Root for this provider until Close (or the process
 	// ends): New fails with ErrRootLocked while another holds it, naming
@@ -434,7 +436,7 @@ func New(opts Options) (_ *Provider, err error) {
 		}
 		p.cacheDirs[name] = abs
 	}
-	for _, d := range []string{p.sandboxesDir(), p.snapshotsDir(), p.snapshotTrashDir(), p.trashDir(), p.emptyDir(), p.imagesDir()} {
+	for _, d := range []string{p.sandboxesDir(), p.snapshotsDir(), p.snapshotTrashDir(), p.trashDir(), p.emptyDir(), p.imagesDir(), p.readyDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("local: make root: %w", err)
 		}
@@ -453,6 +455,10 @@ func New(opts Options) (_ *Provider, err error) {
 		old, _ := filepath.Glob(filepath.Join(p.root, "init-*"))
 		for _, dir := range old {
 			_ = os.RemoveAll(dir)
+		}
+		// So are the sandbox directories they made ahead.
+		if err := p.removeReadyDirs(); err != nil {
+			p.log.WithError(err).Warn("local: remove the sandbox directories a previous server made ahead (Reap retries)")
 		}
 	}
 
@@ -482,15 +488,15 @@ func New(opts Options) (_ *Provider, err error) {
 	if err := p.chooseOverlay(opts.Overlay); err != nil {
 		return nil, err
 	}
-	if p.uids != nil && p.overlay && opts.ReadyIDs >= 0 {
-		p.ready = &readyIDs{p: p, max: cmp.Or(opts.ReadyIDs, DefaultReadyIDs)}
-	}
 	mode := "copy"
 	if p.overlay {
 		mode = "overlay"
 	}
 	p.chooseCgroups()
 	p.chooseDisks()
+	if (p.uids != nil && p.overlay || p.disks != nil) && opts.ReadyIDs >= 0 {
+		p.ready = &readyIDs{p: p, max: cmp.Or(opts.ReadyIDs, DefaultReadyIDs)}
+	}
 	fields := logrus.Fields{"root": p.root, "isolation": p.Isolation(), "fs_mode": mode, "limits": p.LimitsInEffect(), "seccomp": p.Seccomp()}
 	if p.ctr != nil {
 		fields["uid"], fields["gid"] = p.uid, p.gid
@@ -873,6 +879,7 @@ func (p *Provider) trashDir() string  { return filepath.Join(p.root, "trash") }
 func (p *Provider) emptyDir() string  { return filepath.Join(p.root, "empty") }
 func (p *Provider) imagesDir() string { return filepath.Join(p.root, "images") }
 func (p *Provider) disksDir() string  { return filepath.Join(p.root, "disks") }
+func (p *Provider) readyDir() string  { return filepath.Join(p.root, "ready") }
 
 func (p *Provider) sandboxDir(id string) string  { return filepath.Join(p.sandboxesDir(), id) }
 func (p *Provider) snapshotDir(id string) string { return filepath.Join(p.snapshotsDir(), id) }

@@ -2,6 +2,10 @@ package local
 
 import (
 	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -20,9 +24,18 @@ const DefaultReadyIDs = 2
 // are known before any start asks: the sandbox's id is drawn by the
 // provider, its uid follows from the id (see uidrange.Range.Take). So a
 // few are made ahead: readyIDs keeps ids drawn, their uids taken and
-// their namespaces made, and a start takes one. Nothing of them is on
-// disk: a server that dies loses them, and the uids they held are free
-// again when the next server reads its sandboxes.
+// their namespaces made, and a start takes one. The uids and namespaces
+// live only in memory: a server that dies loses them, and the uids they
+// held are free again when the next server reads its sandboxes.
+//
+// With a disk limit the other slow step is the sandbox's disk: its image
+// copied and loop-mounted (tens of milliseconds more). A ready id then
+// also has its directory made under <root>/ready, its disk mounted in it
+// (and, in overlay mode, its views: see makeViews), which a start renames
+// into place (a mount moves with the directory
+// that holds it). Those directories are on disk: the next exclusive
+// provider's New removes what a dead server left, and Reap removes any
+// that no start of this provider holds (see removeReadyDirs).
 type readyIDs struct {
 	p   *Provider
 	max int
@@ -39,11 +52,15 @@ type readyIDs struct {
 
 // readyID is a new sandbox's id, its uid (nil: sandboxes have none of
 // their own) and, made ahead, the user namespace its views map through
-// (an open descriptor; -1: none).
+// (an open descriptor; -1: none) and its directory under the ready
+// directory, with its disk mounted (dir). done ends the id's pending
+// mark (see markPending), which keeps Reap off its directory; nil: none.
 type readyID struct {
 	id   string
 	ids  *owner
 	nsfd int
+	dir  bool
+	done func()
 }
 
 // newSandboxID draws a new sandbox's id and takes its uid, where
@@ -119,23 +136,96 @@ func (r *readyIDs) fillUp(done chan struct{}) {
 	}
 }
 
-// make draws an id, takes its uid and makes its namespace.
-func (r *readyIDs) make() (readyID, error) {
-	id := newID(sandboxPrefix)
-	uid, err := r.p.uids.Take(id)
+// make draws an id, takes its uid and makes its namespace (where
+// sandboxes have uids of their own, in overlay mode), and makes its
+// directory with its disk mounted (where sandboxes have disks).
+func (r *readyIDs) make() (_ readyID, err error) {
+	got := readyID{id: newID(sandboxPrefix), nsfd: -1}
+	defer func() {
+		if err != nil {
+			got.giveBack(r.p)
+		}
+	}()
+	if r.p.uids != nil {
+		uid, err := r.p.uids.Take(got.id)
+		if err != nil {
+			return readyID{}, err
+		}
+		got.ids = &owner{uid, uid}
+		if r.taken != nil {
+			r.taken()
+		}
+		if r.p.overlay {
+			if got.nsfd, err = r.p.idmapNS(*got.ids); err != nil {
+				return readyID{}, err
+			}
+		}
+	}
+	if r.p.disks != nil {
+		got.done = r.p.markPending(got.id)
+		got.dir = true
+		dir := filepath.Join(r.p.readyDir(), got.id)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return readyID{}, err
+		}
+		img := filepath.Join(dir, diskImageName)
+		if err := r.p.disks.make(img); err != nil {
+			return readyID{}, fmt.Errorf("disk: %w", err)
+		}
+		if err := mountDisk(img, filepath.Join(dir, diskDirName)); err != nil {
+			return readyID{}, err
+		}
+		if got.nsfd >= 0 {
+			// The views every overlay sandbox of its uid has: its
+			// directory, its disk and the root (where its lowest layers
+			// are); a start adds those of its image's own.
+			s := &sandbox{id: got.id, dir: dir, hasDisk: true}
+			if _, _, _, _, err := r.p.makeViews(s, *got.ids, got.nsfd, []string{r.p.emptyDir()}, nil); err != nil {
+				return readyID{}, err
+			}
+		}
+	}
+	return got, nil
+}
+
+// giveBack undoes what was made ahead for an id no start will use: its
+// directory (disk and all) removed, its namespace closed, its uid free.
+func (got readyID) giveBack(p *Provider) {
+	if got.dir {
+		if err := removeSandboxDir(filepath.Join(p.readyDir(), got.id)); err != nil {
+			p.log.WithError(err).WithField("sandbox_id", got.id).Warn("local: remove a sandbox directory made ahead (Reap retries)")
+		}
+	}
+	if got.nsfd >= 0 {
+		unix.Close(got.nsfd)
+	}
+	if got.ids != nil {
+		p.uids.Release(got.ids.uid, got.id)
+	}
+	if got.done != nil {
+		got.done()
+	}
+}
+
+// removeReadyDirs removes the directories under the ready directory that
+// no id made ahead by this provider holds: what a server that died had
+// made ahead, or a start failed to clean.
+func (p *Provider) removeReadyDirs() error {
+	entries, err := os.ReadDir(p.readyDir())
 	if err != nil {
-		return readyID{}, err
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return err
 	}
-	if r.taken != nil {
-		r.taken()
+	var errs []error
+	for _, e := range entries {
+		if p.isPending(e.Name()) {
+			continue
+		}
+		errs = append(errs, removeSandboxDir(filepath.Join(p.readyDir(), e.Name())))
 	}
-	ids := &owner{uid, uid}
-	fd, err := r.p.idmapNS(*ids)
-	if err != nil {
-		r.p.uids.Release(uid, id)
-		return readyID{}, err
-	}
-	return readyID{id: id, ids: ids, nsfd: fd}, nil
+	return errors.Join(errs...)
 }
 
 // settle waits for the fill that runs, if one does, and reports whether
@@ -172,7 +262,6 @@ func (r *readyIDs) close() {
 	r.ready = nil
 	r.mu.Unlock()
 	for _, got := range ready {
-		unix.Close(got.nsfd)
-		r.p.uids.Release(got.ids.uid, got.id)
+		got.giveBack(r.p)
 	}
 }

@@ -3,6 +3,10 @@ package local
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -139,5 +143,120 @@ func TestTheLastUIDGoesToTheStartThroughAFill(t *testing.T) {
 	p.ready.mu.Unlock()
 	if err := <-done; err != nil {
 		t.Errorf("a start while a fill held the last uid: %v", err)
+	}
+}
+
+// readyDirs lists the directories made ahead under p's root.
+func readyDirs(t *testing.T, p *Provider) []string {
+	t.Helper()
+	entries, err := os.ReadDir(p.readyDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// With a disk limit an id made ahead has its directory made and its disk
+// mounted; a start takes them, and its sandbox's writes are bound by that
+// disk. Close removes the directories still ready, disks and all.
+func TestAStartTakesADiskMadeAhead(t *testing.T) {
+	containerModes(t, func(t *testing.T, m mode) {
+		{
+			p := newDiskProvider(t, m, Limits{DiskMB: 8})
+			start(t, p, provider.Spec{})
+			ahead := readyNow(p)
+			var ids []string
+			for _, r := range ahead {
+				if !r.dir || !isMountRoot(filepath.Join(p.readyDir(), r.id, diskDirName)) {
+					t.Fatalf("id %s made ahead without its disk mounted", r.id)
+				}
+				ids = append(ids, r.id)
+			}
+			slices.Sort(ids) // as ReadDir lists them
+			if d := cmp.Diff(ids, readyDirs(t, p)); d != "" {
+				t.Errorf("directories made ahead (-ids +dirs):\n%s", d)
+			}
+			// A Reap leaves what this provider made ahead alone.
+			if _, err := p.Reap(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if d := cmp.Diff(ids, readyDirs(t, p)); d != "" {
+				t.Errorf("after a Reap, directories made ahead (-ids +dirs):\n%s", d)
+			}
+
+			h := start(t, p, provider.Spec{Files: map[string]string{"f": "x"}})
+			if h.SandboxID != ahead[0].id {
+				t.Fatalf("started %s, want the id made ahead %s", h.SandboxID, ahead[0].id)
+			}
+			if !isMountRoot(filepath.Join(p.sandboxDir(h.SandboxID), diskDirName)) {
+				t.Error("the sandbox's disk is not mounted in its directory")
+			}
+			if res := run(t, p, h, "cat f && "+fillDisk); res.ExitCode == 0 || res.Stdout != "x" || !strings.Contains(res.Stderr, "No space left") {
+				t.Errorf("16 MiB written to the 8 MiB disk made ahead: %+v, want x and ENOSPC", res)
+			}
+			readyNow(p)
+			if err := p.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if got := readyDirs(t, p); len(got) != 0 {
+				t.Errorf("directories made ahead left after Close: %v", got)
+			}
+			if got := mountsUnder(t, p.readyDir()); len(got) != 0 {
+				t.Errorf("mounts made ahead left after Close: %v", got)
+			}
+		}
+	})
+}
+
+// A server that dies leaves the directories it made ahead, disks mounted.
+// The next server's Reap removes them (it holds none of them), as does an
+// exclusive provider's New at once; a start whose id was made ahead by a
+// provider whose directory went meanwhile makes its own.
+func TestDirectoriesMadeAheadThatAServerLeftAreRemoved(t *testing.T) {
+	m := overlayContainer
+	ctx := context.Background()
+	p := newDiskProvider(t, m, Limits{DiskMB: 8})
+	start(t, p, provider.Spec{})
+	ahead := readyNow(p)
+	if len(readyDirs(t, p)) != len(ahead) || len(ahead) == 0 {
+		t.Fatalf("%d directories made ahead for %d ids", len(readyDirs(t, p)), len(ahead))
+	}
+
+	next := newProvider(t, m, Options{Root: p.root, Limits: Limits{DiskMB: 8}})
+	if _, err := next.Reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := readyDirs(t, p); len(got) != 0 {
+		t.Errorf("directories made ahead by another server left after a Reap: %v", got)
+	}
+	if got := mountsUnder(t, p.readyDir()); len(got) != 0 {
+		t.Errorf("mounts made ahead by another server left after a Reap: %v", got)
+	}
+
+	h := start(t, p, provider.Spec{Files: map[string]string{"f": "x"}})
+	if h.SandboxID != ahead[0].id {
+		t.Fatalf("started %s, want the id made ahead %s", h.SandboxID, ahead[0].id)
+	}
+	if !isMountRoot(filepath.Join(p.sandboxDir(h.SandboxID), diskDirName)) {
+		t.Error("the sandbox whose directory made ahead went has no disk mounted")
+	}
+	if got := mustRun(t, p, h, "cat f"); got != "x" {
+		t.Errorf("f: %q", got)
+	}
+
+	readyNow(p)
+	if len(readyDirs(t, p)) == 0 {
+		t.Fatal("nothing made ahead after a start")
+	}
+	newProvider(t, m, Options{Root: p.root, Limits: Limits{DiskMB: 8}, Exclusive: true})
+	if got := readyDirs(t, p); len(got) != 0 {
+		t.Errorf("directories made ahead by another server left after an exclusive New: %v", got)
+	}
+	if got := mountsUnder(t, p.readyDir()); len(got) != 0 {
+		t.Errorf("mounts made ahead by another server left after an exclusive New: %v", got)
 	}
 }

@@ -232,8 +232,25 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 		defer unix.Close(userns)
 	}
 	defer p.markPending(id)()
+	if got.done != nil {
+		defer got.done()
+	}
 	s := &sandbox{id: id, dir: p.sandboxDir(id), adopted: true, groups: map[int]struct{}{}}
-	if err := os.Mkdir(s.dir, 0o755); err != nil {
+	if got.dir {
+		// Its directory, its disk mounted, was made ahead; one removed
+		// meanwhile (by another provider's Reap on this root) is made
+		// again.
+		ahead := filepath.Join(p.readyDir(), id)
+		if err := os.Rename(ahead, s.dir); err == nil {
+			s.hasDisk = true
+		} else if rmErr := removeSandboxDir(ahead); rmErr != nil {
+			logs.ForRequest(ctx, p.log).WithError(rmErr).WithField("sandbox_id", id).Warn("local: remove a sandbox directory made ahead (Reap retries)")
+		}
+	}
+	if !s.hasDisk {
+		err = os.Mkdir(s.dir, 0o755)
+	}
+	if err != nil {
 		if ids != nil {
 			p.uids.Release(ids.uid, id)
 		}
@@ -251,8 +268,10 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 		}
 	}()
 	s.overlay = p.overlay
-	if err := p.startDisk(ctx, s); err != nil {
-		return provider.Handle{}, err
+	if !s.hasDisk {
+		if err := p.startDisk(ctx, s); err != nil {
+			return provider.Handle{}, err
+		}
 	}
 	now := p.clk.Now()
 	meta := sandboxMeta{
