@@ -84,6 +84,7 @@ func localProvider(b *testing.B, isolation, overlay string, templates map[string
 		for _, s := range list {
 			_ = p.Stop(context.Background(), s.Handle)
 		}
+		_ = p.Close() // what it made ahead, disks mounted, goes
 	})
 	return p
 }

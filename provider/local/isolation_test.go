@@ -179,7 +179,10 @@ func TestAutoModesPickWhatWorks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { stopAll(t, p) })
+	t.Cleanup(func() {
+		stopAll(t, p)
+		_ = p.Close() // what it made ahead, disks mounted, goes
+	})
 	_, ctrErr := New(Options{Root: t.TempDir(), Isolation: IsolationContainer, Overlay: OverlayOff})
 	if want := map[bool]string{true: IsolationContainer, false: IsolationUnavailable}[ctrErr == nil]; p.Isolation() != want {
 		t.Errorf("auto isolation = %q, want %q (container error: %v)", p.Isolation(), want, ctrErr)
