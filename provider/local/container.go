@@ -28,9 +28,9 @@ type sandboxInit struct {
 	pgid int // the host process group of the init
 	fd   int // the server's end of the control socket
 
-	mu    sync.Mutex
-	next  uint64
-	waits map[uint64]chan initMsg
+	mu   sync.Mutex
+	next uint64
+	gone bool // the control socket closed: the init exited
 	// dead is closed once the init has exited and been reaped, released
 	// once the sandbox's cgroups were let go after it.
 	dead, released chan struct{}
@@ -108,7 +108,7 @@ func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, er
 			return nil, fmt.Errorf("local: start the sandbox's init: %w", err)
 		}
 	}
-	in := &sandboxInit{cmd: cmd, pgid: cmd.Process.Pid, fd: fds[0], waits: map[uint64]chan initMsg{}, dead: make(chan struct{}), released: make(chan struct{})}
+	in := &sandboxInit{cmd: cmd, pgid: cmd.Process.Pid, fd: fds[0], dead: make(chan struct{}), released: make(chan struct{})}
 	go in.read()
 	go func() {
 		err := cmd.Wait()
@@ -221,10 +221,11 @@ func copyFile(src, dst string) error {
 	return out.Close()
 }
 
-// read hands each exit the init reports to its waiter, until the socket
-// closes (the init exited).
+// read waits until the control socket closes (the init exited); the
+// init sends nothing after its setup (a command's exit goes on the
+// command's own status pipe, see run).
 func (in *sandboxInit) read() {
-	buf := make([]byte, 64<<10)
+	buf := make([]byte, 4<<10)
 	for {
 		n, _, _, _, err := unix.Recvmsg(in.fd, buf, nil, 0)
 		if err == unix.EINTR {
@@ -233,26 +234,9 @@ func (in *sandboxInit) read() {
 		if err != nil || n == 0 {
 			break
 		}
-		var m initMsg
-		if json.Unmarshal(buf[:n], &m) != nil {
-			continue
-		}
-		in.mu.Lock()
-		ch := in.waits[m.ID]
-		if m.Op == "exit" {
-			delete(in.waits, m.ID)
-		}
-		in.mu.Unlock()
-		if ch != nil {
-			ch <- m
-		}
 	}
 	in.mu.Lock()
-	for id, ch := range in.waits {
-		close(ch)
-		delete(in.waits, id)
-	}
-	in.waits = nil
+	in.gone = true
 	unix.Close(in.fd) // under mu: no send is on its way
 	in.mu.Unlock()
 }
@@ -261,7 +245,7 @@ func (in *sandboxInit) read() {
 func (in *sandboxInit) send(b, rights []byte) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.waits == nil {
+	if in.gone {
 		return errInitGone
 	}
 	if err := unix.Sendmsg(in.fd, b, rights, nil, 0); err != nil {
@@ -272,37 +256,55 @@ func (in *sandboxInit) send(b, rights []byte) error {
 
 // run asks the init to start command with env in dir, its stdout and
 // stderr on the given files, and returns once the init has the request,
-// with the channel its one answer arrives on: the command's exit, or why
-// it could not start (see initMsg.startErr); closed, with no message, if
-// the init goes first. The request is sent, not awaited: the init starts
-// the command and kills it (see kill) in the order it reads them, and a
-// start awaited would cost a wakeup of the server more per command.
-func (in *sandboxInit) run(command string, env []string, dir string, stdout, stderr *os.File) (uint64, <-chan initMsg, error) {
-	ch := make(chan initMsg, 1)
+// with the command's status pipe (see commandStatus). The request is
+// sent, not awaited: the init starts the command and kills it (see kill)
+// in the order it reads them, and a start awaited would cost a wakeup of
+// the server more per command.
+func (in *sandboxInit) run(command string, env []string, dir string, stdout, stderr *os.File) (uint64, *commandStatus, error) {
 	in.mu.Lock()
-	if in.waits == nil {
-		in.mu.Unlock()
-		return 0, nil, errInitGone
-	}
 	in.next++
 	id := in.next
-	in.waits[id] = ch
 	in.mu.Unlock()
 	b, err := json.Marshal(initMsg{Op: "run", ID: id, Command: command, Env: env, Dir: dir})
 	if err != nil {
-		in.forget(id)
 		return 0, nil, err
 	}
 	if len(b) > maxInitMsg {
-		in.forget(id)
 		return 0, nil, fmt.Errorf("local: exec: the command and its environment are %d bytes, more than %d", len(b), maxInitMsg)
 	}
-	rights := unix.UnixRights(int(stdout.Fd()), int(stderr.Fd()))
-	if err := in.send(b, rights); err != nil {
-		in.forget(id)
+	r, w, err := os.Pipe()
+	if err != nil {
+		return 0, nil, fmt.Errorf("local: exec: status pipe: %w", err)
+	}
+	rights := unix.UnixRights(int(stdout.Fd()), int(stderr.Fd()), int(w.Fd()))
+	err = in.send(b, rights)
+	// The init holds its own copy now (or never will): its write, or its
+	// exit, ends the pipe.
+	w.Close()
+	if err != nil {
+		r.Close()
 		return 0, nil, err
 	}
-	return id, ch, nil
+	return id, &commandStatus{r: r}, nil
+}
+
+// commandStatus is the read end of a command's status pipe: the init
+// writes the command's one answer to it (its exit, or why it could not
+// start) and closes it. The caller reads it itself, so that the answer
+// wakes the exec that waits for it and nothing in between; the pipe is
+// the server's (mode 0600), held in the sandbox only by its init, which
+// no process of the sandbox can reach.
+type commandStatus struct{ r *os.File }
+
+// wait returns the command's answer; ok is false when the init ended
+// without one.
+func (c *commandStatus) wait() (m initMsg, ok bool) {
+	defer c.r.Close()
+	b, err := io.ReadAll(io.LimitReader(c.r, 4<<10))
+	if err != nil || len(b) == 0 || json.Unmarshal(b, &m) != nil {
+		return initMsg{}, false
+	}
+	return m, true
 }
 
 // startErr is why the init could not start a command, nil if it started
@@ -312,14 +314,6 @@ func (m initMsg) startErr() error {
 		return nil
 	}
 	return fmt.Errorf("local: exec: start the command: %s", m.Error)
-}
-
-func (in *sandboxInit) forget(id uint64) {
-	in.mu.Lock()
-	if in.waits != nil {
-		delete(in.waits, id)
-	}
-	in.mu.Unlock()
 }
 
 // kill asks the init to kill the command id's process group.

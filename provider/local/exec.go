@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -88,9 +89,9 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	}
 	in, err := p.sandboxInit(s)
 	var id uint64
-	var exited <-chan initMsg
+	var status *commandStatus
 	if err == nil {
-		id, exited, err = in.run(req.Command, env, dir, stdoutW, stderrW)
+		id, status, err = in.run(req.Command, env, dir, stdoutW, stderrW)
 	}
 	s.gate.RUnlock()
 	// The command holds the write ends now (or never will): once it and
@@ -107,22 +108,28 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 		p.hook("sent", s.id)
 	}
 
+	// The exec waits on the command's status pipe itself; the timeout and
+	// ctx only ask the init to kill the command, whose exit then ends the
+	// wait. Nothing waits for the watcher: a kill after the exit finds
+	// nothing to kill.
 	timer := p.execClk.NewTimer(timeout)
-	var timedOut, canceled bool
-	var m initMsg
-	var ok bool
-	select {
-	case m, ok = <-exited:
-	case <-timer.C():
-		timedOut = true
+	ended := make(chan struct{})
+	var timedOutFlag, canceledFlag atomic.Bool
+	go func() {
+		select {
+		case <-ended:
+			return
+		case <-timer.C():
+			timedOutFlag.Store(true)
+		case <-ctx.Done():
+			canceledFlag.Store(true)
+		}
 		in.kill(id)
-		m, ok = <-exited
-	case <-ctx.Done():
-		canceled = true
-		in.kill(id)
-		m, ok = <-exited
-	}
+	}()
+	m, ok := status.wait()
+	close(ended)
 	timer.Stop()
+	timedOut, canceled := timedOutFlag.Load(), canceledFlag.Load()
 
 	log := logs.ForRequest(ctx, p.log).WithFields(logrus.Fields{"sandbox_id": s.id, "duration_ms": time.Since(began).Milliseconds()})
 	if !ok {

@@ -617,11 +617,11 @@ func (p *Provider) startProbeContainer() error {
 		return err
 	}
 	defer stdout.Close()
-	_, exited, err := in.run("touch probe", []string{"PATH=" + cmdenv.BasePath}, p.workdir, stdout, stdout)
+	_, status, err := in.run("touch probe", []string{"PATH=" + cmdenv.BasePath}, p.workdir, stdout, stdout)
 	if err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}
-	m, ok := <-exited
+	m, ok := status.wait()
 	if err := m.startErr(); ok && err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}

@@ -28,14 +28,15 @@ const (
 const initFd = 3
 
 // initMsg is one message on an init's control socket (SOCK_SEQPACKET: one
-// message per packet).
+// message per packet), or a command's answer on its status pipe (one
+// message, then the pipe closes).
 //
 //	server → init  {"op":"setup","setup"}: first, to an isolated sandbox's init (see runSetup)
 //	init → server  {"op":"ready"} once it runs commands; {"op":"exit","error"} if it cannot
-//	server → init  {"op":"run","id","command","env","dir"} + the command's stdout and stderr
+//	server → init  {"op":"run","id","command","env","dir"} + the command's stdout, stderr and status pipe
 //	server → init  {"op":"kill","id"}: SIGKILL to the command's process group
-//	init → server  {"op":"exit","id","status"} once the command exited, or
-//	init → server  {"op":"exit","id","error"} when it could not start
+//	init → status  {"op":"exit","id","status"} once the command exited, or
+//	init → status  {"op":"exit","id","error"} when it could not start; then the pipe closes
 type initMsg struct {
 	Op      string     `json:"op"`
 	ID      uint64     `json:"id"`
@@ -90,18 +91,29 @@ func runInit(isolated bool) int {
 	if os.Getpid() != 1 {
 		_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 	}
+	type started struct {
+		id     uint64
+		status int // the command's status pipe
+	}
 	var (
-		sendMu sync.Mutex
 		mu     sync.Mutex
-		procs  = map[int]uint64{}  // pid → the request that started it
+		procs  = map[int]started{} // pid → the request that started it
 		killed = map[uint64]bool{} // requests whose group was killed
 	)
+	// answer writes a command's one answer to its status pipe and closes
+	// it.
+	answer := func(status int, m initMsg) {
+		b, _ := json.Marshal(m)
+		_, _ = unix.Write(status, b)
+		unix.Close(status)
+	}
 	send := func(m initMsg) {
 		b, _ := json.Marshal(m)
-		sendMu.Lock()
 		_ = unix.Sendmsg(initFd, b, nil, nil, 0)
-		sendMu.Unlock()
 	}
+	// Its answers go on each command's own pipe, not the socket: the exec
+	// waiting for one reads it itself, and no reader in the server stands
+	// between (a wakeup and a goroutine hop less per command).
 	// The reaper waits in wait4 itself rather than for SIGCHLD: a
 	// signal reaches it through the runtime's signal goroutine, a wakeup
 	// more per command, which a loaded machine makes milliseconds. With no
@@ -119,10 +131,10 @@ func runInit(isolated bool) int {
 				continue
 			}
 			mu.Lock()
-			id, ok := procs[pid]
+			st, ok := procs[pid]
 			delete(procs, pid)
-			wasKilled := killed[id]
-			delete(killed, id)
+			wasKilled := killed[st.id]
+			delete(killed, st.id)
 			mu.Unlock()
 			if !ok {
 				continue
@@ -131,7 +143,7 @@ func runInit(isolated bool) int {
 				// What the kill hit is gone before the exit is told.
 				reapGroup(pid)
 			}
-			send(initMsg{Op: "exit", ID: id, Status: uint32(ws)})
+			answer(st.status, initMsg{Op: "exit", ID: st.id, Status: uint32(ws)})
 		}
 	}()
 	devnull, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
@@ -145,7 +157,7 @@ func runInit(isolated bool) int {
 		send(initMsg{Op: "ready"})
 	}
 	buf := make([]byte, maxInitMsg)
-	oob := make([]byte, unix.CmsgSpace(2*4))
+	oob := make([]byte, unix.CmsgSpace(3*4))
 	for {
 		n, oobn, _, _, err := unix.Recvmsg(initFd, buf, oob, unix.MSG_CMSG_CLOEXEC)
 		if err == unix.EINTR {
@@ -167,9 +179,10 @@ func runInit(isolated bool) int {
 		}
 		switch m.Op {
 		case "run":
-			if len(fds) != 2 {
+			if len(fds) != 3 {
+				// No status pipe to answer on: the server's wait ends
+				// without an answer.
 				closeFds(fds)
-				send(initMsg{Op: "exit", ID: m.ID, Error: "want two descriptors"})
 				continue
 			}
 			attr := &syscall.ProcAttr{Dir: m.Dir, Env: m.Env, Files: []uintptr{uintptr(devnull), uintptr(fds[0]), uintptr(fds[1])},
@@ -179,22 +192,22 @@ func runInit(isolated bool) int {
 			mu.Lock()
 			pid, err := syscall.ForkExec("/bin/sh", []string{"sh", "-c", m.Command}, attr)
 			if err == nil {
-				procs[pid] = m.ID
+				procs[pid] = started{id: m.ID, status: fds[2]}
 				select {
 				case spawned <- struct{}{}:
 				default:
 				}
 			}
 			mu.Unlock()
-			closeFds(fds)
+			closeFds(fds[:2])
 			if err != nil {
-				send(initMsg{Op: "exit", ID: m.ID, Error: err.Error()})
+				answer(fds[2], initMsg{Op: "exit", ID: m.ID, Error: err.Error()})
 			}
 		case "kill":
 			mu.Lock()
-			for pid, id := range procs {
-				if id == m.ID {
-					killed[id] = true
+			for pid, st := range procs {
+				if st.id == m.ID {
+					killed[st.id] = true
 					_ = unix.Kill(-pid, unix.SIGKILL)
 					_ = unix.Kill(pid, unix.SIGKILL)
 				}
