@@ -188,13 +188,7 @@ func TestAStartTakesADiskMadeAhead(t *testing.T) {
 				t.Errorf("after a Reap, directories made ahead (-ids +dirs):\n%s", d)
 			}
 
-			h := start(t, p, provider.Spec{Files: map[string]string{"f": "x"}})
-			if h.SandboxID != ahead[0].id {
-				t.Fatalf("started %s, want the id made ahead %s", h.SandboxID, ahead[0].id)
-			}
-			if !isMountRoot(filepath.Join(p.sandboxDir(h.SandboxID), diskDirName)) {
-				t.Error("the sandbox's disk is not mounted in its directory")
-			}
+			h := startAhead(t, p, ahead[0].id)
 			if res := run(t, p, h, "cat f && "+fillDisk); res.ExitCode == 0 || res.Stdout != "x" || !strings.Contains(res.Stderr, "No space left") {
 				t.Errorf("16 MiB written to the 8 MiB disk made ahead: %+v, want x and ENOSPC", res)
 			}
@@ -202,12 +196,7 @@ func TestAStartTakesADiskMadeAhead(t *testing.T) {
 			if err := p.Close(); err != nil {
 				t.Fatal(err)
 			}
-			if got := readyDirs(t, p); len(got) != 0 {
-				t.Errorf("directories made ahead left after Close: %v", got)
-			}
-			if got := mountsUnder(t, p.readyDir()); len(got) != 0 {
-				t.Errorf("mounts made ahead left after Close: %v", got)
-			}
+			noneMadeAhead(t, p, "Close")
 		}
 	})
 }
@@ -230,20 +219,9 @@ func TestDirectoriesMadeAheadThatAServerLeftAreRemoved(t *testing.T) {
 	if _, err := next.Reap(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := readyDirs(t, p); len(got) != 0 {
-		t.Errorf("directories made ahead by another server left after a Reap: %v", got)
-	}
-	if got := mountsUnder(t, p.readyDir()); len(got) != 0 {
-		t.Errorf("mounts made ahead by another server left after a Reap: %v", got)
-	}
+	noneMadeAhead(t, p, "a Reap")
 
-	h := start(t, p, provider.Spec{Files: map[string]string{"f": "x"}})
-	if h.SandboxID != ahead[0].id {
-		t.Fatalf("started %s, want the id made ahead %s", h.SandboxID, ahead[0].id)
-	}
-	if !isMountRoot(filepath.Join(p.sandboxDir(h.SandboxID), diskDirName)) {
-		t.Error("the sandbox whose directory made ahead went has no disk mounted")
-	}
+	h := startAhead(t, p, ahead[0].id)
 	if got := mustRun(t, p, h, "cat f"); got != "x" {
 		t.Errorf("f: %q", got)
 	}
@@ -253,10 +231,31 @@ func TestDirectoriesMadeAheadThatAServerLeftAreRemoved(t *testing.T) {
 		t.Fatal("nothing made ahead after a start")
 	}
 	newProvider(t, m, Options{Root: p.root, Limits: Limits{DiskMB: 8}, Exclusive: true})
+	noneMadeAhead(t, p, "an exclusive New")
+}
+
+// startAhead starts a sandbox holding f ("x") and checks it took the id
+// made ahead want and has its disk mounted in its directory.
+func startAhead(t *testing.T, p *Provider, want string) provider.Handle {
+	t.Helper()
+	h := start(t, p, provider.Spec{Files: map[string]string{"f": "x"}})
+	if h.SandboxID != want {
+		t.Fatalf("started %s, want the id made ahead %s", h.SandboxID, want)
+	}
+	if !isMountRoot(filepath.Join(p.sandboxDir(h.SandboxID), diskDirName)) {
+		t.Error("the sandbox's disk is not mounted in its directory")
+	}
+	return h
+}
+
+// noneMadeAhead checks that no directory made ahead, nor its mounts, is
+// left under p's root after what.
+func noneMadeAhead(t *testing.T, p *Provider, what string) {
+	t.Helper()
 	if got := readyDirs(t, p); len(got) != 0 {
-		t.Errorf("directories made ahead by another server left after an exclusive New: %v", got)
+		t.Errorf("directories made ahead left after %s: %v", what, got)
 	}
 	if got := mountsUnder(t, p.readyDir()); len(got) != 0 {
-		t.Errorf("mounts made ahead by another server left after an exclusive New: %v", got)
+		t.Errorf("mounts made ahead left after %s: %v", what, got)
 	}
 }
