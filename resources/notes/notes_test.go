@@ -26,6 +26,7 @@ func providers(t *testing.T) map[string]provider.Provider {
 	if err != nil {
 		t.Fatalf("local provider: %v", err)
 	}
+	t.Cleanup(func() { _ = lp.Close() }) // its directories made ahead go before the temporary root
 	return map[string]provider.Provider{"fake": fake.New(fake.Options{}), "local": lp}
 }
 
@@ -155,6 +156,7 @@ func TestVerifyGradesAnUnreadableNotesFileZero(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = lp.Close() }) // its directories made ahead go before the temporary root
 	own, err := owner.New(ctx, owner.Config{Name: "notes", Provider: lp})
 	if err != nil {
 		t.Fatal(err)

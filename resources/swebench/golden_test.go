@@ -34,6 +34,7 @@ func newGoldenOn(t *testing.T, tk task, lopts local.Options, opts ...func(*Confi
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = prov.Close() }) // its directories made ahead go before the temporary root
 	cfg := Config{
 		IsVerifyingGoldenPatch: true,
 		Repos:                  map[string]string{taskRepo: tk.dir},

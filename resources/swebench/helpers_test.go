@@ -267,6 +267,11 @@ func (w *world) open() {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Closed after the owner (cleanups run last first), so that the
+	// sandbox directories it made ahead, their disks mounted, go before
+	// the temporary root. A crash leaves the provider open, as a killed
+	// process's would be until this test ends.
+	t.Cleanup(func() { _ = p.Close() })
 	w.prov = p
 	w.serve(p, "swebench")
 }
