@@ -92,6 +92,11 @@ func swebenchCommand(ctx context.Context, args []string, stdout, stderr io.Write
 		ErrorLine(stderr, opts.LogFormat, "swebench prepare: "+err.Error())
 		return 2
 	}
+	// The local provider keeps sandbox directories ready, their disks
+	// mounted: closing it takes them down before the command exits.
+	if c, ok := prov.(io.Closer); ok {
+		defer c.Close()
+	}
 	if parallel == 0 {
 		parallel = srv.Config().MaxConcurrentGradings
 	}
