@@ -22,31 +22,16 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sandboxowner/owner/app"
+	"github.com/sandboxowner/owner/internal/servertest"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
 // TestMain lets the test binary be the server: the process-level tests run
-// it again with APP_TEST_MAIN set, so no separate build is needed.
+// it again through servertest, so no separate build is needed.
 func TestMain(m *testing.M) {
-	if os.Getenv("APP_TEST_MAIN") == "1" {
-		ctx, stop := signalContext()
-		code := app.Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-		stop()
-		os.Exit(code)
-	}
+	servertest.ServeIfChild()
 	os.Exit(m.Run())
-}
-
-func signalContext() (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.Background())
-	ch := make(chan os.Signal, 1)
-	signalNotify(ch)
-	go func() {
-		<-ch
-		cancel()
-	}()
-	return ctx, cancel
 }
 
 func post(t *testing.T, addr, path, cookie, body string) (int, string, string) {
@@ -152,8 +137,7 @@ func TestStopDrainsAndClosesTheIndex(t *testing.T) {
 // child runs the test binary as the server with args.
 func child(t *testing.T, args ...string) (*exec.Cmd, *bufio.Scanner, *strings.Builder) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), "APP_TEST_MAIN=1")
+	cmd := servertest.Command(nil, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

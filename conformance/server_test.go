@@ -3,7 +3,6 @@ package conformance_test
 import (
 	"bytes"
 	"flag"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -16,31 +15,18 @@ import (
 	"time"
 
 	"github.com/sandboxowner/owner/internal/replytest"
+	"github.com/sandboxowner/owner/internal/servertest"
 	"github.com/sandboxowner/owner/internal/testparallel"
 )
 
 const token = "conformance-token"
 
-// binary is the server built once for the package's tests.
-var binary string
-
 func TestMain(m *testing.M) {
+	// The test binary is also the server the tests run (see servertest).
+	servertest.ServeIfChild()
 	flag.Parse()
 	testparallel.AtLeast(4)
-	dir, err := os.MkdirTemp("", "conformance-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binary = filepath.Join(dir, "server")
-	out, err := exec.Command("go", "build", "-o", binary, "../cmd/server").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build the server: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(m.Run())
 }
 
 // server is one running server process.
@@ -112,7 +98,7 @@ func (s *server) run() {
 	// tests running at once never race for one.
 	addr := make(chan string, 1)
 	s.log = &serverLog{addr: addr}
-	s.cmd = exec.Command(binary, append(s.args, "-port", "0")...)
+	s.cmd = servertest.Command(nil, append(s.args, "-port", "0")...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)

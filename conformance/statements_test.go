@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/internal/servertest"
 )
 
 // statement is one checkable statement of the protocol reference
@@ -106,7 +108,7 @@ var statements = []statement{
 		}
 	}},
 	{name: "EmptyTokenIsAConfigError", section: "1.1", text: "checkpointing enabled without a control token is a configuration error", check: func(t *testing.T) {
-		cmd := exec.Command(binary, "-checkpoint.enabled", "-checkpoint.state_dir", t.TempDir(), "-port", "0")
+		cmd := servertest.Command(nil, "-checkpoint.enabled", "-checkpoint.state_dir", t.TempDir(), "-port", "0")
 		out, err := cmd.CombinedOutput()
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "control_auth_token") {
 			t.Errorf("exit %v, output %s; want status 2 naming control_auth_token", err, out)

@@ -1,5 +1,6 @@
 // Package python_test runs the Python client's tests against the real
-// server binary: a notes server on loopback with the local provider under a
+// server (cmd/server's program, which this test binary also is: see
+// internal/servertest): a notes server on loopback with the local provider under a
 // temporary directory.
 package python_test
 
@@ -15,17 +16,20 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxowner/owner/internal/servertest"
 )
 
-// startServer builds the server and runs a notes server on a free loopback
-// port; it is stopped (SIGTERM: it stops its sandboxes) when the test ends.
+func TestMain(m *testing.M) {
+	// The test binary is also the server the tests run (see servertest).
+	servertest.ServeIfChild()
+	os.Exit(m.Run())
+}
+
+// startServer runs a notes server on a free loopback port; it is stopped (SIGTERM: it stops its sandboxes) when the test ends.
 func startServer(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "server")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/server").CombinedOutput(); err != nil {
-		t.Fatalf("build the server: %v\n%s", err, out)
-	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +42,7 @@ func startServer(t *testing.T) string {
 		t.Fatal(err)
 	}
 	defer logFile.Close()
-	cmd := exec.Command(bin, "-name", "notes", "-resources", "notes",
+	cmd := servertest.Command(nil, "-name", "notes", "-resources", "notes",
 		"-host", "127.0.0.1", "-port", fmt.Sprint(port),
 		"-sandbox.local.root", filepath.Join(dir, "sandboxes"),
 		// Copies, not overlay mounts: a killed test leaves nothing mounted.

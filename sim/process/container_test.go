@@ -17,10 +17,9 @@ import (
 // server makes its sandboxes' containers itself.
 func TestNotesWalkThroughInContainers(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs the server binary")
+		t.Skip("runs the server as a process")
 	}
 	t.Parallel()
-	bin := buildServer(t)
 	dir := t.TempDir()
 	// The server's PATH only: the test's own runs alongside others that
 	// need theirs.
@@ -31,7 +30,7 @@ func TestNotesWalkThroughInContainers(t *testing.T) {
 		}
 	}
 	local := []string{"-sandbox.provider", "local"}
-	s := startWithEnv(t, bin, dir, env, local...)
+	s := startWithEnv(t, dir, env, local...)
 	if code, h, err := s.call(nil, "GET", "/health", nil); err != nil || code != 200 || h["isolation"] != "container" {
 		t.Fatalf("health: %d %v %v\n%s", code, h, err, s.log)
 	}
@@ -58,7 +57,7 @@ func TestNotesWalkThroughInContainers(t *testing.T) {
 	}
 	s.kill()
 
-	s = startWithEnv(t, bin, dir, env, local...)
+	s = startWithEnv(t, dir, env, local...)
 	code, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": filepath.Join(dir, "ctl-ck1"), "episode_ids": episodes(len(agents), 0)})
 	if err != nil || code != 200 {
 		t.Fatalf("restore: %d %v\n%s", code, err, s.log)

@@ -202,9 +202,9 @@ func (g *gym) checkpoint() string {
 
 // notesServer starts the server on the local provider with the retention
 // flags given.
-func notesServer(t *testing.T, bin, dir string, flags ...string) *server {
+func notesServer(t *testing.T, dir string, flags ...string) *server {
 	t.Helper()
-	return startWith(t, bin, dir, append([]string{"-sandbox.provider", "local", "-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off"}, flags...)...)
+	return startWith(t, dir, append([]string{"-sandbox.provider", "local", "-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off"}, flags...)...)
 }
 
 // TestGymCheckpointKillRestore: two episodes under Gym's own controller, a
@@ -214,10 +214,9 @@ func notesServer(t *testing.T, bin, dir string, flags ...string) *server {
 func TestGymCheckpointKillRestore(t *testing.T) {
 	t.Parallel()
 	g := startGym(t)
-	bin := buildServer(t)
 	dir := t.TempDir()
 	root := filepath.Join(t.TempDir(), "checkpoints")
-	s := notesServer(t, bin, dir)
+	s := notesServer(t, dir)
 	g.open(s, root, true)
 	agents := map[string]*agent{"r1": newAgent(), "r2": newAgent()}
 	for _, r := range []string{"r1", "r2"} {
@@ -235,7 +234,7 @@ func TestGymCheckpointKillRestore(t *testing.T) {
 	s.ok(agents["r1"], "/ng-rollout/r1/append_note", map[string]any{"line": "lost"})
 	s.kill()
 
-	s = notesServer(t, bin, dir)
+	s = notesServer(t, dir)
 	g.open(s, root, false)
 	got := g.do(map[string]any{"op": "restore", "attempts": map[string]int{"r1": 0, "r2": 0}})["attempts"]
 	if diff := cmp.Diff(map[string]any{"r1": 1.0, "r2": 1.0}, got); diff != "" {
@@ -271,10 +270,9 @@ type retentionStep struct {
 func TestGymRetentionTenCheckpoints(t *testing.T) {
 	t.Parallel()
 	g := startGym(t)
-	bin := buildServer(t)
 	dir := t.TempDir()
 	root := filepath.Join(t.TempDir(), "checkpoints")
-	s := notesServer(t, bin, dir, "-checkpoint.retention.grace_s", "0", "-checkpoint.retention.period_s", "86400")
+	s := notesServer(t, dir, "-checkpoint.retention.grace_s", "0", "-checkpoint.retention.period_s", "86400")
 	g.open(s, root, true)
 	lg := logrus.New()
 	lg.SetOutput(io.Discard)

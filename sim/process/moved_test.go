@@ -24,10 +24,9 @@ const movedSecret = "moved-secret-0123456789"
 // with 422 naming the snapshots it cannot find.
 func TestRestoreOnAnotherMachine(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs the server binary")
+		t.Skip("runs the server as a process")
 	}
 	t.Parallel()
-	bin := buildServer(t)
 	const sessions = 3
 	// Local sandboxes are copies (overlay off): the gone machine's root is
 	// deleted, and an overlay mount would keep its directory.
@@ -42,12 +41,12 @@ func TestRestoreOnAnotherMachine(t *testing.T) {
 				if shared == "" {
 					shared = t.TempDir()
 				}
-				return startWith(t, bin, stateDir, "-sandbox.provider", "local", "-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off",
+				return startWith(t, stateDir, "-sandbox.provider", "local", "-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off",
 					"-sandbox.local.snapshot_dir", shared, "-session_secret", movedSecret)
 			}
 		}(), false},
 		{"local-without-snapshot-dir", func(t *testing.T, stateDir string) *server {
-			return startWith(t, bin, stateDir, "-sandbox.provider", "local", "-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off", "-session_secret", movedSecret)
+			return startWith(t, stateDir, "-sandbox.provider", "local", "-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off", "-session_secret", movedSecret)
 		}, true},
 		{"opensandbox", func() func(*testing.T, string) *server {
 			var srv *opensandboxtest.Server
@@ -56,7 +55,7 @@ func TestRestoreOnAnotherMachine(t *testing.T) {
 					srv = opensandboxtest.NewServer(opensandboxtest.Options{APIKey: osbKey, CreateLatency: osbLatency, SnapshotLatency: osbLatency})
 					t.Cleanup(srv.Close)
 				}
-				return startOSB(t, bin, stateDir, srv.Domain, "-session_secret", movedSecret)
+				return startOSB(t, stateDir, srv.Domain, "-session_secret", movedSecret)
 			}
 		}(), false},
 	} {
@@ -126,14 +125,13 @@ func TestRestoreOnAnotherMachine(t *testing.T) {
 // episode to 1.0.
 func TestManyOwnersOneLost(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs the server binary")
+		t.Skip("runs the server as a process")
 	}
 	t.Parallel()
-	bin := buildServer(t)
 	const owners, perOwner = 3, 2
 	shared, ckDir := t.TempDir(), filepath.Join(t.TempDir(), "ck1")
 	startOwner := func(i int, stateDir string) *server {
-		return startWith(t, bin, stateDir, "-name", fmt.Sprintf("notes-%d", i), "-sandbox.provider", "local",
+		return startWith(t, stateDir, "-name", fmt.Sprintf("notes-%d", i), "-sandbox.provider", "local",
 			"-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off", "-sandbox.local.snapshot_dir", shared,
 			"-session_secret", movedSecret)
 	}

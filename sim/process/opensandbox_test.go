@@ -28,11 +28,11 @@ const osbLatency = 40 * time.Millisecond
 // startOSB runs the server binary on sandbox.provider: opensandbox against
 // the fake server at domain, which lives in this test process and so
 // outlives every server it SIGKILLs, as a cluster would.
-func startOSB(t *testing.T, bin, dir, domain string, extra ...string) *server {
+func startOSB(t *testing.T, dir, domain string, extra ...string) *server {
 	t.Helper()
 	args := []string{"-sandbox.provider", "opensandbox", "-sandbox.opensandbox.domain", domain,
 		"-sandbox.opensandbox.api_key", osbKey, "-sandbox.opensandbox.ttl_s", "600", "-sandbox.opensandbox.images", "notes=registry.example/notes:1"}
-	return startWith(t, bin, dir, append(args, extra...)...)
+	return startWith(t, dir, append(args, extra...)...)
 }
 
 // osbClient is a provider on the fake server, for checking from outside.
@@ -100,16 +100,15 @@ func descriptor(t *testing.T, s *server, a *agent, rollout string) map[string]an
 // after release and a stop nothing is left on the OpenSandbox server.
 func TestOpenSandboxWalkThroughAndSIGKILL(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs the server binary")
+		t.Skip("runs the server as a process")
 	}
 	t.Parallel()
-	bin := buildServer(t)
 	for iter := 0; iter < 4; iter++ {
 		t.Run(fmt.Sprintf("iteration-%d", iter), func(t *testing.T) {
 			t.Parallel()
 			srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: osbKey, CreateLatency: osbLatency, SnapshotLatency: osbLatency, LowerCaseStates: iter%2 == 1})
 			defer srv.Close()
-			walkThroughAndSIGKILL(t, bin, srv, srv.Domain, iter)
+			walkThroughAndSIGKILL(t, srv, srv.Domain, iter)
 		})
 	}
 }
@@ -121,7 +120,7 @@ func TestOpenSandboxWalkThroughAndSIGKILL(t *testing.T) {
 // SIGKILLed in one iteration, restores in the other.
 func TestOpenSandboxRealExecd(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs the server binary and the real execd")
+		t.Skip("runs the server as a process, and builds and runs the real execd")
 	}
 	t.Parallel()
 	execd, err := opensandboxtest.BuildRealExecd("../../../shared/opensandbox")
@@ -131,7 +130,6 @@ func TestOpenSandboxRealExecd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := buildServer(t)
 	quiet := logrus.New()
 	quiet.SetOutput(io.Discard)
 	for _, iter := range []int{0, 2} {
@@ -147,7 +145,7 @@ func TestOpenSandboxRealExecd(t *testing.T) {
 			defer srv.Close()
 			front := opensandboxtest.NewRealExecdFront(srv, backend, execd)
 			defer front.Close()
-			walkThroughAndSIGKILL(t, bin, srv, front.Domain, iter)
+			walkThroughAndSIGKILL(t, srv, front.Domain, iter)
 			// Every endpoint the front hands out is a real execd's.
 			if n := front.Started(); n < 6 {
 				t.Errorf("%d real execds served the sandboxes, want one for each of the 6 sessions' at least", n)
@@ -159,12 +157,12 @@ func TestOpenSandboxRealExecd(t *testing.T) {
 // walkThroughAndSIGKILL is one iteration: iter < 2 SIGKILLs a commit,
 // iter >= 2 lets it land and SIGKILLs the restore. The binary talks to
 // the fake server srv at domain.
-func walkThroughAndSIGKILL(t *testing.T, bin string, srv *opensandboxtest.Server, domain string, iter int) {
+func walkThroughAndSIGKILL(t *testing.T, srv *opensandboxtest.Server, domain string, iter int) {
 	t.Helper()
 	const sessions = 6
 	rng := rand.New(rand.NewPCG(uint64(iter), 14))
 	dir := t.TempDir()
-	s := startOSB(t, bin, dir, domain)
+	s := startOSB(t, dir, domain)
 	agents := make([]*agent, sessions)
 	for i := range agents {
 		agents[i] = newAgent()
@@ -203,14 +201,14 @@ func walkThroughAndSIGKILL(t *testing.T, bin string, srv *opensandboxtest.Server
 		return c, err
 	}
 	if iter >= 2 {
-		s = startOSB(t, bin, dir, domain)
+		s = startOSB(t, dir, domain)
 		delay := time.Duration(rng.Int64N(int64(2 * osbLatency)))
 		replied, code := killDuring(s, delay, func() (int, error) { return restore(s) })
 		t.Logf("restore killed after %v: reply came first %v (status %d)", delay, replied, code)
 		checkOSB(t, dir, srv, false)
 	}
 
-	s = startOSB(t, bin, dir, domain)
+	s = startOSB(t, dir, domain)
 	code, err := restore(s)
 	if err != nil {
 		t.Fatal(err)

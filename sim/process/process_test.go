@@ -1,5 +1,6 @@
-// Package process_test is the process-level crash suite: it
-// builds cmd/server, runs it as a child process on the local provider,
+// Package process_test is the process-level crash suite: it runs the
+// server (cmd/server's program: the test binary itself, see
+// internal/servertest) as a child process on the local provider,
 // SIGKILLs it in the middle of a commit and of a restore, restarts it on the
 // same state_dir, and checks the invariants over HTTP and on disk.
 //
@@ -34,6 +35,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/internal/servertest"
 	"github.com/sandboxowner/owner/internal/testparallel"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
@@ -43,32 +45,6 @@ import (
 )
 
 const token = "sim-control-token"
-
-// buildDir holds the server binary the tests share; TestMain makes it
-// before any test runs and removes it after the last.
-var buildDir string
-
-// builtServer builds cmd/server once per test binary run, when a test
-// first asks: linking it took most of ten seconds under load, once per
-// test.
-var builtServer = sync.OnceValues(func() (string, error) {
-	bin := filepath.Join(buildDir, "server")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/sandboxowner/owner/cmd/server")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/server: %w\n%s", err, out)
-	}
-	return bin, nil
-})
-
-// buildServer returns the server binary the tests share.
-func buildServer(t *testing.T) string {
-	t.Helper()
-	bin, err := builtServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bin
-}
 
 type server struct {
 	t *testing.T
@@ -102,27 +78,26 @@ func (l *serverLog) String() string {
 
 // start runs the server on the local provider over dir and waits for its
 // address.
-func start(t *testing.T, bin, dir string) *server {
+func start(t *testing.T, dir string) *server {
 	t.Helper()
-	return startWith(t, bin, dir, "-sandbox.provider", "local", "-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off",
+	return startWith(t, dir, "-sandbox.provider", "local", "-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off",
 		"-sandbox.local.snapshot_delay_ms", strconv.Itoa(int(opDelay/time.Millisecond)),
 		"-sandbox.local.fork_delay_ms", strconv.Itoa(int(opDelay/time.Millisecond)))
 }
 
 // startWith runs the server with the provider flags given.
-func startWith(t *testing.T, bin, dir string, providerArgs ...string) *server {
+func startWith(t *testing.T, dir string, providerArgs ...string) *server {
 	t.Helper()
-	return startWithEnv(t, bin, dir, nil, providerArgs...)
+	return startWithEnv(t, dir, nil, providerArgs...)
 }
 
 // startWithEnv is startWith with the server's environment env (nil: the
 // test's own).
-func startWithEnv(t *testing.T, bin, dir string, env []string, providerArgs ...string) *server {
+func startWithEnv(t *testing.T, dir string, env []string, providerArgs ...string) *server {
 	t.Helper()
 	args := append([]string{"-port", "0", "-log-format", "json", "-log-level", "info"}, providerArgs...)
 	args = append(args, "-checkpoint.enabled", "-checkpoint.state_dir", dir, "-checkpoint.control_auth_token", token)
-	cmd := exec.Command(bin, args...)
-	cmd.Env = env
+	cmd := servertest.Command(env, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +125,14 @@ func startWithEnv(t *testing.T, bin, dir string, env []string, providerArgs ...s
 		}
 		s.done <- cmd.Wait()
 	}()
-	t.Cleanup(func() { s.kill() })
+	t.Cleanup(func() {
+		s.kill()
+		// A -race test binary is a -race server: a race it found is
+		// in its log, whether it exited or was killed.
+		if log := s.log.String(); strings.Contains(log, "WARNING: DATA RACE") {
+			t.Errorf("the server reported a data race:\n%s", log[strings.Index(log, "WARNING: DATA RACE"):])
+		}
+	})
 	select {
 	case a, ok := <-addrc:
 		if !ok {
@@ -365,17 +347,16 @@ func killDelay(rng *rand.Rand) time.Duration {
 // is checked after every kill and at the end.
 func TestSIGKILLMidCommitAndMidRestore(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs the server binary")
+		t.Skip("runs the server as a process")
 	}
 	t.Parallel()
-	bin := buildServer(t)
 	const sessions = 12
 	for iter := 0; iter < 6; iter++ {
 		t.Run(fmt.Sprintf("iteration-%d", iter), func(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(uint64(iter), 5))
 			dir := t.TempDir()
-			s := start(t, bin, dir)
+			s := start(t, dir)
 			agents := make([]*agent, sessions)
 			for i := range agents {
 				agents[i] = newAgent()
@@ -401,9 +382,9 @@ func TestSIGKILLMidCommitAndMidRestore(t *testing.T) {
 				}
 				s.kill()
 			}
-			recovered(t, bin, dir)
+			recovered(t, dir)
 
-			s = start(t, bin, dir)
+			s = start(t, dir)
 			restore := func(s *server) (int, error) {
 				c, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": filepath.Join(dir, "ctl-ck1"), "episode_ids": episodes(sessions, 0)})
 				return c, err
@@ -411,9 +392,9 @@ func TestSIGKILLMidCommitAndMidRestore(t *testing.T) {
 			delay := killDelay(rng)
 			replied, code := killDuring(s, delay, func() (int, error) { return restore(s) })
 			t.Logf("restore killed after %v: reply came first %v (status %d)", delay, replied, code)
-			recovered(t, bin, dir)
+			recovered(t, dir)
 
-			s = start(t, bin, dir)
+			s = start(t, dir)
 			code, err := restore(s)
 			if err != nil {
 				t.Fatal(err)
@@ -464,10 +445,10 @@ func checkRestored(t *testing.T, s *server, agents []*agent, code int, each func
 // recovered checks the disk a SIGKILL left, then starts a server on it (its
 // startup recovers what the killed one left), stops it gracefully and checks
 // that nothing leaked.
-func recovered(t *testing.T, bin, dir string) {
+func recovered(t *testing.T, dir string) {
 	t.Helper()
 	checkDisk(t, dir, false)
-	s := start(t, bin, dir)
+	s := start(t, dir)
 	s.term()
 	checkDisk(t, dir, true)
 }
@@ -481,19 +462,13 @@ func lastLines(s string, n int) string {
 }
 
 func TestMain(m *testing.M) {
+	// The test binary is also the server the tests run (see servertest).
+	servertest.ServeIfChild()
 	// Most of these tests wait on server processes and sandboxes, not on
 	// the CPU.
 	flag.Parse()
 	testparallel.AtLeast(4)
-	dir, err := os.MkdirTemp("", "sim-process-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	buildDir = dir
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(m.Run())
 }
 
 // TestSIGKILLWithWarmPools: a server whose warm pools keep sandboxes
@@ -502,12 +477,11 @@ func TestMain(m *testing.M) {
 // and once it stops nothing is left that no checkpoint names.
 func TestSIGKILLWithWarmPools(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs the server binary")
+		t.Skip("runs the server as a process")
 	}
 	t.Parallel()
-	bin := buildServer(t)
 	dir := t.TempDir()
-	s := startWith(t, bin, dir, "-sandbox.provider", "local", "-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off",
+	s := startWith(t, dir, "-sandbox.provider", "local", "-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off",
 		"-sandbox.pool.size", "3", "-sandbox.pool.refill_concurrency", "2")
 	for i := range 4 {
 		a := newAgent()
@@ -541,7 +515,7 @@ func TestSIGKILLWithWarmPools(t *testing.T) {
 	}
 	s.kill()
 	t.Logf("killed with %d pooled sandboxes running", pooled())
-	recovered(t, bin, dir)
+	recovered(t, dir)
 	if n := pooled(); n != 0 {
 		t.Errorf("no leak: %d pooled sandboxes still run after the restart", n)
 	}

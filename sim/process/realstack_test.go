@@ -81,7 +81,7 @@ var stackSnapshots = func() func(opensandboxtest.Stack) error {
 	}
 }()
 
-func (r *onRealStack) start(t *testing.T, bin, dir string) *server {
+func (r *onRealStack) start(t *testing.T, dir string) *server {
 	t.Helper()
 	args := []string{"-name", r.name, "-sandbox.provider", "opensandbox",
 		"-sandbox.opensandbox.domain", r.st.Domain, "-sandbox.opensandbox.api_key", r.st.APIKey,
@@ -91,7 +91,7 @@ func (r *onRealStack) start(t *testing.T, bin, dir string) *server {
 		args = append(args, "-sandbox.opensandbox.skip_snapshot_probe")
 	}
 	r.probed = true
-	return startWith(t, bin, dir, args...)
+	return startWith(t, dir, args...)
 }
 
 // client lists what carries this run's label, through the lifecycle
@@ -179,7 +179,7 @@ func (r *onRealStack) clean(t *testing.T) {
 // is up again.
 func TestRealStack(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs the server binary")
+		t.Skip("runs the server as a process")
 	}
 	t.Parallel()
 	for name, f := range map[string]func(*testing.T){
@@ -203,7 +203,7 @@ func TestRealStack(t *testing.T) {
 // sandbox and no snapshot of the run.
 func realStackWalkThrough(t *testing.T) {
 	const sessions = 3
-	rs, bin, dir, s, agents := seededOnRealStack(t, sessions, false)
+	rs, dir, s, agents := seededOnRealStack(t, sessions, false)
 	for i, a := range agents {
 		if code, m := sandboxExec(t, descriptor(t, s, a, fmt.Sprintf("r%d", i)), "cat notes.txt"); code != 200 || m["stdout"] != "one\n" || m["exit_code"] != 0.0 {
 			t.Fatalf("exec through the sandbox API: %d %v", code, m)
@@ -228,7 +228,7 @@ func realStackWalkThrough(t *testing.T) {
 	}
 	s.kill()
 
-	s = rs.start(t, bin, dir)
+	s = rs.start(t, dir)
 	began := time.Now()
 	code, _, err := s.control("restore", map[string]any{"checkpoint_id": "ck1", "checkpoint_dir": filepath.Join(dir, "ctl-ck1"), "episode_ids": episodes(sessions, 0)})
 	if err != nil || code != 200 {
@@ -251,16 +251,15 @@ func realStackWalkThrough(t *testing.T) {
 	}
 }
 
-// seededOnRealStack builds the server binary, starts it on the real stack
+// seededOnRealStack starts the server on the real stack
 // (for a fault test when fault, see newOnRealStack) with its state in a
 // fresh directory and seeds n notes sessions.
-func seededOnRealStack(t *testing.T, n int, fault bool) (rs *onRealStack, bin, dir string, s *server, agents []*agent) {
+func seededOnRealStack(t *testing.T, n int, fault bool) (rs *onRealStack, dir string, s *server, agents []*agent) {
 	t.Helper()
 	rs = newOnRealStack(t, fault)
-	bin = buildServer(t)
 	dir = t.TempDir()
-	s = rs.start(t, bin, dir)
-	return rs, bin, dir, s, seedNotes(t, s, n)
+	s = rs.start(t, dir)
+	return rs, dir, s, seedNotes(t, s, n)
 }
 
 // seedNotes seeds n sessions on s at once, as a rollout's agents do, each
@@ -317,10 +316,10 @@ func commitCk(t *testing.T, s *server, id string, n int) int {
 // id into it, checks every session verifies to 1.0 on its fork, releases, stops it
 // with SIGTERM and checks that the lifecycle server lists nothing of the
 // run.
-func (r *onRealStack) restoreCk(t *testing.T, s *server, bin, dir, id string, agents []*agent) {
+func (r *onRealStack) restoreCk(t *testing.T, s *server, dir, id string, agents []*agent) {
 	t.Helper()
 	s.kill()
-	s = r.start(t, bin, dir)
+	s = r.start(t, dir)
 	code, m, err := s.control("restore", map[string]any{"checkpoint_id": id, "checkpoint_dir": filepath.Join(s.dir, "ctl-"+id), "episode_ids": episodes(len(agents), 0)})
 	if err != nil || code != 200 {
 		t.Fatalf("restore from the last good checkpoint: %d %v %v\n%s", code, m, err, lastLines(s.log.String(), 30))
@@ -342,7 +341,7 @@ func (r *onRealStack) restoreCk(t *testing.T, s *server, bin, dir, id string, ag
 // the checkpoint, and nothing of the run is left.
 func realStackLifecycleServerKilledMidCommit(t *testing.T) {
 	const sessions = 3
-	rs, bin, dir, s, agents := seededOnRealStack(t, sessions, true)
+	rs, dir, s, agents := seededOnRealStack(t, sessions, true)
 	if code, m, err := s.control("prepare", map[string]any{"checkpoint_id": "ck1"}); err != nil || code != 200 {
 		t.Fatalf("prepare: %d %v %v", code, m, err)
 	}
@@ -395,7 +394,7 @@ func realStackLifecycleServerKilledMidCommit(t *testing.T) {
 	for i, ag := range agents {
 		s.ok(ag, fmt.Sprintf("/ng-rollout/r%d/append_note", i), map[string]any{"line": "lost"})
 	}
-	rs.restoreCk(t, s, bin, dir, good, agents)
+	rs.restoreCk(t, s, dir, good, agents)
 }
 
 // realStackDockerdRestartMidEpisode: dockerd restarts in the middle of
@@ -404,7 +403,7 @@ func realStackLifecycleServerKilledMidCommit(t *testing.T) {
 // them from the last good checkpoint, and nothing of the run is left.
 func realStackDockerdRestartMidEpisode(t *testing.T) {
 	const sessions = 3
-	rs, bin, dir, s, agents := seededOnRealStack(t, sessions, true)
+	rs, dir, s, agents := seededOnRealStack(t, sessions, true)
 	if code := commitCk(t, s, "ck1", sessions); code != 200 {
 		t.Fatalf("commit: %d", code)
 	}
@@ -432,7 +431,7 @@ func realStackDockerdRestartMidEpisode(t *testing.T) {
 			t.Errorf("verify of a session whose sandbox ended: %d %v %v, want 409 sandbox_lost", code, m, err)
 		}
 	}
-	rs.restoreCk(t, s, bin, dir, "ck1", agents)
+	rs.restoreCk(t, s, dir, "ck1", agents)
 }
 
 // checkRestoredAs is checkRestored for a checkpoint of any id: resume it,

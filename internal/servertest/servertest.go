@@ -1,0 +1,57 @@
+// Package servertest lets a test binary be the server binary: a test
+// starts Command, which runs the test binary itself with a marker in its
+// environment, and the test binary's TestMain calls ServeIfChild first,
+// which then runs app.Main (cmd/server's program) instead of the tests.
+//
+// A package whose tests run the server as a process so needs no `go build`
+// of cmd/server: that build compiled every package again without the race
+// detector (minutes on a cold cache, on two cores), and the server it made
+// ran without it. The server a test starts is the test binary's build, with
+// -race when the tests have it.
+package servertest
+
+import (
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+
+	"github.com/sandboxowner/owner/app"
+)
+
+// marker is set in the environment of the test binary Command starts.
+const marker = "SANDBOXOWNER_SERVERTEST_CHILD=1"
+
+// ServeIfChild runs the server and exits when the test binary was started by
+// Command; otherwise it returns at once. Call it first in TestMain, before
+// flag.Parse: the arguments are the server's, not go test's.
+func ServeIfChild() {
+	if slices.Contains(os.Environ(), marker) {
+		os.Exit(app.Main())
+	}
+}
+
+// Command is the server run with args: the test binary itself, with env as
+// its environment (nil: the test's own). The package's TestMain must call
+// ServeIfChild.
+func Command(env []string, args ...string) *exec.Cmd {
+	if env == nil {
+		env = os.Environ()
+	}
+	self, err := os.Executable()
+	if err != nil {
+		self = os.Args[0]
+	}
+	cmd := exec.Command(self, args...)
+	env = slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
+		return strings.HasPrefix(kv, "SANDBOXOWNER_SERVERTEST_CHILD=")
+	})
+	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "GORACE=") }) {
+		// A -race binary sleeps a second at exit by default (for other
+		// goroutines' reports): a second on every server a test stops.
+		// Without -race GORACE is ignored.
+		env = append(env, "GORACE=atexit_sleep_ms=0")
+	}
+	cmd.Env = append(env, marker)
+	return cmd
+}
