@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	nethttp "net/http"
 
-	"github.com/sirupsen/logrus"
 	"github.com/valyala/fasthttp"
 
 	"github.com/sandboxowner/owner/control"
@@ -114,8 +113,9 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 	}
 	// The body is copied: fasthttp reuses it after the handler returns,
 	// and a resources server may hand it to the owner's goroutines.
-	body := bytes.Clone(ctx.PostBody())
-	if kind != kindAccess {
+	var body []byte
+	if kind != kindAccess { // /sandbox_access reads no body
+		body = bytes.Clone(ctx.PostBody())
 		if err := resources.CheckObject(body); err != nil {
 			s.fail(ctx, err)
 			return
@@ -129,7 +129,7 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 			return
 		}
 	}
-	sess := &resources.Session{ID: s.sessionOf(ctx), Owner: s.own}
+	id := s.sessionOf(ctx)
 	if typed != nil {
 		// The caller names the session; the cookie follows it, so that
 		// cookie-bound routes (tools, verify) reach the same session.
@@ -137,21 +137,20 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 			s.fail(ctx, resources.Invalid("episode_id %s is not the rollout prefix's %s", typed.episode.CaptureKey(), ep.CaptureKey()))
 			return
 		}
-		sess.ID = typed.ResourcesSessionID
-		s.setCookie(ctx, s.signer.Sign(sess.ID), false)
+		id = typed.ResourcesSessionID
+		s.setCookie(ctx, s.signer.Sign(id), false)
 		ep = &typed.episode
 	}
-	s.own.Touch(sess.ID)
+	s.own.Touch(id)
+	var episode control.EpisodeID
+	hasEpisode := false
 	if ep != nil {
-		sess.Episode, sess.HasEpisode = *ep, true
+		episode, hasEpisode = *ep, true
 	} else if s.part != nil {
-		sess.Episode, sess.HasEpisode = s.part.BoundEpisode(sess.ID)
+		episode, hasEpisode = s.part.BoundEpisode(id)
 	}
-	ctx.SetUserValue(sessionValue, sess.ID)
-	sess.Log = s.log.WithFields(logrus.Fields{"session_id": sess.ID, "request_id": RequestID(ctx)})
-	if sess.HasEpisode {
-		sess.Log = sess.Log.WithField("episode", sess.Episode.CaptureKey())
-	}
+	ctx.SetUserValue(sessionValue, id)
+	sess := s.newDataRequest(id, RequestID(ctx), episode, hasEpisode)
 
 	rctx, cancel := context.WithCancel(logs.WithRequestID(s.base, RequestID(ctx)))
 	defer cancel()
