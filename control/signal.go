@@ -1,15 +1,15 @@
 package control
 
-import "sync"
+import "sync/atomic"
 
 // broadcast wakes every goroutine waiting on the channel Wait returned
 // before the last Fire: a channel closed on each change and replaced. The
 // channel is made by the first Wait after a Fire, so that a Fire nobody
 // waits for (every request entering and leaving an open gate) costs no
-// allocation.
+// allocation, and no lock: every data request fires twice, and a lock
+// shared by all of them is where concurrent requests queued.
 type broadcast struct {
-	mu sync.Mutex
-	ch chan struct{}
+	ch atomic.Pointer[chan struct{}]
 }
 
 func newBroadcast() *broadcast { return &broadcast{} }
@@ -17,20 +17,23 @@ func newBroadcast() *broadcast { return &broadcast{} }
 // Wait returns a channel closed at the next Fire. Take it before checking
 // the condition, so a change in between is not missed.
 func (b *broadcast) Wait() <-chan struct{} {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.ch == nil {
-		b.ch = make(chan struct{})
+	for {
+		if p := b.ch.Load(); p != nil {
+			return *p
+		}
+		ch := make(chan struct{})
+		if b.ch.CompareAndSwap(nil, &ch) {
+			return ch
+		}
 	}
-	return b.ch
 }
 
 // Fire wakes the current waiters.
 func (b *broadcast) Fire() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.ch != nil {
-		close(b.ch)
-		b.ch = nil
+	if b.ch.Load() == nil {
+		return
+	}
+	if p := b.ch.Swap(nil); p != nil {
+		close(*p)
 	}
 }
