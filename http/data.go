@@ -11,7 +11,6 @@ import (
 
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/internal/jsonw"
-	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/participant"
 	"github.com/sandboxowner/owner/problem"
@@ -152,7 +151,7 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 	ctx.SetUserValue(sessionValue, id)
 	sess := s.newDataRequest(id, RequestID(ctx), episode, hasEpisode)
 
-	rctx, cancel := context.WithCancel(logs.WithRequestID(s.base, RequestID(ctx)))
+	rctx, cancel := s.requestContext(ctx)
 	defer cancel()
 	if s.part != nil {
 		leave, err := s.part.Admit(rctx, kind.admission(), sess)

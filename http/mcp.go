@@ -2,7 +2,6 @@ package http
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"maps"
@@ -13,7 +12,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sandboxowner/owner/control"
-	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/participant"
 	"github.com/sandboxowner/owner/resources"
 )
@@ -177,7 +175,7 @@ func (s *Server) mcpCall(ctx *fasthttp.RequestCtx, req rpcRequest) {
 		ctx.SetUserValue(captureKeyValue, sess.Episode.CaptureKey())
 	}
 	sess.Log = s.requestLog(ctx)
-	rctx, cancel := context.WithCancel(logs.WithRequestID(s.base, RequestID(ctx)))
+	rctx, cancel := s.requestContext(ctx)
 	defer cancel()
 	if s.part != nil {
 		leave, err := s.part.Admit(rctx, participant.Tool, sess)

@@ -184,6 +184,12 @@ type Server struct {
 	srv    *fasthttp.Server
 	base   context.Context
 	cancel context.CancelFunc
+	// shards are base's children the data requests' contexts hang from:
+	// a context is registered with its parent, under the parent's lock,
+	// for as long as it lives, and one parent for every request made that
+	// lock the one all concurrent requests queued on.
+	shards       [contextShards]context.Context
+	shardCancels [contextShards]context.CancelFunc
 	// ctlBase bounds control requests: ended when shutdown begins, so a
 	// prepare waiting for its deadline does not hold up the drain (commit
 	// and restore runs are shielded and go on).
@@ -294,6 +300,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.base, s.cancel = context.WithCancel(context.Background())
 	s.ctlBase, s.ctlCancel = context.WithCancel(s.base)
+	for i := range s.shards {
+		// Each ends with base, its parent; its own cancel is never called.
+		s.shards[i], s.shardCancels[i] = context.WithCancel(s.base)
+	}
 	if s.mode != owner.ModeOff {
 		if cfg.ControlAuthToken == "" {
 			return nil, fmt.Errorf("%w: checkpoint.control_auth_token is required with checkpointing on", ErrConfig)
@@ -439,6 +449,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.cancel()
 	})
 	return err
+}
+
+// contextShards is how many parents the data requests' contexts are spread
+// over.
+const contextShards = 64
+
+// requestContext is a data request's context: ended when the request is
+// answered (cancel) or when the server stops, carrying its request id.
+func (s *Server) requestContext(ctx *fasthttp.RequestCtx) (context.Context, context.CancelFunc) {
+	id := ctx.ID()
+	parent := s.shards[(id^id>>32)%contextShards]
+	return context.WithCancel(logs.WithRequestID(parent, RequestID(ctx)))
 }
 
 // Handler is the request handler, panics included: a panic is logged with
@@ -750,7 +772,8 @@ func controlCall[T any](body []byte, fn func(T) (any, error)) (any, error) {
 // closedSessions remembers closed session ids for a while, so a late seed
 // with a closed session's cookie does not start a sandbox nobody will end.
 type closedSessions struct {
-	mu   sync.Mutex
+	// An RWMutex: every seed asks, only closes write.
+	mu   sync.RWMutex
 	clk  clock.Clock
 	keep time.Duration
 	at   *fifo.Map[string, time.Time]
@@ -771,8 +794,8 @@ func (c *closedSessions) add(id string) {
 }
 
 func (c *closedSessions) has(id string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.mu.RLock()
+	defer c.mu.RUnlock()
 	at, ok := c.at.Get(id)
 	return ok && c.clk.Now().Sub(at) < c.keep
 }
