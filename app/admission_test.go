@@ -112,6 +112,7 @@ func receive[T any](t *testing.T, ch <-chan T, what string) T {
 // is that instant answers at once, however slow the machine, with the
 // readiness it found.
 func TestSandboxCallsPassTheAdmissionGate(t *testing.T) {
+	t.Parallel()
 	clk := clock.NewManual(time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC))
 	a := startLocalWith(t, t.TempDir(), app.Deps{Clock: clk, LeaseTick: -1})
 	defer a.Stop(context.Background())
@@ -184,6 +185,7 @@ func TestSandboxCallsPassTheAdmissionGate(t *testing.T) {
 
 // An exec whose client went away used to run on to its timeout.
 func TestAnExecWhoseClientGoesAwayIsKilled(t *testing.T) {
+	t.Parallel()
 	a := startLocal(t, t.TempDir())
 	defer a.Stop(context.Background())
 	d, gate, label := seededSandbox(t, a)

@@ -25,6 +25,7 @@ func writeFile(t *testing.T, body string) string {
 }
 
 func TestParseArgsLayers(t *testing.T) {
+	t.Parallel()
 	file := writeFile(t, `
 name: notes-a
 resources: notes
@@ -78,6 +79,7 @@ sweep:
 }
 
 func TestParseArgsDefaultsAndFlagsOnly(t *testing.T) {
+	t.Parallel()
 	opts, err := app.ParseArgs(nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -104,6 +106,7 @@ func TestParseArgsDefaultsAndFlagsOnly(t *testing.T) {
 }
 
 func TestOpenSandboxKeys(t *testing.T) {
+	t.Parallel()
 	file := writeFile(t, `
 sandbox:
   provider: opensandbox
@@ -141,6 +144,7 @@ sandbox:
 // TestConfigErrorLines: each configuration error is one line naming the
 // key by its dotted path, exactly as written here.
 func TestConfigErrorLines(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name string
 		args []string
@@ -229,6 +233,7 @@ func TestConfigErrorLines(t *testing.T) {
 // TestHelp: -h names the commands, the binary's own flags, and every key
 // with its default.
 func TestHelp(t *testing.T) {
+	t.Parallel()
 	var out strings.Builder
 	_, err := app.ParseArgs([]string{"-h"}, &out)
 	if !errors.Is(err, flag.ErrHelp) {
@@ -266,6 +271,7 @@ func TestHelp(t *testing.T) {
 
 // TestEveryKeyIsDocumented: -h has a meaning for every key.
 func TestEveryKeyIsDocumented(t *testing.T) {
+	t.Parallel()
 	for _, key := range app.Keys() {
 		if app.KeyUsage(key) == "" {
 			t.Errorf("key %s has no usage line", key)
@@ -274,6 +280,7 @@ func TestEveryKeyIsDocumented(t *testing.T) {
 }
 
 func TestSWEBenchEnvironmentKeys(t *testing.T) {
+	t.Parallel()
 	file := writeFile(t, `
 resources: swebench
 swebench:

@@ -16,6 +16,7 @@ import (
 // TestExamplesLoad: every configuration in examples/ (the ones the README
 // uses) parses and validates, and says what its name promises.
 func TestExamplesLoad(t *testing.T) {
+	t.Parallel()
 	files, err := filepath.Glob(filepath.Join("..", "examples", "*.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -69,6 +70,7 @@ func TestExamplesLoad(t *testing.T) {
 // TestREADMEConfigsAreTheExamples: a YAML block of README.md or docs/ that
 // names a file of examples/ in its first line configures what that file does.
 func TestREADMEConfigsAreTheExamples(t *testing.T) {
+	t.Parallel()
 	docs, err := filepath.Glob(filepath.Join("..", "docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)
@@ -120,6 +122,7 @@ func checkExampleBlock(t *testing.T, doc, name, block string) {
 // it, and writes nothing under /srv or /var), and no two examples write
 // the same directory (one's state would be another's leftovers).
 func TestExamplesWriteOnlyBesideThemselves(t *testing.T) {
+	t.Parallel()
 	files, err := filepath.Glob(filepath.Join("..", "examples", "*.yaml"))
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 // /health says how sandboxed commands are held, and a server whose
 // commands run unisolated says so in words at startup.
 func TestHealthAndStartupSayTheIsolation(t *testing.T) {
+	t.Parallel()
 	for _, isolation := range []string{"none", "container"} {
 		t.Run(isolation, func(t *testing.T) {
 			cfg := app.Defaults()

@@ -91,6 +91,7 @@ func execAs(t *testing.T, endpoint, token, command string) (int, string) {
 }
 
 func TestAgentsWorkInTheirSandboxWithFencedTokens(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	a := startLocal(t, dir)
 	s, body, cookie := post(t, a.Addr().String(), "/ng-rollout/r1/seed_session", "", "{}")
@@ -153,6 +154,7 @@ func TestAgentsWorkInTheirSandboxWithFencedTokens(t *testing.T) {
 // Serve goroutine has begun still ends it. Serve is held back until the
 // listener closes, which only the stop does.
 func TestStopRightAfterStartReturns(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

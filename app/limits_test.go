@@ -51,6 +51,7 @@ func controlCall(t *testing.T, addr, op, token, body string) (int, string) {
 }
 
 func TestMaxDeadlineSecondsKey(t *testing.T) {
+	t.Parallel()
 	opts, err := app.ParseArgs([]string{"-checkpoint.enabled", "-checkpoint.control_auth_token=tok", "-checkpoint.state_dir", t.TempDir(), "-checkpoint.max_deadline_seconds", "60"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -68,6 +69,7 @@ func TestMaxDeadlineSecondsKey(t *testing.T) {
 }
 
 func TestHTTPKeysReachTheServer(t *testing.T) {
+	t.Parallel()
 	opts, err := app.ParseArgs([]string{"-http.max_conns_per_ip", "1", "-http.read_timeout", "1s"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -96,6 +98,7 @@ func TestHTTPKeysReachTheServer(t *testing.T) {
 }
 
 func TestMaxSessionsKey(t *testing.T) {
+	t.Parallel()
 	opts, err := app.ParseArgs([]string{"-max_sessions", "1"}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -163,6 +163,7 @@ func histCount(t *testing.T, fams map[string]*dto.MetricFamily, name string, lab
 // with Prometheus' text parser) has every family with the counts those
 // requests caused.
 func TestMetricsCountWhatHappened(t *testing.T) {
+	t.Parallel()
 	dir, prov := t.TempDir(), fake.New(fake.Options{})
 	a, hook, stop := startFake(t, dir, prov, app.Deps{AccessLog: true})
 	addr := a.Addr().String()
@@ -288,6 +289,7 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 // TestPprofOnlyWhenAsked: /debug/pprof/ is served with -pprof and is a 404
 // without; the access log is off unless asked.
 func TestPprofOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
 	with, _, _ := startFake(t, t.TempDir(), fake.New(fake.Options{}), app.Deps{Pprof: true})
 	if s, _ := get(t, with.Addr().String(), "/debug/pprof/"); s != 200 {
 		t.Errorf("-pprof: /debug/pprof/ answered %d", s)
@@ -307,6 +309,7 @@ func TestPprofOnlyWhenAsked(t *testing.T) {
 // route "other", so a client cannot grow the label set; a malformed control
 // operation is counted as refused.
 func TestUnknownPathsShareOneLabel(t *testing.T) {
+	t.Parallel()
 	a, _, _ := startFake(t, t.TempDir(), fake.New(fake.Options{}), app.Deps{})
 	addr := a.Addr().String()
 	for _, p := range []string{"/nope-1", "/nope-2", "/ng-rollout/r1/nope", "/ng-control/v1/checkpoint/nope"} {
@@ -342,6 +345,7 @@ func TestUnknownPathsShareOneLabel(t *testing.T) {
 // TestRunFlagsReachTheServer: -access-log and -pprof on the command line
 // turn both on in the server Run starts.
 func TestRunFlagsReachTheServer(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pr, pw := io.Pipe()
@@ -395,6 +399,7 @@ func TestRunFlagsReachTheServer(t *testing.T) {
 // TestStateGaugesFollowTheServer: a seed held at its sandbox's start is in
 // setup, then live; a seed held at a closed admission gate is waiting.
 func TestStateGaugesFollowTheServer(t *testing.T) {
+	t.Parallel()
 	fk := fake.New(fake.Options{})
 	a, _, _ := startFake(t, t.TempDir(), fk, app.Deps{})
 	addr := a.Addr().String()
@@ -441,6 +446,7 @@ func TestStateGaugesFollowTheServer(t *testing.T) {
 // TestLostSessionsAreCounted: a session whose sandbox was stopped behind
 // the owner's back is counted lost, not live, until it is closed.
 func TestLostSessionsAreCounted(t *testing.T) {
+	t.Parallel()
 	fk := fake.New(fake.Options{})
 	a, _, _ := startFake(t, t.TempDir(), fk, app.Deps{})
 	addr := a.Addr().String()
@@ -474,6 +480,7 @@ func TestLostSessionsAreCounted(t *testing.T) {
 // calls are counted under routes of their own (without the sandbox id), not
 // together under the mount's prefix.
 func TestSandboxExecAndFilesAreRoutesApart(t *testing.T) {
+	t.Parallel()
 	a := startLocal(t, t.TempDir())
 	defer a.Stop(context.Background())
 	d, _, _ := seededSandbox(t, a)
@@ -504,6 +511,7 @@ func TestSandboxExecAndFilesAreRoutesApart(t *testing.T) {
 // its capture key and session, a sandbox API line its sandbox and the
 // session holding it.
 func TestRequestIDsAndAccessLines(t *testing.T) {
+	t.Parallel()
 	cfg := app.Defaults()
 	cfg.SessionSecret = "a-secret-of-sixteen-plus"
 	cfg.Sandbox.Local.Isolation = "none"
@@ -613,6 +621,7 @@ func TestRequestIDsAndAccessLines(t *testing.T) {
 // outcome, sums their rewards and counts the resolved ones (a full reward)
 // under resources="notes", from zero at startup.
 func TestVerifiesAreInTheMetrics(t *testing.T) {
+	t.Parallel()
 	a, _, _ := startFake(t, t.TempDir(), fake.New(fake.Options{}), app.Deps{})
 	addr := a.Addr().String()
 	notes := map[string]string{"resources": "notes"}

@@ -64,6 +64,7 @@ func startOpenSandboxIn(t *testing.T, srv *opensandboxtest.Server, lend, stateDi
 // starts no sandbox at startup and trusts the runtime to take snapshots: it
 // runs exported even on a lifecycle server that would answer 501.
 func TestOpenSandboxSkipSnapshotProbe(t *testing.T) {
+	t.Parallel()
 	srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: "env-key", NoSnapshots: true})
 	t.Cleanup(srv.Close)
 	cfg := app.Defaults()
@@ -210,6 +211,7 @@ func TestOpenSandboxSupersededSandboxAnswers410(t *testing.T) {
 // OpenSandbox server (nobody renewed it) is found gone: verify answers 409
 // sandbox_lost, never a reward.
 func TestOpenSandboxLeaseRunsOut(t *testing.T) {
+	t.Parallel()
 	clk := clock.NewManual(time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC))
 	srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: "env-key", Clock: clk})
 	t.Cleanup(srv.Close)
@@ -248,6 +250,7 @@ func TestOpenSandboxLeaseRunsOut(t *testing.T) {
 // Retry-After, never 500; once the lifecycle server answers, seeds work and
 // /health is ok again.
 func TestOpenSandboxUnreachable(t *testing.T) {
+	t.Parallel()
 	srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: "k"})
 	t.Cleanup(srv.Close)
 	srv.Inject(opensandboxtest.Fault{Path: "/v1/", Drop: true, Times: 1 << 20})

@@ -13,6 +13,7 @@ import (
 // startup, and a seed that finds its pool empty counts a miss; with
 // sandbox.pool.size 0 a seed counts neither.
 func TestPoolMetrics(t *testing.T) {
+	t.Parallel()
 	for _, size := range []int{0, 2} {
 		fk := fake.New(fake.Options{})
 		a, _, _ := startFake(t, t.TempDir(), fk, app.Deps{}, func(c *app.Config) { c.Sandbox.Pool.Size = size })

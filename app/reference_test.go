@@ -16,6 +16,7 @@ import (
 // what the definitions -h prints from make of it; after a change to a key,
 // its meaning or its default, go run ./scripts/configdoc rewrites it.
 func TestConfigurationReferenceIsGenerated(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile(filepath.Join("..", "docs", "configuration.md"))
 	if err != nil {
 		t.Fatal(err)
@@ -32,6 +33,7 @@ func TestConfigurationReferenceIsGenerated(t *testing.T) {
 // TestReferenceIsWhatHelpPrints: every key -h lists is in the reference
 // with the same type, meaning and default, and nothing else is.
 func TestReferenceIsWhatHelpPrints(t *testing.T) {
+	t.Parallel()
 	var help bytes.Buffer
 	if _, err := app.ParseArgs([]string{"-h"}, &help); err == nil {
 		t.Fatal("-h: no error")
@@ -62,6 +64,7 @@ func TestReferenceIsWhatHelpPrints(t *testing.T) {
 
 // A key the reference leaves out, or a changed default, is a difference.
 func TestSpliceReferenceReplacesOnlyBetweenTheMarkers(t *testing.T) {
+	t.Parallel()
 	doc := "intro\n" + app.ReferenceBegin + "| stale |\n" + app.ReferenceEnd + "outro\n"
 	got, err := app.SpliceReference(doc)
 	if err != nil {

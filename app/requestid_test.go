@@ -19,6 +19,7 @@ import (
 // call (a commit, a restore, a release that drops checkpoints) carry the
 // call's request id.
 func TestOwnerLinesNameTheirRequest(t *testing.T) {
+	t.Parallel()
 	dir, prov := t.TempDir(), fake.New(fake.Options{})
 	a, hook, stop := startFake(t, dir, prov, app.Deps{})
 	addr := a.Addr().String()
@@ -63,6 +64,7 @@ func requestsOf(hook *logtest.Hook, msg string) []string {
 // the sandbox a seed started, and the control plane's own lines about a
 // prepare and a resume, carry the id of the request that caused them.
 func TestSeedAndControlLinesNameTheirRequest(t *testing.T) {
+	t.Parallel()
 	lg, hook := logtest.NewNullLogger()
 	a := startLocalWith(t, t.TempDir(), app.Deps{Logger: lg})
 	t.Cleanup(func() { _ = a.Stop(context.Background()) })

@@ -11,6 +11,7 @@ import (
 // workdir the configuration gives is now passed along, so a seed runs no
 // command; other providers are still asked.
 func TestNotesSeedsKnowTheLocalWorkdir(t *testing.T) {
+	t.Parallel()
 	got := map[string]string{}
 	for name, edit := range map[string]func(*Config){
 		"default":      func(*Config) {},

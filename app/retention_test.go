@@ -19,6 +19,7 @@ import (
 // it gone), its snapshot deleted; /health shows the checkpoints held and
 // what the checks follow, and the metrics count the drop by reason.
 func TestRetentionFollowsDeletedDirectories(t *testing.T) {
+	t.Parallel()
 	fk := fake.New(fake.Options{})
 	a, _, _ := startFake(t, t.TempDir(), fk, app.Deps{}, func(c *app.Config) {
 		c.Checkpoint.Retention.GraceS = 0
@@ -71,6 +72,7 @@ func TestRetentionFollowsDeletedDirectories(t *testing.T) {
 
 // Without follow_dirs the checks do nothing and /health shows none.
 func TestRetentionOff(t *testing.T) {
+	t.Parallel()
 	fk := fake.New(fake.Options{})
 	a, _, _ := startFake(t, t.TempDir(), fk, app.Deps{}, func(c *app.Config) { c.Checkpoint.Retention.FollowDirs = false })
 	addr := a.Addr().String()

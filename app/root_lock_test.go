@@ -35,6 +35,7 @@ func startupAddr(t *testing.T, lines interface {
 // and the first's sandbox is untouched. Once the first stops, the root is
 // free again.
 func TestProcessSecondServerOnARootRefusesToStart(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	args := []string{"-port", "0", "-log-format", "json", "-sandbox.provider", "local", "-sandbox.local.root", root}
 	first, lines, _ := child(t, args...)

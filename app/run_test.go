@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/sandboxowner/owner/app"
 	"github.com/sandboxowner/owner/internal/servertest"
+	"github.com/sandboxowner/owner/internal/testparallel"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
@@ -31,6 +33,11 @@ import (
 // it again through servertest, so no separate build is needed.
 func TestMain(m *testing.M) {
 	servertest.ServeIfChild()
+	// Most of these tests wait on servers, processes and sandboxes, not on
+	// the CPU: at load 50 on 2 cores the package took 116 s one test at a
+	// time, 75 s two at once, 60 s four at once.
+	flag.Parse()
+	testparallel.AtLeast(4)
 	os.Exit(m.Run())
 }
 
@@ -62,6 +69,7 @@ func post(t *testing.T, addr, path, cookie, body string) (int, string, string) {
 // told to stop is answered, and the index is closed cleanly (it opens
 // again at once).
 func TestStopDrainsAndClosesTheIndex(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	fk := fake.New(fake.Options{})
 	lg, hook := logtest.NewNullLogger()
@@ -152,6 +160,7 @@ func child(t *testing.T, args ...string) (*exec.Cmd, *bufio.Scanner, *strings.Bu
 }
 
 func TestProcessSIGTERMIsClean(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cmd, lines, _ := child(t, "-port", "0", "-log-format", "json", "-checkpoint.enabled", "-checkpoint.state_dir", dir, "-checkpoint.control_auth_token", "tok")
 	addr := ""
@@ -199,6 +208,7 @@ func TestProcessSIGTERMIsClean(t *testing.T) {
 // TestProcessBadConfigExits2WithOneLine: a configuration the server cannot
 // use is one error line in the log format asked for, and exit status 2.
 func TestProcessBadConfigExits2WithOneLine(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		args []string
 		msg  string
@@ -253,6 +263,7 @@ func TestProcessBadConfigExits2WithOneLine(t *testing.T) {
 // (no state_dir to export into, several workers for an exporting server) is
 // refused before the provider creates its root.
 func TestConfigRefusedBeforeAnythingIsCreated(t *testing.T) {
+	t.Parallel()
 	for _, extra := range [][]string{
 		{},
 		{"-checkpoint.state_dir", "STATE", "-num_workers", "4"},
@@ -279,6 +290,7 @@ func TestConfigRefusedBeforeAnythingIsCreated(t *testing.T) {
 }
 
 func TestRunHelpExits0(t *testing.T) {
+	t.Parallel()
 	var out strings.Builder
 	if code := app.Run(context.Background(), []string{"-h"}, &out, io.Discard); code != 0 || !strings.Contains(out.String(), "usage: server") {
 		t.Errorf("-h: %d %q", code, out.String())

@@ -39,6 +39,7 @@ func localOwner(t *testing.T, root, stateDir string) (*local.Provider, *owner.Ow
 // (a checkpointed session, one seeded after the checkpoint), then runs
 // `server sweep` and `server sweep -reap` on the same configuration.
 func TestSweepCommand(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dir := t.TempDir()
 	root := filepath.Join(dir, "sandboxes")
@@ -93,6 +94,7 @@ func TestSweepCommand(t *testing.T) {
 // snapshots the checkpoint records under the directory name, reads no
 // index (none is given), and refuses a root that is not a directory.
 func TestSweepRetainFrom(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dir, ckRoot := t.TempDir(), t.TempDir()
 	root := filepath.Join(dir, "sandboxes")

@@ -51,6 +51,7 @@ var noSetup sandbox.SetupFunc = func(context.Context, provider.Provider, sandbox
 // holds, the checkpoint's snapshot and the sandbox of a session still
 // starting are never removed; /health and the metrics report it per kind.
 func TestServerSweepRemovesLeaksAfterTheRetention(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	a, fk, pass := sweepServer(t, 2*time.Minute)
 	held, err := a.Owner().StartSessionSandbox(ctx, "s1", provider.Spec{Image: "notes"}, noSetup, "")
@@ -125,6 +126,7 @@ func sorted(ids ...string) []string {
 // passes while the fork lives; the first pass after the session ends
 // deletes it and clears its tombstone.
 func TestServerSweepRetriesAPendingDelete(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	a, fk, pass := sweepServer(t, time.Hour)
 	o := a.Owner()
@@ -167,6 +169,7 @@ func TestServerSweepRetriesAPendingDelete(t *testing.T) {
 // no index to tell a checkpoint's snapshot from a leak by: it does not
 // sweep, and /health says why; its sweep families are there, at zero.
 func TestServerSweepOffWithoutAnIndex(t *testing.T) {
+	t.Parallel()
 	a, _, _ := startFake(t, t.TempDir(), fake.New(fake.Options{}), app.Deps{}, func(c *app.Config) { c.Checkpoint.Enabled = false })
 	_, body := get(t, a.Addr().String(), "/health")
 	var h struct {
@@ -191,6 +194,7 @@ func TestServerSweepOffWithoutAnIndex(t *testing.T) {
 // for sweep.retention.templates: out of the index, its snapshot deleted;
 // /health and the metrics count it under the template kind.
 func TestServerSweepDropsUnusedTemplates(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	a, fk, pass := sweepServer(t, time.Hour)
 	o := a.Owner()
