@@ -62,6 +62,7 @@ func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, er
 	var cmd *exec.Cmd
 	var setup *initSetup
 	var as *owner
+	extra := []*os.File{child}
 	if p.ctr != nil {
 		if err := p.mountLayers(s, meta.Spec, sandboxIDs(meta)); err != nil {
 			return nil, err
@@ -83,6 +84,19 @@ func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, er
 			as = ids
 		}
 		setup = p.ctr.setup(tree, meta.Workdir, meta.Network, caches)
+		// The init proper is executed from this descriptor (see
+		// runSetup), opened here, in the server's mount namespace: the
+		// binary a process runs holds the mount it was opened through,
+		// and one opened in the init's own namespace would be the copy
+		// of the host's root that namespace began with, which holds
+		// every host mount under it (they are locked to it), a few per
+		// live sandbox. Each init would keep them all for its life.
+		bin, err := os.Open(exe)
+		if err != nil {
+			return nil, fmt.Errorf("local: open the init's binary: %w", err)
+		}
+		defer bin.Close()
+		extra = append(extra, bin)
 		cmd = &exec.Cmd{Path: exe, Args: []string{initName, initStageSetup}, Dir: "/", Env: cmdenv.Host(s.id)}
 		cmd.SysProcAttr = p.ctr.sysProcAttr(meta.Network, as)
 	} else {
@@ -91,7 +105,7 @@ func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, er
 		cmd = &exec.Cmd{Path: exe, Args: []string{initName}, Dir: s.fsDir(), Env: cmdenv.Host(s.id)}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	}
-	cmd.ExtraFiles = []*os.File{child}
+	cmd.ExtraFiles = extra
 	stderr := &limitedBuffer{max: 4 << 10}
 	cmd.Stderr = stderr
 	if err := startJoined(cmd, cgFiles, as); err != nil {

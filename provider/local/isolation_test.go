@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local/uidrange"
@@ -324,5 +327,37 @@ func TestEachSandboxTakesAFreeUIDOfTheRange(t *testing.T) {
 	}
 	if _, err := q.Start(ctx, provider.Spec{}); !errors.Is(err, uidrange.ErrExhausted) {
 		t.Errorf("a restarted server gave out a uid its sandboxes hold: %v", err)
+	}
+}
+
+// An isolated init runs a binary it holds through the server's own mount
+// of it, not through the copy of the host's root its mount namespace
+// began with: that copy holds every host mount beneath it (a few per live
+// sandbox), so each init would keep all of them for its life, and the
+// host's kernel memory would grow with the square of the sandboxes.
+func TestAnInitHoldsNoCopyOfTheHostsMounts(t *testing.T) {
+	p := newProvider(t, mode{"container", IsolationContainer, OverlayOn}, Options{})
+	h := start(t, p, provider.Spec{})
+	mustRun(t, p, h, "true") // the init runs
+	p.mu.Lock()
+	s := p.sandboxes[h.SandboxID]
+	p.mu.Unlock()
+	s.mu.Lock()
+	pid := s.init.cmd.Process.Pid
+	s.mu.Unlock()
+	mountOf := func(path string) uint64 {
+		t.Helper()
+		var st unix.Statx_t
+		if err := unix.Statx(unix.AT_FDCWD, path, 0, unix.STATX_MNT_ID, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Mnt_id
+	}
+	bin, err := p.initBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := mountOf("/proc/"+strconv.Itoa(pid)+"/exe"), mountOf(bin); got != want {
+		t.Errorf("the init's binary is held through mount %d, want the server's mount of it, %d", got, want)
 	}
 }

@@ -62,7 +62,8 @@ var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
 // no_new_privs, loads the syscall filter, and executes itself again as
 // the init proper (argv[1] "run"): each of these holds one thread, and an
 // execve makes them the whole process's. The server's binary is executed
-// from a descriptor, so the sandbox's root never shows it.
+// from the descriptor the server passed (initExeFd), so the sandbox's
+// root never shows it.
 func runSetup() int {
 	runtime.LockOSThread() // every step below holds the thread that executes
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
@@ -93,10 +94,6 @@ func runSetup() int {
 	if err := json.Unmarshal(buf[:n], &m); err != nil || m.Op != "setup" || m.Setup == nil {
 		return fail(errors.New("the first message is not a setup"))
 	}
-	exe, err := unix.Open("/proc/self/exe", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fail(fmt.Errorf("open the init's binary: %w", err))
-	}
 	if err := buildRoot(m.Setup); err != nil {
 		return fail(err)
 	}
@@ -111,7 +108,7 @@ func runSetup() int {
 	if err := dropPrivileges(m.Setup.Filter); err != nil {
 		return fail(err)
 	}
-	err = unix.Exec("/proc/self/fd/"+strconv.Itoa(exe), []string{initName, initStageRun}, os.Environ())
+	err = unix.Exec("/proc/self/fd/"+strconv.Itoa(initExeFd), []string{initName, initStageRun}, os.Environ())
 	return fail(fmt.Errorf("execute the init: %w", err))
 }
 

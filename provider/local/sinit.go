@@ -24,8 +24,12 @@ const (
 	initStageRun   = "run"
 )
 
-// initFd is the init's end of its control socket.
-const initFd = 3
+// initFd is the init's end of its control socket; initExeFd, in an
+// isolated init's setup stage, the binary it executes as the init proper.
+const (
+	initFd    = 3
+	initExeFd = 4
+)
 
 // initMsg is one message on an init's control socket (SOCK_SEQPACKET: one
 // message per packet), or a command's answer on its status pipe (one
