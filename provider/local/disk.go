@@ -230,8 +230,18 @@ func attachLoop(img string) (*os.File, error) {
 			return nil, fmt.Errorf("loop devices: %w", err)
 		}
 		cfg := unix.LoopConfig{Fd: uint32(backing.Fd())}
-		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
-		if err := unix.IoctlLoopConfigure(int(dev.Fd()), &cfg); err != nil {
+		// Direct I/O: the device reads and writes the image past the
+		// host's page cache. The sandbox's ext4 caches what it uses
+		// already; through the image's own cache too, every block it
+		// touched would be held twice for as long as it lives. A host
+		// filesystem that cannot gets buffered I/O.
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO
+		err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
+		if errors.Is(err, unix.EINVAL) {
+			cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+			err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
+		}
+		if err != nil {
 			dev.Close()
 			if errors.Is(err, unix.EBUSY) {
 				continue

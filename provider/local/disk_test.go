@@ -410,3 +410,26 @@ func TestASandboxImageCopiesLittle(t *testing.T) {
 		t.Errorf("a new sandbox's %d MiB image holds %d KiB, want at most 1 MiB", DefaultDiskMB, held>>10)
 	}
 }
+
+// A sandbox's loop device reads and writes its image with direct I/O: the
+// sandbox's ext4 caches what it uses already, and the image's own page
+// cache would hold each block a second time for the sandbox's life.
+func TestASandboxDiskIsNotCachedTwice(t *testing.T) {
+	p := newDiskProvider(t, mode{"container-overlay", IsolationContainer, OverlayOn}, Limits{})
+	h := start(t, p, provider.Spec{})
+	s, err := p.loaded(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := loopOf(filepath.Join(s.dir, diskImageName))
+	if err != nil || dev == "" {
+		t.Fatalf("the sandbox's loop device: %q, %v", dev, err)
+	}
+	dio, err := os.ReadFile(filepath.Join("/sys/block", dev, "loop", "dio"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(dio)); got != "1" {
+		t.Errorf("%s: direct I/O %s, want 1", dev, got)
+	}
+}
