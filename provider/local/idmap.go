@@ -56,7 +56,11 @@ func (p *Provider) idmapNS(ids owner) (int, error) {
 	}
 	fd, err := unix.Open("/proc/"+strconv.Itoa(cmd.Process.Pid)+"/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	w.Close()
-	_ = cmd.Wait()
+	// The holder exits on its stdin's end (or with the server): reaped
+	// in the background, since the namespace outlives it held by fd. A
+	// start waiting for that exit waited for the shell to be scheduled
+	// again, most of a fork's time on a loaded machine.
+	go func() { _ = cmd.Wait() }()
 	if err != nil {
 		return -1, fmt.Errorf("idmap namespace: %w", err)
 	}
