@@ -214,7 +214,11 @@ var statements = []statement{
 	{name: "PreparePastDeadline", section: "1.3", text: "a prepare not ready by its deadline answers phase preparing with its blockers (capture keys) and leaves admission closed", note: "was: an exec in flight said sandbox:<id>, an unbound session session:<id>; now the episode's capture key, and a session bound to no episode blocks nothing", check: func(t *testing.T) {
 		s, a := seeded(t)
 		release, done := heldExec(t, s, a)
-		r := s.ok(s.control("prepare", map[string]any{"checkpoint_id": "c1", "deadline_ts": deadline(time.Second)}), "prepare")
+		// The deadline is ten seconds away: one the request reached the
+		// server after (a loaded machine) would be refused, admission left
+		// open. The held exec keeps the prepare from being ready however
+		// long it waits.
+		r := s.ok(s.control("prepare", map[string]any{"checkpoint_id": "c1", "deadline_ts": deadline(10 * time.Second)}), "prepare")
 		rep := r["report"].(map[string]any)
 		if r["phase"] != "preparing" || rep["ready"] != false || !cmp.Equal(rep["blockers"], []any{"r1"}) {
 			t.Errorf("prepare past its deadline: %v", r)
@@ -330,14 +334,18 @@ var statements = []statement{
 	}},
 	{name: "FollowsDeletedDirs", section: "3.5, 8", text: "a controller that deletes the directories of the checkpoints it no longer keeps and never calls release (Gym's CollectionCheckpointer) has their snapshots deleted within checkpoint.retention.grace_s and one check; nothing is deleted on an error that is not \"no such file\"", note: "was: every snapshot of every checkpoint stayed until a release", by: "sim/process TestGymRetentionTenCheckpoints; owner TestGoneDirectoryDropsItsCheckpoint, TestUnreadableDirectoriesDeleteNothing; retention TestMachineScripts; sim dir-gone"},
 	{name: "ResumeDuringCommit", section: "1.3", text: "resume stops the writer, then reopens: a resume during a running commit answers within its deadline, and nothing of the commit is published", note: "was: a resume with a 1 s deadline during a 4 s commit answered 409 deadline_exceeded, admission stayed closed and the commit was published afterwards", check: func(t *testing.T) {
-		// The resume's deadline is half the snapshot's hold: a resume that
-		// waited for the commit misses it; one that does not meets it
-		// however loaded the machine.
-		s, _ := seeded(t, "-sandbox.local.snapshot_delay_ms", "10000")
+		// The snapshot is held 30 s. The commit's deadline (5 s) passes
+		// within the hold, yet leaves a loaded machine's request time to
+		// reach the server before it (a commit arriving past its deadline
+		// is refused without running). The resume's deadline, 15 s after
+		// the commit's answer, comes at least 10 s before the hold ends: a
+		// resume that waited for the commit misses it; one that does not
+		// meets it with seconds to spare.
+		s, _ := seeded(t, "-sandbox.local.snapshot_delay_ms", "30000")
 		s.op("prepare", "c1", nil)
-		// A commit whose 1 s deadline passes answers 409 and runs on.
-		s.want(s.control("commit", map[string]any{"checkpoint_id": "c1", "deadline_ts": deadline(time.Second), "checkpoint_dir": ck(t, "/d/c1")}), 409, "deadline_exceeded", "commit")
-		r := s.ok(s.control("resume", map[string]any{"checkpoint_id": "c1", "deadline_ts": deadline(5 * time.Second)}), "resume during the commit")
+		// A commit whose deadline passes answers 409 and runs on.
+		s.want(s.control("commit", map[string]any{"checkpoint_id": "c1", "deadline_ts": deadline(5 * time.Second), "checkpoint_dir": ck(t, "/d/c1")}), 409, "deadline_exceeded", "commit")
+		r := s.ok(s.control("resume", map[string]any{"checkpoint_id": "c1", "deadline_ts": deadline(15 * time.Second)}), "resume during the commit")
 		if r["phase"] != "idle" {
 			t.Errorf("resume: %v", r)
 		}
