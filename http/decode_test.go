@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // outcome is what a caller sees of a decode: the value, and the status,
@@ -226,5 +228,25 @@ func BenchmarkVerifyFields(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestReadersCarryTheSimpleBodies: the common bodies (no escapes, no
+// repeated or folded keys) are read by hand, not left to encoding/json: a
+// legacy seed with fields, a typed seed, a named close, an episode id, a
+// verify request.
+func TestReadersCarryTheSimpleBodies(t *testing.T) {
+	type carried struct{ Legacy, LegacyIsLegacy, Typed, Close, Episode, Fields bool }
+	var got carried
+	var ts *typedSeed
+	ts, got.Legacy = readTypedSeed([]byte(`{"question":"what is 1+1?","expected":"2"}`))
+	got.LegacyIsLegacy = ts == nil
+	ts, got.Typed = readTypedSeed([]byte(bodyTemplates[0]))
+	got.Typed = got.Typed && ts != nil
+	_, got.Close = readClose([]byte(`{"resources_session_id":"s-1","episode_id":{"rollout_id":"r","attempt":1}}`))
+	_, got.Episode = readEpisode([]byte(`{"rollout_id":"r","attempt":1}`))
+	_, _, got.Fields = readFields([]byte(`{"response":{"output":[]},"reward_hint":1}`))
+	if diff := cmp.Diff(carried{true, true, true, true, true, true}, got); diff != "" {
+		t.Errorf("bodies read by hand (-want +got):\n%s", diff)
 	}
 }
