@@ -656,12 +656,14 @@ func TestContractProvider(t *testing.T) {
 		}
 
 		// A snapshot in use: refused at once, deleted once the fork goes.
-		start := time.Now()
-		if err := p.DeleteSnapshot(ctx, sid); !errors.Is(err, provider.ErrSnapshotInUse) {
+		// A delete that waited for the fork instead would wait past its
+		// context (the fork goes only after it returns): an error that is
+		// not ErrSnapshotInUse, whatever the machine's load.
+		inUse, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		err = p.DeleteSnapshot(inUse, sid)
+		cancel()
+		if !errors.Is(err, provider.ErrSnapshotInUse) {
 			t.Errorf("DeleteSnapshot under a live fork = %v, want ErrSnapshotInUse", err)
-		}
-		if d := time.Since(start); d > 30*time.Second {
-			t.Errorf("DeleteSnapshot under a live fork took %v", d)
 		}
 		if err := p.Stop(ctx, f); err != nil {
 			t.Fatal(err)
@@ -699,14 +701,13 @@ func TestContractProviderExitedSandboxIsLost(t *testing.T) {
 	eachServer(t, func(t *testing.T, s *server) {
 		ctx := context.Background()
 		p := s.provider(t, &opensandbox.Options{Entrypoint: []string{"true"}})
-		start := time.Now()
+		// Once it is seen exited, not at the ready deadline (5 minutes):
+		// a start that ran into the deadline fails with
+		// context.DeadlineExceeded instead, so the error tells the two
+		// apart however long a loaded machine took.
 		_, err := p.Start(ctx, provider.Spec{Image: s.image, Metadata: map[string]string{"contract.run": s.run}})
-		if !errors.Is(err, provider.ErrSandboxNotFound) {
+		if !errors.Is(err, provider.ErrSandboxNotFound) || errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Start of a sandbox whose entrypoint exits = %v, want ErrSandboxNotFound", err)
-		}
-		// Not at the ready deadline (5 minutes): once it is seen exited.
-		if d := time.Since(start); d > 2*time.Minute {
-			t.Errorf("the failed start took %v", d)
 		}
 		if n := len(listed(t, s)); n != 0 {
 			t.Errorf("%d sandboxes left by a start that failed", n)
