@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
 
 	httpapi "github.com/sandboxowner/owner/http"
 	"github.com/sandboxowner/owner/metrics"
@@ -169,5 +170,53 @@ func TestLeaseTickerDefaultsToOneSecond(t *testing.T) {
 		case <-guard:
 			t.Fatal("the lapsed lease was never resumed")
 		}
+	}
+}
+
+// TestMetricsLabelMountsAndSeeds: a path two mounts' prefixes match goes to
+// the longer prefix; a mount's request is labelled by the route its handler
+// names (RouteValue), else by its prefix; only a POST to /seed_session counts
+// as a seed.
+func TestMetricsLabelMountsAndSeeds(t *testing.T) {
+	m, err := metrics.New(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounts := map[string]fasthttp.RequestHandler{
+		"/a/": func(ctx *fasthttp.RequestCtx) {
+			ctx.SetUserValue(httpapi.RouteValue, "/a/{id}/x")
+			ctx.SetStatusCode(200)
+		},
+		"/a/b/": func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(201) },
+	}
+	h := newHarness(t, withConfig(func(c *httpapi.Config) { c.Metrics = m; c.Mounts = mounts }))
+	if r := h.do(nil, "GET", "/a/1/x", nil, nil); r.status != 200 {
+		t.Errorf("GET /a/1/x: %d, want the /a/ mount's 200", r.status)
+	}
+	if r := h.do(nil, "GET", "/a/b/c", nil, nil); r.status != 201 {
+		t.Errorf("GET /a/b/c: %d, want the /a/b/ mount's 201", r.status)
+	}
+	a := &agent{}
+	h.ok(h.post(a, "/seed_session", map[string]any{}), "seed")
+	h.ok(h.post(a, "/append_note", map[string]any{"line": "x"}), "append_note")
+	h.ok(h.post(a, "/append_note", map[string]any{"line": "y"}), "append_note")
+	r := h.do(nil, "GET", httpapi.RouteMetrics, nil, nil)
+	var got []string
+	for _, line := range strings.Split(string(r.body), "\n") {
+		if strings.HasPrefix(line, metrics.Namespace+"_http_requests_total{") || strings.HasPrefix(line, metrics.Namespace+"_seeds_total{") {
+			got = append(got, line)
+		}
+	}
+	want := []string{
+		metrics.Namespace + `_http_requests_total{code="200",route="/a/{id}/x"} 1`,
+		metrics.Namespace + `_http_requests_total{code="200",route="/append_note"} 2`,
+		metrics.Namespace + `_http_requests_total{code="200",route="/seed_session"} 1`,
+		metrics.Namespace + `_http_requests_total{code="201",route="/a/b/"} 1`,
+		metrics.Namespace + `_seeds_total{outcome="failed"} 0`,
+		metrics.Namespace + `_seeds_total{outcome="ok"} 1`,
+		metrics.Namespace + `_seeds_total{outcome="refused"} 0`,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("requests and seeds counted (-want +got):\n%s", diff)
 	}
 }
