@@ -259,7 +259,7 @@ func (a *sessionActor) start(e effStart, feed func(any)) {
 	}
 	data, err := a.runSetup(ctx, e.Setup, sb)
 	if err == nil && sb.Workdir == "" {
-		sb.Workdir, err = workdirOf(ctx, p, h)
+		sb.Workdir, err = WorkdirOf(ctx, p, h)
 	}
 	if err != nil {
 		// Nothing is tracked for a failed setup: stop what was started,
@@ -321,7 +321,9 @@ func ValidateSessionData(data json.RawMessage) (json.RawMessage, error) {
 	return append(json.RawMessage(nil), data...), nil
 }
 
-func workdirOf(ctx context.Context, p provider.Provider, h provider.Handle) (string, error) {
+// WorkdirOf is the sandbox's working directory: its pwd, bounded by the
+// command's own timeout as well as ctx.
+func WorkdirOf(ctx context.Context, p provider.Provider, h provider.Handle) (string, error) {
 	res, err := p.Exec(ctx, h, provider.ExecRequest{Command: "pwd", Timeout: 30 * time.Second})
 	if err != nil {
 		return "", fmt.Errorf("find workdir: %w", err)

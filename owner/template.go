@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -223,8 +222,8 @@ func (o *Owner) buildTemplate(ctx context.Context, tkey string, spec provider.Sp
 		return tmplReady{}, err
 	}
 	if workdir == "" {
-		if workdir, err = pwdOf(ctx, o.prov, h); err != nil {
-			return tmplReady{}, err
+		if workdir, err = actors.WorkdirOf(ctx, o.prov, h); err != nil {
+			return tmplReady{}, fmt.Errorf("the template's sandbox: %w", err)
 		}
 	}
 	// The snapshot's name ends with a tag that an intent names until the
@@ -293,17 +292,6 @@ func runTemplateSetup(ctx context.Context, p provider.Provider, setup sandbox.Se
 		return nil, fmt.Errorf("%w: %w", sandbox.ErrSetup, err)
 	}
 	return actors.ValidateSessionData(data)
-}
-
-func pwdOf(ctx context.Context, p provider.Provider, h provider.Handle) (string, error) {
-	res, err := p.Exec(ctx, h, provider.ExecRequest{Command: "pwd", Timeout: 30 * time.Second})
-	if err != nil {
-		return "", fmt.Errorf("find the template's workdir: %w", err)
-	}
-	if res.ExitCode != 0 {
-		return "", fmt.Errorf("find the template's workdir: pwd exited %d: %s", res.ExitCode, res.Stderr)
-	}
-	return strings.TrimSpace(res.Stdout), nil
 }
 
 // loadTemplates makes the index's templates of this provider ready (a

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
@@ -412,5 +413,58 @@ func TestKeyedForkFailingAfterItsEffectLeavesNothing(t *testing.T) {
 	}
 	if d := cmp.Diff([]string{a.Handle.SandboxID}, e.fk.LiveSandboxIDs()); d != "" || o.Templates() != 1 {
 		t.Fatalf("templates %d; live (-want +got):\n%s", o.Templates(), d)
+	}
+}
+
+// A template's record names the workdir its seeds start in: the one the
+// seeds give, else the pwd of the sandbox it was built in (the fake's
+// /workspace), so that a restarted owner's forks start there too.
+func TestTemplateRecordNamesItsWorkdir(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	var runs atomic.Int64
+	if _, err := seedTask(o, "a", &runs, "/w"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := seedTask(o, "b", &runs, ""); err != nil {
+		t.Fatal(err)
+	}
+	ts, err := o.Index().Templates()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, tm := range ts {
+		got = append(got, tm.Workdir)
+	}
+	slices.Sort(got)
+	if d := cmp.Diff([]string{"/w", "/workspace"}, got); d != "" {
+		t.Fatalf("the templates' workdirs (-want +got):\n%s", d)
+	}
+}
+
+// A template's sandbox that cannot be stopped after its snapshot is left
+// for the next start or the sweep, and the operator is told; its seeds
+// still fork the template.
+func TestTemplateSandboxNotStoppedIsLogged(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	e.fk.FailNext(fake.OpStop, provider.StopAttempts)
+	var runs atomic.Int64
+	sb, err := seedTask(o, "a", &runs, "/w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var warned []string
+	for _, en := range e.hook.AllEntries() {
+		if en.Level == logrus.WarnLevel {
+			warned = append(warned, en.Message)
+		}
+	}
+	if d := cmp.Diff([]string{"could not stop a template's sandbox; the next start or sweep stops it"}, warned); d != "" {
+		t.Fatalf("warnings (-want +got):\n%s", d)
+	}
+	if live := e.fk.LiveSandboxIDs(); len(live) != 2 || sb.FromSnapshot == "" {
+		t.Fatalf("live sandboxes %v (want the fork %s and the template's), fork of %q", live, sb.Handle.SandboxID, sb.FromSnapshot)
 	}
 }
