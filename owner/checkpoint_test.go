@@ -818,3 +818,35 @@ func TestRetireWaitsBehindAReleaseOnlyAsLongAsItsContext(t *testing.T) {
 		t.Fatalf("a retire after the release: %+v, %v", res, err)
 	}
 }
+
+// A restore whose context ends after its first fork restores nothing: the
+// sessions whose turn never came count as failed (not as forks that were
+// never asked for), the fork made is stopped, and no session is installed.
+func TestRestoreCutByItsContextHalfWayRestoresNothing(t *testing.T) {
+	e := newEnv(t)
+	o1 := e.open()
+	for i := 0; i < 4; i++ {
+		seed(t, o1, fmt.Sprintf("s%d", i))
+	}
+	commit(t, o1, "c1")
+	o1.Abandon()
+	o2 := e.open(parallelism(1))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e.fk.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpFork && c.Phase == fake.PhaseEnd {
+			cancel()
+		}
+	})
+	_, err := o2.Restore(ctx, owner.RestoreRequest{CheckpointID: "c1"})
+	e.fk.SetHook(nil)
+	if !errors.Is(err, owner.ErrRestoreFailed) {
+		t.Fatalf("got %v, want ErrRestoreFailed", err)
+	}
+	if ids, _ := o2.Sessions(); len(ids) != 0 {
+		t.Fatalf("a restore cut half way installed %v", ids)
+	}
+	if got := e.fk.Stats().LiveSandboxes; got != 0 {
+		t.Fatalf("%d forks left running after a restore cut half way", got)
+	}
+}
