@@ -37,12 +37,14 @@ import (
 // sandbox started, not yet its init); median.
 // BenchmarkContainerIdleMemory: b.N sessions each with one exec behind it
 // (its init live, idle), per sandbox: the proportional set size of their
-// inits, the server's live heap growth, the host's kernel memory growth
+// inits (and of the server's other children, the holders of the ready
+// user namespaces), the inits' threads, the server's live heap growth, the host's kernel memory growth
 // (slab, kernel stacks, page tables, per-cpu), their sum, the page cache
 // apart (reclaimable), what the kernel charges their memory cgroups, and
 // the host's MemAvailable drop (the host-wide figures are noisy on a
 // shared machine: others' work moves them). Linear in b.N but for shared
-// text: -benchtime 100x extrapolates.
+// text. It stops (fails) rather than take the host's MemAvailable under a
+// quarter of its memory.
 
 // notesServer starts the notes server on the local provider over a fresh
 // state directory.
@@ -199,10 +201,17 @@ func BenchmarkContainerIdleMemory(b *testing.B) {
 	base := notesServer(b)
 	before := memAvailableKiB(b)
 	kBefore := kernelKiB(b)
+	slabBefore := slabKiB()
 	heapBefore := liveHeapBytes()
+	floor := memTotalKiB(b) / 4
 	var agents []*notesAgent // kept: the sessions stay live
 	n := 0
 	for b.Loop() {
+		// The host is shared: past a quarter of its memory left, stop
+		// rather than squeeze the others.
+		if n%50 == 0 && memAvailableKiB(b) < floor {
+			b.Fatalf("stopped at %d sandboxes: MemAvailable under a quarter of MemTotal", n)
+		}
 		a := newNotesAgent(base)
 		endpoint, token := a.seed(b, "r"+strconv.Itoa(n))
 		a.exec(b, endpoint, token, "true")
@@ -211,14 +220,18 @@ func BenchmarkContainerIdleMemory(b *testing.B) {
 	}
 	heapAfter := liveHeapBytes()
 	kAfter := kernelKiB(b)
+	slabAfter := slabKiB()
 	after := memAvailableKiB(b)
-	pss, inits := initsPssKiB(b)
-	if inits < n {
-		b.Fatalf("%d inits for %d sandboxes", inits, n)
+	kids := childrenPss(b)
+	if kids.inits < n {
+		b.Fatalf("%d inits for %d sandboxes", kids.inits, n)
 	}
-	initKiB := float64(pss) / float64(inits)
+	initKiB := float64(kids.initPss) / float64(n)
+	otherKiB := float64(kids.otherPss) / float64(n)
 	heapKiB := float64(heapAfter-heapBefore) / 1024 / float64(n)
 	b.ReportMetric(initKiB, "init-pss-KiB/sandbox")
+	b.ReportMetric(float64(kids.initThreads)/float64(kids.inits), "init-threads")
+	b.ReportMetric(otherKiB, "helpers-pss-KiB/sandbox")
 	b.ReportMetric(heapKiB, "server-heap-KiB/sandbox")
 	var kernel float64
 	for _, k := range kernelFields {
@@ -229,12 +242,15 @@ func BenchmarkContainerIdleMemory(b *testing.B) {
 	for _, k := range cacheFields {
 		b.ReportMetric(float64(kAfter[k]-kBefore[k])/float64(n), "cache-"+k+"-KiB/sandbox")
 	}
-	b.ReportMetric(initKiB+heapKiB+kernel, "total-KiB/sandbox")
+	b.ReportMetric(initKiB+otherKiB+heapKiB+kernel, "total-KiB/sandbox")
 	if cg, k := cgroupsUsageKiB(); k > 0 {
 		b.ReportMetric(float64(cg)/float64(k), "cgroup-usage-KiB/sandbox")
 	}
 	b.ReportMetric(float64(before-after)/float64(n), "memavailable-drop-KiB/sandbox")
-	b.Logf("%d sandboxes, %d inits, %d sessions kept, load average %s", n, inits, len(agents), loadavg())
+	if slabAfter != nil {
+		b.Logf("slab caches grown most, KiB a sandbox: %s", topGrowth(slabBefore, slabAfter, n, 8))
+	}
+	b.Logf("%d sandboxes, %d inits, %d other children (%d KiB), %d sessions kept, load average %s", n, kids.inits, kids.others, kids.otherPss, len(agents), loadavg())
 }
 
 // liveHeapBytes is this process's (the server's) live heap after a
@@ -300,48 +316,110 @@ func cgroupsUsageKiB() (kib, n int) {
 	return kib, n
 }
 
-func memAvailableKiB(b *testing.B) int {
+func memAvailableKiB(b *testing.B) int { return meminfoKiB(b, "MemAvailable") }
+
+func memTotalKiB(b *testing.B) int { return meminfoKiB(b, "MemTotal") }
+
+func meminfoKiB(b *testing.B, field string) int {
 	b.Helper()
 	raw, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, l := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(l, "MemAvailable:"); ok {
+		if v, ok := strings.CutPrefix(l, field+":"); ok {
 			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
 			return n
 		}
 	}
-	b.Fatal("no MemAvailable")
+	b.Fatal("no " + field + " in /proc/meminfo")
 	return 0
 }
 
-// initsPssKiB sums the proportional set size of this process's sandboxes'
-// inits (its children named sandbox-init).
-func initsPssKiB(b *testing.B) (pss, n int) {
+// children is what this process's (the server's) children hold: its
+// sandboxes' inits, and any other (the holders of ready user namespaces,
+// helpers still running), by proportional set size in KiB.
+type children struct {
+	inits, initPss, initThreads int
+	others, otherPss            int
+}
+
+// childrenPss sums the proportional set size of this process's children
+// from their smaps_rollup, the inits (named sandbox-init) apart.
+func childrenPss(b *testing.B) children {
 	b.Helper()
+	var c children
 	self := strconv.Itoa(os.Getpid())
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
 		stat, err := os.ReadFile(d + "/stat")
-		if err != nil || !strings.Contains(string(stat), "(sandbox-init)") {
+		if err != nil {
 			continue
 		}
 		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(f) < 2 || f[1] != self {
+		if len(f) < 18 || f[1] != self {
 			continue
 		}
 		raw, err := os.ReadFile(d + "/smaps_rollup")
 		if err != nil {
 			continue
 		}
+		pss := 0
 		for _, l := range strings.Split(string(raw), "\n") {
 			if v, ok := strings.CutPrefix(l, "Pss:"); ok {
-				k, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-				pss += k
-				n++
+				pss, _ = strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
 			}
 		}
+		if strings.Contains(string(stat), "(sandbox-init)") {
+			threads, _ := strconv.Atoi(f[17])
+			c.inits++
+			c.initPss += pss
+			c.initThreads += threads
+		} else {
+			c.others++
+			c.otherPss += pss
+		}
 	}
-	return pss, n
+	return c
+}
+
+// slabKiB is the memory of each slab cache in /proc/slabinfo (readable by
+// root only; nil otherwise): its slabs times their pages.
+func slabKiB() map[string]int {
+	raw, err := os.ReadFile("/proc/slabinfo")
+	if err != nil {
+		return nil
+	}
+	page := os.Getpagesize() >> 10
+	out := map[string]int{}
+	for _, l := range strings.Split(string(raw), "\n") {
+		f := strings.Fields(l)
+		// name active num size perslab pagesperslab : tunables l b s : slabdata active num shared
+		if len(f) < 16 || f[0] == "#" {
+			continue
+		}
+		pages, _ := strconv.Atoi(f[5])
+		slabs, _ := strconv.Atoi(f[14])
+		out[f[0]] += slabs * pages * page
+	}
+	return out
+}
+
+// topGrowth names the k caches that grew most from before to after, per
+// sandbox of n.
+func topGrowth(before, after map[string]int, n, k int) string {
+	type grown struct {
+		name string
+		kib  int
+	}
+	var g []grown
+	for name, v := range after {
+		g = append(g, grown{name, v - before[name]})
+	}
+	slices.SortFunc(g, func(a, b grown) int { return b.kib - a.kib })
+	var parts []string
+	for _, x := range g[:min(k, len(g))] {
+		parts = append(parts, x.name+" "+strconv.FormatFloat(float64(x.kib)/float64(n), 'f', 1, 64))
+	}
+	return strings.Join(parts, ", ")
 }
