@@ -90,6 +90,9 @@ func run() (err error) {
 	if err != nil {
 		return err
 	}
+	// Before the root's removal: the sandbox directories it made ahead
+	// keep their disks mounted until it closes.
+	defer lp.Close()
 	var rows []row
 	for _, k := range []struct {
 		name  string
@@ -141,7 +144,7 @@ func ratio(a, b time.Duration) float64 { return float64(a) / float64(b) }
 
 // localProvider is the local provider as the server makes it by default
 // (containers where the kernel lets it), overlay snapshots.
-func localProvider(root string) (provider.Provider, string, error) {
+func localProvider(root string) (*local.Provider, string, error) {
 	opts := local.Options{Root: root, Templates: map[string]string{"notes": "", "swe": ""}, Logger: osbench.Quiet()}
 	p, err := local.New(opts)
 	if errors.Is(err, local.ErrIsolationUnavailable) {
