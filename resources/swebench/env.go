@@ -363,13 +363,19 @@ func (s *Server) localMounts(env *Environment, role string) ([]local.Mount, map[
 // lockFile takes an exclusive lock on path (created if missing), held
 // across processes, so that two servers sharing a template_dir build an
 // environment or validate an instance once.
-func lockFile(path string) (func(), error) {
+func lockFile(path string) (func(), error) { return flockFile(path, syscall.LOCK_EX) }
+
+// lockFileShared takes a shared lock on path: readers of what an exclusive
+// holder writes hold it together.
+func lockFileShared(path string) (func(), error) { return flockFile(path, syscall.LOCK_SH) }
+
+func flockFile(path string, how int) (func(), error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	for {
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		err = syscall.Flock(int(f.Fd()), how)
 		if !errors.Is(err, syscall.EINTR) {
 			break
 		}

@@ -273,6 +273,32 @@ func TestValidationMakesABrokenInstanceUnavailable(t *testing.T) {
 	}
 }
 
+// A second template of the same commit and step (another template_dir on
+// the same std_cache_dir, as another server's would be) is seeded with the
+// standard-library layer without compiling into it: no stdlib sandbox.
+func TestAnotherTemplateOfTheSameTreeCopiesTheStandardLibraryLayer(t *testing.T) {
+	t.Parallel()
+	tk := newTask(t)
+	for i := range 2 {
+		w := newWorld(t, tk, freshTemplates(), withConfig(func(c *Config) { c.Validate = off() }))
+		hook := logtest.NewLocal(w.log)
+		w.seed("s", tk.row("example__calc-1"))
+		env := envOf(t, w.cfg.TemplateDir, taskRepo, tk.base)
+		if want := stdLayerKey(context.Background(), "local"); env.StdLayer != want {
+			t.Errorf("template %d: seeded from layer %q, want %q", i, env.StdLayer, want)
+		}
+		seeded := logged(hook, "swebench: environment's build cache seeded with the standard library")
+		if len(seeded) != 1 {
+			t.Fatalf("template %d: the layer's use logged %d times", i, len(seeded))
+		}
+		// The first may have found the mark another test's environment
+		// of this tree left; the second finds the first's.
+		if compiled, ok := seeded[0].Data["compiled"].(bool); !ok || (i == 1 && compiled) {
+			t.Errorf("template %d: compiled %v (%v), want the second not to compile", i, seeded[0].Data["compiled"], ok)
+		}
+	}
+}
+
 func TestAGradingThatRanNoTestSaysSo(t *testing.T) {
 	t.Parallel()
 	tk := newTask(t)

@@ -2,6 +2,8 @@ package swebench
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -32,6 +34,12 @@ import (
 // gradings and validations never see the layer; they see environment
 // caches that are copies of it, and their own writable caches are copies
 // again (localMounts).
+//
+// A layer compiles what a tree needs once: the server marks, beside the
+// layer, each (tree, environment step) it compiled for (stdDoneKey), and
+// another environment of that tree and step (another template_dir on the
+// same std_cache_dir, another server's) copies the layer under a shared
+// lock without starting a stdlib sandbox.
 
 const (
 	roleStdlib = "stdlib"
@@ -106,8 +114,27 @@ func (s *Server) seedStdLayer(ctx context.Context, p provider.Provider, row Row,
 		fail("make its directory", err)
 		return
 	}
-	unlock, err := lockFile(layer + ".lock")
+	// Another environment of the same tree and step already compiled what
+	// it needs into the layer: copy the layer under a shared lock, beside
+	// other such copies, without a sandbox of its own.
+	done := filepath.Join(layer+stdDoneDir, stdDoneKey(env, s.cfg.goToolchain(row)))
+	unlock, err := lockFileShared(layer + ".lock")
 	if err != nil {
+		fail("lock it", err)
+		return
+	}
+	if _, err := os.Stat(done); err == nil {
+		defer unlock()
+		if err := copyStdLayer(ctx, layer, staging, name); err != nil {
+			fail("copy it", err)
+			return
+		}
+		env.StdLayer = key
+		log.WithFields(logrus.Fields{"compiled": false, "duration_ms": time.Since(began).Milliseconds()}).Info("swebench: environment's build cache seeded with the standard library")
+		return
+	}
+	unlock()
+	if unlock, err = lockFile(layer + ".lock"); err != nil {
 		fail("lock it", err)
 		return
 	}
@@ -128,12 +155,42 @@ func (s *Server) seedStdLayer(ctx context.Context, p provider.Provider, row Row,
 		return
 	}
 	compiled := time.Since(began)
-	cp := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", layer+"/.", filepath.Join(staging, envCaches, name)+"/")
-	if out, err := cp.CombinedOutput(); err != nil {
-		fail("copy it", fmt.Errorf("%w: %s", err, lastLines(string(out), 4)))
+	// Written by the server, beside the layer: no sandbox sees it. A mark
+	// that outlives what it stands for (a layer trimmed or deleted) costs
+	// a validation the compiling, never a wrong build.
+	if err := os.MkdirAll(filepath.Dir(done), 0o755); err == nil {
+		_ = os.WriteFile(done, nil, 0o644)
+	}
+	if err := copyStdLayer(ctx, layer, staging, name); err != nil {
+		fail("copy it", err)
 		return
 	}
 	env.StdLayer = key
-	log.WithFields(logrus.Fields{"compile_ms": compiled.Milliseconds(), "duration_ms": time.Since(began).Milliseconds(),
+	log.WithFields(logrus.Fields{"compiled": true, "compile_ms": compiled.Milliseconds(), "duration_ms": time.Since(began).Milliseconds(),
 		"output": lastLines(res.Stdout, 1)}).Info("swebench: environment's build cache seeded with the standard library")
+}
+
+// stdDoneDir, beside a layer, holds a mark per tree and environment step
+// whose standard-library packages the layer holds (stdDoneKey).
+const stdDoneDir = ".compiled"
+
+// stdDoneKey names what decides the packages stdScript compiles for an
+// environment: the script, the repository at its commit, the step (which
+// filled the module cache go list reads) and the toolchain.
+func stdDoneKey(env *Environment, toolchain string) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "script\x00%s\x00repo\x00%s\x00commit\x00%s\x00toolchain\x00%s\x00tree_changed\x00%v\x00", stdScript, env.Repo, env.BaseCommit, toolchain, env.TreeChanged)
+	for _, c := range env.Commands {
+		fmt.Fprintf(h, "cmd\x00%s\x00", c)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// copyStdLayer copies layer into the staging environment's build cache.
+func copyStdLayer(ctx context.Context, layer, staging, name string) error {
+	cp := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", layer+"/.", filepath.Join(staging, envCaches, name)+"/")
+	if out, err := cp.CombinedOutput(); err != nil {
+		return fmt.Errorf("%w: %s", err, lastLines(string(out), 4))
+	}
+	return nil
 }
