@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -229,25 +230,39 @@ func TestAFailingEnvironmentStepMakesTheInstanceUnavailable(t *testing.T) {
 func TestValidationMakesABrokenInstanceUnavailable(t *testing.T) {
 	t.Parallel()
 	tk := newTask(t)
-	w := newWorld(t, tk)
+	// Three validations below run at once, each in a grading slot.
+	w := newWorld(t, tk, withConfig(func(c *Config) { c.MaxConcurrentGradings = 3 }))
 	hook := logtest.NewLocal(w.log)
 	run := runSuffix(t)
 
 	p2p := tk.row("example__calc-p2p-" + run)
 	p2p["FAIL_TO_PASS"], p2p["PASS_TO_PASS"] = []string{"TestAbs"}, append(append([]string{}, passToPass...), "TestAbs/negative")
-	_, err := w.srv.SeedSession(context.Background(), w.own, "s-p2p", mustJSON(t, p2p))
-	wantUnavailable(t, err, "PASS_TO_PASS tests do not pass without the patch: TestAbs/negative")
-	wantMaskedEnvironmentError(t, w.verify("s-p2p", p2p), "TestAbs/negative")
-
 	none := tk.row("example__calc-none-" + run)
 	none["FAIL_TO_PASS"], none["PASS_TO_PASS"] = []string{"TestNothing"}, []string{"TestNothingElse"}
-	_, err = w.srv.SeedSession(context.Background(), w.own, "s-none", mustJSON(t, none))
-	wantUnavailable(t, err, "no FAIL_TO_PASS or PASS_TO_PASS test appears in the eval log")
-
 	// A FAIL_TO_PASS test that passes without the fix is a warning.
 	warn := tk.row("example__calc-warn-" + run)
 	warn["FAIL_TO_PASS"], warn["PASS_TO_PASS"] = []string{"TestAbs/positive", "TestAbs/negative"}, []string{"TestAdd"}
-	w.seed("s-warn", warn)
+	// The three instances validate at once: each validation is a sandbox
+	// of its own, and much of its time is the sandbox's start and stop.
+	rows := []map[string]any{p2p, none, warn}
+	sids := []string{"s-p2p", "s-none", "s-warn"}
+	errs := make([]error, len(rows))
+	var wg sync.WaitGroup
+	for i := range rows {
+		body := mustJSON(t, rows[i])
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = w.srv.SeedSession(context.Background(), w.own, sids[i], body)
+		}()
+	}
+	wg.Wait()
+	wantUnavailable(t, errs[0], "PASS_TO_PASS tests do not pass without the patch: TestAbs/negative")
+	wantMaskedEnvironmentError(t, w.verify("s-p2p", p2p), "TestAbs/negative")
+	wantUnavailable(t, errs[1], "no FAIL_TO_PASS or PASS_TO_PASS test appears in the eval log")
+	if errs[2] != nil {
+		t.Fatalf("seed s-warn: %v", errs[2])
+	}
 	entries := logged(hook, "swebench: FAIL_TO_PASS tests already pass")
 	if len(entries) != 1 || entries[0].Level != logrus.WarnLevel || !cmp.Equal(entries[0].Data["fail_to_pass_passing"], []string{"TestAbs/positive"}) {
 		t.Errorf("the warning: %v", entries)
@@ -260,7 +275,7 @@ func TestValidationMakesABrokenInstanceUnavailable(t *testing.T) {
 	// The results are kept with the template: a new server on it does not
 	// validate again.
 	w.crash()
-	_, err = w.srv.SeedSession(context.Background(), w.own, "s-p2p-again", mustJSON(t, p2p))
+	_, err := w.srv.SeedSession(context.Background(), w.own, "s-p2p-again", mustJSON(t, p2p))
 	wantUnavailable(t, err, "TestAbs/negative")
 	if n := len(logged(hook, "swebench: instance unavailable")); n != unavailable {
 		t.Errorf("the new server validated again (%d unavailable logged)", n)

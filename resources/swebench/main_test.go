@@ -48,12 +48,16 @@ func TestMain(m *testing.M) {
 	// environment or validation of a shared template. go test runs
 	// GOMAXPROCS parallel tests at once (2 here), which left the waits in
 	// a row; the compiling itself is bounded by each server's grading
-	// slots. An explicit -parallel wins.
+	// slots. Four were too few: on a cold run the real repositories' tests
+	// and subtests, each waiting minutes for its template's environment
+	// and validation, held every slot while the hack tests, which need
+	// only the task's template, sat paused behind them for 20 minutes. An
+	// explicit -parallel wins.
 	flag.Parse()
 	parallel := false
 	flag.Visit(func(f *flag.Flag) { parallel = parallel || f.Name == "test.parallel" })
 	if !parallel {
-		_ = flag.Set("test.parallel", strconv.Itoa(max(4, runtime.GOMAXPROCS(0))))
+		_ = flag.Set("test.parallel", strconv.Itoa(max(16, 8*runtime.GOMAXPROCS(0))))
 	}
 	held, dir, err := sharedTemplates()
 	if err != nil {

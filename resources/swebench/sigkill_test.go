@@ -102,7 +102,11 @@ func TestSIGKILLBetweenCommitAndVerify(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &agent{t: t, cl: &http.Client{Jar: jar, Timeout: 5 * time.Minute}, srv: startChild(t, cfg)}
+	// The first seed may build and validate the task's template: 5
+	// minutes were not enough on a cold, loaded run, and a child stopped
+	// mid-validation leaves its sandbox's mounts for the cleanup to
+	// remove through. The bound only ends a hang.
+	a := &agent{t: t, cl: &http.Client{Jar: jar, Timeout: 30 * time.Minute}, srv: startChild(t, cfg)}
 
 	seed := a.ok("POST", "/ng-rollout/r1/seed_session", "", tr.MultilingualRow)
 	old, endpoint, token := a.access()
