@@ -24,7 +24,7 @@ import (
 )
 
 // needTools skips the test, saying why, unless every tool is on the PATH.
-func needTools(t *testing.T, tools ...string) {
+func needTools(t testing.TB, tools ...string) {
 	t.Helper()
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -33,7 +33,7 @@ func needTools(t *testing.T, tools ...string) {
 	}
 }
 
-func testLogger(t *testing.T) *logrus.Logger {
+func testLogger(t testing.TB) *logrus.Logger {
 	l := logrus.New()
 	l.SetLevel(logrus.InfoLevel)
 	if os.Getenv("SWEBENCH_TEST_LOG") == "" {
@@ -48,14 +48,14 @@ type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
 
-func git(t *testing.T, dir string, args ...string) string {
+func git(t testing.TB, dir string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command("git", args...)
 	cmd.Dir = dir
@@ -71,7 +71,7 @@ func git(t *testing.T, dir string, args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
-func writeFiles(t *testing.T, dir string, files map[string]string) {
+func writeFiles(t testing.TB, dir string, files map[string]string) {
 	t.Helper()
 	for name, body := range files {
 		p := filepath.Join(dir, name)
@@ -167,7 +167,7 @@ func (tk task) multilingualRow(id string) map[string]any {
 	return r
 }
 
-func mustJSON(t *testing.T, v any) []byte {
+func mustJSON(t testing.TB, v any) []byte {
 	t.Helper()
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -179,7 +179,7 @@ func mustJSON(t *testing.T, v any) []byte {
 // world is a swebench server on a real local provider with checkpointing,
 // and the agent-facing sandbox API.
 type world struct {
-	t      *testing.T
+	t      testing.TB
 	tk     task
 	root   string // the provider's root
 	state  string // the owner's state_dir
@@ -236,7 +236,7 @@ func off() *bool { f := false; return &f }
 // their environments and validations are made anew).
 func freshTemplates() worldOpt { return func(w *world) { w.cfg.TemplateDir = w.t.TempDir() } }
 
-func newWorld(t *testing.T, tk task, opts ...worldOpt) *world {
+func newWorld(t testing.TB, tk task, opts ...worldOpt) *world {
 	t.Helper()
 	needTools(t, "git", "go", "patch")
 	w := &world{t: t, tk: tk, root: t.TempDir(), state: t.TempDir(), log: testLogger(t)}
@@ -336,7 +336,7 @@ func runSuffix(t *testing.T) string {
 
 // in is the world as seen from t, a subtest of its test: its helpers fail
 // t, not the parent test, so that subtests can run in parallel on it.
-func (w *world) in(t *testing.T) *world {
+func (w *world) in(t testing.TB) *world {
 	c := *w
 	c.t = t
 	return &c

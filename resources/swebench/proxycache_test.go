@@ -31,7 +31,7 @@ var immutableProxyPath = regexp.MustCompile(`^/[A-Za-z0-9._~!/-]+/@v/[A-Za-z0-9.
 // Every other path (lists, the checksum database) is forwarded as is. It
 // only saves downloads: the environment steps, the sources fetched from
 // the proxy and the gradings run the same.
-func cachingProxy(t *testing.T, upstream string) string {
+func cachingProxy(t testing.TB, upstream string) string {
 	t.Helper()
 	dir := os.Getenv(ProxyCacheEnv)
 	if dir == "" {

@@ -86,7 +86,7 @@ var caddyInstance = realInstance{
 
 // row makes the instance's row from the proxy's source: the fix and the
 // test, as diffs against the base.
-func (ri realInstance) row(t *testing.T, proxy string) map[string]any {
+func (ri realInstance) row(t testing.TB, proxy string) map[string]any {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "src")
 	local, version, err := newModuleProxy(proxy, ri.versions).fetchModuleRepo(context.Background(), ri.module, ri.base, dir)
@@ -125,7 +125,7 @@ func (ri realInstance) row(t *testing.T, proxy string) map[string]any {
 }
 
 // realProxy is the module proxy the real-repository tests use, or a skip.
-func realProxy(t *testing.T, ri realInstance) string {
+func realProxy(t testing.TB, ri realInstance) string {
 	t.Helper()
 	proxy := proxyFirst(os.Getenv("GOPROXY"))
 	if proxy == "" {
@@ -142,14 +142,10 @@ func realProxy(t *testing.T, ri realInstance) string {
 	return proxy
 }
 
-// testRealInstance: the repository, never cloned here, comes from the
-// module proxy with the toolchain the instance pins; its gold patch
-// resolves, doing nothing does not, and an init that claims every test
-// grades 0.
-func testRealInstance(t *testing.T, ri realInstance) {
-	proxy := cachingProxy(t, realProxy(t, ri))
-	row := ri.row(t, proxy)
-	w := newWorld(t, task{}, withConfig(func(c *Config) {
+// config configures a server for the instance: its source and its
+// toolchain from proxy, its test command and environment step.
+func (ri realInstance) config(proxy string) func(*Config) {
+	return func(c *Config) {
 		c.Repos = nil
 		c.Modules = map[string]string{ri.repo: ri.module}
 		c.ModuleProxy, c.ModuleVersions = proxy, ri.versions
@@ -160,7 +156,17 @@ func testRealInstance(t *testing.T, ri realInstance) {
 			c.EnvSetup = map[string][]string{ri.repo: ri.envSetup}
 		}
 		c.EnvSetupTimeout, c.EvaluationTimeout = 1800, 1800 // a cold compile of the tests' dependencies on a loaded machine
-	}))
+	}
+}
+
+// testRealInstance: the repository, never cloned here, comes from the
+// module proxy with the toolchain the instance pins; its gold patch
+// resolves, doing nothing does not, and an init that claims every test
+// grades 0.
+func testRealInstance(t *testing.T, ri realInstance) {
+	proxy := cachingProxy(t, realProxy(t, ri))
+	row := ri.row(t, proxy)
+	w := newWorld(t, task{}, withConfig(ri.config(proxy)))
 	var claims strings.Builder
 	for _, n := range append(append([]string{}, ri.failToPass...), ri.passToPass...) {
 		claims.WriteString(`"` + n + `", `)
