@@ -57,7 +57,9 @@ def run_tool(rc: so.ResourcesClient, sandbox: so.Sandbox, name: str, arguments: 
 def main(base_url: str) -> int:
     # The capture key puts the episode's calls under /ng-rollout/<key>/, so
     # a checkpoint knows which episode the session runs.
-    rc = so.ResourcesClient(base_url, capture_key="example-" + uuid.uuid4().hex[:8])
+    # The "x" keeps the random part from reading as an attempt suffix
+    # ("-a0576499" would be attempt 0576499, refused as not canonical).
+    rc = so.ResourcesClient(base_url, capture_key="example-x" + uuid.uuid4().hex[:8])
     rc.seed_session({})
     sandbox = rc.sandbox()  # follows the session to its fork after a restore
 
