@@ -121,3 +121,23 @@ func TestCookieValues(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionSecretUnreadable: a secret file that cannot be read (a
+// directory in its place) or a state dir that cannot be made (a file in its
+// place) is ErrSecret, never a new secret that would forget every cookie.
+func TestSessionSecretUnreadable(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, httpapi.SecretFile), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if s, _, err := httpapi.LoadSessionSecret("", dir); !errors.Is(err, httpapi.ErrSecret) {
+		t.Errorf("a directory for the secret file: %q, %v", s, err)
+	}
+	file := filepath.Join(t.TempDir(), "state")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if s, _, err := httpapi.LoadSessionSecret("", file); !errors.Is(err, httpapi.ErrSecret) {
+		t.Errorf("a file for the state dir: %q, %v", s, err)
+	}
+}

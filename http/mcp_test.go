@@ -84,7 +84,7 @@ func TestMCPToolsOfATypedSession(t *testing.T) {
 }
 
 // loggingTool is notes with a tool that logs through the session's logger,
-// as resources servers do.
+// as resources servers do, and one whose reply cannot be encoded.
 type loggingTool struct{ *notes.Server }
 
 func (l loggingTool) Tools() map[string]resources.ToolFunc {
@@ -92,6 +92,9 @@ func (l loggingTool) Tools() map[string]resources.ToolFunc {
 	tools["/log_me"] = func(_ context.Context, sess *resources.Session, _ []byte) (any, error) {
 		sess.Log.Info("the tool ran")
 		return map[string]bool{"ok": true}, nil
+	}
+	tools["/unencodable"] = func(context.Context, *resources.Session, []byte) (any, error) {
+		return map[string]any{"c": make(chan int)}, nil
 	}
 	return tools
 }
@@ -146,4 +149,81 @@ func TestMCPToolFailures(t *testing.T) {
 	if n != 1 {
 		t.Errorf("%d failures logged, want the 500's alone", n)
 	}
+}
+
+// TestMCPAnswersWhatIsNoToolCall: /mcp answers each malformed or other
+// message as JSON-RPC says (the status, the error's code, the id echoed or
+// null), a notification with 202 and no body, and initialize, ping and an
+// unknown method as a client would see them.
+func TestMCPAnswersWhatIsNoToolCall(t *testing.T) {
+	h := newHarness(t)
+	for _, tc := range []struct {
+		name   string
+		body   string
+		status int
+		want   map[string]any // the reply, "" for no body
+	}{
+		{"not JSON", `{"jsonrpc":`, 400, map[string]any{"jsonrpc": "2.0", "id": nil, "error": map[string]any{"code": -32700.0}}},
+		{"another version", `{"jsonrpc":"1.0","id":3,"method":"ping"}`, 400, map[string]any{"jsonrpc": "2.0", "id": 3.0, "error": map[string]any{"code": -32600.0}}},
+		{"no method", `{"jsonrpc":"2.0","id":"a"}`, 400, map[string]any{"jsonrpc": "2.0", "id": "a", "error": map[string]any{"code": -32600.0}}},
+		{"a notification", `{"jsonrpc":"2.0","method":"notifications/initialized"}`, 202, nil},
+		{"ping", `{"jsonrpc":"2.0","id":4,"method":"ping"}`, 200, map[string]any{"jsonrpc": "2.0", "id": 4.0, "result": map[string]any{}}},
+		{"initialize naming no version", `{"jsonrpc":"2.0","id":5,"method":"initialize"}`, 200, map[string]any{"jsonrpc": "2.0", "id": 5.0, "result": map[string]any{
+			"protocolVersion": httpapi.MCPProtocolVersion,
+			"capabilities":    map[string]any{"tools": map[string]any{"listChanged": false}},
+			"serverInfo":      map[string]any{"name": "notes", "version": "1"},
+		}}},
+		{"an unknown method", `{"jsonrpc":"2.0","id":6,"method":"resources/list"}`, 200, map[string]any{"jsonrpc": "2.0", "id": 6.0, "error": map[string]any{"code": -32601.0}}},
+		{"a call without params", `{"jsonrpc":"2.0","id":7,"method":"tools/call"}`, 200, map[string]any{"jsonrpc": "2.0", "id": 7.0, "error": map[string]any{"code": -32602.0}}},
+		{"a call naming no tool", `{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"arguments":{}}}`, 200, map[string]any{"jsonrpc": "2.0", "id": 8.0, "error": map[string]any{"code": -32602.0}}},
+		{"a call of no such tool", `{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"nope"}}`, 200, map[string]any{"jsonrpc": "2.0", "id": 9.0, "error": map[string]any{"code": -32602.0}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := h.do(nil, "POST", httpapi.RouteMCP, tc.body, nil)
+			if tc.want == nil {
+				if r.status != tc.status || len(r.body) != 0 {
+					t.Fatalf("got %d %q, want %d and no body", r.status, r.body, tc.status)
+				}
+				return
+			}
+			got := r.json(t)
+			if e, ok := got["error"].(map[string]any); ok {
+				delete(e, "message") // the message is prose
+			}
+			if r.status != tc.status {
+				t.Errorf("status %d, want %d", r.status, tc.status)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("reply (-want +got):\n%s", diff)
+			}
+		})
+	}
+	h.want(h.do(nil, "GET", httpapi.RouteMCP, nil, nil), 405, httpapi.CodeMethod, "GET /mcp")
+}
+
+// TestMCPToolArguments: a call's arguments left out or null run the tool
+// with {}; arguments that are no object are invalid params; a tool whose
+// reply cannot be encoded is the server's 500.
+func TestMCPToolArguments(t *testing.T) {
+	h := newHarness(t, withResources(loggingTool{notes.New(notes.Options{})}))
+	seed := h.ok(h.post(&agent{}, "/seed_session", typedSeed("s-1", ep("r7", 0), "notes", "t1")), "typed seed")
+	tok := seed["resources_tools"].(map[string]any)["headers"].(map[string]any)[httpapi.HeaderMCPSession].(string)
+	call := func(params string) reply {
+		t.Helper()
+		return h.do(nil, "POST", httpapi.RouteMCP, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":`+params+`}`,
+			map[string]string{httpapi.HeaderMCPSession: tok})
+	}
+	for _, params := range []string{`{"name":"log_me"}`, `{"name":"log_me","arguments":null}`, `{"name":"log_me","arguments":{}}`} {
+		res, _ := h.ok(call(params), params)["result"].(map[string]any)
+		if res["isError"] != false || !cmp.Equal(res["structuredContent"], map[string]any{"ok": true}) {
+			t.Errorf("%s: %v", params, res)
+		}
+	}
+	for _, params := range []string{`{"name":"log_me","arguments":[1]}`, `{"name":"log_me","arguments":"x"}`} {
+		e, _ := h.ok(call(params), params)["error"].(map[string]any)
+		if e["code"] != -32602.0 {
+			t.Errorf("%s: error %v, want invalid params", params, e)
+		}
+	}
+	h.want(call(`{"name":"unencodable"}`), 500, httpapi.CodeInternal, "a reply that cannot be encoded")
 }
