@@ -3,12 +3,14 @@ package fake
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxowner/owner/clock"
@@ -98,17 +100,24 @@ type Stats struct {
 // Provider is the in-memory fake. It implements provider.Provider,
 // provider.Snapshotter, provider.Leaser and provider.Lister, and is safe for
 // concurrent use. Create it with New.
+//
+// Its locks are split so that calls about different sandboxes do not queue
+// on one another, as they would not on a real backend (a benchmark of the
+// owner against the fake must not measure the fake's own lock): the
+// sandboxes are sharded by id, the counters are atomic, and the faults and
+// latency are read under their lock only once one is set. Where several
+// are taken, the order is ctl, then snapMu, then the shards in index order.
 type Provider struct {
 	name   string
 	clock  clock.Clock
 	rt     sched.Runtime // nil: wall-clock latency, blocking hangs
 	prefix string
 
-	mu          sync.Mutex
-	sandboxes   map[string]*sandbox
-	snapshots   map[string]*snapshot
-	nextSandbox int
-	nextSnap    int
+	// ctl guards the faults, the latency and their random streams.
+	ctl sync.Mutex
+	// armed is set while any fault or latency is set, so a call on a fake
+	// with none takes no lock for them.
+	armed atomic.Bool
 
 	// Separate streams, so that adding latency does not change which calls a
 	// probabilistic fault hits.
@@ -121,11 +130,47 @@ type Provider struct {
 	failProb    map[Op]float64
 	failAfter   map[Op]int
 	hang        map[Op]int
-	hook        func(Call)
+	hook        atomic.Pointer[func(Call)]
 
-	calls, failures, injected, peak, inFlight map[Op]int
-	totalInFlight, peakTotal                  int
-	started, forked, stopped, reaped          int
+	// snapMu guards snapshots; a Fork holds it (shared) while it makes
+	// its sandbox, so that a DeleteSnapshot (exclusive, then every shard)
+	// sees every fork standing on the snapshot.
+	snapMu    sync.RWMutex
+	snapshots map[string]*snapshot
+	shards    [shardCount]shard
+
+	nextSandbox, nextSnap atomic.Int64
+
+	counts                           [len(allOps)]opCounts
+	totalInFlight, peakTotal         atomic.Int64
+	started, forked, stopped, reaped atomic.Int64
+}
+
+// shardCount is how many locks the sandboxes are spread over.
+const shardCount = 64
+
+// shard is the sandboxes whose ids hash to it.
+type shard struct {
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+}
+
+// allOps are the ops the fake counts, in the order of Provider.counts.
+var allOps = [...]Op{OpStart, OpStop, OpExec, OpWriteFile, OpReadFile, OpStatus, OpSnapshot, OpFork, OpDeleteSnapshot, OpRenew, OpList}
+
+// opCounts are one op's counters.
+type opCounts struct {
+	calls, failures, injected, peak, inFlight atomic.Int64
+}
+
+// countsOf returns op's counters.
+func (p *Provider) countsOf(op Op) *opCounts {
+	for i, o := range allOps {
+		if o == op {
+			return &p.counts[i]
+		}
+	}
+	panic(fmt.Sprintf("fake: unknown op %q", op))
 }
 
 type sandbox struct {
@@ -166,12 +211,11 @@ func New(opts Options) *Provider {
 		opts.Clock = clock.Real{}
 	}
 	seed := uint64(opts.Seed)
-	return &Provider{
+	p := &Provider{
 		name:        opts.Name,
 		clock:       opts.Clock,
 		rt:          opts.Runtime,
 		prefix:      opts.IDPrefix,
-		sandboxes:   map[string]*sandbox{},
 		snapshots:   map[string]*snapshot{},
 		faultRNG:    rand.New(rand.NewPCG(seed, 1)),
 		latencyRNG:  rand.New(rand.NewPCG(seed, 2)),
@@ -181,12 +225,11 @@ func New(opts Options) *Provider {
 		failProb:    map[Op]float64{},
 		failAfter:   map[Op]int{},
 		hang:        map[Op]int{},
-		calls:       map[Op]int{},
-		failures:    map[Op]int{},
-		injected:    map[Op]int{},
-		peak:        map[Op]int{},
-		inFlight:    map[Op]int{},
 	}
+	for i := range p.shards {
+		p.shards[i].sandboxes = map[string]*sandbox{}
+	}
+	return p
 }
 
 // Name returns the provider's name.
@@ -203,8 +246,9 @@ func (p *Provider) SetLatency(op Op, d time.Duration) { p.SetLatencyRange(op, d,
 // removes the latency.
 func (p *Provider) SetLatencyRange(op Op, lo, hi time.Duration) {
 	hi = max(lo, hi)
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.ctl.Lock()
+	defer p.ctl.Unlock()
+	defer p.rearmLocked()
 	if hi <= 0 {
 		delete(p.latency, op)
 		return
@@ -228,8 +272,9 @@ func (p *Provider) FailNextFor(op Op, id string, n int) {
 // FailWithProbability makes each call of op fail before its effect with
 // probability prob, drawn from the seeded RNG. prob <= 0 clears it.
 func (p *Provider) FailWithProbability(op Op, prob float64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.ctl.Lock()
+	defer p.ctl.Unlock()
+	defer p.rearmLocked()
 	if prob <= 0 {
 		delete(p.failProb, op)
 		return
@@ -251,8 +296,9 @@ func (p *Provider) HangNext(op Op, n int) { setCount(p, p.hang, op, n) }
 
 // ClearFaults removes every pending fault. Latency and the hook stay.
 func (p *Provider) ClearFaults() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.ctl.Lock()
+	defer p.ctl.Unlock()
+	defer p.rearmLocked()
 	clear(p.failNext)
 	clear(p.failNextFor)
 	clear(p.failProb)
@@ -265,15 +311,23 @@ func (p *Provider) ClearFaults() {
 // calls in flight) or call the fake. A call uses the hook installed when it
 // began for both phases.
 func (p *Provider) SetHook(fn func(Call)) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.hook = fn
+	if fn == nil {
+		p.hook.Store(nil)
+		return
+	}
+	p.hook.Store(&fn)
+}
+
+// rearmLocked sets armed to whether any fault or latency is set.
+func (p *Provider) rearmLocked() {
+	p.armed.Store(len(p.latency)+len(p.failNext)+len(p.failNextFor)+len(p.failProb)+len(p.failAfter)+len(p.hang) > 0)
 }
 
 // setCount sets a fault counter; n <= 0 clears it.
 func setCount[K comparable](p *Provider, m map[K]int, k K, n int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.ctl.Lock()
+	defer p.ctl.Unlock()
+	defer p.rearmLocked()
 	if n <= 0 {
 		delete(m, k)
 		return
@@ -384,30 +438,42 @@ func describe(c *Call) string {
 }
 
 func (p *Provider) enter(c *Call) (func(Call), fault, time.Duration) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.calls[c.Op]++
-	p.inFlight[c.Op]++
-	p.peak[c.Op] = max(p.peak[c.Op], p.inFlight[c.Op])
-	p.totalInFlight++
-	p.peakTotal = max(p.peakTotal, p.totalInFlight)
+	n := p.countsOf(c.Op)
+	n.calls.Add(1)
+	raise(&n.peak, n.inFlight.Add(1))
+	raise(&p.peakTotal, p.totalInFlight.Add(1))
+	var hook func(Call)
+	if h := p.hook.Load(); h != nil {
+		hook = *h
+	}
+	if !p.armed.Load() {
+		return hook, noFault, 0
+	}
+	p.ctl.Lock()
+	defer p.ctl.Unlock()
 	f := p.chooseFaultLocked(c)
 	if f != noFault {
-		p.injected[c.Op]++
+		n.injected.Add(1)
 	}
-	return p.hook, f, p.delayLocked(c.Op)
+	return hook, f, p.delayLocked(c.Op)
+}
+
+// raise makes m at least v.
+func raise(m *atomic.Int64, v int64) {
+	for {
+		cur := m.Load()
+		if v <= cur || m.CompareAndSwap(cur, v) {
+			return
+		}
+	}
 }
 
 func (p *Provider) exit(op Op, err error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.inFlight[op]--
-	if p.inFlight[op] == 0 {
-		delete(p.inFlight, op)
-	}
-	p.totalInFlight--
+	n := p.countsOf(op)
+	n.inFlight.Add(-1)
+	p.totalInFlight.Add(-1)
 	if err != nil {
-		p.failures[op]++
+		n.failures.Add(1)
 	}
 }
 
@@ -419,9 +485,11 @@ func (p *Provider) chooseFaultLocked(c *Call) fault {
 	}
 	if len(p.failNextFor) > 0 {
 		ids := []string{c.SandboxID, c.SnapshotID}
+		p.snapMu.RLock()
 		if s, ok := p.snapshots[c.SnapshotID]; ok {
 			ids = append(ids, s.info.SandboxID)
 		}
+		p.snapMu.RUnlock()
 		for _, id := range ids {
 			if id != "" && take(p.failNextFor, target{op: c.Op, id: id}) {
 				return failBefore
@@ -451,56 +519,89 @@ func (p *Provider) delayLocked(op Op) time.Duration {
 	return s.min
 }
 
-// --- sandbox bookkeeping (callers hold p.mu) ---
+// --- sandbox bookkeeping ---
 
-func (p *Provider) expiredLocked(sb *sandbox, now time.Time) bool {
+// shardOf is the shard that holds (or would hold) sandbox id.
+func (p *Provider) shardOf(id string) *shard {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return &p.shards[h.Sum32()%shardCount]
+}
+
+// lockAll locks every shard, in index order, and returns their unlock.
+func (p *Provider) lockAll() (unlock func()) {
+	for i := range p.shards {
+		p.shards[i].mu.Lock()
+	}
+	return func() {
+		for i := range p.shards {
+			p.shards[i].mu.Unlock()
+		}
+	}
+}
+
+func expired(sb *sandbox, now time.Time) bool {
 	return !sb.expiresAt.IsZero() && !now.Before(sb.expiresAt)
 }
 
 // lookupLocked returns the live sandbox id, deleting it instead if its lease
-// has run out: expiry is lazy, noticed by whoever looks next.
-func (p *Provider) lookupLocked(id string) (*sandbox, bool) {
-	sb, ok := p.sandboxes[id]
+// has run out: expiry is lazy, noticed by whoever looks next. The caller
+// holds sh, id's shard.
+func (p *Provider) lookupLocked(sh *shard, id string) (*sandbox, bool) {
+	sb, ok := sh.sandboxes[id]
 	if !ok {
 		return nil, false
 	}
-	if p.expiredLocked(sb, p.clock.Now()) {
-		delete(p.sandboxes, id)
-		p.reaped++
+	if expired(sb, p.clock.Now()) {
+		delete(sh.sandboxes, id)
+		p.reaped.Add(1)
 		return nil, false
 	}
 	return sb, true
 }
 
-// reapLocked deletes every expired sandbox and returns their ids, sorted.
-func (p *Provider) reapLocked() []string {
+// reapAllLocked deletes every expired sandbox and returns their ids,
+// sorted. The caller holds every shard.
+func (p *Provider) reapAllLocked() []string {
 	now := p.clock.Now()
 	var ids []string
-	for id, sb := range p.sandboxes {
-		if p.expiredLocked(sb, now) {
-			delete(p.sandboxes, id)
-			ids = append(ids, id)
+	for i := range p.shards {
+		for id, sb := range p.shards[i].sandboxes {
+			if expired(sb, now) {
+				delete(p.shards[i].sandboxes, id)
+				ids = append(ids, id)
+			}
 		}
 	}
-	p.reaped += len(ids)
+	p.reaped.Add(int64(len(ids)))
 	slices.Sort(ids)
 	return ids
 }
 
-// issuedLocked reports whether id is one this fake handed out, so Status can
+// liveCountLocked is how many sandboxes the shards hold; the caller holds
+// every shard.
+func (p *Provider) liveCountLocked() int {
+	n := 0
+	for i := range p.shards {
+		n += len(p.shards[i].sandboxes)
+	}
+	return n
+}
+
+// issued reports whether id is one this fake handed out, so Status can
 // tell a stopped sandbox from one it never had without remembering every id.
-func (p *Provider) issuedLocked(id string) bool {
+func (p *Provider) issued(id string) bool {
 	rest, ok := strings.CutPrefix(id, p.prefix+"sb-")
 	if !ok {
 		return false
 	}
-	n, err := strconv.Atoi(rest)
-	return err == nil && n >= 1 && n <= p.nextSandbox && strconv.Itoa(n) == rest
+	n, err := strconv.ParseInt(rest, 10, 64)
+	return err == nil && n >= 1 && n <= p.nextSandbox.Load() && strconv.FormatInt(n, 10) == rest
 }
 
-// createLocked validates spec and makes a sandbox from it, starting from the
-// files of from when it is not nil.
-func (p *Provider) createLocked(spec provider.Spec, from *snapshot, fromID string) (*sandbox, error) {
+// create validates spec and makes a sandbox from it, starting from the
+// files of from when it is not nil (the caller then holds snapMu).
+func (p *Provider) create(spec provider.Spec, from *snapshot, fromID string) (*sandbox, error) {
 	workdir := spec.Workdir
 	if workdir == "" {
 		workdir = DefaultWorkdir
@@ -531,10 +632,9 @@ func (p *Provider) createLocked(spec provider.Spec, from *snapshot, fromID strin
 		}
 		files[full] = data
 	}
-	p.nextSandbox++
 	now := p.clock.Now()
 	sb := &sandbox{
-		id:           fmt.Sprintf("%ssb-%d", p.prefix, p.nextSandbox),
+		id:           p.prefix + "sb-" + strconv.FormatInt(p.nextSandbox.Add(1), 10),
 		spec:         cloneSpec(spec),
 		files:        files,
 		createdAt:    now,
@@ -544,11 +644,14 @@ func (p *Provider) createLocked(spec provider.Spec, from *snapshot, fromID strin
 	if ttl := spec.TTL(); ttl > 0 {
 		sb.expiresAt = now.Add(ttl)
 	}
-	p.sandboxes[sb.id] = sb
+	sh := p.shardOf(sb.id)
+	sh.mu.Lock()
+	sh.sandboxes[sb.id] = sb
+	sh.mu.Unlock()
 	return sb, nil
 }
 
-func (p *Provider) infoLocked(sb *sandbox) provider.SandboxInfo {
+func (p *Provider) info(sb *sandbox) provider.SandboxInfo {
 	return provider.SandboxInfo{
 		Handle:       p.handle(sb.id),
 		Status:       provider.StatusRunning,
@@ -579,36 +682,51 @@ func cloneSpec(s provider.Spec) provider.Spec {
 // Stats returns a copy of the counters. Expired sandboxes are reaped first so
 // that LiveSandboxes and Reaped agree with what a lister would see.
 func (p *Provider) Stats() Stats {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.reapLocked()
-	return Stats{
-		Calls:         maps.Clone(p.calls),
-		Failures:      maps.Clone(p.failures),
-		Injected:      maps.Clone(p.injected),
-		Peak:          maps.Clone(p.peak),
-		InFlight:      maps.Clone(p.inFlight),
-		LiveSandboxes: len(p.sandboxes),
+	p.snapMu.RLock()
+	defer p.snapMu.RUnlock()
+	unlock := p.lockAll()
+	defer unlock()
+	p.reapAllLocked()
+	st := Stats{
+		Calls:         map[Op]int{},
+		Failures:      map[Op]int{},
+		Injected:      map[Op]int{},
+		Peak:          map[Op]int{},
+		InFlight:      map[Op]int{},
+		LiveSandboxes: p.liveCountLocked(),
 		LiveSnapshots: len(p.snapshots),
-		Started:       p.started,
-		Forked:        p.forked,
-		Stopped:       p.stopped,
-		Reaped:        p.reaped,
+		Started:       int(p.started.Load()),
+		Forked:        int(p.forked.Load()),
+		Stopped:       int(p.stopped.Load()),
+		Reaped:        int(p.reaped.Load()),
 	}
+	// A map holds the ops it counted, as it would had each count been a
+	// map entry made on first use.
+	put := func(m map[Op]int, op Op, v *atomic.Int64) {
+		if n := v.Load(); n != 0 {
+			m[op] = int(n)
+		}
+	}
+	for i, op := range allOps {
+		n := &p.counts[i]
+		put(st.Calls, op, &n.calls)
+		put(st.Failures, op, &n.failures)
+		put(st.Injected, op, &n.injected)
+		put(st.Peak, op, &n.peak)
+		put(st.InFlight, op, &n.inFlight)
+	}
+	return st
 }
 
 // PeakTotal is the most calls of any op that were ever in flight at once.
-func (p *Provider) PeakTotal() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.peakTotal
-}
+func (p *Provider) PeakTotal() int { return int(p.peakTotal.Load()) }
 
 // Files returns a copy of a live sandbox's files, keyed by absolute path.
 func (p *Provider) Files(sandboxID string) (map[string]string, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	sb, ok := p.lookupLocked(sandboxID)
+	sh := p.shardOf(sandboxID)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sb, ok := p.lookupLocked(sh, sandboxID)
 	if !ok {
 		return nil, false
 	}
@@ -617,8 +735,8 @@ func (p *Provider) Files(sandboxID string) (map[string]string, bool) {
 
 // SnapshotFiles returns a copy of a snapshot's files, keyed by absolute path.
 func (p *Provider) SnapshotFiles(snapshotID string) (map[string]string, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.snapMu.RLock()
+	defer p.snapMu.RUnlock()
 	s, ok := p.snapshots[snapshotID]
 	if !ok {
 		return nil, false
@@ -628,20 +746,21 @@ func (p *Provider) SnapshotFiles(snapshotID string) (map[string]string, bool) {
 
 // Sandbox describes a live sandbox as ListSandboxes would.
 func (p *Provider) Sandbox(sandboxID string) (provider.SandboxInfo, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	sb, ok := p.lookupLocked(sandboxID)
+	sh := p.shardOf(sandboxID)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sb, ok := p.lookupLocked(sh, sandboxID)
 	if !ok {
 		return provider.SandboxInfo{}, false
 	}
-	return p.infoLocked(sb), true
+	return p.info(sb), true
 }
 
 // SnapshotInfo describes a snapshot as ListSnapshots would (Snapshot is
 // taken by the provider call).
 func (p *Provider) SnapshotInfo(snapshotID string) (provider.SnapshotInfo, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.snapMu.RLock()
+	defer p.snapMu.RUnlock()
 	s, ok := p.snapshots[snapshotID]
 	if !ok {
 		return provider.SnapshotInfo{}, false
@@ -656,23 +775,28 @@ func cloneSnapshotInfo(info provider.SnapshotInfo) provider.SnapshotInfo {
 
 // LiveSandboxIDs returns the ids of the live sandboxes, sorted.
 func (p *Provider) LiveSandboxIDs() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.reapLocked()
-	return slices.Sorted(maps.Keys(p.sandboxes))
+	unlock := p.lockAll()
+	defer unlock()
+	p.reapAllLocked()
+	var ids []string
+	for i := range p.shards {
+		ids = slices.AppendSeq(ids, maps.Keys(p.shards[i].sandboxes))
+	}
+	slices.Sort(ids)
+	return ids
 }
 
 // SnapshotIDs returns the ids of the existing snapshots, sorted.
 func (p *Provider) SnapshotIDs() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.snapMu.RLock()
+	defer p.snapMu.RUnlock()
 	return slices.Sorted(maps.Keys(p.snapshots))
 }
 
 // Reap deletes every sandbox whose lease has run out and returns their ids,
 // sorted: what a backend's reaper would do at this instant.
 func (p *Provider) Reap() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.reapLocked()
+	unlock := p.lockAll()
+	defer unlock()
+	return p.reapAllLocked()
 }

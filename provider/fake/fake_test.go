@@ -857,6 +857,17 @@ func TestConcurrentStress(t *testing.T) {
 	if len(p.LiveSandboxIDs()) != st.LiveSandboxes || len(p.SnapshotIDs()) != st.LiveSnapshots {
 		t.Fatalf("ids disagree with stats %+v", st)
 	}
+	// A snapshot a live fork stands on was never deleted, however the
+	// deletes and forks interleaved.
+	snaps := map[string]bool{}
+	for _, id := range p.SnapshotIDs() {
+		snaps[id] = true
+	}
+	for _, id := range p.LiveSandboxIDs() {
+		if info, ok := p.Sandbox(id); ok && info.FromSnapshot != "" && !snaps[info.FromSnapshot] {
+			t.Errorf("sandbox %s stands on snapshot %s, which was deleted", id, info.FromSnapshot)
+		}
+	}
 	for op, n := range st.InFlight {
 		if n != 0 {
 			t.Errorf("%s still in flight: %d", op, n)

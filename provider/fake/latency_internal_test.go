@@ -15,9 +15,9 @@ func TestLatencyRangeIsSeeded(t *testing.T) {
 		p.SetLatencyRange(OpExec, time.Millisecond, 5*time.Millisecond)
 		var out []time.Duration
 		for range 50 {
-			p.mu.Lock()
+			p.ctl.Lock()
 			out = append(out, p.delayLocked(OpExec))
-			p.mu.Unlock()
+			p.ctl.Unlock()
 		}
 		return out
 	}

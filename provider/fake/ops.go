@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"maps"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sandboxowner/owner/provider"
@@ -47,24 +49,25 @@ func (p *Provider) foreign(h provider.Handle, op Op) error {
 }
 
 // liveLocked returns the sandbox h names, or an error wrapping
-// provider.ErrSandboxNotFound.
-func (p *Provider) liveLocked(h provider.Handle, op Op) (*sandbox, error) {
+// provider.ErrSandboxNotFound. The caller holds sh, the shard of h's id.
+func (p *Provider) liveLocked(sh *shard, h provider.Handle, op Op) (*sandbox, error) {
 	if err := p.foreign(h, op); err != nil {
 		return nil, err
 	}
 	id := handleID(h)
-	sb, ok := p.lookupLocked(id)
+	sb, ok := p.lookupLocked(sh, id)
 	if !ok {
 		return nil, fmt.Errorf("fake: %s sandbox %q: %w", op, id, provider.ErrSandboxNotFound)
 	}
 	return sb, nil
 }
 
-// withLive runs fn on the sandbox h names, under the lock.
+// withLive runs fn on the sandbox h names, under its shard's lock.
 func (p *Provider) withLive(h provider.Handle, op Op, fn func(*sandbox) error) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	sb, err := p.liveLocked(h, op)
+	sh := p.shardOf(handleID(h))
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sb, err := p.liveLocked(sh, h, op)
 	if err != nil {
 		return err
 	}
@@ -81,23 +84,24 @@ func (p *Provider) Start(ctx context.Context, spec provider.Spec) (provider.Hand
 func (p *Provider) launch(ctx context.Context, op Op, spec provider.Spec, snapshotID string) (provider.Handle, error) {
 	c := &Call{Op: op, SnapshotID: snapshotID}
 	err := p.run(ctx, c, func() error {
-		p.mu.Lock()
-		defer p.mu.Unlock()
 		var from *snapshot
 		if op == OpFork {
+			// Held until the fork stands, so that a DeleteSnapshot sees it.
+			p.snapMu.RLock()
+			defer p.snapMu.RUnlock()
 			var ok bool
 			if from, ok = p.snapshots[snapshotID]; !ok {
 				return fmt.Errorf("fake: fork from snapshot %q: %w", snapshotID, provider.ErrSnapshotNotFound)
 			}
 		}
-		sb, err := p.createLocked(spec, from, snapshotID)
+		sb, err := p.create(spec, from, snapshotID)
 		if err != nil {
 			return err
 		}
 		if from == nil {
-			p.started++
+			p.started.Add(1)
 		} else {
-			p.forked++
+			p.forked.Add(1)
 		}
 		c.SandboxID = sb.id
 		return nil
@@ -113,14 +117,15 @@ func (p *Provider) launch(ctx context.Context, op Op, spec provider.Spec, snapsh
 func (p *Provider) Stop(ctx context.Context, h provider.Handle) error {
 	c := &Call{Op: OpStop, SandboxID: handleID(h)}
 	return p.run(ctx, c, func() error {
-		p.mu.Lock()
-		defer p.mu.Unlock()
 		if err := p.foreign(h, OpStop); err != nil {
 			return err
 		}
-		if _, ok := p.lookupLocked(c.SandboxID); ok {
-			delete(p.sandboxes, c.SandboxID)
-			p.stopped++
+		sh := p.shardOf(c.SandboxID)
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		if _, ok := p.lookupLocked(sh, c.SandboxID); ok {
+			delete(sh.sandboxes, c.SandboxID)
+			p.stopped.Add(1)
 		}
 		return nil
 	})
@@ -200,10 +205,11 @@ func (p *Provider) Status(ctx context.Context, h provider.Handle) (provider.Stat
 	c := &Call{Op: OpStatus, SandboxID: handleID(h)}
 	st := provider.StatusUnknown
 	err := p.run(ctx, c, func() error {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if _, err := p.liveLocked(h, OpStatus); err != nil {
-			if p.foreign(h, OpStatus) == nil && p.issuedLocked(c.SandboxID) {
+		sh := p.shardOf(c.SandboxID)
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		if _, err := p.liveLocked(sh, h, OpStatus); err != nil {
+			if p.foreign(h, OpStatus) == nil && p.issued(c.SandboxID) {
 				st = provider.StatusStopped
 			}
 			return err
@@ -220,9 +226,10 @@ func (p *Provider) Status(ctx context.Context, h provider.Handle) (provider.Stat
 func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string) (string, error) {
 	c := &Call{Op: OpSnapshot, SandboxID: handleID(h)}
 	err := p.run(ctx, c, func() error {
+		p.snapMu.Lock()
+		defer p.snapMu.Unlock()
 		return p.withLive(h, OpSnapshot, func(sb *sandbox) error {
-			p.nextSnap++
-			id := fmt.Sprintf("%ssnap-%d", p.prefix, p.nextSnap)
+			id := p.prefix + "snap-" + strconv.FormatInt(p.nextSnap.Add(1), 10)
 			p.snapshots[id] = &snapshot{
 				info: provider.SnapshotInfo{
 					ID:        id,
@@ -258,15 +265,19 @@ func (p *Provider) Fork(ctx context.Context, spec provider.Spec, snapshotID stri
 func (p *Provider) DeleteSnapshot(ctx context.Context, snapshotID string) error {
 	c := &Call{Op: OpDeleteSnapshot, SnapshotID: snapshotID}
 	return p.run(ctx, c, func() error {
-		p.mu.Lock()
-		defer p.mu.Unlock()
+		p.snapMu.Lock()
+		defer p.snapMu.Unlock()
 		if _, ok := p.snapshots[snapshotID]; !ok {
 			return nil
 		}
-		p.reapLocked()
-		for _, sb := range p.sandboxes {
-			if sb.fromSnapshot == snapshotID {
-				return fmt.Errorf("fake: delete snapshot %s: sandbox %s stands on it: %w", snapshotID, sb.id, provider.ErrSnapshotInUse)
+		unlock := p.lockAll()
+		defer unlock()
+		p.reapAllLocked()
+		for i := range p.shards {
+			for _, sb := range p.shards[i].sandboxes {
+				if sb.fromSnapshot == snapshotID {
+					return fmt.Errorf("fake: delete snapshot %s: sandbox %s stands on it: %w", snapshotID, sb.id, provider.ErrSnapshotInUse)
+				}
 			}
 		}
 		delete(p.snapshots, snapshotID)
@@ -292,13 +303,16 @@ func (p *Provider) Renew(ctx context.Context, h provider.Handle, expiresAt time.
 func (p *Provider) ListSandboxes(ctx context.Context) ([]provider.SandboxInfo, error) {
 	var out []provider.SandboxInfo
 	err := p.run(ctx, &Call{Op: OpList}, func() error {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		p.reapLocked()
-		out = make([]provider.SandboxInfo, 0, len(p.sandboxes))
-		for _, id := range slices.Sorted(maps.Keys(p.sandboxes)) {
-			out = append(out, p.infoLocked(p.sandboxes[id]))
+		unlock := p.lockAll()
+		defer unlock()
+		p.reapAllLocked()
+		out = make([]provider.SandboxInfo, 0, p.liveCountLocked())
+		for i := range p.shards {
+			for _, sb := range p.shards[i].sandboxes {
+				out = append(out, p.info(sb))
+			}
 		}
+		slices.SortFunc(out, func(a, b provider.SandboxInfo) int { return strings.Compare(a.Handle.SandboxID, b.Handle.SandboxID) })
 		return nil
 	})
 	if err != nil {
@@ -311,8 +325,8 @@ func (p *Provider) ListSandboxes(ctx context.Context) ([]provider.SandboxInfo, e
 func (p *Provider) ListSnapshots(ctx context.Context) ([]provider.SnapshotInfo, error) {
 	var out []provider.SnapshotInfo
 	err := p.run(ctx, &Call{Op: OpList}, func() error {
-		p.mu.Lock()
-		defer p.mu.Unlock()
+		p.snapMu.RLock()
+		defer p.snapMu.RUnlock()
 		out = make([]provider.SnapshotInfo, 0, len(p.snapshots))
 		for _, id := range slices.Sorted(maps.Keys(p.snapshots)) {
 			out = append(out, cloneSnapshotInfo(p.snapshots[id].info))
