@@ -141,6 +141,13 @@ func (a *sessionActor) Receive(ctx actor.Context) {
 		if r := messages.ReplySlot(m); r != nil {
 			sender = r
 		}
+		if stop, ok := m.(*messages.StopSandbox); ok && !stop.IdleSince.IsZero() && a.view != nil {
+			// An idle stop is decided against the last use, which the
+			// requests touched in the view, not by message.
+			if used := a.view.Used(); !used.IsZero() {
+				a.s.touch(used)
+			}
+		}
 		a.step(ctx, m, sender)
 	}
 }

@@ -136,8 +136,35 @@ type GetSandboxReply struct {
 // changes it: a read on every request's path (an agent's /sandbox_access,
 // a verify) loads it without a round trip through the session's mailbox.
 // Only the actor stores into it.
+//
+// It also carries the session's last use the other way: a request's Touch
+// raises it without a message (one per request was a mailbox send on every
+// request's path), and the actor reads it when it decides an idle stop.
 type SessionView struct {
 	p atomic.Pointer[GetSandboxReply]
+	// used is the latest use touched, in Unix nanoseconds; 0 for none.
+	used atomic.Int64
+}
+
+// Touch records a use at at. Uses may be reported out of order: the
+// latest stays.
+func (v *SessionView) Touch(at time.Time) {
+	n := at.UnixNano()
+	for {
+		cur := v.used.Load()
+		if n <= cur || v.used.CompareAndSwap(cur, n) {
+			return
+		}
+	}
+}
+
+// Used is the latest use touched; the zero time when none was.
+func (v *SessionView) Used() time.Time {
+	n := v.used.Load()
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
 }
 
 // Load returns the last view published (nil before the first). The reply
@@ -169,8 +196,9 @@ type StopReply struct {
 	Err     error
 }
 
-// Touch tells a session it was used at At (a request named it), which
-// defers its idle end.
+// Touch tells a session it was used at At, which defers its idle end. The
+// owner touches a session's SessionView instead; this is the same input to
+// the session's state machine, for its scripts.
 type Touch struct {
 	At time.Time
 }

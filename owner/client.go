@@ -158,6 +158,19 @@ func (c *client) view(sessionID string) (*messages.GetSandboxReply, error) {
 	return v.Load(), nil
 }
 
+// touch records a use of the session at at in the view its actor
+// publishes: no message, no wait. A session without an actor is ignored.
+func (c *client) touch(sessionID string, at time.Time) {
+	select {
+	case <-c.closed:
+		return
+	default:
+	}
+	if _, v := c.dir.View(sessionID); v != nil {
+		v.Touch(at)
+	}
+}
+
 // start asks a session to start its sandbox and run setup.
 func (c *client) start(ctx context.Context, pid *actor.PID, m messages.StartSandbox) (*messages.StartReply, error) {
 	return ask[*messages.StartReply](ctx, c, pid, func(r messages.ReplyTo) any { m.Reply = r; return &m })

@@ -14,12 +14,12 @@ import (
 
 // Touch records that the session was used now (a request named it), which
 // defers its idle end. A session the owner does not hold is ignored.
+//
+// It is on every request's path, so it sends nothing: it raises the last
+// use the session's actor publishes its view beside, which the actor reads
+// when it decides an idle stop.
 func (o *Owner) Touch(sessionID string) {
-	pid, err := o.ask.lookup(sessionID)
-	if err != nil || pid == nil {
-		return
-	}
-	o.ask.send(pid, &messages.Touch{At: o.clk.Now()})
+	o.ask.touch(sessionID, o.clk.Now())
 }
 
 // ReapIdle ends the sessions unused for IdleTimeout at now (sandbox

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
@@ -101,5 +103,42 @@ func TestReapIdleWaitsOutACommit(t *testing.T) {
 	e.fk.SetHook(nil)
 	if ended, err := o.ReapIdle(context.Background(), later); err != nil || len(ended) != 1 {
 		t.Fatalf("reap after the commit: %v, %v; want s1", ended, err)
+	}
+}
+
+// TestTouchDefersTheIdleEnd: a session touched since the idle bound is
+// kept; once the bound passes its last touch, it is ended.
+func TestTouchDefersTheIdleEnd(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(func(c *owner.Config) { c.Checkpoint.Enabled = false; c.IdleTimeout = time.Hour })
+	if _, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, nil, "/w"); err != nil {
+		t.Fatal(err)
+	}
+	e.clk.Advance(50 * time.Minute)
+	o.Touch("s1")
+	o.Touch("nobody") // a session the owner does not hold is ignored
+	if ended, err := o.ReapIdle(context.Background(), e.clk.Now().Add(20*time.Minute)); err != nil || len(ended) != 0 {
+		t.Fatalf("reap 70 minutes after the start, 20 after the touch: %v, %v; want nothing ended", ended, err)
+	}
+	ended, err := o.ReapIdle(context.Background(), e.clk.Now().Add(61*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff([]string{"s1"}, ended); d != "" {
+		t.Fatalf("reap 61 minutes after the touch (-want +got):\n%s", d)
+	}
+}
+
+// TestTouchSendsNothing: Touch is on every request's path, so it records
+// the use where the session's actor reads it instead of sending the actor
+// a message (which allocates the message and its mailbox slot).
+func TestTouchSendsNothing(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(func(c *owner.Config) { c.Checkpoint.Enabled = false; c.IdleTimeout = time.Hour })
+	if _, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, nil, "/w"); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() { o.Touch("s1") }); n != 0 {
+		t.Fatalf("a touch allocates %.1f times, want 0", n)
 	}
 }
