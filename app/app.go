@@ -525,10 +525,11 @@ func (a *App) Stop(ctx context.Context) error {
 // Abandon drops the server as a crash would, for tests that restart one in
 // the same process: no sandbox is stopped and the index is left as it is;
 // the listener closes and the provider lets go of its root, as the end of
-// the process would.
-func (a *App) Abandon() {
+// the process would. It returns once the state_dir and the root are free
+// for the next server, with the index's and the provider's close errors.
+func (a *App) Abandon() error {
 	a.stopSweep()
-	a.own.Abandon()
+	oerr := a.own.Abandon()
 	ctx, cancel := context.WithTimeout(context.Background(), timeouts.Abandon)
 	defer cancel()
 	_ = a.srv.Shutdown(ctx)
@@ -536,7 +537,7 @@ func (a *App) Abandon() {
 	<-a.served
 	a.served <- nil
 	a.stopReaper()
-	_ = a.closeProv()
+	return errors.Join(oerr, a.closeProv())
 }
 
 // command is one subcommand of the binary.

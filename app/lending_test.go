@@ -118,7 +118,9 @@ func TestAgentsWorkInTheirSandboxWithFencedTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	sessions, _ := a.Owner().Sessions()
-	a.Abandon()
+	if err := a.Abandon(); err != nil {
+		t.Fatal(err)
+	}
 
 	b := startLocal(t, dir)
 	defer b.Stop(context.Background())

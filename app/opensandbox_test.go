@@ -184,7 +184,9 @@ func TestOpenSandboxSupersededSandboxAnswers410(t *testing.T) {
 	if _, err := a.Owner().Commit(context.Background(), owner.CommitRequest{CheckpointID: "ck1"}); err != nil {
 		t.Fatal(err)
 	}
-	a.Owner().Abandon()
+	if err := a.Owner().Abandon(); err != nil {
+		t.Fatal(err)
+	}
 	_ = a.Server().Shutdown(context.Background())
 
 	b, _ := startOpenSandboxIn(t, srv, app.LendServer, dir)

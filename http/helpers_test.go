@@ -172,7 +172,9 @@ func (h *harness) stop() {
 // crash drops the owner as a crash would (nothing stopped, the index not
 // cleaned up) and takes the server down with it.
 func (h *harness) crash() {
-	h.own.Abandon()
+	if err := h.own.Abandon(); err != nil {
+		h.t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = h.srv.Shutdown(ctx)

@@ -2,10 +2,12 @@ package owner_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
 
+	"github.com/sandboxowner/owner/internal/flock/flocktest"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -137,5 +139,49 @@ func TestRecoveryTakesOnlyItsPredecessorsMark(t *testing.T) {
 	}
 	if in, _ := o2.Index().Intents(""); !onlyRoundsOf(in, o2) {
 		t.Errorf("intents after the start: %v", in)
+	}
+}
+
+// closeFailingStore is an index whose Close fails.
+type closeFailingStore struct{ snapshotindex.Store }
+
+var errClose = errors.New("index: close failed")
+
+func (s closeFailingStore) Close() error { return errors.Join(s.Store.Close(), errClose) }
+
+// Abandon reports the index's close error (a test that reopens the state_dir
+// next learns why it cannot), once: a second Abandon, or one after Close,
+// does nothing.
+func TestAbandonReportsTheIndexsCloseError(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(withStore(closeFailingStore{snapshotindex.NewMemory().Open()}))
+	seed(t, o, "s1")
+	if err := o.Abandon(); !errors.Is(err, errClose) {
+		t.Fatalf("Abandon: %v, want the index's close error", err)
+	}
+	if err := o.Abandon(); err != nil {
+		t.Errorf("a second Abandon: %v, want nil", err)
+	}
+	if err := o.Close(); err != nil {
+		t.Errorf("Close after Abandon: %v, want nil", err)
+	}
+}
+
+// An owner on a state_dir abandoned a moment ago opens its index although a
+// child forked meanwhile (a sandbox's start on another goroutine, not yet
+// exec'd) holds a copy of every descriptor the first had: Abandon returns
+// once the directory is free.
+func TestAnAbandonedStateDirReopensWhileAForkedChildHoldsCopies(t *testing.T) {
+	e := newEnv(t)
+	o1 := e.open()
+	seed(t, o1, "s1")
+	commit(t, o1, "c1")
+	flocktest.HoldCopies(t)
+	if err := o1.Abandon(); err != nil {
+		t.Fatal(err)
+	}
+	o2 := e.open()
+	if ids := snapshotIDs(t, o2, "c1"); len(ids) != 1 {
+		t.Errorf("c1 names %v after the reopen", ids)
 	}
 }

@@ -91,8 +91,11 @@ func (o *Owner) stopDispatcher() {
 // Abandon drops the owner as a crash would: no sandbox is stopped, no
 // session is told, and the index is closed without any further write. For
 // tests and the simulation: a fresh owner on the same state_dir and provider
-// then recovers.
-func (o *Owner) Abandon() {
+// then recovers. It returns once the index's directory is free for that
+// owner, with the index's close error; after a Close or another Abandon it
+// does nothing and returns nil.
+func (o *Owner) Abandon() error {
+	var err error
 	o.closeOnce.Do(func() {
 		close(o.closed)
 		o.cancelBase()
@@ -107,7 +110,8 @@ func (o *Owner) Abandon() {
 		o.leaveSystem()
 		o.stopDispatcher()
 		if o.index != nil {
-			_ = o.index.Close()
+			err = o.index.Close()
 		}
 	})
+	return err
 }

@@ -26,6 +26,9 @@ var (
 	// transaction, a tombstone for a snapshot still referenced). Retrying
 	// the same call will not help.
 	ErrInvalid = errors.New("snapshotindex: invalid argument")
+	// ErrLocked: another open index (another process, or another Open
+	// here) holds the directory.
+	ErrLocked = errors.New("snapshotindex: directory in use")
 	// ErrClosed: the index was closed.
 	ErrClosed = errors.New("snapshotindex: index closed")
 )

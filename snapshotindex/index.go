@@ -14,6 +14,7 @@ import (
 	"github.com/dgraph-io/badger/v4"
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/internal/flock"
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
 )
@@ -108,6 +109,10 @@ type Index struct {
 	engine
 	db *badger.DB
 
+	// lock is the directory, flocked while the index is open (nil in
+	// memory); see lockDir.
+	lock *os.File
+
 	gcKick chan struct{} // buffered(1): a drop made value-log garbage
 	gcStop chan struct{}
 	gcDone chan struct{}
@@ -134,7 +139,8 @@ func Open(dir string, opts Options) (*Index, error) {
 		// moving them to a value log, so only the disk index lowers it.
 		bopts = badger.DefaultOptions(dir).
 			WithValueThreshold(valueThreshold).
-			WithValueLogFileSize(vlogFileSize)
+			WithValueLogFileSize(vlogFileSize).
+			WithBypassLockGuard(true) // the index locks dir itself: lockDir
 	}
 	bopts = bopts.
 		WithSyncWrites(true).
@@ -146,16 +152,23 @@ func Open(dir string, opts Options) (*Index, error) {
 		WithNumCompactors(2).
 		WithMetricsEnabled(false)
 
+	var lock *os.File
+	if !opts.InMemory {
+		l, err := lockDir(dir)
+		if err != nil {
+			return nil, err
+		}
+		lock = l
+	}
 	db, err := badger.Open(bopts)
 	if err != nil {
-		return nil, fmt.Errorf("snapshotindex: open %s: %w", dir, err)
+		return nil, errors.Join(fmt.Errorf("snapshotindex: open %s: %w", dir, err), unlockDir(lock))
 	}
 	kv := &badgerStore{db: db}
 	if err := kv.update(checkSchema); err != nil {
-		_ = db.Close()
-		return nil, err
+		return nil, errors.Join(err, db.Close(), unlockDir(lock))
 	}
-	x := &Index{db: db}
+	x := &Index{db: db, lock: lock}
 	x.kv, x.log = kv, log
 	if !opts.InMemory { // value-log GC is not allowed in memory
 		x.gcKick = make(chan struct{}, 1)
@@ -198,19 +211,54 @@ func checkSchema(txn kvTxn) error {
 	return nil
 }
 
-// Close closes the index after the calls in flight return. Later calls
-// return ErrClosed; a second Close returns nil.
+// Close closes the index after the calls in flight return, and returns
+// once the directory is free for another Open. Later calls return
+// ErrClosed; a second Close returns nil.
 func (x *Index) Close() error {
 	return x.g.shut(func() error {
 		if x.gcStop != nil {
 			close(x.gcStop)
 			<-x.gcDone
 		}
-		if err := x.db.Close(); err != nil {
-			return fmt.Errorf("snapshotindex: close: %w", err)
+		var err error
+		if cerr := x.db.Close(); cerr != nil {
+			err = fmt.Errorf("snapshotindex: close: %w", cerr)
 		}
-		return nil
+		return errors.Join(err, unlockDir(x.lock))
 	})
+}
+
+// lockDir takes the exclusive flock on dir that Badger's own guard would
+// take (so a Badger tool, or a server of an earlier build, on the same
+// directory is refused as before), and that only the index drops: Badger
+// drops its lock by closing the directory, which leaves it held while a
+// child forked meanwhile is on its way to exec (see internal/flock). A
+// server that reopened its index right after closing it (a restart in one
+// process) found the directory locked by its own children.
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("snapshotindex: lock %s: %w", dir, err)
+	}
+	if err := flock.TryExclusive(f); err != nil {
+		_ = f.Close()
+		if errors.Is(err, flock.ErrHeld) {
+			return nil, fmt.Errorf("%w: %s (another server on this state_dir?): %w", ErrLocked, dir, err)
+		}
+		return nil, fmt.Errorf("snapshotindex: lock %s: %w", dir, err)
+	}
+	return f, nil
+}
+
+// unlockDir releases lockDir's lock; nil does nothing.
+func unlockDir(f *os.File) error {
+	if f == nil {
+		return nil
+	}
+	if err := flock.Release(f); err != nil {
+		return fmt.Errorf("snapshotindex: %w", err)
+	}
+	return nil
 }
 
 // badgerStore runs the engine's transactions in Badger.

@@ -21,6 +21,7 @@ import (
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
+	"github.com/sandboxowner/owner/internal/flock/flocktest"
 	"github.com/sandboxowner/owner/provider"
 )
 
@@ -792,6 +793,49 @@ func testClosed(t *testing.T, x Store, _ func() Store) {
 			t.Errorf("%s after Close = %v, want ErrClosed", name, err)
 		}
 	}
+}
+
+// A reopen right after Close finds the directory free although a child
+// forked while the index was open (and not yet exec'd: a sandbox's start on
+// another goroutine) holds a copy of every descriptor the index had. With
+// Badger's own lock, dropped by closing the directory, such a reopen failed
+// with "Cannot acquire directory lock".
+func TestReopenWhileAForkedChildHoldsCopies(t *testing.T) {
+	dir := t.TempDir()
+	x, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustCommit(t, x, CheckpointMeta{ID: "a"}, testRecords(1, 10, "a"))
+	flocktest.HoldCopies(t)
+	if err := x.Close(); err != nil {
+		t.Fatal(err)
+	}
+	y := openAt(t, dir)
+	if _, err := y.Checkpoint("a"); err != nil {
+		t.Fatalf("the reopened index: %v", err)
+	}
+}
+
+// A second Open of an open index's directory is refused, in this process
+// as from another; the first goes on, and once closed frees it.
+func TestASecondOpenIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	x, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if y, err := Open(dir, Options{}); !errors.Is(err, ErrLocked) {
+		if y != nil {
+			_ = y.Close()
+		}
+		t.Fatalf("second Open = %v, want ErrLocked", err)
+	}
+	mustCommit(t, x, CheckpointMeta{ID: "a"}, testRecords(1, 10, "a"))
+	if err := x.Close(); err != nil {
+		t.Fatal(err)
+	}
+	openAt(t, dir)
 }
 
 func TestInMemory(t *testing.T) {

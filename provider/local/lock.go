@@ -7,7 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"syscall"
+
+	"github.com/sandboxowner/owner/internal/flock"
 )
 
 // LockFile is the file under Root that an exclusive provider holds locked.
@@ -18,7 +19,7 @@ const LockFile = "server.lock"
 var ErrRootLocked = errors.New("local: sandbox root is in use")
 
 // lockRoot takes an exclusive flock on root's lock file and writes this
-// process's id into it; the lock lasts until the file is closed or the
+// process's id into it; the lock lasts until Close releases it or the
 // process ends, so a crashed server never leaves a stale lock behind.
 func lockRoot(root string) (*os.File, error) {
 	path := filepath.Join(root, LockFile)
@@ -26,9 +27,9 @@ func lockRoot(root string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("local: lock the root: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if err := flock.TryExclusive(f); err != nil {
 		_ = f.Close()
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
+		if !errors.Is(err, flock.ErrHeld) {
 			return nil, fmt.Errorf("local: lock the root: %w", err)
 		}
 		holder := "another process"
@@ -50,9 +51,10 @@ func lockRoot(root string) (*os.File, error) {
 	return f, nil
 }
 
-// Close releases the root's lock (Options.Exclusive) and gives back the
-// ids made ahead (see readyIDs). Sandboxes are not touched: a provider on
-// the same root finds them again.
+// Close releases the root's lock (Options.Exclusive), for the sandboxes'
+// children still on their way to exec too (see internal/flock), and gives
+// back the ids made ahead (see readyIDs). Sandboxes are not touched: a
+// provider on the same root finds them again.
 func (p *Provider) Close() error {
 	p.ready.close()
 	p.mu.Lock()
@@ -62,5 +64,5 @@ func (p *Provider) Close() error {
 	if f == nil {
 		return nil
 	}
-	return f.Close()
+	return flock.Release(f)
 }

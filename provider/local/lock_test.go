@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sandboxowner/owner/internal/flock/flocktest"
 )
 
 func TestExclusiveRootHasOneProvider(t *testing.T) {
@@ -47,6 +49,28 @@ func TestExclusiveRootHasOneProvider(t *testing.T) {
 		t.Fatalf("the lock outlived a failed New: %v", err)
 	}
 	_ = last.Close()
+}
+
+// A root a provider closed is free for the next one although a child forked
+// meanwhile (a sandbox's start, not yet exec'd) holds a copy of the lock
+// file: a server restarted in one process was refused its own root.
+func TestAClosedRootIsFreeWhileAForkedChildHoldsCopies(t *testing.T) {
+	opts := Options{Root: t.TempDir(), Isolation: IsolationNone, Overlay: OverlayOff, Exclusive: true}
+	first, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flocktest.HoldCopies(t)
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	next, err := New(opts)
+	if err != nil {
+		t.Fatalf("an exclusive provider after the first closed: %v", err)
+	}
+	if err := next.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // The binaries a server placed for its sandboxes' inits are removed by the

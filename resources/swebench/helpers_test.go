@@ -321,7 +321,9 @@ func resolver(own *owner.Owner) sandboxapi.Resolver {
 // crash drops the owner as a SIGKILL would (nothing stopped, nothing told),
 // then opens a fresh provider, owner and server on the same directories.
 func (w *world) crash() {
-	w.own.Abandon()
+	if err := w.own.Abandon(); err != nil {
+		w.t.Fatal(err)
+	}
 	w.open()
 }
 

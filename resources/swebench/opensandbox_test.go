@@ -163,7 +163,9 @@ func (w *onOpenSandbox) open() {
 // crash drops the owner as a SIGKILL would, then opens a fresh provider,
 // owner and server on the same state_dir.
 func (w *onOpenSandbox) crash() {
-	w.own.Abandon()
+	if err := w.own.Abandon(); err != nil {
+		w.t.Fatal(err)
+	}
 	w.open()
 }
 

@@ -592,7 +592,9 @@ func (r *run) crash() {
 }
 
 func (r *run) abandon() {
-	r.o.Abandon()
+	if err := r.o.Abandon(); err != nil {
+		r.violate(Unexpected, "the crash's index close: %v", err)
+	}
 	r.proc.bury()
 	if r.det != nil {
 		if !r.until(r.proc.idle) {
