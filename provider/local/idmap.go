@@ -3,11 +3,9 @@ package local
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -27,44 +25,15 @@ const viewsDirName = ".views"
 
 // idmapHolderName is argv[0] of the process whose user namespace an
 // idmapped mount takes its mapping from: a shell that waits for its stdin
-// to close.
+// to close (see holdUserNS).
 const idmapHolderName = "sandbox-idmap"
 
 // idmapNS returns a user namespace (an open descriptor) that maps root to
 // root and the storage ids to the sandbox's: an idmapped mount made with
 // it shows a file the storage uid owns as the sandbox's uid's, and one
-// root owns as root's.
+// root owns as root's. The helper process makes it (see nsMaker).
 func (p *Provider) idmapNS(ids owner) (int, error) {
-	r, w, err := os.Pipe()
-	if err != nil {
-		return -1, err
-	}
-	defer r.Close()
-	// A shell (which every sandbox needs anyway) starts in a fraction of
-	// the time the server's binary takes.
-	cmd := &exec.Cmd{Path: "/bin/sh", Args: []string{idmapHolderName, "-c", "read x"}, Env: []string{}, Stdin: r}
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:                 syscall.CLONE_NEWUSER,
-		Pdeathsig:                  syscall.SIGKILL,
-		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: p.uid, HostID: ids.uid, Size: 1}},
-		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: p.gid, HostID: ids.gid, Size: 1}},
-		GidMappingsEnableSetgroups: true,
-	}
-	if err := cmd.Start(); err != nil {
-		w.Close()
-		return -1, fmt.Errorf("idmap namespace: %w", err)
-	}
-	fd, err := unix.Open("/proc/"+strconv.Itoa(cmd.Process.Pid)+"/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	w.Close()
-	// The holder exits on its stdin's end (or with the server): reaped
-	// in the background, since the namespace outlives it held by fd. A
-	// start waiting for that exit waited for the shell to be scheduled
-	// again, most of a fork's time on a loaded machine.
-	go func() { _ = cmd.Wait() }()
-	if err != nil {
-		return -1, fmt.Errorf("idmap namespace: %w", err)
-	}
-	return fd, nil
+	return userNS.make(owner{p.uid, p.gid}, ids)
 }
 
 // idmapMount mounts at dst a view of src through the user namespace nsfd

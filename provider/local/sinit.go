@@ -74,6 +74,9 @@ func init() {
 	if len(os.Args) == 1 && os.Args[0] == memProbeName {
 		os.Exit(runMemProbe())
 	}
+	if len(os.Args) == 1 && os.Args[0] == nsMakerName {
+		os.Exit(runNSMaker())
+	}
 }
 
 // runInit is a sandbox's init: the long-lived process every command of

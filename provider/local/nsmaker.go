@@ -1,0 +1,314 @@
+package local
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The user namespaces views map through (see idmapNS) are made by a
+// helper process, not by the server. A namespace is made by cloning a
+// process into it, and Go clones a process that enters a new user
+// namespace with a full fork (the child waits for its maps, which a
+// vfork's parent could not write): the server's whole memory map is
+// copied, under its fork lock, once per namespace. Within the server that
+// costs more than the fork: 32 loop devices attached at once took 0.04–0.06 s
+// alone and 1.9 s beside 32 such forks (docs/benchmarks.md). The helper is the server's
+// binary run again, small, whose forks are cheap and touch nothing of the
+// server's; the server asks it for a namespace and gets an open descriptor
+// back.
+//
+// One helper serves the whole process (every provider in it): it is
+// started at the first namespace asked for, ends when the server does
+// (its control socket closes), and is started again if it died.
+
+// nsMakerName is argv[0] of the helper (see init).
+const nsMakerName = "sandbox-userns"
+
+// nsMakerFd is the helper's end of its control socket.
+const nsMakerFd = 3
+
+// nsRequest asks the helper for a user namespace that maps root to root
+// and the storage ids to the sandbox's. It travels on the control socket
+// with one descriptor, the socket the answer goes to: a nsAnswer, with the
+// namespace's descriptor when it was made.
+type nsRequest struct {
+	StorageUID int `json:"storage_uid"`
+	StorageGID int `json:"storage_gid"`
+	UID        int `json:"uid"`
+	GID        int `json:"gid"`
+}
+
+type nsAnswer struct {
+	Error string `json:"error,omitempty"`
+}
+
+// errHelperGone: the helper ended (or was never started) before it took
+// or answered a request.
+var errHelperGone = errors.New("user namespace: the helper is gone")
+
+// nsAnswerTimeout bounds how long a namespace may take to come back.
+const nsAnswerTimeout = 30 * time.Second
+
+// nsMaker is the server's side of the helper.
+type nsMaker struct {
+	mu     sync.RWMutex // write-held while a helper is started
+	fd     int          // the server's end of the control socket; -1: none runs
+	gen    uint64       // counts the helpers started; 0: none was
+	cmd    *exec.Cmd
+	stderr *limitedBuffer
+}
+
+// userNS is the process's helper.
+var userNS = &nsMaker{fd: -1}
+
+// make returns a user namespace (an open descriptor the caller closes)
+// that maps root to root and storage's ids to ids', made by the helper.
+// A helper that ended before it answered is started again, once per
+// namespace asked for.
+func (m *nsMaker) make(storage, ids owner) (int, error) {
+	req, err := json.Marshal(nsRequest{StorageUID: storage.uid, StorageGID: storage.gid, UID: ids.uid, GID: ids.gid})
+	if err != nil {
+		return -1, err
+	}
+	var gone uint64
+	for attempt := 0; ; attempt++ {
+		fd, gen, err := m.ask(req, gone)
+		if !errors.Is(err, errHelperGone) || attempt > 0 {
+			return fd, err
+		}
+		gone = gen
+	}
+}
+
+// ask asks the helper for a namespace (see send); gen names the helper
+// asked.
+func (m *nsMaker) ask(req []byte, gone uint64) (fd int, gen uint64, err error) {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, 0, fmt.Errorf("user namespace: answer socket: %w", err)
+	}
+	defer unix.Close(pair[0])
+	gen, err = m.send(req, pair[1], gone)
+	unix.Close(pair[1]) // the helper holds its own copy, or never will
+	if err != nil {
+		return -1, gen, err
+	}
+	tv := unix.NsecToTimeval(nsAnswerTimeout.Nanoseconds())
+	if err := unix.SetsockoptTimeval(pair[0], unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return -1, gen, fmt.Errorf("user namespace: %w", err)
+	}
+	buf := make([]byte, 4<<10)
+	oob := make([]byte, unix.CmsgSpace(4))
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(pair[0], buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return -1, gen, fmt.Errorf("user namespace: wait for the helper: %w", err)
+		}
+		fd := rightsFd(oob[:oobn])
+		var a nsAnswer
+		switch {
+		case n == 0:
+			// Its end closed unanswered: the helper ended.
+			return -1, gen, fmt.Errorf("%w%s", errHelperGone, m.said())
+		case json.Unmarshal(buf[:n], &a) != nil:
+			a.Error = "an answer that does not parse"
+		case a.Error == "" && fd < 0:
+			a.Error = "an answer without a namespace"
+		}
+		if a.Error != "" {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+			return -1, gen, fmt.Errorf("user namespace: %s", a.Error)
+		}
+		return fd, gen, nil
+	}
+}
+
+// send sends req, with the answer socket reply, to the running helper,
+// unless it is gone's (a helper found gone): then, or when none runs, to
+// a new one it starts. It returns which helper it sent to.
+func (m *nsMaker) send(req []byte, reply int, gone uint64) (uint64, error) {
+	rights := unix.UnixRights(reply)
+	m.mu.RLock()
+	gen, running := m.gen, m.fd >= 0 && m.gen != gone
+	if running {
+		defer m.mu.RUnlock()
+	} else {
+		m.mu.RUnlock()
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.gen == gen || m.fd < 0 { // none started since it looked
+			if err := m.startLocked(); err != nil {
+				return gen, err
+			}
+		}
+		gen = m.gen
+	}
+	if err := unix.Sendmsg(m.fd, req, rights, nil, unix.MSG_NOSIGNAL); err != nil {
+		return gen, fmt.Errorf("%w: %v%s", errHelperGone, err, m.saidLocked())
+	}
+	return gen, nil
+}
+
+// startLocked starts a helper, killing the one before it if it still
+// runs.
+func (m *nsMaker) startLocked() error {
+	if m.fd >= 0 {
+		unix.Close(m.fd)
+		m.fd = -1
+		_ = m.cmd.Process.Kill() // gone, or past helping
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("user namespace: the helper's socket: %w", err)
+	}
+	child := os.NewFile(uintptr(fds[1]), "userns-control")
+	defer child.Close()
+	stderr := &limitedBuffer{max: 4 << 10}
+	// The server's binary, even one replaced on disk since it started. No
+	// death signal: it would come with the end of the thread that started
+	// the helper, not of the server; the helper ends when its control
+	// socket closes instead.
+	cmd := &exec.Cmd{Path: "/proc/self/exe", Args: []string{nsMakerName}, Env: []string{}, Dir: "/", ExtraFiles: []*os.File{child}, Stderr: stderr}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		unix.Close(fds[0])
+		return fmt.Errorf("user namespace: start the helper: %w", err)
+	}
+	go func() { _ = cmd.Wait() }()
+	m.fd, m.cmd, m.stderr = fds[0], cmd, stderr
+	m.gen++
+	return nil
+}
+
+// said is what the helper wrote to its stderr, for an error.
+func (m *nsMaker) said() string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.saidLocked()
+}
+
+func (m *nsMaker) saidLocked() string {
+	if m.stderr == nil {
+		return ""
+	}
+	if s := m.stderr.String(); s != "" {
+		return ": " + s
+	}
+	return ""
+}
+
+// rightsFd is the first descriptor passed in the control message oob, -1
+// if none was; any others are closed.
+func rightsFd(oob []byte) int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return -1
+	}
+	fd := -1
+	for _, msg := range msgs {
+		fds, err := unix.ParseUnixRights(&msg)
+		if err != nil {
+			continue
+		}
+		for _, f := range fds {
+			if fd < 0 {
+				fd = f
+			} else {
+				unix.Close(f)
+			}
+		}
+	}
+	return fd
+}
+
+// runNSMaker is the helper: it makes each namespace asked for on its
+// control socket, at once, and ends when the socket closes.
+func runNSMaker() int {
+	buf := make([]byte, 4<<10)
+	oob := make([]byte, unix.CmsgSpace(4))
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(nsMakerFd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n == 0 {
+			return 0
+		}
+		reply := rightsFd(oob[:oobn])
+		if reply < 0 {
+			continue
+		}
+		var req nsRequest
+		if err := json.Unmarshal(buf[:n], &req); err != nil {
+			unix.Close(reply)
+			continue
+		}
+		go answerNS(req, reply)
+	}
+}
+
+// answerNS makes the namespace req asks for and sends it, or why not, on
+// reply.
+func answerNS(req nsRequest, reply int) {
+	defer unix.Close(reply)
+	fd, err := holdUserNS(owner{req.StorageUID, req.StorageGID}, owner{req.UID, req.GID})
+	var a nsAnswer
+	var rights []byte
+	if err != nil {
+		a.Error = err.Error()
+	} else {
+		defer unix.Close(fd)
+		rights = unix.UnixRights(fd)
+	}
+	b, _ := json.Marshal(a)
+	_ = unix.Sendmsg(reply, b, rights, nil, unix.MSG_NOSIGNAL) // a server that gave up closed its end
+}
+
+// holdUserNS returns a user namespace (an open descriptor) that maps root
+// to root and storage's ids to ids'. A namespace lives as long as a
+// process or a descriptor holds it: a shell (which every sandbox needs
+// anyway, and which starts in a fraction of the time the server's binary
+// takes) is cloned into it, waits while the namespace is opened, and ends
+// when its stdin closes.
+func holdUserNS(storage, ids owner) (int, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return -1, err
+	}
+	defer r.Close()
+	cmd := &exec.Cmd{Path: "/bin/sh", Args: []string{idmapHolderName, "-c", "read x"}, Env: []string{}, Stdin: r}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:                 syscall.CLONE_NEWUSER,
+		Pdeathsig:                  syscall.SIGKILL,
+		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: storage.uid, HostID: ids.uid, Size: 1}},
+		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: storage.gid, HostID: ids.gid, Size: 1}},
+		GidMappingsEnableSetgroups: true,
+	}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return -1, fmt.Errorf("idmap namespace: %w", err)
+	}
+	fd, err := unix.Open("/proc/"+strconv.Itoa(cmd.Process.Pid)+"/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	w.Close()
+	// The holder exits on its stdin's end: reaped in the background,
+	// since the namespace outlives it held by fd.
+	go func() { _ = cmd.Wait() }()
+	if err != nil {
+		return -1, fmt.Errorf("idmap namespace: %w", err)
+	}
+	return fd, nil
+}
