@@ -6,8 +6,8 @@
 //
 // Flags: -sections checkpoint,memory,http to run part of it; -out DIR for
 // where the results go (never the source tree unless asked: bench/results.md
-// is the run README quotes, replaced only by -out bench); -cpuprofile and -memprofile FILE
-// for runtime/pprof profiles of the harness process (the owner under test
+// is the run README quotes, replaced only by -out bench); -cpuprofile, -memprofile and
+// -mutexprofile FILE for runtime/pprof profiles of the harness process (the owner under test
 // runs in it; the load generator and memory probes are children). See
 // bench/README.md.
 package main
@@ -45,6 +45,7 @@ func run() error {
 	out := flag.String("out", "", "directory for results.md and results.svg (default $TMPDIR/sandboxowner-bench; -out bench replaces the run README quotes)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the harness process to this file")
 	memprofile := flag.String("memprofile", "", "write a heap profile of the harness process to this file at the end")
+	mutexprofile := flag.String("mutexprofile", "", "write a profile of the harness process's lock waiting (one contention in 5 sampled) to this file at the end")
 	var cells cellFlags
 	var sandboxN []int
 	sandboxModes := flag.String("sandboxes-modes", "", "comma-separated fs modes of the sandboxes section: copy, overlay (default both)")
@@ -84,6 +85,9 @@ func run() error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if *mutexprofile != "" {
+		runtime.SetMutexProfileFraction(5)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
@@ -103,6 +107,11 @@ func run() error {
 	}
 	if *memprofile != "" {
 		if err := writeHeapProfile(*memprofile); err != nil {
+			return err
+		}
+	}
+	if *mutexprofile != "" {
+		if err := writeProfile("mutex", *mutexprofile); err != nil {
 			return err
 		}
 	}
@@ -163,6 +172,19 @@ func duration(s string) (time.Duration, error) {
 // clean and the figures README quotes stay those of the run it names.
 func defaultOut() string {
 	return filepath.Join(os.TempDir(), "sandboxowner-bench")
+}
+
+// writeProfile writes the named runtime/pprof profile to path.
+func writeProfile(name, path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("%s profile: %w", name, err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup(name).WriteTo(f, 0); err != nil {
+		return fmt.Errorf("%s profile: %w", name, err)
+	}
+	return nil
 }
 
 func writeHeapProfile(path string) error {
