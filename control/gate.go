@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/sandboxowner/owner/internal/broadcast"
 	"github.com/sandboxowner/owner/sched"
 )
 
@@ -26,7 +27,7 @@ type Gate struct {
 	// flight adds one without an allocation.
 	sessions map[string]slot
 
-	changed  *broadcast
+	changed  *broadcast.Broadcast
 	onChange func()
 }
 
@@ -49,7 +50,7 @@ func NewGateOn(onChange func(), rt sched.Runtime) *Gate {
 		isOpen:   true,
 		stopping: make(chan struct{}),
 		sessions: map[string]slot{},
-		changed:  newBroadcast(),
+		changed:  broadcast.New(),
 		onChange: onChange,
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/broadcast"
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/problem"
 	"github.com/sandboxowner/owner/sched"
@@ -120,7 +121,7 @@ type Machine struct {
 
 	// changed wakes waiting prepares: readiness may have changed, or the
 	// checkpoint was resumed.
-	changed *broadcast
+	changed *broadcast.Broadcast
 
 	mu    sync.Mutex
 	st    *state
@@ -153,7 +154,7 @@ func New(cfg Config) *Machine {
 		clk:     cfg.Clock,
 		rt:      sched.Or(cfg.Runtime),
 		log:     cfg.Logger.WithField("component", "checkpoint-control"),
-		changed: newBroadcast(),
+		changed: broadcast.New(),
 		st:      newState(cfg.Kind, cfg.Instance, cfg.LeaseGrace, cfg.MaxDeadline),
 		calls:   map[opKey]*call{},
 	}

@@ -1,22 +1,26 @@
-package control
+// Package broadcast is a change signal that costs nothing when nobody
+// waits: the gate's and the HTTP body budget's, which every data request
+// fires.
+package broadcast
 
 import "sync/atomic"
 
-// broadcast wakes every goroutine waiting on the channel Wait returned
+// Broadcast wakes every goroutine waiting on the channel Wait returned
 // before the last Fire: a channel closed on each change and replaced. The
 // channel is made by the first Wait after a Fire, so that a Fire nobody
 // waits for (every request entering and leaving an open gate) costs no
 // allocation, and no lock: every data request fires twice, and a lock
 // shared by all of them is where concurrent requests queued.
-type broadcast struct {
+type Broadcast struct {
 	ch atomic.Pointer[chan struct{}]
 }
 
-func newBroadcast() *broadcast { return &broadcast{} }
+// New returns a broadcast nobody waits on yet. The zero value is one too.
+func New() *Broadcast { return &Broadcast{} }
 
 // Wait returns a channel closed at the next Fire. Take it before checking
 // the condition, so a change in between is not missed.
-func (b *broadcast) Wait() <-chan struct{} {
+func (b *Broadcast) Wait() <-chan struct{} {
 	for {
 		if p := b.ch.Load(); p != nil {
 			return *p
@@ -29,7 +33,7 @@ func (b *broadcast) Wait() <-chan struct{} {
 }
 
 // Fire wakes the current waiters.
-func (b *broadcast) Fire() {
+func (b *Broadcast) Fire() {
 	if b.ch.Load() == nil {
 		return
 	}

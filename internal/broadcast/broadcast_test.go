@@ -1,4 +1,4 @@
-package control
+package broadcast
 
 import "testing"
 
@@ -6,7 +6,7 @@ import "testing"
 // waiter's alike; one taken after it stays open until the next; a Fire no
 // one waits for changes nothing for the next waiter.
 func TestBroadcast(t *testing.T) {
-	b := newBroadcast()
+	b := New()
 	b.Fire()
 	w1, w2 := b.Wait(), b.Wait()
 	if w1 != w2 {
