@@ -2,8 +2,10 @@ package control
 
 import (
 	"context"
+	"hash/fnv"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/sandboxowner/owner/internal/broadcast"
 	"github.com/sandboxowner/owner/sched"
@@ -14,21 +16,38 @@ import (
 // session until they Leave, so a prepare knows when none is in flight and a
 // retire can wait for one session's requests to end. It is safe for
 // concurrent use.
+//
+// Every data request enters and leaves it, so an open gate admits without
+// its lock: the counts are spread over shards by session, and a request
+// counts itself before it reads whether the gate is open (a Close stores
+// that before it reads the counts), so a Close either sees the request or
+// the request sees the Close, and backs out to wait.
 type Gate struct {
-	rt       sched.Runtime
+	rt sched.Runtime
+	// mu guards the phase (open, stopping) and the waiting count; an
+	// entering request reads the phase from isOpen alone, without it.
 	mu       sync.Mutex
 	open     chan struct{} // closed while admission is open
-	isOpen   bool
+	isOpen   atomic.Bool
 	stopping chan struct{}
 	stopped  bool
-	inflight int
 	waiting  int
-	// sessions holds slots by value: a request of a session with none in
-	// flight adds one without an allocation.
-	sessions map[string]slot
+	inflight atomic.Int64
+	shards   [gateShards]gateShard
 
 	changed  *broadcast.Broadcast
 	onChange func()
+}
+
+// gateShards is how many locks the sessions' counts are spread over.
+const gateShards = 32
+
+// gateShard counts the requests in flight of the sessions hashed to it.
+type gateShard struct {
+	mu sync.Mutex
+	// sessions holds slots by value: a request of a session with none in
+	// flight adds one without an allocation.
+	sessions map[string]slot
 }
 
 type slot struct {
@@ -44,15 +63,42 @@ func NewGate(onChange func()) *Gate { return NewGateOn(onChange, nil) }
 func NewGateOn(onChange func(), rt sched.Runtime) *Gate {
 	open := make(chan struct{})
 	close(open)
-	return &Gate{
+	g := &Gate{
 		rt:       sched.Or(rt),
 		open:     open,
-		isOpen:   true,
 		stopping: make(chan struct{}),
-		sessions: map[string]slot{},
 		changed:  broadcast.New(),
 		onChange: onChange,
 	}
+	g.isOpen.Store(true)
+	for i := range g.shards {
+		g.shards[i].sessions = map[string]slot{}
+	}
+	return g
+}
+
+func (g *Gate) shardOf(session string) *gateShard {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(session))
+	return &g.shards[h.Sum32()%gateShards]
+}
+
+// count adds d (1 or -1) to the session's requests in flight.
+func (g *Gate) count(e Entry, d int) {
+	g.inflight.Add(int64(d))
+	sh := g.shardOf(e.Session)
+	sh.mu.Lock()
+	s := sh.sessions[e.Session]
+	s.n += d
+	if d > 0 {
+		s.label = e.Label
+	}
+	if s.n <= 0 {
+		delete(sh.sessions, e.Session)
+	} else {
+		sh.sessions[e.Session] = s
+	}
+	sh.mu.Unlock()
 }
 
 // Entry describes one request at the gate.
@@ -71,56 +117,62 @@ type Entry struct {
 // and counts it. The returned function must be called once the request is
 // done. It fails when ctx ends or the gate shuts down while waiting.
 func (g *Gate) Enter(ctx context.Context, e Entry) (leave func(), err error) {
-	g.mu.Lock()
-	for e.Wait && !g.isOpen {
-		if g.stopped {
-			g.mu.Unlock()
-			return nil, ErrShuttingDown.With("the server is stopping")
+	for {
+		// Counted first, then the phase read: see Gate.
+		g.count(e, 1)
+		if !e.Wait || g.isOpen.Load() {
+			break
 		}
-		open, stopping := g.open, g.stopping
-		g.waiting++
-		g.mu.Unlock()
-		g.changed.Fire()
-		g.rt.Await(ctx, func() bool { return sched.Closed(open) || sched.Closed(stopping) })
-		// An opening wins over an ended context, in a fixed order (select
-		// would pick at random).
-		if !sched.Closed(open) && !sched.Closed(stopping) {
-			select {
-			case <-open:
-			case <-stopping:
-			case <-ctx.Done():
-				g.mu.Lock()
-				g.waiting--
-				g.mu.Unlock()
-				return nil, ErrAdmissionClosed.With("gave up waiting for a checkpoint to end: %v", ctx.Err())
-			}
+		g.count(e, -1)
+		if err := g.await(ctx); err != nil {
+			g.changed.Fire()
+			return nil, err
 		}
-		g.mu.Lock()
-		g.waiting--
 	}
-	g.inflight++
-	s := g.sessions[e.Session]
-	s.n++
-	s.label = e.Label
-	g.sessions[e.Session] = s
-	g.mu.Unlock()
 	g.changed.Fire()
 	var once sync.Once
-	return func() { once.Do(func() { g.leave(e.Session) }) }, nil
+	return func() { once.Do(func() { g.leave(e) }) }, nil
 }
 
-func (g *Gate) leave(session string) {
+// await waits, counted as waiting, until the gate is open again (or
+// stopping, or ctx ends).
+func (g *Gate) await(ctx context.Context) error {
 	g.mu.Lock()
-	g.inflight--
-	if s, ok := g.sessions[session]; ok {
-		s.n--
-		if s.n <= 0 {
-			delete(g.sessions, session)
-		} else {
-			g.sessions[session] = s
-		}
+	if g.stopped {
+		g.mu.Unlock()
+		return ErrShuttingDown.With("the server is stopping")
 	}
+	if g.isOpen.Load() {
+		// Opened since the request read it closed: enter again.
+		g.mu.Unlock()
+		return nil
+	}
+	open, stopping := g.open, g.stopping
+	g.waiting++
 	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		g.waiting--
+		g.mu.Unlock()
+	}()
+	g.changed.Fire()
+	g.rt.Await(ctx, func() bool { return sched.Closed(open) || sched.Closed(stopping) })
+	// An opening wins over an ended context, in a fixed order (select
+	// would pick at random).
+	if sched.Closed(open) || sched.Closed(stopping) {
+		return nil
+	}
+	select {
+	case <-open:
+	case <-stopping:
+	case <-ctx.Done():
+		return ErrAdmissionClosed.With("gave up waiting for a checkpoint to end: %v", ctx.Err())
+	}
+	return nil
+}
+
+func (g *Gate) leave(e Entry) {
+	g.count(e, -1)
 	g.changed.Fire()
 	if g.onChange != nil {
 		g.onChange()
@@ -130,9 +182,9 @@ func (g *Gate) leave(session string) {
 // Close makes waiting requests wait. Requests already admitted go on.
 func (g *Gate) Close() {
 	g.mu.Lock()
-	if g.isOpen {
-		g.isOpen = false
+	if g.isOpen.Load() {
 		g.open = make(chan struct{})
+		g.isOpen.Store(false)
 	}
 	g.mu.Unlock()
 	g.changed.Fire()
@@ -141,8 +193,8 @@ func (g *Gate) Close() {
 // Open lets waiting and new requests in.
 func (g *Gate) Open() {
 	g.mu.Lock()
-	if !g.isOpen {
-		g.isOpen = true
+	if !g.isOpen.Load() {
+		g.isOpen.Store(true)
 		close(g.open)
 	}
 	g.mu.Unlock()
@@ -150,11 +202,7 @@ func (g *Gate) Open() {
 }
 
 // IsOpen reports whether requests are admitted without waiting.
-func (g *Gate) IsOpen() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.isOpen
-}
+func (g *Gate) IsOpen() bool { return g.isOpen.Load() }
 
 // Shutdown lets every waiting request go with ErrShuttingDown, so a drain
 // does not hang on a checkpoint that will never be resumed.
@@ -169,11 +217,7 @@ func (g *Gate) Shutdown() {
 }
 
 // Inflight is the number of admitted requests not yet done.
-func (g *Gate) Inflight() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.inflight
-}
+func (g *Gate) Inflight() int { return int(g.inflight.Load()) }
 
 // Waiting is the number of requests waiting for the gate to open.
 func (g *Gate) Waiting() int {
@@ -185,14 +229,12 @@ func (g *Gate) Waiting() int {
 // Busy returns the sorted labels of the sessions with requests in flight
 // (sessions without a label left out).
 func (g *Gate) Busy() []string {
-	g.mu.Lock()
-	out := make([]string, 0, len(g.sessions))
-	for _, s := range g.sessions {
+	var out []string
+	g.each(func(_ string, s slot) {
 		if s.label != "" {
 			out = append(out, s.label)
 		}
-	}
-	g.mu.Unlock()
+	})
 	slices.Sort(out)
 	return slices.Compact(out)
 }
@@ -200,22 +242,34 @@ func (g *Gate) Busy() []string {
 // Blocking is the number of requests in flight of sessions with a label:
 // those a checkpoint waits for.
 func (g *Gate) Blocking() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	n := 0
-	for _, s := range g.sessions {
+	g.each(func(_ string, s slot) {
 		if s.label != "" {
 			n += s.n
 		}
-	}
+	})
 	return n
+}
+
+// each calls fn on every session with requests in flight, one shard at a
+// time under its lock.
+func (g *Gate) each(fn func(session string, s slot)) {
+	for i := range g.shards {
+		sh := &g.shards[i]
+		sh.mu.Lock()
+		for id, s := range sh.sessions {
+			fn(id, s)
+		}
+		sh.mu.Unlock()
+	}
 }
 
 // InflightOf is the number of a session's requests in flight.
 func (g *Gate) InflightOf(session string) int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.sessions[session].n
+	sh := g.shardOf(session)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.sessions[session].n
 }
 
 // Changed returns a channel closed at the gate's next change (a request
@@ -226,15 +280,7 @@ func (g *Gate) Changed() <-chan struct{} { return g.changed.Wait() }
 func (g *Gate) WaitIdle(ctx context.Context, sessions []string) error {
 	for {
 		ch := g.changed.Wait()
-		busy := false
-		g.mu.Lock()
-		for _, s := range sessions {
-			if _, ok := g.sessions[s]; ok {
-				busy = true
-				break
-			}
-		}
-		g.mu.Unlock()
+		busy := slices.ContainsFunc(sessions, func(s string) bool { return g.InflightOf(s) > 0 })
 		if !busy {
 			return nil
 		}

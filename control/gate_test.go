@@ -2,6 +2,10 @@ package control_test
 
 import (
 	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -132,4 +136,53 @@ func TestGateWaitIdle(t *testing.T) {
 	cancel()
 	wantCode(t, g.WaitIdle(c, []string{"s2"}), control.ErrDeadlineExceeded)
 	other()
+}
+
+// TestGateAdmitsNothingOnceAClosedGateDrained: a request enters while a
+// checkpoint closes the gate, over and over; once the closer has seen no
+// request in flight, none is admitted until the gate opens again (a
+// request that read the gate open before the Close is counted where the
+// closer looks).
+func TestGateAdmitsNothingOnceAClosedGateDrained(t *testing.T) {
+	g := control.NewGate(nil)
+	var drained atomic.Bool
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var bad atomic.Int64
+	for i := range 8 {
+		wg.Go(func() {
+			e := control.Entry{Session: fmt.Sprintf("s%d", i), Label: fmt.Sprintf("k%d", i), Wait: true}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				leave, err := g.Enter(context.Background(), e)
+				if err != nil {
+					return
+				}
+				if drained.Load() {
+					bad.Add(1)
+				}
+				leave()
+			}
+		})
+	}
+	for range 300 {
+		g.Close()
+		waitUntil(g, func() bool { return g.Inflight() == 0 && g.Blocking() == 0 })
+		drained.Store(true)
+		for range 20 {
+			runtime.Gosched() // let the requests try to enter the drained gate
+		}
+		drained.Store(false)
+		g.Open()
+	}
+	close(stop)
+	g.Shutdown()
+	wg.Wait()
+	if n := bad.Load(); n != 0 {
+		t.Fatalf("%d requests were admitted after the closed gate drained", n)
+	}
 }
