@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -218,39 +219,107 @@ func attachLoop(img string) (*os.File, error) {
 	}
 	defer ctl.Close()
 	for range loopAttempts {
-		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		n, err := loopClaims.claim(int(ctl.Fd()))
 		if err != nil {
 			return nil, fmt.Errorf("loop devices: get a free one: %w", err)
 		}
-		dev, err := os.OpenFile("/dev/loop"+strconv.Itoa(n), os.O_RDWR|unix.O_CLOEXEC, 0)
+		dev, err := configureLoop(n, backing)
+		loopClaims.release(n)
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.EBUSY) {
 			continue // taken meanwhile, or its node not there yet
 		}
 		if err != nil {
-			return nil, fmt.Errorf("loop devices: %w", err)
-		}
-		cfg := unix.LoopConfig{Fd: uint32(backing.Fd())}
-		// Direct I/O: the device reads and writes the image past the
-		// host's page cache. The sandbox's ext4 caches what it uses
-		// already; through the image's own cache too, every block it
-		// touched would be held twice for as long as it lives. A host
-		// filesystem that cannot gets buffered I/O.
-		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO
-		err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
-		if errors.Is(err, unix.EINVAL) {
-			cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
-			err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
-		}
-		if err != nil {
-			dev.Close()
-			if errors.Is(err, unix.EBUSY) {
-				continue
-			}
-			return nil, fmt.Errorf("loop device %d: %w", n, err)
+			return nil, err
 		}
 		return dev, nil
 	}
 	return nil, errors.New("loop devices: every free one was taken before it could be used")
+}
+
+// configureLoop opens loop device n and attaches backing to it.
+func configureLoop(n int, backing *os.File) (*os.File, error) {
+	dev, err := os.OpenFile("/dev/loop"+strconv.Itoa(n), os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("loop devices: %w", err)
+	}
+	cfg := unix.LoopConfig{Fd: uint32(backing.Fd())}
+	// Direct I/O: the device reads and writes the image past the host's
+	// page cache. The sandbox's ext4 caches what it uses already; through
+	// the image's own cache too, every block it touched would be held
+	// twice for as long as it lives. A host filesystem that cannot gets
+	// buffered I/O.
+	cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO
+	err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
+	if errors.Is(err, unix.EINVAL) {
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+		err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
+	}
+	if err != nil {
+		dev.Close()
+		return nil, fmt.Errorf("loop device %d: %w", n, err)
+	}
+	return dev, nil
+}
+
+// loopClaims are the loop devices this process's attaches hold between
+// choosing one and configuring it. The kernel names the lowest free
+// device to every caller that asks (LOOP_CTL_GET_FREE) until one is
+// configured, so a group of attaches at once all chose the same device,
+// each waited on the others' open and configure of it, and all but one
+// started over. Within the process, each attach now chooses a device no
+// other holds; another process's attach that takes it first is retried
+// as before.
+var loopClaims = &loopClaimSet{held: map[int]bool{}}
+
+type loopClaimSet struct {
+	mu   sync.Mutex
+	held map[int]bool
+}
+
+// claim returns a loop device that no other attach of the process holds:
+// the one the kernel calls free, else the first one past it that is
+// free (see nextFree). ctl is /dev/loop-control.
+func (c *loopClaimSet) claim(ctl int) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
+	if err != nil {
+		return -1, err
+	}
+	if c.held[n] {
+		if n, err = c.nextFree(ctl, n+1); err != nil {
+			return -1, err
+		}
+	}
+	c.held[n] = true
+	return n, nil
+}
+
+// nextFree is the first loop device from n on that no attach of the
+// process holds and that has no backing file (its sysfs directory has no
+// loop/ then), made (LOOP_CTL_ADD) where none exists.
+func (c *loopClaimSet) nextFree(ctl, n int) (int, error) {
+	for ; ; n++ {
+		if c.held[n] {
+			continue
+		}
+		sys := "/sys/block/loop" + strconv.Itoa(n)
+		if _, err := os.Stat(sys); errors.Is(err, fs.ErrNotExist) {
+			if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(ctl), unix.LOOP_CTL_ADD, uintptr(n)); errno != 0 && errno != unix.EEXIST {
+				return -1, fmt.Errorf("make loop device %d: %w", n, errno)
+			}
+			return n, nil
+		}
+		if _, err := os.Stat(sys + "/loop"); errors.Is(err, fs.ErrNotExist) {
+			return n, nil
+		}
+	}
+}
+
+func (c *loopClaimSet) release(n int) {
+	c.mu.Lock()
+	delete(c.held, n)
+	c.mu.Unlock()
 }
 
 // mountDisk mounts the image img at target (made if missing). Nothing of

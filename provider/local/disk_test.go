@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -228,6 +229,40 @@ func TestLoopOfNamesTheDeviceBackingAnImage(t *testing.T) {
 	dev.Close() // autoclear: the device lets the image go
 	if err := newImageRelease().wait(context.Background(), img); err != nil {
 		t.Errorf("an image whose device was closed: %v", err)
+	}
+}
+
+// An attach passes over the loop device another attach of the process
+// holds between choosing it and configuring it, though the kernel still
+// calls that one free: attaches at once each get a device of their own
+// instead of all trying the same one.
+func TestAnAttachPassesOverTheDeviceAnotherAttachHolds(t *testing.T) {
+	p := newDiskProvider(t, mode{"container-overlay", IsolationContainer, OverlayOn}, Limits{DiskMB: 8})
+	img := filepath.Join(t.TempDir(), "disk.img")
+	if err := p.disks.format(img, diskLimit{mb: 1, inodes: 64}); err != nil {
+		t.Fatal(err)
+	}
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctl.Close()
+	held, err := loopClaims.claim(int(ctl.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer loopClaims.release(held)
+	dev, err := attachLoop(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	heldDev := "/dev/loop" + strconv.Itoa(held)
+	if dev.Name() == heldDev {
+		t.Errorf("the attach took %s, which another attach held", heldDev)
+	}
+	if _, err := os.Stat("/sys/block/loop" + strconv.Itoa(held) + "/loop"); err == nil {
+		t.Errorf("%s, held by another attach, was configured", heldDev)
 	}
 }
 
