@@ -60,6 +60,23 @@ func (r HTTPRow) Ratio() float64 {
 	return r.Server.RPS() / r.BareRPS()
 }
 
+// CPURatio is the ratio were CPU time the only limit, as on a quiet
+// machine where server and load generator share the cores: bare's CPU per
+// iteration (its server's and its load generator's, the mean of its two
+// runs) over the owner's. Unlike Ratio it hardly moves with other work on
+// the machine. 0 when a CPU figure is missing.
+func (r HTTPRow) CPURatio() float64 {
+	bare := func(l LoadResult) time.Duration { return l.ServerCPUPer() + l.ClientCPUPer() }
+	b, s := bare(r.Bare), bare(r.Server)
+	if r.BareAfter.ServerCPU > 0 && r.BareAfter.ClientCPU > 0 {
+		b = (b + bare(r.BareAfter)) / 2
+	}
+	if r.Bare.ServerCPU == 0 || r.Bare.ClientCPU == 0 || r.Server.ServerCPU == 0 || r.Server.ClientCPU == 0 || s == 0 {
+		return 0
+	}
+	return float64(b) / float64(s)
+}
+
 // reply is what the owner's server answered on one route, replayed by the
 // bare handler.
 type reply struct {
@@ -187,9 +204,10 @@ func (h *harness) http(ctx context.Context) error {
 				row = measure()
 				row.Reruns = 1
 			}
-			fmt.Fprintf(h.opts.Progress, "http %-16s C=%-4d %8.0f req/s p50 %-8s p99 %-8s | bare %8.0f req/s p50 %-8s p99 %-8s | %.0f%% (errors %d) load %s %s\n",
+			fmt.Fprintf(h.opts.Progress, "http %-16s C=%-4d %8.0f req/s p50 %-8s p99 %-8s | bare %8.0f req/s p50 %-8s p99 %-8s | %.0f%% (errors %d) | CPU/iter server %s bare %s client %s: %.0f%% | load %s %s\n",
 				name, c, row.Server.RPS(), fmtDur(row.Server.P50), fmtDur(row.Server.P99),
-				row.BareRPS(), fmtDur(row.Bare.P50), fmtDur(row.Bare.P99), row.Ratio()*100, row.Server.Errors, row.Load, row.Flag())
+				row.BareRPS(), fmtDur(row.Bare.P50), fmtDur(row.Bare.P99), row.Ratio()*100, row.Server.Errors,
+				fmtDur(row.Server.ServerCPUPer()), fmtDur(row.Bare.ServerCPUPer()), fmtDur(row.Server.ClientCPUPer()), row.CPURatio()*100, row.Load, row.Flag())
 			h.update(func(r *Report) { r.HTTP = append(r.HTTP, row) })
 		}
 	}

@@ -1,12 +1,17 @@
 package harness
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"slices"
+	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -79,6 +84,27 @@ type LoadResult struct {
 	P50        time.Duration `json:"p50_ns"`
 	P99        time.Duration `json:"p99_ns"`
 	Max        time.Duration `json:"max_ns"`
+	// ServerCPU is the CPU time the server's process used during the
+	// window, and ClientCPU the load generator's own: on a machine other
+	// work shares, what each iteration cost is steadier than how many ran.
+	// Zero where they could not be read. Iterations counts only those that
+	// ended inside the window, so a cost per iteration is a little high
+	// at long latencies.
+	ServerCPU time.Duration `json:"server_cpu_ns,omitempty"`
+	ClientCPU time.Duration `json:"client_cpu_ns,omitempty"`
+}
+
+// ServerCPUPer is the server's CPU time per iteration (0 when unknown).
+func (l LoadResult) ServerCPUPer() time.Duration { return per(l.ServerCPU, l.Iterations) }
+
+// ClientCPUPer is the load generator's CPU time per iteration.
+func (l LoadResult) ClientCPUPer() time.Duration { return per(l.ClientCPU, l.Iterations) }
+
+func per(d time.Duration, n int64) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	return d / time.Duration(n)
 }
 
 // RPS is iterations per second of the window.
@@ -157,14 +183,17 @@ func loadChild(args []string, stdout io.Writer) error {
 	if addr == "" || clients <= 0 {
 		return fmt.Errorf("load: -addr and a positive -clients are required")
 	}
-	res, err := runLoad(addr, sc, clients, warmup, duration)
+	// The harness that started this child serves the address.
+	res, err := runLoad(addr, sc, clients, warmup, duration, os.Getppid())
 	if err != nil {
 		return err
 	}
 	return json.NewEncoder(stdout).Encode(res)
 }
 
-func runLoad(addr string, sc scenario, clients int, warmup, duration time.Duration) (LoadResult, error) {
+// runLoad drives the clients; serverPID is the process serving addr, whose
+// CPU time is read at the window's ends.
+func runLoad(addr string, sc scenario, clients int, warmup, duration time.Duration, serverPID int) (LoadResult, error) {
 	hc := &fasthttp.HostClient{
 		Addr: addr, MaxConns: clients, MaxConnWaitTimeout: time.Minute,
 		ReadTimeout: time.Minute, WriteTimeout: time.Minute, MaxIdleConnDuration: time.Minute,
@@ -182,6 +211,17 @@ func runLoad(addr string, sc scenario, clients int, warmup, duration time.Durati
 	lats := make([][]time.Duration, clients)
 	errs := make([]int64, clients)
 	firsts := make([]error, clients)
+	// The CPU times are read at the window's ends, by a goroutine of
+	// their own: a client may be mid-request at either instant.
+	var cpu cpuWindow
+	cpuDone := make(chan struct{})
+	go func() {
+		defer close(cpuDone)
+		time.Sleep(time.Until(measureFrom))
+		cpu.start(serverPID)
+		time.Sleep(time.Until(end))
+		cpu.stop(serverPID)
+	}()
 	var wg sync.WaitGroup
 	for i, c := range cs {
 		wg.Add(1)
@@ -212,8 +252,10 @@ func runLoad(addr string, sc scenario, clients int, warmup, duration time.Durati
 		}()
 	}
 	wg.Wait()
+	<-cpuDone
 
 	var res LoadResult
+	res.ServerCPU, res.ClientCPU = cpu.server, cpu.client
 	var all []time.Duration
 	for i := range cs {
 		all = append(all, lats[i]...)
@@ -237,4 +279,73 @@ func runLoad(addr string, sc scenario, clients int, warmup, duration time.Durati
 func quantile(sorted []time.Duration, q float64) time.Duration {
 	i := int(q*float64(len(sorted))+0.5) - 1
 	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+// cpuWindow is the CPU time a server process and this process used between
+// start and stop; a figure that could not be read stays zero.
+type cpuWindow struct {
+	server, client       time.Duration
+	server0, client0     time.Duration
+	serverOK0, clientOK0 bool
+}
+
+func (w *cpuWindow) start(serverPID int) {
+	w.server0, w.serverOK0 = procCPU(serverPID)
+	w.client0, w.clientOK0 = selfCPU()
+}
+
+func (w *cpuWindow) stop(serverPID int) {
+	if s, ok := procCPU(serverPID); ok && w.serverOK0 {
+		w.server = s - w.server0
+	}
+	if c, ok := selfCPU(); ok && w.clientOK0 {
+		w.client = c - w.client0
+	}
+}
+
+// selfCPU is this process's user and system CPU time.
+func selfCPU() (time.Duration, bool) {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0, false
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
+}
+
+// procCPU is a process's user and system CPU time, all its threads, from
+// /proc (Linux; in clock ticks of 10 ms).
+func procCPU(pid int) (time.Duration, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	d, err := parseProcStatCPU(b)
+	return d, err == nil
+}
+
+// userHZ is the unit of /proc's CPU times: fixed at 100 for user space,
+// whatever the kernel's own tick.
+const userHZ = 100
+
+// parseProcStatCPU reads utime and stime (fields 14 and 15) of a
+// /proc/PID/stat line. The command name (field 2, in parentheses) may hold
+// spaces and parentheses, so fields are counted after its last ')'.
+func parseProcStatCPU(stat []byte) (time.Duration, error) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, errors.New("proc stat: no command name")
+	}
+	f := bytes.Fields(stat[i+1:]) // from field 3 (state) on
+	if len(f) < 13 {
+		return 0, errors.New("proc stat: too few fields")
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		n, err := strconv.ParseInt(string(s), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("proc stat: %w", err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / userHZ, nil
 }

@@ -135,6 +135,12 @@ func (r *Report) Goals() []Goal {
 			worst = &r.HTTP[i]
 		}
 	}
+	var worstCPU *HTTPRow // flagged cells too: their noise is the throughput's
+	for i, h := range r.HTTP {
+		if q := h.CPURatio(); q > 0 && (worstCPU == nil || q < worstCPU.CPURatio()) {
+			worstCPU = &r.HTTP[i]
+		}
+	}
 	switch {
 	case worst != nil:
 		g.Measured = fmt.Sprintf("%.0f%% (%s, C=%d)", worst.Ratio()*100, worst.Route, worst.Clients)
@@ -147,6 +153,9 @@ func (r *Report) Goals() []Goal {
 		}
 	case len(flagged) > 0:
 		g.Measured = "every cell flagged: " + strings.Join(flagged, ", ")
+	}
+	if worstCPU != nil {
+		g.Measured += fmt.Sprintf("; CPU ratio, worst: %.0f%% (%s, C=%d)", worstCPU.CPURatio()*100, worstCPU.Route, worstCPU.Clients)
 	}
 	gs = append(gs, g)
 	g = Goal{Name: "resident memory per idle session (owner's share)", Target: fmt.Sprintf("≤ %.0f KiB", GoalIdleSessionKiB), Measured: notMeasured}
@@ -279,19 +288,24 @@ func CheckpointTable(rows []CheckpointRow) string {
 // HTTPTable is the HTTP rows as a markdown table.
 func HTTPTable(rows []HTTPRow) string {
 	var b strings.Builder
-	b.WriteString("| route | C | req/s | p50 | p99 | errors | bare req/s (before, after) | bare p50 | bare p99 | reply bytes | ratio | load |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| route | C | req/s | p50 | p99 | errors | bare req/s (before, after) | bare p50 | bare p99 | reply bytes | ratio | CPU per iteration: server, bare, load generator | CPU ratio | load |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
 		if r.Err != "" {
-			fmt.Fprintf(&b, "| %s | %d | **failed**: %s | | | | | | | | | %s |\n", r.Route, r.Clients, r.Err, r.Load)
+			fmt.Fprintf(&b, "| %s | %d | **failed**: %s | | | | | | | | | | | %s |\n", r.Route, r.Clients, r.Err, r.Load)
 			continue
+		}
+		cpu, cpuRatio := "—", "—"
+		if q := r.CPURatio(); q > 0 {
+			cpu = fmt.Sprintf("%s, %s, %s", fmtDur(r.Server.ServerCPUPer()), fmtDur(r.Bare.ServerCPUPer()), fmtDur(r.Server.ClientCPUPer()))
+			cpuRatio = fmt.Sprintf("%.0f%%", q*100)
 		}
 		ratio := fmt.Sprintf("%.0f%%", r.Ratio()*100)
 		if f := r.Flag(); f != "" {
 			ratio = "**flagged**: " + f
 		}
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %d | %.0f (%.0f, %.0f) | %s | %s | %d | %s | %s |\n",
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %d | %.0f (%.0f, %.0f) | %s | %s | %d | %s | %s | %s | %s |\n",
 			r.Route, r.Clients, r.Server.RPS(), fmtDur(r.Server.P50), fmtDur(r.Server.P99), r.Server.Errors,
-			r.BareRPS(), r.Bare.RPS(), r.BareAfter.RPS(), fmtDur(r.Bare.P50), fmtDur(r.Bare.P99), r.ReplyBytes, ratio, r.Load)
+			r.BareRPS(), r.Bare.RPS(), r.BareAfter.RPS(), fmtDur(r.Bare.P50), fmtDur(r.Bare.P99), r.ReplyBytes, ratio, cpu, cpuRatio, r.Load)
 	}
 	return b.String()
 }
@@ -411,7 +425,7 @@ func (r *Report) Markdown() string {
 		section("Release", fmt.Sprintf("Release of K checkpoints of N sessions each: K·N snapshot deletes at delete latency L. "+ideal, "one Drop of the K checkpoints with their K·N tombstones"), CheckpointTable(r.Release))
 	}
 	if len(r.HTTP) > 0 {
-		section("HTTP", fmt.Sprintf("C concurrent keep-alive clients in a separate process, each on its own session, for the same duration against the owner's server and against a bare fasthttp handler answering the same number of bytes on the same route, run before and again after the server's. Ratio is req/s against the mean of the two bare runs. A cell with errors, whose bare runs differ by more than %.0f%%, or that beats bare by more than %.0f%%, is measured again once, then flagged if it still is (one with errors at once).", MaxBareDrift*100, (MaxHTTPRatio-1)*100)+" seed+close counts one seed and one close as one request (their latency is the pair's).", HTTPTable(r.HTTP))
+		section("HTTP", fmt.Sprintf("C concurrent keep-alive clients in a separate process, each on its own session, for the same duration against the owner's server and against a bare fasthttp handler answering the same number of bytes on the same route, run before and again after the server's. Ratio is req/s against the mean of the two bare runs. A cell with errors, whose bare runs differ by more than %.0f%%, or that beats bare by more than %.0f%%, is measured again once, then flagged if it still is (one with errors at once).", MaxBareDrift*100, (MaxHTTPRatio-1)*100)+" seed+close counts one seed and one close as one request (their latency is the pair's). CPU per iteration is the CPU time the server's process (the harness) and the load generator used in the window over the iterations in it; CPU ratio is bare's (server and load generator, the mean of its two runs) over the owner's: the ratio were CPU the only limit, which other work on the machine hardly moves.", HTTPTable(r.HTTP))
 	} else if reason, ok := r.Skipped[SectionHTTP]; ok {
 		section("HTTP", "Skipped: "+reason+".", "")
 	}
