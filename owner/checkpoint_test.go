@@ -441,6 +441,20 @@ func makeSnapshot(t *testing.T, fk *fake.Provider) string {
 	return id
 }
 
+// committedAndReopened seeds s0..s3 in an owner, commits them as c1, abandons
+// that owner as a crash would, and opens a fresh one on the same state with
+// opts: the start of a restore.
+func (e *env) committedAndReopened(opts ...cfgOpt) *owner.Owner {
+	e.t.Helper()
+	o1 := e.open()
+	for i := 0; i < 4; i++ {
+		seed(e.t, o1, fmt.Sprintf("s%d", i))
+	}
+	commit(e.t, o1, "c1")
+	o1.Abandon()
+	return e.open(opts...)
+}
+
 func TestRestoreRollsBackWhenOneForkFails(t *testing.T) {
 	for name, inject := range map[string]func(*fake.Provider){
 		"fork fails":          func(fk *fake.Provider) { fk.FailNext(fake.OpFork, 1) },
@@ -451,13 +465,7 @@ func TestRestoreRollsBackWhenOneForkFails(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t)
-			o1 := e.open()
-			for i := 0; i < 4; i++ {
-				seed(t, o1, fmt.Sprintf("s%d", i))
-			}
-			commit(t, o1, "c1")
-			o1.Abandon()
-			o2 := e.open(parallelism(2))
+			o2 := e.committedAndReopened(parallelism(2))
 			inject(e.fk)
 			_, err := o2.Restore(context.Background(), owner.RestoreRequest{CheckpointID: "c1"})
 			if !errors.Is(err, owner.ErrRestoreFailed) {
@@ -824,13 +832,7 @@ func TestRetireWaitsBehindAReleaseOnlyAsLongAsItsContext(t *testing.T) {
 // never asked for), the fork made is stopped, and no session is installed.
 func TestRestoreCutByItsContextHalfWayRestoresNothing(t *testing.T) {
 	e := newEnv(t)
-	o1 := e.open()
-	for i := 0; i < 4; i++ {
-		seed(t, o1, fmt.Sprintf("s%d", i))
-	}
-	commit(t, o1, "c1")
-	o1.Abandon()
-	o2 := e.open(parallelism(1))
+	o2 := e.committedAndReopened(parallelism(1))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	e.fk.SetHook(func(c fake.Call) {
