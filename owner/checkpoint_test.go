@@ -111,24 +111,38 @@ func TestCheckpointCallsAreBounded(t *testing.T) {
 	const n, par = 6, 2
 	e := newEnv(t)
 	o1 := e.open(parallelism(par))
-	for i := 0; i < n; i++ {
-		seed(t, o1, fmt.Sprintf("s%d", i))
-	}
-	res := holdAndCount(t, e.fk, fake.OpSnapshot, o1, n, par, func() (int, error) {
-		r, err := o1.Commit(context.Background(), owner.CommitRequest{CheckpointID: "c1"})
-		return len(r.Sessions), err
-	})
-	if res != n {
-		t.Fatalf("exported %d sessions, want %d", res, n)
-	}
+	commitHeld(t, e, o1, n, par)
 	o1.Abandon()
 	o2 := e.open(parallelism(par))
-	res = holdAndCount(t, e.fk, fake.OpFork, o2, n, par, func() (int, error) {
+	res := holdAndCount(t, e.fk, fake.OpFork, o2, n, par, func() (int, error) {
 		r, err := o2.Restore(context.Background(), owner.RestoreRequest{CheckpointID: "c1"})
 		return len(r.Sessions), err
 	})
 	if res != n {
 		t.Fatalf("restored %d sessions, want %d", res, n)
+	}
+}
+
+// Without checkpoint.parallelism a commit snapshots 16 sessions at once.
+func TestCheckpointParallelismDefaultsTo16(t *testing.T) {
+	e := newEnv(t)
+	commitHeld(t, e, e.open(), 17, 16)
+}
+
+// commitHeld seeds n sessions in o and commits them as c1 with every
+// snapshot held at the provider until all n are held or wait for a slot;
+// it checks that par are held and that all n are exported.
+func commitHeld(t *testing.T, e *env, o *owner.Owner, n, par int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		seed(t, o, fmt.Sprintf("s%d", i))
+	}
+	res := holdAndCount(t, e.fk, fake.OpSnapshot, o, n, par, func() (int, error) {
+		r, err := o.Commit(context.Background(), owner.CommitRequest{CheckpointID: "c1"})
+		return len(r.Sessions), err
+	})
+	if res != n {
+		t.Fatalf("exported %d sessions, want %d", res, n)
 	}
 }
 

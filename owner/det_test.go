@@ -361,3 +361,35 @@ func TestAnOrphanSnapshotIsDeletedByItsOwnerAlone(t *testing.T) {
 		t.Fatalf("the orphan %s is still there", snap)
 	}
 }
+
+// TestZeroPeriodsRunNoLoopOnADet: pools without an idle time, no
+// RenewEvery and retention without a period run no loop of their own (a
+// loop of period 0 would spin and the Det never settle): a pooled
+// sandbox's lease is renewed at the owner's Tick only.
+func TestZeroPeriodsRunNoLoopOnADet(t *testing.T) {
+	e := newDetEnv(t, 7)
+	cfg := e.config("notes", "zero", 2)
+	cfg.DefaultTTL = 90 * time.Second
+	cfg.Pool = owner.PoolConfig{Size: 1, RefillConcurrency: 1}
+	cfg.Checkpoint.Retention = owner.RetentionConfig{FollowDirs: true}
+	o, err := owner.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = o.Close() })
+	seed(t, o, "s0")
+	e.det.Advance(60 * time.Second)
+	if st := o.PoolStats(); st.Ready != 1 {
+		t.Fatalf("pool stats %+v, want one ready", st)
+	}
+	if n := e.fk.Stats().Calls[fake.OpRenew]; n != 0 {
+		t.Fatalf("%d renewals before any tick, want 0", n)
+	}
+	if err := o.Tick(e.det.Now()); err != nil {
+		t.Fatal(err)
+	}
+	e.det.Settle() // the session renews on its own mailbox
+	if n := e.fk.Stats().Calls[fake.OpRenew]; n != 2 {
+		t.Fatalf("%d renewals at the tick, want 2 (the session's and the pooled sandbox's)", n)
+	}
+}

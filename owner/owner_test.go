@@ -291,6 +291,17 @@ func TestModes(t *testing.T) {
 			t.Fatalf("got %v", err)
 		}
 	})
+	t.Run("exported takes num_workers 1", func(t *testing.T) {
+		e := newEnv(t)
+		o, err := owner.New(context.Background(), e.config(func(c *owner.Config) { c.NumWorkers = 1 }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer o.Close()
+		if o.Mode() != owner.ModeExported {
+			t.Fatalf("mode %s", o.Mode())
+		}
+	})
 	t.Run("on_stop is validated", func(t *testing.T) {
 		e := newEnv(t)
 		if _, err := owner.New(context.Background(), e.config(onStop("pause"))); !errors.Is(err, owner.ErrConfig) {
@@ -317,5 +328,39 @@ func TestStartFailingAfterItsEffectLeavesNothing(t *testing.T) {
 	b := seed(t, o, "b")
 	if got := len(e.fk.LiveSandboxIDs()); got != 2 || b.Handle.SandboxID == "" {
 		t.Fatalf("live sandboxes %d after the second seed of b, want 2", got)
+	}
+}
+
+// SandboxFate tells of the last FateMemory sandboxes ended (by default
+// many more than a few): an older one is unknown.
+func TestSandboxFateRemembersFateMemoryEnds(t *testing.T) {
+	for _, tc := range []struct {
+		memory int
+		want   []sandbox.Fate
+	}{
+		{0, []sandbox.Fate{sandbox.FateEnded, sandbox.FateEnded, sandbox.FateEnded}},
+		{2, []sandbox.Fate{sandbox.FateUnknown, sandbox.FateEnded, sandbox.FateEnded}},
+	} {
+		e := newEnv(t)
+		o := e.open(func(c *owner.Config) { c.Checkpoint.Enabled = false; c.FateMemory = tc.memory })
+		var got []sandbox.Fate
+		var ids []string
+		for _, sid := range []string{"s1", "s2", "s3"} {
+			sb, err := o.StartSessionSandbox(context.Background(), sid, provider.Spec{}, nil, "/w")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := o.EndSessionSandbox(context.Background(), sid); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, sb.Handle.SandboxID)
+		}
+		for _, id := range ids {
+			_, _, fate := o.SandboxFate(id)
+			got = append(got, fate)
+		}
+		if d := cmp.Diff(tc.want, got); d != "" {
+			t.Errorf("FateMemory %d: fates of three ended sandboxes (-want +got):\n%s", tc.memory, d)
+		}
 	}
 }

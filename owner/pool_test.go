@@ -324,3 +324,34 @@ func TestPoolMissStartFailingAfterItsEffectLeavesNothing(t *testing.T) {
 		t.Fatalf("live %v, want none", live)
 	}
 }
+
+// The owner's own loop, on the injected clock, stops a pooled sandbox
+// unclaimed for the pools' idle time: it checks every quarter of it.
+func TestPoolIdleLoopStopsWhatWaitedUnclaimed(t *testing.T) {
+	e := newEnv(t)
+	stopped := make(chan string, 4)
+	o := e.open(pool(1, 1, time.Minute))
+	wait := poolStarts(o)
+	s0 := seed(t, o, "s0")
+	wait(1)
+	e.fk.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpStop && c.Phase == fake.PhaseEnd {
+			stopped <- c.SandboxID
+		}
+	})
+	for range 4 {
+		e.clk.WaitPending(1, nil) // the loop waits on its timer
+		e.clk.Advance(15 * time.Second)
+	}
+	select {
+	case id := <-stopped:
+		if id == s0.Handle.SandboxID {
+			t.Fatalf("the loop stopped the session's sandbox %s", id)
+		}
+	case <-time.After(time.Minute): // a guard against a hang, not a wait
+		t.Fatal("the pooled sandbox idle for a minute was not stopped")
+	}
+	if d := cmp.Diff([]string{s0.Handle.SandboxID}, e.fk.LiveSandboxIDs()); d != "" {
+		t.Fatalf("live (-want +got):\n%s", d)
+	}
+}

@@ -152,3 +152,48 @@ func TestStopCommitDuringTheRoundRecordsNothing(t *testing.T) {
 		t.Errorf("the session's sandbox after the stopped commit: %+v %v", got, ok)
 	}
 }
+
+// clearFailingStore fails its next n ClearTombstones.
+type clearFailingStore struct {
+	snapshotindex.Store
+	n atomic.Int64
+}
+
+func (s *clearFailingStore) ClearTombstones(ids []string) error {
+	if s.n.Add(-1) >= 0 {
+		return errStore
+	}
+	return s.Store.ClearTombstones(ids)
+}
+
+// A release whose snapshots are deleted but whose tombstones cannot be
+// cleared still succeeds: the tombstones stay, the operator is warned, and
+// the next release clears them. A release that clears them warns of
+// nothing.
+func TestReleaseKeepsTombstonesItCouldNotClear(t *testing.T) {
+	const warning = "could not clear tombstones"
+	e := newEnv(t)
+	st := &clearFailingStore{Store: snapshotindex.NewMemory().Open()}
+	o := e.open(withStore(st))
+	seed(t, o, "s1")
+	commit(t, o, "c1")
+	if err := o.EndSessionSandbox(context.Background(), "s1"); err != nil {
+		t.Fatal(err)
+	}
+	st.n.Store(1)
+	if _, err := o.Release(context.Background(), nil); err != nil {
+		t.Fatalf("a release whose clear failed: %v", err)
+	}
+	if n := len(e.fk.SnapshotIDs()); n != 0 {
+		t.Fatalf("%d snapshots left", n)
+	}
+	if ts, _ := st.Tombstones(); len(ts) != 1 || warnings(e.hook, warning) != 1 {
+		t.Fatalf("after a failed clear: tombstones %v, %d warnings; want one of each", ts, warnings(e.hook, warning))
+	}
+	if _, err := o.Release(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if ts, _ := st.Tombstones(); len(ts) != 0 || warnings(e.hook, warning) != 1 {
+		t.Fatalf("after the next release: tombstones %v, %d warnings; want none and still one", ts, warnings(e.hook, warning))
+	}
+}
