@@ -197,7 +197,8 @@ type Options struct {
 	// user namespace its views map through made (sandboxes with uids of
 	// their own, overlay mode), its directory made with its disk copied
 	// and mounted (with a disk limit). DefaultReadyIDs when zero, none
-	// when negative. They are made once a first sandbox started, and
+	// when negative (nor the further ids kept with only their uids and
+	// namespaces made, see readyNamespaces). They are made once a first sandbox started, and
 	// given back by Close; the directories a crashed server left are
 	// removed by the next exclusive provider's New and by Reap.
 	ReadyIDs int
@@ -278,8 +279,9 @@ type Provider struct {
 	// captures holds a token per snapshot copying a sandbox.
 	captures chan struct{}
 
-	// ready keeps sandbox ids made ahead (nil: none are).
-	ready *readyIDs
+	// ready keeps sandbox ids made ahead (nil: none are); readyNS more
+	// of them with only their uids and namespaces made (nil: none are).
+	ready, readyNS *readyIDs
 	// release: a remount's wait for the image's last loop device to go.
 	release imageRelease
 
@@ -496,6 +498,9 @@ func New(opts Options) (_ *Provider, err error) {
 	p.chooseDisks()
 	if (p.uids != nil && p.overlay || p.disks != nil) && opts.ReadyIDs >= 0 {
 		p.ready = &readyIDs{p: p, max: cmp.Or(opts.ReadyIDs, DefaultReadyIDs)}
+		if n := p.readyNamespaces(); p.uids != nil && p.overlay && n > 0 {
+			p.readyNS = &readyIDs{p: p, max: n, nsOnly: true}
+		}
 	}
 	fields := logrus.Fields{"root": p.root, "isolation": p.Isolation(), "fs_mode": mode, "limits": p.LimitsInEffect(), "seccomp": p.Seccomp()}
 	if p.ctr != nil {

@@ -53,10 +53,11 @@ func lockRoot(root string) (*os.File, error) {
 
 // Close releases the root's lock (Options.Exclusive), for the sandboxes'
 // children still on their way to exec too (see internal/flock), and gives
-// back the ids made ahead (see readyIDs). Sandboxes are not touched: a
+// back the ids made ahead (see readyIDs) and the namespaces. Sandboxes are not touched: a
 // provider on the same root finds them again.
 func (p *Provider) Close() error {
 	p.ready.close()
+	p.readyNS.close()
 	p.mu.Lock()
 	f := p.lock
 	p.lock = nil

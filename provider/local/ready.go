@@ -16,6 +16,27 @@ import (
 // DefaultReadyIDs is Options.ReadyIDs when zero.
 const DefaultReadyIDs = 2
 
+// maxReadyNamespaces bounds how many ids a provider keeps with only their
+// uids taken and namespaces made (see readyNamespaces).
+const maxReadyNamespaces = 64
+
+// readyNamespaces is how many ids, beyond those made ahead in full, a
+// provider keeps with their uids taken and namespaces made: a group of
+// sandboxes started at once (a group of rollouts of one task, each a fork
+// of its template) outruns the few made in full, and the namespace is
+// then the slowest step each start makes itself (a process cloned into
+// it, in the helper, under the load the group makes). A namespace made
+// ahead holds a uid and a little kernel memory, no process: up to
+// maxReadyNamespaces, and one per 1,024 uids of the range, so that a
+// small range's uids go to sandboxes.
+func (p *Provider) readyNamespaces() int {
+	if p.uids == nil {
+		return 0
+	}
+	first, last := p.uids.Bounds()
+	return min(maxReadyNamespaces, (last-first+1)/1024)
+}
+
 // A sandbox with a uid of its own sees its trees through views whose
 // mapping comes from a user namespace made for its uid (see idmapNS): a
 // process cloned into a new namespace, its maps written, its namespace
@@ -39,6 +60,8 @@ const DefaultReadyIDs = 2
 type readyIDs struct {
 	p   *Provider
 	max int
+	// nsOnly: ids with their uids and namespaces made, no directory.
+	nsOnly bool
 
 	mu     sync.Mutex
 	ready  []readyID
@@ -70,15 +93,22 @@ func (p *Provider) newSandboxID() (readyID, error) {
 	if got, ok := p.ready.take(); ok {
 		return got, nil
 	}
+	if got, ok := p.readyNS.take(); ok {
+		return got, nil
+	}
 	got := readyID{id: newID(sandboxPrefix), nsfd: -1}
 	if p.uids == nil {
 		return got, nil
 	}
 	uid, err := p.uids.Take(got.id)
-	if errors.Is(err, uidrange.ErrExhausted) && p.ready.settle() {
-		// The last free uid went to an id made ahead meanwhile.
-		if ahead, ok := p.ready.take(); ok {
-			return ahead, nil
+	if errors.Is(err, uidrange.ErrExhausted) {
+		// The last free uids went to ids made ahead meanwhile.
+		for _, r := range []*readyIDs{p.ready, p.readyNS} {
+			if r.settle() {
+				if ahead, ok := r.take(); ok {
+					return ahead, nil
+				}
+			}
 		}
 	}
 	if err != nil {
@@ -137,16 +167,22 @@ func (r *readyIDs) fillUp(done chan struct{}) {
 }
 
 // make draws an id, takes its uid and makes its namespace (where
-// sandboxes have uids of their own, in overlay mode), and makes its
-// directory with its disk mounted (where sandboxes have disks).
+// sandboxes have uids of their own, in overlay mode; an id of readyNS
+// comes with both), and makes its directory with its disk mounted (where
+// sandboxes have disks; not for readyNS).
 func (r *readyIDs) make() (_ readyID, err error) {
 	got := readyID{id: newID(sandboxPrefix), nsfd: -1}
+	if !r.nsOnly {
+		if ns, ok := r.p.readyNS.take(); ok {
+			got = ns // its uid taken and namespace made already
+		}
+	}
 	defer func() {
 		if err != nil {
 			got.giveBack(r.p)
 		}
 	}()
-	if r.p.uids != nil {
+	if r.p.uids != nil && got.ids == nil {
 		uid, err := r.p.uids.Take(got.id)
 		if err != nil {
 			return readyID{}, err
@@ -161,7 +197,7 @@ func (r *readyIDs) make() (_ readyID, err error) {
 			}
 		}
 	}
-	if r.p.disks != nil {
+	if r.p.disks != nil && !r.nsOnly {
 		got.done = r.p.markPending(got.id)
 		got.dir = true
 		dir := filepath.Join(r.p.readyDir(), got.id)

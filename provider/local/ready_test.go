@@ -259,3 +259,58 @@ func noneMadeAhead(t *testing.T, p *Provider, what string) {
 		t.Errorf("mounts made ahead left after %s: %v", what, got)
 	}
 }
+
+// Beyond the ids made ahead in full, a provider keeps more with their
+// uids taken and namespaces made (not in a small uid range): a start that
+// finds none made in full takes one of those; Close gives back the rest.
+func TestAStartBeyondThoseMadeInFullTakesANamespaceMadeAhead(t *testing.T) {
+	if small := newProvider(t, overlayContainer, Options{UIDRange: "1879112000-1879113022"}); small.readyNS != nil {
+		t.Errorf("namespaces made ahead in a range of 1,023 uids: %d", small.readyNS.max)
+	}
+	p := newProvider(t, overlayContainer, Options{})
+	if p.uids == nil {
+		t.Skip("SKIP: sandboxes here get no uid of their own")
+	}
+	if p.readyNS == nil {
+		t.Fatal("no namespaces made ahead in the default uid range")
+	}
+	start(t, p, provider.Spec{})
+	p.readyNS.settle()
+	p.readyNS.mu.Lock()
+	made := map[int]bool{}
+	for _, r := range p.readyNS.ready {
+		if r.nsfd < 0 || r.dir {
+			t.Errorf("an id made ahead with its namespace only: namespace %d, directory %v", r.nsfd, r.dir)
+		}
+		made[r.ids.uid] = true
+	}
+	p.readyNS.mu.Unlock()
+	if len(made) != maxReadyNamespaces {
+		t.Fatalf("%d namespaces made ahead, want %d", len(made), maxReadyNamespaces)
+	}
+	p.ready.close() // none made in full any more
+	h := start(t, p, provider.Spec{Files: map[string]string{"f": "x"}})
+	s, err := p.live(context.Background(), h, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !made[s.meta.UID] {
+		t.Errorf("the start took uid %d, none of those whose namespaces were made ahead", s.meta.UID)
+	}
+	if got := mustRun(t, p, h, "cat f && echo y > g && stat -c %u f g"); got != "x0\n0\n" {
+		t.Errorf("the tree through views made with a namespace made ahead: %q", got)
+	}
+
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p.readyNS.mu.Lock()
+	left := len(p.readyNS.ready)
+	p.readyNS.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d namespaces still held after Close", left)
+	}
+	if _, ok := p.readyNS.take(); ok {
+		t.Error("a namespace taken after Close")
+	}
+}
