@@ -265,10 +265,24 @@ func TestValidateSessionData(t *testing.T) {
 	if _, err := actors.ValidateSessionData(json.RawMessage(obj)); err != nil {
 		t.Errorf("an object of exactly MaxSessionData bytes: %v", err)
 	}
-	for _, bad := range []string{obj + " ", "null", `"s"`, "{"} {
+	for _, bad := range []string{obj + " ", "null", `"s"`, "{", "[]", "1", ` {"a":1} x`, `{"a":}`, " \n"} {
 		if _, err := actors.ValidateSessionData(json.RawMessage(bad)); !errors.Is(err, sandbox.ErrSetup) {
 			t.Errorf("%.20q: %v, want sandbox.ErrSetup", bad, err)
 		}
+	}
+	for _, good := range []string{"{}", ` {"a":[1,{"b":null}],"a":2}` + "\n", "\t{ }"} {
+		got, err := actors.ValidateSessionData(json.RawMessage(good))
+		if err != nil {
+			t.Errorf("%q: %v", good, err)
+		} else if string(got) != good {
+			t.Errorf("%q came back as %q", good, got)
+		}
+	}
+	// Every seed's setup returns its data: checking it allocates only the
+	// copy returned.
+	small := json.RawMessage(`{"token":"t-0123456789abcdef","notes":["a","b"]}`)
+	if n := testing.AllocsPerRun(100, func() { _, _ = actors.ValidateSessionData(small) }); n != 1 {
+		t.Errorf("validating a small object allocates %.0f times, want 1 (the copy)", n)
 	}
 }
 
