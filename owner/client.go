@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -29,6 +30,8 @@ type client struct {
 	// replies recycles the reply slots of answered requests (a slot whose
 	// asker gave up is dropped: its answer may still come).
 	replies chan messages.ReplyTo
+	// bound is the context that bounds waits for the supervisor.
+	bound atomic.Pointer[bound]
 }
 
 // maxFreeReplies bounds the reply slots kept for reuse.
@@ -53,9 +56,48 @@ func ask[R any](ctx context.Context, c *client, pid *actor.PID, build func(messa
 // askSupervisor is ask for the supervisor, which answers at once: the wait
 // is bounded even for a caller without a deadline.
 func askSupervisor[R any](c *client, build func(messages.ReplyTo) any) (R, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeouts.Reply)
-	defer cancel()
-	return ask[R](ctx, c, c.sup, build)
+	return ask[R](c.bounded(), c, c.sup, build)
+}
+
+// bounded is a context that ends between timeouts.Reply and twice that
+// from now, shared by the waits it bounds: a seed and a close each ask the
+// supervisor, and a context and timer of their own per ask were a good
+// part of their allocations, to guard against a lost reply, not a slow
+// one.
+func (c *client) bounded() context.Context {
+	now := time.Now()
+	if b := c.bound.Load(); b != nil && b.until.Sub(now) >= timeouts.Reply {
+		return b
+	}
+	b := newBound(now.Add(2 * timeouts.Reply))
+	c.bound.Store(b)
+	return b
+}
+
+// bound is a context that ends at its deadline and no sooner: the waits
+// that share it cannot cancel it for one another.
+type bound struct {
+	until time.Time
+	done  chan struct{}
+}
+
+func newBound(until time.Time) *bound {
+	b := &bound{until: until, done: make(chan struct{})}
+	time.AfterFunc(time.Until(until), func() { close(b.done) })
+	return b
+}
+
+func (b *bound) Deadline() (time.Time, bool) { return b.until, true }
+func (b *bound) Done() <-chan struct{}       { return b.done }
+func (b *bound) Value(any) any               { return nil }
+
+func (b *bound) Err() error {
+	select {
+	case <-b.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
 }
 
 // spawn asks the supervisor for the session's actor: a new one (holding

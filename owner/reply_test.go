@@ -9,6 +9,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/sandboxowner/owner/internal/timeouts"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/sandbox"
@@ -122,5 +123,37 @@ func TestAWaitingCallEndsWithTheOwner(t *testing.T) {
 	o.Abandon()
 	if err := wait(t, errc); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Do across the owner's end: %v, want ErrClosed", err)
+	}
+}
+
+// TestSupervisorAsksShareOneBound: every ask of the supervisor (two per
+// seed and close) is bounded by one shared context that ends between
+// timeouts.Reply and twice that from now, not by a context and timer of
+// its own; a bound past its deadline reports so.
+func TestSupervisorAsksShareOneBound(t *testing.T) {
+	o := replyOwner(t)
+	before := time.Now()
+	a, b := o.ask.bounded(), o.ask.bounded()
+	if a != b {
+		t.Fatal("two asks got bounds of their own")
+	}
+	dl, ok := a.Deadline()
+	if !ok || dl.Before(before.Add(timeouts.Reply)) || dl.After(time.Now().Add(2*timeouts.Reply)) {
+		t.Fatalf("bound's deadline %v (%v), want between %v and twice that from now", dl, ok, timeouts.Reply)
+	}
+	if err := a.Err(); err != nil {
+		t.Fatalf("a live bound: %v", err)
+	}
+	past := newBound(time.Now())
+	select {
+	case <-past.Done():
+	case <-time.After(guardTimeout): // a guard against a hang, not a wait
+		t.Fatal("a bound past its deadline is not done")
+	}
+	if err := past.Err(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a bound past its deadline: %v, want context.DeadlineExceeded", err)
+	}
+	if _, err := o.Sessions(); err != nil {
+		t.Fatalf("an ask of the supervisor within the bound: %v", err)
 	}
 }
