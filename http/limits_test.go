@@ -291,3 +291,19 @@ func TestBodyOfExactlyTheBudget(t *testing.T) {
 		t.Errorf("%d bytes of body memory still held after the answer", n)
 	}
 }
+
+// TestAMalformedChunkedBodyIs400: a chunked body whose chunk size is no
+// hex number is a 400 bad_request naming the body, and the connection is
+// closed (the rest of the body is unread).
+func TestAMalformedChunkedBodyIs400(t *testing.T) {
+	addr, _ := tcpServer(t, httpapi.Config{MaxBodyBytes: 1 << 10, ReadTimeout: time.Minute})
+	c := dialRaw(t, addr)
+	c.send("POST /seed_session HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
+	st, body := c.answer(30 * time.Second)
+	if st != 400 || !strings.Contains(body, `"code":"`+httpapi.CodeBadRequest+`"`) || !strings.Contains(body, "reading the body") {
+		t.Errorf("a malformed chunk: %d %s", st, body)
+	}
+	if !c.closed(30 * time.Second) {
+		t.Error("the connection stayed open")
+	}
+}
