@@ -121,6 +121,16 @@ func TestASandboxDiskGoesWithIt(t *testing.T) {
 	mustRun(t, p, h, "echo more >> kept")
 	crash(p)
 	detachSandboxMounts(p.sandboxDir(h.SandboxID))
+	// The reboot ends once the kernel has let the image go; only then does
+	// the next server come. It lets it go after the lazily detached disk's
+	// last holders, at its own pace: at load 35 that took longer than a
+	// remount waits (diskReleaseBound), and the remount refused with
+	// ErrDiskBusy. What is tested here is the remount after a reboot, not
+	// the kernel's speed (the bound is TestARemountOfAnImageStillBusyRefuses's).
+	rebooted := imageRelease{clk: clock.Real{}, backing: loopOf, bound: 10 * time.Minute, poll: diskReleasePoll}
+	if err := rebooted.wait(ctx, filepath.Join(p.sandboxDir(h.SandboxID), diskImageName)); err != nil {
+		t.Fatalf("the image after the reboot: %v", err)
+	}
 	p2 := newProvider(t, mode{"container-overlay", IsolationContainer, OverlayOn}, Options{Root: p.root, Limits: Limits{DiskMB: 8}})
 	if got := mustRun(t, p2, h, "cat kept"); got != "kmore\n" {
 		t.Errorf("kept after a reboot: %q", got)
