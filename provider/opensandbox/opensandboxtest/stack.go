@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxowner/owner/internal/flock"
 )
 
 // Stack is the real OpenSandbox (its lifecycle server from source, Docker
@@ -82,11 +84,11 @@ func StackUp() (Stack, error) {
 		return Stack{}, err
 	}
 	st := Stack{Script: script, Dir: dir}
-	hold, err := st.hold(testsLock, syscall.LOCK_SH)
+	release, err := st.Shared()
 	if err != nil {
 		return Stack{}, err
 	}
-	defer hold.Close()
+	defer release()
 	var stderr bytes.Buffer
 	cmd := exec.Command(script, "up")
 	cmd.Stderr = &stderr
@@ -119,6 +121,8 @@ func StackUp() (Stack, error) {
 // restarts one of its parts holds it exclusively for just that while
 // (Exclusive). A flock is per open file, so each hold is a file of its own
 // and holds in one process exclude each other as they do across processes.
+// A hold ends with flock.Release (a child forked meanwhile holds a copy of
+// the file until it execs).
 func (s Stack) hold(name string, how int) (*os.File, error) {
 	f, err := os.OpenFile(filepath.Join(s.Dir, name), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
@@ -132,21 +136,40 @@ func (s Stack) hold(name string, how int) (*os.File, error) {
 }
 
 // Lock files: every test holds testsLock; fault tests also hold faultsLock
-// exclusively, one after another.
+// exclusively, one after another. gateLock gives the exclusive hold
+// priority: a flock lets a new shared hold in while an exclusive one waits,
+// so a fault test waited as long as the other tests' shared holds
+// overlapped (8 minutes behind the SWE-bench gin test and its neighbours
+// at load 30). A shared hold is taken through the gate (held shared just
+// for that); Exclusive holds the gate exclusively while it waits and
+// holds, so that new shared holds queue behind it and it waits only for
+// those already taken.
 const (
 	testsLock  = "tests.lock"
 	faultsLock = "faults.lock"
+	gateLock   = "gate.lock"
 )
 
 // Shared holds the stack shared until release is called: no fault test
 // stops or restarts a part of it meanwhile. Require takes it for a test;
-// a program that is not a test (a benchmark) takes it itself.
+// a program that is not a test (a benchmark) takes it itself. It waits
+// while a fault test waits for the stack or holds it.
 func (s Stack) Shared() (release func(), err error) {
-	f, err := s.hold(testsLock, syscall.LOCK_SH)
+	f, err := s.holdShared()
 	if err != nil {
 		return nil, err
 	}
-	return func() { _ = f.Close() }, nil
+	return func() { _ = flock.Release(f) }, nil
+}
+
+// holdShared holds tests.lock shared, taken through the gate.
+func (s Stack) holdShared() (*os.File, error) {
+	gate, err := s.hold(gateLock, syscall.LOCK_SH)
+	if err != nil {
+		return nil, err
+	}
+	defer flock.Release(gate)
+	return s.hold(testsLock, syscall.LOCK_SH)
 }
 
 // Exclusive turns the test's shared hold into an exclusive one, waiting
@@ -157,15 +180,31 @@ func (s Stack) Shared() (release func(), err error) {
 // another fault from ending the test's sandboxes meanwhile.
 func (s Stack) Exclusive(tb testing.TB) (done func()) {
 	tb.Helper()
+	return s.exclusive(tb, func() {})
+}
+
+// exclusive is Exclusive, calling waiting once the gate is held (new
+// shared holds wait from then on) and before it waits for the stack.
+func (s Stack) exclusive(tb testing.TB, waiting func()) (done func()) {
+	tb.Helper()
 	if s.held == nil || !s.fault {
 		tb.Fatal("Exclusive on a Stack that RequireFault did not return")
 	}
+	gate, err := s.hold(gateLock, syscall.LOCK_EX)
+	if err != nil {
+		tb.Fatalf("hold the stack's gate: %v", err)
+	}
+	waiting()
 	if err := syscall.Flock(int(s.held.Fd()), syscall.LOCK_EX); err != nil {
+		_ = flock.Release(gate)
 		tb.Fatalf("hold the stack exclusively: %v", err)
 	}
 	return func() {
 		if err := syscall.Flock(int(s.held.Fd()), syscall.LOCK_SH); err != nil {
 			tb.Errorf("hold the stack shared again: %v", err)
+		}
+		if err := flock.Release(gate); err != nil {
+			tb.Errorf("release the stack's gate: %v", err)
 		}
 	}
 }
@@ -181,7 +220,7 @@ func RequireFault(tb testing.TB, st Stack, err error) Stack {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		tb.Cleanup(func() { _ = f.Close() })
+		tb.Cleanup(func() { _ = flock.Release(f) })
 		st.fault = true
 	}
 	return Require(tb, st, err)
@@ -195,11 +234,11 @@ func Require(tb testing.TB, st Stack, err error) Stack {
 	tb.Helper()
 	switch {
 	case err == nil:
-		f, err := st.hold(testsLock, syscall.LOCK_SH)
+		f, err := st.holdShared()
 		if err != nil {
 			tb.Fatal(err)
 		}
-		tb.Cleanup(func() { _ = f.Close() })
+		tb.Cleanup(func() { _ = flock.Release(f) })
 		st.held = f
 		return st
 	case errors.Is(err, ErrNoStack):
