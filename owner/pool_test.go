@@ -104,15 +104,7 @@ func TestPoolIdleAndHoldings(t *testing.T) {
 	wait := poolStarts(o)
 	s0 := seed(t, o, "s0")
 	wait(2)
-	var held owner.Holdings
-	err := o.Quiet(context.Background(), func(h func() (owner.Holdings, error)) error {
-		var err error
-		held, err = h()
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := holdings(t, o)
 	var heldIDs []string
 	for id := range held.Sandboxes {
 		heldIDs = append(heldIDs, id)
@@ -353,5 +345,74 @@ func TestPoolIdleLoopStopsWhatWaitedUnclaimed(t *testing.T) {
 	}
 	if d := cmp.Diff([]string{s0.Handle.SandboxID}, e.fk.LiveSandboxIDs()); d != "" {
 		t.Fatalf("live (-want +got):\n%s", d)
+	}
+}
+
+// Without a pool size there are no pools: a seed starts its own sandbox
+// and nothing is counted.
+func TestNoPoolsWithoutASize(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(pool(0, 1, time.Minute))
+	seed(t, o, "s0")
+	if st := o.PoolStats(); st != (owner.PoolStats{}) {
+		t.Fatalf("stats without pools: %+v", st)
+	}
+	if n := len(e.fk.LiveSandboxIDs()); n != 1 {
+		t.Fatalf("%d sandboxes live, want the session's only", n)
+	}
+}
+
+// A sandbox claimed from a pool is held by its session, and once that
+// session ended it is no longer among what the owner holds.
+func TestAClaimedSandboxLeavesTheHoldingsWithItsSession(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(pool(1, 1, 0))
+	wait := poolStarts(o)
+	seed(t, o, "s0")
+	wait(1)
+	s1 := seed(t, o, "s1")
+	wait(1)
+	if o.PoolStats().Hits != 1 {
+		t.Fatalf("s1 missed the pool: %+v", o.PoolStats())
+	}
+	if err := o.EndSessionSandbox(context.Background(), "s1"); err != nil {
+		t.Fatal(err)
+	}
+	held := holdings(t, o)
+	if held.Sandboxes[s1.Handle.SandboxID] || len(held.Sandboxes) != 2 {
+		t.Fatalf("holdings %v: want s0's and the pool's, not the ended s1's %s", held.Sandboxes, s1.Handle.SandboxID)
+	}
+}
+
+// A start that fails after the provider made its sandbox stops that
+// sandbox only: another server's sandbox on the same provider, numbered
+// alike, stays.
+func TestAFailedStartStopsOnlyItsOwnersSandbox(t *testing.T) {
+	e := newEnv(t)
+	other := e.open(func(c *owner.Config) { c.Checkpoint.Enabled = false; c.Name = "other"; c.Incarnation = "other" })
+	kept := seed(t, other, "s0")
+	o := e.open(func(c *owner.Config) { c.Checkpoint.Enabled = false; c.Incarnation = "this" })
+	e.fk.FailAfterEffect(fake.OpStart, 1)
+	if _, err := o.StartSessionSandbox(context.Background(), "s0", provider.Spec{Image: "notes"}, notesSetup("tok"), ""); !errors.Is(err, provider.ErrInjected) {
+		t.Fatalf("got %v, want the injected start failure", err)
+	}
+	if d := cmp.Diff([]string{kept.Handle.SandboxID}, e.fk.LiveSandboxIDs()); d != "" {
+		t.Fatalf("live (-want +got):\n%s", d)
+	}
+}
+
+// When the listing that looks for a failed start's sandbox fails too, the
+// sandbox is left for the next start or sweep, and the operator is told.
+func TestAFailedStartWhoseListingFailsIsToldOf(t *testing.T) {
+	const warning = "listing sandboxes after a failed start failed"
+	e := newEnv(t)
+	o := e.open(func(c *owner.Config) { c.Checkpoint.Enabled = false })
+	e.fk.FailAfterEffect(fake.OpStart, 1)
+	e.fk.FailNext(fake.OpList, 1)
+	if _, err := o.StartSessionSandbox(context.Background(), "s0", provider.Spec{}, nil, "/w"); !errors.Is(err, provider.ErrInjected) {
+		t.Fatalf("got %v, want the injected start failure", err)
+	}
+	if n := len(e.fk.LiveSandboxIDs()); n != 1 || warnings(e.hook, warning) != 1 {
+		t.Fatalf("%d sandboxes live, %d warnings; want the one made, told once", n, warnings(e.hook, warning))
 	}
 }

@@ -57,13 +57,7 @@ func TestHoldingsNameWhatSessionsHold(t *testing.T) {
 	if _, err := o.Commit(context.Background(), owner.CommitRequest{CheckpointID: "c2"}); !errors.Is(err, errStore) {
 		t.Fatalf("commit c2: %v, want the store's failure", err)
 	}
-	var h owner.Holdings
-	if err := o.Quiet(context.Background(), func(holdings func() (owner.Holdings, error)) (err error) {
-		h, err = holdings()
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	h := holdings(t, o)
 	if diff := cmp.Diff(map[string]bool{"s1": true}, h.Sessions); diff != "" {
 		t.Errorf("sessions (-want +got):\n%s", diff)
 	}
@@ -83,4 +77,17 @@ func TestHoldingsNameWhatSessionsHold(t *testing.T) {
 	if diff := cmp.Diff(want, h.Snapshots); diff != "" || len(unstored) != 1 {
 		t.Errorf("snapshots (-want +got):\n%s\n(unstored %v)", diff, unstored)
 	}
+}
+
+// holdings reads what o's sessions hold, in a Quiet.
+func holdings(t *testing.T, o *owner.Owner) owner.Holdings {
+	t.Helper()
+	var h owner.Holdings
+	if err := o.Quiet(context.Background(), func(holdings func() (owner.Holdings, error)) (err error) {
+		h, err = holdings()
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return h
 }
