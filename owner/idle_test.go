@@ -142,3 +142,96 @@ func TestTouchSendsNothing(t *testing.T) {
 		t.Fatalf("a touch allocates %.1f times, want 0", n)
 	}
 }
+
+// TestReapIdleEndsWhatWaitedTheTimeout: a reap ends exactly the sessions
+// whose last use (their start, or a Touch) is IdleTimeout or more before
+// its time, says so in a warning, and forgets them.
+func TestReapIdleEndsWhatWaitedTheTimeout(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(func(c *owner.Config) { c.Checkpoint.Enabled = false; c.IdleTimeout = time.Hour })
+	t0 := e.clk.Now()
+	sbs := map[string]sandbox.Sandbox{}
+	for _, id := range []string{"s1", "s2"} {
+		sb, err := o.StartSessionSandbox(context.Background(), id, provider.Spec{}, nil, "/w")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sbs[id] = sb
+	}
+	e.clk.Advance(30 * time.Minute)
+	o.Touch("s2")
+	reap := func(at time.Duration) []string {
+		t.Helper()
+		ended, err := o.ReapIdle(context.Background(), t0.Add(at))
+		if err != nil {
+			t.Fatalf("reap at t0+%v: %v", at, err)
+		}
+		return ended
+	}
+	if ended := reap(time.Hour - time.Second); len(ended) != 0 {
+		t.Fatalf("a reap before the idle timeout ended %v", ended)
+	}
+	if d := cmp.Diff([]string{"s1"}, reap(time.Hour)); d != "" {
+		t.Fatalf("ended at t0+1h: the session unused since t0, not the one touched at t0+30m (-want +got):\n%s", d)
+	}
+	if ids, _ := o.Sessions(); !cmp.Equal([]string{"s2"}, ids) {
+		t.Fatalf("sessions after the reap: %v, want [s2]", ids)
+	}
+	// A request right after the reap finds no session at once, never the
+	// actor on its way out (where it would wait out its context).
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := o.Do(ctx, "s1", func(context.Context, provider.Provider, sandbox.Sandbox) error { return nil }); !errors.Is(err, sandbox.ErrNone) {
+		t.Fatalf("Do after the reap: %v, want sandbox.ErrNone", err)
+	}
+	if live, _, _ := o.SessionCounts(); live != 1 {
+		t.Fatalf("%d sessions hold a sandbox after the reap, want 1", live)
+	}
+	if d := cmp.Diff([]string{sbs["s2"].Handle.SandboxID}, e.fk.LiveSandboxIDs()); d != "" {
+		t.Fatalf("live sandboxes (-want +got):\n%s", d)
+	}
+	if n := warnings(e.hook, "session ended: no request for the idle timeout"); n != 1 {
+		t.Fatalf("%d warnings of an idle end, want 1", n)
+	}
+	if d := cmp.Diff([]string{"s2"}, reap(90*time.Minute)); d != "" {
+		t.Fatalf("ended at t0+90m (-want +got):\n%s", d)
+	}
+}
+
+// TestReapIdleRetriesAFailedStop: an idle session whose stop fails is not
+// reported ended, stays, is warned of, and the next reap ends it.
+func TestReapIdleRetriesAFailedStop(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(func(c *owner.Config) { c.Checkpoint.Enabled = false; c.IdleTimeout = time.Hour })
+	sb, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, nil, "/w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := e.clk.Now().Add(2 * time.Hour)
+	e.fk.FailNextFor(fake.OpStop, sb.Handle.SandboxID, 1)
+	if ended, err := o.ReapIdle(context.Background(), later); err != nil || len(ended) != 0 {
+		t.Fatalf("a reap whose stop failed: %v, %v; want nothing ended", ended, err)
+	}
+	if n := warnings(e.hook, "could not end an idle session; the next tick retries"); n != 1 {
+		t.Fatalf("%d warnings of a failed idle end, want 1", n)
+	}
+	if _, err := o.RequireSessionSandbox(context.Background(), "s1"); err != nil {
+		t.Fatalf("a failed idle stop dropped the session: %v", err)
+	}
+	if ended, err := o.ReapIdle(context.Background(), later); err != nil || !cmp.Equal([]string{"s1"}, ended) {
+		t.Fatalf("the next reap: %v, %v; want [s1]", ended, err)
+	}
+}
+
+// TestReapIdleWithoutATimeoutEndsNothing: IdleTimeout 0 never ends a
+// session, however long unused.
+func TestReapIdleWithoutATimeoutEndsNothing(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(func(c *owner.Config) { c.Checkpoint.Enabled = false })
+	if _, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, nil, "/w"); err != nil {
+		t.Fatal(err)
+	}
+	if ended, err := o.ReapIdle(context.Background(), e.clk.Now().Add(1000*time.Hour)); err != nil || len(ended) != 0 {
+		t.Fatalf("reap without an idle timeout: %v, %v; want nothing ended", ended, err)
+	}
+}

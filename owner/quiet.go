@@ -52,14 +52,10 @@ func (o *Owner) holdings() (Holdings, error) {
 		return h, err
 	}
 	defer o.writer.Unlock()
+	// An unstored commit's records name every snapshot its round took.
 	for _, u := range o.unstored {
 		for _, r := range u.records {
 			h.Snapshots[r.SnapshotID] = true
-		}
-		for _, t := range u.taken {
-			if t.SnapshotID != "" {
-				h.Snapshots[t.SnapshotID] = true
-			}
 		}
 	}
 	return h, nil

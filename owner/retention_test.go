@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"path"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/records"
 	"github.com/sandboxowner/owner/retention"
+	"github.com/sandboxowner/owner/snapshotindex"
 )
 
 func following(grace time.Duration) cfgOpt {
@@ -251,11 +253,28 @@ func TestCommitChecksTheDirectories(t *testing.T) {
 	o := e.open(following(time.Minute))
 	seed(t, o, "s1")
 	commitDir(t, o, "c1", "/g/c1")
+	gone := snapshotsOf(t, o, "c1")[0]
 	commitDir(t, o, "c2", "/g/c2")
 	e.ckdirs.RemoveAll("/g/c1")
 	commitDir(t, o, "c3", "/g/c3")
 	e.clk.Advance(time.Minute)
+	deleted := make(chan string, 4)
+	e.fk.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpDeleteSnapshot && c.Phase == fake.PhaseEnd && c.Err == nil {
+			deleted <- c.SnapshotID
+		}
+	})
+	defer e.fk.SetHook(nil)
 	commitDir(t, o, "c4", "/g/c4")
+	// The dropped checkpoint's snapshot is deleted behind the commit.
+	select {
+	case id := <-deleted:
+		if id != gone {
+			t.Fatalf("deleted %s, want c1's %s", id, gone)
+		}
+	case <-time.After(time.Minute): // a guard against a hang, not a wait
+		t.Fatal("c1's snapshot was not deleted after the commit that dropped it")
+	}
 	var held []string
 	metas, err := o.Checkpoints()
 	if err != nil {
@@ -340,5 +359,38 @@ func TestRetentionLoopOnADet(t *testing.T) {
 	}
 	if err := o.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// checkpointsFailingStore fails its next n Checkpoints.
+type checkpointsFailingStore struct {
+	snapshotindex.Store
+	n atomic.Int64
+}
+
+func (s *checkpointsFailingStore) Checkpoints() ([]snapshotindex.CheckpointMeta, error) {
+	if s.n.Add(-1) >= 0 {
+		return nil, errStore
+	}
+	return s.Store.Checkpoints()
+}
+
+// A commit whose look at the directories fails (the index unreadable) is
+// still committed; the operator is warned, and a commit whose look works
+// warns of nothing.
+func TestCommitWhoseDirectoryCheckFailsCommits(t *testing.T) {
+	const warning = "checking the checkpoint directories failed"
+	e := newEnv(t)
+	st := &checkpointsFailingStore{Store: snapshotindex.NewMemory().Open()}
+	o := e.open(following(time.Minute), withStore(st))
+	seed(t, o, "s1")
+	commitDir(t, o, "c1", "/g/c1")
+	if n := warnings(e.hook, warning); n != 0 {
+		t.Fatalf("%d warnings after a clean check, want 0", n)
+	}
+	st.n.Store(1)
+	commitDir(t, o, "c2", "/g/c2")
+	if n := warnings(e.hook, warning); n != 1 {
+		t.Fatalf("%d warnings after a failed check, want 1", n)
 	}
 }

@@ -19,6 +19,14 @@ type writeCountingStore struct {
 	snapshotindex.Store
 	puts           atomic.Int64
 	failTombstones atomic.Int64
+	failDeletes    atomic.Int64
+}
+
+func (s *writeCountingStore) DeleteIntent(k snapshotindex.IntentKey) error {
+	if s.failDeletes.Add(-1) >= 0 {
+		return errStore
+	}
+	return s.Store.DeleteIntent(k)
 }
 
 func (s *writeCountingStore) PutIntent(in snapshotindex.Intent) error {
