@@ -140,14 +140,14 @@ func TestMCPToolFailures(t *testing.T) {
 			t.Errorf("a tool failing with %d: %v", status, r)
 		}
 	}
-	n := 0
+	var logged []string
 	for _, e := range h.log.AllEntries() {
 		if e.Message == "MCP tool call failed" {
-			n++
+			logged = append(logged, fmt.Sprint(e.Data["error"]))
 		}
 	}
-	if n != 1 {
-		t.Errorf("%d failures logged, want the 500's alone", n)
+	if diff := cmp.Diff([]string{"failed: failed with 500"}, logged); diff != "" {
+		t.Errorf("failures logged, want the 500's alone (-want +got):\n%s", diff)
 	}
 }
 
