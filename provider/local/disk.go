@@ -278,21 +278,36 @@ type loopClaimSet struct {
 
 // claim returns a loop device that no other attach of the process holds:
 // the one the kernel calls free, else the first one past it that is
-// free (see nextFree). ctl is /dev/loop-control.
+// free (see nextFree). ctl is /dev/loop-control. No system call is made
+// under the claims' lock: a goroutine that held it through one waited,
+// on a loaded machine, for the scheduler to run it again, and every other
+// attach waited behind it.
 func (c *loopClaimSet) claim(ctl int) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
 	if err != nil {
 		return -1, err
 	}
-	if c.held[n] {
+	for {
+		c.mu.Lock()
+		held := c.held[n]
+		if !held {
+			c.held[n] = true
+		}
+		c.mu.Unlock()
+		if !held {
+			return n, nil
+		}
 		if n, err = c.nextFree(ctl, n+1); err != nil {
 			return -1, err
 		}
 	}
-	c.held[n] = true
-	return n, nil
+}
+
+// isHeld reports whether an attach of the process holds device n.
+func (c *loopClaimSet) isHeld(n int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.held[n]
 }
 
 // nextFree is the first loop device from n on that no attach of the
@@ -300,7 +315,7 @@ func (c *loopClaimSet) claim(ctl int) (int, error) {
 // loop/ then), made (LOOP_CTL_ADD) where none exists.
 func (c *loopClaimSet) nextFree(ctl, n int) (int, error) {
 	for ; ; n++ {
-		if c.held[n] {
+		if c.isHeld(n) {
 			continue
 		}
 		sys := "/sys/block/loop" + strconv.Itoa(n)
