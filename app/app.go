@@ -91,6 +91,8 @@ type App struct {
 	// sweep is the server's own sweep; stopSweep ends its loop and waits.
 	sweep     *sweep.Loop
 	stopSweep func()
+	// res is the resources server (resources.Closer: closed at Stop).
+	res resources.Resources
 }
 
 // Start builds the provider, the owner and the HTTP server from cfg and
@@ -190,7 +192,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*App, error) {
 	sweepDone := make(chan struct{})
 	go func() { defer close(sweepDone); swept.Run(sweepCtx) }()
 	a := &App{cfg: cfg, log: log, own: own, srv: srv, ln: ln, served: make(chan error, 1), stopReaper: stopReaper, closeProv: sp.close,
-		sweep: swept, stopSweep: func() { endSweep(); <-sweepDone }}
+		sweep: swept, stopSweep: func() { endSweep(); <-sweepDone }, res: res}
 	go func() {
 		if deps.beforeServe != nil {
 			deps.beforeServe()
@@ -510,12 +512,21 @@ func (a *App) Stop(ctx context.Context) error {
 	// closing the listener ends it either way.
 	_ = a.ln.Close()
 	<-a.served
+	// The requests still running were cut when the drain ended; the
+	// resources server's own sandboxes (a validation a seed waited for)
+	// are stopped before the process can end without them.
+	var rerr error
+	if c, ok := a.res.(resources.Closer); ok {
+		rctx, cancel := context.WithTimeout(context.Background(), timeouts.CloseStops)
+		rerr = c.Close(rctx)
+		cancel()
+	}
 	a.stopReaper()
 	// Before the owner closes: a pass holds its control turn.
 	a.stopSweep()
 	oerr := a.own.Close()
 	perr := a.closeProv()
-	if err := errors.Join(serr, oerr, perr); err != nil {
+	if err := errors.Join(serr, rerr, oerr, perr); err != nil {
 		return fmt.Errorf("stop: %w", err)
 	}
 	a.log.Info("stopped cleanly")

@@ -63,6 +63,15 @@ type HealthReporter interface {
 	Health() map[string]any
 }
 
+// Closer is a Resources with work of its own to end at shutdown (the
+// SWE-bench server's preparations and gradings, each in a sandbox of its
+// own): Close ends it and returns once its sandboxes are stopped, or with
+// ctx's error. The server calls it once the requests in flight are
+// drained or cut, before the owner and the provider close.
+type Closer interface {
+	Close(ctx context.Context) error
+}
+
 // ToolFunc serves one tool route.
 type ToolFunc func(ctx context.Context, sess *Session, body []byte) (any, error)
 

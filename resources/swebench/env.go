@@ -252,11 +252,11 @@ func (s *Server) seedCaches(ctx context.Context, cloneDir, staging string) (stri
 // outcome and returns the step's output.
 func (s *Server) runEnvStep(ctx context.Context, p provider.Provider, row Row, cloneDir, staging string, env *Environment) (string, error) {
 	spec := s.spec(p, cloneDir, row, roleEnv, &Environment{Dir: staging})
-	h, err := p.Start(ctx, spec)
+	h, ctx, stop, err := s.startSandbox(ctx, p, spec, "environment step")
 	if err != nil {
 		return "", fmt.Errorf("%w: start the environment step's sandbox: %w", ErrTemplate, err)
 	}
-	defer s.stopSandbox(ctx, p, h, "environment step")
+	defer stop()
 	var script strings.Builder
 	script.WriteString("set -e\nexec 2>&1\n")
 	for _, c := range env.Commands {

@@ -25,6 +25,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sandboxowner/owner/app"
+	"github.com/sandboxowner/owner/provider/local"
 	"github.com/sandboxowner/owner/resources/swebench"
 )
 
@@ -247,9 +248,12 @@ const (
 // childConfig is the server binary's configuration for the task: the local
 // provider on root (with the test binary's shared templates), an exported owner
 // on state, the swebench resources, a fixed session secret (cookies and
-// sandbox tokens survive a restart).
+// sandbox tokens survive a restart). Its cleanup, which runs after the
+// children's (startChild's SIGTERM) and before root's removal, stops what
+// they left on root (stopLeftSandboxes).
 func childConfig(t *testing.T, tr swebench.TaskRepo, root, state string) string {
 	t.Helper()
+	t.Cleanup(func() { stopLeftSandboxes(t, root) })
 	cfg := app.Defaults()
 	cfg.Name, cfg.Resources, cfg.Port, cfg.SessionSecret = "swebench", "swebench", 0, childSecret
 	cfg.Sandbox.Provider = "local"
@@ -270,6 +274,37 @@ func childConfig(t *testing.T, tr swebench.TaskRepo, root, state string) string 
 		t.Fatal(err)
 	}
 	return path
+}
+
+// stopLeftSandboxes stops every sandbox a server left on root: local
+// sandboxes outlive their server, so one killed (or stopped past its
+// bounds) mid-validation leaves its sandbox running with the template's
+// environment, the shared build cache among it, bound read-write inside
+// root, and the removal of root deleted through the bind. The provider is
+// exclusive: a server still running on root is reported, not raced.
+func stopLeftSandboxes(t *testing.T, root string) {
+	t.Helper()
+	p, err := local.New(local.Options{Root: root, Exclusive: true})
+	if err != nil {
+		t.Errorf("stop what the servers left on %s: %v", root, err)
+		return
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	left, err := p.ListSandboxes(ctx)
+	if err != nil {
+		t.Errorf("stop what the servers left on %s: %v", root, err)
+		return
+	}
+	for _, sb := range left {
+		if err := p.Stop(ctx, sb.Handle); err != nil {
+			t.Errorf("stop %s, left on %s: %v", sb.Handle.SandboxID, root, err)
+		}
+	}
+	if _, err := p.Reap(ctx); err != nil {
+		t.Errorf("reap %s: %v", root, err)
+	}
 }
 
 // child is a running server process.

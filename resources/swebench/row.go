@@ -48,6 +48,9 @@ var (
 	ErrEnvironmentPreparing = errors.New("swebench: environment preparing")
 	// ErrConfig: the swebench configuration is not usable.
 	ErrConfig = errors.New("swebench: config")
+	// ErrClosed: the server is stopping (Close) and starts no sandbox of
+	// its own.
+	ErrClosed = errors.New("swebench: server stopping")
 )
 
 // TestList is FAIL_TO_PASS or PASS_TO_PASS: a JSON list of test names, or

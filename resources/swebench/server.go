@@ -99,6 +99,15 @@ type Server struct {
 	background map[string]bool
 	prepared   map[string]bool
 	bg         sync.WaitGroup
+
+	// base ends at Close: the background preparations run in it, and the
+	// server's own sandboxes' work ends with it too (see startSandbox).
+	base       context.Context
+	cancelBase context.CancelFunc
+	// closed (under mu) refuses new sandboxes of the server's own; work
+	// counts those not yet stopped.
+	closed bool
+	work   sync.WaitGroup
 }
 
 // New checks cfg and returns a server.
@@ -126,6 +135,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	s.progress = newTracker(clk, cfg.progressInterval(), s.log)
 	s.background, s.prepared = map[string]bool{}, map[string]bool{}
+	s.base, s.cancelBase = context.WithCancel(context.Background())
 	if cfg.ShareCachesWithAgent {
 		s.log.Warn("swebench: share_caches_with_agent has no effect: caches belong to their template, read-only or copied per sandbox")
 	}
@@ -454,6 +464,61 @@ func (s *Server) spec(p provider.Provider, image string, row Row, role string, e
 
 // stopSandbox stops a sandbox this server started for itself (environment
 // step, validation, grading), even when ctx has ended.
+// startSandbox starts a sandbox of spec for the server's own work (an
+// environment step, a standard-library build, a validation, a grading). The
+// context returned ends when ctx does or the server closes; stop, which the
+// caller calls once its work is done, stops the sandbox and lets Close
+// return. A closing server starts none: ErrClosed.
+func (s *Server) startSandbox(ctx context.Context, p provider.Provider, spec provider.Spec, what string) (h provider.Handle, wctx context.Context, stop func(), err error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return provider.Handle{}, ctx, nil, ErrClosed
+	}
+	s.work.Add(1)
+	s.mu.Unlock()
+	wctx, cancel := context.WithCancel(ctx)
+	unhook := context.AfterFunc(s.base, cancel)
+	leave := func() {
+		unhook()
+		cancel()
+		s.work.Done()
+	}
+	if h, err = p.Start(wctx, spec); err != nil {
+		leave()
+		return provider.Handle{}, ctx, nil, err
+	}
+	return h, wctx, func() {
+		s.stopSandbox(wctx, p, h, what)
+		leave()
+	}, nil
+}
+
+// Close ends the server's own work at shutdown: the preparations, the
+// validations and the gradings under way are cancelled and their sandboxes
+// stopped, and none starts after. A local sandbox outlives its server, and
+// one left mid-validation keeps the template's environment (its build
+// cache among it) mounted read-write for whoever removes the sandbox's
+// directory. It returns once every such sandbox is stopped, or with ctx's
+// error.
+func (s *Server) Close(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.cancelBase()
+	stopped := make(chan struct{})
+	go func() {
+		s.work.Wait()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("swebench: close: sandboxes of the server's own still stopping: %w", ctx.Err())
+	}
+}
+
 func (s *Server) stopSandbox(ctx context.Context, p provider.Provider, h provider.Handle, what string) {
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
@@ -685,13 +750,13 @@ func (s *Server) grade(ctx context.Context, p provider.Provider, r readiness, pr
 	}
 	defer release()
 	t := time.Now()
-	h, err := p.Start(ctx, s.spec(p, r.image, row, roleGrading, r.env))
+	h, ctx, stop, err := s.startSandbox(ctx, p, s.spec(p, r.image, row, roleGrading, r.env), "grading")
 	res.EvalSandboxStartTimeTaken = time.Since(t).Seconds()
 	if err != nil {
 		infra("start the grading sandbox", err)
 		return
 	}
-	defer s.stopSandbox(ctx, p, h, "grading")
+	defer stop()
 
 	tc, err := probeGo(ctx, p, h)
 	if err != nil {

@@ -139,13 +139,13 @@ func (s *Server) seedStdLayer(ctx context.Context, p provider.Provider, row Row,
 		return
 	}
 	defer unlock()
-	h, err := p.Start(ctx, s.spec(p, image, row, roleStdlib, &Environment{Dir: staging, stdDir: layer}))
+	h, wctx, stop, err := s.startSandbox(ctx, p, s.spec(p, image, row, roleStdlib, &Environment{Dir: staging, stdDir: layer}), "standard-library")
 	if err != nil {
 		fail("start its sandbox", err)
 		return
 	}
-	res, err := run(ctx, p, h, stdScript, nil, s.cfg.envSetupTimeout())
-	s.stopSandbox(ctx, p, h, "standard-library")
+	res, err := run(wctx, p, h, stdScript, nil, s.cfg.envSetupTimeout())
+	stop()
 	switch {
 	case err != nil:
 		fail("run go build", err)

@@ -115,7 +115,7 @@ func (s *Server) preparedOrStart(p provider.Provider, row Row, log logrus.FieldL
 		s.bg.Add(1)
 		go func() {
 			defer s.bg.Done()
-			_, err := s.prepare(context.Background(), p, row, log)
+			_, err := s.prepare(s.base, p, row, log)
 			s.mu.Lock()
 			delete(s.background, key)
 			if err == nil {
@@ -258,11 +258,11 @@ func (s *Server) runValidation(ctx context.Context, p provider.Provider, row Row
 	}
 	defer release()
 	began := time.Now()
-	h, err := p.Start(ctx, s.spec(p, image, row, roleValidation, env))
+	h, ctx, stop, err := s.startSandbox(ctx, p, s.spec(p, image, row, roleValidation, env), "validation")
 	if err != nil {
 		return nil, fmt.Errorf("%w: start the validation sandbox: %w", ErrGrading, err)
 	}
-	defer s.stopSandbox(ctx, p, h, "validation")
+	defer stop()
 	tc, err := probeGo(ctx, p, h)
 	if err != nil {
 		return nil, fmt.Errorf("%w: probe the repository's Go: %w", ErrGrading, err)
