@@ -88,6 +88,7 @@ func baseConfig(t *testing.T, tr swebench.TaskRepo) app.Config {
 	cfg.Sandbox.Local.Root = t.TempDir()
 	cfg.SWEBench = swebench.Config{
 		TemplateDir:  swebench.SharedTemplateDir(),
+		StdCacheDir:  swebench.SharedStdCacheDir(),
 		Repos:        map[string]string{tr.Repo: tr.Dir},
 		TestCommands: map[string]string{tr.Repo: tr.TestCommand},
 	}

@@ -7,6 +7,9 @@ import "testing"
 // SharedTemplateDir is the template_dir the test binary's servers share.
 func SharedTemplateDir() string { return testTemplatesDir() }
 
+// SharedStdCacheDir is the std_cache_dir the test binary's servers share.
+func SharedStdCacheDir() string { return testStdCacheDir() }
+
 // TaskRepo is the test task: its repository and rows.
 type TaskRepo struct {
 	Dir, Base, Patch       string

@@ -246,7 +246,8 @@ const (
 )
 
 // childConfig is the server binary's configuration for the task: the local
-// provider on root (with the test binary's shared templates), an exported owner
+// provider on root (with the test binary's shared templates and
+// standard-library layers), an exported owner
 // on state, the swebench resources, a fixed session secret (cookies and
 // sandbox tokens survive a restart). Its cleanup, which runs after the
 // children's (startChild's SIGTERM) and before root's removal, stops what
@@ -262,6 +263,7 @@ func childConfig(t *testing.T, tr swebench.TaskRepo, root, state string) string 
 	cfg.SWEBench = swebench.Config{
 		Repos:         map[string]string{tr.Repo: tr.Dir},
 		TemplateDir:   swebench.SharedTemplateDir(),
+		StdCacheDir:   swebench.SharedStdCacheDir(),
 		TestCommands:  map[string]string{tr.Repo: tr.TestCommand},
 		SandboxConfig: swebench.SandboxConfig{TTLSeconds: 3600},
 	}
