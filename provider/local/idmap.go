@@ -33,7 +33,7 @@ const idmapHolderName = "sandbox-idmap"
 // it shows a file the storage uid owns as the sandbox's uid's, and one
 // root owns as root's. The helper process makes it (see nsMaker).
 func (p *Provider) idmapNS(ids owner) (int, error) {
-	return userNS.make(owner{p.uid, p.gid}, ids)
+	return p.ns.make(owner{p.uid, p.gid}, ids)
 }
 
 // idmapMount mounts at dst a view of src through the user namespace nsfd

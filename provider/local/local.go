@@ -282,6 +282,8 @@ type Provider struct {
 	// ready keeps sandbox ids made ahead (nil: none are); readyNS more
 	// of them with only their uids and namespaces made (nil: none are).
 	ready, readyNS *readyIDs
+	// ns makes the user namespaces views map through (see nsMaker).
+	ns *nsMaker
 	// release: a remount's wait for the image's last loop device to go.
 	release imageRelease
 
@@ -343,6 +345,7 @@ func New(opts Options) (_ *Provider, err error) {
 		}
 	}
 	p := &Provider{
+		ns:             newNSMaker(),
 		root:           root,
 		snapDir:        snapDir,
 		templates:      map[string]string{},

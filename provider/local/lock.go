@@ -58,6 +58,7 @@ func lockRoot(root string) (*os.File, error) {
 func (p *Provider) Close() error {
 	p.ready.close()
 	p.readyNS.close()
+	p.ns.close()
 	p.mu.Lock()
 	f := p.lock
 	p.lock = nil

@@ -26,8 +26,8 @@ import (
 // server's; the server asks it for a namespace and gets an open descriptor
 // back.
 //
-// One helper serves the whole process (every provider in it): it is
-// started at the first namespace asked for, ends when the server does
+// Each provider has its own helper: it is started at the first namespace
+// the provider asks for, ends when the provider closes or the server ends
 // (its control socket closes), and is started again if it died.
 
 // nsMakerName is argv[0] of the helper (see init).
@@ -58,17 +58,33 @@ var errHelperGone = errors.New("user namespace: the helper is gone")
 // nsAnswerTimeout bounds how long a namespace may take to come back.
 const nsAnswerTimeout = 30 * time.Second
 
-// nsMaker is the server's side of the helper.
+// errNSMakerClosed: the provider the helper served was closed.
+var errNSMakerClosed = errors.New("user namespace: the provider is closed")
+
+// nsMaker is the server's side of the helper. Each provider has its own,
+// started at the first namespace it asks for and ended by its Close.
 type nsMaker struct {
 	mu     sync.RWMutex // write-held while a helper is started
 	fd     int          // the server's end of the control socket; -1: none runs
 	gen    uint64       // counts the helpers started; 0: none was
+	closed bool
 	cmd    *exec.Cmd
 	stderr *limitedBuffer
 }
 
-// userNS is the process's helper.
-var userNS = &nsMaker{fd: -1}
+func newNSMaker() *nsMaker { return &nsMaker{fd: -1} }
+
+// close ends the helper (it ends when its control socket closes); a
+// namespace asked for afterwards is refused with errNSMakerClosed.
+func (m *nsMaker) close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.closed = true
+	if m.fd >= 0 {
+		unix.Close(m.fd)
+		m.fd = -1
+	}
+}
 
 // make returns a user namespace (an open descriptor the caller closes)
 // that maps root to root and storage's ids to ids', made by the helper.
@@ -150,6 +166,9 @@ func (m *nsMaker) send(req []byte, reply int, gone uint64) (uint64, error) {
 		m.mu.RUnlock()
 		m.mu.Lock()
 		defer m.mu.Unlock()
+		if m.closed {
+			return gen, errNSMakerClosed
+		}
 		if m.gen == gen || m.fd < 0 { // none started since it looked
 			if err := m.startLocked(); err != nil {
 				return gen, err

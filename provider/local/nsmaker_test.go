@@ -1,6 +1,7 @@
 package local
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -44,11 +45,11 @@ func ownerSeenThrough(t *testing.T, nsfd int) owner {
 	return owner{int(st.Uid), int(st.Gid)}
 }
 
-// makeNS asks the process's helper for a namespace mapping the storage
+// makeNS asks the helper m for a namespace mapping the storage
 // ids to ids and checks a view through it shows them.
-func makeNS(t *testing.T, ids owner) {
+func makeNS(t *testing.T, m *nsMaker, ids owner) {
 	t.Helper()
-	fd, err := userNS.make(nsStorage, ids)
+	fd, err := m.make(nsStorage, ids)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +67,8 @@ func TestAViewsNamespaceIsMadeWithoutForkingTheServer(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("SKIP: idmapped mounts need root")
 	}
-	makeNS(t, owner{1_600_001, 1_600_001}) // the helper runs
+	userNS := testNSMaker(t)
+	makeNS(t, userNS, owner{1_600_001, 1_600_001}) // the helper runs
 	syscall.ForkLock.Lock()
 	locked := true
 	defer func() {
@@ -106,18 +108,64 @@ func TestAHelperThatDiedIsStartedAgain(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("SKIP: idmapped mounts need root")
 	}
-	makeNS(t, owner{1_600_011, 1_600_011})
+	userNS := testNSMaker(t)
+	makeNS(t, userNS, owner{1_600_011, 1_600_011})
 	userNS.mu.RLock()
 	gen, helper := userNS.gen, userNS.cmd.Process
 	userNS.mu.RUnlock()
 	if err := helper.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	makeNS(t, owner{1_600_012, 1_600_012})
+	makeNS(t, userNS, owner{1_600_012, 1_600_012})
 	userNS.mu.RLock()
 	after := userNS.gen
 	userNS.mu.RUnlock()
 	if after != gen+1 {
 		t.Errorf("helpers started: %d before the kill, %d after; want one more", gen, after)
+	}
+}
+
+// testNSMaker is a helper of the test's own, ended at its end.
+func testNSMaker(t *testing.T) *nsMaker {
+	m := newNSMaker()
+	t.Cleanup(m.close)
+	return m
+}
+
+// A closed provider's helper ends, and no namespace is made for it after:
+// a helper started again by a fill still running would outlive it.
+func TestAClosedHelperMakesNoNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP: idmapped mounts need root")
+	}
+	m := testNSMaker(t)
+	makeNS(t, m, owner{1_600_021, 1_600_021})
+	m.mu.RLock()
+	helper := m.cmd
+	m.mu.RUnlock()
+	m.close()
+	if _, err := m.make(nsStorage, owner{1_600_022, 1_600_022}); !errors.Is(err, errNSMakerClosed) {
+		t.Errorf("a namespace asked of a closed helper: %v, want errNSMakerClosed", err)
+	}
+	// The helper ends once its control socket is closed (ESRCH: it ended
+	// and was reaped already).
+	if pfd, err := unix.PidfdOpen(helper.Process.Pid, 0); err == nil {
+		defer unix.Close(pfd)
+		fds := []unix.PollFd{{Fd: int32(pfd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, int((2 * time.Minute).Milliseconds()))
+		for err == unix.EINTR {
+			n, err = unix.Poll(fds, int((2 * time.Minute).Milliseconds()))
+		}
+		if err != nil || n != 1 {
+			t.Errorf("the helper still runs after its provider closed (poll %d, %v)", n, err)
+		}
+	} else if !errors.Is(err, unix.ESRCH) {
+		t.Fatal(err)
+	}
+	m.mu.RLock()
+	gen, fd := m.gen, m.fd
+	m.mu.RUnlock()
+	if gen != 1 || fd != -1 {
+		t.Errorf("after close: %d helpers started, control socket %d; want 1 and -1", gen, fd)
 	}
 }
