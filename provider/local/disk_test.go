@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local/localtest"
 )
 
 // newDiskProvider is newProvider with a small disk limit, skipping where
@@ -148,26 +149,9 @@ func TestASandboxDiskGoesWithIt(t *testing.T) {
 func mountsLeft(t *testing.T, p *Provider) []string {
 	t.Helper()
 	var out []string
-	for _, m := range mountsUnder(t, p.root) {
+	for _, m := range localtest.MountsUnder(t, p.root) {
 		if !within(m, p.readyDir()) {
 			out = append(out, m)
-		}
-	}
-	return out
-}
-
-// mountsUnder lists the mount points under dir.
-func mountsUnder(t *testing.T, dir string) []string {
-	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && within(f[4], dir) {
-			out = append(out, f[4])
 		}
 	}
 	return out

@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local/localtest"
 	"github.com/sandboxowner/owner/provider/local/uidrange"
 )
 
@@ -255,7 +256,7 @@ func noneMadeAhead(t *testing.T, p *Provider, what string) {
 	if got := readyDirs(t, p); len(got) != 0 {
 		t.Errorf("directories made ahead left after %s: %v", what, got)
 	}
-	if got := mountsUnder(t, p.readyDir()); len(got) != 0 {
+	if got := localtest.MountsUnder(t, p.readyDir()); len(got) != 0 {
 		t.Errorf("mounts made ahead left after %s: %v", what, got)
 	}
 }

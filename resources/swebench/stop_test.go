@@ -8,7 +8,6 @@ import (
 	"io"
 	"maps"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"github.com/sandboxowner/owner/app"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/provider/local/localtest"
 	"github.com/sandboxowner/owner/resources/swebench"
 )
 
@@ -135,11 +135,11 @@ func TestStopLeftSandboxesStopsWhatAKilledServerLeft(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if len(mountsUnder(t, root)) == 0 {
+	if len(localtest.MountsUnder(t, root)) == 0 {
 		t.Fatalf("sandbox %s has no mount under its root to leave behind", h.SandboxID)
 	}
 	stopLeftSandboxes(t, root)
-	if m := mountsUnder(t, root); len(m) != 0 {
+	if m := localtest.MountsUnder(t, root); len(m) != 0 {
 		t.Errorf("mounted under the root after stopLeftSandboxes: %v", m)
 	}
 	q, err := local.New(local.Options{Root: root})
@@ -150,20 +150,4 @@ func TestStopLeftSandboxesStopsWhatAKilledServerLeft(t *testing.T) {
 	if live, err := q.ListSandboxes(context.Background()); err != nil || len(live) != 0 {
 		t.Errorf("sandboxes after stopLeftSandboxes: %v (%v), want none", live, err)
 	}
-}
-
-// mountsUnder lists the mount points under dir.
-func mountsUnder(t *testing.T, dir string) []string {
-	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && within(f[4], dir) {
-			out = append(out, f[4])
-		}
-	}
-	return out
 }
