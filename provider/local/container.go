@@ -1,6 +1,7 @@
 package local
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,7 +41,7 @@ type sandboxInit struct {
 // once it runs commands. Isolated, the init is the sandbox's pid 1, in the
 // sandbox's own user, pid, mount, network, ipc, uts and cgroup namespaces,
 // with the syscall filter (see runSetup).
-func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, err error) {
+func (p *Provider) startInit(ctx context.Context, s *sandbox, cgFiles []*os.File) (_ *sandboxInit, err error) {
 	s.mu.Lock()
 	meta := s.meta
 	s.mu.Unlock()
@@ -64,7 +65,7 @@ func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, er
 	var as *owner
 	extra := []*os.File{child}
 	if p.ctr != nil {
-		if err := p.mountLayers(s, meta.Spec, sandboxIDs(meta)); err != nil {
+		if err := p.mountLayers(ctx, s, meta.Spec, sandboxIDs(meta)); err != nil {
 			return nil, err
 		}
 		caches, err := p.sandboxMounts(meta.Spec, meta.Workdir, s.writableDir(), true)
@@ -75,7 +76,7 @@ func (p *Provider) startInit(s *sandbox, cgFiles []*os.File) (_ *sandboxInit, er
 		if ids := sandboxIDs(meta); ids != nil {
 			// Its tree (in copy mode; an overlay is mounted over views
 			// already), caches and writable mounts, through its views.
-			if _, _, _, caches, err = p.makeViews(s, *ids, -1, nil, caches); err != nil {
+			if _, _, _, caches, err = p.makeViews(ctx, s, *ids, -1, nil, caches); err != nil {
 				return nil, err
 			}
 			if !meta.Overlay {

@@ -87,7 +87,7 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 		stderrW.Close()
 		return provider.ExecResult{}, err
 	}
-	in, err := p.sandboxInit(s)
+	in, err := p.sandboxInit(ctx, s)
 	var id uint64
 	var status *commandStatus
 	if err == nil {
@@ -177,7 +177,7 @@ func (p *Provider) commandEnv(s *sandbox, rel string, req provider.ExecRequest) 
 
 // sandboxInit returns the sandbox's running init, starting one (in the
 // sandbox's cgroups, made for it) when it has none or it died.
-func (p *Provider) sandboxInit(s *sandbox) (*sandboxInit, error) {
+func (p *Provider) sandboxInit(ctx context.Context, s *sandbox) (*sandboxInit, error) {
 	if err := p.isolationUp(); err != nil {
 		return nil, err
 	}
@@ -194,7 +194,7 @@ func (p *Provider) sandboxInit(s *sandbox) (*sandboxInit, error) {
 		if err != nil {
 			return nil, err
 		}
-		in, err = p.startInit(s, cgFiles)
+		in, err = p.startInit(ctx, s, cgFiles)
 		closeAll(cgFiles)
 		if err == nil {
 			break

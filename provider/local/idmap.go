@@ -1,6 +1,7 @@
 package local
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -31,9 +32,10 @@ const idmapHolderName = "sandbox-idmap"
 // idmapNS returns a user namespace (an open descriptor) that maps root to
 // root and the storage ids to the sandbox's: an idmapped mount made with
 // it shows a file the storage uid owns as the sandbox's uid's, and one
-// root owns as root's. The helper process makes it (see nsMaker).
-func (p *Provider) idmapNS(ids owner) (int, error) {
-	return p.ns.make(owner{p.uid, p.gid}, ids)
+// root owns as root's. The helper process makes it (see nsMaker), within
+// ctx.
+func (p *Provider) idmapNS(ctx context.Context, ids owner) (int, error) {
+	return p.ns.make(ctx, owner{p.uid, p.gid}, ids)
 }
 
 // idmapMount mounts at dst a view of src through the user namespace nsfd
@@ -97,7 +99,7 @@ func (s *sandbox) viewOf(h string) string {
 // the upper and work directories, and the mounts. Views already mounted
 // (a server restarted while the sandbox lived) are kept. A view that
 // failed stays to be detached with the others (see detachViews).
-func (p *Provider) makeViews(s *sandbox, ids owner, userns int, lowers []string, mounts []cacheMount) (viewLowers []string, upper, work string, viewMounts []cacheMount, err error) {
+func (p *Provider) makeViews(ctx context.Context, s *sandbox, ids owner, userns int, lowers []string, mounts []cacheMount) (viewLowers []string, upper, work string, viewMounts []cacheMount, err error) {
 	v := viewsOf(s.dir)
 	if err := os.MkdirAll(v.dir, 0o711); err != nil {
 		return nil, "", "", nil, err
@@ -114,7 +116,7 @@ func (p *Provider) makeViews(s *sandbox, ids owner, userns int, lowers []string,
 			return dst, nil
 		}
 		if nsfd < 0 {
-			if nsfd, err = p.idmapNS(ids); err != nil {
+			if nsfd, err = p.idmapNS(ctx, ids); err != nil {
 				return "", err
 			}
 		}

@@ -500,9 +500,9 @@ func New(opts Options) (_ *Provider, err error) {
 	p.chooseCgroups()
 	p.chooseDisks()
 	if (p.uids != nil && p.overlay || p.disks != nil) && opts.ReadyIDs >= 0 {
-		p.ready = &readyIDs{p: p, max: cmp.Or(opts.ReadyIDs, DefaultReadyIDs)}
+		p.ready = newReadyIDs(p, cmp.Or(opts.ReadyIDs, DefaultReadyIDs), false)
 		if n := p.readyNamespaces(); p.uids != nil && p.overlay && n > 0 {
-			p.readyNS = &readyIDs{p: p, max: n, nsOnly: true}
+			p.readyNS = newReadyIDs(p, n, true)
 		}
 	}
 	fields := logrus.Fields{"root": p.root, "isolation": p.Isolation(), "fs_mode": mode, "limits": p.LimitsInEffect(), "seccomp": p.Seccomp()}
@@ -612,7 +612,11 @@ func (p *Provider) startProbeContainer() error {
 	if err := p.owner().chown(s.fsDir()); err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}
-	in, err := p.startInit(s, nil)
+	// Its result is every caller's (see probed), so no one caller's
+	// context bounds it: the init's setup bound does.
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	defer cancel()
+	in, err := p.startInit(ctx, s, nil)
 	if err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}

@@ -181,7 +181,7 @@ func mountWorkDir(sandboxDir string, i int) string  { return mountCopyDir(sandbo
 // uid of its own (ids), the host directory and the sandbox's layer are
 // seen through views, as its tree's are: the storage uid's entries are the
 // sandbox's uid's.
-func (p *Provider) mountLayers(s *sandbox, spec provider.Spec, ids *owner) error {
+func (p *Provider) mountLayers(ctx context.Context, s *sandbox, spec provider.Spec, ids *owner) error {
 	if !p.layeredMounts() {
 		return nil
 	}
@@ -215,7 +215,7 @@ func (p *Provider) mountLayers(s *sandbox, spec provider.Spec, ids *owner) error
 			view := filepath.Join(v.dir, "c"+strconv.Itoa(i))
 			if !isMountRoot(view) {
 				if nsfd < 0 {
-					if nsfd, err = p.idmapNS(*ids); err != nil {
+					if nsfd, err = p.idmapNS(ctx, *ids); err != nil {
 						return fmt.Errorf("local: %s[%d]: %w", MountsOption, i, err)
 					}
 				}

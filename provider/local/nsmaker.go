@@ -1,6 +1,7 @@
 package local
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -55,9 +56,6 @@ type nsAnswer struct {
 // or answered a request.
 var errHelperGone = errors.New("user namespace: the helper is gone")
 
-// nsAnswerTimeout bounds how long a namespace may take to come back.
-const nsAnswerTimeout = 30 * time.Second
-
 // errNSMakerClosed: the provider the helper served was closed.
 var errNSMakerClosed = errors.New("user namespace: the provider is closed")
 
@@ -70,17 +68,24 @@ type nsMaker struct {
 	closed bool
 	cmd    *exec.Cmd
 	stderr *limitedBuffer
+
+	// full, when set by a test, runs when a request finds the control
+	// socket full, before it waits for room.
+	full func()
 }
 
 func newNSMaker() *nsMaker { return &nsMaker{fd: -1} }
 
 // close ends the helper (it ends when its control socket closes); a
-// namespace asked for afterwards is refused with errNSMakerClosed.
+// namespace asked for afterwards is refused with errNSMakerClosed. A
+// request still waiting for room on the control socket fails: the
+// shutdown reaches the copies requests send on (see send).
 func (m *nsMaker) close() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.closed = true
 	if m.fd >= 0 {
+		_ = unix.Shutdown(m.fd, unix.SHUT_RDWR)
 		unix.Close(m.fd)
 		m.fd = -1
 	}
@@ -89,15 +94,16 @@ func (m *nsMaker) close() {
 // make returns a user namespace (an open descriptor the caller closes)
 // that maps root to root and storage's ids to ids', made by the helper.
 // A helper that ended before it answered is started again, once per
-// namespace asked for.
-func (m *nsMaker) make(storage, ids owner) (int, error) {
+// namespace asked for. ctx bounds the wait for room on the control socket
+// and for the answer.
+func (m *nsMaker) make(ctx context.Context, storage, ids owner) (int, error) {
 	req, err := json.Marshal(nsRequest{StorageUID: storage.uid, StorageGID: storage.gid, UID: ids.uid, GID: ids.gid})
 	if err != nil {
 		return -1, err
 	}
 	var gone uint64
 	for attempt := 0; ; attempt++ {
-		fd, gen, err := m.ask(req, gone)
+		fd, gen, err := m.ask(ctx, req, gone)
 		if !errors.Is(err, errHelperGone) || attempt > 0 {
 			return fd, err
 		}
@@ -107,57 +113,135 @@ func (m *nsMaker) make(storage, ids owner) (int, error) {
 
 // ask asks the helper for a namespace (see send); gen names the helper
 // asked.
-func (m *nsMaker) ask(req []byte, gone uint64) (fd int, gen uint64, err error) {
+func (m *nsMaker) ask(ctx context.Context, req []byte, gone uint64) (fd int, gen uint64, err error) {
+	if err := ctx.Err(); err != nil {
+		return -1, 0, fmt.Errorf("user namespace: %w", err)
+	}
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, 0, fmt.Errorf("user namespace: answer socket: %w", err)
 	}
-	defer unix.Close(pair[0])
-	gen, err = m.send(req, pair[1], gone)
+	// The server's end waits in the runtime's poller, which a deadline
+	// (ctx's end) wakes; the helper's end stays blocking.
+	if err := unix.SetNonblock(pair[0], true); err != nil {
+		unix.Close(pair[0])
+		unix.Close(pair[1])
+		return -1, 0, fmt.Errorf("user namespace: answer socket: %w", err)
+	}
+	answer := os.NewFile(uintptr(pair[0]), "userns-answer")
+	defer answer.Close()
+	gen, err = m.send(ctx, req, pair[1], gone)
 	unix.Close(pair[1]) // the helper holds its own copy, or never will
 	if err != nil {
 		return -1, gen, err
 	}
-	tv := unix.NsecToTimeval(nsAnswerTimeout.Nanoseconds())
-	if err := unix.SetsockoptTimeval(pair[0], unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		return -1, gen, fmt.Errorf("user namespace: %w", err)
-	}
 	buf := make([]byte, 4<<10)
 	oob := make([]byte, unix.CmsgSpace(4))
-	for {
-		n, oobn, _, _, err := unix.Recvmsg(pair[0], buf, oob, unix.MSG_CMSG_CLOEXEC)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return -1, gen, fmt.Errorf("user namespace: wait for the helper: %w", err)
-		}
-		fd := rightsFd(oob[:oobn])
-		var a nsAnswer
-		switch {
-		case n == 0:
-			// Its end closed unanswered: the helper ended.
-			return -1, gen, fmt.Errorf("%w%s", errHelperGone, m.said())
-		case json.Unmarshal(buf[:n], &a) != nil:
-			a.Error = "an answer that does not parse"
-		case a.Error == "" && fd < 0:
-			a.Error = "an answer without a namespace"
-		}
-		if a.Error != "" {
-			if fd >= 0 {
-				unix.Close(fd)
-			}
-			return -1, gen, fmt.Errorf("user namespace: %s", a.Error)
-		}
-		return fd, gen, nil
+	var n, oobn int
+	err = awaitFd(ctx, answer, false, func(fd int) (err error) {
+		n, oobn, _, _, err = unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		return err
+	}, nil)
+	if err != nil {
+		return -1, gen, fmt.Errorf("user namespace: wait for the helper: %w", err)
 	}
+	fd = rightsFd(oob[:oobn])
+	var a nsAnswer
+	switch {
+	case n == 0:
+		// Its end closed unanswered: the helper ended.
+		return -1, gen, fmt.Errorf("%w%s", errHelperGone, m.said())
+	case json.Unmarshal(buf[:n], &a) != nil:
+		a.Error = "an answer that does not parse"
+	case a.Error == "" && fd < 0:
+		a.Error = "an answer without a namespace"
+	}
+	if a.Error != "" {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return -1, gen, fmt.Errorf("user namespace: %s", a.Error)
+	}
+	return fd, gen, nil
+}
+
+// awaitFd runs op on f's descriptor until it does not fail with EAGAIN
+// (a write when write, else a read), waiting in the runtime's poller for
+// f to be ready between tries, and returns op's error; or ctx's, once ctx
+// ends first. blocked, if set, runs each time op found f not ready.
+func awaitFd(ctx context.Context, f *os.File, write bool, op func(fd int) error, blocked func()) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	// A deadline in the past wakes the wait; a file already closed
+	// refuses it harmlessly.
+	stop := context.AfterFunc(ctx, func() { _ = f.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	var opErr error
+	try := func(fd uintptr) bool {
+		for {
+			opErr = op(int(fd))
+			if opErr != unix.EINTR {
+				break
+			}
+		}
+		if opErr == unix.EAGAIN {
+			if blocked != nil {
+				blocked()
+			}
+			return false
+		}
+		return true
+	}
+	if write {
+		err = rc.Write(try)
+	} else {
+		err = rc.Read(try)
+	}
+	if err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return ctxErr
+		}
+		return err
+	}
+	return opErr
 }
 
 // send sends req, with the answer socket reply, to the running helper,
 // unless it is gone's (a helper found gone): then, or when none runs, to
-// a new one it starts. It returns which helper it sent to.
-func (m *nsMaker) send(req []byte, reply int, gone uint64) (uint64, error) {
+// a new one it starts. It returns which helper it sent to. A control
+// socket the helper has not emptied is waited on until ctx ends: the
+// request goes on a copy of the server's end of its own, whose deadline
+// is the request's alone.
+func (m *nsMaker) send(ctx context.Context, req []byte, reply int, gone uint64) (uint64, error) {
+	gen, control, err := m.controlCopy(gone)
+	if err != nil {
+		return gen, err
+	}
+	f := os.NewFile(uintptr(control), "userns-control")
+	defer f.Close()
 	rights := unix.UnixRights(reply)
+	err = awaitFd(ctx, f, true, func(fd int) error {
+		return unix.Sendmsg(fd, req, rights, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+	}, m.full)
+	switch {
+	case err == nil:
+		return gen, nil
+	case ctx.Err() != nil:
+		return gen, fmt.Errorf("user namespace: send to the helper: %w", err)
+	}
+	return gen, fmt.Errorf("%w: %v%s", errHelperGone, err, m.said())
+}
+
+// controlCopy returns a copy of the server's end of the running helper's
+// control socket (non-blocking, as the end is), unless the helper is
+// gone's: then, or when none runs, of a new one it starts. gen names the
+// helper.
+func (m *nsMaker) controlCopy(gone uint64) (gen uint64, fd int, err error) {
 	m.mu.RLock()
 	gen, running := m.gen, m.fd >= 0 && m.gen != gone
 	if running {
@@ -167,19 +251,20 @@ func (m *nsMaker) send(req []byte, reply int, gone uint64) (uint64, error) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		if m.closed {
-			return gen, errNSMakerClosed
+			return gen, -1, errNSMakerClosed
 		}
 		if m.gen == gen || m.fd < 0 { // none started since it looked
 			if err := m.startLocked(); err != nil {
-				return gen, err
+				return gen, -1, err
 			}
 		}
 		gen = m.gen
 	}
-	if err := unix.Sendmsg(m.fd, req, rights, nil, unix.MSG_NOSIGNAL); err != nil {
-		return gen, fmt.Errorf("%w: %v%s", errHelperGone, err, m.saidLocked())
+	fd, err = unix.FcntlInt(uintptr(m.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return gen, -1, fmt.Errorf("user namespace: the helper's socket: %w", err)
 	}
-	return gen, nil
+	return gen, fd, nil
 }
 
 // startLocked starts a helper, killing the one before it if it still
@@ -192,6 +277,12 @@ func (m *nsMaker) startLocked() error {
 	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
+		return fmt.Errorf("user namespace: the helper's socket: %w", err)
+	}
+	// The server's end waits in the runtime's poller (see send).
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
 		return fmt.Errorf("user namespace: the helper's socket: %w", err)
 	}
 	child := os.NewFile(uintptr(fds[1]), "userns-control")
@@ -217,10 +308,6 @@ func (m *nsMaker) startLocked() error {
 func (m *nsMaker) said() string {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return m.saidLocked()
-}
-
-func (m *nsMaker) saidLocked() string {
 	if m.stderr == nil {
 		return ""
 	}

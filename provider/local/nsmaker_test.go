@@ -1,9 +1,11 @@
 package local
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -49,7 +51,7 @@ func ownerSeenThrough(t *testing.T, nsfd int) owner {
 // ids to ids and checks a view through it shows them.
 func makeNS(t *testing.T, m *nsMaker, ids owner) {
 	t.Helper()
-	fd, err := m.make(nsStorage, ids)
+	fd, err := m.make(context.Background(), nsStorage, ids)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +84,7 @@ func TestAViewsNamespaceIsMadeWithoutForkingTheServer(t *testing.T) {
 	}
 	done := make(chan made, 1)
 	go func() {
-		fd, err := userNS.make(nsStorage, owner{1_600_002, 1_600_003})
+		fd, err := userNS.make(context.Background(), nsStorage, owner{1_600_002, 1_600_003})
 		done <- made{fd, err}
 	}()
 	var got made
@@ -144,7 +146,7 @@ func TestAClosedHelperMakesNoNamespace(t *testing.T) {
 	helper := m.cmd
 	m.mu.RUnlock()
 	m.close()
-	if _, err := m.make(nsStorage, owner{1_600_022, 1_600_022}); !errors.Is(err, errNSMakerClosed) {
+	if _, err := m.make(context.Background(), nsStorage, owner{1_600_022, 1_600_022}); !errors.Is(err, errNSMakerClosed) {
 		t.Errorf("a namespace asked of a closed helper: %v, want errNSMakerClosed", err)
 	}
 	// The helper ends once its control socket is closed (ESRCH: it ended
@@ -167,5 +169,115 @@ func TestAClosedHelperMakesNoNamespace(t *testing.T) {
 	m.mu.RUnlock()
 	if gen != 1 || fd != -1 {
 		t.Errorf("after close: %d helpers started, control socket %d; want 1 and -1", gen, fd)
+	}
+}
+
+// fakeHelper is a helper that runs no process: the test holds its end of
+// the control socket (returned), and reads and answers as it likes.
+func fakeHelper(t *testing.T) (*nsMaker, int) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		t.Fatal(err)
+	}
+	m := newNSMaker()
+	m.fd, m.gen = fds[0], 1
+	t.Cleanup(func() { unix.Close(fds[1]) })
+	t.Cleanup(m.close)
+	return m, fds[1]
+}
+
+// awaitMade waits for the namespace asked for on done, at most a bound
+// that only a hang reaches.
+func awaitMade(t *testing.T, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(2 * time.Minute):
+		t.Fatal("a namespace asked for is still awaited")
+		return nil
+	}
+}
+
+// askAsync asks m for a namespace within ctx and sends the error on the
+// channel returned.
+func askAsync(ctx context.Context, m *nsMaker) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		fd, err := m.make(ctx, nsStorage, owner{1_600_031, 1_600_031})
+		if err == nil {
+			unix.Close(fd)
+		}
+		done <- err
+	}()
+	return done
+}
+
+// A namespace's wait for the helper's answer ends with its caller's
+// context: a helper that took the request and never answers holds no
+// start.
+func TestANamespaceNeverAnsweredEndsWithItsContext(t *testing.T) {
+	m, helper := fakeHelper(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := askAsync(ctx, m)
+	buf, oob := make([]byte, 4<<10), make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := unix.Recvmsg(helper, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply := rightsFd(oob[:oobn])
+	if reply < 0 {
+		t.Fatal("a request without its answer socket")
+	}
+	defer unix.Close(reply) // held: the answer never comes, nor the end
+	cancel()
+	if err := awaitMade(t, done); !errors.Is(err, context.Canceled) {
+		t.Errorf("a namespace never answered, its context cancelled: %v, want context.Canceled", err)
+	}
+}
+
+// A helper that reads no request fills its control socket; a namespace
+// asked for then waits for room until its caller's context ends, or the
+// provider closes.
+func TestANamespaceWaitingForTheHelperEnds(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		end  func(m *nsMaker, cancel context.CancelFunc)
+		want error
+	}{
+		{"its context cancelled", func(_ *nsMaker, cancel context.CancelFunc) { cancel() }, context.Canceled},
+		{"the provider closed", func(m *nsMaker, _ context.CancelFunc) { m.close() }, errNSMakerClosed},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m, _ := fakeHelper(t)
+			for {
+				err := unix.Sendmsg(m.fd, []byte("{}"), nil, nil, unix.MSG_DONTWAIT)
+				if err == unix.EAGAIN {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			blocked := make(chan struct{})
+			m.full = sync.OnceFunc(func() { close(blocked) })
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := askAsync(ctx, m)
+			select {
+			case <-blocked:
+			case err := <-done:
+				t.Fatalf("a namespace asked of a helper whose socket is full: %v, without waiting", err)
+			}
+			c.end(m, cancel)
+			if err := awaitMade(t, done); !errors.Is(err, c.want) {
+				t.Errorf("a namespace waiting for room, %s: %v, want %v", c.name, err, c.want)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package local
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -21,14 +22,17 @@ const DefaultReadyIDs = 2
 const maxReadyNamespaces = 64
 
 // readyNamespaces is how many ids, beyond those made ahead in full, a
-// provider keeps with their uids taken and namespaces made: a group of
-// sandboxes started at once (a group of rollouts of one task, each a fork
-// of its template) outruns the few made in full, and the namespace is
-// then the slowest step each start makes itself (a process cloned into
-// it, in the helper, under the load the group makes). A namespace made
-// ahead holds a uid and a little kernel memory, no process: up to
-// maxReadyNamespaces, and one per 1,024 uids of the range, so that a
-// small range's uids go to sandboxes.
+// provider keeps with their uids taken and namespaces made, once a start
+// outran those made in full: a group of sandboxes started at once (a
+// group of rollouts of one task, each a fork of its template) outruns
+// the few made in full, and the namespace is then the slowest step each
+// start makes itself (a process cloned into it, in the helper, under the
+// load the group makes). A namespace made ahead holds a uid and a little
+// kernel memory, no process: up to maxReadyNamespaces, and one per 1,024
+// uids of the range, so that a small range's uids go to sandboxes. They
+// are made only on demand (see newSandboxID): 64 namespaces are 64
+// processes cloned, which a provider whose starts come one at a time
+// (most of the tests, a server with few sessions) never needs.
 func (p *Provider) readyNamespaces() int {
 	if p.uids == nil {
 		return 0
@@ -63,14 +67,24 @@ type readyIDs struct {
 	// nsOnly: ids with their uids and namespaces made, no directory.
 	nsOnly bool
 
+	// ctx ends at close: it bounds the fills' waits (a namespace).
+	ctx    context.Context
+	cancel context.CancelFunc
+
 	mu     sync.Mutex
 	ready  []readyID
 	fill   chan struct{} // closed when the fill that runs ends; nil: none runs
+	made   bool          // a fill has made one
 	closed bool
 
 	// taken, when set by a test, runs in a fill once it took a uid,
 	// before it makes the namespace; settling before settle waits.
 	taken, settling func()
+}
+
+func newReadyIDs(p *Provider, max int, nsOnly bool) *readyIDs {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &readyIDs{p: p, max: max, nsOnly: nsOnly, ctx: ctx, cancel: cancel}
 }
 
 // readyID is a new sandbox's id, its uid (nil: sandboxes have none of
@@ -88,15 +102,19 @@ type readyID struct {
 
 // newSandboxID draws a new sandbox's id and takes its uid, where
 // sandboxes get uids of their own: one made ahead if one is ready. The
-// caller owns what it got: the uid, and the namespace it closes.
+// caller owns what it got: the uid, and the namespace it closes. A start
+// that finds none made in full although some were made (starts took them
+// all) outran them: only then are namespaces made ahead (see
+// readyNamespaces).
 func (p *Provider) newSandboxID() (readyID, error) {
-	if got, ok := p.ready.take(); ok {
+	got, ok, outran := p.ready.take(true)
+	if ok {
 		return got, nil
 	}
-	if got, ok := p.readyNS.take(); ok {
+	if got, ok, _ := p.readyNS.take(outran); ok {
 		return got, nil
 	}
-	got := readyID{id: newID(sandboxPrefix), nsfd: -1}
+	got = readyID{id: newID(sandboxPrefix), nsfd: -1}
 	if p.uids == nil {
 		return got, nil
 	}
@@ -105,7 +123,7 @@ func (p *Provider) newSandboxID() (readyID, error) {
 		// The last free uids went to ids made ahead meanwhile.
 		for _, r := range []*readyIDs{p.ready, p.readyNS} {
 			if r.settle() {
-				if ahead, ok := r.take(); ok {
+				if ahead, ok, _ := r.take(false); ok {
 					return ahead, nil
 				}
 			}
@@ -118,28 +136,31 @@ func (p *Provider) newSandboxID() (readyID, error) {
 	return got, nil
 }
 
-// take returns an id made ahead, if one is, and starts making more; ok is
-// false when none was ready. The first start of a provider makes its own:
-// a provider that starts no sandbox makes none ahead.
-func (r *readyIDs) take() (readyID, bool) {
+// take returns an id made ahead, if one is, and, when fill, starts
+// making more; ok is false when none was ready, outran when none was
+// ready although some had been made (starts took them all). The first
+// start of a provider makes its own: a provider that starts no sandbox
+// makes none ahead.
+func (r *readyIDs) take(fill bool) (got readyID, ok, outran bool) {
 	if r == nil {
-		return readyID{}, false
+		return readyID{}, false, false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return readyID{}, false
+		return readyID{}, false, false
 	}
-	got, ok := readyID{}, len(r.ready) > 0
+	ok = len(r.ready) > 0
 	if ok {
 		got = r.ready[0]
 		r.ready = r.ready[1:]
 	}
-	if r.fill == nil && len(r.ready) < r.max {
+	outran = !ok && r.made
+	if fill && r.fill == nil && len(r.ready) < r.max {
 		r.fill = make(chan struct{})
 		go r.fillUp(r.fill)
 	}
-	return got, ok
+	return got, ok, outran
 }
 
 // fillUp makes ids until max are ready, the range has no uid left, or a
@@ -154,14 +175,14 @@ func (r *readyIDs) fillUp(done chan struct{}) {
 			return
 		}
 		r.mu.Unlock()
-		got, err := r.make()
+		got, err := r.make(r.ctx)
 		r.mu.Lock()
 		if err != nil {
 			r.fill = nil
 			r.mu.Unlock()
 			return
 		}
-		r.ready = append(r.ready, got)
+		r.ready, r.made = append(r.ready, got), true
 		r.mu.Unlock()
 	}
 }
@@ -169,11 +190,13 @@ func (r *readyIDs) fillUp(done chan struct{}) {
 // make draws an id, takes its uid and makes its namespace (where
 // sandboxes have uids of their own, in overlay mode; an id of readyNS
 // comes with both), and makes its directory with its disk mounted (where
-// sandboxes have disks; not for readyNS).
-func (r *readyIDs) make() (_ readyID, err error) {
+// sandboxes have disks; not for readyNS). One made in full takes an id of
+// readyNS if one is ready, without making more: only a start that outran
+// those made in full asks for more (see newSandboxID).
+func (r *readyIDs) make(ctx context.Context) (_ readyID, err error) {
 	got := readyID{id: newID(sandboxPrefix), nsfd: -1}
 	if !r.nsOnly {
-		if ns, ok := r.p.readyNS.take(); ok {
+		if ns, ok, _ := r.p.readyNS.take(false); ok {
 			got = ns // its uid taken and namespace made already
 		}
 	}
@@ -192,7 +215,7 @@ func (r *readyIDs) make() (_ readyID, err error) {
 			r.taken()
 		}
 		if r.p.overlay {
-			if got.nsfd, err = r.p.idmapNS(*got.ids); err != nil {
+			if got.nsfd, err = r.p.idmapNS(ctx, *got.ids); err != nil {
 				return readyID{}, err
 			}
 		}
@@ -216,7 +239,7 @@ func (r *readyIDs) make() (_ readyID, err error) {
 			// directory, its disk and the root (where its lowest layers
 			// are); a start adds those of its image's own.
 			s := &sandbox{id: got.id, dir: dir, hasDisk: true}
-			if _, _, _, _, err := r.p.makeViews(s, *got.ids, got.nsfd, []string{r.p.emptyDir()}, nil); err != nil {
+			if _, _, _, _, err := r.p.makeViews(ctx, s, *got.ids, got.nsfd, []string{r.p.emptyDir()}, nil); err != nil {
 				return readyID{}, err
 			}
 		}
@@ -283,8 +306,8 @@ func (r *readyIDs) settle() bool {
 	return true
 }
 
-// close makes no more, waits for the fill that runs and gives back every
-// id ready.
+// close makes no more, ends the wait of the fill that runs and waits for
+// it, and gives back every id ready.
 func (r *readyIDs) close() {
 	if r == nil {
 		return
@@ -292,6 +315,7 @@ func (r *readyIDs) close() {
 	r.mu.Lock()
 	r.closed = true
 	r.mu.Unlock()
+	r.cancel()
 	r.settle()
 	r.mu.Lock()
 	ready := r.ready

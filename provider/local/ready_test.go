@@ -78,7 +78,7 @@ func TestAStartTakesAnIDMadeAhead(t *testing.T) {
 	if d := cmp.Diff(want, back); d != "" {
 		t.Errorf("the uids made ahead are not free again after Close (-want +got):\n%s", d)
 	}
-	if _, ok := p.ready.take(); ok {
+	if _, ok, _ := p.ready.take(true); ok {
 		t.Error("an id taken after Close")
 	}
 }
@@ -124,7 +124,7 @@ func TestTheLastUIDGoesToTheStartThroughAFill(t *testing.T) {
 	}
 	p.ready.settling = func() { close(waiting) }
 	p.ready.mu.Unlock()
-	if _, ok := p.ready.take(); ok {
+	if _, ok, _ := p.ready.take(true); ok {
 		t.Fatal("an id was ready")
 	}
 	<-holding
@@ -262,7 +262,9 @@ func noneMadeAhead(t *testing.T, p *Provider, what string) {
 }
 
 // Beyond the ids made ahead in full, a provider keeps more with their
-// uids taken and namespaces made (not in a small uid range): a start that
+// uids taken and namespaces made (not in a small uid range), once a start
+// outran those made in full: starts one at a time make none; a start that
+// finds none made in full, though some were, has them made; a start that
 // finds none made in full takes one of those; Close gives back the rest.
 func TestAStartBeyondThoseMadeInFullTakesANamespaceMadeAhead(t *testing.T) {
 	if small := newProvider(t, overlayContainer, Options{UIDRange: "1879112000-1879113022"}); small.readyNS != nil {
@@ -275,20 +277,47 @@ func TestAStartBeyondThoseMadeInFullTakesANamespaceMadeAhead(t *testing.T) {
 	if p.readyNS == nil {
 		t.Fatal("no namespaces made ahead in the default uid range")
 	}
-	start(t, p, provider.Spec{})
-	p.readyNS.settle()
+	if p.readyNS.max != maxReadyNamespaces {
+		t.Errorf("%d namespaces to make ahead in the default uid range, want %d", p.readyNS.max, maxReadyNamespaces)
+	}
 	p.readyNS.mu.Lock()
+	p.readyNS.max = 4 // as many as tell what happens, for less of the test's time
+	p.readyNS.mu.Unlock()
+	readyNS := func() []readyID {
+		p.readyNS.settle()
+		p.readyNS.mu.Lock()
+		defer p.readyNS.mu.Unlock()
+		return append([]readyID(nil), p.readyNS.ready...)
+	}
+
+	start(t, p, provider.Spec{})
+	readyNow(p)
+	start(t, p, provider.Spec{}) // takes one made in full
+	readyNow(p)
+	if got := readyNS(); len(got) != 0 {
+		t.Fatalf("%d namespaces made ahead by starts that each found one made in full", len(got))
+	}
+	// Starts took all those made in full.
+	for {
+		got, ok, _ := p.ready.take(false)
+		if !ok {
+			break
+		}
+		got.giveBack(p)
+	}
+	start(t, p, provider.Spec{})
+	readyNow(p) // its fill takes up to DefaultReadyIDs of them
 	made := map[int]bool{}
-	for _, r := range p.readyNS.ready {
+	for _, r := range readyNS() {
 		if r.nsfd < 0 || r.dir {
 			t.Errorf("an id made ahead with its namespace only: namespace %d, directory %v", r.nsfd, r.dir)
 		}
 		made[r.ids.uid] = true
 	}
-	p.readyNS.mu.Unlock()
-	if len(made) != maxReadyNamespaces {
-		t.Fatalf("%d namespaces made ahead, want %d", len(made), maxReadyNamespaces)
+	if want := p.readyNS.max - DefaultReadyIDs; len(made) < want {
+		t.Fatalf("%d namespaces made ahead after a start outran those made in full, want at least %d", len(made), want)
 	}
+
 	p.ready.close() // none made in full any more
 	h := start(t, p, provider.Spec{Files: map[string]string{"f": "x"}})
 	s, err := p.live(context.Background(), h, false)
@@ -305,13 +334,10 @@ func TestAStartBeyondThoseMadeInFullTakesANamespaceMadeAhead(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	p.readyNS.mu.Lock()
-	left := len(p.readyNS.ready)
-	p.readyNS.mu.Unlock()
-	if left != 0 {
-		t.Errorf("%d namespaces still held after Close", left)
+	if left := readyNS(); len(left) != 0 {
+		t.Errorf("%d namespaces still held after Close", len(left))
 	}
-	if _, ok := p.readyNS.take(); ok {
+	if _, ok, _ := p.readyNS.take(false); ok {
 		t.Error("a namespace taken after Close")
 	}
 }

@@ -315,7 +315,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, o origin) (h 
 		}
 		upper, work := s.upperDir(), s.workDir()
 		if ids != nil {
-			if lowers, upper, work, _, err = p.makeViews(s, *ids, userns, lowers, nil); err != nil {
+			if lowers, upper, work, _, err = p.makeViews(ctx, s, *ids, userns, lowers, nil); err != nil {
 				return provider.Handle{}, fmt.Errorf("local: start: %w", err)
 			}
 		}
@@ -471,7 +471,7 @@ func (p *Provider) adoptLocked(ctx context.Context, s *sandbox) error {
 			lowers, upper, work := s.meta.Lowers, s.upperDir(), s.workDir()
 			if ids := sandboxIDs(s.meta); ids != nil {
 				var err error
-				if lowers, upper, work, _, err = p.makeViews(s, *ids, -1, lowers, nil); err != nil {
+				if lowers, upper, work, _, err = p.makeViews(ctx, s, *ids, -1, lowers, nil); err != nil {
 					return fmt.Errorf("local: sandbox %s: remount: %w", s.id, err)
 				}
 			}
