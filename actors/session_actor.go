@@ -74,6 +74,8 @@ type sessionActor struct {
 	// published.
 	view  *messages.SessionView
 	shown viewKey
+	// late answers the requests protoactor drops once the actor stopped.
+	late *lateRequests
 }
 
 // SessionProps returns the props of a session actor starting from state.
@@ -90,12 +92,38 @@ func SessionProps(env *SessionEnv, state func() *Session) *actor.Props {
 // only side effect of the producer is that first store, which a failed
 // spawn leaves in a view nobody reads.
 func SessionPropsPublishing(env *SessionEnv, view *messages.SessionView, state func() *Session) *actor.Props {
+	late := &lateRequests{}
 	return actor.PropsFromProducer(func() actor.Actor {
 		s := state()
-		a := &sessionActor{env: env, s: s, log: env.Log.WithField("session_id", s.ID), view: view}
+		a := &sessionActor{env: env, s: s, log: env.Log.WithField("session_id", s.ID), view: view, late: late}
 		a.publish(true)
 		return a
-	})
+	}, actor.WithMailbox(actor.Unbounded(late)))
+}
+
+// lateRequests answers the requests that reach a session actor's mailbox
+// after the actor stopped. protoactor drops those without a word (a message
+// sent once the actor is gone is a dead letter, which the owner answers,
+// but one queued behind the stop is not), so their askers would wait out
+// their whole timeout; they get what a dead letter gets instead.
+// protoactor tells a mailbox's middlewares of every message after the actor
+// was given it, dropped ones included.
+type lateRequests struct {
+	// stopped is set by the actor as it handles actor.Stopped, the last
+	// message it is given.
+	stopped atomic.Bool
+}
+
+func (l *lateRequests) MailboxStarted()   {}
+func (l *lateRequests) MessagePosted(any) {}
+func (l *lateRequests) MailboxEmpty()     {}
+func (l *lateRequests) MessageReceived(m any) {
+	if !l.stopped.Load() {
+		return
+	}
+	if r := messages.ReplySlot(m); r != nil {
+		r.Deliver(messages.Undelivered{})
+	}
 }
 
 // viewKey is what a view is made of that a message can change: the
@@ -126,8 +154,12 @@ func (a *sessionActor) Receive(ctx actor.Context) {
 	case *actor.Started, *actor.Stopping, *actor.Restarting:
 		return
 	case *actor.Stopped:
-		// A stopped actor answers nothing: readers of its view see a
-		// session that holds no sandbox, as an ask would have found.
+		// A stopped actor answers nothing itself: readers of its view see
+		// a session that holds no sandbox, as an ask would have found, and
+		// requests still queued get what a dead letter gets.
+		if a.late != nil {
+			a.late.stopped.Store(true)
+		}
 		if a.view != nil {
 			a.view.Store(&messages.GetSandboxReply{SessionID: a.s.ID})
 		}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+
 	"github.com/sandboxowner/owner/actors"
 	"github.com/sandboxowner/owner/internal/script"
 	"github.com/sandboxowner/owner/messages"
@@ -444,7 +446,8 @@ func TestDiscardScripts(t *testing.T) {
 // TestSeedScripts runs testdata/seed/*.txt against the seed machine:
 // "seed" makes one. "spawned pid=P [new]" answers the spawn (new: the
 // supervisor made the actor); "start-reply" answers the start: sandbox=ID,
-// or rep-err=ended|exists|other, or err= for an ask that got no answer.
+// or rep-err=ended|exists|other, or err= for an ask that got no answer, or
+// undelivered for one that reached no actor (a dead letter).
 func TestSeedScripts(t *testing.T) {
 	scripted(t, "testdata/seed/*.txt", func(c *script.Case) (*seeding, bool) {
 		if c.Cmd != "seed" {
@@ -468,6 +471,9 @@ func seedInput(c *script.Case) (input, bool) {
 	case "start-reply":
 		if err := scriptErr(c); err != nil {
 			return inStartReply{Err: err}, true
+		}
+		if c.Has("undelivered") {
+			return inStartReply{Err: fmt.Errorf("actor %s: %w", c.Args["pid"], actor.ErrDeadLetter)}, true
 		}
 		rep := &messages.StartReply{}
 		switch c.Args["rep-err"] {

@@ -4,7 +4,8 @@ package owner_test
 // actor after its poison pill and be dropped by protoactor without a reply,
 // so the asker waited out its whole timeout (a minute, or an hour without a
 // deadline). Found while benchmarking. A forgotten actor now lives
-// on for supervisor.ForgetGrace answering as ended.
+// on for supervisor.ForgetGrace answering as ended, and a request queued
+// behind its stop gets what a dead letter gets.
 
 import (
 	"context"

@@ -100,13 +100,19 @@ func (m *seeding) step(in input) []effect {
 		m.phase = sdStarted
 		return []effect{effStartSandbox{PID: in.Ref.PID, Msg: m.start}}
 	case inStartReply:
-		if in.Err != nil {
-			return m.done(in.Err)
+		err := in.Err
+		if err == nil {
+			err = in.Rep.Err
 		}
-		err := in.Rep.Err
-		if errors.Is(err, actors.ErrSessionEnded) && m.attempt < maxSeedAttempts {
+		// An actor that stopped before the start reached it (its session
+		// ended and its grace passed) is on its way out as much as one
+		// that answers ended.
+		if (errors.Is(err, actors.ErrSessionEnded) || gone(err)) && m.attempt < maxSeedAttempts {
 			// The actor is on its way out: forget it and ask again.
 			return append([]effect{effForget{SessionID: m.sessionID, PID: m.ref.PID}}, m.spawn()...)
+		}
+		if in.Err != nil {
+			return m.done(in.Err)
 		}
 		if err != nil {
 			if m.ref.Spawned && !errors.Is(err, sandbox.ErrExists) {
