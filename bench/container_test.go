@@ -35,6 +35,10 @@ import (
 // measured between them.
 // BenchmarkContainerSeed: POST seed_session of a notes session (its
 // sandbox started, not yet its init); median.
+// BenchmarkContainerFirstExec: a fresh session's first exec of `true`,
+// which starts its sandbox's init (the server's fork into the sandbox's
+// namespaces, the init's setup of its container); median and 90th
+// percentile.
 // BenchmarkContainerIdleMemory: b.N sessions each with one exec behind it
 // (its init live, idle), per sandbox: the proportional set size of their
 // inits (and of the server's other children, the holders of the ready
@@ -179,6 +183,25 @@ func shellFloor(b *testing.B) time.Duration {
 		}
 	}
 	return time.Since(began)
+}
+
+func BenchmarkContainerFirstExec(b *testing.B) {
+	base := notesServer(b)
+	var took []time.Duration
+	i := 0
+	for b.Loop() {
+		b.StopTimer()
+		a := newNotesAgent(base)
+		endpoint, token := a.seed(b, "r"+strconv.Itoa(i))
+		i++
+		b.StartTimer()
+		began := time.Now()
+		a.exec(b, endpoint, token, "true")
+		took = append(took, time.Since(began))
+	}
+	b.ReportMetric(percentile(took, 0.5), "median-ms")
+	b.ReportMetric(percentile(took, 0.9), "p90-ms")
+	b.Logf("load average %s", loadavg())
 }
 
 func BenchmarkContainerSeed(b *testing.B) {
