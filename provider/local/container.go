@@ -114,7 +114,7 @@ func (p *Provider) startInit(ctx context.Context, s *sandbox, cgFiles []*os.File
 	}
 	child.Close() // the init's end is the init's alone: its exit closes it
 	if setup != nil {
-		if err := awaitSetup(fds[0], setup); err != nil {
+		if err := awaitSetup(ctx, fds[0], setup); err != nil {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 			if msg := stderr.String(); msg != "" {
@@ -139,8 +139,11 @@ func (p *Provider) startInit(ctx context.Context, s *sandbox, cgFiles []*os.File
 const setupTimeout = 30 * time.Second
 
 // awaitSetup sends an isolated init its setup on the control socket fd
-// and waits until it says it is ready (or why it is not).
-func awaitSetup(fd int, setup *initSetup) error {
+// and waits until it says it is ready (or why it is not), for at most
+// setupTimeout and no longer than ctx: at either's end the socket is shut
+// down, which ends the wait (and, to the init, the server's end: the
+// caller kills it).
+func awaitSetup(ctx context.Context, fd int, setup *initSetup) (err error) {
 	b, err := json.Marshal(initMsg{Op: "setup", Setup: setup})
 	if err != nil {
 		return err
@@ -148,17 +151,25 @@ func awaitSetup(fd int, setup *initSetup) error {
 	if len(b) > maxInitMsg {
 		return fmt.Errorf("the setup is %d bytes, more than %d", len(b), maxInitMsg)
 	}
-	if err := unix.Sendmsg(fd, b, nil, nil, 0); err != nil {
-		return fmt.Errorf("send the setup: %w", err)
-	}
-	tv := unix.NsecToTimeval(setupTimeout.Nanoseconds())
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		return err
-	}
+	ctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { _ = unix.Shutdown(fd, unix.SHUT_RDWR) })
 	defer func() {
-		var none unix.Timeval
-		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &none)
+		if !stop() && err == nil {
+			// Shut down as the answer came: the init will see its end.
+			err = fmt.Errorf("wait for the init: %w", ctx.Err())
+		}
 	}()
+	// ended is the wait's error once the socket was shut down, if it was.
+	ended := func(what error) error {
+		if ctx.Err() != nil {
+			return fmt.Errorf("wait for the init: %w", ctx.Err())
+		}
+		return what
+	}
+	if err := unix.Sendmsg(fd, b, nil, nil, 0); err != nil {
+		return ended(fmt.Errorf("send the setup: %w", err))
+	}
 	buf := make([]byte, 64<<10)
 	for {
 		n, _, _, _, err := unix.Recvmsg(fd, buf, nil, 0)
@@ -166,10 +177,10 @@ func awaitSetup(fd int, setup *initSetup) error {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("wait for the init: %w", err)
+			return ended(fmt.Errorf("wait for the init: %w", err))
 		}
 		if n == 0 {
-			return errors.New("the init exited while it set the sandbox up")
+			return ended(errors.New("the init exited while it set the sandbox up"))
 		}
 		var m initMsg
 		if err := json.Unmarshal(buf[:n], &m); err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/provider"
@@ -295,4 +296,36 @@ func TestOutputAfterTheCommandReturnedIsDrained(t *testing.T) {
 			t.Errorf("the background writer (-want +got):\n%s", d)
 		}
 	})
+}
+
+// An init that took its setup and never answers holds its start only as
+// long as the start's context: the wait ends with it, and the init finds
+// its end of the control socket closed.
+func TestAnInitsSetupWaitEndsWithItsContext(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- awaitSetup(ctx, fds[0], &initSetup{}) }()
+	buf := make([]byte, 64<<10)
+	if n, _, _, _, err := unix.Recvmsg(fds[1], buf, nil, 0); err != nil || n == 0 {
+		t.Fatalf("the setup: %d bytes, %v", n, err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("a setup never answered, its context cancelled: %v, want context.Canceled", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("a setup never answered is still awaited after its context was cancelled")
+	}
+	if n, _, _, _, err := unix.Recvmsg(fds[1], buf, nil, 0); n != 0 || err != nil {
+		t.Errorf("the init's end after the wait ended: %d bytes, %v; want the end (0, nil)", n, err)
+	}
 }
