@@ -16,7 +16,7 @@ import (
 // not found through how.
 func lostSession(t *testing.T, how string) (*Session, []any) {
 	t.Helper()
-	s := NewInstalledSession("s1", sandboxOf("sb-1"), nil)
+	s := NewInstalledSession("s1", sandboxOf("sb-1"))
 	gone := fmt.Errorf("fake: sandbox sb-1: %w", provider.ErrSandboxNotFound)
 	switch how {
 	case "do error":

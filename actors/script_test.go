@@ -67,7 +67,7 @@ func TestSessionScripts(t *testing.T) {
 					sb.Spec.TTLSeconds, _ = strconv.ParseFloat(c.Args["ttl"], 64)
 					sb.ExpiresAt = secs(t, c, "expires")
 				}
-				s = NewInstalledSession(c.Args["id"], sb, split(c, "snapshots"))
+				s = NewInstalledSession(c.Args["id"], sb)
 				return sessionState(s)
 			case "start":
 				in = &messages.StartSandbox{}
@@ -86,8 +86,6 @@ func TestSessionScripts(t *testing.T) {
 				in = &messages.TakeSnapshot{Round: r}
 			case "view":
 				in = &messages.GetSandbox{}
-			case "discarded":
-				in = &messages.SnapshotsDiscarded{SnapshotIDs: split(c, "snapshots")}
 			case "forgotten":
 				in = &messages.SessionForgotten{}
 			case "renew":
@@ -132,8 +130,8 @@ func sessionState(s *Session) string {
 	if !s.Sandbox.ExpiresAt.IsZero() {
 		exp = "+" + s.Sandbox.ExpiresAt.Sub(scriptT0).String()
 	}
-	return fmt.Sprintf("state: %s sandbox=%s data=%s restored=%v snapshots=[%s] busy=%v expires=%s",
-		s.Stage, sb, s.Sandbox.Data, s.Sandbox.Restored, strings.Join(s.Snapshots, ","), s.Busy(), exp)
+	return fmt.Sprintf("state: %s sandbox=%s data=%s restored=%v busy=%v expires=%s",
+		s.Stage, sb, s.Sandbox.Data, s.Sandbox.Restored, s.Busy(), exp)
 }
 
 // TestRoundScripts runs testdata/round/*.txt against Round. Each script

@@ -142,10 +142,9 @@ type (
 // queue, so a stop never races its own start and a snapshot never races a
 // tool call.
 type Session struct {
-	ID        string
-	Stage     Stage
-	Sandbox   sandbox.Sandbox
-	Snapshots []string
+	ID      string
+	Stage   Stage
+	Sandbox sandbox.Sandbox
 	// Lost is set once the sandbox is found gone behind the owner's back:
 	// the session still holds its handle (a stop of it succeeds) but runs
 	// and exports nothing.
@@ -171,11 +170,11 @@ type Session struct {
 func NewSession(id string) *Session { return &Session{ID: id} }
 
 // NewInstalledSession returns a session holding a sandbox a restore forked.
-func NewInstalledSession(id string, sb sandbox.Sandbox, snapshots []string) *Session {
+func NewInstalledSession(id string, sb sandbox.Sandbox) *Session {
 	if len(sb.Data) == 0 {
 		sb.Data = json.RawMessage("{}")
 	}
-	return &Session{ID: id, Stage: StageReady, Sandbox: sb, Snapshots: append([]string(nil), snapshots...)}
+	return &Session{ID: id, Stage: StageReady, Sandbox: sb}
 }
 
 // Busy reports whether an operation is outstanding.
@@ -207,9 +206,6 @@ func (s *Session) Step(in any, sender any) []any {
 		if s.Stage == StageEmpty && s.running == nil {
 			s.Stage = StageEnded
 		}
-		return nil
-	case *messages.SnapshotsDiscarded:
-		s.Snapshots = without(s.Snapshots, m.SnapshotIDs)
 		return nil
 	case *messages.RenewLease:
 		return s.renew(m.Now)
@@ -348,9 +344,6 @@ func (s *Session) complete(done any) []any {
 		reply(&messages.DoReply{ReqID: r.msg.(*messages.Do).ReqID, Err: err})
 	case snapshotDone:
 		m := r.msg.(*messages.TakeSnapshot)
-		if d.Err == nil {
-			s.Snapshots = append(s.Snapshots, d.SnapshotID)
-		}
 		if errors.Is(d.Err, provider.ErrSandboxNotFound) {
 			out = append(out, s.lose(d.Err)...)
 		}
@@ -424,23 +417,6 @@ func seqOf(done any) uint64 {
 		return d.Seq
 	}
 	return 0
-}
-
-func without(ids, drop []string) []string {
-	if len(drop) == 0 {
-		return ids
-	}
-	gone := make(map[string]bool, len(drop))
-	for _, id := range drop {
-		gone[id] = true
-	}
-	out := ids[:0]
-	for _, id := range ids {
-		if !gone[id] {
-			out = append(out, id)
-		}
-	}
-	return out
 }
 
 // touch records a use at at (uses may be reported out of order).

@@ -224,12 +224,6 @@ type SnapshotReply struct {
 	Err        error
 }
 
-// SnapshotsDiscarded tells a session that snapshots it reported were not
-// committed (the round failed) and are being deleted.
-type SnapshotsDiscarded struct {
-	SnapshotIDs []string
-}
-
 // RenewLease asks a session to renew its sandbox's lease if it is due.
 type RenewLease struct {
 	Now time.Time
@@ -243,8 +237,6 @@ type SpawnSession struct {
 	SessionID string
 	// Install, when set, is the sandbox a restore forked for the session.
 	Install *sandbox.Sandbox
-	// Snapshots are the snapshot ids the installed sandbox stands on.
-	Snapshots []string
 	// Limit, when positive, refuses a new actor while the supervisor
 	// holds that many sessions (max_sessions; a restore passes none).
 	Limit int

@@ -103,9 +103,9 @@ func (b *bound) Err() error {
 // spawn asks the supervisor for the session's actor: a new one (holding
 // install when set), or the one it has. limit bounds a new seed's sessions
 // (0: none).
-func (c *client) spawn(sessionID string, install *sandbox.Sandbox, snapshots []string, limit int) (*messages.SessionRef, error) {
+func (c *client) spawn(sessionID string, install *sandbox.Sandbox, limit int) (*messages.SessionRef, error) {
 	ref, err := askSupervisor[*messages.SessionRef](c, func(r messages.ReplyTo) any {
-		return &messages.SpawnSession{SessionID: sessionID, Install: install, Snapshots: snapshots, Limit: limit, Reply: r}
+		return &messages.SpawnSession{SessionID: sessionID, Install: install, Limit: limit, Reply: r}
 	})
 	if err != nil {
 		return nil, err
@@ -134,7 +134,7 @@ func (c *client) install(sessions []RestoredSession) (errs []error, err error) {
 	for i := range sessions {
 		s := &sessions[i]
 		at[s.SessionID], errs[i] = i, errNoAnswer
-		c.send(c.sup, &messages.SpawnSession{SessionID: s.SessionID, Install: &s.Sandbox, Snapshots: []string{s.Sandbox.FromSnapshot}, Reply: replies})
+		c.send(c.sup, &messages.SpawnSession{SessionID: s.SessionID, Install: &s.Sandbox, Reply: replies})
 	}
 	wait, cancel := context.WithTimeout(context.Background(), timeouts.Reply)
 	defer cancel()

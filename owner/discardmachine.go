@@ -2,7 +2,6 @@ package owner
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 
 	"github.com/sirupsen/logrus"
@@ -16,11 +15,9 @@ type discard struct {
 	// Tag is the round's tag: the provider's snapshots listed with it are
 	// discarded too (one whose reply was lost). "" lists nothing.
 	Tag string
-	// Taken are the snapshots the round's sessions took; each session is
-	// told of its own.
+	// Taken are the snapshots the round's sessions took.
 	Taken []messages.SnapshotReply
-	// Late are snapshots that came after their round gave up on them; no
-	// session is told.
+	// Late are snapshots that came after their round gave up on them.
 	Late []string
 	// Round says the discard is a commit round's: once its snapshots are
 	// tombstoned the round is settled.
@@ -30,10 +27,9 @@ type discard struct {
 
 // discarding is a discard's decisions: the snapshots are tombstoned first
 // (from then on the tombstones account for them, and a round's is
-// settled), the sessions that took them are told, and then they are
-// deleted, each tombstone cleared once its snapshot is gone. A failed
-// tombstone write deletes nothing: the round stays loose, so the
-// incarnation's rounds intent stays, by whose mark a restart finds its
+// settled), then deleted, each tombstone cleared once its snapshot is
+// gone. A failed tombstone write deletes nothing: the round stays loose, so
+// the incarnation's rounds intent stays, by whose mark a restart finds its
 // snapshots (late ones among them).
 type discarding struct {
 	d     discard
@@ -55,18 +51,6 @@ const (
 var discardPhases = [...]string{"start", "listed", "tombstoned", "deleted", "done"}
 
 func (p discardPhase) String() string { return discardPhases[p] }
-
-// effTellDiscarded tells each session which of its snapshots were
-// discarded, in session order.
-type effTellDiscarded struct{ BySession map[string][]string }
-
-func (e effTellDiscarded) String() string {
-	var parts []string
-	for _, sid := range slices.Sorted(maps.Keys(e.BySession)) {
-		parts = append(parts, sid+":"+bracket(e.BySession[sid]))
-	}
-	return "tell discarded " + bracket(parts)
-}
 
 func newDiscarding(d discard) *discarding { return &discarding{d: d} }
 
@@ -91,9 +75,6 @@ func (m *discarding) step(in input) []effect {
 		var out []effect
 		if m.d.Round {
 			out = append(out, effRoundSettled{})
-		}
-		if told := m.told(); len(told) > 0 {
-			out = append(out, effTellDiscarded{BySession: told})
 		}
 		if len(m.ids) == 0 {
 			return append(out, effDone{})
@@ -121,15 +102,4 @@ func (m *discarding) tombstone(listed []string) []effect {
 	m.ids = sortedKeys(ids)
 	m.phase = dsTombstoned
 	return []effect{effTombstone{IDs: m.ids, Reason: m.d.Reason}}
-}
-
-// told are the snapshots each session took.
-func (m *discarding) told() map[string][]string {
-	out := map[string][]string{}
-	for _, t := range m.d.Taken {
-		if t.SnapshotID != "" {
-			out[t.SessionID] = append(out[t.SessionID], t.SnapshotID)
-		}
-	}
-	return out
 }

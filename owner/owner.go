@@ -240,10 +240,10 @@ func (o *Owner) startActors() {
 		o.workers = actors.NewWorkers(effectWorkers)
 		env.Runtime = o.workers
 	}
-	props := func(sessionID string, install *sandbox.Sandbox, snapshots []string, view *messages.SessionView) *actor.Props {
+	props := func(sessionID string, install *sandbox.Sandbox, view *messages.SessionView) *actor.Props {
 		return actors.SessionPropsPublishing(env, view, func() *actors.Session {
 			if install != nil {
-				s := actors.NewInstalledSession(sessionID, *install, snapshots)
+				s := actors.NewInstalledSession(sessionID, *install)
 				s.LastUse = o.clk.Now() // a restored episode goes on from now
 				return s
 			}

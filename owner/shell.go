@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 
@@ -170,14 +169,6 @@ func (o *Owner) performCommit(ctx context.Context, e effect) input {
 		return inRound{R: rr, Err: err, Now: o.clk.Now()}
 	case effDiscard:
 		o.discard(discard{Tag: e.Tag, Taken: e.Taken, Round: true, Reason: e.Reason})
-	case effTellDiscarded:
-		// In session order: the sends schedule mailboxes, and a
-		// deterministic scheduler must see them in the same order every run.
-		for _, sid := range slices.Sorted(maps.Keys(e.BySession)) {
-			if pid, err := o.ask.lookup(sid); err == nil && pid != nil {
-				o.ask.send(pid, &messages.SnapshotsDiscarded{SnapshotIDs: e.BySession[sid]})
-			}
-		}
 	case effStore:
 		meta, err := o.index.Commit(e.U.meta, e.U.records)
 		return inStored{Meta: meta, Err: err}
@@ -185,7 +176,7 @@ func (o *Owner) performCommit(ctx context.Context, e effect) input {
 		parked, failed := o.stopMany(ctx, e.Sessions, messages.StopPark)
 		return inParked{Parked: parked, Failed: failed}
 	case effSpawn:
-		ref, err := o.ask.spawn(e.SessionID, nil, nil, e.Limit)
+		ref, err := o.ask.spawn(e.SessionID, nil, e.Limit)
 		return inSpawned{Ref: ref, Err: err}
 	case effStartSandbox:
 		rep, err := o.ask.start(ctx, e.PID.(*actor.PID), e.Msg)

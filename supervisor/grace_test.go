@@ -25,7 +25,7 @@ func TestForgottenActorLivesOutItsGraceOnTheClock(t *testing.T) {
 	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) }))
 	on := actor.WithDispatcher(det)
 	env := &actors.SessionEnv{Provider: fake.New(fake.Options{Clock: det, Runtime: det}), Clock: det, Log: logs.Discard(), Limiter: actors.NewLimiterOn(1, det), Runtime: det}
-	props := func(sid string, _ *sandbox.Sandbox, _ []string) *actor.Props {
+	props := func(sid string, _ *sandbox.Sandbox) *actor.Props {
 		return actors.SessionProps(env, func() *actors.Session { return actors.NewSession(sid) }).Configure(on)
 	}
 	dir := supervisor.NewDirectory()

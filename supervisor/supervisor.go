@@ -32,11 +32,11 @@ var ErrSessionExists = fmt.Errorf("supervisor: session already exists")
 
 // PropsFunc makes the props of a session actor: empty, or holding a restored
 // sandbox.
-type PropsFunc func(sessionID string, install *sandbox.Sandbox, snapshots []string) *actor.Props
+type PropsFunc func(sessionID string, install *sandbox.Sandbox) *actor.Props
 
 // ViewPropsFunc is PropsFunc for session actors that publish their view in
 // view (messages.SessionView), which the Directory hands readers.
-type ViewPropsFunc func(sessionID string, install *sandbox.Sandbox, snapshots []string, view *messages.SessionView) *actor.Props
+type ViewPropsFunc func(sessionID string, install *sandbox.Sandbox, view *messages.SessionView) *actor.Props
 
 // Props returns the supervisor's props.
 func Props(sessionProps PropsFunc) *actor.Props {
@@ -52,8 +52,8 @@ func PropsWithDirectory(sessionProps PropsFunc, dir *Directory) *actor.Props {
 // PropsOn is PropsWithDirectory whose forget grace runs on clk (nil: the
 // wall clock).
 func PropsOn(sessionProps PropsFunc, dir *Directory, clk clock.Clock) *actor.Props {
-	return PropsPublishing(func(id string, install *sandbox.Sandbox, snapshots []string, _ *messages.SessionView) *actor.Props {
-		return sessionProps(id, install, snapshots)
+	return PropsPublishing(func(id string, install *sandbox.Sandbox, _ *messages.SessionView) *actor.Props {
+		return sessionProps(id, install)
 	}, dir, clk)
 }
 
@@ -334,7 +334,7 @@ func (s *supervisor) Receive(ctx actor.Context) {
 		}
 		s.next++
 		view := &messages.SessionView{}
-		pid, err := ctx.SpawnNamed(s.props(m.SessionID, m.Install, m.Snapshots, view), fmt.Sprintf("s%d", s.next))
+		pid, err := ctx.SpawnNamed(s.props(m.SessionID, m.Install, view), fmt.Sprintf("s%d", s.next))
 		if err != nil {
 			respond(ctx, m.Reply, &messages.SessionRef{SessionID: m.SessionID, Err: err})
 			return

@@ -41,10 +41,10 @@ func newHarness(t *testing.T) *harness {
 			}
 		},
 	}
-	props := func(sid string, install *sandbox.Sandbox, snaps []string) *actor.Props {
+	props := func(sid string, install *sandbox.Sandbox) *actor.Props {
 		return actors.SessionProps(env, func() *actors.Session {
 			if install != nil {
-				return actors.NewInstalledSession(sid, *install, snaps)
+				return actors.NewInstalledSession(sid, *install)
 			}
 			return actors.NewSession(sid)
 		})

@@ -125,7 +125,7 @@ func benchRound(b *testing.B, n int) {
 			b.Fatal(err)
 		}
 		sb := sandbox.Sandbox{Handle: h, Spec: provider.Spec{Image: "notes"}, Workdir: fake.DefaultWorkdir}
-		pid := sys.Root.Spawn(actors.SessionProps(env, func() *actors.Session { return actors.NewInstalledSession(sid, sb, nil) }))
+		pid := sys.Root.Spawn(actors.SessionProps(env, func() *actors.Session { return actors.NewInstalledSession(sid, sb) }))
 		refs[i] = messages.SessionRef{SessionID: sid, PID: pid}
 		names[sid] = "snap-" + sid
 	}
