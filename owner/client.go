@@ -159,15 +159,6 @@ func (c *client) list() ([]messages.SessionRef, error) {
 	return l.Sessions, nil
 }
 
-// settle waits until the supervisor has processed every message sent to it
-// before (a forget), so that the directory no longer lists a session the
-// caller just ended: a request after an end then finds no actor, instead of
-// reaching one on its way out (a message queued behind its poison pill is
-// dropped, and its asker waits out its timeout).
-func (c *client) settle() {
-	_, _ = askSupervisor[*messages.SessionRef](c, func(r messages.ReplyTo) any { return &messages.LookupSession{Reply: r} })
-}
-
 // forget tells the supervisor to forget the session's actor pid.
 func (c *client) forget(sessionID string, pid *actor.PID) {
 	c.root.Send(c.sup, &messages.ForgetSession{SessionID: sessionID, PID: pid})

@@ -61,9 +61,6 @@ func (o *Owner) ReapIdle(ctx context.Context, now time.Time) ([]string, error) {
 			Warn("session ended: no request for the idle timeout (its snapshots stay until a release)")
 		return sid, nil
 	})
-	if len(ended) > 0 {
-		o.ask.settle()
-	}
 	for _, sid := range slices.Sorted(maps.Keys(failed)) {
 		o.log.WithFields(logrus.Fields{"session_id": sid, "error": failed[sid]}).Warn("could not end an idle session; the next tick retries")
 	}

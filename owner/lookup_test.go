@@ -13,12 +13,13 @@ import (
 )
 
 // Requests find a session's actor in the supervisor's directory instead of
-// asking the supervisor. Once an end (or a failed start) has returned, the
-// directory must no longer list the session: a request then gets "no
-// session sandbox" at once, and never reaches the actor on its way out,
-// where a message queued behind its poison pill is dropped and the asker
-// waits out its timeout (the deadline below turns such a wait into a
-// failure).
+// asking the supervisor, so one made right after an end (or a failed start)
+// can still find the actor the supervisor is about to forget. It must get
+// "no session sandbox" at once all the same: the forgotten actor answers as
+// ended for supervisor.ForgetGrace, and a request queued behind its stop
+// after that gets what a dead letter gets (messages.Undelivered), read as
+// ended; never a wait to its timeout (the deadline below turns such a wait
+// into a failure).
 func TestRequestsAfterAnEndSeeNoSessionSandbox(t *testing.T) {
 	e := newEnv(t)
 	o := e.open()

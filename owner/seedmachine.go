@@ -63,8 +63,6 @@ type (
 		SessionID string
 		PID       any
 	}
-	// effSettle waits until the supervisor has done what it was told.
-	effSettle struct{}
 )
 
 // Inputs of a seed.
@@ -82,7 +80,6 @@ type (
 func (e effSpawn) String() string        { return fmt.Sprintf("spawn %s (limit %d)", e.SessionID, e.Limit) }
 func (e effStartSandbox) String() string { return fmt.Sprintf("start sandbox on %v", e.PID) }
 func (e effForget) String() string       { return fmt.Sprintf("forget %s on %v", e.SessionID, e.PID) }
-func (effSettle) String() string         { return "settle the supervisor" }
 
 func newSeeding(sessionID string, limit int, start messages.StartSandbox) *seeding {
 	return &seeding{sessionID: sessionID, limit: limit, start: start}
@@ -118,7 +115,7 @@ func (m *seeding) step(in input) []effect {
 			if m.ref.Spawned && !errors.Is(err, sandbox.ErrExists) {
 				// Nothing is tracked for a failed start: drop the empty
 				// actor.
-				return append([]effect{effForget{SessionID: m.sessionID, PID: m.ref.PID}, effSettle{}}, m.done(err)...)
+				return append([]effect{effForget{SessionID: m.sessionID, PID: m.ref.PID}}, m.done(err)...)
 			}
 			return m.done(err)
 		}

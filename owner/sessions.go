@@ -185,10 +185,6 @@ func (o *Owner) stopSession(ctx context.Context, sessionID string, reason messag
 	if err != nil {
 		return nil, err
 	}
-	if rep.Err == nil {
-		// The session told the supervisor to forget it before answering.
-		o.ask.settle()
-	}
 	return rep.Stopped, rep.Err
 }
 

@@ -183,8 +183,6 @@ func (o *Owner) performCommit(ctx context.Context, e effect) input {
 		return inStartReply{Rep: rep, Err: err}
 	case effForget:
 		o.ask.forget(e.SessionID, e.PID.(*actor.PID))
-	case effSettle:
-		o.ask.settle()
 	case effTakeTurn:
 		return inTurn{Err: o.ctl.Lock(ctx, o.rt)}
 	case effGiveTurn:
