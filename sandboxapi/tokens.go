@@ -96,9 +96,10 @@ func (t *Tokens) Mint(sandboxID string, expiresAt time.Time) string {
 func (t *Tokens) Verify(token, sandboxID string) (Claims, error) {
 	version, rest, _ := strings.Cut(token, ".")
 	body, sigText, ok := strings.Cut(rest, ".")
-	if !ok || strings.IndexByte(sigText, '.') >= 0 || version != tokenVersion {
+	if !ok || version != tokenVersion {
 		return Claims{}, fmt.Errorf("%w: malformed", ErrTokenInvalid)
 	}
+	// A fourth part stays in sigText, where its dot is no base64url.
 	var sbuf [64]byte
 	sig, err := decode(sbuf[:0], sigText)
 	if err != nil {
@@ -146,20 +147,19 @@ func decode(dst []byte, s string) ([]byte, error) {
 	if n > cap(dst) {
 		return b64.DecodeString(s)
 	}
+	// Text that decodes into dst (Verify's are 256 bytes at most) fits in
+	// in; append would only grow it for a larger dst.
 	var in [512]byte
-	src := in[:0]
-	if len(s) > len(in) {
-		src = make([]byte, 0, len(s))
-	}
-	src = append(src, s...)
-	m, err := b64.Decode(dst[:n], src)
+	m, err := b64.Decode(dst[:n], append(in[:0], s...))
 	return dst[:m], err
 }
 
 // parsePayload reads the payload Mint writes, {"sid":"<id>","exp":<n>},
-// when its id has nothing JSON escapes; ok is false for anything else,
-// which json.Unmarshal reads instead. The id is want itself when it names
-// want, so that the usual check allocates nothing.
+// when its id is ASCII from the space up without a backslash (bytes JSON
+// reads as they stand);
+// ok is false for anything else, which json.Unmarshal reads instead (an
+// escape, a byte it may replace as invalid UTF-8). The id is want itself
+// when it names want, so that the usual check allocates nothing.
 func parsePayload(raw []byte, want string) (p payload, ok bool) {
 	const pre, mid = `{"sid":"`, `","exp":`
 	if len(raw) < len(pre) || string(raw[:len(pre)]) != pre {
@@ -168,7 +168,7 @@ func parsePayload(raw []byte, want string) (p payload, ok bool) {
 	raw = raw[len(pre):]
 	i := 0
 	for ; i < len(raw) && raw[i] != '"'; i++ {
-		if c := raw[i]; c < 0x20 || c >= 0x7f || c == '\\' || c == '<' || c == '>' || c == '&' {
+		if c := raw[i]; c < 0x20 || c >= 0x80 || c == '\\' {
 			return payload{}, false
 		}
 	}

@@ -76,6 +76,7 @@ func TestForgedTokensAreInvalid(t *testing.T) {
 		"signature changed":        parts[0] + "." + parts[1] + "." + flip(parts[2]),
 		"signature not base64":     parts[0] + "." + parts[1] + ".!!!",
 		"signature empty":          parts[0] + "." + parts[1] + ".",
+		"four parts":               good + "." + parts[2],
 		"other secret":             newTokens(t, "other", clock.NewManual(t0)).Mint("sb-1", t0.Add(time.Hour)),
 		"signed non-json payload":  signed(tok, "bm90IGpzb24"),
 		"signed payload no expiry": signed(tok, base64.RawURLEncoding.EncodeToString([]byte(`{"sid":"sb-1"}`))),
@@ -103,7 +104,7 @@ func signed(tok *Tokens, body string) string {
 // json.Marshal escapes it.
 func TestTokenFormat(t *testing.T) {
 	tok := newTokens(t, "secret", clock.NewManual(t0))
-	for _, id := range []string{"sb-1", "a<b>&\"c\u2028"} {
+	for _, id := range []string{"sb-1", "a<b>&\"c\u2028", strings.Repeat("x", 300)} {
 		p, _ := json.Marshal(payload{SandboxID: id, Exp: t0.Add(time.Hour).Unix()})
 		body := base64.RawURLEncoding.EncodeToString(p)
 		mac := hmac.New(sha256.New, []byte("secret"))
@@ -143,6 +144,10 @@ func TestSignedPayloadsAsJSONReadsThem(t *testing.T) {
 		`{"sid":"","exp":5}`,
 		`{"sid":"sb-1","exp":}`,
 		`{"sid":"sb-1","exp":99999999999999999999}`,
+		`{"sid":"sb-1`,
+		`{"sid":"`,
+		`{"sid":"sb-1","exp":`,
+		`{"sid":"` + strings.Repeat("x", 300) + `"}`,
 	} {
 		if c, err := tok.Verify(enc(p), "sb-1"); !errors.Is(err, ErrTokenInvalid) {
 			t.Errorf("%s: %+v, %v; want ErrTokenInvalid", p, c, err)
@@ -169,5 +174,52 @@ func TestAccessAndEndpoint(t *testing.T) {
 	}
 	if !a.TokenExpiresAt.Equal(t0.Add(time.Hour)) {
 		t.Errorf("expiry %s", a.TokenExpiresAt)
+	}
+}
+
+// An id of any bytes reads as json.Unmarshal reads it, the ones the
+// payload's fast reading takes as they stand (ASCII from the space up) and
+// the ones it leaves to json.Unmarshal (invalid UTF-8 becomes U+FFFD).
+func TestSignedIDsReadAsJSONReadsThem(t *testing.T) {
+	tok := newTokens(t, "secret", clock.NewManual(t0))
+	exp := t0.Add(time.Hour).Unix()
+	for _, id := range []string{"sb-1", "a b", "~\x7f", "a<b>&", "\x80", "sb\xff", "é", "\x1f"} {
+		raw := `{"sid":"` + id + `","exp":` + fmt.Sprint(exp) + `}`
+		var want payload
+		if err := json.Unmarshal([]byte(raw), &want); err != nil {
+			want = payload{}
+		}
+		c, err := tok.Verify(signed(tok, base64.RawURLEncoding.EncodeToString([]byte(raw))), "")
+		if want.SandboxID == "" {
+			if !errors.Is(err, ErrTokenInvalid) {
+				t.Errorf("%q: %+v, %v; want ErrTokenInvalid as json.Unmarshal refuses it", id, c, err)
+			}
+			continue
+		}
+		if err != nil || c.SandboxID != want.SandboxID {
+			t.Errorf("%q: %q, %v; want %q", id, c.SandboxID, err, want.SandboxID)
+		}
+	}
+}
+
+// The check on every sandbox request allocates nothing for a token Mint
+// wrote: its payload and signature are decoded on the stack and the id is
+// the one asked for. The ids span what the payload's fast reading takes,
+// and the expiry has every digit's edge (0 and 9). Under -race it cannot be
+// counted (see raceEnabled): CI, which runs only -race, never runs it; the
+// mutants script and a plain go test do.
+func TestVerifyingAMintedTokenAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops items at random, so allocations vary")
+	}
+	tok := newTokens(t, "secret", clock.NewManual(t0))
+	for _, id := range []string{"sb-1", " !~\x7f", strings.Repeat("x", 200)} {
+		token := tok.Mint(id, time.Unix(1900000009, 0))
+		if _, err := tok.Verify(token, id); err != nil {
+			t.Fatalf("%q: %v", id, err)
+		}
+		if n := testing.AllocsPerRun(100, func() { _, _ = tok.Verify(token, id) }); n != 0 {
+			t.Errorf("%q: Verify allocates %v times, want 0", id, n)
+		}
 	}
 }

@@ -1,0 +1,5 @@
+//go:build !race
+
+package sandboxapi
+
+const raceEnabled = false
