@@ -1,15 +1,24 @@
 package actors_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"testing"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/google/go-cmp/cmp"
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/sandboxowner/owner/actors"
+	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/sched"
 )
 
@@ -54,5 +63,30 @@ func receive(slot messages.ReplyTo) any {
 		return v
 	default:
 		return nil
+	}
+}
+
+// The session's warnings name it (and its sandbox) once each: its logger
+// is made when a line is logged, from the shared one.
+func TestASessionsWarningNamesItsSessionAndSandbox(t *testing.T) {
+	log, hook := logtest.NewNullLogger()
+	s := newShell(t, fake.New(fake.Options{Clock: clock.NewManual(shellT0)}))
+	// Before the first message: the actor reads it after.
+	s.env.Log = log.WithField("server", "notes")
+	rep := s.start(nil, provider.Spec{Workdir: "/w"})
+	if rep.Err != nil {
+		t.Fatal(rep.Err)
+	}
+	lostErr := fmt.Errorf("exec: %w", provider.ErrSandboxNotFound)
+	if err := s.do(func(context.Context, provider.Provider, sandbox.Sandbox) error { return lostErr }); !errors.Is(err, sandbox.ErrLost) {
+		t.Fatalf("do: %v, want ErrLost", err)
+	}
+	var got []logrus.Fields
+	for _, e := range hook.AllEntries() {
+		got = append(got, e.Data)
+	}
+	want := []logrus.Fields{{"server": "notes", "session_id": "s1", "sandbox_id": rep.Sandbox.Handle.SandboxID, "cause": lostErr.Error()}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("warnings' fields (-want +got):\n%s", diff)
 	}
 }

@@ -68,7 +68,6 @@ func (e *SessionEnv) base() context.Context {
 type sessionActor struct {
 	env *SessionEnv
 	s   *Session
-	log logrus.FieldLogger
 	// view, when set, is where the actor publishes the session's view
 	// after every message that changes it; shown is what it last
 	// published.
@@ -95,7 +94,7 @@ func SessionPropsPublishing(env *SessionEnv, view *messages.SessionView, state f
 	late := &lateRequests{}
 	return actor.PropsFromProducer(func() actor.Actor {
 		s := state()
-		a := &sessionActor{env: env, s: s, log: env.Log.WithField("session_id", s.ID), view: view, late: late}
+		a := &sessionActor{env: env, s: s, view: view, late: late}
 		a.publish(true)
 		return a
 	}, actor.WithMailbox(actor.Unbounded(late)))
@@ -201,18 +200,24 @@ func (a *sessionActor) abandon() {
 		return
 	}
 	h := a.s.Sandbox.Handle
-	a.log.WithField("sandbox_id", h.SandboxID).Warn("session actor stopped while holding a sandbox; stopping it")
+	a.log().WithField("sandbox_id", h.SandboxID).Warn("session actor stopped while holding a sandbox; stopping it")
 	a.env.goRun(func() {
 		ctx, cancel := context.WithTimeout(a.env.base(), a.stopTimeout())
 		defer cancel()
 		if err := a.env.Provider.Stop(ctx, h); err != nil {
-			a.log.WithError(err).Warn("stopping an abandoned sandbox failed; its lease will reap it")
+			a.log().WithError(err).Warn("stopping an abandoned sandbox failed; its lease will reap it")
 		}
 		if a.env.OnEnded != nil {
 			a.env.OnEnded(a.s.ID, &h, messages.StopEnd)
 		}
 	})
 }
+
+// log is the session's logger, made when a line is logged: every actor
+// made its own at spawn (a logrus entry and a copy of its fields), a
+// quarter of a spawn's cost and of a restore's installs, for lines that
+// most sessions never log.
+func (a *sessionActor) log() logrus.FieldLogger { return a.env.Log.WithField("session_id", a.s.ID) }
 
 func (a *sessionActor) stopTimeout() time.Duration {
 	if a.env.StopTimeout > 0 {
@@ -250,7 +255,7 @@ func (a *sessionActor) perform(ctx actor.Context, effects []any) {
 				a.env.OnHeld(a.s.ID, e.Sandbox)
 			}
 		case effLost:
-			a.log.WithFields(logrus.Fields{"session_id": a.s.ID, "sandbox_id": e.Sandbox.Handle.SandboxID, "cause": fmt.Sprint(e.Cause)}).
+			a.log().WithFields(logrus.Fields{"sandbox_id": e.Sandbox.Handle.SandboxID, "cause": fmt.Sprint(e.Cause)}).
 				Warn("the session's sandbox is gone behind the owner's back: its calls and verify are refused (sandbox_lost) and no checkpoint exports it")
 			if a.env.OnLost != nil {
 				a.env.OnLost(a.s.ID, e.Sandbox)
@@ -307,7 +312,7 @@ func (a *sessionActor) start(e effStart, feed func(any)) {
 		stopCtx, cancel := context.WithTimeout(a.env.base(), a.stopTimeout())
 		defer cancel()
 		if serr := provider.StopRetrying(stopCtx, p, h); serr != nil {
-			a.log.WithError(serr).WithField("sandbox_id", h.SandboxID).Warn("stopping the sandbox of a failed setup failed")
+			a.log().WithError(serr).WithField("sandbox_id", h.SandboxID).Warn("stopping the sandbox of a failed setup failed")
 		}
 		feed(startDone{Seq: e.Seq, Err: err})
 		return
@@ -495,7 +500,7 @@ func (a *sessionActor) renew(e effRenew, feed func(any)) {
 	defer cancel()
 	err := l.Renew(ctx, e.Handle, e.Until)
 	if err != nil {
-		a.log.WithError(err).WithField("sandbox_id", e.Handle.SandboxID).Warn("lease renewal failed")
+		a.log().WithError(err).WithField("sandbox_id", e.Handle.SandboxID).Warn("lease renewal failed")
 	}
 	feed(renewDone{Seq: e.Seq, Until: e.Until, Err: err})
 }
