@@ -75,6 +75,8 @@ type sessionActor struct {
 	shown viewKey
 	// late answers the requests protoactor drops once the actor stopped.
 	late *lateRequests
+	// feed sends an effect's outcome back to the actor's own mailbox.
+	feed func(any)
 }
 
 // SessionProps returns the props of a session actor starting from state.
@@ -227,8 +229,13 @@ func (a *sessionActor) stopTimeout() time.Duration {
 }
 
 func (a *sessionActor) perform(ctx actor.Context, effects []any) {
-	root, self := ctx.ActorSystem().Root, ctx.Self()
-	feed := func(msg any) { root.Send(self, msg) }
+	if a.feed == nil {
+		// Made once: a closure made here for each message was an
+		// allocation on every message the session handled.
+		root, self := ctx.ActorSystem().Root, ctx.Self()
+		a.feed = func(msg any) { root.Send(self, msg) }
+	}
+	feed := a.feed
 	for _, e := range effects {
 		switch e := e.(type) {
 		case effReply:
