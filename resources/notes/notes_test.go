@@ -198,3 +198,39 @@ func TestVerifyGradesAnUnreadableNotesFileZero(t *testing.T) {
 		})
 	}
 }
+
+// append_note's reply is {"success":true} however it is encoded: written
+// by the HTTP layer (AppendJSON, no reflection) and by encoding/json (MCP's
+// tool results).
+func TestAppendNoteRepliesSuccessEitherWay(t *testing.T) {
+	ctx := context.Background()
+	own, err := owner.New(ctx, owner.Config{Name: "notes", Provider: fake.New(fake.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	s := notes.New(notes.Options{})
+	sess := &resources.Session{ID: "s1", Owner: own, Log: logrus.New()}
+	if _, err := s.Seed(ctx, sess, nil); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Tools()[notes.RouteAppend](ctx, sess, []byte(`{"line":"one"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	marshalled, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, ok := r.(interface{ AppendJSON([]byte) ([]byte, error) })
+	if !ok {
+		t.Fatalf("the reply %T writes no JSON of its own", r)
+	}
+	appended, err := a.AppendJSON([]byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{`{"success":true}`, `x{"success":true}`}, []string{string(marshalled), string(appended)}); diff != "" {
+		t.Errorf("replies (-want +got):\n%s", diff)
+	}
+}
