@@ -149,19 +149,22 @@ func parseAll(log string) Statuses {
 var goTestLine = regexp.MustCompile(`^--- (PASS|FAIL|SKIP): (.+) \((.+)\)$`)
 
 func parseGoTest(log string) Statuses {
+	return parseLines(log, goTestLine, 2, 1, map[string]Status{
+		"PASS": StatusPassed, "FAIL": StatusFailed, "SKIP": StatusSkipped,
+	})
+}
+
+// parseLines reads the lines (trimmed) that re matches: the test's name is
+// group name, its outcome word group word, read through words.
+func parseLines(log string, re *regexp.Regexp, name, word int, words map[string]Status) Statuses {
 	m := Statuses{}
 	for _, line := range strings.Split(log, "\n") {
-		g := goTestLine.FindStringSubmatch(strings.TrimSpace(line))
+		g := re.FindStringSubmatch(strings.TrimSpace(line))
 		if g == nil {
 			continue
 		}
-		switch g[1] {
-		case "PASS":
-			m.add(g[2], StatusPassed)
-		case "FAIL":
-			m.add(g[2], StatusFailed)
-		case "SKIP":
-			m.add(g[2], StatusSkipped)
+		if s, ok := words[g[word]]; ok {
+			m.add(g[name], s)
 		}
 	}
 	return m
@@ -206,22 +209,9 @@ func parsePytest(log string) Statuses {
 var cargoTestLine = regexp.MustCompile(`^test (\S+) \.\.\. (ok|FAILED|ignored)`)
 
 func parseCargo(log string) Statuses {
-	m := Statuses{}
-	for _, line := range strings.Split(log, "\n") {
-		g := cargoTestLine.FindStringSubmatch(strings.TrimSpace(line))
-		if g == nil {
-			continue
-		}
-		switch g[2] {
-		case "ok":
-			m.add(g[1], StatusPassed)
-		case "FAILED":
-			m.add(g[1], StatusFailed)
-		case "ignored":
-			m.add(g[1], StatusSkipped)
-		}
-	}
-	return m
+	return parseLines(log, cargoTestLine, 1, 2, map[string]Status{
+		"ok": StatusPassed, "FAILED": StatusFailed, "ignored": StatusSkipped,
+	})
 }
 
 // TestResults are one list's tests split by outcome.
