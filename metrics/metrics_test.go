@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sandboxowner/owner/metrics"
 	"github.com/sandboxowner/owner/provider"
@@ -129,6 +130,13 @@ func TestProviderCallsCounted(t *testing.T) {
 // value is a counter's value (0 when the series does not exist).
 func value(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
+	return series(t, reg, name, labels).GetCounter().GetValue()
+}
+
+// series is the first series of name whose labels are all in labels (nil
+// when there is none; its getters then read 0).
+func series(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) *dto.Metric {
+	t.Helper()
 	fams, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -144,10 +152,10 @@ func value(t *testing.T, reg *prometheus.Registry, name string, labels map[strin
 					continue next
 				}
 			}
-			return m.GetCounter().GetValue()
+			return m
 		}
 	}
-	return 0
+	return nil
 }
 
 // TestBuildInfo: sandboxowner_build_info is 1 from the start, with the Go
@@ -218,25 +226,8 @@ func TestCountersExistAtZeroFromTheStart(t *testing.T) {
 // histCount is a histogram series' sample count and sum.
 func histCount(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) (uint64, float64) {
 	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if labels[l.GetName()] != l.GetValue() {
-					continue next
-				}
-			}
-			return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
-		}
-	}
-	return 0, 0
+	h := series(t, reg, name, labels).GetHistogram()
+	return h.GetSampleCount(), h.GetSampleSum()
 }
 
 // families are the names of reg's families.
