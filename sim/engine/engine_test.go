@@ -353,33 +353,31 @@ func TestParseFaults(t *testing.T) {
 // behind the owner's back, the fault fires and no run grades one (the
 // no-empty-grading invariant checks its tool call and its verify).
 func TestLostSandboxFaultIsRefused(t *testing.T) {
-	fired := 0
-	for seed := int64(1); seed <= 6; seed++ {
-		res := Run(seed, Config{Sessions: 3, Steps: 24, Faults: Faults{FaultLost: 1}, TempDir: t.TempDir()})
-		for _, v := range res.Violations {
-			t.Errorf("seed %d: %s", seed, v)
-		}
-		fired += res.Fired[FaultLost]
-	}
-	if fired == 0 {
-		t.Fatal("the lost fault never fired")
-	}
+	firesWithoutViolations(t, FaultLost)
 }
 
 // A seed whose start fails after the provider made its sandbox fails and
 // leaves nothing running (the no-leak check after its step): at rate 1
 // every seed of a session without a sandbox arms it.
 func TestStartFailingAfterItsEffectLeavesNoSandbox(t *testing.T) {
+	firesWithoutViolations(t, FaultStartFailAfter)
+}
+
+// firesWithoutViolations runs seeds 1 to 6 (three sessions, 24 steps) with
+// fault alone at rate 1: no seed may break an invariant, and the fault must
+// fire at least once, or the seeds said nothing of it.
+func firesWithoutViolations(t *testing.T, fault Fault) {
+	t.Helper()
 	fired := 0
 	for seed := int64(1); seed <= 6; seed++ {
-		res := Run(seed, Config{Sessions: 3, Steps: 24, Faults: Faults{FaultStartFailAfter: 1}, TempDir: t.TempDir()})
+		res := Run(seed, Config{Sessions: 3, Steps: 24, Faults: Faults{fault: 1}, TempDir: t.TempDir()})
 		for _, v := range res.Violations {
 			t.Errorf("seed %d: %s", seed, v)
 		}
-		fired += res.Fired[FaultStartFailAfter]
+		fired += res.Fired[fault]
 	}
 	if fired == 0 {
-		t.Fatal("the start fault never fired")
+		t.Fatalf("the %s fault never fired", fault)
 	}
 }
 
