@@ -28,15 +28,7 @@ import (
 func crashed(t *testing.T) (*fake.Provider, string, []string, []string) {
 	t.Helper()
 	ctx := context.Background()
-	clk := clock.NewManual(time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
-	fk := fake.New(fake.Options{Clock: clk, Seed: 1})
-	dir := t.TempDir()
-	o, err := owner.New(ctx, owner.Config{Name: "notes", Provider: fk, Clock: clk,
-		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: dir}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	setup := func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) { return nil, nil }
+	o, fk, dir := newOwner(t)
 	var held []sandbox.Sandbox
 	for _, sid := range []string{"s1", "s2", "s3"} {
 		if sid == "s3" {
@@ -44,7 +36,7 @@ func crashed(t *testing.T) (*fake.Provider, string, []string, []string) {
 				t.Fatal(err)
 			}
 		}
-		sb, err := o.StartSessionSandbox(ctx, sid, provider.Spec{Image: "notes"}, setup, "")
+		sb, err := o.StartSessionSandbox(ctx, sid, provider.Spec{Image: "notes"}, noSetup, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,6 +53,26 @@ func crashed(t *testing.T) (*fake.Provider, string, []string, []string) {
 	}
 	o.Abandon()
 	return fk, dir, []string{held[2].Handle.SandboxID}, []string{stray}
+}
+
+// newOwner is owner "notes" with checkpoints on, over a fake on a manual
+// clock, and its state directory.
+func newOwner(t *testing.T) (*owner.Owner, *fake.Provider, string) {
+	t.Helper()
+	clk := clock.NewManual(time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
+	fk := fake.New(fake.Options{Clock: clk, Seed: 1})
+	dir := t.TempDir()
+	o, err := owner.New(context.Background(), owner.Config{Name: "notes", Provider: fk, Clock: clk,
+		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: dir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o, fk, dir
+}
+
+// noSetup is a session sandbox's setup that does nothing.
+func noSetup(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) {
+	return nil, nil
 }
 
 func open(t *testing.T, dir string) *snapshotindex.Index {
@@ -351,16 +363,8 @@ func TestSweepCountsForeignSnapshots(t *testing.T) {
 // the sweep keeps its snapshot though no session or checkpoint names it.
 func TestSweepKeepsRecordedTemplates(t *testing.T) {
 	ctx := context.Background()
-	clk := clock.NewManual(time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
-	fk := fake.New(fake.Options{Clock: clk, Seed: 1})
-	dir := t.TempDir()
-	o, err := owner.New(ctx, owner.Config{Name: "notes", Provider: fk, Clock: clk,
-		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: dir}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	setup := func(context.Context, provider.Provider, sandbox.Sandbox) (json.RawMessage, error) { return nil, nil }
-	sb, err := o.StartKeyedSessionSandbox(ctx, "s1", "task-1", provider.Spec{Image: "swe"}, setup, "")
+	o, fk, dir := newOwner(t)
+	sb, err := o.StartKeyedSessionSandbox(ctx, "s1", "task-1", provider.Spec{Image: "swe"}, noSetup, "")
 	if err != nil {
 		t.Fatal(err)
 	}
