@@ -56,6 +56,16 @@ type trigger struct {
 	fired bool
 }
 
+// crashTrigger kills the process at point at of a run of calls of op: at 0
+// before the first call reaches the provider, at k after the k-th call's
+// effect.
+func crashTrigger(op fake.Op, at int) *trigger {
+	if at == 0 {
+		return &trigger{op: op, n: 1}
+	}
+	return &trigger{op: op, n: at, after: true}
+}
+
 func (t *trigger) String() string {
 	when := "before"
 	if t.after {
@@ -170,13 +180,7 @@ func (p *process) leave() {
 func (p *process) enter(ctx context.Context, op fake.Op) error {
 	p.mu.Lock()
 	p.inFlight++
-	if t := p.trig; !p.dead && t != nil && !t.fired && !t.after && t.op == op {
-		t.seen++
-		if t.seen == t.n {
-			t.fired = true
-			p.dieLocked()
-		}
-	}
+	p.countLocked(op, false)
 	dead := p.dead
 	p.mu.Unlock()
 	if dead {
@@ -187,6 +191,19 @@ func (p *process) enter(ctx context.Context, op fake.Op) error {
 	return nil
 }
 
+// countLocked counts a call of op toward the armed trigger, at the moment
+// after says (after the call's effect, or before it), and kills the process
+// when the trigger fires.
+func (p *process) countLocked(op fake.Op, after bool) {
+	if t := p.trig; !p.dead && t != nil && !t.fired && t.after == after && t.op == op {
+		t.seen++
+		if t.seen == t.n {
+			t.fired = true
+			p.dieLocked()
+		}
+	}
+}
+
 // exit ends a call that reached the fake. A dead process (or one the call's
 // own trigger kills) does not get the result.
 func (p *process) exit(ctx context.Context, op fake.Op, sandboxID string, err error) error {
@@ -194,13 +211,7 @@ func (p *process) exit(ctx context.Context, op fake.Op, sandboxID string, err er
 		p.observe(op, sandboxID, err)
 	}
 	p.mu.Lock()
-	if t := p.trig; !p.dead && t != nil && !t.fired && t.after && t.op == op {
-		t.seen++
-		if t.seen == t.n {
-			t.fired = true
-			p.dieLocked()
-		}
-	}
+	p.countLocked(op, true)
 	dead := p.dead
 	p.mu.Unlock()
 	if dead {

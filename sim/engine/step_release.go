@@ -126,11 +126,7 @@ func (r *run) armRelease(p releasePlan) {
 		r.fk.FailNext(fake.OpDeleteSnapshot, 1)
 	}
 	if p.crash {
-		if p.crashAt == 0 {
-			r.proc.arm(&trigger{op: fake.OpDeleteSnapshot, n: 1})
-		} else {
-			r.proc.arm(&trigger{op: fake.OpDeleteSnapshot, n: p.crashAt, after: true})
-		}
+		r.proc.arm(crashTrigger(fake.OpDeleteSnapshot, p.crashAt))
 	}
 }
 

@@ -135,11 +135,7 @@ func (r *run) armRestore(p restorePlan) {
 		r.fk.FailAfterEffect(fake.OpFork, 1)
 	}
 	if p.crash {
-		if p.crashAt == 0 {
-			r.proc.arm(&trigger{op: fake.OpFork, n: 1})
-		} else {
-			r.proc.arm(&trigger{op: fake.OpFork, n: p.crashAt, after: true})
-		}
+		r.proc.arm(crashTrigger(fake.OpFork, p.crashAt))
 	}
 }
 
