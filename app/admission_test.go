@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"github.com/sandboxowner/owner/app"
 	"github.com/sandboxowner/owner/clock"
 	ctl "github.com/sandboxowner/owner/control"
@@ -42,36 +40,24 @@ type descriptorOf = struct {
 // body.
 func sandboxCall(t *testing.T, method, url, token, body string) (int, string) {
 	t.Helper()
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(url)
-	req.Header.SetMethod(method)
-	req.Header.Set("Authorization", "Bearer "+token)
-	req.SetBodyString(body)
-	if err := fasthttp.DoTimeout(req, resp, time.Minute); err != nil {
+	r, err := send(method, url, body, "Authorization", "Bearer "+token)
+	if err != nil {
 		return 0, err.Error()
 	}
-	return resp.StatusCode(), string(resp.Body())
+	return r.status, r.body
 }
 
 // checkpointOp calls the checkpoint control plane.
 func checkpointOp(t *testing.T, a *app.App, op string, body map[string]any) (int, map[string]any) {
 	t.Helper()
 	b, _ := json.Marshal(body)
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + a.Addr().String() + httpapi.ControlPrefix + op)
-	req.Header.SetMethod("POST")
-	req.Header.Set("Authorization", "Bearer tok")
-	req.SetBody(b)
-	if err := fasthttp.DoTimeout(req, resp, time.Minute); err != nil {
+	r, err := send("POST", "http://"+a.Addr().String()+httpapi.ControlPrefix+op, string(b), "Authorization", "Bearer tok")
+	if err != nil {
 		t.Fatalf("%s: %v", op, err)
 	}
 	var out map[string]any
-	_ = json.Unmarshal(resp.Body(), &out)
-	return resp.StatusCode(), out
+	_ = json.Unmarshal([]byte(r.body), &out)
+	return r.status, out
 }
 
 // waitGate waits until cond holds of the admission gate.

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"github.com/sandboxowner/owner/app"
 	"github.com/sandboxowner/owner/owner"
 )
@@ -76,18 +74,12 @@ func sandboxAccess(t *testing.T, a *app.App, cookie string) access {
 // execAs runs a command through the sandbox exec API with a token.
 func execAs(t *testing.T, endpoint, token, command string) (int, string) {
 	t.Helper()
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(endpoint + "/exec")
-	req.Header.SetMethod("POST")
-	req.Header.Set("Authorization", "Bearer "+token)
 	b, _ := json.Marshal(map[string]any{"command": command})
-	req.SetBody(b)
-	if err := fasthttp.DoTimeout(req, resp, 30*time.Second); err != nil {
+	r, err := send("POST", endpoint+"/exec", string(b), "Authorization", "Bearer "+token)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return resp.StatusCode(), string(resp.Body())
+	return r.status, r.body
 }
 
 func TestAgentsWorkInTheirSandboxWithFencedTokens(t *testing.T) {

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"github.com/sandboxowner/owner/app"
 	"github.com/sandboxowner/owner/provider/fake"
 )
@@ -37,17 +35,11 @@ func startApp(t *testing.T, cfg app.Config) *app.App {
 // status and body.
 func controlCall(t *testing.T, addr, op, token, body string) (int, string) {
 	t.Helper()
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + "/ng-control/v1/checkpoint/" + op)
-	req.Header.SetMethod("POST")
-	req.Header.Set("Authorization", "bearer "+token)
-	req.SetBodyString(body)
-	if err := fasthttp.DoTimeout(req, resp, 30*time.Second); err != nil {
-		t.Fatalf("POST %s: %v", op, err)
+	r, err := send("POST", "http://"+addr+"/ng-control/v1/checkpoint/"+op, body, "Authorization", "bearer "+token)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return resp.StatusCode(), string(resp.Body())
+	return r.status, r.body
 }
 
 func TestMaxDeadlineSecondsKey(t *testing.T) {

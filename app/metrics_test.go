@@ -75,22 +75,16 @@ func controlReply(t *testing.T, addr, op, body string) map[string]any {
 // controlAs is controlReply with the request id requestID ("": none sent).
 func controlAs(t *testing.T, addr, op, requestID, body string) map[string]any {
 	t.Helper()
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + "/ng-control/v1/checkpoint/" + op)
-	req.Header.SetMethod("POST")
-	req.Header.Set("Authorization", "Bearer tok")
-	if requestID != "" {
-		req.Header.Set("X-Request-Id", requestID)
+	r, err := send("POST", "http://"+addr+"/ng-control/v1/checkpoint/"+op, body, "Authorization", "Bearer tok", "X-Request-Id", requestID)
+	if err != nil {
+		t.Fatal(err)
 	}
-	req.SetBodyString(body)
-	if err := fasthttp.DoTimeout(req, resp, 30*time.Second); err != nil || resp.StatusCode() != 200 {
-		t.Fatalf("%s: %v %d %s", op, err, resp.StatusCode(), resp.Body())
+	if r.status != 200 {
+		t.Fatalf("%s: %d %s", op, r.status, r.body)
 	}
 	var out map[string]any
-	if err := json.Unmarshal(resp.Body(), &out); err != nil {
-		t.Fatalf("%s: %v: %s", op, err, resp.Body())
+	if err := json.Unmarshal([]byte(r.body), &out); err != nil {
+		t.Fatalf("%s: %v: %s", op, err, r.body)
 	}
 	return out
 }
@@ -318,15 +312,8 @@ func TestUnknownPathsShareOneLabel(t *testing.T) {
 		}
 	}
 	// A refused control operation is counted as refused.
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + "/ng-control/v1/checkpoint/prepare")
-	req.Header.SetMethod("POST")
-	req.Header.Set("Authorization", "Bearer tok")
-	req.SetBodyString("{")
-	if err := fasthttp.DoTimeout(req, resp, 30*time.Second); err != nil || resp.StatusCode() != 422 {
-		t.Fatalf("malformed prepare: %v %d", err, resp.StatusCode())
+	if r, err := send("POST", "http://"+addr+"/ng-control/v1/checkpoint/prepare", "{", "Authorization", "Bearer tok"); err != nil || r.status != 422 {
+		t.Fatalf("malformed prepare: %v %+v", err, r)
 	}
 	fams := scrape(t, addr)
 	check{"refused prepares", counter(t, fams, "sandboxowner_checkpoint_operations_total", map[string]string{"op": "prepare", "outcome": "refused"}), 1}.verify(t)
@@ -535,22 +522,15 @@ func TestRequestIDsAndAccessLines(t *testing.T) {
 
 	call := func(method, url, requestID, token, body string) string {
 		t.Helper()
-		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		defer fasthttp.ReleaseRequest(req)
-		defer fasthttp.ReleaseResponse(resp)
-		req.SetRequestURI(url)
-		req.Header.SetMethod(method)
-		if requestID != "" {
-			req.Header.Set("X-Request-Id", requestID)
-		}
+		auth := ""
 		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
+			auth = "Bearer " + token
 		}
-		req.SetBodyString(body)
-		if err := fasthttp.DoTimeout(req, resp, time.Minute); err != nil {
+		r, err := send(method, url, body, "X-Request-Id", requestID, "Authorization", auth)
+		if err != nil {
 			t.Fatal(err)
 		}
-		return string(resp.Header.Peek("X-Request-Id"))
+		return string(r.header.Peek("X-Request-Id"))
 	}
 	if got := call("GET", "http://"+addr+"/health", "client-id-1", "", ""); got != "client-id-1" {
 		t.Errorf("a usable client id came back as %q", got)

@@ -13,7 +13,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
-	"github.com/valyala/fasthttp"
 
 	"github.com/sandboxowner/owner/app"
 	"github.com/sandboxowner/owner/clock"
@@ -284,17 +283,12 @@ func TestOpenSandboxUnreachable(t *testing.T) {
 	if st, body := get(t, addr, "/health"); st != 503 || !strings.Contains(body, `"status":"provider_unreachable"`) {
 		t.Errorf("/health: %d %s, want 503 provider_unreachable", st, body)
 	}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + "/ng-rollout/r1/seed_session")
-	req.Header.SetMethod("POST")
-	req.SetBodyString("{}")
-	if err := fasthttp.Do(req, resp); err != nil {
+	r, err := send("POST", "http://"+addr+"/ng-rollout/r1/seed_session", "{}")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.StatusCode() != 503 || !strings.Contains(string(resp.Body()), `"provider_unavailable"`) || string(resp.Header.Peek("Retry-After")) == "" {
-		t.Errorf("seed while unreachable: %d %s (Retry-After %q), want 503 provider_unavailable with Retry-After", resp.StatusCode(), resp.Body(), resp.Header.Peek("Retry-After"))
+	if r.status != 503 || !strings.Contains(r.body, `"provider_unavailable"`) || string(r.header.Peek("Retry-After")) == "" {
+		t.Errorf("seed while unreachable: %d %s (Retry-After %q), want 503 provider_unavailable with Retry-After", r.status, r.body, r.header.Peek("Retry-After"))
 	}
 	srv.ClearFaults()
 	if st, body, _ := post(t, addr, "/ng-rollout/r2/seed_session", "", "{}"); st != 200 {

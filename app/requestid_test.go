@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	logtest "github.com/sirupsen/logrus/hooks/test"
-	"github.com/valyala/fasthttp"
 
 	"github.com/sandboxowner/owner/app"
 	"github.com/sandboxowner/owner/provider/fake"
@@ -69,15 +68,8 @@ func TestSeedAndControlLinesNameTheirRequest(t *testing.T) {
 	a := startLocalWith(t, t.TempDir(), app.Deps{Logger: lg})
 	t.Cleanup(func() { _ = a.Stop(context.Background()) })
 	addr := a.Addr().String()
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + "/ng-rollout/r1/seed_session")
-	req.Header.SetMethod("POST")
-	req.Header.Set("X-Request-Id", "seed-1")
-	req.SetBodyString("{}")
-	if err := fasthttp.DoTimeout(req, resp, 30*time.Second); err != nil || resp.StatusCode() != 200 {
-		t.Fatalf("seed: %v %d %s", err, resp.StatusCode(), resp.Body())
+	if r, err := send("POST", "http://"+addr+"/ng-rollout/r1/seed_session", "{}", "X-Request-Id", "seed-1"); err != nil || r.status != 200 {
+		t.Fatalf("seed: %v %+v", err, r)
 	}
 	d := time.Now().Add(time.Minute).Unix()
 	controlAs(t, addr, "prepare", "prepare-2", fmt.Sprintf(`{"checkpoint_id":"ck1","deadline_ts":%d}`, d))

@@ -43,26 +43,48 @@ func TestMain(m *testing.M) {
 
 func post(t *testing.T, addr, path, cookie, body string) (int, string, string) {
 	t.Helper()
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + path)
-	req.Header.SetMethod("POST")
-	req.SetBodyString(body)
-	if cookie != "" {
-		req.Header.Set("Cookie", cookie)
-	}
-	if err := fasthttp.DoTimeout(req, resp, 30*time.Second); err != nil {
+	r, err := send("POST", "http://"+addr+path, body, "Cookie", cookie)
+	if err != nil {
 		t.Fatalf("POST %s: %v", path, err)
 	}
 	set := ""
-	for _, v := range resp.Header.Cookies() {
+	for _, v := range r.header.Cookies() {
 		c := fasthttp.AcquireCookie()
 		_ = c.ParseBytes(v)
 		set = string(c.Key()) + "=" + string(c.Value())
 		fasthttp.ReleaseCookie(c)
 	}
-	return resp.StatusCode(), string(resp.Body()), set
+	return r.status, r.body, set
+}
+
+// answer is what one request sent with send got back.
+type answer struct {
+	status int
+	body   string
+	header fasthttp.ResponseHeader
+}
+
+// send sends one request to url with the headers given as name, value pairs
+// (a pair with an empty value is not sent) and waits at most a minute for
+// its answer. It does not fail the test, so that goroutines may call it.
+func send(method, url, body string, header ...string) (*answer, error) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(url)
+	req.Header.SetMethod(method)
+	for i := 0; i+1 < len(header); i += 2 {
+		if header[i+1] != "" {
+			req.Header.Set(header[i], header[i+1])
+		}
+	}
+	req.SetBodyString(body)
+	if err := fasthttp.DoTimeout(req, resp, time.Minute); err != nil {
+		return nil, fmt.Errorf("%s %s: %w", method, url, err)
+	}
+	a := &answer{status: resp.StatusCode(), body: string(resp.Body())}
+	resp.Header.CopyTo(&a.header)
+	return a, nil
 }
 
 // TestStopDrainsAndClosesTheIndex: a request in flight when the server is
