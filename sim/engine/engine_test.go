@@ -72,6 +72,20 @@ func runSabotaged(t *testing.T, seed int64, sabotage func(r *run)) []Violation {
 	return r.exec().Violations
 }
 
+// liveSandbox is the sandbox of the first live session the owner still
+// holds (false when there is none, or no owner yet).
+func liveSandbox(r *run) (sandbox.Sandbox, bool) {
+	if r.o == nil {
+		return sandbox.Sandbox{}, false
+	}
+	for _, sid := range r.m.live() {
+		if sb, err := r.o.RequireSessionSandbox(context.Background(), sid); err == nil {
+			return sb, true
+		}
+	}
+	return sandbox.Sandbox{}, false
+}
+
 // runSabotagedAt runs seeds with faults until one reaches the sabotage
 // point, sabotaging it there (once), and returns that run's violations.
 func runSabotagedAt(t *testing.T, faults string, point string, sabotage func(r *run)) []Violation {
@@ -158,20 +172,17 @@ func TestChecksSeeWhatTheOwnerDidNot(t *testing.T) {
 	t.Run("notes changed behind the owner are lost state", func(t *testing.T) {
 		done := false
 		vs := runSabotaged(t, 5, func(r *run) {
-			if done || r.o == nil {
+			if done {
 				return
 			}
-			for _, sid := range r.m.live() {
-				sb, err := r.o.RequireSessionSandbox(context.Background(), sid)
-				if err != nil {
-					continue
-				}
-				if err := r.fk.WriteFile(context.Background(), sb.Handle, notesFile, []byte("forged\n")); err != nil {
-					t.Fatal(err)
-				}
-				done = true
+			sb, ok := liveSandbox(r)
+			if !ok {
 				return
 			}
+			if err := r.fk.WriteFile(context.Background(), sb.Handle, notesFile, []byte("forged\n")); err != nil {
+				t.Fatal(err)
+			}
+			done = true
 		})
 		if !done {
 			t.Fatal("seed 5 had no live session to sabotage; pick a seed that has one")
@@ -189,20 +200,17 @@ func TestStepChecksCatchSabotage(t *testing.T) {
 	t.Run("a stray snapshot is a leak", func(t *testing.T) {
 		done, at := false, 0
 		vs := runSabotaged(t, 5, func(r *run) {
-			if done || r.o == nil {
+			if done {
 				return
 			}
-			for _, sid := range r.m.live() {
-				sb, err := r.o.RequireSessionSandbox(context.Background(), sid)
-				if err != nil {
-					continue
-				}
-				if _, err := r.fk.Snapshot(context.Background(), sb.Handle, "stray"); err != nil {
-					t.Fatal(err)
-				}
-				done, at = true, r.step
+			sb, ok := liveSandbox(r)
+			if !ok {
 				return
 			}
+			if _, err := r.fk.Snapshot(context.Background(), sb.Handle, "stray"); err != nil {
+				t.Fatal(err)
+			}
+			done, at = true, r.step
 		})
 		if !done {
 			t.Fatal("seed 5 had no live session to sabotage; pick a seed that has one")
