@@ -14,25 +14,33 @@ import (
 	"github.com/sandboxowner/owner/app"
 )
 
+// startIsolated starts a server on the local provider with isolation
+// (overlays off) on a loopback port, logging to log (nil: discarded); the
+// caller stops it.
+func startIsolated(t *testing.T, isolation string, log *logrus.Logger) (*app.App, error) {
+	t.Helper()
+	cfg := app.Defaults()
+	cfg.Port = 0
+	cfg.Sandbox.Local.Root = t.TempDir()
+	cfg.Sandbox.Local.Isolation = isolation
+	cfg.Sandbox.Local.Overlay = "off"
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return app.Start(context.Background(), cfg, app.Deps{Listener: ln, Logger: log})
+}
+
 // /health says how sandboxed commands are held, and a server whose
 // commands run unisolated says so in words at startup.
 func TestHealthAndStartupSayTheIsolation(t *testing.T) {
 	t.Parallel()
 	for _, isolation := range []string{"none", "container"} {
 		t.Run(isolation, func(t *testing.T) {
-			cfg := app.Defaults()
-			cfg.Port = 0
-			cfg.Sandbox.Local.Root = t.TempDir()
-			cfg.Sandbox.Local.Isolation = isolation
-			cfg.Sandbox.Local.Overlay = "off"
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
 			var logs bytes.Buffer
 			log := logrus.New()
 			log.SetOutput(&logs)
-			a, err := app.Start(context.Background(), cfg, app.Deps{Listener: ln, Logger: log})
+			a, err := startIsolated(t, isolation, log)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -68,16 +76,7 @@ func TestHealthAndStartupSayTheIsolation(t *testing.T) {
 func TestIsolationNeedsNoBubblewrap(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	for _, isolation := range []string{"auto", "container", "bwrap"} {
-		cfg := app.Defaults()
-		cfg.Port = 0
-		cfg.Sandbox.Local.Root = t.TempDir()
-		cfg.Sandbox.Local.Isolation = isolation
-		cfg.Sandbox.Local.Overlay = "off"
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, err := app.Start(context.Background(), cfg, app.Deps{Listener: ln})
+		a, err := startIsolated(t, isolation, nil)
 		if err != nil {
 			t.Fatalf("isolation %s without bubblewrap: %v", isolation, err)
 		}
