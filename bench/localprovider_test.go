@@ -127,21 +127,12 @@ func BenchmarkLocalExec(b *testing.B) {
 			p := localProvider(b, iso, local.OverlayOff, nil)
 			h := localStart(b, p, provider.Spec{})
 			ctx := context.Background()
-			var took, floor []time.Duration
-			for b.Loop() {
-				began := time.Now()
+			measureExecs(b, func() {
 				res, err := p.Exec(ctx, h, provider.ExecRequest{Command: "true"})
 				if err != nil || res.ExitCode != 0 {
 					b.Fatal(res, err)
 				}
-				took = append(took, time.Since(began))
-				b.StopTimer()
-				floor = append(floor, shellFloor(b))
-				b.StartTimer()
-			}
-			b.ReportMetric(percentile(took, 0.5), "median-ms")
-			b.ReportMetric(percentile(took, 0.9), "p90-ms")
-			b.ReportMetric(percentile(floor, 0.5), "floor-median-ms")
+			})
 		})
 	}
 }
