@@ -135,8 +135,14 @@ func (p *Provider) startInit(ctx context.Context, s *sandbox, cgFiles []*os.File
 	return in, nil
 }
 
-// setupTimeout bounds how long an init may take to build its sandbox.
-const setupTimeout = 30 * time.Second
+// setupTimeout bounds how long an init may take to build its sandbox. It
+// guards against an answer that never comes (the init is the server's own
+// code, and the agent runs nothing before the setup ends), not against a
+// slow one: on a saturated machine an init's two starts of the server's
+// binary took over 30 s (a -race build, load 60-75, every process getting a
+// few percent of a core), and a seed failed for it. A start on a caller's
+// behalf ends sooner with the caller's context.
+const setupTimeout = 5 * time.Minute
 
 // awaitSetup sends an isolated init its setup on the control socket fd
 // and waits until it says it is ready (or why it is not), for at most
