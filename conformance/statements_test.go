@@ -14,7 +14,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/internal/servertest"
+	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 )
 
 // statement is one checkable statement of the protocol reference
@@ -334,29 +336,51 @@ var statements = []statement{
 	}},
 	{name: "FollowsDeletedDirs", section: "3.5, 8", text: "a controller that deletes the directories of the checkpoints it no longer keeps and never calls release (Gym's CollectionCheckpointer) has their snapshots deleted within checkpoint.retention.grace_s and one check; nothing is deleted on an error that is not \"no such file\"", note: "was: every snapshot of every checkpoint stayed until a release", by: "sim/process TestGymRetentionTenCheckpoints; owner TestGoneDirectoryDropsItsCheckpoint, TestUnreadableDirectoriesDeleteNothing; retention TestMachineScripts; sim dir-gone"},
 	{name: "ResumeDuringCommit", section: "1.3", text: "resume stops the writer, then reopens: a resume during a running commit answers within its deadline, and nothing of the commit is published", note: "was: a resume with a 1 s deadline during a 4 s commit answered 409 deadline_exceeded, admission stayed closed and the commit was published afterwards", check: func(t *testing.T) {
-		// The snapshot is held 30 s. The commit's deadline (5 s) passes
-		// within the hold, yet leaves a loaded machine's request time to
-		// reach the server before it (a commit arriving past its deadline
-		// is refused without running). The resume's deadline, 15 s after
-		// the commit's answer, comes at least 10 s before the hold ends: a
-		// resume that waited for the commit misses it; one that does not
-		// meets it with seconds to spare.
-		s, _ := seeded(t, "-sandbox.local.snapshot_delay_ms", "30000")
+		// The commit's one snapshot is held until the test lets it finish:
+		// the server runs on an OpenSandbox server in this process whose
+		// clock only the test moves, and a capture there takes a minute of
+		// that clock. The commit's deadline (5 s) passes within the hold
+		// yet leaves a loaded machine's request time to reach the server
+		// before it (a commit arriving past its deadline is refused without
+		// running). The resume's deadline is a minute away and the hold
+		// lasts until after its answer: a resume that waited for the commit
+		// misses it however fast the machine, one that does not meets it.
+		clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+		osb := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: "conformance-osb", Clock: clk, SnapshotLatency: time.Minute})
+		t.Cleanup(osb.Close)
+		s, _ := seeded(t, "-sandbox.provider", "opensandbox", "-sandbox.opensandbox.domain", osb.Domain,
+			"-sandbox.opensandbox.api_key", "conformance-osb", "-sandbox.opensandbox.images", "notes=registry.example/notes:1",
+			"-sandbox.opensandbox.skip_snapshot_probe")
+		// On a failure too the hold ends before the server is stopped, or
+		// its stop would wait for the capture.
+		released := false
+		release := func() {
+			if !released {
+				released = true
+				clk.Advance(time.Minute)
+			}
+		}
+		t.Cleanup(release)
 		s.op("prepare", "c1", nil)
 		// A commit whose deadline passes answers 409 and runs on.
 		s.want(s.control("commit", map[string]any{"checkpoint_id": "c1", "deadline_ts": deadline(5 * time.Second), "checkpoint_dir": ck(t, "/d/c1")}), 409, "deadline_exceeded", "commit")
-		r := s.ok(s.control("resume", map[string]any{"checkpoint_id": "c1", "deadline_ts": deadline(15 * time.Second)}), "resume during the commit")
+		if n := len(osb.SnapshotIDs()); n != 1 {
+			t.Fatalf("the commit's snapshot is not under way: %d snapshots on the OpenSandbox server", n)
+		}
+		r := s.ok(s.control("resume", map[string]any{"checkpoint_id": "c1", "deadline_ts": deadline(time.Minute)}), "resume during the commit")
 		if r["phase"] != "idle" {
 			t.Errorf("resume: %v", r)
 		}
 		s.want(s.control("commit", body("c1", map[string]any{"checkpoint_dir": ck(t, "/d/c1")})), 409, "stale_checkpoint", "the resumed commit again")
-		// The abandoned commit deletes its snapshot when it ends.
-		waitMetric(t, s, `sandboxowner_provider_calls_total{op="delete_snapshot",outcome="ok",provider="local"}`)
+		// The capture finishes; the abandoned commit deletes its snapshot
+		// when it ends.
+		release()
+		waitMetric(t, s, `sandboxowner_provider_calls_total{op="delete_snapshot",outcome="ok",provider="opensandbox"}`)
 		if n := snapshotsIn(t, s); n != 0 {
 			t.Errorf("the index names %d snapshots after the abandoned commit", n)
 		}
-		if entries, _ := os.ReadDir(s.dir + "/sandboxes/snapshots"); len(entries) != 0 {
-			t.Errorf("snapshots left: %v", entries)
+		if left := osb.SnapshotIDs(); len(left) != 0 {
+			t.Errorf("snapshots left on the OpenSandbox server: %v", left)
 		}
 	}},
 	{name: "RetireOnlyWhenClosed", section: "1.3", text: "retire is allowed only in idle or restored; an open checkpoint is 409 invalid_phase (resume first)", check: func(t *testing.T) {
