@@ -226,30 +226,27 @@ type TestsStatus struct {
 	PassToPass TestResults `json:"PASS_TO_PASS"`
 }
 
-// Resolve applies SWE-bench's rule: resolved when every FAIL_TO_PASS test
-// passed (or xfailed) and every PASS_TO_PASS test passed or was skipped. A
-// test missing from the log is a failure; so is an empty FAIL_TO_PASS.
+// Resolve applies SWE-bench's rule: resolved when every FAIL_TO_PASS and
+// every PASS_TO_PASS test passed (or xfailed); a skipped one is not a
+// pass. A test missing from the log is a failure; so is an empty
+// FAIL_TO_PASS.
 func Resolve(failToPass, passToPass []string, got Statuses) (TestsStatus, bool) {
-	ts := TestsStatus{
-		FailToPass: TestResults{Success: []string{}, Failure: []string{}},
-		PassToPass: TestResults{Success: []string{}, Failure: []string{}},
-	}
-	for _, name := range failToPass {
-		switch got[name] {
-		case StatusPassed, StatusXFail:
-			ts.FailToPass.Success = append(ts.FailToPass.Success, name)
-		default:
-			ts.FailToPass.Failure = append(ts.FailToPass.Failure, name)
-		}
-	}
-	for _, name := range passToPass {
-		switch got[name] {
-		case StatusPassed, StatusXFail:
-			ts.PassToPass.Success = append(ts.PassToPass.Success, name)
-		default:
-			ts.PassToPass.Failure = append(ts.PassToPass.Failure, name)
-		}
-	}
+	ts := TestsStatus{FailToPass: results(failToPass, got), PassToPass: results(passToPass, got)}
 	resolved := len(failToPass) > 0 && len(ts.FailToPass.Failure) == 0 && len(ts.PassToPass.Failure) == 0
 	return ts, resolved
+}
+
+// results splits names into those that passed or xfailed (SWE-bench's
+// test_passed) and the rest.
+func results(names []string, got Statuses) TestResults {
+	r := TestResults{Success: []string{}, Failure: []string{}}
+	for _, name := range names {
+		switch got[name] {
+		case StatusPassed, StatusXFail:
+			r.Success = append(r.Success, name)
+		default:
+			r.Failure = append(r.Failure, name)
+		}
+	}
+	return r
 }
