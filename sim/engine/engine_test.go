@@ -72,18 +72,29 @@ func runSabotaged(t *testing.T, seed int64, sabotage func(r *run)) []Violation {
 	return r.exec().Violations
 }
 
-// liveSandbox is the sandbox of the first live session the owner still
-// holds (false when there is none, or no owner yet).
-func liveSandbox(r *run) (sandbox.Sandbox, bool) {
-	if r.o == nil {
-		return sandbox.Sandbox{}, false
-	}
-	for _, sid := range r.m.live() {
-		if sb, err := r.o.RequireSessionSandbox(context.Background(), sid); err == nil {
-			return sb, true
+// runOnALiveSandbox runs seed with sabotage applied once, to the sandbox
+// of the first live session the owner holds at the first step that has
+// one, and returns the violations and that step. A seed with no such step
+// fails the test: a sabotage never made checks nothing.
+func runOnALiveSandbox(t *testing.T, seed int64, sabotage func(r *run, sb sandbox.Sandbox)) ([]Violation, int) {
+	t.Helper()
+	done, at := false, 0
+	vs := runSabotaged(t, seed, func(r *run) {
+		if done || r.o == nil {
+			return
 		}
+		for _, sid := range r.m.live() {
+			if sb, err := r.o.RequireSessionSandbox(context.Background(), sid); err == nil {
+				sabotage(r, sb)
+				done, at = true, r.step
+				return
+			}
+		}
+	})
+	if !done {
+		t.Fatalf("seed %d had no live session to sabotage; pick a seed that has one", seed)
 	}
-	return sandbox.Sandbox{}, false
+	return vs, at
 }
 
 // runSabotagedAt runs seeds with faults until one reaches the sabotage
@@ -170,23 +181,11 @@ func TestChecksSeeWhatTheOwnerDidNot(t *testing.T) {
 		}
 	})
 	t.Run("notes changed behind the owner are lost state", func(t *testing.T) {
-		done := false
-		vs := runSabotaged(t, 5, func(r *run) {
-			if done {
-				return
-			}
-			sb, ok := liveSandbox(r)
-			if !ok {
-				return
-			}
+		vs, _ := runOnALiveSandbox(t, 5, func(r *run, sb sandbox.Sandbox) {
 			if err := r.fk.WriteFile(context.Background(), sb.Handle, notesFile, []byte("forged\n")); err != nil {
 				t.Fatal(err)
 			}
-			done = true
 		})
-		if !done {
-			t.Fatal("seed 5 had no live session to sabotage; pick a seed that has one")
-		}
 		got := invariantsOf(vs)
 		if len(got) != 1 || (got[0] != LiveState && got[0] != ExactRestore) {
 			t.Fatalf("violations %v, want live state (or exact restore)", vs)
@@ -198,23 +197,11 @@ func TestChecksSeeWhatTheOwnerDidNot(t *testing.T) {
 // guards is broken at the moment of the check.
 func TestStepChecksCatchSabotage(t *testing.T) {
 	t.Run("a stray snapshot is a leak", func(t *testing.T) {
-		done, at := false, 0
-		vs := runSabotaged(t, 5, func(r *run) {
-			if done {
-				return
-			}
-			sb, ok := liveSandbox(r)
-			if !ok {
-				return
-			}
+		vs, at := runOnALiveSandbox(t, 5, func(r *run, sb sandbox.Sandbox) {
 			if _, err := r.fk.Snapshot(context.Background(), sb.Handle, "stray"); err != nil {
 				t.Fatal(err)
 			}
-			done, at = true, r.step
 		})
-		if !done {
-			t.Fatal("seed 5 had no live session to sabotage; pick a seed that has one")
-		}
 		// Seen at the step it happened, not only by the final check.
 		if diff := cmp.Diff([]Invariant{NoLeak}, invariantsOf(vs)); diff != "" || vs[0].Step != at {
 			t.Fatalf("violations %v (-want +got):\n%s", vs, diff)
