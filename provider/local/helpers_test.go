@@ -16,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local/localtest"
 )
 
 // helperEnv makes the test binary act as a fresh server process (see
@@ -30,7 +31,16 @@ func TestMain(m *testing.M) {
 	if action := os.Getenv(helperEnv); action != "" {
 		os.Exit(runHelper(action))
 	}
-	os.Exit(m.Run())
+	// A run killed by -timeout leaves its sandboxes mounted: the next run
+	// clears them, and keeps its own under a root it can be found by.
+	done, err := localtest.TempRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	code := m.Run()
+	done()
+	os.Exit(code)
 }
 
 // runHelper is a fresh process using a root: "stop" stops the handle in
