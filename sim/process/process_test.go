@@ -292,6 +292,7 @@ func checkDisk(t *testing.T, dir string, leaks bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer p.Close()
 	snaps, err := p.ListSnapshots(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -496,6 +497,7 @@ func TestSIGKILLWithWarmPools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = p.Close() })
 	pooled := func() (n int) {
 		sbs, err := p.ListSandboxes(context.Background())
 		if err != nil {
