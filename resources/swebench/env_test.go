@@ -311,7 +311,64 @@ func TestAnotherTemplateOfTheSameTreeCopiesTheStandardLibraryLayer(t *testing.T)
 		if compiled, ok := seeded[0].Data["compiled"].(bool); !ok || (i == 1 && compiled) {
 			t.Errorf("template %d: compiled %v (%v), want the second not to compile", i, seeded[0].Data["compiled"], ok)
 		}
+		if i == 1 {
+			// Nothing but the layer's copy is in this build cache (no
+			// validation ran): a go test of the tree with it compiles and
+			// vets only the tree's own package.
+			std, own := goTestWork(t, env.Image, env.cacheDir("gobuild"))
+			if len(std) != 0 || len(own) == 0 {
+				t.Errorf("go test with the seeded build cache compiled or vetted %d standard-library packages %v (and %d steps in the tree)", len(std), std, len(own))
+			}
+		}
 	}
+}
+
+// goTestWork runs the host's go test, as a validation would, over a copy of
+// tree with a copy of the build cache cache, and returns the compile and vet
+// steps it ran in GOROOT and in the tree.
+func goTestWork(t *testing.T, tree, cache string) (std, own []string) {
+	t.Helper()
+	dir := t.TempDir()
+	if out, err := exec.Command("cp", "-a", tree+"/.", dir+"/tree/").CombinedOutput(); err != nil {
+		t.Fatalf("copy the tree: %v: %s", err, out)
+	}
+	if out, err := exec.Command("cp", "-a", cache+"/.", dir+"/cache/").CombinedOutput(); err != nil {
+		t.Fatalf("copy the build cache: %v: %s", err, out)
+	}
+	goroot, err := exec.Command("go", "env", "GOROOT").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "test", "-x", "-count=1", "./...")
+	cmd.Dir = filepath.Join(dir, "tree")
+	cmd.Env = append(os.Environ(), "GOCACHE="+filepath.Join(dir, "cache"), "GOFLAGS=-mod=mod", "GOPROXY=off",
+		"GOTOOLCHAIN=local", "GOWORK=off", "GOMODCACHE="+filepath.Join(dir, "gomod"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go test: %v\n%s", err, out)
+	}
+	// -x prints each step's directory (cd DIR) before the tool's command
+	// line: the vet tool's ends in its vet.cfg, the compiler's has -p PKG.
+	root := strings.TrimSpace(string(goroot))
+	at := ""
+	for _, line := range strings.Split(string(out), "\n") {
+		if d, ok := strings.CutPrefix(line, "cd "); ok {
+			at = d
+			continue
+		}
+		vet := strings.HasSuffix(line, "vet.cfg") && strings.Contains(line, "/vet ")
+		compile := strings.Contains(line, "/compile ") && strings.Contains(line, " -p ")
+		if !vet && !compile {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(at, root+"/") || strings.Contains(line, " -std "):
+			std = append(std, at+": "+line)
+		case at == "." || at == cmd.Dir || strings.HasPrefix(at, cmd.Dir+"/"):
+			own = append(own, line)
+		}
+	}
+	return std, own
 }
 
 func TestAGradingThatRanNoTestSaysSo(t *testing.T) {

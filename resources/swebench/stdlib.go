@@ -24,13 +24,25 @@ import (
 // library again; without it every template's validation did, minutes on a
 // loaded machine.
 //
+// The layer also holds what vet learns of those packages. go test vets the
+// packages it tests, and vet needs the facts of every package they import,
+// the standard library's too, which it derives from their sources: a fresh
+// environment's first go test of even a one-file package vetted some 70
+// standard-library packages (about 9 CPU-seconds, half a minute of a
+// validation under load). go test keeps those facts in the build cache
+// under a key of its own (its vet flags differ from go vet's), so the layer
+// gets them the same way: go test -c of a package the script writes, which
+// imports each of the standard-library packages it compiled.
+//
 // Who can write the layer decides whether sharing it is safe: Go trusts its
 // build cache (an entry is looked up by the hash of its inputs and its
 // output is not checked), so a writer could plant a compiled package that
 // every later build links. Only a sandbox of role stdlib writes it, and it
-// runs nothing but `go list` over the template's tree and `go build` of
-// standard-library packages, with the server's GOFLAGS and the network off:
-// no code of the repository, the agent or a test runs there. Agents,
+// runs nothing but `go list` over the template's tree, `go build` of
+// standard-library packages and `go test -c` of that written package (whose
+// test binary goes to /dev/null, never run), with the server's GOFLAGS and
+// the network off: no code of the repository, the agent or a test runs
+// there. Agents,
 // gradings and validations never see the layer; they see environment
 // caches that are copies of it, and their own writable caches are copies
 // again (localMounts).
@@ -49,8 +61,8 @@ const (
 )
 
 // stdScript lists the standard-library packages the tree's packages and
-// tests import and compiles them (nothing else): a layer grows with the
-// union of what its templates needed.
+// tests import, compiles them and vets them as go test does (nothing else):
+// a layer grows with the union of what its templates needed.
 const stdScript = `set -e
 exec 2>&1
 pkgs=$(go list -e -deps -test -f '{{if .Standard}}{{.ImportPath}}{{end}}' ./... 2>/dev/null | sort -u)
@@ -62,6 +74,20 @@ printf 'compiling %s standard-library packages\n' "$(printf '%s\n' $pkgs | wc -l
 # What compiled is kept when a package does not (a cgo one without a C
 # compiler, say).
 go build $pkgs || echo "go build exited $?"
+# Vet's facts of the same packages, as go test derives them: a package
+# importing each (internal ones cannot be imported; they are vetted as
+# what the others import), built as a test and not run.
+d=$(mktemp -d)
+{
+	echo 'package stdvet'
+	for p in $pkgs; do
+		case "$p" in internal/* | */internal/* | */internal | vendor/* | cmd/*) ;; *) printf 'import _ "%s"\n' "$p" ;; esac
+	done
+} >"$d/vet.go"
+echo 'package stdvet' >"$d/vet_test.go"
+echo 'module stdvet' >"$d/go.mod"
+(cd "$d" && GOWORK=off go test -c -o /dev/null .) || echo "go test -c exited $?"
+rm -rf "$d"
 `
 
 var unsafeKeyChars = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
