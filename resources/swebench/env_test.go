@@ -481,24 +481,25 @@ func TestTheGoldenInstanceOnAFreshMachineResolvesWithOnlyTheRepository(t *testin
 	}
 }
 
-// privateStdLayers is a copy of the test binary's standard-library layers,
-// each copied under its lock, for a test of its own to digest.
+// privateStdLayers is a copy of the test binary's standard-library layer of
+// the host's toolchain (the one the dependency task's templates use) and its
+// marks, copied under the layer's shared lock (as a server copies it), for a
+// test of its own to digest. The other toolchains' layers are left out:
+// copying them cost the test a hundred megabytes and nothing it checks.
 func privateStdLayers(t *testing.T) string {
 	t.Helper()
 	dst := t.TempDir()
-	entries, _ := os.ReadDir(testStdCacheDir())
-	for _, e := range entries {
-		if !e.IsDir() {
-			continue
+	layer := filepath.Join(testStdCacheDir(), stdLayerKey(context.Background(), "local"))
+	unlock, err := lockFileShared(layer + ".lock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	for _, src := range []string{layer, layer + stdDoneDir} {
+		if _, err := os.Stat(src); errors.Is(err, fs.ErrNotExist) {
+			continue // not made yet: the test's server makes its own
 		}
-		src := filepath.Join(testStdCacheDir(), e.Name())
-		unlock, err := lockFile(src + ".lock")
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := exec.Command("cp", "-a", src, dst+"/").CombinedOutput()
-		unlock()
-		if err != nil {
+		if out, err := exec.Command("cp", "-a", src, dst+"/").CombinedOutput(); err != nil {
 			t.Fatalf("copy the layer %s: %v: %s", src, err, out)
 		}
 	}
