@@ -363,7 +363,7 @@ func keyUsage() map[string]string {
 		"swebench.caches":                              "swebench: cache name=environment variable of a template's caches, at /caches/<name> (default gomod=GOMODCACHE, gobuild=GOCACHE)",
 		"swebench.share_caches_with_agent":             "swebench: no effect (kept for old configs): caches belong to their template",
 		"swebench.writable_caches":                     "swebench: caches every agent and grading sandbox gets a copy of (repeatable; default gobuild); the others are read-only",
-		"swebench.std_cache_dir":                       "swebench: where Go's standard library is compiled once per toolchain, written only by a network-off sandbox that builds nothing else; a new environment's build cache starts as a copy (default: <template_dir>/.gostd)",
+		"swebench.std_cache_dir":                       "swebench: where Go's standard library is compiled and vetted once per toolchain, written only by a network-off sandbox that builds no code of the repository; a new environment's build cache starts as a copy (default: <template_dir>/.gostd)",
 		"swebench.env_setup":                           "swebench: owner/name or instance_id=command of a template's environment step (repeatable, in order; default for a repo with go.mod: go mod download)",
 		"swebench.env_setup_timeout":                   "swebench: seconds the environment step may run (default 1800)",
 		"swebench.env_setup_env":                       "swebench: KEY=value in the environment step's environment only, e.g. GOPROXY (repeatable)",
