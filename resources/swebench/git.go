@@ -3,6 +3,7 @@ package swebench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -117,6 +118,11 @@ echo "GIT_CLEANUP base=$base commits_before=$before commits_after=$after non_anc
 git config user.email agent@nemo-gym.local && git config user.name 'NeMo Gym Agent' || fail identity
 `
 
+// errScrubNotRun: the scrub did not run to its end (the sandbox or the
+// provider failed its command, or it timed out), as opposed to a scrub that
+// ran and refused the repository.
+var errScrubNotRun = errors.New("the scrub did not run")
+
 // Scrub runs the anti-cheat scrub in the sandbox's workdir; HEAD must be at
 // base (a commit id, possibly abbreviated). A failure wraps ErrScrub.
 func Scrub(ctx context.Context, p provider.Provider, h provider.Handle, base string, timeout time.Duration) (ScrubReport, error) {
@@ -125,10 +131,13 @@ func Scrub(ctx context.Context, p provider.Provider, h provider.Handle, base str
 	}
 	res, err := run(ctx, p, h, scrubScript, map[string]string{"NG_BASE": base}, timeout)
 	if err != nil {
-		return ScrubReport{}, fmt.Errorf("%w: %w", ErrScrub, err)
+		return ScrubReport{}, fmt.Errorf("%w: %w: %w", ErrScrub, errScrubNotRun, err)
 	}
 	out := res.Stdout + res.Stderr
-	if res.ExitCode != 0 || res.TimedOut {
+	if res.TimedOut {
+		return ScrubReport{}, fmt.Errorf("%w: %w: timed out: %s", ErrScrub, errScrubNotRun, lastLines(out, 8))
+	}
+	if res.ExitCode != 0 {
 		return ScrubReport{}, fmt.Errorf("%w: exit %d (timed out: %v): %s", ErrScrub, res.ExitCode, res.TimedOut, lastLines(out, 8))
 	}
 	rep, ok := parseCleanup(out)

@@ -326,6 +326,14 @@ func (s *Server) setup(row Row, image string, log logrus.FieldLogger) sandbox.Se
 		rep := ScrubReport{Base: row.BaseCommit, Skipped: "apply_anti_cheating is off"}
 		if s.cfg.applyAntiCheating() {
 			r, err := Scrub(ctx, p, sb.Handle, row.BaseCommit, s.cfg.setupTimeout())
+			if errors.Is(err, errScrubNotRun) {
+				// Unlike a repository the scrub refused, a scrub that never
+				// ran says nothing of the image, and the refs it would have
+				// removed (the fix's commit among them) would be graded as
+				// the agent's committed work: a slow machine would turn a
+				// session that did nothing into a reward of 1. Refused.
+				return nil, err
+			}
 			if err != nil {
 				// As upstream's seed: the failure is reported and the
 				// session goes on with the repository as the image has it.
