@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxowner/owner/actors"
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/internal/logs"
+	"github.com/sandboxowner/owner/internal/racebuild"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
@@ -279,7 +280,12 @@ func TestValidateSessionData(t *testing.T) {
 		}
 	}
 	// Every seed's setup returns its data: checking it allocates only the
-	// copy returned.
+	// copy returned. Not countable under -race (json.Valid's scanner comes
+	// from a sync.Pool, which that build drops at random: a full suite run
+	// saw 2); the mutants script and a plain go test count it.
+	if racebuild.Enabled {
+		return
+	}
 	small := json.RawMessage(`{"token":"t-0123456789abcdef","notes":["a","b"]}`)
 	if n := testing.AllocsPerRun(100, func() { _, _ = actors.ValidateSessionData(small) }); n != 1 {
 		t.Errorf("validating a small object allocates %.0f times, want 1 (the copy)", n)

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/racebuild"
 )
 
 var t0 = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
@@ -206,10 +207,10 @@ func TestSignedIDsReadAsJSONReadsThem(t *testing.T) {
 // wrote: its payload and signature are decoded on the stack and the id is
 // the one asked for. The ids span what the payload's fast reading takes,
 // and the expiry has every digit's edge (0 and 9). Under -race it cannot be
-// counted (see raceEnabled): CI, which runs only -race, never runs it; the
+// counted (see racebuild): CI, which runs only -race, never runs it; the
 // mutants script and a plain go test do.
 func TestVerifyingAMintedTokenAllocatesNothing(t *testing.T) {
-	if raceEnabled {
+	if racebuild.Enabled {
 		t.Skip("the race detector's sync.Pool drops items at random, so allocations vary")
 	}
 	tok := newTokens(t, "secret", clock.NewManual(t0))

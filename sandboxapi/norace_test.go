@@ -1,5 +1,0 @@
-//go:build !race
-
-package sandboxapi
-
-const raceEnabled = false
