@@ -111,6 +111,7 @@ func newOwnerEnv(ctx context.Context, root string, parallelism int) (*ownerEnv, 
 	}
 	e := &ownerEnv{fk: fake.New(fake.Options{Seed: 1}), dir: dir, par: parallelism}
 	if err := e.open(ctx); err != nil {
+		_ = os.RemoveAll(dir)
 		return nil, err
 	}
 	return e, nil
@@ -407,6 +408,26 @@ func fakeCost(ctx context.Context, n int) (map[fake.Op]time.Duration, error) {
 	return cost, nil
 }
 
+// seeded opens an owner and a side index under the harness's directory and
+// seeds n sessions on the owner; on an error nothing is left open.
+func (h *harness) seeded(ctx context.Context, n, par int) (*ownerEnv, *sideIndex, error) {
+	env, err := newOwnerEnv(ctx, h.tmp, par)
+	if err != nil {
+		return nil, nil, err
+	}
+	side, err := openSide(h.tmp)
+	if err != nil {
+		env.remove()
+		return nil, nil, err
+	}
+	if err := SeedSessions(ctx, env.o, "s", n); err != nil {
+		side.close()
+		env.remove()
+		return nil, nil, err
+	}
+	return env, side, nil
+}
+
 // commitAndRestore measures commit and then restore of n sessions at
 // parallelism par for every latency of the plan. Commit runs on one owner;
 // every restore runs on a fresh owner on the same state dir and fake, as
@@ -419,22 +440,13 @@ func (h *harness) commitAndRestore(ctx context.Context, n, par int) {
 			}
 		}
 	}
-	env, err := newOwnerEnv(ctx, h.tmp, par)
+	env, side, err := h.seeded(ctx, n, par)
 	if err != nil {
 		failAll(err)
 		return
 	}
 	defer env.remove()
-	side, err := openSide(h.tmp)
-	if err != nil {
-		failAll(err)
-		return
-	}
 	defer side.close()
-	if err := SeedSessions(ctx, env.o, "s", n); err != nil {
-		failAll(err)
-		return
-	}
 
 	var lastID string
 	for li, lat := range h.plan.latencies {
@@ -514,22 +526,13 @@ func (h *harness) release(ctx context.Context, k, n, par int) {
 			h.add(failedRow(CheckpointRow{Op: OpRelease, Sessions: n, Checkpoints: k, Calls: k * n, Latency: lat, Parallelism: par}, err))
 		}
 	}
-	env, err := newOwnerEnv(ctx, h.tmp, par)
+	env, side, err := h.seeded(ctx, n, par)
 	if err != nil {
 		failAll(err)
 		return
 	}
 	defer env.remove()
-	side, err := openSide(h.tmp)
-	if err != nil {
-		failAll(err)
-		return
-	}
 	defer side.close()
-	if err := SeedSessions(ctx, env.o, "s", n); err != nil {
-		failAll(err)
-		return
-	}
 	seq := 0
 	for _, lat := range h.plan.latencies {
 		base := CheckpointRow{Op: OpRelease, Sessions: n, Checkpoints: k, Calls: k * n, Latency: lat, Parallelism: par}
