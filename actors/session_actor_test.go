@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,7 +45,7 @@ type shell struct {
 	ended chan struct{}
 }
 
-func newShell(t *testing.T, p provider.Provider) *shell {
+func newShell(t *testing.T, p provider.Provider, opts ...func(*actors.SessionEnv)) *shell {
 	s := &shell{t: t, sys: actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) })), p: p, clk: clock.NewManual(shellT0), ended: make(chan struct{}, 8)}
 	s.env = &actors.SessionEnv{
 		Provider: p, Clock: s.clk, Log: logs.Discard(), Limiter: actors.NewLimiter(1),
@@ -54,6 +55,9 @@ func newShell(t *testing.T, p provider.Provider) *shell {
 		},
 		OnHeld: func(id string, sb sandbox.Sandbox) { s.note("held %s", id) },
 		OnLost: func(id string, sb sandbox.Sandbox) { s.note("lost %s", id) },
+	}
+	for _, o := range opts {
+		o(s.env)
 	}
 	s.view = &messages.SessionView{}
 	s.pid = s.sys.Root.Spawn(actors.SessionPropsPublishing(s.env, s.view, func() *actors.Session { return actors.NewSession("s1") }))
@@ -567,4 +571,60 @@ func TestShellPublishesItsView(t *testing.T) {
 	if diff := cmp.Diff(&messages.GetSandboxReply{SessionID: "s1"}, s.view.Load()); diff != "" {
 		t.Errorf("view once the actor stopped (-want +got):\n%s", diff)
 	}
+}
+
+// TestShellIdleStopCountsTheViewsUses: a conditional (idle) stop is decided
+// against the last use a request touched in the session's view: a use after
+// IdleSince keeps the sandbox (NotIdle); with no use since, it stops.
+func TestShellIdleStopCountsTheViewsUses(t *testing.T) {
+	p := fake.New(fake.Options{})
+	s := newShell(t, p)
+	sb := s.start(nil, provider.Spec{Workdir: "/w"}).Sandbox
+	s.view.Touch(shellT0.Add(10 * time.Second))
+	slot := make(messages.ReplyTo, 1)
+	stop, _ := s.ask(&messages.StopSandbox{ReqID: 3, Reason: messages.StopIdle, IdleSince: shellT0.Add(5 * time.Second), Reply: slot}, slot).(*messages.StopReply)
+	if stop == nil || !stop.NotIdle || stop.Stopped != nil {
+		t.Fatalf("idle stop since 5 s, used at 10 s: %+v, want NotIdle", stop)
+	}
+	if live := p.LiveSandboxIDs(); len(live) != 1 {
+		t.Fatalf("sandboxes live after a refused idle stop: %v, want its one", live)
+	}
+	stop, _ = s.ask(&messages.StopSandbox{ReqID: 4, Reason: messages.StopIdle, IdleSince: shellT0.Add(20 * time.Second), Reply: slot}, slot).(*messages.StopReply)
+	if stop == nil || stop.NotIdle || stop.Stopped == nil || stop.Stopped.SandboxID != sb.Handle.SandboxID {
+		t.Fatalf("idle stop since 20 s, last used at 10 s: %+v, want its sandbox stopped", stop)
+	}
+}
+
+// inline runs each effect on the caller's goroutine (the actor's), so that
+// whatever the actor starts has happened once it handled its message.
+type inline struct{}
+
+func (inline) Go(fn func())                       { fn() }
+func (inline) Await(context.Context, func() bool) {}
+
+// TestShellAbandonWithoutASandboxStopsNothing: an actor stopped before it
+// ever held a sandbox stops none and tells the owner of no end.
+func TestShellAbandonWithoutASandboxStopsNothing(t *testing.T) {
+	p := &stopLog{Provider: fake.New(fake.Options{})}
+	s := newShell(t, p, func(e *actors.SessionEnv) { e.Runtime = inline{} })
+	if err := s.sys.Root.StopFuture(s.pid).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.noted(); len(got) != 0 {
+		t.Errorf("owner heard %q from an actor that held nothing, want nothing", got)
+	}
+	if n := p.stops.Load(); n != 0 {
+		t.Errorf("%d provider stops from an actor that held nothing, want none", n)
+	}
+}
+
+// stopLog counts the provider's stops.
+type stopLog struct {
+	provider.Provider
+	stops atomic.Int32
+}
+
+func (l *stopLog) Stop(ctx context.Context, h provider.Handle) error {
+	l.stops.Add(1)
+	return l.Provider.Stop(ctx, h)
 }

@@ -50,6 +50,9 @@ func TestWorkers(t *testing.T) {
 
 	w.Stop()
 	until(func() bool { return w.Live() == 0 })
+	if idle := w.Idle(); idle != 0 {
+		t.Fatalf("%d workers idle once Stop ended them all, want 0", idle)
+	}
 	w.Go(func() { ran <- 3 })
 	if got := <-ran; got != 3 {
 		t.Fatalf("a run after Stop: %d", got)
