@@ -40,6 +40,8 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/provider/local/localtest"
+	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 	"github.com/sandboxowner/owner/snapshotindex"
 	"github.com/sandboxowner/owner/sweep"
 )
@@ -469,7 +471,34 @@ func TestMain(m *testing.M) {
 	// the CPU.
 	flag.Parse()
 	testparallel.AtLeast(4)
-	os.Exit(m.Run())
+	// A run killed by -timeout leaves its servers' sandboxes mounted under
+	// its temporary directories: the next run (of this package or of
+	// provider/local) clears them, and keeps its own under a root it can
+	// be found by. The real stack stays the shared one: its directory is
+	// pinned before TMPDIR moves.
+	if err := opensandboxtest.PinStackDir(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	done, err := localtest.TempRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	code := m.Run()
+	done()
+	os.Exit(code)
+}
+
+// TestTempDirsAreUnderALockedRoot: the servers' state and sandboxes (every
+// test's t.TempDir) are where a later run clears what a killed one left.
+func TestTempDirsAreUnderALockedRoot(t *testing.T) {
+	localtest.RequireRoot(t)
+	// The real stack is not: its pid files and the locks that keep fault
+	// tests apart are shared with every other test binary.
+	if dir := opensandboxtest.StackDir(); strings.HasPrefix(dir, os.TempDir()+string(filepath.Separator)) {
+		t.Errorf("the real stack's directory %s is under this run's %s", dir, os.TempDir())
+	}
 }
 
 // TestSIGKILLWithWarmPools: a server whose warm pools keep sandboxes

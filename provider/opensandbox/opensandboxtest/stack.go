@@ -65,6 +65,28 @@ func StackScript() (string, error) {
 	return script, nil
 }
 
+// StackDir is the stack's directory, as stack.sh finds it: $OSSTACK_DIR,
+// or opensandbox-stack under the temporary directory. Its pid files and the
+// locks that keep fault tests apart live there, so every test binary must
+// find the same one.
+func StackDir() string {
+	if dir := os.Getenv("OSSTACK_DIR"); dir != "" {
+		return dir
+	}
+	return filepath.Join(os.TempDir(), "opensandbox-stack")
+}
+
+// PinStackDir sets OSSTACK_DIR to StackDir unless it is set: a TestMain
+// calls it before it points TMPDIR elsewhere (localtest.TempRoot), so that
+// the tests and the servers they start still find the shared stack, not a
+// second one of their own under the new temporary directory.
+func PinStackDir() error {
+	if os.Getenv("OSSTACK_DIR") != "" {
+		return nil
+	}
+	return os.Setenv("OSSTACK_DIR", StackDir())
+}
+
 // StackUp brings the real stack up through stack.sh up (a few seconds when
 // it is up already; minutes cold, most of it building execd) and returns
 // where it answers. It holds the stack shared (Shared) only while stack.sh
@@ -76,10 +98,7 @@ func StackUp() (Stack, error) {
 	if err != nil {
 		return Stack{}, err
 	}
-	dir := os.Getenv("OSSTACK_DIR")
-	if dir == "" {
-		dir = filepath.Join(os.TempDir(), "opensandbox-stack")
-	}
+	dir := StackDir()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Stack{}, err
 	}
