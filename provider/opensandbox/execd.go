@@ -469,7 +469,7 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 			done <- streamOutcome{err: commandRefused(&response{status: res.StatusCode, header: res.Header, body: b})}
 			return
 		}
-		out, err := parseStream(res.Body, p.opts.OutputCap, hooks)
+		out, err := parseFrames(res.Body, p.opts.OutputCap, p.frameCap, hooks)
 		done <- streamOutcome{res: out, err: err}
 		if err == nil {
 			// Read to the end, so that the connection closes on execd's

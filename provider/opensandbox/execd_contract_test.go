@@ -44,6 +44,12 @@ type execdUnderTest struct {
 	// has none, and only needs to be past the cap (copying 100 MB under
 	// -race costs the suite a minute of CPU).
 	bulk int
+	// frame bounds one line of the provider's command streams: against
+	// the real execd the provider's own (opensandbox.MaxFrame), which a
+	// longer line probes end to end; against the fake a smaller one, cut
+	// the same way (a line over 16 MiB through the fake costs half a
+	// minute under -race).
+	frame int
 }
 
 // TestExecdContract runs the execd behaviours the provider relies on
@@ -83,12 +89,14 @@ func fakeExecd(t *testing.T) execdUnderTest {
 	if err != nil {
 		t.Fatal(err)
 	}
+	const frame = 2 << 20
+	opensandbox.SetFrameCap(p, frame)
 	t.Cleanup(p.Wait)
 	h, err := p.Start(context.Background(), provider.Spec{Image: "contract", TTLSeconds: 600, Workdir: workdir})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return execdUnderTest{p: p, h: h, workdir: workdir, bulk: 8 << 20}
+	return execdUnderTest{p: p, h: h, workdir: workdir, bulk: 3 << 20, frame: frame}
 }
 
 // realExecd builds (once per source, cached) and starts OpenSandbox's execd
@@ -153,7 +161,7 @@ func realExecd(t *testing.T) execdUnderTest {
 	}
 	t.Cleanup(p.Wait)
 	desc, _ := json.Marshal(map[string]string{"sandbox_id": id, "workdir": workdir})
-	return execdUnderTest{p: p, h: provider.Handle{SandboxID: id, Provider: opensandbox.Name, Descriptor: desc}, workdir: workdir, bulk: 100_000_000}
+	return execdUnderTest{p: p, h: provider.Handle{SandboxID: id, Provider: opensandbox.Name, Descriptor: desc}, workdir: workdir, bulk: 100_000_000, frame: opensandbox.MaxFrame}
 }
 
 func freePort(t *testing.T) int {
@@ -212,8 +220,8 @@ func runContract(t *testing.T, e execdUnderTest) {
 			})
 		}
 	})
-	t.Run("a line over 16 MiB", func(t *testing.T) {
-		got := run(t, e, provider.ExecRequest{Command: `head -c 17000000 /dev/zero | tr '\000' a; echo; echo after`})
+	t.Run("a line over a frame", func(t *testing.T) {
+		got := run(t, e, provider.ExecRequest{Command: fmt.Sprintf(`head -c %d /dev/zero | tr '\000' a; echo; echo after`, e.frame+1<<18)})
 		if !got.Truncated || got.Stdout != strings.Repeat("a", opensandbox.DefaultOutputCap) {
 			t.Errorf("stdout %d bytes (truncated %v), want the cap's %d bytes of it, truncated", len(got.Stdout), got.Truncated, opensandbox.DefaultOutputCap)
 		}

@@ -38,6 +38,9 @@ type Provider struct {
 	http  *http.Client
 	log   logrus.FieldLogger
 	rng   *jitter
+	// frameCap bounds one line of a command stream: maxFrame, smaller in
+	// tests (SetFrameCap) that cut a line without 16 MiB of it.
+	frameCap int
 
 	creates   chan struct{}
 	snapshots chan struct{}
@@ -155,6 +158,7 @@ func New(opts Options) (*Provider, error) {
 		http:      opts.HTTPClient,
 		log:       log.WithField("provider", Name),
 		rng:       &jitter{rng: rand2.New(rand2.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15))},
+		frameCap:  maxFrame,
 		creates:   make(chan struct{}, opts.MaxConcurrentCreates),
 		snapshots: make(chan struct{}, opts.MaxConcurrentSnapshots),
 		endpoints: map[string]endpoint{},
