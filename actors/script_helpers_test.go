@@ -26,6 +26,12 @@ func kinds(effects []any) []string {
 			out = append(out, "renew")
 		case effHeld:
 			out = append(out, "held")
+		case effLend:
+			out = append(out, "lend")
+		case effRecall:
+			out = append(out, "recall")
+		case effLost:
+			out = append(out, "lost")
 		case effEnded:
 			out = append(out, "ended:"+string(e.Reason))
 		case effReply:

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxowner/owner/internal/script"
 	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/provider"
 )
 
 var scriptT0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -79,6 +80,17 @@ func TestSessionScripts(t *testing.T) {
 				in = stop
 			case "touch":
 				in = &messages.Touch{At: secs(t, c, "at")}
+			case "lends":
+				s.lends = true
+				return sessionState(s)
+			case "recalled":
+				in = recalled{}
+			case "returned":
+				ret := &messages.DoReturned{Lost: c.Has("lost"), Err: scriptErr(c)}
+				if c.Has("not-found") {
+					ret.Err = fmt.Errorf("read notes.txt: %w", provider.ErrSandboxNotFound)
+				}
+				in = ret
 			case "do":
 				in = &messages.Do{}
 			case "take-snapshot":
@@ -130,8 +142,12 @@ func sessionState(s *Session) string {
 	if !s.Sandbox.ExpiresAt.IsZero() {
 		exp = "+" + s.Sandbox.ExpiresAt.Sub(scriptT0).String()
 	}
-	return fmt.Sprintf("state: %s sandbox=%s data=%s restored=%v busy=%v expires=%s",
+	state := fmt.Sprintf("state: %s sandbox=%s data=%s restored=%v busy=%v expires=%s",
 		s.Stage, sb, s.Sandbox.Data, s.Sandbox.Restored, s.Busy(), exp)
+	if s.lends {
+		state += fmt.Sprintf(" lent=%v recalling=%v lost=%v", s.lent, s.recalling, s.Lost)
+	}
+	return state
 }
 
 // TestRoundScripts runs testdata/round/*.txt against Round. Each script

@@ -102,6 +102,13 @@ type (
 		Stopped *provider.Handle
 		Reason  messages.StopReason
 	}
+	// effLend: open the permit (the session is idle and holds its
+	// sandbox): a caller may run a Do without a message.
+	effLend struct{}
+	// effRecall: take the permit back before an operation starts; the
+	// shell feeds recalled when no caller held it, and the caller that
+	// held it sends a DoReturned.
+	effRecall struct{}
 )
 
 // Completions of effects, fed back into Step.
@@ -134,6 +141,8 @@ type (
 		Until time.Time
 		Err   error
 	}
+	// recalled: the permit was free when the session recalled it.
+	recalled struct{}
 )
 
 // Session is the pure state of one session: what it holds and which
@@ -164,6 +173,12 @@ type Session struct {
 	// forgotten: the supervisor forgot this actor; a start must go to a new
 	// one.
 	forgotten bool
+	// lends: the session lends its sandbox to callers while idle (its
+	// shell publishes a view with a permit).
+	lends bool
+	// lent: the permit is open or a caller holds it; no operation starts
+	// until it is back (recalled, or a DoReturned). recalling: asked.
+	lent, recalling bool
 }
 
 // NewSession returns an empty session.
@@ -181,8 +196,21 @@ func NewInstalledSession(id string, sb sandbox.Sandbox) *Session {
 func (s *Session) Busy() bool { return s.running != nil }
 
 // Step takes one input (a request with its sender, or an effect's
-// completion) and returns the effects to perform, in order.
+// completion) and returns the effects to perform, in order. A permit opened
+// goes first, before the replies: a caller who heard its answer finds the
+// sandbox lent for its next Do.
 func (s *Session) Step(in any, sender any) []any {
+	out := s.step(in, sender)
+	if n := len(out); n > 1 {
+		if _, ok := out[n-1].(effLend); ok {
+			copy(out[1:], out[:n-1])
+			out[0] = effLend{}
+		}
+	}
+	return out
+}
+
+func (s *Session) step(in any, sender any) []any {
 	switch m := in.(type) {
 	case startDone, doDone, snapshotDone, stopDone:
 		return s.complete(m)
@@ -212,6 +240,10 @@ func (s *Session) Step(in any, sender any) []any {
 	case *messages.Touch:
 		s.touch(m.At)
 		return nil
+	case recalled:
+		return s.returned(nil)
+	case *messages.DoReturned:
+		return s.returned(m)
 	case *messages.StopSandbox:
 		// A conditional (idle) stop is decided now, against what is
 		// running and queued, so that a request that just arrived keeps
@@ -240,15 +272,44 @@ func (s *Session) view() *messages.GetSandboxReply {
 	}
 }
 
-// next starts queued requests until one needs an effect.
+// next starts queued requests until one needs an effect, recalling the
+// permit first when it is lent; an idle session that holds its sandbox
+// lends it.
 func (s *Session) next() []any {
 	var out []any
 	for s.running == nil && len(s.queue) > 0 {
+		if s.lent {
+			if !s.recalling {
+				s.recalling = true
+				out = append(out, effRecall{})
+			}
+			return out
+		}
 		r := s.queue[0]
 		s.queue = s.queue[1:]
 		out = append(out, s.begin(r)...)
 	}
+	if s.lends && !s.lent && s.running == nil && s.Stage == StageReady && !s.Lost {
+		s.lent = true
+		out = append(out, effLend{})
+	}
 	return out
+}
+
+// returned takes the permit back: free when recalled (ret nil), or from
+// the caller that held it. A caller whose Do found the sandbox gone is
+// answered once the session knows it lost.
+func (s *Session) returned(ret *messages.DoReturned) []any {
+	var out []any
+	if ret != nil && (ret.Lost || errors.Is(ret.Err, provider.ErrSandboxNotFound)) {
+		out = append(out, s.lose(ret.Err)...)
+		out = append(out, effReply{To: ret.Reply, Msg: &messages.DoReply{Err: sandbox.ErrLost}})
+	}
+	if !s.lent {
+		return out // not lent: no permit to take back
+	}
+	s.lent, s.recalling = false, false
+	return append(out, s.next()...)
 }
 
 // begin decides what a request does in the current phase.

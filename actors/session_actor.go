@@ -96,6 +96,8 @@ func SessionPropsPublishing(env *SessionEnv, view *messages.SessionView, state f
 	late := &lateRequests{}
 	return actor.PropsFromProducer(func() actor.Actor {
 		s := state()
+		// A session that publishes its view lends its sandbox through it.
+		s.lends = view != nil
 		a := &sessionActor{env: env, s: s, view: view, late: late}
 		a.publish(true)
 		return a
@@ -162,12 +164,15 @@ func (a *sessionActor) Receive(ctx actor.Context) {
 			a.late.stopped.Store(true)
 		}
 		if a.view != nil {
+			a.view.Close()
 			a.view.Store(&messages.GetSandboxReply{SessionID: a.s.ID})
 		}
 		a.abandon()
 		return
 	case startDone, doDone, snapshotDone, stopDone, renewDone:
 		a.step(ctx, m, nil)
+	case *messages.DoReturned:
+		a.step(ctx, m, m.Reply)
 	default:
 		// An asker outside the actor system waits on the slot its request
 		// carries; an actor (the coordinator) on its PID.
@@ -180,6 +185,10 @@ func (a *sessionActor) Receive(ctx actor.Context) {
 			// requests touched in the view, not by message.
 			if used := a.view.Used(); !used.IsZero() {
 				a.s.touch(used)
+			}
+			// A caller running a Do on the lent permit uses it now.
+			if a.view.Lent() {
+				a.s.touch(a.env.Clock.Now())
 			}
 		}
 		a.step(ctx, m, sender)
@@ -257,6 +266,12 @@ func (a *sessionActor) perform(ctx actor.Context, effects []any) {
 			a.env.goRun(func() { a.stop(e, feed) })
 		case effRenew:
 			a.env.goRun(func() { a.renew(e, feed) })
+		case effLend:
+			a.view.Open()
+		case effRecall:
+			if a.view.Recall() {
+				a.step(ctx, recalled{}, nil)
+			}
 		case effHeld:
 			if a.env.OnHeld != nil {
 				a.env.OnHeld(a.s.ID, e.Sandbox)
@@ -388,12 +403,21 @@ func WorkdirOf(ctx context.Context, p provider.Provider, h provider.Handle) (str
 }
 
 func (a *sessionActor) do(e effDo, feed func(any)) {
-	w := &lostWatch{Provider: a.env.Provider, id: e.Sandbox.Handle.SandboxID}
-	err := func() (err error) {
+	lost, err := RunDo(e.Ctx, a.env.Provider, e.Sandbox, e.Fn)
+	feed(doDone{Seq: e.Seq, Err: err, Lost: lost})
+}
+
+// RunDo runs fn against sb on the calling goroutine, as a session runs a
+// Do: a panic is its error, and lost reports a call on sb that p answered
+// "not found" (even when fn went on without it). A caller that borrowed
+// the session's permit (messages.SessionView.Borrow) runs its Do so.
+func RunDo(ctx context.Context, p provider.Provider, sb sandbox.Sandbox, fn sandbox.DoFunc) (lost bool, err error) {
+	w := &lostWatch{Provider: p, id: sb.Handle.SandboxID}
+	err = func() (err error) {
 		defer guard(&err)
-		return e.Fn(orBackground(e.Ctx), w, e.Sandbox)
+		return fn(orBackground(ctx), w, sb)
 	}()
-	feed(doDone{Seq: e.Seq, Err: err, Lost: w.lost.Load()})
+	return w.lost.Load(), err
 }
 
 // lostWatch is the provider a DoFunc works through: it notes a call on the

@@ -58,6 +58,8 @@ func ReplySlot(msg any) ReplyTo {
 		return m.Reply
 	case *Do:
 		return m.Reply
+	case *DoReturned:
+		return m.Reply
 	case *GetSandbox:
 		return m.Reply
 	case *StopSandbox:
@@ -113,6 +115,18 @@ type DoReply struct {
 	Err   error
 }
 
+// DoReturned gives a session back the permit its SessionView lent a caller
+// (see SessionView.Borrow), once that caller's function returned: sent when
+// the session recalled the permit meanwhile, or when the function found the
+// sandbox gone (Lost, or an Err wrapping provider.ErrSandboxNotFound). A
+// lost return carries Reply and is answered with a DoReply once the session
+// marked its sandbox lost; Err is the function's error.
+type DoReturned struct {
+	Lost  bool
+	Err   error
+	Reply ReplyTo
+}
+
 // GetSandbox asks a session for its sandbox.
 type GetSandbox struct {
 	Reply ReplyTo
@@ -140,10 +154,87 @@ type GetSandboxReply struct {
 // It also carries the session's last use the other way: a request's Touch
 // raises it without a message (one per request was a mailbox send on every
 // request's path), and the actor reads it when it decides an idle stop.
+//
+// And it lends the sandbox: while the session is idle (ready, not lost,
+// nothing running or queued) its actor leaves a permit open, which one
+// caller at a time takes to run a Do on its own goroutine with no message at
+// all (a Do through the mailbox was four goroutine hand-offs: the mailbox,
+// an effect worker, the mailbox again, the caller). Before the actor starts
+// anything else it recalls the permit; a caller that holds it tells the
+// actor when it is done (DoReturned), and the actor waits for that, as it
+// waits for a Do of its own.
 type SessionView struct {
 	p atomic.Pointer[GetSandboxReply]
 	// used is the latest use touched, in Unix nanoseconds; 0 for none.
 	used atomic.Int64
+	// permit is one of the permit states below.
+	permit atomic.Int32
+}
+
+// The states of a SessionView's permit.
+const (
+	// permitClosed: the actor lends nothing (it runs or queued an
+	// operation, holds no sandbox, or a caller withdrew the permit and
+	// its DoReturned is on the way).
+	permitClosed int32 = iota
+	// permitOpen: a caller may take it.
+	permitOpen
+	// permitLent: a caller runs a Do.
+	permitLent
+	// permitRecalled: a caller runs a Do and the actor waits for it.
+	permitRecalled
+)
+
+// Borrow takes the session's permit, which lets the caller run one Do
+// against the sandbox this view holds; false when the session lends
+// nothing now (the caller then asks the actor). A caller that borrowed
+// must GiveBack or Withdraw.
+func (v *SessionView) Borrow() bool { return v.permit.CompareAndSwap(permitOpen, permitLent) }
+
+// GiveBack returns a borrowed permit. recalled is true when the actor
+// recalled it meanwhile: the caller must then send it a DoReturned, which
+// it waits for.
+func (v *SessionView) GiveBack() (recalled bool) {
+	if v.permit.CompareAndSwap(permitLent, permitOpen) {
+		return false
+	}
+	v.permit.Store(permitClosed)
+	return true
+}
+
+// Withdraw keeps a borrowed permit from every other caller: the caller's
+// Do found the sandbox gone and sends the actor a DoReturned saying so.
+func (v *SessionView) Withdraw() { v.permit.Store(permitClosed) }
+
+// Lent reports whether a caller holds the permit.
+func (v *SessionView) Lent() bool {
+	p := v.permit.Load()
+	return p == permitLent || p == permitRecalled
+}
+
+// Open lets callers borrow the sandbox (the actor's, once it is idle and
+// has published the view that holds it).
+func (v *SessionView) Open() { v.permit.Store(permitOpen) }
+
+// Close ends the lending for good (the actor's, as it stops): a caller
+// that holds the permit is not waited for.
+func (v *SessionView) Close() { v.permit.Store(permitClosed) }
+
+// Recall takes the permit back (the actor's). free is true when no caller
+// held it; otherwise one does, or did and withdrew it, and its DoReturned
+// is on the way.
+func (v *SessionView) Recall() (free bool) {
+	for {
+		if v.permit.CompareAndSwap(permitOpen, permitClosed) {
+			return true
+		}
+		if v.permit.CompareAndSwap(permitLent, permitRecalled) {
+			return false
+		}
+		if p := v.permit.Load(); p == permitClosed || p == permitRecalled {
+			return false
+		}
+	}
 }
 
 // Touch records a use at at. Uses may be reported out of order: the

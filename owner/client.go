@@ -176,6 +176,17 @@ func (c *client) lookup(sessionID string) (*actor.PID, error) {
 	return c.dir.Lookup(sessionID), nil
 }
 
+// lookupView is lookup with the view the session's actor publishes.
+func (c *client) lookupView(sessionID string) (*actor.PID, *messages.SessionView, error) {
+	select {
+	case <-c.closed:
+		return nil, nil, ErrClosed
+	default:
+	}
+	pid, v := c.dir.View(sessionID)
+	return pid, v, nil
+}
+
 // view is what the session's actor last published of its sandbox, nil
 // when the supervisor lists no actor for it: no message, no wait.
 func (c *client) view(sessionID string) (*messages.GetSandboxReply, error) {
@@ -267,6 +278,12 @@ func (c *client) call(ctx context.Context, pid *actor.PID, msg any, reply messag
 		return nil, err
 	}
 	c.root.Send(pid, msg)
+	return c.wait(ctx, pid, reply)
+}
+
+// wait waits for the answer in reply (from slot) and recycles it once
+// answered.
+func (c *client) wait(ctx context.Context, pid *actor.PID, reply messages.ReplyTo) (any, error) {
 	v, err := c.await(ctx, pid, reply)
 	if err == nil {
 		c.recycle(reply)

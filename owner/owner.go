@@ -67,11 +67,14 @@ type Owner struct {
 	orphans  *eventstream.Subscription
 	dispatch *actors.Dispatcher
 	workers  *actors.Workers
-	sup      *actor.PID
-	dir      *supervisor.Directory
-	coord    *actor.PID
-	limiter  *actors.Limiter
-	index    snapshotindex.Store
+	// effects runs the sessions' effects, and the Dos callers run on a
+	// session's lent permit.
+	effects sched.Runtime
+	sup     *actor.PID
+	dir     *supervisor.Directory
+	coord   *actor.PID
+	limiter *actors.Limiter
+	index   snapshotindex.Store
 
 	// ctl serialises control operations (commit, restore, retire,
 	// release) with each other.
@@ -240,6 +243,7 @@ func (o *Owner) startActors() {
 		o.workers = actors.NewWorkers(effectWorkers)
 		env.Runtime = o.workers
 	}
+	o.effects = sched.Or(env.Runtime)
 	props := func(sessionID string, install *sandbox.Sandbox, view *messages.SessionView) *actor.Props {
 		return actors.SessionPropsPublishing(env, view, func() *actors.Session {
 			if install != nil {

@@ -8,6 +8,9 @@ import (
 	"maps"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/sandboxowner/owner/actors"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/sandbox"
@@ -135,13 +138,26 @@ func (o *Owner) SessionData(ctx context.Context, sessionID string) json.RawMessa
 
 // Do runs fn against the session's sandbox, serialised with the session's
 // other operations (a stop or a snapshot never runs during it).
+//
+// An idle session lends its sandbox: fn then runs on the caller's goroutine
+// under the permit its view holds, with no message unless the session
+// recalled the permit meanwhile or fn found the sandbox gone.
 func (o *Owner) Do(ctx context.Context, sessionID string, fn sandbox.DoFunc) error {
-	pid, err := o.ask.lookup(sessionID)
+	pid, view, err := o.ask.lookupView(sessionID)
 	if err != nil {
 		return err
 	}
 	if pid == nil {
 		return fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
+	}
+	if view != nil && view.Borrow() {
+		if rep := view.Load(); rep != nil && rep.Held {
+			return o.doBorrowed(ctx, sessionID, pid, view, rep.Sandbox, fn)
+		}
+		// Lent but not held (lost, or stopped since): the session answers.
+		if view.GiveBack() {
+			o.ask.send(pid, &messages.DoReturned{})
+		}
 	}
 	rep, err := o.ask.do(ctx, pid, fn)
 	if gone(err) {
@@ -150,16 +166,49 @@ func (o *Owner) Do(ctx context.Context, sessionID string, fn sandbox.DoFunc) err
 	if err != nil {
 		return err
 	}
-	if err := rep.Err; err != nil {
-		if errors.Is(err, sandbox.ErrNone) {
-			return fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
+	return doErr(sessionID, rep.Err)
+}
+
+// doBorrowed runs fn under the borrowed permit on an effect worker, which
+// gives the permit back once fn returned, while the caller waits for its
+// answer as for the session's (its context's end or the owner's close end
+// the wait, not fn). A Do that found the sandbox gone keeps the permit from
+// other callers and tells the session, which answers the caller once it
+// marked the sandbox lost, as a Do through its mailbox would.
+func (o *Owner) doBorrowed(ctx context.Context, sessionID string, pid *actor.PID, view *messages.SessionView, sb sandbox.Sandbox, fn sandbox.DoFunc) error {
+	reply := o.ask.slot()
+	o.effects.Go(func() {
+		lost, err := actors.RunDo(ctx, o.prov, sb, fn)
+		if lost || errors.Is(err, provider.ErrSandboxNotFound) {
+			view.Withdraw()
+			o.ask.send(pid, &messages.DoReturned{Lost: true, Err: err, Reply: reply})
+			return
 		}
-		if errors.Is(err, sandbox.ErrLost) {
-			return fmt.Errorf("%w: session %q", sandbox.ErrLost, sessionID)
+		if view.GiveBack() {
+			o.ask.send(pid, &messages.DoReturned{})
 		}
+		reply.Deliver(&messages.DoReply{Err: err})
+	})
+	v, err := o.ask.wait(ctx, pid, reply)
+	if gone(err) {
+		return fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
+	}
+	if err != nil {
 		return err
 	}
-	return nil
+	return doErr(sessionID, v.(*messages.DoReply).Err)
+}
+
+// doErr is a Do's error as the caller sees it: the session's own reasons
+// (no sandbox, lost) name the session.
+func doErr(sessionID string, err error) error {
+	if errors.Is(err, sandbox.ErrNone) {
+		return fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
+	}
+	if errors.Is(err, sandbox.ErrLost) {
+		return fmt.Errorf("%w: session %q", sandbox.ErrLost, sessionID)
+	}
+	return err
 }
 
 // EndSessionSandbox stops the session's sandbox and forgets the session.

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxowner/owner/internal/racebuild"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/sandbox"
@@ -97,5 +98,29 @@ func TestASessionWhoseSandboxVanishedIsLost(t *testing.T) {
 	}
 	if _, err := o.RequireSessionSandbox(context.Background(), "s1"); !errors.Is(err, sandbox.ErrNone) {
 		t.Fatalf("RequireSessionSandbox of an ended session: %v, want sandbox.ErrNone", err)
+	}
+}
+
+// TestADoOnAnIdleSessionSendsNoMessage: an idle session lends its sandbox,
+// so a Do runs on an effect worker under the permit its view holds, with
+// no message to the session's actor and back (the Do message, its mailbox
+// slots, the effect and its completion were ten more allocations and two
+// more goroutine hand-offs).
+func TestADoOnAnIdleSessionSendsNoMessage(t *testing.T) {
+	if racebuild.Enabled {
+		t.Skip("allocation counts are not taken under -race")
+	}
+	e := newEnv(t)
+	o := e.open(func(c *owner.Config) { c.Checkpoint.Enabled = false })
+	if _, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, nil, "/w"); err != nil {
+		t.Fatal(err)
+	}
+	noop := func(context.Context, provider.Provider, sandbox.Sandbox) error { return nil }
+	if n := testing.AllocsPerRun(100, func() {
+		if err := o.Do(context.Background(), "s1", noop); err != nil {
+			t.Fatal(err)
+		}
+	}); n > 4 {
+		t.Fatalf("a Do on an idle session allocates %.1f times, want at most 4", n)
 	}
 }
