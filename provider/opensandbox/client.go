@@ -322,11 +322,21 @@ func (p *Provider) once(ctx context.Context, req request) (*response, error) {
 		return nil, err
 	}
 	defer res.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(res.Body, maxResponse))
+	b, err := readBody(res.Body, res.ContentLength, maxResponse)
 	if err != nil {
 		return nil, err
 	}
 	return &response{status: res.StatusCode, header: res.Header, body: b}, nil
+}
+
+// readBody reads at most limit bytes of r into a buffer the size the
+// answer announced (length, -1 when unknown), so that a large download is
+// read without growing its buffer by doubling; an announced length past
+// limit, or a wrong one, only costs growth.
+func readBody(r io.Reader, length, limit int64) ([]byte, error) {
+	buf := bytes.NewBuffer(make([]byte, 0, min(max(length, 0), limit)+bytes.MinRead))
+	_, err := buf.ReadFrom(io.LimitReader(r, limit))
+	return buf.Bytes(), err
 }
 
 // api makes a lifecycle API call with the API key.

@@ -1,7 +1,9 @@
 package opensandbox
 
 import (
+	"bytes"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -27,5 +29,35 @@ func TestAPIErrorReadsTheServersThreeShapes(t *testing.T) {
 		if diff := cmp.Diff(tc.want, *got); diff != "" {
 			t.Errorf("%s (-want +got):\n%s", tc.body, diff)
 		}
+	}
+}
+
+// A body is read whole, cut at the limit, whatever length it announced;
+// an announced length within the limit sizes the buffer once.
+func TestReadBody(t *testing.T) {
+	data := strings.Repeat("0123456789", 10_000)
+	for _, tc := range []struct {
+		name          string
+		length, limit int64
+		want          string
+	}{
+		{"announced", int64(len(data)), 1 << 20, data},
+		{"unknown", -1, 1 << 20, data},
+		{"announced short", 10, 1 << 20, data},
+		{"announced long", 1 << 19, 1 << 20, data},
+		{"past the limit", int64(len(data)), 1000, data[:1000]},
+		{"announced past the limit", 1 << 40, 1000, data[:1000]},
+	} {
+		got, err := readBody(strings.NewReader(data), tc.length, tc.limit)
+		if err != nil || string(got) != tc.want {
+			t.Errorf("%s: %d bytes (match %v), %v", tc.name, len(got), string(got) == tc.want, err)
+		}
+	}
+	got, _ := readBody(strings.NewReader(data), int64(len(data)), 1<<20)
+	if cap(got) != len(data)+bytes.MinRead {
+		t.Errorf("a body of its announced length read into a buffer of %d bytes, want %d: grown, not sized", cap(got), len(data)+bytes.MinRead)
+	}
+	if got, err := readBody(strings.NewReader(""), 0, 1<<20); err != nil || len(got) != 0 {
+		t.Errorf("an empty body: %q, %v", got, err)
 	}
 }

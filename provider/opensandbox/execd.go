@@ -646,8 +646,14 @@ func (p *Provider) upload(ctx context.Context, h provider.Handle, files map[stri
 	if err != nil {
 		return err
 	}
-	var buf bytes.Buffer
-	mw := multipart.NewWriter(&buf)
+	// The body is built once at its size (the parts' data and a few hundred
+	// bytes of headers each), not grown by doubling: files may be large.
+	size := 0
+	for _, data := range files {
+		size += len(data) + 512
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, size+64))
+	mw := multipart.NewWriter(buf)
 	for name, data := range files {
 		meta, _ := json.Marshal(map[string]any{"path": name, "mode": 644})
 		// execd reads the metadata from a file part.

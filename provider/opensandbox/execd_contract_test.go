@@ -39,11 +39,13 @@ type execdUnderTest struct {
 	p       *opensandbox.Provider
 	h       provider.Handle
 	workdir string
-	// bulk is the size of the output far past the cap and of the big
-	// file: the real execd's buffers are what large sizes probe; the fake
-	// has none, and only needs to be past the cap (copying 100 MB under
-	// -race costs the suite a minute of CPU).
-	bulk int
+	// bulk is the size of the output far past the cap, and file that of
+	// the big file: the real execd's buffers are what large sizes probe
+	// (its uploads are kept in memory up to 32 MiB, gin's multipart
+	// default, and go to a temporary file past it; its output is read from
+	// a file poll by poll); the fake has none, and only needs to be past
+	// the cap (copying 100 MB under -race costs the suite a minute of CPU).
+	bulk, file int
 	// frame bounds one line of the provider's command streams: against
 	// the real execd the provider's own (opensandbox.MaxFrame), which a
 	// longer line probes end to end; against the fake a smaller one, cut
@@ -96,7 +98,7 @@ func fakeExecd(t *testing.T) execdUnderTest {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return execdUnderTest{p: p, h: h, workdir: workdir, bulk: 3 << 20, frame: frame}
+	return execdUnderTest{p: p, h: h, workdir: workdir, bulk: 3 << 20, file: 3 << 19, frame: frame}
 }
 
 // realExecd builds (once per source, cached) and starts OpenSandbox's execd
@@ -161,7 +163,7 @@ func realExecd(t *testing.T) execdUnderTest {
 	}
 	t.Cleanup(p.Wait)
 	desc, _ := json.Marshal(map[string]string{"sandbox_id": id, "workdir": workdir})
-	return execdUnderTest{p: p, h: provider.Handle{SandboxID: id, Provider: opensandbox.Name, Descriptor: desc}, workdir: workdir, bulk: 100_000_000, frame: opensandbox.MaxFrame}
+	return execdUnderTest{p: p, h: provider.Handle{SandboxID: id, Provider: opensandbox.Name, Descriptor: desc}, workdir: workdir, bulk: 40 << 20, file: 40 << 20, frame: opensandbox.MaxFrame}
 }
 
 func freePort(t *testing.T) int {
@@ -280,7 +282,7 @@ func runContract(t *testing.T, e execdUnderTest) {
 		}
 	})
 	t.Run("files", func(t *testing.T) {
-		big := bytes.Repeat([]byte("0123456789abcdef\x00\xff"), e.bulk/2/18)
+		big := bytes.Repeat([]byte("0123456789abcdef\x00\xff"), e.file/18)
 		for name, data := range map[string][]byte{
 			"plain.txt":            []byte("plain\n"),
 			"with space.txt":       []byte("s"),
