@@ -201,7 +201,7 @@ func (s *Session) Busy() bool { return s.running != nil }
 // sandbox lent for its next Do.
 func (s *Session) Step(in any, sender any) []any {
 	out := s.step(in, sender)
-	if n := len(out); n > 1 {
+	if n := len(out); n > 0 {
 		if _, ok := out[n-1].(effLend); ok {
 			copy(out[1:], out[:n-1])
 			out[0] = effLend{}
