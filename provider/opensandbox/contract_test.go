@@ -163,7 +163,7 @@ func (s *server) create(t *testing.T, extra map[string]any) map[string]any {
 // run, then their snapshots.
 func (s *server) cleanup(t *testing.T) {
 	q := url.Values{"metadata": {"contract.run=" + s.run}, "pageSize": {"200"}}
-	_, m, _ := s.call(t, http.MethodGet, "/v1/sandboxes?"+q.Encode(), nil)
+	_, m := s.list(t, q)
 	items, _ := m["items"].([]any)
 	var sources []string
 	for _, it := range items {
@@ -280,7 +280,7 @@ func TestContractAuthAndErrorShapes(t *testing.T) {
 		isCodeError(t, "get of a sandbox that never was", st, m, http.StatusNotFound, "DOCKER::SANDBOX_NOT_FOUND")
 		st, m, _ = s.call(t, http.MethodGet, "/v1/snapshots/no-such-snapshot", nil)
 		isCodeError(t, "get of a snapshot that never was", st, m, http.StatusNotFound, "SNAPSHOT::NOT_FOUND")
-		st, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes?state=bogus", nil)
+		st, m = s.list(t, url.Values{"state": {"bogus"}})
 		if items, _ := m["items"].([]any); st != http.StatusOK || len(items) != 0 {
 			t.Errorf("list ?state=bogus: %d %v, want 200 and empty", st, m)
 		}
@@ -305,12 +305,12 @@ func TestContractSandboxLifecycle(t *testing.T) {
 
 		// Lists are filtered by metadata on the server, newest first.
 		q := url.Values{"metadata": {"contract.run=" + s.run}}
-		_, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes?"+q.Encode(), nil)
+		_, m = s.list(t, q)
 		if diff := cmp.Diff([]string{second["id"].(string), id}, ids(m)); diff != "" {
 			t.Errorf("list by metadata, newest first (-want +got):\n%s", diff)
 		}
 		q = url.Values{"metadata": {"contract.run=" + s.run + "&role=first"}, "state": {"Running"}}
-		_, m, _ = s.call(t, http.MethodGet, "/v1/sandboxes?"+q.Encode(), nil)
+		_, m = s.list(t, q)
 		if diff := cmp.Diff([]string{id}, ids(m)); diff != "" {
 			t.Errorf("list by two labels and a state (-want +got):\n%s", diff)
 		}
@@ -565,6 +565,20 @@ func (s *server) waitStatus(t *testing.T, path string, status int) {
 	}
 }
 
+// list answers GET /v1/sandboxes?q. The real server answers 500
+// DOCKER::SANDBOX_QUERY_FAILED when a container it lists is removed while it
+// reads it (another test's delete on the shared stack); the provider retries
+// a 500, and so does this, a few times.
+func (s *server) list(t *testing.T, q url.Values) (int, map[string]any) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		st, m, _ := s.call(t, http.MethodGet, "/v1/sandboxes?"+q.Encode(), nil)
+		if st != http.StatusInternalServerError || m["code"] != "DOCKER::SANDBOX_QUERY_FAILED" || attempt == 5 {
+			return st, m
+		}
+	}
+}
+
 func ids(list map[string]any) []string {
 	var out []string
 	items, _ := list["items"].([]any)
@@ -728,7 +742,6 @@ func TestContractProviderExitedSandboxIsLost(t *testing.T) {
 }
 
 func listed(t *testing.T, s *server) []string {
-	q := url.Values{"metadata": {"contract.run=" + s.run}}
-	_, m, _ := s.call(t, http.MethodGet, "/v1/sandboxes?"+q.Encode(), nil)
+	_, m := s.list(t, url.Values{"metadata": {"contract.run=" + s.run}})
 	return ids(m)
 }
