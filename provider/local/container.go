@@ -292,7 +292,7 @@ func (in *sandboxInit) send(b, rights []byte) error {
 // sent, not awaited: the init starts the command and kills it (see kill)
 // in the order it reads them, and a start awaited would cost a wakeup of
 // the server more per command.
-func (in *sandboxInit) run(command string, env []string, dir string, stdout, stderr *os.File) (uint64, *commandStatus, error) {
+func (in *sandboxInit) run(command string, env []string, dir string, stdout, stderr int) (uint64, *commandStatus, error) {
 	in.mu.Lock()
 	in.next++
 	id := in.next
@@ -304,15 +304,14 @@ func (in *sandboxInit) run(command string, env []string, dir string, stdout, std
 	if len(b) > maxInitMsg {
 		return 0, nil, fmt.Errorf("local: exec: the command and its environment are %d bytes, more than %d", len(b), maxInitMsg)
 	}
-	r, w, err := os.Pipe()
+	r, w, err := commandPipe()
 	if err != nil {
 		return 0, nil, fmt.Errorf("local: exec: status pipe: %w", err)
 	}
-	rights := unix.UnixRights(int(stdout.Fd()), int(stderr.Fd()), int(w.Fd()))
-	err = in.send(b, rights)
+	err = in.send(b, unix.UnixRights(stdout, stderr, w))
 	// The init holds its own copy now (or never will): its write, or its
 	// exit, ends the pipe.
-	w.Close()
+	unix.Close(w)
 	if err != nil {
 		r.Close()
 		return 0, nil, err

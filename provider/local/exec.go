@@ -74,7 +74,7 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	defer stdout.settle()
 	stderr, stderrW, err := newOutputPipe(p.outputCap)
 	if err != nil {
-		stdoutW.Close()
+		unix.Close(stdoutW)
 		return provider.ExecResult{}, err
 	}
 	defer stderr.settle()
@@ -83,8 +83,8 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	s.gate.RLock()
 	if err := p.stillLive(s); err != nil {
 		s.gate.RUnlock()
-		stdoutW.Close()
-		stderrW.Close()
+		unix.Close(stdoutW)
+		unix.Close(stderrW)
 		return provider.ExecResult{}, err
 	}
 	in, err := p.sandboxInit(ctx, s)
@@ -96,8 +96,8 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	s.gate.RUnlock()
 	// The command holds the write ends now (or never will): once it and
 	// what it started are gone, the pipes end.
-	stdoutW.Close()
-	stderrW.Close()
+	unix.Close(stdoutW)
+	unix.Close(stderrW)
 	if err != nil {
 		if p.stillLive(s) != nil {
 			return provider.ExecResult{}, fmt.Errorf("local: sandbox %s was stopped while a command started: %w", s.id, provider.ErrSandboxNotFound)
@@ -109,27 +109,27 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	}
 
 	// The exec waits on the command's status pipe itself; the timeout and
-	// ctx only ask the init to kill the command, whose exit then ends the
-	// wait. Nothing waits for the watcher: a kill after the exit finds
-	// nothing to kill.
-	timer := p.execClk.NewTimer(timeout)
-	ended := make(chan struct{})
-	var timedOutFlag, canceledFlag atomic.Bool
-	go func() {
-		select {
-		case <-ended:
-			return
-		case <-timer.C():
-			timedOutFlag.Store(true)
-		case <-ctx.Done():
-			canceledFlag.Store(true)
+	// ctx only ask the init to kill the command (the first of them that
+	// comes), whose exit then ends the wait. Both are callbacks, not a
+	// goroutine watching them: nothing more to start, and to wake at the
+	// end, per command. A kill after the exit finds nothing to kill.
+	const (
+		timedOutEnd = iota + 1
+		canceledEnd
+	)
+	var ended atomic.Int32
+	end := func(why int32) {
+		if ended.CompareAndSwap(0, why) {
+			in.kill(id)
 		}
-		in.kill(id)
-	}()
+	}
+	timer := p.execClk.AfterFunc(timeout, func() { end(timedOutEnd) })
+	stopCancel := context.AfterFunc(ctx, func() { end(canceledEnd) })
 	m, ok := status.wait()
-	close(ended)
 	timer.Stop()
-	timedOut, canceled := timedOutFlag.Load(), canceledFlag.Load()
+	stopCancel()
+	why := ended.Load()
+	timedOut, canceled := why == timedOutEnd, why == canceledEnd
 
 	log := logs.ForRequest(ctx, p.log).WithFields(logrus.Fields{"sandbox_id": s.id, "duration_ms": time.Since(began).Milliseconds()})
 	if !ok {
@@ -253,6 +253,9 @@ func checkDir(fsDir, rel string) error {
 		return err
 	}
 	defer unix.Close(top)
+	if rel == "." {
+		return nil // the tree itself, a directory: OpenTree said so
+	}
 	fd, err := beneath.Open(top, rel, unix.O_PATH|unix.O_DIRECTORY)
 	if err != nil {
 		return beneath.PathErr("exec cwd", rel, err)

@@ -629,7 +629,8 @@ func (p *Provider) startProbeContainer() error {
 		return err
 	}
 	defer stdout.Close()
-	_, status, err := in.run("touch probe", []string{"PATH=" + cmdenv.BasePath}, p.workdir, stdout, stdout)
+	out := int(stdout.Fd())
+	_, status, err := in.run("touch probe", []string{"PATH=" + cmdenv.BasePath}, p.workdir, out, out)
 	if err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}

@@ -33,16 +33,36 @@ type outputPipe struct {
 	once     sync.Once
 }
 
-// newOutputPipe makes a pipe and starts draining it; the command gets w,
-// which the caller closes once it was handed over.
-func newOutputPipe(limit int) (*outputPipe, *os.File, error) {
-	r, w, err := os.Pipe()
+// newOutputPipe makes a pipe and starts draining it; the command gets the
+// write end w, which the caller closes once it was handed over.
+func newOutputPipe(limit int) (*outputPipe, int, error) {
+	r, w, err := commandPipe()
 	if err != nil {
-		return nil, nil, fmt.Errorf("local: exec: output pipe: %w", err)
+		return nil, -1, fmt.Errorf("local: exec: output pipe: %w", err)
 	}
 	o := &outputPipe{r: r, limit: limit, caughtUp: make(chan struct{})}
 	go o.drain()
 	return o, w, nil
+}
+
+// commandPipe makes a pipe (close-on-exec) for a command started by a
+// sandbox's init: its read end is the server's, read through the
+// runtime's poller, and its write end a bare descriptor in blocking mode
+// (O_NONBLOCK is the open file's, which the command shares), passed to the
+// init and then closed. As an *os.File the write end would enter the
+// poller, leave it again to be made blocking and be closed through it:
+// six system calls more a pipe, three pipes an exec.
+func commandPipe() (*os.File, int, error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return nil, -1, err
+	}
+	if _, err := unix.FcntlInt(uintptr(p[1]), unix.F_SETFL, 0); err != nil {
+		unix.Close(p[0])
+		unix.Close(p[1])
+		return nil, -1, err
+	}
+	return os.NewFile(uintptr(p[0]), "pipe"), p[1], nil
 }
 
 // past is a read deadline already passed: it wakes the drainer at once.
