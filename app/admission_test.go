@@ -169,19 +169,27 @@ func TestSandboxCallsPassTheAdmissionGate(t *testing.T) {
 	}
 }
 
-// An exec whose client went away used to run on to its timeout.
+// An exec whose client went away used to run on to its timeout; one that
+// gave no timeout_ms (the provider's default applies) still did.
 func TestAnExecWhoseClientGoesAwayIsKilled(t *testing.T) {
 	t.Parallel()
-	a := startLocal(t, t.TempDir())
-	defer a.Stop(context.Background())
-	d, gate, label := seededSandbox(t, a)
-	conn, err := net.Dial("tcp", a.Addr().String())
-	if err != nil {
-		t.Fatal(err)
+	for name, cmd := range map[string]string{
+		"its own timeout":     `{"command":"exec sleep 300","timeout_ms":600000}`,
+		"the default timeout": `{"command":"exec sleep 300"}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			a := startLocal(t, t.TempDir())
+			defer a.Stop(context.Background())
+			d, gate, label := seededSandbox(t, a)
+			conn, err := net.Dial("tcp", a.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(conn, "POST /sandboxes/%s/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", d.SandboxID, d.Token, len(cmd), cmd)
+			waitGate(t, gate, func() bool { return slices.Contains(gate.Busy(), label) })
+			conn.Close()
+			waitGate(t, gate, func() bool { return !slices.Contains(gate.Busy(), label) })
+		})
 	}
-	cmd := `{"command":"exec sleep 300","timeout_ms":600000}`
-	fmt.Fprintf(conn, "POST /sandboxes/%s/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", d.SandboxID, d.Token, len(cmd), cmd)
-	waitGate(t, gate, func() bool { return slices.Contains(gate.Busy(), label) })
-	conn.Close()
-	waitGate(t, gate, func() bool { return !slices.Contains(gate.Busy(), label) })
 }

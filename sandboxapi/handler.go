@@ -189,14 +189,18 @@ func (h *Handler) ServeSandbox(ctx *fasthttp.RequestCtx, sandboxID, rest string)
 		h.fail(ctx, sandboxID, fasthttp.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("the body is %d bytes, more than %d", n, h.maxBody()))
 		return
 	}
-	if h.Admit != nil && (rest == "exec" || method == fasthttp.MethodPut) {
-		// The wait at the gate lasts while the client does (a shutdown
-		// lets every waiter go).
-		actx, cancel := context.WithCancel(context.Background())
-		stop := watchClient(ctx.Conn(), cancel)
-		leave, err := h.Admit(actx, sandboxID)
-		stop()
-		cancel()
+	admit := h.Admit != nil && (rest == "exec" || method == fasthttp.MethodPut)
+	callCtx := h.callContext(ctx)
+	if admit || rest == "exec" {
+		// The wait at the gate, and an exec, last while the client does
+		// (a shutdown lets every waiter go): one watcher for both.
+		var gone context.CancelFunc
+		callCtx, gone = context.WithCancel(callCtx)
+		defer gone()
+		defer watchClient(ctx.Conn(), gone)()
+	}
+	if admit {
+		leave, err := h.Admit(callCtx, sandboxID)
 		if err != nil {
 			status, code := fasthttp.StatusServiceUnavailable, "unavailable"
 			var ce *problem.Error
@@ -210,7 +214,7 @@ func (h *Handler) ServeSandbox(ctx *fasthttp.RequestCtx, sandboxID, rest string)
 	}
 	switch {
 	case rest == "exec":
-		h.exec(ctx, handle)
+		h.exec(ctx, callCtx, handle)
 	case method == fasthttp.MethodGet:
 		h.readFile(ctx, handle)
 	default:
@@ -243,7 +247,9 @@ type execRequest struct {
 	TimeoutMS int64             `json:"timeout_ms"`
 }
 
-func (h *Handler) exec(ctx *fasthttp.RequestCtx, handle provider.Handle) {
+// exec runs the request's command; callCtx ends when the client goes, and
+// an agent that goes away does not leave its command running.
+func (h *Handler) exec(ctx *fasthttp.RequestCtx, callCtx context.Context, handle provider.Handle) {
 	var req execRequest
 	if err := decodeStrict(ctx.Request.Body(), &req); err != nil {
 		h.fail(ctx, handle.SandboxID, fasthttp.StatusUnprocessableEntity, "invalid_request", err.Error())
@@ -261,13 +267,11 @@ func (h *Handler) exec(ctx *fasthttp.RequestCtx, handle provider.Handle) {
 		return
 	}
 	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
-	callCtx, cancel := h.callContext(ctx), context.CancelFunc(func() {})
 	if timeout > 0 {
+		var cancel context.CancelFunc
 		callCtx, cancel = context.WithTimeout(callCtx, timeout+execGrace)
+		defer cancel()
 	}
-	defer cancel()
-	// An agent that goes away does not leave its command running.
-	defer watchClient(ctx.Conn(), cancel)()
 	res, err := h.Provider.Exec(callCtx, handle, provider.ExecRequest{Command: *req.Command, Cwd: req.Cwd, Env: req.Env, Timeout: timeout})
 	if err != nil {
 		h.providerError(ctx, handle.SandboxID, err, "invalid_cwd")
