@@ -150,7 +150,9 @@ func (o *Owner) Do(ctx context.Context, sessionID string, fn sandbox.DoFunc) err
 	if pid == nil {
 		return fmt.Errorf("%w: session %q", sandbox.ErrNone, sessionID)
 	}
-	if view != nil && view.Borrow() {
+	// A Do whose context already ended runs nothing: the ask below
+	// answers its error, as it did before sessions lent their sandboxes.
+	if view != nil && ctx.Err() == nil && view.Borrow() {
 		if rep := view.Load(); rep != nil && rep.Held {
 			return o.doBorrowed(ctx, sessionID, pid, view, rep.Sandbox, fn)
 		}

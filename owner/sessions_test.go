@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -122,5 +123,32 @@ func TestADoOnAnIdleSessionSendsNoMessage(t *testing.T) {
 		}
 	}); n > 4 {
 		t.Fatalf("a Do on an idle session allocates %.1f times, want at most 4", n)
+	}
+}
+
+// TestADoWhoseContextEndedRunsNothing: a Do whose context already ended
+// runs nothing, on an idle session's lent permit as through its mailbox:
+// the caller hears the context's error and fn never runs. A later Do
+// returns only once any run of fn ended (the permit serialises them).
+func TestADoWhoseContextEndedRunsNothing(t *testing.T) {
+	e := newEnv(t)
+	o := e.open(func(c *owner.Config) { c.Checkpoint.Enabled = false })
+	if _, err := o.StartSessionSandbox(context.Background(), "s1", provider.Spec{}, nil, "/w"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var ran atomic.Bool
+	if err := o.Do(ctx, "s1", func(context.Context, provider.Provider, sandbox.Sandbox) error {
+		ran.Store(true)
+		return nil
+	}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a Do whose context ended: %v, want context.Canceled", err)
+	}
+	if err := o.Do(context.Background(), "s1", func(context.Context, provider.Provider, sandbox.Sandbox) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if ran.Load() {
+		t.Fatal("a Do whose context had ended ran its function")
 	}
 }
