@@ -230,6 +230,8 @@ type Options struct {
 // concurrent use.
 type Provider struct {
 	root string
+	// maxLayers is maxLayers (tests lower it).
+	maxLayers int
 	// snapDir is Options.SnapshotDir, absolute ("" for <root>/snapshots).
 	snapDir   string
 	templates map[string]string
@@ -345,6 +347,7 @@ func New(opts Options) (_ *Provider, err error) {
 		}
 	}
 	p := &Provider{
+		maxLayers:      maxLayers,
 		ns:             newNSMaker(),
 		root:           root,
 		snapDir:        snapDir,

@@ -21,7 +21,8 @@ const maxMountData = 3500
 
 // maxLayers bounds an overlay sandbox's lower layers. A snapshot of a sandbox
 // that already stands on this many is taken flat (a full copy of its tree)
-// so that fork chains do not grow without end.
+// so that fork chains do not grow without end. A provider keeps it in a
+// field, which its tests lower to reach a flattening in a few generations.
 const maxLayers = 24
 
 // overlayData returns the mount options for an overlay of lowers (topmost

@@ -162,7 +162,7 @@ func (p *Provider) copySandbox(ctx context.Context, s *sandbox, id string) (snap
 	src := s.fsDir()
 	// A snapshot in a shared directory is a whole tree: the layers below
 	// an overlay sandbox are this machine's.
-	if sm.Overlay && len(sm.Lowers) < maxLayers && p.snapDir == "" {
+	if sm.Overlay && len(sm.Lowers) < p.maxLayers && p.snapDir == "" {
 		meta.Overlay, meta.Lowers, meta.Depends = true, sm.Lowers, sm.Layers
 		src = s.upperDir()
 	}

@@ -232,10 +232,12 @@ func TestDeletedSnapshotKeptForASnapshotStandingOnIt(t *testing.T) {
 
 func TestOverlayChainsAreFlattened(t *testing.T) {
 	p := newProvider(t, mode{"none-overlay", IsolationNone, OverlayOn}, Options{})
+	// Three layers at most: the chain is flattened within six generations.
+	p.maxLayers = 3
 	ctx := context.Background()
 	h := start(t, p, provider.Spec{})
 	want := ""
-	for i := range maxLayers + 3 {
+	for i := range p.maxLayers + 3 {
 		mustRun(t, p, h, fmt.Sprintf("echo %d >> log", i))
 		want += fmt.Sprintf("%d\n", i)
 		next := fork(t, p, snapshot(t, p, h))
@@ -245,14 +247,14 @@ func TestOverlayChainsAreFlattened(t *testing.T) {
 		h = next
 	}
 	if got := readFile(t, p, h, "log"); got != want {
-		t.Errorf("after %d generations the log is %q", maxLayers+3, got)
+		t.Errorf("after %d generations the log is %q", p.maxLayers+3, got)
 	}
 	s, err := p.live(ctx, h, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(s.meta.Lowers); n > maxLayers+1 {
-		t.Errorf("the sandbox stands on %d layers, more than %d", n, maxLayers+1)
+	if n := len(s.meta.Lowers); n > p.maxLayers+1 {
+		t.Errorf("the sandbox stands on %d layers, more than %d", n, p.maxLayers+1)
 	}
 }
 
