@@ -1,12 +1,16 @@
 package actors_test
 
 import (
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
+	"github.com/sandboxowner/owner/sandbox"
 )
 
 // send sends a request carrying a fresh reply slot without waiting for its
@@ -62,28 +66,12 @@ func TestShellLendsItsSandboxWhileIdle(t *testing.T) {
 	if !s.view.Borrow() {
 		t.Fatal("a permit given back was not lent again")
 	}
-	stop := s.send(func(r messages.ReplyTo) any {
-		return &messages.StopSandbox{Reason: messages.StopEnd, Reply: r}
-	})
-	s.handled()
-	if v := receive(stop); v != nil {
-		t.Fatalf("the stop was answered (%+v) while a caller held the permit", v)
-	}
-	if live := p.LiveSandboxIDs(); len(live) != 1 {
-		t.Fatalf("live sandboxes while the permit is held: %v, want the session's", live)
-	}
+	stop := s.stopHeldBack(p)
 	if recalled := s.view.GiveBack(); !recalled {
 		t.Fatal("the stop did not recall the permit")
 	}
 	s.sys.Root.Send(s.pid, &messages.DoReturned{})
-	select {
-	case v := <-stop:
-		if r, _ := v.(*messages.StopReply); r == nil || r.Err != nil || r.Stopped == nil {
-			t.Fatalf("stop: %+v", v)
-		}
-	case <-time.After(time.Minute): // a hang guard only
-		t.Fatal("the stop was not answered once the permit was back")
-	}
+	stopped(t, stop)
 	if s.view.Borrow() {
 		t.Fatal("an ended session lent its sandbox")
 	}
@@ -142,5 +130,64 @@ func TestShellStoppedActorLendsNothing(t *testing.T) {
 	}
 	if s.view.Borrow() {
 		t.Fatal("a stopped actor's view lent its sandbox")
+	}
+}
+
+// TestShellStopWaitsForAWithdrawnPermit: a caller whose Do found the
+// sandbox gone withdraws the permit before it tells the session; a stop
+// that arrives between the two finds the permit neither free nor lent and
+// waits for that caller's return, which marks the sandbox lost and
+// answers sandbox_lost, and only then stops the sandbox.
+func TestShellStopWaitsForAWithdrawnPermit(t *testing.T) {
+	p := fake.New(fake.Options{})
+	s := newShell(t, p)
+	if rep := s.start(nil, provider.Spec{Workdir: "/w"}); rep.Err != nil {
+		t.Fatal(rep.Err)
+	}
+	if !s.view.Borrow() {
+		t.Fatal("an idle session holding its sandbox lent nothing")
+	}
+	s.view.Withdraw()
+	stop := s.stopHeldBack(p)
+	slot := make(messages.ReplyTo, 1)
+	if rep, _ := s.ask(&messages.DoReturned{Lost: true, Reply: slot}, slot).(*messages.DoReply); rep == nil || !errors.Is(rep.Err, sandbox.ErrLost) {
+		t.Fatalf("the lost Do's return answered %+v, want sandbox_lost", rep)
+	}
+	stopped(t, stop)
+	// A stop begun before the return would have left the loss untold (a
+	// stopping session loses nothing).
+	if diff := cmp.Diff([]string{"held s1", "lost s1", "ended s1 end stopped=true"}, s.noted()); diff != "" {
+		t.Fatalf("the owner was told (-want +got):\n%s", diff)
+	}
+}
+
+// stopHeldBack sends the session a stop (end) while its permit is out, and
+// checks that the stop neither answered nor stopped the sandbox.
+func (s *shell) stopHeldBack(p *fake.Provider) messages.ReplyTo {
+	s.t.Helper()
+	stop := s.send(func(r messages.ReplyTo) any {
+		return &messages.StopSandbox{Reason: messages.StopEnd, Reply: r}
+	})
+	s.handled()
+	if v := receive(stop); v != nil {
+		s.t.Fatalf("the stop was answered (%+v) while the permit was out", v)
+	}
+	if live := p.LiveSandboxIDs(); len(live) != 1 {
+		s.t.Fatalf("live sandboxes while the permit is out: %v, want the session's", live)
+	}
+	return stop
+}
+
+// stopped waits for the stop's answer once the permit is back: the sandbox
+// stopped.
+func stopped(t *testing.T, stop messages.ReplyTo) {
+	t.Helper()
+	select {
+	case v := <-stop:
+		if r, _ := v.(*messages.StopReply); r == nil || r.Err != nil || r.Stopped == nil {
+			t.Fatalf("stop: %+v", v)
+		}
+	case <-time.After(time.Minute): // a hang guard only
+		t.Fatal("the stop was not answered once the permit was back")
 	}
 }
