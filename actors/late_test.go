@@ -38,10 +38,13 @@ func TestRequestsQueuedBehindAStopAreAnsweredUndelivered(t *testing.T) {
 	before := make(messages.ReplyTo, 1)
 	sys.Root.Send(pid, &messages.Do{ReqID: 1, Reply: before})
 	sys.Root.Poison(pid)
-	slots := []messages.ReplyTo{make(messages.ReplyTo, 1), make(messages.ReplyTo, 1), make(messages.ReplyTo, 1)}
+	slots := []messages.ReplyTo{make(messages.ReplyTo, 1), make(messages.ReplyTo, 1), make(messages.ReplyTo, 1), make(messages.ReplyTo, 1)}
 	sys.Root.Send(pid, &messages.Do{ReqID: 2, Reply: slots[0]})
 	sys.Root.Send(pid, &messages.StopSandbox{ReqID: 3, Reply: slots[1]})
 	sys.Root.Send(pid, &messages.StartSandbox{ReqID: 4, Reply: slots[2]})
+	// The return of a lent Do that found the sandbox gone, whose caller
+	// waits for the session's answer.
+	sys.Root.Send(pid, &messages.DoReturned{Lost: true, Reply: slots[3]})
 	det.Settle()
 
 	// The request before the pill is the actor's to answer (a session
