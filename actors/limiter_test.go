@@ -16,6 +16,7 @@ import (
 // free slot parks its coroutine (the scheduler runs other work) until a
 // Release; one whose context ends gives up with the context's error.
 func TestLimiterOnADetParksItsWaiters(t *testing.T) {
+	defer hangGuard()()
 	det := sched.NewDet(1, roundStart)
 	defer det.Close()
 	l := actors.NewLimiterOn(1, det)
@@ -68,6 +69,7 @@ func TestLimiterOnADetParksItsWaiters(t *testing.T) {
 // both a free slot and its context ended when it gets the turn takes the
 // slot, every time (not select's coin), so a seed replays.
 func TestLimiterOnADetFreeSlotWinsOverAnEndedContext(t *testing.T) {
+	defer hangGuard()()
 	for i := range 32 {
 		det := sched.NewDet(uint64(i), roundStart)
 		l := actors.NewLimiterOn(1, det)
@@ -91,6 +93,7 @@ func TestLimiterOnADetFreeSlotWinsOverAnEndedContext(t *testing.T) {
 // TestLimiterOnADetWaitsOnVirtualTime: the driver's own Acquire runs the
 // scheduler until a holder releases, at the holder's virtual time.
 func TestLimiterOnADetWaitsOnVirtualTime(t *testing.T) {
+	defer hangGuard()()
 	det := sched.NewDet(2, roundStart)
 	defer det.Close()
 	l := actors.NewLimiterOn(1, det)
@@ -131,4 +134,15 @@ func TestLimiterCapacity(t *testing.T) {
 			t.Errorf("NewLimiter(%d) gave a slot beyond %d", n, want)
 		}
 	}
+}
+
+// hangGuard crashes the test binary when the test has not returned within
+// a minute, and returns what disarms it: a hang guard only (these tests
+// take milliseconds). A coroutine that blocks outside Await holds the Det's
+// turn and its driver waits forever, which would otherwise last until go
+// test's -timeout (the mutants script's run waited 12.5 minutes for each of
+// the limiter's wait conditions inverted).
+func hangGuard() (disarm func()) {
+	tm := time.AfterFunc(time.Minute, func() { panic("hang guard: the test did not return within a minute") })
+	return func() { tm.Stop() }
 }
