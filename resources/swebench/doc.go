@@ -23,14 +23,17 @@
 // the base commit survives, every other ref, the reflogs and the remotes are
 // removed and git gc --prune=now drops the fix commit. It records the base
 // commit and the files already untracked as session data (SessionData). A
-// failing scrub refuses the seed; the owner stops the sandbox.
+// scrub that could not run refuses the seed (the owner stops the sandbox);
+// one that refused the repository is recorded (scrub.skipped) and the seed
+// goes on, as upstream's.
 //
 // # Verify
 //
 // ExtractPatch diffs the agent's sandbox against the base commit (new
-// untracked files and committed work included, the files untracked at seed
-// excluded); the agent's session ends; a grading sandbox starts from the same
-// image; ApplyPatch tries git apply, git apply --reject and patch --fuzz=5;
+// untracked files and committed work included, the latter from the work
+// branch only when no scrub ran; the files untracked at seed excluded); the
+// agent's session ends; a grading sandbox starts from the same image;
+// ApplyPatch tries git apply, git apply --reject and patch --fuzz=5;
 // grading.Guard leaves out the patch's files outside the agent's remit (test files
 // the test patch does not touch, vendor/, module replacements); RunEval runs
 // the eval script with stdout and stderr merged in order under the

@@ -240,7 +240,7 @@ type Extraction struct {
 	// Source is "worktree" (the work tree against the base: uncommitted and
 	// committed work, new files included), "committed" (the work tree
 	// showed nothing, so the most advanced local branch descending from the
-	// base) or "none".
+	// base; only the work branch when the scrub did not run) or "none".
 	Source string `json:"patch_source"`
 	// Tip is the commit a committed patch was taken to.
 	Tip string `json:"patch_tip,omitempty"`
@@ -281,7 +281,12 @@ commits=$(git rev-list --count "$NG_BASE..HEAD" 2>/dev/null || echo 0)
 if [ ! -s "$d/model.patch" ]; then
   source=none
   best=; bestn=0
-  for c in $(git rev-parse -q --verify 'HEAD^{commit}') $(git for-each-ref --format='%(objectname)' refs/heads); do
+  if [ -n "${NG_WORK_BRANCH_ONLY:-}" ]; then
+    cands=$(git rev-parse -q --verify 'refs/heads/` + WorkBranch + `^{commit}')
+  else
+    cands="$(git rev-parse -q --verify 'HEAD^{commit}') $(git for-each-ref --format='%(objectname)' refs/heads)"
+  fi
+  for c in $cands; do
     git merge-base --is-ancestor "$NG_BASE" "$c" 2>/dev/null || continue
     n=$(git rev-list --count "$NG_BASE..$c")
     if [ "$n" -gt "$bestn" ]; then best=$c; bestn=$n; fi
@@ -298,8 +303,11 @@ echo "NG_EXTRACT source=$source tip=$tip commits=$commits dirty=$dirty"
 // against base, including committed work and new untracked files, excluding
 // the files that were untracked at seed (pristine: git ls-files --others
 // --directory entries, as Untracked returns). It leaves the sandbox's index
-// as it was. A failure wraps ErrExtract.
-func ExtractPatch(ctx context.Context, p provider.Provider, h provider.Handle, base string, pristine []string, timeout time.Duration) (Extraction, error) {
+// as it was. Unscrubbed (the seed's scrub was skipped or refused the
+// repository), committed work is taken from the work branch only: the
+// image's other branches (a template's main at the fix, say) are not the
+// agent's. A failure wraps ErrExtract.
+func ExtractPatch(ctx context.Context, p provider.Provider, h provider.Handle, base string, pristine []string, unscrubbed bool, timeout time.Duration) (Extraction, error) {
 	if !hexCommit.MatchString(base) {
 		return Extraction{}, fmt.Errorf("%w: base %q is not a commit id", ErrExtract, base)
 	}
@@ -324,7 +332,11 @@ func ExtractPatch(ctx context.Context, p provider.Provider, h provider.Handle, b
 	if err := p.WriteFile(ctx, h, scratchDir+"/add-list", add.Bytes()); err != nil {
 		return Extraction{}, fmt.Errorf("%w: write the file list: %w", ErrExtract, err)
 	}
-	res, err = run(ctx, p, h, extractScript, map[string]string{"NG_BASE": base}, timeout)
+	env := map[string]string{"NG_BASE": base}
+	if unscrubbed {
+		env["NG_WORK_BRANCH_ONLY"] = "1"
+	}
+	res, err = run(ctx, p, h, extractScript, env, timeout)
 	if err != nil {
 		return Extraction{}, fmt.Errorf("%w: %w", ErrExtract, err)
 	}

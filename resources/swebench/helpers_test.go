@@ -398,6 +398,22 @@ func (w *world) applyAsAgent(sandboxID, patch string) {
 	w.agentRun(sandboxID, "git apply --verbose - <<'AGENT_EOF'\n"+patch+"AGENT_EOF\n")
 }
 
+// extract runs ExtractPatch in session sid's sandbox against the task's
+// base commit (nothing untracked at seed), as verify would.
+func (w *world) extract(sid string, unscrubbed bool) Extraction {
+	w.t.Helper()
+	var ex Extraction
+	err := w.own.Do(context.Background(), sid, func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
+		var err error
+		ex, err = ExtractPatch(ctx, p, sb.Handle, w.tk.base, nil, unscrubbed, time.Minute)
+		return err
+	})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return ex
+}
+
 func (w *world) liveSandboxes() []string {
 	w.t.Helper()
 	infos, err := w.prov.ListSandboxes(context.Background())

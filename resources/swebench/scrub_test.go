@@ -174,6 +174,38 @@ func TestAntiCheatingOffRunsNoScrub(t *testing.T) {
 	}
 }
 
+// Without the scrub (turned off here; a scrub that refused the repository
+// leaves it the same way) the template's branches are the image's, not the
+// agent's: its main is at the fix commit, so a session that changed nothing
+// would be graded as the fix committed (reward 1). Committed work counts
+// from the work branch only.
+func TestUnscrubbedCommittedWorkComesFromTheWorkBranchOnly(t *testing.T) {
+	t.Parallel()
+	tk := newTask(t)
+	w := newWorld(t, tk, withConfig(func(c *Config) { c.ApplyAntiCheating = off() }))
+	row := tk.row("example__calc-1")
+	seed := w.seed("s-unscrubbed-idle", row)
+	if got := w.agentRun(*seed.SandboxHandle, "git rev-parse main"); strings.TrimSpace(got) != tk.fix {
+		t.Fatalf("the unscrubbed template's main is %q, want the fix %s (what this test is about)", got, tk.fix)
+	}
+	res := w.verify("s-unscrubbed-idle", row)
+	wantUnresolved(t, res)
+	if res.PatchSource != "none" || *res.ModelPatch != "" {
+		t.Errorf("a session that changed nothing: patch_source %q, patch %q", res.PatchSource, *res.ModelPatch)
+	}
+
+	// The agent's own commits on the work branch still count.
+	sb := *w.seed("s-unscrubbed-work", row).SandboxHandle
+	w.agentRun(sb, "git checkout -q -b "+WorkBranch)
+	w.applyAsAgent(sb, tk.patch)
+	// No scrub set the agent's identity.
+	w.agentRun(sb, "git -c user.name=a -c user.email=a@example.com commit -q -am fix && git checkout -q --detach "+tk.base)
+	ex := w.extract("s-unscrubbed-work", true)
+	if ex.Source != "committed" || ex.Commits != 1 || !strings.Contains(ex.Patch, "return -x") {
+		t.Errorf("the work branch's commit: %+v\n%s", ex, ex.Patch)
+	}
+}
+
 func TestASecondSandboxOfAnInstanceDoesNotClone(t *testing.T) {
 	t.Parallel()
 	tk := newTask(t)

@@ -710,7 +710,7 @@ func (s *Server) takePatch(ctx context.Context, own *owner.Owner, sessionID stri
 	var ex Extraction
 	var exErr error
 	err = own.Do(ctx, sessionID, func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
-		ex, exErr = ExtractPatch(ctx, p, sb.Handle, base, data.PristineUntracked, s.cfg.setupTimeout())
+		ex, exErr = ExtractPatch(ctx, p, sb.Handle, base, data.PristineUntracked, data.Scrub.Skipped != "", s.cfg.setupTimeout())
 		return nil
 	})
 	res.PatchExtractionTimeTaken = time.Since(t).Seconds()

@@ -5,11 +5,9 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/resources/swebench/grading"
 	"github.com/sandboxowner/owner/sandbox"
 )
@@ -186,15 +184,7 @@ func TestCommittedWorkOnABranchTheAgentLeft(t *testing.T) {
 	w.agentRun(sb, "git checkout -q -b attempt")
 	w.applyAsAgent(sb, tk.patch)
 	w.agentRun(sb, "git commit -q -am one && echo '// two' >> calc.go && git commit -q -am two && git checkout -q "+WorkBranch)
-	var ex Extraction
-	err := w.own.Do(context.Background(), "s-branch", func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
-		var err error
-		ex, err = ExtractPatch(ctx, p, sb.Handle, tk.base, nil, time.Minute)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ex := w.extract("s-branch", false)
 	if ex.Source != "committed" || ex.Commits != 2 || ex.WorktreeDirty || !strings.Contains(ex.Patch, "return -x") || !strings.Contains(ex.Patch, "// two") {
 		t.Errorf("extraction: %+v\n%s", ex, ex.Patch)
 	}
