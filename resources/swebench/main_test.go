@@ -26,6 +26,8 @@ import (
 
 	"github.com/sandboxowner/owner/app"
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/provider/local/localtest"
+	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 	"github.com/sandboxowner/owner/resources/swebench"
 )
 
@@ -84,13 +86,43 @@ func TestMain(m *testing.M) {
 		os.Exit(2)
 	}
 	os.Setenv(swebench.ProxyCacheEnv, proxyCache)
+	// A run killed by -timeout leaves its sandboxes mounted under its
+	// temporary directories (the providers' roots, with the templates'
+	// caches bound into them): the next run of this package (or of
+	// provider/local, sim/process) clears them, and keeps its own under a
+	// root it can be found by. The kept templates, layers and module proxy
+	// answers above lie outside it: they outlive runs; so does the real
+	// stack's directory, pinned before TMPDIR moves.
+	if err := opensandboxtest.PinStackDir(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	done, err := localtest.TempRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	code := m.Run()
+	done()
 	if keep {
 		held.release(code == 0)
 	} else {
 		_ = os.RemoveAll(dir)
 	}
 	os.Exit(code)
+}
+
+// TestTempDirsAreUnderALockedRoot: the providers' roots and the servers'
+// state (every test's t.TempDir) are where a later run clears what a killed
+// one left mounted; the kept templates and the real stack's directory are
+// not (they are shared with other runs).
+func TestTempDirsAreUnderALockedRoot(t *testing.T) {
+	localtest.RequireRoot(t)
+	for _, dir := range []string{swebench.SharedTemplateDir(), swebench.SharedStdCacheDir(), opensandboxtest.StackDir()} {
+		if strings.HasPrefix(dir, os.TempDir()+string(filepath.Separator)) {
+			t.Errorf("%s, shared with other runs, is under this run's %s", dir, os.TempDir())
+		}
+	}
 }
 
 // freshEnv, set, gives the test binary a template_dir of its own, removed at
