@@ -9,7 +9,7 @@ import (
 )
 
 // until yields until cond holds: the workers' counters change on their own
-// goroutines.
+// goroutines. A counter that never gets there spins until the hang guard.
 func until(cond func() bool) {
 	for !cond() {
 		runtime.Gosched()
@@ -21,6 +21,7 @@ func until(cond func() bool) {
 // behind a blocked run); no more than maxIdle wait for work, the others
 // end; Stop ends the idle ones, and a run after it still runs.
 func TestWorkers(t *testing.T) {
+	defer hangGuard()()
 	w := actors.NewWorkers(2)
 	defer w.Stop()
 	ran := make(chan int, 8)
