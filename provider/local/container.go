@@ -98,12 +98,12 @@ func (p *Provider) startInit(ctx context.Context, s *sandbox, cgFiles []*os.File
 		}
 		defer bin.Close()
 		extra = append(extra, bin)
-		cmd = &exec.Cmd{Path: exe, Args: []string{initName, initStageSetup}, Dir: "/", Env: cmdenv.Host(s.id)}
+		cmd = &exec.Cmd{Path: exe, Args: []string{initName, initStageSetup}, Dir: "/", Env: initEnv(s.id)}
 		cmd.SysProcAttr = p.ctr.sysProcAttr(meta.Network, as)
 	} else {
 		// No death signal: when the server dies the init sees its control
 		// socket close and kills what it started before it exits.
-		cmd = &exec.Cmd{Path: exe, Args: []string{initName}, Dir: s.fsDir(), Env: cmdenv.Host(s.id)}
+		cmd = &exec.Cmd{Path: exe, Args: []string{initName}, Dir: s.fsDir(), Env: initEnv(s.id)}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	}
 	cmd.ExtraFiles = extra
@@ -133,6 +133,14 @@ func (p *Provider) startInit(ctx context.Context, s *sandbox, cgFiles []*os.File
 		close(in.dead)
 	}()
 	return in, nil
+}
+
+// initEnv is the environment of sandbox id's init (not of its commands,
+// which get exactly theirs): the host's base, and one P for the Go
+// runtime from its start (see runInit). Set by runtime.GOMAXPROCS once
+// running instead, the init's idle memory was 0.3 MiB more.
+func initEnv(id string) []string {
+	return append(cmdenv.Host(id), "GOMAXPROCS=1")
 }
 
 // setupTimeout bounds how long an init may take to build its sandbox. It

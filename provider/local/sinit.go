@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -90,14 +89,14 @@ func init() {
 // Isolated, it follows runSetup, and tells the server it is ready.
 //
 // It keeps its threads asleep between commands, which on a loaded (or
-// virtual) machine is most of what it costs: it runs on one P, and waits
+// virtual) machine is most of what it costs: it runs on one P (its
+// environment says GOMAXPROCS=1, see initEnv), and waits
 // for the server's messages in the runtime's poller rather than in a
 // blocking recvmsg. A goroutine in a blocking syscall keeps its P, and
 // while any P is held the runtime's monitor thread wakes every 20 µs to
 // 10 ms (40 wakeups per exec of `true` measured), where with every P idle
 // it sleeps.
 func runInit(isolated bool) int {
-	runtime.GOMAXPROCS(1)
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return 125
 	}
