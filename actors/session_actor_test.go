@@ -495,6 +495,7 @@ func TestShellRenewsTheLease(t *testing.T) {
 // TestShellAbandonStopsTheSandbox: an actor stopped while it holds a
 // sandbox stops the sandbox, and the owner hears the session ended.
 func TestShellAbandonStopsTheSandbox(t *testing.T) {
+	defer hangGuard()() // it waits for OnEnded, which a wrong abandon never calls
 	p := fake.New(fake.Options{})
 	s := newShell(t, p)
 	s.start(nil, provider.Spec{Workdir: "/w"})
