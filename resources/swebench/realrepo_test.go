@@ -131,10 +131,17 @@ func realProxy(t testing.TB, ri realInstance) string {
 	if proxy == "" {
 		proxy = DefaultModuleProxy
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	// The probe's only bound is its context, with a margin: under load the
+	// default transport's 10 s TLS handshake timeout ran out in saturated
+	// runs (the proxy answered curl in 0.3 s meanwhile) and the tests
+	// skipped, which is a load deciding what runs.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSHandshakeTimeout = 0
+	defer tr.CloseIdleConnections()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, proxy+"/"+ri.module+"/@v/"+ri.version+".info", nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := (&http.Client{Transport: tr}).Do(req)
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Skipf("SKIP: the module proxy %s does not answer for %s (%v): the real-repository tests need it (CI reaches it)", proxy, ri.module, err)
 	}
