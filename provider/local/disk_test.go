@@ -412,9 +412,37 @@ func TestAnAdoptionsRemountEndsWithTheCallsContext(t *testing.T) {
 
 	done = exec(context.Background())
 	b.expect(t, done, img)
+	realRelease(t, img)
 	b.answer <- ""
 	if err := <-done; err != nil {
 		t.Errorf("an exec once the image was free: %v", err)
+	}
+}
+
+// realRelease returns once no loop device really backs img, so that a fake
+// answers "free" only when the real wait would: the crashed provider's
+// lazily detached disk lives on until the kernel lets it go (later on a
+// loaded machine), and a second ext4 mount of the image beside it reads
+// what the first has not written back yet (a saturated run's remount found
+// the overlay's directories missing). The kernel says nothing when a
+// device lets its file go: it is looked for, with a hang guard.
+func realRelease(t *testing.T, img string) {
+	t.Helper()
+	for bound, looks := time.Now().Add(5*time.Minute), 1; ; looks++ {
+		dev, err := loopOf(img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if dev == "" {
+			if looks > 1 {
+				t.Logf("%s was backed by a loop device for %d looks", img, looks-1)
+			}
+			return
+		}
+		if time.Now().After(bound) {
+			t.Fatalf("a loop device (%s) still backs %s after five minutes", dev, img)
+		}
+		time.Sleep(diskReleasePoll)
 	}
 }
 
