@@ -31,16 +31,13 @@ func TestMain(m *testing.M) {
 	if action := os.Getenv(helperEnv); action != "" {
 		os.Exit(runHelper(action))
 	}
-	// A run killed by -timeout leaves its sandboxes mounted: the next run
-	// clears them, and keeps its own under a root it can be found by.
-	done, err := localtest.TempRoot()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	code := m.Run()
-	done()
-	os.Exit(code)
+	os.Exit(localtest.Run(m))
+}
+
+// TestTempDirsAreUnderALockedRoot: the providers' roots (every test's
+// t.TempDir) are where a later run clears what a killed one left mounted.
+func TestTempDirsAreUnderALockedRoot(t *testing.T) {
+	localtest.RequireRoot(t)
 }
 
 // runHelper is a fresh process using a root: "stop" stops the handle in

@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -25,6 +24,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sandboxowner/owner/app"
+	"github.com/sandboxowner/owner/internal/testparallel"
 	"github.com/sandboxowner/owner/provider/local"
 	"github.com/sandboxowner/owner/provider/local/localtest"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
@@ -57,11 +57,7 @@ func TestMain(m *testing.M) {
 	// only the task's template, sat paused behind them for 20 minutes. An
 	// explicit -parallel wins.
 	flag.Parse()
-	parallel := false
-	flag.Visit(func(f *flag.Flag) { parallel = parallel || f.Name == "test.parallel" })
-	if !parallel {
-		_ = flag.Set("test.parallel", strconv.Itoa(max(16, 8*runtime.GOMAXPROCS(0))))
-	}
+	testparallel.AtLeast(max(16, 8*runtime.GOMAXPROCS(0)))
 	held, dir, err := sharedTemplates()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -86,24 +82,11 @@ func TestMain(m *testing.M) {
 		os.Exit(2)
 	}
 	os.Setenv(swebench.ProxyCacheEnv, proxyCache)
-	// A run killed by -timeout leaves its sandboxes mounted under its
-	// temporary directories (the providers' roots, with the templates'
-	// caches bound into them): the next run of this package (or of
-	// provider/local, sim/process) clears them, and keeps its own under a
-	// root it can be found by. The kept templates, layers and module proxy
-	// answers above lie outside it: they outlive runs; so does the real
-	// stack's directory, pinned before TMPDIR moves.
-	if err := opensandboxtest.PinStackDir(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	done, err := localtest.TempRoot()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	code := m.Run()
-	done()
+	// The providers' roots, with the templates' caches bound into them,
+	// live under a locked temporary root. The kept templates, layers and
+	// module proxy answers above lie outside it: they outlive runs; so does
+	// the real stack's directory, pinned before TMPDIR moves.
+	code := localtest.Run(m, opensandboxtest.PinStackDir)
 	if keep {
 		held.release(code == 0)
 	} else {

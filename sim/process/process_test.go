@@ -471,23 +471,10 @@ func TestMain(m *testing.M) {
 	// the CPU.
 	flag.Parse()
 	testparallel.AtLeast(4)
-	// A run killed by -timeout leaves its servers' sandboxes mounted under
-	// its temporary directories: the next run (of this package or of
-	// provider/local) clears them, and keeps its own under a root it can
-	// be found by. The real stack stays the shared one: its directory is
-	// pinned before TMPDIR moves.
-	if err := opensandboxtest.PinStackDir(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	done, err := localtest.TempRoot()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	code := m.Run()
-	done()
-	os.Exit(code)
+	// The servers' sandboxes live under a locked temporary root; the real
+	// stack stays the shared one: its directory is pinned before TMPDIR
+	// moves.
+	os.Exit(localtest.Run(m, opensandboxtest.PinStackDir))
 }
 
 // TestTempDirsAreUnderALockedRoot: the servers' state and sandboxes (every
