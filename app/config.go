@@ -160,6 +160,9 @@ type LocalOptions struct {
 	// Seccomp is the syscall filter of sandboxed commands: default, off,
 	// or a file holding a compiled BPF program.
 	Seccomp string `yaml:"seccomp"`
+	// InitBinary is a separate init binary (cmd/sandbox-init) sandboxes'
+	// inits run instead of the server's own ("": the server's own).
+	InitBinary string `yaml:"init_binary"`
 	// SnapshotDir is where snapshots go instead of <root>/snapshots: a
 	// shared filesystem, so that a server on another machine restores them.
 	SnapshotDir string `yaml:"snapshot_dir"`
@@ -307,6 +310,7 @@ func keyUsage() map[string]string {
 		"sandbox.local.limits.disk_inodes":             "local provider: files, directories and links one sandbox may hold (default: one per 16 KiB of disk_mb)",
 		"sandbox.local.max_exec_timeout":               "local provider: longest timeout a command may ask for (default 30m)",
 		"sandbox.local.seccomp":                        "local provider: syscall filter of sandboxed commands: default, off, or a file holding a compiled BPF program (default: default)",
+		"sandbox.local.init_binary":                    "local provider: path of a sandbox-init binary (go build ./cmd/sandbox-init) each sandbox's init runs instead of the server's own binary (default: the server's own)",
 		"sandbox.local.max_file_bytes":                 "local provider: largest file the server reads or writes in a sandbox, bytes (default 67108864)",
 		"sandbox.local.snapshot_delay_ms":              "local provider: hold every snapshot this long (crash tests only)",
 		"sandbox.local.snapshot_dir":                   "local provider: where snapshots go, on a filesystem every machine that may restore them mounts (NFS, Lustre); default <root>/snapshots, which lives and dies with the machine",

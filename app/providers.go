@@ -106,6 +106,7 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 		MaxExecTimeout: maxExec,
 		MaxFileBytes:   o.MaxFileBytes,
 		Seccomp:        o.Seccomp,
+		InitBinary:     o.InitBinary,
 		Hide:           hide,
 		SnapshotDir:    o.SnapshotDir,
 		SnapshotDelay:  time.Duration(o.SnapshotDelayMS) * time.Millisecond,

@@ -95,6 +95,7 @@ func keyDetails() map[string]string {
 		"sandbox.local.limits.disk_inodes":     "About: the filesystem rounds it up to fill its block groups. Past it, a new file fails with `ENOSPC`",
 		"sandbox.local.max_exec_timeout":       "A longer `timeout_ms` is 422",
 		"sandbox.local.seccomp":                "See the [security model](security.md)",
+		"sandbox.local.init_binary":            "Built from the same sources as the server: at startup the server asks it for its protocol and refuses to start when it answers anything but its own (an older build, another program). It starts in about a third of the server's CPU time; unset, the server's own binary is the init and nothing needs building",
 		"sandbox.local.max_file_bytes":         "64 MiB by default. A larger file is refused before it is read (`GET /files`: 413 `file_too_large`); reads are streamed",
 		"sandbox.local.snapshot_dir":           "Such snapshots are whole trees (never layers over the machine's images) and many servers may share the directory, so that a server on another machine forks them. Unset, local checkpoints live and die with the machine: a restore elsewhere is 422 `invalid_checkpoint_state` naming the snapshots it cannot find ([many-owners.md](many-owners.md))",
 		"sandbox.local.snapshot_delay_ms":      "For crash tests that kill the server mid-commit",

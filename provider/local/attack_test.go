@@ -18,6 +18,8 @@ import (
 
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local/seccomp"
+
+	"github.com/sandboxowner/owner/provider/local/sinit"
 )
 
 // The tests in this file are attacks a hostile agent tried on sandboxes
@@ -582,7 +584,7 @@ func TestTheSandboxsInitCannotBeTraced(t *testing.T) {
 		got := mustRun(t, p, h, `echo "pid1 $(cat /proc/1/comm)"; echo "parent $PPID"
 for f in /proc/1/environ /proc/1/mem /proc/1/exe /proc/$PPID/environ; do head -c1 $f >/dev/null 2>&1 && echo "$f readable" || echo "$f refused"; done
 head -c1 /proc/self/environ >/dev/null && echo "self readable"`)
-		want := "pid1 " + initName + "\nparent 1\n/proc/1/environ refused\n/proc/1/mem refused\n/proc/1/exe refused\n/proc/1/environ refused\nself readable\n"
+		want := "pid1 " + sinit.Name + "\nparent 1\n/proc/1/environ refused\n/proc/1/mem refused\n/proc/1/exe refused\n/proc/1/environ refused\nself readable\n"
 		if got != want {
 			t.Errorf("got:\n%s\nwant:\n%s", got, want)
 		}
@@ -662,7 +664,7 @@ func TestContainersNeedNoBubblewrap(t *testing.T) {
 		}
 		h := start(t, p, provider.Spec{})
 		got := mustRun(t, p, h, `echo "$(cat /proc/1/comm) $(id -u) $(grep CapEff /proc/self/status | tr -s '\t' ' ')"; ls /`)
-		if want := initName + " 0 CapEff: 0000000000000000\n" + wantRoot(t); got != want {
+		if want := sinit.Name + " 0 CapEff: 0000000000000000\n" + wantRoot(t); got != want {
 			t.Errorf("isolation %s without bubblewrap:\n%s\nwant:\n%s", isolation, got, want)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -16,13 +17,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxowner/owner/provider/local/cmdenv"
+
+	"github.com/sandboxowner/owner/provider/local/sinit"
 )
 
 // errInitGone: the sandbox's init ended (the sandbox was stopped, or the
 // init was killed) while a command was started or awaited.
 var errInitGone = errors.New("local: the sandbox's init is gone")
 
-// sandboxInit is the server's side of a sandbox's init (see runInit): the
+// sandboxInit is the server's side of a sandbox's init (see sinit.Run): the
 // process and the control socket.
 type sandboxInit struct {
 	cmd  *exec.Cmd
@@ -40,7 +43,7 @@ type sandboxInit struct {
 // startInit starts the sandbox's init in its cgroups (cgFiles) and returns
 // once it runs commands. Isolated, the init is the sandbox's pid 1, in the
 // sandbox's own user, pid, mount, network, ipc, uts and cgroup namespaces,
-// with the syscall filter (see runSetup).
+// with the syscall filter (see sinit.RunSetup).
 func (p *Provider) startInit(ctx context.Context, s *sandbox, cgFiles []*os.File) (_ *sandboxInit, err error) {
 	s.mu.Lock()
 	meta := s.meta
@@ -61,7 +64,7 @@ func (p *Provider) startInit(ctx context.Context, s *sandbox, cgFiles []*os.File
 		return nil, err
 	}
 	var cmd *exec.Cmd
-	var setup *initSetup
+	var setup *sinit.Setup
 	var as *owner
 	extra := []*os.File{child}
 	if p.ctr != nil {
@@ -86,7 +89,7 @@ func (p *Provider) startInit(ctx context.Context, s *sandbox, cgFiles []*os.File
 		}
 		setup = p.ctr.setup(tree, meta.Workdir, meta.Network, caches)
 		// The init proper is executed from this descriptor (see
-		// runSetup), opened here, in the server's mount namespace: the
+		// sinit.RunSetup), opened here, in the server's mount namespace: the
 		// binary a process runs holds the mount it was opened through,
 		// and one opened in the init's own namespace would be the copy
 		// of the host's root that namespace began with, which holds
@@ -98,12 +101,12 @@ func (p *Provider) startInit(ctx context.Context, s *sandbox, cgFiles []*os.File
 		}
 		defer bin.Close()
 		extra = append(extra, bin)
-		cmd = &exec.Cmd{Path: exe, Args: []string{initName, initStageSetup}, Dir: "/", Env: initEnv(s.id)}
+		cmd = &exec.Cmd{Path: exe, Args: []string{sinit.Name, sinit.StageSetup}, Dir: "/", Env: initEnv(s.id)}
 		cmd.SysProcAttr = p.ctr.sysProcAttr(meta.Network, as)
 	} else {
 		// No death signal: when the server dies the init sees its control
 		// socket close and kills what it started before it exits.
-		cmd = &exec.Cmd{Path: exe, Args: []string{initName}, Dir: s.fsDir(), Env: initEnv(s.id)}
+		cmd = &exec.Cmd{Path: exe, Args: []string{sinit.Name}, Dir: s.fsDir(), Env: initEnv(s.id)}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	}
 	cmd.ExtraFiles = extra
@@ -137,7 +140,7 @@ func (p *Provider) startInit(ctx context.Context, s *sandbox, cgFiles []*os.File
 
 // initEnv is the environment of sandbox id's init (not of its commands,
 // which get exactly theirs): the host's base, and one P for the Go
-// runtime from its start (see runInit). Set by runtime.GOMAXPROCS once
+// runtime from its start (see sinit.Run). Set by runtime.GOMAXPROCS once
 // running instead, the init's idle memory was 0.3 MiB more.
 func initEnv(id string) []string {
 	return append(cmdenv.Host(id), "GOMAXPROCS=1")
@@ -157,13 +160,13 @@ const setupTimeout = 5 * time.Minute
 // setupTimeout and no longer than ctx: at either's end the socket is shut
 // down, which ends the wait (and, to the init, the server's end: the
 // caller kills it).
-func awaitSetup(ctx context.Context, fd int, setup *initSetup) (err error) {
-	b, err := json.Marshal(initMsg{Op: "setup", Setup: setup})
+func awaitSetup(ctx context.Context, fd int, setup *sinit.Setup) (err error) {
+	b, err := json.Marshal(sinit.Msg{Op: "setup", Setup: setup})
 	if err != nil {
 		return err
 	}
-	if len(b) > maxInitMsg {
-		return fmt.Errorf("the setup is %d bytes, more than %d", len(b), maxInitMsg)
+	if len(b) > sinit.MaxMsg {
+		return fmt.Errorf("the setup is %d bytes, more than %d", len(b), sinit.MaxMsg)
 	}
 	ctx, cancel := context.WithTimeout(ctx, setupTimeout)
 	defer cancel()
@@ -196,7 +199,7 @@ func awaitSetup(ctx context.Context, fd int, setup *initSetup) (err error) {
 		if n == 0 {
 			return ended(errors.New("the init exited while it set the sandbox up"))
 		}
-		var m initMsg
+		var m sinit.Msg
 		if err := json.Unmarshal(buf[:n], &m); err != nil {
 			return fmt.Errorf("the init's answer: %w", err)
 		}
@@ -209,9 +212,10 @@ func awaitSetup(ctx context.Context, fd int, setup *initSetup) (err error) {
 	}
 }
 
-// initBinary is the server's binary where the sandbox's uid can reach it
-// (the init executes it as that uid, by path): a hard link (else a copy)
-// under the provider's root, made once.
+// initBinary is the binary sandboxes' inits run: Options.InitBinary's
+// (placed by New, see useInitBinary), else the server's own, where the
+// sandbox's uid can reach it (the init executes it as that uid, by path):
+// a hard link (else a copy) under the provider's root, made once.
 func (p *Provider) initBinary() (string, error) {
 	p.initBinMu.Lock()
 	defer p.initBinMu.Unlock()
@@ -226,6 +230,47 @@ func (p *Provider) initBinary() (string, error) {
 		p.initBin = exe
 		return exe, nil
 	}
+	bin, err := p.placeBinary(exe)
+	if err != nil {
+		return "", err
+	}
+	p.initBin = bin
+	return bin, nil
+}
+
+// useInitBinary makes the separate init binary at path the one sandboxes'
+// inits run, once its placed copy proves to speak this server's protocol
+// (see checkInitBinary). The copy, not path, is checked and run: what
+// path names later is not.
+func (p *Provider) useInitBinary(path string) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return fmt.Errorf("%w: init binary %q: %v", ErrBadOptions, path, err)
+	}
+	if fi, err := os.Stat(abs); err != nil || !fi.Mode().IsRegular() {
+		if err == nil {
+			err = errors.New("not a regular file")
+		}
+		return fmt.Errorf("%w: init binary %s: %v", ErrBadOptions, abs, err)
+	}
+	bin, err := p.placeBinary(abs)
+	if err != nil {
+		return err
+	}
+	if err := checkInitBinary(bin); err != nil {
+		_ = os.RemoveAll(filepath.Dir(bin))
+		return fmt.Errorf("%w: init binary %s: %v", ErrBadOptions, abs, err)
+	}
+	p.initBinMu.Lock()
+	p.initBin = bin
+	p.initBinMu.Unlock()
+	return nil
+}
+
+// placeBinary links (else copies) the executable src into a directory of
+// its own under the provider's root, as sinit.Name, readable and
+// executable by every uid.
+func (p *Provider) placeBinary(src string) (string, error) {
 	dir, err := os.MkdirTemp(p.root, "init-")
 	if err != nil {
 		return "", fmt.Errorf("local: place the init: %w", err)
@@ -233,14 +278,42 @@ func (p *Provider) initBinary() (string, error) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return "", fmt.Errorf("local: place the init: %w", err)
 	}
-	bin := filepath.Join(dir, initName)
-	if err := os.Link(exe, bin); err != nil {
-		if err := copyFile(exe, bin); err != nil {
+	bin := filepath.Join(dir, sinit.Name)
+	if err := os.Link(src, bin); err != nil {
+		if err := copyFile(src, bin); err != nil {
 			return "", fmt.Errorf("local: place the init: %w", err)
 		}
 	}
-	p.initBin = bin
 	return bin, nil
+}
+
+// initCheckTimeout bounds checkInitBinary's run of a binary, one that
+// never answers included. Generous: it guards against a hang, not a slow
+// start on a loaded machine.
+const initCheckTimeout = time.Minute
+
+// checkInitBinary runs bin as an init asked for its protocol
+// (sinit.StageIdentity) and fails unless it answers exactly this server's
+// sinit.Identity: a binary built from other sources (an older
+// cmd/sandbox-init) or not an init at all.
+func checkInitBinary(bin string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), initCheckTimeout)
+	defer cancel()
+	stdout, stderr := &limitedBuffer{max: 4 << 10}, &limitedBuffer{max: 4 << 10}
+	cmd := exec.CommandContext(ctx, bin, sinit.StageIdentity)
+	cmd.Args[0] = sinit.Name
+	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = []string{}, "/", stdout, stderr
+	if err := cmd.Run(); err != nil {
+		if msg := strings.TrimSpace(stderr.String()); msg != "" {
+			err = fmt.Errorf("%w: %s", err, msg)
+		}
+		return fmt.Errorf("not a sandbox init: asked for its protocol, it failed: %v", err)
+	}
+	got, want := strings.TrimSpace(stdout.String()), sinit.Identity()
+	if got != want {
+		return fmt.Errorf("not this server's init: it answered %q, this server speaks %q (build it from the server's sources: go build ./cmd/sandbox-init)", got, want)
+	}
+	return nil
 }
 
 // copyFile copies the executable src to dst (mode 0755).
@@ -305,12 +378,12 @@ func (in *sandboxInit) run(command string, env []string, dir string, stdout, std
 	in.next++
 	id := in.next
 	in.mu.Unlock()
-	b, err := json.Marshal(initMsg{Op: "run", ID: id, Command: command, Env: env, Dir: dir})
+	b, err := json.Marshal(sinit.Msg{Op: "run", ID: id, Command: command, Env: env, Dir: dir})
 	if err != nil {
 		return 0, nil, err
 	}
-	if len(b) > maxInitMsg {
-		return 0, nil, fmt.Errorf("local: exec: the command and its environment are %d bytes, more than %d", len(b), maxInitMsg)
+	if len(b) > sinit.MaxMsg {
+		return 0, nil, fmt.Errorf("local: exec: the command and its environment are %d bytes, more than %d", len(b), sinit.MaxMsg)
 	}
 	r, w, err := commandPipe()
 	if err != nil {
@@ -337,18 +410,18 @@ type commandStatus struct{ r *os.File }
 
 // wait returns the command's answer; ok is false when the init ended
 // without one.
-func (c *commandStatus) wait() (m initMsg, ok bool) {
+func (c *commandStatus) wait() (m sinit.Msg, ok bool) {
 	defer c.r.Close()
 	b, err := io.ReadAll(io.LimitReader(c.r, 4<<10))
 	if err != nil || len(b) == 0 || json.Unmarshal(b, &m) != nil {
-		return initMsg{}, false
+		return sinit.Msg{}, false
 	}
 	return m, true
 }
 
 // startErr is why the init could not start a command, nil if it started
 // (m is its exit).
-func (m initMsg) startErr() error {
+func startErr(m sinit.Msg) error {
 	if m.Error == "" {
 		return nil
 	}
@@ -357,7 +430,7 @@ func (m initMsg) startErr() error {
 
 // kill asks the init to kill the command id's process group.
 func (in *sandboxInit) kill(id uint64) {
-	b, _ := json.Marshal(initMsg{Op: "kill", ID: id})
+	b, _ := json.Marshal(sinit.Msg{Op: "kill", ID: id})
 	_ = in.send(b, nil)
 }
 

@@ -100,7 +100,9 @@
 // can.
 //
 // A sandbox is a container. Its first command starts its init (see
-// runSetup and runInit): the server's own binary run again, long-lived,
+// sinit.RunSetup and sinit.Run): the server's own binary run again (or
+// the separate init binary Options.InitBinary names, package sinit alone
+// in a small binary), long-lived,
 // held at its first instruction until it is in the sandbox's cgroups with
 // its rlimits (startJoined) and, isolated, the sandbox's pid 1 in its own
 // user, pid, mount, network, ipc, uts and cgroup namespaces, which builds

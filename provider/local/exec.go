@@ -21,7 +21,7 @@ import (
 )
 
 // Exec runs req.Command with /bin/sh -c in the sandbox, started by its init
-// (see runInit): in the workdir (or req.Cwd), with a small base environment
+// (see sinit.Run): in the workdir (or req.Cwd), with a small base environment
 // (PATH, HOME, LANG), the spec's env, req.Env and SandboxIDEnv. Under
 // isolation the tree is at the workdir, the host is read-only, /tmp is the
 // sandbox's own and there is no network but the sandbox's loopback unless
@@ -138,7 +138,7 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 		}
 		return provider.ExecResult{}, fmt.Errorf("local: exec: %w", errInitGone)
 	}
-	if err := m.startErr(); err != nil {
+	if err := startErr(m); err != nil {
 		return provider.ExecResult{}, err
 	}
 	if canceled {

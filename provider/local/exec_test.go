@@ -13,6 +13,8 @@ import (
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/provider"
+
+	"github.com/sandboxowner/owner/provider/local/sinit"
 )
 
 func TestExecOutputExitCodeEnvAndCwd(t *testing.T) {
@@ -311,7 +313,7 @@ func TestAnInitsSetupWaitEndsWithItsContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- awaitSetup(ctx, fds[0], &initSetup{}) }()
+	go func() { done <- awaitSetup(ctx, fds[0], &sinit.Setup{}) }()
 	buf := make([]byte, 64<<10)
 	if n, _, _, _, err := unix.Recvmsg(fds[1], buf, nil, 0); err != nil || n == 0 {
 		t.Fatalf("the setup: %d bytes, %v", n, err)

@@ -17,6 +17,8 @@ import (
 
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local/localtest"
+
+	"github.com/sandboxowner/owner/provider/local/sinit"
 )
 
 // helperEnv makes the test binary act as a fresh server process (see
@@ -90,6 +92,16 @@ func allModes() []mode {
 	}
 }
 
+// ownInit says whether m's sandboxes' inits are the server's own binary
+// (this test binary, under -race several times the size of the separate
+// init and slower to start, twice per isolated sandbox) re-executed, the
+// default path: container-copy's are, so that every test of forModes and
+// containerModes covers both; every other mode's run the separate init,
+// localtest.InitBinary (see newProvider).
+func (m mode) ownInit() bool {
+	return m.name == "container-copy" && m.isolation == IsolationContainer
+}
+
 // forModes runs f once per mode that can run here, in parallel subtests.
 func forModes(t *testing.T, f func(t *testing.T, m mode)) {
 	t.Helper()
@@ -118,13 +130,25 @@ func (w tWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
+// ownInitBinary, as Options.InitBinary to newProvider, runs the server's
+// own binary as the inits, whatever the mode.
+const ownInitBinary = "(own)"
+
 // newProvider makes a provider in mode m on opts (a fresh root when
 // opts.Root is empty), skipping when the mode cannot run here, and stops
-// every sandbox it lists at the end so that no overlay stays mounted.
+// every sandbox it lists at the end so that no overlay stays mounted. Its
+// inits are the separate init binary unless m.ownInit or opts says
+// ownInitBinary.
 func newProvider(t *testing.T, m mode, opts Options) *Provider {
 	t.Helper()
 	if opts.Root == "" {
 		opts.Root = t.TempDir()
+	}
+	switch {
+	case opts.InitBinary == ownInitBinary || opts.InitBinary == "" && m.ownInit():
+		opts.InitBinary = ""
+	case opts.InitBinary == "":
+		opts.InitBinary = localtest.InitBinary(t)
 	}
 	opts.Isolation, opts.Overlay = m.isolation, m.overlay
 	if opts.probed == nil {
@@ -312,9 +336,9 @@ func commandPids(p *Provider, id string) []int {
 		marked[pid] = true
 	}
 	var out []int
-	for _, e := range listProcs() {
-		if marked[e.pid] && !initGroups[e.pgrp] && e.state != 'Z' && e.state != 'X' {
-			out = append(out, e.pid)
+	for _, e := range sinit.ListProcs() {
+		if marked[e.Pid] && !initGroups[e.Pgrp] && e.State != 'Z' && e.State != 'X' {
+			out = append(out, e.Pid)
 		}
 	}
 	return out
@@ -330,6 +354,16 @@ func waitCommandPids(p *Provider, id string, n int) []int {
 		}
 	}
 	return pids
+}
+
+// initPid is the host pid of sandbox h's init, which runs.
+func initPid(p *Provider, h provider.Handle) int {
+	p.mu.Lock()
+	s := p.sandboxes[h.SandboxID]
+	p.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.init.cmd.Process.Pid
 }
 
 // crash ends p's inits as a crash of its server would (their control

@@ -339,12 +339,7 @@ func TestAnInitHoldsNoCopyOfTheHostsMounts(t *testing.T) {
 	p := newProvider(t, mode{"container", IsolationContainer, OverlayOn}, Options{})
 	h := start(t, p, provider.Spec{})
 	mustRun(t, p, h, "true") // the init runs
-	p.mu.Lock()
-	s := p.sandboxes[h.SandboxID]
-	p.mu.Unlock()
-	s.mu.Lock()
-	pid := s.init.cmd.Process.Pid
-	s.mu.Unlock()
+	pid := initPid(p, h)
 	mountOf := func(path string) uint64 {
 		t.Helper()
 		var st unix.Statx_t

@@ -12,13 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-)
 
-// The rlimits every command runs under, cgroups or not.
-const (
-	rlimitNofile = 4096
-	// rlimitFsize bounds one file's size (256 MiB).
-	rlimitFsize = 256 << 20
+	"github.com/sandboxowner/owner/provider/local/sinit"
 )
 
 // startJoined starts cmd held at its first instruction (ptrace's stop at
@@ -165,7 +160,7 @@ func setThreadGroups(groups []int) error {
 }
 
 // join puts the stopped process pid (one thread) into the cgroups and,
-// with rlimits, sets its rlimits (see setRlimits). A process started as a
+// with rlimits, sets its rlimits (see sinit.SetRlimits). A process started as a
 // sandbox's own uid sets them itself, first thing: the server may lack
 // the capability to set another uid's.
 func join(pid int, cgFiles []*os.File, rlimits bool) error {
@@ -178,20 +173,5 @@ func join(pid int, cgFiles []*os.File, rlimits bool) error {
 	if !rlimits {
 		return nil
 	}
-	return setRlimits(pid)
-}
-
-// setRlimits sets process pid's rlimits (0: the caller's own): no core
-// files, rlimitNofile open files, files of at most rlimitFsize bytes, hard
-// and soft.
-func setRlimits(pid int) error {
-	for _, l := range []struct {
-		res int
-		max uint64
-	}{{unix.RLIMIT_CORE, 0}, {unix.RLIMIT_NOFILE, rlimitNofile}, {unix.RLIMIT_FSIZE, rlimitFsize}} {
-		if err := unix.Prlimit(pid, l.res, &unix.Rlimit{Cur: l.max, Max: l.max}, nil); err != nil {
-			return fmt.Errorf("set rlimit %d: %w", l.res, err)
-		}
-	}
-	return nil
+	return sinit.SetRlimits(pid)
 }

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/sandboxowner/owner/provider/local/sinit"
 )
 
 // killGroup sends SIGKILL to process group pgid; a group already gone is fine.
@@ -17,47 +19,6 @@ func signalGroup(pgid int, sig syscall.Signal) {
 	if pgid > 1 {
 		_ = syscall.Kill(-pgid, sig)
 	}
-}
-
-// procEntry is what this package reads of one /proc/<pid>/stat.
-type procEntry struct {
-	pid   int
-	state byte
-	pgrp  int
-}
-
-// listProcs reads every process's state and process group.
-func listProcs() []procEntry {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	out := make([]procEntry, 0, len(entries))
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// "pid (comm) state ppid pgrp ...": comm may hold spaces and ')'.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := bytes.Fields(b[i+1:])
-		if len(f) < 3 || len(f[0]) != 1 {
-			continue
-		}
-		pgrp, err := strconv.Atoi(string(f[2]))
-		if err != nil {
-			continue
-		}
-		out = append(out, procEntry{pid: pid, state: f[0][0], pgrp: pgrp})
-	}
-	return out
 }
 
 // markedProcesses returns the pids of processes whose environment holds
@@ -107,10 +68,6 @@ func killMarked(id string) int {
 	}
 }
 
-// killLimit bounds killMarked and a cgroup's kill and remove. They take no
-// context: a caller that gives up must not leave processes behind.
-const killLimit = 5 * time.Second
-
 // errNotStopped: a process of a paused group did not reach the stopped
 // state in time (it may be in uninterruptible sleep).
 var errNotStopped = errors.New("local: a paused command did not stop in time")
@@ -125,8 +82,8 @@ func waitPidsStopped(ctx context.Context, pids []int, limit time.Duration) error
 	deadline := time.Now().Add(limit)
 	for {
 		pending := false
-		for _, e := range listProcs() {
-			if want[e.pid] && e.state != 'T' && e.state != 't' && e.state != 'Z' && e.state != 'X' {
+		for _, e := range sinit.ListProcs() {
+			if want[e.Pid] && e.State != 'T' && e.State != 't' && e.State != 'Z' && e.State != 'X' {
 				pending = true
 				break
 			}

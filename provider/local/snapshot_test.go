@@ -16,6 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxowner/owner/provider"
+
+	"github.com/sandboxowner/owner/provider/local/sinit"
 )
 
 func TestAWriteAfterASnapshotIsNotInItsFork(t *testing.T) {
@@ -142,9 +144,9 @@ func groupStates(p *Provider, id string) string {
 	}
 	s.mu.Unlock()
 	var b strings.Builder
-	for _, e := range listProcs() {
-		if groups[e.pgrp] {
-			b.WriteByte(e.state)
+	for _, e := range sinit.ListProcs() {
+		if groups[e.Pgrp] {
+			b.WriteByte(e.State)
 		}
 	}
 	return b.String()

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+
+	"github.com/sandboxowner/owner/provider/local/sinit"
 )
 
 // DefaultUID and DefaultGID are the host ids sandboxed commands run as
@@ -35,7 +37,7 @@ type containerConfig struct {
 	uid, gid int
 	// view shows the allow-listed host directories read-only over an
 	// empty read-only root, and hides what must stay hidden under them.
-	view []mountOp
+	view []sinit.MountOp
 	// bound are the host paths shown (directories bound, and symlinks).
 	bound []string
 	// rootless: the server is not root and uid is its own.
@@ -62,12 +64,12 @@ func newContainerConfig(uid, gid int, roBinds, hide []string, mask string) (*con
 			if err != nil {
 				continue
 			}
-			cfg.view = append(cfg.view, mountOp{Kind: opSymlink, Src: target, Dst: p})
+			cfg.view = append(cfg.view, sinit.MountOp{Kind: sinit.OpSymlink, Src: target, Dst: p})
 			cfg.bound = append(cfg.bound, p)
 			continue
 		}
 		if fi.IsDir() {
-			cfg.view = append(cfg.view, mountOp{Kind: opROBind, Src: p, Dst: p})
+			cfg.view = append(cfg.view, sinit.MountOp{Kind: sinit.OpROBind, Src: p, Dst: p})
 			cfg.bound = append(cfg.bound, p)
 		}
 	}
@@ -77,7 +79,7 @@ func newContainerConfig(uid, gid int, roBinds, hide []string, mask string) (*con
 		if err := checkROBind(p, hide); err != nil {
 			return nil, err
 		}
-		cfg.view = append(cfg.view, mountOp{Kind: opROBind, Src: p, Dst: p})
+		cfg.view = append(cfg.view, sinit.MountOp{Kind: sinit.OpROBind, Src: p, Dst: p})
 		cfg.bound = append(cfg.bound, p)
 	}
 	for _, h := range hide {
@@ -89,12 +91,12 @@ func newContainerConfig(uid, gid int, roBinds, hide []string, mask string) (*con
 		case err != nil:
 			continue
 		case fi.IsDir():
-			cfg.view = append(cfg.view, mountOp{Kind: opHideDir, Dst: h})
+			cfg.view = append(cfg.view, sinit.MountOp{Kind: sinit.OpHideDir, Dst: h})
 		default:
-			cfg.view = append(cfg.view, mountOp{Kind: opROBind, Src: mask, Dst: h})
+			cfg.view = append(cfg.view, sinit.MountOp{Kind: sinit.OpROBind, Src: mask, Dst: h})
 		}
 	}
-	cfg.view = append(cfg.view, mountOp{Kind: opDev, Dst: "/dev"}, mountOp{Kind: opProc, Dst: "/proc"}, mountOp{Kind: opTmp, Dst: "/tmp"})
+	cfg.view = append(cfg.view, sinit.MountOp{Kind: sinit.OpDev, Dst: "/dev"}, sinit.MountOp{Kind: sinit.OpProc, Dst: "/proc"}, sinit.MountOp{Kind: sinit.OpTmp, Dst: "/tmp"})
 	return cfg, nil
 }
 
@@ -134,20 +136,20 @@ func (c *containerConfig) shows(h string) bool {
 }
 
 // setup is what the init of a sandbox whose tree is fsDir, mounted at
-// workdir, builds (see runSetup): the host view, the tree, then the
+// workdir, builds (see sinit.RunSetup): the host view, the tree, then the
 // sandbox's caches and mounts.
-func (c *containerConfig) setup(fsDir, workdir string, network bool, mounts []cacheMount) *initSetup {
-	ops := make([]mountOp, 0, len(c.view)+1+len(mounts))
+func (c *containerConfig) setup(fsDir, workdir string, network bool, mounts []cacheMount) *sinit.Setup {
+	ops := make([]sinit.MountOp, 0, len(c.view)+1+len(mounts))
 	ops = append(ops, c.view...)
-	ops = append(ops, mountOp{Kind: opBind, Src: fsDir, Dst: workdir})
+	ops = append(ops, sinit.MountOp{Kind: sinit.OpBind, Src: fsDir, Dst: workdir})
 	for _, m := range mounts {
-		kind := opBind
+		kind := sinit.OpBind
 		if m.ro {
-			kind = opROBind
+			kind = sinit.OpROBind
 		}
-		ops = append(ops, mountOp{Kind: kind, Src: m.host, Dst: path.Clean(m.path)})
+		ops = append(ops, sinit.MountOp{Kind: kind, Src: m.host, Dst: path.Clean(m.path)})
 	}
-	return &initSetup{Ops: ops, Cwd: workdir, Network: network, Filter: c.seccomp}
+	return &sinit.Setup{Ops: ops, Cwd: workdir, Network: network, Filter: c.seccomp}
 }
 
 // sysProcAttr starts a sandbox's init in new user, mount, pid, ipc and

@@ -1,4 +1,4 @@
-package local
+package sinit
 
 import (
 	"encoding/json"
@@ -14,30 +14,30 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The kinds of mountOp: what a sandbox's init mounts to build its root.
+// The kinds of MountOp: what a sandbox's init mounts to build its root.
 const (
-	opROBind  = "ro-bind"  // the host's Src at Dst, read-only, recursively
-	opBind    = "bind"     // the host's Src at Dst, writable
-	opSymlink = "symlink"  // a symlink at Dst to Src
-	opHideDir = "hide-dir" // an empty read-only directory over Dst
-	opDev     = "dev"      // a minimal /dev at Dst
-	opProc    = "proc"     // the sandbox's own /proc at Dst
-	opTmp     = "tmp"      // a private, writable /tmp at Dst
+	OpROBind  = "ro-bind"  // the host's Src at Dst, read-only, recursively
+	OpBind    = "bind"     // the host's Src at Dst, writable
+	OpSymlink = "symlink"  // a symlink at Dst to Src
+	OpHideDir = "hide-dir" // an empty read-only directory over Dst
+	OpDev     = "dev"      // a minimal /dev at Dst
+	OpProc    = "proc"     // the sandbox's own /proc at Dst
+	OpTmp     = "tmp"      // a private, writable /tmp at Dst
 )
 
-// mountOp is one step of a sandbox's root: Src is a host path (or a
+// MountOp is one step of a sandbox's root: Src is a host path (or a
 // symlink's target), Dst a path in the sandbox.
-type mountOp struct {
+type MountOp struct {
 	Kind string `json:"kind"`
 	Src  string `json:"src,omitempty"`
 	Dst  string `json:"dst"`
 }
 
-// initSetup is what a sandbox's init builds before it starts a command:
+// Setup is what a sandbox's init builds before it starts a command:
 // its root from Ops (in order), its cwd, its network (loopback only unless
 // Network), and its syscall filter (a classic BPF program; none if empty).
-type initSetup struct {
-	Ops     []mountOp `json:"ops"`
+type Setup struct {
+	Ops     []MountOp `json:"ops"`
 	Cwd     string    `json:"cwd"`
 	Network bool      `json:"network,omitempty"`
 	Filter  []byte    `json:"filter,omitempty"`
@@ -53,36 +53,36 @@ const (
 // devNodes are the host devices a sandbox's /dev holds.
 var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
 
-// runSetup is the first stage of a sandbox's init (argv[1] "setup"): the
+// RunSetup is the first stage of a sandbox's init (argv[1] StageSetup): the
 // server started it as root of new user, mount, pid, ipc, uts and network
-// namespaces, inside the sandbox's cgroups. It reads its initSetup from
+// namespaces, inside the sandbox's cgroups. It reads its Setup from
 // the control socket, builds the sandbox's root and pivots into it, enters
 // a cgroup namespace of its own, brings loopback up, forbids further user
 // namespaces, drops every capability (the bounding set included), sets
 // no_new_privs, loads the syscall filter, and executes itself again as
-// the init proper (argv[1] "run"): each of these holds one thread, and an
-// execve makes them the whole process's. The server's binary is executed
-// from the descriptor the server passed (initExeFd), so the sandbox's
-// root never shows it.
-func runSetup() int {
+// the init proper (argv[1] StageRun): each of these holds one thread, and an
+// execve makes them the whole process's. The init's binary (the server's,
+// or a separate init's) is executed from the descriptor the server passed
+// (ExeFd), so the sandbox's root never shows it.
+func RunSetup() int {
 	runtime.LockOSThread() // every step below holds the thread that executes
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
-	_ = unix.CloseRange(initFd+1, ^uint(0), closeRangeCloexec)
+	_ = unix.CloseRange(Fd+1, ^uint(0), closeRangeCloexec)
 	// Before anything else: the server sets a sandbox's rlimits itself
-	// only where it runs as the server's uid (see join).
-	if err := setRlimits(0); err != nil {
+	// only where it runs as the server's uid.
+	if err := SetRlimits(0); err != nil {
 		return 125
 	}
 	fail := func(err error) int {
-		b, _ := json.Marshal(initMsg{Op: "exit", Error: err.Error()})
-		_ = unix.Sendmsg(initFd, b, nil, nil, 0)
+		b, _ := json.Marshal(Msg{Op: "exit", Error: err.Error()})
+		_ = unix.Sendmsg(Fd, b, nil, nil, 0)
 		return 125
 	}
-	buf := make([]byte, maxInitMsg)
+	buf := make([]byte, MaxMsg)
 	var n int
 	var err error
 	for {
-		n, _, _, _, err = unix.Recvmsg(initFd, buf, nil, 0)
+		n, _, _, _, err = unix.Recvmsg(Fd, buf, nil, 0)
 		if err != unix.EINTR {
 			break
 		}
@@ -90,7 +90,7 @@ func runSetup() int {
 	if err != nil || n == 0 {
 		return 125
 	}
-	var m initMsg
+	var m Msg
 	if err := json.Unmarshal(buf[:n], &m); err != nil || m.Op != "setup" || m.Setup == nil {
 		return fail(errors.New("the first message is not a setup"))
 	}
@@ -108,14 +108,14 @@ func runSetup() int {
 	if err := dropPrivileges(m.Setup.Filter); err != nil {
 		return fail(err)
 	}
-	err = unix.Exec("/proc/self/fd/"+strconv.Itoa(initExeFd), []string{initName, initStageRun}, os.Environ())
+	err = unix.Exec("/proc/self/fd/"+strconv.Itoa(ExeFd), []string{Name, StageRun}, os.Environ())
 	return fail(fmt.Errorf("execute the init: %w", err))
 }
 
 // buildRoot makes the sandbox's root from s.Ops on a read-only tmpfs and
 // pivots into it, leaving nothing of the host's root reachable, then
 // changes to s.Cwd.
-func buildRoot(s *initSetup) error {
+func buildRoot(s *Setup) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make the mounts private: %w", err)
 	}
@@ -163,10 +163,10 @@ func buildRoot(s *initSetup) error {
 }
 
 // applyOp performs one step of the root under newRoot.
-func applyOp(op mountOp) error {
+func applyOp(op MountOp) error {
 	dst := newRoot + op.Dst
 	switch op.Kind {
-	case opROBind, opBind:
+	case OpROBind, OpBind:
 		src := oldRoot + op.Src
 		fi, err := os.Stat(src)
 		if err != nil {
@@ -179,16 +179,16 @@ func applyOp(op mountOp) error {
 			return err
 		}
 		attr := uint64(unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
-		if op.Kind == opROBind {
+		if op.Kind == OpROBind {
 			attr |= unix.MOUNT_ATTR_RDONLY
 		}
 		return setattr(dst, true, attr)
-	case opSymlink:
+	case OpSymlink:
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 			return err
 		}
 		return os.Symlink(op.Src, dst)
-	case opHideDir:
+	case OpHideDir:
 		if err := mountPoint(dst, true); err != nil {
 			return err
 		}
@@ -196,12 +196,12 @@ func applyOp(op mountOp) error {
 			return err
 		}
 		return setattr(dst, false, unix.MOUNT_ATTR_RDONLY)
-	case opTmp:
+	case OpTmp:
 		if err := mountPoint(dst, true); err != nil {
 			return err
 		}
 		return unix.Mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777")
-	case opProc:
+	case OpProc:
 		if err := mountPoint(dst, true); err != nil {
 			return err
 		}
@@ -227,7 +227,7 @@ func applyOp(op mountOp) error {
 			}
 		}
 		return nil
-	case opDev:
+	case OpDev:
 		return makeDev(dst)
 	}
 	return fmt.Errorf("unknown kind %q", op.Kind)
@@ -372,4 +372,26 @@ func lastCap() (int, error) {
 		return 0, fmt.Errorf("capabilities: %w", err)
 	}
 	return n, nil
+}
+
+// The rlimits every command runs under, cgroups or not.
+const (
+	RlimitNofile = 4096
+	// RlimitFsize bounds one file's size (256 MiB).
+	RlimitFsize = 256 << 20
+)
+
+// SetRlimits sets process pid's rlimits (0: the caller's own): no core
+// files, RlimitNofile open files, files of at most RlimitFsize bytes, hard
+// and soft.
+func SetRlimits(pid int) error {
+	for _, l := range []struct {
+		res int
+		max uint64
+	}{{unix.RLIMIT_CORE, 0}, {unix.RLIMIT_NOFILE, RlimitNofile}, {unix.RLIMIT_FSIZE, RlimitFsize}} {
+		if err := unix.Prlimit(pid, l.res, &unix.Rlimit{Cur: l.max, Max: l.max}, nil); err != nil {
+			return fmt.Errorf("set rlimit %d: %w", l.res, err)
+		}
+	}
+	return nil
 }

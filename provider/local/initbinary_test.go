@@ -1,0 +1,105 @@
+package local
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local/localtest"
+	"github.com/sandboxowner/owner/provider/local/sinit"
+)
+
+// A separate init binary that does not speak the server's protocol (an
+// older build, another program, nothing at all) is refused by New with
+// ErrBadOptions naming what it answered and what was expected; the server
+// never falls back to its own binary, and keeps no copy of the refused one.
+func TestAnInitBinaryOfAnotherProtocolIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	script := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	older := "sandboxowner-init protocol 0 0123456789abcdef"
+	for _, c := range []struct {
+		name, bin string
+		want      []string // in the error
+	}{
+		{"older build", script("older", "echo '"+older+"'"), []string{older, sinit.Identity(), "go build ./cmd/sandbox-init"}},
+		{"another program", script("other", `echo "$0 $*"`), []string{`sandbox-init identity"`, sinit.Identity()}},
+		{"a failing program", script("failing", "echo broken >&2; exit 3"), []string{"not a sandbox init", "exit status 3", "broken"}},
+		{"no file", filepath.Join(dir, "missing"), []string{"missing"}},
+		{"a directory", dir, []string{"not a regular file"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			root := t.TempDir()
+			p, err := New(Options{Root: root, Isolation: IsolationContainer, Overlay: OverlayOff, InitBinary: c.bin, Logger: testLogger(t)})
+			if err == nil {
+				p.Close()
+				t.Fatalf("New with init binary %s started", c.bin)
+			}
+			if !errors.Is(err, ErrBadOptions) {
+				t.Errorf("New: %v, want ErrBadOptions", err)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("New: %v, want it to say %q", err, w)
+				}
+			}
+			if left, _ := filepath.Glob(filepath.Join(root, "init-*")); len(left) != 0 {
+				t.Errorf("the refused binary's copies stay: %v", left)
+			}
+		})
+	}
+}
+
+// Each sandbox's init runs the binary its provider was given: the separate
+// init (cmd/sandbox-init) when Options.InitBinary names it, else the
+// server's own binary, as `go run ./cmd/server` needs no build step, in
+// both isolations.
+func TestTheInitRunsTheBinaryItWasGiven(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	separate := localtest.InitBinary(t)
+	for _, c := range []struct {
+		m    mode
+		bin  string // Options.InitBinary
+		want string // the binary the init runs a copy (or link) of
+	}{
+		{mode{"none-own", IsolationNone, OverlayOff}, ownInitBinary, self},
+		{mode{"none-separate", IsolationNone, OverlayOff}, separate, separate},
+		{mode{"container-own", IsolationContainer, OverlayOff}, ownInitBinary, self},
+		{mode{"container-separate", IsolationContainer, OverlayOff}, separate, separate},
+	} {
+		t.Run(c.m.name, func(t *testing.T) {
+			t.Parallel()
+			p := newProvider(t, c.m, Options{InitBinary: c.bin})
+			h := start(t, p, provider.Spec{})
+			if got := mustRun(t, p, h, "echo ok"); got != "ok\n" {
+				t.Fatalf("exec: %q", got)
+			}
+			pid := initPid(p, h)
+			exe, err := os.Stat("/proc/" + strconv.Itoa(pid) + "/exe")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := os.Stat(c.want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A link of it, or a copy: the two binaries differ in size
+			// many times over.
+			if !os.SameFile(exe, want) && exe.Size() != want.Size() {
+				t.Errorf("the init runs a binary of %d bytes, want %s (%d bytes)", exe.Size(), c.want, want.Size())
+			}
+		})
+	}
+}
