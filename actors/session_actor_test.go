@@ -472,6 +472,7 @@ func TestShellStopFailure(t *testing.T) {
 // TestShellRenewsTheLease: a renewal due moves the provider's lease to now
 // plus the spec's TTL.
 func TestShellRenewsTheLease(t *testing.T) {
+	defer hangGuard()() // it waits for the provider's renewal, which a wrong renewal never calls
 	pclk := clock.NewManual(shellT0)
 	p := fake.New(fake.Options{Clock: pclk})
 	renewed := make(chan struct{}, 1)
@@ -517,6 +518,7 @@ func TestShellAbandonStopsTheSandbox(t *testing.T) {
 // held), a lease renewal's new expiry, a stop, and nothing held once the
 // actor is gone.
 func TestShellPublishesItsView(t *testing.T) {
+	defer hangGuard()() // it waits for the provider's renewal and for a view that shows it
 	pclk := clock.NewManual(shellT0)
 	p := fake.New(fake.Options{Clock: pclk})
 	renewed := make(chan struct{}, 1)
