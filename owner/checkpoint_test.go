@@ -859,6 +859,11 @@ func TestRestoreCutByItsContextHalfWayRestoresNothing(t *testing.T) {
 	if !errors.Is(err, owner.ErrRestoreFailed) {
 		t.Fatalf("got %v, want ErrRestoreFailed", err)
 	}
+	// The refusal names the three sessions never forked, each with the
+	// context's error, and not the one forked before the cut.
+	if msg := err.Error(); !strings.Contains(msg, "3 of 4 forks failed: ") || strings.Count(msg, ": "+context.Canceled.Error()) != 3 {
+		t.Errorf("the refusal %q does not name the three sessions never forked", msg)
+	}
 	if ids, _ := o2.Sessions(); len(ids) != 0 {
 		t.Fatalf("a restore cut half way installed %v", ids)
 	}
