@@ -174,7 +174,7 @@ func (o *Owner) template(ctx context.Context, tkey string, spec provider.Spec, s
 		t.mu.Unlock()
 		return r, err
 	}
-	o.rt.Await(ctx, func() bool { return sched.Closed(ch) || ctx.Err() != nil })
+	o.rt.Await(ctx, func() bool { return sched.Closed(ch) }) // Await itself returns once ctx is done
 	select {
 	case <-ch:
 	case <-ctx.Done():
