@@ -287,7 +287,7 @@ func (a *sessionActor) perform(ctx actor.Context, effects []any) {
 				a.env.OnEnded(a.s.ID, e.Stopped, e.Reason)
 			}
 			if parent := ctx.Parent(); parent != nil {
-				ctx.Send(parent, &messages.ForgetSession{SessionID: a.s.ID, PID: ctx.Self()})
+				ctx.Send(parent, &messages.ForgetSession{SessionID: a.s.ID, PID: ctx.Self(), Ended: true})
 			}
 		}
 	}

@@ -631,3 +631,43 @@ func (l *stopLog) Stop(ctx context.Context, h provider.Handle) error {
 	l.stops.Add(1)
 	return l.Provider.Stop(ctx, h)
 }
+
+// forgetRecorder spawns a session actor as its child (as the supervisor
+// does) and passes on the forgets the child sends it.
+type forgetRecorder struct {
+	props  *actor.Props
+	child  chan<- *actor.PID
+	forget chan<- *messages.ForgetSession
+}
+
+func (r *forgetRecorder) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		r.child <- ctx.Spawn(r.props)
+	case *messages.ForgetSession:
+		r.forget <- m
+	}
+}
+
+// A session that ended asks its parent to forget it as ended: it needs no
+// word back.
+func TestShellAnEndedSessionAsksToBeForgottenAsEnded(t *testing.T) {
+	s := newShell(t, fake.New(fake.Options{Clock: clock.NewManual(shellT0)}))
+	child, forget := make(chan *actor.PID, 1), make(chan *messages.ForgetSession, 1)
+	props := actors.SessionProps(s.env, func() *actors.Session { return actors.NewSession("s2") })
+	s.sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
+		return &forgetRecorder{props: props, child: child, forget: forget}
+	}))
+	s.pid = <-child
+	if rep := s.start(nil, provider.Spec{Workdir: "/work"}); rep.Err != nil {
+		t.Fatal(rep.Err)
+	}
+	slot := make(messages.ReplyTo, 1)
+	if stop, _ := s.ask(&messages.StopSandbox{ReqID: 3, Reason: messages.StopEnd, Reply: slot}, slot).(*messages.StopReply); stop.Err != nil {
+		t.Fatalf("stop: %+v", stop)
+	}
+	got := <-forget
+	if diff := cmp.Diff(messages.ForgetSession{SessionID: "s2", PID: s.pid, Ended: true}, *got); diff != "" {
+		t.Errorf("forget (-want +got):\n%s", diff)
+	}
+}

@@ -358,6 +358,9 @@ type ForgetSession struct {
 	// PID, when set, names the incarnation to forget: a newer actor of the
 	// same session is left alone.
 	PID any
+	// Ended: the actor asks for itself, its session over; it answers as
+	// ended already, so the supervisor sends it no SessionForgotten.
+	Ended bool
 }
 
 // SessionForgotten tells a session actor that the supervisor forgot it:

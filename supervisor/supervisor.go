@@ -294,7 +294,8 @@ func (d *Directory) reset() {
 }
 
 // ForgetGrace is how long a forgotten session actor lives on, answering as
-// ended, before it is stopped. An ask that reaches it after that gets what
+// ended, before it is stopped (and at most poisonEvery more: forgotten
+// actors are poisoned in batches). An ask that reaches it after that gets what
 // a dead letter gets (the session actor's mailbox answers what protoactor
 // drops), which its asker reads as a session that has ended too; what the
 // grace still covers is a checkpoint round that listed the session just
@@ -306,7 +307,22 @@ func (d *Directory) reset() {
 // for the whole of a benchmark's run.
 const ForgetGrace = time.Second
 
-type poisonLater struct{ pid *actor.PID }
+// poisonEvery is the least time between two poisonings of forgotten
+// actors after the first: each poisons every actor whose grace has passed,
+// so a server ending thousands of sessions a second arms a few timers a
+// second, not one per session, and an actor outlives its grace by at most
+// this much.
+const poisonEvery = ForgetGrace / 8
+
+// poisonDue tells the supervisor that the grace of its oldest forgotten
+// actor has passed.
+type poisonDue struct{}
+
+// grave is a forgotten actor living out its grace, until due.
+type grave struct {
+	pid *actor.PID
+	due time.Time
+}
 
 type supervisor struct {
 	props ViewPropsFunc
@@ -315,6 +331,10 @@ type supervisor struct {
 	// next numbers incarnations: a session id may come back (re-seeded
 	// after its end) before its old actor's name is released.
 	next uint64
+	// graves are the forgotten actors not yet poisoned, oldest first (the
+	// grace is the same for all); armed: a poisonDue is on its way.
+	graves []grave
+	armed  bool
 }
 
 func (s *supervisor) Receive(ctx actor.Context) {
@@ -358,14 +378,27 @@ func (s *supervisor) Receive(ctx actor.Context) {
 		s.dir.remove(m.SessionID, pid)
 		// The actor answers as ended from now on, and is poisoned only
 		// after a grace period (see ForgetGrace): a request that looked the
-		// session up just before the forget hears "ended" from it.
-		ctx.Send(pid, &messages.SessionForgotten{})
-		self, root := ctx.Self(), ctx.ActorSystem().Root
-		s.clk.AfterFunc(ForgetGrace, func() { root.Send(self, &poisonLater{pid: pid}) })
-	case *poisonLater:
-		// A poison pill, not a stop: requests already queued at the session
-		// are still answered (a stop would drop them silently).
-		ctx.Poison(m.pid)
+		// session up just before the forget hears "ended" from it. One
+		// that ended asked for itself and knows it already.
+		if !m.Ended {
+			ctx.Send(pid, &messages.SessionForgotten{})
+		}
+		now := s.clk.Now()
+		s.graves = append(s.graves, grave{pid: pid, due: now.Add(ForgetGrace)})
+		s.arm(ctx, now)
+	case poisonDue:
+		s.armed = false
+		now := s.clk.Now()
+		n := 0
+		for ; n < len(s.graves) && !s.graves[n].due.After(now); n++ {
+			// A poison pill, not a stop: requests already queued at the
+			// session are still answered (a stop would drop them silently).
+			ctx.Poison(s.graves[n].pid)
+		}
+		rest := copy(s.graves, s.graves[n:])
+		clear(s.graves[rest:])
+		s.graves = s.graves[:rest]
+		s.arm(ctx, now)
 	case *messages.ListSessions:
 		respond(ctx, m.Reply, &messages.SessionList{Sessions: s.dir.list()})
 	case *actor.Terminated:
@@ -375,6 +408,19 @@ func (s *supervisor) Receive(ctx actor.Context) {
 			s.dir.remove(id, m.Who)
 		}
 	}
+}
+
+// arm sets the timer that poisons the oldest forgotten actor once its grace
+// has passed, unless one is set or none is waiting; it waits at least
+// poisonEvery, so that it finds others due with it.
+func (s *supervisor) arm(ctx actor.Context, now time.Time) {
+	if s.armed || len(s.graves) == 0 {
+		return
+	}
+	s.armed = true
+	wait := max(s.graves[0].due.Sub(now), poisonEvery)
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	s.clk.AfterFunc(wait, func() { root.Send(self, poisonDue{}) })
 }
 
 // respond answers a request in its reply slot, or to its sender when it
