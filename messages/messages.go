@@ -331,6 +331,15 @@ type SpawnSession struct {
 	// Limit, when positive, refuses a new actor while the supervisor
 	// holds that many sessions (max_sessions; a restore passes none).
 	Limit int
+	// Start, when set, is handed to the session's actor (the new one, or
+	// the one the supervisor has) instead of an answer: its StartReply,
+	// in Start.Reply (the same slot as Reply), answers the spawn. Only a
+	// refusal (at capacity, a failed spawn) is answered with the
+	// SessionRef.
+	Start *StartSandbox
+	// Ref is the SessionRef the supervisor sets before it hands Start on
+	// (or answers): read it once an answer came, not before.
+	Ref   *SessionRef
 	Reply ReplyTo
 }
 

@@ -100,17 +100,28 @@ func (b *bound) Err() error {
 	}
 }
 
-// spawn asks the supervisor for the session's actor: a new one (holding
-// install when set), or the one it has. limit bounds a new seed's sessions
-// (0: none).
-func (c *client) spawn(sessionID string, install *sandbox.Sandbox, limit int) (*messages.SessionRef, error) {
-	ref, err := askSupervisor[*messages.SessionRef](c, func(r messages.ReplyTo) any {
-		return &messages.SpawnSession{SessionID: sessionID, Install: install, Limit: limit, Reply: r}
-	})
-	if err != nil {
-		return nil, err
+// spawnStart asks the supervisor for the session's actor (a new one within
+// limit, 0: none, or the one it has) and has it hand start to that actor,
+// whose answer comes back here. ref is the actor asked (nil when no answer
+// came; PID nil and Err set when the supervisor refused).
+func (c *client) spawnStart(ctx context.Context, sessionID string, limit int, start messages.StartSandbox) (ref *messages.SessionRef, rep *messages.StartReply, err error) {
+	r := c.slot()
+	start.Reply = r
+	m := &messages.SpawnSession{SessionID: sessionID, Limit: limit, Start: &start, Reply: r}
+	v, err := c.call(ctx, c.sup, m, r)
+	if err != nil && !gone(err) {
+		// No answer: the supervisor may be setting Ref still.
+		return nil, nil, err
 	}
-	return ref, ref.Err
+	// An answer came (a dead letter's too): Ref was set before it, unless
+	// the supervisor itself was gone.
+	if err != nil {
+		return m.Ref, nil, err
+	}
+	if rep, ok := v.(*messages.StartReply); ok {
+		return m.Ref, rep, nil
+	}
+	return v.(*messages.SessionRef), nil, nil
 }
 
 // errNoAnswer: the supervisor did not answer a spawn in time.
@@ -213,11 +224,6 @@ func (c *client) touch(sessionID string, at time.Time) {
 	if _, v := c.dir.View(sessionID); v != nil {
 		v.Touch(at)
 	}
-}
-
-// start asks a session to start its sandbox and run setup.
-func (c *client) start(ctx context.Context, pid *actor.PID, m messages.StartSandbox) (*messages.StartReply, error) {
-	return ask[*messages.StartReply](ctx, c, pid, func(r messages.ReplyTo) any { m.Reply = r; return &m })
 }
 
 // do runs fn against a session's sandbox.

@@ -444,10 +444,12 @@ func TestDiscardScripts(t *testing.T) {
 }
 
 // TestSeedScripts runs testdata/seed/*.txt against the seed machine:
-// "seed" makes one. "spawned pid=P [new]" answers the spawn (new: the
-// supervisor made the actor); "start-reply" answers the start: sandbox=ID,
-// or rep-err=ended|exists|other, or err= for an ask that got no answer, or
-// undelivered for one that reached no actor (a dead letter).
+// "seed" makes one. "start-reply" answers the spawn and start: pid=P [new]
+// is the actor the supervisor handed the start to (new: it made it), and
+// sandbox=ID or rep-err=ended|exists|other that actor's answer;
+// "refused err=E" the supervisor's refusal; err= an ask that got no answer;
+// undelivered one that reached no actor (a dead letter; without pid=, the
+// supervisor was gone).
 func TestSeedScripts(t *testing.T) {
 	scripted(t, "testdata/seed/*.txt", func(c *script.Case) (*seeding, bool) {
 		if c.Cmd != "seed" {
@@ -463,17 +465,23 @@ func TestSeedScripts(t *testing.T) {
 // seedInput reads the inputs of the seed machine.
 func seedInput(c *script.Case) (input, bool) {
 	switch c.Cmd {
-	case "spawned":
-		if err := scriptErr(c); err != nil {
-			return inSpawned{Err: err}, true
-		}
-		return inSpawned{Ref: &messages.SessionRef{PID: c.Args["pid"], Spawned: c.Has("new")}}, true
 	case "start-reply":
+		if c.Has("refused") {
+			return inStartReply{Ref: &messages.SessionRef{Err: scriptErr(c)}}, true
+		}
 		if err := scriptErr(c); err != nil {
 			return inStartReply{Err: err}, true
 		}
+		var ref *messages.SessionRef
+		if pid, ok := c.Args["pid"]; ok {
+			ref = &messages.SessionRef{PID: pid, Spawned: c.Has("new")}
+		}
 		if c.Has("undelivered") {
-			return inStartReply{Err: fmt.Errorf("actor %s: %w", c.Args["pid"], actor.ErrDeadLetter)}, true
+			to := "sup"
+			if ref != nil {
+				to = c.Args["pid"]
+			}
+			return inStartReply{Ref: ref, Err: fmt.Errorf("actor %s: %w", to, actor.ErrDeadLetter)}, true
 		}
 		rep := &messages.StartReply{}
 		switch c.Args["rep-err"] {
@@ -486,7 +494,7 @@ func seedInput(c *script.Case) (input, bool) {
 		default:
 			rep.Err = errors.New(c.Args["rep-err"])
 		}
-		return inStartReply{Rep: rep}, true
+		return inStartReply{Ref: ref, Rep: rep}, true
 	}
 	return nil, false
 }
@@ -501,11 +509,9 @@ func TestSeedGivesUpOnAnActorAlwaysOnItsWayOut(t *testing.T) {
 		var next input
 		for _, e := range m.step(in) {
 			switch e := e.(type) {
-			case effSpawn:
+			case effSpawnStart:
 				spawns++
-				next = inSpawned{Ref: &messages.SessionRef{PID: "a"}}
-			case effStartSandbox:
-				next = inStartReply{Rep: &messages.StartReply{Err: actors.ErrSessionEnded}}
+				next = inStartReply{Ref: &messages.SessionRef{PID: "a"}, Rep: &messages.StartReply{Err: actors.ErrSessionEnded}}
 			case effDone:
 				if !errors.Is(e.Err, actors.ErrSessionEnded) || spawns != maxSeedAttempts {
 					t.Fatalf("done with %v after %d spawns, want ErrSessionEnded after %d", e.Err, spawns, maxSeedAttempts)

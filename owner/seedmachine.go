@@ -14,11 +14,12 @@ import (
 const maxSeedAttempts = 101
 
 // seeding is a seed's decisions: ask the supervisor for the session's
-// actor (a new one, within the capacity), then ask that actor to start the
-// sandbox and run setup. An actor found on its way out (its session just
-// ended) is forgotten and the supervisor asked again; a failed start of an
-// actor this seed spawned forgets it, and waits for the supervisor to have
-// done so, so that nothing is tracked for it.
+// actor (a new one, within the capacity) with the start, which the
+// supervisor hands to that actor, to start the sandbox and run setup. An
+// actor found on its way out (its session just ended) is forgotten and the
+// supervisor asked again; a failed start of an actor this seed spawned
+// forgets it, and waits for the supervisor to have done so, so that nothing
+// is tracked for it.
 type seeding struct {
 	sessionID string
 	limit     int
@@ -35,28 +36,23 @@ type seedPhase int
 
 const (
 	sdStart seedPhase = iota
-	sdSpawned
 	sdStarted
 	sdDone
 )
 
-var seedPhases = [...]string{"start", "spawned", "started", "done"}
+var seedPhases = [...]string{"start", "started", "done"}
 
 func (p seedPhase) String() string { return seedPhases[p] }
 
 // Effects of a seed.
 type (
-	// effSpawn asks the supervisor for the session's actor, a new one only
-	// if fewer than Limit sessions exist (0: no bound): inSpawned.
-	effSpawn struct {
+	// effSpawnStart asks the supervisor for the session's actor, a new one
+	// only if fewer than Limit sessions exist (0: no bound), and has it
+	// hand Msg to that actor: inStartReply.
+	effSpawnStart struct {
 		SessionID string
 		Limit     int
-	}
-	// effStartSandbox asks the actor PID to start the sandbox and run
-	// setup: inStartReply.
-	effStartSandbox struct {
-		PID any
-		Msg messages.StartSandbox
+		Msg       messages.StartSandbox
 	}
 	// effForget tells the supervisor to forget the session's actor PID.
 	effForget struct {
@@ -67,19 +63,20 @@ type (
 
 // Inputs of a seed.
 type (
-	inSpawned struct {
-		Ref *messages.SessionRef
-		Err error
-	}
+	// inStartReply: Ref is the actor the supervisor handed the start to
+	// (PID nil and Err set when it refused: at capacity), Rep that actor's
+	// answer; Err an ask that got no answer, or reached no actor.
 	inStartReply struct {
+		Ref *messages.SessionRef
 		Rep *messages.StartReply
 		Err error
 	}
 )
 
-func (e effSpawn) String() string        { return fmt.Sprintf("spawn %s (limit %d)", e.SessionID, e.Limit) }
-func (e effStartSandbox) String() string { return fmt.Sprintf("start sandbox on %v", e.PID) }
-func (e effForget) String() string       { return fmt.Sprintf("forget %s on %v", e.SessionID, e.PID) }
+func (e effSpawnStart) String() string {
+	return fmt.Sprintf("spawn %s (limit %d) and start its sandbox", e.SessionID, e.Limit)
+}
+func (e effForget) String() string { return fmt.Sprintf("forget %s on %v", e.SessionID, e.PID) }
 
 func newSeeding(sessionID string, limit int, start messages.StartSandbox) *seeding {
 	return &seeding{sessionID: sessionID, limit: limit, start: start}
@@ -89,17 +86,19 @@ func (m *seeding) step(in input) []effect {
 	switch in := in.(type) {
 	case inStart:
 		return m.spawn()
-	case inSpawned:
-		if in.Err != nil {
-			return m.done(in.Err)
-		}
-		m.ref = in.Ref
-		m.phase = sdStarted
-		return []effect{effStartSandbox{PID: in.Ref.PID, Msg: m.start}}
 	case inStartReply:
+		m.ref = in.Ref
 		err := in.Err
-		if err == nil {
+		if err == nil && in.Ref != nil {
+			err = in.Ref.Err
+		}
+		if err == nil && in.Rep != nil {
 			err = in.Rep.Err
+		}
+		if m.ref == nil || m.ref.PID == nil {
+			// No actor was asked: the supervisor refused, or never
+			// answered.
+			return m.done(err)
 		}
 		// An actor that stopped before the start reached it (its session
 		// ended and its grace passed) is on its way out as much as one
@@ -127,8 +126,8 @@ func (m *seeding) step(in input) []effect {
 
 func (m *seeding) spawn() []effect {
 	m.attempt++
-	m.phase = sdSpawned
-	return []effect{effSpawn{SessionID: m.sessionID, Limit: m.limit}}
+	m.phase = sdStarted
+	return []effect{effSpawnStart{SessionID: m.sessionID, Limit: m.limit, Msg: m.start}}
 }
 
 func (m *seeding) done(err error) []effect {

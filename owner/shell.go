@@ -175,12 +175,9 @@ func (o *Owner) performCommit(ctx context.Context, e effect) input {
 	case effPark:
 		parked, failed := o.stopMany(ctx, e.Sessions, messages.StopPark)
 		return inParked{Parked: parked, Failed: failed}
-	case effSpawn:
-		ref, err := o.ask.spawn(e.SessionID, nil, e.Limit)
-		return inSpawned{Ref: ref, Err: err}
-	case effStartSandbox:
-		rep, err := o.ask.start(ctx, e.PID.(*actor.PID), e.Msg)
-		return inStartReply{Rep: rep, Err: err}
+	case effSpawnStart:
+		ref, rep, err := o.ask.spawnStart(ctx, e.SessionID, e.Limit, e.Msg)
+		return inStartReply{Ref: ref, Rep: rep, Err: err}
 	case effForget:
 		o.ask.forget(e.SessionID, e.PID.(*actor.PID))
 	case effTakeTurn:

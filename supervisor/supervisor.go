@@ -340,27 +340,15 @@ type supervisor struct {
 func (s *supervisor) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *messages.SpawnSession:
-		if pid := s.dir.Lookup(m.SessionID); pid != nil {
-			ref := &messages.SessionRef{SessionID: m.SessionID, PID: pid}
-			if m.Install != nil {
-				ref.Err = ErrSessionExists
-			}
-			respond(ctx, m.Reply, ref)
+		ref := s.spawn(ctx, m)
+		m.Ref = ref
+		if m.Start != nil && ref.Err == nil {
+			// The seed's start goes straight to the actor, which answers
+			// it: no round trip back to the seed in between.
+			ctx.Send(ref.PID.(*actor.PID), m.Start)
 			return
 		}
-		if m.Limit > 0 && s.dir.count() >= m.Limit {
-			respond(ctx, m.Reply, &messages.SessionRef{SessionID: m.SessionID, Err: sandbox.ErrAtCapacity})
-			return
-		}
-		s.next++
-		view := &messages.SessionView{}
-		pid, err := ctx.SpawnNamed(s.props(m.SessionID, m.Install, view), fmt.Sprintf("s%d", s.next))
-		if err != nil {
-			respond(ctx, m.Reply, &messages.SessionRef{SessionID: m.SessionID, Err: err})
-			return
-		}
-		s.dir.set(m.SessionID, pid, view, m.Install)
-		respond(ctx, m.Reply, &messages.SessionRef{SessionID: m.SessionID, PID: pid, Spawned: true})
+		respond(ctx, m.Reply, ref)
 	case *messages.LookupSession:
 		ref := &messages.SessionRef{SessionID: m.SessionID}
 		if pid := s.dir.Lookup(m.SessionID); pid != nil {
@@ -408,6 +396,29 @@ func (s *supervisor) Receive(ctx actor.Context) {
 			s.dir.remove(id, m.Who)
 		}
 	}
+}
+
+// spawn finds the session's actor, or makes it (holding m.Install when
+// set) within m.Limit.
+func (s *supervisor) spawn(ctx actor.Context, m *messages.SpawnSession) *messages.SessionRef {
+	if pid := s.dir.Lookup(m.SessionID); pid != nil {
+		ref := &messages.SessionRef{SessionID: m.SessionID, PID: pid}
+		if m.Install != nil {
+			ref.Err = ErrSessionExists
+		}
+		return ref
+	}
+	if m.Limit > 0 && s.dir.count() >= m.Limit {
+		return &messages.SessionRef{SessionID: m.SessionID, Err: sandbox.ErrAtCapacity}
+	}
+	s.next++
+	view := &messages.SessionView{}
+	pid, err := ctx.SpawnNamed(s.props(m.SessionID, m.Install, view), fmt.Sprintf("s%d", s.next))
+	if err != nil {
+		return &messages.SessionRef{SessionID: m.SessionID, Err: err}
+	}
+	s.dir.set(m.SessionID, pid, view, m.Install)
+	return &messages.SessionRef{SessionID: m.SessionID, PID: pid, Spawned: true}
 }
 
 // arm sets the timer that poisons the oldest forgotten actor once its grace

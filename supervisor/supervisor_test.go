@@ -179,3 +179,41 @@ func TestListAndReplySlots(t *testing.T) {
 		t.Errorf("lookup through a reply slot: %+v", ref)
 	}
 }
+
+// A spawn carrying a start hands it to the session's actor, a new one or
+// the one there is, whose StartReply answers the spawn; Ref names that
+// actor. A refusal (at capacity) is answered with the ref itself.
+func TestSpawnHandsItsStartToTheActor(t *testing.T) {
+	h := newHarness(t)
+	spawnStart := func(sid string) (any, *messages.SessionRef) {
+		slot := make(messages.ReplyTo, 1)
+		m := &messages.SpawnSession{SessionID: sid, Limit: 1, Start: &messages.StartSandbox{ReqID: 7, Reply: slot}, Reply: slot}
+		h.sys.Root.Send(h.sup, m)
+		select {
+		case v := <-slot:
+			return v, m.Ref
+		case <-time.After(time.Minute): // a hang guard only
+			t.Fatalf("no answer to the spawn of %s", sid)
+			return nil, nil
+		}
+	}
+	v, ref := spawnStart("s1")
+	if rep, ok := v.(*messages.StartReply); !ok || rep.ReqID != 7 || rep.Err != nil || rep.Sandbox.Handle.SandboxID == "" {
+		t.Fatalf("spawn with a start answered %#v, want the actor's StartReply with its sandbox", v)
+	}
+	live := h.ask(t, h.sup, &messages.LookupSession{SessionID: "s1"}).(*messages.SessionRef).PID.(*actor.PID)
+	if !ref.Spawned || ref.PID.(*actor.PID).Id != live.Id {
+		t.Errorf("ref %+v, want the new actor %s", ref, live.Id)
+	}
+	v, ref = spawnStart("s1")
+	if rep, ok := v.(*messages.StartReply); !ok || !errors.Is(rep.Err, sandbox.ErrExists) {
+		t.Errorf("a second start answered %#v, want the actor's ErrExists", v)
+	}
+	if ref.Spawned || ref.PID.(*actor.PID).Id != live.Id {
+		t.Errorf("ref %+v, want the actor there was, %s", ref, live.Id)
+	}
+	v, ref = spawnStart("s2")
+	if got, ok := v.(*messages.SessionRef); !ok || got != ref || !errors.Is(got.Err, sandbox.ErrAtCapacity) || got.PID != nil {
+		t.Errorf("a start past the limit answered %#v (ref %+v), want the refusal", v, ref)
+	}
+}
