@@ -9,7 +9,11 @@ package fifo
 type Map[K comparable, V any] struct {
 	limit int
 	m     map[K]V
-	order []K
+	// ring holds the keys in the order put, n of them from head on,
+	// wrapping: once it has grown to the limit, a put past it reuses the
+	// oldest's place instead of growing a slice again.
+	ring    []K
+	head, n int
 }
 
 // New returns an empty Map of at most limit entries (at least 1).
@@ -19,13 +23,32 @@ func New[K comparable, V any](limit int) *Map[K, V] {
 
 // Put sets k to v.
 func (f *Map[K, V]) Put(k K, v V) {
-	if _, ok := f.m[k]; !ok {
-		f.order = append(f.order, k)
-	}
+	had := len(f.m)
 	f.m[k] = v
-	for len(f.order) > f.limit {
+	if len(f.m) == had {
+		return // an update keeps its place
+	}
+	if f.n == f.limit {
 		f.DropOldest()
 	}
+	if f.n == len(f.ring) {
+		f.grow()
+	}
+	f.ring[(f.head+f.n)%len(f.ring)] = k
+	f.n++
+}
+
+// grow makes room for one more key (up to the limit), oldest first.
+func (f *Map[K, V]) grow() {
+	ring := make([]K, min(max(2*len(f.ring), 8), f.limit))
+	f.copyTo(ring)
+	f.ring, f.head = ring, 0
+}
+
+// copyTo copies the keys, oldest first, to dst.
+func (f *Map[K, V]) copyTo(dst []K) {
+	n := copy(dst[:f.n], f.ring[f.head:min(f.head+f.n, len(f.ring))])
+	copy(dst[n:f.n], f.ring)
 }
 
 // Get returns k's value.
@@ -41,29 +64,37 @@ func (f *Map[K, V]) Has(k K) bool {
 }
 
 // Len is the number of entries.
-func (f *Map[K, V]) Len() int { return len(f.order) }
+func (f *Map[K, V]) Len() int { return f.n }
 
 // Oldest returns the entry put first.
 func (f *Map[K, V]) Oldest() (K, V, bool) {
-	if len(f.order) == 0 {
+	if f.n == 0 {
 		var k K
 		var v V
 		return k, v, false
 	}
-	k := f.order[0]
+	k := f.ring[f.head]
 	return k, f.m[k], true
 }
 
 // DropOldest forgets the entry put first.
 func (f *Map[K, V]) DropOldest() {
-	if len(f.order) == 0 {
+	if f.n == 0 {
 		return
 	}
-	delete(f.m, f.order[0])
+	delete(f.m, f.ring[f.head])
 	var zero K
-	f.order[0] = zero
-	f.order = f.order[1:]
+	f.ring[f.head] = zero
+	f.head = (f.head + 1) % len(f.ring)
+	f.n--
 }
 
 // Keys are the keys, oldest first.
-func (f *Map[K, V]) Keys() []K { return append([]K(nil), f.order...) }
+func (f *Map[K, V]) Keys() []K {
+	if f.n == 0 {
+		return nil
+	}
+	out := make([]K, f.n)
+	f.copyTo(out)
+	return out
+}
