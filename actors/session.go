@@ -263,13 +263,13 @@ func (s *Session) step(in any, sender any) []any {
 }
 
 func (s *Session) view() *messages.GetSandboxReply {
-	return &messages.GetSandboxReply{
-		SessionID: s.ID,
-		Sandbox:   s.Sandbox,
-		Held:      (s.Stage == StageReady || s.Stage == StageStopping) && !s.Lost,
-		Starting:  s.Stage == StageStarting,
-		Lost:      s.Lost && s.Stage == StageReady,
-	}
+	held, starting, lost := s.shows()
+	return &messages.GetSandboxReply{SessionID: s.ID, Sandbox: s.Sandbox, Held: held, Starting: starting, Lost: lost}
+}
+
+// shows is what the session's view says of its sandbox.
+func (s *Session) shows() (held, starting, lost bool) {
+	return (s.Stage == StageReady || s.Stage == StageStopping) && !s.Lost, s.Stage == StageStarting, s.Lost && s.Stage == StageReady
 }
 
 // next starts queued requests until one needs an effect, recalling the

@@ -129,22 +129,23 @@ func (l *lateRequests) MessageReceived(m any) {
 	}
 }
 
-// viewKey is what a view is made of that a message can change: the
-// sandbox itself is only ever replaced with a change of stage (a start,
-// an end) and its lease with a change of expiry.
+// viewKey is what a view shows that a message can change: the sandbox
+// itself is only ever replaced as it becomes held or stops being held (a
+// start, an end) and its lease with a change of expiry. A stage that shows
+// the same (a stop under way still holds the sandbox) publishes nothing.
 type viewKey struct {
-	stage   Stage
-	lost    bool
-	expires time.Time
+	held, starting, lost bool
+	expires              time.Time
 }
 
-// publish stores the session's view when it changed since the last store
-// (or always, when force).
+// publish stores the session's view when what it shows changed since the
+// last store (or always, when force).
 func (a *sessionActor) publish(force bool) {
 	if a.view == nil {
 		return
 	}
-	k := viewKey{stage: a.s.Stage, lost: a.s.Lost, expires: a.s.Sandbox.ExpiresAt}
+	held, starting, lost := a.s.shows()
+	k := viewKey{held: held, starting: starting, lost: lost, expires: a.s.Sandbox.ExpiresAt}
 	if !force && k == a.shown {
 		return
 	}

@@ -671,3 +671,30 @@ func TestShellAnEndedSessionAsksToBeForgottenAsEnded(t *testing.T) {
 		t.Errorf("forget (-want +got):\n%s", diff)
 	}
 }
+
+// A stop under way still holds the sandbox: the view that says so stays
+// published as it was (no new copy of the same), until the stop ends.
+func TestShellAStopPublishesOnlyItsEnd(t *testing.T) {
+	p := fake.New(fake.Options{Clock: clock.NewManual(shellT0)})
+	s := newShell(t, p)
+	if rep := s.start(nil, provider.Spec{Workdir: "/w"}); rep.Err != nil {
+		t.Fatal(rep.Err)
+	}
+	held := s.view.Load()
+	during := make(chan *messages.GetSandboxReply, 1)
+	p.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpStop && c.Phase == fake.PhaseBegin {
+			during <- s.view.Load()
+		}
+	})
+	slot := make(messages.ReplyTo, 1)
+	if stop, _ := s.ask(&messages.StopSandbox{ReqID: 3, Reason: messages.StopEnd, Reply: slot}, slot).(*messages.StopReply); stop == nil || stop.Err != nil {
+		t.Fatalf("stop: %+v", stop)
+	}
+	if v := <-during; v != held {
+		t.Errorf("view during the stop %p %+v, want the one published at the start, %p", v, v, held)
+	}
+	if v := s.view.Load(); v.Held {
+		t.Errorf("view after the stop: %+v, want nothing held", v)
+	}
+}
