@@ -145,13 +145,27 @@ func (a *sessionActor) publish(force bool) {
 		return
 	}
 	held, starting, lost := a.s.shows()
-	k := viewKey{held: held, starting: starting, lost: lost, expires: a.s.Sandbox.ExpiresAt}
+	k := viewKey{held: held, starting: starting, lost: lost}
+	if held || lost {
+		// A lease shows only with the sandbox it is of.
+		k.expires = a.s.Sandbox.ExpiresAt
+	}
 	if !force && k == a.shown {
 		return
 	}
 	a.shown = k
+	if k == (viewKey{}) {
+		a.view.Store(nothingShown)
+		return
+	}
 	a.view.Store(a.s.view())
 }
+
+// nothingShown is the view of every session that shows nothing of a
+// sandbox (none held, starting or lost): one value all of them
+// publish, instead of a copy of a few hundred bytes each at its spawn, its
+// end and its stop. Readers take nothing from such a view but that.
+var nothingShown = &messages.GetSandboxReply{}
 
 func (a *sessionActor) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
@@ -166,7 +180,7 @@ func (a *sessionActor) Receive(ctx actor.Context) {
 		}
 		if a.view != nil {
 			a.view.Close()
-			a.view.Store(&messages.GetSandboxReply{SessionID: a.s.ID})
+			a.view.Store(nothingShown)
 		}
 		a.abandon()
 		return

@@ -528,8 +528,12 @@ func TestShellPublishesItsView(t *testing.T) {
 		}
 	})
 	s := newShell(t, p)
-	if diff := cmp.Diff(&messages.GetSandboxReply{SessionID: "s1"}, s.view.Load()); diff != "" {
+	if diff := cmp.Diff(&messages.GetSandboxReply{}, s.view.Load()); diff != "" {
 		t.Fatalf("view of a new session (-want +got):\n%s", diff)
+	}
+	// One value for every session that shows nothing, not a copy each.
+	if other := newShell(t, p); other.view.Load() != s.view.Load() {
+		t.Errorf("two new sessions publish %p and %p, want one shared view", other.view.Load(), s.view.Load())
 	}
 	inSetup, release := make(chan *messages.GetSandboxReply, 1), make(chan struct{})
 	slot := make(messages.ReplyTo, 1)
@@ -571,7 +575,7 @@ func TestShellPublishesItsView(t *testing.T) {
 	if err := s.sys.Root.StopFuture(s.pid).Wait(); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(&messages.GetSandboxReply{SessionID: "s1"}, s.view.Load()); diff != "" {
+	if diff := cmp.Diff(&messages.GetSandboxReply{}, s.view.Load()); diff != "" {
 		t.Errorf("view once the actor stopped (-want +got):\n%s", diff)
 	}
 }
@@ -673,11 +677,12 @@ func TestShellAnEndedSessionAsksToBeForgottenAsEnded(t *testing.T) {
 }
 
 // A stop under way still holds the sandbox: the view that says so stays
-// published as it was (no new copy of the same), until the stop ends.
+// published as it was (no new copy of the same), until the stop ends; then
+// the session shows nothing, its lease included: the shared empty view.
 func TestShellAStopPublishesOnlyItsEnd(t *testing.T) {
 	p := fake.New(fake.Options{Clock: clock.NewManual(shellT0)})
 	s := newShell(t, p)
-	if rep := s.start(nil, provider.Spec{Workdir: "/w"}); rep.Err != nil {
+	if rep := s.start(nil, provider.Spec{Workdir: "/w", TTLSeconds: 60}); rep.Err != nil {
 		t.Fatal(rep.Err)
 	}
 	held := s.view.Load()
@@ -694,7 +699,7 @@ func TestShellAStopPublishesOnlyItsEnd(t *testing.T) {
 	if v := <-during; v != held {
 		t.Errorf("view during the stop %p %+v, want the one published at the start, %p", v, v, held)
 	}
-	if v := s.view.Load(); v.Held {
-		t.Errorf("view after the stop: %+v, want nothing held", v)
+	if v, empty := s.view.Load(), newShell(t, p).view.Load(); v != empty {
+		t.Errorf("view after the stop: %p %+v, want the shared empty one, %p", v, v, empty)
 	}
 }

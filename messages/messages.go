@@ -149,7 +149,9 @@ type GetSandboxReply struct {
 // answer, as an immutable value swapped whole after each message that
 // changes it: a read on every request's path (an agent's /sandbox_access,
 // a verify) loads it without a round trip through the session's mailbox.
-// Only the actor stores into it.
+// Only the actor stores into it. A session that shows nothing of a
+// sandbox (none held, starting or lost) publishes one empty value shared
+// by all such sessions, without its id.
 //
 // It also carries the session's last use the other way: a request's Touch
 // raises it without a message (one per request was a mailbox send on every
