@@ -88,10 +88,11 @@ type (
 		To  any
 		Msg any
 	}
-	// effHeld: the session now holds Sandbox (the owner indexes it).
-	effHeld struct {
-		Sandbox sandbox.Sandbox
-	}
+	// effHeld: the session now holds its Sandbox (the owner indexes it).
+	// It names no sandbox: only a start's completion replaces the
+	// session's, so the shell reads it from the session (a copy in the
+	// effect was a few hundred bytes on every seed).
+	effHeld struct{}
 	// effLost: the session's sandbox was found gone (once per session).
 	effLost struct {
 		Sandbox sandbox.Sandbox
@@ -394,7 +395,7 @@ func (s *Session) complete(done any) []any {
 		s.Stage = StageReady
 		s.Sandbox = d.Sandbox
 		s.touch(d.At)
-		out = append(out, effHeld{Sandbox: s.Sandbox})
+		out = append(out, effHeld{})
 		reply(&messages.StartReply{ReqID: m.ReqID, Sandbox: s.Sandbox})
 	case doDone:
 		err := d.Err

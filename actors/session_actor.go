@@ -289,7 +289,7 @@ func (a *sessionActor) perform(ctx actor.Context, effects []any) {
 			}
 		case effHeld:
 			if a.env.OnHeld != nil {
-				a.env.OnHeld(a.s.ID, e.Sandbox)
+				a.env.OnHeld(a.s.ID, a.s.Sandbox)
 			}
 		case effLost:
 			a.log().WithFields(logrus.Fields{"sandbox_id": e.Sandbox.Handle.SandboxID, "cause": fmt.Sprint(e.Cause)}).

@@ -118,7 +118,11 @@ func (s *shell) request(msg any) any {
 // ended.
 func TestShellStartsAndStops(t *testing.T) {
 	p := fake.New(fake.Options{Clock: clock.NewManual(shellT0)})
-	s := newShell(t, p)
+	var held sandbox.Sandbox
+	s := newShell(t, p, func(e *actors.SessionEnv) {
+		note := e.OnHeld
+		e.OnHeld = func(id string, sb sandbox.Sandbox) { held = sb; note(id, sb) }
+	})
 	rep := s.start(func(ctx context.Context, pr provider.Provider, sb sandbox.Sandbox) (json.RawMessage, error) {
 		return json.RawMessage(`{"seed":1}`), nil
 	}, provider.Spec{Workdir: "/work", TTLSeconds: 60})
@@ -127,6 +131,10 @@ func TestShellStartsAndStops(t *testing.T) {
 	}
 	if rep.Sandbox.Workdir != "/work" || string(rep.Sandbox.Data) != `{"seed":1}` || !rep.Sandbox.ExpiresAt.Equal(shellT0.Add(time.Minute)) {
 		t.Errorf("sandbox %+v: want workdir /work, the setup's data, a lease a minute ahead", rep.Sandbox)
+	}
+	// The owner heard of it held (before the reply) as the reply has it.
+	if diff := cmp.Diff(rep.Sandbox, held); diff != "" {
+		t.Errorf("OnHeld's sandbox (-reply +held):\n%s", diff)
 	}
 	slot := make(messages.ReplyTo, 1)
 	stop, _ := s.ask(&messages.StopSandbox{ReqID: 3, Reason: messages.StopEnd, Reply: slot}, slot).(*messages.StopReply)
