@@ -76,10 +76,15 @@ func (a *agent) access() (id, endpoint, token string) {
 	return desc["sandbox_id"].(string), desc["endpoint"].(string), desc["token"].(string)
 }
 
+// agentCommandTimeout bounds an agent's command: long enough that a
+// saturated machine cannot make a command the test needs time out (as
+// agentTimeout in the package's own tests).
+const agentCommandTimeout = 20 * time.Minute
+
 // exec runs a command in the sandbox through its exec API.
 func (a *agent) exec(endpoint, token, command string) (int, map[string]any) {
 	a.t.Helper()
-	return a.call("POST", endpoint+"/exec", token, map[string]any{"command": command, "timeout_ms": 120000})
+	return a.call("POST", endpoint+"/exec", token, map[string]any{"command": command, "timeout_ms": agentCommandTimeout.Milliseconds()})
 }
 
 func (a *agent) mustExec(endpoint, token, command string) string {
