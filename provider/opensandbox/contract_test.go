@@ -568,14 +568,16 @@ func (s *server) waitStatus(t *testing.T, path string, status int) {
 // list answers GET /v1/sandboxes?q. The real server answers 500
 // DOCKER::SANDBOX_QUERY_FAILED when a container it lists is removed while it
 // reads it (another test's delete on the shared stack); the provider retries
-// a 500, and so does this, a few times.
+// a 500 after its backoff, and so does this, up to four times: a storm of
+// deletes passes while it waits.
 func (s *server) list(t *testing.T, q url.Values) (int, map[string]any) {
 	t.Helper()
-	for attempt := 1; ; attempt++ {
+	for retry := 0; ; retry++ {
 		st, m, _ := s.call(t, http.MethodGet, "/v1/sandboxes?"+q.Encode(), nil)
-		if st != http.StatusInternalServerError || m["code"] != "DOCKER::SANDBOX_QUERY_FAILED" || attempt == 5 {
+		if st != http.StatusInternalServerError || m["code"] != "DOCKER::SANDBOX_QUERY_FAILED" || retry == 4 {
 			return st, m
 		}
+		time.Sleep(opensandbox.Backoff(retry))
 	}
 }
 

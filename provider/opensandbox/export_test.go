@@ -1,5 +1,10 @@
 package opensandbox
 
+import (
+	"math/rand/v2"
+	"time"
+)
+
 // MaxFrame is the bound of one line of a command stream.
 const MaxFrame = maxFrame
 
@@ -7,3 +12,11 @@ const MaxFrame = maxFrame
 // of MaxFrame, before p runs a command: a test cuts a line longer than a
 // frame without sending 16 MiB of it.
 func SetFrameCap(p *Provider, n int) { p.frameCap = n }
+
+// testJitter is Backoff's jitter, shared by the tests of one binary.
+var testJitter = &jitter{rng: rand.New(rand.NewPCG(1, 2))}
+
+// Backoff is the provider's wait before its retry n (0-based) of a call
+// whose answer asked no Retry-After: a test that retries the real server's
+// passing failures by hand waits as the provider would.
+func Backoff(n int) time.Duration { return (&Provider{rng: testJitter}).backoff(n, 0) }
