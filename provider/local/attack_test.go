@@ -268,16 +268,26 @@ func TestLimitsHoldForkLoopsMemoryHogsAndBigFiles(t *testing.T) {
 			if got := mustRun(t, p, h, "ulimit -c; ulimit -n; ulimit -H -n"); got != "0\n4096\n4096\n" {
 				t.Errorf("core, nofile soft and hard: %q", got)
 			}
-			res := run(t, p, h, "head -c 300000000 /dev/zero > big")
+			// The 300,000,000th byte of a file, written past the 256 MiB
+			// bound (the same bound a 300 MB write crosses). Writing the
+			// 256 MiB before it, as head once did, took ~4 s a mode under
+			// load and filled the sandbox's 128 MiB with page cache that
+			// the memory hog below then had to reclaim first.
+			res := run(t, p, h, "dd if=/dev/zero of=big bs=1 count=1 seek=299999999")
 			if res.ExitCode != 128+int(syscall.SIGXFSZ) {
 				t.Errorf("a 300 MB file: %+v", res)
 			}
 			if p.cg == nil || p.cg.dirs["pids"] == "" || p.cg.dirs["memory"] == "" {
 				t.Skipf("SKIP: the host lets the server make no pids and memory cgroups here (limits in effect: %s)", p.LimitsInEffect())
 			}
-			res = run(t, p, h, `x=$(head -c 600000000 /dev/zero | tr '\000' a); echo survived`)
+			// dd's one 600 MB block is the hog: the kernel fills it from
+			// /dev/zero page by page in the kernel and reaches the limit at
+			// once. A shell growing a 600 MB string proved the same, but
+			// spent most of a loaded run's 40 s per mode piping it through
+			// tr on the sandboxes' share of the CPU.
+			res = run(t, p, h, "dd if=/dev/zero of=/dev/null bs=600M count=1 && echo survived")
 			if res.ExitCode != 137 || strings.Contains(res.Stdout, "survived") {
-				t.Errorf("a 600 MB string in a 128 MiB sandbox: %+v", res)
+				t.Errorf("a 600 MB block in a 128 MiB sandbox: %+v", res)
 			}
 			res = run(t, p, h, "i=0; while [ $i -lt 40 ]; do sleep 30 & echo started; i=$((i+1)); done")
 			if n := strings.Count(res.Stdout, "started"); !strings.Contains(res.Stderr, "fork") || n >= 16 {
