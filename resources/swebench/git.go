@@ -118,6 +118,31 @@ echo "GIT_CLEANUP base=$base commits_before=$before commits_after=$after non_anc
 git config user.email agent@nemo-gym.local && git config user.name 'NeMo Gym Agent' || fail identity
 `
 
+// seedPointScript prints the commit HEAD is at and the work branch's tip
+// (empty lines where there is none): where an unscrubbed sandbox's agent
+// starts.
+const seedPointScript = `h=$(git rev-parse -q --verify 'HEAD^{commit}' 2>/dev/null)
+w=$(git rev-parse -q --verify 'refs/heads/` + WorkBranch + `^{commit}' 2>/dev/null)
+printf '%s\n%s\n' "$h" "$w"`
+
+// SeedPoint is where an unscrubbed sandbox's agent starts: the commit HEAD
+// is at and the work branch's tip when the image has one ("" where there
+// is none, as when there is no repository).
+func SeedPoint(ctx context.Context, p provider.Provider, h provider.Handle, timeout time.Duration) (head, workBranch string, err error) {
+	res, err := run(ctx, p, h, seedPointScript, nil, timeout)
+	if err != nil {
+		return "", "", err
+	}
+	if res.TimedOut {
+		return "", "", fmt.Errorf("timed out: %s", lastLines(res.Stdout+res.Stderr, 4))
+	}
+	lines := strings.Split(res.Stdout, "\n")
+	for len(lines) < 2 {
+		lines = append(lines, "")
+	}
+	return strings.TrimSpace(lines[0]), strings.TrimSpace(lines[1]), nil
+}
+
 // errScrubNotRun: the scrub did not run to its end (the sandbox or the
 // provider failed its command, or it timed out), as opposed to a scrub that
 // ran and refused the repository.
@@ -240,7 +265,8 @@ type Extraction struct {
 	// Source is "worktree" (the work tree against the base: uncommitted and
 	// committed work, new files included), "committed" (the work tree
 	// showed nothing, so the most advanced local branch descending from the
-	// base; only the work branch when the scrub did not run) or "none".
+	// base; when the scrub did not run, only the work branch's commits
+	// past its start) or "none".
 	Source string `json:"patch_source"`
 	// Tip is the commit a committed patch was taken to.
 	Tip string `json:"patch_tip,omitempty"`
@@ -280,19 +306,20 @@ tip=
 commits=$(git rev-list --count "$NG_BASE..HEAD" 2>/dev/null || echo 0)
 if [ ! -s "$d/model.patch" ]; then
   source=none
-  best=; bestn=0
-  if [ -n "${NG_WORK_BRANCH_ONLY:-}" ]; then
+  best=; bestn=0; from=$NG_BASE
+  if [ -n "${NG_WORK_FROM:-}" ]; then
+    from=$NG_WORK_FROM
     cands=$(git rev-parse -q --verify 'refs/heads/` + WorkBranch + `^{commit}')
   else
     cands="$(git rev-parse -q --verify 'HEAD^{commit}') $(git for-each-ref --format='%(objectname)' refs/heads)"
   fi
   for c in $cands; do
-    git merge-base --is-ancestor "$NG_BASE" "$c" 2>/dev/null || continue
-    n=$(git rev-list --count "$NG_BASE..$c")
+    git merge-base --is-ancestor "$from" "$c" 2>/dev/null || continue
+    n=$(git rev-list --count "$from..$c")
     if [ "$n" -gt "$bestn" ]; then best=$c; bestn=$n; fi
   done
   if [ -n "$best" ]; then
-    git diff $diffopts "$NG_BASE" "$best" > "$d/model.patch" || fail diff_committed
+    git diff $diffopts "$from" "$best" > "$d/model.patch" || fail diff_committed
     if [ -s "$d/model.patch" ]; then source=committed; tip=$best; commits=$bestn; fi
   fi
 fi
@@ -303,11 +330,13 @@ echo "NG_EXTRACT source=$source tip=$tip commits=$commits dirty=$dirty"
 // against base, including committed work and new untracked files, excluding
 // the files that were untracked at seed (pristine: git ls-files --others
 // --directory entries, as Untracked returns). It leaves the sandbox's index
-// as it was. Unscrubbed (the seed's scrub was skipped or refused the
-// repository), committed work is taken from the work branch only: the
-// image's other branches (a template's main at the fix, say) are not the
-// agent's. A failure wraps ErrExtract.
-func ExtractPatch(ctx context.Context, p provider.Provider, h provider.Handle, base string, pristine []string, unscrubbed bool, timeout time.Duration) (Extraction, error) {
+// as it was. workFrom is empty for a scrubbed sandbox. Unscrubbed (the
+// seed's scrub was skipped or refused the repository), committed work is
+// taken from the work branch only, and only its commits past workFrom (the
+// base, or the work branch's tip at seed when the image shipped one): the
+// image's other branches (a template's main at the fix, say) and the
+// image's own work branch are not the agent's. A failure wraps ErrExtract.
+func ExtractPatch(ctx context.Context, p provider.Provider, h provider.Handle, base string, pristine []string, workFrom string, timeout time.Duration) (Extraction, error) {
 	if !hexCommit.MatchString(base) {
 		return Extraction{}, fmt.Errorf("%w: base %q is not a commit id", ErrExtract, base)
 	}
@@ -332,10 +361,10 @@ func ExtractPatch(ctx context.Context, p provider.Provider, h provider.Handle, b
 	if err := p.WriteFile(ctx, h, scratchDir+"/add-list", add.Bytes()); err != nil {
 		return Extraction{}, fmt.Errorf("%w: write the file list: %w", ErrExtract, err)
 	}
-	env := map[string]string{"NG_BASE": base}
-	if unscrubbed {
-		env["NG_WORK_BRANCH_ONLY"] = "1"
+	if workFrom != "" && !hexCommit.MatchString(workFrom) {
+		return Extraction{}, fmt.Errorf("%w: work branch start %q is not a commit id", ErrExtract, workFrom)
 	}
+	env := map[string]string{"NG_BASE": base, "NG_WORK_FROM": workFrom}
 	res, err = run(ctx, p, h, extractScript, env, timeout)
 	if err != nil {
 		return Extraction{}, fmt.Errorf("%w: %w", ErrExtract, err)

@@ -411,7 +411,11 @@ func (w *world) extract(sid string, unscrubbed bool) Extraction {
 	var ex Extraction
 	err := w.own.Do(context.Background(), sid, func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
 		var err error
-		ex, err = ExtractPatch(ctx, p, sb.Handle, w.tk.base, nil, unscrubbed, time.Minute)
+		from := ""
+		if unscrubbed {
+			from = w.tk.base
+		}
+		ex, err = ExtractPatch(ctx, p, sb.Handle, w.tk.base, nil, from, time.Minute)
 		return err
 	})
 	if err != nil {

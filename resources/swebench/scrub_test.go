@@ -206,6 +206,79 @@ func TestUnscrubbedCommittedWorkComesFromTheWorkBranchOnly(t *testing.T) {
 	}
 }
 
+// Unscrubbed, an image that ships its own work branch holds commits that
+// are the image's, not the agent's: at the fix here, so a session that
+// changed nothing was graded as the fix committed (reward 1). Only the
+// commits the agent added to it count.
+func TestAnImagesOwnWorkBranchIsNotTheAgentsWork(t *testing.T) {
+	t.Parallel()
+	tk := newTask(t)
+	img := imageDir(t, tk, tk.base, nil)
+	git(t, img, "branch", WorkBranch, tk.fix)
+	w := newWorld(t, tk, imageRows(), withConfig(func(c *Config) { c.ApplyAntiCheating = off() }))
+	row := tk.row("example__calc-1")
+	row["image"] = img
+	w.seed("s-image-branch-idle", row)
+	res := w.verify("s-image-branch-idle", row)
+	wantUnresolved(t, res)
+	if res.PatchSource != "none" || *res.ModelPatch != "" {
+		t.Errorf("a session that changed nothing: patch_source %q, patch %q", res.PatchSource, *res.ModelPatch)
+	}
+
+	// The agent's commit on the image's work branch is its work; the
+	// fix under it is not.
+	sb := *w.seed("s-image-branch-work", row).SandboxHandle
+	w.agentRun(sb, "git checkout -q "+WorkBranch+" && echo 'see calc.go' >> README.md && "+
+		"git -c user.name=a -c user.email=a@example.com commit -q -am notes && git checkout -q --detach "+tk.base)
+	res = w.verify("s-image-branch-work", row)
+	wantUnresolved(t, res)
+	if res.PatchSource != "committed" || res.PatchCommits != 1 || !strings.Contains(*res.ModelPatch, "+see calc.go") || strings.Contains(*res.ModelPatch, "calc.go b/calc.go") {
+		t.Errorf("the agent's commit on the image's work branch: patch_source %q, %d commits, patch:\n%s", res.PatchSource, res.PatchCommits, *res.ModelPatch)
+	}
+}
+
+// An unscrubbed image whose HEAD is not at the base commit: the work tree's
+// diff against the base holds the image's own commits, which the grading
+// sandbox (at the image's HEAD) already has. Graded, an agent's correct
+// fix came out 0 (patch --fuzz took the image's commit for a reversed
+// patch and undid the fix with it), and a session that changed nothing on
+// an image at the fix was graded on the fix's diff. Nothing is graded: the
+// sample is masked with the reason.
+func TestAnImageWhoseHeadIsNotAtTheBaseIsNotGraded(t *testing.T) {
+	t.Parallel()
+	tk := newTask(t)
+	ahead := imageDir(t, tk, tk.base, nil)
+	writeFiles(t, ahead, map[string]string{"README.md": "calc\nthe image's own line\n"})
+	git(t, ahead, "-c", "user.name=i", "-c", "user.email=i@example.com", "commit", "-q", "-am", "the image's own commit")
+	for _, c := range []struct {
+		name, image string
+		scrub       bool
+		agent       string
+	}{
+		{"scrub refused, the agent fixes", ahead, true, "git apply - <<'EOF'\n" + tk.patch + "EOF\n"},
+		{"scrub off, image at the fix, nothing done", imageDir(t, tk, tk.fix, nil), false, "true"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := newWorld(t, tk, imageRows(), withConfig(func(cfg *Config) {
+				if !c.scrub {
+					cfg.ApplyAntiCheating = off()
+				}
+			}))
+			row := tk.row("example__calc-1")
+			row["image"] = c.image
+			sb := *w.seed("s-head-elsewhere", row).SandboxHandle
+			w.agentRun(sb, c.agent)
+			res := w.verify("s-head-elsewhere", row)
+			if res.Reward != 0 || !res.MaskSample || res.FailureKind != FailureEnvironment || !strings.Contains(res.FailureReason, "not at the base commit") {
+				t.Fatalf("want a masked sample, not graded; got:\n%s", describe(res))
+			}
+			if got := w.liveSandboxes(); len(got) != 0 {
+				t.Errorf("sandboxes left: %v", got)
+			}
+		})
+	}
+}
+
 func TestASecondSandboxOfAnInstanceDoesNotClone(t *testing.T) {
 	t.Parallel()
 	tk := newTask(t)

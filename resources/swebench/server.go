@@ -1,6 +1,7 @@
 package swebench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -198,6 +199,12 @@ type SessionData struct {
 	Image             string      `json:"image"`
 	PristineUntracked []string    `json:"pristine_untracked"`
 	Scrub             ScrubReport `json:"scrub"`
+	// SeedHead and SeedWorkBranch are, when the scrub did not run (its
+	// report's Skipped), the commit HEAD was at and the work branch's tip
+	// as the image had them ("" where there was none): the image's, not the
+	// agent's.
+	SeedHead       string `json:"seed_head,omitempty"`
+	SeedWorkBranch string `json:"seed_work_branch,omitempty"`
 }
 
 // ParseSessionData decodes a session's data ({} decodes to the zero value).
@@ -354,10 +361,18 @@ func (s *Server) setup(row Row, image string, log logrus.FieldLogger) sandbox.Se
 		if pristine == nil {
 			pristine = []string{}
 		}
-		data, err := json.Marshal(SessionData{
+		sd := SessionData{
 			InstanceID: row.InstanceID, Repo: row.Repo, BaseCommit: rep.Base, Image: image,
 			PristineUntracked: pristine, Scrub: rep,
-		})
+		}
+		if rep.Skipped != "" {
+			// What the image's refs hold is the image's: verify must tell
+			// it from the agent's work.
+			if sd.SeedHead, sd.SeedWorkBranch, err = SeedPoint(ctx, p, sb.Handle, s.cfg.setupTimeout()); err != nil {
+				return nil, fmt.Errorf("%w: read where the agent starts: %w", ErrScrub, err)
+			}
+		}
+		data, err := json.Marshal(sd)
 		if err != nil {
 			return nil, fmt.Errorf("swebench: session data: %w", err)
 		}
@@ -624,8 +639,15 @@ func (s *Server) verify(ctx context.Context, own *owner.Owner, sessionID string,
 	if !s.LendsSandboxes() {
 		patch, res.PatchSource = row.Patch, PatchSourceGolden
 	} else {
-		if patch, err = s.takePatch(ctx, own, sessionID, row, &res, log); err != nil {
+		var grade bool
+		if patch, grade, err = s.takePatch(ctx, own, sessionID, row, &res, log); err != nil {
 			return VerifyResult{}, err
+		}
+		if !grade {
+			res.TotalTimeTaken = time.Since(began).Seconds()
+			log.WithField("reason", res.FailureReason).Warn("swebench: verified nothing: the agent's work cannot be told from the image's")
+			s.keepLog(&res, log)
+			return res, nil
 		}
 	}
 	res.ModelPatch, res.ModelPatchBytes = &patch, len(patch)
@@ -686,38 +708,54 @@ func (s *Server) keepLog(res *VerifyResult, log logrus.FieldLogger) {
 
 // takePatch extracts the model patch from the session's sandbox and ends the
 // session. An extraction that fails gives an empty patch (as upstream's), with
-// the reason in the reply.
-func (s *Server) takePatch(ctx context.Context, own *owner.Owner, sessionID string, row Row, res *VerifyResult, log logrus.FieldLogger) (string, error) {
+// the reason in the reply. A session whose unscrubbed image had HEAD
+// elsewhere than the base is not to be graded (grade false, res says why):
+// the work tree's diff against the base holds the image's own commits, and
+// the grading sandbox, at the image's HEAD, already has them.
+func (s *Server) takePatch(ctx context.Context, own *owner.Owner, sessionID string, row Row, res *VerifyResult, log logrus.FieldLogger) (patch string, grade bool, err error) {
 	sb, err := own.RequireSessionSandbox(ctx, sessionID)
 	if err != nil {
-		return "", fmt.Errorf("swebench: verify %s: %w", row.InstanceID, err)
+		return "", false, fmt.Errorf("swebench: verify %s: %w", row.InstanceID, err)
 	}
 	data, err := ParseSessionData(sb.Data)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	if data.InstanceID != "" && data.InstanceID != row.InstanceID {
-		return "", fmt.Errorf("%w: the session holds %s, the verify names %s", ErrSessionMismatch, data.InstanceID, row.InstanceID)
+		return "", false, fmt.Errorf("%w: the session holds %s, the verify names %s", ErrSessionMismatch, data.InstanceID, row.InstanceID)
 	}
 	base := data.BaseCommit
 	if base == "" {
 		log.Warn("swebench: the session has no session data; the patch is taken against the row's base commit and may include files the image shipped untracked")
 		base = row.BaseCommit
 	} else if !strings.HasPrefix(base, row.BaseCommit) {
-		return "", fmt.Errorf("%w: the session's base commit is %s, the verify names %s", ErrSessionMismatch, base, row.BaseCommit)
+		return "", false, fmt.Errorf("%w: the session's base commit is %s, the verify names %s", ErrSessionMismatch, base, row.BaseCommit)
+	}
+	if data.SeedHead != "" && !strings.HasPrefix(strings.ToLower(data.SeedHead), strings.ToLower(base)) {
+		if err := own.EndSessionSandbox(ctx, sessionID); err != nil {
+			log.WithError(err).Warn("swebench: could not end the session of an ungradable image")
+		}
+		res.MaskSample, res.FailureKind = true, FailureEnvironment
+		res.FailureReason = fmt.Sprintf("the image's HEAD was at %s, not at the base commit %s, when the session started unscrubbed (%s): "+
+			"its own commits cannot be told from the agent's work, so nothing was graded", data.SeedHead, base, data.Scrub.Skipped)
+		return "", false, nil
+	}
+	workFrom := ""
+	if data.Scrub.Skipped != "" {
+		workFrom = cmp.Or(data.SeedWorkBranch, base)
 	}
 	t := time.Now()
 	var ex Extraction
 	var exErr error
 	err = own.Do(ctx, sessionID, func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) error {
-		ex, exErr = ExtractPatch(ctx, p, sb.Handle, base, data.PristineUntracked, data.Scrub.Skipped != "", s.cfg.setupTimeout())
+		ex, exErr = ExtractPatch(ctx, p, sb.Handle, base, data.PristineUntracked, workFrom, s.cfg.setupTimeout())
 		return nil
 	})
 	res.PatchExtractionTimeTaken = time.Since(t).Seconds()
 	// A lost sandbox is refused like a missing one: grading the empty patch
 	// it would give scores an episode that cannot be read.
 	if errors.Is(err, sandbox.ErrNone) || errors.Is(err, sandbox.ErrLost) {
-		return "", fmt.Errorf("swebench: verify %s: %w", row.InstanceID, err)
+		return "", false, fmt.Errorf("swebench: verify %s: %w", row.InstanceID, err)
 	}
 	if err != nil {
 		exErr = err
@@ -732,7 +770,7 @@ func (s *Server) takePatch(ctx context.Context, own *owner.Owner, sessionID stri
 	if err := own.EndSessionSandbox(ctx, sessionID); err != nil {
 		log.WithError(err).Warn("swebench: could not end the agent's session after extracting its patch")
 	}
-	return ex.Patch, nil
+	return ex.Patch, true, nil
 }
 
 // grade runs patch against row in a fresh grading sandbox of r's image on p
