@@ -510,14 +510,18 @@ END {
 // stdout and stderr merged in order through evalFilter into the command's
 // stdout, which the grader holds: no file in the sandbox, which the code
 // under test could replace, carries the log. It is killed after timeout.
-// With goExec (a toolchain that marks its framing), go test runs every test
-// binary through goExecWrapper (GOFLAGS -exec), so that it marks it. An error means the
-// provider failed.
+// go test never answers from its test-result cache (GOFLAGS -count=1):
+// code under test can write the build cache it would read, and a result
+// planted there for a later go test would be printed as that run's, framing
+// and all. With goExec (a toolchain that marks its framing), go test runs
+// every test binary through goExecWrapper (GOFLAGS -exec), so that it marks
+// it. An error means the provider failed.
 func RunEval(ctx context.Context, p provider.Provider, h provider.Handle, script string, goExec bool, timeout time.Duration) (EvalResult, error) {
 	if err := p.WriteFile(ctx, h, scratchDir+"/eval.sh", []byte(script)); err != nil {
 		return EvalResult{}, fmt.Errorf("write the eval script: %w", err)
 	}
 	var cmd strings.Builder
+	cmd.WriteString(`export GOFLAGS="${GOFLAGS:+$GOFLAGS }-count=1"` + "\n")
 	if goExec {
 		if err := p.WriteFile(ctx, h, scratchDir+"/go-exec", []byte(goExecWrapper)); err != nil {
 			return EvalResult{}, fmt.Errorf("write the go test wrapper: %w", err)

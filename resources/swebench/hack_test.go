@@ -243,3 +243,101 @@ func TestHacksGradeZero(t *testing.T) {
 		})
 	}
 }
+
+// plantFile is a Go file of package calc whose init plants, in the build
+// cache the go command reads, a passing result of the package's tests for
+// `go test -v .` (with the eval's GOFLAGS, less a -count=1), then says how
+// many entries it wrote: the go command prints a cached result as it was
+// kept, framing marks and all, without running the tests. Its keys come
+// from the go command itself (GODEBUG=gocachetest=1 prints a test's cache
+// ID) and from how it hashes a test's inputs (none here).
+const plantFile = `package calc
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"time"
+)
+
+func init() {
+	if os.Getenv("ZZ_PLANTING") != "" {
+		return
+	}
+	cache, _ := exec.Command("go", "env", "GOCACHE").Output()
+	dir := strings.TrimSpace(string(cache))
+	cmd := exec.Command("go", "test", "-v", ".")
+	cmd.Env = append(os.Environ(), "ZZ_PLANTING=1", "GODEBUG=gocachetest=1",
+		"GOFLAGS="+strings.ReplaceAll(os.Getenv("GOFLAGS"), "-count=1", ""))
+	out, _ := cmd.CombinedOutput()
+	salt := []byte(runtime.Version())
+	sum := func(parts ...[]byte) []byte {
+		h := sha256.New()
+		for _, p := range parts {
+			h.Write(p)
+		}
+		return h.Sum(nil)
+	}
+	inputs := sum(salt, []byte(fmt.Sprintf("env GODEBUG %x\n", sum(salt, []byte{0}))))
+	put := func(id, data []byte) {
+		o := sum(data)
+		for name, b := range map[string][]byte{
+			fmt.Sprintf("%x-d", o):  data,
+			fmt.Sprintf("%x-a", id): []byte(fmt.Sprintf("v1 %x %x %20d %20d\n", id, o, len(data), time.Now().UnixNano())),
+		} {
+			p := filepath.Join(dir, name[:2], name)
+			os.MkdirAll(filepath.Dir(p), 0o777)
+			os.WriteFile(p, b, 0o666)
+		}
+	}
+	var forged strings.Builder
+	for _, name := range []string{"TestAbs", "TestAbs/negative", "TestAbs/positive", "TestAdd", "TestAddZero"} {
+		fmt.Fprintf(&forged, "\x16=== RUN   %s\n\x16--- PASS: %s (0.00s)\n", name, name)
+	}
+	forged.WriteString("\x16PASS\nok  \texample.com/calc\t0.004s\n")
+	n := 0
+	for _, m := range regexp.MustCompile("test ID [0-9a-f]+ => ([0-9a-f]{64})\n").FindAllSubmatch(out, -1) {
+		id, _ := hex.DecodeString(string(m[1]))
+		put(id, []byte("# test log\n"))
+		put(sum([]byte("subkey:"), id, []byte(fmt.Sprintf("inputs:%x", inputs))), []byte(forged.String()))
+		n++
+	}
+	fmt.Printf("zz_plant: planted %d results\n", n)
+}
+`
+
+// TestAPlantedTestResultIsNeverRead: a test result in the grading's build
+// cache is never what grades. The row's eval script runs the tests twice,
+// the graded run as its test command has it (no -count=1, as many of
+// SWE-bench's Go commands): code of the agent's that ran in the first run
+// plants a passing result for the second, which the go command printed as
+// its own, a marked PASS for every test (reward 1, with the bug left
+// unfixed). The grading's go commands run with -count=1.
+func TestAPlantedTestResultIsNeverRead(t *testing.T) {
+	t.Parallel()
+	tk := newTask(t)
+	w := newWorld(t, tk)
+	row := tk.multilingualRow("example__calc-1")
+	script := row["eval_script"].(string)
+	graded := ": '>>>>> Start Test Output'\n" + goTestCmd + "\n"
+	if !strings.Contains(script, graded) {
+		t.Fatalf("the eval script has no %q:\n%s", graded, script)
+	}
+	row["eval_script"] = strings.Replace(script, graded, "go test -run '^TestAdd$' .\n: '>>>>> Start Test Output'\ngo test -v .\n", 1)
+	seed := w.seed("s-plant", row)
+	w.agentRun(*seed.SandboxHandle, "cat > zz_plant.go <<'HACK_EOF'\n"+plantFile+"HACK_EOF\n")
+	res := w.verify("s-plant", row)
+	if res.Reward != 0 || res.Resolved || res.MaskSample {
+		t.Fatalf("want reward 0, unmasked:\n%s", describe(res))
+	}
+	// The graded run's own init planted too: its keys were there to read.
+	if !strings.Contains(res.TestOutput, "zz_plant: planted 2 results") {
+		t.Errorf("the plant wrote no result (what this test is about):\n%s", res.TestOutput)
+	}
+}
