@@ -2,6 +2,8 @@ package swebench
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -135,18 +137,35 @@ func realProxy(t testing.TB, ri realInstance) string {
 	// default transport's 10 s TLS handshake timeout ran out in saturated
 	// runs (the proxy answered curl in 0.3 s meanwhile) and the tests
 	// skipped, which is a load deciding what runs.
+	// A failed attempt is tried again until then: one run skipped on an
+	// HTTP/2 connection that "could not be established" after 14 s while
+	// curl reached the proxy at once before and after.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSHandshakeTimeout = 0
 	defer tr.CloseIdleConnections()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, proxy+"/"+ri.module+"/@v/"+ri.version+".info", nil)
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Skipf("SKIP: the module proxy %s does not answer for %s (%v): the real-repository tests need it (CI reaches it)", proxy, ri.module, err)
+	var errs []error
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, proxy+"/"+ri.module+"/@v/"+ri.version+".info", nil)
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return proxy
+			}
+			err = fmt.Errorf("%s", resp.Status)
+		}
+		errs = append(errs, err)
+		if resp != nil && resp.StatusCode < 500 {
+			cancel() // an answer, not a failure to get one
+		}
+		select {
+		case <-ctx.Done():
+			t.Skipf("SKIP: the module proxy %s does not answer for %s (%d attempts: %v): the real-repository tests need it (CI reaches it)", proxy, ri.module, len(errs), errors.Join(errs...))
+		case <-time.After(5 * time.Second):
+		}
 	}
-	resp.Body.Close()
-	return proxy
 }
 
 // config configures a server for the instance: its source and its
