@@ -167,6 +167,37 @@ func TestStartExecFilesStop(t *testing.T) {
 	}
 }
 
+// Every execd call carries the headers the endpoint answer names (a runtime
+// whose execd has an access token) and, through the server proxy, the API
+// key (for a gateway in front of the server that wants it): the fake refuses
+// execd calls without them, the start's ping included.
+func TestExecdCallsCarryTheEndpointsHeadersAndThroughTheProxyTheKey(t *testing.T) {
+	token := map[string]string{"X-Execd-Access-Token": "tok"}
+	for _, tc := range []struct {
+		name  string
+		sopts opensandboxtest.Options
+		proxy bool
+	}{
+		{"direct", opensandboxtest.Options{ExecdHeaders: token}, false},
+		{"server proxy", opensandboxtest.Options{ExecdHeaders: token, ProxyNeedsAPIKey: true}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, tc.sopts, opensandbox.Options{UseServerProxy: tc.proxy})
+			h := e.start(t, provider.Spec{})
+			if got := e.exec(t, h, "echo hi"); got.Stdout != "hi\n" || got.ExitCode != 0 {
+				t.Errorf("echo = %+v", got)
+			}
+			ctx := context.Background()
+			if err := e.p.WriteFile(ctx, h, "a.txt", []byte("A")); err != nil {
+				t.Fatal(err)
+			}
+			if b, err := e.p.ReadFile(ctx, h, "a.txt"); err != nil || string(b) != "A" {
+				t.Errorf("ReadFile = %q, %v", b, err)
+			}
+		})
+	}
+}
+
 // TestCreateRequest checks what a create sends: the image through the
 // images map, our entrypoint, the timeout and resources.
 func TestCreateRequest(t *testing.T) {
@@ -376,6 +407,19 @@ func TestRetriesGiveUp(t *testing.T) {
 	}
 	if n := e.srv.Stats().Requests["GET /sandboxes/{id}"] - before; n != 3 {
 		t.Errorf("%d GETs, want 3 (1 + 2 retries)", n)
+	}
+}
+
+// Only a 2xx answer is a success: a 300 (which Go's client does not follow)
+// is the server's refusal, told with its status.
+func TestA300AnswerIsAnAPIError(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	h := e.start(t, provider.Spec{})
+	e.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Path: "/v1/sandboxes/" + h.SandboxID, Status: http.StatusMultipleChoices})
+	_, err := e.p.Status(context.Background(), h)
+	var aerr *opensandbox.APIError
+	if !errors.As(err, &aerr) || aerr.Status != http.StatusMultipleChoices {
+		t.Fatalf("Status = %v, want the server's 300", err)
 	}
 }
 

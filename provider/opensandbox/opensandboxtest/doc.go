@@ -29,8 +29,10 @@
 //     refused (409) for a sandbox created without one.
 //   - Deleting a snapshot that is still Creating is refused (409).
 //   - Endpoints have no scheme and carry a path prefix, and name no headers:
-//     as under the Docker runtime, execd has no access token. The
-//     server-proxy form is /sandboxes/{id}/proxy/{port}, without /v1.
+//     as under the Docker runtime, execd has no access token (unless
+//     Options.ExecdHeaders names some: then execd requires them). The
+//     server-proxy form is /sandboxes/{id}/proxy/{port}, without /v1; it
+//     takes no API key (unless Options.ProxyNeedsAPIKey).
 //   - States are spelled as the spec does, or in lower case
 //     (Options.LowerCaseStates), since servers disagree.
 //   - execd: POST /command answers a stream of raw JSON frames (no "data:"

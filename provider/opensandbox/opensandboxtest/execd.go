@@ -24,6 +24,12 @@ func (s *Server) execd(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "SANDBOX::NOT_FOUND", "nothing listens on port %s", r.PathValue("port"))
 		return
 	}
+	for k, v := range s.opts.ExecdHeaders {
+		if r.Header.Get(k) != v {
+			writeError(w, http.StatusUnauthorized, "EXECD::UNAUTHORIZED", "missing or wrong %s", k)
+			return
+		}
+	}
 	sb, ok := s.lookup(w, r)
 	if !ok {
 		return

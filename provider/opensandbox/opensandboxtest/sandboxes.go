@@ -246,6 +246,10 @@ func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) {
 	if proxy {
 		ep = fmt.Sprintf("%s/sandboxes/%s/proxy/%d", s.Domain, sb.id, port)
 	}
+	if len(s.opts.ExecdHeaders) > 0 {
+		writeJSON(w, http.StatusOK, map[string]any{"endpoint": ep, "headers": s.opts.ExecdHeaders})
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"endpoint": ep})
 }
 

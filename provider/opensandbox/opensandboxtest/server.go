@@ -72,6 +72,14 @@ type Options struct {
 	// NoSnapshots answers snapshot requests 501 SNAPSHOT::NOT_IMPLEMENTED,
 	// as a runtime without snapshots does.
 	NoSnapshots bool
+	// ExecdHeaders, when set, are named by every endpoint answer and
+	// required of every execd request (401 otherwise), as under a runtime
+	// whose execd has an access token.
+	ExecdHeaders map[string]string
+	// ProxyNeedsAPIKey makes the server proxy's execd routes require the
+	// API key as the lifecycle routes do, as a gateway in front of the
+	// server may.
+	ProxyNeedsAPIKey bool
 }
 
 // Fault makes matching requests fail. Method "" matches any method; Path is
@@ -427,7 +435,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("DELETE /v1/snapshots/{id}", s.route("DELETE /snapshots/{id}", true, s.deleteSnapshot))
 	// execd, through the server proxy (no API key, as upstream) and
 	// "directly" (a per-sandbox path prefix, as a Docker bridge endpoint).
-	mux.HandleFunc("/sandboxes/{id}/proxy/{port}/{path...}", s.route("execd (proxy)", false, s.execd))
+	mux.HandleFunc("/sandboxes/{id}/proxy/{port}/{path...}", s.route("execd (proxy)", s.opts.ProxyNeedsAPIKey, s.execd))
 	mux.HandleFunc("/direct/{id}/proxy/{port}/{path...}", s.route("execd (direct)", false, s.execd))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", s.route("POST /sandboxes/{id}/pause", true, s.pause))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.route("POST /sandboxes/{id}/resume", true, s.resume))
