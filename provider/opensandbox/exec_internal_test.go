@@ -138,19 +138,21 @@ func TestExecTellsATimeoutFromASignal(t *testing.T) {
 		send(`{"type":"error","error":{"ename":"CommandExecError","evalue":"-1","traceback":["signal: killed"]}}`)
 	}, func(string) {})
 	for _, tc := range []struct {
-		ran  time.Duration
-		want provider.ExecResult
+		timeout, ran time.Duration
+		want         provider.ExecResult
 	}{
-		{ran: 999 * time.Millisecond, want: provider.ExecResult{ExitCode: 137}},
-		{ran: time.Second, want: provider.ExecResult{ExitCode: 137, TimedOut: true}},
+		{timeout: time.Second, ran: 999 * time.Millisecond, want: provider.ExecResult{ExitCode: 137}},
+		{timeout: time.Second, ran: time.Second, want: provider.ExecResult{ExitCode: 137, TimedOut: true}},
+		// A command without a timeout never timed out, however long it ran.
+		{ran: time.Second, want: provider.ExecResult{ExitCode: 137}},
 	} {
 		advance.Store(int64(tc.ran))
-		got, err := p.Exec(context.Background(), h, provider.ExecRequest{Command: "sleep 60", Timeout: time.Second})
+		got, err := p.Exec(context.Background(), h, provider.ExecRequest{Command: "sleep 60", Timeout: tc.timeout})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if diff := cmp.Diff(tc.want, got); diff != "" {
-			t.Errorf("killed after %v (-want +got):\n%s", tc.ran, diff)
+			t.Errorf("killed after %v with a timeout of %v (-want +got):\n%s", tc.ran, tc.timeout, diff)
 		}
 	}
 	p.Wait()

@@ -198,6 +198,29 @@ func TestExecdCallsCarryTheEndpointsHeadersAndThroughTheProxyTheKey(t *testing.T
 	}
 }
 
+// An exec sends execd its timeout in milliseconds, and no timeout without
+// one.
+func TestExecSendsItsTimeout(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	h := e.start(t, provider.Spec{})
+	for _, tc := range []struct {
+		timeout time.Duration
+		want    any
+	}{{0, nil}, {1500 * time.Millisecond, float64(1500)}} {
+		if _, err := e.p.Exec(context.Background(), h, provider.ExecRequest{Command: "true", Timeout: tc.timeout}); err != nil {
+			t.Fatal(err)
+		}
+		cmds := e.srv.Requests("execd (direct)")
+		var body map[string]any
+		if err := json.Unmarshal(cmds[len(cmds)-1], &body); err != nil {
+			t.Fatal(err)
+		}
+		if got := body["timeout"]; got != tc.want {
+			t.Errorf("an exec with a timeout of %v sent timeout %v, want %v", tc.timeout, got, tc.want)
+		}
+	}
+}
+
 // TestCreateRequest checks what a create sends: the image through the
 // images map, our entrypoint, the timeout and resources.
 func TestCreateRequest(t *testing.T) {

@@ -78,6 +78,20 @@ func TestParseStreamLongFrame(t *testing.T) {
 	}
 }
 
+// A frame exactly as long as a frame may be is whole: its output is not
+// reported cut.
+func TestParseStreamFrameAtTheBound(t *testing.T) {
+	frame := `{"type":"stdout","text":"hello"}`
+	stream := frame + "\n\n" + `{"type":"execution_complete"}` + "\n\n"
+	got, err := parseFrames(strings.NewReader(stream), 1<<10, len(frame), streamHooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(provider.ExecResult{Stdout: "hello\n"}, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
 // A line longer than a frame may be is cut, not an error that loses the
 // output around it; the cut may fall inside a JSON escape.
 func TestParseStreamLineOverFrame(t *testing.T) {
