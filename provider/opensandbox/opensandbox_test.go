@@ -573,6 +573,10 @@ func TestBadConfigAndHandles(t *testing.T) {
 			t.Errorf("New(%+v) = %v, want ErrInvalidSpec", o, err)
 		}
 	}
+	// The server's minimum itself is a lease it accepts.
+	if _, err := opensandbox.New(opensandbox.Options{Domain: "x:1", TTL: opensandbox.MinTTL}); err != nil {
+		t.Errorf("New with the minimum TTL %v: %v", opensandbox.MinTTL, err)
+	}
 	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
 	ctx := context.Background()
 	for _, h := range []provider.Handle{{SandboxID: "x", Provider: "local"}, {SandboxID: "../x", Provider: opensandbox.Name}} {

@@ -186,11 +186,26 @@ func TestLabels(t *testing.T) {
 	if diff := cmp.Diff(in, decodeLabels(enc)); diff != "" {
 		t.Errorf("round trip (-want +got):\n%s", diff)
 	}
+	// At Kubernetes' limits: a key's prefix of 253 bytes and name of 63,
+	// a value of 63 kept as it is (one of 64 is too long even encoded).
+	a62 := strings.Repeat("a", 62)
+	prefix253 := strings.Join([]string{a62, a62, a62, a62}, ".") + ".b"
+	atLimits := map[string]string{prefix253 + "/x": "v", strings.Repeat("n", 63): "v", "k": strings.Repeat("v", 63)}
+	enc, err = encodeLabels(atLimits)
+	if err != nil {
+		t.Fatalf("labels at the limits: %v", err)
+	}
+	if diff := cmp.Diff(atLimits, enc); diff != "" {
+		t.Errorf("labels at the limits, encoded (-want +got):\n%s", diff)
+	}
 	for _, bad := range []map[string]string{
 		{"bad key": "v"},
 		{"opensandbox.io/x": "v"},
 		{"UPPER.example/x": "v"},
 		{"k": strings.Repeat("v", 70)},
+		{"k": strings.Repeat("v", 64)},
+		{prefix253 + "c/x": "v"},
+		{strings.Repeat("n", 64): "v"},
 	} {
 		if _, err := encodeLabels(bad); !errors.Is(err, provider.ErrInvalidSpec) {
 			t.Errorf("encodeLabels(%v) = %v, want ErrInvalidSpec", bad, err)
