@@ -2,9 +2,12 @@ package opensandbox
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -59,5 +62,19 @@ func TestReadBody(t *testing.T) {
 	}
 	if got, err := readBody(strings.NewReader(""), 0, 1<<20); err != nil || len(got) != 0 {
 		t.Errorf("an empty body: %q, %v", got, err)
+	}
+}
+
+// The real sleep between polls and retries waits at least its duration, and
+// ends at once with its context.
+func TestSleepReal(t *testing.T) {
+	start := time.Now()
+	if err := sleepReal(context.Background(), 20*time.Millisecond); err != nil || time.Since(start) < 20*time.Millisecond {
+		t.Errorf("a sleep of 20 ms returned %v after %v", err, time.Since(start))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := sleepReal(ctx, time.Hour); !errors.Is(err, context.Canceled) {
+		t.Errorf("a sleep whose context ended: %v, want context.Canceled", err)
 	}
 }
