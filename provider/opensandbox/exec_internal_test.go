@@ -127,6 +127,39 @@ func TestExecInterruptsTheCommandOfACallerGone(t *testing.T) {
 	p.Wait()
 }
 
+// An interrupt whose request fails (its connection dropped) is only
+// logged: the stream is still read to its end, and nothing crashes.
+func TestExecWhoseInterruptFailsReadsTheStreamToItsEnd(t *testing.T) {
+	streaming, tried := make(chan struct{}), make(chan struct{})
+	p, h := scriptedExecd(t, Options{}, func(w http.ResponseWriter, r *http.Request, send func(string)) {
+		send(`{"type":"init","text":"cmd-8"}`)
+		close(streaming)
+		<-tried
+		send(`{"type":"execution_complete"}`)
+	}, func(string) {
+		close(tried)
+		panic(http.ErrAbortHandler) // the interrupt's connection drops unanswered
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := p.Exec(ctx, h, provider.ExecRequest{Command: "sleep 60"})
+		errc <- err
+	}()
+	<-streaming
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Errorf("Exec = %v, want context.Canceled", err)
+	}
+	waited := make(chan struct{})
+	go func() { p.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-time.After(bound):
+		t.Fatal("the stream was not read to its end after the failed interrupt")
+	}
+}
+
 // execd reports a timeout and any killing signal alike (evalue -1): the
 // command's deadline, on the provider's clock, tells them apart.
 func TestExecTellsATimeoutFromASignal(t *testing.T) {
