@@ -221,6 +221,17 @@ func TestExecSendsItsTimeout(t *testing.T) {
 	}
 }
 
+// A file call answered by a proxy's 502 (execd never saw it) is tried
+// again; execd's own answers are taken as they are.
+func TestAFileCallAProxyFailedIsTriedAgain(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	h := e.start(t, provider.Spec{Files: map[string]string{"a.txt": "A"}})
+	e.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Path: "/direct/" + h.SandboxID + "/proxy/", Status: http.StatusBadGateway})
+	if b, err := e.p.ReadFile(context.Background(), h, "a.txt"); err != nil || string(b) != "A" {
+		t.Errorf("ReadFile after a 502 = %q, %v, want the file", b, err)
+	}
+}
+
 // TestCreateRequest checks what a create sends: the image through the
 // images map, our entrypoint, the timeout and resources.
 func TestCreateRequest(t *testing.T) {

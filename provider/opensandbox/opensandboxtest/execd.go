@@ -54,6 +54,8 @@ func (s *Server) execd(w http.ResponseWriter, r *http.Request) {
 		s.upload(w, r, sb)
 	case "GET files/download":
 		s.download(w, r, sb)
+	case "GET files/info":
+		s.fileInfo(w, r, sb)
 	default:
 		s.note(r, "execd route not implemented by the fake: "+op)
 		writeError(w, http.StatusNotFound, "NOT_FOUND", "no execd route %s", op)
@@ -404,4 +406,23 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write(data)
 	}
+}
+
+// fileInfo answers GET /files/info?path=P as execd does, {P: {"type": ...}},
+// with the type the backend's read tells: a directory or a file.
+func (s *Server) fileInfo(w http.ResponseWriter, r *http.Request, sb *sandbox) {
+	path := r.URL.Query().Get("path")
+	_, err := s.backend.ReadFile(r.Context(), sb.backend, path)
+	typ := "file"
+	switch {
+	case errors.Is(err, syscall.EISDIR):
+		typ = "directory"
+	case errors.Is(err, fs.ErrNotExist):
+		writeError(w, http.StatusNotFound, "FILE_NOT_FOUND", "%s: no such file", path)
+		return
+	case err != nil:
+		s.backendError(w, "RUNTIME_ERROR", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{path: map[string]string{"type": typ}})
 }
