@@ -230,7 +230,7 @@ func (p *Provider) initBinary() (string, error) {
 		p.initBin = exe
 		return exe, nil
 	}
-	bin, err := p.placeBinary(exe)
+	bin, err := p.placeBinary(exe, true)
 	if err != nil {
 		return "", err
 	}
@@ -240,8 +240,10 @@ func (p *Provider) initBinary() (string, error) {
 
 // useInitBinary makes the separate init binary at path the one sandboxes'
 // inits run, once its placed copy proves to speak this server's protocol
-// (see checkInitBinary). The copy, not path, is checked and run: what
-// path names later is not.
+// (see checkInitBinary). A copy, never a link, is checked and run: what
+// path names later, or what is written into its file, is not (a hard
+// link would share the operator's file, and one made to a symlink is
+// that symlink, followed at each start).
 func (p *Provider) useInitBinary(path string) error {
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -253,7 +255,7 @@ func (p *Provider) useInitBinary(path string) error {
 		}
 		return fmt.Errorf("%w: init binary %s: %v", ErrBadOptions, abs, err)
 	}
-	bin, err := p.placeBinary(abs)
+	bin, err := p.placeBinary(abs, false)
 	if err != nil {
 		return err
 	}
@@ -267,10 +269,11 @@ func (p *Provider) useInitBinary(path string) error {
 	return nil
 }
 
-// placeBinary links (else copies) the executable src into a directory of
-// its own under the provider's root, as sinit.Name, readable and
-// executable by every uid.
-func (p *Provider) placeBinary(src string) (string, error) {
+// placeBinary copies the executable src into a directory of its own
+// under the provider's root, as sinit.Name, readable and executable by
+// every uid; when link, it hard-links it if it can instead (the server's
+// own binary, which nothing rewrites while it runs).
+func (p *Provider) placeBinary(src string, link bool) (string, error) {
 	dir, err := os.MkdirTemp(p.root, "init-")
 	if err != nil {
 		return "", fmt.Errorf("local: place the init: %w", err)
@@ -279,7 +282,7 @@ func (p *Provider) placeBinary(src string) (string, error) {
 		return "", fmt.Errorf("local: place the init: %w", err)
 	}
 	bin := filepath.Join(dir, sinit.Name)
-	if err := os.Link(src, bin); err != nil {
+	if !link || os.Link(src, bin) != nil {
 		if err := copyFile(src, bin); err != nil {
 			return "", fmt.Errorf("local: place the init: %w", err)
 		}

@@ -103,3 +103,51 @@ func TestTheInitRunsTheBinaryItWasGiven(t *testing.T) {
 		})
 	}
 }
+
+// The separate init a provider checked is the one its sandboxes run:
+// rewriting the operator's file in place afterwards (as cp does over an
+// existing file), or replacing the file its path's symlink names, changes
+// nothing the provider runs. A hard link to the file would share its
+// inode, and one to the symlink (linkat does not follow it) would follow
+// the path at each start, both running an init that was never checked.
+func TestTheCheckedInitBinaryIsTheOneRun(t *testing.T) {
+	built := localtest.InitBinary(t)
+	impostor := []byte("#!/bin/sh\necho impostor >&2\nexit 7\n")
+	for _, c := range []struct {
+		name    string
+		symlink bool
+	}{{"rewritten in place", false}, {"its symlink's file replaced", true}} {
+		for _, m := range []mode{{"none", IsolationNone, OverlayOff}, {"container", IsolationContainer, OverlayOff}} {
+			t.Run(c.name+"/"+m.name, func(t *testing.T) {
+				dir := t.TempDir()
+				file := filepath.Join(dir, "sandbox-init")
+				if err := copyFile(built, file); err != nil {
+					t.Fatal(err)
+				}
+				given := file
+				if c.symlink {
+					given = filepath.Join(dir, "link")
+					if err := os.Symlink(file, given); err != nil {
+						t.Fatal(err)
+					}
+				}
+				p := newProvider(t, m, Options{InitBinary: given})
+				if c.symlink {
+					next := filepath.Join(dir, "next")
+					if err := os.WriteFile(next, impostor, 0o755); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.Rename(next, file); err != nil {
+						t.Fatal(err)
+					}
+				} else if err := os.WriteFile(file, impostor, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				h := start(t, p, provider.Spec{})
+				if got := mustRun(t, p, h, "echo ok"); got != "ok\n" {
+					t.Fatalf("exec: %q", got)
+				}
+			})
+		}
+	}
+}
