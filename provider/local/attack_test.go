@@ -123,6 +123,11 @@ func TestCommandsRunAsNobodyWithoutCapabilities(t *testing.T) {
 		if got != want {
 			t.Errorf("the command's credentials:\n%s\nwant:\n%s", got, want)
 		}
+		// The init itself holds no more than its commands: not only what
+		// it gives each command it starts.
+		if got := mustRun(t, p, h, `grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/1/status | tr -s '\t ' ' '`); got != want {
+			t.Errorf("the init's credentials:\n%s\nwant:\n%s", got, want)
+		}
 		// Root inside is the sandbox's own unprivileged uid outside, and
 		// what it writes is the storage uid's on disk.
 		mustRun(t, p, h, "echo x > mine && mkdir d")
