@@ -331,8 +331,14 @@ func runContract(t *testing.T, e execdUnderTest) {
 			{"plain.txt/under", syscall.ENOTDIR},
 			{"a/b", syscall.EISDIR},
 		} {
-			if err := e.p.WriteFile(ctx, e.h, tc.name, []byte("x")); !errors.Is(err, tc.want) {
+			err := e.p.WriteFile(ctx, e.h, tc.name, []byte("x"))
+			if !errors.Is(err, tc.want) {
 				t.Errorf("WriteFile(%q) = %v, want %v", tc.name, err, tc.want)
+			}
+			// A refused file names its path.
+			var perr *fs.PathError
+			if tc.want != provider.ErrInvalidSpec && (!errors.As(err, &perr) || !strings.HasSuffix(perr.Path, "/"+tc.name)) {
+				t.Errorf("WriteFile(%q) = %v, want a path error naming the file", tc.name, err)
 			}
 		}
 		if got := run(t, e, provider.ExecRequest{Command: "ls -a"}); strings.Contains(got.Stdout, "cost") {
