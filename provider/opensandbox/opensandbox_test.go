@@ -271,6 +271,22 @@ func TestCreateRequest(t *testing.T) {
 	if diff := cmp.Diff(map[string]any{"cpu": "1500m", "memory": "1024Mi"}, seen["resourceLimits"]); diff != "" {
 		t.Errorf("resourceLimits (-want +got):\n%s", diff)
 	}
+	// A resource the spec leaves at 0 keeps the configured default.
+	for _, tc := range []struct {
+		res  provider.Resources
+		want map[string]any
+	}{
+		{provider.Resources{MemoryMiB: 256}, map[string]any{"cpu": "500m", "memory": "256Mi"}},
+		{provider.Resources{CPU: 2}, map[string]any{"cpu": "2000m", "memory": "512Mi"}},
+	} {
+		e.start(t, provider.Spec{Image: "x", Resources: &tc.res})
+		reqs := e.srv.Requests("POST /sandboxes")
+		seen = nil
+		_ = json.Unmarshal(reqs[len(reqs)-1], &seen)
+		if diff := cmp.Diff(tc.want, seen["resourceLimits"]); diff != "" {
+			t.Errorf("resourceLimits of %+v (-want +got):\n%s", tc.res, diff)
+		}
+	}
 	_ = h
 }
 
