@@ -1,24 +1,41 @@
 package sinit
 
 import (
+	"embed"
+	"fmt"
+	"hash"
 	"hash/fnv"
+	"io/fs"
 	"reflect"
 	"strconv"
 	"strings"
 )
 
+// sources are this package's own files: Identity hashes its code (see
+// hashSources), so that a separate init built from other sources is told
+// apart even when its messages have the same shape.
+//
+//go:embed *.go
+var sources embed.FS
+
 // ProtocolVersion counts the changes to what the server and an init
-// expect of each other that the messages' shape does not show (a new
-// meaning of a field, a step the init takes or no longer takes): bump it
-// with any such change. Identity covers the shape itself.
+// expect of each other that neither the messages' shape nor the init's
+// code shows (a new meaning of a field on the server's side): bump it
+// with any such change. Identity covers the shape and the code itself.
 const ProtocolVersion = 1
 
 // Identity names the init protocol this build speaks: ProtocolVersion and
 // a fingerprint of the messages (each field's name, type and JSON name),
-// the descriptors, stage names and mount kinds. The provider uses a
+// the descriptors, stage names and mount kinds, and of the init's code
+// itself (this package's sources but its tests): an init that speaks the
+// same messages but drops fewer privileges, or sets other limits, is
+// another init. The provider uses a
 // separate init binary only if it answers the server's own Identity (see
 // StageIdentity): one built from other sources is refused, never run.
-func Identity() string {
+func Identity() string { return identity(sources) }
+
+// identity is Identity with src as the package's sources.
+func identity(src fs.FS) string {
 	var b strings.Builder
 	describe(&b, reflect.TypeFor[Msg](), map[reflect.Type]bool{})
 	for _, s := range []string{Name, StageSetup, StageRun, StageIdentity,
@@ -29,6 +46,7 @@ func Identity() string {
 	}
 	h := fnv.New64a()
 	h.Write([]byte(b.String()))
+	hashSources(h, src)
 	return "sandboxowner-init protocol " + strconv.Itoa(ProtocolVersion) + " " + strconv.FormatUint(h.Sum64(), 16)
 }
 
@@ -50,5 +68,22 @@ func describe(b *strings.Builder, t reflect.Type, seen map[reflect.Type]bool) {
 	b.WriteString("}")
 	for i := range t.NumField() {
 		describe(b, t.Field(i).Type, seen)
+	}
+}
+
+// hashSources writes into h the name and content of each Go file of src
+// but its tests, in name order.
+func hashSources(h hash.Hash, src fs.FS) {
+	names, _ := fs.Glob(src, "*.go")
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		b, err := fs.ReadFile(src, name)
+		if err != nil {
+			panic(fmt.Sprintf("sinit: the embedded %s: %v", name, err))
+		}
+		fmt.Fprintf(h, "%s %d\n", name, len(b))
+		h.Write(b)
 	}
 }
