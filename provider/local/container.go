@@ -319,7 +319,8 @@ func checkInitBinary(bin string) error {
 	return nil
 }
 
-// copyFile copies the executable src to dst (mode 0755).
+// copyFile copies the executable src to dst (mode 0755, whatever the
+// umask: every uid runs it).
 func copyFile(src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {
@@ -328,6 +329,10 @@ func copyFile(src, dst string) error {
 	defer in.Close()
 	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
 	if err != nil {
+		return err
+	}
+	if err := out.Chmod(0o755); err != nil {
+		out.Close()
 		return err
 	}
 	if _, err := io.Copy(out, in); err != nil {

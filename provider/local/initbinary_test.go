@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/sandboxowner/owner/provider"
@@ -148,6 +149,33 @@ func TestTheCheckedInitBinaryIsTheOneRun(t *testing.T) {
 					t.Fatalf("exec: %q", got)
 				}
 			})
+		}
+	}
+}
+
+// The placed init is executable by every uid (a sandbox's runs it) under
+// a server's umask that would keep a new file its owner's alone (systemd's
+// UMask=0077), as its directory is. Not parallel: the umask is the
+// process's.
+func TestThePlacedInitIsExecutableByEveryUid(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "init")
+	if err := os.WriteFile(src, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := &Provider{root: t.TempDir()}
+	old := syscall.Umask(0o077)
+	bin, err := p.placeBinary(src, false)
+	syscall.Umask(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{bin, filepath.Dir(bin)} {
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fi.Mode().Perm(); got != 0o755 {
+			t.Errorf("%s: mode %v, want -rwxr-xr-x", path, got)
 		}
 	}
 }
