@@ -321,12 +321,20 @@ func checkInitBinary(bin string) error {
 
 // copyFile copies the executable src to dst (mode 0755, whatever the
 // umask: every uid runs it).
+//
+// It holds syscall.ForkLock while dst is open for writing. A process this
+// server forks (os/exec and syscall.ForkExec take the lock's read side)
+// holds a copy of every descriptor until its exec closes it; one forked
+// while dst was open would make dst's exec fail with ETXTBSY ("text file
+// busy") until then: a check or a sandbox start racing any other exec.
 func copyFile(src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
+	syscall.ForkLock.Lock()
+	defer syscall.ForkLock.Unlock()
 	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@ package local
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -176,6 +177,49 @@ func TestThePlacedInitIsExecutableByEveryUid(t *testing.T) {
 		}
 		if got := fi.Mode().Perm(); got != 0o755 {
 			t.Errorf("%s: mode %v, want -rwxr-xr-x", path, got)
+		}
+	}
+}
+
+// A placed init can be run at once however many processes the server is
+// forking meanwhile: a child forked while the copy was open for writing
+// would hold it open until its own exec, and running the copy then fails
+// with ETXTBSY (text file busy). Before copyFile held the fork lock, a
+// provider's New failed so in its check of the copy when another test's
+// sandboxes were starting; here forks run back to back beside 50 copies,
+// each run as soon as it is placed.
+func TestAPlacedInitRunsWhileTheServerForks(t *testing.T) {
+	built := localtest.InitBinary(t)
+	p := &Provider{root: t.TempDir()}
+	stop := make(chan struct{})
+	forked := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				forked <- nil
+				return
+			default:
+			}
+			if err := exec.Command("/bin/true").Run(); err != nil {
+				forked <- err
+				return
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		if err := <-forked; err != nil {
+			t.Error(err)
+		}
+	}()
+	for i := 0; i < 50; i++ {
+		bin, err := p.placeBinary(built, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := checkInitBinary(bin); err != nil {
+			t.Fatalf("copy %d: %v", i, err)
 		}
 	}
 }
