@@ -29,6 +29,11 @@ import (
 //
 //	go test -run XXX -bench Container -benchtime 200x ./bench/
 //
+// The sandboxes' inits are this test binary re-executed (the server's own
+// binary, the default) unless $BENCH_INIT_BINARY names a separate init
+// (go build -o /tmp/sandbox-init ./cmd/sandbox-init; see
+// sandbox.local.init_binary).
+//
 // BenchmarkContainerExec: POST /sandboxes/{id}/exec of `true` through the
 // sandbox API (HTTP, the token /sandbox_access gave), one session; median
 // and 90th percentile, and the median of the floor (see shellFloor)
@@ -58,6 +63,7 @@ func notesServer(b *testing.B) string {
 	cfg.Port = 0
 	cfg.MaxSessions = 0
 	cfg.Sandbox.Local.Root = filepath.Join(b.TempDir(), "sandboxes")
+	cfg.Sandbox.Local.InitBinary = os.Getenv("BENCH_INIT_BINARY")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandboxowner/owner/app"
 	httpapi "github.com/sandboxowner/owner/http"
+	"github.com/sandboxowner/owner/provider/local/localtest"
 	"github.com/sandboxowner/owner/resources/swebench"
 )
 
@@ -86,6 +87,7 @@ func baseConfig(t *testing.T, tr swebench.TaskRepo) app.Config {
 	cfg.Name, cfg.Resources, cfg.Port = "swebench", "swebench", 0
 	cfg.Sandbox.Provider = "local"
 	cfg.Sandbox.Local.Root = t.TempDir()
+	cfg.Sandbox.Local.InitBinary = localtest.InitBinary(t)
 	cfg.SWEBench = swebench.Config{
 		TemplateDir:  swebench.SharedTemplateDir(),
 		StdCacheDir:  swebench.SharedStdCacheDir(),

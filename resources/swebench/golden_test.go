@@ -12,6 +12,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/provider/local/localtest"
 	"github.com/sandboxowner/owner/sandbox"
 )
 
@@ -30,6 +31,9 @@ func newGoldenOn(t *testing.T, tk task, lopts local.Options, opts ...func(*Confi
 	needTools(t, "git", "go", "patch")
 	log := testLogger(t)
 	lopts.Root, lopts.Logger = t.TempDir(), log
+	if lopts.InitBinary == "" {
+		lopts.InitBinary = localtest.InitBinary(t)
+	}
 	prov, err := local.New(lopts)
 	if err != nil {
 		t.Fatal(err)

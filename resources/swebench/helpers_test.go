@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/provider/local/localtest"
 	"github.com/sandboxowner/owner/sandbox"
 	"github.com/sandboxowner/owner/sandboxapi"
 )
@@ -263,7 +264,7 @@ func newWorld(t testing.TB, tk task, opts ...worldOpt) *world {
 func (w *world) open() {
 	t := w.t
 	t.Helper()
-	p, err := local.New(local.Options{Root: w.root, Logger: w.log, Caches: w.caches, Isolation: w.isolation})
+	p, err := local.New(local.Options{Root: w.root, Logger: w.log, Caches: w.caches, Isolation: w.isolation, InitBinary: localtest.InitBinary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -274,6 +274,7 @@ func childConfig(t *testing.T, tr swebench.TaskRepo, root, state string) string 
 	cfg.Name, cfg.Resources, cfg.Port, cfg.SessionSecret = "swebench", "swebench", 0, childSecret
 	cfg.Sandbox.Provider = "local"
 	cfg.Sandbox.Local.Root = root
+	cfg.Sandbox.Local.InitBinary = localtest.InitBinary(t)
 	cfg.Checkpoint.Enabled, cfg.Checkpoint.StateDir, cfg.Checkpoint.ControlAuthToken = true, state, childToken
 	cfg.SWEBench = swebench.Config{
 		Repos:         map[string]string{tr.Repo: tr.Dir},
@@ -301,7 +302,7 @@ func childConfig(t *testing.T, tr swebench.TaskRepo, root, state string) string 
 // exclusive: a server still running on root is reported, not raced.
 func stopLeftSandboxes(t *testing.T, root string) {
 	t.Helper()
-	p, err := local.New(local.Options{Root: root, Exclusive: true})
+	p, err := local.New(local.Options{Root: root, Exclusive: true, InitBinary: localtest.InitBinary(t)})
 	if err != nil {
 		t.Errorf("stop what the servers left on %s: %v", root, err)
 		return

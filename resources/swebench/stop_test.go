@@ -46,7 +46,7 @@ func (e *evalBegins) Exec(ctx context.Context, h provider.Handle, req provider.E
 func TestAServerStoppedMidValidationStopsItsSandbox(t *testing.T) {
 	t.Parallel()
 	tr := swebench.NewTaskRepo(t)
-	prov, err := local.New(local.Options{Root: t.TempDir()})
+	prov, err := local.New(local.Options{Root: t.TempDir(), InitBinary: localtest.InitBinary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestAServerStoppedMidValidationStopsItsSandbox(t *testing.T) {
 func TestStopLeftSandboxesStopsWhatAKilledServerLeft(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
-	p, err := local.New(local.Options{Root: root, Exclusive: true})
+	p, err := local.New(local.Options{Root: root, Exclusive: true, InitBinary: localtest.InitBinary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestStopLeftSandboxesStopsWhatAKilledServerLeft(t *testing.T) {
 	if m := localtest.MountsUnder(t, root); len(m) != 0 {
 		t.Errorf("mounted under the root after stopLeftSandboxes: %v", m)
 	}
-	q, err := local.New(local.Options{Root: root})
+	q, err := local.New(local.Options{Root: root, InitBinary: localtest.InitBinary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

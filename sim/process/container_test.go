@@ -14,7 +14,7 @@ import (
 // checkpoint: seed, a note, commands through the sandbox API (as nobody,
 // with no capabilities, blind to the server's state), prepare, commit, a
 // SIGKILL, a restore on a fresh server, and a verify of every fork. The
-// server makes its sandboxes' containers itself.
+// server makes its sandboxes' containers itself, its own binary their init.
 func TestNotesWalkThroughInContainers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the server as a process")
@@ -29,7 +29,9 @@ func TestNotesWalkThroughInContainers(t *testing.T) {
 			env = append(env, kv)
 		}
 	}
-	local := []string{"-sandbox.provider", "local"}
+	// The server's own binary is the init, as with go run ./cmd/server:
+	// nothing else to build or configure.
+	local := []string{"-sandbox.provider", "local", "-sandbox.local.init_binary", ""}
 	s := startWithEnv(t, dir, env, local...)
 	if code, h, err := s.call(nil, "GET", "/health", nil); err != nil || code != 200 || h["isolation"] != "container" {
 		t.Fatalf("health: %d %v %v\n%s", code, h, err, s.log)

@@ -18,6 +18,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/provider/local/localtest"
 	"github.com/sandboxowner/owner/records"
 )
 
@@ -276,7 +277,7 @@ func TestGymRetentionTenCheckpoints(t *testing.T) {
 	g.open(s, root, true)
 	lg := logrus.New()
 	lg.SetOutput(io.Discard)
-	p, err := local.New(local.Options{Root: filepath.Join(dir, "sandboxes"), Templates: map[string]string{"notes": ""}, Isolation: "none", Overlay: "off", Logger: lg})
+	p, err := local.New(local.Options{Root: filepath.Join(dir, "sandboxes"), Templates: map[string]string{"notes": ""}, Isolation: "none", Overlay: "off", Logger: lg, InitBinary: localtest.InitBinary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/provider/local/localtest"
 	"github.com/sandboxowner/owner/provider/opensandbox"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 	"github.com/sandboxowner/owner/snapshotindex"
@@ -135,7 +136,7 @@ func TestOpenSandboxRealExecd(t *testing.T) {
 	for _, iter := range []int{0, 2} {
 		t.Run(fmt.Sprintf("iteration-%d", iter), func(t *testing.T) {
 			t.Parallel()
-			lp, err := local.New(local.Options{Root: t.TempDir(), Templates: map[string]string{"registry.example/notes:1": ""}, Isolation: local.IsolationNone, Overlay: local.OverlayOff, Logger: quiet})
+			lp, err := local.New(local.Options{Root: t.TempDir(), Templates: map[string]string{"registry.example/notes:1": ""}, Isolation: local.IsolationNone, Overlay: local.OverlayOff, Logger: quiet, InitBinary: localtest.InitBinary(t)})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -104,6 +105,12 @@ func startWith(t *testing.T, dir string, providerArgs ...string) *server {
 func startWithEnv(t *testing.T, dir string, env []string, providerArgs ...string) *server {
 	t.Helper()
 	args := append([]string{"-port", "0", "-log-format", "json", "-log-level", "info"}, providerArgs...)
+	if i := slices.Index(providerArgs, "-sandbox.provider"); i >= 0 && i+1 < len(providerArgs) && providerArgs[i+1] == "local" &&
+		!slices.Contains(providerArgs, "-sandbox.local.init_binary") {
+		// The sandboxes' inits are the small init, not this -race binary
+		// (unless the test names one: "" for the server's own).
+		args = append(args, "-sandbox.local.init_binary", localtest.InitBinary(t))
+	}
 	args = append(args, "-checkpoint.enabled", "-checkpoint.state_dir", dir, "-checkpoint.control_auth_token", token)
 	cmd := servertest.Command(env, args...)
 	stderr, err := cmd.StderrPipe()
@@ -296,7 +303,7 @@ func checkDisk(t *testing.T, dir string, leaks bool) {
 	}
 	lg := logrus.New()
 	lg.SetOutput(io.Discard)
-	p, err := local.New(local.Options{Root: filepath.Join(dir, "sandboxes"), Templates: map[string]string{"notes": ""}, Isolation: "none", Overlay: "off", Logger: lg})
+	p, err := local.New(local.Options{Root: filepath.Join(dir, "sandboxes"), Templates: map[string]string{"notes": ""}, Isolation: "none", Overlay: "off", Logger: lg, InitBinary: localtest.InitBinary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -515,7 +522,7 @@ func TestSIGKILLWithWarmPools(t *testing.T) {
 	// wait (bounded) until the pools' refill has started one.
 	lg := logrus.New()
 	lg.SetOutput(io.Discard)
-	p, err := local.New(local.Options{Root: filepath.Join(dir, "sandboxes"), Templates: map[string]string{"notes": ""}, Isolation: "none", Overlay: "off", Logger: lg})
+	p, err := local.New(local.Options{Root: filepath.Join(dir, "sandboxes"), Templates: map[string]string{"notes": ""}, Isolation: "none", Overlay: "off", Logger: lg, InitBinary: localtest.InitBinary(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
