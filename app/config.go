@@ -152,6 +152,10 @@ type LocalOptions struct {
 	ROBinds []string `yaml:"ro_binds"`
 	// Limits bound each sandbox through cgroups, where the host offers them.
 	Limits LocalLimits `yaml:"limits"`
+	// CPUWeightMax bounds the CPU weight of all sandboxes together
+	// against the host's other processes, in busy processes' worth (0: the
+	// default, local.DefaultCPUWeightMax).
+	CPUWeightMax float64 `yaml:"cpu_weight_max"`
 	// MaxExecTimeout caps a command's timeout_ms (a Go duration, "30m").
 	MaxExecTimeout string `yaml:"max_exec_timeout"`
 	// MaxFileBytes caps one file read or written through the sandbox API
@@ -310,6 +314,7 @@ func keyUsage() map[string]string {
 		"sandbox.local.limits.disk_inodes":             "local provider: files, directories and links one sandbox may hold (default: one per 16 KiB of disk_mb)",
 		"sandbox.local.max_exec_timeout":               "local provider: longest timeout a command may ask for (default 30m)",
 		"sandbox.local.seccomp":                        "local provider: syscall filter of sandboxed commands: default, off, or a file holding a compiled BPF program (default: default)",
+		"sandbox.local.cpu_weight_max":                 "local provider: most CPU weight all sandboxes together carry against the host's other processes, in busy processes' worth (default 64)",
 		"sandbox.local.init_binary":                    "local provider: path of a sandbox-init binary (go build ./cmd/sandbox-init) each sandbox's init runs instead of the server's own binary (default: the server's own)",
 		"sandbox.local.max_file_bytes":                 "local provider: largest file the server reads or writes in a sandbox, bytes (default 67108864)",
 		"sandbox.local.snapshot_delay_ms":              "local provider: hold every snapshot this long (crash tests only)",
@@ -701,6 +706,9 @@ func (c *Config) validate(given provider.Provider) error {
 	}
 	if c.Sandbox.Local.MaxFileBytes < 0 {
 		return bad("sandbox.local.max_file_bytes must not be negative")
+	}
+	if c.Sandbox.Local.CPUWeightMax < 0 {
+		return bad("sandbox.local.cpu_weight_max must not be negative, not %g", c.Sandbox.Local.CPUWeightMax)
 	}
 	if t := c.Sandbox.Local.MaxExecTimeout; t != "" {
 		if d, err := time.ParseDuration(t); err != nil || d <= 0 {

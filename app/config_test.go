@@ -207,6 +207,7 @@ func TestConfigErrorLines(t *testing.T) {
 		{name: "negative pool size", args: []string{"-sandbox.pool.size", "-1"}, want: `config: sandbox.pool: size must not be negative (0: no pools), refill_concurrency must be at least 1 and max_idle not negative, not -1, 4, 10m0s`},
 		{name: "no pool refills", args: []string{"-sandbox.pool.refill_concurrency", "0"}, want: `config: sandbox.pool: size must not be negative (0: no pools), refill_concurrency must be at least 1 and max_idle not negative, not 0, 0, 10m0s`},
 		{name: "negative template retention", args: []string{"-sweep.retention.templates", "-1s"}, want: `config: sweep.retention.templates must not be negative, not -1s`},
+		{name: "negative cpu weight", args: []string{"-sandbox.local.cpu_weight_max", "-1"}, want: `config: sandbox.local.cpu_weight_max must not be negative, not -1`},
 		{name: "negative max_sessions", args: []string{"-max_sessions", "-1"}, want: `config: max_sessions must not be negative (0: no bound), not -1`},
 		{name: "negative max deadline", args: []string{"-checkpoint.max_deadline_seconds", "-1"}, want: `config: checkpoint.max_deadline_seconds must be > 0 (0: the default, 3600), not -1`},
 	}

@@ -103,6 +103,7 @@ func newLocalProvider(cfg *Config, env providerEnv) (provider.Provider, error) {
 		UIDRange:       o.UIDRange,
 		ROBinds:        o.ROBinds,
 		Limits:         local.Limits{Pids: o.Limits.Pids, MemoryMB: o.Limits.MemoryMB, CPUs: o.Limits.CPUs, DiskMB: o.Limits.DiskMB, DiskInodes: o.Limits.DiskInodes},
+		CPUWeightMax:   o.CPUWeightMax,
 		MaxExecTimeout: maxExec,
 		MaxFileBytes:   o.MaxFileBytes,
 		Seccomp:        o.Seccomp,

@@ -5,12 +5,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sandboxowner/owner/internal/flock"
 )
 
 // Limits bound what one sandbox's commands may use together. Zero fields
@@ -70,6 +73,87 @@ type cgroups struct {
 	// dirs maps a controller to its parent directory; on v2 every
 	// controller shares one.
 	dirs map[string]string
+	// weight sizes the cpu parent's weight by its sandboxes (see weigh).
+	weight cpuWeight
+}
+
+// cpuWeight is how much CPU weight the sandboxes' cpu parent carries
+// against its siblings (the server's own processes and whatever else runs
+// beside it), in busy processes' worth: a nice-0 process weighs one
+// (cgroup v1 cpu.shares 1024, v2 cpu.weight 100). A cgroup weighs what its
+// weight file says however many processes it holds, so at the default of
+// one, every sandbox together got one process's share of a loaded host.
+// Each live sandbox now adds perSandbox (its CPU limit: a sandbox using
+// all it may weighs what as many busy processes outside would), up to max.
+// A zero cpuWeight leaves the parent's weight alone.
+type cpuWeight struct {
+	perSandbox, max float64
+}
+
+// DefaultCPUWeightMax bounds the sandboxes' weight together, in busy
+// processes' worth (Options.CPUWeightMax). Every live sandbox counts, busy
+// or idle (the weight cannot follow which ones run), so past the bound a
+// few busy sandboxes among many idle ones do not outweigh the rest of the
+// host without end; each is held to its own CPU limit anyway.
+const DefaultCPUWeightMax = 64
+
+// The kernels' bounds of a cgroup's weight.
+const (
+	maxSharesV1 = 262144
+	minSharesV1 = 2
+	maxWeightV2 = 10000
+	minWeightV2 = 1
+)
+
+// weightValue is the weight file's name and the value of n processes'
+// worth, within the kernel's bounds.
+func weightValue(v2 bool, n float64) (file, value string) {
+	unit, lo, hi, file := 1024.0, minSharesV1, maxSharesV1, "cpu.shares"
+	if v2 {
+		unit, lo, hi, file = 100.0, minWeightV2, maxWeightV2, "cpu.weight"
+	}
+	return file, strconv.Itoa(max(lo, min(hi, int(math.Round(n*unit)))))
+}
+
+// weigh sets the cpu parent's weight to perSandbox times the sandboxes
+// in it, up to max (see cpuWeight), at least one process's worth. The
+// sandboxes are counted from the directory, under a lock on it, so that
+// providers and servers sharing the parent (every process that runs in
+// the same cgroup) leave it at what its sandboxes are, whoever changed it
+// last. A parent tidy removed is no one's: nothing is written.
+func (cg *cgroups) weigh() error {
+	dir, ok := cg.dirOf("cpu")
+	if !ok || cg.weight.perSandbox <= 0 {
+		return nil
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	if err := flock.Exclusive(f); err != nil {
+		f.Close()
+		return err
+	}
+	// Unlocked before closed: a child forked meanwhile holds a copy.
+	defer flock.Release(f)
+	entries, err := f.ReadDir(-1)
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, e := range entries {
+		if e.IsDir() && !strings.HasPrefix(e.Name(), "probe-") {
+			n++
+		}
+	}
+	file, value := weightValue(cg.v2, max(1, min(cg.weight.max, float64(n)*cg.weight.perSandbox)))
+	if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("cgroup cpu %s=%s: %w", file, value, err)
+	}
+	return nil
 }
 
 // cgroupControllers are the controllers sandboxes use.
@@ -296,6 +380,11 @@ func (cg *cgroups) create(id string, l Limits) (*sandboxCgroup, error) {
 	}
 	if err := errors.Join(errs...); err != nil {
 		g.remove()
+		_ = cg.weigh()
+		return nil, err
+	}
+	if err := cg.weigh(); err != nil {
+		g.remove()
 		return nil, err
 	}
 	return g, nil
@@ -303,10 +392,20 @@ func (cg *cgroups) create(id string, l Limits) (*sandboxCgroup, error) {
 
 // tidy removes the parent directories when no sandbox cgroup is left in
 // them, so that nothing of this server stays in its own cgroup once its
-// sandboxes are idle (a directory with children cannot be removed).
-func (cg *cgroups) tidy() {
+// sandboxes are idle (a directory with children cannot be removed), and
+// weighs the cpu parent again when some are.
+func (cg *cgroups) tidy() error {
 	for _, parent := range cg.dirs {
 		_ = syscall.Rmdir(parent)
+	}
+	return cg.weigh()
+}
+
+// tidyCgroups tidies the sandboxes' cgroup parents once one is removed
+// (see tidy).
+func (p *Provider) tidyCgroups() {
+	if err := p.cg.tidy(); err != nil {
+		p.log.WithError(err).Warn("local: weigh the sandboxes' cpu cgroup again")
 	}
 }
 

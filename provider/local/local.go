@@ -131,6 +131,17 @@ type Options struct {
 	// them (see Limits). Rlimits (no core files, open files, file size)
 	// apply always.
 	Limits Limits
+	// CPUWeightMax bounds the CPU weight all sandboxes together carry
+	// against the other processes of the host (those of the cgroup the
+	// server runs in: the server, and on a host like most, everything
+	// else), in busy processes' worth: DefaultCPUWeightMax when zero; 1 is
+	// one process's worth, what the sandboxes' one cgroup weighed before
+	// its weight was scaled. Each live sandbox adds its CPU limit (the
+	// host's CPUs when it has none): a sandbox using all its limit competes
+	// as that many busy processes outside would, where before all of them
+	// shared one process's share of a loaded host. Negative is
+	// ErrBadOptions.
+	CPUWeightMax float64
 	// MaxExecTimeout caps ExecRequest.Timeout (DefaultMaxExecTimeout when
 	// zero): a longer one is ErrInvalidSpec.
 	MaxExecTimeout time.Duration
@@ -280,6 +291,8 @@ type Provider struct {
 	// limits are written to them.
 	cg     *cgroups
 	limits Limits
+	// cpuWeightMax: see Options.CPUWeightMax.
+	cpuWeightMax float64
 	// disks, when the disk limit holds here, makes each sandbox's
 	// filesystem image (see disks); diskErr says why it does not.
 	disks          *disks
@@ -422,6 +435,10 @@ func New(opts Options) (_ *Provider, err error) {
 		return nil, fmt.Errorf("%w: DefaultExecTimeout %s is over MaxExecTimeout %s", ErrBadOptions, p.execTimeout, p.maxExecTimeout)
 	}
 	p.limits = opts.Limits.withDefaults()
+	p.cpuWeightMax = cmp.Or(opts.CPUWeightMax, DefaultCPUWeightMax)
+	if p.cpuWeightMax < 0 {
+		return nil, fmt.Errorf("%w: CPUWeightMax %g is negative", ErrBadOptions, opts.CPUWeightMax)
+	}
 	if p.copyWorkers <= 0 {
 		p.copyWorkers = DefaultCopyWorkers
 	}
@@ -753,6 +770,17 @@ func (p *Provider) chooseCgroups() {
 	}
 	if len(why) > 0 {
 		p.log.WithField("missing", why).Warn("local provider: some sandbox limits are not enforced here (no cgroup the server may make for them); rlimits still apply")
+	}
+	if cg == nil {
+		return
+	}
+	cg.weight = cpuWeight{perSandbox: p.limits.CPUs, max: p.cpuWeightMax}
+	if p.limits.CPUs < 0 {
+		cg.weight.perSandbox = float64(runtime.NumCPU())
+	}
+	// Sandboxes a previous server left count from now on.
+	if err := cg.weigh(); err != nil {
+		p.log.WithError(err).Warn("local provider: the sandboxes' CPU weight cannot be set; they share one process's worth of a loaded host")
 	}
 }
 

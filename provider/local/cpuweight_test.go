@@ -1,0 +1,193 @@
+package local
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/provider"
+)
+
+// Every sandbox's cpu cgroup sits in one parent, which on cgroup v1 weighed
+// what one busy process does (cpu.shares 1024) however many sandboxes ran
+// in it: under a load of 20–70 on two cores, in-sandbox work got a tenth of
+// a core. The parent now weighs its live sandboxes' CPU limits, up to a
+// bound, on a real cgroup (one of the test's own under the server's
+// parent), and each sandbox keeps its own limit.
+func TestTheSandboxesCPUWeightFollowsTheirNumber(t *testing.T) {
+	host, _ := probeCgroups()
+	parent, ok := host.dirOf("cpu")
+	if !ok {
+		t.Skip("SKIP: the host lets the server make no cpu cgroup here")
+	}
+	dir := filepath.Join(parent, "weight-test-"+strconv.Itoa(os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(dir) })
+	cg := &cgroups{v2: host.v2, dirs: map[string]string{"cpu": dir}, weight: cpuWeight{perSandbox: 1.5, max: 4}}
+	if cg.v2 {
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+cpu"), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A probe's throwaway cgroup is no sandbox.
+	if err := os.Mkdir(filepath.Join(dir, "probe-cpu-1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(filepath.Join(dir, "probe-cpu-1"))
+	file, unit := "cpu.shares", 1024.0
+	if cg.v2 {
+		file, unit = "cpu.weight", 100
+	}
+	weight := func() string {
+		b, err := os.ReadFile(filepath.Join(dir, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	var got, want []string
+	var groups []*sandboxCgroup
+	for i, w := range []float64{1.5, 3, 4} {
+		g, err := cg.create("sb"+strconv.Itoa(i), Limits{CPUs: 1.5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = g.remove() })
+		groups = append(groups, g)
+		got, want = append(got, weight()), append(want, strconv.Itoa(int(w*unit)))
+	}
+	for i, w := range []float64{3, 1.5} {
+		if err := groups[i].remove(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cg.tidy(); err != nil {
+			t.Fatal(err)
+		}
+		got, want = append(got, weight()), append(want, strconv.Itoa(int(w*unit)))
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("the parent's %s as sandboxes start and stop (-want +got):\n%s", file, diff)
+	}
+	// The weight is the parent's: each sandbox keeps its CPU limit.
+	quota := "cpu.cfs_quota_us"
+	if cg.v2 {
+		quota = "cpu.max"
+	}
+	b, err := os.ReadFile(filepath.Join(groups[2].dirs["cpu"], quota))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := strings.Fields(string(b)); len(q) == 0 || q[0] != "150000" {
+		t.Errorf("a sandbox's %s under a weighed parent: %q, want 150000", quota, b)
+	}
+}
+
+// The weight's bounds: a parent weighs at least one process, at most the
+// kernel's bound.
+func TestAWeightStaysWithinTheKernelsBounds(t *testing.T) {
+	for _, c := range []struct {
+		v2         bool
+		n          float64
+		file, want string
+	}{
+		{false, 0.001, "cpu.shares", "2"},
+		{false, 2.5, "cpu.shares", "2560"},
+		{false, 1000, "cpu.shares", "262144"},
+		{true, 0.001, "cpu.weight", "1"},
+		{true, 2.5, "cpu.weight", "250"},
+		{true, 1000, "cpu.weight", "10000"},
+	} {
+		file, value := weightValue(c.v2, c.n)
+		if file != c.file || value != c.want {
+			t.Errorf("v2 %v, %g processes: %s=%s, want %s=%s", c.v2, c.n, file, value, c.file, c.want)
+		}
+	}
+}
+
+// A provider weighs each sandbox by its CPU limit (the host's CPUs without
+// one), up to Options.CPUWeightMax.
+func TestAProvidersSandboxesWeighTheirCPULimit(t *testing.T) {
+	for _, c := range []struct {
+		opts Options
+		want cpuWeight
+	}{
+		{Options{Limits: Limits{CPUs: 1.5}, CPUWeightMax: 3}, cpuWeight{1.5, 3}},
+		{Options{}, cpuWeight{DefaultCPUs, DefaultCPUWeightMax}},
+		{Options{Limits: Limits{CPUs: -1}}, cpuWeight{float64(runtime.NumCPU()), DefaultCPUWeightMax}},
+	} {
+		p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, c.opts)
+		if p.cg == nil {
+			t.Skip("SKIP: the host lets the server make no cgroup here")
+		}
+		if p.cg.weight != c.want {
+			t.Errorf("Limits.CPUs %g, CPUWeightMax %g: %+v, want %+v", c.opts.Limits.CPUs, c.opts.CPUWeightMax, p.cg.weight, c.want)
+		}
+	}
+	if _, err := New(Options{Root: t.TempDir(), Isolation: IsolationNone, CPUWeightMax: -1}); !errors.Is(err, ErrBadOptions) {
+		t.Errorf("a negative CPUWeightMax: %v, want ErrBadOptions", err)
+	}
+}
+
+// An isolated sandbox cannot raise its own weight, its parent's, or its
+// CPU limit: it does not see its cgroups' files, and they are the
+// server's, never delegated to the sandbox's uid. (Unisolated commands run
+// as the server and can change what it can.)
+func TestASandboxCannotRaiseItsCPUWeightOrLimit(t *testing.T) {
+	containerModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		if _, ok := p.cg.dirOf("cpu"); !ok {
+			t.Skipf("SKIP: the host lets the server make no cpu cgroup here (limits in effect: %s)", p.LimitsInEffect())
+		}
+		h := start(t, p, provider.Spec{})
+		mustRun(t, p, h, "true") // its init, and so its cgroups, run
+		own, parent := p.cg.of(h.SandboxID).dirs["cpu"], filepath.Dir(p.cg.of(h.SandboxID).dirs["cpu"])
+		files := []string{"cpu.shares", "cpu.cfs_quota_us"}
+		if p.cg.v2 {
+			files = []string{"cpu.weight", "cpu.max"}
+		}
+		targets := []string{filepath.Join(own, files[0]), filepath.Join(own, files[1]), filepath.Join(parent, files[0])}
+		before := make([]string, len(targets))
+		for i, f := range targets {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before[i] = string(b)
+		}
+		for _, f := range append([]string{own}, targets...) {
+			fi, err := os.Stat(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st := fi.Sys().(*syscall.Stat_t); int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o022 != 0 {
+				t.Errorf("%s: uid %d, mode %v; want the server's (uid %d), writable by it alone", f, st.Uid, fi.Mode(), os.Geteuid())
+			}
+		}
+		var script strings.Builder
+		for _, f := range targets {
+			script.WriteString("if echo 10000 > " + f + "; then echo wrote " + f + "; fi; ")
+		}
+		res := run(t, p, h, script.String())
+		if strings.Contains(res.Stdout, "wrote") {
+			t.Errorf("a sandbox wrote its cgroups' CPU files: %+v", res)
+		}
+		for i, f := range targets[:2] {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(b) != before[i] {
+				t.Errorf("%s: %q after the sandbox's writes, %q before", f, b, before[i])
+			}
+		}
+	})
+}
