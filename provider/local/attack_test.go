@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local/localtest"
 	"github.com/sandboxowner/owner/provider/local/seccomp"
 
 	"github.com/sandboxowner/owner/provider/local/sinit"
@@ -627,12 +628,12 @@ func TestTheMemoryLimitIsClaimedOnlyWhereItHolds(t *testing.T) {
 	if !ok {
 		t.Skip("SKIP: the host lets the server make no memory cgroup here")
 	}
-	if err := probeMemory(dir, cg.v2, memProbeLimitMiB); err != nil {
+	if err := probeMemory(localtest.InitBinary(t), dir, cg.v2, memProbeLimitMiB); err != nil {
 		t.Skipf("SKIP: the memory limit is not enforced on this host: %v", err)
 	}
 	// A limit over what the probe touches lets it finish: what a host that
 	// does not charge memory looks like.
-	if err := probeMemory(dir, cg.v2, 16*memProbeTouchMiB); !errors.Is(err, errNotEnforced) {
+	if err := probeMemory(localtest.InitBinary(t), dir, cg.v2, 16*memProbeTouchMiB); !errors.Is(err, errNotEnforced) {
 		t.Errorf("a limit the probe stays under: %v, want errNotEnforced", err)
 	}
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})

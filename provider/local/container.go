@@ -215,7 +215,8 @@ func awaitSetup(ctx context.Context, fd int, setup *sinit.Setup) (err error) {
 // initBinary is the binary sandboxes' inits run: Options.InitBinary's
 // (placed by New, see useInitBinary), else the server's own, where the
 // sandbox's uid can reach it (the init executes it as that uid, by path):
-// a hard link (else a copy) under the provider's root, made once.
+// a hard link (else a copy) of the running binary under the provider's
+// root, made once (see placeRunning).
 func (p *Provider) initBinary() (string, error) {
 	p.initBinMu.Lock()
 	defer p.initBinMu.Unlock()
@@ -271,9 +272,42 @@ func (p *Provider) useInitBinary(path string) error {
 
 // placeBinary copies the executable src into a directory of its own
 // under the provider's root, as sinit.Name, readable and executable by
-// every uid; when link, it hard-links it if it can instead (the server's
-// own binary, which nothing rewrites while it runs).
+// every uid; when link (src is the server's own binary), it places the
+// running binary instead (see placeRunning).
 func (p *Provider) placeBinary(src string, link bool) (string, error) {
+	if link {
+		return p.placeRunning(src, "/proc/self/exe")
+	}
+	return p.placeAt(func(bin string) error { return copyFile(src, bin) })
+}
+
+// placeRunning places the binary this process runs (running, which names
+// its file whatever happened to its path since) for sandboxes' inits and
+// the provider's helpers: a hard link of exe, the path it was started
+// from, when exe is still that file, else a copy of running. Linked, not
+// copied, when it can: the server's binary is tens of megabytes (and a
+// -race test binary more) copied at each provider's start, and nothing
+// can change the file while the server runs it (the kernel refuses to
+// open a running binary for writing, ETXTBSY) nor after (no init outlives
+// its server, and the next server removes what was placed). A path that
+// now names another file (a new build moved over it) is never linked:
+// inits and helpers speak the running server's protocol.
+func (p *Provider) placeRunning(exe, running string) (string, error) {
+	return p.placeAt(func(bin string) error {
+		if err := os.Link(exe, bin); err == nil {
+			if sameFile(bin, running) {
+				return nil
+			}
+			_ = os.Remove(bin)
+		}
+		return copyFile(running, bin)
+	})
+}
+
+// placeAt makes a directory of its own under the provider's root,
+// searchable by every uid, and has place put the binary there (as
+// sinit.Name).
+func (p *Provider) placeAt(place func(bin string) error) (string, error) {
 	dir, err := os.MkdirTemp(p.root, "init-")
 	if err != nil {
 		return "", fmt.Errorf("local: place the init: %w", err)
@@ -282,12 +316,21 @@ func (p *Provider) placeBinary(src string, link bool) (string, error) {
 		return "", fmt.Errorf("local: place the init: %w", err)
 	}
 	bin := filepath.Join(dir, sinit.Name)
-	if !link || os.Link(src, bin) != nil {
-		if err := copyFile(src, bin); err != nil {
-			return "", fmt.Errorf("local: place the init: %w", err)
-		}
+	if err := place(bin); err != nil {
+		return "", fmt.Errorf("local: place the init: %w", err)
 	}
 	return bin, nil
+}
+
+// sameFile reports whether paths a and b name one file (b followed, as
+// /proc/self/exe is).
+func sameFile(a, b string) bool {
+	fa, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	fb, err := os.Stat(b)
+	return err == nil && os.SameFile(fa, fb)
 }
 
 // initCheckTimeout bounds checkInitBinary's run of a binary, one that

@@ -24,11 +24,6 @@ import (
 // viewsDirName is the directory of a sandbox's views.
 const viewsDirName = ".views"
 
-// idmapHolderName is argv[0] of the process whose user namespace an
-// idmapped mount takes its mapping from: a shell that waits for its stdin
-// to close (see holdUserNS).
-const idmapHolderName = "sandbox-idmap"
-
 // idmapNS returns a user namespace (an open descriptor) that maps root to
 // root and the storage ids to the sandbox's: an idmapped mount made with
 // it shows a file the storage uid owns as the sandbox's uid's, and one

@@ -395,6 +395,8 @@ func New(opts Options) (_ *Provider, err error) {
 		garbage:        true,
 		release:        newImageRelease(),
 	}
+	// The helper is the inits' binary in its user namespace mode.
+	p.ns.exe = p.initBinary
 	if p.workdir == "" {
 		p.workdir = DefaultWorkdir
 	}
@@ -757,7 +759,13 @@ func (p *Provider) chooseCgroups() {
 		on   bool
 		test func(dir string) error
 	}{
-		{"memory", p.limits.MemoryMB > 0, func(dir string) error { return probeMemory(dir, cg.v2, memProbeLimitMiB) }},
+		{"memory", p.limits.MemoryMB > 0, func(dir string) error {
+			bin, err := p.initBinary()
+			if err != nil {
+				return err
+			}
+			return probeMemory(bin, dir, cg.v2, memProbeLimitMiB)
+		}},
 		{"pids", p.limits.Pids > 0, func(dir string) error { return probePids(dir, cg.v2, probePidsLimit) }},
 		{"cpu", p.limits.CPUs > 0, func(dir string) error { return probeCPU(dir, cg.v2, probeCPUQuotaUS) }},
 	} {

@@ -7,12 +7,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxowner/owner/provider/local/sinit"
 )
 
 // The user namespaces views map through (see idmapNS) are made by a
@@ -22,35 +23,15 @@ import (
 // vfork's parent could not write): the server's whole memory map is
 // copied, under its fork lock, once per namespace. Within the server that
 // costs more than the fork: 32 loop devices attached at once took 0.04–0.06 s
-// alone and 1.9 s beside 32 such forks (docs/benchmarks.md). The helper is the server's
-// binary run again, small, whose forks are cheap and touch nothing of the
-// server's; the server asks it for a namespace and gets an open descriptor
-// back.
+// alone and 1.9 s beside 32 such forks (docs/benchmarks.md). The helper is
+// the inits' binary in its user namespace mode (see sinit.RunUserNS: the
+// small init when the provider has one, else the server's own binary run
+// again), small, whose forks are cheap and touch nothing of the server's;
+// the server asks it for a namespace and gets an open descriptor back.
 //
 // Each provider has its own helper: it is started at the first namespace
 // the provider asks for, ends when the provider closes or the server ends
 // (its control socket closes), and is started again if it died.
-
-// nsMakerName is argv[0] of the helper (see init).
-const nsMakerName = "sandbox-userns"
-
-// nsMakerFd is the helper's end of its control socket.
-const nsMakerFd = 3
-
-// nsRequest asks the helper for a user namespace that maps root to root
-// and the storage ids to the sandbox's. It travels on the control socket
-// with one descriptor, the socket the answer goes to: a nsAnswer, with the
-// namespace's descriptor when it was made.
-type nsRequest struct {
-	StorageUID int `json:"storage_uid"`
-	StorageGID int `json:"storage_gid"`
-	UID        int `json:"uid"`
-	GID        int `json:"gid"`
-}
-
-type nsAnswer struct {
-	Error string `json:"error,omitempty"`
-}
 
 // errHelperGone: the helper ended (or was never started) before it took
 // or answered a request.
@@ -68,6 +49,9 @@ type nsMaker struct {
 	closed bool
 	cmd    *exec.Cmd
 	stderr *limitedBuffer
+	// exe names the binary the helper runs (sinit.StageUserNS): the
+	// provider's inits' binary. Nil: the server's own (/proc/self/exe).
+	exe func() (string, error)
 
 	// full, when set by a test, runs when a request finds the control
 	// socket full, before it waits for room.
@@ -97,7 +81,7 @@ func (m *nsMaker) close() {
 // namespace asked for. ctx bounds the wait for room on the control socket
 // and for the answer.
 func (m *nsMaker) make(ctx context.Context, storage, ids owner) (int, error) {
-	req, err := json.Marshal(nsRequest{StorageUID: storage.uid, StorageGID: storage.gid, UID: ids.uid, GID: ids.gid})
+	req, err := json.Marshal(sinit.NSRequest{StorageUID: storage.uid, StorageGID: storage.gid, UID: ids.uid, GID: ids.gid})
 	if err != nil {
 		return -1, err
 	}
@@ -146,7 +130,7 @@ func (m *nsMaker) ask(ctx context.Context, req []byte, gone uint64) (fd int, gen
 		return -1, gen, fmt.Errorf("user namespace: wait for the helper: %w", err)
 	}
 	fd = rightsFd(oob[:oobn])
-	var a nsAnswer
+	var a sinit.NSAnswer
 	switch {
 	case n == 0:
 		// Its end closed unanswered: the helper ended.
@@ -288,11 +272,19 @@ func (m *nsMaker) startLocked() error {
 	child := os.NewFile(uintptr(fds[1]), "userns-control")
 	defer child.Close()
 	stderr := &limitedBuffer{max: 4 << 10}
-	// The server's binary, even one replaced on disk since it started. No
-	// death signal: it would come with the end of the thread that started
-	// the helper, not of the server; the helper ends when its control
-	// socket closes instead.
-	cmd := &exec.Cmd{Path: "/proc/self/exe", Args: []string{nsMakerName}, Env: []string{}, Dir: "/", ExtraFiles: []*os.File{child}, Stderr: stderr}
+	// The inits' binary (see exe), or the server's, even one replaced on
+	// disk since it started. No death signal: it would come with the end
+	// of the thread that started the helper, not of the server; the
+	// helper ends when its control socket closes instead.
+	exe := "/proc/self/exe"
+	if m.exe != nil {
+		var err error
+		if exe, err = m.exe(); err != nil {
+			unix.Close(fds[0])
+			return fmt.Errorf("user namespace: the helper's binary: %w", err)
+		}
+	}
+	cmd := &exec.Cmd{Path: exe, Args: []string{sinit.Name, sinit.StageUserNS}, Env: []string{}, Dir: "/", ExtraFiles: []*os.File{child}, Stderr: stderr}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		unix.Close(fds[0])
@@ -339,82 +331,4 @@ func rightsFd(oob []byte) int {
 		}
 	}
 	return fd
-}
-
-// runNSMaker is the helper: it makes each namespace asked for on its
-// control socket, at once, and ends when the socket closes.
-func runNSMaker() int {
-	buf := make([]byte, 4<<10)
-	oob := make([]byte, unix.CmsgSpace(4))
-	for {
-		n, oobn, _, _, err := unix.Recvmsg(nsMakerFd, buf, oob, unix.MSG_CMSG_CLOEXEC)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil || n == 0 {
-			return 0
-		}
-		reply := rightsFd(oob[:oobn])
-		if reply < 0 {
-			continue
-		}
-		var req nsRequest
-		if err := json.Unmarshal(buf[:n], &req); err != nil {
-			unix.Close(reply)
-			continue
-		}
-		go answerNS(req, reply)
-	}
-}
-
-// answerNS makes the namespace req asks for and sends it, or why not, on
-// reply.
-func answerNS(req nsRequest, reply int) {
-	defer unix.Close(reply)
-	fd, err := holdUserNS(owner{req.StorageUID, req.StorageGID}, owner{req.UID, req.GID})
-	var a nsAnswer
-	var rights []byte
-	if err != nil {
-		a.Error = err.Error()
-	} else {
-		defer unix.Close(fd)
-		rights = unix.UnixRights(fd)
-	}
-	b, _ := json.Marshal(a)
-	_ = unix.Sendmsg(reply, b, rights, nil, unix.MSG_NOSIGNAL) // a server that gave up closed its end
-}
-
-// holdUserNS returns a user namespace (an open descriptor) that maps root
-// to root and storage's ids to ids'. A namespace lives as long as a
-// process or a descriptor holds it: a shell (which every sandbox needs
-// anyway, and which starts in a fraction of the time the server's binary
-// takes) is cloned into it, waits while the namespace is opened, and ends
-// when its stdin closes.
-func holdUserNS(storage, ids owner) (int, error) {
-	r, w, err := os.Pipe()
-	if err != nil {
-		return -1, err
-	}
-	defer r.Close()
-	cmd := &exec.Cmd{Path: "/bin/sh", Args: []string{idmapHolderName, "-c", "read x"}, Env: []string{}, Stdin: r}
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:                 syscall.CLONE_NEWUSER,
-		Pdeathsig:                  syscall.SIGKILL,
-		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: storage.uid, HostID: ids.uid, Size: 1}},
-		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: storage.gid, HostID: ids.gid, Size: 1}},
-		GidMappingsEnableSetgroups: true,
-	}
-	if err := cmd.Start(); err != nil {
-		w.Close()
-		return -1, fmt.Errorf("idmap namespace: %w", err)
-	}
-	fd, err := unix.Open("/proc/"+strconv.Itoa(cmd.Process.Pid)+"/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	w.Close()
-	// The holder exits on its stdin's end: reaped in the background,
-	// since the namespace outlives it held by fd.
-	go func() { _ = cmd.Wait() }()
-	if err != nil {
-		return -1, fmt.Errorf("idmap namespace: %w", err)
-	}
-	return fd, nil
 }

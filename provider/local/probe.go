@@ -12,37 +12,25 @@ import (
 	"time"
 
 	"github.com/sandboxowner/owner/provider/local/cmdenv"
+	"github.com/sandboxowner/owner/provider/local/sinit"
 )
 
-// memProbeName is argv[0] of the memory probe: the server's binary run
-// again (see init), which touches memProbeTouchMiB and exits 0 unless the
-// kernel kills it first.
+// The memory probe's limit, and what it touches (see
+// sinit.RunMemoryProbe).
 const (
-	memProbeName     = "sandbox-memory-probe"
 	memProbeLimitMiB = 16
-	memProbeTouchMiB = 64
+	memProbeTouchMiB = sinit.MemoryProbeTouchMiB
 )
-
-// runMemProbe touches memProbeTouchMiB of fresh memory, a page at a time.
-func runMemProbe() int {
-	b := make([]byte, memProbeTouchMiB<<20)
-	for i := 0; i < len(b); i += 4096 {
-		b[i] = 1
-	}
-	if b[len(b)-4096] != 1 {
-		return 1
-	}
-	return 0
-}
 
 // errNotEnforced: a limit the kernel lets a process exceed.
 var errNotEnforced = errors.New("not enforced by the kernel")
 
 // probeMemory checks that a memory limit holds here: in a throwaway cgroup
-// under parent limited to limitMiB (memProbeLimitMiB), the probe touching
-// memProbeTouchMiB must be killed. A host whose kernel does not charge
+// under parent limited to limitMiB (memProbeLimitMiB), the probe (the init
+// binary bin in its memory probe mode) touching memProbeTouchMiB must be
+// killed. A host whose kernel does not charge
 // memory to the cgroup lets it finish (errNotEnforced).
-func probeMemory(parent string, v2 bool, limitMiB int) error {
+func probeMemory(bin, parent string, v2 bool, limitMiB int) error {
 	dir := filepath.Join(parent, "probe-memory-"+strconv.Itoa(os.Getpid()))
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
@@ -68,11 +56,7 @@ func probeMemory(parent string, v2 bool, limitMiB int) error {
 		return err
 	}
 	defer closeAll(procs)
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	cmd := &exec.Cmd{Path: exe, Args: []string{memProbeName}, Env: []string{}}
+	cmd := &exec.Cmd{Path: bin, Args: []string{sinit.Name, sinit.StageMemoryProbe}, Env: []string{}, Dir: "/"}
 	if err := startJoined(cmd, procs, nil); err != nil {
 		return err
 	}

@@ -11,6 +11,8 @@
 //
 // Either binary dispatches on its argv in this package's init (see
 // Dispatch), before the rest of the server's packages are initialised.
+// The provider's memory probe and user namespace helper are modes of it
+// too (see StageMemoryProbe, StageUserNS).
 package sinit
 
 import (
@@ -97,6 +99,10 @@ func Dispatch(args []string) (code int, ok bool) {
 		return RunSetup(), true
 	case len(args) == 2 && args[1] == StageRun:
 		return Run(true), true
+	case len(args) == 2 && args[1] == StageMemoryProbe:
+		return RunMemoryProbe(), true
+	case len(args) == 2 && args[1] == StageUserNS:
+		return RunUserNS(), true
 	case len(args) == 2 && args[1] == StageIdentity:
 		if _, err := os.Stdout.WriteString(Identity() + "\n"); err != nil {
 			return 1, true
