@@ -96,6 +96,48 @@ func TestTheSweepSparesAHeldDirectory(t *testing.T) {
 	}
 }
 
+// Of the other trees used within the day, the sweep keeps the keptTrees
+// most recently used (and any a binary holds); what every tree shares (the
+// standard-library layers, the module proxy's answers) goes only when
+// unused for a day.
+func TestTheSweepKeepsOnlyTheNewestTrees(t *testing.T) {
+	parent := t.TempDir()
+	now := time.Now()
+	age := map[string]time.Duration{
+		"t1": time.Hour, "t2": 2 * time.Hour, "t3": 3 * time.Hour, "t4": 4 * time.Hour, "t5": 5 * time.Hour,
+		".gostd-a": 10 * time.Hour, ".goproxy": 9 * time.Hour, ".gostd-b": 30 * time.Hour,
+	}
+	for name, d := range age {
+		dir := filepath.Join(parent, name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(dir, now.Add(-d), now.Add(-d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held, err := claimShared(parent, "t5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.release(true)
+	if err := os.Chtimes(held.dir, now.Add(-5*time.Hour), now.Add(-5*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	sweepUnused(parent, "mine", now)
+	var left []string
+	entries, _ := os.ReadDir(parent)
+	for _, e := range entries {
+		if e.IsDir() {
+			left = append(left, e.Name())
+		}
+	}
+	want := []string{".goproxy", ".gostd-a", "t1", "t2", "t3", "t5"}
+	if diff := cmp.Diff(want, left); diff != "" {
+		t.Errorf("left after the sweep (-want +got):\n%s", diff)
+	}
+}
+
 // A new tree's directory starts with the caches of the newest finished
 // tree's good environments (linked where a server looks for another
 // commit's), and nothing of a failed environment or an unfinished run.

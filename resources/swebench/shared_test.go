@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -102,10 +103,22 @@ func marked(dir string) bool {
 	return false
 }
 
+// keptTrees bounds how many other source trees' directories a sweep
+// leaves, however recently they were used: each holds a gigabyte or more of
+// environments, and a working day of commits makes dozens of trees.
+const keptTrees = 3
+
 // sweepUnused removes the kept directories of other source trees unused
-// for a day that no binary holds (their lock files stay: removing one
-// while a binary opens it would give two binaries two different locks).
+// for a day, and all but the keptTrees most recently used of the rest, that
+// no binary holds (their lock files stay: removing one while a binary opens
+// it would give two binaries two different locks).
 func sweepUnused(parent, key string, now time.Time) {
+	type tree struct {
+		name   string
+		used   time.Time
+		shared bool // the standard-library layers, the module proxy's answers: shared by every tree, only the day counts
+	}
+	var others []tree
 	entries, _ := os.ReadDir(parent)
 	for _, e := range entries {
 		name := e.Name()
@@ -113,10 +126,23 @@ func sweepUnused(parent, key string, now time.Time) {
 			continue
 		}
 		info, err := e.Info()
-		if err != nil || now.Sub(info.ModTime()) <= 24*time.Hour {
+		if err != nil {
 			continue
 		}
-		dir := filepath.Join(parent, name)
+		others = append(others, tree{name, info.ModTime(), strings.HasPrefix(name, ".")})
+	}
+	// Newest first: a tree beyond the first keptTrees goes, and anything
+	// unused for a day.
+	slices.SortFunc(others, func(a, b tree) int { return b.used.Compare(a.used) })
+	trees := 0
+	for _, o := range others {
+		if !o.shared {
+			trees++
+		}
+		if (o.shared || trees <= keptTrees) && now.Sub(o.used) <= 24*time.Hour {
+			continue
+		}
+		dir := filepath.Join(parent, o.name)
 		f, err := os.OpenFile(dir+".lock", os.O_RDWR|os.O_CREATE, 0o644)
 		if err != nil {
 			continue
