@@ -64,9 +64,8 @@ type Owner struct {
 	system      *actor.ActorSystem
 	deadLetters *eventstream.Subscription
 	// orphans hears of snapshots the coordinator gave up on.
-	orphans  *eventstream.Subscription
-	dispatch *actors.Dispatcher
-	workers  *actors.Workers
+	orphans *eventstream.Subscription
+	workers *actors.Workers
 	// effects runs the sessions' effects, and the Dos callers run on a
 	// session's lent permit.
 	effects sched.Runtime
@@ -230,14 +229,22 @@ func (o *Owner) startActors() {
 		Context:  o.base,
 		Runtime:  o.rt,
 	}
-	// Every actor of the owner runs its mailbox on the dispatcher's
-	// long-lived goroutines.
+	// A mailbox with work runs on the goroutine that gave it the work (the
+	// caller that asked, the effect worker that fed back an outcome, the
+	// actor that sent), not on a dispatcher's: a request and its answer
+	// cross no goroutine they need not. A seed handed its caller to a
+	// dispatcher worker for the supervisor's run, to another for the
+	// session's, and its completion went from the effect worker to a
+	// dispatcher worker before it reached the caller; each hand-off was a
+	// wake-up and a switch. It is safe because no actor's Receive blocks
+	// or takes a lock held by a sender (the owner's callbacks take only
+	// the directory's and the fates' locks, under which nothing is sent),
+	// and a mailbox runs on one goroutine at a time whichever it is.
 	var onPool actor.PropsOption
 	if d, ok := o.rt.(sched.Dispatcher); ok {
 		onPool = actor.WithDispatcher(d)
 	} else {
-		o.dispatch = actors.NewDispatcher(dispatchWorkers, dispatchQueue, dispatchThroughput)
-		onPool = actor.WithDispatcher(o.dispatch)
+		onPool = actor.WithDispatcher(actor.NewSynchronizedDispatcher(dispatchThroughput))
 		// The sessions' effects (each Do among them) run on kept
 		// goroutines too.
 		o.workers = actors.NewWorkers(effectWorkers)
@@ -280,16 +287,11 @@ func (o *Owner) startActors() {
 	o.ask = newClient(root, o.sup, o.coord, o.dir, o.closed, o.rt)
 }
 
-// The dispatcher's shape: a few workers per CPU are enough for mailbox runs,
-// which never block; the queue absorbs a burst (a commit's fan-out), and
-// beyond it a run gets its own goroutine. The throughput is protoactor's
-// default.
+// effectWorkers is how many goroutines that ran sessions' effects wait for
+// the next one; dispatchThroughput is how many messages a mailbox run
+// processes before it yields (protoactor's default).
 const (
-	dispatchWorkers = 8
-	// effectWorkers is how many goroutines that ran sessions' effects wait
-	// for the next one.
 	effectWorkers      = 64
-	dispatchQueue      = 4096
 	dispatchThroughput = 300
 )
 

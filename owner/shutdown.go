@@ -38,7 +38,7 @@ func (o *Owner) Close() error {
 		}
 		o.bg.Wait(o.rt)
 		o.leaveSystem()
-		o.stopDispatcher()
+		o.stopWorkers()
 		if o.index != nil {
 			o.dropRoundsIntent()
 			err = o.index.Close()
@@ -79,10 +79,7 @@ func (o *Owner) leaveSystem() {
 	}
 }
 
-func (o *Owner) stopDispatcher() {
-	if o.dispatch != nil {
-		o.dispatch.Stop()
-	}
+func (o *Owner) stopWorkers() {
 	if o.workers != nil {
 		o.workers.Stop()
 	}
@@ -108,7 +105,7 @@ func (o *Owner) Abandon() error {
 			}
 		}
 		o.leaveSystem()
-		o.stopDispatcher()
+		o.stopWorkers()
 		if o.index != nil {
 			err = o.index.Close()
 		}
