@@ -13,6 +13,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/internal/hangguard"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
@@ -36,6 +37,7 @@ type detEnv struct {
 
 func newDetEnv(t *testing.T, seed uint64) *detEnv {
 	t.Helper()
+	hangguard.Arm(t) // a wait outside the Det holds its turn for ever
 	det := sched.NewDet(seed, time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
 	// Registered first, so it runs after every owner's cleanup.
 	t.Cleanup(det.Close)

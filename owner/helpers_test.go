@@ -13,6 +13,7 @@ import (
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/hangguard"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
@@ -33,6 +34,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	hangguard.Arm(t) // a reply never sent or a timer never armed would hang the binary
 	clk := clock.NewManual(time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
 	return &env{t: t, fk: fake.New(fake.Options{Clock: clk, Seed: 1}), dir: t.TempDir(), ckdirs: records.NewMemFS(), clk: clk}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/hangguard"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/opensandbox"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
@@ -37,6 +38,7 @@ type env struct {
 
 func newEnv(t *testing.T, sopts opensandboxtest.Options, popts opensandbox.Options) *env {
 	t.Helper()
+	hangguard.Arm(t) // a poll loop that never sleeps would hang on the manual clock
 	e := &env{clk: clock.NewManual(t0)}
 	sopts.Clock, sopts.APIKey = e.clk, key
 	if sopts.CreateLatency == 0 {

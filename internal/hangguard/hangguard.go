@@ -1,0 +1,29 @@
+// Package hangguard turns a test that hangs into a failure: a wait that a
+// wrong line never satisfies (a reply never sent, a timer never armed, a
+// poll loop going round on a manual clock that nothing advances) ends the
+// test binary within Bound, naming the test, instead of holding it until
+// go test's -timeout. A mutation run then counts such a mutant killed, not
+// timed out.
+package hangguard
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// Bound is how long one guarded test may run. It bounds a hang, never
+// paces a test: the tests guarded take seconds, tens of them on a loaded
+// machine.
+const Bound = 2 * time.Minute
+
+// Arm ends the test binary with a panic naming t if t has not ended within
+// Bound; t's end disarms it.
+func Arm(t testing.TB) { arm(t, Bound, func(msg string) { panic(msg) }) }
+
+func arm(t testing.TB, bound time.Duration, fire func(msg string)) {
+	tm := time.AfterFunc(bound, func() {
+		fire(fmt.Sprintf("hang guard: %s did not end within %v", t.Name(), bound))
+	})
+	t.Cleanup(func() { tm.Stop() })
+}
