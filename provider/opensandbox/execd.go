@@ -236,9 +236,9 @@ func parseFrames(r io.Reader, outCap, frameCap int, hooks streamHooks) (provider
 		line, cut, err := readLine(br, frameCap)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				return result(-1), errNoFinalEvent
+				return provider.ExecResult{}, errNoFinalEvent
 			}
-			return result(-1), fmt.Errorf("opensandbox: read the command stream: %w", err)
+			return provider.ExecResult{}, fmt.Errorf("opensandbox: read the command stream: %w", err)
 		}
 		line = bytes.TrimSpace(line)
 		if rest, ok := bytes.CutPrefix(line, []byte("data:")); ok {
@@ -264,7 +264,7 @@ func parseFrames(r io.Reader, outCap, frameCap int, hooks streamHooks) (provider
 		}
 		var ev event
 		if err := json.Unmarshal(line, &ev); err != nil {
-			return result(-1), fmt.Errorf("opensandbox: bad frame in the command stream: %w", err)
+			return provider.ExecResult{}, fmt.Errorf("opensandbox: bad frame in the command stream: %w", err)
 		}
 		switch ev.Type {
 		case "init":
@@ -287,11 +287,11 @@ func parseFrames(r io.Reader, outCap, frameCap int, hooks streamHooks) (provider
 // finalError turns the stream's final error event into the result.
 func finalError(ev event, result func(int) provider.ExecResult, timedOut func() bool) (provider.ExecResult, error) {
 	if ev.Error == nil {
-		return result(-1), fmt.Errorf("opensandbox: the command failed without details")
+		return provider.ExecResult{}, fmt.Errorf("opensandbox: the command failed without details")
 	}
 	code, cerr := strconv.Atoi(strings.TrimSpace(ev.Error.EValue))
 	if cerr != nil {
-		return result(-1), fmt.Errorf("opensandbox: the command could not run: %s: %s", ev.Error.EName, ev.Error.EValue)
+		return provider.ExecResult{}, fmt.Errorf("opensandbox: the command could not run: %s: %s", ev.Error.EName, ev.Error.EValue)
 	}
 	res := result(code)
 	if code != -1 {

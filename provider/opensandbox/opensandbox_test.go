@@ -389,6 +389,12 @@ func TestFailedSnapshotIsAnErrorAndDeleted(t *testing.T) {
 	if n := e.srv.Stats().LiveSnapshots; n != 0 {
 		t.Errorf("%d snapshots left, want the failed one deleted", n)
 	}
+	// Deleted at once, by one request: nothing was left to the
+	// background.
+	e.p.Wait()
+	if n := e.srv.Stats().Requests["DELETE /snapshots/{id}"]; n != 1 {
+		t.Errorf("%d deletes of the failed snapshot, want 1", n)
+	}
 }
 
 func TestDeleteSnapshotWhileCreatingIsRetried(t *testing.T) {
