@@ -36,20 +36,6 @@ func TryExclusive(f *os.File) error {
 	return nil
 }
 
-// Exclusive takes an exclusive flock of f, waiting while another open
-// file holds one (a lock held only for a few reads and writes).
-func Exclusive(f *os.File) error {
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, syscall.EINTR) {
-			return fmt.Errorf("flock %s: %w", f.Name(), err)
-		}
-	}
-}
-
 // Release drops f's lock, for every copy of the file a child holds too,
 // and closes f.
 func Release(f *os.File) error {

@@ -86,31 +86,3 @@ func TestReleaseOfAClosedFileFails(t *testing.T) {
 		t.Fatal("Release of a closed file: nil error")
 	}
 }
-
-// Exclusive waits for the lock another open file holds, takes it once
-// that one lets go, and keeps others out while it holds it.
-func TestExclusiveWaitsForTheHolder(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "lock")
-	f, err := lockAt(t, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	took := make(chan error, 1)
-	go func() { took <- Exclusive(g) }()
-	if err := Release(f); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-took; err != nil {
-		t.Fatal(err)
-	}
-	if _, err := lockAt(t, path); !errors.Is(err, ErrHeld) {
-		t.Errorf("a lock while Exclusive holds it: %v, want ErrHeld", err)
-	}
-	if err := Release(g); err != nil {
-		t.Fatal(err)
-	}
-}

@@ -10,10 +10,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
-
-	"github.com/sandboxowner/owner/internal/flock"
 )
 
 // Limits bound what one sandbox's commands may use together. Zero fields
@@ -115,41 +114,45 @@ func weightValue(v2 bool, n float64) (file, value string) {
 	return file, strconv.Itoa(max(lo, min(hi, int(math.Round(n*unit)))))
 }
 
-// weigh sets the cpu parent's weight to perSandbox times the sandboxes
-// in it, up to max (see cpuWeight), at least one process's worth. The
-// sandboxes are counted from the directory, under a lock on it, so that
-// providers and servers sharing the parent (every process that runs in
-// the same cgroup) leave it at what its sandboxes are, whoever changed it
-// last. A parent tidy removed is no one's: nothing is written.
-func (cg *cgroups) weigh() error {
+// liveCPU holds, per cpu parent directory, the sandboxes whose cgroups
+// this process made and has not removed: what weigh counts. Not the
+// parent's subdirectories: cgroups a killed process left (empty, weighing
+// nothing, hundreds on a host that runs this package's tests) would count
+// as live sandboxes, and telling them apart reads a file per sandbox.
+var liveCPU = struct {
+	sync.Mutex
+	byDir map[string]map[string]bool
+}{byDir: map[string]map[string]bool{}}
+
+// weigh marks sandbox id live or not (none when id is empty) and sets the
+// cpu parent's weight to perSandbox times the live sandboxes, up to max
+// (see cpuWeight), at least one process's worth. The count is this
+// process's (every provider's in it): a parent several servers share
+// (several in one cgroup, as a test suite's packages are) weighs what the
+// last to start or stop a sandbox counted. A parent tidy removed is no
+// one's: nothing is written.
+func (cg *cgroups) weigh(id string, live bool) error {
 	dir, ok := cg.dirOf("cpu")
 	if !ok || cg.weight.perSandbox <= 0 {
 		return nil
 	}
-	f, err := os.Open(dir)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		return err
-	}
-	if err := flock.Exclusive(f); err != nil {
-		f.Close()
-		return err
-	}
-	// Unlocked before closed: a child forked meanwhile holds a copy.
-	defer flock.Release(f)
-	entries, err := f.ReadDir(-1)
-	if err != nil {
-		return err
-	}
-	n := 0
-	for _, e := range entries {
-		if e.IsDir() && !strings.HasPrefix(e.Name(), "probe-") {
-			n++
+	liveCPU.Lock()
+	defer liveCPU.Unlock()
+	set := liveCPU.byDir[dir]
+	switch {
+	case id == "":
+	case live && set == nil:
+		set = map[string]bool{id: true}
+		liveCPU.byDir[dir] = set
+	case live:
+		set[id] = true
+	default:
+		delete(set, id)
+		if len(set) == 0 {
+			delete(liveCPU.byDir, dir)
 		}
 	}
-	file, value := weightValue(cg.v2, max(1, min(cg.weight.max, float64(n)*cg.weight.perSandbox)))
+	file, value := weightValue(cg.v2, max(1, min(cg.weight.max, float64(len(set))*cg.weight.perSandbox)))
 	if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("cgroup cpu %s=%s: %w", file, value, err)
 	}
@@ -380,31 +383,32 @@ func (cg *cgroups) create(id string, l Limits) (*sandboxCgroup, error) {
 	}
 	if err := errors.Join(errs...); err != nil {
 		g.remove()
-		_ = cg.weigh()
 		return nil, err
 	}
-	if err := cg.weigh(); err != nil {
+	if err := cg.weigh(id, true); err != nil {
 		g.remove()
+		_ = cg.weigh(id, false)
 		return nil, err
 	}
 	return g, nil
 }
 
-// tidy removes the parent directories when no sandbox cgroup is left in
-// them, so that nothing of this server stays in its own cgroup once its
-// sandboxes are idle (a directory with children cannot be removed), and
-// weighs the cpu parent again when some are.
-func (cg *cgroups) tidy() error {
+// tidy follows the removal of sandbox id's cgroups: it removes the parent
+// directories when no sandbox cgroup is left in them, so that nothing of
+// this server stays in its own cgroup once its sandboxes are idle (a
+// directory with children cannot be removed), and weighs the cpu parent
+// again without id.
+func (cg *cgroups) tidy(id string) error {
 	for _, parent := range cg.dirs {
 		_ = syscall.Rmdir(parent)
 	}
-	return cg.weigh()
+	return cg.weigh(id, false)
 }
 
-// tidyCgroups tidies the sandboxes' cgroup parents once one is removed
-// (see tidy).
-func (p *Provider) tidyCgroups() {
-	if err := p.cg.tidy(); err != nil {
+// tidyCgroups tidies the sandboxes' cgroup parents once sandbox id's
+// cgroups are removed (see tidy).
+func (p *Provider) tidyCgroups(id string) {
+	if err := p.cg.tidy(id); err != nil {
 		p.log.WithError(err).Warn("local: weigh the sandboxes' cpu cgroup again")
 	}
 }

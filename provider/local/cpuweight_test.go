@@ -38,11 +38,13 @@ func TestTheSandboxesCPUWeightFollowsTheirNumber(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// A probe's throwaway cgroup is no sandbox.
-	if err := os.Mkdir(filepath.Join(dir, "probe-cpu-1"), 0o755); err != nil {
+	// A cgroup a killed server left (empty, weighing nothing) is no live
+	// sandbox.
+	left := filepath.Join(dir, "sb-left-by-a-killed-server")
+	if err := os.Mkdir(left, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	defer os.Remove(filepath.Join(dir, "probe-cpu-1"))
+	defer os.Remove(left)
 	file, unit := "cpu.shares", 1024.0
 	if cg.v2 {
 		file, unit = "cpu.weight", 100
@@ -69,7 +71,7 @@ func TestTheSandboxesCPUWeightFollowsTheirNumber(t *testing.T) {
 		if err := groups[i].remove(); err != nil {
 			t.Fatal(err)
 		}
-		if err := cg.tidy(); err != nil {
+		if err := cg.tidy("sb" + strconv.Itoa(i)); err != nil {
 			t.Fatal(err)
 		}
 		got, want = append(got, weight()), append(want, strconv.Itoa(int(w*unit)))

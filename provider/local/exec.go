@@ -325,7 +325,7 @@ func (p *Provider) releaseCgroup(s *sandbox) {
 			p.log.WithError(err).WithField("sandbox_id", s.id).Warn("local: remove a sandbox's cgroups after its commands")
 		} else {
 			s.cgroup = nil
-			p.tidyCgroups()
+			p.tidyCgroups(s.id)
 		}
 	}
 	s.mu.Unlock()

@@ -786,8 +786,9 @@ func (p *Provider) chooseCgroups() {
 	if p.limits.CPUs < 0 {
 		cg.weight.perSandbox = float64(runtime.NumCPU())
 	}
-	// Sandboxes a previous server left count from now on.
-	if err := cg.weigh(); err != nil {
+	// What this process's live sandboxes weigh (one process's worth when
+	// it has none): a previous server's weight does not stay.
+	if err := cg.weigh("", false); err != nil {
 		p.log.WithError(err).Warn("local provider: the sandboxes' CPU weight cannot be set; they share one process's worth of a loaded host")
 	}
 }

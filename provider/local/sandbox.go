@@ -538,7 +538,7 @@ func (p *Provider) stop(ctx context.Context, s *sandbox, reason string) error {
 		if err := p.cg.of(s.id).remove(); err != nil {
 			logs.ForRequest(ctx, p.log).WithError(err).WithField("sandbox_id", s.id).Warn("local: remove a stopped sandbox's cgroups")
 		}
-		p.tidyCgroups()
+		p.tidyCgroups(s.id)
 	}
 	if overlay {
 		if err := unmount(s.fsDir()); err != nil {
