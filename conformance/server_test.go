@@ -112,10 +112,10 @@ func (s *server) run() {
 		s.base = "http://" + a
 	case <-exited:
 		s.t.Fatalf("the server exited at startup:\n%s", s.log)
-	case <-time.After(60 * time.Second):
-		s.t.Fatalf("the server logged no address within a minute:\n%s", s.log)
+	case <-time.After(servertest.StartGuard):
+		s.t.Fatalf("the server logged no address within %v:\n%s", servertest.StartGuard, s.log)
 	}
-	for deadline := time.Now().Add(60 * time.Second); ; {
+	for deadline := time.Now().Add(servertest.StartGuard); ; {
 		select {
 		case <-exited:
 			s.t.Fatalf("the server exited at startup:\n%s", s.log)

@@ -63,7 +63,7 @@ func startServer(t *testing.T) string {
 	})
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	// Startup: a bound on a broken server, not a synchronisation.
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(servertest.StartGuard); ; time.Sleep(20 * time.Millisecond) {
 		select {
 		case <-exited:
 			t.Fatalf("the server exited at startup:\n%s", serverLog())

@@ -15,9 +15,16 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sandboxowner/owner/app"
 )
+
+// StartGuard bounds a test's wait for a server it started to answer: a
+// hang guard, not a speed bound. A minute was missed at load 30 by a local
+// provider whose start (its probes, its helpers) took 44 s, and by a server
+// on the OpenSandbox provider checking the real stack at load 36.
+const StartGuard = 5 * time.Minute
 
 // marker is set in the environment of the test binary Command starts.
 const marker = "SANDBOXOWNER_SERVERTEST_CHILD=1"
