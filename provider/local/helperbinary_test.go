@@ -103,4 +103,19 @@ func TestTheServersBinaryIsPlacedAsItRuns(t *testing.T) {
 	if string(b) != "the running build" || sameFile(bin, exe) {
 		t.Errorf("placed after a new build replaced the path: %q, want a copy of the running build", b)
 	}
+	// The copy is read through /proc/self/exe, the running file, however
+	// its path went.
+	bin, err = p.placeRunning(filepath.Join(dir, "gone"), "/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	placed, err1 := os.Stat(bin)
+	want, err2 := os.Stat(self)
+	if err1 != nil || err2 != nil || placed.Size() != want.Size() || sameFile(bin, self) {
+		t.Errorf("the running binary copied through /proc/self/exe: %v, %v (%v, %v)", placed, want, err1, err2)
+	}
 }
