@@ -30,13 +30,15 @@ type env struct {
 	ckdirs *records.MemFS
 	clk    *clock.Manual
 	hook   *logtest.Hook
+	// disarm stops the hang guard newEnv armed.
+	disarm func() bool
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	hangguard.Arm(t) // a reply never sent or a timer never armed would hang the binary
+	disarm := hangguard.Arm(t) // a reply never sent or a timer never armed would hang the binary
 	clk := clock.NewManual(time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
-	return &env{t: t, fk: fake.New(fake.Options{Clock: clk, Seed: 1}), dir: t.TempDir(), ckdirs: records.NewMemFS(), clk: clk}
+	return &env{t: t, fk: fake.New(fake.Options{Clock: clk, Seed: 1}), dir: t.TempDir(), ckdirs: records.NewMemFS(), clk: clk, disarm: disarm}
 }
 
 type cfgOpt func(*owner.Config)

@@ -18,12 +18,15 @@ import (
 const Bound = 2 * time.Minute
 
 // Arm ends the test binary with a panic naming t if t has not ended within
-// Bound; t's end disarms it.
-func Arm(t testing.TB) { arm(t, Bound, func(msg string) { panic(msg) }) }
+// Bound; t's end disarms it, and so does disarm (true if it stopped the
+// guard), for a test whose wall time grows with the machine's load and so is
+// left to go test's -timeout.
+func Arm(t testing.TB) (disarm func() bool) { return arm(t, Bound, func(msg string) { panic(msg) }) }
 
-func arm(t testing.TB, bound time.Duration, fire func(msg string)) {
+func arm(t testing.TB, bound time.Duration, fire func(msg string)) func() bool {
 	tm := time.AfterFunc(bound, func() {
 		fire(fmt.Sprintf("hang guard: %s did not end within %v", t.Name(), bound))
 	})
 	t.Cleanup(func() { tm.Stop() })
+	return tm.Stop
 }

@@ -17,3 +17,14 @@ func TestAHungTestIsNamed(t *testing.T) {
 		}
 	})
 }
+
+// A disarmed guard is stopped; disarming again finds nothing to stop.
+func TestDisarmStopsTheGuard(t *testing.T) {
+	disarm := arm(t, time.Hour, func(msg string) { t.Errorf("fired: %s", msg) })
+	if !disarm() {
+		t.Error("disarm found no guard to stop")
+	}
+	if disarm() {
+		t.Error("a second disarm stopped a guard again")
+	}
+}
