@@ -2,10 +2,9 @@ package swebench
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -13,7 +12,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/sirupsen/logrus"
@@ -50,10 +51,23 @@ func logged(hook *logtest.Hook, msg string) []*logrus.Entry {
 	return out
 }
 
-// digest hashes a directory tree: paths, modes and contents.
-func digest(t *testing.T, dir string) string {
+// fileState is what any write to a file or directory changes: its inode
+// (a file replaced by a rename), mode, size and change time, which the
+// kernel sets on every write and no process can set back.
+type fileState struct {
+	Mode         fs.FileMode
+	Size         int64
+	Ino          uint64
+	Ctime, Mtime time.Time
+}
+
+// treeState is the state of every entry of a directory tree, by path: a
+// write anywhere in it, even one that leaves the contents as they were,
+// changes it. It reads no file's contents (the build caches it is taken
+// of hold tens of megabytes, read several times by a test).
+func treeState(t *testing.T, dir string) map[string]fileState {
 	t.Helper()
-	h := sha256.New()
+	states := map[string]fileState{}
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -62,21 +76,29 @@ func digest(t *testing.T, dir string) string {
 		if err != nil {
 			return err
 		}
-		rel, _ := filepath.Rel(dir, p)
-		h.Write([]byte(rel + "\x00" + fi.Mode().String() + "\x00"))
-		if fi.Mode().IsRegular() {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			h.Write(b)
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return fmt.Errorf("%s: no stat_t", p)
 		}
+		rel, _ := filepath.Rel(dir, p)
+		states[rel] = fileState{Mode: fi.Mode(), Size: fi.Size(), Ino: st.Ino,
+			Ctime: time.Unix(st.Ctim.Unix()), Mtime: time.Unix(st.Mtim.Unix())}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	return states
+}
+
+// treeChanged says how a tree's state changed (its first few entries), ""
+// when it did not.
+func treeChanged(before, after map[string]fileState) string {
+	diff := cmp.Diff(before, after)
+	if len(diff) > 2000 {
+		diff = diff[:2000] + "…"
+	}
+	return diff
 }
 
 func wantUnavailable(t *testing.T, err error, reason string) {
@@ -170,7 +192,7 @@ func TestAFreshTemplateBuildsItsEnvironmentWithTheNetworkAndGradesOffline(t *tes
 	if err := os.WriteFile(marker, []byte("from the first commit"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	gobuild := digest(t, env.cacheDir("gobuild"))
+	gobuild := treeState(t, env.cacheDir("gobuild"))
 	next := tk.depRow("example__depcalc-2")
 	next["base_commit"], next["patch"] = tk.fix, ""
 	next["FAIL_TO_PASS"], next["PASS_TO_PASS"] = []string{"TestAddZero"}, []string{"TestAdd"}
@@ -179,8 +201,8 @@ func TestAFreshTemplateBuildsItsEnvironmentWithTheNetworkAndGradesOffline(t *tes
 	if want := tk.base + ".env/" + filepath.Base(env.Dir); env2.SeededFrom != want || gp.zips() != 1 {
 		t.Errorf("the second commit's environment: seeded from %q (want %q), %d downloads in all", env2.SeededFrom, want, gp.zips())
 	}
-	if digest(t, env.cacheDir("gobuild")) != gobuild {
-		t.Error("seeding another environment changed this one's build cache")
+	if diff := treeChanged(gobuild, treeState(t, env.cacheDir("gobuild"))); diff != "" {
+		t.Errorf("seeding another environment changed this one's build cache (-before +after):\n%s", diff)
 	}
 	if b, err := os.ReadFile(filepath.Join(env2.cacheDir("gobuild"), "seed-marker")); string(b) != "from the first commit" {
 		t.Errorf("the second commit's build cache is not a copy of the first's: %q, %v", b, err)
@@ -411,7 +433,7 @@ func TestAnAgentWritingIntoItsCachesCannotChangeAGrading(t *testing.T) {
 	sb := *seed.SandboxHandle
 	env := envOf(t, w.cfg.TemplateDir, depTaskRepo, tk.base)
 	caches := filepath.Join(env.Dir, envCaches)
-	before := digest(t, caches)
+	before := treeState(t, caches)
 	layer := filepath.Join(w.cfg.StdCacheDir, env.StdLayer)
 	if env.StdLayer == "" {
 		t.Fatal("the environment was not seeded from a standard-library layer")
@@ -419,7 +441,7 @@ func TestAnAgentWritingIntoItsCachesCannotChangeAGrading(t *testing.T) {
 	if _, err := os.Stat(layer); err != nil {
 		t.Fatalf("the layer the environment was seeded from: %v", err)
 	}
-	layerBefore := digest(t, layer)
+	layerBefore := treeState(t, layer)
 
 	// The agent fixes the repository, then breaks the dependency in the
 	// module cache (so that a grading reading it would fail PASS_TO_PASS)
@@ -438,19 +460,19 @@ func TestAnAgentWritingIntoItsCachesCannotChangeAGrading(t *testing.T) {
 	// environments of every repository built after. (In a container the
 	// host's /tmp is not the sandbox's: the writes land in its own.)
 	w.agentExec(sb, "L="+shQuote(layer)+`; find "$L" -type f -exec sh -c 'for f; do echo poisoned > "$f"; done' _ {} + ; mkdir -p "$L/00"; echo poisoned > "$L/00/planted-a"`)
-	if after := digest(t, caches); after != before {
-		t.Fatal("the agent's writes reached the template's caches")
+	if diff := treeChanged(before, treeState(t, caches)); diff != "" {
+		t.Fatalf("the agent's writes reached the template's caches (-before +after):\n%s", diff)
 	}
-	if digest(t, layer) != layerBefore {
-		t.Fatal("the agent's writes reached the standard-library layer")
+	if diff := treeChanged(layerBefore, treeState(t, layer)); diff != "" {
+		t.Fatalf("the agent's writes reached the standard-library layer (-before +after):\n%s", diff)
 	}
 	wantResolved(t, w.verify("s", row))
 	// Nor did the grading's own writes (it compiled the patched package).
-	if after := digest(t, caches); after != before {
-		t.Error("the grading's writes reached the template's caches")
+	if diff := treeChanged(before, treeState(t, caches)); diff != "" {
+		t.Errorf("the grading's writes reached the template's caches (-before +after):\n%s", diff)
 	}
-	if digest(t, layer) != layerBefore {
-		t.Error("the grading's writes reached the standard-library layer")
+	if diff := treeChanged(layerBefore, treeState(t, layer)); diff != "" {
+		t.Errorf("the grading's writes reached the standard-library layer (-before +after):\n%s", diff)
 	}
 }
 

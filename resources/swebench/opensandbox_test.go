@@ -227,9 +227,21 @@ func TestARealGinInstanceOnOpenSandbox(t *testing.T) {
 		TestCommands:      map[string]string{ri.repo: ri.testCmd},
 		SandboxConfig:     SandboxConfig{TTLSeconds: 3600, Env: goImageEnv},
 		EvaluationTimeout: 1800, // a compile of the package's tests on a loaded machine
+		// The two sessions' gradings run side by side: their containers
+		// are the stack's, outside the local sandboxes' CPU group, and the
+		// test's wall clock is the package's longest.
+		MaxConcurrentGradings: 2,
 	}
 	w := newOnOpenSandbox(t, st, cfg)
-	gold, none := w.seed("s-gold", row), w.seed("s-nothing", row)
+	// The two sessions start side by side (each a container of the image).
+	var gold, none SeedResult
+	t.Run("seed", func(t *testing.T) {
+		t.Run("gold", func(t *testing.T) { t.Parallel(); gold = w.in(t).seed("s-gold", row) })
+		t.Run("nothing", func(t *testing.T) { t.Parallel(); none = w.in(t).seed("s-nothing", row) })
+	})
+	if gold.SandboxHandle == nil || none.SandboxHandle == nil {
+		t.FailNow() // the seed subtests said why
+	}
 	if v := w.agentRun(*gold.SandboxHandle, "go env GOVERSION"); strings.TrimSpace(v) != ri.toolchain {
 		t.Errorf("the agent's go is %q, want the pinned %s", v, ri.toolchain)
 	}
@@ -249,22 +261,31 @@ func TestARealGinInstanceOnOpenSandbox(t *testing.T) {
 	if _, err := w.own.Restore(context.Background(), owner.RestoreRequest{CheckpointID: "c1"}); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct {
-		sid  string
-		old  string
-		want float64
-	}{{"s-gold", *gold.SandboxHandle, 1}, {"s-nothing", *none.SandboxHandle, 0}} {
-		again := w.seed(c.sid, row)
-		if !again.Restored || again.SandboxHandle == nil || *again.SandboxHandle == c.old {
-			t.Fatalf("%s: re-seed after restore: %+v (old sandbox %s)", c.sid, again, c.old)
+	// Each session re-seeds onto its checkpoint's fork and is graded, the
+	// two side by side.
+	restored := w.world
+	t.Run("verify", func(t *testing.T) {
+		for _, c := range []struct {
+			sid  string
+			old  string
+			want float64
+		}{{"s-gold", *gold.SandboxHandle, 1}, {"s-nothing", *none.SandboxHandle, 0}} {
+			t.Run(c.sid, func(t *testing.T) {
+				t.Parallel()
+				w := restored.in(t)
+				again := w.seed(c.sid, row)
+				if !again.Restored || again.SandboxHandle == nil || *again.SandboxHandle == c.old {
+					t.Fatalf("%s: re-seed after restore: %+v (old sandbox %s)", c.sid, again, c.old)
+				}
+				v := w.verify(c.sid, row)
+				t.Logf("%s: reward %v, grading %.1f s (sandbox start %.1f s, apply %.1f s, eval %.1f s), failure %q", c.sid, v.Reward,
+					v.PatchVerificationTimeTaken, v.EvalSandboxStartTimeTaken, v.PatchApplyTimeTaken, v.EvalTimeTaken, v.FailureKind)
+				if v.Reward != c.want || v.MaskSample || v.TestFraming != grading.FramingMarked {
+					t.Errorf("%s: want reward %v, got:\n%s", c.sid, c.want, describe(v))
+				}
+			})
 		}
-		v := w.verify(c.sid, row)
-		t.Logf("%s: reward %v, grading %.1f s (sandbox start %.1f s, apply %.1f s, eval %.1f s), failure %q", c.sid, v.Reward,
-			v.PatchVerificationTimeTaken, v.EvalSandboxStartTimeTaken, v.PatchApplyTimeTaken, v.EvalTimeTaken, v.FailureKind)
-		if v.Reward != c.want || v.MaskSample || v.TestFraming != grading.FramingMarked {
-			t.Errorf("%s: want reward %v, got:\n%s", c.sid, c.want, describe(v))
-		}
-	}
+	})
 	if _, err := w.own.Release(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
