@@ -405,6 +405,43 @@ func (cg *cgroups) tidy(id string) error {
 	return cg.weigh(id, false)
 }
 
+// staleCgroupAge is how old an empty sandbox or probe cgroup must be before
+// a starting provider removes it as left by a killed server. A live one is
+// empty only between its creation and its init's start (milliseconds), and
+// one that holds a process cannot be removed at all.
+const staleCgroupAge = 10 * time.Minute
+
+// sweepStale removes the empty sandbox and probe cgroups that killed
+// servers left in the parents (a server's own are removed as its sandboxes
+// go; a killed one's stay, and a restart on another root never names them
+// again), older than age by the kernel's timestamps at now. It returns how
+// many it removed. The kernel refuses to remove a cgroup that holds a
+// process or a child, so a live sandbox's is never touched; a stopped
+// sandbox's, removed here, is made again when it starts.
+func (cg *cgroups) sweepStale(now time.Time, age time.Duration) int {
+	removed := 0
+	for _, parent := range cg.dirs {
+		entries, err := os.ReadDir(parent)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			name := e.Name()
+			if !e.IsDir() || !(strings.HasPrefix(name, sandboxPrefix) || strings.HasPrefix(name, "probe-")) {
+				continue
+			}
+			info, err := e.Info()
+			if err != nil || now.Sub(info.ModTime()) < age {
+				continue
+			}
+			if syscall.Rmdir(filepath.Join(parent, name)) == nil {
+				removed++
+			}
+		}
+	}
+	return removed
+}
+
 // tidyCgroups tidies the sandboxes' cgroup parents once sandbox id's
 // cgroups are removed (see tidy).
 func (p *Provider) tidyCgroups(id string) {

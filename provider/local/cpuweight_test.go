@@ -3,12 +3,14 @@ package local
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -192,4 +194,63 @@ func TestASandboxCannotRaiseItsCPUWeightOrLimit(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A starting provider removes the empty sandbox and probe cgroups that
+// killed servers left (hundreds piled up under the test suite's parent),
+// once they are old enough that no server can be about to start a process
+// in one; a fresh one, one holding a process and a directory not named as
+// the provider names its cgroups stay, on a real cgroup of the test's own.
+func TestStaleSandboxCgroupsAreSwept(t *testing.T) {
+	host, _ := probeCgroups()
+	parent, ok := host.dirOf("cpu")
+	if !ok {
+		t.Skip("SKIP: the host lets the server make no cpu cgroup here")
+	}
+	dir := filepath.Join(parent, "sweep-test-"+strconv.Itoa(os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(dir) })
+	now := time.Now()
+	old := now.Add(-staleCgroupAge - time.Minute)
+	for name, at := range map[string]time.Time{
+		sandboxPrefix + "stale": old, "probe-memory-1": old, sandboxPrefix + "fresh": now,
+		"weight-test-1": old, sandboxPrefix + "busy": old,
+	} {
+		sub := filepath.Join(dir, name)
+		if err := os.Mkdir(sub, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.Remove(sub) })
+		if err := os.Chtimes(sub, at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	busy := exec.Command("sleep", "3600")
+	if err := busy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = busy.Process.Kill(); _ = busy.Wait() })
+	if err := os.WriteFile(filepath.Join(dir, sandboxPrefix+"busy", "cgroup.procs"), []byte(strconv.Itoa(busy.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	cg := &cgroups{v2: host.v2, dirs: map[string]string{"cpu": dir}}
+	if n := cg.sweepStale(now, staleCgroupAge); n != 2 {
+		t.Errorf("removed %d cgroups, want 2", n)
+	}
+	var left []string
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			left = append(left, e.Name())
+		}
+	}
+	want := []string{sandboxPrefix + "busy", sandboxPrefix + "fresh", "weight-test-1"}
+	if diff := cmp.Diff(want, left); diff != "" {
+		t.Errorf("cgroups left by the sweep (-want +got):\n%s", diff)
+	}
 }

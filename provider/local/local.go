@@ -782,6 +782,11 @@ func (p *Provider) chooseCgroups() {
 	if cg == nil {
 		return
 	}
+	// The kernel stamps a cgroup with the real time, so the real clock
+	// reads its age.
+	if n := cg.sweepStale(time.Now(), staleCgroupAge); n > 0 {
+		p.log.WithField("removed", n).Info("local provider: removed empty sandbox cgroups that killed servers left")
+	}
 	cg.weight = cpuWeight{perSandbox: p.limits.CPUs, max: p.cpuWeightMax}
 	if p.limits.CPUs < 0 {
 		cg.weight.perSandbox = float64(runtime.NumCPU())
