@@ -510,10 +510,10 @@ func (a *sessionActor) snapshot(e effSnapshot, feed func(any)) {
 		err = fmt.Errorf("session %q could not be snapshotted: %w", a.s.ID, err)
 	}
 	feed(snapshotDone{Seq: e.Seq, SnapshotID: id, At: a.env.Clock.Now(), Err: err})
-	// The slot is freed last: the runtime runs the waiter it wakes next on
-	// this CPU, so the next snapshot starts before the mailbox runs that
-	// the feed scheduled (freed first, the waiter queued behind them, and a
-	// checkpoint's waves drifted apart by their completions' work).
+	// The slot is freed once the feed returned. The owner's mailboxes run
+	// on the goroutine that feeds them, so this completion's step (and the
+	// coordinator's, when idle) runs first, for microseconds; on a
+	// dispatcher, freed last, the next waiter ran ahead of those runs.
 	a.env.Limiter.Release()
 }
 
