@@ -183,25 +183,27 @@ func TestASpecsReadyTimeoutBoundsItsStart(t *testing.T) {
 
 // TestRetriesBackOffFrom250msDoublingTo10s: the waits between retries of a
 // call whose answers ask no Retry-After start at 250 ms, double, stop
-// growing at 10 s, each within ±25% jitter.
+// growing at 10 s, each within ±25% jitter (24 of them, so that the
+// jitter's draws spread over its range).
 func TestRetriesBackOffFrom250msDoublingTo10s(t *testing.T) {
-	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{MaxRetries: 8})
-	h := e.start(t, provider.Spec{})
-	e.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Path: "/v1/sandboxes/" + h.SandboxID, Status: http.StatusServiceUnavailable, Times: 8})
+	const retries = 24
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{MaxRetries: retries})
+	h := e.start(t, provider.Spec{TTLSeconds: 3600})
+	e.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Path: "/v1/sandboxes/" + h.SandboxID, Status: http.StatusServiceUnavailable, Times: retries})
 	e.mu.Lock()
 	e.sleeps = nil
 	e.mu.Unlock()
 	if st, err := e.p.Status(context.Background(), h); err != nil || st != provider.StatusRunning {
-		t.Fatalf("Status through eight 503s = %v, %v", st, err)
+		t.Fatalf("Status through %d 503s = %v, %v", retries, st, err)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	base := []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second}
-	if len(e.sleeps) != len(base) {
-		t.Fatalf("waits %v, want %d", e.sleeps, len(base))
+	if len(e.sleeps) != retries {
+		t.Fatalf("waits %v, want %d", e.sleeps, retries)
 	}
-	for i, b := range base {
-		if d := e.sleeps[i]; d < b*3/4 || d >= b*5/4 {
+	for i, d := range e.sleeps {
+		b := min(250*time.Millisecond<<i, 10*time.Second)
+		if d < b*3/4 || d >= b*5/4 {
 			t.Errorf("wait %d = %v, want %v ±25%%", i, d, b)
 		}
 	}
