@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/internal/testparallel"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local/localtest"
 
@@ -33,6 +35,11 @@ func TestMain(m *testing.M) {
 	if action := os.Getenv(helperEnv); action != "" {
 		os.Exit(runHelper(action))
 	}
+	// The modes of one test run side by side (forModes), and mostly wait
+	// on sandboxes' processes and disks: go test's default of GOMAXPROCS
+	// (2 here) ran them two at a time.
+	flag.Parse()
+	testparallel.AtLeast(4)
 	os.Exit(localtest.Run(m))
 }
 

@@ -118,8 +118,8 @@ func TestRunReaperStopsWithItsContext(t *testing.T) {
 	cancel()
 	select {
 	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("RunReaper did not return after its context ended")
+	case <-time.After(time.Minute): // a guard against a hang, not a measure of speed
+		t.Fatal("RunReaper did not return within a minute of its context's end")
 	}
 	if n := clk.Pending(); n != 0 {
 		t.Fatalf("%d timers left after RunReaper returned", n)
