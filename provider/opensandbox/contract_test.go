@@ -13,9 +13,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -23,13 +25,31 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/testparallel"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/opensandbox"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 )
 
+// TestMain runs the contract tests side by side: each mostly waits on the
+// real stack (a create, a state, a capture: a minute or two apiece under
+// load), not on the CPU, and go test's default of GOMAXPROCS (2 here) ran
+// them two at a time (327 s for the package at load 15-33, 17 CPU-s).
+func TestMain(m *testing.M) {
+	flag.Parse()
+	testparallel.AtLeast(8)
+	os.Exit(m.Run())
+}
+
 // realStack is brought up once per test binary, when a test first asks.
 var realStack = sync.OnceValues(opensandboxtest.StackUp)
+
+// hangGuard bounds each wait of these tests for a server's state, answer or
+// file: a guard against a hang, never a pace. On the real stack a minute
+// is within a loaded machine's reach (TestContractExitedSandboxes' two
+// starts and waits took 68 s at load 22-39).
+const hangGuard = 10 * time.Minute
 
 // server is one lifecycle server the suite runs against.
 type server struct {
@@ -39,6 +59,8 @@ type server struct {
 	key    string
 	image  string
 	fake   *opensandboxtest.Server // nil for the real one
+	// clk is the fake's clock (nil for the real one).
+	clk *heldClock
 	// run labels every sandbox of one test, so that lists are filtered to
 	// it and leftovers can be found.
 	run string
@@ -49,9 +71,10 @@ type server struct {
 // up).
 func eachServer(t *testing.T, f func(t *testing.T, s *server)) {
 	t.Run("fake", func(t *testing.T) {
-		srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: key, SnapshotLatency: 300 * time.Millisecond})
+		clk := &heldClock{}
+		srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: key, SnapshotLatency: 300 * time.Millisecond, Clock: clk})
 		t.Cleanup(srv.Close)
-		f(t, &server{name: "fake", url: srv.URL, domain: srv.Domain, key: key, image: "debian", fake: srv, run: newRun()})
+		f(t, &server{name: "fake", url: srv.URL, domain: srv.Domain, key: key, image: "debian", fake: srv, clk: clk, run: newRun()})
 	})
 	t.Run("real", func(t *testing.T) {
 		st, err := realStack()
@@ -60,6 +83,44 @@ func eachServer(t *testing.T, f func(t *testing.T, s *server)) {
 		t.Cleanup(func() { s.cleanup(t) })
 		f(t, s)
 	})
+}
+
+// heldClock is real time that a test can hold still (the fake's states
+// follow it): a snapshot taken while it is held stays Creating however
+// long a loaded machine takes between two requests, instead of the 300 ms
+// of its capture, which 8 tests side by side at load 30 outran.
+type heldClock struct {
+	clock.Real
+	mu   sync.Mutex
+	held bool
+	at   time.Time     // the time held
+	lag  time.Duration // how far behind real time it runs
+}
+
+func (c *heldClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.held {
+		return c.at
+	}
+	return time.Now().Add(-c.lag)
+}
+
+// holdTime holds the fake's clock still until the returned release (on
+// the real server, nothing).
+func (s *server) holdTime() (release func()) {
+	c := s.clk
+	if c == nil {
+		return func() {}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.at, c.held = time.Now().Add(-c.lag), true
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.lag, c.held = time.Since(c.at), false
+	}
 }
 
 func newRun() string {
@@ -190,7 +251,7 @@ func stateOf(m map[string]any) string {
 // a minute passes (a wide bound: the real server takes about a second).
 func (s *server) waitState(t *testing.T, path string, want ...string) map[string]any {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(hangGuard)
 	for {
 		st, m, _ := s.call(t, http.MethodGet, path, nil)
 		if st == http.StatusOK {
@@ -208,12 +269,12 @@ func (s *server) waitState(t *testing.T, path string, want ...string) map[string
 }
 
 // execdUp waits until the sandbox's execd answers /ping (a create answers
-// Running before execd listens), for at most a minute.
+// Running before execd listens), for at most hangGuard.
 func (s *server) execdUp(t *testing.T, id string) {
 	t.Helper()
 	_, m, _ := s.call(t, http.MethodGet, "/v1/sandboxes/"+id+"/endpoints/44772", nil)
 	ep := asString(m["endpoint"])
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(hangGuard)
 	for {
 		res, err := http.Get("http://" + ep + "/ping")
 		if err == nil {
@@ -423,6 +484,9 @@ func TestContractSnapshotsAndForks(t *testing.T) {
 				t.Fatalf("write a big file: %v %+v", err, res)
 			}
 		}
+		// The fake's capture lasts until the checks of a Creating
+		// snapshot are done.
+		release := s.holdTime()
 		st, snap, hdr := s.call(t, http.MethodPost, "/v1/sandboxes/"+id+"/snapshots", nil)
 		if st != http.StatusAccepted || stateOf(snap) != "Creating" {
 			t.Fatalf("snapshot: %d %v, want 202 Creating", st, snap)
@@ -436,6 +500,7 @@ func TestContractSnapshotsAndForks(t *testing.T) {
 		if stateOf(m) != "Paused" && stateOf(m) != "Running" {
 			t.Errorf("source while captured: %d %v, want Paused (or Running once done)", st, m)
 		}
+		release()
 		s.waitState(t, "/v1/snapshots/"+sid, "Ready")
 		s.waitState(t, "/v1/sandboxes/"+id, "Running")
 
@@ -512,7 +577,8 @@ func TestContractSnapshotsAndForks(t *testing.T) {
 
 // whileCreating checks what a fork from, and a delete of, a snapshot still
 // Creating answer, and returns the snapshot the rest of the test uses. The
-// fake holds a snapshot Creating for as long as its test needs; the real
+// fake holds a snapshot Creating for as long as its test needs (its clock
+// held, see holdTime); the real
 // server only while its capture lasts, which a loaded machine can outrun
 // between two requests. So on the real server an answer that the
 // capture's end explains (the fork made, the delete done) is checked for
@@ -549,10 +615,10 @@ func (s *server) whileCreating(t *testing.T, id, sid string) string {
 	return sid
 }
 
-// waitStatus polls path until it answers status, or a minute passes.
+// waitStatus polls path until it answers status, or hangGuard passes.
 func (s *server) waitStatus(t *testing.T, path string, status int) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(hangGuard)
 	for {
 		st, m, _ := s.call(t, http.MethodGet, path, nil)
 		if st == status {

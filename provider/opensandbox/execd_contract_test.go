@@ -401,9 +401,9 @@ func callerHangsUp(t *testing.T, e execdUnderTest) {
 		if err := <-errc; !errors.Is(err, context.Canceled) {
 			t.Errorf("round %d: Exec = %v, want context.Canceled", round, err)
 		}
-		// The command was interrupted, not left running (a minute is a
+		// The command was interrupted, not left running (hangGuard is a
 		// bound, not a pace).
-		for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		for deadline := time.Now().Add(hangGuard); ; time.Sleep(20 * time.Millisecond) {
 			res := run(t, e, provider.ExecRequest{Command: "kill -0 " + pid + " 2>/dev/null"})
 			if res.ExitCode != 0 {
 				break
@@ -430,11 +430,11 @@ func run(t *testing.T, e execdUnderTest, req provider.ExecRequest) provider.Exec
 	return res
 }
 
-// waitFile waits (up to a minute: a bound, not a pace) for a file a command
-// writes, and returns it.
+// waitFile waits (up to hangGuard: a bound, not a pace) for a file a
+// command writes, and returns it.
 func waitFile(t *testing.T, e execdUnderTest, name string) []byte {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(hangGuard)
 	for {
 		b, err := e.p.ReadFile(context.Background(), e.h, name)
 		if err == nil && len(b) > 0 {
