@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/sandboxowner/owner/internal/replytest"
 	"github.com/sandboxowner/owner/internal/servertest"
 	"github.com/sandboxowner/owner/internal/testparallel"
+	"github.com/sandboxowner/owner/provider/local/localtest"
 )
 
 const token = "conformance-token"
@@ -26,7 +28,9 @@ func TestMain(m *testing.M) {
 	servertest.ServeIfChild()
 	flag.Parse()
 	testparallel.AtLeast(4)
-	os.Exit(m.Run())
+	// The sandboxes live under a locked temporary root (see localtest.Run),
+	// and so does the small init's build.
+	os.Exit(localtest.Run(m))
 }
 
 // server is one running server process.
@@ -98,7 +102,15 @@ func (s *server) run() {
 	// tests running at once never race for one.
 	addr := make(chan string, 1)
 	s.log = &serverLog{addr: addr}
-	s.cmd = servertest.Command(nil, append(s.args, "-port", "0")...)
+	args := append(slices.Clone(s.args), "-port", "0")
+	if i := slices.Index(args, "-sandbox.provider"); (i < 0 || i+1 < len(args) && args[i+1] == "local") &&
+		!slices.Contains(args, "-sandbox.local.init_binary") {
+		// The sandboxes' inits and the provider's startup probes run the
+		// small init, not this -race binary (several times the CPU to
+		// start, twice per isolated sandbox), as in sim/process.
+		args = append(args, "-sandbox.local.init_binary", localtest.InitBinary(s.t))
+	}
+	s.cmd = servertest.Command(nil, args...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
