@@ -23,6 +23,9 @@ func TestMain(m *testing.M) {
 // files. Figures are not checked: this is so the harness
 // cannot rot, not a benchmark.
 func TestTinyRun(t *testing.T) {
+	// Beside TestRunGoesOnPastFailedCells: each mostly waits (its load
+	// windows, children and sandboxes), and no figure is checked.
+	t.Parallel()
 	var progress bytes.Buffer
 	rep, err := Run(context.Background(), Options{Mode: ModeTiny, Progress: &progress})
 	if err != nil {

@@ -87,6 +87,7 @@ func TestFlaggedFiguresAreNotPrinted(t *testing.T) {
 // whose load finds nothing but errors, are reported as failed; every other
 // cell is still measured, and the report is handed out after each cell.
 func TestRunGoesOnPastFailedCells(t *testing.T) {
+	t.Parallel() // beside TestTinyRun
 	srv := newFlakyServer(t)
 	var updates []int
 	var partial []bool
