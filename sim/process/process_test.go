@@ -79,14 +79,21 @@ func (l *serverLog) String() string {
 	return l.buf.String()
 }
 
+// hangGuard bounds each wait of these tests on a server (its start, a
+// request's answer, a stop, a pool's refill) and is the deadline the
+// control requests give: a guard against a hang, never a measure of speed.
+// Minutes were missed under load: a server's start (its startup checks of
+// the real stack) at load 36, an agent's seed of a sandbox on the real
+// stack beside the other real-stack tests at load 38, each then done alone
+// in seconds.
+const hangGuard = 10 * time.Minute
+
+// requestGuard is an HTTP client's bound: past the control requests'
+// deadline (hangGuard), so that the server's own answer comes first.
+const requestGuard = hangGuard + time.Minute
+
 // start runs the server on the local provider over dir and waits for its
 // address.
-// serverStartGuard bounds the wait for a started server to log its
-// address: a hang guard, not a speed bound. A minute was missed at load
-// 36 by a server on the OpenSandbox provider (its startup checks of the
-// real stack), which then started alone in seconds.
-const serverStartGuard = 5 * time.Minute
-
 func start(t *testing.T, dir string) *server {
 	t.Helper()
 	return startWith(t, dir, "-sandbox.provider", "local", "-sandbox.local.isolation", "none", "-sandbox.local.overlay", "off",
@@ -154,8 +161,8 @@ func startWithEnv(t *testing.T, dir string, env []string, providerArgs ...string
 			t.Fatalf("the server exited before serving:\n%s", s.log)
 		}
 		s.addr = a
-	case <-time.After(serverStartGuard):
-		t.Fatalf("the server did not start within %v:\n%s", serverStartGuard, s.log)
+	case <-time.After(hangGuard):
+		t.Fatalf("the server did not start within %v:\n%s", hangGuard, s.log)
 	}
 	// The address is logged before the server accepts: a request that got
 	// an answer means it serves. (A SIGTERM before that hangs the server's
@@ -185,7 +192,7 @@ func (s *server) term() {
 		if err != nil {
 			s.t.Fatalf("the server's SIGTERM exit: %v\n%s", err, s.log)
 		}
-	case <-time.After(time.Minute):
+	case <-time.After(hangGuard):
 		// A goroutine dump says where it hangs.
 		_ = s.cmd.Process.Signal(syscall.SIGQUIT)
 		<-s.done
@@ -194,7 +201,7 @@ func (s *server) term() {
 		if i := strings.Index(log, "SIGQUIT"); i >= 0 {
 			log = log[max(0, i-4000):min(len(log), i+12000)]
 		}
-		s.t.Fatalf("the server did not stop on SIGTERM within a minute; its log and goroutines:\n%s", log)
+		s.t.Fatalf("the server did not stop on SIGTERM within %v; its log and goroutines:\n%s", hangGuard, log)
 	}
 }
 
@@ -204,7 +211,7 @@ type agent struct {
 
 func newAgent() *agent {
 	jar, _ := cookiejar.New(nil)
-	return &agent{cl: &http.Client{Jar: jar, Timeout: time.Minute}}
+	return &agent{cl: &http.Client{Jar: jar, Timeout: requestGuard}}
 }
 
 // call posts body to path; the error is the transport's (a killed server).
@@ -215,7 +222,7 @@ func (s *server) call(a *agent, method, path string, body any) (int, map[string]
 		return 0, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	cl := &http.Client{Timeout: 2 * time.Minute}
+	cl := &http.Client{Timeout: requestGuard}
 	if a != nil {
 		cl = a.cl
 	} else {
@@ -243,7 +250,7 @@ func (s *server) ok(a *agent, path string, body any) map[string]any {
 
 func (s *server) control(op string, body map[string]any) (int, map[string]any, error) {
 	if op != "release" {
-		body["deadline_ts"] = float64(time.Now().Add(5*time.Minute).UnixMilli()) / 1000
+		body["deadline_ts"] = float64(time.Now().Add(hangGuard).UnixMilli()) / 1000
 	}
 	return s.call(nil, "POST", "/ng-control/v1/checkpoint/"+op, body)
 }
@@ -481,9 +488,11 @@ func TestMain(m *testing.M) {
 	// The test binary is also the server the tests run (see servertest).
 	servertest.ServeIfChild()
 	// Most of these tests wait on server processes and sandboxes, not on
-	// the CPU.
+	// the CPU. The real stack's fault tests take its fault lock one after
+	// another for minutes (the package's longest path): with 4 slots they
+	// waited 40-55 s for one behind the local tests.
 	flag.Parse()
-	testparallel.AtLeast(4)
+	testparallel.AtLeast(8)
 	// The servers' sandboxes live under a locked temporary root; the real
 	// stack stays the shared one: its directory is pinned before TMPDIR
 	// moves.
@@ -539,9 +548,9 @@ func TestSIGKILLWithWarmPools(t *testing.T) {
 		}
 		return n
 	}
-	for deadline := time.Now().Add(time.Minute); pooled() == 0; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(hangGuard); pooled() == 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("no pooled sandbox started within a minute:\n%s", lastLines(s.log.String(), 30))
+			t.Fatalf("no pooled sandbox started within %v:\n%s", hangGuard, lastLines(s.log.String(), 30))
 		}
 	}
 	s.kill()

@@ -132,12 +132,12 @@ func (r *onRealStack) left(t *testing.T) (sandboxes, snapshots []string) {
 }
 
 // firstSnapshot waits until the lifecycle server lists a snapshot of this
-// run, for at most five minutes (a guard against a commit that never
+// run, for at most hangGuard (a guard against a commit that never
 // snapshots, not a measure of speed).
 func (r *onRealStack) firstSnapshot(t *testing.T) error {
 	t.Helper()
 	p := r.client(t)
-	for bound := time.Now().Add(5 * time.Minute); time.Now().Before(bound); time.Sleep(20 * time.Millisecond) {
+	for bound := time.Now().Add(hangGuard); time.Now().Before(bound); time.Sleep(20 * time.Millisecond) {
 		snaps, err := p.ListSnapshots(context.Background())
 		if err != nil {
 			return fmt.Errorf("list the run's snapshots: %w", err)
@@ -146,7 +146,7 @@ func (r *onRealStack) firstSnapshot(t *testing.T) error {
 			return nil
 		}
 	}
-	return errors.New("no snapshot of the commit listed within five minutes")
+	return fmt.Errorf("no snapshot of the commit listed within %v", hangGuard)
 }
 
 // clean removes what a failed run left on the shared stack.
@@ -366,8 +366,8 @@ func realStackLifecycleServerKilledMidCommit(t *testing.T) {
 	var a answer
 	select {
 	case a = <-done:
-	case <-time.After(5 * time.Minute):
-		t.Fatalf("the commit did not answer within 5 minutes of the lifecycle server's restart\n%s", lastLines(s.log.String(), 30))
+	case <-time.After(hangGuard):
+		t.Fatalf("the commit did not answer within %v of the lifecycle server's restart\n%s", hangGuard, lastLines(s.log.String(), 30))
 	}
 	if a.err != nil {
 		t.Fatalf("commit: %v", a.err)
