@@ -513,9 +513,13 @@ END {
 // go test never answers from its test-result cache (GOFLAGS -count=1):
 // code under test can write the build cache it would read, and a result
 // planted there for a later go test would be printed as that run's, framing
-// and all. With goExec (a toolchain that marks its framing), go test runs
-// every test binary through goExecWrapper (GOFLAGS -exec), so that it marks
-// it. An error means the provider failed.
+// and all. The script's own go commands run through evalPrelude's go: no
+// build reads what a test of the eval wrote (a compiled package planted in
+// the build cache, a GOENV or go.work setting), and no package of a go test
+// is compiled after a test of it ran. With goExec (a toolchain that marks
+// its framing), every test binary runs with -test.v=test2json (a go command
+// the script does not run itself, through goExecWrapper as GOFLAGS -exec),
+// so that it marks it. An error means the provider failed.
 func RunEval(ctx context.Context, p provider.Provider, h provider.Handle, script string, goExec bool, timeout time.Duration) (EvalResult, error) {
 	if err := p.WriteFile(ctx, h, scratchDir+"/eval.sh", []byte(script)); err != nil {
 		return EvalResult{}, fmt.Errorf("write the eval script: %w", err)
@@ -528,10 +532,22 @@ func RunEval(ctx context.Context, p provider.Provider, h provider.Handle, script
 		}
 		cmd.WriteString(`chmod +x ` + scratchDir + `/go-exec && export GOFLAGS="${GOFLAGS:+$GOFLAGS }-exec=$PWD/` + scratchDir + `/go-exec" || exit 3` + "\n")
 	}
+	if err := p.WriteFile(ctx, h, scratchDir+"/prelude.sh", []byte(evalPrelude)); err != nil {
+		return EvalResult{}, fmt.Errorf("write the eval prelude: %w", err)
+	}
+	mark := ""
+	if goExec {
+		mark = "1"
+	}
 	// mawk reads a pipe a block at a time unless interactive: what a
 	// script printed before its timeout killed it would be lost.
 	cmd.WriteString(`NG_AWK=awk; awk -W version 2>/dev/null | grep -q mawk && NG_AWK="awk -W interactive"` + "\n")
-	cmd.WriteString(`{ if command -v bash >/dev/null 2>&1; then bash ` + scratchDir + `/eval.sh; else sh ` + scratchDir + `/eval.sh; fi; } 2>&1 </dev/null | ` + evalFilter + "\n")
+	// bash reads the prelude and the whole eval script before running any
+	// of it (evalPrelude); sh, where there is no bash, reads the script as
+	// it goes, and its go is the go command's.
+	cmd.WriteString(`{ if command -v bash >/dev/null 2>&1; then NG_DIR="$PWD/` + scratchDir + `" NG_MARK=` + mark +
+		` bash -c '. "$1" && ng_script=$(cat "$2") && eval "$ng_script"' ng-eval ` + scratchDir + `/prelude.sh ` + scratchDir + `/eval.sh; ` +
+		`else sh ` + scratchDir + `/eval.sh; fi; } 2>&1 </dev/null | ` + evalFilter + "\n")
 	res, err := run(ctx, p, h, cmd.String(), nil, timeout)
 	if err != nil {
 		return EvalResult{}, err

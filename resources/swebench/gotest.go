@@ -3,10 +3,155 @@ package swebench
 // goExecWrapper is given to go test as -exec (through GOFLAGS): it runs
 // each test binary with -test.v=test2json, after the go command's own
 // -test.v, so that the testing package marks its framing; any other program
-// (go run's) runs as is.
+// (go run's) runs as is. The eval script's own `go test` commands go through
+// evalPrelude's go instead; this is for go commands it does not see (a
+// Makefile's, say).
 const goExecWrapper = `#!/bin/sh
 case "$1" in
 *.test) exec "$@" -test.v=test2json ;;
 esac
 exec "$@"
+`
+
+// goCollect is given to go test as -exec by evalPrelude's go: instead of
+// running a test binary it keeps a copy, the directory go test would run it
+// in and its arguments (NUL-separated), in a new numbered directory under
+// $NG_COLLECT_DIR, and prints nothing.
+const goCollect = `#!/bin/sh
+n=0
+while ! mkdir "$NG_COLLECT_DIR/$(printf %05d $n)" 2>/dev/null; do
+	n=$((n + 1))
+	[ $n -lt 100000 ] || exit 3
+done
+d=$NG_COLLECT_DIR/$(printf %05d $n)
+cp "$1" "$d/test" || exit 3
+shift
+printf %s "$PWD" > "$d/dir" || exit 3
+for a in "$@"; do printf "%s\0" "$a"; done > "$d/args" || exit 3
+`
+
+// evalPrelude is sourced by bash before the eval script, which bash then
+// reads whole into memory and evals: a test cannot rewrite what the eval
+// runs next (bash reads a script file as it goes). It defines go, a
+// function that every `go` of the eval script runs through, so that no
+// build of the eval reads what code under test wrote:
+//
+//   - Before any go command, it deletes from the build cache every file
+//     changed since the eval began (by ctime, which no process of the
+//     sandbox can set back): a compiled package or a test result planted by
+//     the tests of an earlier command is never read; what the eval's own
+//     builds wrote is rebuilt.
+//   - go test builds every test binary of the command (with goCollect as
+//     -exec: no test runs) before it runs any, then runs them one at a time
+//     from their package directories, as go test would, each checked against
+//     the SHA-256 it had when built: no package of the command is compiled
+//     after a test of it ran, and no test binary runs that another replaced.
+//     (A command with -c, -exec or -json goes to the go command as it is.)
+//   - GOENV and GOWORK stay what they were when the eval began (unless the
+//     script sets them): code under test cannot set GOFLAGS, GOCACHE or a
+//     workspace for a later command through `go env -w` or a go.work file.
+//
+// NG_DIR is the grader's scratch directory (absolute), NG_MARK non-empty
+// when test binaries run with -test.v=test2json.
+const evalPrelude = `ng_dir=$NG_DIR
+ng_mark=
+[ -z "${NG_MARK-}" ] || ng_mark=-test.v=test2json
+unset NG_DIR NG_MARK
+ng_t0=$(date +%s)
+ng_collect_src='` + goCollect + `'
+ng_real_go=$(command -v go 2>/dev/null) || ng_real_go=
+ng_cache= ng_gowork= ng_goenv=off ng_goenv_txt=
+if [ -n "$ng_real_go" ]; then
+	{ read -r ng_gowork; read -r ng_goenv; read -r ng_cache; } < <("$ng_real_go" env GOWORK GOENV GOCACHE 2>/dev/null)
+	[ -n "$ng_gowork" ] || ng_gowork=off
+	if [ -n "$ng_goenv" ] && [ "$ng_goenv" != off ] && [ -f "$ng_goenv" ]; then
+		ng_goenv_txt=$(cat "$ng_goenv")
+		ng_goenv=$ng_dir/goenv
+	else
+		ng_goenv=off
+	fi
+fi
+
+ng_go() {
+	[ "$ng_goenv" = off ] || printf '%s\n' "$ng_goenv_txt" > "$ng_goenv" || return 3
+	GOENV=${GOENV:-$ng_goenv} GOWORK=${GOWORK:-$ng_gowork} "$ng_real_go" "$@"
+}
+
+ng_purge() {
+	local c=${GOCACHE:-$ng_cache}
+	[ -n "$c" ] && [ -d "$c" ] || return 0
+	find "$c" -mindepth 1 ! -type d -newerct "@$ng_t0" -delete 2>/dev/null || :
+}
+
+ng_sum() {
+	command -v sha256sum >/dev/null 2>&1 || { echo unchecked; return; }
+	local s
+	s=$(sha256sum < "$1") || s=unreadable
+	echo "${s%% *}"
+}
+
+# ng_collectable: go test's arguments (without "test") build test binaries
+# that the go command would run itself.
+ng_collectable() {
+	local a
+	for a in "$@"; do
+		case "$a" in
+		-args | --args) return 0 ;;
+		-c | --c | -c=* | --c=* | -exec | --exec | -exec=* | --exec=* | -json | --json | -json=* | --json=*) return 1 ;;
+		esac
+	done
+	return 0
+}
+
+ng_test() {
+	local d t i n=0 off=0 rc=0 brc
+	local -a bins=() dirs=() sums=() nargs=() args=() a
+	d=$(mktemp -d "$ng_dir/tests.XXXXXX") || { ng_go test "$@"; return; }
+	printf '%s' "$ng_collect_src" > "$ng_dir/collect" && chmod 0755 "$ng_dir/collect" || { rm -rf "$d"; return 3; }
+	{ NG_COLLECT_DIR=$d ng_go test -exec="$ng_dir/collect" "$@" 2>&1; echo $? > "$d/rc"; } | awk 'index($0, "ok  \t") != 1 { print; fflush() }'
+	brc=$(cat "$d/rc" 2>/dev/null) || brc=1
+	for t in "$d"/[0-9]*; do
+		[ -f "$t/test" ] || continue
+		bins+=("$t/test")
+		dirs+=("$(cat "$t/dir")")
+		sums+=("$(ng_sum "$t/test")")
+		mapfile -d '' -t a < "$t/args"
+		nargs+=(${#a[@]})
+		args+=("${a[@]}")
+		n=$((n + 1))
+	done
+	for ((i = 0; i < n; i++)); do
+		if [ "$(ng_sum "${bins[i]}")" != "${sums[i]}" ]; then
+			printf 'FAIL\t%s\t[the test binary changed after it was built: not run]\n' "${dirs[i]}"
+			rc=1
+		elif (cd "${dirs[i]}" && PWD=${dirs[i]} exec "${bins[i]}" "${args[@]:off:${nargs[i]}}" ${ng_mark:+"$ng_mark"}) < /dev/null 2>&1; then
+			printf 'ok  \t%s\n' "${dirs[i]}"
+		else
+			t=$?
+			printf 'FAIL\t%s\t[exit status %d]\n' "${dirs[i]}" "$t"
+			rc=1
+		fi
+		off=$((off + nargs[i]))
+	done
+	rm -rf "$d"
+	[ "$brc" = 0 ] || rc=$brc
+	return $rc
+}
+
+go() {
+	{ local ng_x=${-//[^x]/}; set +x; } 2>/dev/null
+	local ng_rc=0
+	if [ -z "$ng_real_go" ]; then
+		command go "$@" || ng_rc=$?
+	else
+		ng_purge
+		if [ "${1-}" = test ] && ng_collectable "${@:2}"; then
+			ng_test "${@:2}" || ng_rc=$?
+		else
+			ng_go "$@" || ng_rc=$?
+		fi
+	fi
+	{ [ -z "$ng_x" ] || set -x; } 2>/dev/null
+	return $ng_rc
+}
 `

@@ -1,6 +1,8 @@
 package swebench
 
 import (
+	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -339,5 +341,156 @@ func TestAPlantedTestResultIsNeverRead(t *testing.T) {
 	// The graded run's own init planted too: its keys were there to read.
 	if !strings.Contains(res.TestOutput, "zz_plant: planted 2 results") {
 		t.Errorf("the plant wrote no result (what this test is about):\n%s", res.TestOutput)
+	}
+}
+
+// compiledPlantFile is a Go file of package calc whose init (in the
+// module's root) plants, in the build cache the go command reads, a compile
+// of every package of the module whose tests all pass: each test function
+// of its test files, with the subtests they name, empty. Its action IDs are
+// the go command's own (GODEBUG=gocachehash=1); the honest entry is
+// removed and a build through -toolexec compiles the hacked file in place
+// of the test files under the same ID (-toolexec passes the compiler's
+// version through, so it changes no ID). Go does not check a cache entry's
+// output against its inputs: a later build of the same package links it.
+const compiledPlantFile = `package calc
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+)
+
+// swapCompile is a -toolexec program: a compile of a package with its test
+// files compiles $ZZ_HACKED/<package path, / as _>.go instead of them.
+const swapCompile = ` + "`" + `#!/bin/sh
+tool=$1
+shift
+case "$tool" in */compile) ;; *) exec "$tool" "$@" ;; esac
+case " $* " in *_test.go*) ;; *) exec "$tool" "$@" ;; esac
+p= prev= first=1
+for a in "$@"; do [ "$prev" = -p ] && p=$a; prev=$a; done
+for a in "$@"; do
+	shift
+	case "$a" in
+	*_test.go) [ $first = 0 ] || set -- "$@" "$ZZ_HACKED/$(echo "$p" | tr / _).go"; first=0 ;;
+	*) set -- "$@" "$a" ;;
+	esac
+done
+exec "$tool" "$@"
+` + "`" + `
+
+// init plants, in the build cache the go command reads, a compile of every
+// package of the module whose tests all pass (each test function of its
+// test files, with the subtests they name, empty), under the action ID the
+// next go test looks the honest compile up by.
+func init() {
+	if _, err := os.Stat("go.mod"); err != nil || os.Getenv("ZZ_PLANTING") != "" {
+		return
+	}
+	dir, _ := os.MkdirTemp("", "zz")
+	env := append(os.Environ(), "ZZ_PLANTING=1", "ZZ_HACKED="+dir)
+	list, _ := exec.Command("go", "list", "-f", "{{.ImportPath}} {{.Dir}}", "./...").Output()
+	fn := regexp.MustCompile("func (Test[A-Za-z0-9_]*)\\(")
+	sub := regexp.MustCompile("t\\.Run\\(\"([^\"]+)\"")
+	pkg := regexp.MustCompile("(?m)^package ([A-Za-z0-9_]+)")
+	root := regexp.MustCompile("(?m)^module (\\S+)")
+	mod, _ := os.ReadFile("go.mod")
+	for _, line := range strings.Split(strings.TrimSpace(string(list)), "\n") {
+		path, pdir, _ := strings.Cut(line, " ")
+		files, _ := filepath.Glob(filepath.Join(pdir, "*_test.go"))
+		var src strings.Builder
+		for _, f := range files {
+			b, _ := os.ReadFile(f)
+			if src.Len() == 0 {
+				fmt.Fprintf(&src, "package %s\n\nimport \"testing\"\n", pkg.FindSubmatch(b)[1])
+			}
+			for _, m := range fn.FindAllSubmatch(b, -1) {
+				fmt.Fprintf(&src, "\nfunc %s(t *testing.T) {\n", m[1])
+				for _, s := range sub.FindAllSubmatch(b, -1) {
+					fmt.Fprintf(&src, "\tt.Run(%q, func(t *testing.T) {})\n", s[1])
+				}
+				src.WriteString("}\n")
+			}
+		}
+		os.WriteFile(filepath.Join(dir, strings.ReplaceAll(path, "/", "_")+".go"), []byte(src.String()), 0o644)
+	}
+	os.WriteFile(filepath.Join(dir, "swap"), []byte(swapCompile), 0o755)
+	// The action IDs, from the go command itself.
+	cmd := exec.Command("go", "test", "-c", "-o", dir+"/", "./...")
+	cmd.Env = append(env, "GODEBUG=gocachehash=1")
+	out, _ := cmd.CombinedOutput()
+	cache, _ := exec.Command("go", "env", "GOCACHE").Output()
+	n := 0
+	re := regexp.MustCompile("(?m)^HASH\\[build " + regexp.QuoteMeta(string(root.FindSubmatch(mod)[1])) + "(/\\S+)?\\]: ([0-9a-f]{64})$")
+	for _, id := range re.FindAllSubmatch(out, -1) {
+		// Drop the honest entry: the build below compiles the hacked
+		// sources under its action ID.
+		os.Remove(filepath.Join(strings.TrimSpace(string(cache)), string(id[2][:2]), string(id[2])+"-a"))
+		n++
+	}
+	cmd = exec.Command("go", "test", "-c", "-o", dir+"/", "-toolexec="+filepath.Join(dir, "swap"), "./...")
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	fmt.Printf("zz_plant: planted %d compiled packages (%v) %s\n", n, err, out)
+}
+`
+
+// plantedCompiled is what compiledPlantFile prints when it planted.
+var plantedCompiled = regexp.MustCompile(`zz_plant: planted [1-9][0-9]* compiled packages \(<nil>\)`)
+
+// subTestPatch is a test patch adding package sub of the task module, whose
+// TestSub fails until Abs is fixed.
+func subTestPatch(tk task) string {
+	body := "package sub\n\nimport (\n\t\"testing\"\n\n\t\"example.com/calc\"\n)\n\nfunc TestSub(t *testing.T) {\n\tif got := calc.Abs(-3); got != 3 {\n\t\tt.Fatalf(\"Abs(-3) = %d\", got)\n\t}\n}\n"
+	lines := strings.Split(strings.TrimSuffix(body, "\n"), "\n")
+	return tk.testPatch + fmt.Sprintf("diff --git a/sub/sub_test.go b/sub/sub_test.go\nnew file mode 100644\n--- /dev/null\n+++ b/sub/sub_test.go\n@@ -0,0 +1,%d @@\n+%s\n", len(lines), strings.Join(lines, "\n+"))
+}
+
+// TestAPlantedCompiledPackageIsNeverLinked: no build of the eval reads
+// what a test of it wrote into the build cache. The agent's init plants a
+// passing compile of every package of the module (the bug left unfixed):
+//   - two go test commands (the first, outside the graded section, runs
+//     TestAdd): the graded command linked the planted test variant, and
+//     every test passed (reward 1). Every go command of the eval now first
+//     deletes what changed in the build cache since the eval began.
+//   - one go test of two packages, one at a time (-p 1): the root
+//     package's tests ran, then package sub was compiled, from the plant
+//     (TestSub passed: reward 1). go test now builds every test binary of
+//     the command before it runs any.
+func TestAPlantedCompiledPackageIsNeverLinked(t *testing.T) {
+	t.Parallel()
+	tk := newTask(t)
+	w := newWorld(t, tk)
+	graded := ": '>>>>> Start Test Output'\n" + goTestCmd + "\n"
+	twoCommands := tk.multilingualRow("example__calc-plant2")
+	script := twoCommands["eval_script"].(string)
+	if !strings.Contains(script, graded) {
+		t.Fatalf("the eval script has no %q:\n%s", graded, script)
+	}
+	twoCommands["eval_script"] = strings.Replace(script, graded, "go test -run '^TestAdd$' .\n: '>>>>> Start Test Output'\ngo test -v .\n", 1)
+	onePass := tk.multilingualRow("example__calc-plant1")
+	onePass["test_patch"] = subTestPatch(tk)
+	onePass["FAIL_TO_PASS"], onePass["PASS_TO_PASS"] = []string{"TestSub"}, []string{"TestAdd"}
+	script = strings.Replace(onePass["eval_script"].(string), graded, ": '>>>>> Start Test Output'\ngo test -p 1 -v ./...\n", 1)
+	onePass["eval_script"] = strings.Replace(script, tk.testPatch, onePass["test_patch"].(string), 1)
+	for name, row := range map[string]map[string]any{"two go test commands": twoCommands, "one go test of two packages": onePass} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			w := w.in(t)
+			sid := "s-plant-" + strings.ReplaceAll(name, " ", "-")
+			seed := w.seed(sid, row)
+			w.agentRun(*seed.SandboxHandle, "cat > zz_plant.go <<'HACK_EOF'\n"+compiledPlantFile+"HACK_EOF\n")
+			res := w.verify(sid, row)
+			if res.Reward != 0 || res.Resolved || res.MaskSample {
+				t.Fatalf("want reward 0, unmasked:\n%s", describe(res))
+			}
+			if !plantedCompiled.MatchString(res.TestOutput) {
+				t.Errorf("the plant wrote no compiled package (what this test is about):\n%s", res.TestOutput)
+			}
+		})
 	}
 }
