@@ -155,6 +155,15 @@ func TestGuardLeavesOutWhatIsNotTheAgents(t *testing.T) {
 	newSec := func(path, body string) string {
 		return "diff --git a/" + path + " b/" + path + "\nnew file mode 100644\n--- /dev/null\n+++ b/" + path + "\n@@ -0,0 +1 @@\n" + body
 	}
+	del := func(path, body string) string {
+		return "diff --git a/" + path + " b/" + path + "\ndeleted file mode 100644\n--- a/" + path + "\n+++ /dev/null\n@@ -1 +0,0 @@\n" + body
+	}
+	link := func(path, target string) string {
+		return "diff --git a/" + path + " b/" + path + "\nnew file mode 120000\n--- /dev/null\n+++ b/" + path + "\n@@ -0,0 +1 @@\n+" + target + "\n\\ No newline at end of file\n"
+	}
+	newExec := func(path, body string) string {
+		return "diff --git a/" + path + " b/" + path + "\nnew file mode 100755\n--- /dev/null\n+++ b/" + path + "\n@@ -0,0 +1 @@\n" + body
+	}
 	code := sec("calc.go", "-a\n+b\n")
 	testPatch := sec("calc_test.go", "-x\n+y\n")
 	gold := code + sec("other_test.go", "-x\n+y\n") + sec("vendor/modules.txt", "-x\n+y\n")
@@ -184,6 +193,10 @@ func TestGuardLeavesOutWhatIsNotTheAgents(t *testing.T) {
 		{"an ordinary dependency (a fix may need one) and its go.sum", Guard{}, sec("go.mod", "+require golang.org/x/text v0.3.0\n") + sec("go.sum", "+x\n"), sec("go.mod", "+require golang.org/x/text v0.3.0\n") + sec("go.sum", "+x\n"), nil},
 		{"a module change kept when configured", Guard{KeepModuleChanges: true}, sec("go.mod", "+replace a => ./b\n") + sec("go.sum", "+x\n"), sec("go.mod", "+replace a => ./b\n") + sec("go.sum", "+x\n"), nil},
 		{"go.work", Guard{}, newSec("go.work", "+use .\n") + newSec("go.work.sum", "+x\n"), "", []Excluded{{"go.work", ExcludedModule}, {"go.work.sum", ExcludedModule}}},
+		{"go.mod made a link to a file of the patch with a replace directive", Guard{}, del("go.mod", "-module example.com/calc\n") + link("go.mod", "zz/x.mod") + newSec("zz/x.mod", "+replace github.com/stretchr/testify => ./zz/testify\n") + code,
+			newSec("zz/x.mod", "+replace github.com/stretchr/testify => ./zz/testify\n") + code, []Excluded{{"go.mod", ExcludedSymlink}, {"go.mod", ExcludedSymlink}}},
+		{"a new link to a file out of the tree", Guard{}, link("zz.go", "/tmp/zz.go") + code, code, []Excluded{{"zz.go", ExcludedSymlink}}},
+		{"a new executable file is kept", Guard{}, newExec("run.sh", "+true\n"), newExec("run.sh", "+true\n"), nil},
 		{"configured paths", Guard{Paths: []string{"scripts/", "*.sh"}}, sec("scripts/ci.py", "-a\n+b\n") + sec("run.sh", "-a\n+b\n") + code, code,
 			[]Excluded{{"scripts/ci.py", ExcludedPath}, {"run.sh", ExcludedPath}}},
 	}

@@ -12,7 +12,8 @@ import (
 
 // Guard says which parts of a model patch are outside the agent's remit
 // and are left out of the grading (the files keep their base content, as
-// the test files of the test patch do). A file the row's gold patch touches
+// the test files of the test patch do). Symbolic links the patch makes are
+// always left out (what they name is out of the guard's sight). A file the row's gold patch touches
 // is never left out for being of a kind: the gold patch must still resolve.
 type Guard struct {
 	// KeepTestFiles keeps the model patch's changes to test files the test
@@ -61,6 +62,7 @@ const (
 	ExcludedVendor   = "vendored code"
 	ExcludedModule   = "module replacement or test dependency change"
 	ExcludedPath     = "configured path"
+	ExcludedSymlink  = "symbolic link"
 )
 
 // Apply returns the model patch without the sections outside the agent's
@@ -71,11 +73,22 @@ func (g Guard) Apply(model, testPatch, goldPatch string) (string, []Excluded) {
 	secs := SplitSections(model)
 	reasons := make([]string, len(secs))
 	modDropped := false
+	linked := map[string]bool{}
 	for i, sec := range secs {
 		if sec.Path == "" {
 			continue
 		}
 		reasons[i] = g.reason(sec, inTest, inGold)
+		if reasons[i] == ExcludedSymlink {
+			linked[sec.Path] = true
+		}
+	}
+	for i, sec := range secs {
+		// A file made a link goes whole: its other sections (the
+		// deletion of the file it replaces) too.
+		if linked[sec.Path] {
+			reasons[i] = ExcludedSymlink
+		}
 		if reasons[i] == ExcludedModule && path.Base(sec.Path) == "go.mod" {
 			modDropped = true
 		}
@@ -106,6 +119,10 @@ func (g Guard) reason(sec Section, inTest, inGold map[string]bool) string {
 		// The test patch's files are restored by the eval script; the
 		// gold patch's are the agent's to change.
 		return ""
+	case createsSymlink(sec.Text):
+		// What a link names is out of the guard's sight: go.mod made a
+		// link to a file of the patch holding a replace directive, say.
+		return ExcludedSymlink
 	case !g.KeepTestFiles && isTestPath(p):
 		return ExcludedTestFile
 	case !g.KeepVendor && (p == "vendor" || strings.HasPrefix(p, "vendor/") || strings.Contains(p, "/vendor/")):
@@ -124,6 +141,20 @@ func (g Guard) reason(sec Section, inTest, inGold map[string]bool) string {
 		}
 	}
 	return ""
+}
+
+// createsSymlink reports whether a diff section makes its path a symbolic
+// link (git's mode 120000), new or from a file.
+func createsSymlink(text string) bool {
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, "@@") {
+			return false
+		}
+		if line == "new file mode 120000" || line == "new mode 120000" {
+			return true
+		}
+	}
+	return false
 }
 
 // isTestPath: a Go test file, or a file under a testdata directory.
