@@ -514,9 +514,9 @@ END {
 // code under test can write the build cache it would read, and a result
 // planted there for a later go test would be printed as that run's, framing
 // and all. The script's own go commands run through evalPrelude's go: no
-// build reads what a test of the eval wrote (a compiled package planted in
-// the build cache, a GOENV or go.work setting), and no package of a go test
-// is compiled after a test of it ran. With goExec (a toolchain that marks
+// build reads what a test of the eval wrote in the build cache (a compiled
+// package planted there), and no package of a go test is compiled after a
+// test of it ran. With goExec (a toolchain that marks
 // its framing), every test binary runs with -test.v=test2json (a go command
 // the script does not run itself, through goExecWrapper as GOFLAGS -exec),
 // so that it marks it. An error means the provider failed.

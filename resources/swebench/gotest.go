@@ -47,9 +47,6 @@ for a in "$@"; do printf "%s\0" "$a"; done > "$d/args" || exit 3
 //     the SHA-256 it had when built: no package of the command is compiled
 //     after a test of it ran, and no test binary runs that another replaced.
 //     (A command with -c, -exec or -json goes to the go command as it is.)
-//   - GOENV and GOWORK stay what they were when the eval began (unless the
-//     script sets them): code under test cannot set GOFLAGS, GOCACHE or a
-//     workspace for a later command through `go env -w` or a go.work file.
 //
 // NG_DIR is the grader's scratch directory (absolute), NG_MARK non-empty
 // when test binaries run with -test.v=test2json.
@@ -60,22 +57,8 @@ unset NG_DIR NG_MARK
 ng_t0=$(date +%s)
 ng_collect_src='` + goCollect + `'
 ng_real_go=$(command -v go 2>/dev/null) || ng_real_go=
-ng_cache= ng_gowork= ng_goenv=off ng_goenv_txt=
-if [ -n "$ng_real_go" ]; then
-	{ read -r ng_gowork; read -r ng_goenv; read -r ng_cache; } < <("$ng_real_go" env GOWORK GOENV GOCACHE 2>/dev/null)
-	[ -n "$ng_gowork" ] || ng_gowork=off
-	if [ -n "$ng_goenv" ] && [ "$ng_goenv" != off ] && [ -f "$ng_goenv" ]; then
-		ng_goenv_txt=$(cat "$ng_goenv")
-		ng_goenv=$ng_dir/goenv
-	else
-		ng_goenv=off
-	fi
-fi
-
-ng_go() {
-	[ "$ng_goenv" = off ] || printf '%s\n' "$ng_goenv_txt" > "$ng_goenv" || return 3
-	GOENV=${GOENV:-$ng_goenv} GOWORK=${GOWORK:-$ng_gowork} "$ng_real_go" "$@"
-}
+ng_cache=
+[ -z "$ng_real_go" ] || ng_cache=$("$ng_real_go" env GOCACHE 2>/dev/null) || ng_cache=
 
 ng_purge() {
 	local c=${GOCACHE:-$ng_cache}
@@ -106,9 +89,9 @@ ng_collectable() {
 ng_test() {
 	local d t i n=0 off=0 rc=0 brc
 	local -a bins=() dirs=() sums=() nargs=() args=() a
-	d=$(mktemp -d "$ng_dir/tests.XXXXXX") || { ng_go test "$@"; return; }
+	d=$(mktemp -d "$ng_dir/tests.XXXXXX") || { "$ng_real_go" test "$@"; return; }
 	printf '%s' "$ng_collect_src" > "$ng_dir/collect" && chmod 0755 "$ng_dir/collect" || { rm -rf "$d"; return 3; }
-	{ NG_COLLECT_DIR=$d ng_go test -exec="$ng_dir/collect" "$@" 2>&1; echo $? > "$d/rc"; } | awk 'index($0, "ok  \t") != 1 { print; fflush() }'
+	{ NG_COLLECT_DIR=$d "$ng_real_go" test -exec="$ng_dir/collect" "$@" 2>&1; echo $? > "$d/rc"; } | awk 'index($0, "ok  \t") != 1 { print; fflush() }'
 	brc=$(cat "$d/rc" 2>/dev/null) || brc=1
 	for t in "$d"/[0-9]*; do
 		[ -f "$t/test" ] || continue
@@ -148,7 +131,7 @@ go() {
 		if [ "${1-}" = test ] && ng_collectable "${@:2}"; then
 			ng_test "${@:2}" || ng_rc=$?
 		else
-			ng_go "$@" || ng_rc=$?
+			"$ng_real_go" "$@" || ng_rc=$?
 		fi
 	fi
 	{ [ -z "$ng_x" ] || set -x; } 2>/dev/null
