@@ -1,7 +1,6 @@
 package grading
 
 import (
-	"fmt"
 	"go/ast"
 	goparser "go/parser"
 	"go/token"
@@ -220,10 +219,12 @@ func patchPaths(patch string) map[string]bool {
 }
 
 // ExitingInits lists the Go files a patch creates (test files included)
-// whose init or TestMain function ends the process itself (os.Exit,
-// syscall.Exit, log.Fatal…, runtime.Goexit) instead of returning or running
-// the tests and returning their code: one of them ends a test binary before
-// its tests ran, whatever it printed.
+// whose init or TestMain function, or a package-level variable's
+// initializer, ends the process itself (os.Exit, syscall.Exit, log.Fatal…,
+// runtime.Goexit), directly or through a function of the same file,
+// whatever name the file imports the package by, instead of returning or
+// running the tests and returning their code: one of them ends a test
+// binary before its tests ran, whatever it printed.
 func ExitingInits(patch string) []string {
 	var out []string
 	for _, sec := range SplitSections(patch) {
@@ -238,31 +239,88 @@ func ExitingInits(patch string) []string {
 		if err != nil {
 			continue // it does not compile, so it ends nothing
 		}
-		for _, d := range f.Decls {
-			fn, ok := d.(*ast.FuncDecl)
-			if !ok || fn.Recv != nil || fn.Body == nil || (fn.Name.Name != "init" && fn.Name.Name != "TestMain") {
-				continue
-			}
-			if call := exitCall(fn.Body, fn.Name.Name == "TestMain"); call != "" {
-				out = append(out, fmt.Sprintf("%s: %s calls %s", sec.Path, fn.Name.Name, call))
-				break
-			}
+		if found := exitingInit(f); found != "" {
+			out = append(out, sec.Path+": "+found)
 		}
 	}
 	return out
 }
 
-// exitCall returns the first call in body that ends the process ("" for
+// exitingInit describes the first way f's initialization (or TestMain)
+// ends the process ("" for none).
+func exitingInit(f *ast.File) string {
+	x := exitFinder{imports: importNames(f), funcs: map[string]*ast.FuncDecl{}, ends: map[string]string{}}
+	for _, d := range f.Decls {
+		if fn, ok := d.(*ast.FuncDecl); ok && fn.Recv == nil && fn.Body != nil {
+			x.funcs[fn.Name.Name] = fn
+		}
+	}
+	for _, d := range f.Decls {
+		switch d := d.(type) {
+		case *ast.FuncDecl:
+			if d.Recv != nil || d.Body == nil || (d.Name.Name != "init" && d.Name.Name != "TestMain") {
+				continue
+			}
+			if call := x.exitCall(d.Body, d.Name.Name == "TestMain"); call != "" {
+				return d.Name.Name + " calls " + call
+			}
+		case *ast.GenDecl:
+			if d.Tok != token.VAR {
+				continue
+			}
+			for _, spec := range d.Specs {
+				for _, v := range spec.(*ast.ValueSpec).Values {
+					if call := x.exitCall(v, false); call != "" {
+						return "a package-level variable's initializer calls " + call
+					}
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// exitFinder finds process-ending calls in one file.
+type exitFinder struct {
+	// imports maps the names the file refers to packages by to their
+	// paths ("." for the dot-imported ones: key "." + path).
+	imports map[string]string
+	funcs   map[string]*ast.FuncDecl
+	// ends memoizes, per function of the file, the call through which it
+	// ends the process ("" for none; being computed counts as none).
+	ends map[string]string
+}
+
+// importNames maps the names f refers to its imports by to their paths.
+func importNames(f *ast.File) map[string]string {
+	m := map[string]string{}
+	for _, im := range f.Imports {
+		p := strings.Trim(im.Path.Value, "\"`")
+		name := path.Base(p)
+		if im.Name != nil {
+			name = im.Name.Name
+		}
+		if name == "." {
+			m["."+p] = p
+			continue
+		}
+		m[name] = p
+	}
+	return m
+}
+
+// exitCall returns the first call in n that ends the process ("" for
 // none). A TestMain ends its binary with os.Exit(m.Run()) or a code it
-// computed, so in a TestMain only an exit with a constant code counts.
-func exitCall(body *ast.BlockStmt, testMain bool) string {
+// computed, so in a TestMain only an exit with a constant code counts,
+// and only the call itself.
+func (x exitFinder) exitCall(n ast.Node, testMain bool) string {
 	var found string
-	ast.Inspect(body, func(n ast.Node) bool {
+	ast.Inspect(n, func(n ast.Node) bool {
 		if found != "" {
 			return false
 		}
 		if call, ok := n.(*ast.CallExpr); ok {
-			found = endsProcess(call, testMain)
+			found = x.endsProcess(call, testMain)
 		}
 		return found == ""
 	})
@@ -270,34 +328,61 @@ func exitCall(body *ast.BlockStmt, testMain bool) string {
 }
 
 // endsProcess names call when it ends the process ("" otherwise).
-func endsProcess(call *ast.CallExpr, testMain bool) string {
-	sel, ok := call.Fun.(*ast.SelectorExpr)
-	if !ok {
-		return ""
-	}
-	pkg, ok := sel.X.(*ast.Ident)
-	if !ok {
-		return ""
-	}
-	name := pkg.Name + "." + sel.Sel.Name
-	switch name {
-	case "os.Exit", "syscall.Exit", "unix.Exit":
-		if testMain {
-			if len(call.Args) != 1 {
-				return ""
-			}
-			if _, constant := call.Args[0].(*ast.BasicLit); !constant {
-				return ""
+func (x exitFinder) endsProcess(call *ast.CallExpr, testMain bool) string {
+	var names []string
+	switch fun := call.Fun.(type) {
+	case *ast.SelectorExpr:
+		if pkg, ok := fun.X.(*ast.Ident); ok && x.imports[pkg.Name] != "" {
+			names = append(names, x.imports[pkg.Name]+"."+fun.Sel.Name)
+		}
+	case *ast.Ident:
+		for k, p := range x.imports {
+			if strings.HasPrefix(k, ".") {
+				names = append(names, p+"."+fun.Name)
 			}
 		}
-		return name
-	case "runtime.Goexit", "log.Fatal", "log.Fatalf", "log.Fatalln", "syscall.Kill", "syscall.RawSyscall", "syscall.Syscall":
-		if testMain {
-			return ""
+		if !testMain {
+			if through := x.funcEnds(fun.Name); through != "" {
+				return through + " (through " + fun.Name + ")"
+			}
 		}
-		return name
+	}
+	for _, name := range names {
+		switch name {
+		case "os.Exit", "syscall.Exit", "golang.org/x/sys/unix.Exit":
+			if testMain {
+				if len(call.Args) != 1 {
+					return ""
+				}
+				if _, constant := call.Args[0].(*ast.BasicLit); !constant {
+					return ""
+				}
+			}
+			return name
+		case "runtime.Goexit", "log.Fatal", "log.Fatalf", "log.Fatalln", "syscall.Kill", "syscall.RawSyscall", "syscall.Syscall":
+			if testMain {
+				return ""
+			}
+			return name
+		}
 	}
 	return ""
+}
+
+// funcEnds is the call through which the file's function name ends the
+// process when called ("" for none, or no such function).
+func (x exitFinder) funcEnds(name string) string {
+	fn, ok := x.funcs[name]
+	if !ok {
+		return ""
+	}
+	if found, done := x.ends[name]; done {
+		return found
+	}
+	x.ends[name] = "" // a recursive call ends nothing more
+	found := x.exitCall(fn.Body, false)
+	x.ends[name] = found
+	return found
 }
 
 // addedContent is the new file a creating diff section holds.
