@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/valyala/fasthttp"
 )
 
 // TestParseProcStatCPU: utime and stime are fields 14 and 15, counted after
@@ -63,5 +64,34 @@ func TestCPURatio(t *testing.T) {
 	got = append(got, r.CPURatio())
 	if d := cmp.Diff([]float64{0.5, 0.4, 0}, got); d != "" {
 		t.Fatalf("CPU ratios (-want +got):\n%s", d)
+	}
+}
+
+// TestASlowRouteStillGetsMeasured: when no request begun in the window has
+// come back by its planned end (a loaded machine, a slow route), the
+// window stretches to the first that does, instead of the cell counting
+// nothing and failing; the rate is over the window it really had. Every
+// request here takes longer than the whole planned window, so without the
+// stretch nothing ever counts.
+func TestASlowRouteStillGetsMeasured(t *testing.T) {
+	const warmup, duration, slow = 10 * time.Millisecond, 50 * time.Millisecond, 200 * time.Millisecond
+	srv, err := serve(func(ctx *fasthttp.RequestCtx) {
+		time.Sleep(slow) // the route's own slowness, not a synchronisation
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"ok":true}`)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	res, err := runLoad(srv.Addr, scenario{loop: []step{stepAccess}}, 4, warmup, duration, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Iterations < 1 || res.Errors != 0 {
+		t.Fatalf("%d iterations, %d errors (%s): want the first answers counted", res.Iterations, res.Errors, res.FirstError)
+	}
+	if res.Window < slow {
+		t.Errorf("window %v: want it stretched to the first answer, at least %v", res.Window, slow)
 	}
 }

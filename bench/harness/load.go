@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -208,6 +209,7 @@ func runLoad(addr string, sc scenario, clients int, warmup, duration time.Durati
 
 	start := time.Now()
 	measureFrom, end := start.Add(warmup), start.Add(warmup+duration)
+	w := newWindow(end)
 	lats := make([][]time.Duration, clients)
 	errs := make([]int64, clients)
 	firsts := make([]error, clients)
@@ -220,6 +222,8 @@ func runLoad(addr string, sc scenario, clients int, warmup, duration time.Durati
 		time.Sleep(time.Until(measureFrom))
 		cpu.start(serverPID)
 		time.Sleep(time.Until(end))
+		w.reachEnd()
+		<-w.done
 		cpu.stop(serverPID)
 	}()
 	var wg sync.WaitGroup
@@ -229,7 +233,7 @@ func runLoad(addr string, sc scenario, clients int, warmup, duration time.Durati
 			defer wg.Done()
 			for {
 				t0 := time.Now()
-				if !t0.Before(end) {
+				if !w.open(t0) {
 					return
 				}
 				if sc.fresh {
@@ -237,7 +241,7 @@ func runLoad(addr string, sc scenario, clients int, warmup, duration time.Durati
 				}
 				err := c.run(sc.loop)
 				t1 := time.Now()
-				if t0.Before(measureFrom) || t1.After(end) {
+				if t0.Before(measureFrom) || !w.count(t1) {
 					continue
 				}
 				if err != nil {
@@ -264,7 +268,7 @@ func runLoad(addr string, sc scenario, clients int, warmup, duration time.Durati
 			res.FirstError = firsts[i].Error()
 		}
 	}
-	res.Iterations, res.Window = int64(len(all)), duration
+	res.Iterations, res.Window = int64(len(all)), w.closed.Sub(measureFrom)
 	if len(all) > 0 {
 		slices.Sort(all)
 		res.P50, res.P99, res.Max = quantile(all, 0.50), quantile(all, 0.99), all[len(all)-1]
@@ -348,4 +352,58 @@ func parseProcStatCPU(stat []byte) (time.Duration, error) {
 		ticks += n
 	}
 	return time.Duration(ticks) * time.Second / userHZ, nil
+}
+
+// window is a load run's measured window. It ends at its planned end, or,
+// when no request begun in it has come back by then (a loaded machine, a
+// slow route), at the first that does, errors included: a cell always
+// measures what it can, over the window it really had, however slow the
+// machine, instead of finding nothing to count.
+type window struct {
+	end      time.Time
+	answered atomic.Bool // a request begun in the window came back
+	mu       sync.Mutex  // orders the closing
+	closed   time.Time   // when the window ended; read after done
+	done     chan struct{}
+}
+
+func newWindow(end time.Time) *window { return &window{end: end, done: make(chan struct{})} }
+
+// open reports whether a client may begin a request at t: before the
+// planned end, and after it while nothing has come back.
+func (w *window) open(t time.Time) bool { return t.Before(w.end) || !w.answered.Load() }
+
+// count reports whether a request begun in the window and answered at t1
+// counts: it does when it came back by the planned end, or when it is the
+// first to come back at all, which then ends the window.
+func (w *window) count(t1 time.Time) bool {
+	if !t1.After(w.end) {
+		w.answered.Store(true)
+		return true
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.answered.Load() {
+		return false
+	}
+	w.answered.Store(true)
+	w.closeAt(t1)
+	return true
+}
+
+// reachEnd is called at the planned end: the window ends there if a
+// request has come back, else at the first that does (count).
+func (w *window) reachEnd() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.answered.Load() {
+		w.closeAt(w.end)
+	}
+}
+
+func (w *window) closeAt(t time.Time) {
+	if w.closed.IsZero() {
+		w.closed = t
+		close(w.done)
+	}
 }
