@@ -24,16 +24,7 @@ import (
 // bound, on a real cgroup (one of the test's own under the server's
 // parent), and each sandbox keeps its own limit.
 func TestTheSandboxesCPUWeightFollowsTheirNumber(t *testing.T) {
-	host, _ := probeCgroups()
-	parent, ok := host.dirOf("cpu")
-	if !ok {
-		t.Skip("SKIP: the host lets the server make no cpu cgroup here")
-	}
-	dir := filepath.Join(parent, "weight-test-"+strconv.Itoa(os.Getpid()))
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.Remove(dir) })
+	host, dir := cpuTestParent(t, "weight-test")
 	cg := &cgroups{v2: host.v2, dirs: map[string]string{"cpu": dir}, weight: cpuWeight{perSandbox: 1.5, max: 4}}
 	if cg.v2 {
 		if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+cpu"), 0); err != nil {
@@ -202,16 +193,7 @@ func TestASandboxCannotRaiseItsCPUWeightOrLimit(t *testing.T) {
 // in one; a fresh one, one holding a process and a directory not named as
 // the provider names its cgroups stay, on a real cgroup of the test's own.
 func TestStaleSandboxCgroupsAreSwept(t *testing.T) {
-	host, _ := probeCgroups()
-	parent, ok := host.dirOf("cpu")
-	if !ok {
-		t.Skip("SKIP: the host lets the server make no cpu cgroup here")
-	}
-	dir := filepath.Join(parent, "sweep-test-"+strconv.Itoa(os.Getpid()))
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.Remove(dir) })
+	host, dir := cpuTestParent(t, "sweep-test")
 	now := time.Now()
 	old := now.Add(-staleCgroupAge - time.Minute)
 	for name, at := range map[string]time.Time{
@@ -253,4 +235,23 @@ func TestStaleSandboxCgroupsAreSwept(t *testing.T) {
 	if diff := cmp.Diff(want, left); diff != "" {
 		t.Errorf("cgroups left by the sweep (-want +got):\n%s", diff)
 	}
+}
+
+// cpuTestParent makes a cpu cgroup of the test's own (name and the pid)
+// under the server's sandbox parent, removed at the end, and returns the
+// host's cgroups with it; it skips the test where the host lets the server
+// make none.
+func cpuTestParent(t *testing.T, name string) (*cgroups, string) {
+	t.Helper()
+	host, _ := probeCgroups()
+	parent, ok := host.dirOf("cpu")
+	if !ok {
+		t.Skip("SKIP: the host lets the server make no cpu cgroup here")
+	}
+	dir := filepath.Join(parent, name+"-"+strconv.Itoa(os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(dir) })
+	return host, dir
 }
