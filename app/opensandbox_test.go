@@ -136,26 +136,31 @@ func TestOpenSandboxLending(t *testing.T) {
 		t.Fatal(err)
 	}
 	dd := acc.Connection.Descriptor
-	// The lifecycle server names no execd headers: the descriptor says so
-	// with an empty object, and execd answers without any.
+	// The lifecycle server names no execd headers; the descriptor names
+	// the sandbox's own execd token, which its execd wants.
 	if !strings.HasPrefix(dd.Endpoint, "http://"+srv.Domain+"/") || dd.Token != "" {
 		t.Fatalf("direct access %s: want execd's endpoint, no token", body)
 	}
-	if diff := cmp.Diff(map[string]string{}, dd.Headers); diff != "" {
+	tok := srv.ExecdToken(dd.SandboxID)
+	if diff := cmp.Diff(map[string]string{"X-EXECD-ACCESS-TOKEN": tok}, dd.Headers); diff != "" || tok == "" {
 		t.Errorf("direct access headers (-want +got):\n%s", diff)
 	}
-	req, _ := http.NewRequest(http.MethodPost, dd.Endpoint+"/command", strings.NewReader(`{"command":"cat /workspace/.seed_token"}`))
-	req.Header.Set("Content-Type", "application/json")
-	for k, v := range dd.Headers {
-		req.Header.Set(k, v)
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Body.Close()
-	if res.StatusCode != 200 {
-		t.Errorf("execd with the lent headers: %d", res.StatusCode)
+	for _, lent := range []bool{true, false} {
+		req, _ := http.NewRequest(http.MethodPost, dd.Endpoint+"/command", strings.NewReader(`{"command":"cat /workspace/.seed_token"}`))
+		req.Header.Set("Content-Type", "application/json")
+		if lent {
+			for k, v := range dd.Headers {
+				req.Header.Set(k, v)
+			}
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if want := map[bool]int{true: 200, false: 401}[lent]; res.StatusCode != want {
+			t.Errorf("execd with the lent headers %v: %d, want %d", lent, res.StatusCode, want)
+		}
 	}
 	stopB()
 	if n := srv.Stats().LiveSandboxes; n != 0 {

@@ -31,6 +31,16 @@ const APIKeyEnv = "OPEN_SANDBOX_API_KEY"
 // ExecdPort is the port execd listens on inside a sandbox.
 const ExecdPort = 44772
 
+// ExecdTokenHeader carries a sandbox's execd access token. Every sandbox is
+// created with a random one in execdTokenEnv, which its execd then requires
+// of every call (401 without it): a call meant for one sandbox that reaches
+// another's execd (a host port the runtime gave to another container after
+// a restart, another sandbox's agent on the same network) is refused.
+const ExecdTokenHeader = "X-EXECD-ACCESS-TOKEN"
+
+// execdTokenEnv is the variable execd reads its access token from.
+const execdTokenEnv = "EXECD_ACCESS_TOKEN"
+
 // Defaults.
 const (
 	DefaultTTL                    = time.Hour

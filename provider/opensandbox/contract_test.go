@@ -701,6 +701,20 @@ func TestContractProvider(t *testing.T) {
 		if st, err := p.Status(ctx, h); err != nil || st != provider.StatusRunning {
 			t.Errorf("Status = %v, %v; want running", st, err)
 		}
+		// Its execd wants the token the create gave it, and no other.
+		base, hdr, err := p.Endpoint(ctx, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok := hdr[opensandbox.ExecdTokenHeader]
+		for _, tc := range []struct {
+			token, body string
+			status      int
+		}{{"", execdRefusal, 401}, {"not-" + tok, execdRefusal, 401}, {tok, "", 200}} {
+			if st, body := ping(t, base, tc.token); st != tc.status || strings.TrimSpace(body) != tc.body {
+				t.Errorf("ping with token %q = %d %q, want %d %q", tc.token, st, body, tc.status, tc.body)
+			}
+		}
 		if err := p.WriteFile(ctx, h, "state.txt", []byte("before")); err != nil {
 			t.Fatal(err)
 		}

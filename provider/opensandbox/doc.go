@@ -11,7 +11,10 @@
 // A snapshot keeps the rootfs only, never processes; a fork is a create from
 // its snapshotId. Commands, uploads and downloads go to execd at the endpoint
 // of port 44772, with the headers the endpoint names (the Docker runtime
-// names none; the provider needs none).
+// names none) and the sandbox's execd access token: every create (a fork's
+// too) gives the sandbox a random one of its own in EXECD_ACCESS_TOKEN, which
+// its execd then wants of every call, and a label keeps it for a server
+// started again.
 //
 // Calls that fail with 408, 425, 429, 5xx (not 501) or a connection error
 // are retried with jittered backoff (at least Retry-After). A lifecycle

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"maps"
 	"mime/multipart"
 	"net/http"
 	"net/textproto"
@@ -24,10 +23,30 @@ import (
 	"github.com/sandboxowner/owner/provider"
 )
 
-// endpoint is where a sandbox's execd answers, and the headers it wants.
+// endpoint is where a sandbox's execd answers, the headers the lifecycle
+// server named for it, and the access token this provider gave it.
 type endpoint struct {
 	base   string
 	header map[string]string
+	token  string
+}
+
+// headers are what every call to the endpoint carries: the token, and the
+// headers the lifecycle server named, whose own token wins (a runtime that
+// gave execd a token itself, by execd's flag, which wins over the
+// environment's).
+func (ep endpoint) headers() map[string]string {
+	h := map[string]string{}
+	if ep.token != "" {
+		h[ExecdTokenHeader] = ep.token
+	}
+	for k, v := range ep.header {
+		if http.CanonicalHeaderKey(k) == http.CanonicalHeaderKey(ExecdTokenHeader) {
+			delete(h, ExecdTokenHeader)
+		}
+		h[k] = v
+	}
+	return h
 }
 
 // Endpoint returns the execd endpoint of a sandbox: a URL and the headers
@@ -40,7 +59,7 @@ func (p *Provider) Endpoint(ctx context.Context, h provider.Handle) (string, map
 	if err != nil {
 		return "", nil, err
 	}
-	return ep.base, maps.Clone(ep.header), nil
+	return ep.base, ep.headers(), nil
 }
 
 // endpoint resolves (once) GET /sandboxes/{id}/endpoints/44772.
@@ -82,18 +101,39 @@ func (p *Provider) endpoint(ctx context.Context, id string) (endpoint, error) {
 		doc.Headers = map[string]string{}
 	}
 	ep = endpoint{base: base, header: doc.Headers}
+	if ep.token, err = p.tokenOf(ctx, id); err != nil {
+		return endpoint{}, err
+	}
 	p.mu.Lock()
 	p.endpoints[id] = ep
 	p.mu.Unlock()
 	return ep, nil
 }
 
+// tokenOf is the execd access token of sandbox id: the one this process
+// gave it, else the one its label names ("" for a sandbox made without
+// one, whose execd takes none).
+func (p *Provider) tokenOf(ctx context.Context, id string) (string, error) {
+	p.mu.Lock()
+	tok, ok := p.tokens[id]
+	p.mu.Unlock()
+	if ok {
+		return tok, nil
+	}
+	doc, err := p.getSandbox(ctx, id)
+	if err != nil {
+		return "", fmt.Errorf("opensandbox: the execd token of %s: %w", id, err)
+	}
+	tok = decodeLabels(doc.Metadata)[tokenLabel]
+	p.mu.Lock()
+	p.tokens[id] = tok
+	p.mu.Unlock()
+	return tok, nil
+}
+
 // execdRequest is a request to a sandbox's execd.
 func (p *Provider) execdRequest(ep endpoint, op, method, route string) request {
-	h := maps.Clone(ep.header)
-	if h == nil {
-		h = map[string]string{}
-	}
+	h := ep.headers()
 	if p.opts.UseServerProxy && p.opts.APIKey != "" {
 		// The proxy strips the key before execd sees it; a gateway in front
 		// of it may want it.

@@ -28,6 +28,19 @@ var b32 = base32.HexEncoding.WithPadding(base32.NoPadding)
 // ambiguous failure finds the sandbox the first attempt made.
 const createLabel = "sandboxowner.io/create"
 
+// tokenLabel carries the sandbox's execd access token (see execdToken), so
+// that a server started again knows it. Labels are read with the lifecycle
+// API key only, which can run commands in any sandbox anyway.
+const tokenLabel = "sandboxowner.io/execd-token"
+
+// ownerLabels is md without the labels this provider keeps for itself: what
+// the owner set, and all it is shown.
+func ownerLabels(md map[string]string) map[string]string {
+	delete(md, createLabel)
+	delete(md, tokenLabel)
+	return md
+}
+
 func validLabelKey(k string) bool {
 	prefix, name, has := strings.Cut(k, "/")
 	if !has {

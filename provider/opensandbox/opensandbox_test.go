@@ -32,6 +32,7 @@ type env struct {
 	clk    *clock.Manual
 	srv    *opensandboxtest.Server
 	p      *opensandbox.Provider
+	popts  opensandbox.Options // p's, for another process's provider
 	mu     sync.Mutex
 	sleeps []time.Duration
 }
@@ -65,7 +66,7 @@ func newEnv(t *testing.T, sopts opensandboxtest.Options, popts opensandbox.Optio
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.p = p
+	e.p, e.popts = p, popts
 	t.Cleanup(func() {
 		if v := e.srv.Violations(); len(v) > 0 {
 			t.Errorf("requests that break the spec:\n%v", v)
@@ -175,6 +176,9 @@ func TestStartExecFilesStop(t *testing.T) {
 // execd calls without them, the start's ping included.
 func TestExecdCallsCarryTheEndpointsHeadersAndThroughTheProxyTheKey(t *testing.T) {
 	token := map[string]string{"X-Execd-Access-Token": "tok"}
+	// A header of a gateway: execd still wants the token the provider
+	// gave it, besides.
+	gateway := map[string]string{"X-Gateway": "g"}
 	for _, tc := range []struct {
 		name  string
 		sopts opensandboxtest.Options
@@ -182,6 +186,7 @@ func TestExecdCallsCarryTheEndpointsHeadersAndThroughTheProxyTheKey(t *testing.T
 	}{
 		{"direct", opensandboxtest.Options{ExecdHeaders: token}, false},
 		{"server proxy", opensandboxtest.Options{ExecdHeaders: token, ProxyNeedsAPIKey: true}, true},
+		{"a gateway's header", opensandboxtest.Options{ExecdHeaders: gateway}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, tc.sopts, opensandbox.Options{UseServerProxy: tc.proxy})
@@ -251,12 +256,16 @@ func TestCreateRequest(t *testing.T) {
 		t.Fatal("no create request recorded")
 	}
 	delete(seen["metadata"].(map[string]any), "sandboxowner.io/create")
+	// The execd token, in its env and its label (token_test.go).
+	tok := seen["metadata"].(map[string]any)["sandboxowner.io/execd-token"]
+	delete(seen["metadata"].(map[string]any), "sandboxowner.io/execd-token")
 	want := map[string]any{
 		"image":          map[string]any{"uri": "registry.example/notes:1"},
 		"entrypoint":     []any{"tail", "-f", "/dev/null"},
 		"timeout":        float64(90),
 		"resourceLimits": map[string]any{"cpu": "500m", "memory": "512Mi"},
 		"metadata":       map[string]any{},
+		"env":            map[string]any{"EXECD_ACCESS_TOKEN": tok},
 	}
 	if diff := cmp.Diff(want, seen); diff != "" {
 		t.Errorf("create body (-want +got):\n%s", diff)

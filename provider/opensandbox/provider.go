@@ -48,6 +48,9 @@ type Provider struct {
 	mu sync.Mutex
 	// endpoints caches each sandbox's execd endpoint.
 	endpoints map[string]endpoint
+	// tokens are the execd access tokens of sandboxes this process made
+	// or has read the label of.
+	tokens map[string]string
 	// labels caches the metadata of sandboxes this process made, for
 	// naming their snapshots.
 	labels map[string]map[string]string
@@ -162,6 +165,7 @@ func New(opts Options) (*Provider, error) {
 		creates:   make(chan struct{}, opts.MaxConcurrentCreates),
 		snapshots: make(chan struct{}, opts.MaxConcurrentSnapshots),
 		endpoints: map[string]endpoint{},
+		tokens:    map[string]string{},
 		labels:    map[string]map[string]string{},
 		typical:   map[string]time.Duration{},
 	}, nil
@@ -249,6 +253,14 @@ func acquire(ctx context.Context, sem chan struct{}) (func(), error) {
 
 func newToken() string {
 	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// newExecdToken is a sandbox's execd access token: 128 random bits in hex,
+// 32 characters, a valid label value.
+func newExecdToken() string {
+	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
@@ -399,24 +411,32 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, sourceKey str
 		ttl = p.opts.TTL
 	}
 	token := newToken()
+	// A fork gets a token of its own too: without one in the request it
+	// would inherit its source's, and a call meant for one could be
+	// answered by the other.
+	execdToken := newExecdToken()
 	labels := maps.Clone(spec.Metadata)
 	if labels == nil {
 		labels = map[string]string{}
 	}
 	labels[createLabel] = token
+	labels[tokenLabel] = execdToken
 	md, err := encodeLabels(labels)
 	if err != nil {
 		return provider.Handle{}, err
 	}
+	env := maps.Clone(spec.Env)
+	if env == nil {
+		env = map[string]string{}
+	}
+	env[execdTokenEnv] = execdToken // the spec's own value, if any, does not stand
 	body := map[string]any{
 		sourceKey:        source,
 		"entrypoint":     p.opts.Entrypoint,
 		"timeout":        max(int(math.Ceil(ttl.Seconds())), int(MinTTL.Seconds())),
 		"resourceLimits": p.resourceLimits(spec),
 		"metadata":       md,
-	}
-	if len(spec.Env) > 0 {
-		body["env"] = spec.Env
+		"env":            env,
 	}
 	ready := p.opts.ReadyTimeout
 	if spec.ReadyTimeoutSeconds > 0 {
@@ -467,11 +487,15 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, sourceKey str
 		}
 		id, state = doc.ID, doc.Status.State
 	}
+	p.mu.Lock()
+	p.tokens[id] = execdToken
+	p.mu.Unlock()
 	log := logs.ForRequest(ctx, p.log).WithField("sandbox_id", id)
 	fail := func(err error) (provider.Handle, error) {
 		// A sandbox that did not come up is deleted, never left behind.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.RequestTimeout)
 		defer cancel()
+		p.forget(id)
 		if derr := p.deleteSandbox(dctx, id); derr != nil {
 			log.WithError(derr).Warn("opensandbox: could not delete a sandbox that failed to start (its lease will end it)")
 		}
@@ -757,6 +781,7 @@ func (p *Provider) forget(id string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.endpoints, id)
+	delete(p.tokens, id)
 	delete(p.labels, id)
 }
 
@@ -830,9 +855,7 @@ func (p *Provider) labelsOf(ctx context.Context, id string) (map[string]string, 
 	if err != nil {
 		return nil, err
 	}
-	md = decodeLabels(doc.Metadata)
-	delete(md, createLabel)
-	return md, nil
+	return ownerLabels(decodeLabels(doc.Metadata)), nil
 }
 
 // Snapshot captures the sandbox's rootfs (not its processes) and returns once
@@ -1044,8 +1067,7 @@ func (p *Provider) ListSandboxes(ctx context.Context) ([]provider.SandboxInfo, e
 	defer cancel()
 	var out []provider.SandboxInfo
 	err := p.eachSandbox(ctx, p.opts.ListLabels, func(doc sandboxDoc) bool {
-		md := decodeLabels(doc.Metadata)
-		delete(md, createLabel)
+		md := ownerLabels(decodeLabels(doc.Metadata))
 		if !hasLabels(md, p.opts.ListLabels) {
 			return true
 		}

@@ -28,11 +28,20 @@
 //     deleted once Options.Clock passes it; renew-expiration moves it and is
 //     refused (409) for a sandbox created without one.
 //   - Deleting a snapshot that is still Creating is refused (409).
-//   - Endpoints have no scheme and carry a path prefix, and name no headers:
-//     as under the Docker runtime, execd has no access token (unless
-//     Options.ExecdHeaders names some: then execd requires them). The
-//     server-proxy form is /sandboxes/{id}/proxy/{port}, without /v1; it
-//     takes no API key (unless Options.ProxyNeedsAPIKey).
+//   - Endpoints have no scheme and carry a path prefix, and name no headers,
+//     as under the Docker runtime (unless Options.ExecdHeaders names some:
+//     then execd requires them). The server-proxy form is
+//     /sandboxes/{id}/proxy/{port}, without /v1; it takes no API key
+//     (unless Options.ProxyNeedsAPIKey). A direct endpoint is a host port:
+//     Reassign gives one sandbox's to another's execd, as a runtime that
+//     restarts may.
+//   - execd's access token: a sandbox created with EXECD_ACCESS_TOKEN in
+//     its env (a fork inherits its source's unless its create names one)
+//     has an execd that wants it in X-EXECD-ACCESS-TOKEN on every route,
+//     /ping included, and refuses a call without it, or with another, 401
+//     {"error": "Unauthorized: invalid or missing header ..."}, as the real
+//     execd does. A token in Options.ExecdHeaders is one the runtime gave
+//     execd itself, by the flag that wins over the env's.
 //   - States are spelled as the spec does, or in lower case
 //     (Options.LowerCaseStates), since servers disagree.
 //   - execd: POST /command answers a stream of raw JSON frames (no "data:"

@@ -18,6 +18,9 @@ import (
 	"github.com/sandboxowner/owner/provider"
 )
 
+// execdTokenEnv is the variable execd reads its access token from.
+const execdTokenEnv = "EXECD_ACCESS_TOKEN"
+
 // execd serves one sandbox's execd (reached through an endpoint).
 func (s *Server) execd(w http.ResponseWriter, r *http.Request) {
 	if r.PathValue("port") != strconv.Itoa(ExecdPort) {
@@ -26,11 +29,25 @@ func (s *Server) execd(w http.ResponseWriter, r *http.Request) {
 	}
 	for k, v := range s.opts.ExecdHeaders {
 		if r.Header.Get(k) != v {
-			writeError(w, http.StatusUnauthorized, "EXECD::UNAUTHORIZED", "missing or wrong %s", k)
+			unauthorized(w, k)
 			return
 		}
 	}
-	sb, ok := s.lookup(w, r)
+	id := r.PathValue("id")
+	if key := r.PathValue("key"); key != "" {
+		// A direct endpoint: whoever has its port now.
+		s.mu.Lock()
+		id = key
+		if at, moved := s.ports[key]; moved {
+			id = at
+		}
+		s.mu.Unlock()
+		if id == "" {
+			writeError(w, http.StatusBadGateway, "SANDBOX::UNREACHABLE", "nothing listens at %s", key)
+			return
+		}
+	}
+	sb, ok := s.lookupID(w, r, id)
 	if !ok {
 		return
 	}
@@ -41,6 +58,13 @@ func (s *Server) execd(w http.ResponseWriter, r *http.Request) {
 		// execd is not up yet (or the sandbox failed): the proxy cannot
 		// reach it.
 		writeError(w, http.StatusBadGateway, "SANDBOX::UNREACHABLE", "execd of sandbox %s is not reachable", sb.id)
+		return
+	}
+	// As execd started with EXECD_ACCESS_TOKEN: every route wants it,
+	// /ping included. A runtime that names execd's token header itself
+	// gave it its own token (by flag, which wins over the variable).
+	if tok := sb.env[execdTokenEnv]; tok != "" && !s.runtimeToken() && r.Header.Get(ExecdTokenHeader) != tok {
+		unauthorized(w, ExecdTokenHeader)
 		return
 	}
 	switch op := r.Method + " " + r.PathValue("path"); op {
@@ -60,6 +84,61 @@ func (s *Server) execd(w http.ResponseWriter, r *http.Request) {
 		s.note(r, "execd route not implemented by the fake: "+op)
 		writeError(w, http.StatusNotFound, "NOT_FOUND", "no execd route %s", op)
 	}
+}
+
+// runtimeToken reports whether Options.ExecdHeaders name execd's token.
+func (s *Server) runtimeToken() bool {
+	for k := range s.opts.ExecdHeaders {
+		if http.CanonicalHeaderKey(k) == http.CanonicalHeaderKey(ExecdTokenHeader) {
+			return true
+		}
+	}
+	return false
+}
+
+// unauthorized is execd's refusal of a call without its token: 401, and
+// its own error shape.
+func unauthorized(w http.ResponseWriter, header string) {
+	writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "Unauthorized: invalid or missing header " + header})
+}
+
+// ExecdToken is the access token sandbox id's execd was created with (its
+// env's EXECD_ACCESS_TOKEN), "" for none or no such sandbox.
+func (s *Server) ExecdToken(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sb, ok := s.sandboxes[id]; ok {
+		return sb.env[execdTokenEnv]
+	}
+	return ""
+}
+
+// endpointKey is the key of sandbox id's direct endpoint.
+func (s *Server) endpointKey(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if k, ok := s.keys[id]; ok {
+		return k
+	}
+	return id
+}
+
+// Reassign makes sandbox to's execd answer at sandbox from's direct
+// endpoint, as a runtime that restarts may give one container's host port
+// to another: from gets an endpoint of its own again, and to's former one
+// leads nowhere (502, as a port nobody has).
+func (s *Server) Reassign(from, to string) {
+	fromKey, toKey := s.endpointKey(from), s.endpointKey(to)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ports[fromKey] = to
+	s.keys[to] = fromKey
+	if toKey != fromKey {
+		s.ports[toKey] = ""
+	}
+	fresh := fmt.Sprintf("%s.%d", from, len(s.ports))
+	s.ports[fresh] = from
+	s.keys[from] = fresh
 }
 
 // frame is one event of the command stream.

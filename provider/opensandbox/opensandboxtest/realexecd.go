@@ -300,8 +300,9 @@ func (f *RealExecdFront) execd(ctx context.Context, id string) (*RealExecd, erro
 	if err != nil {
 		return nil, err
 	}
-	// No access token, as the Docker runtime starts execd.
-	e, err := StartRealExecd(ctx, f.bin, tree, f.backend.Workdir, "")
+	// The token the create gave it, as the Docker runtime passes the
+	// create's env to the container execd starts in.
+	e, err := StartRealExecd(ctx, f.bin, tree, f.backend.Workdir, f.srv.ExecdToken(id))
 	if err != nil {
 		return nil, err
 	}

@@ -242,7 +242,7 @@ func (s *Server) endpoint(w http.ResponseWriter, r *http.Request) {
 	}
 	// The Docker runtime's execd has no access token: the answer names no
 	// headers, and the proxy path has no /v1.
-	ep := fmt.Sprintf("%s/direct/%s/proxy/%d", s.Domain, sb.id, port)
+	ep := fmt.Sprintf("%s/direct/%s/proxy/%d", s.Domain, s.endpointKey(sb.id), port)
 	if proxy {
 		ep = fmt.Sprintf("%s/sandboxes/%s/proxy/%d", s.Domain, sb.id, port)
 	}

@@ -146,6 +146,11 @@ type Server struct {
 	faults     []*Fault
 	stats      Stats
 	bodies     map[string][][]byte
+	// ports models the host ports of direct endpoints: an endpoint's key
+	// (the path segment after /direct/) that Reassign moved, and the
+	// sandbox that now answers there ("" for none); keys names a
+	// sandbox's endpoint key when it is not its id.
+	ports, keys map[string]string
 }
 
 type sandbox struct {
@@ -207,6 +212,8 @@ func NewServer(opts Options) *Server {
 		workers:   make([]time.Time, opts.CaptureWorkers),
 		stats:     Stats{Requests: map[string]int{}},
 		bodies:    map[string][][]byte{},
+		ports:     map[string]string{},
+		keys:      map[string]string{},
 	}
 	s.ts = httptest.NewUnstartedServer(s.routes())
 	if opts.Listener != nil {
@@ -436,7 +443,7 @@ func (s *Server) routes() http.Handler {
 	// execd, through the server proxy (no API key, as upstream) and
 	// "directly" (a per-sandbox path prefix, as a Docker bridge endpoint).
 	mux.HandleFunc("/sandboxes/{id}/proxy/{port}/{path...}", s.route("execd (proxy)", s.opts.ProxyNeedsAPIKey, s.execd))
-	mux.HandleFunc("/direct/{id}/proxy/{port}/{path...}", s.route("execd (direct)", false, s.execd))
+	mux.HandleFunc("/direct/{key}/proxy/{port}/{path...}", s.route("execd (direct)", false, s.execd))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", s.route("POST /sandboxes/{id}/pause", true, s.pause))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.route("POST /sandboxes/{id}/resume", true, s.resume))
 	mux.HandleFunc("PATCH /v1/sandboxes/{id}/metadata", s.route("PATCH /sandboxes/{id}/metadata", true, s.patchMetadata))

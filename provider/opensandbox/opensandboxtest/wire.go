@@ -153,7 +153,11 @@ func (s *Server) backendError(w http.ResponseWriter, code string, err error) {
 // recorded (a create whose answer failed after its effect) is listed, as a
 // server listing its runtime's containers would.
 func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (*sandbox, bool) {
-	id := r.PathValue("id")
+	return s.lookupID(w, r, r.PathValue("id"))
+}
+
+// lookupID is lookup of the sandbox id.
+func (s *Server) lookupID(w http.ResponseWriter, r *http.Request, id string) (*sandbox, bool) {
 	s.sync(r.Context())
 	s.mu.Lock()
 	sb, ok := s.sandboxes[id]

@@ -26,10 +26,14 @@ import (
 //
 //	# a comment
 //	options create=2s snapshot=10s lower   (before the first request)
-//	POST /v1/sandboxes {"image":...}       (a request; @name is a captured value)
+//	POST /v1/sandboxes {"image":...}       (a request; @name is a captured value; a path
+//	                                        without its leading / is host:port/..., an endpoint)
 //	=> 202 status.state=Running id->a      (the answer: status, then checks)
 //	upload @a /w/x.txt hello               (execd's multipart upload of one file)
 //	advance 10s | failcreates 1 | failsnapshots 1 | terminate @a
+//	token T | token -                       (X-EXECD-ACCESS-TOKEN on the requests that follow, or none)
+//	reassign @a @b                          (b's execd answers at a's direct endpoint)
+//	options runtimetoken=T                  (the endpoints name execd's token T, as a runtime that set it)
 //	fault POST /v1/sandboxes status=503 retry=2 times=2 after drop
 //	stats Created=2 Requests.POST\ /sandboxes=3   (the server's counters)
 //	bodies POST /sandboxes 2                      (JSON bodies recorded on a route)
@@ -56,6 +60,8 @@ type wire struct {
 	clk  *clock.Manual
 	opts opensandboxtest.Options
 	vars map[string]string
+	// token goes in X-EXECD-ACCESS-TOKEN ("" for none).
+	token string
 	// last answer
 	status  int
 	dropped bool
@@ -123,6 +129,8 @@ func (w *wire) step(at, line string) {
 				w.opts.SnapshotLatency = duration(t, at, v)
 			case "lower":
 				w.opts.LowerCaseStates = true
+			case "runtimetoken":
+				w.opts.ExecdHeaders = map[string]string{opensandboxtest.ExecdTokenHeader: v}
 			default:
 				t.Fatalf("%s: unknown option %q", at, k)
 			}
@@ -161,6 +169,17 @@ func (w *wire) step(at, line string) {
 		}
 	case "terminate":
 		w.server().Terminate(strings.Fields(w.expand(rest))...)
+	case "token":
+		w.token = w.expand(rest)
+		if w.token == "-" {
+			w.token = ""
+		}
+	case "reassign":
+		ids := strings.Fields(w.expand(rest))
+		if len(ids) != 2 {
+			t.Fatalf("%s: reassign FROM TO", at)
+		}
+		w.server().Reassign(ids[0], ids[1])
 	case "fault":
 		fs := strings.Fields(rest)
 		if len(fs) < 2 {
@@ -256,13 +275,20 @@ func (w *wire) expandChecks(s string) string {
 
 func (w *wire) do(at, method, path, contentType string, body []byte) {
 	srv := w.server()
-	req, err := http.NewRequest(method, srv.URL+path, bytes.NewReader(body))
+	url := srv.URL + path
+	if !strings.HasPrefix(path, "/") {
+		url = "http://" + path // an endpoint as the server hands it out
+	}
+	req, err := http.NewRequest(method, url, bytes.NewReader(body))
 	if err != nil {
 		w.t.Fatalf("%s: %v", at, err)
 	}
 	req.Header.Set(opensandboxtest.APIKeyHeader, key)
 	if len(body) > 0 {
 		req.Header.Set("Content-Type", contentType)
+	}
+	if w.token != "" {
+		req.Header.Set(opensandboxtest.ExecdTokenHeader, w.token)
 	}
 	w.status, w.dropped, w.header, w.raw, w.body = 0, false, nil, nil, nil
 	res, err := http.DefaultClient.Do(req)
