@@ -223,10 +223,10 @@ func attachLoop(img string) (*os.File, error) {
 		if err != nil {
 			return nil, fmt.Errorf("loop devices: get a free one: %w", err)
 		}
-		dev, err := configureLoop(n, backing)
+		dev, err := configureLoop("/dev/loop"+strconv.Itoa(n), backing)
 		loopClaims.release(n)
-		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.EBUSY) {
-			continue // taken meanwhile, or its node not there yet
+		if loopTakenMeanwhile(err) {
+			continue
 		}
 		if err != nil {
 			return nil, err
@@ -236,9 +236,19 @@ func attachLoop(img string) (*os.File, error) {
 	return nil, errors.New("loop devices: every free one was taken before it could be used")
 }
 
-// configureLoop opens loop device n and attaches backing to it.
-func configureLoop(n int, backing *os.File) (*os.File, error) {
-	dev, err := os.OpenFile("/dev/loop"+strconv.Itoa(n), os.O_RDWR|unix.O_CLOEXEC, 0)
+// loopTakenMeanwhile reports whether an attach's error means only that the
+// device it chose is not to be had now, so that another is tried: another
+// process configured it first (EBUSY), its node is not made yet
+// (ENOENT), or another process's LOOP_CTL_ADD of the same number is still
+// under way (ENXIO: the node exists before its disk is live; our own add
+// of that number answered EEXIST). The other process takes that device.
+func loopTakenMeanwhile(err error) bool {
+	return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENXIO)
+}
+
+// configureLoop opens the loop device at path and attaches backing to it.
+func configureLoop(path string, backing *os.File) (*os.File, error) {
+	dev, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("loop devices: %w", err)
 	}
@@ -256,7 +266,7 @@ func configureLoop(n int, backing *os.File) (*os.File, error) {
 	}
 	if err != nil {
 		dev.Close()
-		return nil, fmt.Errorf("loop device %d: %w", n, err)
+		return nil, fmt.Errorf("loop device %s: %w", path, err)
 	}
 	return dev, nil
 }

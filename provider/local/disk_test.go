@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/provider"
@@ -488,5 +489,40 @@ func TestASandboxDiskIsNotCachedTwice(t *testing.T) {
 	}
 	if got := strings.TrimSpace(string(dio)); got != "1" {
 		t.Errorf("%s: direct I/O %s, want 1", dev, got)
+	}
+}
+
+// A loop device whose node exists before its disk is live (another
+// process's LOOP_CTL_ADD of the number under way: ours answered EEXIST)
+// answers ENXIO to the open; the attach tries another device instead of
+// failing the sandbox's start, as for one configured first (EBUSY) or
+// whose node is not made yet (ENOENT, here a real open of a missing node).
+// The errors that are the attach's own stay failures. (The live-disk race
+// itself cannot be staged: opening a loop node with no device here makes
+// the device.)
+func TestAnAttachTriesAnotherDeviceWhenItsChoiceIsNotToBeHad(t *testing.T) {
+	backing, err := os.CreateTemp(t.TempDir(), "img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer backing.Close()
+	_, err = configureLoop(filepath.Join(t.TempDir(), "absent"), backing)
+	if !loopTakenMeanwhile(err) {
+		t.Errorf("a node not made yet: %v is not taken meanwhile", err)
+	}
+	for _, e := range []struct {
+		err  error
+		want bool
+	}{
+		{&os.PathError{Op: "open", Path: "/dev/loop48", Err: unix.ENXIO}, true},
+		{unix.EBUSY, true},
+		{unix.EACCES, false},
+		{unix.EINVAL, false},
+		{unix.EIO, false},
+		{errors.New("other"), false},
+	} {
+		if got := loopTakenMeanwhile(fmt.Errorf("loop devices: %w", e.err)); got != e.want {
+			t.Errorf("%v: taken meanwhile %v, want %v", e.err, got, e.want)
+		}
 	}
 }
