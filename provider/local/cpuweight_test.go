@@ -194,11 +194,16 @@ func TestASandboxCannotRaiseItsCPUWeightOrLimit(t *testing.T) {
 // the provider names its cgroups stay, on a real cgroup of the test's own.
 func TestStaleSandboxCgroupsAreSwept(t *testing.T) {
 	host, dir := cpuTestParent(t, "sweep-test")
-	now := time.Now()
+	// Whole seconds: exactly the age is what the kernel keeps whatever its
+	// timestamps' granularity.
+	now := time.Now().Truncate(time.Second)
 	old := now.Add(-staleCgroupAge - time.Minute)
 	for name, at := range map[string]time.Time{
 		sandboxPrefix + "stale": old, "probe-memory-1": old, sandboxPrefix + "fresh": now,
 		"weight-test-1": old, sandboxPrefix + "busy": old,
+		// The age is reached at exactly staleCgroupAge; a second younger
+		// is not.
+		sandboxPrefix + "at-the-age": now.Add(-staleCgroupAge), sandboxPrefix + "a-second-younger": now.Add(-staleCgroupAge + time.Second),
 	} {
 		sub := filepath.Join(dir, name)
 		if err := os.Mkdir(sub, 0o755); err != nil {
@@ -207,6 +212,11 @@ func TestStaleSandboxCgroupsAreSwept(t *testing.T) {
 		t.Cleanup(func() { _ = os.Remove(sub) })
 		if err := os.Chtimes(sub, at, at); err != nil {
 			t.Fatal(err)
+		}
+		if fi, err := os.Stat(sub); err != nil {
+			t.Fatal(err)
+		} else if !fi.ModTime().Equal(at) {
+			t.Fatalf("%s: modified %v, want %v as set", name, fi.ModTime(), at)
 		}
 	}
 	busy := exec.Command("sleep", "3600")
@@ -218,8 +228,8 @@ func TestStaleSandboxCgroupsAreSwept(t *testing.T) {
 		t.Fatal(err)
 	}
 	cg := &cgroups{v2: host.v2, dirs: map[string]string{"cpu": dir}}
-	if n := cg.sweepStale(now, staleCgroupAge); n != 2 {
-		t.Errorf("removed %d cgroups, want 2", n)
+	if n := cg.sweepStale(now, staleCgroupAge); n != 3 {
+		t.Errorf("removed %d cgroups, want 3", n)
 	}
 	var left []string
 	entries, err := os.ReadDir(dir)
@@ -231,7 +241,7 @@ func TestStaleSandboxCgroupsAreSwept(t *testing.T) {
 			left = append(left, e.Name())
 		}
 	}
-	want := []string{sandboxPrefix + "busy", sandboxPrefix + "fresh", "weight-test-1"}
+	want := []string{sandboxPrefix + "a-second-younger", sandboxPrefix + "busy", sandboxPrefix + "fresh", "weight-test-1"}
 	if diff := cmp.Diff(want, left); diff != "" {
 		t.Errorf("cgroups left by the sweep (-want +got):\n%s", diff)
 	}
@@ -240,7 +250,9 @@ func TestStaleSandboxCgroupsAreSwept(t *testing.T) {
 // cpuTestParent makes a cpu cgroup of the test's own (name and the pid)
 // under the server's sandbox parent, removed at the end, and returns the
 // host's cgroups with it; it skips the test where the host lets the server
-// make none.
+// make none. It first removes those that test binaries killed before their
+// cleanup left (reapTestParents): the provider's own sweep removes only
+// the names it gives.
 func cpuTestParent(t *testing.T, name string) (*cgroups, string) {
 	t.Helper()
 	host, _ := probeCgroups()
@@ -248,10 +260,94 @@ func cpuTestParent(t *testing.T, name string) (*cgroups, string) {
 	if !ok {
 		t.Skip("SKIP: the host lets the server make no cpu cgroup here")
 	}
-	dir := filepath.Join(parent, name+"-"+strconv.Itoa(os.Getpid()))
+	if reaped := reapTestParents(parent); len(reaped) > 0 {
+		t.Logf("removed the cgroups of gone test binaries: %v", reaped)
+	}
+	dir := filepath.Join(parent, name+testParentInfix+strconv.Itoa(os.Getpid()))
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.Remove(dir) })
 	return host, dir
+}
+
+// testParentInfix is between a cgroup cpuTestParent makes's name and its
+// test binary's pid.
+const testParentInfix = "-test-"
+
+// reapTestParents removes the cgroups cpuTestParent made under parent for
+// test binaries that are gone: each <name>-test-<pid> whose pid no process
+// has, with the cgroups its test made in it (one level), and returns their
+// names. One holding a process stays (the kernel refuses to remove it), as
+// does one whose pid a live process has taken since.
+func reapTestParents(parent string) []string {
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		return nil
+	}
+	var reaped []string
+	for _, e := range entries {
+		name := e.Name()
+		i := strings.LastIndex(name, testParentInfix)
+		if !e.IsDir() || i <= 0 {
+			continue
+		}
+		pid, err := strconv.Atoi(name[i+len(testParentInfix):])
+		if err != nil || pid <= 0 || !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+			continue
+		}
+		dir := filepath.Join(parent, name)
+		if subs, err := os.ReadDir(dir); err == nil {
+			for _, sub := range subs {
+				if sub.IsDir() {
+					_ = syscall.Rmdir(filepath.Join(dir, sub.Name()))
+				}
+			}
+		}
+		if syscall.Rmdir(dir) == nil {
+			reaped = append(reaped, name)
+		}
+	}
+	return reaped
+}
+
+// The cgroups cpuTestParent made for a test binary that was killed before
+// its cleanup (with the cgroups its test made in them) are removed by the
+// next one; a live binary's, and directories of other names, stay.
+func TestGoneTestBinariesCgroupsAreReaped(t *testing.T) {
+	_, dir := cpuTestParent(t, "reap-test")
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dead, live := strconv.Itoa(gone.Process.Pid), strconv.Itoa(os.Getpid())
+	for _, sub := range []string{
+		"weight-test-" + dead, "weight-test-" + dead + "/sb0", "weight-test-" + dead + "/sb-left-by-a-killed-server",
+		"sweep-test-" + dead, "sweep-test-" + live, "sweep-test-" + live + "/sb0", sandboxPrefix + "other", "test-" + dead,
+	} {
+		path := filepath.Join(dir, sub)
+		if err := os.Mkdir(path, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// Cleanups run last first: children before their parents.
+		t.Cleanup(func() { _ = syscall.Rmdir(path) })
+	}
+	if diff := cmp.Diff([]string{"sweep-test-" + dead, "weight-test-" + dead}, reapTestParents(dir)); diff != "" {
+		t.Errorf("reaped (-want +got):\n%s", diff)
+	}
+	var left []string
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() && path != dir {
+			rel, _ := filepath.Rel(dir, path)
+			left = append(left, rel)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{sandboxPrefix + "other", "sweep-test-" + live, "sweep-test-" + live + "/sb0", "test-" + dead}
+	if diff := cmp.Diff(want, left); diff != "" {
+		t.Errorf("left (-want +got):\n%s", diff)
+	}
 }
