@@ -15,6 +15,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/url"
 	"os"
@@ -785,6 +786,61 @@ func TestContractProvider(t *testing.T) {
 		}
 		if err := p.Stop(ctx, h); err != nil {
 			t.Errorf("Stop twice = %v", err)
+		}
+	})
+}
+
+// TestContractProviderACallLandsInItsSandbox: sandbox A's cached endpoint
+// leads to sandbox B's execd (as after a runtime restart that gave A's host
+// port to B): every call for A is refused there (B's execd wants B's
+// token), the endpoint is resolved again, and the call lands in A. Nothing
+// is ever written in B, nothing of A's is read from B.
+func TestContractProviderACallLandsInItsSandbox(t *testing.T) {
+	t.Parallel()
+	eachServer(t, func(t *testing.T, s *server) {
+		ctx := context.Background()
+		p := s.provider(t, nil)
+		spec := provider.Spec{Image: s.image, Metadata: map[string]string{"contract.run": s.run}}
+		a, err := p.Start(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Stop(ctx, a) })
+		b, err := p.Start(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Stop(ctx, b) })
+		baseB, _, err := p.Endpoint(ctx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		moved := func() { opensandbox.PointEndpoint(p, a.SandboxID, baseB) }
+
+		moved()
+		if err := p.WriteFile(ctx, a, "note.txt", []byte("for A")); err != nil {
+			t.Fatalf("WriteFile for A through B's endpoint: %v", err)
+		}
+		moved()
+		if got, err := p.ReadFile(ctx, a, "note.txt"); err != nil || string(got) != "for A" {
+			t.Errorf("ReadFile for A through B's endpoint = %q, %v; want A's note", got, err)
+		}
+		moved()
+		res, err := p.Exec(ctx, a, provider.ExecRequest{Command: "cat note.txt"})
+		if err != nil || res.Stdout != "for A\n" {
+			t.Errorf("Exec for A through B's endpoint = %+v, %v; want A's note", res, err)
+		}
+		moved()
+		if _, err := p.Exec(ctx, a, provider.ExecRequest{Command: "echo ran >> ran.txt"}); err != nil {
+			t.Errorf("Exec for A through B's endpoint: %v", err)
+		}
+		if got, err := p.ReadFile(ctx, a, "ran.txt"); err != nil || string(got) != "ran\n" {
+			t.Errorf("A's ran.txt = %q, %v; want the command run once, in A", got, err)
+		}
+		for _, name := range []string{"note.txt", "ran.txt"} {
+			if got, err := p.ReadFile(ctx, b, name); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("B's %s = %q, %v; want none: nothing meant for A is written in B", name, got, err)
+			}
 		}
 	})
 }

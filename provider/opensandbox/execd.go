@@ -10,6 +10,7 @@ import (
 	"io"
 	"io/fs"
 	"mime/multipart"
+	"net"
 	"net/http"
 	"net/textproto"
 	"net/url"
@@ -431,7 +432,10 @@ type streamOutcome struct {
 }
 
 // Exec runs one command through execd's POST /command. A command is sent
-// once and never again: it may have run even when its answer was lost.
+// once and never again: it may have run even when its answer was lost. The
+// one exception is a command refused before it ran (a 401 or 403, or no
+// connection: see refusedUnrun), which goes once more to the sandbox's
+// endpoint resolved again, when that moved.
 //
 // The stream is never dropped while execd may still write to it: execd
 // passes every signal it receives to every running command, and the SIGPIPE
@@ -468,14 +472,32 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 		callTimeout = req.Timeout + time.Minute
 	}
 	b, _ := json.Marshal(body)
+	o, ok := p.runCommand(ctx, ep, b, req.Timeout, callTimeout)
+	if ok && refusedUnrun(o.err) {
+		// Not this sandbox's execd, or none: the command never ran, so it
+		// is sent once more where the sandbox is now, if that moved.
+		if nep, moved := p.reresolve(ctx, id, ep); moved {
+			o, ok = p.runCommand(ctx, nep, b, req.Timeout, callTimeout)
+		}
+	}
+	if !ok {
+		return provider.ExecResult{}, fmt.Errorf("opensandbox: run command: %w", ctx.Err())
+	}
+	return p.execOutcome(ctx, id, o)
+}
+
+// runCommand sends a command to the execd at ep and returns how its stream
+// ended; ok is false when ctx ended first (the command is then interrupted
+// in the background).
+func (p *Provider) runCommand(ctx context.Context, ep endpoint, body []byte, timeout, callTimeout time.Duration) (streamOutcome, bool) {
 	r := p.execdRequest(ep, "run command", http.MethodPost, "/command")
-	// The stream's own context outlives ctx (see above); callTimeout and
+	// The stream's own context outlives ctx (see Exec); callTimeout and
 	// drainTimeout bound it.
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout+drainTimeout)
-	hr, err := http.NewRequestWithContext(sctx, r.method, r.url, bytes.NewReader(b))
+	hr, err := http.NewRequestWithContext(sctx, r.method, r.url, bytes.NewReader(body))
 	if err != nil {
 		scancel()
-		return provider.ExecResult{}, err
+		return streamOutcome{err: err}, true
 	}
 	hr.Header.Set("Content-Type", "application/json")
 	hr.Header.Set("Accept", "text/event-stream")
@@ -492,7 +514,7 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 			default:
 			}
 		},
-		timedOut: func() bool { return req.Timeout > 0 && !p.clk.Now().Before(start.Add(req.Timeout)) },
+		timedOut: func() bool { return timeout > 0 && !p.clk.Now().Before(start.Add(timeout)) },
 	}
 	p.background.Add(1)
 	go func() {
@@ -521,12 +543,12 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	}()
 	select {
 	case o := <-done:
-		return p.execOutcome(ctx, id, o)
+		return o, true
 	case <-ctx.Done():
 	}
 	select {
 	case o := <-done: // it ended as the caller went
-		return p.execOutcome(ctx, id, o)
+		return o, true
 	default:
 	}
 	p.background.Add(1)
@@ -534,7 +556,37 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 		defer p.background.Done()
 		p.interruptCommand(ep, ids, done, scancel)
 	}()
-	return provider.ExecResult{}, fmt.Errorf("opensandbox: run command: %w", ctx.Err())
+	return streamOutcome{}, false
+}
+
+// refusedUnrun reports an execd call that did not run, because what
+// answered at the endpoint is not the sandbox's execd (401 or 403: another
+// execd's token check, a gateway's refusal) or nothing answered at all (no
+// connection was made): the endpoint may have moved.
+func refusedUnrun(err error) bool {
+	var refused *refusal
+	if errors.As(err, &refused) {
+		return refused.status == http.StatusUnauthorized || refused.status == http.StatusForbidden
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// reresolve drops sandbox id's cached endpoint, when it is still old, and
+// resolves it again; moved says whether it now leads elsewhere (only then
+// is a call worth making again). A failure to resolve is not moved: the
+// caller's own error path looks at the sandbox.
+func (p *Provider) reresolve(ctx context.Context, id string, old endpoint) (endpoint, bool) {
+	p.mu.Lock()
+	if cur, ok := p.endpoints[id]; ok && cur.base == old.base {
+		delete(p.endpoints, id)
+	}
+	p.mu.Unlock()
+	ep, err := p.endpoint(ctx, id)
+	if err != nil {
+		return old, false
+	}
+	return ep, ep.base != old.base
 }
 
 // execOutcome turns how a stream ended into Exec's answer.
@@ -585,8 +637,9 @@ func (p *Provider) interruptCommand(ep endpoint, ids <-chan string, done <-chan 
 // refusal is execd's non-200 answer to POST /command; final ones mean the
 // request is wrong and are not a sign that the sandbox is gone.
 type refusal struct {
-	err   error
-	final bool
+	err    error
+	status int
+	final  bool
 }
 
 func (r *refusal) Error() string { return r.err.Error() }
@@ -598,7 +651,7 @@ func (r *refusal) Unwrap() error { return r.err }
 func commandRefused(resp *response) error {
 	aerr := resp.apiError("run command")
 	if resp.status != http.StatusBadRequest {
-		return &refusal{err: aerr}
+		return &refusal{err: aerr, status: resp.status}
 	}
 	var cause error = provider.ErrInvalidSpec
 	switch {
@@ -607,7 +660,7 @@ func commandRefused(resp *response) error {
 	case strings.Contains(aerr.Message, "not a directory"):
 		cause = syscall.ENOTDIR
 	}
-	return &refusal{err: fmt.Errorf("%w: %w", aerr, cause), final: true}
+	return &refusal{err: fmt.Errorf("%w: %w", aerr, cause), status: resp.status, final: true}
 }
 
 // errnos are the system errors execd's file calls name in the message of a
@@ -639,15 +692,26 @@ func fileError(resp *response, op, full string) error {
 	return aerr
 }
 
-// fileCall makes a files request. execd's own 500 is its answer (see
-// errnos), so it is taken as it is; only a failure to get an answer, or a
-// proxy's, is tried again. A download of a directory gets a 200 whose body
-// never comes, or a 500, depending on the file system: before trying
-// again, dir (when set) is asked about the path.
-func (p *Provider) fileCall(ctx context.Context, req request, dir func(context.Context) bool) (*response, error) {
+// fileCall makes a files request for sandbox id, mk building it for the
+// endpoint ep. execd's own 500 is its answer (see errnos), so it is taken as
+// it is; only a failure to get an answer, or a proxy's, is tried again. A
+// download of a directory gets a 200 whose body never comes, or a 500,
+// depending on the file system: before trying again, dir (when set) is
+// asked about the path. An answer that says the endpoint is not (or no
+// longer) the sandbox's execd, a 401 or 403 or no answer at all, drops the
+// cached endpoint and resolves it again; when it moved, the call goes there
+// (file calls may be made twice: a write writes the same bytes).
+func (p *Provider) fileCall(ctx context.Context, id string, ep endpoint, mk func(endpoint) request, dir func(context.Context, endpoint) bool) (*response, error) {
+	req := mk(ep)
 	resp, err := p.once(ctx, req)
+	if err != nil && ctx.Err() == nil || err == nil && (resp.status == http.StatusUnauthorized || resp.status == http.StatusForbidden) {
+		if nep, moved := p.reresolve(ctx, id, ep); moved {
+			ep, req = nep, mk(nep)
+			resp, err = p.once(ctx, req)
+		}
+	}
 	if err == nil && (resp.status == http.StatusInternalServerError || !retryableStatus(resp.status)) {
-		if resp.status == http.StatusInternalServerError && dir != nil && dir(ctx) {
+		if resp.status == http.StatusInternalServerError && dir != nil && dir(ctx, ep) {
 			return nil, syscall.EISDIR
 		}
 		return resp, nil
@@ -655,7 +719,7 @@ func (p *Provider) fileCall(ctx context.Context, req request, dir func(context.C
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("opensandbox: %s: %w", req.op, ctx.Err())
 	}
-	if dir != nil && dir(ctx) {
+	if dir != nil && dir(ctx, ep) {
 		return nil, syscall.EISDIR
 	}
 	return p.do(ctx, req)
@@ -716,9 +780,12 @@ func (p *Provider) upload(ctx context.Context, h provider.Handle, files map[stri
 	if err := mw.Close(); err != nil {
 		return err
 	}
-	req := p.execdRequest(ep, "upload files", http.MethodPost, "/files/upload")
-	req.body, req.contentType, req.retry = buf.Bytes(), mw.FormDataContentType(), true
-	resp, err := p.fileCall(ctx, req, nil)
+	mk := func(ep endpoint) request {
+		req := p.execdRequest(ep, "upload files", http.MethodPost, "/files/upload")
+		req.body, req.contentType, req.retry = buf.Bytes(), mw.FormDataContentType(), true
+		return req
+	}
+	resp, err := p.fileCall(ctx, h.SandboxID, ep, mk, nil)
 	if err != nil {
 		return p.gone(ctx, h.SandboxID, err)
 	}
@@ -779,9 +846,12 @@ func (p *Provider) ReadFile(ctx context.Context, h provider.Handle, name string)
 	if err != nil {
 		return nil, err
 	}
-	req := p.execdRequest(ep, "download file", http.MethodGet, "/files/download?"+url.Values{"path": {full}}.Encode())
-	req.retry = true
-	resp, err := p.fileCall(ctx, req, func(ctx context.Context) bool { return p.isDir(ctx, ep, full) })
+	mk := func(ep endpoint) request {
+		req := p.execdRequest(ep, "download file", http.MethodGet, "/files/download?"+url.Values{"path": {full}}.Encode())
+		req.retry = true
+		return req
+	}
+	resp, err := p.fileCall(ctx, h.SandboxID, ep, mk, func(ctx context.Context, ep endpoint) bool { return p.isDir(ctx, ep, full) })
 	if errors.Is(err, syscall.EISDIR) {
 		return nil, fmt.Errorf("opensandbox: read_file: %w", &fs.PathError{Op: "read", Path: full, Err: syscall.EISDIR})
 	}

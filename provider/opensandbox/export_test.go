@@ -20,3 +20,14 @@ var testJitter = &jitter{rng: rand.New(rand.NewPCG(1, 2))}
 // whose answer asked no Retry-After: a test that retries the real server's
 // passing failures by hand waits as the provider would.
 func Backoff(n int) time.Duration { return (&Provider{rng: testJitter}).backoff(n, 0) }
+
+// PointEndpoint makes p's cached endpoint of sandbox id the base URL base
+// (keeping its token), as a runtime that gave id's host port to another
+// sandbox leaves it: a test points one sandbox's cache at another's execd.
+func PointEndpoint(p *Provider, id, base string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ep := p.endpoints[id]
+	ep.base = base
+	p.endpoints[id] = ep
+}

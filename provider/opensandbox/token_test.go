@@ -7,8 +7,12 @@ package opensandbox_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"io/fs"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
@@ -193,4 +197,101 @@ func TestASandboxMadeWithoutATokenIsReachedWithoutOne(t *testing.T) {
 	if got := e.exec(t, h, "echo hi"); got.Stdout != "hi\n" {
 		t.Errorf("echo = %+v", got)
 	}
+}
+
+// A call refused before it ran (by another sandbox's execd, which wants its
+// own token, or with no connection made) goes once more to the sandbox's
+// endpoint resolved again; a command that may have run is never sent
+// twice, though the endpoint is resolved again for the next call.
+func TestAMovedEndpointIsResolvedAgain(t *testing.T) {
+	ctx := context.Background()
+	t.Run("a port given to another sandbox", func(t *testing.T) {
+		e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+		a, b := e.start(t, provider.Spec{}), e.start(t, provider.Spec{})
+		e.srv.Reassign(a.SandboxID, b.SandboxID)
+		if got := e.exec(t, a, "echo ran > ran.txt"); got.ExitCode != 0 {
+			t.Fatalf("exec in A = %+v", got)
+		}
+		if err := e.p.WriteFile(ctx, a, "note.txt", []byte("for A")); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"ran.txt", "note.txt"} {
+			if _, err := e.p.ReadFile(ctx, a, name); err != nil {
+				t.Errorf("A's %s: %v", name, err)
+			}
+			// B's cached endpoint leads nowhere now: resolved again too.
+			if got, err := e.p.ReadFile(ctx, b, name); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("B's %s = %q, %v; want none", name, got, err)
+			}
+		}
+	})
+	t.Run("no connection", func(t *testing.T) {
+		e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+		a := e.start(t, provider.Spec{})
+		opensandbox.PointEndpoint(e.p, a.SandboxID, closedPort(t))
+		if got := e.exec(t, a, "echo hi"); got.Stdout != "hi\n" {
+			t.Errorf("exec = %+v", got)
+		}
+	})
+	t.Run("a gateway's 403", func(t *testing.T) {
+		e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+		a := e.start(t, provider.Spec{})
+		gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, `{"error":"forbidden"}`, http.StatusForbidden)
+		}))
+		t.Cleanup(gw.Close)
+		opensandbox.PointEndpoint(e.p, a.SandboxID, gw.URL)
+		if err := e.p.WriteFile(ctx, a, "note.txt", []byte("for A")); err != nil {
+			t.Fatal(err)
+		}
+		opensandbox.PointEndpoint(e.p, a.SandboxID, gw.URL)
+		if got, err := e.p.ReadFile(ctx, a, "note.txt"); err != nil || string(got) != "for A" {
+			t.Errorf("ReadFile = %q, %v", got, err)
+		}
+		opensandbox.PointEndpoint(e.p, a.SandboxID, gw.URL)
+		if got := e.exec(t, a, "cat note.txt"); got.Stdout != "for A\n" {
+			t.Errorf("exec = %+v", got)
+		}
+	})
+	t.Run("a command that may have run", func(t *testing.T) {
+		e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+		a := e.start(t, provider.Spec{})
+		before := e.srv.Stats().Requests["GET /sandboxes/{id}/endpoints/{port}"]
+		e.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Path: "/direct/" + a.SandboxID + "/proxy/44772/command", AfterEffect: true, Drop: true})
+		if _, err := e.p.Exec(ctx, a, provider.ExecRequest{Command: "echo ran >> ran.txt"}); err == nil {
+			t.Fatal("Exec whose connection dropped after the command ran succeeded")
+		}
+		if got, err := e.p.ReadFile(ctx, a, "ran.txt"); err != nil || string(got) != "ran\n" {
+			t.Errorf("ran.txt = %q, %v; want the command run once", got, err)
+		}
+		if n := e.srv.Stats().Requests["GET /sandboxes/{id}/endpoints/{port}"] - before; n != 1 {
+			t.Errorf("the endpoint was resolved %d times after the dropped command, want once", n)
+		}
+	})
+	t.Run("a refusal where the endpoint has not moved", func(t *testing.T) {
+		e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+		a := e.start(t, provider.Spec{})
+		before := e.srv.Stats().Requests["execd (direct)"]
+		e.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Path: "/direct/" + a.SandboxID + "/proxy/44772/command", Status: http.StatusForbidden})
+		_, err := e.p.Exec(ctx, a, provider.ExecRequest{Command: "echo x"})
+		var aerr *opensandbox.APIError
+		if !errors.As(err, &aerr) || aerr.Status != http.StatusForbidden {
+			t.Errorf("Exec refused where the endpoint stays = %v, want the 403", err)
+		}
+		if n := e.srv.Stats().Requests["execd (direct)"] - before; n != 1 {
+			t.Errorf("%d execd requests, want the one refused: the same endpoint is not asked again", n)
+		}
+	})
+}
+
+// closedPort is the URL of a loopback port nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return "http://" + addr
 }

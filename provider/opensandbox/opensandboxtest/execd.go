@@ -43,7 +43,8 @@ func (s *Server) execd(w http.ResponseWriter, r *http.Request) {
 		}
 		s.mu.Unlock()
 		if id == "" {
-			writeError(w, http.StatusBadGateway, "SANDBOX::UNREACHABLE", "nothing listens at %s", key)
+			// A host port nobody has: no answer.
+			s.fault(w, r, &Fault{Drop: true}, nil)
 			return
 		}
 	}
@@ -126,7 +127,7 @@ func (s *Server) endpointKey(id string) string {
 // Reassign makes sandbox to's execd answer at sandbox from's direct
 // endpoint, as a runtime that restarts may give one container's host port
 // to another: from gets an endpoint of its own again, and to's former one
-// leads nowhere (502, as a port nobody has).
+// leads nowhere (the connection is closed without an answer).
 func (s *Server) Reassign(from, to string) {
 	fromKey, toKey := s.endpointKey(from), s.endpointKey(to)
 	s.mu.Lock()

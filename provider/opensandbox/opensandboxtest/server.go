@@ -91,7 +91,8 @@ type Fault struct {
 	Status int
 	// RetryAfter, if > 0, is sent as Retry-After seconds.
 	RetryAfter int
-	// AfterEffect serves the request, then answers Status instead.
+	// AfterEffect serves the request, then answers Status instead (or
+	// drops the connection, with Drop).
 	AfterEffect bool
 	// Drop closes the connection without an answer.
 	Drop bool
@@ -405,6 +406,10 @@ func (s *Server) route(name string, auth bool, h http.HandlerFunc) http.HandlerF
 
 // fault applies f; it returns true when the request was answered.
 func (s *Server) fault(w http.ResponseWriter, r *http.Request, f *Fault, h http.HandlerFunc) bool {
+	if f.AfterEffect {
+		s.reap()
+		h(httptest.NewRecorder(), r)
+	}
 	if f.Drop {
 		if hj, ok := w.(http.Hijacker); ok {
 			if conn, _, err := hj.Hijack(); err == nil {
@@ -413,10 +418,6 @@ func (s *Server) fault(w http.ResponseWriter, r *http.Request, f *Fault, h http.
 			}
 		}
 		panic(http.ErrAbortHandler)
-	}
-	if f.AfterEffect {
-		s.reap()
-		h(httptest.NewRecorder(), r)
 	}
 	if f.RetryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(f.RetryAfter))
