@@ -420,7 +420,7 @@ func cgroupsUsageKiB() (kib, n int) {
 		if !ok {
 			continue
 		}
-		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/memory", own, "sandboxowner", "sb-*", "memory.usage_in_bytes"))
+		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/memory", own, "sandboxowner-*", "sb-*", "memory.usage_in_bytes"))
 		for _, d := range dirs {
 			b, err := os.ReadFile(d)
 			if err != nil {

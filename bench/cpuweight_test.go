@@ -128,17 +128,25 @@ func sandboxesWeight() string {
 		if len(parts) != 3 {
 			continue
 		}
-		var file string
+		// One parent per provider root, sandboxowner-<hash>.
+		var pattern string
 		switch {
 		case parts[1] == "" && parts[0] == "0":
-			file = filepath.Join("/sys/fs/cgroup", parts[2], "sandboxowner", "cpu.weight")
+			pattern = filepath.Join("/sys/fs/cgroup", parts[2], "sandboxowner-*", "cpu.weight")
 		case strings.Contains(","+parts[1]+",", ",cpu,"):
-			file = filepath.Join("/sys/fs/cgroup", parts[1], parts[2], "sandboxowner", "cpu.shares")
+			pattern = filepath.Join("/sys/fs/cgroup", parts[1], parts[2], "sandboxowner-*", "cpu.shares")
 		default:
 			continue
 		}
-		if v, err := os.ReadFile(file); err == nil {
-			return file + "=" + strings.TrimSpace(string(v))
+		files, _ := filepath.Glob(pattern)
+		var found []string
+		for _, file := range files {
+			if v, err := os.ReadFile(file); err == nil {
+				found = append(found, file+"="+strings.TrimSpace(string(v)))
+			}
+		}
+		if len(found) > 0 {
+			return strings.Join(found, " ")
 		}
 	}
 	return "?"

@@ -628,7 +628,7 @@ print("attached" if r == 0 else "refused %d" % ctypes.get_errno())
 // New now probes the limit in a throwaway cgroup and claims it only when a
 // process over it is killed; the probe tells the two apart.
 func TestTheMemoryLimitIsClaimedOnlyWhereItHolds(t *testing.T) {
-	cg, _ := probeCgroups()
+	cg := testCgroups(t)
 	dir, ok := cg.memoryDir()
 	if !ok {
 		t.Skip("SKIP: the host lets the server make no memory cgroup here")
@@ -800,7 +800,7 @@ func TestASandboxExhaustingInotifyStopsNoOneElse(t *testing.T) {
 // throttled) and claims only those that hold; the probes tell a limit
 // that holds from one the process stays under.
 func TestThePidsAndCPULimitsAreClaimedOnlyWhereTheyHold(t *testing.T) {
-	cg, _ := probeCgroups()
+	cg := testCgroups(t)
 	for _, c := range []struct {
 		name         string
 		holds, under func(dir string) error

@@ -3,6 +3,8 @@ package local
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -59,9 +61,21 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
-// cgroupParent is the directory, under the server's own cgroup in each
-// hierarchy, that holds one cgroup per sandbox.
-const cgroupParent = "sandboxowner"
+// cgroupParentPrefix begins the name of the directory, under the server's
+// own cgroup in each hierarchy, that holds one cgroup per sandbox of a
+// provider's root (see cgroupParent).
+const cgroupParentPrefix = "sandboxowner"
+
+// cgroupParent names the cgroup parent of the sandboxes of the provider
+// whose root is root: one per root, so that servers in one cgroup (several
+// started from one shell or unit, a test suite's packages) each weigh
+// their own sandboxes (see weigh) instead of the last to start or stop one
+// setting the weight of all; and the same again for a server restarted on
+// its root, which finds the cgroups of the sandboxes it left.
+func cgroupParent(root string) string {
+	sum := sha256.Sum256([]byte(root))
+	return cgroupParentPrefix + "-" + hex.EncodeToString(sum[:6])
+}
 
 // cgroups are where this server may make sandbox cgroups: for each
 // controller it uses (pids, memory, cpu, freezer), the directory nested
@@ -127,10 +141,9 @@ var liveCPU = struct {
 // weigh marks sandbox id live or not (none when id is empty) and sets the
 // cpu parent's weight to perSandbox times the live sandboxes, up to max
 // (see cpuWeight), at least one process's worth. The count is this
-// process's (every provider's in it): a parent several servers share
-// (several in one cgroup, as a test suite's packages are) weighs what the
-// last to start or stop a sandbox counted. A parent tidy removed is no
-// one's: nothing is written.
+// process's (every provider's in it on the parent's root); another
+// server's sandboxes sit in a parent of their own (see cgroupParent). A
+// parent tidy removed is no one's: nothing is written.
 func (cg *cgroups) weigh(id string, live bool) error {
 	dir, ok := cg.dirOf("cpu")
 	if !ok || cg.weight.perSandbox <= 0 {
@@ -163,9 +176,10 @@ func (cg *cgroups) weigh(id string, live bool) error {
 var cgroupControllers = []string{"pids", "memory", "cpu", "freezer"}
 
 // probeCgroups finds, for each controller, the server's own cgroup and
-// checks that a child can be made in it (and removed). It never touches a
-// cgroup outside the server's own.
-func probeCgroups() (*cgroups, []string) {
+// checks that a child can be made in parent, the directory there that
+// holds the sandboxes' cgroups (see cgroupParent), and removed. It never
+// touches a cgroup outside the server's own.
+func probeCgroups(parent string) (*cgroups, []string) {
 	own, err := ownCgroups()
 	if err != nil {
 		return nil, []string{err.Error()}
@@ -199,7 +213,7 @@ func probeCgroups() (*cgroups, []string) {
 			}
 			cg.v2 = true
 		}
-		dir := filepath.Join(mnt, ownPath, cgroupParent)
+		dir := filepath.Join(mnt, ownPath, parent)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			why = append(why, fmt.Sprintf("%s: %v", c, err))
 			continue
@@ -418,23 +432,55 @@ const staleCgroupAge = 10 * time.Minute
 // many it removed. The kernel refuses to remove a cgroup that holds a
 // process or a child, so a live sandbox's is never touched; a stopped
 // sandbox's, removed here, is made again when it starts.
+//
+// The parents of other roots beside this one (a killed server's, or the
+// single parent of servers before each root had its own) are swept the
+// same way, and removed once empty and as old: a live server's parent,
+// removed while it had no sandbox, is made again at its next start.
 func (cg *cgroups) sweepStale(now time.Time, age time.Duration) int {
 	removed := 0
-	for _, parent := range cg.dirs {
+	old := func(e os.DirEntry) bool {
+		info, err := e.Info()
+		return err == nil && now.Sub(info.ModTime()) >= age
+	}
+	sweepParent := func(parent string) {
 		entries, err := os.ReadDir(parent)
 		if err != nil {
-			continue
+			return
 		}
 		for _, e := range entries {
 			name := e.Name()
-			if !e.IsDir() || !(strings.HasPrefix(name, sandboxPrefix) || strings.HasPrefix(name, "probe-")) {
-				continue
-			}
-			info, err := e.Info()
-			if err != nil || now.Sub(info.ModTime()) < age {
+			if !e.IsDir() || !(strings.HasPrefix(name, sandboxPrefix) || strings.HasPrefix(name, "probe-")) || !old(e) {
 				continue
 			}
 			if syscall.Rmdir(filepath.Join(parent, name)) == nil {
+				removed++
+			}
+		}
+	}
+	swept := map[string]bool{}
+	for _, parent := range cg.dirs {
+		if swept[parent] {
+			continue // v2: every controller shares one parent
+		}
+		swept[parent] = true
+		sweepParent(parent)
+		own := filepath.Dir(parent)
+		siblings, err := os.ReadDir(own)
+		if err != nil {
+			continue
+		}
+		for _, e := range siblings {
+			name := e.Name()
+			other := filepath.Join(own, name)
+			if !e.IsDir() || other == parent || !strings.HasPrefix(name, cgroupParentPrefix) || swept[other] {
+				continue
+			}
+			swept[other] = true
+			// Its age as found: removing its children may stamp it now.
+			stale := old(e)
+			sweepParent(other)
+			if stale && syscall.Rmdir(other) == nil {
 				removed++
 			}
 		}

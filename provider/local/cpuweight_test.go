@@ -255,7 +255,7 @@ func TestStaleSandboxCgroupsAreSwept(t *testing.T) {
 // the names it gives.
 func cpuTestParent(t *testing.T, name string) (*cgroups, string) {
 	t.Helper()
-	host, _ := probeCgroups()
+	host := testCgroups(t)
 	parent, ok := host.dirOf("cpu")
 	if !ok {
 		t.Skip("SKIP: the host lets the server make no cpu cgroup here")

@@ -84,7 +84,7 @@ func BenchmarkNamespaceHelper(b *testing.B) {
 // a 16 MiB limit, killed), its wall time and its CPU time (rusage of the
 // waited children).
 func BenchmarkMemoryProbe(b *testing.B) {
-	cg, _ := probeCgroups()
+	cg := testCgroups(b)
 	dir, ok := cg.memoryDir()
 	if !ok {
 		b.Skip("SKIP: the host lets the server make no memory cgroup here")

@@ -38,7 +38,7 @@ func TestTheNamespaceHelperRunsTheInitsBinary(t *testing.T) {
 // The memory probe runs the binary it is given, in its memory probe mode:
 // the inits' binary, not the server's.
 func TestTheMemoryProbeRunsTheBinaryGiven(t *testing.T) {
-	cg, _ := probeCgroups()
+	cg := testCgroups(t)
 	dir, ok := cg.memoryDir()
 	if !ok {
 		t.Skip("SKIP: the host lets the server make no memory cgroup here")

@@ -750,7 +750,7 @@ func (p *Provider) chooseOverlay(mode string) error {
 // chooseCgroups finds whether sandboxes can have cgroups of their own and
 // says what limits are in effect.
 func (p *Provider) chooseCgroups() {
-	cg, why := probeCgroups()
+	cg, why := probeCgroups(cgroupParent(p.root))
 	p.cg = cg
 	// A limit the kernel does not enforce is not claimed: each is probed
 	// over a tiny limit in a throwaway cgroup.
