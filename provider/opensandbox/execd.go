@@ -21,6 +21,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/provider"
 )
 
@@ -586,7 +589,12 @@ func (p *Provider) reresolve(ctx context.Context, id string, old endpoint) (endp
 	if err != nil {
 		return old, false
 	}
-	return ep, ep.base != old.base
+	moved := ep.base != old.base
+	if moved {
+		logs.ForRequest(ctx, p.log).WithFields(logrus.Fields{"sandbox_id": id, "from": old.base, "to": ep.base}).
+			Info("opensandbox: the sandbox's execd endpoint moved (another execd or none answered there)")
+	}
+	return ep, moved
 }
 
 // execOutcome turns how a stream ended into Exec's answer.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io/fs"
+	"maps"
 	"net/http"
 	"runtime"
 	"strings"
@@ -195,6 +196,15 @@ func TestExecdCallsCarryTheEndpointsHeadersAndThroughTheProxyTheKey(t *testing.T
 				t.Errorf("echo = %+v", got)
 			}
 			ctx := context.Background()
+			// What lend: direct hands out: the named headers, and the
+			// sandbox's own token unless they name execd's.
+			want := maps.Clone(tc.sopts.ExecdHeaders)
+			if want["X-Execd-Access-Token"] == "" {
+				want[opensandbox.ExecdTokenHeader] = e.srv.ExecdToken(h.SandboxID)
+			}
+			if _, hdr, err := e.p.Endpoint(ctx, h); err != nil || !cmp.Equal(want, hdr) {
+				t.Errorf("Endpoint's headers = %v, %v; want %v", hdr, err, want)
+			}
 			if err := e.p.WriteFile(ctx, h, "a.txt", []byte("A")); err != nil {
 				t.Fatal(err)
 			}

@@ -158,6 +158,12 @@ func TestEachSandboxsExecdWantsItsOwnToken(t *testing.T) {
 func TestAProviderStartedAgainReadsTheTokenFromTheLabel(t *testing.T) {
 	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
 	h := e.start(t, provider.Spec{Files: map[string]string{"notes.txt": "hello\n"}})
+	// The process that made it knows the token: it reads no label.
+	made := e.srv.Stats().Requests["GET /sandboxes/{id}"]
+	e.exec(t, h, "true")
+	if n := e.srv.Stats().Requests["GET /sandboxes/{id}"] - made; n != 0 {
+		t.Errorf("the provider that made the sandbox read it %d times to reach its execd, want none", n)
+	}
 	again, err := opensandbox.New(e.popts)
 	if err != nil {
 		t.Fatal(err)
@@ -169,6 +175,11 @@ func TestAProviderStartedAgainReadsTheTokenFromTheLabel(t *testing.T) {
 	}
 	if b, err := again.ReadFile(ctx, h, "notes.txt"); err != nil || string(b) != "hello\n" {
 		t.Errorf("ReadFile after a restart = %q, %v", b, err)
+	}
+	// An endpoint resolved again does not read the label again.
+	opensandbox.PointEndpoint(again, h.SandboxID, closedPort(t))
+	if res, err := again.Exec(ctx, h, provider.ExecRequest{Command: "cat notes.txt"}); err != nil || res.Stdout != "hello\n" {
+		t.Errorf("Exec after a restart and a lost connection = %+v, %v", res, err)
 	}
 	if n := e.srv.Stats().Requests["GET /sandboxes/{id}"] - before; n != 1 {
 		t.Errorf("the restarted provider read the sandbox %d times, want once (its label)", n)
@@ -209,8 +220,13 @@ func TestAMovedEndpointIsResolvedAgain(t *testing.T) {
 		e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
 		a, b := e.start(t, provider.Spec{}), e.start(t, provider.Spec{})
 		e.srv.Reassign(a.SandboxID, b.SandboxID)
+		reads := e.srv.Stats().Requests["GET /sandboxes/{id}"]
 		if got := e.exec(t, a, "echo ran > ran.txt"); got.ExitCode != 0 {
 			t.Fatalf("exec in A = %+v", got)
+		}
+		// The token is known: resolving the endpoint again reads no label.
+		if n := e.srv.Stats().Requests["GET /sandboxes/{id}"] - reads; n != 0 {
+			t.Errorf("the sandbox was read %d times to resolve its endpoint again, want none", n)
 		}
 		if err := e.p.WriteFile(ctx, a, "note.txt", []byte("for A")); err != nil {
 			t.Fatal(err)
