@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -31,10 +33,23 @@ type Stack struct {
 	// Dir is the stack's state folder (its logs, pid files).
 	Dir string
 
-	// held is the test's shared hold on the stack (Require); fault, that
-	// the test also holds the fault lock (RequireFault).
+	// held is the test's shared hold on the stack (Require); fault, the
+	// fault lock the test holds (RequireFault), nil for none.
 	held  *os.File
-	fault bool
+	fault *faultHold
+}
+
+// faultHold is a fault test's hold of the fault lock, given back once: when
+// its fault is over (Exclusive's done) or when the test ends.
+type faultHold struct {
+	f    *os.File
+	once sync.Once
+	over atomic.Bool
+}
+
+func (h *faultHold) release() {
+	h.over.Store(true)
+	h.once.Do(func() { _ = flock.Release(h.f) })
 }
 
 // ErrNoStack means the real stack cannot run here: ../shared/opensandbox is
@@ -194,9 +209,15 @@ func (s Stack) holdShared() (*os.File, error) {
 // Exclusive turns the test's shared hold into an exclusive one, waiting
 // until no other test holds the stack, for a test about to stop or
 // restart a part of it; done turns it back into a shared hold, once the
-// part is up again. The Stack must come from RequireFault: a conversion
-// drops the shared hold before it waits, and only the fault lock keeps
-// another fault from ending the test's sandboxes meanwhile.
+// part is up again, and gives the fault lock back. The Stack must come
+// from RequireFault: a conversion drops the shared hold before it waits,
+// and only the fault lock keeps another fault from ending the test's
+// sandboxes meanwhile. So a test has one fault: once it is over, the next
+// fault test may seed and commit while this one restores, and stops
+// nothing before this one's shared hold ends (its own Exclusive waits for
+// it); its sandboxes then start while this test's calls may still go to
+// the host ports of sandboxes the fault ended, as they would in
+// production.
 func (s Stack) Exclusive(tb testing.TB) (done func()) {
 	tb.Helper()
 	return s.exclusive(tb, func() {})
@@ -206,8 +227,11 @@ func (s Stack) Exclusive(tb testing.TB) (done func()) {
 // shared holds wait from then on) and before it waits for the stack.
 func (s Stack) exclusive(tb testing.TB, waiting func()) (done func()) {
 	tb.Helper()
-	if s.held == nil || !s.fault {
+	if s.held == nil || s.fault == nil {
 		tb.Fatal("Exclusive on a Stack that RequireFault did not return")
+	}
+	if s.fault.over.Load() {
+		tb.Fatal("a second Exclusive: the test gave its fault lock back after its first")
 	}
 	gate, err := s.hold(gateLock, syscall.LOCK_EX)
 	if err != nil {
@@ -225,13 +249,15 @@ func (s Stack) exclusive(tb testing.TB, waiting func()) (done func()) {
 		if err := flock.Release(gate); err != nil {
 			tb.Errorf("release the stack's gate: %v", err)
 		}
+		s.fault.release()
 	}
 }
 
 // RequireFault is Require for a test that stops or restarts a part of the
-// stack (through Exclusive). It first takes the fault lock, exclusively and
-// until the test ends, before its shared hold: fault tests run one after
-// another, and one waiting for its turn holds nothing another waits on.
+// stack (through Exclusive). It first takes the fault lock, exclusively
+// until its fault is over (or the test ends), before its shared hold:
+// faults come one after another, and a test waiting for its turn holds
+// nothing another waits on.
 func RequireFault(tb testing.TB, st Stack, err error) Stack {
 	tb.Helper()
 	if err == nil {
@@ -239,8 +265,8 @@ func RequireFault(tb testing.TB, st Stack, err error) Stack {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		tb.Cleanup(func() { _ = flock.Release(f) })
-		st.fault = true
+		st.fault = &faultHold{f: f}
+		tb.Cleanup(st.fault.release)
 	}
 	return Require(tb, st, err)
 }

@@ -25,7 +25,12 @@ func TestAWaitingExclusiveHoldGoesBeforeNewSharedOnes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = flock.Release(fault) })
-	writer := Stack{Dir: st.Dir, held: fault, fault: true}
+	faults, err := st.hold(faultsLock, syscall.LOCK_EX)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writer := Stack{Dir: st.Dir, held: fault, fault: &faultHold{f: faults}}
+	t.Cleanup(writer.fault.release)
 
 	order := make(chan string, 2)
 	waiting, held := make(chan struct{}), make(chan func())
@@ -51,11 +56,31 @@ func TestAWaitingExclusiveHoldGoesBeforeNewSharedOnes(t *testing.T) {
 	}()
 	first() // the hold taken before the exclusive one ends
 	done := <-held
+	if err := tryFaults(st); !errors.Is(err, flock.ErrHeld) {
+		t.Errorf("the fault lock during the fault: %v, want it held (ErrHeld)", err)
+	}
 	done()
 	(<-later)()
 	if diff := cmp.Diff([]string{"exclusive", "shared"}, []string{<-order, <-order}); diff != "" {
 		t.Errorf("order of the holds (-want +got):\n%s", diff)
 	}
+	// The fault is over: the next fault test may take the fault lock.
+	if err := tryFaults(st); err != nil {
+		t.Errorf("the fault lock once the fault is over: %v, want it free", err)
+	}
+}
+
+// tryFaults takes the fault lock without waiting, as the next fault test
+// would, and lets it go.
+func tryFaults(st Stack) error {
+	f, err := st.hold(faultsLock, syscall.LOCK_EX|syscall.LOCK_NB)
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		return flock.ErrHeld
+	}
+	if err != nil {
+		return err
+	}
+	return flock.Release(f)
 }
 
 // tryGate takes the gate shared without waiting, as a new shared hold
