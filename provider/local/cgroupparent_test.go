@@ -35,7 +35,7 @@ func testCgroups(tb testing.TB) *cgroups {
 // restarted on that root, each weighing its own, on real cgroups.
 func TestEachRootsSandboxesWeighInAParentOfTheirOwn(t *testing.T) {
 	rootA, rootB := t.TempDir(), t.TempDir()
-	if cgroupParent(rootA) != cgroupParent(rootA) || cgroupParent(rootA) == cgroupParent(rootB) {
+	if again := filepath.Join(rootA); cgroupParent(again) != cgroupParent(rootA) || cgroupParent(rootA) == cgroupParent(rootB) {
 		t.Fatalf("parents %q and %q of two roots", cgroupParent(rootA), cgroupParent(rootB))
 	}
 	a, _ := probeCgroups(cgroupParent(rootA))

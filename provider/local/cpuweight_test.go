@@ -193,7 +193,14 @@ func TestASandboxCannotRaiseItsCPUWeightOrLimit(t *testing.T) {
 // in one; a fresh one, one holding a process and a directory not named as
 // the provider names its cgroups stay, on a real cgroup of the test's own.
 func TestStaleSandboxCgroupsAreSwept(t *testing.T) {
-	host, dir := cpuTestParent(t, "sweep-test")
+	host, own := cpuTestParent(t, "sweep-test")
+	// The sweep also looks beside the parent for other roots' parents: the
+	// parent is one level down, so that it finds only this test's.
+	dir := filepath.Join(own, cgroupParentPrefix+"-sweep-test")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(dir) })
 	// Whole seconds: exactly the age is what the kernel keeps whatever its
 	// timestamps' granularity.
 	now := time.Now().Truncate(time.Second)
@@ -248,11 +255,12 @@ func TestStaleSandboxCgroupsAreSwept(t *testing.T) {
 }
 
 // cpuTestParent makes a cpu cgroup of the test's own (name and the pid)
-// under the server's sandbox parent, removed at the end, and returns the
-// host's cgroups with it; it skips the test where the host lets the server
-// make none. It first removes those that test binaries killed before their
-// cleanup left (reapTestParents): the provider's own sweep removes only
-// the names it gives.
+// under the server's own cgroup, beside the providers' parents, removed at
+// the end, and returns the host's cgroups with it; it skips the test where
+// the host lets the server make none. It first removes those that test
+// binaries killed before their cleanup left (reapTestParents): the
+// providers' sweep removes only the names they give (a test's staged stale
+// cgroups must not be theirs to sweep).
 func cpuTestParent(t *testing.T, name string) (*cgroups, string) {
 	t.Helper()
 	host := testCgroups(t)
@@ -260,10 +268,11 @@ func cpuTestParent(t *testing.T, name string) (*cgroups, string) {
 	if !ok {
 		t.Skip("SKIP: the host lets the server make no cpu cgroup here")
 	}
-	if reaped := reapTestParents(parent); len(reaped) > 0 {
+	own := filepath.Dir(parent)
+	if reaped := reapTestParents(own); len(reaped) > 0 {
 		t.Logf("removed the cgroups of gone test binaries: %v", reaped)
 	}
-	dir := filepath.Join(parent, name+testParentInfix+strconv.Itoa(os.Getpid()))
+	dir := filepath.Join(own, name+testParentInfix+strconv.Itoa(os.Getpid()))
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -297,12 +306,16 @@ func reapTestParents(parent string) []string {
 			continue
 		}
 		dir := filepath.Join(parent, name)
-		if subs, err := os.ReadDir(dir); err == nil {
-			for _, sub := range subs {
-				if sub.IsDir() {
-					_ = syscall.Rmdir(filepath.Join(dir, sub.Name()))
-				}
+		// Children before their parents, to any depth.
+		var subs []string
+		_ = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() && path != dir {
+				subs = append(subs, path)
 			}
+			return nil
+		})
+		for i := len(subs) - 1; i >= 0; i-- {
+			_ = syscall.Rmdir(subs[i])
 		}
 		if syscall.Rmdir(dir) == nil {
 			reaped = append(reaped, name)
@@ -323,6 +336,7 @@ func TestGoneTestBinariesCgroupsAreReaped(t *testing.T) {
 	dead, live := strconv.Itoa(gone.Process.Pid), strconv.Itoa(os.Getpid())
 	for _, sub := range []string{
 		"weight-test-" + dead, "weight-test-" + dead + "/sb0", "weight-test-" + dead + "/sb-left-by-a-killed-server",
+		"parents-test-" + dead, "parents-test-" + dead + "/" + cgroupParentPrefix, "parents-test-" + dead + "/" + cgroupParentPrefix + "/" + sandboxPrefix + "busy",
 		"sweep-test-" + dead, "sweep-test-" + live, "sweep-test-" + live + "/sb0", sandboxPrefix + "other", "test-" + dead,
 	} {
 		path := filepath.Join(dir, sub)
@@ -332,7 +346,7 @@ func TestGoneTestBinariesCgroupsAreReaped(t *testing.T) {
 		// Cleanups run last first: children before their parents.
 		t.Cleanup(func() { _ = syscall.Rmdir(path) })
 	}
-	if diff := cmp.Diff([]string{"sweep-test-" + dead, "weight-test-" + dead}, reapTestParents(dir)); diff != "" {
+	if diff := cmp.Diff([]string{"parents-test-" + dead, "sweep-test-" + dead, "weight-test-" + dead}, reapTestParents(dir)); diff != "" {
 		t.Errorf("reaped (-want +got):\n%s", diff)
 	}
 	var left []string
