@@ -44,10 +44,10 @@ import (
 
 	"github.com/sandboxowner/owner/app"
 	"github.com/sandboxowner/owner/bench/internal/osbench"
+	"github.com/sandboxowner/owner/internal/osstack"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/opensandbox"
-	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 )
 
 func main() { osbench.Main("bench/realstack", run) }
@@ -65,7 +65,7 @@ func run() error {
 	execs := flag.Int("execs", 200, "execs of `true` each way")
 	out := flag.String("out", "bench/realstack.md", "where the results go")
 	flag.Parse()
-	st, err := opensandboxtest.StackUp()
+	st, err := osstack.Up()
 	if err != nil {
 		return err
 	}
@@ -138,7 +138,7 @@ func (f *forkTimer) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // cell seeds n sessions, commits them, abandons the owner (a crash), and
 // restores them in a fresh owner; then deletes everything.
-func cell(st opensandboxtest.Stack, n, par int) ([]row, error) {
+func cell(st osstack.Stack, n, par int) ([]row, error) {
 	ctx := context.Background()
 	lg := osbench.Quiet()
 	name := fmt.Sprintf("bench%d%d", n, time.Now().UnixNano()%1e6)
@@ -209,7 +209,7 @@ func makespan(jobs []time.Duration, k int) time.Duration {
 
 // captureTimes reads the server's own capture time of each of the run's
 // snapshots: createdAt to the lastTransitionAt of Ready.
-func captureTimes(ctx context.Context, st opensandboxtest.Stack, prov *opensandbox.Provider) ([]time.Duration, error) {
+func captureTimes(ctx context.Context, st osstack.Stack, prov *opensandbox.Provider) ([]time.Duration, error) {
 	snaps, err := prov.ListSnapshots(ctx)
 	if err != nil {
 		return nil, err
@@ -258,7 +258,7 @@ func cleanup(p *opensandbox.Provider) {
 // execs2 runs `true` k times through a notes server's sandbox API (on the
 // stack) and k times straight at the sandbox's execd, and returns each
 // way's latencies.
-func execs2(st opensandboxtest.Stack, k int) (api, direct []time.Duration, err error) {
+func execs2(st osstack.Stack, k int) (api, direct []time.Duration, err error) {
 	ctx := context.Background()
 	cfg := app.Defaults()
 	cfg.Name = fmt.Sprintf("benchexec%d", time.Now().UnixNano()%1e6)

@@ -27,6 +27,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/osstack"
 	"github.com/sandboxowner/owner/internal/testparallel"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/opensandbox"
@@ -44,7 +45,7 @@ func TestMain(m *testing.M) {
 }
 
 // realStack is brought up once per test binary, when a test first asks.
-var realStack = sync.OnceValues(opensandboxtest.StackUp)
+var realStack = sync.OnceValues(osstack.Up)
 
 // hangGuard bounds each wait of these tests for a server's state, answer or
 // file: a guard against a hang, never a pace. On the real stack a minute
@@ -79,7 +80,7 @@ func eachServer(t *testing.T, f func(t *testing.T, s *server)) {
 	})
 	t.Run("real", func(t *testing.T) {
 		st, err := realStack()
-		st = opensandboxtest.Require(t, st, err)
+		st = osstack.Require(t, st, err)
 		s := &server{name: "real", url: st.URL, domain: st.Domain, key: st.APIKey, image: st.Image, run: newRun()}
 		t.Cleanup(func() { s.cleanup(t) })
 		f(t, s)

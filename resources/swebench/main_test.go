@@ -24,10 +24,10 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sandboxowner/owner/app"
+	"github.com/sandboxowner/owner/internal/osstack"
 	"github.com/sandboxowner/owner/internal/testparallel"
 	"github.com/sandboxowner/owner/provider/local"
 	"github.com/sandboxowner/owner/provider/local/localtest"
-	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 	"github.com/sandboxowner/owner/resources/swebench"
 )
 
@@ -86,7 +86,7 @@ func TestMain(m *testing.M) {
 	// live under a locked temporary root. The kept templates, layers and
 	// module proxy answers above lie outside it: they outlive runs; so does
 	// the real stack's directory, pinned before TMPDIR moves.
-	code := localtest.Run(m, opensandboxtest.PinStackDir)
+	code := localtest.Run(m, osstack.PinDir)
 	if keep {
 		held.release(code == 0)
 	} else {
@@ -101,7 +101,7 @@ func TestMain(m *testing.M) {
 // not (they are shared with other runs).
 func TestTempDirsAreUnderALockedRoot(t *testing.T) {
 	localtest.RequireRoot(t)
-	for _, dir := range []string{swebench.SharedTemplateDir(), swebench.SharedStdCacheDir(), opensandboxtest.StackDir()} {
+	for _, dir := range []string{swebench.SharedTemplateDir(), swebench.SharedStdCacheDir(), osstack.Dir()} {
 		if strings.HasPrefix(dir, os.TempDir()+string(filepath.Separator)) {
 			t.Errorf("%s, shared with other runs, is under this run's %s", dir, os.TempDir())
 		}

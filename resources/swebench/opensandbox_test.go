@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxowner/owner/internal/osstack"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider/opensandbox"
-	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 	"github.com/sandboxowner/owner/resources/swebench/grading"
 )
 
@@ -51,7 +51,7 @@ var goImageEnv = map[string]string{
 // goImage is the image of ri on the stack, built unless an image of the
 // same inputs is there already, and the commit its repository is at (the
 // row's base_commit on it: the module proxy's source made one commit).
-func goImage(t *testing.T, st opensandboxtest.Stack, proxy string, ri realInstance) (tag, base string) {
+func goImage(t *testing.T, st osstack.Stack, proxy string, ri realInstance) (tag, base string) {
 	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -125,19 +125,19 @@ func dockerOut(t *testing.T, args ...string) string {
 
 // stackUp is the real stack, once per test binary; each test that uses it
 // releases it when done (the binary's other tests run for minutes more).
-var stackUp = sync.OnceValues(opensandboxtest.StackUp)
+var stackUp = sync.OnceValues(osstack.Up)
 
 // onOpenSandbox is a swebench server on the real OpenSandbox stack with
 // checkpointing, and the agent-facing sandbox API: a world whose provider
 // is the opensandbox one.
 type onOpenSandbox struct {
 	*world
-	st    opensandboxtest.Stack
+	st    osstack.Stack
 	name  string
 	osbox *opensandbox.Provider
 }
 
-func newOnOpenSandbox(t *testing.T, st opensandboxtest.Stack, cfg Config) *onOpenSandbox {
+func newOnOpenSandbox(t *testing.T, st osstack.Stack, cfg Config) *onOpenSandbox {
 	t.Helper()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -215,7 +215,7 @@ func TestARealGinInstanceOnOpenSandbox(t *testing.T) {
 	ri := ginInstance
 	proxy := realProxy(t, ri)
 	st, err := stackUp()
-	st = opensandboxtest.Require(t, st, err)
+	st = osstack.Require(t, st, err)
 	t.Cleanup(st.Release)
 	if _, err := exec.LookPath("docker"); err != nil {
 		t.Skip("SKIP: no docker client on the PATH: the image of the instance is built with it")

@@ -36,13 +36,13 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/internal/osstack"
 	"github.com/sandboxowner/owner/internal/servertest"
 	"github.com/sandboxowner/owner/internal/testparallel"
 	"github.com/sandboxowner/owner/owner"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
 	"github.com/sandboxowner/owner/provider/local/localtest"
-	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 	"github.com/sandboxowner/owner/snapshotindex"
 	"github.com/sandboxowner/owner/sweep"
 )
@@ -496,7 +496,7 @@ func TestMain(m *testing.M) {
 	// The servers' sandboxes live under a locked temporary root; the real
 	// stack stays the shared one: its directory is pinned before TMPDIR
 	// moves.
-	os.Exit(localtest.Run(m, opensandboxtest.PinStackDir))
+	os.Exit(localtest.Run(m, osstack.PinDir))
 }
 
 // TestTempDirsAreUnderALockedRoot: the servers' state and sandboxes (every
@@ -505,7 +505,7 @@ func TestTempDirsAreUnderALockedRoot(t *testing.T) {
 	localtest.RequireRoot(t)
 	// The real stack is not: its pid files and the locks that keep fault
 	// tests apart are shared with every other test binary.
-	if dir := opensandboxtest.StackDir(); strings.HasPrefix(dir, os.TempDir()+string(filepath.Separator)) {
+	if dir := osstack.Dir(); strings.HasPrefix(dir, os.TempDir()+string(filepath.Separator)) {
 		t.Errorf("the real stack's directory %s is under this run's %s", dir, os.TempDir())
 	}
 }

@@ -14,20 +14,20 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/internal/osstack"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/opensandbox"
-	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 )
 
 // realStack is the real OpenSandbox (../shared/opensandbox/stack.sh),
 // brought up once per test binary, when a test first asks.
-var realStack = sync.OnceValues(opensandboxtest.StackUp)
+var realStack = sync.OnceValues(osstack.Up)
 
 // onRealStack is a run of the server on the real stack under a name of its
 // own: its sandboxes carry ng.owner = name, so what it left is found by
 // that label.
 type onRealStack struct {
-	st   opensandboxtest.Stack
+	st   osstack.Stack
 	name string
 	// probed: the run's servers need not probe whether the stack takes
 	// snapshots (the binary or an earlier server of the run found out).
@@ -42,9 +42,9 @@ func newOnRealStack(t *testing.T, fault bool) *onRealStack {
 	t.Helper()
 	st, err := realStack()
 	if fault {
-		st = opensandboxtest.RequireFault(t, st, err)
+		st = osstack.RequireFault(t, st, err)
 	} else {
-		st = opensandboxtest.Require(t, st, err)
+		st = osstack.Require(t, st, err)
 	}
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -62,10 +62,10 @@ func newOnRealStack(t *testing.T, fault bool) *onRealStack {
 // stackSnapshots probes, once per test binary, that the real stack takes
 // snapshots, as a server does at startup (a sandbox started, snapshotted
 // and deleted: seconds each time).
-var stackSnapshots = func() func(opensandboxtest.Stack) error {
+var stackSnapshots = func() func(osstack.Stack) error {
 	var once sync.Once
 	var err error
-	return func(st opensandboxtest.Stack) error {
+	return func(st osstack.Stack) error {
 		once.Do(func() {
 			lg := logrus.New()
 			lg.SetOutput(io.Discard)
@@ -403,7 +403,7 @@ func realStackDockerdRestartMidEpisode(t *testing.T) {
 	// may have one until it is up again.
 	shared := rs.st.Exclusive(t)
 	if err := rs.st.StopDockerd(); err != nil {
-		if errors.Is(err, opensandboxtest.ErrNoStack) {
+		if errors.Is(err, osstack.ErrNoStack) {
 			t.Skipf("skipped: %v", err)
 		}
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package opensandboxtest
+package osstack
 
 import (
 	"errors"

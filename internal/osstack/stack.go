@@ -1,4 +1,4 @@
-package opensandboxtest
+package osstack
 
 import (
 	"bufio"
@@ -56,9 +56,9 @@ func (h *faultHold) release() {
 // absent (a user's clone). A test skips on it.
 var ErrNoStack = errors.New("the real OpenSandbox stack is absent")
 
-// StackScript finds ../shared/opensandbox/stack.sh beside the module root
+// Script finds ../shared/opensandbox/stack.sh beside the module root
 // (found from the working directory up), or returns ErrNoStack.
-func StackScript() (string, error) {
+func Script() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
@@ -80,40 +80,40 @@ func StackScript() (string, error) {
 	return script, nil
 }
 
-// StackDir is the stack's directory, as stack.sh finds it: $OSSTACK_DIR,
+// Dir is the stack's directory, as stack.sh finds it: $OSSTACK_DIR,
 // or opensandbox-stack under the temporary directory. Its pid files and the
 // locks that keep fault tests apart live there, so every test binary must
 // find the same one.
-func StackDir() string {
+func Dir() string {
 	if dir := os.Getenv("OSSTACK_DIR"); dir != "" {
 		return dir
 	}
 	return filepath.Join(os.TempDir(), "opensandbox-stack")
 }
 
-// PinStackDir sets OSSTACK_DIR to StackDir unless it is set: a TestMain
+// PinDir sets OSSTACK_DIR to Dir unless it is set: a TestMain
 // calls it before it points TMPDIR elsewhere (localtest.TempRoot), so that
 // the tests and the servers they start still find the shared stack, not a
 // second one of their own under the new temporary directory.
-func PinStackDir() error {
+func PinDir() error {
 	if os.Getenv("OSSTACK_DIR") != "" {
 		return nil
 	}
-	return os.Setenv("OSSTACK_DIR", StackDir())
+	return os.Setenv("OSSTACK_DIR", Dir())
 }
 
-// StackUp brings the real stack up through stack.sh up (a few seconds when
+// Up brings the real stack up through stack.sh up (a few seconds when
 // it is up already; minutes cold, most of it building execd) and returns
 // where it answers. It holds the stack shared (Shared) only while stack.sh
 // runs, so that it never starts a part a fault test stopped on purpose.
-// Call it once per test binary; each test then takes its own hold through
-// Require.
-func StackUp() (Stack, error) {
-	script, err := StackScript()
+// Call it once per test binary (Stack.Up runs the script again); each test
+// then takes its own hold through Require.
+func Up() (Stack, error) {
+	script, err := Script()
 	if err != nil {
 		return Stack{}, err
 	}
-	dir := StackDir()
+	dir := Dir()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Stack{}, err
 	}
@@ -271,7 +271,7 @@ func RequireFault(tb testing.TB, st Stack, err error) Stack {
 	return Require(tb, st, err)
 }
 
-// Require returns the stack StackUp brought up, held shared until the
+// Require returns the stack Up brought up, held shared until the
 // test ends (see hold), or ends the test: a skip in one line where the
 // stack is absent, or could not come up outside CI; in CI (CI=true) a
 // stack that does not come up fails the test.
