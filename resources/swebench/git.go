@@ -516,7 +516,8 @@ END {
 // and all. The script's own go commands run through evalPrelude's go: no
 // build reads what a test of the eval wrote in the build cache (a compiled
 // package planted there), and no package of a go test is compiled after a
-// test of it ran. With goExec (a toolchain that marks
+// test of it ran; on the local provider, what a test left running is killed
+// before each go command and each test binary. With goExec (a toolchain that marks
 // its framing), every test binary runs with -test.v=test2json (a go command
 // the script does not run itself, through goExecWrapper as GOFLAGS -exec),
 // so that it marks it. An error means the provider failed.
@@ -539,13 +540,21 @@ func RunEval(ctx context.Context, p provider.Provider, h provider.Handle, script
 	if goExec {
 		mark = "1"
 	}
+	// The local provider's init started the eval's command ($PPID there) and
+	// adopts what its processes orphan: the prelude kills those between go
+	// commands and test binaries. Elsewhere the parent may be a daemon with
+	// children of its own (OpenSandbox's execd), so nothing is killed.
+	reapFrom := ""
+	if p.Capabilities().HostTools {
+		reapFrom = "NG_INIT=$PPID "
+	}
 	// mawk reads a pipe a block at a time unless interactive: what a
 	// script printed before its timeout killed it would be lost.
 	cmd.WriteString(`NG_AWK=awk; awk -W version 2>/dev/null | grep -q mawk && NG_AWK="awk -W interactive"` + "\n")
 	// bash reads the prelude and the whole eval script before running any
 	// of it (evalPrelude); sh, where there is no bash, reads the script as
 	// it goes, and its go is the go command's.
-	cmd.WriteString(`{ if command -v bash >/dev/null 2>&1; then NG_DIR="$PWD/` + scratchDir + `" NG_MARK=` + mark +
+	cmd.WriteString(`{ if command -v bash >/dev/null 2>&1; then ` + reapFrom + `NG_AWK="$NG_AWK" NG_DIR="$PWD/` + scratchDir + `" NG_MARK=` + mark +
 		` bash -c '. "$1" && ng_script=$(cat "$2") && eval "$ng_script"' ng-eval ` + scratchDir + `/prelude.sh ` + scratchDir + `/eval.sh; ` +
 		`else sh ` + scratchDir + `/eval.sh; fi; } 2>&1 </dev/null | ` + evalFilter + "\n")
 	res, err := run(ctx, p, h, cmd.String(), nil, timeout)

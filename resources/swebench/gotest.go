@@ -47,13 +47,25 @@ for a in "$@"; do printf "%s\0" "$a"; done > "$d/args" || exit 3
 //     the SHA-256 it had when built: no package of the command is compiled
 //     after a test of it ran, and no test binary runs that another replaced.
 //     (A command with -c, -exec or -json goes to the go command as it is.)
+//   - Before each go command and each test binary's check, ng_reap kills
+//     every process a test left running (one outlives its binary): none
+//     writes the build cache while a later command builds, nor swaps a
+//     test binary between its check and its start.
+//   - Each test binary's output passes through ng_relay, between lines that
+//     say where it ran and how it exited (its status and the relay's): the
+//     grader trusts a binary's results only when it ended as the testing
+//     package ends one (grading.BinaryRun.Abnormal).
 //
 // NG_DIR is the grader's scratch directory (absolute), NG_MARK non-empty
-// when test binaries run with -test.v=test2json.
+// when test binaries run with -test.v=test2json, NG_AWK the awk command that
+// reads a pipe a line at a time, NG_INIT the pid of the process that started
+// the eval's command (the sandbox's init, which adopts orphans).
 const evalPrelude = `ng_dir=$NG_DIR
 ng_mark=
 [ -z "${NG_MARK-}" ] || ng_mark=-test.v=test2json
-unset NG_DIR NG_MARK
+ng_awk=${NG_AWK:-awk}
+ng_init=${NG_INIT-}
+unset NG_DIR NG_MARK NG_AWK NG_INIT
 ng_t0=$(date +%s)
 ng_collect_src='` + goCollect + `'
 ng_real_go=$(command -v go 2>/dev/null) || ng_real_go=
@@ -64,6 +76,53 @@ ng_purge() {
 	local c=${GOCACHE:-$ng_cache}
 	[ -n "$c" ] && [ -d "$c" ] || return 0
 	find "$c" -mindepth 1 ! -type d -newerct "@$ng_t0" -delete 2>/dev/null || :
+}
+
+# ng_reap kills what tests of the eval left running. A process whose parent
+# dies is adopted by the sandbox's init, which started the eval's command
+# ($ng_init, that command's parent): every process it adopted that is no
+# ancestor of this shell (and not a zombie) is killed, scan after scan,
+# until one finds none and no process vanished under it. It fails when 100
+# scans did not get there (a process forking away faster than it is
+# killed). Without an init to go by (another provider) it does nothing.
+ng_reap() {
+	[ -n "$ng_init" ] && [ -r "/proc/$ng_init/stat" ] || return 0
+	local p line rest clean n
+	local -A anc=()
+	p=$BASHPID
+	while [ -n "$p" ] && [ "$p" -gt 1 ] && [ -z "${anc[$p]-}" ]; do
+		anc[$p]=1
+		read -r line 2>/dev/null < "/proc/$p/stat" || break
+		rest=${line##*) }
+		p=${rest#* }
+		p=${p%% *}
+	done
+	for ((n = 0; n < 100; n++)); do
+		clean=1
+		for p in /proc/[0-9]*; do
+			p=${p#/proc/}
+			[ -z "${anc[$p]-}" ] || continue
+			if ! read -r line 2>/dev/null < "/proc/$p/stat"; then
+				clean=0
+				continue
+			fi
+			rest=${line##*) }
+			case $rest in Z\ * | X\ *) continue ;; esac
+			rest=${rest#* }
+			[ "${rest%% *}" = "$ng_init" ] || continue
+			kill -KILL "$p" 2>/dev/null
+			clean=0
+		done
+		[ $clean = 0 ] || return 0
+	done
+	return 1
+}
+
+# ng_relay passes a test binary's output on, with a space before any line
+# that starts with two ^V: the lines ng_test prints around each binary's run
+# (grading.BinaryRunLine, BinaryExitLine) cannot come from the binary.
+ng_relay() {
+	$ng_awk '{ if (substr($0, 1, 2) == "\026\026") $0 = " " $0; print; fflush() }'
 }
 
 ng_sum() {
@@ -88,7 +147,7 @@ ng_collectable() {
 
 ng_test() {
 	local d t i n=0 off=0 rc=0 brc
-	local -a bins=() dirs=() sums=() nargs=() args=() a
+	local -a bins=() dirs=() sums=() nargs=() args=() a st
 	d=$(mktemp -d "$ng_dir/tests.XXXXXX") || { "$ng_real_go" test "$@"; return; }
 	printf '%s' "$ng_collect_src" > "$ng_dir/collect" && chmod 0755 "$ng_dir/collect" || { rm -rf "$d"; return 3; }
 	{ NG_COLLECT_DIR=$d "$ng_real_go" test -exec="$ng_dir/collect" "$@" 2>&1; echo $? > "$d/rc"; } | awk 'index($0, "ok  \t") != 1 { print; fflush() }'
@@ -104,15 +163,23 @@ ng_test() {
 		n=$((n + 1))
 	done
 	for ((i = 0; i < n; i++)); do
-		if [ "$(ng_sum "${bins[i]}")" != "${sums[i]}" ]; then
+		if ! ng_reap; then
+			printf 'FAIL\t%s\t[what an earlier test left running could not be ended: not run]\n' "${dirs[i]}"
+			rc=1
+		elif [ "$(ng_sum "${bins[i]}")" != "${sums[i]}" ]; then
 			printf 'FAIL\t%s\t[the test binary changed after it was built: not run]\n' "${dirs[i]}"
 			rc=1
-		elif (cd "${dirs[i]}" && PWD=${dirs[i]} exec "${bins[i]}" "${args[@]:off:${nargs[i]}}" ${ng_mark:+"$ng_mark"}) < /dev/null 2>&1; then
-			printf 'ok  \t%s\n' "${dirs[i]}"
 		else
-			t=$?
-			printf 'FAIL\t%s\t[exit status %d]\n' "${dirs[i]}" "$t"
-			rc=1
+			printf '\026\026ng-run\t%s\n' "${dirs[i]}"
+			(cd "${dirs[i]}" && PWD=${dirs[i]} exec "${bins[i]}" "${args[@]:off:${nargs[i]}}" ${ng_mark:+"$ng_mark"}) < /dev/null 2>&1 | ng_relay
+			st=("${PIPESTATUS[@]}")
+			printf '\026\026ng-exit\t%s\t%s\n' "${st[0]}" "${st[1]-}"
+			if [ "${st[0]}" = 0 ]; then
+				printf 'ok  \t%s\n' "${dirs[i]}"
+			else
+				printf 'FAIL\t%s\t[exit status %d]\n' "${dirs[i]}" "${st[0]}"
+				rc=1
+			fi
 		fi
 		off=$((off + nargs[i]))
 	done
@@ -126,6 +193,9 @@ go() {
 	local ng_rc=0
 	if [ -z "$ng_real_go" ]; then
 		command go "$@" || ng_rc=$?
+	elif ! ng_reap; then
+		echo "go: what an earlier test left running could not be ended: not run" >&2
+		ng_rc=1
 	else
 		ng_purge
 		if [ "${1-}" = test ] && ng_collectable "${@:2}"; then

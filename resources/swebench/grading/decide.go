@@ -27,6 +27,10 @@ type Outcome struct {
 	// Forged are listed tests whose only claims were output, not results
 	// of the test binary.
 	Forged []string
+	// Abnormal are the runs of test binaries that reported a listed test
+	// and did not end through the testing package's own end: what each
+	// printed may be its code's, not the testing package's.
+	Abnormal []string
 }
 
 // ReadOutcome reads the results of the listed tests (failToPass,
@@ -40,7 +44,7 @@ func ReadOutcome(logParser string, failToPass, passToPass []string, framing, log
 	}
 	read := func(text string) Outcome {
 		f := ParseGoTestFraming(text, framing == FramingMarked)
-		return Outcome{Statuses: f.Statuses, Forged: f.Forged(failToPass, passToPass)}
+		return Outcome{Statuses: f.Statuses, Forged: f.Forged(failToPass, passToPass), Abnormal: f.abnormal(failToPass, passToPass)}
 	}
 	if section, ok := TestSection(log); ok {
 		if o := read(section); AnyListed(failToPass, passToPass, o.Statuses) {
@@ -62,7 +66,8 @@ type Verdict struct {
 // Decide applies SWE-bench's rule to the outcome, and the grader's: a patch
 // whose added files end the test binary from an init or TestMain (exits),
 // or whose tests' output claimed listed results the binary did not report,
-// is tampering, never resolved.
+// or whose test binary reported listed results and did not end through the
+// testing package's own end, is tampering, never resolved.
 func Decide(failToPass, passToPass []string, o Outcome, exits []string) Verdict {
 	ts, resolved := Resolve(failToPass, passToPass, o.Statuses)
 	v := Verdict{Tests: ts, Resolved: resolved}
@@ -71,6 +76,10 @@ func Decide(failToPass, passToPass []string, o Outcome, exits []string) Verdict 
 		v.Resolved = false
 		reasons = append(reasons, "the patch adds code that ends the test binary before or instead of its tests: "+strings.Join(FirstN(exits, 5), "; "))
 	}
+	if len(o.Abnormal) > 0 && v.Resolved {
+		v.Resolved = false
+		reasons = append(reasons, "a test binary that reported listed tests did not end through the testing package's own end, so nothing it printed is trusted: "+strings.Join(FirstN(o.Abnormal, 5), "; "))
+	}
 	if len(o.Forged) > 0 && !v.Resolved {
 		reasons = append(reasons, fmt.Sprintf("the tests' output claimed results the test binary did not report (outside its framing, or without a run) for %s", strings.Join(FirstN(o.Forged, 10), ", ")))
 	}
@@ -78,6 +87,31 @@ func Decide(failToPass, passToPass []string, o Outcome, exits []string) Verdict 
 		v.Kind, v.Reason = FailureTampering, strings.Join(reasons, "; ")
 	}
 	return v
+}
+
+// abnormal describes the runs of f that reported a listed test and did not
+// end through the testing package's own end.
+func (f GoTestFraming) abnormal(listed ...[]string) []string {
+	want := map[string]bool{}
+	for _, l := range listed {
+		for _, n := range l {
+			want[n] = true
+		}
+	}
+	var out []string
+	for _, b := range f.Binaries {
+		why := b.Abnormal()
+		if why == "" {
+			continue
+		}
+		for _, n := range b.Tests {
+			if want[n] {
+				out = append(out, fmt.Sprintf("the test binary run in %s: %s", b.Dir, why))
+				break
+			}
+		}
+	}
+	return out
 }
 
 // AnyListed reports whether statuses has a result for any listed test.

@@ -1,6 +1,7 @@
 package grading
 
 import (
+	"fmt"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,9 +18,22 @@ const framingMarker = '\x16'
 // framing (and accepts -test.v=test2json at all).
 const framingMarkedSince = "go1.20"
 
+// The lines the eval prelude's go test prints around each test binary it
+// runs: BinaryRunLine and the binary's directory before it starts,
+// BinaryExitLine, the binary's exit status and its output relay's, after it
+// ended. The relay puts a space before any line of the binary's output
+// that starts with two markers, so a test binary cannot print either line:
+// what lies between them is that binary's output, and the exit line is the
+// shell's word on how it ended.
+const (
+	BinaryRunLine  = "\x16\x16ng-run\t"
+	BinaryExitLine = "\x16\x16ng-exit\t"
+)
+
 // GoTestFraming is what a Go test log shows under the grader's rules: a
 // result counts only when it is framing of the test binary (marked, when
-// the toolchain marks) and the test's "=== RUN" came before it.
+// the toolchain marks) and the test's "=== RUN" came before it, in the same
+// binary's run where the log marks binaries' runs.
 type GoTestFraming struct {
 	Statuses Statuses
 	// Unframed are the tests that a result line outside the toolchain's
@@ -28,6 +42,50 @@ type GoTestFraming struct {
 	// NotRun are the tests a framing result named that no "=== RUN"
 	// before it started.
 	NotRun []string
+	// Binaries are the test binaries' runs the log marks, in order.
+	Binaries []BinaryRun
+}
+
+// BinaryRun is one test binary's run, between its run and exit lines.
+type BinaryRun struct {
+	Dir string
+	// Ended: the exit line came; Exit and Relay are the binary's and its
+	// output relay's exit statuses from it.
+	Ended       bool
+	Exit, Relay string
+	// Last is the binary's last marked framing line (the testing
+	// package's own end prints "PASS" or "FAIL" last).
+	Last string
+	// Tests are the tests whose results counted in this run.
+	Tests []string
+}
+
+// Abnormal says how the run did not end through the testing package's own
+// end ("" when it did): the exit line missing (the shell that ran it or the
+// log's filter was killed), the relay failed, an exit status other than 0
+// or 1 (a panic, a signal), no final PASS or FAIL as the last marked line,
+// or a status that is not the final line's (0 after PASS, 1 after FAIL: a
+// TestMain that fails its binary after its tests passed, a leak check say,
+// fails it here too). Code of the binary can print the marked framing
+// itself: a run that ended otherwise than the testing package ends one
+// proves nothing of what it printed.
+func (b BinaryRun) Abnormal() string {
+	switch {
+	case !b.Ended:
+		return "its run has no end in the log (the shell that ran it, or the log's filter, was stopped)"
+	case b.Relay != "0":
+		return "its output's relay ended with status " + b.Relay
+	case b.Exit != "0" && b.Exit != "1":
+		if n, err := strconv.Atoi(b.Exit); err == nil && n > 128 {
+			return fmt.Sprintf("it was killed by signal %d", n-128)
+		}
+		return "it ended with exit status " + b.Exit + " (2: a panic)"
+	case b.Last != "PASS" && b.Last != "FAIL":
+		return "it ended without the testing package's final PASS or FAIL"
+	case (b.Exit == "0") != (b.Last == "PASS"):
+		return "it ended with exit status " + b.Exit + " after the testing package's " + b.Last
+	}
+	return ""
 }
 
 // ParseGoTestFraming reads the results of a Go test log. marked says that
@@ -38,10 +96,27 @@ func ParseGoTestFraming(log string, marked bool) GoTestFraming {
 	f := GoTestFraming{Statuses: Statuses{}}
 	ran := map[string]bool{}
 	unframed, notRun := map[string]bool{}, map[string]bool{}
+	var cur *BinaryRun
 	for _, line := range strings.Split(log, "\n") {
 		line = strings.TrimRight(line, "\r")
+		if dir, ok := strings.CutPrefix(line, BinaryRunLine); ok {
+			f.Binaries = append(f.Binaries, BinaryRun{Dir: dir})
+			cur, ran = &f.Binaries[len(f.Binaries)-1], map[string]bool{}
+			continue
+		}
+		if st, ok := strings.CutPrefix(line, BinaryExitLine); ok {
+			if cur != nil {
+				cur.Ended = true
+				cur.Exit, cur.Relay, _ = strings.Cut(st, "\t")
+			}
+			cur, ran = nil, map[string]bool{}
+			continue
+		}
 		isMarked := strings.HasPrefix(line, string(framingMarker))
 		line = strings.TrimPrefix(line, string(framingMarker))
+		if isMarked && cur != nil {
+			cur.Last = line
+		}
 		line = strings.TrimLeft(line, " \t")
 		if name, ok := strings.CutPrefix(line, "=== RUN   "); ok {
 			if isMarked || !marked {
@@ -61,6 +136,9 @@ func ParseGoTestFraming(log string, marked bool) GoTestFraming {
 			notRun[name] = true
 		default:
 			f.Statuses.add(name, goStatus(g[1]))
+			if cur != nil {
+				cur.Tests = append(cur.Tests, name)
+			}
 		}
 	}
 	f.Unframed, f.NotRun = sortedSet(unframed), sortedSet(notRun)

@@ -50,6 +50,19 @@ func TestParseGoTestFraming(t *testing.T) {
 			Statuses: Statuses{"TestAbs": StatusPassed},
 			NotRun:   []string{"TestAbs/negative", "TestAdd"},
 		}},
+		// Two test binaries' runs as the eval prelude's go test marks
+		// them: the first printed an exit line of its own (the relay put
+		// a space before it) and was killed by a signal; the second
+		// claims TestAbs, which it never ran (a run of the first does
+		// not count for it).
+		{"binaries.log", true, GoTestFraming{
+			Statuses: Statuses{"TestAbs": StatusPassed, "TestAdd": StatusPassed, "TestSub": StatusPassed},
+			NotRun:   []string{"TestAbs"},
+			Binaries: []BinaryRun{
+				{Dir: "/testbed", Ended: true, Exit: "137", Relay: "0", Last: "PASS", Tests: []string{"TestAbs", "TestAdd"}},
+				{Dir: "/testbed/sub", Ended: true, Exit: "0", Relay: "0", Last: "PASS", Tests: []string{"TestSub"}},
+			},
+		}},
 		{"unmarked.log", false, GoTestFraming{
 			Statuses: Statuses{"TestAbs": StatusFailed, "TestAbs/negative": StatusFailed, "TestAdd": StatusPassed},
 			NotRun:   []string{"TestGhost"},
@@ -59,6 +72,38 @@ func TestParseGoTestFraming(t *testing.T) {
 		got := ParseGoTestFraming(readTestdata(t, "gotest/"+c.file), c.marked)
 		if d := cmp.Diff(c.want, got, cmpopts.EquateEmpty()); d != "" {
 			t.Errorf("%s (marked %v) (-want +got):\n%s", c.file, c.marked, d)
+		}
+	}
+}
+
+// TestAbnormalRuns: a test binary's run is trusted only when it ended as
+// the testing package ends one.
+func TestAbnormalRuns(t *testing.T) {
+	normal := BinaryRun{Ended: true, Exit: "0", Relay: "0", Last: "PASS"}
+	for _, c := range []struct {
+		name string
+		edit func(*BinaryRun)
+		want string
+	}{
+		{"passed", func(*BinaryRun) {}, ""},
+		{"failed", func(b *BinaryRun) { b.Exit, b.Last = "1", "FAIL" }, ""},
+		// A TestMain's check after the tests (a leak check) failed it,
+		// or the binary's own code turned a FAIL into a PASS.
+		{"failed after its tests passed", func(b *BinaryRun) { b.Exit = "1" }, "exit status 1 after the testing package's PASS"},
+		{"no exit line", func(b *BinaryRun) { b.Ended = false }, "has no end in the log"},
+		{"relay killed", func(b *BinaryRun) { b.Relay = "137" }, "relay ended with status 137"},
+		{"relay missing", func(b *BinaryRun) { b.Relay = "" }, "relay ended with status "},
+		{"panic", func(b *BinaryRun) { b.Exit = "2" }, "exit status 2 (2: a panic)"},
+		{"exit 128", func(b *BinaryRun) { b.Exit = "128" }, "exit status 128"},
+		{"killed", func(b *BinaryRun) { b.Exit = "137" }, "killed by signal 9"},
+		{"no final line", func(b *BinaryRun) { b.Last = "--- PASS: TestAbs (0.00s)" }, "without the testing package's final PASS or FAIL"},
+		{"exit 1 without a final line", func(b *BinaryRun) { b.Exit, b.Last = "1", "" }, "without the testing package's final PASS or FAIL"},
+		{"exit 0 after FAIL", func(b *BinaryRun) { b.Last = "FAIL" }, "exit status 0 after the testing package's FAIL"},
+	} {
+		b := normal
+		c.edit(&b)
+		if got := b.Abnormal(); (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("%s: Abnormal() = %q, want %q", c.name, got, c.want)
 		}
 	}
 }
@@ -106,6 +151,15 @@ func TestReadOutcome(t *testing.T) {
 	if d := cmp.Diff(Outcome{Statuses: Statuses{"TestAdd": StatusPassed}, Forged: []string{"TestAbs"}}, got, cmpopts.EquateEmpty()); d != "" {
 		t.Errorf("whole log (-want +got):\n%s", d)
 	}
+	// A binary that reported a listed test and was killed, and one that
+	// reported only an unlisted test and ended without its final line.
+	log = StartTestOutput + "\n" + BinaryRunLine + "/testbed\n\x16=== RUN   TestAbs\n\x16--- PASS: TestAbs (0.00s)\n" + BinaryExitLine + "137\t0\n" +
+		BinaryRunLine + "/testbed/x\n\x16=== RUN   TestX\n\x16--- PASS: TestX (0.00s)\n" + BinaryExitLine + "0\t0\n"
+	got, _ = ReadOutcome("", f2p, p2p, FramingMarked, log)
+	want := Outcome{Statuses: Statuses{"TestAbs": StatusPassed, "TestX": StatusPassed}, Abnormal: []string{"the test binary run in /testbed: it was killed by signal 9"}}
+	if d := cmp.Diff(want, got, cmpopts.EquateEmpty()); d != "" {
+		t.Errorf("abnormal runs (-want +got):\n%s", d)
+	}
 	// Unmarked framing (an old toolchain): a result after its run counts.
 	got, _ = ReadOutcome("", f2p, p2p, FramingUnmarked, "=== RUN   TestAbs\n--- PASS: TestAbs (0.00s)\n")
 	if d := cmp.Diff(Outcome{Statuses: Statuses{"TestAbs": StatusPassed}}, got, cmpopts.EquateEmpty()); d != "" {
@@ -139,6 +193,10 @@ func TestDecide(t *testing.T) {
 		// genuinely passed is no tampering.
 		{"claims beside real passes", Outcome{Statuses: passed, Forged: []string{"TestAbs"}}, nil, true, "", ""},
 		{"exiting init", Outcome{Statuses: passed}, []string{"x.go: init calls os.Exit"}, false, FailureTampering, "ends the test binary before or instead of its tests: x.go: init calls os.Exit"},
+		{"abnormal run", Outcome{Statuses: passed, Abnormal: []string{"the test binary run in /testbed: it was killed by signal 9"}}, nil, false, FailureTampering,
+			"did not end through the testing package's own end, so nothing it printed is trusted: the test binary run in /testbed: it was killed by signal 9"},
+		// A failing grading is no tampering for a binary that crashed.
+		{"abnormal run, failed", Outcome{Statuses: Statuses{"TestAbs": StatusFailed, "TestAdd": StatusPassed}, Abnormal: []string{"x"}}, nil, false, "", ""},
 	}
 	for _, c := range cases {
 		v := Decide(f2p, p2p, c.o, c.exits)
@@ -251,6 +309,12 @@ func TestExitingInits(t *testing.T) {
 		{"x/sys/unix", newFile("a.go", "package a\nimport \"golang.org/x/sys/unix\"\nfunc init() { unix.Exit(0) }\n"), []string{"a.go: init calls golang.org/x/sys/unix.Exit"}},
 		{"another package's Exit", newFile("a.go", "package a\nimport os \"example.com/notos\"\nfunc init() { os.Exit(0) }\n"), nil},
 		{"through a function of the file", newFile("a.go", "package a\nimport \"os\"\nfunc init() { claim() }\nfunc claim() { if true { done(0) } }\nfunc done(c int) { os.Exit(c) }\n"), []string{"a.go: init calls os.Exit (through done) (through claim)"}},
+		// The file's own imports read its calls: the init's file does
+		// not import os.
+		{"through a function of another file of the package", newFile("a.go", "package a\nimport \"fmt\"\nfunc init() { fmt.Println(); leave() }\n") + newFile("b.go", "package a\nimport xos \"os\"\nfunc leave() { xos.Exit(0) }\n"),
+			[]string{"a.go: init calls os.Exit (through leave)"}},
+		{"a function of another package's file", newFile("a.go", "package a\nfunc init() { leave() }\n") + newFile("b/b.go", "package a\nimport \"os\"\nfunc leave() { os.Exit(0) }\n") +
+			newFile("a_test.go", "package a_test\nimport \"os\"\nfunc leave() { os.Exit(0) }\n"), nil},
 		{"a recursive function that does not exit", newFile("a.go", "package a\nfunc init() { f(3) }\nfunc f(n int) { if n > 0 { f(n - 1) } }\n"), nil},
 		{"a package-level variable's initializer", newFile("a.go", "package a\nimport \"os\"\nvar _ = func() int { os.Exit(0); return 0 }()\n"), []string{"a.go: a package-level variable's initializer calls os.Exit"}},
 		{"a package-level variable's initializer through a function", newFile("a.go", "package a\nimport \"log\"\nvar x = setup()\nfunc setup() int { log.Fatal(\"x\"); return 1 }\n"), []string{"a.go: a package-level variable's initializer calls log.Fatal (through setup)"}},

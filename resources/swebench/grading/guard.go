@@ -221,12 +221,24 @@ func patchPaths(patch string) map[string]bool {
 // ExitingInits lists the Go files a patch creates (test files included)
 // whose init or TestMain function, or a package-level variable's
 // initializer, ends the process itself (os.Exit, syscall.Exit, log.Fatal…,
-// runtime.Goexit), directly or through a function of the same file,
-// whatever name the file imports the package by, instead of returning or
-// running the tests and returning their code: one of them ends a test
-// binary before its tests ran, whatever it printed.
+// runtime.Goexit), directly or through a function of any file the patch
+// creates in the same package, whatever name the file imports the package
+// by, instead of returning or running the tests and returning their code:
+// one of them ends a test binary before its tests ran, whatever it printed.
 func ExitingInits(patch string) []string {
-	var out []string
+	type parsed struct {
+		path string
+		file *ast.File
+	}
+	var files []parsed
+	pkgs := map[string]*pkgFuncs{}
+	pkgOf := func(p string, f *ast.File) *pkgFuncs {
+		key := path.Dir(p) + "\x00" + f.Name.Name
+		if pkgs[key] == nil {
+			pkgs[key] = &pkgFuncs{funcs: map[string]fileFunc{}, ends: map[string]string{}}
+		}
+		return pkgs[key]
+	}
 	for _, sec := range SplitSections(patch) {
 		if !sec.IsNew || !strings.HasSuffix(sec.Path, ".go") {
 			continue
@@ -239,22 +251,28 @@ func ExitingInits(patch string) []string {
 		if err != nil {
 			continue // it does not compile, so it ends nothing
 		}
-		if found := exitingInit(f); found != "" {
-			out = append(out, sec.Path+": "+found)
+		files = append(files, parsed{sec.Path, f})
+		pkg, imports := pkgOf(sec.Path, f), importNames(f)
+		for _, d := range f.Decls {
+			if fn, ok := d.(*ast.FuncDecl); ok && fn.Recv == nil && fn.Body != nil {
+				pkg.funcs[fn.Name.Name] = fileFunc{fn, imports}
+			}
+		}
+	}
+	var out []string
+	for _, f := range files {
+		if found := exitingInit(f.file, pkgOf(f.path, f.file)); found != "" {
+			out = append(out, f.path+": "+found)
 		}
 	}
 	return out
 }
 
 // exitingInit describes the first way f's initialization (or TestMain)
-// ends the process ("" for none).
-func exitingInit(f *ast.File) string {
-	x := exitFinder{imports: importNames(f), funcs: map[string]*ast.FuncDecl{}, ends: map[string]string{}}
-	for _, d := range f.Decls {
-		if fn, ok := d.(*ast.FuncDecl); ok && fn.Recv == nil && fn.Body != nil {
-			x.funcs[fn.Name.Name] = fn
-		}
-	}
+// ends the process ("" for none); pkg holds the functions of its package
+// that the patch creates.
+func exitingInit(f *ast.File, pkg *pkgFuncs) string {
+	x := exitFinder{imports: importNames(f), pkg: pkg}
 	for _, d := range f.Decls {
 		switch d := d.(type) {
 		case *ast.FuncDecl:
@@ -280,15 +298,26 @@ func exitingInit(f *ast.File) string {
 	return ""
 }
 
+// pkgFuncs are the functions the patch creates in one package.
+type pkgFuncs struct {
+	funcs map[string]fileFunc
+	// ends memoizes, per function, the call through which it ends the
+	// process ("" for none; being computed counts as none).
+	ends map[string]string
+}
+
+// fileFunc is a function and the imports of its file.
+type fileFunc struct {
+	decl    *ast.FuncDecl
+	imports map[string]string
+}
+
 // exitFinder finds process-ending calls in one file.
 type exitFinder struct {
 	// imports maps the names the file refers to packages by to their
 	// paths ("." for the dot-imported ones: key "." + path).
 	imports map[string]string
-	funcs   map[string]*ast.FuncDecl
-	// ends memoizes, per function of the file, the call through which it
-	// ends the process ("" for none; being computed counts as none).
-	ends map[string]string
+	pkg     *pkgFuncs
 }
 
 // importNames maps the names f refers to its imports by to their paths.
@@ -369,19 +398,19 @@ func (x exitFinder) endsProcess(call *ast.CallExpr, testMain bool) string {
 	return ""
 }
 
-// funcEnds is the call through which the file's function name ends the
+// funcEnds is the call through which the package's function name ends the
 // process when called ("" for none, or no such function).
 func (x exitFinder) funcEnds(name string) string {
-	fn, ok := x.funcs[name]
+	fn, ok := x.pkg.funcs[name]
 	if !ok {
 		return ""
 	}
-	if found, done := x.ends[name]; done {
+	if found, done := x.pkg.ends[name]; done {
 		return found
 	}
-	x.ends[name] = "" // a recursive call ends nothing more
-	found := x.exitCall(fn.Body, false)
-	x.ends[name] = found
+	x.pkg.ends[name] = "" // a recursive call ends nothing more
+	found := exitFinder{imports: fn.imports, pkg: x.pkg}.exitCall(fn.decl.Body, false)
+	x.pkg.ends[name] = found
 	return found
 }
 
