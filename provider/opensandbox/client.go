@@ -160,6 +160,9 @@ type request struct {
 	beforeRetry func(ctx context.Context) (bool, error)
 	// timeout bounds each attempt (default Options.RequestTimeout).
 	timeout time.Duration
+	// sandbox names the sandbox of an execd call ("" for the lifecycle
+	// API), whose client makes it (execdClient).
+	sandbox string
 }
 
 // errAdopted ends a call whose earlier attempt turned out to have worked.
@@ -239,6 +242,10 @@ func (p *Provider) do(ctx context.Context, req request) (*response, error) {
 		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("opensandbox: %s: %w", req.op, ctx.Err())
+		}
+		if errors.Is(err, provider.ErrSandboxNotFound) {
+			// An execd call not made: its sandbox ended.
+			return nil, fmt.Errorf("opensandbox: %s: %w", req.op, err)
 		}
 		if !req.retry || attempt >= p.opts.MaxRetries || (err != nil && wasDown) {
 			if err != nil && lifecycle {
@@ -327,7 +334,7 @@ func (p *Provider) once(ctx context.Context, req request) (*response, error) {
 	for k, v := range req.header {
 		hr.Header.Set(k, v)
 	}
-	res, err := p.http.Do(hr)
+	res, err := p.execdClient(req.sandbox).Do(hr)
 	if err != nil {
 		return nil, err
 	}

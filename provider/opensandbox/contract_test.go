@@ -846,6 +846,42 @@ func TestContractProviderACallLandsInItsSandbox(t *testing.T) {
 	})
 }
 
+// TestContractProviderAnEndedSandboxsPortIsNotItsOwn: sandbox A ended (as
+// every sandbox does when the runtime restarts) and its cached endpoint
+// leads to sandbox B's execd, which takes any call (made without a token:
+// as one whose agent replaced its execd with a server of its own would).
+// A new process's calls for A are refused before they connect, never made
+// in B.
+func TestContractProviderAnEndedSandboxsPortIsNotItsOwn(t *testing.T) {
+	t.Parallel()
+	eachServer(t, func(t *testing.T, s *server) {
+		ctx := context.Background()
+		a := s.create(t, map[string]any{"entrypoint": []string{"true"}})["id"].(string)
+		s.waitState(t, "/v1/sandboxes/"+a, "Terminated")
+		b := s.create(t, nil)["id"].(string)
+		s.waitState(t, "/v1/sandboxes/"+b, "Running")
+		s.execdUp(t, b)
+		p := s.provider(t, nil)
+		baseB, _, err := p.Endpoint(ctx, p2h(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		opensandbox.PointEndpoint(p, a, baseB)
+		if _, err := p.Exec(ctx, p2h(a), provider.ExecRequest{Command: "echo ran > ran.txt", Cwd: "/tmp"}); !errors.Is(err, provider.ErrSandboxNotFound) {
+			t.Errorf("Exec for the ended A = %v, want ErrSandboxNotFound", err)
+		}
+		opensandbox.PointEndpoint(p, a, baseB)
+		if err := p.WriteFile(ctx, p2h(a), "/tmp/note.txt", []byte("for A")); !errors.Is(err, provider.ErrSandboxNotFound) {
+			t.Errorf("WriteFile for the ended A = %v, want ErrSandboxNotFound", err)
+		}
+		for _, name := range []string{"/tmp/ran.txt", "/tmp/note.txt"} {
+			if got, err := p.ReadFile(ctx, p2h(b), name); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("B's %s = %q, %v; want none: nothing meant for A is made in B", name, got, err)
+			}
+		}
+	})
+}
+
 // TestContractProviderExitedSandboxIsLost: a sandbox whose entrypoint
 // exited (as every one does after its runtime restarts) is reported gone,
 // never as a sandbox that merely failed a command.

@@ -14,7 +14,9 @@
 // names none) and the sandbox's execd access token: every create (a fork's
 // too) gives the sandbox a random one of its own in EXECD_ACCESS_TOKEN, which
 // its execd then wants of every call, and a label keeps it for a server
-// started again.
+// started again. A call refused by another execd (401, 403) or that found
+// none resolves the endpoint again; a direct endpoint's connections are each
+// sandbox's own, made only while the sandbox has not ended.
 //
 // Calls that fail with 408, 425, 429, 5xx (not 501) or a connection error
 // are retried with jittered backoff (at least Retry-After). A lifecycle

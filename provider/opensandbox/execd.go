@@ -30,9 +30,10 @@ import (
 // endpoint is where a sandbox's execd answers, the headers the lifecycle
 // server named for it, and the access token this provider gave it.
 type endpoint struct {
-	base   string
-	header map[string]string
-	token  string
+	sandbox string
+	base    string
+	header  map[string]string
+	token   string
 }
 
 // headers are what every call to the endpoint carries: the token, and the
@@ -104,7 +105,7 @@ func (p *Provider) endpoint(ctx context.Context, id string) (endpoint, error) {
 	if doc.Headers == nil {
 		doc.Headers = map[string]string{}
 	}
-	ep = endpoint{base: base, header: doc.Headers}
+	ep = endpoint{sandbox: id, base: base, header: doc.Headers}
 	if ep.token, err = p.tokenOf(ctx, id); err != nil {
 		return endpoint{}, err
 	}
@@ -143,7 +144,41 @@ func (p *Provider) execdRequest(ep endpoint, op, method, route string) request {
 		// of it may want it.
 		h[APIKeyHeader] = p.opts.APIKey
 	}
-	return request{op: op, method: method, url: ep.base + route, header: h}
+	return request{op: op, method: method, url: ep.base + route, header: h, sandbox: ep.sandbox}
+}
+
+// execdClient is the client of sandbox id's execd calls. A direct endpoint
+// is a host port the runtime may have given to another sandbox since it
+// was resolved (a restart ends every container, and the next ones get
+// their ports): that other sandbox's execd refuses this one's token, unless
+// its agent replaced it with a server of its own, which would take any
+// call and answer as it likes. So each sandbox's calls have a transport of
+// their own, whose every new connection is made only once the lifecycle
+// server says the sandbox has not ended: a sandbox that still runs holds
+// its port. Connections are kept alive, so this is one look per
+// connection, not per call; a lifecycle server that does not answer does
+// not hold execd calls up. Through the server proxy (which goes by the
+// sandbox's id) or a client the options gave, calls share p.http.
+func (p *Provider) execdClient(id string) *http.Client {
+	if p.execdBase == nil || id == "" {
+		return p.http
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.transports[id]
+	if !ok {
+		t = p.execdBase.Clone()
+		dial := (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+		t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if _, err := p.getSandbox(ctx, id); errors.Is(err, provider.ErrSandboxNotFound) {
+				// As a connection refused: the call never ran.
+				return nil, &net.OpError{Op: "dial", Net: network, Err: fmt.Errorf("the port of ended sandbox %s is not its own any more: %w", id, err)}
+			}
+			return dial(ctx, network, addr)
+		}
+		p.transports[id] = t
+	}
+	return &http.Client{Transport: t}
 }
 
 // waitExecd polls execd's /ping until it answers 200 or the deadline.
@@ -523,7 +558,7 @@ func (p *Provider) runCommand(ctx context.Context, ep endpoint, body []byte, tim
 	go func() {
 		defer p.background.Done()
 		defer scancel()
-		res, err := p.http.Do(hr)
+		res, err := p.execdClient(ep.sandbox).Do(hr)
 		if err != nil {
 			done <- streamOutcome{err: err}
 			return
@@ -565,8 +600,12 @@ func (p *Provider) runCommand(ctx context.Context, ep endpoint, body []byte, tim
 // refusedUnrun reports an execd call that did not run, because what
 // answered at the endpoint is not the sandbox's execd (401 or 403: another
 // execd's token check, a gateway's refusal) or nothing answered at all (no
-// connection was made): the endpoint may have moved.
+// connection was made): the endpoint may have moved. One not made because
+// its sandbox ended (see execdClient) is not.
 func refusedUnrun(err error) bool {
+	if errors.Is(err, provider.ErrSandboxNotFound) {
+		return false // its sandbox ended: it has moved nowhere
+	}
 	var refused *refusal
 	if errors.As(err, &refused) {
 		return refused.status == http.StatusUnauthorized || refused.status == http.StatusForbidden
@@ -712,7 +751,7 @@ func fileError(resp *response, op, full string) error {
 func (p *Provider) fileCall(ctx context.Context, id string, ep endpoint, mk func(endpoint) request, dir func(context.Context, endpoint) bool) (*response, error) {
 	req := mk(ep)
 	resp, err := p.once(ctx, req)
-	if err != nil && ctx.Err() == nil || err == nil && (resp.status == http.StatusUnauthorized || resp.status == http.StatusForbidden) {
+	if err != nil && ctx.Err() == nil && !errors.Is(err, provider.ErrSandboxNotFound) || err == nil && (resp.status == http.StatusUnauthorized || resp.status == http.StatusForbidden) {
 		if nep, moved := p.reresolve(ctx, id, ep); moved {
 			ep, req = nep, mk(nep)
 			resp, err = p.once(ctx, req)

@@ -28,6 +28,6 @@ func PointEndpoint(p *Provider, id, base string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ep := p.endpoints[id]
-	ep.base = base
+	ep.sandbox, ep.base = id, base
 	p.endpoints[id] = ep
 }

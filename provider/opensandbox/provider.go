@@ -51,6 +51,12 @@ type Provider struct {
 	// tokens are the execd access tokens of sandboxes this process made
 	// or has read the label of.
 	tokens map[string]string
+	// execdBase is the transport each sandbox's execd transport is cloned
+	// from (see execdClient); nil when every call goes through p.http (a
+	// client the options gave, or the server proxy).
+	execdBase *http.Transport
+	// transports are the sandboxes' execd transports.
+	transports map[string]*http.Transport
 	// labels caches the metadata of sandboxes this process made, for
 	// naming their snapshots.
 	labels map[string]map[string]string
@@ -147,27 +153,33 @@ func New(opts Options) (*Provider, error) {
 	if opts.Sleep == nil {
 		opts.Sleep = sleepReal
 	}
+	var execdBase *http.Transport
 	if opts.HTTPClient == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = 64
 		opts.HTTPClient = &http.Client{Transport: tr}
+		if !opts.UseServerProxy {
+			execdBase = tr
+		}
 	}
 	log := logs.Or(opts.Logger)
 	return &Provider{
-		opts:      opts,
-		base:      opts.Protocol + "://" + opts.Domain + "/v1",
-		clk:       opts.Clock,
-		sleep:     opts.Sleep,
-		http:      opts.HTTPClient,
-		log:       log.WithField("provider", Name),
-		rng:       &jitter{rng: rand2.New(rand2.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15))},
-		frameCap:  maxFrame,
-		creates:   make(chan struct{}, opts.MaxConcurrentCreates),
-		snapshots: make(chan struct{}, opts.MaxConcurrentSnapshots),
-		endpoints: map[string]endpoint{},
-		tokens:    map[string]string{},
-		labels:    map[string]map[string]string{},
-		typical:   map[string]time.Duration{},
+		execdBase:  execdBase,
+		transports: map[string]*http.Transport{},
+		opts:       opts,
+		base:       opts.Protocol + "://" + opts.Domain + "/v1",
+		clk:        opts.Clock,
+		sleep:      opts.Sleep,
+		http:       opts.HTTPClient,
+		log:        log.WithField("provider", Name),
+		rng:        &jitter{rng: rand2.New(rand2.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15))},
+		frameCap:   maxFrame,
+		creates:    make(chan struct{}, opts.MaxConcurrentCreates),
+		snapshots:  make(chan struct{}, opts.MaxConcurrentSnapshots),
+		endpoints:  map[string]endpoint{},
+		tokens:     map[string]string{},
+		labels:     map[string]map[string]string{},
+		typical:    map[string]time.Duration{},
 	}, nil
 }
 
@@ -783,6 +795,10 @@ func (p *Provider) forget(id string) {
 	delete(p.endpoints, id)
 	delete(p.tokens, id)
 	delete(p.labels, id)
+	if t, ok := p.transports[id]; ok {
+		t.CloseIdleConnections()
+		delete(p.transports, id)
+	}
 }
 
 func (p *Provider) deleteSandbox(ctx context.Context, id string) error {

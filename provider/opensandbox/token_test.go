@@ -156,7 +156,9 @@ func TestEachSandboxsExecdWantsItsOwnToken(t *testing.T) {
 // A server started again knows the tokens of the sandboxes it adopts: it
 // reads each from its label once.
 func TestAProviderStartedAgainReadsTheTokenFromTheLabel(t *testing.T) {
-	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	// Through the server proxy: a direct endpoint's connections also read
+	// the sandbox (see TestAnEndedSandboxsPortIsNotDialled).
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{UseServerProxy: true})
 	h := e.start(t, provider.Spec{Files: map[string]string{"notes.txt": "hello\n"}})
 	// The process that made it knows the token: it reads no label.
 	made := e.srv.Stats().Requests["GET /sandboxes/{id}"]
@@ -190,21 +192,7 @@ func TestAProviderStartedAgainReadsTheTokenFromTheLabel(t *testing.T) {
 // without one.
 func TestASandboxMadeWithoutATokenIsReachedWithoutOne(t *testing.T) {
 	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
-	body := `{"image":{"uri":"x"},"entrypoint":["tail","-f","/dev/null"],"timeout":600,"resourceLimits":{"cpu":"1","memory":"1Gi"},"metadata":{}}`
-	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/sandboxes", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(opensandbox.APIKeyHeader, key)
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc struct {
-		ID string `json:"id"`
-	}
-	_ = json.NewDecoder(res.Body).Decode(&doc)
-	res.Body.Close()
-	e.clk.Advance(10 * e.popts.PollInterval)
-	h := provider.Handle{SandboxID: doc.ID, Provider: opensandbox.Name}
+	h := rawCreate(t, e)
 	if got := e.exec(t, h, "echo hi"); got.Stdout != "hi\n" {
 		t.Errorf("echo = %+v", got)
 	}
@@ -220,13 +208,8 @@ func TestAMovedEndpointIsResolvedAgain(t *testing.T) {
 		e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
 		a, b := e.start(t, provider.Spec{}), e.start(t, provider.Spec{})
 		e.srv.Reassign(a.SandboxID, b.SandboxID)
-		reads := e.srv.Stats().Requests["GET /sandboxes/{id}"]
 		if got := e.exec(t, a, "echo ran > ran.txt"); got.ExitCode != 0 {
 			t.Fatalf("exec in A = %+v", got)
-		}
-		// The token is known: resolving the endpoint again reads no label.
-		if n := e.srv.Stats().Requests["GET /sandboxes/{id}"] - reads; n != 0 {
-			t.Errorf("the sandbox was read %d times to resolve its endpoint again, want none", n)
 		}
 		if err := e.p.WriteFile(ctx, a, "note.txt", []byte("for A")); err != nil {
 			t.Fatal(err)
@@ -310,4 +293,56 @@ func closedPort(t *testing.T) string {
 	addr := l.Addr().String()
 	l.Close()
 	return "http://" + addr
+}
+
+// A sandbox that ended (as every one does when the runtime restarts) and
+// whose host port another sandbox got: a process with no connection open
+// (a restart ends them all) connects to that port for it only once the
+// lifecycle server says it has not ended, so another sandbox's execd that
+// takes any call (made here without a token: as one its agent replaced
+// would) is never sent one.
+func TestAnEndedSandboxsPortIsNotDialled(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	ctx := context.Background()
+	a := e.start(t, provider.Spec{Files: map[string]string{"note.txt": "A's"}})
+	b := rawCreate(t, e)
+	again, err := opensandbox.New(e.popts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := again.Endpoint(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	e.srv.Terminate(a.SandboxID)
+	e.srv.Reassign(a.SandboxID, b.SandboxID)
+	if _, err := again.Exec(ctx, a, provider.ExecRequest{Command: "echo ran > ran.txt"}); !errors.Is(err, provider.ErrSandboxNotFound) {
+		t.Errorf("Exec for the ended A = %v, want ErrSandboxNotFound", err)
+	}
+	if got, err := again.ReadFile(ctx, a, "note.txt"); !errors.Is(err, provider.ErrSandboxNotFound) {
+		t.Errorf("ReadFile for the ended A = %q, %v; want ErrSandboxNotFound", got, err)
+	}
+	if got, err := e.p.ReadFile(ctx, b, "ran.txt"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("B's ran.txt = %q, %v; want none: nothing meant for A runs in B", got, err)
+	}
+}
+
+// rawCreate makes a sandbox without the provider (so without a token, as a
+// server before tokens did) and waits until it runs.
+func rawCreate(t *testing.T, e *env) provider.Handle {
+	t.Helper()
+	body := `{"image":{"uri":"x"},"entrypoint":["tail","-f","/dev/null"],"timeout":600,"resourceLimits":{"cpu":"1","memory":"1Gi"},"metadata":{}}`
+	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/sandboxes", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(opensandbox.APIKeyHeader, key)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		ID string `json:"id"`
+	}
+	_ = json.NewDecoder(res.Body).Decode(&doc)
+	res.Body.Close()
+	e.clk.Advance(10 * e.popts.PollInterval)
+	return provider.Handle{SandboxID: doc.ID, Provider: opensandbox.Name, Descriptor: json.RawMessage(`{"sandbox_id":"` + doc.ID + `"}`)}
 }
