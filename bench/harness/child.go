@@ -10,6 +10,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+
+	"github.com/sandboxowner/owner/internal/racebuild"
 )
 
 // ChildEnv marks a process the harness started as one of its children. A
@@ -56,7 +58,8 @@ func selfChild(args ...string) *exec.Cmd {
 		exe = os.Args[0]
 	}
 	cmd := exec.Command(exe, args...)
-	cmd.Env = append(os.Environ(), ChildEnv+"=1")
+	// A -race test binary's child would sleep a second as it exits.
+	cmd.Env = racebuild.NoExitSleep(append(os.Environ(), ChildEnv+"=1"))
 	return cmd
 }
 

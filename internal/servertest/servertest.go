@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sandboxowner/owner/app"
+	"github.com/sandboxowner/owner/internal/racebuild"
 )
 
 // StartGuard bounds a test's wait for a server it started to answer: a
@@ -53,12 +54,8 @@ func Command(env []string, args ...string) *exec.Cmd {
 	env = slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
 		return strings.HasPrefix(kv, "SANDBOXOWNER_SERVERTEST_CHILD=")
 	})
-	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "GORACE=") }) {
-		// A -race binary sleeps a second at exit by default (for other
-		// goroutines' reports): a second on every server a test stops.
-		// Without -race GORACE is ignored.
-		env = append(env, "GORACE=atexit_sleep_ms=0")
-	}
-	cmd.Env = append(env, marker)
+	// Without the race runtime's second of sleep on every server a test
+	// stops.
+	cmd.Env = append(racebuild.NoExitSleep(env), marker)
 	return cmd
 }

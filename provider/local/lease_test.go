@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/racebuild"
 	"github.com/sandboxowner/owner/provider"
 )
 
@@ -324,9 +325,9 @@ func TestACrashedServersCommandsDoNotSurviveIt(t *testing.T) {
 func helper(t *testing.T, m mode, root, action, handle, command string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+action, "LOCAL_TEST_ROOT="+root,
+	cmd.Env = racebuild.NoExitSleep(append(os.Environ(), helperEnv+"="+action, "LOCAL_TEST_ROOT="+root,
 		"LOCAL_TEST_ISOLATION="+m.isolation, "LOCAL_TEST_OVERLAY="+m.overlay,
-		"LOCAL_TEST_HANDLE="+handle, "LOCAL_TEST_COMMAND="+command)
+		"LOCAL_TEST_HANDLE="+handle, "LOCAL_TEST_COMMAND="+command))
 	return cmd
 }
 

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxowner/owner/internal/flock"
+	"github.com/sandboxowner/owner/internal/racebuild"
 	"github.com/sandboxowner/owner/provider/local/localtest"
 )
 
@@ -84,7 +85,7 @@ func TestReapClearsWhatADeadTestBinaryLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(self)
-	cmd.Env = append(os.Environ(), childEnv+"=1", "TMPDIR="+base)
+	cmd.Env = racebuild.NoExitSleep(append(os.Environ(), childEnv+"=1", "TMPDIR="+base))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
