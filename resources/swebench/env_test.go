@@ -153,24 +153,6 @@ func TestAFreshTemplateBuildsItsEnvironmentWithTheNetworkAndGradesOffline(t *tes
 		t.Error("the standard-library layer's use was not logged")
 	}
 
-	// The validation stamped the build cache's files ahead: the go command
-	// of a grading never refreshes an entry's mtime (it does when that is
-	// an hour old), which the eval's purge would take for a write and
-	// delete before its next go command.
-	stamped, files := 0, 0
-	if err := filepath.WalkDir(env.cacheDir("gobuild"), func(path string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return err
-		}
-		files++
-		if info, err := d.Info(); err == nil && info.ModTime().Equal(buildCacheStamp()) {
-			stamped++
-		}
-		return nil
-	}); err != nil || files == 0 || stamped != files {
-		t.Errorf("%d of the build cache's %d files stamped ahead (%v)", stamped, files, err)
-	}
-
 	// The agent's sandbox is offline, against the template's module cache.
 	sb := *seed.SandboxHandle
 	if got := w.agentRun(sb, "go env GOPROXY GOFLAGS GOMODCACHE"); got != "off\n-mod=mod\n/caches/gomod\n" {

@@ -6,12 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io/fs"
-	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"time"
 
@@ -289,16 +286,6 @@ func (s *Server) runValidation(ctx context.Context, p provider.Provider, row Row
 		}
 		judge(v, row, o.Statuses, ev.Log)
 	}
-	if env != nil && p.Capabilities().HostTools {
-		for _, name := range slices.Sorted(maps.Keys(s.cfg.Caches)) {
-			if s.cfg.Caches[name] != stdBuildCache || !s.cfg.writable(name) {
-				continue
-			}
-			if err := stampBuildCache(env.cacheDir(name)); err != nil {
-				log.WithError(err).WithField("cache", name).Warn("swebench: the build cache's entries could not be marked used")
-			}
-		}
-	}
 	v.Seconds = time.Since(began).Seconds()
 	v.ValidatedAt = time.Now().UTC()
 	fields := logrus.Fields{"sandbox_id": h.SandboxID, "available": v.Available, "duration_ms": time.Since(began).Milliseconds()}
@@ -311,28 +298,6 @@ func (s *Server) runValidation(ctx context.Context, p provider.Provider, row Row
 		log.WithFields(fields).WithField("reason", v.Reason).Warn("swebench: instance unavailable: validation without a patch failed")
 	}
 	return v, nil
-}
-
-// buildCacheStamp is the modification time stampBuildCache gives a build
-// cache's files: far enough ahead that the go command never refreshes it.
-func buildCacheStamp() time.Time { return time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC) }
-
-// stampBuildCache gives every file of the Go build cache at dir the
-// modification time buildCacheStamp(). The go command refreshes the mtime of an
-// entry it uses when that is an hour old or more; in a grading, whose build
-// cache is a layer over the template's, that is a change since the eval
-// began, which the eval prelude's purge takes for a write by code under test
-// and deletes before the eval's next go command (rebuilt: correct, but slow).
-// An entry stamped ahead is never refreshed, so only what a grading writes is
-// new in its layer. The go command's trim, which drops entries unused for
-// days by their mtime, keeps these.
-func stampBuildCache(dir string) error {
-	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return err
-		}
-		return os.Chtimes(path, buildCacheStamp(), buildCacheStamp())
-	})
 }
 
 // judge applies the validation rule to the statuses of a patchless run.
