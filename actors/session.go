@@ -163,9 +163,19 @@ type Session struct {
 	// restore): an idle reaper ends it once that is long enough ago.
 	LastUse time.Time
 
-	seq     uint64
-	running *request // the request whose effect is outstanding
+	seq uint64
+	// running is the request whose effect is outstanding, when busy.
+	running request
+	busy    bool
 	queue   []request
+	// out holds the effects of the current Step: one buffer the session
+	// keeps, where a slice of each step's own was several allocations on
+	// every message. It starts in outs, and the queue in queued: a seed
+	// and close makes a session whose few steps fit in them, so neither
+	// grows a slice of its own.
+	out    []any
+	outs   [4]any
+	queued [1]request
 	// renewSeq is the outstanding lease renewal, if any; renewals do not
 	// serialise with other operations (they do not touch the sandbox's
 	// contents), but only one runs at a time.
@@ -194,73 +204,94 @@ func NewInstalledSession(id string, sb sandbox.Sandbox) *Session {
 }
 
 // Busy reports whether an operation is outstanding.
-func (s *Session) Busy() bool { return s.running != nil }
+func (s *Session) Busy() bool { return s.busy }
 
 // Step takes one input (a request with its sender, or an effect's
 // completion) and returns the effects to perform, in order. A permit opened
 // goes first, before the replies: a caller who heard its answer finds the
-// sandbox lent for its next Do.
+// sandbox lent for its next Do. The slice returned is the session's own
+// buffer: it holds until the next Step, which reuses it.
 func (s *Session) Step(in any, sender any) []any {
-	out := s.step(in, sender)
-	if n := len(out); n > 0 {
-		if _, ok := out[n-1].(effLend); ok {
-			copy(out[1:], out[:n-1])
-			out[0] = effLend{}
-		}
+	if s.out == nil {
+		s.out, s.queue = s.outs[:0], s.queued[:0]
 	}
-	return out
+	clear(s.out)
+	// Slot 0 is the permit's: next opens it there (see lend).
+	s.out = append(s.out[:0], nil)
+	s.step(in, sender)
+	if s.out[0] == nil {
+		return s.out[1:]
+	}
+	return s.out
 }
 
-func (s *Session) step(in any, sender any) []any {
+// lend emits effLend first among the step's effects, in the slot Step
+// keeps for it.
+func (s *Session) lend() { s.out[0] = effLend{} }
+
+// emit adds an effect to the current Step's.
+func (s *Session) emit(e any) { s.out = append(s.out, e) }
+
+// reply emits an answer to to.
+func (s *Session) reply(to, msg any) { s.emit(effReply{To: to, Msg: msg}) }
+
+func (s *Session) step(in any, sender any) {
 	switch m := in.(type) {
 	case startDone, doDone, snapshotDone, stopDone:
-		return s.complete(m)
+		s.complete(m)
+		return
 	case renewDone:
 		if m.Seq != s.renewSeq {
-			return nil
+			return
 		}
 		s.renewSeq = 0
 		if m.Err == nil && s.Stage == StageReady {
 			s.Sandbox.ExpiresAt = m.Until
 		}
 		if s.Stage == StageReady && errors.Is(m.Err, provider.ErrSandboxNotFound) {
-			return s.lose(m.Err)
+			s.lose(m.Err)
 		}
-		return nil
+		return
 	case *messages.GetSandbox:
 		// Answered at once, even while an operation runs: it reads state.
-		return []any{effReply{To: sender, Msg: s.view()}}
+		s.reply(sender, s.view())
+		return
 	case *messages.SessionForgotten:
 		s.forgotten = true
-		if s.Stage == StageEmpty && s.running == nil {
+		if s.Stage == StageEmpty && !s.busy {
 			s.Stage = StageEnded
 		}
-		return nil
+		return
 	case *messages.RenewLease:
-		return s.renew(m.Now)
+		s.renew(m.Now)
+		return
 	case *messages.Touch:
 		s.touch(m.At)
-		return nil
+		return
 	case recalled:
-		return s.returned(nil)
+		s.returned(nil)
+		return
 	case *messages.DoReturned:
-		return s.returned(m)
+		s.returned(m)
+		return
 	case *messages.StopSandbox:
 		// A conditional (idle) stop is decided now, against what is
 		// running and queued, so that a request that just arrived keeps
 		// the session.
-		if !m.IdleSince.IsZero() && (s.Stage != StageReady || s.running != nil || len(s.queue) > 0 || s.LastUse.After(m.IdleSince)) {
-			return []any{effReply{To: sender, Msg: &messages.StopReply{ReqID: m.ReqID, SessionID: s.ID, NotIdle: true}}}
+		if !m.IdleSince.IsZero() && (s.Stage != StageReady || s.busy || len(s.queue) > 0 || s.LastUse.After(m.IdleSince)) {
+			s.reply(sender, &messages.StopReply{ReqID: m.ReqID, SessionID: s.ID, NotIdle: true})
+			return
 		}
 	case *messages.TakeSnapshot:
 		if s.Stage == StageStarting || s.Stage == StageEmpty || s.Stage == StageEnded || s.Lost {
 			// Nothing to export, and waiting for a setup to finish would
 			// hold the whole commit: answer at once.
-			return []any{effReply{To: sender, Msg: &messages.SnapshotReply{Round: m.Round, SessionID: s.ID, Skipped: true}}}
+			s.reply(sender, &messages.SnapshotReply{Round: m.Round, SessionID: s.ID, Skipped: true})
+			return
 		}
 	}
 	s.queue = append(s.queue, request{msg: in, sender: sender})
-	return s.next()
+	s.next()
 }
 
 func (s *Session) view() *messages.GetSandboxReply {
@@ -275,47 +306,57 @@ func (s *Session) shows() (held, starting, lost bool) {
 
 // next starts queued requests until one needs an effect, recalling the
 // permit first when it is lent; an idle session that holds its sandbox
-// lends it.
-func (s *Session) next() []any {
-	var out []any
-	for s.running == nil && len(s.queue) > 0 {
+// lends it. A recall is the last effect of its step (the shell relies on
+// it: it feeds recalled once the others are done).
+func (s *Session) next() {
+	for !s.busy && len(s.queue) > 0 {
 		if s.lent {
 			if !s.recalling {
 				s.recalling = true
-				out = append(out, effRecall{})
+				s.emit(effRecall{})
 			}
-			return out
+			return
 		}
-		r := s.queue[0]
-		s.queue = s.queue[1:]
-		out = append(out, s.begin(r)...)
+		r := s.pop()
+		s.begin(r)
 	}
-	if s.lends && !s.lent && s.running == nil && s.Stage == StageReady && !s.Lost {
+	if s.lends && !s.lent && !s.busy && s.Stage == StageReady && !s.Lost {
 		s.lent = true
-		out = append(out, effLend{})
+		s.lend()
 	}
-	return out
+}
+
+// pop takes the first queued request. The queue is nearly always one
+// request long: emptied, it keeps its array for the next.
+func (s *Session) pop() request {
+	r := s.queue[0]
+	s.queue[0] = request{}
+	if len(s.queue) == 1 {
+		s.queue = s.queue[:0]
+	} else {
+		s.queue = s.queue[1:]
+	}
+	return r
 }
 
 // returned takes the permit back: free when recalled (ret nil), or from
 // the caller that held it. A caller whose Do found the sandbox gone is
 // answered once the session knows it lost.
-func (s *Session) returned(ret *messages.DoReturned) []any {
-	var out []any
+func (s *Session) returned(ret *messages.DoReturned) {
 	if ret != nil && (ret.Lost || errors.Is(ret.Err, provider.ErrSandboxNotFound)) {
-		out = append(out, s.lose(ret.Err)...)
-		out = append(out, effReply{To: ret.Reply, Msg: &messages.DoReply{Err: sandbox.ErrLost}})
+		s.lose(ret.Err)
+		s.reply(ret.Reply, &messages.DoReply{Err: sandbox.ErrLost})
 	}
 	if !s.lent {
-		return out // not lent: no permit to take back
+		return // not lent: no permit to take back
 	}
 	s.lent, s.recalling = false, false
-	return append(out, s.next()...)
+	s.next()
 }
 
 // begin decides what a request does in the current phase.
-func (s *Session) begin(r request) []any {
-	reply := func(msg any) []any { return []any{effReply{To: r.sender, Msg: msg}} }
+func (s *Session) begin(r request) {
+	reply := func(msg any) { s.reply(r.sender, msg) }
 	switch m := r.msg.(type) {
 	case *messages.StartSandbox:
 		switch s.Stage {
@@ -323,67 +364,70 @@ func (s *Session) begin(r request) []any {
 			if s.Sandbox.Restored {
 				// A replacement attempt re-seeding a restored session
 				// gets the fork; setup does not run again.
-				return reply(&messages.StartReply{ReqID: m.ReqID, Sandbox: s.Sandbox, Existing: true})
+				reply(&messages.StartReply{ReqID: m.ReqID, Sandbox: s.Sandbox, Existing: true})
+				return
 			}
-			return reply(&messages.StartReply{ReqID: m.ReqID, Err: sandbox.ErrExists})
+			reply(&messages.StartReply{ReqID: m.ReqID, Err: sandbox.ErrExists})
 		case StageEmpty:
 			if s.forgotten {
 				s.Stage = StageEnded
-				return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSessionEnded})
+				reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSessionEnded})
+				return
 			}
 			s.Stage = StageStarting
-			return s.run(r, effStart{Seq: s.seq, Ctx: m.Ctx, Spec: m.Spec, Setup: m.Setup, Workdir: m.Workdir, Launch: m.Launch})
+			s.run(r, effStart{Seq: s.seq, Ctx: m.Ctx, Spec: m.Spec, Setup: m.Setup, Workdir: m.Workdir, Launch: m.Launch})
 		case StageEnded:
-			return reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSessionEnded})
+			reply(&messages.StartReply{ReqID: m.ReqID, Err: ErrSessionEnded})
 		default:
-			return reply(&messages.StartReply{ReqID: m.ReqID, Err: sandbox.ErrExists})
+			reply(&messages.StartReply{ReqID: m.ReqID, Err: sandbox.ErrExists})
 		}
 	case *messages.Do:
 		if s.Lost && s.Stage == StageReady {
-			return reply(&messages.DoReply{ReqID: m.ReqID, Err: sandbox.ErrLost})
+			reply(&messages.DoReply{ReqID: m.ReqID, Err: sandbox.ErrLost})
+			return
 		}
 		if s.Stage != StageReady {
-			return reply(&messages.DoReply{ReqID: m.ReqID, Err: sandbox.ErrNone})
+			reply(&messages.DoReply{ReqID: m.ReqID, Err: sandbox.ErrNone})
+			return
 		}
-		return s.run(r, effDo{Seq: s.seq, Ctx: m.Ctx, Fn: m.Fn, Sandbox: s.Sandbox})
+		s.run(r, effDo{Seq: s.seq, Ctx: m.Ctx, Fn: m.Fn, Sandbox: s.Sandbox})
 	case *messages.TakeSnapshot:
 		if s.Stage != StageReady || s.Lost {
-			return reply(&messages.SnapshotReply{Round: m.Round, SessionID: s.ID, Skipped: true})
+			reply(&messages.SnapshotReply{Round: m.Round, SessionID: s.ID, Skipped: true})
+			return
 		}
-		return s.run(r, effSnapshot{Seq: s.seq, Name: m.Name, Round: m.Round, Deadline: m.Deadline, Sandbox: s.Sandbox})
+		s.run(r, effSnapshot{Seq: s.seq, Name: m.Name, Round: m.Round, Deadline: m.Deadline, Sandbox: s.Sandbox})
 	case *messages.StopSandbox:
 		if s.Stage != StageReady {
 			// Nothing held: stopping is idempotent. An ended session is
 			// forgotten before the caller hears of it (see stopDone).
-			var out []any
 			if s.Stage == StageEmpty {
 				s.Stage = StageEnded
-				out = append(out, effEnded{Reason: m.Reason})
+				s.emit(effEnded{Reason: m.Reason})
 			}
-			return append(out, reply(&messages.StopReply{ReqID: m.ReqID, SessionID: s.ID})...)
+			reply(&messages.StopReply{ReqID: m.ReqID, SessionID: s.ID})
+			return
 		}
 		s.Stage = StageStopping
-		return s.run(r, effStop{Seq: s.seq, Handle: s.Sandbox.Handle, Reason: m.Reason})
+		s.run(r, effStop{Seq: s.seq, Handle: s.Sandbox.Handle, Reason: m.Reason})
 	}
-	return nil
 }
 
-func (s *Session) run(r request, eff any) []any {
-	s.running = &r
-	return []any{eff}
+func (s *Session) run(r request, eff any) {
+	s.running, s.busy = r, true
+	s.emit(eff)
 }
 
 // complete applies an effect's outcome, answers the request that caused it
 // and starts the next queued one.
-func (s *Session) complete(done any) []any {
-	if s.running == nil || seqOf(done) != s.seq || !answers(done, s.running.msg) {
-		return nil // stale: not the outstanding operation
+func (s *Session) complete(done any) {
+	if !s.busy || seqOf(done) != s.seq || !answers(done, s.running.msg) {
+		return // stale: not the outstanding operation
 	}
-	r := *s.running
-	s.running = nil
+	r := s.running
+	s.running, s.busy = request{}, false
 	s.seq++
-	var out []any
-	reply := func(msg any) { out = append(out, effReply{To: r.sender, Msg: msg}) }
+	reply := func(msg any) { s.reply(r.sender, msg) }
 	switch d := done.(type) {
 	case startDone:
 		m := r.msg.(*messages.StartSandbox)
@@ -395,19 +439,19 @@ func (s *Session) complete(done any) []any {
 		s.Stage = StageReady
 		s.Sandbox = d.Sandbox
 		s.touch(d.At)
-		out = append(out, effHeld{})
+		s.emit(effHeld{})
 		reply(&messages.StartReply{ReqID: m.ReqID, Sandbox: s.Sandbox})
 	case doDone:
 		err := d.Err
 		if d.Lost || errors.Is(err, provider.ErrSandboxNotFound) {
-			out = append(out, s.lose(err)...)
+			s.lose(err)
 			err = sandbox.ErrLost
 		}
 		reply(&messages.DoReply{ReqID: r.msg.(*messages.Do).ReqID, Err: err})
 	case snapshotDone:
 		m := r.msg.(*messages.TakeSnapshot)
 		if errors.Is(d.Err, provider.ErrSandboxNotFound) {
-			out = append(out, s.lose(d.Err)...)
+			s.lose(d.Err)
 		}
 		reply(&messages.SnapshotReply{Round: m.Round, SessionID: s.ID, SnapshotID: d.SnapshotID, Sandbox: s.Sandbox, At: d.At, Err: d.Err})
 	case stopDone:
@@ -423,27 +467,27 @@ func (s *Session) complete(done any) []any {
 		// Forget first: once the caller hears the stop succeeded, the
 		// supervisor no longer lists the session (so a commit right after
 		// an end does not ask an actor on its way out).
-		out = append(out, effEnded{Stopped: &h, Reason: m.Reason})
+		s.emit(effEnded{Stopped: &h, Reason: m.Reason})
 		reply(&messages.StopReply{ReqID: m.ReqID, SessionID: s.ID, Stopped: &h})
 	}
-	return append(out, s.next()...)
+	s.next()
 }
 
 // renew asks for a lease renewal once a third of the lease has passed, so
 // that two renewals can fail before the lease runs out.
-func (s *Session) renew(now time.Time) []any {
+func (s *Session) renew(now time.Time) {
 	ttl := s.Sandbox.Spec.TTL()
 	if s.Stage != StageReady || s.Lost || ttl <= 0 || s.renewSeq != 0 || s.Sandbox.ExpiresAt.IsZero() {
-		return nil
+		return
 	}
 	if s.Sandbox.ExpiresAt.Sub(now) > ttl*2/3 {
-		return nil
+		return
 	}
 	// Renewals count on their own, so that one never matches an
 	// operation's completion.
 	s.renewCounter++
 	s.renewSeq = s.renewCounter
-	return []any{effRenew{Seq: s.renewSeq, Handle: s.Sandbox.Handle, Until: now.Add(ttl)}}
+	s.emit(effRenew{Seq: s.renewSeq, Handle: s.Sandbox.Handle, Until: now.Add(ttl)})
 }
 
 // answers reports whether a completion is of the kind the request's effect
@@ -490,10 +534,10 @@ func (s *Session) touch(at time.Time) {
 
 // lose marks the session's sandbox lost; effLost is emitted the first time
 // only, so that the owner logs it once.
-func (s *Session) lose(cause error) []any {
+func (s *Session) lose(cause error) {
 	if s.Lost || s.Stage != StageReady {
-		return nil
+		return
 	}
 	s.Lost = true
-	return []any{effLost{Sandbox: s.Sandbox, Cause: cause}}
+	s.emit(effLost{Sandbox: s.Sandbox, Cause: cause})
 }

@@ -101,7 +101,7 @@ func SessionPropsPublishing(env *SessionEnv, view *messages.SessionView, state f
 		a := &sessionActor{env: env, s: s, view: view, late: late}
 		a.publish(true)
 		return a
-	}, actor.WithMailbox(actor.Unbounded(late)))
+	}, actor.WithMailbox(mailboxWith(late)))
 }
 
 // lateRequests answers the requests that reach a session actor's mailbox
@@ -109,17 +109,16 @@ func SessionPropsPublishing(env *SessionEnv, view *messages.SessionView, state f
 // sent once the actor is gone is a dead letter, which the owner answers,
 // but one queued behind the stop is not), so their askers would wait out
 // their whole timeout; they get what a dead letter gets instead.
-// protoactor tells a mailbox's middlewares of every message after the actor
-// was given it, dropped ones included.
+// The actor's mailbox tells it of every user message after the actor was
+// given it, dropped ones included.
 type lateRequests struct {
 	// stopped is set by the actor as it handles actor.Stopped, the last
 	// message it is given.
 	stopped atomic.Bool
 }
 
-func (l *lateRequests) MailboxStarted()   {}
-func (l *lateRequests) MessagePosted(any) {}
-func (l *lateRequests) MailboxEmpty()     {}
+// MessageReceived answers m's reply slot, if m has one and the actor had
+// stopped before it was given m.
 func (l *lateRequests) MessageReceived(m any) {
 	if !l.stopped.Load() {
 		return
@@ -211,11 +210,19 @@ func (a *sessionActor) Receive(ctx actor.Context) {
 }
 
 // step feeds one input to the session, publishes the view it leaves, then
-// performs the effects (the replies among them).
+// performs the effects (the replies among them). A permit recalled free is
+// fed back as the next input once they are performed (a recall is its
+// step's last effect): Step's effects live in the session's buffer, which
+// a step run from within perform would overwrite.
 func (a *sessionActor) step(ctx actor.Context, in, sender any) {
-	effects := a.s.Step(in, sender)
-	a.publish(false)
-	a.perform(ctx, effects)
+	for {
+		effects := a.s.Step(in, sender)
+		a.publish(false)
+		if !a.perform(ctx, effects) {
+			return
+		}
+		in, sender = recalled{}, nil
+	}
 }
 
 // abandon runs when the actor stops. A session stopped for a panic (the
@@ -252,7 +259,9 @@ func (a *sessionActor) stopTimeout() time.Duration {
 	return 2 * time.Minute
 }
 
-func (a *sessionActor) perform(ctx actor.Context, effects []any) {
+// perform performs effects in order; it reports a recall that found the
+// permit free, which the session must hear as recalled.
+func (a *sessionActor) perform(ctx actor.Context, effects []any) (recalledFree bool) {
 	if a.feed == nil {
 		// Made once: a closure made here for each message was an
 		// allocation on every message the session handled.
@@ -284,9 +293,7 @@ func (a *sessionActor) perform(ctx actor.Context, effects []any) {
 		case effLend:
 			a.view.Open()
 		case effRecall:
-			if a.view.Recall() {
-				a.step(ctx, recalled{}, nil)
-			}
+			recalledFree = a.view.Recall()
 		case effHeld:
 			if a.env.OnHeld != nil {
 				a.env.OnHeld(a.s.ID, a.s.Sandbox)
@@ -306,6 +313,10 @@ func (a *sessionActor) perform(ctx actor.Context, effects []any) {
 			}
 		}
 	}
+	// Performed: the buffer keeps no reply, context or function alive
+	// until the session's next message.
+	clear(effects)
+	return recalledFree
 }
 
 // guard turns a panic in a resources server's code into an error, so that a

@@ -272,11 +272,15 @@ func (o *Owner) startActors() {
 	})
 	root := o.system.Root
 	o.dir = supervisor.NewDirectory()
-	o.sup, _ = root.SpawnNamed(supervisor.PropsPublishing(props, o.dir, o.clk).Configure(onPool), names("sessions"))
+	// The supervisor and the coordinator take every seed's and every
+	// round's messages: they run on the sessions' kind of mailbox, which
+	// allocates nothing per message.
+	mailbox := actor.WithMailbox(actors.Mailbox())
+	o.sup, _ = root.SpawnNamed(supervisor.PropsPublishing(props, o.dir, o.clk).Configure(onPool, mailbox), names("sessions"))
 	o.coord, _ = root.SpawnNamed(actors.CoordinatorProps(&actors.CoordinatorEnv{
 		Log:   o.log,
 		Clock: o.clk,
-	}).Configure(onPool), names("coordinator"))
+	}).Configure(onPool, mailbox), names("coordinator"))
 	// The snapshots the coordinator reports as orphans are deleted. The
 	// owner listens for them: the coordinator does not call up into it.
 	o.orphans = o.system.EventStream.Subscribe(func(ev any) {
