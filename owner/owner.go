@@ -60,6 +60,9 @@ type Owner struct {
 	incarnation string
 	// starts numbers the starts and forks labelled LabelStart.
 	starts atomic.Uint64
+	// launchNumbered is startNumbered as a seed's launch, made once: the
+	// method value taken on every seed was an allocation.
+	launchNumbered sandbox.LaunchFunc
 
 	system      *actor.ActorSystem
 	deadLetters *eventstream.Subscription
@@ -162,6 +165,7 @@ func New(ctx context.Context, cfg Config) (*Owner, error) {
 		pools:       newPools(poolConfig(cfg)),
 		closed:      make(chan struct{}),
 	}
+	o.launchNumbered = o.startNumbered
 	if cfg.Provider != nil {
 		o.caps = cfg.Provider.Capabilities()
 	}

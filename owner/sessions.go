@@ -75,7 +75,7 @@ func (o *Owner) startSession(ctx context.Context, sessionID string, spec provide
 	}
 	spec = o.labelled(spec, sessionID, nil)
 	if launch == nil {
-		launch = o.startNumbered
+		launch = o.launchNumbered
 	}
 	o.starting.Add(1)
 	defer o.starting.Add(-1)

@@ -16,6 +16,7 @@ package supervisor
 import (
 	"fmt"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -413,7 +414,10 @@ func (s *supervisor) spawn(ctx actor.Context, m *messages.SpawnSession) *message
 	}
 	s.next++
 	view := &messages.SessionView{}
-	pid, err := ctx.SpawnNamed(s.props(m.SessionID, m.Install, view), fmt.Sprintf("s%d", s.next))
+	// The name written by hand: fmt boxed the number, a second allocation
+	// on every seed.
+	var name [24]byte
+	pid, err := ctx.SpawnNamed(s.props(m.SessionID, m.Install, view), string(strconv.AppendUint(append(name[:0], 's'), s.next, 10)))
 	if err != nil {
 		return &messages.SessionRef{SessionID: m.SessionID, Err: err}
 	}
