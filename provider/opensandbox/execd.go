@@ -170,7 +170,7 @@ func (p *Provider) execdClient(id string) *http.Client {
 		t = p.execdBase.Clone()
 		dial := (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 		t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			if _, err := p.getSandbox(ctx, id); errors.Is(err, provider.ErrSandboxNotFound) {
+			if err := p.ended(ctx, id); err != nil {
 				// As a connection refused: the call never ran.
 				return nil, &net.OpError{Op: "dial", Net: network, Err: fmt.Errorf("the port of ended sandbox %s is not its own any more: %w", id, err)}
 			}
@@ -595,6 +595,20 @@ func (p *Provider) runCommand(ctx context.Context, ep endpoint, body []byte, tim
 		p.interruptCommand(ep, ids, done, scancel)
 	}()
 	return streamOutcome{}, false
+}
+
+// ended asks the lifecycle server, once and without retries, whether
+// sandbox id has ended: an error wrapping provider.ErrSandboxNotFound if so,
+// nil when it has not or there is no answer.
+func (p *Provider) ended(ctx context.Context, id string) error {
+	resp, err := p.once(ctx, request{op: "get sandbox", method: http.MethodGet, url: p.base + "/sandboxes/" + url.PathEscape(id), header: p.apiHeader()})
+	if err != nil {
+		return nil
+	}
+	if _, err := readSandbox(id, resp); errors.Is(err, provider.ErrSandboxNotFound) {
+		return err
+	}
+	return nil
 }
 
 // refusedUnrun reports an execd call that did not run, because what

@@ -577,11 +577,17 @@ func truncate(b []byte) string {
 // getSandbox fetches a sandbox; a 404, or a state it cannot come back from
 // (see lost; doc is then filled in), wraps provider.ErrSandboxNotFound.
 func (p *Provider) getSandbox(ctx context.Context, id string) (sandboxDoc, error) {
-	var doc sandboxDoc
 	resp, err := p.api(ctx, "get sandbox", http.MethodGet, "/sandboxes/"+url.PathEscape(id), nil, true)
+	if err != nil {
+		return sandboxDoc{}, err
+	}
+	return readSandbox(id, resp)
+}
+
+// readSandbox reads the answer to GET /sandboxes/{id} as getSandbox does.
+func readSandbox(id string, resp *response) (sandboxDoc, error) {
+	var doc sandboxDoc
 	switch {
-	case err != nil:
-		return doc, err
 	case resp.status == http.StatusNotFound:
 		return doc, fmt.Errorf("opensandbox: sandbox %s: %w", id, provider.ErrSandboxNotFound)
 	case !resp.ok():

@@ -310,19 +310,48 @@ func TestAnEndedSandboxsPortIsNotDialled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := again.Endpoint(ctx, a); err != nil {
+	baseOfA, _, err := again.Endpoint(ctx, a)
+	if err != nil {
 		t.Fatal(err)
 	}
 	e.srv.Terminate(a.SandboxID)
 	e.srv.Reassign(a.SandboxID, b.SandboxID)
-	if _, err := again.Exec(ctx, a, provider.ExecRequest{Command: "echo ran > ran.txt"}); !errors.Is(err, provider.ErrSandboxNotFound) {
-		t.Errorf("Exec for the ended A = %v, want ErrSandboxNotFound", err)
-	}
+	e.mu.Lock()
+	slept := len(e.sleeps)
+	e.mu.Unlock()
+	defer func() {
+		// Refused at once: a sandbox that ended is not waited for.
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if n := len(e.sleeps) - slept; n != 0 {
+			t.Errorf("the calls for the ended sandbox backed off %d times, want none", n)
+		}
+	}()
+	// A read first: an Exec that finds the sandbox ended forgets it, and
+	// the read would not reach the port at all.
 	if got, err := again.ReadFile(ctx, a, "note.txt"); !errors.Is(err, provider.ErrSandboxNotFound) {
 		t.Errorf("ReadFile for the ended A = %q, %v; want ErrSandboxNotFound", got, err)
 	}
+	opensandbox.PointEndpoint(again, a.SandboxID, baseOfA)
+	if _, err := again.Exec(ctx, a, provider.ExecRequest{Command: "echo ran > ran.txt"}); !errors.Is(err, provider.ErrSandboxNotFound) {
+		t.Errorf("Exec for the ended A = %v, want ErrSandboxNotFound", err)
+	}
 	if got, err := e.p.ReadFile(ctx, b, "ran.txt"); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("B's ran.txt = %q, %v; want none: nothing meant for A runs in B", got, err)
+	}
+	// The look is per connection, and connections are kept: calls on one
+	// look at nothing.
+	if err := e.p.WriteFile(ctx, b, "b.txt", []byte("B")); err != nil {
+		t.Fatal(err)
+	}
+	before := e.srv.Stats().Requests["GET /sandboxes/{id}"]
+	for range 5 {
+		if got, err := e.p.ReadFile(ctx, b, "b.txt"); err != nil || string(got) != "B" {
+			t.Fatalf("ReadFile = %q, %v", got, err)
+		}
+	}
+	if n := e.srv.Stats().Requests["GET /sandboxes/{id}"] - before; n > 1 {
+		t.Errorf("5 reads looked at the sandbox %d times, want at most once (a new connection)", n)
 	}
 }
 
@@ -345,4 +374,34 @@ func rawCreate(t *testing.T, e *env) provider.Handle {
 	res.Body.Close()
 	e.clk.Advance(10 * e.popts.PollInterval)
 	return provider.Handle{SandboxID: doc.ID, Provider: opensandbox.Name, Descriptor: json.RawMessage(`{"sandbox_id":"` + doc.ID + `"}`)}
+}
+
+// The look at the sandbox before a connection is one attempt, and a
+// lifecycle server that does not answer it does not hold execd calls up.
+func TestALifecycleServerThatDoesNotAnswerLetsTheConnectionThrough(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	ctx := context.Background()
+	a := e.start(t, provider.Spec{})
+	for _, f := range []opensandboxtest.Fault{
+		// Twice: Go's transport sends a GET again, once, when a kept-alive
+		// connection drops unanswered.
+		{Method: http.MethodGet, Path: "/v1/sandboxes/" + a.SandboxID, Drop: true, Times: 2},
+		{Method: http.MethodGet, Path: "/v1/sandboxes/" + a.SandboxID, Status: http.StatusServiceUnavailable},
+	} {
+		again, err := opensandbox.New(e.popts) // no connection open yet
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := again.Endpoint(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		before := e.srv.Stats().Requests["GET /sandboxes/{id}"]
+		e.srv.Inject(f)
+		if res, err := again.Exec(ctx, a, provider.ExecRequest{Command: "echo hi"}); err != nil || res.Stdout != "hi\n" {
+			t.Errorf("Exec while the lifecycle server answers %d (drop %v) = %+v, %v", f.Status, f.Drop, res, err)
+		}
+		if n := e.srv.Stats().Requests["GET /sandboxes/{id}"] - before; !f.Drop && n != 1 {
+			t.Errorf("the sandbox was looked at %d times before the connection, want once (no retries)", n)
+		}
+	}
 }
