@@ -555,7 +555,7 @@ func RunEval(ctx context.Context, p provider.Provider, h provider.Handle, script
 	// of it (evalPrelude); sh, where there is no bash, reads the script as
 	// it goes, and its go is the go command's.
 	cmd.WriteString(`{ if command -v bash >/dev/null 2>&1; then ` + reapFrom + `NG_AWK="$NG_AWK" NG_DIR="$PWD/` + scratchDir + `" NG_MARK=` + mark +
-		` bash -c '. "$1" && ng_script=$(cat "$2") && eval "$ng_script"' ng-eval ` + scratchDir + `/prelude.sh ` + scratchDir + `/eval.sh; ` +
+		` bash -c 'NG_PRELUDE=$(cat "$1") && eval "$NG_PRELUDE" && ng_script=$(cat "$2") && eval "$ng_script"' ng-eval ` + scratchDir + `/prelude.sh ` + scratchDir + `/eval.sh; ` +
 		`else sh ` + scratchDir + `/eval.sh; fi; } 2>&1 </dev/null | ` + evalFilter + "\n")
 	res, err := run(ctx, p, h, cmd.String(), nil, timeout)
 	if err != nil {

@@ -4,8 +4,8 @@ package swebench
 // each test binary with -test.v=test2json, after the go command's own
 // -test.v, so that the testing package marks its framing; any other program
 // (go run's) runs as is. The eval script's own `go test` commands go through
-// evalPrelude's go instead; this is for go commands it does not see (a
-// Makefile's, say).
+// evalPrelude's go instead (make's and xargs' too, through the go first on
+// PATH); this is for go commands it does not see (by an absolute path).
 const goExecWrapper = `#!/bin/sh
 case "$1" in
 *.test) exec "$@" -test.v=test2json ;;
@@ -41,21 +41,30 @@ for a in "$@"; do printf "%s\0" "$a"; done > "$d/args" || exit 3
 //     sandbox can set back): a compiled package or a test result planted by
 //     the tests of an earlier command is never read; what the eval's own
 //     builds wrote is rebuilt.
+//
 //   - go test builds every test binary of the command (with goCollect as
 //     -exec: no test runs) before it runs any, then runs them one at a time
 //     from their package directories, as go test would, each checked against
 //     the SHA-256 it had when built: no package of the command is compiled
 //     after a test of it ran, and no test binary runs that another replaced.
 //     (A command with -c, -exec or -json goes to the go command as it is.)
+//
 //   - Before each go command and each test binary's check, ng_reap kills
 //     every process a test left running (one outlives its binary): none
 //     writes the build cache while a later command builds, nor swaps a
 //     test binary between its check and its start.
+//
 //   - Each test binary's output passes through ng_relay, between lines that
 //     say where it ran and how it exited (its status and the relay's): the
 //     grader trusts a binary's results only when it ended as the testing
 //     package ends one (grading.BinaryRun.Abnormal).
 //
+//   - The go first on PATH ($NG_DIR/bin/go, ng_restore) evals the prelude
+//     and runs the same function: a go command that make or xargs runs is
+//     one of the eval's too.
+//
+// The prelude's own text is NG_PRELUDE (for that go), NG_T0 set when it ran
+// before in the eval (its values are then the exported NG_* ones).
 // NG_DIR is the grader's scratch directory (absolute), NG_MARK non-empty
 // when test binaries run with -test.v=test2json, NG_AWK the awk command that
 // reads a pipe a line at a time, NG_INIT the pid of the process that started
@@ -65,12 +74,31 @@ ng_mark=
 [ -z "${NG_MARK-}" ] || ng_mark=-test.v=test2json
 ng_awk=${NG_AWK:-awk}
 ng_init=${NG_INIT-}
-unset NG_DIR NG_MARK NG_AWK NG_INIT
-ng_t0=$(date +%s)
+if [ -z "${NG_T0-}" ]; then
+	NG_T0=$(date +%s)
+	NG_REAL_GO=$(command -v go 2>/dev/null) || NG_REAL_GO=
+	NG_CACHE=
+	[ -z "$NG_REAL_GO" ] || NG_CACHE=$("$NG_REAL_GO" env GOCACHE 2>/dev/null) || NG_CACHE=
+	[ -z "$NG_REAL_GO" ] || [ -z "${NG_PRELUDE-}" ] || PATH=$ng_dir/bin:$PATH
+	export NG_DIR NG_MARK NG_AWK NG_INIT NG_T0 NG_REAL_GO NG_CACHE NG_PRELUDE
+fi
+ng_t0=$NG_T0
+ng_real_go=$NG_REAL_GO
+ng_cache=$NG_CACHE
 ng_collect_src='` + goCollect + `'
-ng_real_go=$(command -v go 2>/dev/null) || ng_real_go=
-ng_cache=
-[ -z "$ng_real_go" ] || ng_cache=$("$ng_real_go" env GOCACHE 2>/dev/null) || ng_cache=
+
+# ng_restore writes the go of $ng_dir/bin, first on PATH: what make, xargs
+# or a script finds as go runs the prelude's go function too. It is written
+# again after every go command's test binaries (and before every go
+# command): their tests could have replaced it. Test binaries run with the
+# PATH the eval had (a test's own go commands are its business, and the
+# purge before each would cost them their builds).
+ng_restore() {
+	[ -n "${NG_PRELUDE-}" ] || return 0
+	chmod u+rwx "$ng_dir" 2>/dev/null
+	rm -rf "$ng_dir/bin" && mkdir "$ng_dir/bin" &&
+		printf '#!%s\neval "$NG_PRELUDE"\ngo "$@"\n' "$BASH" > "$ng_dir/bin/go" && chmod 0755 "$ng_dir/bin/go"
+}
 
 ng_purge() {
 	local c=${GOCACHE:-$ng_cache}
@@ -171,7 +199,7 @@ ng_test() {
 			rc=1
 		else
 			printf '\026\026ng-run\t%s\n' "${dirs[i]}"
-			(cd "${dirs[i]}" && PWD=${dirs[i]} exec "${bins[i]}" "${args[@]:off:${nargs[i]}}" ${ng_mark:+"$ng_mark"}) < /dev/null 2>&1 | ng_relay
+			(cd "${dirs[i]}" && PWD=${dirs[i]} PATH=${PATH#"$ng_dir/bin:"} exec "${bins[i]}" "${args[@]:off:${nargs[i]}}" ${ng_mark:+"$ng_mark"}) < /dev/null 2>&1 | ng_relay
 			st=("${PIPESTATUS[@]}")
 			printf '\026\026ng-exit\t%s\t%s\n' "${st[0]}" "${st[1]-}"
 			if [ "${st[0]}" = 0 ]; then
@@ -184,6 +212,7 @@ ng_test() {
 		off=$((off + nargs[i]))
 	done
 	rm -rf "$d"
+	[ $n = 0 ] || { ng_reap && ng_restore; } || rc=1
 	[ "$brc" = 0 ] || rc=$brc
 	return $rc
 }
@@ -197,6 +226,7 @@ go() {
 		echo "go: what an earlier test left running could not be ended: not run" >&2
 		ng_rc=1
 	else
+		ng_restore
 		ng_purge
 		if [ "${1-}" = test ] && ng_collectable "${@:2}"; then
 			ng_test "${@:2}" || ng_rc=$?
@@ -207,4 +237,6 @@ go() {
 	{ [ -z "$ng_x" ] || set -x; } 2>/dev/null
 	return $ng_rc
 }
+
+[ -z "$ng_real_go" ] || ng_restore
 `

@@ -633,6 +633,10 @@ func hackEdit(src string, pairs ...string) string {
 //     TestAdd): the graded command linked the planted test variant, and
 //     every test passed (reward 1). Every go command of the eval now first
 //     deletes what changed in the build cache since the eval began.
+//   - the same, the graded command run through xargs (reward 1 with the
+//     purge in the eval's go function, which xargs does not see): the go
+//     first on PATH is the eval's own, restored after every command's
+//     tests.
 //   - one go test of two packages, one at a time (-p 1): the root
 //     package's tests ran, then package sub was compiled, from the plant
 //     (TestSub passed: reward 1). go test now builds every test binary of
@@ -654,6 +658,10 @@ func TestAPlantedCompiledPackageIsNeverLinked(t *testing.T) {
 		t.Fatalf("the eval script has no %q:\n%s", graded, script)
 	}
 	twoCommands["eval_script"] = strings.Replace(script, graded, "go test -run '^TestAdd$' .\n: '>>>>> Start Test Output'\ngo test -v .\n", 1)
+	// The graded go command reached through xargs, which runs the go it
+	// finds on PATH, not the eval's shell function.
+	throughXargs := tk.multilingualRow("example__calc-plantx")
+	throughXargs["eval_script"] = strings.Replace(script, graded, "go test -run '^TestAdd$' .\n: '>>>>> Start Test Output'\necho -v . | xargs go test\n", 1)
 	onePass := tk.multilingualRow("example__calc-plant1")
 	onePass["test_patch"] = subTestPatch(tk)
 	onePass["FAIL_TO_PASS"], onePass["PASS_TO_PASS"] = []string{"TestSub"}, []string{"TestAdd"}
@@ -666,6 +674,7 @@ func TestAPlantedCompiledPackageIsNeverLinked(t *testing.T) {
 		did *regexp.Regexp
 	}{
 		{"two go test commands", compiledPlantFile, twoCommands, plantedCompiled},
+		{"two go test commands, the second through xargs", compiledPlantFile, throughXargs, plantedCompiled},
 		{"one go test of two packages", compiledPlantFile, onePass, plantedCompiled},
 		{"a collected test binary replaced", swapBinaryFile, onePass, regexp.MustCompile(`zz_swap: swapped 1 test binaries`)},
 		// The same by a process the root package's tests left behind,
