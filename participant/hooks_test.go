@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -321,6 +323,33 @@ func TestRestoreInRestartOnlyRestoresNothing(t *testing.T) {
 	}
 	if diff := cmp.Diff(control.RestoreReply{Phase: control.PhaseRestored, SourceCheckpointID: "c0", Restored: []string{}}, rep); diff != "" || len(f.restoreIn) != 0 {
 		t.Errorf("reply (-want +got):\n%s\nowner asked %v", diff, f.restoreIn)
+	}
+}
+
+// TestRestoreInRestartOnlyNeedsItsDirectory: a restart_only restore from a
+// checkpoint_dir that is gone, or is no directory, is refused as an invalid
+// checkpoint; one that names no directory restores nothing, as one whose
+// directory is there.
+func TestRestoreInRestartOnlyNeedsItsDirectory(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, dir string
+		want      error
+	}{
+		{"gone", filepath.Join(t.TempDir(), "gone"), control.ErrInvalidCheckpointState},
+		{"a file", file, control.ErrInvalidCheckpointState},
+		{"none named", "", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, clk := newParticipantIn(&fakeOwner{}, owner.ModeRestartOnly, false)
+			_, err := p.Machine().Restore(context.Background(), control.RestoreRequest{Base: base(clk, "c1"), CheckpointDir: tc.dir, SourceCheckpointID: "c0", EpisodeIDs: []control.EpisodeID{}})
+			if !errors.Is(err, tc.want) {
+				t.Errorf("restore from %q: %v, want %v", tc.dir, err, tc.want)
+			}
+		})
 	}
 }
 
