@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local"
 )
 
 // watchClient hears a client that closes its connection mid-call, through
@@ -85,5 +88,56 @@ func TestAdmissionWaitsOnlyWhileTheClientDoes(t *testing.T) {
 	conn.Close()
 	if err := <-ended; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the admission wait after the client went: %v, want context.Canceled", err)
+	}
+}
+
+// blockingProvider's exec runs until its context ends, and says why.
+type blockingProvider struct {
+	*local.Provider
+	running chan struct{}
+	ended   chan error
+}
+
+func (p *blockingProvider) Exec(ctx context.Context, _ provider.Handle, _ provider.ExecRequest) (provider.ExecResult, error) {
+	close(p.running)
+	select {
+	case <-ctx.Done():
+		p.ended <- ctx.Err()
+		return provider.ExecResult{}, ctx.Err()
+	case <-time.After(time.Minute): // a bound on a broken test
+		p.ended <- nil
+		return provider.ExecResult{}, errors.New("the exec never ended")
+	}
+}
+
+// TestAnExecEndsWhenItsClientGoes: an exec with no timeout_ms, on a handler
+// with no admission, still runs only while its client is there: its
+// context ends when the client closes the connection.
+func TestAnExecEndsWhenItsClientGoes(t *testing.T) {
+	w := newWorld(t)
+	id, token := w.sandbox(t)
+	p := &blockingProvider{Provider: w.p, running: make(chan struct{}), ended: make(chan error, 1)}
+	w.h.Provider = p
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: w.h.Serve}
+	go srv.Serve(ln)
+	defer srv.Shutdown()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"command":"sleep 600"}`
+	fmt.Fprintf(conn, "POST /sandboxes/%s/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", id, token, len(body), body)
+	select {
+	case <-p.running:
+	case <-time.After(time.Minute):
+		t.Fatal("the exec never reached the provider")
+	}
+	conn.Close()
+	if err := <-p.ended; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the exec after its client went: %v, want context.Canceled", err)
 	}
 }

@@ -2,8 +2,11 @@ package sandboxapi
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/sirupsen/logrus"
@@ -105,5 +108,50 @@ func TestRefusalsAreLoggedWithTheirSandbox(t *testing.T) {
 	}
 	if diff := cmp.Diff([]reply{errReply(422, "invalid_request"), errReply(404, "file_not_found")}, answers); diff != "" {
 		t.Errorf("answers without a logger (-want +got):\n%s", diff)
+	}
+}
+
+// timeoutProvider answers every exec at once, recording its timeout, so that
+// a request's timeout_ms can sit on its bounds with nothing run that long.
+type timeoutProvider struct {
+	*local.Provider
+	timeouts []time.Duration
+}
+
+func (p *timeoutProvider) Exec(_ context.Context, _ provider.Handle, req provider.ExecRequest) (provider.ExecResult, error) {
+	p.timeouts = append(p.timeouts, req.Timeout)
+	return provider.ExecResult{}, nil
+}
+
+// TestTimeoutMSOnItsBounds: timeout_ms is taken up to MaxTimeout and refused
+// a millisecond over it; without a MaxTimeout, up to the largest that still
+// fits a time.Duration with the call's grace; 0 is no timeout either way.
+func TestTimeoutMSOnItsBounds(t *testing.T) {
+	w := newWorld(t)
+	id, token := w.sandbox(t)
+	p := &timeoutProvider{Provider: w.p}
+	w.h.Provider = p
+	fits := int64((math.MaxInt64 - execGrace) / time.Millisecond)
+	for _, c := range []struct {
+		max  time.Duration
+		ms   int64
+		want int
+	}{
+		{2 * time.Second, 2000, 200},
+		{2 * time.Second, 2001, 422},
+		{2 * time.Second, 0, 200},
+		{0, 1000, 200},
+		{0, fits, 200},
+		{0, fits + 1, 422},
+	} {
+		w.h.MaxTimeout = c.max
+		r := w.do("POST", "/sandboxes/"+id+"/exec", token, []byte(fmt.Sprintf(`{"command":"true","timeout_ms":%d}`, c.ms)))
+		if r.Status != c.want {
+			t.Errorf("timeout_ms %d under a maximum of %v: %d %s, want %d", c.ms, c.max, r.Status, r.Body, c.want)
+		}
+	}
+	want := []time.Duration{2 * time.Second, 0, time.Second, time.Duration(fits) * time.Millisecond}
+	if diff := cmp.Diff(want, p.timeouts); diff != "" {
+		t.Errorf("the timeouts the provider was given (-want +got):\n%s", diff)
 	}
 }
