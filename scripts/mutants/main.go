@@ -11,6 +11,7 @@
 //	go run ./scripts/mutants -report owner         # print, never fail
 //	go run ./scripts/mutants -keep /tmp/m sched    # keep gremlins' reports,
 //	go run ./scripts/mutants -keep /tmp/m -rescore sched  # and score them again
+//	go run ./scripts/mutants -schema -files commit.go owner  # without gremlins
 package main
 
 import (
@@ -24,6 +25,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // corePackages are the packages measured when none is named.
@@ -50,6 +52,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	equivalent := fs.String("equivalent", "scripts/mutants/equivalent.txt", "the list of equivalent mutants")
 	keep := fs.String("keep", "", "keep gremlins' JSON reports in this directory (<pkg>.json)")
 	rescore := fs.Bool("rescore", false, "score the reports kept in -keep instead of running gremlins (after editing the list)")
+	schema := fs.Bool("schema", false, "run the mutants without gremlins, in one test binary with the tests that reach each line (schema.go): about ten times faster")
+	files := fs.String("files", "", "with -schema: the files to mutate, comma-separated (default: all of the package's)")
+	maxTimeout := fs.Duration("max-timeout", 3*time.Minute, "with -schema: the most a mutant may run before it counts as timed out")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -67,7 +72,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	var bin string
-	if !*rescore {
+	if !*rescore && !*schema {
 		if bin, err = findGremlins(*gremlins); err != nil {
 			fmt.Fprintln(stderr, "mutants:", err)
 			return 2
@@ -91,7 +96,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for _, pkg := range pkgs {
 		pkg = strings.TrimSuffix(strings.TrimPrefix(pkg, "./"), "/")
 		out := filepath.Join(tmp, strings.ReplaceAll(pkg, "/", "_")+".json")
-		if !*rescore {
+		if !*rescore && *schema {
+			if err := runSchema(pkg, *files, tmp, *maxTimeout, stderr).run(out); err != nil {
+				fmt.Fprintf(stderr, "mutants: %v\n", err)
+				return 2
+			}
+		} else if !*rescore {
 			if err := unleash(bin, pkg, out, *coefficient, *workers, stderr); err != nil {
 				fmt.Fprintf(stderr, "mutants: %v\n", err)
 				return 2
