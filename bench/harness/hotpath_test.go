@@ -219,11 +219,11 @@ func BenchmarkSessionCookie(b *testing.B) {
 	})
 }
 
-// BenchmarkHandler is one request through package http's handler, called
-// directly (no sockets): what the owner's server spends per request beyond
-// fasthttp's own reading and writing. Each parallel caller has its own
-// session, as each agent does.
-func BenchmarkHandler(b *testing.B) {
+// handlerCall starts a notes server on the fake (shut down when b ends)
+// and returns a function that calls its handler with a POST of body to
+// path carrying cookie, fails b unless it answers 200, and returns the
+// cookie its reply sets, if any.
+func handlerCall(b *testing.B) func(rc *fasthttp.RequestCtx, path, body, cookie string) string {
 	srv, o, err := newServer(context.Background(), b.TempDir(), fake.New(fake.Options{Seed: 1}))
 	if err != nil {
 		b.Fatal(err)
@@ -233,7 +233,7 @@ func BenchmarkHandler(b *testing.B) {
 		_ = o.Close()
 	})
 	h := srv.Handler()
-	call := func(rc *fasthttp.RequestCtx, path, body, cookie string) (setCookie string) {
+	return func(rc *fasthttp.RequestCtx, path, body, cookie string) (setCookie string) {
 		rc.Request.Reset()
 		rc.Response.Reset()
 		rc.Request.Header.SetMethod(fasthttp.MethodPost)
@@ -255,6 +255,30 @@ func BenchmarkHandler(b *testing.B) {
 		}
 		return setCookie
 	}
+}
+
+// BenchmarkHandlerOneCaller is BenchmarkHandler's seed+close from one
+// caller, one pair after another: where the mailboxes run on the caller's
+// goroutine, nothing else runs them.
+func BenchmarkHandlerOneCaller(b *testing.B) {
+	call := handlerCall(b)
+	rc := &fasthttp.RequestCtx{}
+	rc.Init(&fasthttp.Request{}, nil, nil)
+	b.ReportAllocs()
+	cpu := startCPU(b)
+	defer cpu.report()
+	for b.Loop() {
+		cookie := call(rc, stepSeed.path(), stepSeed.body(), "")
+		call(rc, stepClose.path(), stepClose.body(), cookie)
+	}
+}
+
+// BenchmarkHandler is one request through package http's handler, called
+// directly (no sockets): what the owner's server spends per request beyond
+// fasthttp's own reading and writing. Each parallel caller has its own
+// session, as each agent does.
+func BenchmarkHandler(b *testing.B) {
+	call := handlerCall(b)
 	for _, sc := range []struct {
 		name  string
 		steps []step
