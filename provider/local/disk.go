@@ -208,6 +208,14 @@ const loopAttempts = 32
 // of what is mounted from it, or the caller's close of the returned file
 // when nothing is.
 func attachLoop(img string) (*os.File, error) {
+	return attachLoopWith(img, func(n int, backing *os.File) (*os.File, error) {
+		return configureLoop("/dev/loop"+strconv.Itoa(n), backing)
+	})
+}
+
+// attachLoopWith is attachLoop with configure attaching backing to loop
+// device n (configureLoop but in tests).
+func attachLoopWith(img string, configure func(n int, backing *os.File) (*os.File, error)) (*os.File, error) {
 	backing, err := os.OpenFile(img, os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
@@ -218,14 +226,25 @@ func attachLoop(img string) (*os.File, error) {
 		return nil, fmt.Errorf("loop devices: %w", err)
 	}
 	defer ctl.Close()
+	var busy map[int]bool
 	for range loopAttempts {
-		n, err := loopClaims.claim(int(ctl.Fd()))
+		n, err := loopClaims.claim(int(ctl.Fd()), busy)
 		if err != nil {
 			return nil, fmt.Errorf("loop devices: get a free one: %w", err)
 		}
-		dev, err := configureLoop("/dev/loop"+strconv.Itoa(n), backing)
+		dev, err := configure(n, backing)
 		loopClaims.release(n)
 		if loopTakenMeanwhile(err) {
+			// The kernel calls a device free until another process's
+			// configure of it ends, however long a loaded machine makes
+			// that: asked again at once, it named the same device, and the
+			// attach spent every attempt on it. This attach passes over
+			// it from now on, as over a device another attach of the
+			// process holds.
+			if busy == nil {
+				busy = map[int]bool{}
+			}
+			busy[n] = true
 			continue
 		}
 		if err != nil {
@@ -286,20 +305,21 @@ type loopClaimSet struct {
 	held map[int]bool
 }
 
-// claim returns a loop device that no other attach of the process holds:
-// the one the kernel calls free, else the first one past it that is
-// free (see nextFree). ctl is /dev/loop-control. No system call is made
-// under the claims' lock: a goroutine that held it through one waited,
-// on a loaded machine, for the scheduler to run it again, and every other
-// attach waited behind it.
-func (c *loopClaimSet) claim(ctl int) (int, error) {
+// claim returns a loop device that no other attach of the process holds
+// and that is not in skip (devices the caller found busy): the one the
+// kernel calls free, else the first one past it that is free (see
+// nextFree). ctl is /dev/loop-control. No system call is made under the
+// claims' lock: a goroutine that held it through one waited, on a loaded
+// machine, for the scheduler to run it again, and every other attach
+// waited behind it.
+func (c *loopClaimSet) claim(ctl int, skip map[int]bool) (int, error) {
 	n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
 	if err != nil {
 		return -1, err
 	}
 	for {
 		c.mu.Lock()
-		held := c.held[n]
+		held := c.held[n] || skip[n]
 		if !held {
 			c.held[n] = true
 		}
@@ -307,7 +327,7 @@ func (c *loopClaimSet) claim(ctl int) (int, error) {
 		if !held {
 			return n, nil
 		}
-		if n, err = c.nextFree(ctl, n+1); err != nil {
+		if n, err = c.nextFree(ctl, n+1, skip); err != nil {
 			return -1, err
 		}
 	}
@@ -321,11 +341,12 @@ func (c *loopClaimSet) isHeld(n int) bool {
 }
 
 // nextFree is the first loop device from n on that no attach of the
-// process holds and that has no backing file (its sysfs directory has no
-// loop/ then), made (LOOP_CTL_ADD) where none exists.
-func (c *loopClaimSet) nextFree(ctl, n int) (int, error) {
+// process holds, that is not in skip and that has no backing file (its
+// sysfs directory has no loop/ then), made (LOOP_CTL_ADD) where none
+// exists.
+func (c *loopClaimSet) nextFree(ctl, n int, skip map[int]bool) (int, error) {
 	for ; ; n++ {
-		if c.isHeld(n) {
+		if skip[n] || c.isHeld(n) {
 			continue
 		}
 		sys := "/sys/block/loop" + strconv.Itoa(n)

@@ -242,7 +242,7 @@ func TestAnAttachPassesOverTheDeviceAnotherAttachHolds(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ctl.Close()
-	held, err := loopClaims.claim(int(ctl.Fd()))
+	held, err := loopClaims.claim(int(ctl.Fd()), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,6 +258,34 @@ func TestAnAttachPassesOverTheDeviceAnotherAttachHolds(t *testing.T) {
 	}
 	if _, err := os.Stat("/sys/block/loop" + strconv.Itoa(held) + "/loop"); err == nil {
 		t.Errorf("%s, held by another attach, was configured", heldDev)
+	}
+}
+
+// An attach passes over a loop device it found busy (another process
+// configuring it, or holding it open exclusively) though the kernel still
+// calls that one free: it tries another device, where it had asked the
+// kernel again and got the same one, attempt after attempt, until it gave
+// up (a loaded machine's parallel tests failed so).
+func TestAnAttachPassesOverADeviceItFoundBusy(t *testing.T) {
+	p := newDiskProvider(t, mode{"container-overlay", IsolationContainer, OverlayOn}, Limits{DiskMB: 8})
+	img := filepath.Join(t.TempDir(), "disk.img")
+	if err := p.disks.format(img, diskLimit{mb: 1, inodes: 64}); err != nil {
+		t.Fatal(err)
+	}
+	var tried []int
+	dev, err := attachLoopWith(img, func(n int, backing *os.File) (*os.File, error) {
+		tried = append(tried, n)
+		if len(tried) == 1 {
+			return nil, fmt.Errorf("loop device %d: %w", n, unix.EBUSY)
+		}
+		return configureLoop("/dev/loop"+strconv.Itoa(n), backing)
+	})
+	if err != nil {
+		t.Fatalf("attach after one busy device (tried %v): %v", tried, err)
+	}
+	defer dev.Close()
+	if len(tried) != 2 || tried[1] == tried[0] || dev.Name() != "/dev/loop"+strconv.Itoa(tried[1]) {
+		t.Errorf("tried devices %v and attached %s: want the busy one passed over for another", tried, dev.Name())
 	}
 }
 
