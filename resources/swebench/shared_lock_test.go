@@ -145,11 +145,13 @@ func TestANewTreeStartsWithAnEarlierTreesCaches(t *testing.T) {
 	parent := t.TempDir()
 	env := func(key, name, okJSON string, mark bool) {
 		dir := filepath.Join(parent, key, "ex__calc", "abc.env", name)
-		if err := os.MkdirAll(filepath.Join(dir, "caches", "gobuild"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "caches", "gobuild", "entry-d"), []byte(key), 0o644); err != nil {
-			t.Fatal(err)
+		for _, cache := range []string{"gobuild", "gomod"} {
+			if err := os.MkdirAll(filepath.Join(dir, "caches", cache), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "caches", cache, "entry-"+cache), []byte(key), 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if err := os.WriteFile(filepath.Join(dir, "env.json"), []byte(okJSON), 0o644); err != nil {
 			t.Fatal(err)
@@ -173,8 +175,9 @@ func TestANewTreeStartsWithAnEarlierTreesCaches(t *testing.T) {
 	}
 	defer c.release(true)
 	seedFromEarlierTree(parent, c)
-	got, _ := filepath.Glob(filepath.Join(c.dir, "*", "*", "*", "caches", "gobuild", "*"))
-	want := []string{filepath.Join(c.dir, "ex__calc", "seed-old.env", "good", "caches", "gobuild", "entry-d")}
+	got, _ := filepath.Glob(filepath.Join(c.dir, "*", "*", "*", "caches", "*", "*"))
+	seed := filepath.Join(c.dir, "ex__calc", "seed-old.env", "good", "caches")
+	want := []string{filepath.Join(seed, "gobuild", "entry-gobuild"), filepath.Join(seed, "gomod", "entry-gomod")}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Fatalf("seeded caches (-want +got):\n%s", d)
 	}

@@ -165,17 +165,19 @@ func flock(f *os.File, how int) error {
 }
 
 // seedFromEarlierTree gives a new tree's kept directory the environments'
-// build caches of the newest finished run of another tree: each good
-// environment's gobuild cache, hard-linked (only ever read: a server copies it)
-// under <repo>/seed-<key>.env/, where a server building an environment of
-// that repository finds them as another commit's and starts its build
-// cache as a copy of it (seedCaches). Go's build cache is addressed by
-// content, so whatever the other tree's run left can be unused but never
-// wrong; the environment steps and validations still run, with this
-// tree's code, and make their own outcomes. The module caches are left
-// out: the environment step downloads them again from the kept module
-// proxy answers faster than a copy of them (hundreds of megabytes for gin
-// and caddy with their toolchain) takes on a loaded machine.
+// caches of the newest finished run of another tree: each good
+// environment's gobuild and gomod caches, hard-linked (only ever read: a
+// server copies them) under <repo>/seed-<key>.env/, where a server building
+// an environment of that repository finds them as another commit's and
+// starts its caches as a copy of them (seedCaches). Go's caches are
+// addressed by content, so whatever the other tree's run left can be
+// unused but never wrong; the environment steps and validations still run,
+// with this tree's code, and make their own outcomes. The module cache
+// spares the step its downloads from the kept module proxy answers: for gin
+// and caddy the pinned toolchain's zip, fetched, hashed and unzipped for
+// each, was the package's largest CPU cost after the sandboxes' compiles
+// (about a tenth of a new tree's run), where a copy of the cache is a
+// fraction of it.
 func seedFromEarlierTree(parent string, c *claim) {
 	if entries, _ := os.ReadDir(c.dir); len(entries) > 1 {
 		return // not new: the binary's own mark is its one entry
@@ -220,7 +222,18 @@ func seedFromEarlierTree(parent string, c *claim) {
 		if err := os.MkdirAll(filepath.Join(dst, "caches"), 0o755); err != nil {
 			continue
 		}
-		if exec.Command("cp", "-al", filepath.Join(envDir, "caches", "gobuild"), filepath.Join(dst, "caches")+"/").Run() != nil {
+		linked := true
+		for _, cache := range []string{"gobuild", "gomod"} {
+			src := filepath.Join(envDir, "caches", cache)
+			if _, err := os.Stat(src); err != nil {
+				continue // a repository without modules
+			}
+			if exec.Command("cp", "-al", src, filepath.Join(dst, "caches")+"/").Run() != nil {
+				linked = false
+				break
+			}
+		}
+		if !linked {
 			_ = os.RemoveAll(dst)
 			continue
 		}
