@@ -123,6 +123,22 @@ func dockerOut(t *testing.T, args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
+// sideBySide runs each of fs in a goroutine of its own and returns their
+// errors, in fs's order, once all have returned.
+func sideBySide(fs ...func() error) []error {
+	errs := make([]error, len(fs))
+	var wg sync.WaitGroup
+	for i, f := range fs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f()
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
 // stackUp is the real stack, once per test binary; each test that uses it
 // releases it when done (the binary's other tests run for minutes more).
 var stackUp = sync.OnceValues(osstack.Up)
@@ -233,14 +249,27 @@ func TestARealGinInstanceOnOpenSandbox(t *testing.T) {
 		MaxConcurrentGradings: 2,
 	}
 	w := newOnOpenSandbox(t, st, cfg)
-	// The two sessions start side by side (each a container of the image).
+	body := mustJSON(t, row)
+	// The two sessions start side by side (each a container of the image),
+	// from goroutines of the test, not parallel subtests: those waited for
+	// a slot of the package's -parallel behind every test still queued
+	// (91 s of a 208 s run), and this test is the package's longest.
 	var gold, none SeedResult
-	t.Run("seed", func(t *testing.T) {
-		t.Run("gold", func(t *testing.T) { t.Parallel(); gold = w.in(t).seed("s-gold", row) })
-		t.Run("nothing", func(t *testing.T) { t.Parallel(); none = w.in(t).seed("s-nothing", row) })
-	})
+	errs := sideBySide(
+		func() (err error) {
+			gold, err = w.srv.SeedSession(context.Background(), w.own, "s-gold", body)
+			return err
+		},
+		func() (err error) {
+			none, err = w.srv.SeedSession(context.Background(), w.own, "s-nothing", body)
+			return err
+		},
+	)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("seed: %v", err)
+	}
 	if gold.SandboxHandle == nil || none.SandboxHandle == nil {
-		t.FailNow() // the seed subtests said why
+		t.Fatalf("seeds without a sandbox: %+v, %+v", gold, none)
 	}
 	if v := w.agentRun(*gold.SandboxHandle, "go env GOVERSION"); strings.TrimSpace(v) != ri.toolchain {
 		t.Errorf("the agent's go is %q, want the pinned %s", v, ri.toolchain)
@@ -262,30 +291,43 @@ func TestARealGinInstanceOnOpenSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Each session re-seeds onto its checkpoint's fork and is graded, the
-	// two side by side.
-	restored := w.world
-	t.Run("verify", func(t *testing.T) {
-		for _, c := range []struct {
-			sid  string
-			old  string
-			want float64
-		}{{"s-gold", *gold.SandboxHandle, 1}, {"s-nothing", *none.SandboxHandle, 0}} {
-			t.Run(c.sid, func(t *testing.T) {
-				t.Parallel()
-				w := restored.in(t)
-				again := w.seed(c.sid, row)
-				if !again.Restored || again.SandboxHandle == nil || *again.SandboxHandle == c.old {
-					t.Fatalf("%s: re-seed after restore: %+v (old sandbox %s)", c.sid, again, c.old)
-				}
-				v := w.verify(c.sid, row)
-				t.Logf("%s: reward %v, grading %.1f s (sandbox start %.1f s, apply %.1f s, eval %.1f s), failure %q", c.sid, v.Reward,
-					v.PatchVerificationTimeTaken, v.EvalSandboxStartTimeTaken, v.PatchApplyTimeTaken, v.EvalTimeTaken, v.FailureKind)
-				if v.Reward != c.want || v.MaskSample || v.TestFraming != grading.FramingMarked {
-					t.Errorf("%s: want reward %v, got:\n%s", c.sid, c.want, describe(v))
-				}
-			})
+	// two side by side (from goroutines, as the seeds).
+	cases := []struct {
+		sid  string
+		old  string
+		want float64
+	}{{"s-gold", *gold.SandboxHandle, 1}, {"s-nothing", *none.SandboxHandle, 0}}
+	again := make([]SeedResult, len(cases))
+	verified := make([]VerifyResult, len(cases))
+	var runs []func() error
+	for i, c := range cases {
+		runs = append(runs, func() (err error) {
+			if again[i], err = w.srv.SeedSession(context.Background(), w.own, c.sid, body); err != nil {
+				return fmt.Errorf("%s: re-seed after restore: %w", c.sid, err)
+			}
+			if verified[i], err = w.srv.VerifySession(context.Background(), w.own, c.sid, body); err != nil {
+				return fmt.Errorf("%s: verify: %w", c.sid, err)
+			}
+			return nil
+		})
+	}
+	errs = sideBySide(runs...)
+	for i, c := range cases {
+		if errs[i] != nil {
+			t.Error(errs[i])
+			continue
 		}
-	})
+		if a := again[i]; !a.Restored || a.SandboxHandle == nil || *a.SandboxHandle == c.old {
+			t.Errorf("%s: re-seed after restore: %+v (old sandbox %s)", c.sid, a, c.old)
+			continue
+		}
+		v := verified[i]
+		t.Logf("%s: reward %v, grading %.1f s (sandbox start %.1f s, apply %.1f s, eval %.1f s), failure %q", c.sid, v.Reward,
+			v.PatchVerificationTimeTaken, v.EvalSandboxStartTimeTaken, v.PatchApplyTimeTaken, v.EvalTimeTaken, v.FailureKind)
+		if v.Reward != c.want || v.MaskSample || v.TestFraming != grading.FramingMarked {
+			t.Errorf("%s: want reward %v, got:\n%s", c.sid, c.want, describe(v))
+		}
+	}
 	if _, err := w.own.Release(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
