@@ -3,6 +3,7 @@ package swebench_test
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -138,13 +139,18 @@ func TestTheSweepKeepsOnlyTheNewestTrees(t *testing.T) {
 	}
 }
 
-// A new tree's directory starts with the caches of the newest finished
-// tree's good environments (linked where a server looks for another
-// commit's), and nothing of a failed environment or an unfinished run.
+// A new tree's directory starts with the caches of the good environments
+// of each repository's newest finished tree (linked where a server looks
+// for another commit's), and nothing of a failed environment or an
+// unfinished run.
 func TestANewTreeStartsWithAnEarlierTreesCaches(t *testing.T) {
 	parent := t.TempDir()
 	env := func(key, name, okJSON string, mark bool) {
-		dir := filepath.Join(parent, key, "ex__calc", "abc.env", name)
+		repo, name, _ := strings.Cut(name, "/")
+		if name == "" {
+			repo, name = "ex__calc", repo
+		}
+		dir := filepath.Join(parent, key, repo, "abc.env", name)
 		for _, cache := range []string{"gobuild", "gomod"} {
 			if err := os.MkdirAll(filepath.Join(dir, "caches", cache), 0o755); err != nil {
 				t.Fatal(err)
@@ -165,9 +171,15 @@ func TestANewTreeStartsWithAnEarlierTreesCaches(t *testing.T) {
 	env("old", "good", `{"ok": true}`, false)
 	env("old", "bad", `{"ok": false}`, false)
 	env("unfinished", "good", `{"ok": true}`, true)
-	past := time.Now().Add(-time.Hour)
-	if err := os.Chtimes(filepath.Join(parent, "old"), past, past); err != nil {
-		t.Fatal(err)
+	// An older tree: its calc is older than old's, its gin the newest
+	// there is (old, a run of a few tests, has none).
+	env("older", "good", `{"ok": true}`, false)
+	env("older", "ex__gin/good", `{"ok": true}`, false)
+	for i, key := range []string{"old", "older"} {
+		past := time.Now().Add(-time.Duration(i+1) * time.Hour)
+		if err := os.Chtimes(filepath.Join(parent, key), past, past); err != nil {
+			t.Fatal(err)
+		}
 	}
 	c, err := claimShared(parent, "new")
 	if err != nil {
@@ -177,7 +189,9 @@ func TestANewTreeStartsWithAnEarlierTreesCaches(t *testing.T) {
 	seedFromEarlierTree(parent, c)
 	got, _ := filepath.Glob(filepath.Join(c.dir, "*", "*", "*", "caches", "*", "*"))
 	seed := filepath.Join(c.dir, "ex__calc", "seed-old.env", "good", "caches")
-	want := []string{filepath.Join(seed, "gobuild", "entry-gobuild"), filepath.Join(seed, "gomod", "entry-gomod")}
+	gin := filepath.Join(c.dir, "ex__gin", "seed-older.env", "good", "caches")
+	want := []string{filepath.Join(seed, "gobuild", "entry-gobuild"), filepath.Join(seed, "gomod", "entry-gomod"),
+		filepath.Join(gin, "gobuild", "entry-gobuild"), filepath.Join(gin, "gomod", "entry-gomod")}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Fatalf("seeded caches (-want +got):\n%s", d)
 	}

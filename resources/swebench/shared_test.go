@@ -165,47 +165,62 @@ func flock(f *os.File, how int) error {
 }
 
 // seedFromEarlierTree gives a new tree's kept directory the environments'
-// caches of the newest finished run of another tree: each good
-// environment's gobuild and gomod caches, hard-linked (only ever read: a
-// server copies them) under <repo>/seed-<key>.env/, where a server building
-// an environment of that repository finds them as another commit's and
-// starts its caches as a copy of them (seedCaches). Go's caches are
-// addressed by content, so whatever the other tree's run left can be
-// unused but never wrong; the environment steps and validations still run,
-// with this tree's code, and make their own outcomes. The module cache
-// spares the step its downloads from the kept module proxy answers: for gin
-// and caddy the pinned toolchain's zip, fetched, hashed and unzipped for
-// each, was the package's largest CPU cost after the sandboxes' compiles
-// (about a tenth of a new tree's run), where a copy of the cache is a
-// fraction of it.
+// caches of earlier finished runs of other trees: for each repository, each
+// good environment's gobuild and gomod caches in the newest finished tree
+// that has any, hard-linked (only ever read: a server copies them) under
+// <repo>/seed-<key>.env/, where a server building an environment of that
+// repository finds them as another commit's and starts its caches as a copy
+// of them (seedCaches). Per repository, not only from the newest tree: a run
+// of a few tests (-run) finishes a tree that lacks the other repositories,
+// and the next tree's gin and caddy then started cold. Go's caches are
+// addressed by content, so whatever another tree's run left can be unused
+// but never wrong; the environment steps and validations still run, with
+// this tree's code, and make their own outcomes. The module cache spares
+// the step its downloads from the kept module proxy answers: for gin and
+// caddy the pinned toolchain's zip, fetched, hashed and unzipped for each,
+// was the package's largest CPU cost after the sandboxes' compiles (about a
+// tenth of a new tree's run), where a copy of the cache is a fraction of it.
 func seedFromEarlierTree(parent string, c *claim) {
 	if entries, _ := os.ReadDir(c.dir); len(entries) > 1 {
 		return // not new: the binary's own mark is its one entry
 	}
-	var from string
-	var newest time.Time
+	type tree struct {
+		dir string
+		mod time.Time
+	}
+	var trees []tree
 	entries, _ := os.ReadDir(parent)
 	for _, e := range entries {
 		dir := filepath.Join(parent, e.Name())
 		if !e.IsDir() || dir == c.dir || strings.HasPrefix(e.Name(), ".") || marked(dir) {
 			continue
 		}
-		if info, err := e.Info(); err == nil && info.ModTime().After(newest) {
-			from, newest = dir, info.ModTime()
+		if info, err := e.Info(); err == nil {
+			trees = append(trees, tree{dir, info.ModTime()})
 		}
 	}
-	if from == "" {
-		return
+	slices.SortFunc(trees, func(a, b tree) int { return b.mod.Compare(a.mod) })
+	seeded := map[string]bool{} // repositories
+	for _, from := range trees {
+		for _, repo := range seedFromTree(from.dir, c, seeded) {
+			seeded[repo] = true
+		}
 	}
+}
+
+// seedFromTree links into c the caches of the good environments of tree
+// from whose repositories are not in done, and returns those repositories.
+func seedFromTree(from string, c *claim, done map[string]bool) []string {
 	// Held shared: no failed run or sweep removes it meanwhile.
 	f, err := os.OpenFile(from+".lock", os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
-		return
+		return nil
 	}
 	defer f.Close()
 	if flock(f, syscall.LOCK_SH|syscall.LOCK_NB) != nil || marked(from) {
-		return
+		return nil
 	}
+	var repos []string
 	envs, _ := filepath.Glob(filepath.Join(from, "*", "*.env", "*", "env.json"))
 	for _, m := range envs {
 		b, err := os.ReadFile(m)
@@ -215,10 +230,10 @@ func seedFromEarlierTree(parent string, c *claim) {
 		}
 		envDir := filepath.Dir(m)
 		repo := filepath.Base(filepath.Dir(filepath.Dir(envDir)))
-		dst := filepath.Join(c.dir, repo, "seed-"+filepath.Base(from)+".env", filepath.Base(envDir))
-		if err := os.MkdirAll(dst, 0o755); err != nil {
+		if done[repo] {
 			continue
 		}
+		dst := filepath.Join(c.dir, repo, "seed-"+filepath.Base(from)+".env", filepath.Base(envDir))
 		if err := os.MkdirAll(filepath.Join(dst, "caches"), 0o755); err != nil {
 			continue
 		}
@@ -238,5 +253,9 @@ func seedFromEarlierTree(parent string, c *claim) {
 			continue
 		}
 		_ = os.WriteFile(filepath.Join(dst, "env.json"), b, 0o644)
+		if !slices.Contains(repos, repo) {
+			repos = append(repos, repo)
+		}
 	}
+	return repos
 }
