@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"os/exec"
@@ -177,6 +178,31 @@ func (s *Server) environment(ctx context.Context, p provider.Provider, row Row, 
 	if env.OK {
 		s.seedStdLayer(ctx, p, row, cloneDir, staging, env, log)
 	}
+	// Stamped here, unpublished, under the environment's lock: no eval uses
+	// these files yet (a stamp of a cache evals stand on changes ctimes
+	// their purge takes for writes).
+	stamped := false
+	for _, name := range slices.Sorted(maps.Keys(s.cfg.Caches)) {
+		if s.cfg.Caches[name] != stdBuildCache {
+			continue
+		}
+		stamped = true
+		if err := stampBuildCache(filepath.Join(staging, envCaches, name)); err != nil {
+			log.WithError(err).WithField("cache", name).Warn("swebench: the build cache's entries could not be stamped ahead")
+		}
+	}
+	if stamped {
+		// The purge takes whole seconds (date +%s): an eval begun within
+		// the second of the stamp would take every file for a write of its
+		// own and delete it. The environment is published once that second
+		// has passed.
+		next := time.Now().Truncate(time.Second).Add(time.Second)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: %w", ErrTemplate, ctx.Err())
+		case <-time.After(time.Until(next)):
+		}
+	}
 	env.Seconds = time.Since(began).Seconds()
 	env.BuiltAt = time.Now().UTC()
 	if err := os.WriteFile(filepath.Join(staging, envLog), []byte(stepLog), 0o644); err != nil {
@@ -244,6 +270,32 @@ func (s *Server) seedCaches(ctx context.Context, cloneDir, staging string) (stri
 	}
 	rel, _ := filepath.Rel(repoDir, bestDir)
 	return rel, nil
+}
+
+// buildCacheStamp is the modification time stampBuildCache gives a build
+// cache's files: far enough ahead that the go command never refreshes it.
+func buildCacheStamp() time.Time { return time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC) }
+
+// stampBuildCache gives every file of the Go build cache at dir the
+// modification time buildCacheStamp(). The go command refreshes the mtime
+// of an entry it uses once that is an hour old, which changes its ctime:
+// the eval prelude's purge of any eval standing on the cache (a grading's
+// lower layer, or a validation beside it on the cache itself) takes that
+// for a write since the eval began and deletes the file, leaving the other
+// half of the entry, and a go command then fails ("could not import
+// internal/strconv (open .../a3/...-d: no such file or directory)": every
+// validation of the calc template, once the kept standard-library layer its
+// entries were copied from was an hour old). Stamped ahead when the
+// environment is made, those entries are never refreshed; entries the
+// validations add later are not stamped. Go's trim, which drops entries
+// unused for days by their mtime, keeps them.
+func stampBuildCache(dir string) error {
+	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		return os.Chtimes(path, buildCacheStamp(), buildCacheStamp())
+	})
 }
 
 // runEnvStep runs env's commands in a sandbox of the template with the

@@ -152,6 +152,29 @@ func TestAFreshTemplateBuildsItsEnvironmentWithTheNetworkAndGradesOffline(t *tes
 	if len(logged(hook, "swebench: environment's build cache seeded with the standard library")) != 1 {
 		t.Error("the standard-library layer's use was not logged")
 	}
+	// What the environment's build cache held when it was made (the
+	// layer's entries among it) was stamped ahead: no go command of an
+	// eval refreshes it, which the purge of evals beside it would take
+	// for a write.
+	layer := filepath.Join(w.cfg.StdCacheDir, env.StdLayer)
+	stamped, fromLayer := 0, 0
+	if err := filepath.WalkDir(layer, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		rel, _ := filepath.Rel(layer, path)
+		info, err := os.Stat(filepath.Join(env.cacheDir("gobuild"), rel))
+		if err != nil {
+			return nil // trimmed, or the layer grew since
+		}
+		fromLayer++
+		if info.ModTime().Equal(buildCacheStamp()) {
+			stamped++
+		}
+		return nil
+	}); err != nil || fromLayer == 0 || stamped != fromLayer {
+		t.Errorf("%d of the %d entries the build cache has from the layer stamped ahead (%v)", stamped, fromLayer, err)
+	}
 
 	// The agent's sandbox is offline, against the template's module cache.
 	sb := *seed.SandboxHandle
