@@ -18,6 +18,8 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -153,11 +155,14 @@ func (p *Provider) execdRequest(ep endpoint, op, method, route string) request {
 // their ports): that other sandbox's execd refuses this one's token, unless
 // its agent replaced it with a server of its own, which would take any
 // call and answer as it likes. So each sandbox's calls have a transport of
-// their own, whose every new connection is made only once the lifecycle
-// server says the sandbox has not ended: a sandbox that still runs holds
-// its port. Connections are kept alive, so this is one look per
-// connection, not per call; a lifecycle server that does not answer does
-// not hold execd calls up. Through the server proxy (which goes by the
+// their own, which connects while none of its connections is open only
+// once the lifecycle server says the sandbox has not ended: a sandbox that
+// still runs holds its port, and one of its connections still open shows
+// that its container is still there (a restart ends them with it), so the
+// look is one per spell of calls, not one per connection (a command's
+// stream stays open a second after its end, and back-to-back commands each
+// take a new connection). A lifecycle server that does not answer does not
+// hold execd calls up. Through the server proxy (which goes by the
 // sandbox's id) or a client the options gave, calls share p.http.
 func (p *Provider) execdClient(id string) *http.Client {
 	if p.execdBase == nil || id == "" {
@@ -169,16 +174,36 @@ func (p *Provider) execdClient(id string) *http.Client {
 	if !ok {
 		t = p.execdBase.Clone()
 		dial := (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+		open := new(atomic.Int64)
 		t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			if err := p.ended(ctx, id); err != nil {
-				// As a connection refused: the call never ran.
-				return nil, &net.OpError{Op: "dial", Net: network, Err: fmt.Errorf("the port of ended sandbox %s is not its own any more: %w", id, err)}
+			if open.Load() == 0 {
+				if err := p.ended(ctx, id); err != nil {
+					// As a connection refused: the call never ran.
+					return nil, &net.OpError{Op: "dial", Net: network, Err: fmt.Errorf("the port of ended sandbox %s is not its own any more: %w", id, err)}
+				}
 			}
-			return dial(ctx, network, addr)
+			c, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			open.Add(1)
+			return &countedConn{Conn: c, open: open}, nil
 		}
 		p.transports[id] = t
 	}
 	return &http.Client{Transport: t}
+}
+
+// countedConn is a connection counted in open until it is closed.
+type countedConn struct {
+	net.Conn
+	open *atomic.Int64
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.open.Add(-1) })
+	return c.Conn.Close()
 }
 
 // waitExecd polls execd's /ping until it answers 200 or the deadline.

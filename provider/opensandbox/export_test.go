@@ -31,3 +31,14 @@ func PointEndpoint(p *Provider, id, base string) {
 	ep.sandbox, ep.base = id, base
 	p.endpoints[id] = ep
 }
+
+// CloseIdle closes p's idle connections to sandbox id's execd, as a
+// runtime's restart closes them all.
+func CloseIdle(p *Provider, id string) {
+	p.mu.Lock()
+	t := p.transports[id]
+	p.mu.Unlock()
+	if t != nil {
+		t.CloseIdleConnections()
+	}
+}

@@ -15,11 +15,13 @@ import (
 	"net/http/httptest"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/provider/opensandbox"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 )
@@ -353,6 +355,17 @@ func TestAnEndedSandboxsPortIsNotDialled(t *testing.T) {
 	if n := e.srv.Stats().Requests["GET /sandboxes/{id}"] - before; n > 1 {
 		t.Errorf("5 reads looked at the sandbox %d times, want at most once (a new connection)", n)
 	}
+	// Nor while one is open: back-to-back commands, each on a connection
+	// of its own while the last one's stream drains, look once at most.
+	before = e.srv.Stats().Requests["GET /sandboxes/{id}"]
+	for range 10 {
+		if got := e.exec(t, b, "echo hi"); got.Stdout != "hi\n" {
+			t.Fatalf("exec = %+v", got)
+		}
+	}
+	if n := e.srv.Stats().Requests["GET /sandboxes/{id}"] - before; n > 1 {
+		t.Errorf("10 commands looked at the sandbox %d times, want at most once", n)
+	}
 }
 
 // rawCreate makes a sandbox without the provider (so without a token, as a
@@ -403,5 +416,60 @@ func TestALifecycleServerThatDoesNotAnswerLetsTheConnectionThrough(t *testing.T)
 		if n := e.srv.Stats().Requests["GET /sandboxes/{id}"] - before; !f.Drop && n != 1 {
 			t.Errorf("the sandbox was looked at %d times before the connection, want once (no retries)", n)
 		}
+	}
+}
+
+// A connection still open shows that the sandbox's container is still there
+// (a restart ends it with it): a second connection made meanwhile looks at
+// nothing.
+func TestAnOpenConnectionSparesTheLook(t *testing.T) {
+	fk := fake.New(fake.Options{IDPrefix: "backend-"})
+	e := newEnv(t, opensandboxtest.Options{Backend: fk}, opensandbox.Options{})
+	ctx := context.Background()
+	h := e.start(t, provider.Spec{})
+	entered, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	fk.SetHook(func(c fake.Call) {
+		if c.Op == fake.OpExec && c.Phase == fake.PhaseBegin && first.CompareAndSwap(false, true) {
+			close(entered)
+			<-release
+		}
+	})
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.p.Exec(ctx, h, provider.ExecRequest{Command: "echo held"})
+		done <- err
+	}()
+	<-entered // its connection is open, and busy
+	before := e.srv.Stats().Requests["GET /sandboxes/{id}"]
+	if got := e.exec(t, h, "echo hi"); got.Stdout != "hi\n" {
+		t.Errorf("exec = %+v", got)
+	}
+	if n := e.srv.Stats().Requests["GET /sandboxes/{id}"] - before; n != 0 {
+		t.Errorf("a second connection looked at the sandbox %d times while one was open, want none", n)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Error(err)
+	}
+}
+
+// Once its connections are closed (as a runtime's restart closes them),
+// the provider that made a sandbox looks at it again before it connects.
+func TestClosedConnectionsBringTheLookBack(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	ctx := context.Background()
+	a := e.start(t, provider.Spec{Files: map[string]string{"note.txt": "A's"}})
+	b := rawCreate(t, e)
+	e.exec(t, a, "echo hi")
+	e.p.Wait() // the command's stream read to its end: every connection idle
+	opensandbox.CloseIdle(e.p, a.SandboxID)
+	e.srv.Terminate(a.SandboxID)
+	e.srv.Reassign(a.SandboxID, b.SandboxID)
+	if err := e.p.WriteFile(ctx, a, "for-a.txt", []byte("A")); !errors.Is(err, provider.ErrSandboxNotFound) {
+		t.Errorf("WriteFile for the ended A = %v, want ErrSandboxNotFound", err)
+	}
+	if got, err := e.p.ReadFile(ctx, b, "for-a.txt"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("B's for-a.txt = %q, %v; want none", got, err)
 	}
 }
