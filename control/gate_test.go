@@ -49,18 +49,21 @@ func TestGateCountsPerSession(t *testing.T) {
 }
 
 // A request without a label counts for its session and in Inflight, but is
-// neither a blocker nor Blocking.
+// neither a blocker nor Blocking. The unlabelled session has two in flight
+// and the labelled one one, so that counting the wrong ones shows.
 func TestGateUnlabelledRequestsBlockNothing(t *testing.T) {
 	g := control.NewGate(nil)
 	a, _ := g.Enter(ctx, control.Entry{Session: "s1"})
+	a2, _ := g.Enter(ctx, control.Entry{Session: "s1"})
 	b, _ := g.Enter(ctx, control.Entry{Session: "s2", Label: "r2"})
-	if g.Inflight() != 2 || g.InflightOf("s1") != 1 || g.Blocking() != 1 {
-		t.Fatalf("inflight %d, s1 %d, blocking %d; want 2, 1, 1", g.Inflight(), g.InflightOf("s1"), g.Blocking())
+	if g.Inflight() != 3 || g.InflightOf("s1") != 2 || g.Blocking() != 1 {
+		t.Fatalf("inflight %d, s1 %d, blocking %d; want 3, 2, 1", g.Inflight(), g.InflightOf("s1"), g.Blocking())
 	}
 	if diff := cmp.Diff([]string{"r2"}, g.Busy()); diff != "" {
 		t.Errorf("busy (-want +got):\n%s", diff)
 	}
 	a()
+	a2()
 	b()
 	if g.Blocking() != 0 {
 		t.Errorf("blocking %d after both left", g.Blocking())
