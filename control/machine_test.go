@@ -734,3 +734,27 @@ func TestCommitWaitEndsAtDeadlineOnTheClock(t *testing.T) {
 		t.Fatalf("phase %s after resume", p)
 	}
 }
+
+// The machine remembers the last 64 events: the 65th lease expiry drops
+// the first, and the 64th dropped none.
+func TestTheEventMemoryKeepsTheLast64(t *testing.T) {
+	r := newRig(t)
+	for i := 1; i <= 65; i++ {
+		id := fmt.Sprintf("c%d", i)
+		if _, err := r.m.Prepare(ctx, control.PrepareRequest{Base: r.base(id, time.Second)}); err != nil {
+			t.Fatal(err)
+		}
+		r.clk.Advance(time.Hour)
+		if !r.m.Tick() {
+			t.Fatalf("lease of %s did not expire", id)
+		}
+		ev := r.m.Events()
+		first, n := "c1", i
+		if i == 65 {
+			first, n = "c2", 64
+		}
+		if len(ev) != n || ev[0].CheckpointID != first || ev[len(ev)-1].CheckpointID != id {
+			t.Fatalf("after %d expiries: %d events, first %s, last %s; want %d, %s, %s", i, len(ev), ev[0].CheckpointID, ev[len(ev)-1].CheckpointID, n, first, id)
+		}
+	}
+}
