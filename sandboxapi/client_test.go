@@ -67,19 +67,7 @@ func TestAdmissionWaitsOnlyWhileTheClientDoes(t *testing.T) {
 			return nil, errors.New("the wait never ended")
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: w.h.Serve}
-	go srv.Serve(ln)
-	defer srv.Shutdown()
-	conn, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := `{"command":"true"}`
-	fmt.Fprintf(conn, "POST /sandboxes/%s/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", id, token, len(body), body)
+	conn := rawExec(t, w, id, token, `{"command":"true"}`)
 	select {
 	case <-waiting:
 	case <-time.After(time.Minute):
@@ -118,19 +106,7 @@ func TestAnExecEndsWhenItsClientGoes(t *testing.T) {
 	id, token := w.sandbox(t)
 	p := &blockingProvider{Provider: w.p, running: make(chan struct{}), ended: make(chan error, 1)}
 	w.h.Provider = p
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: w.h.Serve}
-	go srv.Serve(ln)
-	defer srv.Shutdown()
-	conn, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := `{"command":"sleep 600"}`
-	fmt.Fprintf(conn, "POST /sandboxes/%s/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", id, token, len(body), body)
+	conn := rawExec(t, w, id, token, `{"command":"sleep 600"}`)
 	select {
 	case <-p.running:
 	case <-time.After(time.Minute):
@@ -140,4 +116,24 @@ func TestAnExecEndsWhenItsClientGoes(t *testing.T) {
 	if err := <-p.ended; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the exec after its client went: %v, want context.Canceled", err)
 	}
+}
+
+// rawExec serves w's handler on loopback and sends it an exec of body for
+// sandbox id over a connection of its own, which the caller closes to play
+// a client that goes.
+func rawExec(t *testing.T, w *world, id, token, body string) net.Conn {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: w.h.Serve}
+	go srv.Serve(ln)
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(conn, "POST /sandboxes/%s/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", id, token, len(body), body)
+	return conn
 }
