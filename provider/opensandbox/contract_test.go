@@ -457,14 +457,21 @@ func TestContractSandboxLifecycle(t *testing.T) {
 
 // TestContractExitedSandboxes: an entrypoint that exits leaves the sandbox
 // listed, Terminated (exit 0) or Failed (non-zero), until it is deleted.
+// Its lease is renewed as a running one's is: a renewal says nothing of a
+// sandbox's state.
 func TestContractExitedSandboxes(t *testing.T) {
 	t.Parallel()
 	eachServer(t, func(t *testing.T, s *server) {
 		for entry, want := range map[string]string{"true": "Terminated", "false": "Failed"} {
-			m := s.create(t, map[string]any{"entrypoint": []string{entry}})
-			s.waitState(t, "/v1/sandboxes/"+m["id"].(string), want)
-			st, m, _ := s.call(t, http.MethodPost, "/v1/sandboxes/"+m["id"].(string)+"/snapshots", map[string]string{})
+			id := s.create(t, map[string]any{"entrypoint": []string{entry}})["id"].(string)
+			s.waitState(t, "/v1/sandboxes/"+id, want)
+			st, m, _ := s.call(t, http.MethodPost, "/v1/sandboxes/"+id+"/snapshots", map[string]string{})
 			isCodeError(t, "snapshot of a "+want+" sandbox", st, m, http.StatusConflict, "SNAPSHOT::INVALID_SOURCE_STATE")
+			at := time.Now().Add(30 * time.Minute).UTC().Truncate(time.Second)
+			st, m, _ = s.call(t, http.MethodPost, "/v1/sandboxes/"+id+"/renew-expiration", map[string]string{"expiresAt": at.Format(time.RFC3339)})
+			if got, _ := time.Parse(time.RFC3339Nano, asString(m["expiresAt"])); st != http.StatusOK || !got.Equal(at) {
+				t.Errorf("renew of a %s sandbox: %d %v, want 200 expiresAt %s", want, st, m, at.Format(time.RFC3339))
+			}
 		}
 	})
 }
@@ -906,6 +913,11 @@ func TestContractProviderExitedSandboxIsLost(t *testing.T) {
 		_, err = p.Status(ctx, p2h(q["id"].(string)))
 		if !errors.Is(err, provider.ErrSandboxNotFound) {
 			t.Errorf("Status of a Terminated sandbox = %v, want ErrSandboxNotFound", err)
+		}
+		// The server renews it (TestContractExitedSandboxes); the provider
+		// finds it lost.
+		if err := p.Renew(ctx, p2h(q["id"].(string)), time.Now().Add(time.Hour)); !errors.Is(err, provider.ErrSandboxNotFound) {
+			t.Errorf("Renew of a Terminated sandbox = %v, want ErrSandboxNotFound", err)
 		}
 		if err := p.Stop(ctx, p2h(q["id"].(string))); err != nil {
 			t.Errorf("Stop of a Terminated sandbox: %v", err)

@@ -568,6 +568,28 @@ func TestLeaseRenewAndExpiry(t *testing.T) {
 	}
 }
 
+// TestARenewalFindsAnEndedSandboxLost: the server renews a sandbox whose
+// entrypoint ended (every one after its runtime restarts) as it renews a
+// running one, so Renew looks at its state: an ended sandbox is
+// ErrSandboxNotFound, and its lease is left alone.
+func TestARenewalFindsAnEndedSandboxLost(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	ctx := context.Background()
+	h := e.start(t, provider.Spec{TTLSeconds: 60})
+	other := e.start(t, provider.Spec{TTLSeconds: 60})
+	e.srv.Terminate(h.SandboxID)
+	renewals := func() int { return e.srv.Stats().Requests["POST /sandboxes/{id}/renew-expiration"] }
+	if err := e.p.Renew(ctx, h, e.clk.Now().Add(time.Hour)); !errors.Is(err, provider.ErrSandboxNotFound) {
+		t.Errorf("Renew of a Terminated sandbox = %v, want ErrSandboxNotFound", err)
+	}
+	if n := renewals(); n != 0 {
+		t.Errorf("%d renewals sent, want none for an ended sandbox", n)
+	}
+	if err := e.p.Renew(ctx, other, e.clk.Now().Add(time.Hour)); err != nil || renewals() != 1 {
+		t.Errorf("Renew of a running sandbox = %v with %d renewals sent, want nil and one", err, renewals())
+	}
+}
+
 func TestListPagesAndFiltersOnTheClient(t *testing.T) {
 	e := newEnv(t, opensandboxtest.Options{CreateLatency: time.Millisecond}, opensandbox.Options{ListLabels: map[string]string{"ng.owner": "a"}})
 	for i := 0; i < 103; i++ {

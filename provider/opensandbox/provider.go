@@ -839,13 +839,20 @@ func (p *Provider) Status(ctx context.Context, h provider.Handle) (provider.Stat
 }
 
 // Renew moves the sandbox's expiry to expiresAt (absolute, whole seconds,
-// rounded up). A sandbox gone is ErrSandboxNotFound.
+// rounded up). A sandbox gone is ErrSandboxNotFound, and so is one that has
+// ended (Terminated, Failed: every one after its runtime restarts): the
+// server renews those too, so its state is looked at first, and the owner
+// finds the sandbox lost at its next renewal instead of at a call that
+// fails.
 func (p *Provider) Renew(ctx context.Context, h provider.Handle, expiresAt time.Time) error {
 	if err := p.check(h); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout())
 	defer cancel()
+	if _, err := p.getSandbox(ctx, h.SandboxID); err != nil {
+		return fmt.Errorf("renew: %w", err)
+	}
 	at := expiresAt.UTC()
 	if t := at.Truncate(time.Second); !t.Equal(at) {
 		at = t.Add(time.Second)

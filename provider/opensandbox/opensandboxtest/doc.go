@@ -25,8 +25,9 @@
 //   - OPEN-SANDBOX-API-KEY is required when Options.APIKey is set (401
 //     MISSING_API_KEY, INVALID_API_KEY).
 //   - A sandbox created with a timeout has an absolute expiresAt and is
-//     deleted once Options.Clock passes it; renew-expiration moves it and is
-//     refused (409) for a sandbox created without one.
+//     deleted once Options.Clock passes it; renew-expiration moves it (an
+//     ended sandbox's too) and is refused (409) for a sandbox created
+//     without one.
 //   - Deleting a snapshot that is still Creating is refused (409).
 //   - Endpoints have no scheme and carry a path prefix, and name no headers,
 //     as under the Docker runtime (unless Options.ExecdHeaders names some:

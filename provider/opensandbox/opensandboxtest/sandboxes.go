@@ -201,7 +201,10 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
 	case !t.After(now):
 		writeError(w, http.StatusBadRequest, "SANDBOX::INVALID_EXPIRATION", "expiresAt %s is not in the future", formatTime(t))
 	default:
-		if l := s.backend.Capabilities().Leaser; l != nil {
+		// An ended sandbox is renewed too, as the real server renews an
+		// exited container (its runtime's sandbox, the backend's here, is
+		// gone: nothing to move there).
+		if l := s.backend.Capabilities().Leaser; l != nil && sb.exited == "" {
 			if err := l.Renew(r.Context(), sb.backend, t); err != nil {
 				s.backendError(w, "SANDBOX::RENEW_FAILED", err)
 				return
