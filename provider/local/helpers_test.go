@@ -40,7 +40,11 @@ func TestMain(m *testing.M) {
 	// (2 here) ran them two at a time.
 	flag.Parse()
 	testparallel.AtLeast(4)
-	os.Exit(localtest.Run(m))
+	var before []func() error
+	if os.Getenv(cgroup2Env) != "" {
+		before = append(before, enterPureCgroup2)
+	}
+	os.Exit(localtest.Run(m, before...))
 }
 
 // TestTempDirsAreUnderALockedRoot: the providers' roots (every test's

@@ -1,0 +1,491 @@
+package local
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local/localtest"
+)
+
+// cgroup2Env makes the test binary a pure cgroup v2 host (see
+// enterPureCgroup2) and names the init binary its providers run.
+const cgroup2Env = "LOCAL_PROVIDER_TEST_CGROUP2"
+
+// cgroup2Mount is where the child mounts the v2 hierarchy, as a pure v2
+// host does.
+const cgroup2Mount = "/sys/fs/cgroup"
+
+// enterPureCgroup2 turns this process's mount namespace (a new one, made
+// for it by TestTheCgroupV2PathOnTheRealKernel) into a pure v2 host's:
+// every mount is made private first, so that nothing done here reaches the
+// host's mounts, then every cgroup mount (the v1 hierarchies and the tmpfs
+// holding them, the v2 one) is detached and the v2 hierarchy mounted
+// alone where a pure v2 host has it.
+func enterPureCgroup2() error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("cgroup2 host: make the mounts private: %w", err)
+	}
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var points []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		pre, _, ok := strings.Cut(sc.Text(), " - ")
+		fields := strings.Fields(pre)
+		if !ok || len(fields) < 6 {
+			continue
+		}
+		// Optional fields from the seventh on: a shared mount would carry
+		// an unmount to its peers (the host's).
+		for _, o := range fields[6:] {
+			if strings.HasPrefix(o, "shared:") {
+				f.Close()
+				return fmt.Errorf("cgroup2 host: %s is still shared", fields[4])
+			}
+		}
+		if mp := fields[4]; mp == cgroup2Mount || strings.HasPrefix(mp, cgroup2Mount+"/") {
+			points = append(points, mp)
+		}
+	}
+	f.Close()
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	// Children before their parents: later lines are mounted later.
+	for i := len(points) - 1; i >= 0; i-- {
+		if err := unix.Unmount(points[i], unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("cgroup2 host: unmount %s: %w", points[i], err)
+		}
+	}
+	if err := unix.Mount("cgroup2", cgroup2Mount, "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("cgroup2 host: mount: %w", err)
+	}
+	return nil
+}
+
+// The cgroup v2 path (one tree, freezing through cgroup.freeze) had never
+// run on a kernel: this host is a hybrid, whose v1 hierarchies make the
+// provider choose v1. A child of the test binary, in a mount namespace of
+// its own where only the v2 hierarchy is mounted, and in a cgroup the test
+// makes under its own (removed at the end), sees a pure v2 host and runs
+// real sandboxes there (TestCgroupV2Host). The host's mounts are never
+// touched: the child makes every mount of its namespace private first.
+func TestTheCgroupV2PathOnTheRealKernel(t *testing.T) {
+	if os.Getenv(cgroup2Env) != "" {
+		t.Skip("SKIP: the child itself")
+	}
+	mounts, err := cgroupMounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := ownCgroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mnt, ok := mounts[""]
+	path, ok2 := own[""]
+	if !ok || !ok2 {
+		t.Skip("SKIP: no cgroup v2 hierarchy mounted here")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP: mounting the v2 hierarchy needs root")
+	}
+	ownDir := filepath.Join(mnt, path)
+	if reaped := reapTestParents(ownDir); len(reaped) > 0 {
+		t.Logf("removed the cgroups of gone test binaries: %v", reaped)
+	}
+	dir := filepath.Join(ownDir, "cgroup2"+testParentInfix+strconv.Itoa(os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("SKIP: no v2 cgroup of the test's own can be made here: %v", err)
+	}
+	t.Cleanup(func() {
+		// What the child left (it must leave nothing): its processes,
+		// then its cgroups, children first.
+		_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
+		var left []string
+		_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() && p != dir {
+				left = append(left, p)
+			}
+			return nil
+		})
+		for i := len(left) - 1; i >= 0; i-- {
+			_ = syscall.Rmdir(left[i])
+		}
+		if err := rmdirWhenEmpty(dir); err != nil {
+			t.Errorf("the test's v2 cgroup: %v", err)
+		}
+		if len(left) > 0 {
+			t.Errorf("the child left cgroups: %v", left)
+		}
+	})
+	cgDir, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cgDir.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a hang guard
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCgroupV2Host$", "-test.count=1", "-test.v=true")
+	cmd.Env = append(os.Environ(), cgroup2Env+"="+localtest.InitBinary(t))
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWNS,
+		UseCgroupFD: true,
+		CgroupFD:    int(cgDir.Fd()),
+		Pdeathsig:   syscall.SIGKILL,
+	}
+	out, err := cmd.CombinedOutput()
+	t.Logf("the pure v2 host's run:\n%s", out)
+	if err != nil {
+		t.Fatalf("the pure v2 host's run: %v", err)
+	}
+	if !strings.Contains(string(out), "--- PASS: TestCgroupV2Host") {
+		t.Fatal("the pure v2 host's run did not pass TestCgroupV2Host")
+	}
+}
+
+// rmdirWhenEmpty removes the cgroup dir once what was killed in it is gone
+// (a killed process leaves its cgroup as it exits), for at most a minute: a
+// hang guard.
+func rmdirWhenEmpty(dir string) error {
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(pollEvery) {
+		err := syscall.Rmdir(dir)
+		if err == nil || errors.Is(err, syscall.ENOENT) || !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
+			return err
+		}
+	}
+}
+
+// TestCgroupV2Host runs in the child TestTheCgroupV2PathOnTheRealKernel
+// starts, on a pure v2 host whose v2 hierarchy has no controller for the
+// server's cgroup (this host binds pids, memory and cpu to v1): sandboxes
+// get a v2 cgroup each, under one parent per provider root, frozen for
+// snapshots and killed whole, and no limit is claimed.
+func TestCgroupV2Host(t *testing.T) {
+	initBin := os.Getenv(cgroup2Env)
+	if initBin == "" {
+		t.Skip("SKIP: run by TestTheCgroupV2PathOnTheRealKernel, on a pure v2 host of its own")
+	}
+	mounts, err := cgroupMounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string]string{"": cgroup2Mount}, mounts); diff != "" {
+		t.Fatalf("not a pure v2 host (-want +got):\n%s", diff)
+	}
+	own, err := ownCgroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Only under the cgroup the parent test made for this run.
+	if !strings.HasPrefix(filepath.Base(own[""]), "cgroup2"+testParentInfix) {
+		t.Fatalf("in v2 cgroup %q, not one TestTheCgroupV2PathOnTheRealKernel made", own[""])
+	}
+	ownDir := filepath.Join(cgroup2Mount, own[""])
+	for _, m := range []mode{{"container-copy", IsolationContainer, OverlayOff}, {"none-copy", IsolationNone, OverlayOff}} {
+		t.Run(m.name, func(t *testing.T) { testCgroupV2Mode(t, m, ownDir, initBin) })
+	}
+}
+
+func testCgroupV2Mode(t *testing.T, m mode, ownDir, initBin string) {
+	ctx := context.Background()
+	root := t.TempDir()
+	parent := filepath.Join(ownDir, cgroupParent(root))
+	// What killed servers left: an empty sandbox cgroup of this root, and
+	// another root's empty parent, both old.
+	old := time.Now().Add(-staleCgroupAge - time.Minute)
+	killed := filepath.Join(ownDir, cgroupParentPrefix+"-0123456789ab")
+	for _, d := range []string{parent, filepath.Join(parent, sandboxPrefix+"stale"), killed} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{filepath.Join(parent, sandboxPrefix+"stale"), killed} {
+		if err := os.Chtimes(d, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newP := func(log logrus.FieldLogger) *Provider {
+		t.Helper()
+		p, err := New(Options{Root: root, Isolation: m.isolation, Overlay: m.overlay, InitBinary: initBin, Logger: log, Limits: Limits{DiskMB: -1}, probed: newProbeResults()})
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		return p
+	}
+	log, entries := capturingLogger(t)
+	p := newP(log)
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			stopAll(t, p)
+			_ = p.Close()
+		}
+	})
+
+	// The provider chose v2, one parent for the root, and freezing only:
+	// no controller is offered to the server's cgroup here, and no limit
+	// is claimed.
+	if !p.cg.v2 {
+		t.Fatal("the provider chose cgroup v1 on a pure v2 host")
+	}
+	if diff := cmp.Diff(map[string]string{"freezer": parent}, p.cg.dirs); diff != "" {
+		t.Errorf("the provider's cgroup parents (-want +got):\n%s", diff)
+	}
+	if got, want := p.LimitsInEffect(), "cgroup v2 freezer; rlimits core,nofile,fsize"; got != want {
+		t.Errorf("limits in effect %q, want %q", got, want)
+	}
+	missing := missingLimits(entries())
+	for _, c := range []string{"pids", "memory", "cpu"} {
+		if !strings.Contains(missing, c+": not offered to the server's cgroup") {
+			t.Errorf("the startup's limits not enforced %q do not name %s as not offered", missing, c)
+		}
+	}
+	// The sweep removed what killed servers left.
+	for _, d := range []string{filepath.Join(parent, sandboxPrefix+"stale"), killed} {
+		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+			_ = syscall.Rmdir(d)
+			t.Errorf("%s after the sweep: %v, want it removed", d, err)
+		}
+	}
+
+	// Background processes, one in a session of its own, one without the
+	// sandbox's mark in its environment, all in the sandbox's cgroup.
+	h := start(t, p, provider.Spec{Files: map[string]string{"notes": "one\n"}})
+	sbDir := filepath.Join(parent, h.SandboxID)
+	bg := backgroundProcs(t, p, h)
+	members := cgroupMembers(t, sbDir)
+	for _, pid := range bg {
+		if !members[pid] {
+			t.Errorf("background process %d is not in the sandbox's cgroup %s (%v)", pid, sbDir, members)
+		}
+	}
+
+	// A snapshot freezes every process of the cgroup, and thaws them.
+	var during string
+	var duringMembers map[int]bool
+	p.hook = func(stage, id string) {
+		if stage == "paused" && id == h.SandboxID {
+			during = cgroupEvent(t, sbDir, "frozen")
+			duringMembers = cgroupMembers(t, sbDir)
+		}
+	}
+	snapshot(t, p, h)
+	p.hook = nil
+	if during != "1" {
+		t.Errorf("during the copy the sandbox's cgroup was frozen %q, want 1", during)
+	}
+	for _, pid := range bg {
+		if !duringMembers[pid] {
+			t.Errorf("background process %d was not in the frozen cgroup", pid)
+		}
+	}
+	if got := cgroupEvent(t, sbDir, "frozen"); got != "0" {
+		t.Errorf("after the copy the sandbox's cgroup is frozen %q, want 0", got)
+	}
+	if got := mustRun(t, p, h, "cat notes"); got != "one\n" {
+		t.Errorf("after the snapshot the sandbox reads %q", got)
+	}
+
+	// A stop kills every process of the sandbox and removes its cgroup and
+	// the parent, which holds no other sandbox.
+	if err := p.Stop(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, bg)
+	for _, d := range []string{sbDir, parent} {
+		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after the stop: %v, want it removed", d, err)
+		}
+	}
+
+	// A server that dies leaves a process in a sandbox's cgroup (one the
+	// test starts and moves there: without the mark, in no process group
+	// of the sandbox's); the restarted provider kills it when it takes the
+	// sandbox over, and nothing is left once it stops.
+	h2 := start(t, p, provider.Spec{})
+	mustRun(t, p, h2, "true")
+	bg2 := backgroundProcs(t, p, h2)
+	crash(p)
+	closed = true
+	_ = p.Close()
+	sbDir2 := filepath.Join(parent, h2.SandboxID)
+	if err := os.MkdirAll(sbDir2, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	leftover := exec.Command("sleep", "3600")
+	if err := leftover.Start(); err != nil {
+		t.Fatal(err)
+	}
+	reaped := make(chan struct{})
+	go func() { _ = leftover.Wait(); close(reaped) }()
+	t.Cleanup(func() { _ = leftover.Process.Kill(); <-reaped })
+	if err := os.WriteFile(filepath.Join(sbDir2, "cgroup.procs"), []byte(strconv.Itoa(leftover.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	p2 := newP(testLogger(t))
+	t.Cleanup(func() {
+		stopAll(t, p2)
+		_ = p2.Close()
+	})
+	if got := mustRun(t, p2, h2, "echo again"); got != "again\n" {
+		t.Errorf("the restarted provider's exec: %q", got)
+	}
+	select {
+	case <-reaped:
+	case <-time.After(time.Minute): // a hang guard
+		t.Error("the process left in the sandbox's cgroup outlived its takeover")
+	}
+	assertGone(t, bg2)
+	if err := p2.Stop(ctx, h2); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{sbDir2, parent} {
+		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after the restarted provider's stop: %v, want it removed", d, err)
+		}
+	}
+}
+
+// backgroundProcs starts, in sandbox h, a background sleep, a spinning
+// shell in a session of its own and a sleep whose environment is empty (no
+// sandbox mark), and returns their host pids once all run.
+func backgroundProcs(t *testing.T, p *Provider, h provider.Handle) []int {
+	t.Helper()
+	tok := strconv.Itoa(os.Getpid()) + strconv.FormatInt(time.Now().UnixNano()%1e6, 10)
+	a, b := "86"+tok+"1", "86"+tok+"2"
+	mustRun(t, p, h, fmt.Sprintf("sleep %s >/dev/null 2>&1 & setsid sh -c 'while :; do :; done' spin-%s >/dev/null 2>&1 & env -i /bin/sleep %s >/dev/null 2>&1 &", a, tok, b))
+	want := []string{"sleep\x00" + a, "spin-" + tok, "sleep\x00" + b}
+	var pids []int
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+		pids = procsWith(want)
+		if len(pids) == len(want) {
+			return pids
+		}
+		if time.Now().After(deadline) { // a hang guard
+			t.Fatalf("the sandbox's background processes: %v", pids)
+		}
+	}
+}
+
+// procsWith are the live processes whose command line holds one of subs.
+func procsWith(subs []string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || len(cmdline) == 0 {
+			continue // gone, or a zombie
+		}
+		for _, s := range subs {
+			if strings.Contains(string(cmdline), s) {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// assertGone fails t unless every process of pids is gone (or a zombie).
+func assertGone(t *testing.T, pids []int) {
+	t.Helper()
+	for _, pid := range pids {
+		st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			continue
+		}
+		if f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+1:])); len(f) > 0 && f[0] != "Z" && f[0] != "X" {
+			t.Errorf("process %d of the sandbox still runs (%s)", pid, f[0])
+		}
+	}
+}
+
+// cgroupMembers are the processes in v2 cgroup dir.
+func cgroupMembers(t *testing.T, dir string) map[int]bool {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]bool{}
+	for _, f := range strings.Fields(string(b)) {
+		pid, _ := strconv.Atoi(f)
+		out[pid] = true
+	}
+	return out
+}
+
+// cgroupEvent is key's value in v2 cgroup dir's cgroup.events.
+func cgroupEvent(t *testing.T, dir, key string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, key+" "); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// capturingLogger logs to t (when verbose) and keeps every entry.
+func capturingLogger(t *testing.T) (logrus.FieldLogger, func() []*logrus.Entry) {
+	l := testLogger(t).(*logrus.Logger)
+	h := &entryHook{}
+	l.AddHook(h)
+	return l, h.all
+}
+
+type entryHook struct {
+	mu      sync.Mutex
+	entries []*logrus.Entry
+}
+
+func (*entryHook) Levels() []logrus.Level { return logrus.AllLevels }
+func (h *entryHook) Fire(e *logrus.Entry) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.entries = append(h.entries, e)
+	return nil
+}
+
+func (h *entryHook) all() []*logrus.Entry {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]*logrus.Entry(nil), h.entries...)
+}
+
+// missingLimits is the startup's "missing" field, printed.
+func missingLimits(entries []*logrus.Entry) string {
+	for _, e := range entries {
+		if v, ok := e.Data["missing"]; ok {
+			return fmt.Sprint(v)
+		}
+	}
+	return ""
+}
