@@ -334,6 +334,10 @@ func (h *Handler) pathArg(ctx *fasthttp.RequestCtx, sandboxID string) (string, b
 	return path, true
 }
 
+// unavailableRetryAfter is the Retry-After (seconds) of a 503
+// provider_unavailable, as the resources server's.
+const unavailableRetryAfter = "5"
+
 // providerError maps a provider error to a status; notExistCode names a
 // missing path (a file, or an exec's cwd).
 func (h *Handler) providerError(ctx *fasthttp.RequestCtx, sandboxID string, err error, notExistCode string) {
@@ -343,6 +347,12 @@ func (h *Handler) providerError(ctx *fasthttp.RequestCtx, sandboxID string, err 
 		status, code, detail = fasthttp.StatusBadRequest, "path_escape", "the path leaves the sandbox"
 	case errors.Is(err, provider.ErrSandboxNotFound):
 		status, code, detail = fasthttp.StatusNotFound, "sandbox_not_found", "the sandbox is gone"
+	case errors.Is(err, provider.ErrUnavailable):
+		// Not made, and worth making again: the provider's backend gave no
+		// answer (an OpenSandbox lifecycle server asked whether the sandbox
+		// has ended before a connection to its execd).
+		status, code, detail = fasthttp.StatusServiceUnavailable, "provider_unavailable", "the sandbox provider's backend did not answer; retry"
+		ctx.Response.Header.Set("Retry-After", unavailableRetryAfter)
 	case errors.Is(err, fs.ErrNotExist):
 		status, code, detail = fasthttp.StatusNotFound, notExistCode, "no such file or directory"
 		if notExistCode == "invalid_cwd" {

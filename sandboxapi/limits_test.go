@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
+	"github.com/valyala/fasthttp"
 
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
@@ -153,5 +154,42 @@ func TestTimeoutMSOnItsBounds(t *testing.T) {
 	want := []time.Duration{2 * time.Second, 0, time.Second, time.Duration(fits) * time.Millisecond}
 	if diff := cmp.Diff(want, p.timeouts); diff != "" {
 		t.Errorf("the timeouts the provider was given (-want +got):\n%s", diff)
+	}
+}
+
+// unavailableProvider's backend gives no answer: every call fails with
+// provider.ErrUnavailable, as an OpenSandbox call does whose look at the
+// sandbox before connecting to its execd got none.
+type unavailableProvider struct{ *local.Provider }
+
+func (unavailableProvider) Exec(context.Context, provider.Handle, provider.ExecRequest) (provider.ExecResult, error) {
+	return provider.ExecResult{}, fmt.Errorf("exec: %w", provider.ErrUnavailable)
+}
+
+func (unavailableProvider) WriteFile(context.Context, provider.Handle, string, []byte) error {
+	return fmt.Errorf("write: %w", provider.ErrUnavailable)
+}
+
+// TestAnUnavailableProviderIsARetryable503: a call the provider could not
+// make for want of its backend's answer is 503 provider_unavailable with
+// Retry-After, as the resources server answers it, not a 500.
+func TestAnUnavailableProviderIsARetryable503(t *testing.T) {
+	w := newWorld(t)
+	id, token := w.sandbox(t)
+	w.h.Provider = unavailableProvider{w.p}
+	for _, c := range []struct{ method, uri, body string }{
+		{"POST", "/sandboxes/" + id + "/exec", `{"command":"true"}`},
+		{"PUT", "/sandboxes/" + id + "/files?path=x", "x"},
+	} {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.Header.SetMethod(c.method)
+		ctx.Request.SetRequestURI(c.uri)
+		ctx.Request.Header.Set("Authorization", "Bearer "+token)
+		ctx.Request.SetBody([]byte(c.body))
+		w.h.Serve(&ctx)
+		got := codeOf(t, reply{ctx.Response.StatusCode(), string(ctx.Response.Body())})
+		if ra := string(ctx.Response.Header.Peek("Retry-After")); got != errReply(503, "provider_unavailable") || ra != "5" {
+			t.Errorf("%s %s: %+v with Retry-After %q, want 503 provider_unavailable with 5", c.method, c.uri, got, ra)
+		}
 	}
 }

@@ -243,8 +243,9 @@ func (p *Provider) do(ctx context.Context, req request) (*response, error) {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("opensandbox: %s: %w", req.op, ctx.Err())
 		}
-		if errors.Is(err, provider.ErrSandboxNotFound) {
-			// An execd call not made: its sandbox ended.
+		if lookRefused(err) {
+			// An execd call not made: its sandbox ended, or the lifecycle
+			// server, asked with retries, did not say.
 			return nil, fmt.Errorf("opensandbox: %s: %w", req.op, err)
 		}
 		if !req.retry || attempt >= p.opts.MaxRetries || (err != nil && wasDown) {

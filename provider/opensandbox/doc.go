@@ -16,7 +16,8 @@
 // its execd then wants of every call, and a label keeps it for a server
 // started again. A call refused by another execd (401, 403) or that found
 // none resolves the endpoint again; a direct endpoint's connections are each
-// sandbox's own, made only while the sandbox has not ended.
+// sandbox's own, made only once the lifecycle server says the sandbox has
+// not ended (without its answer, not made: provider.ErrUnavailable).
 //
 // Calls that fail with 408, 425, 429, 5xx (not 501) or a connection error
 // are retried with jittered backoff (at least Retry-After). A lifecycle

@@ -161,8 +161,8 @@ func (p *Provider) execdRequest(ep endpoint, op, method, route string) request {
 // that its container is still there (a restart ends them with it), so the
 // look is one per spell of calls, not one per connection (a command's
 // stream stays open a second after its end, and back-to-back commands each
-// take a new connection). A lifecycle server that does not answer does not
-// hold execd calls up. Through the server proxy (which goes by the
+// take a new connection). A lifecycle server that does not answer fails
+// the call closed (see ended). Through the server proxy (which goes by the
 // sandbox's id) or a client the options gave, calls share p.http.
 func (p *Provider) execdClient(id string) *http.Client {
 	if p.execdBase == nil || id == "" {
@@ -179,7 +179,7 @@ func (p *Provider) execdClient(id string) *http.Client {
 			if open.Load() == 0 {
 				if err := p.ended(ctx, id); err != nil {
 					// As a connection refused: the call never ran.
-					return nil, &net.OpError{Op: "dial", Net: network, Err: fmt.Errorf("the port of ended sandbox %s is not its own any more: %w", id, err)}
+					return nil, &net.OpError{Op: "dial", Net: network, Err: err}
 				}
 			}
 			c, err := dial(ctx, network, addr)
@@ -237,6 +237,9 @@ func (p *Provider) waitExecd(ctx context.Context, id string, deadline time.Time)
 // gone turns a failed execd call into ErrSandboxNotFound when the sandbox no
 // longer exists (a proxy or a closed connection says little on its own).
 func (p *Provider) gone(ctx context.Context, id string, err error) error {
+	if errors.Is(err, provider.ErrUnavailable) {
+		return err // the lifecycle server just gave no answer about it
+	}
 	p.mu.Lock()
 	delete(p.endpoints, id) // re-resolve next time
 	p.mu.Unlock()
@@ -622,18 +625,40 @@ func (p *Provider) runCommand(ctx context.Context, ep endpoint, body []byte, tim
 	return streamOutcome{}, false
 }
 
-// ended asks the lifecycle server, once and without retries, whether
-// sandbox id has ended: an error wrapping provider.ErrSandboxNotFound if so,
-// nil when it has not or there is no answer.
+// ended asks the lifecycle server whether sandbox id has ended, before a
+// new connection to its execd: nil when it says it has not, an error
+// wrapping provider.ErrSandboxNotFound when it has. Without its answer the
+// connection is not made (an error wrapping provider.ErrUnavailable, which
+// callers answer as a retryable 503): a server that does not answer is
+// likeliest just after its runtime restarted, which is when an ended
+// sandbox's port may lead to another sandbox's execd, one its agent may
+// have replaced with a server of its own. The look is retried as any
+// lifecycle call is (once only while the server is known unreachable),
+// within the bound of one request.
 func (p *Provider) ended(ctx context.Context, id string) error {
-	resp, err := p.once(ctx, request{op: "get sandbox", method: http.MethodGet, url: p.base + "/sandboxes/" + url.PathEscape(id), header: p.apiHeader()})
-	if err != nil {
-		return nil
+	// The dial's context is not the caller's: the transport lets a dial go
+	// on after its request went, for the next one.
+	ctx, cancel := context.WithTimeout(ctx, p.opts.RequestTimeout)
+	defer cancel()
+	resp, err := p.api(ctx, "get sandbox", http.MethodGet, "/sandboxes/"+url.PathEscape(id), nil, true)
+	if err == nil {
+		_, err = readSandbox(id, resp)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, provider.ErrSandboxNotFound) {
+			return fmt.Errorf("the port of ended sandbox %s is not its own any more: %w", id, err)
+		}
 	}
-	if _, err := readSandbox(id, resp); errors.Is(err, provider.ErrSandboxNotFound) {
-		return err
-	}
-	return nil
+	return fmt.Errorf("the lifecycle server did not say whether sandbox %s has ended, so its execd is not connected to: %w (%w)", id, err, provider.ErrUnavailable)
+}
+
+// lookRefused reports an execd call that the look before its connection
+// refused (see ended): its sandbox ended, or the lifecycle server did not
+// say. The look was retried already; the call is not made again, at the
+// same endpoint or another.
+func lookRefused(err error) bool {
+	return errors.Is(err, provider.ErrSandboxNotFound) || errors.Is(err, provider.ErrUnavailable)
 }
 
 // refusedUnrun reports an execd call that did not run, because what
@@ -642,8 +667,8 @@ func (p *Provider) ended(ctx context.Context, id string) error {
 // connection was made): the endpoint may have moved. One not made because
 // its sandbox ended (see execdClient) is not.
 func refusedUnrun(err error) bool {
-	if errors.Is(err, provider.ErrSandboxNotFound) {
-		return false // its sandbox ended: it has moved nowhere
+	if lookRefused(err) {
+		return false // refused before it connected: it has moved nowhere
 	}
 	var refused *refusal
 	if errors.As(err, &refused) {
@@ -786,15 +811,19 @@ func fileError(resp *response, op, full string) error {
 // asked about the path. An answer that says the endpoint is not (or no
 // longer) the sandbox's execd, a 401 or 403 or no answer at all, drops the
 // cached endpoint and resolves it again; when it moved, the call goes there
-// (file calls may be made twice: a write writes the same bytes).
+// (file calls may be made twice: a write writes the same bytes). One that
+// the look before its connection refused is not tried again (lookRefused).
 func (p *Provider) fileCall(ctx context.Context, id string, ep endpoint, mk func(endpoint) request, dir func(context.Context, endpoint) bool) (*response, error) {
 	req := mk(ep)
 	resp, err := p.once(ctx, req)
-	if err != nil && ctx.Err() == nil && !errors.Is(err, provider.ErrSandboxNotFound) || err == nil && (resp.status == http.StatusUnauthorized || resp.status == http.StatusForbidden) {
+	if err != nil && ctx.Err() == nil && !lookRefused(err) || err == nil && (resp.status == http.StatusUnauthorized || resp.status == http.StatusForbidden) {
 		if nep, moved := p.reresolve(ctx, id, ep); moved {
 			ep, req = nep, mk(nep)
 			resp, err = p.once(ctx, req)
 		}
+	}
+	if lookRefused(err) {
+		return nil, err
 	}
 	if err == nil && (resp.status == http.StatusInternalServerError || !retryableStatus(resp.status)) {
 		if resp.status == http.StatusInternalServerError && dir != nil && dir(ctx, ep) {

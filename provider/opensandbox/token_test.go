@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -389,33 +390,125 @@ func rawCreate(t *testing.T, e *env) provider.Handle {
 	return provider.Handle{SandboxID: doc.ID, Provider: opensandbox.Name, Descriptor: json.RawMessage(`{"sandbox_id":"` + doc.ID + `"}`)}
 }
 
-// The look at the sandbox before a connection is one attempt, and a
-// lifecycle server that does not answer it does not hold execd calls up.
-func TestALifecycleServerThatDoesNotAnswerLetsTheConnectionThrough(t *testing.T) {
+// The look at the sandbox before a connection is retried as any lifecycle
+// call is, and a lifecycle server that still gives no answer fails the call
+// closed with provider.ErrUnavailable (a 503 to agents, with Retry-After),
+// never sent: the port may lead to another sandbox's execd, one its agent
+// replaced (TestAnEndedSandboxsPortIsNotDialled). While the server is known
+// unreachable, a look is one attempt.
+func TestALifecycleServerThatDoesNotAnswerTheLookFailsTheCallClosed(t *testing.T) {
 	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
 	ctx := context.Background()
 	a := e.start(t, provider.Spec{})
-	for _, f := range []opensandboxtest.Fault{
-		// Twice: Go's transport sends a GET again, once, when a kept-alive
-		// connection drops unanswered.
-		{Method: http.MethodGet, Path: "/v1/sandboxes/" + a.SandboxID, Drop: true, Times: 2},
-		{Method: http.MethodGet, Path: "/v1/sandboxes/" + a.SandboxID, Status: http.StatusServiceUnavailable},
-	} {
-		again, err := opensandbox.New(e.popts) // no connection open yet
+	fresh := func() *opensandbox.Provider { // no connection open yet
+		t.Helper()
+		again, err := opensandbox.New(e.popts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if _, _, err := again.Endpoint(ctx, a); err != nil {
 			t.Fatal(err)
 		}
-		before := e.srv.Stats().Requests["GET /sandboxes/{id}"]
-		e.srv.Inject(f)
-		if res, err := again.Exec(ctx, a, provider.ExecRequest{Command: "echo hi"}); err != nil || res.Stdout != "hi\n" {
-			t.Errorf("Exec while the lifecycle server answers %d (drop %v) = %+v, %v", f.Status, f.Drop, res, err)
+		return again
+	}
+	looks := func() int { return e.srv.Stats().Requests["GET /sandboxes/{id}"] }
+	slept := func() int {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return len(e.sleeps)
+	}
+	look := func(f opensandboxtest.Fault) opensandboxtest.Fault {
+		f.Method, f.Path = http.MethodGet, "/v1/sandboxes/"+a.SandboxID
+		return f
+	}
+
+	// A passing failure is retried, and the command runs.
+	again := fresh()
+	before := looks()
+	e.srv.Inject(look(opensandboxtest.Fault{Status: http.StatusServiceUnavailable}))
+	if res, err := again.Exec(ctx, a, provider.ExecRequest{Command: "echo hi"}); err != nil || res.Stdout != "hi\n" {
+		t.Errorf("Exec after one 503 to the look = %+v, %v; want it run", res, err)
+	}
+	if n := looks() - before; n != 2 {
+		t.Errorf("the sandbox was looked at %d times, want 2 (a retry)", n)
+	}
+
+	calls := map[string]func(p *opensandbox.Provider) error{
+		"Exec": func(p *opensandbox.Provider) error {
+			_, err := p.Exec(ctx, a, provider.ExecRequest{Command: "echo ran >> ran.txt"})
+			return err
+		},
+		"WriteFile": func(p *opensandbox.Provider) error { return p.WriteFile(ctx, a, "written.txt", []byte("x")) },
+		"ReadFile": func(p *opensandbox.Provider) error {
+			_, err := p.ReadFile(ctx, a, "ran.txt")
+			return err
+		},
+	}
+	for _, tc := range []struct {
+		name string
+		f    opensandboxtest.Fault
+		// looks and backoffs of each call: a server that answers 503 is
+		// asked through every retry; one that drops the connection is known
+		// unreachable after the first call, whose look backs off alone.
+		looks, sleeps []int
+	}{
+		{"503", opensandboxtest.Fault{Status: http.StatusServiceUnavailable, Times: 1000}, []int{6, 6, 6}, []int{5, 5, 5}},
+		{"no answer", opensandboxtest.Fault{Drop: true, Times: 1000}, nil, []int{5, 0, 0}},
+	} {
+		again := fresh()
+		e.srv.Inject(look(tc.f))
+		for i, name := range []string{"Exec", "WriteFile", "ReadFile"} {
+			before, sleeps := looks(), slept()
+			err := calls[name](again)
+			if !errors.Is(err, provider.ErrUnavailable) || errors.Is(err, provider.ErrSandboxNotFound) {
+				t.Errorf("%s: %s while the look gets %s = %v, want ErrUnavailable (and not lost)", tc.name, name, tc.name, err)
+			}
+			if tc.looks != nil && looks()-before != tc.looks[i] {
+				t.Errorf("%s: %s looked %d times, want %d", tc.name, name, looks()-before, tc.looks[i])
+			}
+			if n := slept() - sleeps; n != tc.sleeps[i] {
+				t.Errorf("%s: %s backed off %d times, want %d", tc.name, name, n, tc.sleeps[i])
+			}
 		}
-		if n := e.srv.Stats().Requests["GET /sandboxes/{id}"] - before; !f.Drop && n != 1 {
-			t.Errorf("the sandbox was looked at %d times before the connection, want once (no retries)", n)
+		e.srv.ClearFaults()
+	}
+	// Nothing was sent: no command ran, no file was written.
+	for _, name := range []string{"ran.txt", "written.txt"} {
+		if got, err := e.p.ReadFile(ctx, a, name); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s = %q, %v; want none: no call was made", name, got, err)
 		}
+	}
+}
+
+// The look, its retries included, is bounded as one request is: a server
+// that keeps answering 503 fails a call at the bound, not after every retry.
+func TestTheLookIsBoundedAsOneRequest(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	ctx := context.Background()
+	a := e.start(t, provider.Spec{})
+	const retries = 10000
+	opts := e.popts
+	opts.RequestTimeout, opts.MaxRetries = 20*time.Millisecond, retries
+	again, err := opensandbox.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		// At 20 ms an attempt, a loaded machine may need a few.
+		if _, _, err := again.Endpoint(ctx, a); err == nil {
+			break
+		}
+	}
+	before := e.srv.Stats().Requests["GET /sandboxes/{id}"]
+	e.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Path: "/v1/sandboxes/" + a.SandboxID, Status: http.StatusServiceUnavailable, Times: retries + 1})
+	if _, err := again.Exec(ctx, a, provider.ExecRequest{Command: "true"}); !errors.Is(err, provider.ErrUnavailable) {
+		t.Errorf("Exec = %v, want ErrUnavailable", err)
+	}
+	// 5000 answers in 20 ms would be 4 µs each: only a look without its
+	// bound gets near its 10001 attempts (an attempt cut at its own 20 ms
+	// may not reach the server).
+	if n := e.srv.Stats().Requests["GET /sandboxes/{id}"] - before; n > retries/2 {
+		t.Errorf("the look asked %d times, want it cut at its bound", n)
 	}
 }
 
