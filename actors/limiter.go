@@ -18,6 +18,10 @@ type Limiter struct {
 	mu      sync.Mutex
 	waiting int
 	changed chan struct{}
+	// watched: changed was handed out since it was made, so a change must
+	// close it; one nobody holds is kept (a fan-out changes the count
+	// twice a call).
+	watched bool
 }
 
 // NewLimiter allows n concurrent calls (at least 1).
@@ -38,6 +42,11 @@ func (l *Limiter) Acquire(ctx context.Context) error {
 	}
 	l.wait(1)
 	defer l.wait(-1)
+	return l.acquireSlow(ctx)
+}
+
+// acquireSlow waits for a slot or for ctx to end.
+func (l *Limiter) acquireSlow(ctx context.Context) error {
 	l.rt.Await(ctx, func() bool { return len(l.slots) < cap(l.slots) })
 	// A free slot wins over an ended context, in a fixed order (select
 	// would pick at random).
@@ -52,6 +61,33 @@ func (l *Limiter) Acquire(ctx context.Context) error {
 	}
 }
 
+// Queue counts n calls as waiting for a slot before their callers ask
+// for one with AcquireQueued, and returns a func that stops counting
+// those of them never asked for (their fan-out ended first): a fan-out
+// that runs its calls on fewer goroutines than it has calls shows every
+// call not yet at the provider as queued, as one goroutine a call did.
+func (l *Limiter) Queue(n int) (unqueue func(left int)) {
+	if n > 0 {
+		l.wait(n)
+	}
+	return func(left int) {
+		if left > 0 {
+			l.wait(-left)
+		}
+	}
+}
+
+// AcquireQueued is Acquire for one call Queue counted: it stops being
+// counted once it holds a slot or ctx ended. A slot free at once is taken
+// without touching the count's lock until then.
+func (l *Limiter) AcquireQueued(ctx context.Context) error {
+	defer l.wait(-1)
+	if l.tryTake() {
+		return nil
+	}
+	return l.acquireSlow(ctx)
+}
+
 func (l *Limiter) tryTake() bool {
 	select {
 	case l.slots <- struct{}{}:
@@ -64,8 +100,10 @@ func (l *Limiter) tryTake() bool {
 func (l *Limiter) wait(d int) {
 	l.mu.Lock()
 	l.waiting += d
-	close(l.changed)
-	l.changed = make(chan struct{})
+	if l.watched {
+		close(l.changed)
+		l.changed, l.watched = make(chan struct{}), false
+	}
 	l.mu.Unlock()
 }
 
@@ -80,5 +118,6 @@ func (l *Limiter) Cap() int { return cap(l.slots) }
 func (l *Limiter) Waiting() (int, <-chan struct{}) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.watched = true
 	return l.waiting, l.changed
 }

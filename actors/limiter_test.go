@@ -115,6 +115,63 @@ func TestLimiterOnADetWaitsOnVirtualTime(t *testing.T) {
 	}
 }
 
+// TestLimiterQueuedCalls: calls Queue counted show as waiting until their
+// AcquireQueued takes a slot (at once when one is free, after a wait
+// otherwise) or gives up, and those never asked for stop being counted
+// when unqueued; a watcher's channel closes at every change of the count.
+func TestLimiterQueuedCalls(t *testing.T) {
+	defer hangGuard()()
+	det := sched.NewDet(3, roundStart)
+	defer det.Close()
+	l := actors.NewLimiterOn(1, det)
+	unqueue := l.Queue(3)
+	n, changed := l.Waiting()
+	if n != 3 {
+		t.Fatalf("%d waiting after Queue(3), want 3", n)
+	}
+	if err := l.AcquireQueued(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !sched.Closed(changed) {
+		t.Fatal("the watcher's channel stayed open as a queued call took a slot")
+	}
+	n, changed = l.Waiting()
+	if n != 2 {
+		t.Fatalf("%d waiting once a queued call holds the slot, want 2", n)
+	}
+	var got error = errors.New("still waiting")
+	det.Go(func() { got = l.AcquireQueued(context.Background()) })
+	det.Settle()
+	if n, _ := l.Waiting(); n != 2 || got == nil || sched.Closed(changed) {
+		t.Fatalf("a queued call waiting for the held slot: %d waiting (want 2), err %v (want none yet), watcher told %v (want not)", n, got, sched.Closed(changed))
+	}
+	l.Release()
+	det.Settle()
+	if got != nil {
+		t.Fatalf("AcquireQueued after the release = %v, want the slot", got)
+	}
+	if n, _ := l.Waiting(); n != 1 {
+		t.Fatalf("%d waiting once the second holds the slot, want 1", n)
+	}
+	unqueue(1)
+	if n, _ := l.Waiting(); n != 0 {
+		t.Fatalf("%d waiting after the last queued call was unqueued, want 0", n)
+	}
+	unqueue(0)
+	if n, _ := l.Waiting(); n != 0 {
+		t.Fatalf("%d waiting after unqueueing none, want 0", n)
+	}
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	l.Queue(1)
+	if err := l.AcquireQueued(ended); !errors.Is(err, context.Canceled) {
+		t.Fatalf("AcquireQueued with the slot held and its context ended = %v, want Canceled", err)
+	}
+	if n, _ := l.Waiting(); n != 0 {
+		t.Fatalf("%d waiting after a queued call gave up, want 0", n)
+	}
+}
+
 // TestLimiterCapacity: a limiter of n allows n calls at once, and one of
 // less than one allows one rather than none.
 func TestLimiterCapacity(t *testing.T) {

@@ -16,22 +16,49 @@ import (
 )
 
 // each runs fn for 0..n-1 concurrently and waits; limited runs hold the
-// checkpoint limiter around each call. A context that ends stops the
-// waiting ones.
+// checkpoint limiter around each call, on at most as many goroutines as it
+// has slots, each taking the next call as it finishes one: a goroutine a
+// call made a thousand at a restore's start, each growing its stack at its
+// first provider call, and handed every slot over by a wake-up, where a
+// goroutine that keeps its slot for its next call hands over nothing. A
+// context that ends stops the waiting ones.
 func (o *Owner) each(ctx context.Context, n int, limited bool, fn func(i int)) {
 	var g group
-	for i := 0; i < n; i++ {
+	if !limited {
+		for i := 0; i < n; i++ {
+			g.Go(o.rt, func() { fn(i) })
+		}
+		g.Wait(o.rt)
+		return
+	}
+	// The calls beyond the goroutines' first count as queued for a slot
+	// until they ask for one, as their own goroutines waiting did; a
+	// goroutine's first call counts once it waits, as before.
+	workers := min(n, o.limiter.Cap())
+	unqueue := o.limiter.Queue(n - workers)
+	var next, asked atomic.Int64
+	for range workers {
 		g.Go(o.rt, func() {
-			if limited {
-				if err := o.limiter.Acquire(ctx); err != nil {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
 					return
 				}
-				defer o.limiter.Release()
+				acquire := o.limiter.Acquire
+				if i >= workers {
+					asked.Add(1)
+					acquire = o.limiter.AcquireQueued
+				}
+				if err := acquire(ctx); err != nil {
+					return
+				}
+				fn(i)
+				o.limiter.Release()
 			}
-			fn(i)
 		})
 	}
 	g.Wait(o.rt)
+	unqueue(n - workers - int(asked.Load()))
 }
 
 // group is a sync.WaitGroup whose Go and Wait go through a runtime.

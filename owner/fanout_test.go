@@ -3,11 +3,14 @@ package owner
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/actors"
 	"github.com/sandboxowner/owner/sched"
 )
 
@@ -174,5 +177,57 @@ func TestGroupWaitsThroughTheRuntime(t *testing.T) {
 	guarded(t, func() { det.RunUntil(func() bool { return waited }) })
 	if got := det.Now().Sub(detStart); got != 4*time.Second {
 		t.Fatalf("the coroutine's Wait returned at %v, want 4s", got)
+	}
+}
+
+// countingRuntime is the real runtime counting the goroutines it starts.
+type countingRuntime struct {
+	sched.Real
+	started atomic.Int64
+}
+
+func (r *countingRuntime) Go(fn func()) {
+	r.started.Add(1)
+	go fn()
+}
+
+// TestLimitedEachRunsOnAsManyGoroutinesAsSlots: a limited fan-out of 100
+// calls over 4 slots starts 4 goroutines, each taking the next call as it
+// finishes one (a goroutine a call made a restore's thousand forks start a
+// thousand); every call runs once and none is left counted as queued. With
+// every slot held elsewhere and the context ended, none runs and the calls
+// it counted as queued are counted no more.
+func TestLimitedEachRunsOnAsManyGoroutinesAsSlots(t *testing.T) {
+	rt := &countingRuntime{}
+	o := &Owner{rt: rt, limiter: actors.NewLimiter(4)}
+	var mu sync.Mutex
+	ran := map[int]int{}
+	o.each(context.Background(), 100, true, func(i int) {
+		mu.Lock()
+		defer mu.Unlock()
+		ran[i]++
+	})
+	if got := rt.started.Load(); got != 4 {
+		t.Errorf("%d goroutines started for 100 calls over 4 slots, want 4", got)
+	}
+	for i := range 100 {
+		if ran[i] != 1 {
+			t.Errorf("call %d ran %d times, want once", i, ran[i])
+		}
+	}
+	if n, _ := o.limiter.Waiting(); n != 0 {
+		t.Errorf("%d calls left counted as queued, want 0", n)
+	}
+
+	for range 4 {
+		if err := o.limiter.Acquire(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	o.each(ctx, 10, true, func(i int) { t.Errorf("call %d ran with every slot held and the context ended", i) })
+	if n, _ := o.limiter.Waiting(); n != 0 {
+		t.Errorf("%d calls left counted as queued after the fan-out gave up, want 0", n)
 	}
 }
