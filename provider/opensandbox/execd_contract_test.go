@@ -24,6 +24,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/internal/osexecd"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
 	"github.com/sandboxowner/owner/provider/opensandbox"
@@ -85,7 +86,7 @@ func fakeExecd(t *testing.T) execdUnderTest {
 	}
 	t.Cleanup(func() { _ = lp.Close() })
 	workdir := filepath.Join(t.TempDir(), "sandbox")
-	srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: key, Backend: opensandboxtest.LocalBackend{Provider: lp, Workdir: workdir}})
+	srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: key, Backend: osexecd.LocalBackend{Provider: lp, Workdir: workdir}})
 	t.Cleanup(srv.Close)
 	p, err := opensandbox.New(opensandbox.Options{Domain: srv.Domain, APIKey: key, PollInterval: 10 * time.Millisecond})
 	if err != nil {
@@ -106,8 +107,8 @@ func fakeExecd(t *testing.T) execdUnderTest {
 // server's endpoint route.
 func realExecd(t *testing.T) execdUnderTest {
 	t.Helper()
-	bin, err := opensandboxtest.BuildRealExecd(sharedOpenSandbox)
-	if errors.Is(err, opensandboxtest.ErrNoRealExecd) {
+	bin, err := osexecd.Build(sharedOpenSandbox)
+	if errors.Is(err, osexecd.ErrNoExecd) {
 		t.Skipf("no real execd here (CI has it): %v", err)
 	}
 	if err != nil {

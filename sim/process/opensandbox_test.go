@@ -14,6 +14,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/sandboxowner/owner/internal/osexecd"
 	"github.com/sandboxowner/owner/provider/local"
 	"github.com/sandboxowner/owner/provider/local/localtest"
 	"github.com/sandboxowner/owner/provider/opensandbox"
@@ -124,8 +125,8 @@ func TestOpenSandboxRealExecd(t *testing.T) {
 		t.Skip("runs the server as a process, and builds and runs the real execd")
 	}
 	t.Parallel()
-	execd, err := opensandboxtest.BuildRealExecd("../../../shared/opensandbox")
-	if errors.Is(err, opensandboxtest.ErrNoRealExecd) {
+	execd, err := osexecd.Build("../../../shared/opensandbox")
+	if errors.Is(err, osexecd.ErrNoExecd) {
 		t.Skipf("no real execd here (CI has it): %v", err)
 	}
 	if err != nil {
@@ -141,10 +142,10 @@ func TestOpenSandboxRealExecd(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer lp.Close()
-			backend := opensandboxtest.LocalBackend{Provider: lp, Workdir: opensandbox.DefaultWorkdir}
+			backend := osexecd.LocalBackend{Provider: lp, Workdir: opensandbox.DefaultWorkdir}
 			srv := opensandboxtest.NewServer(opensandboxtest.Options{APIKey: osbKey, CreateLatency: osbLatency, SnapshotLatency: osbLatency, Backend: backend})
 			defer srv.Close()
-			front := opensandboxtest.NewRealExecdFront(srv, backend, execd)
+			front := osexecd.NewFront(srv, backend, execd)
 			defer front.Close()
 			walkThroughAndSIGKILL(t, srv, front.Domain, iter)
 			// Every endpoint the front hands out is a real execd's.

@@ -1,4 +1,14 @@
-package opensandboxtest
+// Package osexecd runs OpenSandbox's real execd on this machine, for the
+// tests that check the provider against it: Build builds it from the
+// sources beside ../shared/opensandbox/execd.sh, Start runs one under
+// bubblewrap over a sandbox's tree, and Front puts real execds behind the
+// fake lifecycle server (opensandboxtest), one a sandbox, each serving the
+// tree of a LocalBackend's sandbox.
+//
+// It is apart from opensandboxtest, as internal/osstack is, so that the
+// fake is measured by its own tests: nothing here runs without the real
+// execd's sources and bubblewrap, but LocalBackend.
+package osexecd
 
 import (
 	"context"
@@ -25,27 +35,28 @@ import (
 
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
+	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 )
 
-// ErrNoRealExecd: the real execd's sources (../shared/opensandbox) or a tool
+// ErrNoExecd: the real execd's sources (../shared/opensandbox) or a tool
 // its script needs is not on this machine; a test skips.
-var ErrNoRealExecd = errors.New("opensandboxtest: the real execd cannot be built here")
+var ErrNoExecd = errors.New("osexecd: the real execd cannot be built here")
 
-// BuildRealExecd builds OpenSandbox's real execd from the sources in shared
+// Build builds OpenSandbox's real execd from the sources in shared
 // (the folder holding execd.sh) into a cache keyed by the sources' hash,
 // under the user cache directory, and returns the binary. Only the first
 // build after the sources change pays (a minute or more: modules come from
 // the Go module proxy).
-func BuildRealExecd(shared string) (string, error) {
+func Build(shared string) (string, error) {
 	script, err := filepath.Abs(filepath.Join(shared, "execd.sh"))
 	if err != nil {
 		return "", err
 	}
 	if _, err := os.Stat(script); err != nil {
-		return "", fmt.Errorf("%w: %s is absent", ErrNoRealExecd, script)
+		return "", fmt.Errorf("%w: %s is absent", ErrNoExecd, script)
 	}
 	if _, err := exec.LookPath("curl"); err != nil {
-		return "", fmt.Errorf("%w: curl, which execd.sh needs, is not installed", ErrNoRealExecd)
+		return "", fmt.Errorf("%w: curl, which execd.sh needs, is not installed", ErrNoExecd)
 	}
 	root := filepath.Dir(script)
 	sum := sha256.New()
@@ -91,26 +102,26 @@ func BuildRealExecd(shared string) (string, error) {
 	return bin, os.Rename(filepath.Join(tmp, "execd"), bin)
 }
 
-// RealExecd is a running real execd.
-type RealExecd struct {
+// Execd is a running real execd.
+type Execd struct {
 	// Endpoint is host:port, as a lifecycle server hands it out.
 	Endpoint string
-	// Token goes in ExecdTokenHeader.
+	// Token goes in opensandboxtest.ExecdTokenHeader.
 	Token string
 	pgid  int
 }
 
 // Stop kills the execd (its whole process group).
-func (e *RealExecd) Stop() { _ = syscall.Kill(-e.pgid, syscall.SIGKILL) }
+func (e *Execd) Stop() { _ = syscall.Kill(-e.pgid, syscall.SIGKILL) }
 
-// StartRealExecd starts the execd binary bin on a free loopback port,
+// Start starts the execd binary bin on a free loopback port,
 // inside bubblewrap with tree bound at workdir (the rest of the host
 // read-only, a private /tmp), so that the sandbox it serves sees tree where
 // a container would have its workdir. It waits until execd answers /ping.
-func StartRealExecd(ctx context.Context, bin, tree, workdir, token string) (*RealExecd, error) {
+func Start(ctx context.Context, bin, tree, workdir, token string) (*Execd, error) {
 	bwrap, err := exec.LookPath("bwrap")
 	if err != nil {
-		return nil, fmt.Errorf("%w: bubblewrap is not installed", ErrNoRealExecd)
+		return nil, fmt.Errorf("%w: bubblewrap is not installed", ErrNoExecd)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -156,10 +167,10 @@ func StartRealExecd(ctx context.Context, bin, tree, workdir, token string) (*Rea
 		return nil, err
 	}
 	go func() { _ = cmd.Wait() }()
-	e := &RealExecd{Endpoint: fmt.Sprintf("127.0.0.1:%d", port), Token: token, pgid: cmd.Process.Pid}
+	e := &Execd{Endpoint: fmt.Sprintf("127.0.0.1:%d", port), Token: token, pgid: cmd.Process.Pid}
 	for deadline := time.Now().Add(time.Minute); ; {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.Endpoint+"/ping", nil)
-		req.Header.Set(ExecdTokenHeader, token)
+		req.Header.Set(opensandboxtest.ExecdTokenHeader, token)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -224,38 +235,38 @@ func (b LocalBackend) ReadFile(ctx context.Context, h provider.Handle, name stri
 func (b LocalBackend) Tree(h provider.Handle) (string, error) {
 	var d local.Descriptor
 	if err := json.Unmarshal(h.Descriptor, &d); err != nil || d.Root == "" || d.SandboxID == "" {
-		return "", fmt.Errorf("opensandboxtest: not a local handle: %s", h.Descriptor)
+		return "", fmt.Errorf("osexecd: not a local handle: %s", h.Descriptor)
 	}
 	return filepath.Join(d.Root, "sandboxes", d.SandboxID, "fs"), nil
 }
 
-// RealExecdFront is a front for a Server whose backend is a LocalBackend:
+// Front is a front for a fake Server whose backend is a LocalBackend:
 // it passes every request on to the Server, except that an endpoint of
 // execd's port names a real execd (bin, started on first use) serving that
 // sandbox's tree, so that the provider talks to the real execd while the
 // Server keeps the lifecycle, snapshots and forks.
-type RealExecdFront struct {
+type Front struct {
 	*httptest.Server
 	// Domain is host:port, what sandbox.opensandbox.domain takes.
 	Domain string
 
-	srv     *Server
+	srv     *opensandboxtest.Server
 	backend LocalBackend
 	bin     string
 
 	mu     sync.Mutex
-	execds map[string]*RealExecd
+	execds map[string]*Execd
 }
 
-// NewRealExecdFront starts a front for srv.
-func NewRealExecdFront(srv *Server, backend LocalBackend, bin string) *RealExecdFront {
-	f := &RealExecdFront{srv: srv, backend: backend, bin: bin, execds: map[string]*RealExecd{}}
+// NewFront starts a front for srv.
+func NewFront(srv *opensandboxtest.Server, backend LocalBackend, bin string) *Front {
+	f := &Front{srv: srv, backend: backend, bin: bin, execds: map[string]*Execd{}}
 	target, _ := url.Parse(srv.URL)
 	proxy := httputil.NewSingleHostReverseProxy(target)
 	mux := http.NewServeMux()
 	mux.Handle("/", proxy)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/endpoints/{port}", func(w http.ResponseWriter, r *http.Request) {
-		if r.PathValue("port") != strconv.Itoa(ExecdPort) {
+		if r.PathValue("port") != strconv.Itoa(opensandboxtest.ExecdPort) {
 			proxy.ServeHTTP(w, r)
 			return
 		}
@@ -275,7 +286,7 @@ func NewRealExecdFront(srv *Server, backend LocalBackend, bin string) *RealExecd
 		// cut a start short.
 		e, err := f.execd(context.WithoutCancel(r.Context()), r.PathValue("id"))
 		if err != nil {
-			writeError(w, http.StatusInternalServerError, "SANDBOX::UNREACHABLE", "%v", err)
+			writeJSON(w, http.StatusInternalServerError, map[string]any{"code": "SANDBOX::UNREACHABLE", "message": err.Error()})
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"endpoint": e.Endpoint})
@@ -286,7 +297,7 @@ func NewRealExecdFront(srv *Server, backend LocalBackend, bin string) *RealExecd
 }
 
 // execd returns the real execd of sandbox id, starting it on first use.
-func (f *RealExecdFront) execd(ctx context.Context, id string) (*RealExecd, error) {
+func (f *Front) execd(ctx context.Context, id string) (*Execd, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if e, ok := f.execds[id]; ok {
@@ -302,7 +313,7 @@ func (f *RealExecdFront) execd(ctx context.Context, id string) (*RealExecd, erro
 	}
 	// The token the create gave it, as the Docker runtime passes the
 	// create's env to the container execd starts in.
-	e, err := StartRealExecd(ctx, f.bin, tree, f.backend.Workdir, f.srv.ExecdToken(id))
+	e, err := Start(ctx, f.bin, tree, f.backend.Workdir, f.srv.ExecdToken(id))
 	if err != nil {
 		return nil, err
 	}
@@ -311,18 +322,24 @@ func (f *RealExecdFront) execd(ctx context.Context, id string) (*RealExecd, erro
 }
 
 // Started is how many real execds the front has started (one a sandbox).
-func (f *RealExecdFront) Started() int {
+func (f *Front) Started() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.execds)
 }
 
 // Close stops the front and every execd it started.
-func (f *RealExecdFront) Close() {
+func (f *Front) Close() {
 	f.Server.Close()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, e := range f.execds {
 		e.Stop()
 	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
 }
