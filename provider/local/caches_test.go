@@ -12,6 +12,7 @@ import (
 )
 
 func TestCachesAreSharedReadWriteAndNotSnapshotted(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		placed := t.TempDir()
 		p := newProvider(t, m, Options{Caches: map[string]string{"placed": placed}})
@@ -48,6 +49,7 @@ func TestCachesAreSharedReadWriteAndNotSnapshotted(t *testing.T) {
 }
 
 func TestCacheOptionsAreChecked(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
 	for name, opt := range map[string]any{
 		"not a map":          "x",

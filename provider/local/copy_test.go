@@ -89,6 +89,7 @@ func xattrs(t *testing.T, p string) string {
 }
 
 func TestCopyTreeKeepsWhatCpAKeeps(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("SKIP: making the source tree (owners, a whiteout device, trusted.* xattrs) needs root")
 	}
@@ -153,6 +154,7 @@ func TestCopyTreeKeepsWhatCpAKeeps(t *testing.T) {
 }
 
 func TestCopyTreeStopsWithItsContext(t *testing.T) {
+	t.Parallel()
 	src := t.TempDir()
 	for i := range 50 {
 		if err := os.WriteFile(filepath.Join(src, fmt.Sprint(i)), []byte("x"), 0o644); err != nil {
@@ -171,6 +173,7 @@ func TestCopyTreeStopsWithItsContext(t *testing.T) {
 // command swapping a file for a symlink in between got a host file's
 // content into the snapshot. The hook swaps it at exactly that moment.
 func TestCopyNeverFollowsALinkSwappedIn(t *testing.T) {
+	t.Parallel()
 	host := filepath.Join(t.TempDir(), "host-secret")
 	if err := os.WriteFile(host, []byte("host secret"), 0o600); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 // TestDelaysHoldSnapshotAndForkUntilTheContextEnds: the crash-test delays
 // hold the call, and a context that ends first ends it with nothing made.
 func TestDelaysHoldSnapshotAndForkUntilTheContextEnds(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t, mode{isolation: IsolationNone, overlay: OverlayOff}, Options{SnapshotDelay: time.Hour, ForkDelay: time.Hour})
 	ctx := context.Background()
 	h, err := p.Start(ctx, provider.Spec{Files: map[string]string{"a": "1"}})

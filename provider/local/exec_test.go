@@ -18,6 +18,7 @@ import (
 )
 
 func TestExecOutputExitCodeEnvAndCwd(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{Env: map[string]string{"A": "spec", "B": "spec"}})
@@ -62,6 +63,7 @@ func TestExecOutputExitCodeEnvAndCwd(t *testing.T) {
 // every capability is dropped) is an error, not an exit of 0, and the init
 // goes on starting the next.
 func TestExecACommandThatCannotStartIsAnError(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t, mode{"container-copy", IsolationContainer, OverlayOff}, Options{})
 	h := start(t, p, provider.Spec{})
 	mustRun(t, p, h, "mkdir shut && chmod 000 shut")
@@ -113,6 +115,7 @@ func execOnManualClock(t *testing.T, p *Provider, clk *clock.Manual, h provider.
 }
 
 func TestExecTimeoutKillsTheProcessTree(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		clk := clock.NewManual(t0)
 		p := newProvider(t, m, Options{ExecClock: clk})
@@ -140,6 +143,7 @@ func TestExecTimeoutKillsTheProcessTree(t *testing.T) {
 }
 
 func TestExecDefaultTimeout(t *testing.T) {
+	t.Parallel()
 	clk := clock.NewManual(t0)
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{DefaultExecTimeout: 200 * time.Millisecond, ExecClock: clk})
 	h := start(t, p, provider.Spec{})
@@ -163,6 +167,7 @@ func TestExecDefaultTimeout(t *testing.T) {
 // process of it. Every exec used to be its own pid namespace, so a
 // background process died when the command that started it ended.
 func TestBackgroundProcessesLiveUntilTheSandboxStops(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{})
@@ -187,6 +192,7 @@ func TestBackgroundProcessesLiveUntilTheSandboxStops(t *testing.T) {
 }
 
 func TestExecContextCancelKills(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{})
@@ -210,6 +216,7 @@ func TestExecContextCancelKills(t *testing.T) {
 }
 
 func TestExecOutputCap(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{OutputCap: 1000})
 		h := start(t, p, provider.Spec{})
@@ -226,6 +233,7 @@ func TestExecOutputCap(t *testing.T) {
 }
 
 func TestExecBadRequests(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
 	h := start(t, p, provider.Spec{})
 	ctx := context.Background()
@@ -261,6 +269,7 @@ func TestExecBadRequests(t *testing.T) {
 // inodes are the server's, 0600), to read what the server has not yet
 // read, nor to write.
 func TestACommandCannotRewriteOrReadItsCapturedOutput(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{})
@@ -284,6 +293,7 @@ true`)
 // command returned: the server drains it (keeping none of it), so the
 // writer never blocks.
 func TestOutputAfterTheCommandReturnedIsDrained(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{})
@@ -304,6 +314,7 @@ func TestOutputAfterTheCommandReturnedIsDrained(t *testing.T) {
 // long as the start's context: the wait ends with it, and the init finds
 // its end of the control socket closed.
 func TestAnInitsSetupWaitEndsWithItsContext(t *testing.T) {
+	t.Parallel()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)

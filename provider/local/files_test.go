@@ -16,6 +16,7 @@ import (
 )
 
 func TestFilesRoundTripAndWorkdirPaths(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{Workdir: "/wk-test/space"})
@@ -43,6 +44,7 @@ func TestFilesRoundTripAndWorkdirPaths(t *testing.T) {
 }
 
 func TestPathEscapesAreRefused(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		outside := t.TempDir()
 		if err := os.WriteFile(filepath.Join(outside, "secret"), []byte("s"), 0o644); err != nil {
@@ -90,6 +92,7 @@ func TestPathEscapesAreRefused(t *testing.T) {
 }
 
 func TestFileCallsRefuseSpecialFiles(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
 	h := start(t, p, provider.Spec{})
 	if err := syscall.Mkfifo(filepath.Join(fsDir(p, h), "fifo"), 0o666); err != nil {
@@ -115,6 +118,7 @@ func TestFileCallsRefuseSpecialFiles(t *testing.T) {
 // With isolation none, a write used to go through a hard link the agent
 // made to a host file (/etc/hostname), and through symlinks.
 func TestWritesNeverGoThroughALink(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{Files: map[string]string{"real": "real\n"}})
@@ -161,6 +165,7 @@ func TestWritesNeverGoThroughALink(t *testing.T) {
 // Client mistakes carry their errno, which the sandbox API answers with a
 // code of its own.
 func TestFileMistakesKeepTheirKind(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
 	h := start(t, p, provider.Spec{Files: map[string]string{"f": "x", "d/g": "y"}})
 	ctx := context.Background()
@@ -194,6 +199,7 @@ func TestFileMistakesKeepTheirKind(t *testing.T) {
 // a sandbox cannot make the server hold a file of any size; OpenFile hands
 // out a file as a stream of the size it had when opened.
 func TestFilesAreCappedAndStreamed(t *testing.T) {
+	t.Parallel()
 	const limit = 1 << 16
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{MaxFileBytes: limit})
 	h := start(t, p, provider.Spec{})

@@ -20,6 +20,7 @@ import (
 )
 
 func TestReaperDeletesAnExpiredSandboxAndSparesARenewedOne(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 		clk := clock.NewManual(t0)
@@ -78,6 +79,7 @@ func TestReaperDeletesAnExpiredSandboxAndSparesARenewedOne(t *testing.T) {
 }
 
 func TestLeaseSurvivesARestart(t *testing.T) {
+	t.Parallel()
 	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	m := mode{"none-copy", IsolationNone, OverlayOff}
 	p1 := newProvider(t, m, Options{Clock: clk})
@@ -99,6 +101,7 @@ func TestLeaseSurvivesARestart(t *testing.T) {
 // TestRunReaperStopsWithItsContext: the reaper reaps on its clock's
 // interval, and returns, its timer stopped, once its context ends.
 func TestRunReaperStopsWithItsContext(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clk := clock.NewManual(t0)
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{Clock: clk})
@@ -128,6 +131,7 @@ func TestRunReaperStopsWithItsContext(t *testing.T) {
 }
 
 func TestListSandboxesCarriesMetadataAndLeases(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{Clock: clock.NewManual(t0)})
 	md := map[string]string{"owner": "o", "session": "s", "checkpoint": "c"}
@@ -143,6 +147,7 @@ func TestListSandboxesCarriesMetadataAndLeases(t *testing.T) {
 }
 
 func TestAForkMadeBeforeARestartIsUsableAfterIt(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p1 := newProvider(t, m, Options{})
 		ctx := context.Background()
@@ -183,6 +188,7 @@ func TestAForkMadeBeforeARestartIsUsableAfterIt(t *testing.T) {
 }
 
 func TestOverlayTreeIsRemountedWhenFoundUnmounted(t *testing.T) {
+	t.Parallel()
 	m := mode{"none-overlay", IsolationNone, OverlayOn}
 	p1 := newProvider(t, m, Options{})
 	h := start(t, p1, provider.Spec{Files: map[string]string{"f": "kept"}})
@@ -197,6 +203,7 @@ func TestOverlayTreeIsRemountedWhenFoundUnmounted(t *testing.T) {
 }
 
 func TestStopIsIdempotentAndSafe(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		ctx := context.Background()
@@ -230,6 +237,7 @@ func TestStopIsIdempotentAndSafe(t *testing.T) {
 }
 
 func TestStopDuringExecEndsTheCommand(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{})
@@ -244,6 +252,7 @@ func TestStopDuringExecEndsTheCommand(t *testing.T) {
 }
 
 func TestHandlesAreChecked(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
 	ctx := context.Background()
 	h := start(t, p, provider.Spec{})
@@ -271,6 +280,7 @@ func TestHandlesAreChecked(t *testing.T) {
 }
 
 func TestAFreshProcessStopsASandboxFromItsHandle(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{})
@@ -292,6 +302,7 @@ func TestAFreshProcessStopsASandboxFromItsHandle(t *testing.T) {
 // neither finds the command still running nor fails to use or stop the
 // sandbox.
 func TestACrashedServersCommandsDoNotSurviveIt(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{})
@@ -332,6 +343,7 @@ func helper(t *testing.T, m mode, root, action, handle, command string) *exec.Cm
 }
 
 func TestReapFinishesWhatACrashLeft(t *testing.T) {
+	t.Parallel()
 	m := mode{"none-overlay", IsolationNone, OverlayOn}
 	p := newProvider(t, m, Options{})
 	// A start that died before its metadata file, with its overlay mounted.
@@ -358,6 +370,7 @@ func TestReapFinishesWhatACrashLeft(t *testing.T) {
 }
 
 func TestDurableMode(t *testing.T) {
+	t.Parallel()
 	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{Durable: true, Clock: clk})
 	h := start(t, p, provider.Spec{Files: map[string]string{"f": "x"}, TTLSeconds: 10})

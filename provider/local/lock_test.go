@@ -13,6 +13,7 @@ import (
 )
 
 func TestExclusiveRootHasOneProvider(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	opts := Options{Root: root, Isolation: IsolationNone, Overlay: OverlayOff, Exclusive: true}
 	first, err := New(opts)
@@ -55,6 +56,7 @@ func TestExclusiveRootHasOneProvider(t *testing.T) {
 // meanwhile (a sandbox's start, not yet exec'd) holds a copy of the lock
 // file: a server restarted in one process was refused its own root.
 func TestAClosedRootIsFreeWhileAForkedChildHoldsCopies(t *testing.T) {
+	t.Parallel()
 	opts := Options{Root: t.TempDir(), Isolation: IsolationNone, Overlay: OverlayOff, Exclusive: true}
 	first, err := New(opts)
 	if err != nil {
@@ -76,6 +78,7 @@ func TestAClosedRootIsFreeWhileAForkedChildHoldsCopies(t *testing.T) {
 // The binaries a server placed for its sandboxes' inits are removed by the
 // next server that owns the root.
 func TestAnOwnerRemovesThePreviousServersInitBinaries(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{Root: root})
 	stale := filepath.Join(root, "init-1234")

@@ -12,6 +12,7 @@ import (
 )
 
 func TestMountsReadOnlyReadWriteCopyAndOverlay(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		ro, rw, tmpl := t.TempDir(), t.TempDir(), t.TempDir()
 		for dir, body := range map[string]string{ro: "ro\n", rw: "rw\n", tmpl: "warm\n"} {
@@ -106,6 +107,7 @@ func TestMountsReadOnlyReadWriteCopyAndOverlay(t *testing.T) {
 }
 
 func TestMountOptionsAreChecked(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
 	host := t.TempDir()
 	for name, opt := range map[string]any{

@@ -66,6 +66,8 @@ func makeNS(t *testing.T, m *nsMaker, ids owner) {
 // (every fork and exec of the server takes it; a clone into a new user
 // namespace copies the whole server's memory map under it).
 func TestAViewsNamespaceIsMadeWithoutForkingTheServer(t *testing.T) {
+	// Not parallel: it holds the process's fork lock, which every other
+	// test's fork waits for.
 	if os.Geteuid() != 0 {
 		t.Skip("SKIP: idmapped mounts need root")
 	}
@@ -107,6 +109,7 @@ func TestAViewsNamespaceIsMadeWithoutForkingTheServer(t *testing.T) {
 // A helper that died is started again by the next namespace asked for,
 // which it makes.
 func TestAHelperThatDiedIsStartedAgain(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("SKIP: idmapped mounts need root")
 	}
@@ -137,6 +140,7 @@ func testNSMaker(t *testing.T) *nsMaker {
 // A closed provider's helper ends, and no namespace is made for it after:
 // a helper started again by a fill still running would outlive it.
 func TestAClosedHelperMakesNoNamespace(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("SKIP: idmapped mounts need root")
 	}
@@ -221,6 +225,7 @@ func askAsync(ctx context.Context, m *nsMaker) <-chan error {
 // context: a helper that took the request and never answers holds no
 // start.
 func TestANamespaceNeverAnsweredEndsWithItsContext(t *testing.T) {
+	t.Parallel()
 	m, helper := fakeHelper(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -245,6 +250,7 @@ func TestANamespaceNeverAnsweredEndsWithItsContext(t *testing.T) {
 // asked for then waits for room until its caller's context ends, or the
 // provider closes.
 func TestANamespaceWaitingForTheHelperEnds(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name string
 		end  func(m *nsMaker, cancel context.CancelFunc)

@@ -10,6 +10,7 @@ import (
 // Kept results are what the first probe of each name found; with none
 // kept every probe runs.
 func TestProbeResultsAreKeptByName(t *testing.T) {
+	t.Parallel()
 	calls := map[string]int{}
 	probe := func(name string, err error) func() error {
 		return func() error { calls[name]++; return err }

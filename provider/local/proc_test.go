@@ -12,6 +12,7 @@ import (
 // stops returns its context's error once the context ends, not after its
 // limit.
 func TestWaitPidsStoppedEndsWithItsContext(t *testing.T) {
+	t.Parallel()
 	cmd := exec.Command("sleep", "600")
 	if err := cmd.Start(); err != nil {
 		t.Skipf("no sleep to run: %v", err)

@@ -16,6 +16,7 @@ import (
 // an exec, a snapshot, its delete, a stop) carries the id of the request
 // the call's context serves.
 func TestLinesNameTheirRequest(t *testing.T) {
+	t.Parallel()
 	lg, hook := logtest.NewNullLogger()
 	lg.SetLevel(logrus.DebugLevel)
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{Logger: lg})

@@ -22,6 +22,7 @@ import (
 )
 
 func TestAWriteAfterASnapshotIsNotInItsFork(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{Files: map[string]string{"notes": "one\n", "gone": "x"}})
@@ -69,6 +70,7 @@ func TestAWriteAfterASnapshotIsNotInItsFork(t *testing.T) {
 }
 
 func TestSnapshotPausesRunningCommands(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{})
@@ -167,6 +169,7 @@ func groupStates(p *Provider, id string) string {
 }
 
 func TestDeleteSnapshot(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		ctx := context.Background()
@@ -213,6 +216,7 @@ func TestDeleteSnapshot(t *testing.T) {
 }
 
 func TestDeletedSnapshotKeptForASnapshotStandingOnIt(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t, mode{"none-overlay", IsolationNone, OverlayOn}, Options{})
 	ctx := context.Background()
 	h := start(t, p, provider.Spec{Files: map[string]string{"a": "1"}})
@@ -247,6 +251,7 @@ func TestDeletedSnapshotKeptForASnapshotStandingOnIt(t *testing.T) {
 }
 
 func TestOverlayChainsAreFlattened(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t, mode{"none-overlay", IsolationNone, OverlayOn}, Options{})
 	// Three layers at most: the chain is flattened within six generations.
 	p.maxLayers = 3
@@ -275,6 +280,7 @@ func TestOverlayChainsAreFlattened(t *testing.T) {
 }
 
 func TestForkErrors(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	overlay := newProvider(t, mode{"none-overlay", IsolationNone, OverlayOn}, Options{})
 	for _, id := range []string{"snap-0000000000000000", "../x", ""} {
@@ -301,6 +307,7 @@ func TestForkErrors(t *testing.T) {
 }
 
 func TestListSnapshotsCarriesMetadata(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
 	ctx := context.Background()
 	md := map[string]string{"owner": "o1", "session": "s1", "checkpoint": "c1"}
@@ -326,6 +333,7 @@ func TestListSnapshotsCarriesMetadata(t *testing.T) {
 // covers the copy (the stretch between the "paused" and "resumed" stages)
 // and fits inside the call.
 func TestSnapshotReportsItsPause(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		var mu sync.Mutex
 		var ids []string
@@ -360,6 +368,7 @@ func TestSnapshotReportsItsPause(t *testing.T) {
 // turn, a second snapshot waits unpaused (its sandbox never held, OnPause
 // not told) while the first copies, and gives up when its context ends.
 func TestSnapshotsTakeTurns(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var paused []string
 	p := newProvider(t, allModes()[0], Options{Captures: 1, OnPause: func(id string, _ time.Duration) {
@@ -415,6 +424,7 @@ func TestSnapshotsTakeTurns(t *testing.T) {
 // when the copy begins, and continues it once the sandbox is paused:
 // from then on only the freeze holds it back.
 func TestACommandSentAsASnapshotBeginsRunsAfterTheCopy(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		p := newProvider(t, m, Options{})
 		h := start(t, p, provider.Spec{Files: map[string]string{"notes": "one\n"}})
@@ -522,6 +532,7 @@ func unread(t *testing.T, fd int) int {
 // succeeds, and once it returns the snapshot goes unless the fork stands
 // on it (an overlay layer), then with the fork's stop.
 func TestSnapshotDeletedWhileAForkReadsIt(t *testing.T) {
+	t.Parallel()
 	for _, m := range []mode{{"none-copy", IsolationNone, OverlayOff}, {"none-overlay", IsolationNone, OverlayOn}} {
 		t.Run(m.name, func(t *testing.T) {
 			p := newProvider(t, m, Options{})

@@ -16,6 +16,7 @@ import (
 // snapshot is a whole tree, not a layer over the first root's images. The
 // second provider deletes it through the shared dir.
 func TestSnapshotDirIsForkedFromAnotherRoot(t *testing.T) {
+	t.Parallel()
 	forModes(t, func(t *testing.T, m mode) {
 		shared := t.TempDir()
 		a := newProvider(t, m, Options{SnapshotDir: shared, Templates: map[string]string{"notes": ""}})
@@ -70,6 +71,7 @@ func TestSnapshotDirIsForkedFromAnotherRoot(t *testing.T) {
 // Without a shared dir a snapshot stays on its machine: another root's
 // fork is ErrSnapshotNotFound, naming the snapshot.
 func TestSnapshotWithoutSnapshotDirStaysOnItsRoot(t *testing.T) {
+	t.Parallel()
 	m := mode{"none-copy", IsolationNone, OverlayOff}
 	a := newProvider(t, m, Options{Templates: map[string]string{"notes": ""}})
 	b := newProvider(t, m, Options{Templates: map[string]string{"notes": ""}})

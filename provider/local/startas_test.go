@@ -18,6 +18,7 @@ import (
 // permitted"). Here another thread changes its ids over and over, as
 // starts do, under the same lock: every start succeeds.
 func TestAStartAsAnotherUidIsNotUndoneByAnothersIds(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("SKIP: starting a command as another uid needs root")
 	}
