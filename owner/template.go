@@ -158,6 +158,12 @@ func (o *Owner) template(ctx context.Context, tkey string, spec provider.Spec, s
 	case tmplFork:
 		return d.Ready, nil
 	case tmplWait:
+		if e := o.caps.StartsExpecter; e != nil {
+			// Every seed waiting forks once the build ends, and so does
+			// the one building: the provider makes ahead meanwhile what
+			// each fork would make on its own.
+			e.ExpectStarts(d.Waiting + 1)
+		}
 		if t.onWait != nil {
 			t.onWait()
 		}

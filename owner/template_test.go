@@ -132,6 +132,50 @@ func TestKeyedGroupRunsSetupOnce(t *testing.T) {
 	}
 }
 
+// expecting is the fake provider told of the starts the owner expects.
+type expecting struct {
+	*fake.Provider
+	mu   sync.Mutex
+	told []int
+}
+
+func (x *expecting) Capabilities() provider.Capabilities {
+	c := x.Provider.Capabilities()
+	c.StartsExpecter = x
+	return c
+}
+
+func (x *expecting) ExpectStarts(n int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.told = append(x.told, n)
+}
+
+// Each seed that waits for its template's build tells the provider how
+// many forks will come once it is built (those waiting and the builder's
+// own), so that the provider makes ahead what each fork needs; a seed
+// that forks a template built already tells nothing.
+func TestSeedsWaitingForABuildAreExpectedByTheProvider(t *testing.T) {
+	e := newEnv(t)
+	x := &expecting{Provider: e.fk}
+	o := e.open(func(c *owner.Config) { c.Provider = x })
+	var runs atomic.Int64
+	if _, errs := seedGroup(t, o, "task-1", 5, func(release <-chan struct{}) sandbox.SetupFunc {
+		return keyedSetup("task-1", &runs, release, nil)
+	}); len(errs) != 0 {
+		t.Fatal(errs)
+	}
+	if _, err := seedTask(o, "late", &runs, ""); err != nil {
+		t.Fatal(err)
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	slices.Sort(x.told)
+	if d := cmp.Diff([]int{2, 3, 4, 5}, x.told); d != "" {
+		t.Errorf("starts the provider was told to expect (-want +got):\n%s", d)
+	}
+}
+
 // seedTask seeds sid with task-1's keyed setup, which does not wait,
 // counting its runs in runs.
 func seedTask(o *owner.Owner, sid string, runs *atomic.Int64, workdir string) (sandbox.Sandbox, error) {

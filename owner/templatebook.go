@@ -78,6 +78,9 @@ type tmplDecision struct {
 	Ready tmplReady
 	// Err is the build's failure (tmplFail).
 	Err error
+	// Waiting is how many seeds wait for the flight, this one included
+	// (tmplWait).
+	Waiting int
 }
 
 func (d tmplDecision) String() string {
@@ -86,6 +89,8 @@ func (d tmplDecision) String() string {
 		return fmt.Sprintf("fork %s snapshot=%s", d.Key, d.Ready.SnapshotID)
 	case tmplFail:
 		return fmt.Sprintf("fail %s: %v", d.Key, d.Err)
+	case tmplWait:
+		return fmt.Sprintf("wait %s flight=%d waiting=%d", d.Key, d.Flight, d.Waiting)
 	default:
 		return fmt.Sprintf("%s %s flight=%d", d.Action, d.Key, d.Flight)
 	}
@@ -106,7 +111,7 @@ func (b *templateBook) seed(key string, now time.Time) tmplDecision {
 		return tmplDecision{Action: tmplBuild, Key: key, Flight: b.flight}
 	case e.ready == nil:
 		b.waiting[e.flight]++
-		return tmplDecision{Action: tmplWait, Key: key, Flight: e.flight}
+		return tmplDecision{Action: tmplWait, Key: key, Flight: e.flight, Waiting: b.waiting[e.flight]}
 	default:
 		e.lastUse = now
 		return tmplDecision{Action: tmplFork, Key: key, Flight: e.flight, Ready: *e.ready}

@@ -206,6 +206,15 @@ type Leaser interface {
 	Renew(ctx context.Context, h Handle, expiresAt time.Time) error
 }
 
+// StartsExpecter is told that about n starts (or forks) will come soon
+// and at once: seeds waiting for their template's build, each to fork it
+// once it is built. It may make ahead, meanwhile, what each start would
+// make on its own. A hint: starts that never come cost at most what the
+// provider keeps ready.
+type StartsExpecter interface {
+	ExpectStarts(n int)
+}
+
 // SandboxInfo is one listed sandbox.
 type SandboxInfo struct {
 	Handle    Handle            `json:"handle"`
@@ -246,6 +255,8 @@ type Capabilities struct {
 	Lister Lister
 	// FileOpener hands out files as streams (ReadFileAtMost uses it).
 	FileOpener FileOpener
+	// StartsExpecter is told of starts that will come soon.
+	StartsExpecter StartsExpecter
 	// RegularFiles: ReadFile, WriteFile and OpenFile refuse a path that is
 	// a directory, FIFO, device or socket with ErrNotRegular rather than
 	// reading or blocking on it.

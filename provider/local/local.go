@@ -339,18 +339,19 @@ type Provider struct {
 }
 
 var (
-	_ provider.Provider    = (*Provider)(nil)
-	_ provider.Snapshotter = (*Provider)(nil)
-	_ provider.Leaser      = (*Provider)(nil)
-	_ provider.Lister      = (*Provider)(nil)
-	_ provider.FileOpener  = (*Provider)(nil)
+	_ provider.Provider       = (*Provider)(nil)
+	_ provider.Snapshotter    = (*Provider)(nil)
+	_ provider.Leaser         = (*Provider)(nil)
+	_ provider.Lister         = (*Provider)(nil)
+	_ provider.FileOpener     = (*Provider)(nil)
+	_ provider.StartsExpecter = (*Provider)(nil)
 )
 
 // Capabilities: the local provider does everything optional; its file
 // calls refuse what is not a regular file, and its sandboxes see this
 // machine's tools.
 func (p *Provider) Capabilities() provider.Capabilities {
-	return provider.Capabilities{Snapshotter: p, Leaser: p, Lister: p, FileOpener: p, RegularFiles: true, HostTools: true}
+	return provider.Capabilities{Snapshotter: p, Leaser: p, Lister: p, FileOpener: p, StartsExpecter: p, RegularFiles: true, HostTools: true}
 }
 
 // New makes the root's directories, probes containers and overlayfs as the

@@ -30,9 +30,10 @@ const maxReadyNamespaces = 64
 // load the group makes). A namespace made ahead holds a uid and a little
 // kernel memory, no process: up to maxReadyNamespaces, and one per 1,024
 // uids of the range, so that a small range's uids go to sandboxes. They
-// are made only on demand (see newSandboxID): 64 namespaces are 64
-// processes cloned, which a provider whose starts come one at a time
-// (most of the tests, a server with few sessions) never needs.
+// are made only on demand (see newSandboxID and ExpectStarts): 64
+// namespaces are 64 processes cloned, which a provider whose starts come
+// one at a time (most of the tests, a server with few sessions) never
+// needs.
 func (p *Provider) readyNamespaces() int {
 	if p.uids == nil {
 		return 0
@@ -66,16 +67,24 @@ type readyIDs struct {
 	max int
 	// nsOnly: ids with their uids and namespaces made, no directory.
 	nsOnly bool
+	// parallel is how many a fill makes at once.
+	parallel int
 
 	// ctx ends at close: it bounds the fills' waits (a namespace).
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu     sync.Mutex
-	ready  []readyID
-	fill   chan struct{} // closed when the fill that runs ends; nil: none runs
-	made   bool          // a fill has made one
-	closed bool
+	mu    sync.Mutex
+	ready []readyID
+	// want is how many a fill keeps ready (up to max): max for those
+	// made in full; for readyNS, raised by demand (see want).
+	want int
+	// making counts the ids the fill's workers are making, workers the
+	// workers that run.
+	making, workers int
+	fill            chan struct{} // closed when the fill that runs ends; nil: none runs
+	made            bool          // a fill has made one
+	closed          bool
 
 	// taken, when set by a test, runs in a fill once it took a uid,
 	// before it makes the namespace; settling before settle waits.
@@ -84,8 +93,26 @@ type readyIDs struct {
 
 func newReadyIDs(p *Provider, max int, nsOnly bool) *readyIDs {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &readyIDs{p: p, max: max, nsOnly: nsOnly, ctx: ctx, cancel: cancel}
+	r := &readyIDs{p: p, max: max, nsOnly: nsOnly, parallel: 1, want: max, ctx: ctx, cancel: cancel}
+	if nsOnly {
+		// Made on demand only (see want), several at once: a namespace
+		// is mostly a wait for the helper, whose clones run side by side.
+		r.parallel, r.want = nsFillParallel, 0
+	}
+	return r
 }
+
+// ExpectStarts: n starts will come soon (seeds waiting for their
+// template's build, each to fork it once it is built). The namespaces of
+// up to n ids are made ahead while they wait, several at once, and as
+// many are kept ready from then on (see readyNamespaces): the first
+// group of a fresh provider finds them made, as later groups do. A
+// provider whose sandboxes get no uid of their own makes nothing.
+func (p *Provider) ExpectStarts(n int) { p.readyNS.expect(n) }
+
+// nsFillParallel is how many namespaces a fill of readyNS asks the
+// helper for at once.
+const nsFillParallel = 8
 
 // readyID is a new sandbox's id, its uid (nil: sandboxes have none of
 // their own) and, made ahead, the user namespace its views map through
@@ -104,8 +131,8 @@ type readyID struct {
 // sandboxes get uids of their own: one made ahead if one is ready. The
 // caller owns what it got: the uid, and the namespace it closes. A start
 // that finds none made in full although some were made (starts took them
-// all) outran them: only then are namespaces made ahead (see
-// readyNamespaces).
+// all) outran them: then, or when starts are expected (see
+// ExpectStarts), are namespaces made ahead (see readyNamespaces).
 func (p *Provider) newSandboxID() (readyID, error) {
 	got, ok, outran := p.ready.take(true)
 	if ok {
@@ -140,7 +167,9 @@ func (p *Provider) newSandboxID() (readyID, error) {
 // making more; ok is false when none was ready, outran when none was
 // ready although some had been made (starts took them all). The first
 // start of a provider makes its own: a provider that starts no sandbox
-// makes none ahead.
+// makes none ahead. For readyNS, fill raises the number kept to max
+// (see newSandboxID), and any take makes up for it once demand raised
+// that number (see expect).
 func (r *readyIDs) take(fill bool) (got readyID, ok, outran bool) {
 	if r == nil {
 		return readyID{}, false, false
@@ -156,35 +185,65 @@ func (r *readyIDs) take(fill bool) (got readyID, ok, outran bool) {
 		r.ready = r.ready[1:]
 	}
 	outran = !ok && r.made
-	if fill && r.fill == nil && len(r.ready) < r.max {
-		r.fill = make(chan struct{})
-		go r.fillUp(r.fill)
+	if fill {
+		r.want = r.max
+	}
+	if fill || r.nsOnly {
+		r.topUpLocked() // readyNS keeps what demand asked for
 	}
 	return got, ok, outran
 }
 
-// fillUp makes ids until max are ready, the range has no uid left, or a
-// namespace cannot be made (a start then makes its own and says why).
-func (r *readyIDs) fillUp(done chan struct{}) {
-	defer close(done)
-	for {
-		r.mu.Lock()
-		if r.closed || len(r.ready) >= r.max {
-			r.fill = nil
-			r.mu.Unlock()
-			return
+// expect keeps at least n ready (up to max) from now on, and starts
+// making what is missing.
+func (r *readyIDs) expect(n int) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return
+	}
+	r.want = max(r.want, min(n, r.max))
+	r.topUpLocked()
+}
+
+// topUpLocked starts the workers that make what is missing of want, up
+// to parallel at once.
+func (r *readyIDs) topUpLocked() {
+	for missing := r.want - len(r.ready) - r.making; missing > 0 && r.workers < r.parallel; missing-- {
+		if r.fill == nil {
+			r.fill = make(chan struct{})
 		}
+		r.workers++
+		go r.fillUp()
+	}
+}
+
+// fillUp is a fill's worker: it makes ids until want are ready or being
+// made, the range has no uid left, or a namespace cannot be made (a
+// start then makes its own and says why). The last worker to end ends
+// the fill.
+func (r *readyIDs) fillUp() {
+	r.mu.Lock()
+	for !r.closed && len(r.ready)+r.making < r.want {
+		r.making++
 		r.mu.Unlock()
 		got, err := r.make(r.ctx)
 		r.mu.Lock()
+		r.making--
 		if err != nil {
-			r.fill = nil
-			r.mu.Unlock()
-			return
+			break
 		}
 		r.ready, r.made = append(r.ready, got), true
-		r.mu.Unlock()
 	}
+	r.workers--
+	if r.workers == 0 {
+		close(r.fill)
+		r.fill = nil
+	}
+	r.mu.Unlock()
 }
 
 // make draws an id, takes its uid and makes its namespace (where

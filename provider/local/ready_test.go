@@ -8,7 +8,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -339,5 +341,102 @@ func TestAStartBeyondThoseMadeInFullTakesANamespaceMadeAhead(t *testing.T) {
 	}
 	if _, ok, _ := p.readyNS.take(false); ok {
 		t.Error("a namespace taken after Close")
+	}
+}
+
+// readyNSNow waits for the fill of namespaces that runs and lists those
+// made ahead.
+func readyNSNow(p *Provider) []readyID {
+	p.readyNS.settle()
+	p.readyNS.mu.Lock()
+	defer p.readyNS.mu.Unlock()
+	return append([]readyID(nil), p.readyNS.ready...)
+}
+
+// Starts a provider is told to expect find their namespaces made ahead
+// (the seeds of a group that wait for their template's build): n
+// expected on a fresh provider are made, n starts at once each take one
+// of them, and n are kept ready after.
+func TestExpectedStartsFindTheirNamespacesMade(t *testing.T) {
+	p := newProvider(t, overlayContainer, Options{})
+	if p.readyNS == nil {
+		t.Skip("SKIP: sandboxes here get no uid of their own")
+	}
+	p.ready.close() // none made in full: a start takes a namespace made ahead or makes its own
+	const n = 4
+	p.ExpectStarts(n)
+	made := map[int]bool{}
+	for _, r := range readyNSNow(p) {
+		if r.nsfd < 0 || r.dir {
+			t.Errorf("an id made ahead for an expected start: namespace %d, directory %v", r.nsfd, r.dir)
+		}
+		made[r.ids.uid] = true
+	}
+	if len(made) != n {
+		t.Fatalf("%d namespaces made for %d expected starts", len(made), n)
+	}
+	uids := make([]int, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			h, err := p.Start(context.Background(), provider.Spec{})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			s, err := p.live(context.Background(), h, false)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			uids[i] = s.meta.UID
+		})
+	}
+	wg.Wait()
+	for i, uid := range uids {
+		if !made[uid] {
+			t.Errorf("start %d took uid %d, none of those whose namespaces were made for it", i, uid)
+		}
+	}
+	if got := readyNSNow(p); len(got) != n {
+		t.Errorf("%d namespaces ready after the group took its %d, want %d kept", len(got), n, n)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left := readyNSNow(p); len(left) != 0 {
+		t.Errorf("%d namespaces still held after Close", len(left))
+	}
+}
+
+// A fill of namespaces asks the helper for nsFillParallel at once: each
+// of them has taken its uid before any has its namespace.
+func TestNamespacesAreMadeAheadSeveralAtOnce(t *testing.T) {
+	p := newProvider(t, overlayContainer, Options{})
+	if p.readyNS == nil {
+		t.Skip("SKIP: sandboxes here get no uid of their own")
+	}
+	all, done := make(chan struct{}), make(chan struct{})
+	var arrived atomic.Int64
+	p.readyNS.mu.Lock()
+	p.readyNS.taken = func() {
+		if arrived.Add(1) == nsFillParallel {
+			close(all)
+		}
+		select {
+		case <-all:
+		case <-done:
+		}
+	}
+	p.readyNS.mu.Unlock()
+	t.Cleanup(func() { close(done) }) // before the provider's: Close waits for the fill
+	p.ExpectStarts(2 * nsFillParallel)
+	select {
+	case <-all:
+	case <-time.After(time.Minute): // a hang guard only
+		t.Fatalf("%d namespaces being made at once, want %d", arrived.Load(), nsFillParallel)
+	}
+	if got := readyNSNow(p); len(got) != 2*nsFillParallel {
+		t.Errorf("%d namespaces made for %d expected starts", len(got), 2*nsFillParallel)
 	}
 }
