@@ -24,11 +24,14 @@ import (
 // commandBackend is the in-memory fake as a server's backend that records
 // the commands it is given, holds each until released (when hold is set),
 // and has one directory, dir (the in-memory fake has none), so that a
-// command in it streams from its start.
+// command in it streams from its start. A command in a cwd of cwdErrs fails
+// with that error, as a runtime's would for a cwd it cannot enter (the
+// in-memory fake takes any).
 type commandBackend struct {
 	*fake.Provider
-	dir  string
-	hold chan struct{}
+	dir     string
+	hold    chan struct{}
+	cwdErrs map[string]error
 
 	mu       sync.Mutex
 	requests []provider.ExecRequest
@@ -44,6 +47,9 @@ func (b *commandBackend) Exec(ctx context.Context, h provider.Handle, req provid
 	b.mu.Unlock()
 	if b.hold != nil {
 		<-b.hold
+	}
+	if err := b.cwdErrs[req.Cwd]; err != nil {
+		return provider.ExecResult{}, err
 	}
 	return b.Provider.Exec(ctx, h, req)
 }
@@ -117,5 +123,26 @@ func TestACommandStreamsWhileItRuns(t *testing.T) {
 	var f struct{ Type, Text string }
 	if err := json.Unmarshal(first, &f); err != nil || f.Type != "init" || f.Text == "" {
 		t.Errorf("first event %q (%v), want init with the command's id", first, err)
+	}
+}
+
+// A cwd the runtime finds missing, or not a directory, once the command is
+// run (the backend shows no directory to stream from at once) is execd's 400,
+// as the real execd refuses it before it runs anything.
+func TestACwdTheRuntimeCannotEnterIs400(t *testing.T) {
+	b := newCommandBackend(nil)
+	b.cwdErrs = map[string]error{
+		"/gone":   &fs.PathError{Op: "chdir", Path: "/gone", Err: fs.ErrNotExist},
+		"/file/x": &fs.PathError{Op: "chdir", Path: "/file/x", Err: syscall.ENOTDIR},
+	}
+	c := newClient(t, opensandboxtest.Options{Backend: b})
+	_, m, _ := c.call("POST", "/v1/sandboxes", create, nil)
+	id, _ := m["id"].(string)
+	for cwd, want := range map[string]string{"/gone": "does not exist", "/file/x": "not a directory"} {
+		res := command(t, c, id, `{"command":"true","cwd":"`+cwd+`"}`)
+		body, _ := io.ReadAll(res.Body)
+		if res.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "INVALID_REQUEST_BODY") || !strings.Contains(string(body), want) {
+			t.Errorf("a command in %s: %d %s, want 400 INVALID_REQUEST_BODY saying %q", cwd, res.StatusCode, body, want)
+		}
 	}
 }
