@@ -412,6 +412,18 @@ func realStackDockerdRestartMidEpisode(t *testing.T) {
 		t.Fatal(err)
 	}
 	shared()
+	// The lifecycle server renews a sandbox dockerd's restart ended as it
+	// renews a running one: the provider's renewal finds each lost.
+	p := rs.client(t)
+	sbs, err := p.ListSandboxes(context.Background())
+	if err != nil || len(sbs) < sessions {
+		t.Fatalf("the run's sandboxes after dockerd's restart: %v, %v; want the %d sessions'", sbs, err, sessions)
+	}
+	for _, sb := range sbs {
+		if err := p.Renew(context.Background(), sb.Handle, time.Now().Add(time.Hour)); !errors.Is(err, provider.ErrSandboxNotFound) {
+			t.Errorf("Renew of %s (%s) after dockerd's restart = %v, want ErrSandboxNotFound", sb.Handle.SandboxID, sb.Status, err)
+		}
+	}
 	for i, ag := range agents {
 		r := fmt.Sprintf("r%d", i)
 		code, m, err := s.call(ag, "POST", "/ng-rollout/"+r+"/append_note", map[string]any{"line": "two"})
