@@ -232,6 +232,11 @@ func (a *sessionActor) abandon() {
 	if a.s.Stage != StageReady && a.s.Stage != StageStopping {
 		return
 	}
+	// Made ahead for a restore that never installed it: the restore
+	// stops its fork, or leaves it to the next start's sweep.
+	if a.view != nil && a.view.Unlisted() {
+		return
+	}
 	h := a.s.Sandbox.Handle
 	a.log().WithField("sandbox_id", h.SandboxID).Warn("session actor stopped while holding a sandbox; stopping it")
 	a.env.goRun(func() {

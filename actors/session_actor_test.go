@@ -633,6 +633,43 @@ func TestShellAbandonWithoutASandboxStopsNothing(t *testing.T) {
 	}
 }
 
+// TestShellUnlistedActorLeavesItsSandbox: an actor made ahead for a
+// restore (its view unlisted) that stops holding its fork stops nothing
+// and tells the owner of no end (the restore stops its forks); once
+// listed, it stops its sandbox as any other.
+func TestShellUnlistedActorLeavesItsSandbox(t *testing.T) {
+	for _, listed := range []bool{false, true} {
+		fk := fake.New(fake.Options{})
+		h, err := fk.Start(context.Background(), provider.Spec{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := &stopLog{Provider: fk}
+		s := newShell(t, p, func(e *actors.SessionEnv) { e.Runtime = inline{} })
+		view := &messages.SessionView{}
+		view.SetUnlisted(true)
+		pid := s.sys.Root.Spawn(actors.SessionPropsPublishing(s.env, view, func() *actors.Session {
+			return actors.NewInstalledSession("r1", sandbox.Sandbox{Handle: h})
+		}))
+		if listed {
+			view.SetUnlisted(false)
+		}
+		if err := s.sys.Root.StopFuture(pid).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		want, wantNoted := int32(0), []string(nil)
+		if listed {
+			want, wantNoted = 1, []string{"ended r1 end stopped=true"}
+		}
+		if n := p.stops.Load(); n != want {
+			t.Errorf("listed %v: %d provider stops, want %d", listed, n, want)
+		}
+		if diff := cmp.Diff(wantNoted, s.noted()); diff != "" {
+			t.Errorf("listed %v: owner heard (-want +got):\n%s", listed, diff)
+		}
+	}
+}
+
 // stopLog counts the provider's stops.
 type stopLog struct {
 	provider.Provider

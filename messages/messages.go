@@ -167,6 +167,9 @@ type GetSandboxReply struct {
 // waits for a Do of its own.
 type SessionView struct {
 	p atomic.Pointer[GetSandboxReply]
+	// unlisted: the actor was made ahead for a restore that has not
+	// installed it (see SpawnSession.Unlisted).
+	unlisted atomic.Bool
 	// used is the latest use touched, in Unix nanoseconds; 0 for none.
 	used atomic.Int64
 	// permit is one of the permit states below.
@@ -238,6 +241,15 @@ func (v *SessionView) Recall() (free bool) {
 		}
 	}
 }
+
+// Unlisted reports whether the actor was made ahead for a restore that
+// has not installed it: its sandbox is then the restore's, which stops it
+// if the restore fails, and the actor stopping leaves it alone.
+func (v *SessionView) Unlisted() bool { return v.unlisted.Load() }
+
+// SetUnlisted marks the actor made ahead for a restore (true), or
+// installed (false): the supervisor's.
+func (v *SessionView) SetUnlisted(b bool) { v.unlisted.Store(b) }
 
 // Touch records a use at at. Uses may be reported out of order: the
 // latest stays.
@@ -330,6 +342,11 @@ type SpawnSession struct {
 	SessionID string
 	// Install, when set, is the sandbox a restore forked for the session.
 	Install *sandbox.Sandbox
+	// Unlisted, with Install, makes the actor ahead of a restore's
+	// install, as its fork returns, while the other forks run: nobody
+	// finds it until a ListPrepared lists it, and it is not answered (a
+	// spawn that failed is found missing by the ListPrepared).
+	Unlisted bool
 	// Limit, when positive, refuses a new actor while the supervisor
 	// holds that many sessions (max_sessions; a restore passes none).
 	Limit int
@@ -344,6 +361,28 @@ type SpawnSession struct {
 	Ref   *SessionRef
 	Reply ReplyTo
 }
+
+// ListPrepared lists the actors made ahead (SpawnSession.Unlisted) for
+// the sessions, all in one turn of the supervisor: each holding exactly
+// the sandbox named at the same index (its id and lease), unless the
+// session has an actor already (ErrSessionExists, as a spawn's install).
+// Those it does not list, and any other made ahead, it stops, leaving
+// their sandboxes alone. Answered with a PreparedListed.
+type ListPrepared struct {
+	SessionIDs []string
+	Sandboxes  []*sandbox.Sandbox
+	Reply      ReplyTo
+}
+
+// PreparedListed answers ListPrepared: Errs is index-aligned with its
+// sessions, nil where the session's actor was listed.
+type PreparedListed struct {
+	Errs []error
+}
+
+// DiscardPrepared stops every actor made ahead and not listed, leaving
+// their sandboxes alone (a failed restore stops its forks itself).
+type DiscardPrepared struct{}
 
 // LookupSession asks the supervisor for a session's actor.
 type LookupSession struct {

@@ -127,29 +127,57 @@ func (c *client) spawnStart(ctx context.Context, sessionID string, limit int, st
 // errNoAnswer: the supervisor did not answer a spawn in time.
 var errNoAnswer = errors.New("the supervisor did not answer")
 
-// install asks the supervisor for a new session actor holding each
-// session's sandbox. The spawns go all at once, sharing one reply slot with
-// room for every answer, and the answers are then collected: one round trip
-// per session would hold a restore that long. errs is index-aligned with
-// sessions: nil where the session was installed, errNoAnswer where no
-// answer came.
+// prepare has the supervisor make the session's actor ahead of the
+// install, unlisted: a restore's thousand spawns after its last fork held
+// it for milliseconds, and made now they run while other forks wait on the
+// provider. No answer: install finds out which were made.
+func (c *client) prepare(s RestoredSession) {
+	c.send(c.sup, &messages.SpawnSession{SessionID: s.SessionID, Install: &s.Sandbox, Unlisted: true})
+}
+
+// discardPrepared has the supervisor stop the actors made ahead, leaving
+// their sandboxes alone (a failed restore stops its forks).
+func (c *client) discardPrepared() { c.send(c.sup, &messages.DiscardPrepared{}) }
+
+// install gives each session a session actor holding its sandbox: the
+// actors made ahead are listed all in one turn of the supervisor, and
+// those not made (or made holding another sandbox) are spawned, all at
+// once, sharing one reply slot with room for every answer, and the answers
+// are then collected: one round trip per session would hold a restore
+// that long. errs is index-aligned with sessions: nil where the session was
+// installed, errNoAnswer where no answer came.
 func (c *client) install(sessions []RestoredSession) (errs []error, err error) {
 	select {
 	case <-c.closed:
 		return nil, ErrClosed
 	default:
 	}
-	replies := make(messages.ReplyTo, len(sessions))
-	at := make(map[string]int, len(sessions))
 	errs = make([]error, len(sessions))
+	ids := make([]string, len(sessions))
+	sbs := make([]*sandbox.Sandbox, len(sessions))
 	for i := range sessions {
+		ids[i], sbs[i], errs[i] = sessions[i].SessionID, &sessions[i].Sandbox, errNoAnswer
+	}
+	wait, cancel := context.WithTimeout(context.Background(), timeouts.Reply)
+	defer cancel()
+	r := c.slot()
+	v, err := c.call(wait, c.sup, &messages.ListPrepared{SessionIDs: ids, Sandboxes: sbs, Reply: r}, r)
+	if err != nil {
+		// Whatever answers are missing count as not installed.
+		return errs, nil
+	}
+	listed := v.(*messages.PreparedListed).Errs
+	replies := make(messages.ReplyTo, len(sessions))
+	at := map[string]int{}
+	for i := range sessions {
+		if errs[i] = listed[i]; !errors.Is(errs[i], supervisor.ErrNotPrepared) {
+			continue
+		}
 		s := &sessions[i]
 		at[s.SessionID], errs[i] = i, errNoAnswer
 		c.send(c.sup, &messages.SpawnSession{SessionID: s.SessionID, Install: &s.Sandbox, Reply: replies})
 	}
-	wait, cancel := context.WithTimeout(context.Background(), timeouts.Reply)
-	defer cancel()
-	for range sessions {
+	for range at {
 		v, err := c.await(wait, c.sup, replies)
 		if err != nil {
 			// Whatever answers are missing count as not installed.

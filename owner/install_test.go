@@ -122,3 +122,83 @@ func TestRestoreWritesNoIntent(t *testing.T) {
 		t.Errorf("intents during the forks %v, after the restore %v; want none", during, after)
 	}
 }
+
+// A restore makes each session's actor as its fork returns, while the
+// other forks run, unlisted: a session is found only once the install
+// lists them all; a restore whose fork fails stops the actors it made,
+// which leave their forks to the restore.
+func TestRestoreMakesActorsAsForksReturn(t *testing.T) {
+	for _, failLast := range []bool{false, true} {
+		e := newEnv(t)
+		o := e.open(parallelism(1))
+		var last sandbox.Sandbox
+		for _, sid := range []string{"s1", "s2", "s3"} {
+			last = seed(t, o, sid)
+		}
+		commit(t, o, "c1")
+		for _, sid := range []string{"s1", "s2", "s3"} {
+			if err := o.EndSessionSandbox(context.Background(), sid); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The ended sessions' actors live out their grace on the test's
+		// clock, which stands still.
+		graves := owner.Children(o)
+		var mu sync.Mutex
+		forks := 0
+		var during []string
+		children := -1
+		e.fk.SetHook(func(c fake.Call) {
+			if c.Op != fake.OpFork || c.Phase != fake.PhaseBegin {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if forks++; forks == 3 {
+				ids, err := o.Sessions()
+				if err != nil {
+					t.Error(err)
+				}
+				during, children = ids, owner.Children(o)-graves
+			}
+		})
+		if failLast {
+			// One worker forks the records in order: s3's is the last.
+			e.fk.FailNextFor(fake.OpFork, last.Handle.SandboxID, 1)
+		}
+		_, err := o.Restore(context.Background(), owner.RestoreRequest{CheckpointID: "c1"})
+		e.fk.SetHook(nil)
+		if len(during) != 0 || children != 2 {
+			t.Errorf("fail %v: at the last fork %v listed and %d actors, want none listed and the two forks' actors made", failLast, during, children)
+		}
+		ids, lerr := o.Sessions()
+		if lerr != nil {
+			t.Fatal(lerr)
+		}
+		if !failLast {
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff([]string{"s1", "s2", "s3"}, ids); diff != "" || owner.Children(o)-graves != 3 {
+				t.Errorf("after the restore (-want +got):\n%s%d actors, want 3", diff, owner.Children(o)-graves)
+			}
+			continue
+		}
+		if !errors.Is(err, owner.ErrRestoreFailed) || len(ids) != 0 {
+			t.Fatalf("restore with its last fork failing: %v, sessions %v; want ErrRestoreFailed and none", err, ids)
+		}
+		// Each round trip lets the stopped actors' Terminated through; a
+		// bound that only a restore leaving its actors running reaches.
+		for i := 0; owner.Children(o) != graves; i++ {
+			if i == 100000 {
+				t.Fatalf("%d actors after the failed restore, want its two stopped", owner.Children(o)-graves)
+			}
+			if _, err := o.Sessions(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if live := e.fk.LiveSandboxIDs(); len(live) != 0 {
+			t.Errorf("live sandboxes after the failed restore: %v", live)
+		}
+	}
+}

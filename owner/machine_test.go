@@ -263,7 +263,20 @@ func machineInput(t *testing.T, c *script.Case) (input, bool) {
 			}
 			forks = append(forks, provider.Handle{SandboxID: id})
 		}
-		return inForked{Forks: forks, Failed: failures(c, "failed"), Missing: c.List("missing"), Now: at(t, c, "at")}, true
+		// at=T,U: when each fork returned (one T: every fork).
+		when := make([]time.Time, len(forks))
+		ats := c.List("at")
+		for i := range when {
+			when[i] = scriptT0
+			if len(ats) > 0 {
+				n, err := strconv.Atoi(ats[min(i, len(ats)-1)])
+				if err != nil {
+					t.Fatalf("%s: at: %v", c.Pos, err)
+				}
+				when[i] = scriptT0.Add(time.Duration(n) * time.Second)
+			}
+		}
+		return inForked{Forks: forks, At: when, Failed: failures(c, "failed"), Missing: c.List("missing")}, true
 	case "installed":
 		// errs=-,taken,?: one per session, - where it was installed, ?
 		// where no answer came; closed: the owner closed first.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/sandboxowner/owner/internal/timeouts"
 	"github.com/sandboxowner/owner/messages"
@@ -69,10 +70,14 @@ func (o *Owner) Restore(ctx context.Context, req RestoreRequest) (RestoreResult,
 }
 
 // forkAll forks every record's snapshot, at most parallelism at once. The
-// returned handles are index-aligned with records (zero where it failed).
-func (o *Owner) forkAll(ctx context.Context, checkpointID string, records []snapshotindex.Record) ([]provider.Handle, map[string]string, []string) {
+// returned handles are index-aligned with records (zero where it failed),
+// as are the times they returned. As each fork returns, the actor of its
+// session is made, unlisted (see prepare).
+func (o *Owner) forkAll(ctx context.Context, checkpointID string, records []snapshotindex.Record) ([]provider.Handle, []time.Time, map[string]string, []string) {
 	snap := o.caps.Snapshotter
+	labels := o.labeller()
 	forks := make([]provider.Handle, len(records))
+	at := make([]time.Time, len(records))
 	var mu sync.Mutex
 	failed := map[string]string{}
 	var missing []string
@@ -98,7 +103,8 @@ func (o *Owner) forkAll(ctx context.Context, checkpointID string, records []snap
 			}
 			return
 		}
-		forks[i] = h
+		forks[i], at[i] = h, o.clk.Now()
+		o.ask.prepare(restoredSession(labels, r, h, at[i]))
 	})
 	if err := ctx.Err(); err != nil {
 		// Sessions whose turn never came were not forked.
@@ -111,7 +117,7 @@ func (o *Owner) forkAll(ctx context.Context, checkpointID string, records []snap
 		}
 	}
 	slices.Sort(missing)
-	return forks, failed, missing
+	return forks, at, failed, missing
 }
 
 // withListedForks adds to forks the sandboxes this incarnation forked for

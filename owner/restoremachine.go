@@ -118,13 +118,13 @@ type (
 		Err  error
 	}
 	// inForked: the forks, index-aligned with the records (zero where it
-	// failed), the failures by session, and the snapshots the provider
-	// does not have.
+	// failed) with the time each returned, the failures by session, and
+	// the snapshots the provider does not have.
 	inForked struct {
 		Forks   []provider.Handle
+		At      []time.Time
 		Failed  map[string]string
 		Missing []string
-		Now     time.Time
 	}
 	// inInstalled: each session's refusal, index-aligned with the
 	// install (nil where it was installed); Err when nothing was asked
@@ -292,7 +292,7 @@ func (m *restoring) step(in input) []effect {
 				}
 				return append([]effect{effStopForks{CheckpointID: m.req.CheckpointID, Forks: in.Forks}}, m.fail(err)...)
 			}
-			m.installs = m.sessions(in.Forks, in.Now)
+			m.installs = m.sessions(in.Forks, in.At)
 			return m.await(rsInstalled, effInstall{Sessions: m.installs})
 		}
 	case inInstalled:
@@ -339,28 +339,36 @@ func (m *restoring) step(in input) []effect {
 	panic(fmt.Sprintf("owner: a restore waiting for %s got %T", m.phase, in))
 }
 
-// sessions are the sessions the forks make: each record's sandbox on its
-// fork, restored from its snapshot, its lease running from now.
-func (m *restoring) sessions(forks []provider.Handle, now time.Time) []RestoredSession {
+// sessions are the sessions the forks make (see restoredSession).
+func (m *restoring) sessions(forks []provider.Handle, at []time.Time) []RestoredSession {
 	out := make([]RestoredSession, len(m.records))
 	for i, r := range m.records {
-		sb := sandbox.Sandbox{
-			Handle:       forks[i],
-			Spec:         m.labels.spec(r.Spec, r.SessionID, nil),
-			Workdir:      r.Workdir,
-			Data:         r.Data,
-			Restored:     true,
-			FromSnapshot: r.SnapshotID,
-		}
-		if len(sb.Data) == 0 {
-			sb.Data = json.RawMessage("{}")
-		}
-		if ttl := r.Spec.TTL(); ttl > 0 {
-			sb.ExpiresAt = now.Add(ttl)
-		}
-		out[i] = RestoredSession{SessionID: r.SessionID, Episode: r.Episode, Sandbox: sb}
+		out[i] = restoredSession(m.labels, r, forks[i], at[i])
 	}
 	return out
+}
+
+// restoredSession is the session a record's fork makes: the record's
+// sandbox on the fork, restored from its snapshot, its lease running from
+// at, when the fork returned (the provider's began with the fork). The
+// shell makes each session's actor with it as the fork returns, and the
+// install lists that actor when the machine's session is the same.
+func restoredSession(labels labeller, r snapshotindex.Record, fork provider.Handle, at time.Time) RestoredSession {
+	sb := sandbox.Sandbox{
+		Handle:       fork,
+		Spec:         labels.spec(r.Spec, r.SessionID, nil),
+		Workdir:      r.Workdir,
+		Data:         r.Data,
+		Restored:     true,
+		FromSnapshot: r.SnapshotID,
+	}
+	if len(sb.Data) == 0 {
+		sb.Data = json.RawMessage("{}")
+	}
+	if ttl := r.Spec.TTL(); ttl > 0 {
+		sb.ExpiresAt = at.Add(ttl)
+	}
+	return RestoredSession{SessionID: r.SessionID, Episode: r.Episode, Sandbox: sb}
 }
 
 // byIndex finds the checkpoint in the index: by its id, or the latest

@@ -105,9 +105,10 @@ func (o *Owner) perform(ctx context.Context, e effect) input {
 		meta, ok, err := o.index.FindByDir(e.Dir)
 		return inFound{Meta: meta, OK: ok, Err: err}
 	case effFork:
-		forks, failed, missing := o.forkAll(ctx, e.CheckpointID, e.Records)
-		return inForked{Forks: forks, Failed: failed, Missing: missing, Now: o.clk.Now()}
+		forks, at, failed, missing := o.forkAll(ctx, e.CheckpointID, e.Records)
+		return inForked{Forks: forks, At: at, Failed: failed, Missing: missing}
 	case effStopForks:
+		o.ask.discardPrepared()
 		o.stopHandles(o.withListedForks(e.CheckpointID, e.Forks))
 	case effInstall:
 		errs, err := o.ask.install(e.Sessions)

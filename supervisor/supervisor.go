@@ -31,6 +31,10 @@ import (
 // already has an actor.
 var ErrSessionExists = fmt.Errorf("supervisor: session already exists")
 
+// ErrNotPrepared answers a ListPrepared for a session no actor was made
+// ahead for, or one made holding another sandbox: the asker spawns it.
+var ErrNotPrepared = fmt.Errorf("supervisor: no actor made ahead for the session")
+
 // PropsFunc makes the props of a session actor: empty, or holding a restored
 // sandbox.
 type PropsFunc func(sessionID string, install *sandbox.Sandbox) *actor.Props
@@ -254,6 +258,13 @@ func (d *Directory) Children() []*actor.PID {
 	return out
 }
 
+// addChild records a running actor that is not listed (made ahead).
+func (d *Directory) addChild(pid *actor.PID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.children[pid.Id] = pid
+}
+
 func (d *Directory) terminated(pidID string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -336,11 +347,26 @@ type supervisor struct {
 	// grace is the same for all); armed: a poisonDue is on its way.
 	graves []grave
 	armed  bool
+	// prepared are the actors made ahead for a restore (SpawnSession
+	// with Unlisted), by session, until a ListPrepared lists or stops
+	// them.
+	prepared map[string]prepared
+}
+
+// prepared is an actor made ahead, holding install.
+type prepared struct {
+	pid     *actor.PID
+	view    *messages.SessionView
+	install *sandbox.Sandbox
 }
 
 func (s *supervisor) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *messages.SpawnSession:
+		if m.Unlisted {
+			s.prepare(ctx, m)
+			return
+		}
 		ref := s.spawn(ctx, m)
 		m.Ref = ref
 		if m.Start != nil && ref.Err == nil {
@@ -388,6 +414,10 @@ func (s *supervisor) Receive(ctx actor.Context) {
 		clear(s.graves[rest:])
 		s.graves = s.graves[:rest]
 		s.arm(ctx, now)
+	case *messages.ListPrepared:
+		respond(ctx, m.Reply, s.listPrepared(ctx, m))
+	case *messages.DiscardPrepared:
+		s.discardPrepared(ctx)
 	case *messages.ListSessions:
 		respond(ctx, m.Reply, &messages.SessionList{Sessions: s.dir.list()})
 	case *actor.Terminated:
@@ -395,6 +425,11 @@ func (s *supervisor) Receive(ctx actor.Context) {
 		// A child that stopped without being forgotten (it panicked).
 		if id, ok := s.dir.session(m.Who.Id); ok {
 			s.dir.remove(id, m.Who)
+		}
+		for id, p := range s.prepared {
+			if p.pid.Id == m.Who.Id {
+				delete(s.prepared, id)
+			}
 		}
 	}
 }
@@ -423,6 +458,71 @@ func (s *supervisor) spawn(ctx actor.Context, m *messages.SpawnSession) *message
 	}
 	s.dir.set(m.SessionID, pid, view, m.Install)
 	return &messages.SessionRef{SessionID: m.SessionID, PID: pid, Spawned: true}
+}
+
+// prepare makes an actor holding m.Install that nobody finds until a
+// ListPrepared lists it. One made ahead for the session before is stopped.
+func (s *supervisor) prepare(ctx actor.Context, m *messages.SpawnSession) {
+	if m.Install == nil {
+		return
+	}
+	if old, ok := s.prepared[m.SessionID]; ok {
+		delete(s.prepared, m.SessionID)
+		ctx.Poison(old.pid)
+	}
+	s.next++
+	view := &messages.SessionView{}
+	view.SetUnlisted(true)
+	var name [24]byte
+	pid, err := ctx.SpawnNamed(s.props(m.SessionID, m.Install, view), string(strconv.AppendUint(append(name[:0], 's'), s.next, 10)))
+	if err != nil {
+		return
+	}
+	s.dir.addChild(pid)
+	if s.prepared == nil {
+		s.prepared = map[string]prepared{}
+	}
+	s.prepared[m.SessionID] = prepared{pid: pid, view: view, install: m.Install}
+}
+
+// listPrepared lists the actors made ahead for m's sessions, in one turn:
+// no seed comes between two of them.
+func (s *supervisor) listPrepared(ctx actor.Context, m *messages.ListPrepared) *messages.PreparedListed {
+	out := &messages.PreparedListed{Errs: make([]error, len(m.SessionIDs))}
+	for i, id := range m.SessionIDs {
+		p, ok := s.prepared[id]
+		delete(s.prepared, id)
+		switch {
+		case !ok:
+			out.Errs[i] = ErrNotPrepared
+			continue
+		case !sameSandbox(p.install, m.Sandboxes[i]):
+			out.Errs[i] = ErrNotPrepared
+		case s.dir.Lookup(id) != nil:
+			out.Errs[i] = ErrSessionExists
+		default:
+			p.view.SetUnlisted(false)
+			s.dir.set(id, p.pid, p.view, p.install)
+			continue
+		}
+		ctx.Poison(p.pid)
+	}
+	s.discardPrepared(ctx)
+	return out
+}
+
+// sameSandbox: a and b are the same fork with the same lease.
+func sameSandbox(a, b *sandbox.Sandbox) bool {
+	return b != nil && a.Handle.SandboxID == b.Handle.SandboxID && a.ExpiresAt.Equal(b.ExpiresAt)
+}
+
+// discardPrepared stops every actor made ahead and not listed; they stop
+// unlisted, so their sandboxes are left to the restore.
+func (s *supervisor) discardPrepared(ctx actor.Context) {
+	for id, p := range s.prepared {
+		ctx.Poison(p.pid)
+		delete(s.prepared, id)
+	}
 }
 
 // arm sets the timer that poisons the oldest forgotten actor once its grace

@@ -217,3 +217,119 @@ func TestSpawnHandsItsStartToTheActor(t *testing.T) {
 		t.Errorf("a start past the limit answered %#v (ref %+v), want the refusal", v, ref)
 	}
 }
+
+// TestPreparedActorsAreListedInOneTurn: actors made ahead for a restore
+// (SpawnSession with Unlisted) are found by nobody until a ListPrepared
+// lists those holding the sandbox it names; a session that has an actor
+// already is refused as exists, one made holding another sandbox or not
+// made at all is answered not prepared, and every other made ahead is
+// stopped, leaving its sandbox alone. A DiscardPrepared stops those made
+// since, alike; a listed actor stops its sandbox when it stops.
+func TestPreparedActorsAreListedInOneTurn(t *testing.T) {
+	lg := logrus.New()
+	lg.SetOutput(io.Discard)
+	sys := actor.NewActorSystem()
+	fk := fake.New(fake.Options{})
+	ended := make(chan string, 16)
+	env := &actors.SessionEnv{
+		Provider: fk, Clock: clock.Real{}, Log: lg, Limiter: actors.NewLimiter(4),
+		OnEnded: func(sid string, stopped *provider.Handle, _ messages.StopReason) {
+			if stopped != nil {
+				ended <- stopped.SandboxID
+			}
+		},
+		// An actor's stop of its sandbox happens before its Terminated.
+		Runtime: inline{},
+	}
+	dir := supervisor.NewDirectory()
+	sup := sys.Root.Spawn(supervisor.PropsPublishing(func(sid string, install *sandbox.Sandbox, view *messages.SessionView) *actor.Props {
+		return actors.SessionPropsPublishing(env, view, func() *actors.Session {
+			if install != nil {
+				return actors.NewInstalledSession(sid, *install)
+			}
+			return actors.NewSession(sid)
+		})
+	}, dir, nil))
+	t.Cleanup(func() {
+		_ = sys.Root.PoisonFuture(sup).Wait()
+		sys.Shutdown()
+	})
+	ask := func(msg any) any {
+		t.Helper()
+		v, err := sys.Root.RequestFuture(sup, msg, 10*time.Second).Result()
+		if err != nil {
+			t.Fatalf("ask %T: %v", msg, err)
+		}
+		return v
+	}
+	sbs := map[string]*sandbox.Sandbox{}
+	for _, sid := range []string{"s1", "s2", "s3", "s4", "s6"} {
+		h, err := fk.Start(context.Background(), provider.Spec{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sbs[sid] = &sandbox.Sandbox{Handle: h, Data: []byte("{}"), ExpiresAt: time.Unix(100, 0)}
+	}
+	live := ask(&messages.SpawnSession{SessionID: "s3"}).(*messages.SessionRef).PID.(*actor.PID)
+	for _, sid := range []string{"s1", "s2", "s3", "s4"} {
+		sys.Root.Send(sup, &messages.SpawnSession{SessionID: sid, Install: sbs[sid], Unlisted: true})
+	}
+	// Made ahead but not listed: nobody finds them.
+	if l := ask(&messages.LookupSession{SessionID: "s1"}).(*messages.SessionRef); l.PID != nil || dir.Lookup("s1") != nil {
+		t.Fatal("an actor made ahead was found before it was listed")
+	}
+	if n := len(dir.Children()); n != 5 {
+		t.Fatalf("%d children, want 5 (s3's live actor and four made ahead)", n)
+	}
+	otherLease := *sbs["s2"]
+	otherLease.ExpiresAt = time.Unix(200, 0)
+	got := ask(&messages.ListPrepared{
+		SessionIDs: []string{"s1", "s2", "s3", "s5"},
+		Sandboxes:  []*sandbox.Sandbox{sbs["s1"], &otherLease, sbs["s3"], {}},
+	}).(*messages.PreparedListed)
+	want := []error{nil, supervisor.ErrNotPrepared, supervisor.ErrSessionExists, supervisor.ErrNotPrepared}
+	if diff := cmp.Diff(want, got.Errs, cmp.Comparer(func(a, b error) bool { return errors.Is(a, b) })); diff != "" {
+		t.Fatalf("listed (-want +got):\n%s", diff)
+	}
+	if dir.Lookup("s1") == nil || dir.Lookup("s2") != nil || dir.Lookup("s4") != nil || dir.Lookup("s3").Id != live.Id {
+		t.Fatalf("after the listing: s1 %v s2 %v s3 %v s4 %v; want s1 listed, s3 its own actor, no other", dir.Lookup("s1"), dir.Lookup("s2"), dir.Lookup("s3"), dir.Lookup("s4"))
+	}
+	if h, ok := dir.Holder(sbs["s1"].Handle.SandboxID); !ok || h.SessionID != "s1" {
+		t.Fatalf("s1's fork held by %+v (%v), want s1", h, ok)
+	}
+	// The three not listed stop (each ask is a mailbox round trip that
+	// lets their Terminated through), their sandboxes left alone.
+	for len(dir.Children()) != 2 {
+		ask(&messages.ListSessions{})
+	}
+	sys.Root.Send(sup, &messages.SpawnSession{SessionID: "s6", Install: sbs["s6"], Unlisted: true})
+	for len(dir.Children()) != 3 {
+		ask(&messages.ListSessions{})
+	}
+	sys.Root.Send(sup, &messages.DiscardPrepared{})
+	for len(dir.Children()) != 2 {
+		ask(&messages.ListSessions{})
+	}
+	if n := fk.Stats().LiveSandboxes; n != 5 {
+		t.Fatalf("%d sandboxes live after the unlisted actors stopped, want all 5", n)
+	}
+	select {
+	case id := <-ended:
+		t.Fatalf("an unlisted actor stopped sandbox %s", id)
+	default:
+	}
+	// Listed, s1's actor stops its fork as it stops.
+	s1 := dir.Lookup("s1")
+	if err := sys.Root.StopFuture(s1).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if id := <-ended; id != sbs["s1"].Handle.SandboxID {
+		t.Fatalf("s1's actor stopped %s, want its fork %s", id, sbs["s1"].Handle.SandboxID)
+	}
+}
+
+// inline runs each effect on the caller's goroutine (the actor's).
+type inline struct{}
+
+func (inline) Go(fn func())                       { fn() }
+func (inline) Await(context.Context, func() bool) {}
