@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,6 +33,10 @@ type Stack struct {
 	Script string
 	// Dir is the stack's state folder (its logs, pid files).
 	Dir string
+	// env is stack.sh's environment: nil for the shared stack's (the
+	// process's own), OSSTACK_DIR and OSSTACK_PORT of its own for a
+	// lifecycle server of a test's own (OwnServer).
+	env []string
 
 	// held is the test's shared hold on the stack (Require); fault, the
 	// fault lock the test holds (RequireFault), nil for none.
@@ -123,30 +128,96 @@ func Up() (Stack, error) {
 		return Stack{}, err
 	}
 	defer release()
+	if err := st.upAndRead(); err != nil {
+		return Stack{}, err
+	}
+	return st, nil
+}
+
+// upAndRead runs stack.sh up in s's environment and reads where its
+// server answers from what it prints.
+func (s *Stack) upAndRead() error {
 	var stderr bytes.Buffer
-	cmd := exec.Command(script, "up")
+	cmd := exec.Command(s.Script, "up")
+	cmd.Env = s.env
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return Stack{}, fmt.Errorf("%s up: %v: %s", script, err, lastLine(stderr.String()))
+		return fmt.Errorf("%s up: %v: %s", s.Script, err, lastLine(stderr.String()))
 	}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
 		k, v, _ := strings.Cut(sc.Text(), "=")
 		switch k {
 		case "OSSTACK_URL":
-			st.URL = strings.TrimSuffix(v, "/v1")
+			s.URL = strings.TrimSuffix(v, "/v1")
 		case "OSSTACK_API_KEY":
-			st.APIKey = v
+			s.APIKey = v
 		case "OSSTACK_IMAGE":
-			st.Image = v
+			s.Image = v
 		}
 	}
-	if st.URL == "" || st.Image == "" {
-		return Stack{}, fmt.Errorf("%s up printed no OSSTACK_URL or OSSTACK_IMAGE: %q", script, out)
+	if s.URL == "" || s.Image == "" {
+		return fmt.Errorf("%s up printed no OSSTACK_URL or OSSTACK_IMAGE: %q", s.Script, out)
 	}
-	st.Domain = strings.TrimPrefix(st.URL, "http://")
-	return st, nil
+	s.Domain = strings.TrimPrefix(s.URL, "http://")
+	return nil
+}
+
+// OwnServer starts a lifecycle server of the test's own beside the
+// stack's, on its dockerd and images (stack.sh up with a directory and a
+// port of its own: its own store, pid file and log), and stops it when the
+// test ends. A test that kills and restarts it (KillServer, Up) takes no
+// other test's server down, so it needs neither the fault lock nor
+// Exclusive, and waits for no other test's hold: the shared hold s carries
+// (s must come from Require) keeps dockerd up under it. StopDockerd on the
+// returned Stack refuses: the dockerd is the shared stack's.
+func (s Stack) OwnServer(tb testing.TB) Stack {
+	tb.Helper()
+	if s.held == nil {
+		tb.Fatal("OwnServer on a Stack that Require did not return")
+	}
+	own := s
+	own.Dir, own.fault = tb.TempDir(), nil
+	// stack.sh finds the server's Python packages in its directory: the
+	// shared stack's, unpacked once, rather than a download of its own.
+	if err := os.Symlink(filepath.Join(s.Dir, "pydeps"), filepath.Join(own.Dir, "pydeps")); err != nil {
+		tb.Fatal(err)
+	}
+	// Down with the test, whatever up did: it stops just the server its
+	// pid file names (stack.sh leaves a dockerd it did not start alone).
+	tb.Cleanup(func() {
+		cmd := exec.Command(own.Script, "down")
+		cmd.Env = own.env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			tb.Errorf("%s down (the test's own lifecycle server): %v: %s", own.Script, err, out)
+		}
+	})
+	// A port found free may be taken before the server binds it: a few
+	// tries, each with another.
+	var err error
+	for range 3 {
+		var port int
+		if port, err = freePort(); err != nil {
+			break
+		}
+		own.env = append(os.Environ(), "OSSTACK_DIR="+own.Dir, fmt.Sprintf("OSSTACK_PORT=%d", port))
+		if err = own.upAndRead(); err == nil {
+			return own
+		}
+	}
+	tb.Fatalf("a lifecycle server of the test's own: %v", err)
+	return Stack{}
+}
+
+// freePort is a loopback TCP port nothing listens on now.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // hold opens one of the stack's lock files and flocks it (LOCK_SH or
@@ -306,6 +377,7 @@ func lastLine(s string) string {
 func (s Stack) Up() error {
 	var stderr bytes.Buffer
 	cmd := exec.Command(s.Script, "up")
+	cmd.Env = s.env
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("%s up: %v: %s", s.Script, err, lastLine(stderr.String()))
@@ -323,6 +395,34 @@ func (s Stack) KillServer() error { return s.signal("server", syscall.SIGKILL) }
 // starts it again. An error wrapping ErrNoStack means stack.sh did not
 // start the dockerd that runs (it is someone else's to stop).
 func (s Stack) StopDockerd() error { return s.signal("dockerd", syscall.SIGTERM) }
+
+// StopSandboxes does to the sandboxes named (the lifecycle server's ids)
+// what a dockerd restart does to every sandbox: docker stop sends each
+// one's container SIGTERM, then SIGKILL after its grace, and the lifecycle
+// server reports it Terminated from then on. Unlike StopDockerd it ends no
+// other test's sandboxes, so a test needs no Exclusive for it.
+func (s Stack) StopSandboxes(ids ...string) error {
+	docker, err := exec.LookPath("docker")
+	if err != nil {
+		docker = "/usr/bin/docker" // stack.sh's client
+	}
+	var containers []string
+	for _, id := range ids {
+		out, err := exec.Command(docker, "ps", "-q", "--filter", "label=opensandbox.io/id="+id).Output()
+		if err != nil {
+			return fmt.Errorf("the container of sandbox %s: %w", id, err)
+		}
+		c := strings.Fields(string(out))
+		if len(c) == 0 {
+			return fmt.Errorf("no running container of sandbox %s", id)
+		}
+		containers = append(containers, c...)
+	}
+	if out, err := exec.Command(docker, append([]string{"stop"}, containers...)...).CombinedOutput(); err != nil {
+		return fmt.Errorf("docker stop %v: %w: %s", containers, err, out)
+	}
+	return nil
+}
 
 func (s Stack) signal(part string, sig syscall.Signal) error {
 	b, err := os.ReadFile(filepath.Join(s.Dir, "run", part+".pid"))

@@ -34,26 +34,37 @@ type onRealStack struct {
 	probed bool
 }
 
-// newOnRealStack holds the real stack shared for the test, and for a
-// fault test (one that stops a part of the stack) takes the fault lock
-// too. A fault test's servers rely on the probe the test binary makes
-// once; the walk-through's first server probes snapshots itself.
-func newOnRealStack(t *testing.T, fault bool) *onRealStack {
+// stackUse is how a test uses the real stack: shared with every other
+// test, its servers probing snapshots themselves or relying on the probe
+// the test binary makes once, or on a lifecycle server of its own (it
+// kills that one).
+type stackUse int
+
+const (
+	sharedStack stackUse = iota
+	sharedStackProbed
+	ownLifecycleServer
+)
+
+// newOnRealStack holds the real stack shared for the test and, for
+// ownLifecycleServer, starts a lifecycle server of the test's own on the
+// stack's dockerd. No test here stops a part of the shared stack: each
+// holds it shared only, so none waits for another's hold.
+func newOnRealStack(t *testing.T, use stackUse) *onRealStack {
 	t.Helper()
 	st, err := realStack()
-	if fault {
-		st = osstack.RequireFault(t, st, err)
-	} else {
-		st = osstack.Require(t, st, err)
-	}
+	st = osstack.Require(t, st, err)
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	r := &onRealStack{st: st, name: "e2e" + hex.EncodeToString(b)}
-	if fault {
+	if use != sharedStack {
 		if err := stackSnapshots(st); err != nil {
 			t.Fatalf("probe the stack's snapshots: %v", err)
 		}
 		r.probed = true
+	}
+	if use == ownLifecycleServer {
+		r.st = st.OwnServer(t)
 	}
 	t.Cleanup(func() { r.clean(t) })
 	return r
@@ -166,9 +177,8 @@ func (r *onRealStack) clean(t *testing.T) {
 }
 
 // TestRealStack runs the tests on the real stack alongside each other and
-// the package's other tests: each holds the stack shared, and the two that
-// stop a part of it hold it exclusively only from the stop until the part
-// is up again.
+// the package's other tests: each holds the stack shared, and the one that
+// kills a lifecycle server kills one of its own.
 func TestRealStack(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the server as a process")
@@ -177,7 +187,7 @@ func TestRealStack(t *testing.T) {
 	for name, f := range map[string]func(*testing.T){
 		"WalkThrough":                    realStackWalkThrough,
 		"LifecycleServerKilledMidCommit": realStackLifecycleServerKilledMidCommit,
-		"DockerdRestartMidEpisode":       realStackDockerdRestartMidEpisode,
+		"SandboxesStoppedMidEpisode":     realStackSandboxesStoppedMidEpisode,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -195,7 +205,7 @@ func TestRealStack(t *testing.T) {
 // sandbox and no snapshot of the run.
 func realStackWalkThrough(t *testing.T) {
 	const sessions = 3
-	rs, dir, s, agents := seededOnRealStack(t, sessions, false)
+	rs, dir, s, agents := seededOnRealStack(t, sessions, sharedStack)
 	for i, a := range agents {
 		if code, m := sandboxExec(t, descriptor(t, s, a, fmt.Sprintf("r%d", i)), "cat notes.txt"); code != 200 || m["stdout"] != "one\n" || m["exit_code"] != 0.0 {
 			t.Fatalf("exec through the sandbox API: %d %v", code, m)
@@ -243,12 +253,12 @@ func realStackWalkThrough(t *testing.T) {
 	}
 }
 
-// seededOnRealStack starts the server on the real stack
-// (for a fault test when fault, see newOnRealStack) with its state in a
-// fresh directory and seeds n notes sessions.
-func seededOnRealStack(t *testing.T, n int, fault bool) (rs *onRealStack, dir string, s *server, agents []*agent) {
+// seededOnRealStack starts the server on the real stack, used as use says
+// (see newOnRealStack), with its state in a fresh directory and seeds n
+// notes sessions.
+func seededOnRealStack(t *testing.T, n int, use stackUse) (rs *onRealStack, dir string, s *server, agents []*agent) {
 	t.Helper()
-	rs = newOnRealStack(t, fault)
+	rs = newOnRealStack(t, use)
 	dir = t.TempDir()
 	s = rs.start(t, dir)
 	return rs, dir, s, seedNotes(t, s, n)
@@ -333,13 +343,12 @@ func (r *onRealStack) restoreCk(t *testing.T, s *server, dir, id string, agents 
 // the checkpoint, and nothing of the run is left.
 func realStackLifecycleServerKilledMidCommit(t *testing.T) {
 	const sessions = 3
-	rs, dir, s, agents := seededOnRealStack(t, sessions, true)
+	// The lifecycle server killed is the test's own: the other tests'
+	// calls go on to the shared one meanwhile.
+	rs, dir, s, agents := seededOnRealStack(t, sessions, ownLifecycleServer)
 	if code, m, err := s.control("prepare", map[string]any{"checkpoint_id": "ck1"}); err != nil || code != 200 {
 		t.Fatalf("prepare: %d %v %v", code, m, err)
 	}
-	// From the commit until the lifecycle server is back, no other test
-	// may use the stack.
-	shared := rs.st.Exclusive(t)
 	type answer struct {
 		code int
 		m    map[string]any
@@ -359,10 +368,10 @@ func realStackLifecycleServerKilledMidCommit(t *testing.T) {
 	if err := rs.st.KillServer(); err != nil {
 		t.Fatal(err)
 	}
+	sharedServerAnswers(t)
 	if err := rs.st.Up(); err != nil {
 		t.Fatal(err)
 	}
-	shared()
 	var a answer
 	select {
 	case a = <-done:
@@ -389,46 +398,66 @@ func realStackLifecycleServerKilledMidCommit(t *testing.T) {
 	rs.restoreCk(t, s, dir, good, agents)
 }
 
-// realStackDockerdRestartMidEpisode: dockerd restarts in the middle of
-// episodes, and every sandbox comes back Terminated. The sessions are
-// reported lost (409 sandbox_lost, never a reward), a fresh server restores
-// them from the last good checkpoint, and nothing of the run is left.
-func realStackDockerdRestartMidEpisode(t *testing.T) {
+// sharedServerAnswers fails the test unless the shared stack's lifecycle
+// server answers: a test that kills its own must leave that one up.
+func sharedServerAnswers(t *testing.T) {
+	t.Helper()
+	st, err := realStack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lg := logrus.New()
+	lg.SetOutput(io.Discard)
+	p, err := opensandbox.New(opensandbox.Options{Domain: st.Domain, APIKey: st.APIKey, Logger: lg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.ListSandboxes(context.Background()); err != nil {
+		t.Fatalf("the shared lifecycle server while the test's own is killed: %v", err)
+	}
+}
+
+// realStackSandboxesStoppedMidEpisode: every sandbox of the run is
+// stopped in the middle of episodes as a dockerd restart stops it (SIGTERM,
+// then SIGKILL) and comes back Terminated. A renewal finds each lost, the
+// sessions are reported lost (409 sandbox_lost, never a reward), a fresh
+// server restores them from the last good checkpoint, and nothing of the
+// run is left. A restart of the shared dockerd would end the other tests'
+// sandboxes too: it waited for every other hold on the stack (the
+// SWE-bench gin test's two minutes and more), the suite's longest path.
+func realStackSandboxesStoppedMidEpisode(t *testing.T) {
 	const sessions = 3
-	rs, dir, s, agents := seededOnRealStack(t, sessions, true)
+	rs, dir, s, agents := seededOnRealStack(t, sessions, sharedStackProbed)
 	if code := commitCk(t, s, "ck1", sessions); code != 200 {
 		t.Fatalf("commit: %d", code)
 	}
-	// A dockerd restart ends every sandbox on the stack: no other test
-	// may have one until it is up again.
-	shared := rs.st.Exclusive(t)
-	if err := rs.st.StopDockerd(); err != nil {
-		if errors.Is(err, osstack.ErrNoStack) {
-			t.Skipf("skipped: %v", err)
-		}
+	sbs, err := rs.client(t).ListSandboxes(context.Background())
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := rs.st.Up(); err != nil {
+	if len(sbs) != sessions {
+		t.Fatalf("the lifecycle server lists %d sandboxes of the run, want %d", len(sbs), sessions)
+	}
+	ids := make([]string, len(sbs))
+	for i, sb := range sbs {
+		ids[i] = sb.Handle.SandboxID
+	}
+	if err := rs.st.StopSandboxes(ids...); err != nil {
 		t.Fatal(err)
 	}
-	shared()
-	// The lifecycle server renews a sandbox dockerd's restart ended as it
+	// The lifecycle server renews a sandbox whose container stopped as it
 	// renews a running one: the provider's renewal finds each lost.
 	p := rs.client(t)
-	sbs, err := p.ListSandboxes(context.Background())
-	if err != nil || len(sbs) < sessions {
-		t.Fatalf("the run's sandboxes after dockerd's restart: %v, %v; want the %d sessions'", sbs, err, sessions)
-	}
 	for _, sb := range sbs {
 		if err := p.Renew(context.Background(), sb.Handle, time.Now().Add(time.Hour)); !errors.Is(err, provider.ErrSandboxNotFound) {
-			t.Errorf("Renew of %s (%s) after dockerd's restart = %v, want ErrSandboxNotFound", sb.Handle.SandboxID, sb.Status, err)
+			t.Errorf("Renew of %s after its container stopped = %v, want ErrSandboxNotFound", sb.Handle.SandboxID, err)
 		}
 	}
 	for i, ag := range agents {
 		r := fmt.Sprintf("r%d", i)
 		code, m, err := s.call(ag, "POST", "/ng-rollout/"+r+"/append_note", map[string]any{"line": "two"})
 		if err != nil || code == 200 {
-			t.Errorf("append_note in a sandbox dockerd's restart ended: %d %v %v", code, m, err)
+			t.Errorf("append_note in a sandbox that was stopped: %d %v %v", code, m, err)
 		}
 		code, m, err = s.call(ag, "POST", "/ng-rollout/"+r+"/verify", map[string]any{"expected_notes": []string{"one"}})
 		if e, _ := m["error"].(map[string]any); err != nil || code != 409 || e["code"] != "sandbox_lost" {
