@@ -57,6 +57,9 @@ type Environment struct {
 
 	// stdDir is the layer a stdlib sandbox writes.
 	stdDir string
+	// harvest is the directory a validation copies what it added to the
+	// writable caches into (harvestDir).
+	harvest string
 }
 
 // Environment step sources.
@@ -178,29 +181,14 @@ func (s *Server) environment(ctx context.Context, p provider.Provider, row Row, 
 	if env.OK {
 		s.seedStdLayer(ctx, p, row, cloneDir, staging, env, log)
 	}
-	// Stamped here, unpublished, under the environment's lock: no eval uses
-	// these files yet (a stamp of a cache evals stand on changes ctimes
-	// their purge takes for writes).
-	stamped := false
+	// Stamped here, unpublished, under the environment's lock: no sandbox
+	// stands on these files yet.
 	for _, name := range slices.Sorted(maps.Keys(s.cfg.Caches)) {
 		if s.cfg.Caches[name] != stdBuildCache {
 			continue
 		}
-		stamped = true
 		if err := stampBuildCache(filepath.Join(staging, envCaches, name)); err != nil {
 			log.WithError(err).WithField("cache", name).Warn("swebench: the build cache's entries could not be stamped ahead")
-		}
-	}
-	if stamped {
-		// The purge takes whole seconds (date +%s): an eval begun within
-		// the second of the stamp would take every file for a write of its
-		// own and delete it. The environment is published once that second
-		// has passed.
-		next := time.Now().Truncate(time.Second).Add(time.Second)
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: %w", ErrTemplate, ctx.Err())
-		case <-time.After(time.Until(next)):
 		}
 	}
 	env.Seconds = time.Since(began).Seconds()
@@ -235,7 +223,7 @@ func (s *Server) environment(ctx context.Context, p provider.Provider, row Row, 
 // what changed: Go's caches are content-addressed, so what another commit
 // left is never wrong, only possibly unused. Those caches were written only
 // by environment steps and validations, which run no model code (agents and
-// gradings write copies). It returns the environment copied from, relative
+// gradings write layers of their own). It returns the environment copied from, relative
 // to the repository's templates ("" for none).
 func (s *Server) seedCaches(ctx context.Context, cloneDir, staging string) (string, error) {
 	repoDir := filepath.Dir(cloneDir)
@@ -259,7 +247,7 @@ func (s *Server) seedCaches(ctx context.Context, cloneDir, staging string) (stri
 		return "", nil
 	}
 	for name := range s.cfg.Caches {
-		src := filepath.Join(bestDir, envCaches, name)
+		src, _ := currentCacheGen(filepath.Join(bestDir, envCaches, name))
 		if fi, err := os.Stat(src); err != nil || !fi.IsDir() {
 			continue
 		}
@@ -278,17 +266,13 @@ func buildCacheStamp() time.Time { return time.Date(2200, 1, 1, 0, 0, 0, 0, time
 
 // stampBuildCache gives every file of the Go build cache at dir the
 // modification time buildCacheStamp(). The go command refreshes the mtime
-// of an entry it uses once that is an hour old, which changes its ctime:
-// the eval prelude's purge of any eval standing on the cache (a grading's
-// lower layer, or a validation beside it on the cache itself) takes that
-// for a write since the eval began and deletes the file, leaving the other
-// half of the entry, and a go command then fails ("could not import
-// internal/strconv (open .../a3/...-d: no such file or directory)": every
-// validation of the calc template, once the kept standard-library layer its
-// entries were copied from was an hour old). Stamped ahead when the
-// environment is made, those entries are never refreshed; entries the
-// validations add later are not stamped. Go's trim, which drops entries
-// unused for days by their mtime, keeps them.
+// of an entry it uses once that is an hour old: in a sandbox that is a
+// copy of the entry into its own layer, which the eval's purge (what
+// changed since the eval began) then takes for a write of the eval's and
+// deletes, so that a later go command of the same eval compiles it again.
+// Stamped ahead before any sandbox stands on them (the environment's first
+// generation, and what each later one adds), entries are never refreshed.
+// Go's trim, which drops entries unused for days by their mtime, keeps them.
 func stampBuildCache(dir string) error {
 	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || !d.Type().IsRegular() {
@@ -363,9 +347,6 @@ func readEnvironment(dir, cloneDir string) (*Environment, error) {
 	return &env, nil
 }
 
-// cacheDir is the template's directory of the named cache.
-func (e *Environment) cacheDir(name string) string { return filepath.Join(e.Dir, envCaches, name) }
-
 // Sandbox roles (the swebench_role label).
 const (
 	roleAgent      = "agent"
@@ -377,12 +358,15 @@ const (
 
 // localMounts are the local provider's mounts of a template's caches for a
 // sandbox of role: in the environment step every cache is read-write (env
-// is then the environment being built, in its staging directory); in a validation (which runs no model code) the
-// writable caches are the template's own, so that it warms them; agents and
-// gradings get the read-only caches read-only and a writable layer of their
-// own over each writable one (local.MountOverlay: an overlay where the
-// provider can mount one, else a copy), so that nothing one of them writes
-// reaches another and a start does not copy the template's build cache.
+// is then the environment being built, in its staging directory); every
+// other sandbox gets the read-only caches read-only and a writable layer of
+// its own over the newest generation of each writable one
+// (local.MountOverlay: an overlay where the provider can mount one, else a
+// copy), so that nothing one of them writes reaches another, no layer
+// changes under a sandbox standing on it, and a start does not copy the
+// template's build cache. A validation (which runs no model code) also gets
+// its harvest directory read-write: what it adds to the caches is
+// published from there as their next generation (cachegens.go).
 func (s *Server) localMounts(env *Environment, role string) ([]local.Mount, map[string]string) {
 	vars := map[string]string{}
 	var mounts []local.Mount
@@ -392,20 +376,18 @@ func (s *Server) localMounts(env *Environment, role string) ([]local.Mount, map[
 	for _, name := range slices.Sorted(maps.Keys(s.cfg.Caches)) {
 		at := CacheMountDir + "/" + name
 		vars[s.cfg.Caches[name]] = at
-		m := local.Mount{Path: at, Mode: local.MountReadOnly}
+		m := local.Mount{Host: env.cacheDir(name), Path: at, Mode: local.MountReadOnly}
 		switch {
 		case role == roleEnv:
-			m.Host, m.Mode = env.cacheDir(name), local.MountReadWrite
+			m.Mode = local.MountReadWrite
 		case role == roleStdlib && s.cfg.Caches[name] == stdBuildCache:
 			m.Host, m.Mode = env.stdDir, local.MountReadWrite
-		case role == roleStdlib && s.cfg.writable(name):
-			m.Host, m.Mode = env.cacheDir(name), local.MountOverlay
 		case !s.cfg.writable(name):
-			m.Host = env.cacheDir(name)
-		case role == roleValidation:
-			m.Host, m.Mode = env.cacheDir(name), local.MountReadWrite
 		default:
-			m.Host, m.Mode = env.cacheDir(name), local.MountOverlay
+			m.Mode = local.MountOverlay
+			if role == roleValidation && env.harvest != "" {
+				mounts = append(mounts, local.Mount{Host: filepath.Join(env.harvest, name), Path: harvestMountPrefix + name, Mode: local.MountReadWrite})
+			}
 		}
 		mounts = append(mounts, m)
 	}

@@ -38,9 +38,12 @@ for a in "$@"; do printf "%s\0" "$a"; done > "$d/args" || exit 3
 //
 //   - Before any go command, it deletes from the build cache every file
 //     changed since the eval began (by ctime, which no process of the
-//     sandbox can set back): a compiled package or a test result planted by
-//     the tests of an earlier command is never read; what the eval's own
-//     builds wrote is rebuilt.
+//     sandbox can set back; from the change time of a file made when it
+//     began, ng_stamp): a compiled package or a test result planted by the
+//     tests of an earlier command is never read; what the eval's own builds
+//     wrote is rebuilt. The template's layer under the sandbox's own never
+//     changes while a sandbox stands on it (cachegens.go), so what the
+//     purge deletes is only ever the sandbox's own writes.
 //
 //   - go test builds every test binary of the command (with goCollect as
 //     -exec: no test runs) before it runs any, then runs them one at a time
@@ -74,8 +77,27 @@ ng_mark=
 [ -z "${NG_MARK-}" ] || ng_mark=-test.v=test2json
 ng_awk=${NG_AWK:-awk}
 ng_init=${NG_INIT-}
+# ng_stamp prints when the eval began, as find's -newerct reads it: the
+# change time of a file it makes (the clock the kernel stamps files with,
+# which lags the system clock by up to a tick), less a nanosecond, so that
+# the purge takes exactly what changed at or after it. Without GNU find's
+# -printf, the second before the eval's (a purge of what was written then
+# costs a rebuild, never a wrong build).
+ng_stamp() {
+	local f t s n
+	if f=$(mktemp "$ng_dir/t0.XXXXXX" 2>/dev/null) && t=$(find "$f" -maxdepth 0 -printf '%C@' 2>/dev/null) &&
+		s=${t%%.*} && n=${t#*.} && [[ $s =~ ^[0-9]+$ && $n =~ ^[0-9]{9} ]]; then
+		rm -f "$f"
+		n=$((10#${n:0:9} - 1))
+		[ $n -ge 0 ] || { s=$((s - 1)); n=999999999; }
+		printf '%s.%09d' "$s" "$n"
+		return
+	fi
+	[ -z "$f" ] || rm -f "$f"
+	echo $(($(date +%s) - 1))
+}
 if [ -z "${NG_T0-}" ]; then
-	NG_T0=$(date +%s)
+	NG_T0=$(ng_stamp)
 	NG_REAL_GO=$(command -v go 2>/dev/null) || NG_REAL_GO=
 	NG_CACHE=
 	[ -z "$NG_REAL_GO" ] || NG_CACHE=$("$NG_REAL_GO" env GOCACHE 2>/dev/null) || NG_CACHE=

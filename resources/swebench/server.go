@@ -520,9 +520,9 @@ func (s *Server) startSandbox(ctx context.Context, p provider.Provider, spec pro
 // Close ends the server's own work at shutdown: the preparations, the
 // validations and the gradings under way are cancelled and their sandboxes
 // stopped, and none starts after. A local sandbox outlives its server, and
-// one left mid-validation keeps the template's environment (its build
-// cache among it) mounted read-write for whoever removes the sandbox's
-// directory. It returns once every such sandbox is stopped, or with ctx's
+// one left mid-validation keeps its harvest directory mounted read-write
+// for whoever removes the sandbox's directory (no generation is published
+// from it). It returns once every such sandbox is stopped, or with ctx's
 // error.
 func (s *Server) Close(ctx context.Context) error {
 	s.mu.Lock()

@@ -258,11 +258,26 @@ func (s *Server) runValidation(ctx context.Context, p provider.Provider, row Row
 	}
 	defer release()
 	began := time.Now()
+	if env != nil && p.Capabilities().HostTools {
+		// Its own copy: the harvest directory is this validation's.
+		e := *env
+		if e.harvest, err = s.harvestDir(env); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrTemplate, err)
+		}
+		defer os.RemoveAll(e.harvest)
+		env = &e
+	}
+	outer := ctx // the sandbox's ends with it
 	h, ctx, stop, err := s.startSandbox(ctx, p, s.spec(p, image, row, roleValidation, env), "validation")
 	if err != nil {
 		return nil, fmt.Errorf("%w: start the validation sandbox: %w", ErrGrading, err)
 	}
-	defer stop()
+	stopped := false
+	defer func() {
+		if !stopped {
+			stop()
+		}
+	}()
 	tc, err := probeGo(ctx, p, h)
 	if err != nil {
 		return nil, fmt.Errorf("%w: probe the repository's Go: %w", ErrGrading, err)
@@ -285,6 +300,18 @@ func (s *Server) runValidation(ctx context.Context, p provider.Provider, row Row
 			return nil, err
 		}
 		judge(v, row, o.Statuses, ev.Log)
+	}
+	if env != nil && env.harvest != "" && !ev.TimedOut {
+		// What the validation compiled warms the gradings after it: its
+		// layer's new files, published once its sandbox is gone.
+		herr := s.harvest(ctx, p, h)
+		stop()
+		stopped = true
+		if herr != nil {
+			log.WithError(herr).WithField("sandbox_id", h.SandboxID).Warn("swebench: what the validation added to the caches could not be read; gradings compile it again")
+		} else {
+			s.publishHarvest(outer, env, env.harvest, log)
+		}
 	}
 	v.Seconds = time.Since(began).Seconds()
 	v.ValidatedAt = time.Now().UTC()

@@ -1,0 +1,247 @@
+package swebench
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/provider/local"
+)
+
+// Every sandbox but the environment step's writes a layer of its own over
+// the newest generation of a writable cache, a validation too (before, a
+// validation wrote the template's build cache itself, under the gradings
+// and validations standing on it); a validation alone also gets the
+// directory it copies its additions into.
+func TestEverySandboxWritesALayerOfItsOwnOverTheNewestGeneration(t *testing.T) {
+	dir := t.TempDir()
+	s := &Server{cfg: Config{Caches: map[string]string{"gobuild": "GOCACHE", "gomod": "GOMODCACHE"}, WritableCaches: []string{"gobuild"}}}
+	env := &Environment{Dir: dir}
+	gen := filepath.Join(dir, envCaches, "gobuild"+cacheGensSuffix, "00000002")
+	for _, d := range []string{gen, filepath.Join(dir, envCaches, "gobuild"+cacheGensSuffix, "00000001"), filepath.Join(dir, envCaches, "gobuild"+cacheGensSuffix, ".tmp-x")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gomod := filepath.Join(dir, envCaches, "gomod")
+	ro := local.Mount{Host: gomod, Path: "/caches/gomod", Mode: local.MountReadOnly}
+	layer := local.Mount{Host: gen, Path: "/caches/gobuild", Mode: local.MountOverlay}
+	for _, role := range []string{roleAgent, roleGrading, roleValidation} {
+		mounts, vars := s.localMounts(env, role)
+		if want := []local.Mount{layer, ro}; !cmp.Equal(mounts, want) {
+			t.Errorf("%s mounts:\n%s", role, cmp.Diff(want, mounts))
+		}
+		if want := map[string]string{"GOCACHE": "/caches/gobuild", "GOMODCACHE": "/caches/gomod"}; !cmp.Equal(vars, want) {
+			t.Errorf("%s vars: %v", role, vars)
+		}
+	}
+	harvested := *env
+	harvested.harvest = filepath.Join(dir, "h")
+	mounts, _ := s.localMounts(&harvested, roleValidation)
+	want := []local.Mount{{Host: filepath.Join(dir, "h", "gobuild"), Path: "/caches/.new-gobuild", Mode: local.MountReadWrite}, layer, ro}
+	if !cmp.Equal(mounts, want) {
+		t.Errorf("a validation's mounts:\n%s", cmp.Diff(want, mounts))
+	}
+	if mounts, _ := s.localMounts(&harvested, roleGrading); !cmp.Equal(mounts, []local.Mount{layer, ro}) {
+		t.Errorf("a grading got a harvest directory: %v", mounts)
+	}
+	// The environment step writes its staging caches themselves.
+	mounts, _ = s.localMounts(env, roleEnv)
+	want = []local.Mount{{Host: dir, Path: envOutPath, Mode: local.MountReadWrite}, {Host: gen, Path: "/caches/gobuild", Mode: local.MountReadWrite}, {Host: gomod, Path: "/caches/gomod", Mode: local.MountReadWrite}}
+	if !cmp.Equal(mounts, want) {
+		t.Errorf("the environment step's mounts:\n%s", cmp.Diff(want, mounts))
+	}
+}
+
+// A generation is a copy of the one before it plus what the validation
+// added that it lacked, stamped ahead; a validation that added nothing
+// publishes nothing; no generation changes once published, not even a
+// change time (hard links, tried first, changed those of the files they
+// linked, which the purge of an eval standing on them takes for writes).
+func TestAddCacheGenPublishesTheNextGenerationAndChangesNone(t *testing.T) {
+	dir := t.TempDir()
+	base := filepath.Join(dir, "gobuild")
+	writeFiles(t, base, map[string]string{"a1/x-a": "action", "a1/x-d": "output"})
+	before := treeState(t, base)
+	if got, n := currentCacheGen(base); got != base || n != 0 {
+		t.Fatalf("current generation of a fresh cache: %s %d", got, n)
+	}
+	added := filepath.Join(dir, "h1")
+	writeFiles(t, added, map[string]string{"a1/x-d": "refreshed", "b2/y-a": "new action", "b2/y-d": "new output"})
+	gen, n, err := addCacheGen(context.Background(), base, added, true)
+	if err != nil || n != 2 || gen != filepath.Join(base+cacheGensSuffix, "00000001") {
+		t.Fatalf("addCacheGen = %s, %d, %v", gen, n, err)
+	}
+	if got, _ := currentCacheGen(base); got != gen {
+		t.Errorf("current generation %s, want %s", got, gen)
+	}
+	if diff := treeChanged(before, treeState(t, base)); diff != "" {
+		t.Errorf("the first generation changed (-before +after):\n%s", diff)
+	}
+	for rel, want := range map[string]string{"a1/x-a": "action", "a1/x-d": "output", "b2/y-a": "new action", "b2/y-d": "new output"} {
+		b, err := os.ReadFile(filepath.Join(gen, rel))
+		if string(b) != want {
+			t.Errorf("%s in the generation: %q, %v; want %q", rel, b, err, want)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(gen, "b2/y-d")); err != nil || !fi.ModTime().Equal(buildCacheStamp()) {
+		t.Errorf("an added entry was not stamped ahead: %v %v", fi, err)
+	}
+	genBefore := treeState(t, gen)
+
+	// Nothing new: nothing published.
+	again := filepath.Join(dir, "h2")
+	writeFiles(t, again, map[string]string{"b2/y-a": "new action"})
+	if g, n, err := addCacheGen(context.Background(), base, again, true); g != "" || n != 0 || err != nil {
+		t.Errorf("a harvest with nothing new published %s (%d files, %v)", g, n, err)
+	}
+	third := filepath.Join(dir, "h3")
+	writeFiles(t, third, map[string]string{"c3/z-a": "third"})
+	if g, n, err := addCacheGen(context.Background(), base, third, false); n != 1 || err != nil || g != filepath.Join(base+cacheGensSuffix, "00000002") {
+		t.Errorf("the third harvest: %s, %d, %v", g, n, err)
+	}
+	if diff := treeChanged(genBefore, treeState(t, gen)); diff != "" {
+		t.Errorf("a published generation changed (-before +after):\n%s", diff)
+	}
+	if diff := treeChanged(before, treeState(t, base)); diff != "" {
+		t.Errorf("the first generation changed (-before +after):\n%s", diff)
+	}
+	entries, _ := os.ReadDir(base + cacheGensSuffix)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if !cmp.Equal(names, []string{"00000001", "00000002"}) {
+		t.Errorf("the generations directory holds %v", names)
+	}
+}
+
+// The purge takes what changed at or after the moment the eval began, to
+// the file clock's tick: a cache write in the same second before it is
+// kept (before, the threshold was that whole second, and such a write was
+// purged), one after it is not.
+func TestThePurgeKeepsWhatWasWrittenBeforeTheEvalBegan(t *testing.T) {
+	needTools(t, "bash", "find")
+	dir := t.TempDir()
+	// The prelude runs without a go (its purge is what is tested), so
+	// the script finds none: PATH holds only the tools it uses.
+	bin := filepath.Join(dir, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range []string{"find", "mktemp", "rm", "ls", "date"} {
+		p, err := exec.LookPath(tool)
+		if err != nil {
+			t.Skipf("SKIP: no %s", tool)
+		}
+		if err := os.Symlink(p, filepath.Join(bin, tool)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// It waits for the file clock's next tick after the write (writes in
+	// one tick have one change time, and the purge keeps none of the tick
+	// the eval began in), in the same second as the eval's start: tried
+	// again when the second turned meanwhile.
+	const script = `
+ct() { find "$1" -maxdepth 0 -printf '%C@'; }
+c=$GOCACHE
+for ((try = 0; try < 1000; try++)); do
+	rm -f "$c"/*
+	: > "$c/before"
+	b=$(ct "$c/before")
+	while :; do
+		: > "$NG_DIR/probe"
+		p=$(ct "$NG_DIR/probe")
+		[ "$p" = "$b" ] || break
+	done
+	unset NG_T0
+	eval "$PRELUDE"
+	[ "${NG_T0%%.*}" != "${b%%.*}" ] || break
+done
+: > "$c/after"
+ng_purge
+ls "$c"
+`
+	cache := filepath.Join(dir, "cache")
+	ng := filepath.Join(dir, "ng")
+	for _, d := range []string{cache, ng} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Env = []string{"PATH=" + bin, "GOCACHE=" + cache, "NG_DIR=" + ng, "PRELUDE=" + evalPrelude}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if got := strings.TrimSpace(string(out)); got != "before" {
+		t.Errorf("the cache after the purge holds %q, want only what was written before the eval began", got)
+	}
+}
+
+// A validation writes a layer of its own: the template's build cache it
+// stands on never changes (before, a validation wrote it in place, under
+// the sandboxes standing on it, whose purge then deleted half of an entry
+// another's go command had refreshed), and what it compiled is published
+// as the cache's next generation, which later sandboxes stand on; a
+// sandbox already standing on one sees nothing a later validation does.
+func TestAValidationWritesALayerOfItsOwnAndWarmsTheNextGeneration(t *testing.T) {
+	t.Parallel()
+	tk := newTask(t)
+	// The second instance compiles the package's test variant with other
+	// flags: its validation adds entries the first's did not.
+	second := "example__calc-gen-2"
+	w := newWorld(t, tk, freshTemplates(), withConfig(func(c *Config) {
+		c.TestCommands = map[string]string{taskRepo: goTestCmd, second: "go test -v -count=1 -gcflags=-N ./..."}
+	}))
+	first := tk.row("example__calc-gen-1")
+	seed := w.seed("s-1", first)
+	env := envOf(t, w.cfg.TemplateDir, taskRepo, tk.base)
+	base := env.cacheBase("gobuild")
+	gen1, n := currentCacheGen(base)
+	if n != 1 {
+		t.Fatalf("after the first validation the build cache's newest generation is %s, want the first one after the environment's", gen1)
+	}
+	baseState, gen1State := treeState(t, base), treeState(t, gen1)
+	if len(gen1State) <= len(baseState) {
+		t.Errorf("the first validation's generation holds %d entries, the environment's %d: it added nothing", len(gen1State), len(baseState))
+	}
+	// The agent's sandbox stands on the first generation while the second
+	// instance is validated.
+	sb := *seed.SandboxHandle
+	w.applyAsAgent(sb, tk.patch)
+	w.seed("s-2", tk.row(second))
+	gen2, n := currentCacheGen(base)
+	if n != 2 {
+		t.Fatalf("after the second validation the newest generation is %s, want the second", gen2)
+	}
+	if diff := treeChanged(baseState, treeState(t, base)); diff != "" {
+		t.Errorf("a validation changed the environment's build cache (-before +after):\n%s", diff)
+	}
+	if diff := treeChanged(gen1State, treeState(t, gen1)); diff != "" {
+		t.Errorf("a validation changed the generation a sandbox stands on (-before +after):\n%s", diff)
+	}
+	gen2State := treeState(t, gen2)
+	for rel := range gen1State {
+		if _, ok := gen2State[rel]; !ok {
+			t.Errorf("the second generation lacks %s of the first", rel)
+			break
+		}
+	}
+	if len(gen2State) <= len(gen1State) {
+		t.Errorf("the second validation added nothing (%d entries, %d before)", len(gen2State), len(gen1State))
+	}
+	wantResolved(t, w.verify("s-1", first))
+	if diff := treeChanged(gen2State, treeState(t, gen2)); diff != "" {
+		t.Errorf("a grading changed the generation it stood on (-before +after):\n%s", diff)
+	}
+	if _, n := currentCacheGen(base); n != 2 {
+		t.Errorf("a grading published a generation (now %d)", n)
+	}
+}
