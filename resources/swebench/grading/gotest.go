@@ -64,11 +64,17 @@ type BinaryRun struct {
 // end ("" when it did): the exit line missing (the shell that ran it or the
 // log's filter was killed), the relay failed, an exit status other than 0
 // or 1 (a panic, a signal), no final PASS or FAIL as the last marked line,
-// or a status that is not the final line's (0 after PASS, 1 after FAIL: a
-// TestMain that fails its binary after its tests passed, a leak check say,
-// fails it here too). Code of the binary can print the marked framing
-// itself: a run that ended otherwise than the testing package ends one
-// proves nothing of what it printed.
+// or a status that is not the final line's (0 after PASS, 1 after FAIL).
+// Code of the binary can print the marked framing itself: a run that ended
+// otherwise than the testing package ends one proves nothing of what it
+// printed. That holds for status 1 after a final PASS too, where upstream
+// SWE-bench, which reads only the result lines, counts the tests: a
+// TestMain of the repository's that fails its binary after its tests
+// passed (a leak check) ends it so, and so does code of the binary that
+// turns the testing package's FAILs into PASSes on their way to its stdout
+// (a pipe of its own made fd 1), the testing package then ending it with
+// its own status 1. Accepting the first would reward the second, which
+// needs no exit of its own that a check could see.
 func (b BinaryRun) Abnormal() string {
 	switch {
 	case !b.Ended:
@@ -82,6 +88,10 @@ func (b BinaryRun) Abnormal() string {
 		return "it ended with exit status " + b.Exit + " (2: a panic)"
 	case b.Last != "PASS" && b.Last != "FAIL":
 		return "it ended without the testing package's final PASS or FAIL"
+	case b.Exit == "1" && b.Last == "PASS":
+		return "it ended with exit status 1 after the testing package's PASS (a TestMain's check after the tests, " +
+			"a leak check say, or code of the binary that turned its FAILs into PASSes: the log cannot tell them apart, " +
+			"so, unlike upstream, which reads only the result lines, its results do not count)"
 	case (b.Exit == "0") != (b.Last == "PASS"):
 		return "it ended with exit status " + b.Exit + " after the testing package's " + b.Last
 	}

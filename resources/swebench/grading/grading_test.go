@@ -89,7 +89,7 @@ func TestAbnormalRuns(t *testing.T) {
 		{"failed", func(b *BinaryRun) { b.Exit, b.Last = "1", "FAIL" }, ""},
 		// A TestMain's check after the tests (a leak check) failed it,
 		// or the binary's own code turned a FAIL into a PASS.
-		{"failed after its tests passed", func(b *BinaryRun) { b.Exit = "1" }, "exit status 1 after the testing package's PASS"},
+		{"failed after its tests passed", func(b *BinaryRun) { b.Exit = "1" }, "exit status 1 after the testing package's PASS (a TestMain's check"},
 		{"no exit line", func(b *BinaryRun) { b.Ended = false }, "has no end in the log"},
 		{"relay killed", func(b *BinaryRun) { b.Relay = "137" }, "relay ended with status 137"},
 		{"relay missing", func(b *BinaryRun) { b.Relay = "" }, "relay ended with status "},
@@ -172,6 +172,30 @@ func TestReadOutcome(t *testing.T) {
 	}
 	if _, err := ReadOutcome("nope", nil, nil, FramingLog, marked); err == nil {
 		t.Error("an unknown parser read a log")
+	}
+}
+
+// A test binary whose TestMain fails it after every test passed (a leak
+// check of the repository's own, unchanged) grades 0 as tampering, where
+// upstream, reading the result lines, resolves it: the same log comes from
+// code of the binary that turns the testing package's FAILs into PASSes on
+// their way to its stdout, which then ends it with status 1 itself.
+func TestAFailingTestMainAfterPassingTestsGradesZero(t *testing.T) {
+	f2p, p2p := []string{"TestAbs"}, []string{"TestAdd"}
+	log := BinaryRunLine + "/testbed\n" +
+		"\x16=== RUN   TestAbs\n\x16--- PASS: TestAbs (0.00s)\n\x16=== RUN   TestAdd\n\x16--- PASS: TestAdd (0.00s)\n\x16PASS\n" +
+		"goleak: Errors on successful test run: found unexpected goroutines:\n" +
+		BinaryExitLine + "1\t0\n"
+	o, err := ReadOutcome("", f2p, p2p, FramingMarked, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, up := Resolve(f2p, p2p, o.Statuses); !up {
+		t.Fatalf("the result lines alone (upstream's reading) do not resolve it: %+v", o)
+	}
+	v := Decide(f2p, p2p, o, nil)
+	if v.Resolved || v.Kind != FailureTampering || !strings.Contains(v.Reason, "unlike upstream") {
+		t.Errorf("a binary failed after its tests passed: %+v", v)
 	}
 }
 
