@@ -190,9 +190,13 @@ func probeCgroups(parent string) (*cgroups, []string) {
 	}
 	var why []string
 	cg := &cgroups{dirs: map[string]string{}}
+	// A hybrid host binds some of the controllers to v1 hierarchies; a v1
+	// hierarchy holding none of them (systemd's name=systemd, which some
+	// v2 hosts keep) leaves the host a v2 one.
 	v1 := false
-	for k := range mounts {
-		v1 = v1 || k != ""
+	for _, c := range cgroupControllers {
+		_, bound := mounts[c]
+		v1 = v1 || bound
 	}
 	for _, c := range cgroupControllers {
 		mnt, ok := mounts[c]

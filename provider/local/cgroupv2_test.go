@@ -117,9 +117,14 @@ func TestTheCgroupV2PathOnTheRealKernel(t *testing.T) {
 		t.Skipf("SKIP: no v2 cgroup of the test's own can be made here: %v", err)
 	}
 	t.Cleanup(func() {
-		// What the child left (it must leave nothing): its processes,
-		// then its cgroups, children first.
+		// What the child left: its processes (it must leave none), then
+		// its cgroups, children first (empty parents a provider leaves
+		// are its sweep's, later: see sweepStale).
+		if b, err := os.ReadFile(filepath.Join(dir, "cgroup.events")); err == nil && !strings.Contains(string(b), "populated 0") {
+			t.Error("the child left processes in its cgroups")
+		}
 		_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
+		waitUnpopulated(dir)
 		var left []string
 		_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() && p != dir {
@@ -130,11 +135,11 @@ func TestTheCgroupV2PathOnTheRealKernel(t *testing.T) {
 		for i := len(left) - 1; i >= 0; i-- {
 			_ = syscall.Rmdir(left[i])
 		}
-		if err := rmdirWhenEmpty(dir); err != nil {
+		if err := syscall.Rmdir(dir); err != nil {
 			t.Errorf("the test's v2 cgroup: %v", err)
 		}
 		if len(left) > 0 {
-			t.Errorf("the child left cgroups: %v", left)
+			t.Logf("removed the cgroups the child left: %v", left)
 		}
 	})
 	cgDir, err := os.Open(dir)
@@ -142,9 +147,12 @@ func TestTheCgroupV2PathOnTheRealKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cgDir.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a hang guard
+	// Hang guards, the child's first (it then prints where it hung), both
+	// well within go test's default timeout, so that the cleanup above
+	// kills what a hung child left.
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCgroupV2Host$", "-test.count=1", "-test.v=true")
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^("+strings.Join(onPureCgroup2, "|")+")$", "-test.count=1", "-test.v=true", "-test.timeout=3m")
 	cmd.Env = append(os.Environ(), cgroup2Env+"="+localtest.InitBinary(t))
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  syscall.CLONE_NEWNS,
@@ -157,19 +165,31 @@ func TestTheCgroupV2PathOnTheRealKernel(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the pure v2 host's run: %v", err)
 	}
-	if !strings.Contains(string(out), "--- PASS: TestCgroupV2Host") {
-		t.Fatal("the pure v2 host's run did not pass TestCgroupV2Host")
+	for _, name := range onPureCgroup2 {
+		if !strings.Contains(string(out), "--- PASS: "+name+" ") {
+			t.Errorf("the pure v2 host's run did not pass %s", name)
+		}
 	}
 }
 
-// rmdirWhenEmpty removes the cgroup dir once what was killed in it is gone
-// (a killed process leaves its cgroup as it exits), for at most a minute: a
-// hang guard.
-func rmdirWhenEmpty(dir string) error {
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(pollEvery) {
-		err := syscall.Rmdir(dir)
-		if err == nil || errors.Is(err, syscall.ENOENT) || !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
-			return err
+// onPureCgroup2 are the tests the pure v2 host runs: TestCgroupV2Host's
+// own, and the package's tests of freezing and killing a sandbox's
+// processes through its cgroup (every mode of each).
+var onPureCgroup2 = []string{
+	"TestCgroupV2Host",
+	"TestSnapshotPausesRunningCommands",
+	"TestACommandSentAsASnapshotBeginsRunsAfterTheCopy",
+	"TestBackgroundProcessesLiveUntilTheSandboxStops",
+	"TestACrashedServersCommandsDoNotSurviveIt",
+}
+
+// waitUnpopulated returns once v2 cgroup dir and its descendants hold no
+// process (a killed process leaves its cgroup as it exits), or after a
+// minute: a hang guard.
+func waitUnpopulated(dir string) {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(pollEvery) {
+		if b, err := os.ReadFile(filepath.Join(dir, "cgroup.events")); err != nil || strings.Contains(string(b), "populated 0") {
+			return
 		}
 	}
 }
@@ -200,8 +220,42 @@ func TestCgroupV2Host(t *testing.T) {
 		t.Fatalf("in v2 cgroup %q, not one TestTheCgroupV2PathOnTheRealKernel made", own[""])
 	}
 	ownDir := filepath.Join(cgroup2Mount, own[""])
+	t.Run("named-v1-hierarchy", func(t *testing.T) { testANamedV1HierarchyLeavesV2(t, own) })
 	for _, m := range []mode{{"container-copy", IsolationContainer, OverlayOff}, {"none-copy", IsolationNone, OverlayOff}} {
 		t.Run(m.name, func(t *testing.T) { testCgroupV2Mode(t, m, ownDir, initBin) })
+	}
+}
+
+// A v1 hierarchy holding no controller, only a name (systemd's
+// name=systemd, which some v2 hosts keep mounted for old tools), leaves the
+// host a v2 one: it made the provider treat it as a hybrid and take no
+// cgroup at all, the v2 tree's freezer included.
+func testANamedV1HierarchyLeavesV2(t *testing.T, own map[string]string) {
+	if _, ok := own["name=systemd"]; !ok {
+		t.Skip("SKIP: no name=systemd hierarchy here to mount")
+	}
+	dir := filepath.Join(t.TempDir(), "systemd")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("cgroup", dir, "cgroup", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "none,name=systemd"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	cg, why := probeCgroups(cgroupParent(dir))
+	if cg != nil {
+		t.Cleanup(func() {
+			for _, d := range cg.dirs {
+				_ = syscall.Rmdir(d)
+			}
+		})
+	}
+	if cg == nil || !cg.v2 {
+		t.Fatalf("with a named v1 hierarchy mounted the provider chose %+v (%v), want v2", cg, why)
+	}
+	want := map[string]string{"freezer": filepath.Join(cgroup2Mount, own[""], cgroupParent(dir))}
+	if diff := cmp.Diff(want, cg.dirs); diff != "" {
+		t.Errorf("the provider's cgroup parents (-want +got):\n%s", diff)
 	}
 }
 
@@ -317,10 +371,12 @@ func testCgroupV2Mode(t *testing.T, m mode, ownDir, initBin string) {
 		}
 	}
 
-	// A server that dies leaves a process in a sandbox's cgroup (one the
-	// test starts and moves there: without the mark, in no process group
-	// of the sandbox's); the restarted provider kills it when it takes the
-	// sandbox over, and nothing is left once it stops.
+	// A server that dies mid-snapshot leaves a process in a sandbox's
+	// cgroup (one the test starts and moves there: without the mark, in no
+	// process group of the sandbox's) and the cgroup frozen; the restarted
+	// provider kills it when it takes the sandbox over, and its commands
+	// run (an init born in a frozen cgroup never would); nothing is left
+	// once it stops.
 	h2 := start(t, p, provider.Spec{})
 	mustRun(t, p, h2, "true")
 	bg2 := backgroundProcs(t, p, h2)
@@ -341,13 +397,18 @@ func testCgroupV2Mode(t *testing.T, m mode, ownDir, initBin string) {
 	if err := os.WriteFile(filepath.Join(sbDir2, "cgroup.procs"), []byte(strconv.Itoa(leftover.Process.Pid)), 0); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(sbDir2, "cgroup.freeze"), []byte("1"), 0); err != nil {
+		t.Fatal(err)
+	}
 	p2 := newP(testLogger(t))
 	t.Cleanup(func() {
 		stopAll(t, p2)
 		_ = p2.Close()
 	})
-	if got := mustRun(t, p2, h2, "echo again"); got != "again\n" {
-		t.Errorf("the restarted provider's exec: %q", got)
+	guard, cancel := context.WithTimeout(ctx, time.Minute) // a hang guard
+	defer cancel()
+	if res, err := p2.Exec(guard, h2, provider.ExecRequest{Command: "echo again"}); err != nil || res.Stdout != "again\n" {
+		t.Errorf("the restarted provider's exec: %+v, %v", res, err)
 	}
 	select {
 	case <-reaped:

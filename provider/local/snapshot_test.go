@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -134,6 +135,10 @@ func sandboxStates(p *Provider, id string) string {
 	if !cg.canFreeze() {
 		return groupStates(p, id)
 	}
+	// A task v2 froze sleeps in the freezer's trap (S, as any sleeper):
+	// there the kernel's word is the cgroup's, and every member shows
+	// frozen as v1's freezer shows it (D).
+	v2Frozen := cg.v2 && v2CgroupFrozen(cg)
 	var b strings.Builder
 	for _, pid := range cg.pids() {
 		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -141,10 +146,21 @@ func sandboxStates(p *Provider, id string) string {
 			continue
 		}
 		if i := strings.LastIndexByte(string(st), ')'); i >= 0 && i+2 < len(st) {
-			b.WriteByte(st[i+2])
+			if c := st[i+2]; v2Frozen && c != 'Z' && c != 'X' {
+				b.WriteByte('D')
+			} else {
+				b.WriteByte(c)
+			}
 		}
 	}
 	return b.String()
+}
+
+// v2CgroupFrozen says whether the kernel reports every task of the
+// sandbox's v2 cgroup frozen (cgroup.events).
+func v2CgroupFrozen(cg *sandboxCgroup) bool {
+	b, err := os.ReadFile(filepath.Join(cg.dirs["freezer"], "cgroup.events"))
+	return err == nil && strings.Contains(string(b), "frozen 1\n")
 }
 
 // groupStates returns the states of the processes of the sandbox's running
@@ -466,6 +482,12 @@ func TestACommandSentAsASnapshotBeginsRunsAfterTheCopy(t *testing.T) {
 					t.Error(err)
 				}
 				during = threadStates(t, pid)
+				if cg.v2 {
+					// A continued task runs to v2's freezer trap and
+					// sleeps there (S): the kernel says when every task
+					// of the cgroup is in it again.
+					during = v2FrozenAgain(t, cg, pid)
+				}
 				unreadAfter = unread(t, in.fd)
 			}
 		}
@@ -495,6 +517,21 @@ func TestACommandSentAsASnapshotBeginsRunsAfterTheCopy(t *testing.T) {
 			t.Errorf("after the snapshot the sandbox holds %q, want the command run", got)
 		}
 	})
+}
+
+// v2FrozenAgain waits until the kernel reports the sandbox's v2 cgroup
+// frozen, and then returns pid's threads' states as v1's freezer shows
+// them (D each); a minute bounds a broken case, which it returns as the
+// threads' states.
+func v2FrozenAgain(t *testing.T, cg *sandboxCgroup, pid int) string {
+	t.Helper()
+	for bound := time.Now().Add(time.Minute); ; runtime.Gosched() {
+		if st := threadStates(t, pid); v2CgroupFrozen(cg) {
+			return strings.Repeat("D", len(st))
+		} else if time.Now().After(bound) {
+			return st
+		}
+	}
 }
 
 // threadStates are the states of process pid's threads, concatenated.
