@@ -324,6 +324,13 @@ func testCgroupV2Mode(t *testing.T, m mode, ownDir, initBin string) {
 	// Background processes, one in a session of its own, one without the
 	// sandbox's mark in its environment, all in the sandbox's cgroup.
 	h := start(t, p, provider.Spec{Files: map[string]string{"notes": "one\n"}})
+	if m.isolation == IsolationContainer {
+		// Its cgroup namespace is rooted at its own cgroup: it names no
+		// cgroup of the host's.
+		if got := mustRun(t, p, h, "grep '^0::' /proc/self/cgroup"); got != "0::/\n" {
+			t.Errorf("inside, the v2 cgroup is %q, want the namespace's root", got)
+		}
+	}
 	sbDir := filepath.Join(parent, h.SandboxID)
 	bg := backgroundProcs(t, p, h)
 	members := cgroupMembers(t, sbDir)
