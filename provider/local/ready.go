@@ -76,8 +76,10 @@ type readyIDs struct {
 
 	mu    sync.Mutex
 	ready []readyID
-	// want is how many a fill keeps ready (up to max): max for those
-	// made in full; for readyNS, raised by demand (see want).
+	// want is how many a fill keeps ready: for readyNS up to max,
+	// raised by demand (see take and expect); for those made in full,
+	// max, and more for as many takes as starts were expected (see
+	// expect).
 	want int
 	// making counts the ids the fill's workers are making, workers the
 	// workers that run.
@@ -103,12 +105,25 @@ func newReadyIDs(p *Provider, max int, nsOnly bool) *readyIDs {
 }
 
 // ExpectStarts: n starts will come soon (seeds waiting for their
-// template's build, each to fork it once it is built). The namespaces of
-// up to n ids are made ahead while they wait, several at once, and as
-// many are kept ready from then on (see readyNamespaces): the first
-// group of a fresh provider finds them made, as later groups do. A
-// provider whose sandboxes get no uid of their own makes nothing.
-func (p *Provider) ExpectStarts(n int) { p.readyNS.expect(n) }
+// template's build, each to fork it once it is built). Up to n are made
+// ahead while they wait, several at once, so that the first group of a
+// fresh provider finds what each start needs made, as later groups do.
+//
+// Where sandboxes have disks, those are ids made in full (directory,
+// disk mounted, views; a fork's disk mount is otherwise the slowest step
+// left on its own path), made once: each start that takes one lowers the
+// number kept back towards the usual few, and what no start takes is
+// given back at Close (its directory is under the ready directory: after
+// a crash the next server's New removes it). Without disks they are
+// namespaces, kept ready from then on (see readyNamespaces). A provider
+// that makes nothing ahead makes nothing.
+func (p *Provider) ExpectStarts(n int) {
+	if p.disks != nil {
+		p.ready.expect(n)
+		return
+	}
+	p.readyNS.expect(n)
+}
 
 // nsFillParallel is how many namespaces a fill of readyNS asks the
 // helper for at once.
@@ -183,10 +198,13 @@ func (r *readyIDs) take(fill bool) (got readyID, ok, outran bool) {
 	if ok {
 		got = r.ready[0]
 		r.ready = r.ready[1:]
+		if r.want > r.max {
+			r.want-- // an expected start came (see expect)
+		}
 	}
 	outran = !ok && r.made
 	if fill {
-		r.want = r.max
+		r.want = max(r.want, r.max)
 	}
 	if fill || r.nsOnly {
 		r.topUpLocked() // readyNS keeps what demand asked for
@@ -194,8 +212,9 @@ func (r *readyIDs) take(fill bool) (got readyID, ok, outran bool) {
 	return got, ok, outran
 }
 
-// expect keeps at least n ready (up to max) from now on, and starts
-// making what is missing.
+// expect keeps at least n ready and starts making what is missing:
+// readyNS up to max, from now on; those made in full up to
+// maxReadyNamespaces, each beyond max until a take (see take).
 func (r *readyIDs) expect(n int) {
 	if r == nil {
 		return
@@ -205,14 +224,23 @@ func (r *readyIDs) expect(n int) {
 	if r.closed {
 		return
 	}
-	r.want = max(r.want, min(n, r.max))
+	limit := r.max
+	if !r.nsOnly {
+		limit = max(r.max, maxReadyNamespaces)
+	}
+	r.want = max(r.want, min(n, limit))
 	r.topUpLocked()
 }
 
 // topUpLocked starts the workers that make what is missing of want, up
-// to parallel at once.
+// to parallel at once; nsFillParallel while starts are expected beyond
+// max.
 func (r *readyIDs) topUpLocked() {
-	for missing := r.want - len(r.ready) - r.making; missing > 0 && r.workers < r.parallel; missing-- {
+	parallel := r.parallel
+	if r.want > r.max {
+		parallel = nsFillParallel
+	}
+	for missing := r.want - len(r.ready) - r.making; missing > 0 && r.workers < parallel; missing-- {
 		if r.fill == nil {
 			r.fill = make(chan struct{})
 		}

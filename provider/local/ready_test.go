@@ -353,13 +353,16 @@ func readyNSNow(p *Provider) []readyID {
 	return append([]readyID(nil), p.readyNS.ready...)
 }
 
-// Starts a provider is told to expect find their namespaces made ahead
-// (the seeds of a group that wait for their template's build): n
-// expected on a fresh provider are made, n starts at once each take one
-// of them, and n are kept ready after.
+// noDisks: sandboxes without disks of their own.
+var noDisks = Options{Limits: Limits{DiskMB: -1}}
+
+// Where sandboxes have no disks, starts a provider is told to expect
+// find their namespaces made ahead (the seeds of a group that wait for
+// their template's build): n expected on a fresh provider are made, n
+// starts at once each take one of them, and n are kept ready after.
 func TestExpectedStartsFindTheirNamespacesMade(t *testing.T) {
-	p := newProvider(t, overlayContainer, Options{})
-	if p.readyNS == nil {
+	p := newProvider(t, overlayContainer, noDisks)
+	if p.readyNS == nil || p.disks != nil {
 		t.Skip("SKIP: sandboxes here get no uid of their own")
 	}
 	p.ready.close() // none made in full: a start takes a namespace made ahead or makes its own
@@ -375,27 +378,17 @@ func TestExpectedStartsFindTheirNamespacesMade(t *testing.T) {
 	if len(made) != n {
 		t.Fatalf("%d namespaces made for %d expected starts", len(made), n)
 	}
-	uids := make([]int, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			h, err := p.Start(context.Background(), provider.Spec{})
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			s, err := p.live(context.Background(), h, false)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			uids[i] = s.meta.UID
-		})
+	var uids []int
+	for _, h := range startAtOnce(t, p, n) {
+		s, err := p.live(context.Background(), h, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		uids = append(uids, s.meta.UID)
 	}
-	wg.Wait()
-	for i, uid := range uids {
+	for _, uid := range uids {
 		if !made[uid] {
-			t.Errorf("start %d took uid %d, none of those whose namespaces were made for it", i, uid)
+			t.Errorf("a start took uid %d, none of those whose namespaces were made for it", uid)
 		}
 	}
 	if got := readyNSNow(p); len(got) != n {
@@ -409,34 +402,107 @@ func TestExpectedStartsFindTheirNamespacesMade(t *testing.T) {
 	}
 }
 
-// A fill of namespaces asks the helper for nsFillParallel at once: each
-// of them has taken its uid before any has its namespace.
-func TestNamespacesAreMadeAheadSeveralAtOnce(t *testing.T) {
-	p := newProvider(t, overlayContainer, Options{})
-	if p.readyNS == nil {
-		t.Skip("SKIP: sandboxes here get no uid of their own")
+// startAtOnce starts n sandboxes at once.
+func startAtOnce(t *testing.T, p *Provider, n int) []provider.Handle {
+	t.Helper()
+	hs := make([]provider.Handle, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			h, err := p.Start(context.Background(), provider.Spec{})
+			if err != nil {
+				t.Error(err)
+			}
+			hs[i] = h
+		})
 	}
-	all, done := make(chan struct{}), make(chan struct{})
-	var arrived atomic.Int64
-	p.readyNS.mu.Lock()
-	p.readyNS.taken = func() {
-		if arrived.Add(1) == nsFillParallel {
-			close(all)
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	return hs
+}
+
+// Where sandboxes have disks, starts a provider is told to expect find
+// ids made in full for them (directory, disk mounted): n expected on a
+// fresh provider are made, n starts at once each take one, and then only
+// the usual DefaultReadyIDs are kept (the loop devices of the others
+// freed); Close removes what is left.
+func TestExpectedStartsFindTheirDisksMade(t *testing.T) {
+	p := newDiskProvider(t, overlayContainer, Limits{DiskMB: 8})
+	const n = DefaultReadyIDs + 3
+	p.ExpectStarts(n)
+	made := map[string]bool{}
+	for _, r := range readyNow(p) {
+		if !r.dir || !isMountRoot(filepath.Join(p.readyDir(), r.id, diskDirName)) {
+			t.Errorf("id %s made ahead for an expected start without its disk mounted", r.id)
 		}
-		select {
-		case <-all:
-		case <-done:
+		made[r.id] = true
+	}
+	if len(made) != n {
+		t.Fatalf("%d ids made in full for %d expected starts", len(made), n)
+	}
+	for _, h := range startAtOnce(t, p, n) {
+		if !made[h.SandboxID] {
+			t.Errorf("started %s, none of the ids made for the expected starts", h.SandboxID)
 		}
 	}
-	p.readyNS.mu.Unlock()
-	t.Cleanup(func() { close(done) }) // before the provider's: Close waits for the fill
-	p.ExpectStarts(2 * nsFillParallel)
-	select {
-	case <-all:
-	case <-time.After(time.Minute): // a hang guard only
-		t.Fatalf("%d namespaces being made at once, want %d", arrived.Load(), nsFillParallel)
+	if got := readyNow(p); len(got) != DefaultReadyIDs {
+		t.Errorf("%d ids made in full ready after the expected starts came, want the usual %d", len(got), DefaultReadyIDs)
 	}
-	if got := readyNSNow(p); len(got) != 2*nsFillParallel {
-		t.Errorf("%d namespaces made for %d expected starts", len(got), 2*nsFillParallel)
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := readyDirs(t, p); len(got) != 0 {
+		t.Errorf("directories made ahead left after Close: %v", got)
+	}
+}
+
+// A fill for expected starts asks for nsFillParallel at once, where
+// sandboxes have disks (ids made in full) and where they have none
+// (namespaces): each of them has taken its uid before any has its
+// namespace.
+func TestExpectedStartsAreMadeSeveralAtOnce(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opts Options
+		fill func(p *Provider) *readyIDs
+	}{
+		{"disks", Options{Limits: Limits{DiskMB: 8}}, func(p *Provider) *readyIDs { return p.ready }},
+		{"namespaces", noDisks, func(p *Provider) *readyIDs { return p.readyNS }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := newProvider(t, overlayContainer, c.opts)
+			r := c.fill(p)
+			if r == nil || p.uids == nil || (p.disks != nil) != (c.name == "disks") {
+				t.Skip("SKIP: sandboxes here get no uid of their own, or no disk")
+			}
+			all, done := make(chan struct{}), make(chan struct{})
+			var arrived atomic.Int64
+			r.mu.Lock()
+			r.taken = func() {
+				if arrived.Add(1) == nsFillParallel {
+					close(all)
+				}
+				select {
+				case <-all:
+				case <-done:
+				}
+			}
+			r.mu.Unlock()
+			t.Cleanup(func() { close(done) }) // before the provider's: Close waits for the fill
+			p.ExpectStarts(2 * nsFillParallel)
+			select {
+			case <-all:
+			case <-time.After(time.Minute): // a hang guard only
+				t.Fatalf("%d being made at once, want %d", arrived.Load(), nsFillParallel)
+			}
+			r.settle()
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if len(r.ready) != 2*nsFillParallel {
+				t.Errorf("%d made for %d expected starts", len(r.ready), 2*nsFillParallel)
+			}
+		})
 	}
 }
