@@ -67,14 +67,8 @@ func (l *Limiter) acquireSlow(ctx context.Context) error {
 // that runs its calls on fewer goroutines than it has calls shows every
 // call not yet at the provider as queued, as one goroutine a call did.
 func (l *Limiter) Queue(n int) (unqueue func(left int)) {
-	if n > 0 {
-		l.wait(n)
-	}
-	return func(left int) {
-		if left > 0 {
-			l.wait(-left)
-		}
-	}
+	l.wait(n)
+	return func(left int) { l.wait(-left) }
 }
 
 // AcquireQueued is Acquire for one call Queue counted: it stops being

@@ -26,11 +26,16 @@ func Mailbox() actor.MailboxProducer { return mailboxWith(nil) }
 
 func mailboxWith(late *lateRequests) actor.MailboxProducer {
 	return func() actor.Mailbox {
-		m := &mailbox{late: late}
-		m.sys.buf, m.user.buf = m.sysBuf[:], m.userBuf[:]
-		m.run = m.process
+		m := &mailbox{}
+		m.init(late)
 		return m
 	}
+}
+
+func (m *mailbox) init(late *lateRequests) {
+	m.late = late
+	m.sys.buf, m.user.buf = m.sysBuf[:], m.userBuf[:]
+	m.run = m.process
 }
 
 // Scheduling states of a mailbox.

@@ -104,6 +104,64 @@ func SessionPropsPublishing(env *SessionEnv, view *messages.SessionView, state f
 	}, actor.WithMailbox(mailboxWith(late)))
 }
 
+// SessionMaker makes session actors from one Props, made once: props of
+// their own (the props, the producer's and the mailbox's closures, the
+// state func, the late requests' record) were five allocations of every
+// seed's spawn. Props names what the next spawn makes; the spawner calls
+// it right before each spawn, one spawn at a time (the supervisor, within
+// its Receive), and protoactor runs the producers within that spawn.
+type SessionMaker struct {
+	env   *SessionEnv
+	props *actor.Props
+	// next and view are what the next spawn makes; box is the mailbox
+	// its actor's producer made for the mailbox producer to hand on.
+	next *Session
+	view *messages.SessionView
+	box  *sessionBox
+}
+
+// sessionBox is a session actor's mailbox with its late requests, one
+// allocation.
+type sessionBox struct {
+	mailbox
+	late lateRequests
+}
+
+// NewSessionMaker returns a maker of session actors sharing env, their
+// props configured with opts.
+func NewSessionMaker(env *SessionEnv, opts ...actor.PropsOption) *SessionMaker {
+	m := &SessionMaker{env: env}
+	m.props = actor.PropsFromProducer(m.produce, actor.WithMailbox(m.mailbox)).Configure(opts...)
+	return m
+}
+
+// Props returns the props whose next spawn makes the actor of s,
+// publishing its view in view (when not nil), as SessionPropsPublishing's
+// do: use them for that one spawn, before the next call.
+func (m *SessionMaker) Props(view *messages.SessionView, s *Session) *actor.Props {
+	m.next, m.view = s, view
+	return m.props
+}
+
+func (m *SessionMaker) produce() actor.Actor {
+	s, view := m.next, m.view
+	m.next, m.view = nil, nil
+	box := &sessionBox{}
+	box.init(&box.late)
+	m.box = box
+	// A session that publishes its view lends its sandbox through it.
+	s.lends = view != nil
+	a := &sessionActor{env: m.env, s: s, view: view, late: &box.late}
+	a.publish(true)
+	return a
+}
+
+func (m *SessionMaker) mailbox() actor.Mailbox {
+	box := m.box
+	m.box = nil
+	return &box.mailbox
+}
+
 // lateRequests answers the requests that reach a session actor's mailbox
 // after the actor stopped. protoactor drops those without a word (a message
 // sent once the actor is gone is a dead letter, which the owner answers,

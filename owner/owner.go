@@ -255,15 +255,15 @@ func (o *Owner) startActors() {
 		env.Runtime = o.workers
 	}
 	o.effects = sched.Or(env.Runtime)
+	// The supervisor asks for each spawn's props right before it spawns.
+	maker := actors.NewSessionMaker(env, onPool)
 	props := func(sessionID string, install *sandbox.Sandbox, view *messages.SessionView) *actor.Props {
-		return actors.SessionPropsPublishing(env, view, func() *actors.Session {
-			if install != nil {
-				s := actors.NewInstalledSession(sessionID, *install)
-				s.LastUse = o.clk.Now() // a restored episode goes on from now
-				return s
-			}
-			return actors.NewSession(sessionID)
-		}).Configure(onPool)
+		if install != nil {
+			s := actors.NewInstalledSession(sessionID, *install)
+			s.LastUse = o.clk.Now() // a restored episode goes on from now
+			return maker.Props(view, s)
+		}
+		return maker.Props(view, actors.NewSession(sessionID))
 	}
 	// A request sent to an actor that has stopped is a dead letter: answer
 	// its slot, so that its asker learns at once that nobody acted on it.

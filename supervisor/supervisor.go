@@ -40,7 +40,10 @@ var ErrNotPrepared = fmt.Errorf("supervisor: no actor made ahead for the session
 type PropsFunc func(sessionID string, install *sandbox.Sandbox) *actor.Props
 
 // ViewPropsFunc is PropsFunc for session actors that publish their view in
-// view (messages.SessionView), which the Directory hands readers.
+// view (messages.SessionView), which the Directory hands readers. The
+// supervisor calls it right before each spawn and uses the props for that
+// spawn alone, so that one Props may serve every spawn
+// (actors.SessionMaker).
 type ViewPropsFunc func(sessionID string, install *sandbox.Sandbox, view *messages.SessionView) *actor.Props
 
 // Props returns the supervisor's props.
