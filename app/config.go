@@ -389,7 +389,7 @@ func keyUsage() map[string]string {
 		"swebench.grading_guard.keep_module_changes":   "swebench: grade go.mod replace directives, protected-module changes and go.work files of the model patch (default: left out)",
 		"swebench.grading_guard.protected_modules":     "swebench: module path whose go.mod requirement a model patch may not change (repeatable; default: common assertion libraries)",
 		"swebench.grading_guard.paths":                 "swebench: path pattern (or directory/) whose changes in a model patch are left out of the grading (repeatable)",
-		"swebench.grading_guard.allow_exiting_init":    "swebench: grade patches whose added files end the test binary from an init or TestMain (default: reward 0)",
+		"swebench.grading_guard.allow_exiting_init":    "swebench: grade patches whose added files or lines end the test binary from an init or TestMain (default: reward 0)",
 		"swebench.apply_anti_cheating":                 "swebench: run the anti-cheat scrub at seed (default true); a scrub that fails is logged and the seed goes on",
 		"swebench.clear_swebench_debug_logs":           "swebench: keep no grading files under log_dir (default true; the golden-patch instance keeps them)",
 		"swebench.log_dir":                             "swebench: where verifies keep their grading's files, run_evaluation/<session>/<instance> (default: <state_dir>/swebench-logs)",

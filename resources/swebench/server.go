@@ -816,11 +816,6 @@ func (s *Server) grade(ctx context.Context, p provider.Provider, r readiness, pr
 	if len(excluded) > 0 {
 		log.WithField("excluded", grading.ExcludedPaths(excluded)).Info("swebench: files outside the agent's remit left out of the grading")
 	}
-	var exits []string
-	if !s.cfg.GradingGuard.AllowExitingInit {
-		exits = grading.ExitingInits(kept)
-	}
-
 	t = time.Now()
 	ar, err := ApplyPatch(ctx, p, h, kept, s.cfg.setupTimeout())
 	res.PatchApplyTimeTaken = time.Since(t).Seconds()
@@ -834,6 +829,10 @@ func (s *Server) grade(ctx context.Context, p provider.Provider, r readiness, pr
 		res.FailureReason = joinReason(res.FailureReason, "no method applied the model patch (git apply, git apply --reject, patch --fuzz=5)")
 		res.TestOutput, res.TestOutputTruncated = capOutput(ar.Log, s.cfg.TestOutputCap)
 		return
+	}
+	var exits []string
+	if !s.cfg.GradingGuard.AllowExitingInit {
+		exits = grading.ExitingInits(kept, s.patchedGoFiles(ctx, p, h, kept, log))
 	}
 
 	script, err := s.evalScript(ctx, p, h, row)
@@ -891,6 +890,24 @@ func (s *Server) grade(ctx context.Context, p provider.Provider, r readiness, pr
 	if resolved {
 		res.Reward = 1
 	}
+}
+
+// patchedGoFiles reads, in the grading sandbox h once the patch is
+// applied (before any code of it ran), the Go files the patch changes, for
+// the static check of the lines it adds to them. A file that cannot be
+// read (the patch applied with --reject left it out, say) is left out, and
+// logged.
+func (s *Server) patchedGoFiles(ctx context.Context, p provider.Provider, h provider.Handle, patch string, log logrus.FieldLogger) map[string]string {
+	out := map[string]string{}
+	for _, path := range grading.ChangedGoFiles(patch) {
+		b, err := p.ReadFile(ctx, h, path)
+		if err != nil {
+			log.WithError(err).WithField("path", path).Warn("swebench: a Go file the patch changes could not be read for the static check")
+			continue
+		}
+		out[path] = string(b)
+	}
+	return out
 }
 
 // evalScript is the row's eval script for the grading sandbox h. Where the

@@ -349,12 +349,74 @@ func TestExitingInits(t *testing.T) {
 		{"exit outside init", newFile("main.go", "package main\nimport \"os\"\nfunc main() { os.Exit(2) }\n"), nil},
 		{"not Go", newFile("a.txt", "func init() { os.Exit(0) }\n"), nil},
 		{"does not parse", newFile("a.go", "package a\nfunc init() { os.Exit(0) \n"), nil},
-		{"a changed file (only added files are read)", "diff --git a/a.go b/a.go\n--- a/a.go\n+++ b/a.go\n@@ -1,2 +1,2 @@\n package a\n-func init() {}\n+func init() { os.Exit(0) }\n", nil},
+		{"a changed file whose content is not known", "diff --git a/a.go b/a.go\n--- a/a.go\n+++ b/a.go\n@@ -1,2 +1,2 @@\n package a\n-func init() {}\n+func init() { os.Exit(0) }\n", nil},
 	}
 	for _, c := range cases {
-		if d := cmp.Diff(c.want, ExitingInits(c.patch), cmpopts.EquateEmpty()); d != "" {
+		if d := cmp.Diff(c.want, ExitingInits(c.patch, nil), cmpopts.EquateEmpty()); d != "" {
 			t.Errorf("%s (-want +got):\n%s", c.name, d)
 		}
+	}
+}
+
+// In a Go file the patch changes, only the lines it adds are the agent's:
+// an exit it adds to an init, a package-level variable's initializer or a
+// function one of them calls ends the binary; the repository's own do not
+// count (a gold patch touching a file with one still resolves).
+func TestExitingInitsReadTheLinesAPatchAddsToAnExistingFile(t *testing.T) {
+	const base = "package calc\n\nimport \"os\"\n\nfunc init() {\n\tif os.Getenv(\"X\") == \"1\" {\n\t\tos.Exit(3)\n\t}\n\tsetup()\n}\n\nfunc setup() {}\n\nfunc Abs(x int) int { return x }\n"
+	// changed is the patch of base into after (one hunk per changed line
+	// is enough: only the + lines are read) and its content after it.
+	changed := func(path, after string) (string, map[string]string) {
+		var b strings.Builder
+		b.WriteString("diff --git a/" + path + " b/" + path + "\nindex 1111111..2222222 100644\n--- a/" + path + "\n+++ b/" + path + "\n")
+		old := map[string]bool{}
+		for _, l := range strings.Split(base, "\n") {
+			old[l] = true
+		}
+		for _, l := range strings.Split(after, "\n") {
+			if !old[l] {
+				b.WriteString("@@ -1 +1 @@\n+" + l + "\n")
+			}
+		}
+		return b.String(), map[string]string{path: after}
+	}
+	cases := []struct {
+		name, after string
+		extra       string // a new file besides
+		want        []string
+	}{
+		{"the fix alone", strings.Replace(base, "return x }", "if x < 0 { return -x }; return x }", 1), "", nil},
+		{"an exit added to the existing init", strings.Replace(strings.Replace(base, "\tsetup()\n", "\tsetup()\n\tsyscall.Exit(0)\n", 1), "import \"os\"", "import (\n\t\"os\"\n\t\"syscall\"\n)", 1), "",
+			[]string{"calc.go: init calls syscall.Exit"}},
+		{"an exit added to a function the existing init calls", strings.Replace(base, "func setup() {}", "func setup() {\n\tos.Exit(0)\n}", 1), "",
+			[]string{"calc.go: init calls os.Exit (through setup)"}},
+		{"an exit split over lines, one of them added", strings.Replace(base, "\tsetup()\n", "\tos.\n\t\tExit(0)\n", 1), "",
+			[]string{"calc.go: init calls os.Exit"}},
+		{"an init added to the file", base + "\nfunc init() { os.Exit(0) }\n", "", []string{"calc.go: init calls os.Exit"}},
+		{"a package-level variable added", base + "\nvar _ = func() int { os.Exit(0); return 0 }()\n", "", []string{"calc.go: a package-level variable's initializer calls os.Exit"}},
+		{"an exit added outside any init", strings.Replace(base, "func Abs(x int) int { return x }", "func Abs(x int) int {\n\tos.Exit(0)\n\treturn x\n}", 1), "", nil},
+		{"the existing init calls a function of a new file", strings.Replace(base, "\tsetup()\n", "\tsetup()\n\tleave()\n", 1),
+			"diff --git a/leave.go b/leave.go\nnew file mode 100644\n--- /dev/null\n+++ b/leave.go\n@@ -0,0 +1,3 @@\n+package calc\n+import \"os\"\n+func leave() { os.Exit(0) }\n",
+			[]string{"calc.go: init calls os.Exit (through leave)"}},
+	}
+	for _, c := range cases {
+		patch, after := changed("calc.go", c.after)
+		patch += c.extra
+		if d := cmp.Diff(c.want, ExitingInits(patch, after), cmpopts.EquateEmpty()); d != "" {
+			t.Errorf("%s (-want +got):\n%s", c.name, d)
+		}
+		if d := cmp.Diff([]string{"calc.go"}, ChangedGoFiles(patch)); d != "" {
+			t.Errorf("%s: ChangedGoFiles (-want +got):\n%s", c.name, d)
+		}
+	}
+	// A deleted file, a new one and a change that adds no line need no
+	// content; nor does a file that is not Go.
+	patch := "diff --git a/gone.go b/gone.go\ndeleted file mode 100644\n--- a/gone.go\n+++ /dev/null\n@@ -1 +0,0 @@\n-package calc\n" +
+		"diff --git a/new.go b/new.go\nnew file mode 100644\n--- /dev/null\n+++ b/new.go\n@@ -0,0 +1 @@\n+package calc\n" +
+		"diff --git a/cut.go b/cut.go\n--- a/cut.go\n+++ b/cut.go\n@@ -1,2 +1 @@\n package calc\n-var x = 1\n" +
+		"diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-a\n+b\n"
+	if got := ChangedGoFiles(patch); len(got) != 0 {
+		t.Errorf("ChangedGoFiles = %v, want none", got)
 	}
 }
 

@@ -34,8 +34,9 @@ type Guard struct {
 	// Paths are further path patterns (path.Match syntax, or a directory
 	// prefix ending in "/") whose changes are left out.
 	Paths []string `yaml:"paths,omitempty" json:"paths,omitempty"`
-	// AllowExitingInit keeps gradings of patches whose added files have an
-	// init or TestMain that ends the process (graded 0 by default).
+	// AllowExitingInit keeps gradings of patches whose added files, or
+	// lines added to existing ones, have an init or TestMain that ends the
+	// process (graded 0 by default).
 	AllowExitingInit bool `yaml:"allow_exiting_init" json:"allow_exiting_init,omitempty"`
 }
 
@@ -222,13 +223,20 @@ func patchPaths(patch string) map[string]bool {
 // whose init or TestMain function, or a package-level variable's
 // initializer, ends the process itself (os.Exit, syscall.Exit, log.Fatal…,
 // runtime.Goexit), directly or through a function of any file the patch
-// creates in the same package, whatever name the file imports the package
-// by, instead of returning or running the tests and returning their code:
-// one of them ends a test binary before its tests ran, whatever it printed.
-func ExitingInits(patch string) []string {
+// creates or changes in the same package, whatever name the file imports
+// the package by, instead of returning or running the tests and returning
+// their code: one of them ends a test binary before its tests ran, whatever
+// it printed. after holds the content, once patched, of Go files the patch
+// changes (ChangedGoFiles): in those, only a call on a line the patch adds
+// counts (the repository's own exits are not the agent's), and they are
+// listed too. A file missing from after is read as far as the patch shows
+// it: not at all.
+func ExitingInits(patch string, after map[string]string) []string {
 	type parsed struct {
 		path string
 		file *ast.File
+		// added tells a node on a line the patch adds (nil: all are).
+		added func(ast.Node) bool
 	}
 	var files []parsed
 	pkgs := map[string]*pkgFuncs{}
@@ -240,39 +248,99 @@ func ExitingInits(patch string) []string {
 		return pkgs[key]
 	}
 	for _, sec := range SplitSections(patch) {
-		if !sec.IsNew || !strings.HasSuffix(sec.Path, ".go") {
+		if sec.Deleted || !strings.HasSuffix(sec.Path, ".go") {
 			continue
 		}
-		src, ok := addedContent(sec.Text)
-		if !ok {
-			continue
+		var src string
+		var added func(ast.Node) bool
+		fset := token.NewFileSet()
+		if sec.IsNew {
+			var ok bool
+			if src, ok = addedContent(sec.Text); !ok {
+				continue
+			}
+		} else {
+			var ok bool
+			if src, ok = after[sec.Path]; !ok {
+				continue
+			}
+			added = addedLines(fset, src, addedText(sec.Text))
 		}
-		f, err := goparser.ParseFile(token.NewFileSet(), sec.Path, src, goparser.SkipObjectResolution)
+		f, err := goparser.ParseFile(fset, sec.Path, src, goparser.SkipObjectResolution)
 		if err != nil {
 			continue // it does not compile, so it ends nothing
 		}
-		files = append(files, parsed{sec.Path, f})
+		files = append(files, parsed{sec.Path, f, added})
 		pkg, imports := pkgOf(sec.Path, f), importNames(f)
 		for _, d := range f.Decls {
 			if fn, ok := d.(*ast.FuncDecl); ok && fn.Recv == nil && fn.Body != nil {
-				pkg.funcs[fn.Name.Name] = fileFunc{fn, imports}
+				pkg.funcs[fn.Name.Name] = fileFunc{fn, imports, added}
 			}
 		}
 	}
 	var out []string
 	for _, f := range files {
-		if found := exitingInit(f.file, pkgOf(f.path, f.file)); found != "" {
+		if found := exitingInit(f.file, pkgOf(f.path, f.file), f.added); found != "" {
 			out = append(out, f.path+": "+found)
 		}
 	}
 	return out
 }
 
+// ChangedGoFiles are the Go files the patch changes (neither creates nor
+// deletes) and adds lines to: what ExitingInits needs the content of.
+func ChangedGoFiles(patch string) []string {
+	var out []string
+	for _, sec := range SplitSections(patch) {
+		if sec.IsNew || sec.Deleted || !strings.HasSuffix(sec.Path, ".go") || len(addedText(sec.Text)) == 0 {
+			continue
+		}
+		out = append(out, sec.Path)
+	}
+	return out
+}
+
+// addedText is the set of lines a diff section adds (without their "+").
+func addedText(text string) map[string]bool {
+	out := map[string]bool{}
+	inHunk := false
+	for _, line := range strings.Split(text, "\n") {
+		switch {
+		case strings.HasPrefix(line, "@@"):
+			inHunk = true
+		case inHunk && strings.HasPrefix(line, "+"):
+			out[line[1:]] = true
+		}
+	}
+	return out
+}
+
+// addedLines tells whether a node of src (parsed with fset) spans a line
+// whose text is one the patch adds. A line of the same text elsewhere in
+// the file counts too: the patch may have been applied with fuzz, where
+// its line numbers are not the file's, and a line too many only makes the
+// check stricter.
+func addedLines(fset *token.FileSet, src string, plus map[string]bool) func(ast.Node) bool {
+	var lines []bool
+	for _, l := range strings.Split(src, "\n") {
+		lines = append(lines, plus[l])
+	}
+	return func(n ast.Node) bool {
+		from, to := fset.Position(n.Pos()).Line, fset.Position(n.End()).Line
+		for l := from; l <= to && l <= len(lines); l++ {
+			if l >= 1 && lines[l-1] {
+				return true
+			}
+		}
+		return false
+	}
+}
+
 // exitingInit describes the first way f's initialization (or TestMain)
 // ends the process ("" for none); pkg holds the functions of its package
 // that the patch creates.
-func exitingInit(f *ast.File, pkg *pkgFuncs) string {
-	x := exitFinder{imports: importNames(f), pkg: pkg}
+func exitingInit(f *ast.File, pkg *pkgFuncs, added func(ast.Node) bool) string {
+	x := exitFinder{imports: importNames(f), pkg: pkg, added: added}
 	for _, d := range f.Decls {
 		switch d := d.(type) {
 		case *ast.FuncDecl:
@@ -306,10 +374,12 @@ type pkgFuncs struct {
 	ends map[string]string
 }
 
-// fileFunc is a function and the imports of its file.
+// fileFunc is a function, the imports of its file and which of its nodes
+// lie on lines the patch adds (nil: all).
 type fileFunc struct {
 	decl    *ast.FuncDecl
 	imports map[string]string
+	added   func(ast.Node) bool
 }
 
 // exitFinder finds process-ending calls in one file.
@@ -318,6 +388,9 @@ type exitFinder struct {
 	// paths ("." for the dot-imported ones: key "." + path).
 	imports map[string]string
 	pkg     *pkgFuncs
+	// added tells an exit call on a line the patch adds (nil: all are):
+	// in a file the patch changes, the others are the repository's.
+	added func(ast.Node) bool
 }
 
 // importNames maps the names f refers to its imports by to their paths.
@@ -376,6 +449,9 @@ func (x exitFinder) endsProcess(call *ast.CallExpr, testMain bool) string {
 			}
 		}
 	}
+	if x.added != nil && !x.added(call) {
+		return ""
+	}
 	for _, name := range names {
 		switch name {
 		case "os.Exit", "syscall.Exit", "golang.org/x/sys/unix.Exit":
@@ -409,7 +485,7 @@ func (x exitFinder) funcEnds(name string) string {
 		return found
 	}
 	x.pkg.ends[name] = "" // a recursive call ends nothing more
-	found := exitFinder{imports: fn.imports, pkg: x.pkg}.exitCall(fn.decl.Body, false)
+	found := exitFinder{imports: fn.imports, pkg: x.pkg, added: fn.added}.exitCall(fn.decl.Body, false)
 	x.pkg.ends[name] = found
 	return found
 }
