@@ -310,6 +310,23 @@ func TestPreparedActorsAreListedInOneTurn(t *testing.T) {
 	for len(dir.Children()) != 2 {
 		ask(&messages.ListSessions{})
 	}
+	// One made ahead that stops on its own (it panicked) is not listed.
+	sys.Root.Send(sup, &messages.SpawnSession{SessionID: "s6", Install: sbs["s6"], Unlisted: true})
+	for len(dir.Children()) != 3 {
+		ask(&messages.ListSessions{})
+	}
+	for _, pid := range dir.Children() {
+		if pid.Id != live.Id && pid.Id != dir.Lookup("s1").Id {
+			sys.Root.Send(pid, (*messages.StartSandbox)(nil))
+		}
+	}
+	for len(dir.Children()) != 2 {
+		ask(&messages.ListSessions{})
+	}
+	again := ask(&messages.ListPrepared{SessionIDs: []string{"s6"}, Sandboxes: []*sandbox.Sandbox{sbs["s6"]}}).(*messages.PreparedListed)
+	if !errors.Is(again.Errs[0], supervisor.ErrNotPrepared) || dir.Lookup("s6") != nil {
+		t.Fatalf("listing an actor made ahead that stopped: %v, found %v; want not prepared and none", again.Errs[0], dir.Lookup("s6"))
+	}
 	if n := fk.Stats().LiveSandboxes; n != 5 {
 		t.Fatalf("%d sandboxes live after the unlisted actors stopped, want all 5", n)
 	}
