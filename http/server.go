@@ -460,7 +460,8 @@ const contextShards = 64
 func (s *Server) requestContext(ctx *fasthttp.RequestCtx) (context.Context, context.CancelFunc) {
 	id := ctx.ID()
 	parent := s.shards[(id^id>>32)%contextShards]
-	return context.WithCancel(logs.WithRequestID(parent, RequestID(ctx)))
+	// The id's user value is boxed already: the context keeps that box.
+	return context.WithCancel(logs.WithBoxedRequestID(parent, ctx.UserValue(requestIDValue)))
 }
 
 // Handler is the request handler, panics included: a panic is logged with

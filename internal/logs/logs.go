@@ -33,6 +33,17 @@ func WithRequestID(ctx context.Context, id string) context.Context {
 	return context.WithValue(ctx, requestKey{}, id)
 }
 
+// WithBoxedRequestID is WithRequestID for an id held in an interface value
+// already (a string; anything else, or "", leaves ctx as it is): the
+// context keeps it without boxing it again. The HTTP server boxes each
+// request's id once, for its user value and its context alike.
+func WithBoxedRequestID(ctx context.Context, id any) context.Context {
+	if s, _ := id.(string); s == "" {
+		return ctx
+	}
+	return context.WithValue(ctx, requestKey{}, id)
+}
+
 // RequestIDOf is the request id ctx carries, or "".
 func RequestIDOf(ctx context.Context) string {
 	id, _ := ctx.Value(requestKey{}).(string)

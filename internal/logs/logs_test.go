@@ -35,3 +35,23 @@ func TestRequestIDThroughTheContext(t *testing.T) {
 		t.Errorf("a line of no request: %v, want no fields", got)
 	}
 }
+
+// TestBoxedRequestIDIsKeptAsItIs: an id already in an interface value is
+// carried as WithRequestID carries a string, without boxing it again (the
+// context's one allocation); "" and a value that is no string leave the
+// context as it is.
+func TestBoxedRequestIDIsKeptAsItIs(t *testing.T) {
+	bare := context.Background()
+	for _, v := range []any{nil, "", 7} {
+		if ctx := logs.WithBoxedRequestID(bare, v); ctx != bare {
+			t.Errorf("id %#v changed the context", v)
+		}
+	}
+	id := any("r-2")
+	if got := logs.RequestIDOf(logs.WithBoxedRequestID(bare, id)); got != "r-2" {
+		t.Errorf("RequestIDOf = %q, want r-2", got)
+	}
+	if n := testing.AllocsPerRun(100, func() { logs.WithBoxedRequestID(bare, id) }); n != 1 {
+		t.Errorf("%v allocations, want 1 (the context)", n)
+	}
+}
