@@ -60,6 +60,12 @@ type BinaryRun struct {
 	Tests []string
 }
 
+// failedAfterPass is why a run that ended with status 1 after a final
+// PASS is not trusted (Abnormal).
+const failedAfterPass = "it ended with exit status 1 after the testing package's PASS (a TestMain's check after the tests, " +
+	"a leak check say, or code of the binary that turned its FAILs into PASSes: the log cannot tell them apart, " +
+	"so, unlike upstream, which reads only the result lines, its results do not count)"
+
 // Abnormal says how the run did not end through the testing package's own
 // end ("" when it did): the exit line missing (the shell that ran it or the
 // log's filter was killed), the relay failed, an exit status other than 0
@@ -89,9 +95,7 @@ func (b BinaryRun) Abnormal() string {
 	case b.Last != "PASS" && b.Last != "FAIL":
 		return "it ended without the testing package's final PASS or FAIL"
 	case b.Exit == "1" && b.Last == "PASS":
-		return "it ended with exit status 1 after the testing package's PASS (a TestMain's check after the tests, " +
-			"a leak check say, or code of the binary that turned its FAILs into PASSes: the log cannot tell them apart, " +
-			"so, unlike upstream, which reads only the result lines, its results do not count)"
+		return failedAfterPass
 	case (b.Exit == "0") != (b.Last == "PASS"):
 		return "it ended with exit status " + b.Exit + " after the testing package's " + b.Last
 	}

@@ -394,6 +394,8 @@ func TestExitingInitsReadTheLinesAPatchAddsToAnExistingFile(t *testing.T) {
 			[]string{"calc.go: init calls os.Exit"}},
 		{"an init added to the file", base + "\nfunc init() { os.Exit(0) }\n", "", []string{"calc.go: init calls os.Exit"}},
 		{"a package-level variable added", base + "\nvar _ = func() int { os.Exit(0); return 0 }()\n", "", []string{"calc.go: a package-level variable's initializer calls os.Exit"}},
+		// The whole file on its one line, with no newline at its end.
+		{"a file of one line", "package calc; import \"os\"; func init() { os.Exit(0) }", "", []string{"calc.go: init calls os.Exit"}},
 		{"an exit added outside any init", strings.Replace(base, "func Abs(x int) int { return x }", "func Abs(x int) int {\n\tos.Exit(0)\n\treturn x\n}", 1), "", nil},
 		{"the existing init calls a function of a new file", strings.Replace(base, "\tsetup()\n", "\tsetup()\n\tleave()\n", 1),
 			"diff --git a/leave.go b/leave.go\nnew file mode 100644\n--- /dev/null\n+++ b/leave.go\n@@ -0,0 +1,3 @@\n+package calc\n+import \"os\"\n+func leave() { os.Exit(0) }\n",
