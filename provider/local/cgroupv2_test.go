@@ -120,8 +120,13 @@ func TestTheCgroupV2PathOnTheRealKernel(t *testing.T) {
 		// What the child left: its processes (it must leave none), then
 		// its cgroups, children first (empty parents a provider leaves
 		// are its sweep's, later: see sweepStale).
+		// A process the child's sandboxes killed as they stopped may still
+		// be on its way out when the child ends (SIGKILL is delivered, not
+		// waited for, on a loaded machine); one that lives past the bound
+		// was never killed.
+		waitUnpopulated(dir)
 		if b, err := os.ReadFile(filepath.Join(dir, "cgroup.events")); err == nil && !strings.Contains(string(b), "populated 0") {
-			t.Error("the child left processes in its cgroups")
+			t.Errorf("the child left processes in its cgroups: %v", cgroupProcesses(dir))
 		}
 		_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
 		waitUnpopulated(dir)
@@ -186,6 +191,24 @@ var onPureCgroup2 = []string{
 // waitUnpopulated returns once v2 cgroup dir and its descendants hold no
 // process (a killed process leaves its cgroup as it exits), or after a
 // minute: a hang guard.
+// cgroupProcesses lists the processes in dir's cgroup tree with their
+// command lines, for a failure's message.
+func cgroupProcesses(dir string) []string {
+	var out []string
+	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+			return nil
+		}
+		b, _ := os.ReadFile(p)
+		for _, pid := range strings.Fields(string(b)) {
+			cmd, _ := os.ReadFile(filepath.Join("/proc", pid, "cmdline"))
+			out = append(out, fmt.Sprintf("%s %s %q", strings.TrimPrefix(filepath.Dir(p), dir), pid, strings.ReplaceAll(string(cmd), "\x00", " ")))
+		}
+		return nil
+	})
+	return out
+}
+
 func waitUnpopulated(dir string) {
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(pollEvery) {
 		if b, err := os.ReadFile(filepath.Join(dir, "cgroup.events")); err != nil || strings.Contains(string(b), "populated 0") {
