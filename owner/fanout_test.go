@@ -231,3 +231,53 @@ func TestLimitedEachRunsOnAsManyGoroutinesAsSlots(t *testing.T) {
 		t.Errorf("%d calls left counted as queued after the fan-out gave up, want 0", n)
 	}
 }
+
+// TestLimitedEachCountsEachCallQueuedOnce: a call beyond the goroutines'
+// first is counted as queued from the start and stops being counted as it
+// takes a slot, once: with two slots, three calls, both slots held
+// elsewhere, three are queued; as the slots come free the goroutines' two
+// calls run, one call stays queued, and once it runs none does.
+func TestLimitedEachCountsEachCallQueuedOnce(t *testing.T) {
+	l := actors.NewLimiter(2)
+	o := &Owner{rt: sched.Real{}, limiter: l}
+	for range 2 {
+		if err := l.Acquire(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	started := make(chan int, 3)
+	release := []chan struct{}{make(chan struct{}), make(chan struct{}), make(chan struct{})}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		o.each(context.Background(), 3, true, func(i int) {
+			started <- i
+			<-release[i]
+		})
+	}()
+	waitQueued := func(want int) {
+		t.Helper()
+		for n, changed := l.Waiting(); n != want; n, changed = l.Waiting() {
+			select {
+			case <-changed:
+			case <-time.After(time.Minute): // a hang guard only
+				t.Fatalf("%d calls queued, want %d", n, want)
+			}
+		}
+	}
+	waitQueued(3)
+	l.Release()
+	l.Release()
+	first, second := <-started, <-started
+	waitQueued(1)
+	close(release[first])
+	if third := <-started; third != 2 {
+		t.Fatalf("call %d ran third, want 2", third)
+	}
+	if n, _ := l.Waiting(); n != 0 {
+		t.Errorf("%d calls counted as queued with every call run, want 0", n)
+	}
+	close(release[second])
+	close(release[2])
+	<-done
+}
