@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 
@@ -200,5 +201,22 @@ func TestRestoreMakesActorsAsForksReturn(t *testing.T) {
 		if live := e.fk.LiveSandboxIDs(); len(live) != 0 {
 			t.Errorf("live sandboxes after the failed restore: %v", live)
 		}
+	}
+}
+
+// A fork that fails is named with its own error in the restore's: "could
+// not be re-created from snapshot", not as a fork whose turn never came.
+func TestRestoreNamesAFailedForksError(t *testing.T) {
+	e := newEnv(t)
+	o := e.open()
+	sb := seed(t, o, "s1")
+	commit(t, o, "c1")
+	if err := o.EndSessionSandbox(context.Background(), "s1"); err != nil {
+		t.Fatal(err)
+	}
+	e.fk.FailNextFor(fake.OpFork, sb.Handle.SandboxID, 1)
+	_, err := o.Restore(context.Background(), owner.RestoreRequest{CheckpointID: "c1"})
+	if !errors.Is(err, owner.ErrRestoreFailed) || !strings.Contains(err.Error(), "s1: could not be re-created from snapshot") {
+		t.Fatalf("restore with s1's fork failing: %v; want ErrRestoreFailed naming s1's own failure", err)
 	}
 }

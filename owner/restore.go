@@ -1,6 +1,7 @@
 package owner
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -106,19 +107,22 @@ func (o *Owner) forkAll(ctx context.Context, checkpointID string, records []snap
 		forks[i], at[i] = h, o.clk.Now()
 		o.ask.prepare(restoredSession(labels, r, h, at[i]))
 	})
-	if err := ctx.Err(); err != nil {
-		// Sessions whose turn never came were not forked.
-		for i, r := range records {
-			mu.Lock()
-			if forks[i].SandboxID == "" && failed[r.SessionID] == "" {
-				failed[r.SessionID] = err.Error()
-			}
-			mu.Unlock()
+	// Sessions whose turn never came (the context ended while they waited
+	// for a slot) were not forked.
+	mu.Lock()
+	for i, r := range records {
+		if forks[i].SandboxID == "" && failed[r.SessionID] == "" {
+			failed[r.SessionID] = cmp.Or(ctx.Err(), errNotForked).Error()
 		}
 	}
+	mu.Unlock()
 	slices.Sort(missing)
 	return forks, at, failed, missing
 }
+
+// errNotForked: a fork that neither ran nor failed, its context not ended
+// (none: every call runs unless the context ends first).
+var errNotForked = errors.New("not forked")
 
 // withListedForks adds to forks the sandboxes this incarnation forked for
 // the checkpoint that the provider lists: a fork whose call failed after
