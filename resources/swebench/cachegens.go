@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -70,6 +72,7 @@ func cacheGenNumber(name string) (int, bool) {
 // time, taken before the sandbox starts, tells its new files from the
 // generation's.
 func (s *Server) harvestDir(env *Environment) (string, error) {
+	s.sweepHarvests(env, time.Now())
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
 	dir := filepath.Join(env.Dir, envCaches, ".harvest-"+hex.EncodeToString(rnd[:]))
@@ -80,6 +83,27 @@ func (s *Server) harvestDir(env *Environment) (string, error) {
 		}
 	}
 	return dir, nil
+}
+
+// sweepHarvests removes the harvest directories of env that a server
+// stopped mid-validation left (its own removes each as the validation
+// ends): those made longer ago than a validation can run, with an hour to
+// spare for a server whose evaluation_timeout is longer.
+func (s *Server) sweepHarvests(env *Environment, now time.Time) {
+	dir := filepath.Join(env.Dir, envCaches)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	limit := s.cfg.evaluationTimeout() + 2*s.cfg.setupTimeout() + time.Hour
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), ".harvest-") {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && now.Sub(fi.ModTime()) > limit {
+			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
+	}
 }
 
 // writableCaches are the names of the configured caches sandboxes write
@@ -161,6 +185,15 @@ func addCacheGen(ctx context.Context, base, added string, stamp bool) (string, i
 	}
 	defer unlock()
 	cur, n := currentCacheGen(base)
+	// A staging directory found under the lock is one a holder that died
+	// mid-copy left.
+	if entries, err := os.ReadDir(base + cacheGensSuffix); err == nil {
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), ".tmp-") {
+				_ = os.RemoveAll(filepath.Join(base+cacheGensSuffix, e.Name()))
+			}
+		}
+	}
 	var fresh []string
 	err = filepath.WalkDir(added, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || !d.Type().IsRegular() {

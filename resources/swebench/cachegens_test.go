@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -243,5 +244,48 @@ func TestAValidationWritesALayerOfItsOwnAndWarmsTheNextGeneration(t *testing.T) 
 	}
 	if _, n := currentCacheGen(base); n != 2 {
 		t.Errorf("a grading published a generation (now %d)", n)
+	}
+}
+
+// What a server stopped mid-validation or mid-publish left is removed: a
+// harvest directory older than any validation runs (a younger one may be
+// another server's, at work), and under the cache's lock a generation's
+// staging copy.
+func TestLeftHarvestsAndStagingCopiesAreRemoved(t *testing.T) {
+	dir := t.TempDir()
+	s := &Server{cfg: Config{Caches: map[string]string{"gobuild": "GOCACHE"}, WritableCaches: []string{"gobuild"}}}
+	env := &Environment{Dir: dir}
+	caches := filepath.Join(dir, envCaches)
+	limit := s.cfg.evaluationTimeout() + 2*s.cfg.setupTimeout() + time.Hour
+	writeFiles(t, caches, map[string]string{".harvest-old/gobuild/a": "x", ".harvest-young/gobuild/a": "x", "gobuild/a1/x-a": "a"})
+	now := time.Now()
+	for name, age := range map[string]time.Duration{".harvest-old": limit + time.Minute, ".harvest-young": limit - time.Minute} {
+		if err := os.Chtimes(filepath.Join(caches, name), now.Add(-age), now.Add(-age)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err := s.harvestDir(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(h, "gobuild")); err != nil {
+		t.Errorf("the new harvest directory: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(caches, ".harvest-old")); !os.IsNotExist(err) {
+		t.Errorf("a harvest directory older than any validation was kept (%v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(caches, ".harvest-young")); err != nil {
+		t.Errorf("a harvest directory a validation may still use was removed: %v", err)
+	}
+
+	base := filepath.Join(caches, "gobuild")
+	writeFiles(t, base+cacheGensSuffix, map[string]string{".tmp-dead/a1/x-a": "half a copy"})
+	added := filepath.Join(dir, "added")
+	writeFiles(t, added, map[string]string{"b2/y-a": "new"})
+	if _, n, err := addCacheGen(context.Background(), base, added, false); n != 1 || err != nil {
+		t.Fatalf("addCacheGen: %d, %v", n, err)
+	}
+	if _, err := os.Stat(filepath.Join(base+cacheGensSuffix, ".tmp-dead")); !os.IsNotExist(err) {
+		t.Errorf("a dead publisher's staging copy was kept (%v)", err)
 	}
 }
