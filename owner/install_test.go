@@ -3,6 +3,7 @@ package owner_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -156,6 +157,12 @@ func TestRestoreMakesActorsAsForksReturn(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			if forks++; forks == 3 {
+				// The actors are made on a goroutine of the restore's own:
+				// wait for the two forks' (a bound only a restore that
+				// makes none reaches).
+				for i := 0; owner.Children(o)-graves < 2 && i < 1000000; i++ {
+					runtime.Gosched()
+				}
 				ids, err := o.Sessions()
 				if err != nil {
 					t.Error(err)

@@ -5,14 +5,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxowner/owner/internal/timeouts"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/sandbox"
+	"github.com/sandboxowner/owner/sched"
 	"github.com/sandboxowner/owner/snapshotindex"
 )
 
@@ -87,6 +90,7 @@ func (o *Owner) forkAll(ctx context.Context, checkpointID string, records []snap
 		defer mu.Unlock()
 		failed[sid] = err.Error()
 	}
+	prep := o.startPreparer(len(records))
 	o.each(ctx, len(records), true, func(i int) {
 		r := records[i]
 		if err := ctx.Err(); err != nil {
@@ -105,8 +109,9 @@ func (o *Owner) forkAll(ctx context.Context, checkpointID string, records []snap
 			return
 		}
 		forks[i], at[i] = h, o.clk.Now()
-		o.ask.prepare(restoredSession(labels, r, h, at[i]))
+		prep.add(restoredSession(labels, r, h, at[i]))
 	})
+	prep.finish()
 	// Sessions whose turn never came (the context ended while they waited
 	// for a slot) were not forked.
 	mu.Lock()
@@ -118,6 +123,52 @@ func (o *Owner) forkAll(ctx context.Context, checkpointID string, records []snap
 	mu.Unlock()
 	slices.Sort(missing)
 	return forks, at, failed, missing
+}
+
+// preparer has the actors of the forks' sessions made (client.prepare) on
+// a goroutine of its own, one at a time, yielding the processor after
+// each. Made on the fork's worker, a spawn ran between a fork's return and
+// its worker's next fork, and the worker that found the supervisor's
+// mailbox idle ran every spawn the wave's other workers queued meanwhile:
+// the next wave started later by the spawns of this one. Yielding puts the
+// spawns behind the workers, in the time the forks wait on the provider.
+type preparer struct {
+	ask      *client
+	rt       sched.Runtime
+	queue    chan RestoredSession
+	finished atomic.Bool
+	done     chan struct{}
+}
+
+// startPreparer starts the preparer of n forks.
+func (o *Owner) startPreparer(n int) *preparer {
+	p := &preparer{ask: o.ask, rt: o.rt, queue: make(chan RestoredSession, n), done: make(chan struct{})}
+	o.rt.Go(p.run)
+	return p
+}
+
+func (p *preparer) run() {
+	defer close(p.done)
+	for {
+		p.rt.Await(context.Background(), func() bool { return len(p.queue) > 0 || p.finished.Load() })
+		s, ok := <-p.queue
+		if !ok {
+			return
+		}
+		p.ask.prepare(s)
+		runtime.Gosched()
+	}
+}
+
+// add queues s; it never waits (the queue has room for every fork).
+func (p *preparer) add(s RestoredSession) { p.queue <- s }
+
+// finish returns once the actor of every session added was asked for.
+func (p *preparer) finish() {
+	p.finished.Store(true)
+	close(p.queue)
+	p.rt.Await(context.Background(), func() bool { return sched.Closed(p.done) })
+	<-p.done
 }
 
 // errNotForked: a fork that neither ran nor failed, its context not ended
