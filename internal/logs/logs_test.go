@@ -2,8 +2,10 @@ package logs_test
 
 import (
 	"context"
+	"io"
 	"testing"
 
+	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/sandboxowner/owner/internal/logs"
@@ -53,5 +55,18 @@ func TestBoxedRequestIDIsKeptAsItIs(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { logs.WithBoxedRequestID(bare, id) }); n != 1 {
 		t.Errorf("%v allocations, want 1 (the context)", n)
+	}
+}
+
+// TestOrFallsBackToDiscard: a component given no logger logs nowhere; one
+// given a logger keeps it.
+func TestOrFallsBackToDiscard(t *testing.T) {
+	lg, _ := test.NewNullLogger()
+	if got := logs.Or(lg); got != lg {
+		t.Errorf("Or(logger) = %v, want the logger itself", got)
+	}
+	d, ok := logs.Or(nil).(*logrus.Logger)
+	if !ok || d.Out != io.Discard {
+		t.Errorf("Or(nil) = %#v, want a logger writing to io.Discard", logs.Or(nil))
 	}
 }
