@@ -78,3 +78,24 @@ func TestSleepReal(t *testing.T) {
 		t.Errorf("a sleep whose context ended: %v, want context.Canceled", err)
 	}
 }
+
+// TestRetryAfterTakesSecondsOrAnHTTPDate: Retry-After in whole seconds or
+// as an HTTP date (the time left until it); anything else asks no wait.
+func TestRetryAfterTakesSecondsOrAnHTTPDate(t *testing.T) {
+	now := time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)
+	for v, want := range map[string]time.Duration{
+		"":     0,
+		"3":    3 * time.Second,
+		"-1":   0,
+		"soon": 0,
+		now.Add(7 * time.Second).Format(http.TimeFormat): 7 * time.Second,
+	} {
+		h := http.Header{}
+		if v != "" {
+			h.Set("Retry-After", v)
+		}
+		if got := retryAfter(h, now); got != want {
+			t.Errorf("Retry-After %q: %v, want %v", v, got, want)
+		}
+	}
+}

@@ -5,13 +5,17 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/internal/osexecd"
 	"github.com/sandboxowner/owner/provider"
+	"github.com/sandboxowner/owner/provider/local"
 	"github.com/sandboxowner/owner/provider/opensandbox"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
 )
@@ -206,5 +210,59 @@ func TestRetriesBackOffFrom250msDoublingTo10s(t *testing.T) {
 		if d < b*3/4 || d >= b*5/4 {
 			t.Errorf("wait %d = %v, want %v ±25%%", i, d, b)
 		}
+	}
+}
+
+// TestAFileCallIsMadeAgainOnlyWhenItGotNoAnswerOfExecds: an answered file
+// call is made once (a read is not asked about as a directory); execd's own
+// 500 is its answer, not retried; a proxy's 502 is tried again.
+func TestAFileCallIsMadeAgainOnlyWhenItGotNoAnswerOfExecds(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	ctx := context.Background()
+	h := e.start(t, provider.Spec{})
+	upload := "/direct/" + h.SandboxID + "/proxy/44772/files/upload"
+	for _, tc := range []struct {
+		name  string
+		fault *opensandboxtest.Fault
+		call  func() error
+		ok    bool
+		calls int
+	}{
+		{"a write", nil, func() error { return e.p.WriteFile(ctx, h, "a.txt", []byte("A")) }, true, 1},
+		{"a read", nil, func() error { _, err := e.p.ReadFile(ctx, h, "a.txt"); return err }, true, 1},
+		{"a write execd answers 500", &opensandboxtest.Fault{Method: http.MethodPost, Path: upload, Status: http.StatusInternalServerError},
+			func() error { return e.p.WriteFile(ctx, h, "b.txt", []byte("B")) }, false, 1},
+		{"a write a proxy answers 502", &opensandboxtest.Fault{Method: http.MethodPost, Path: upload, Status: http.StatusBadGateway},
+			func() error { return e.p.WriteFile(ctx, h, "c.txt", []byte("C")) }, true, 2},
+	} {
+		if tc.fault != nil {
+			e.srv.Inject(*tc.fault)
+		}
+		before := e.srv.Stats().Requests["execd (direct)"]
+		if err := tc.call(); (err == nil) != tc.ok {
+			t.Errorf("%s: %v, want success %v", tc.name, err, tc.ok)
+		}
+		if n := e.srv.Stats().Requests["execd (direct)"] - before; n != tc.calls {
+			t.Errorf("%s: %d execd requests, want %d", tc.name, n, tc.calls)
+		}
+	}
+}
+
+// TestADirectorysDownloadAnswered500IsADirectory: execd answers the download
+// of a directory 500 on some file systems, saying what it likes; the path is
+// then asked about (/files/info), and a directory is syscall.EISDIR.
+func TestADirectorysDownloadAnswered500IsADirectory(t *testing.T) {
+	lp, err := local.New(local.Options{Root: t.TempDir(), Templates: map[string]string{"t": ""}, Isolation: "none", Overlay: "off"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lp.Close() })
+	workdir := filepath.Join(t.TempDir(), "sandbox")
+	e := newEnv(t, opensandboxtest.Options{Backend: osexecd.LocalBackend{Provider: lp, Workdir: workdir}}, opensandbox.Options{})
+	ctx := context.Background()
+	h := e.start(t, provider.Spec{Image: "t", Workdir: workdir, Files: map[string]string{"d/f.txt": "F"}})
+	e.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Path: "/direct/" + h.SandboxID + "/proxy/44772/files/download", Status: http.StatusInternalServerError})
+	if got, err := e.p.ReadFile(ctx, h, "d"); !errors.Is(err, syscall.EISDIR) {
+		t.Errorf("ReadFile of a directory answered 500 = %q, %v; want EISDIR", got, err)
 	}
 }

@@ -590,6 +590,22 @@ func TestARenewalFindsAnEndedSandboxLost(t *testing.T) {
 	}
 }
 
+// TestARefusedRenewalIsAnError: a renewal the server refuses is an error;
+// one it answers 404 (the sandbox went between the look at its state and
+// the renewal) is ErrSandboxNotFound.
+func TestARefusedRenewalIsAnError(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{})
+	ctx := context.Background()
+	h := e.start(t, provider.Spec{TTLSeconds: 60})
+	for status, lost := range map[int]bool{http.StatusConflict: false, http.StatusNotFound: true} {
+		e.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Path: "/v1/sandboxes/" + h.SandboxID + "/renew-expiration", Status: status})
+		err := e.p.Renew(ctx, h, e.clk.Now().Add(time.Hour))
+		if err == nil || errors.Is(err, provider.ErrSandboxNotFound) != lost {
+			t.Errorf("Renew answered %d = %v, want an error (lost: %v)", status, err, lost)
+		}
+	}
+}
+
 func TestListPagesAndFiltersOnTheClient(t *testing.T) {
 	e := newEnv(t, opensandboxtest.Options{CreateLatency: time.Millisecond}, opensandbox.Options{ListLabels: map[string]string{"ng.owner": "a"}})
 	for i := 0; i < 103; i++ {
