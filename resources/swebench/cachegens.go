@@ -120,9 +120,12 @@ func (s *Server) writableCaches() []string {
 }
 
 // harvestScript copies, in a validation's sandbox once its eval ended,
-// every file of each writable cache changed since its harvest directory
+// every file of each writable cache written since its harvest directory
 // was made (what the validation wrote: the generation under it is older)
-// into that directory, at the same relative path. The paths come in
+// into that directory, at the same relative path. Written means changed
+// (ctime) and modified (mtime) since, and not stamped ahead: where the
+// sandbox's layer is a copy made at its start (unisolated), every file
+// changed then, but the copy keeps each file's mtime. The paths come in
 // NG_CACHE_<i> and NG_NEW_<i> (environment values: unisolated, they are
 // rewritten to the host's directories).
 const harvestScript = `set -e
@@ -132,7 +135,7 @@ while :; do
 	[ -n "$c" ] || break
 	t=$(find "$h" -maxdepth 0 -printf '%C@')
 	cd "$c"
-	find . -type f -newerct "@$t" -exec cp --parents -p -t "$h" {} +
+	find . -type f -newerct "@$t" -newermt "@$t" ! -newermt @4102444800 -exec cp --parents -p -t "$h" {} +
 	i=$((i + 1))
 done
 `

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -287,5 +288,62 @@ func TestLeftHarvestsAndStagingCopiesAreRemoved(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(base+cacheGensSuffix, ".tmp-dead")); !os.IsNotExist(err) {
 		t.Errorf("a dead publisher's staging copy was kept (%v)", err)
+	}
+}
+
+// A validation's harvest takes what it wrote to the cache, not what its
+// layer's copy of the generation holds (unisolated, the layer is a copy
+// made at the start, whose every file changed then: it copied all of the
+// cache, a hundred megabytes and more, for the server to skip): a file
+// changed since the harvest directory was made counts only when modified
+// since too, and not stamped ahead.
+func TestTheHarvestTakesOnlyWhatTheValidationWrote(t *testing.T) {
+	needTools(t, "bash", "find", "cp")
+	dir := t.TempDir()
+	cache, harvest := filepath.Join(dir, "cache"), filepath.Join(dir, "new")
+	if err := os.MkdirAll(harvest, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The harvest directory is made as the validation starts; what its
+	// layer holds is changed after it, in a later tick of the file clock.
+	h := filepath.Join(harvest, "gobuild")
+	if err := os.Mkdir(h, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctime := func(p string) time.Time {
+		var st syscall.Stat_t
+		if err := syscall.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		return time.Unix(st.Ctim.Unix())
+	}
+	probe := filepath.Join(dir, "probe")
+	for start := ctime(h); ; {
+		writeFiles(t, dir, map[string]string{"probe": "tick"})
+		if ctime(probe).After(start) {
+			break
+		}
+	}
+	old := time.Now().Add(-time.Hour)
+	writeFiles(t, cache, map[string]string{"a1/copied-a": "from the generation", "b2/stamped-d": "stamped", "c3/written-d": "the validation's"})
+	for name, mtime := range map[string]time.Time{"a1/copied-a": old, "b2/stamped-d": buildCacheStamp()} {
+		if err := os.Chtimes(filepath.Join(cache, name), mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command("bash", "-c", harvestScript)
+	cmd.Env = append(os.Environ(), "NG_CACHE_0="+cache, "NG_NEW_0="+h)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	got := treeState(t, h)
+	var names []string
+	for name, st := range got {
+		if st.Mode.IsRegular() {
+			names = append(names, name)
+		}
+	}
+	if !cmp.Equal(names, []string{"c3/written-d"}) {
+		t.Errorf("the harvest took %v, want only what the validation wrote", names)
 	}
 }
