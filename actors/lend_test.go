@@ -1,12 +1,15 @@
 package actors_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/actors"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
@@ -189,5 +192,29 @@ func stopped(t *testing.T, stop messages.ReplyTo) {
 		}
 	case <-time.After(time.Minute): // a hang guard only
 		t.Fatal("the stop was not answered once the permit was back")
+	}
+}
+
+// TestShellInstalledSessionLends: a session actor holding a restored
+// sandbox, made from the maker's props or from props of its own, lends it
+// through its view once its first operation (a Do) is done and it is idle.
+func TestShellInstalledSessionLends(t *testing.T) {
+	s := newShell(t, fake.New(fake.Options{}))
+	for name, props := range map[string]func(*messages.SessionView, *actors.Session) *actor.Props{
+		"maker": actors.NewSessionMaker(s.env).Props,
+		"own": func(v *messages.SessionView, sess *actors.Session) *actor.Props {
+			return actors.SessionPropsPublishing(s.env, v, func() *actors.Session { return sess })
+		},
+	} {
+		view := &messages.SessionView{}
+		pid := s.sys.Root.Spawn(props(view, actors.NewInstalledSession("r1", sandbox.Sandbox{Handle: provider.Handle{SandboxID: "sb-r1"}})))
+		slot := make(messages.ReplyTo, 1)
+		s.sys.Root.Send(pid, &messages.Do{ReqID: 1, Fn: func(context.Context, provider.Provider, sandbox.Sandbox) error { return nil }, Reply: slot})
+		if r, _ := (<-slot).(*messages.DoReply); r == nil || r.Err != nil {
+			t.Fatalf("%s: the Do answered %v", name, r)
+		}
+		if !view.Borrow() {
+			t.Errorf("%s: an idle installed session lent nothing", name)
+		}
 	}
 }
