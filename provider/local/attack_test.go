@@ -677,6 +677,9 @@ func TestACommandHoldsOnlyItsOwnDescriptors(t *testing.T) {
 // Isolation needed bubblewrap: without it on the PATH a server ran every
 // sandbox unisolated. The server now makes the containers itself.
 func TestContainersNeedNoBubblewrap(t *testing.T) {
+	// The inits' binary is built with go, found on the PATH: before it
+	// goes (run alone, no test built it yet).
+	localtest.InitBinary(t)
 	t.Setenv("PATH", t.TempDir())
 	for _, isolation := range []string{IsolationAuto, IsolationContainer, IsolationBwrap} {
 		p := newProvider(t, mode{"container", isolation, OverlayOff}, Options{})

@@ -580,3 +580,31 @@ func missingLimits(entries []*logrus.Entry) string {
 	}
 	return ""
 }
+
+// A v2 cgroup gives its children the controllers its
+// cgroup.subtree_control enables, and freezing wherever it is a cgroup at
+// all. This host's v2 tree enables none for any cgroup, so the parsing is
+// checked on files of the test's own.
+func TestV2OffersWhatASubtreeControlEnables(t *testing.T) {
+	dir, bare := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("cpu memory\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, d := range []string{dir, bare} {
+		for _, c := range cgroupControllers {
+			got[filepath.Base(d)+" "+c] = v2Offers(d, c)
+		}
+	}
+	want := map[string]bool{}
+	for _, c := range cgroupControllers {
+		want[filepath.Base(dir)+" "+c] = c != "pids"
+		want[filepath.Base(bare)+" "+c] = false
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("controllers offered (-want +got):\n%s", diff)
+	}
+}
