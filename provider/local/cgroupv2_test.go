@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -92,6 +93,29 @@ func TestTheCgroupV2PathOnTheRealKernel(t *testing.T) {
 	if os.Getenv(cgroup2Env) != "" {
 		t.Skip("SKIP: the child itself")
 	}
+	// Where the v2 hierarchy is, and the test's cgroup in it, found
+	// without the code under test (which must agree).
+	mnt, path := "", ""
+	for _, d := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} {
+		var st unix.Statfs_t
+		if unix.Statfs(d, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			mnt = d
+			break
+		}
+	}
+	if b, err := os.ReadFile("/proc/self/cgroup"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if p, ok := strings.CutPrefix(l, "0::"); ok {
+				path = p
+			}
+		}
+	}
+	if mnt == "" || path == "" {
+		t.Skip("SKIP: no cgroup v2 hierarchy mounted here")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP: mounting the v2 hierarchy needs root")
+	}
 	mounts, err := cgroupMounts()
 	if err != nil {
 		t.Fatal(err)
@@ -100,14 +124,10 @@ func TestTheCgroupV2PathOnTheRealKernel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mnt, ok := mounts[""]
-	path, ok2 := own[""]
-	if !ok || !ok2 {
-		t.Skip("SKIP: no cgroup v2 hierarchy mounted here")
+	if mounts[""] != mnt || own[""] != path {
+		t.Errorf("the provider reads the v2 hierarchy at %q and the server's cgroup %q, want %q and %q", mounts[""], own[""], mnt, path)
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("SKIP: mounting the v2 hierarchy needs root")
-	}
+	hybridProbe(t)
 	ownDir := filepath.Join(mnt, path)
 	if reaped := reapTestParents(ownDir); len(reaped) > 0 {
 		t.Logf("removed the cgroups of gone test binaries: %v", reaped)
@@ -188,9 +208,37 @@ var onPureCgroup2 = []string{
 	"TestACrashedServersCommandsDoNotSurviveIt",
 }
 
-// waitUnpopulated returns once v2 cgroup dir and its descendants hold no
-// process (a killed process leaves its cgroup as it exits), or after a
-// minute: a hang guard.
+// hybridProbe checks, where every controller the sandboxes use has a v1
+// hierarchy of its own beside the v2 one (this host), that the provider
+// takes the v1 ones, all four.
+func hybridProbe(t *testing.T) {
+	t.Helper()
+	for _, c := range cgroupControllers {
+		var st unix.Statfs_t
+		if unix.Statfs(filepath.Join("/sys/fs/cgroup", c), &st) != nil || st.Type != unix.CGROUP_SUPER_MAGIC {
+			t.Logf("no v1 %s hierarchy at /sys/fs/cgroup/%s: not a hybrid host", c, c)
+			return
+		}
+	}
+	cg, why := probeCgroups(cgroupParent(t.TempDir()))
+	if cg != nil {
+		t.Cleanup(func() {
+			for _, d := range cg.dirs {
+				_ = syscall.Rmdir(d)
+			}
+		})
+	}
+	var took []string
+	for _, c := range cgroupControllers {
+		if _, ok := cg.dirOf(c); ok {
+			took = append(took, c)
+		}
+	}
+	if cg == nil || cg.v2 || !slices.Equal(took, cgroupControllers) {
+		t.Errorf("on a hybrid host the provider chose %+v (%v), want v1's four hierarchies", cg, why)
+	}
+}
+
 // cgroupProcesses lists the processes in dir's cgroup tree with their
 // command lines, for a failure's message.
 func cgroupProcesses(dir string) []string {
@@ -209,6 +257,9 @@ func cgroupProcesses(dir string) []string {
 	return out
 }
 
+// waitUnpopulated returns once v2 cgroup dir and its descendants hold no
+// process (a killed process leaves its cgroup as it exits), or after a
+// minute: a hang guard.
 func waitUnpopulated(dir string) {
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(pollEvery) {
 		if b, err := os.ReadFile(filepath.Join(dir, "cgroup.events")); err != nil || strings.Contains(string(b), "populated 0") {
@@ -336,7 +387,16 @@ func testCgroupV2Mode(t *testing.T, m mode, ownDir, initBin string) {
 			t.Errorf("the startup's limits not enforced %q do not name %s as not offered", missing, c)
 		}
 	}
-	// The sweep removed what killed servers left.
+	// The sweep removed what killed servers left, and counted it.
+	removed := ""
+	for _, e := range entries() {
+		if v, ok := e.Data["removed"]; ok {
+			removed = fmt.Sprint(v)
+		}
+	}
+	if removed != "2" {
+		t.Errorf("the sweep said it removed %q cgroups, want 2", removed)
+	}
 	for _, d := range []string{filepath.Join(parent, sandboxPrefix+"stale"), killed} {
 		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
 			_ = syscall.Rmdir(d)
