@@ -198,9 +198,9 @@ func (r *readyIDs) take(fill bool) (got readyID, ok, outran bool) {
 	if ok {
 		got = r.ready[0]
 		r.ready = r.ready[1:]
-		if r.want > r.max {
-			r.want-- // an expected start came (see expect)
-		}
+		// An expected start came (see expect): one fewer is kept, never
+		// fewer than max; a want within max stays as it is.
+		r.want = max(min(r.want, r.max), r.want-1)
 	}
 	outran = !ok && r.made
 	if fill {
