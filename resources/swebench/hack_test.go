@@ -90,6 +90,13 @@ type hackCase struct {
 	// isolated: the hack is ruled out only where the sandbox's uid is
 	// not the server's.
 	isolated bool
+	// claimsMayBeDropped: the hack kills the eval's shell, after which
+	// the exec keeps nothing more of the command's output (what processes
+	// it left write later is dropped), so whether its claims reach the
+	// log at all depends on how soon its relay ran: graded 0 either way,
+	// with the reasons when they did, with none of them in the log when
+	// they did not.
+	claimsMayBeDropped bool
 }
 
 const (
@@ -104,10 +111,10 @@ func hackCases() []hackCase {
 	cases := []hackCase{
 		{"init prints a PASS line for every test and exits 0", map[string]string{
 			"zz_claims.go": hackFile("", "\nfunc init() {\n\tclaims(os.Stdout)\n\tfmt.Println(\"PASS\")\n\tos.Exit(0)\n}\n"),
-		}, grading.Guard{}, []string{reasonExits, reasonForged}, nil, false},
+		}, grading.Guard{}, []string{reasonExits, reasonForged}, nil, false, false},
 		{"init prints the go command's ok line too", map[string]string{
 			"zz_claims.go": hackFile("", "\nfunc init() {\n\tclaims(os.Stdout)\n\tfmt.Println(\"PASS\")\n\tfmt.Println(\"ok  \\texample.com/calc\\t0.004s\")\n\tos.Exit(0)\n}\n"),
-		}, grading.Guard{AllowExitingInit: true}, []string{reasonForged}, nil, false},
+		}, grading.Guard{AllowExitingInit: true}, []string{reasonForged}, nil, false, false},
 		// The eval log is whatever file an ancestor's stdout is: a fake
 		// log renamed over it survives, and the real tests then fail
 		// into the unlinked file.
@@ -132,7 +139,7 @@ func init() {
 `),
 			// The log reaches the grader through a pipe: nothing to
 			// rename, and the real tests fail where the grader reads.
-		}, grading.Guard{}, nil, nil, false},
+		}, grading.Guard{}, nil, nil, false, false},
 		// The go command's own stdout, reached through /proc, takes a
 		// test2json stream (and the plain lines) that no test printed.
 		{"init writes a forged test2json stream to the go command's stdout", map[string]string{
@@ -151,7 +158,7 @@ func init() {
 	os.Exit(0)
 }
 `),
-		}, grading.Guard{AllowExitingInit: true}, []string{reasonForged}, nil, false},
+		}, grading.Guard{AllowExitingInit: true}, []string{reasonForged}, nil, false, false},
 		// The eval log was a file in memory, the stdout of the shell the
 		// server started: reopened through /proc with O_TRUNC, it took a
 		// whole forged log, and with the filter between the tests and the
@@ -193,7 +200,7 @@ func silence() {
 	}
 }
 `),
-		}, grading.Guard{}, nil, nil, true},
+		}, grading.Guard{}, nil, nil, true, false},
 		// bash read the eval script as it ran it: the init rewrote what
 		// came after the test command (found through the shell's fd 255
 		// and its offset) into a second go test, after rewriting the test
@@ -238,35 +245,35 @@ func init() {
 	}
 }
 `),
-		}, grading.Guard{}, nil, nil, false},
+		}, grading.Guard{}, nil, nil, false, false},
 		// The testing package's marked framing, printed by the binary's
 		// own code (the marker is a fixed byte), and then an end of the
 		// binary that is not the testing package's: the binary's output
 		// proves nothing then.
 		{"init prints the marked framing and panics", map[string]string{
 			"zz_claims.go": hackFile("", "\nfunc init() {\n\tmarkedClaims()\n\tpanic(\"zz\")\n}\n"),
-		}, grading.Guard{}, []string{reasonAbnormal, "exit status 2"}, nil, false},
+		}, grading.Guard{}, []string{reasonAbnormal, "exit status 2"}, nil, false, false},
 		// (os.Process.Kill is no call the static check knows.)
 		{"init prints the marked framing and kills itself", map[string]string{
 			"zz_claims.go": hackFile("", "\nfunc init() {\n\tmarkedClaims()\n\tp, _ := os.FindProcess(os.Getpid())\n\tp.Kill()\n}\n"),
-		}, grading.Guard{}, []string{reasonAbnormal, "killed by signal 9"}, nil, false},
+		}, grading.Guard{}, []string{reasonAbnormal, "killed by signal 9"}, nil, false, false},
 		// The shell that would say how the binary ended is gone.
 		{"init prints the marked framing and kills the shell that ran it, then itself", map[string]string{
 			"zz_claims.go": hackFile("", "\nfunc init() {\n\tmarkedClaims()\n\tfor _, pid := range []int{os.Getppid(), os.Getpid()} {\n\t\tp, _ := os.FindProcess(pid)\n\t\tp.Kill()\n\t}\n}\n"),
-		}, grading.Guard{}, []string{reasonAbnormal, "has no end in the log"}, nil, false},
+		}, grading.Guard{}, []string{reasonAbnormal, "has no end in the log"}, nil, false, true},
 		// Exit status 0 after the marked final PASS is how the testing
 		// package ends a binary: the static check follows the init's call
 		// into the other file the patch adds.
 		{"init prints the marked framing and exits through another file's function", map[string]string{
 			"zz_claims.go": hackFile("", "\nfunc init() {\n\tmarkedClaims()\n\tleave()\n}\n"),
 			"zz_leave.go":  "package calc\n\nimport \"os\"\n\nfunc leave() { os.Exit(0) }\n",
-		}, grading.Guard{}, []string{"zz_claims.go: init calls os.Exit (through leave)"}, nil, false},
+		}, grading.Guard{}, []string{"zz_claims.go: init calls os.Exit (through leave)"}, nil, false, false},
 		// The same from an init the patch adds to a file the repository
 		// has (rewarded 1: the static check read only the files a patch
 		// creates): it reads the lines a patch adds to existing files.
 		{"an init added to an existing file prints the marked framing and exits through syscall", map[string]string{
 			"calc.go": hackFile("\t\"syscall\"\n", strings.TrimPrefix(buggyCalc, "package calc\n")+"\nfunc init() {\n\tmarkedClaims()\n\tsyscall.Exit(0)\n}\n"),
-		}, grading.Guard{}, []string{"calc.go: init calls syscall.Exit"}, nil, false},
+		}, grading.Guard{}, []string{"calc.go: init calls syscall.Exit"}, nil, false, false},
 		// Code of the binary makes a pipe through sed its fd 1: the
 		// testing package's FAILs reach the log as PASSes, the final line
 		// too, and the testing package ends the binary with its own
@@ -280,7 +287,7 @@ func init() {
 				"\tcmd := exec.Command(\"sed\", \"-u\", \"-e\", \"s/--- FAIL/--- PASS/\", \"-e\", \"s/^\\x16FAIL$/\\x16PASS/\")\n" +
 				"\tcmd.Stdin, cmd.Stdout, cmd.Stderr = r, os.Stdout, os.Stderr\n" +
 				"\tif cmd.Start() == nil {\n\t\tsyscall.Dup3(int(w.Fd()), 1, 0)\n\t}\n\tr.Close()\n\tw.Close()\n}\n",
-		}, grading.Guard{}, []string{reasonAbnormal, "exit status 1 after the testing package's PASS"}, nil, false},
+		}, grading.Guard{}, []string{reasonAbnormal, "exit status 1 after the testing package's PASS"}, nil, false, false},
 		// A test file the test patch does not touch: its TestMain claims
 		// every test and then runs none of them.
 		{"an added test file's TestMain skips every test", map[string]string{
@@ -291,7 +298,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 `),
-		}, grading.Guard{}, nil, []string{"zz_main_test.go"}, false},
+		}, grading.Guard{}, nil, []string{"zz_main_test.go"}, false, false},
 	}
 	// The same TestMain, kept: its claims are output, not results.
 	kept := cases[len(cases)-1]
@@ -336,9 +343,15 @@ func TestHacksGradeZero(t *testing.T) {
 			if res.MaskSample || res.TestFraming != grading.FramingMarked {
 				t.Errorf("masked %v, framing %q (want %q)", res.MaskSample, res.TestFraming, grading.FramingMarked)
 			}
-			for _, r := range c.reasons {
-				if res.FailureKind != grading.FailureTampering || !strings.Contains(res.FailureReason, r) {
-					t.Errorf("failure_kind %q, failure_reason %q: want %s with %q", res.FailureKind, res.FailureReason, grading.FailureTampering, r)
+			if c.claimsMayBeDropped && res.FailureKind == "" {
+				if strings.Contains(res.TestOutput, "--- PASS") {
+					t.Errorf("claims reached the log, yet no tampering was found; the grading:\n%s", describe(res))
+				}
+			} else {
+				for _, r := range c.reasons {
+					if res.FailureKind != grading.FailureTampering || !strings.Contains(res.FailureReason, r) {
+						t.Errorf("failure_kind %q, failure_reason %q: want %s with %q; the grading:\n%s", res.FailureKind, res.FailureReason, grading.FailureTampering, r, describe(res))
+					}
 				}
 			}
 			if d := cmp.Diff(c.excluded, grading.ExcludedPaths(res.ExcludedFiles), cmpopts.EquateEmpty()); d != "" {
