@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -58,6 +59,14 @@ type Mount struct {
 	Path string `json:"path"`
 	// Mode is MountReadOnly, MountReadWrite, MountCopy or MountOverlay.
 	Mode string `json:"mode"`
+	// Lower are, for MountOverlay and MountCopy only, host directories
+	// stacked under Host, the nearest first: the sandbox sees what overlayfs
+	// shows of Host over them (an entry of a nearer layer hides the same
+	// path's in the farther ones; whiteouts are honoured, opaque directories
+	// are not in a copy). Host and Lower are only read. The kernel bounds
+	// how many layers an overlay stacks (and the length of their paths): a
+	// caller keeps its stacks short.
+	Lower []string `json:"lower,omitempty"`
 }
 
 // mountsOf parses spec's mounts option (any JSON-shaped value: the spec may
@@ -71,11 +80,16 @@ func (p *Provider) mountsOf(spec provider.Spec, workdir, sandboxDir string) ([]c
 	out := make([]cacheMount, 0, len(ms))
 	for i, m := range ms {
 		name := MountsOption + "[" + strconv.Itoa(i) + "]"
-		if !filepath.IsAbs(m.Host) || filepath.Clean(m.Host) != m.Host {
-			return nil, fmt.Errorf("local: %s: host %q is not a clean absolute path: %w", name, m.Host, provider.ErrInvalidSpec)
+		for _, h := range append([]string{m.Host}, m.Lower...) {
+			if !filepath.IsAbs(h) || filepath.Clean(h) != h {
+				return nil, fmt.Errorf("local: %s: host %q is not a clean absolute path: %w", name, h, provider.ErrInvalidSpec)
+			}
+			if within(h, p.root) || within(p.root, h) {
+				return nil, fmt.Errorf("local: %s: host %q overlaps the provider's root: %w", name, h, provider.ErrInvalidSpec)
+			}
 		}
-		if within(m.Host, p.root) || within(p.root, m.Host) {
-			return nil, fmt.Errorf("local: %s: host %q overlaps the provider's root: %w", name, m.Host, provider.ErrInvalidSpec)
+		if len(m.Lower) > 0 && m.Mode != MountOverlay && m.Mode != MountCopy {
+			return nil, fmt.Errorf("local: %s: lower layers under a mount of mode %q (only %s and %s stack them): %w", name, m.Mode, MountOverlay, MountCopy, provider.ErrInvalidSpec)
 		}
 		at, err := cleanWorkdir(m.Path)
 		if err != nil {
@@ -137,8 +151,10 @@ func checkMountHosts(spec provider.Spec) error {
 		return err
 	}
 	for i, m := range ms {
-		if fi, err := os.Stat(m.Host); err != nil || !fi.IsDir() {
-			return fmt.Errorf("local: %s[%d]: %s is not a directory: %w", MountsOption, i, m.Host, provider.ErrInvalidSpec)
+		for _, h := range append([]string{m.Host}, m.Lower...) {
+			if fi, err := os.Stat(h); err != nil || !fi.IsDir() {
+				return fmt.Errorf("local: %s[%d]: %s is not a directory: %w", MountsOption, i, h, provider.ErrInvalidSpec)
+			}
 		}
 	}
 	return nil
@@ -159,8 +175,57 @@ func (p *Provider) copyMounts(ctx context.Context, spec provider.Spec, sandboxDi
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 			return fmt.Errorf("local: %s[%d]: %w", MountsOption, i, err)
 		}
-		if err := copyTree(ctx, m.Host, dst, p.copyWorkers, p.owner()); err != nil {
-			return fmt.Errorf("local: %s[%d]: copy %s: %w", MountsOption, i, m.Host, err)
+		layers := append([]string{m.Host}, m.Lower...)
+		if err := copyTree(ctx, layers[len(layers)-1], dst, p.copyWorkers, p.owner()); err != nil {
+			return fmt.Errorf("local: %s[%d]: copy %s: %w", MountsOption, i, layers[len(layers)-1], err)
+		}
+		// Each nearer layer is copied beside the copy and moved over it.
+		for j := len(layers) - 2; j >= 0; j-- {
+			tmp := dst + ".merge"
+			if err := os.RemoveAll(tmp); err != nil {
+				return fmt.Errorf("local: %s[%d]: %w", MountsOption, i, err)
+			}
+			if err := copyTree(ctx, layers[j], tmp, p.copyWorkers, p.owner()); err != nil {
+				return fmt.Errorf("local: %s[%d]: copy %s: %w", MountsOption, i, layers[j], err)
+			}
+			if err := mergeTree(tmp, dst); err != nil {
+				return fmt.Errorf("local: %s[%d]: stack %s: %w", MountsOption, i, layers[j], err)
+			}
+			if err := os.RemoveAll(tmp); err != nil {
+				return fmt.Errorf("local: %s[%d]: %w", MountsOption, i, err)
+			}
+		}
+	}
+	return nil
+}
+
+// mergeTree moves the entries of src over those of dst, as an overlay
+// whose upper layer is src would show them: a directory in both is merged,
+// anything else of src replaces dst's entry, and a whiteout (a character
+// device; a copy keeps no other) removes it.
+func mergeTree(src, dst string) error {
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		from, to := filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())
+		if e.IsDir() {
+			if fi, err := os.Lstat(to); err == nil && fi.IsDir() {
+				if err := mergeTree(from, to); err != nil {
+					return err
+				}
+				continue
+			}
+		}
+		if err := os.RemoveAll(to); err != nil {
+			return err
+		}
+		if e.Type()&fs.ModeCharDevice != 0 {
+			continue
+		}
+		if err := os.Rename(from, to); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -209,23 +274,31 @@ func (p *Provider) mountLayers(ctx context.Context, s *sandbox, spec provider.Sp
 		if err := p.owner().chown(upper); err != nil {
 			return fmt.Errorf("local: %s[%d]: %w", MountsOption, i, err)
 		}
-		lower := m.Host
+		lowers := append([]string{m.Host}, m.Lower...)
 		if ids != nil {
 			v := viewsOf(s.dir)
-			view := filepath.Join(v.dir, "c"+strconv.Itoa(i))
-			if !isMountRoot(view) {
-				if nsfd < 0 {
-					if nsfd, err = p.idmapNS(ctx, *ids); err != nil {
+			for j, l := range lowers {
+				// c<i> for Host, as before there were lower layers: a
+				// sandbox adopted after a restart keeps its views.
+				view := filepath.Join(v.dir, "c"+strconv.Itoa(i))
+				if j > 0 {
+					view += "." + strconv.Itoa(j)
+				}
+				if !isMountRoot(view) {
+					if nsfd < 0 {
+						if nsfd, err = p.idmapNS(ctx, *ids); err != nil {
+							return fmt.Errorf("local: %s[%d]: %w", MountsOption, i, err)
+						}
+					}
+					if err := idmapMount(l, view, nsfd, true); err != nil {
 						return fmt.Errorf("local: %s[%d]: %w", MountsOption, i, err)
 					}
 				}
-				if err := idmapMount(m.Host, view, nsfd, true); err != nil {
-					return fmt.Errorf("local: %s[%d]: %w", MountsOption, i, err)
-				}
+				lowers[j] = view
 			}
-			lower, upper, work = view, s.viewOf(upper), s.viewOf(work)
+			upper, work = s.viewOf(upper), s.viewOf(work)
 		}
-		if err := mountOverlay(target, []string{lower}, upper, work); err != nil {
+		if err := mountOverlay(target, lowers, upper, work); err != nil {
 			return fmt.Errorf("local: %s[%d]: %w", MountsOption, i, err)
 		}
 	}

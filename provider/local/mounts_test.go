@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/sandboxowner/owner/provider"
@@ -106,6 +107,98 @@ func TestMountsReadOnlyReadWriteCopyAndOverlay(t *testing.T) {
 	})
 }
 
+// An overlay or copy mount stacks its lower layers under its host
+// directory as overlayfs does: each layer's files show, a nearer layer's
+// hiding a farther one's at the same path, and a whiteout hiding what is
+// under it; no layer changes.
+func TestAnOverlayOrCopyMountStacksItsLowerLayers(t *testing.T) {
+	t.Parallel()
+	forModes(t, func(t *testing.T, m mode) {
+		oldest, middle, newest := t.TempDir(), t.TempDir(), t.TempDir()
+		files := map[string]string{
+			filepath.Join(oldest, "f"): "old-f\n", filepath.Join(oldest, "g"): "old-g\n", filepath.Join(oldest, "d", "x"): "old-x\n",
+			filepath.Join(middle, "g"): "mid-g\n", filepath.Join(middle, "h"): "mid-h\n", filepath.Join(middle, "d", "y"): "mid-y\n",
+			filepath.Join(newest, "h"): "new-h\n", filepath.Join(newest, "d", "z"): "new-z\n",
+		}
+		for f, body := range files {
+			if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(f, []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p := newProvider(t, m, Options{})
+		if m.isolation == IsolationContainer {
+			for _, dir := range []string{oldest, middle, newest} {
+				if err := filepath.Walk(dir, func(f string, _ os.FileInfo, err error) error {
+					if err != nil {
+						return err
+					}
+					return os.Lchown(f, p.uid, p.gid)
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		spec := provider.Spec{
+			Env: map[string]string{"CP": "/env/cp", "OV": "/env/ov"},
+			ProviderOptions: map[string]any{MountsOption: []Mount{
+				{Host: newest, Path: "/env/cp", Mode: MountCopy, Lower: []string{middle, oldest}},
+				{Host: newest, Path: "/env/ov", Mode: MountOverlay, Lower: []string{middle, oldest}},
+			}},
+		}
+		a := start(t, p, spec)
+		const want = "old-f\nmid-g\nnew-h\nold-x\nmid-y\nnew-z\n"
+		for _, at := range []string{"$CP", "$OV"} {
+			if got := mustRun(t, p, a, `cd "`+at+`" && cat f g h d/x d/y d/z`); got != want {
+				t.Errorf("%s reads %q, want %q", at, got, want)
+			}
+			mustRun(t, p, a, `cd "`+at+`" && echo mine > f && rm g`)
+			if got := mustRun(t, p, a, `cd "`+at+`" && cat f && ls`); got != "mine\nd\nf\nh\n" {
+				t.Errorf("%s after writes reads %q", at, got)
+			}
+		}
+		for f, body := range files {
+			if got, err := os.ReadFile(f); string(got) != body {
+				t.Errorf("layer file %s holds %q (%v), want %q", f, got, err, body)
+			}
+		}
+		// A fork's spec names the same layers: it gets them again.
+		f, err := p.Fork(context.Background(), spec, snapshot(t, p, a))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := mustRun(t, p, f, `cd "$OV" && cat f g h d/x d/y d/z`); got != want {
+			t.Errorf("the fork's overlay reads %q", got)
+		}
+	})
+}
+
+// A copy's merge honours a whiteout of a nearer layer (an overlay's own
+// layer, say): what it hides is removed.
+func TestMergeTreeRemovesWhatAWhiteoutHides(t *testing.T) {
+	src, dst := t.TempDir(), t.TempDir()
+	for _, f := range []string{filepath.Join(dst, "gone", "x"), filepath.Join(dst, "kept")} {
+		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := syscall.Mknod(filepath.Join(src, "gone"), syscall.S_IFCHR|0o600, 0); err != nil {
+		t.Skipf("SKIP: cannot make a whiteout: %v", err)
+	}
+	if err := mergeTree(src, dst); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(dst)
+	if len(entries) != 1 || entries[0].Name() != "kept" {
+		t.Errorf("after the merge dst holds %v, want only kept", entries)
+	}
+}
+
 func TestMountOptionsAreChecked(t *testing.T) {
 	t.Parallel()
 	p := newProvider(t, mode{"none-copy", IsolationNone, OverlayOff}, Options{})
@@ -121,6 +214,10 @@ func TestMountOptionsAreChecked(t *testing.T) {
 		"path is /":          []Mount{{Host: host, Path: "/", Mode: MountReadOnly}},
 		"inside the workdir": []Mount{{Host: host, Path: "/sandbox/m", Mode: MountReadOnly}},
 		"bad mode":           []Mount{{Host: host, Path: "/m", Mode: "rwx"}},
+		"lower of ro":        []Mount{{Host: host, Path: "/m", Mode: MountReadOnly, Lower: []string{host}}},
+		"relative lower":     []Mount{{Host: host, Path: "/m", Mode: MountOverlay, Lower: []string{"m"}}},
+		"missing lower":      []Mount{{Host: host, Path: "/m", Mode: MountCopy, Lower: []string{filepath.Join(host, "none")}}},
+		"lower in the root":  []Mount{{Host: host, Path: "/m", Mode: MountOverlay, Lower: []string{filepath.Join(p.Root(), "sandboxes")}}},
 		"two at one path":    []Mount{{Host: host, Path: "/m", Mode: MountReadOnly}, {Host: host, Path: "/m", Mode: MountCopy}},
 	} {
 		_, err := p.Start(context.Background(), provider.Spec{ProviderOptions: map[string]any{MountsOption: opt}})
