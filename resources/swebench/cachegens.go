@@ -20,21 +20,33 @@ import (
 )
 
 // A writable cache of a template (its Go build cache) is a series of
-// generations, each a complete tree that never changes once published:
+// generations, each a directory that never changes once published:
 // caches/<name> is the first (the environment step's), and
-// caches/<name>.gens/NNNNNNNN the later ones, each a copy of the one
-// before it plus what a validation compiled. (A copy, not hard links: a
-// link changes the change time of the file it links, which the purge of
-// every eval standing on it would take for a write of its own.) Every sandbox mounts the
-// newest generation as the lower layer of an overlay whose upper layer is
-// its own, validations included: nothing a sandbox does changes a layer
-// another stands on, so no eval's purge (which takes what changed since
-// the eval began for its own writes) ever sees another's refresh or
-// addition. A generation is kept as long as the environment: a sandbox, or
-// a fork of it from a checkpoint, names it in its spec.
+// caches/<name>.gens/NNNNNNNN.delta the later ones, each holding only
+// what a validation compiled that the generations under it lack. A
+// sandbox stands on a chain: the newest generation over the ones before
+// it, down to the nearest full one (the first, or a squash,
+// caches/<name>.gens/NNNNNNNN: a copy of the chain it ends), as the lower
+// layers of an overlay whose upper layer is its own, validations included.
+// (Publishing a full copy per validation cost the whole cache's bytes each
+// time; hard links change the change time of the file they link, which
+// the purge of every eval standing on it would take for a write of its
+// own.) Nothing a sandbox does changes a layer another stands on, so no
+// eval's purge (which takes what changed since the eval began for its own
+// writes) ever sees another's refresh or addition. The kernel bounds an
+// overlay's layers: a chain that would grow past maxCacheChain is squashed
+// into a full generation that the next chain starts from. A generation is
+// kept as long as the environment: a sandbox, or a fork of it from a
+// checkpoint, names the chain it stands on in its spec.
 const (
-	cacheGensSuffix = ".gens"
-	cacheGenDigits  = 8
+	cacheGensSuffix  = ".gens"
+	cacheGenDigits   = 8
+	cacheDeltaSuffix = ".delta"
+	// maxCacheChain is how many layers a chain stacks at most, the full
+	// generation it starts from included: the provider's overlay limit (a
+	// page of mount options, some 3,500 bytes of paths) holds 16 of a
+	// template's cache paths with room to spare.
+	maxCacheChain = 16
 	// harvestMountPrefix is where a validation sees, for each writable
 	// cache, the directory it copies what it added to the cache into.
 	harvestMountPrefix = CacheMountDir + "/.new-"
@@ -43,22 +55,48 @@ const (
 // currentCacheGen is the newest published generation of the cache whose
 // first generation is base, and its number (0 for base itself).
 func currentCacheGen(base string) (string, int) {
-	entries, err := os.ReadDir(base + cacheGensSuffix)
-	if err != nil {
+	chain := cacheChain(base)
+	if chain[0] == base {
 		return base, 0
 	}
-	best, bestN := base, 0
-	for _, e := range entries {
-		n, ok := cacheGenNumber(e.Name())
-		if ok && e.IsDir() && n > bestN {
-			best, bestN = filepath.Join(base+cacheGensSuffix, e.Name()), n
-		}
-	}
-	return best, bestN
+	n, _ := cacheGenNumber(filepath.Base(chain[0]))
+	return chain[0], n
 }
 
-// cacheGenNumber parses a published generation's name.
+// cacheChain is the chain of layers a sandbox of the cache whose first
+// generation is base stands on, the newest first: the newest generation
+// and those under it down to the nearest full one.
+func cacheChain(base string) []string {
+	entries, err := os.ReadDir(base + cacheGensSuffix)
+	if err != nil {
+		return []string{base}
+	}
+	gens := map[int]string{}
+	newest := 0
+	for _, e := range entries {
+		if n, ok := cacheGenNumber(e.Name()); ok && e.IsDir() {
+			gens[n] = filepath.Join(base+cacheGensSuffix, e.Name())
+			newest = max(newest, n)
+		}
+	}
+	var chain []string
+	for n := newest; n > 0; n-- {
+		dir, ok := gens[n]
+		if !ok {
+			continue // never published (a number is taken once, under the lock)
+		}
+		chain = append(chain, dir)
+		if !strings.HasSuffix(dir, cacheDeltaSuffix) {
+			return chain
+		}
+	}
+	return append(chain, base)
+}
+
+// cacheGenNumber parses a published generation's name: NNNNNNNN (full)
+// or NNNNNNNN.delta.
 func cacheGenNumber(name string) (int, bool) {
+	name = strings.TrimSuffix(name, cacheDeltaSuffix)
 	if len(name) != cacheGenDigits {
 		return 0, false
 	}
@@ -159,10 +197,10 @@ func (s *Server) harvest(ctx context.Context, p provider.Provider, h provider.Ha
 }
 
 // publishHarvest publishes, for each writable cache of env, the next
-// generation: the current one with the files of the harvest directory dir
-// it lacks (stamped ahead for the build cache, as the environment's first
-// generation is). Nothing is published for a cache to which the validation
-// added nothing. dir is removed.
+// generation: the files of the harvest directory dir its chain lacks
+// (stamped ahead for the build cache, as the environment's first
+// generation is), over the chain. Nothing is published for a cache to
+// which the validation added nothing. dir is removed.
 func (s *Server) publishHarvest(ctx context.Context, env *Environment, dir string, log logrus.FieldLogger) {
 	defer os.RemoveAll(dir)
 	for _, name := range s.writableCaches() {
@@ -172,22 +210,25 @@ func (s *Server) publishHarvest(ctx context.Context, env *Environment, dir strin
 		case err != nil:
 			log.WithError(err).WithFields(fields).Warn("swebench: what the validation added to the cache could not be kept; gradings compile it again")
 		case added > 0:
-			log.WithFields(fields).WithFields(logrus.Fields{"generation": gen, "files": added}).Info("swebench: the validation's additions to the cache published as its next generation")
+			log.WithFields(fields).WithFields(logrus.Fields{"generation": gen, "files": added, "squashed": !strings.HasSuffix(gen, cacheDeltaSuffix)}).Info("swebench: the validation's additions to the cache published as its next generation")
 		}
 	}
 }
 
 // addCacheGen publishes, under the cache's lock, a generation of the cache
-// whose first is base: a copy of the current one plus the files of added
-// it lacks, which are moved in. It returns the new generation's directory and how many files
-// it added (0: nothing new, nothing published).
+// whose first is base: the files of added that the current chain lacks,
+// moved in, as a delta over the chain, or, when the chain holds
+// maxCacheChain layers already, as a full copy of the chain with them
+// (squashed). It returns the new generation's directory and how many
+// files it added (0: nothing new, nothing published).
 func addCacheGen(ctx context.Context, base, added string, stamp bool) (string, int, error) {
 	unlock, err := lockFile(base + cacheGensSuffix + ".lock")
 	if err != nil {
 		return "", 0, err
 	}
 	defer unlock()
-	cur, n := currentCacheGen(base)
+	chain := cacheChain(base)
+	_, n := currentCacheGen(base)
 	// A staging directory found under the lock is one a holder that died
 	// mid-copy left.
 	if entries, err := os.ReadDir(base + cacheGensSuffix); err == nil {
@@ -203,8 +244,10 @@ func addCacheGen(ctx context.Context, base, added string, stamp bool) (string, i
 			return err
 		}
 		rel, _ := filepath.Rel(added, path)
-		if _, err := os.Lstat(filepath.Join(cur, rel)); err == nil {
-			return nil
+		for _, layer := range chain {
+			if _, err := os.Lstat(filepath.Join(layer, rel)); err == nil {
+				return nil
+			}
 		}
 		fresh = append(fresh, rel)
 		return nil
@@ -219,8 +262,25 @@ func addCacheGen(ctx context.Context, base, added string, stamp bool) (string, i
 	_, _ = rand.Read(rnd[:])
 	staging := filepath.Join(base+cacheGensSuffix, ".tmp-"+hex.EncodeToString(rnd[:]))
 	defer os.RemoveAll(staging) // a no-op once renamed
-	if out, err := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", cur, staging).CombinedOutput(); err != nil {
-		return "", 0, fmt.Errorf("copy generation %s: %w: %s", cur, err, lastLines(string(out), 4))
+	name := fmt.Sprintf("%0*d", cacheGenDigits, n+1)
+	if len(chain) < maxCacheChain {
+		name += cacheDeltaSuffix
+		if err := os.Mkdir(staging, 0o755); err != nil {
+			return "", 0, err
+		}
+	} else {
+		// Squashed: the chain's layers copied farthest first, each
+		// nearer one over them (a delta holds no path a farther layer
+		// has, so nothing is overwritten).
+		for i := len(chain) - 1; i >= 0; i-- {
+			src, dst := chain[i], staging
+			if i < len(chain)-1 {
+				src, dst = src+"/.", dst+"/"
+			}
+			if out, err := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", src, dst).CombinedOutput(); err != nil {
+				return "", 0, fmt.Errorf("squash generation %s: %w: %s", chain[i], err, lastLines(string(out), 4))
+			}
+		}
 	}
 	for _, rel := range fresh {
 		dst := filepath.Join(staging, rel)
@@ -236,7 +296,7 @@ func addCacheGen(ctx context.Context, base, added string, stamp bool) (string, i
 			}
 		}
 	}
-	gen := filepath.Join(base+cacheGensSuffix, fmt.Sprintf("%0*d", cacheGenDigits, n+1))
+	gen := filepath.Join(base+cacheGensSuffix, name)
 	if err := os.Rename(staging, gen); err != nil {
 		return "", 0, err
 	}
@@ -247,8 +307,12 @@ func addCacheGen(ctx context.Context, base, added string, stamp bool) (string, i
 func (e *Environment) cacheBase(name string) string { return filepath.Join(e.Dir, envCaches, name) }
 
 // cacheDir is the template's directory of the named cache that sandboxes
-// mount: its newest generation.
+// mount: its newest generation (over the rest of its chain: cacheChain).
 func (e *Environment) cacheDir(name string) string {
 	dir, _ := currentCacheGen(e.cacheBase(name))
 	return dir
 }
+
+// cacheChain is the chain of layers of the template's named cache that
+// sandboxes stand on, the newest first.
+func (e *Environment) cacheChain(name string) []string { return cacheChain(e.cacheBase(name)) }

@@ -2,6 +2,8 @@ package swebench
 
 import (
 	"context"
+	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,15 +26,19 @@ func TestEverySandboxWritesALayerOfItsOwnOverTheNewestGeneration(t *testing.T) {
 	dir := t.TempDir()
 	s := &Server{cfg: Config{Caches: map[string]string{"gobuild": "GOCACHE", "gomod": "GOMODCACHE"}, WritableCaches: []string{"gobuild"}}}
 	env := &Environment{Dir: dir}
-	gen := filepath.Join(dir, envCaches, "gobuild"+cacheGensSuffix, "00000002")
-	for _, d := range []string{gen, filepath.Join(dir, envCaches, "gobuild"+cacheGensSuffix, "00000001"), filepath.Join(dir, envCaches, "gobuild"+cacheGensSuffix, ".tmp-x")} {
+	gens := filepath.Join(dir, envCaches, "gobuild"+cacheGensSuffix)
+	// The newest generation is a delta over the one before it, a delta
+	// too, over a full one (a squash): the chain stops there.
+	gen := filepath.Join(gens, "00000004.delta")
+	chain := []string{filepath.Join(gens, "00000003.delta"), filepath.Join(gens, "00000002")}
+	for _, d := range []string{gen, chain[0], chain[1], filepath.Join(gens, "00000001.delta"), filepath.Join(gens, ".tmp-x")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
 	gomod := filepath.Join(dir, envCaches, "gomod")
 	ro := local.Mount{Host: gomod, Path: "/caches/gomod", Mode: local.MountReadOnly}
-	layer := local.Mount{Host: gen, Path: "/caches/gobuild", Mode: local.MountOverlay}
+	layer := local.Mount{Host: gen, Path: "/caches/gobuild", Mode: local.MountOverlay, Lower: chain}
 	for _, role := range []string{roleAgent, roleGrading, roleValidation} {
 		mounts, vars := s.localMounts(env, role)
 		if want := []local.Mount{layer, ro}; !cmp.Equal(mounts, want) {
@@ -51,6 +57,18 @@ func TestEverySandboxWritesALayerOfItsOwnOverTheNewestGeneration(t *testing.T) {
 	}
 	if mounts, _ := s.localMounts(&harvested, roleGrading); !cmp.Equal(mounts, []local.Mount{layer, ro}) {
 		t.Errorf("a grading got a harvest directory: %v", mounts)
+	}
+	// Generations of a cache no longer writable: only an overlay stacks
+	// them.
+	gomodGen := filepath.Join(dir, envCaches, "gomod"+cacheGensSuffix, "00000001.delta")
+	if err := os.MkdirAll(gomodGen, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if mounts, _ := s.localMounts(env, roleGrading); !cmp.Equal(mounts, []local.Mount{layer, {Host: gomodGen, Path: "/caches/gomod", Mode: local.MountOverlay, Lower: []string{gomod}}}) {
+		t.Errorf("the mounts over a read-only cache's chain: %v", mounts)
+	}
+	if err := os.RemoveAll(gomodGen); err != nil {
+		t.Fatal(err)
 	}
 	// The environment step writes its staging caches themselves.
 	mounts, _ = s.localMounts(env, roleEnv)
@@ -76,8 +94,16 @@ func TestAddCacheGenPublishesTheNextGenerationAndChangesNone(t *testing.T) {
 	added := filepath.Join(dir, "h1")
 	writeFiles(t, added, map[string]string{"a1/x-d": "refreshed", "b2/y-a": "new action", "b2/y-d": "new output"})
 	gen, n, err := addCacheGen(context.Background(), base, added, true)
-	if err != nil || n != 2 || gen != filepath.Join(base+cacheGensSuffix, "00000001") {
+	if err != nil || n != 2 || gen != filepath.Join(base+cacheGensSuffix, "00000001.delta") {
 		t.Fatalf("addCacheGen = %s, %d, %v", gen, n, err)
+	}
+	// The generation holds what was added, not a copy of the one under
+	// it (before, every validation copied the whole cache).
+	if got := regularFiles(t, gen); !cmp.Equal(got, []string{"b2/y-a", "b2/y-d"}) {
+		t.Errorf("the generation holds %v, want only the two added files", got)
+	}
+	if got := cacheChain(base); !cmp.Equal(got, []string{gen, base}) {
+		t.Errorf("the chain is %v, want the generation over the first", got)
 	}
 	if got, _ := currentCacheGen(base); got != gen {
 		t.Errorf("current generation %s, want %s", got, gen)
@@ -86,9 +112,8 @@ func TestAddCacheGenPublishesTheNextGenerationAndChangesNone(t *testing.T) {
 		t.Errorf("the first generation changed (-before +after):\n%s", diff)
 	}
 	for rel, want := range map[string]string{"a1/x-a": "action", "a1/x-d": "output", "b2/y-a": "new action", "b2/y-d": "new output"} {
-		b, err := os.ReadFile(filepath.Join(gen, rel))
-		if string(b) != want {
-			t.Errorf("%s in the generation: %q, %v; want %q", rel, b, err, want)
+		if b := chainRead(t, cacheChain(base), rel); b != want {
+			t.Errorf("%s through the chain: %q; want %q", rel, b, want)
 		}
 	}
 	if fi, err := os.Stat(filepath.Join(gen, "b2/y-d")); err != nil || !fi.ModTime().Equal(buildCacheStamp()) {
@@ -104,8 +129,15 @@ func TestAddCacheGenPublishesTheNextGenerationAndChangesNone(t *testing.T) {
 	}
 	third := filepath.Join(dir, "h3")
 	writeFiles(t, third, map[string]string{"c3/z-a": "third"})
-	if g, n, err := addCacheGen(context.Background(), base, third, false); n != 1 || err != nil || g != filepath.Join(base+cacheGensSuffix, "00000002") {
+	g, n, err := addCacheGen(context.Background(), base, third, false)
+	if n != 1 || err != nil || g != filepath.Join(base+cacheGensSuffix, "00000002.delta") {
 		t.Errorf("the third harvest: %s, %d, %v", g, n, err)
+	}
+	if got := regularFiles(t, g); !cmp.Equal(got, []string{"c3/z-a"}) {
+		t.Errorf("the second generation holds %v, want only the added file", got)
+	}
+	if got := cacheChain(base); !cmp.Equal(got, []string{g, gen, base}) {
+		t.Errorf("the chain is %v, want both generations over the first", got)
 	}
 	if diff := treeChanged(genBefore, treeState(t, gen)); diff != "" {
 		t.Errorf("a published generation changed (-before +after):\n%s", diff)
@@ -118,9 +150,104 @@ func TestAddCacheGenPublishesTheNextGenerationAndChangesNone(t *testing.T) {
 	for _, e := range entries {
 		names = append(names, e.Name())
 	}
-	if !cmp.Equal(names, []string{"00000001", "00000002"}) {
+	if !cmp.Equal(names, []string{"00000001.delta", "00000002.delta"}) {
 		t.Errorf("the generations directory holds %v", names)
 	}
+}
+
+// A chain that would stack more than maxCacheChain layers is squashed: the
+// next generation is a full copy of the chain with what was added, the
+// next chain starts from it, and no layer of the old chain changes.
+func TestAChainAtItsBoundIsSquashed(t *testing.T) {
+	dir := t.TempDir()
+	base := filepath.Join(dir, "gobuild")
+	writeFiles(t, base, map[string]string{"00/base-a": "base"})
+	want := map[string]string{"00/base-a": "base"}
+	add := func(i int) (string, int) {
+		t.Helper()
+		rel := fmt.Sprintf("%02x/e%d-a", i, i)
+		added := filepath.Join(dir, fmt.Sprintf("h%d", i))
+		files := map[string]string{rel: rel}
+		if i > 1 {
+			// What a farther layer of the chain holds (the first
+			// generation's, the first's) is not added again.
+			files["00/base-a"], files["01/e1-a"] = "refreshed", "again"
+		}
+		writeFiles(t, added, files)
+		want[rel] = rel
+		gen, n, err := addCacheGen(context.Background(), base, added, true)
+		if err != nil || n != 1 {
+			t.Fatalf("generation %d: %s, %d, %v", i, gen, n, err)
+		}
+		return gen, len(regularFiles(t, gen))
+	}
+	for i := 1; i < maxCacheChain; i++ {
+		if gen, files := add(i); !strings.HasSuffix(gen, cacheDeltaSuffix) || files != 1 {
+			t.Fatalf("generation %d (%s) holds %d files, want a delta of one", i, gen, files)
+		}
+	}
+	old := cacheChain(base)
+	if len(old) != maxCacheChain {
+		t.Fatalf("the chain stacks %d layers, want %d", len(old), maxCacheChain)
+	}
+	states := map[string]map[string]fileState{}
+	for _, l := range old {
+		states[l] = treeState(t, l)
+	}
+	gen, files := add(maxCacheChain)
+	if gen != filepath.Join(base+cacheGensSuffix, fmt.Sprintf("%08d", maxCacheChain)) || files != len(want) {
+		t.Fatalf("at the bound the generation is %s with %d files, want a full one with %d", gen, files, len(want))
+	}
+	if got := cacheChain(base); !cmp.Equal(got, []string{gen}) {
+		t.Errorf("the chain after the squash is %v, want the squash alone", got)
+	}
+	for rel, body := range want {
+		if b := chainRead(t, []string{gen}, rel); b != body {
+			t.Errorf("%s in the squash: %q, want %q", rel, b, body)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(gen, "00/base-a")); err != nil || fi.ModTime().Equal(buildCacheStamp()) {
+		t.Errorf("the squash changed the modification time of a copied entry: %v %v", fi, err)
+	}
+	for l, st := range states {
+		if diff := treeChanged(st, treeState(t, l)); diff != "" {
+			t.Errorf("the squash changed %s (-before +after):\n%s", l, diff)
+		}
+	}
+	next, files := add(maxCacheChain + 1)
+	if !strings.HasSuffix(next, cacheDeltaSuffix) || files != 1 || !cmp.Equal(cacheChain(base), []string{next, gen}) {
+		t.Errorf("after the squash: %s with %d files, chain %v; want a delta over the squash", next, files, cacheChain(base))
+	}
+}
+
+// regularFiles are the regular files under dir, relative to it, sorted.
+func regularFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, path)
+		out = append(out, rel)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// chainRead reads rel through chain as an overlay of it shows it: from the
+// nearest layer holding it ("" when none does).
+func chainRead(t *testing.T, chain []string, rel string) string {
+	t.Helper()
+	for _, l := range chain {
+		if b, err := os.ReadFile(filepath.Join(l, rel)); err == nil {
+			return string(b)
+		}
+	}
+	return ""
 }
 
 // The purge takes what changed at or after the moment the eval began, to
@@ -211,8 +338,15 @@ func TestAValidationWritesALayerOfItsOwnAndWarmsTheNextGeneration(t *testing.T) 
 		t.Fatalf("after the first validation the build cache's newest generation is %s, want the first one after the environment's", gen1)
 	}
 	baseState, gen1State := treeState(t, base), treeState(t, gen1)
-	if len(gen1State) <= len(baseState) {
-		t.Errorf("the first validation's generation holds %d entries, the environment's %d: it added nothing", len(gen1State), len(baseState))
+	gen1Files := regularFiles(t, gen1)
+	if len(gen1Files) == 0 {
+		t.Error("the first validation's generation holds no file: it added nothing")
+	}
+	for _, rel := range gen1Files {
+		if _, ok := baseState[rel]; ok {
+			t.Errorf("the first generation holds %s, which the environment's has: a copy, not a delta", rel)
+			break
+		}
 	}
 	// The agent's sandbox stands on the first generation while the second
 	// instance is validated.
@@ -230,14 +364,33 @@ func TestAValidationWritesALayerOfItsOwnAndWarmsTheNextGeneration(t *testing.T) 
 		t.Errorf("a validation changed the generation a sandbox stands on (-before +after):\n%s", diff)
 	}
 	gen2State := treeState(t, gen2)
-	for rel := range gen1State {
-		if _, ok := gen2State[rel]; !ok {
-			t.Errorf("the second generation lacks %s of the first", rel)
+	if got := cacheChain(base); !cmp.Equal(got, []string{gen2, gen1, base}) {
+		t.Errorf("the chain is %v, want the second generation over the first over the environment's", got)
+	}
+	gen2Files := regularFiles(t, gen2)
+	if len(gen2Files) == 0 {
+		t.Error("the second validation added nothing")
+	}
+	for _, rel := range gen2Files {
+		if _, ok := gen1State[rel]; ok {
+			t.Errorf("the second generation holds %s, which the first has", rel)
 			break
 		}
 	}
-	if len(gen2State) <= len(gen1State) {
-		t.Errorf("the second validation added nothing (%d entries, %d before)", len(gen2State), len(gen1State))
+	// A sandbox started now stands on the whole chain: it sees a file of
+	// each layer.
+	third := w.seed("s-3", first)
+	var baseFile string
+	for rel, st := range baseState {
+		if st.Mode.IsRegular() && strings.HasSuffix(rel, "-a") {
+			baseFile = rel
+			break
+		}
+	}
+	for _, rel := range []string{baseFile, gen1Files[0], gen2Files[0]} {
+		if got := w.agentRun(*third.SandboxHandle, "test -f \"$GOCACHE/"+rel+"\" && echo yes || echo no"); got != "yes\n" {
+			t.Errorf("a sandbox over the chain does not see %s: %q", rel, got)
+		}
 	}
 	wantResolved(t, w.verify("s-1", first))
 	if diff := treeChanged(gen2State, treeState(t, gen2)); diff != "" {

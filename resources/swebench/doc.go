@@ -68,11 +68,12 @@
 // validation and grading sandboxes run Go offline (GOFLAGS=-mod=mod,
 // GOPROXY=off) against it: the module cache read-only, the writable caches
 // (the build cache) a writable layer of each sandbox's own over the
-// template's newest generation (an overlay where the local provider mounts
-// overlays, else a copy), so that nothing a sandbox writes reaches another,
+// template's newest generation and the chain of generations under it (an
+// overlay of them where the local provider mounts overlays, else a copy),
+// so that nothing a sandbox writes reaches another,
 // no layer changes under a sandbox standing on it, and a start copies
 // nothing. A validation, which runs no model code, warms the build cache:
-// what it added is published as the cache's next generation
+// what it added is published as the cache's next generation, a delta
 // (cachegens.go). A new
 // template's caches start as a copy of those of the newest environment of
 // the same repository (seedCaches).

@@ -247,13 +247,17 @@ func (s *Server) seedCaches(ctx context.Context, cloneDir, staging string) (stri
 		return "", nil
 	}
 	for name := range s.cfg.Caches {
-		src, _ := currentCacheGen(filepath.Join(bestDir, envCaches, name))
-		if fi, err := os.Stat(src); err != nil || !fi.IsDir() {
-			continue
-		}
-		cmd := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", src+"/.", filepath.Join(staging, envCaches, name)+"/")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return "", fmt.Errorf("%w: seed the %s cache from %s: %w: %s", ErrTemplate, name, bestDir, err, lastLines(string(out), 4))
+		// The chain, its farthest layer first, each nearer one over it.
+		chain := cacheChain(filepath.Join(bestDir, envCaches, name))
+		for i := len(chain) - 1; i >= 0; i-- {
+			src := chain[i]
+			if fi, err := os.Stat(src); err != nil || !fi.IsDir() {
+				continue
+			}
+			cmd := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", src+"/.", filepath.Join(staging, envCaches, name)+"/")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return "", fmt.Errorf("%w: seed the %s cache from %s: %w: %s", ErrTemplate, name, bestDir, err, lastLines(string(out), 4))
+			}
 		}
 	}
 	rel, _ := filepath.Rel(repoDir, bestDir)
@@ -383,8 +387,15 @@ func (s *Server) localMounts(env *Environment, role string) ([]local.Mount, map[
 		case role == roleStdlib && s.cfg.Caches[name] == stdBuildCache:
 			m.Host, m.Mode = env.stdDir, local.MountReadWrite
 		case !s.cfg.writable(name):
+			if lower := env.cacheChain(name)[1:]; len(lower) > 0 {
+				// Generations of a cache once writable: only an
+				// overlay stacks them (what the sandbox writes stays
+				// in its own layer).
+				m.Mode, m.Lower = local.MountOverlay, lower
+			}
 		default:
 			m.Mode = local.MountOverlay
+			m.Lower = env.cacheChain(name)[1:]
 			if role == roleValidation && env.harvest != "" {
 				mounts = append(mounts, local.Mount{Host: filepath.Join(env.harvest, name), Path: harvestMountPrefix + name, Mode: local.MountReadWrite})
 			}
