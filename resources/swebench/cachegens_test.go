@@ -220,6 +220,16 @@ func TestAChainAtItsBoundIsSquashed(t *testing.T) {
 	}
 }
 
+// The first generation is number 0 whatever its name, one of a
+// generation's digits included.
+func TestTheFirstGenerationIsNumberZero(t *testing.T) {
+	base := filepath.Join(t.TempDir(), "00000007")
+	writeFiles(t, base, map[string]string{"a1/x-a": "a"})
+	if got, n := currentCacheGen(base); got != base || n != 0 {
+		t.Errorf("currentCacheGen = %s, %d; want the first generation, 0", got, n)
+	}
+}
+
 // regularFiles are the regular files under dir, relative to it, sorted.
 func regularFiles(t *testing.T, dir string) []string {
 	t.Helper()
