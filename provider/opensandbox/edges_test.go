@@ -38,6 +38,22 @@ func TestAnExecdSlowerThanOneSliceStillStarts(t *testing.T) {
 	}
 }
 
+// TestAStartWhoseExecdNeverAnswersNamesItsLastAnswer: an execd that answers
+// /ping with a failure until the ready deadline fails the start with that
+// answer, and the sandbox is deleted.
+func TestAStartWhoseExecdNeverAnswersNamesItsLastAnswer(t *testing.T) {
+	e := newEnv(t, opensandboxtest.Options{}, opensandbox.Options{ReadyTimeout: 30 * time.Second})
+	e.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Path: "/direct/", Status: http.StatusServiceUnavailable, Times: 1 << 20})
+	_, err := e.p.Start(context.Background(), provider.Spec{Image: "x"})
+	var aerr *opensandbox.APIError
+	if !errors.As(err, &aerr) || aerr.Status != http.StatusServiceUnavailable {
+		t.Errorf("Start = %v, want the ping's 503", err)
+	}
+	if st := e.srv.Stats(); st.LiveSandboxes != 0 || st.Deleted != 1 {
+		t.Errorf("live %d, deleted %d: want the sandbox deleted", st.LiveSandboxes, st.Deleted)
+	}
+}
+
 // TestAStopTheServerRefusesIsAnError: a delete the server refuses is the
 // stop's error, and the sandbox is still there and still usable.
 func TestAStopTheServerRefusesIsAnError(t *testing.T) {
