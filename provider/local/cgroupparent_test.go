@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxowner/owner/provider"
 )
 
 // testCgroups probes the host's cgroups for a parent of the test's own (as
@@ -161,5 +163,43 @@ func TestTheSweepRemovesWhatOtherRootsParentsLeft(t *testing.T) {
 	slices.Sort(left)
 	if diff := cmp.Diff(want, left); diff != "" {
 		t.Errorf("left under the server's cgroup (-want +got):\n%s", diff)
+	}
+}
+
+// A provider closed with no sandbox leaves no parent in the server's
+// cgroup (hundreds piled up under the test suite's); one whose sandbox is
+// still running keeps it, for a provider on the same root to find again.
+func TestAClosedProviderLeavesNoEmptyParent(t *testing.T) {
+	m := allModes()[0]
+	idle, busy := newProvider(t, m, Options{}), newProvider(t, m, Options{})
+	if idle.cg == nil || len(idle.cg.dirs) == 0 {
+		t.Skip("SKIP: the host lets the server make no cgroup here")
+	}
+	// A sandbox's cgroups are made with its init, at its first command.
+	mustRun(t, busy, start(t, busy, provider.Spec{}), "true")
+	exists := func(p *Provider) []bool {
+		var got []bool
+		for _, c := range cgroupControllers {
+			if dir, ok := p.cg.dirOf(c); ok {
+				_, err := os.Stat(dir)
+				got = append(got, err == nil)
+			}
+		}
+		return got
+	}
+	want := exists(idle)
+	if !slices.Contains(want, true) {
+		t.Fatalf("no parent made at the start: %v", want)
+	}
+	for _, p := range []*Provider{idle, busy} {
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := exists(idle); slices.Contains(got, true) {
+		t.Errorf("the idle provider's parents after its close: %v, want none", got)
+	}
+	if got := exists(busy); !slices.Contains(got, true) || slices.Contains(got, false) {
+		t.Errorf("the busy provider's parents after its close: %v, want every one", got)
 	}
 }

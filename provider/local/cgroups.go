@@ -417,10 +417,19 @@ func (cg *cgroups) create(id string, l Limits) (*sandboxCgroup, error) {
 // directory with children cannot be removed), and weighs the cpu parent
 // again without id.
 func (cg *cgroups) tidy(id string) error {
+	cg.removeEmptyParents()
+	return cg.weigh(id, false)
+}
+
+// removeEmptyParents removes the sandboxes' parent directories; the kernel
+// refuses each that still holds a sandbox's cgroup, which stays.
+func (cg *cgroups) removeEmptyParents() {
+	if cg == nil {
+		return
+	}
 	for _, parent := range cg.dirs {
 		_ = syscall.Rmdir(parent)
 	}
-	return cg.weigh(id, false)
 }
 
 // staleCgroupAge is how old an empty sandbox or probe cgroup must be before

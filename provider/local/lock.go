@@ -53,12 +53,15 @@ func lockRoot(root string) (*os.File, error) {
 
 // Close releases the root's lock (Options.Exclusive), for the sandboxes'
 // children still on their way to exec too (see internal/flock), and gives
-// back the ids made ahead (see readyIDs) and the namespaces. Sandboxes are not touched: a
-// provider on the same root finds them again.
+// back the ids made ahead (see readyIDs) and the namespaces. Sandboxes are
+// not touched: a provider on the same root finds them again. The cgroup
+// parents it made go when no sandbox is in them (a provider that started
+// none left one behind in the server's cgroup until another's sweep).
 func (p *Provider) Close() error {
 	p.ready.close()
 	p.readyNS.close()
 	p.ns.close()
+	p.cg.removeEmptyParents()
 	p.mu.Lock()
 	f := p.lock
 	p.lock = nil
