@@ -150,17 +150,8 @@ func TestTheCgroupV2PathOnTheRealKernel(t *testing.T) {
 		}
 		_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
 		waitUnpopulated(dir)
-		var left []string
-		_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() && p != dir {
-				left = append(left, p)
-			}
-			return nil
-		})
-		for i := len(left) - 1; i >= 0; i-- {
-			_ = syscall.Rmdir(left[i])
-		}
-		if err := syscall.Rmdir(dir); err != nil {
+		left, err := removeCgroupTree(dir)
+		if err != nil {
 			t.Errorf("the test's v2 cgroup: %v", err)
 		}
 		if len(left) > 0 {

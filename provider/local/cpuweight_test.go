@@ -305,23 +305,29 @@ func reapTestParents(parent string) []string {
 		if err != nil || pid <= 0 || !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
 			continue
 		}
-		dir := filepath.Join(parent, name)
-		// Children before their parents, to any depth.
-		var subs []string
-		_ = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() && path != dir {
-				subs = append(subs, path)
-			}
-			return nil
-		})
-		for i := len(subs) - 1; i >= 0; i-- {
-			_ = syscall.Rmdir(subs[i])
-		}
-		if syscall.Rmdir(dir) == nil {
+		if _, err := removeCgroupTree(filepath.Join(parent, name)); err == nil {
 			reaped = append(reaped, name)
 		}
 	}
 	return reaped
+}
+
+// removeCgroupTree removes the cgroup dir with the cgroups under it,
+// children before their parents, to any depth, and returns those it found
+// under dir with dir's own removal error (the kernel refuses a cgroup that
+// holds a process or a child).
+func removeCgroupTree(dir string) ([]string, error) {
+	var subs []string
+	_ = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() && path != dir {
+			subs = append(subs, path)
+		}
+		return nil
+	})
+	for i := len(subs) - 1; i >= 0; i-- {
+		_ = syscall.Rmdir(subs[i])
+	}
+	return subs, syscall.Rmdir(dir)
 }
 
 // The cgroups cpuTestParent made for a test binary that was killed before
