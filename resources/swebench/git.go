@@ -487,23 +487,24 @@ type EvalResult struct {
 // results, the test-output markers) and, of the rest, the first and the last
 // 256 KiB, each line at most 4 KiB: the whole output must fit the
 // provider's output cap, since it reaches the grader through the command's
-// pipe and nowhere else.
+// pipe and nowhere else. Each line goes out in one write, as ng_relay's.
 const evalFilter = `$NG_AWK -v H=262144 -v T=262144 '
 function keep(l) {
   return substr(l, 1, 1) == "\026" || l ~ /^[ \t]*(=== RUN|--- (PASS|FAIL|SKIP): )/ || l ~ /^test .* \.\.\. / ||
     index(l, ">>>>> ") > 0 || l ~ /^(PASSED|FAILED|SKIPPED|ERROR|XFAIL) / || l ~ /::[^ ]* (PASSED|FAILED|SKIPPED|ERROR|XFAIL)/
 }
-keep($0) { print; fflush(); next }
+BEGIN { ORS = "" }
+keep($0) { print $0 "\n"; fflush(); next }
 {
   if (length($0) > 4096) $0 = substr($0, 1, 4096) "[line cut by the grader]"
   l = length($0) + 1
-  if (!cut && h + l <= H) { h += l; print; fflush(); next }
+  if (!cut && h + l <= H) { h += l; print $0 "\n"; fflush(); next }
   cut = 1; q[++hi] = $0; t += l
   while (t > T && lo < hi) { lo++; t -= length(q[lo]) + 1; delete q[lo]; dropped++ }
 }
 END {
-  if (dropped) printf "[the grader cut %d lines of output here]\n", dropped
-  for (i = lo + 1; i <= hi; i++) print q[i]
+  if (dropped) print "[the grader cut " dropped " lines of output here]\n"
+  for (i = lo + 1; i <= hi; i++) print q[i] "\n"
 }'`
 
 // RunEval runs script with bash in the grading sandbox's workdir, its

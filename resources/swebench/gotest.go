@@ -170,9 +170,18 @@ ng_reap() {
 
 # ng_relay passes a test binary's output on, with a space before any line
 # that starts with two ^V: the lines ng_test prints around each binary's run
-# (grading.BinaryRunLine, BinaryExitLine) cannot come from the binary.
+# (grading.BinaryRunLine, BinaryExitLine) cannot come from the binary. Each
+# line goes out in one write (print with ORS writes the record and the
+# newline apart in an unbuffered mawk): a message the shell prints when the
+# binary kills it lands between lines, never inside one.
 ng_relay() {
-	$ng_awk '{ if (substr($0, 1, 2) == "\026\026") $0 = " " $0; print; fflush() }'
+	$ng_awk 'BEGIN { ORS = "" } { if (substr($0, 1, 2) == "\026\026") $0 = " " $0; print $0 "\n"; fflush() }'
+}
+
+# ng_unlisted passes on go test's output less its "ok" lines (ng_test prints
+# each binary's own), a line a write, as ng_relay.
+ng_unlisted() {
+	$ng_awk 'BEGIN { ORS = "" } index($0, "ok  \t") != 1 { print $0 "\n"; fflush() }'
 }
 
 ng_sum() {
@@ -200,7 +209,7 @@ ng_test() {
 	local -a bins=() dirs=() sums=() nargs=() args=() a st
 	d=$(mktemp -d "$ng_dir/tests.XXXXXX") || { "$ng_real_go" test "$@"; return; }
 	printf '%s' "$ng_collect_src" > "$ng_dir/collect" && chmod 0755 "$ng_dir/collect" || { rm -rf "$d"; return 3; }
-	{ NG_COLLECT_DIR=$d "$ng_real_go" test -exec="$ng_dir/collect" "$@" 2>&1; echo $? > "$d/rc"; } | awk 'index($0, "ok  \t") != 1 { print; fflush() }'
+	{ NG_COLLECT_DIR=$d "$ng_real_go" test -exec="$ng_dir/collect" "$@" 2>&1; echo $? > "$d/rc"; } | ng_unlisted
 	brc=$(cat "$d/rc" 2>/dev/null) || brc=1
 	for t in "$d"/[0-9]*; do
 		[ -f "$t/test" ] || continue
