@@ -93,9 +93,8 @@ type hackCase struct {
 	// claimsMayBeDropped: the hack kills the eval's shell, after which
 	// the exec keeps nothing more of the command's output (what processes
 	// it left write later is dropped), so whether its claims reach the
-	// log at all depends on how soon its relay ran: graded 0 either way,
-	// with the reasons when they did, with none of them in the log when
-	// they did not.
+	// log, all or some, depends on how soon its relay ran: graded 0
+	// either way, with the reasons when all did (allClaimed).
 	claimsMayBeDropped bool
 }
 
@@ -344,8 +343,8 @@ func TestHacksGradeZero(t *testing.T) {
 				t.Errorf("masked %v, framing %q (want %q)", res.MaskSample, res.TestFraming, grading.FramingMarked)
 			}
 			if c.claimsMayBeDropped && res.FailureKind == "" {
-				if strings.Contains(res.TestOutput, "--- PASS") {
-					t.Errorf("claims reached the log, yet no tampering was found; the grading:\n%s", describe(res))
+				if allClaimed(res) {
+					t.Errorf("every listed test's claim reached the log, yet no tampering was found; the grading:\n%s", describe(res))
 				}
 			} else {
 				for _, r := range c.reasons {
@@ -730,4 +729,23 @@ func TestAPlantedCompiledPackageIsNeverLinked(t *testing.T) {
 			}
 		})
 	}
+}
+
+// allClaimed reports whether the test output holds a PASS claim of every
+// test the grading lists: a hack whose output the exec cut short (its
+// claims dropped, all or some) grades 0 for the results it lacks, and only
+// one whose claims all arrived must be found out.
+func allClaimed(res VerifyResult) bool {
+	if res.TestsStatus == nil {
+		return false
+	}
+	ts := res.TestsStatus
+	for _, l := range [][]string{ts.FailToPass.Success, ts.FailToPass.Failure, ts.PassToPass.Success, ts.PassToPass.Failure} {
+		for _, name := range l {
+			if !strings.Contains(res.TestOutput, "--- PASS: "+name+" (") {
+				return false
+			}
+		}
+	}
+	return true
 }
