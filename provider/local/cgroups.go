@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -175,11 +176,17 @@ func (cg *cgroups) weigh(id string, live bool) error {
 // cgroupControllers are the controllers sandboxes use.
 var cgroupControllers = []string{"pids", "memory", "cpu", "freezer"}
 
-// probeCgroups finds, for each controller, the server's own cgroup and
-// checks that a child can be made in parent, the directory there that
-// holds the sandboxes' cgroups (see cgroupParent), and removed. It never
-// touches a cgroup outside the server's own.
+// probeCgroups finds, for each controller sandboxes use, the server's
+// own cgroup and checks that a child can be made in parent, the directory
+// there that holds the sandboxes' cgroups (see cgroupParent), and removed.
+// It never touches a cgroup outside the server's own (on v2, see v2Base).
 func probeCgroups(parent string) (*cgroups, []string) {
+	return probeControllers(parent, cgroupControllers)
+}
+
+// probeControllers is probeCgroups for the controllers named (any the
+// kernel has; "freezer" is v1's, built into every v2 cgroup).
+func probeControllers(parent string, controllers []string) (*cgroups, []string) {
 	own, err := ownCgroups()
 	if err != nil {
 		return nil, []string{err.Error()}
@@ -194,11 +201,21 @@ func probeCgroups(parent string) (*cgroups, []string) {
 	// hierarchy holding none of them (systemd's name=systemd, which some
 	// v2 hosts keep) leaves the host a v2 one.
 	v1 := false
-	for _, c := range cgroupControllers {
+	for _, c := range controllers {
 		_, bound := mounts[c]
 		v1 = v1 || bound
 	}
-	for _, c := range cgroupControllers {
+	// A pure v2 host offers every controller in one tree, to the server's
+	// children once its cgroup enables them for its children (see
+	// delegateV2).
+	v2Mnt, okMnt := mounts[""]
+	v2Own, okOwn := own[""]
+	v2Own = v2Base(v2Own)
+	var v2Refused map[string]error
+	if !v1 && okMnt && okOwn {
+		v2Refused = delegateV2(filepath.Join(v2Mnt, v2Own), controllers)
+	}
+	for _, c := range controllers {
 		mnt, ok := mounts[c]
 		ownPath, ok2 := own[c]
 		if !ok || !ok2 {
@@ -208,11 +225,13 @@ func probeCgroups(parent string) (*cgroups, []string) {
 				why = append(why, c+": no v1 hierarchy")
 				continue
 			}
-			// A pure v2 host offers every controller in one tree.
-			mnt, ok = mounts[""]
-			ownPath, ok2 = own[""]
-			if !ok || !ok2 || !v2Offers(filepath.Join(mnt, ownPath), c) {
-				why = append(why, c+": not offered to the server's cgroup")
+			mnt, ownPath = v2Mnt, v2Own
+			if !okMnt || !okOwn {
+				why = append(why, c+": "+errNotOffered.Error())
+				continue
+			}
+			if err := v2Refused[c]; err != nil {
+				why = append(why, fmt.Sprintf("%s: %v", c, err))
 				continue
 			}
 			cg.v2 = true
@@ -257,23 +276,123 @@ func (cg *cgroups) dirOf(c string) (string, bool) {
 	return dir, ok
 }
 
-// v2Offers reports whether the v2 cgroup dir can give controller c to a
-// child (freezing is built into v2).
-func v2Offers(dir, c string) bool {
-	if c == "freezer" {
-		_, err := os.Stat(filepath.Join(dir, "cgroup.procs"))
-		return err == nil
+// errNotOffered is why a v2 controller the server's cgroup does not have
+// (its parent does not enable it there) is not taken.
+var errNotOffered = errors.New("not offered to the server's cgroup")
+
+// serverLeaf names the cgroup, under the server's own v2 cgroup, that the
+// processes there move into when the kernel refuses to enable a controller
+// for the children of a cgroup holding processes (see delegateV2).
+const serverLeaf = "sandboxowner.server"
+
+// v2Base is the v2 cgroup (own, as /proc/self/cgroup names it) under which
+// the server makes its sandboxes' parents: its own, or, when it runs in
+// the leaf a server moved its cgroup's processes into (see delegateV2),
+// that leaf's parent, so that the parents are the leaf's siblings and a
+// process there (this server after its move, another started from it)
+// does not nest a leaf in the leaf.
+func v2Base(own string) string {
+	if path.Base(own) == serverLeaf {
+		return path.Dir(own)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
-	if err != nil {
-		return false
+	return own
+}
+
+// delegateV2 enables, for the children of the v2 cgroup dir, each of
+// controllers that dir has but does not yet enable for them, and returns
+// why each one it cannot give them is not given ("freezer" is built in).
+// The kernel enables a controller for a cgroup's children only while the
+// cgroup holds no process (the root aside), so a server in a cgroup of its
+// own (a systemd unit with Delegate=yes, a container's cgroup namespace)
+// would get no limit: when the kernel refuses with EBUSY, every process of
+// dir moves into its leaf child serverLeaf first, as runc and systemd
+// expect of a delegated cgroup, and the enabling is tried again. Nothing
+// is undone after: the processes stay in the leaf and the controllers
+// enabled (other servers there may rely on them).
+func delegateV2(dir string, controllers []string) map[string]error {
+	refused := map[string]error{}
+	has, err1 := cgroupList(filepath.Join(dir, "cgroup.controllers"))
+	enabled, err2 := cgroupList(filepath.Join(dir, "cgroup.subtree_control"))
+	if err := errors.Join(err1, err2); err != nil {
+		// Not a v2 cgroup: not even freezing.
+		for _, c := range controllers {
+			refused[c] = err
+		}
+		return refused
 	}
-	for _, f := range strings.Fields(string(b)) {
-		if f == c {
-			return true
+	moved := false
+	for _, c := range controllers {
+		switch {
+		case c == "freezer" || enabled[c]:
+			continue
+		case !has[c]:
+			refused[c] = errNotOffered
+			continue
+		}
+		err := enableV2(dir, c)
+		if errors.Is(err, syscall.EBUSY) && !moved {
+			moved = true
+			if err = moveToLeaf(dir); err == nil {
+				err = enableV2(dir, c)
+			}
+		}
+		if err != nil {
+			refused[c] = err
 		}
 	}
-	return false
+	return refused
+}
+
+// enableV2 enables controller c for the children of v2 cgroup dir.
+func enableV2(dir, c string) error {
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+"+c), 0); err != nil {
+		return fmt.Errorf("enable %s for %s's children: %w", c, dir, err)
+	}
+	return nil
+}
+
+// moveLeafRounds bounds moveToLeaf's rounds: a process of the cgroup that
+// forks as it is moved leaves its child behind, moved in the next round.
+const moveLeafRounds = 16
+
+// moveToLeaf moves every process of v2 cgroup dir into its child
+// serverLeaf (made if need be).
+func moveToLeaf(dir string) error {
+	leaf := filepath.Join(dir, serverLeaf)
+	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("move the server into a leaf cgroup: %w", err)
+	}
+	for range moveLeafRounds {
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		if err != nil {
+			return fmt.Errorf("move the server into a leaf cgroup: %w", err)
+		}
+		pids := strings.Fields(string(b))
+		if len(pids) == 0 {
+			return nil
+		}
+		for _, pid := range pids {
+			// One at a time: a write of several stops at the first gone.
+			err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(pid), 0)
+			if err != nil && !errors.Is(err, syscall.ESRCH) {
+				return fmt.Errorf("move process %s into leaf cgroup %s: %w", pid, leaf, err)
+			}
+		}
+	}
+	return fmt.Errorf("move the server into a leaf cgroup: %s still holds processes after %d rounds", dir, moveLeafRounds)
+}
+
+// cgroupList reads a v2 file listing controllers.
+func cgroupList(file string) (map[string]bool, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, f := range strings.Fields(string(b)) {
+		out[f] = true
+	}
+	return out, nil
 }
 
 // ownCgroups reads /proc/self/cgroup: controller -> path ("" for v2).
@@ -486,7 +605,8 @@ func (cg *cgroups) sweepStale(now time.Time, age time.Duration) int {
 		for _, e := range siblings {
 			name := e.Name()
 			other := filepath.Join(own, name)
-			if !e.IsDir() || other == parent || !strings.HasPrefix(name, cgroupParentPrefix) || swept[other] {
+			// The leaf a server moved into (see delegateV2) holds it.
+			if !e.IsDir() || other == parent || !strings.HasPrefix(name, cgroupParentPrefix) || name == serverLeaf || swept[other] {
 				continue
 			}
 			swept[other] = true

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -131,6 +132,16 @@ func TestTheCgroupV2PathOnTheRealKernel(t *testing.T) {
 	ownDir := filepath.Join(mnt, path)
 	if reaped := reapTestParents(ownDir); len(reaped) > 0 {
 		t.Logf("removed the cgroups of gone test binaries: %v", reaped)
+	}
+	// The child's leaf move (testTheServerMovesIntoALeaf) needs a
+	// controller its cgroup has: the v2 tree's hugetlb here, enabled for
+	// the children of the test's own cgroup where the kernel does so
+	// without a move (the root cgroup, this host's). Left enabled, as the
+	// provider leaves what it enables: others' cgroups may use it by then.
+	if b, err := os.ReadFile(filepath.Join(ownDir, "cgroup.controllers")); err == nil && slices.Contains(strings.Fields(string(b)), leafTestController) {
+		if err := os.WriteFile(filepath.Join(ownDir, "cgroup.subtree_control"), []byte("+"+leafTestController), 0); err != nil {
+			t.Logf("%s for the child's cgroup: %v (its leaf move is skipped)", leafTestController, err)
+		}
 	}
 	dir := filepath.Join(ownDir, "cgroup2"+testParentInfix+strconv.Itoa(os.Getpid()))
 	if err := os.Mkdir(dir, 0o755); err != nil {
@@ -288,6 +299,70 @@ func TestCgroupV2Host(t *testing.T) {
 	t.Run("named-v1-hierarchy", func(t *testing.T) { testANamedV1HierarchyLeavesV2(t, own) })
 	for _, m := range []mode{{"container-copy", IsolationContainer, OverlayOff}, {"none-copy", IsolationNone, OverlayOff}} {
 		t.Run(m.name, func(t *testing.T) { testCgroupV2Mode(t, m, ownDir, initBin) })
+	}
+	// Last: the tests after it run from the leaf.
+	t.Run("leaf-move", func(t *testing.T) { testTheServerMovesIntoALeaf(t, own[""]) })
+}
+
+// leafTestController is the controller the leaf move is tested with: the
+// one this host's v2 tree has. Any domain controller obeys the rule the
+// move is for; pids, memory and cpu take the same path on a pure v2 host.
+const leafTestController = "hugetlb"
+
+// The kernel enables a controller for a v2 cgroup's children only while it
+// holds no process (the root aside): a server in a cgroup of its own (a
+// systemd unit with Delegate=yes) got no controller for its sandboxes at
+// all. Its processes now move into a leaf, serverLeaf, first; the parents
+// are the leaf's siblings, and a probe from the leaf finds the same ones.
+func testTheServerMovesIntoALeaf(t *testing.T, own string) {
+	const c = leafTestController
+	ownDir := filepath.Join(cgroup2Mount, own)
+	if has, _ := cgroupList(filepath.Join(ownDir, "cgroup.controllers")); !has[c] {
+		t.Skipf("SKIP: the v2 tree gives this cgroup no %s", c)
+	}
+	// What the move is for: a cgroup holding this process cannot enable it.
+	if err := os.WriteFile(filepath.Join(ownDir, "cgroup.subtree_control"), []byte("+"+c), 0); !errors.Is(err, syscall.EBUSY) {
+		t.Fatalf("enabling %s for the children of a cgroup holding processes: %v, want EBUSY", c, err)
+	}
+	root := t.TempDir()
+	parent := filepath.Join(ownDir, cgroupParent(root))
+	for range 2 { // from the cgroup, then from the leaf
+		cg, why := probeControllers(cgroupParent(root), []string{c, "freezer"})
+		if cg == nil || !cg.v2 || len(why) > 0 {
+			t.Fatalf("the probe of %s: %+v, %v; want v2, nothing refused", c, cg, why)
+		}
+		if diff := cmp.Diff(map[string]string{c: parent, "freezer": parent}, cg.dirs); diff != "" {
+			t.Errorf("the parents (-want +got):\n%s", diff)
+		}
+		now, err := ownCgroups()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := path.Join(own, serverLeaf); now[""] != want {
+			t.Errorf("the test's process is in %q, want the leaf %q", now[""], want)
+		}
+		if left := cgroupMembers(t, ownDir); len(left) > 0 {
+			t.Errorf("processes left in the server's cgroup: %v", left)
+		}
+		if enabled, _ := cgroupList(filepath.Join(ownDir, "cgroup.subtree_control")); !enabled[c] {
+			t.Errorf("%s not enabled for the server's cgroup's children", c)
+		}
+		g, err := cg.create(sandboxPrefix+"leaf", Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if has, _ := cgroupList(filepath.Join(g.dirs[c], "cgroup.controllers")); !has[c] {
+			t.Errorf("a sandbox's cgroup %s has no %s", g.dirs[c], c)
+		}
+		if err := g.remove(); err != nil {
+			t.Error(err)
+		}
+		if err := cg.tidy(sandboxPrefix + "leaf"); err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(ownDir, serverLeaf, serverLeaf)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a leaf in the leaf: %v", err)
 	}
 }
 
@@ -632,30 +707,32 @@ func missingLimits(entries []*logrus.Entry) string {
 	return ""
 }
 
-// A v2 cgroup gives its children the controllers its
-// cgroup.subtree_control enables, and freezing wherever it is a cgroup at
-// all. This host's v2 tree enables none for any cgroup, so the parsing is
-// checked on files of the test's own.
-func TestV2OffersWhatASubtreeControlEnables(t *testing.T) {
+// A v2 cgroup gives its children the controllers its cgroup.controllers
+// has once its cgroup.subtree_control enables them, and freezing wherever
+// it is a cgroup at all. On files of the test's own (the kernel's refusal
+// and the leaf move are testTheServerMovesIntoALeaf's): what is enabled
+// is left alone, what is had is enabled, the rest refused as not offered.
+func TestDelegateV2EnablesWhatTheCgroupHas(t *testing.T) {
 	dir, bare := t.TempDir(), t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("cpu memory\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]bool{}
-	for _, d := range []string{dir, bare} {
-		for _, c := range cgroupControllers {
-			got[filepath.Base(d)+" "+c] = v2Offers(d, c)
+	for name, v := range map[string]string{"cgroup.controllers": "cpu memory\n", "cgroup.subtree_control": "memory\n"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
 		}
 	}
-	want := map[string]bool{}
+	got := map[string]string{}
+	for _, d := range []string{dir, bare} {
+		for c, err := range delegateV2(d, cgroupControllers) {
+			got[filepath.Base(d)+" "+c] = fmt.Sprint(errors.Is(err, errNotOffered))
+		}
+	}
+	want := map[string]string{filepath.Base(dir) + " pids": "true"}
 	for _, c := range cgroupControllers {
-		want[filepath.Base(dir)+" "+c] = c != "pids"
-		want[filepath.Base(bare)+" "+c] = false
+		want[filepath.Base(bare)+" "+c] = "false"
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("controllers offered (-want +got):\n%s", diff)
+		t.Errorf("controllers refused, as not offered (-want +got):\n%s", diff)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control")); string(b) != "+cpu" {
+		t.Errorf("written to cgroup.subtree_control: %q, want +cpu alone", b)
 	}
 }

@@ -126,7 +126,8 @@
 // # Limits
 //
 // Where the host lets the server make cgroups under its own (cgroup v1
-// pids, memory, cpu, freezer; v2 where those are delegated), each sandbox
+// pids, memory, cpu, freezer; v2 where the server's cgroup has those, its
+// processes moved into a leaf of it when the kernel asks: see delegateV2), each sandbox
 // gets one with Options.Limits, which its init enters before it runs;
 // every command also gets rlimits (no core files, 4096 open files, 256 MiB
 // per file). The cgroups exist while the sandbox's init runs. New claims
