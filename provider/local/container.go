@@ -468,9 +468,13 @@ func (in *sandboxInit) run(command string, env []string, dir string, stdout, std
 type commandStatus struct{ r *os.File }
 
 // wait returns the command's answer; ok is false when the init ended
-// without one.
-func (c *commandStatus) wait() (m sinit.Msg, ok bool) {
+// without one, or when ctx ended and grace passed since without one: an
+// init that cannot act (its cgroup frozen) never answers the kill ctx's
+// end asked it for, and the exec must not wait for it past its caller.
+func (c *commandStatus) wait(ctx context.Context, grace time.Duration) (m sinit.Msg, ok bool) {
 	defer c.r.Close()
+	// The pipe is non-blocking, so a deadline wakes the read.
+	defer context.AfterFunc(ctx, func() { _ = c.r.SetReadDeadline(time.Now().Add(grace)) })()
 	b, err := io.ReadAll(io.LimitReader(c.r, 4<<10))
 	if err != nil || len(b) == 0 || json.Unmarshal(b, &m) != nil {
 		return sinit.Msg{}, false

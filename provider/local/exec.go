@@ -125,13 +125,17 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 	}
 	timer := p.execClk.AfterFunc(timeout, func() { end(timedOutEnd) })
 	stopCancel := context.AfterFunc(ctx, func() { end(canceledEnd) })
-	m, ok := status.wait()
+	m, ok := status.wait(ctx, p.answerGrace)
 	timer.Stop()
 	stopCancel()
 	why := ended.Load()
 	timedOut, canceled := why == timedOutEnd, why == canceledEnd
 
 	log := logs.ForRequest(ctx, p.log).WithFields(logrus.Fields{"sandbox_id": s.id, "duration_ms": time.Since(began).Milliseconds()})
+	if !ok && ctx.Err() != nil {
+		log.Warn("local: exec: the command did not answer the kill its caller's end asked for (its sandbox frozen?)")
+		return provider.ExecResult{}, fmt.Errorf("local: exec: %w", ctx.Err())
+	}
 	if !ok {
 		if p.stillLive(s) != nil {
 			return provider.ExecResult{}, fmt.Errorf("local: sandbox %s was stopped while a command ran: %w", s.id, provider.ErrSandboxNotFound)

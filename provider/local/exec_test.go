@@ -342,3 +342,40 @@ func TestAnInitsSetupWaitEndsWithItsContext(t *testing.T) {
 		t.Errorf("the init's end after the wait ended: %d bytes, %v; want the end (0, nil)", n, err)
 	}
 }
+
+// An init whose cgroup is frozen (a snapshot's freeze never thawed, a
+// crashed server's) never answers the kill an exec's ended context asks
+// for: the exec returns with its context all the same, once the grace
+// for the answer passes, instead of waiting for the thaw.
+func TestAnExecsContextEndsItsWaitInAFrozenSandbox(t *testing.T) {
+	t.Parallel()
+	forModes(t, func(t *testing.T, m mode) {
+		p := newProvider(t, m, Options{})
+		if p.cg == nil || !p.cg.of("x").canFreeze() {
+			t.Skip("SKIP: no freezer cgroup here")
+		}
+		p.answerGrace = 0
+		h := start(t, p, provider.Spec{})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := execRunning(t, ctx, p, h, "sleep 600")
+		g := p.cg.of(h.SandboxID)
+		if err := g.freeze(context.Background(), true, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("err = %v, want context.Canceled", err)
+			}
+		case <-time.After(time.Minute): // a hang guard
+			t.Error("the exec still waits for a frozen sandbox's command after its context ended")
+		}
+		if err := g.freeze(context.Background(), false, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Stop(context.Background(), h); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

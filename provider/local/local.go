@@ -267,8 +267,11 @@ type Provider struct {
 	copyWorkers  int
 	clk          clock.Clock
 	execClk      clock.Clock // see Options.ExecClock
-	log          logrus.FieldLogger
-	ctr          *containerConfig // nil: commands run unisolated
+	// answerGrace is how long an exec whose context ended waits for its
+	// command's answer to the kill that asked (see commandStatus.wait).
+	answerGrace time.Duration
+	log         logrus.FieldLogger
+	ctr         *containerConfig // nil: commands run unisolated
 	// isoErr: isolation "auto" found the kernel refusing containers; no
 	// sandbox starts.
 	isoErr error
@@ -452,6 +455,7 @@ func New(opts Options) (_ *Provider, err error) {
 	if p.execClk = opts.ExecClock; p.execClk == nil {
 		p.execClk = clock.Real{}
 	}
+	p.answerGrace = killLimit
 	if p.log == nil {
 		p.log = logs.Discard()
 	}
@@ -675,7 +679,7 @@ func (p *Provider) startProbeContainer() error {
 	if err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}
-	m, ok := status.wait()
+	m, ok := status.wait(ctx, 0)
 	if err := startErr(m); ok && err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}
