@@ -109,8 +109,29 @@ func Append(dst []byte, v any) ([]byte, error) {
 			return append(dst, "null"...), nil
 		}
 		return appendMap(dst, v, Append)
+	case json.RawMessage:
+		if plainRaw(v) {
+			return append(dst, v...), nil
+		}
 	}
 	return appendMarshal(dst, v)
+}
+
+// plainRaw reports whether json.Marshal writes raw as it is: valid JSON
+// with nothing Marshal's compaction drops (whitespace) or escapes (the
+// HTML characters, U+2028 and U+2029, whose encodings begin with 0xE2).
+// A session's setup data, a seed's reply, is such an object.
+func plainRaw(raw json.RawMessage) bool {
+	if len(raw) == 0 {
+		return false // Marshal writes null
+	}
+	for _, b := range raw {
+		switch b {
+		case ' ', '\t', '\n', '\r', '<', '>', '&', 0xE2:
+			return false
+		}
+	}
+	return json.Valid(raw)
 }
 
 func appendMap[V any](dst []byte, m map[string]V, value func([]byte, V) ([]byte, error)) ([]byte, error) {

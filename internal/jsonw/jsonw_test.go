@@ -65,8 +65,21 @@ func TestValuesAsMarshalWritesThem(t *testing.T) {
 			"nested": map[string]any{"z": []int{1}, "a": struct{ A int }{1}}},
 		big,
 		struct{ A string }{"fallback"},
+		json.RawMessage(nil), json.RawMessage(`{"seed_token":"0123abcd"}`), json.RawMessage(`[1,{"a":null}]`),
+		json.RawMessage(`{ "a" : 1 }`), json.RawMessage("{\"a\":\"<&>\u2028\"}"), json.RawMessage(`{"a":`),
+		json.RawMessage(`"x" "y"`), json.RawMessage(`1`),
 		func() {}, // Marshal's error
 	} {
 		same(t, v)
+	}
+}
+
+// TestRawAppendsWithoutMarshal: a compact raw message (a seed's reply) is
+// appended as it is, without json.Marshal's allocations.
+func TestRawAppendsWithoutMarshal(t *testing.T) {
+	var raw any = json.RawMessage(`{"seed_token":"00112233445566778899aabbccddeeff"}`)
+	buf := make([]byte, 0, 256)
+	if n := testing.AllocsPerRun(100, func() { _, _ = Append(buf[:0], raw) }); n != 0 {
+		t.Fatalf("%v allocations, want 0", n)
 	}
 }
