@@ -21,6 +21,17 @@ func resolve(dir, name string) (string, error) {
 	if !path.IsAbs(name) {
 		full = dir + "/" + name
 	}
+	if path.Clean(full) == full {
+		// Clean and absolute, so no ".." is left in it: what walk
+		// returns, without its slices.
+		return full, nil
+	}
+	return walk(full, name)
+}
+
+// walk resolves full, an absolute path, segment by segment; name is what
+// an error names.
+func walk(full, name string) (string, error) {
 	var parts []string
 	for _, seg := range strings.Split(full, "/") {
 		switch seg {
