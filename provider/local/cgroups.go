@@ -458,6 +458,9 @@ func cgroupMounts() (map[string]string, error) {
 type sandboxCgroup struct {
 	v2   bool
 	dirs map[string]string // controller -> directory
+	// beforeKill, when a test in this package sets it, runs as a kill
+	// round is about to send its signals.
+	beforeKill func()
 }
 
 // create makes (or finds again, after a restart) the sandbox's cgroups and
@@ -739,26 +742,72 @@ func (g *sandboxCgroup) pids() []int {
 	return out
 }
 
-// kill kills every process in the sandbox's cgroups, in rounds until none
-// is left (one may fork while it is killed), for at most killLimit, and
-// returns how many kills it sent.
-func (g *sandboxCgroup) kill() int {
-	if g.canFreeze() {
-		_ = g.freeze(context.Background(), false, 0) // a frozen process cannot die
-	}
-	n := 0
+// killRoundEvery is how long kill waits for the processes a round killed
+// to leave their cgroups before it kills again: a round leaves none alive
+// (see killRound), so another is only a safety net, for a freeze that did
+// not complete within its bound.
+const killRoundEvery = time.Second
+
+// kill kills every process in the sandbox's cgroups, once none is left or
+// for at most killLimit, and leaves them thawed. It returns how many
+// processes it found there and how many rounds it killed in.
+func (g *sandboxCgroup) kill() (found, rounds int) {
+	seen := map[int]bool{}
 	deadline := time.Now().Add(killLimit)
+	var next time.Time
 	for {
 		pids := g.pids()
-		if len(pids) == 0 || time.Now().After(deadline) {
-			return n
-		}
 		for _, pid := range pids {
-			if syscall.Kill(pid, syscall.SIGKILL) == nil {
-				n++
-			}
+			seen[pid] = true
+		}
+		now := time.Now()
+		if len(pids) == 0 || now.After(deadline) {
+			break
+		}
+		if !now.Before(next) {
+			g.killRound(pids, deadline)
+			rounds++
+			next = now.Add(killRoundEvery)
 		}
 		time.Sleep(pollEvery)
+	}
+	if g.canFreeze() {
+		_ = g.freeze(context.Background(), false, 0) // for what starts in it next
+	}
+	return len(seen), rounds
+}
+
+// killRound kills the sandbox's processes (pids, as listed) so that none
+// escapes by forking as it is killed: on v2 the kernel's cgroup.kill kills
+// the whole cgroup, forks on their way included; without it the freezer
+// stops every process first (a frozen process cannot fork, and one forking
+// as it is frozen has its child frozen too), the list taken again is
+// complete, each gets SIGKILL while frozen and dies at the thaw (v1) or at
+// once (v2); with no freezer, what is listed gets SIGKILL.
+func (g *sandboxCgroup) killRound(pids []int, deadline time.Time) {
+	if g.v2 {
+		done := map[string]bool{}
+		for _, dir := range g.dirs {
+			if !done[dir] && os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0) == nil {
+				done[dir] = true
+			}
+		}
+		if len(done) > 0 {
+			return
+		}
+	}
+	frozen := g.canFreeze() && g.freeze(context.Background(), true, time.Until(deadline)) == nil
+	if frozen {
+		pids = g.pids()
+	}
+	if g.beforeKill != nil {
+		g.beforeKill()
+	}
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if g.canFreeze() {
+		_ = g.freeze(context.Background(), false, 0) // a frozen v1 process cannot die
 	}
 }
 
@@ -767,9 +816,7 @@ func (g *sandboxCgroup) remove() error {
 	if g == nil {
 		return nil
 	}
-	if g.canFreeze() {
-		_ = g.freeze(context.Background(), false, 0) // a frozen process cannot die
-	}
+	g.kill()
 	deadline := time.Now().Add(killLimit)
 	var errs []error
 	for c, dir := range g.dirs {

@@ -208,6 +208,7 @@ var onPureCgroup2 = []string{
 	"TestACommandSentAsASnapshotBeginsRunsAfterTheCopy",
 	"TestBackgroundProcessesLiveUntilTheSandboxStops",
 	"TestACrashedServersCommandsDoNotSurviveIt",
+	"TestAForkingSandboxIsKilledWhole",
 }
 
 // hybridProbe checks, where every controller the sandboxes use has a v1

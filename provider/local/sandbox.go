@@ -454,7 +454,8 @@ func (p *Provider) adoptLocked(ctx context.Context, s *sandbox) error {
 	n := killMarked(s.id)
 	if p.cg != nil {
 		// Its cgroup holds them all, one that cleared its environment too.
-		n += p.cg.of(s.id).kill()
+		found, _ := p.cg.of(s.id).kill()
+		n += found
 	}
 	if n > 0 {
 		p.log.WithFields(logrus.Fields{"sandbox_id": s.id, "kills": n}).Info("local: killed processes a previous server left in the sandbox")
