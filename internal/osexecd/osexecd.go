@@ -33,6 +33,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandboxowner/owner/internal/diewith"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
@@ -151,9 +152,12 @@ func Start(ctx context.Context, bin, tree, workdir, token string) (*Execd, error
 	args = append(args, "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--bind", tree, workdir,
 		"--ro-bind", bin, "/tmp/execd", "--chdir", workdir, "--setenv", "EXECD_ACCESS_TOKEN", token, "--setenv", "TMPDIR", "/tmp",
 		"--", "/tmp/execd", "--port", strconv.Itoa(port), "--log-level", "2")
-	cmd := exec.Command(bwrap, args...)
+	// Dies with the test binary that starts it, killed mid-run or not:
+	// bwrap by the parent-death signal, execd with bwrap.
+	cmd := exec.Command(bwrap, append([]string{"--die-with-parent"}, args...)...)
 	// Its own process group: Stop kills execd and anything it left.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	diewith.Parent(cmd, syscall.SIGKILL)
 	// A file, read only if execd fails: a buffer would be written while
 	// it is read.
 	out, err := os.CreateTemp("", "execd-log-")

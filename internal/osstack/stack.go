@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxowner/owner/internal/diewith"
 	"github.com/sandboxowner/owner/internal/flock"
 )
 
@@ -186,16 +187,23 @@ func (s Stack) OwnServer(tb testing.TB) Stack {
 	}
 	// Down with the test, whatever up did: it stops just the server its
 	// pid file names (stack.sh leaves a dockerd it did not start alone).
+	// stack.sh starts the server in a session of its own and exits, so a
+	// test binary killed mid-run (its -timeout, a cancelled CI job) runs
+	// no cleanup and the server would outlive it: a watcher runs down
+	// then (diewith.OnExit), and the cleanup has it run down now.
+	down := exec.Command(own.Script, "down")
+	down.Env = append(os.Environ(), "OSSTACK_DIR="+own.Dir)
+	w, err := diewith.OnExit(down)
+	if err != nil {
+		tb.Fatal(err)
+	}
 	tb.Cleanup(func() {
-		cmd := exec.Command(own.Script, "down")
-		cmd.Env = own.env
-		if out, err := cmd.CombinedOutput(); err != nil {
-			tb.Errorf("%s down (the test's own lifecycle server): %v: %s", own.Script, err, out)
+		if err := w.Run(); err != nil {
+			tb.Errorf("the test's own lifecycle server: %v", err)
 		}
 	})
 	// A port found free may be taken before the server binds it: a few
 	// tries, each with another.
-	var err error
 	for range 3 {
 		var port int
 		if port, err = freePort(); err != nil {

@@ -13,11 +13,14 @@ package servertest
 import (
 	"os"
 	"os/exec"
+	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sandboxowner/owner/app"
+	"github.com/sandboxowner/owner/internal/diewith"
 	"github.com/sandboxowner/owner/internal/racebuild"
 )
 
@@ -35,6 +38,10 @@ const marker = "SANDBOXOWNER_SERVERTEST_CHILD=1"
 // flag.Parse: the arguments are the server's, not go test's.
 func ServeIfChild() {
 	if slices.Contains(os.Environ(), marker) {
+		// The test that started it may die (see Command) with the pipe
+		// its log goes to: the drain that follows must not die of
+		// SIGPIPE at its first log line, leaving its sandboxes.
+		signal.Ignore(syscall.SIGPIPE)
 		os.Exit(app.Main())
 	}
 }
@@ -57,5 +64,10 @@ func Command(env []string, args ...string) *exec.Cmd {
 	// Without the race runtime's second of sleep on every server a test
 	// stops.
 	cmd.Env = append(racebuild.NoExitSleep(env), marker)
+	// A test binary killed mid-run (its -timeout, a cancelled CI job)
+	// runs no cleanup: the server then drains and stops its sandboxes as
+	// at any SIGTERM, rather than run on. Start it from a goroutine
+	// that does not lock its thread (see diewith.Parent).
+	diewith.Parent(cmd, syscall.SIGTERM)
 	return cmd
 }

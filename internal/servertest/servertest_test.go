@@ -1,11 +1,14 @@
 package servertest_test
 
 import (
+	"bufio"
 	"bytes"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/sandboxowner/owner/internal/diewith/diewithtest"
 	"github.com/sandboxowner/owner/internal/servertest"
 )
 
@@ -29,4 +32,39 @@ func TestCommandRunsTheServer(t *testing.T) {
 			t.Errorf("the child's -h printed no server flag:\n%s\n%s", stdout.String(), stderr.String())
 		}
 	}
+}
+
+// TestChildStartsAServer is the child's part of
+// TestAServerEndsWithItsTestBinary: it starts a server through Command,
+// its log read through a pipe as the tests read it, until it serves.
+func TestChildStartsAServer(t *testing.T) {
+	if !diewithtest.Child() {
+		t.Skip("the child of TestAServerEndsWithItsTestBinary")
+	}
+	cmd := servertest.Command(nil, "-port", "0", "-sandbox.provider", "fake", "-log-format", "json")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() && !strings.Contains(sc.Text(), `"addr"`) {
+	}
+	diewithtest.Write(t, cmd.Process.Pid)
+}
+
+// A test binary SIGKILLed mid-run (its -timeout, a cancelled CI job: no
+// cleanup runs) leaves no server it started through Command running.
+func TestAServerEndsWithItsTestBinary(t *testing.T) {
+	if diewithtest.Child() {
+		t.Skip("in the child")
+	}
+	words := diewithtest.Kill(t, "TestChildStartsAServer", servertest.StartGuard)
+	pid, err := strconv.Atoi(words[0])
+	if err != nil {
+		t.Fatalf("%q: %v", words, err)
+	}
+	diewithtest.Gone(t, map[int]string{pid: "the killed test binary's server"})
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/internal/diewith"
 	"github.com/sandboxowner/owner/internal/osexecd"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
@@ -135,7 +136,19 @@ func realExecd(t *testing.T) execdUnderTest {
 	start.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	err = start.Run()
 	log.Close()
-	t.Cleanup(func() { _ = syscall.Kill(-start.Process.Pid, syscall.SIGKILL) })
+	// execd outlives the script, and would outlive a test binary killed
+	// mid-run (no cleanup then): a watcher kills its group either way.
+	kill := exec.Command("/bin/sh", "-c", `kill -KILL -- "-$0" 2>/dev/null || :`, strconv.Itoa(start.Process.Pid))
+	w, werr := diewith.OnExit(kill)
+	if werr != nil {
+		_ = syscall.Kill(-start.Process.Pid, syscall.SIGKILL)
+		t.Fatal(werr)
+	}
+	t.Cleanup(func() {
+		if err := w.Run(); err != nil {
+			t.Error(err)
+		}
+	})
 	if err != nil {
 		out, _ := os.ReadFile(log.Name())
 		t.Fatalf("execd.sh start: %v\n%s", err, out)
