@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"sync"
 	"syscall"
@@ -73,17 +72,13 @@ type serverLog struct {
 	addr chan string
 }
 
-// servingOn finds the address in the startup line (the text format's
-// addr=..., quoted or not).
-var servingOn = regexp.MustCompile(`\baddr="?(127\.0\.0\.1:[0-9]+)`)
-
 func (l *serverLog) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.buf.Write(p)
 	if l.addr != nil {
-		if m := servingOn.FindSubmatch(l.buf.Bytes()); m != nil {
-			l.addr <- string(m[1])
+		if a := servertest.Addr(l.buf.Bytes()); a != "" {
+			l.addr <- a
 			l.addr = nil
 		}
 	}

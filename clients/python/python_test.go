@@ -6,8 +6,6 @@ package python_test
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -26,16 +24,14 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// startServer runs a notes server on a free loopback port; it is stopped (SIGTERM: it stops its sandboxes) when the test ends.
+// startServer runs a notes server on loopback; it is stopped (SIGTERM: it
+// stops its sandboxes) when the test ends. Port 0: the kernel's, read from
+// the server's startup line (see servertest.Addr). A port found free here
+// and passed on was free only until another process's bind, and the
+// server binds after its provider has started.
 func startServer(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
 	logPath := filepath.Join(dir, "server.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -43,7 +39,7 @@ func startServer(t *testing.T) string {
 	}
 	defer logFile.Close()
 	cmd := servertest.Command(nil, "-name", "notes", "-resources", "notes",
-		"-host", "127.0.0.1", "-port", fmt.Sprint(port),
+		"-host", "127.0.0.1", "-port", "0",
 		"-sandbox.local.root", filepath.Join(dir, "sandboxes"),
 		// Copies, not overlay mounts: a killed test leaves nothing mounted.
 		"-sandbox.local.overlay", "off")
@@ -61,18 +57,25 @@ func startServer(t *testing.T) string {
 			t.Logf("server log:\n%s", serverLog())
 		}
 	})
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	// Startup: a bound on a broken server, not a synchronisation.
+	base := ""
 	for deadline := time.Now().Add(servertest.StartGuard); ; time.Sleep(20 * time.Millisecond) {
 		select {
 		case <-exited:
 			t.Fatalf("the server exited at startup:\n%s", serverLog())
 		default:
 		}
-		if r, err := http.Get(base + "/health"); err == nil {
-			r.Body.Close()
-			if r.StatusCode == http.StatusOK {
-				return base
+		if base == "" {
+			if addr := servertest.Addr([]byte(serverLog())); addr != "" {
+				base = "http://" + addr
+			}
+		}
+		if base != "" {
+			if r, err := http.Get(base + "/health"); err == nil {
+				r.Body.Close()
+				if r.StatusCode == http.StatusOK {
+					return base
+				}
 			}
 		}
 		if time.Now().After(deadline) {

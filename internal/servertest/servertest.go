@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -70,4 +71,21 @@ func Command(env []string, args ...string) *exec.Cmd {
 	// that does not lock its thread (see diewith.Parent).
 	diewith.Parent(cmd, syscall.SIGTERM)
 	return cmd
+}
+
+// servingOn is the address in the server's startup line, in the text
+// format (addr=..., quoted or not) or JSON ("addr":"..."), whole: a quote
+// or a space ends it, so that a line read half written gives nothing.
+var servingOn = regexp.MustCompile(`\baddr"?[=:]"?(127\.0\.0\.1:[0-9]+)["\s]`)
+
+// Addr is the loopback address a server started with -port 0 logged it
+// serves on, found in its log so far ("" until the line is there). A port
+// a test found free and handed to the server can be taken by any process's
+// bind before the server's own, which comes after its provider's start:
+// tens of seconds on a loaded machine.
+func Addr(log []byte) string {
+	if m := servingOn.FindSubmatch(log); m != nil {
+		return string(m[1])
+	}
+	return ""
 }

@@ -68,3 +68,23 @@ func TestAServerEndsWithItsTestBinary(t *testing.T) {
 	}
 	diewithtest.Gone(t, map[int]string{pid: "the killed test binary's server"})
 }
+
+// TestAddrIsTheStartupLinesWhole: the address is read from the startup
+// line in either log format, and only once it is there whole; another
+// field that ends in addr is not it.
+func TestAddrIsTheStartupLinesWhole(t *testing.T) {
+	for log, want := range map[string]string{
+		`level=info msg="serving notes on 127.0.0.1:41235" addr="127.0.0.1:41235" name=notes` + "\n": "127.0.0.1:41235",
+		`level=info msg=serving addr=127.0.0.1:41235 name=notes` + "\n":                              "127.0.0.1:41235",
+		`level=info msg=serving addr=127.0.0.1:41235` + "\n":                                         "127.0.0.1:41235",
+		`{"addr":"127.0.0.1:41235","level":"info","msg":"serving notes"}` + "\n":                     "127.0.0.1:41235",
+		`level=info msg=serving addr="127.0.0.1:412`:                                                 "",
+		`level=info msg=serving addr=127.0.0.1:412`:                                                  "",
+		`level=info msg=request remote_addr="127.0.0.1:5000"` + "\n":                                 "",
+		"": "",
+	} {
+		if got := servertest.Addr([]byte(log)); got != want {
+			t.Errorf("Addr(%q) = %q, want %q", log, got, want)
+		}
+	}
+}
