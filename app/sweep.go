@@ -101,6 +101,9 @@ func sweepCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	for _, s := range rep.Snapshots {
 		fmt.Fprintf(stdout, "%s snapshot %s (name=%s, sandbox=%s, created=%s)\n", verb, s.ID, s.Name, s.SandboxID, s.CreatedAt.Format("2006-01-02T15:04:05Z07:00"))
 	}
+	if len(rep.MadeAhead) > 0 {
+		fmt.Fprintf(stdout, "removed %d sandbox directories made ahead that a stopped server left (%s)\n", len(rep.MadeAhead), strings.Join(rep.MadeAhead, ", "))
+	}
 	fmt.Fprintf(stdout, "keeping %d sandbox(es) and %d snapshot(s) %s; %d of other owners ignored\n", rep.KeptSandboxes, rep.KeptSnapshots, kept, rep.Foreign)
 	for id, why := range rep.Failed {
 		fmt.Fprintf(stderr, "server sweep: could not remove %s: %s\n", id, why)

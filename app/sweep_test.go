@@ -65,6 +65,11 @@ func TestSweepCommand(t *testing.T) {
 		t.Fatalf("sweep with the index held: exit %d, stderr %q", code, errOut.String())
 	}
 	o.Abandon()
+	// A directory the dead server had made ahead for a start.
+	left := filepath.Join(root, "ready", "sb-left")
+	if err := os.MkdirAll(filepath.Join(left, "disk"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 
 	out.Reset()
 	errOut.Reset()
@@ -78,8 +83,12 @@ func TestSweepCommand(t *testing.T) {
 	if code := app.Run(ctx, append([]string{"sweep", "-reap"}, args...), &out, &errOut); code != 0 {
 		t.Fatalf("sweep -reap: exit %d, stderr %q", code, errOut.String())
 	}
-	if !strings.Contains(out.String(), "stopping sandbox "+stray.Handle.SandboxID) {
+	if !strings.Contains(out.String(), "stopping sandbox "+stray.Handle.SandboxID) ||
+		!strings.Contains(out.String(), "removed 1 sandbox directories made ahead that a stopped server left (sb-left)") {
 		t.Fatalf("sweep -reap output %q", out.String())
+	}
+	if _, err := os.Stat(left); !os.IsNotExist(err) {
+		t.Errorf("the directory made ahead after sweep -reap: %v, want it removed", err)
 	}
 	sbs, err := p.ListSandboxes(ctx)
 	if err != nil {

@@ -36,6 +36,9 @@ type templates struct {
 	book     *templateBook
 	flights  map[uint64]chan struct{}
 	builders map[string]bool
+	// told are the flights whose builder's own fork the provider was told
+	// to expect (by their first waiting seed).
+	told map[uint64]bool
 	// setups counts the setups run into templates; builds numbers the
 	// builds, for their snapshots' tags.
 	setups, builds atomic.Int64
@@ -45,7 +48,7 @@ type templates struct {
 }
 
 func newTemplates() *templates {
-	return &templates{book: newTemplateBook(), flights: map[uint64]chan struct{}{}, builders: map[string]bool{}}
+	return &templates{book: newTemplateBook(), flights: map[uint64]chan struct{}{}, builders: map[string]bool{}, told: map[uint64]bool{}}
 }
 
 // TemplateSetups is how many setups the owner ran into templates.
@@ -99,11 +102,11 @@ func (o *Owner) StartKeyedSessionSandbox(ctx context.Context, sessionID, key str
 		// A fork that finds the template's snapshot gone (deleted behind
 		// the owner's back, or expired meanwhile) builds it again, once.
 		for attempt := 0; ; attempt++ {
-			r, err := o.template(ctx, tkey, spec, setup, workdir)
+			r, expected, err := o.template(ctx, tkey, spec, setup, workdir)
 			if err != nil {
 				return sandbox.Launched{}, err
 			}
-			l, err := o.launchFork(ctx, tkey, spec, labelled, r)
+			l, err := o.launchFork(ctx, tkey, spec, labelled, r, expected)
 			if errors.Is(err, provider.ErrSnapshotNotFound) && attempt == 0 {
 				o.tmpl.mu.Lock()
 				o.tmpl.book.lost(tkey, r.SnapshotID)
@@ -124,9 +127,13 @@ func (o *Owner) StartKeyedSessionSandbox(ctx context.Context, sessionID, key str
 }
 
 // launchFork claims a fork of r from its warm pool, or forks r for the
-// session (labelled: spec with the session's labels).
-func (o *Owner) launchFork(ctx context.Context, tkey string, spec, labelled provider.Spec, r tmplReady) (sandbox.Launched, error) {
+// session (labelled: spec with the session's labels). expected: the
+// provider was told to expect this fork, which a claim makes no start.
+func (o *Owner) launchFork(ctx context.Context, tkey string, spec, labelled provider.Spec, r tmplReady, expected bool) (sandbox.Launched, error) {
 	if l, ok := o.fromPool(tkey, poolRecipe{Spec: spec, Snapshot: r.SnapshotID, Workdir: r.Workdir}); ok {
+		if expected {
+			o.startsCancelled(1)
+		}
 		return l, nil
 	}
 	at := o.clk.Now()
@@ -143,8 +150,10 @@ func (o *Owner) launchFork(ctx context.Context, tkey string, spec, labelled prov
 }
 
 // template is key's template: ready, built by this call, or built by the
-// call in flight this one waited for.
-func (o *Owner) template(ctx context.Context, tkey string, spec provider.Spec, setup sandbox.SetupFunc, workdir string) (tmplReady, error) {
+// call in flight this one waited for. expected: the provider was told to
+// expect this seed's fork (see StartsExpecter); a seed that will not fork
+// after all tells it so, here when it fails or leaves.
+func (o *Owner) template(ctx context.Context, tkey string, spec provider.Spec, setup sandbox.SetupFunc, workdir string) (_ tmplReady, expected bool, _ error) {
 	t := o.tmpl
 	t.mu.Lock()
 	d := t.book.seed(tkey, o.clk.Now())
@@ -153,16 +162,23 @@ func (o *Owner) template(ctx context.Context, tkey string, spec provider.Spec, s
 		t.flights[d.Flight] = make(chan struct{})
 	}
 	ch := t.flights[d.Flight]
+	tell := 0
+	if e := o.caps.StartsExpecter; e != nil && d.Action == tmplWait {
+		// Every seed waiting forks once the build ends, and so does the
+		// one building (told of by the first to wait): the provider makes
+		// ahead meanwhile what each fork would make on its own.
+		tell = 1
+		if !t.told[d.Flight] {
+			t.told[d.Flight], tell = true, 2
+		}
+	}
 	t.mu.Unlock()
 	switch d.Action {
 	case tmplFork:
-		return d.Ready, nil
+		return d.Ready, false, nil
 	case tmplWait:
-		if e := o.caps.StartsExpecter; e != nil {
-			// Every seed waiting forks once the build ends, and so does
-			// the one building: the provider makes ahead meanwhile what
-			// each fork would make on its own.
-			e.ExpectStarts(d.Waiting + 1)
+		if tell > 0 {
+			o.caps.StartsExpecter.ExpectStarts(tell)
 		}
 		if t.onWait != nil {
 			t.onWait()
@@ -176,10 +192,16 @@ func (o *Owner) template(ctx context.Context, tkey string, spec provider.Spec, s
 			t.book.built(tkey, d.Flight, r, o.clk.Now())
 		}
 		delete(t.flights, d.Flight)
+		told := t.told[d.Flight]
+		delete(t.told, d.Flight)
 		close(ch)
 		t.mu.Unlock()
-		return r, err
+		if err != nil && told {
+			o.startsCancelled(1)
+		}
+		return r, told, err
 	}
+	expected = tell > 0
 	o.rt.Await(ctx, func() bool { return sched.Closed(ch) }) // Await itself returns once ctx is done
 	select {
 	case <-ch:
@@ -187,12 +209,26 @@ func (o *Owner) template(ctx context.Context, tkey string, spec provider.Spec, s
 		t.mu.Lock()
 		t.book.leave(d.Flight)
 		t.mu.Unlock()
-		return tmplReady{}, fmt.Errorf("waiting for the template's setup: %w", ctx.Err())
+		if expected {
+			o.startsCancelled(1)
+		}
+		return tmplReady{}, false, fmt.Errorf("waiting for the template's setup: %w", ctx.Err())
 	}
 	t.mu.Lock()
 	w := t.book.wake(d.Flight)
 	t.mu.Unlock()
-	return w.Ready, w.Err
+	if w.Err != nil && expected {
+		o.startsCancelled(1)
+	}
+	return w.Ready, expected && w.Err == nil, w.Err
+}
+
+// startsCancelled tells the provider that n forks it was told to expect
+// will not come, so that it gives back what it made ahead for them.
+func (o *Owner) startsCancelled(n int) {
+	if e := o.caps.StartsExpecter; e != nil {
+		e.StartsCancelled(n)
+	}
 }
 
 // buildTemplate starts a sandbox for tkey, runs the setup in it, snapshots

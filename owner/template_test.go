@@ -132,11 +132,13 @@ func TestKeyedGroupRunsSetupOnce(t *testing.T) {
 	}
 }
 
-// expecting is the fake provider told of the starts the owner expects.
+// expecting is the fake provider told of the starts the owner expects,
+// and of those that will not come.
 type expecting struct {
 	*fake.Provider
-	mu   sync.Mutex
-	told []int
+	mu        sync.Mutex
+	told      []int
+	cancelled int
 }
 
 func (x *expecting) Capabilities() provider.Capabilities {
@@ -151,10 +153,27 @@ func (x *expecting) ExpectStarts(n int) {
 	x.told = append(x.told, n)
 }
 
-// Each seed that waits for its template's build tells the provider how
-// many forks will come once it is built (those waiting and the builder's
+func (x *expecting) StartsCancelled(n int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.cancelled += n
+}
+
+// counts are the starts told to expect, in all, and those cancelled.
+func (x *expecting) counts() (told, cancelled int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for _, n := range x.told {
+		told += n
+	}
+	return told, x.cancelled
+}
+
+// Each seed that waits for its template's build tells the provider that
+// one more fork will come once it is built (the first also the builder's
 // own), so that the provider makes ahead what each fork needs; a seed
-// that forks a template built already tells nothing.
+// that forks a template built already tells nothing, and forks that came
+// cancel nothing.
 func TestSeedsWaitingForABuildAreExpectedByTheProvider(t *testing.T) {
 	e := newEnv(t)
 	x := &expecting{Provider: e.fk}
@@ -171,8 +190,73 @@ func TestSeedsWaitingForABuildAreExpectedByTheProvider(t *testing.T) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	slices.Sort(x.told)
-	if d := cmp.Diff([]int{2, 3, 4, 5}, x.told); d != "" {
+	if d := cmp.Diff([]int{1, 1, 1, 2}, x.told); d != "" {
 		t.Errorf("starts the provider was told to expect (-want +got):\n%s", d)
+	}
+	if x.cancelled != 0 {
+		t.Errorf("%d expected starts cancelled, though every seed forked", x.cancelled)
+	}
+}
+
+// A seed the provider was told to expect a fork of, and that will not
+// fork, tells it so: every seed of a group whose build failed (the
+// builder's own fork included), and a waiting seed whose context ended;
+// the builder of a group whose waiters left still forks, and cancels
+// nothing. (The provider gives back what it made for them: see
+// provider/local's TestCancelledStartsGiveTheirDisksBack.)
+func TestSeedsThatWillNotForkCancelTheirExpectedStarts(t *testing.T) {
+	e := newEnv(t)
+	x := &expecting{Provider: e.fk}
+	o := e.open(func(c *owner.Config) { c.Provider = x })
+	var runs atomic.Int64
+	boom := errors.New("clone failed: exit 128")
+	if _, errs := seedGroup(t, o, "task-1", 5, func(release <-chan struct{}) sandbox.SetupFunc {
+		return keyedSetup("task-1", &runs, release, boom)
+	}); len(errs) != 5 {
+		t.Fatalf("%d of 5 seeds failed, want all", len(errs))
+	}
+	if told, cancelled := x.counts(); told != 5 || cancelled != 5 {
+		t.Fatalf("a failed build: %d starts told, %d cancelled; want 5, 5", told, cancelled)
+	}
+
+	// The builder holds its setup until two waiters came and left.
+	release, building := make(chan struct{}), make(chan struct{})
+	setup := func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) (json.RawMessage, error) {
+		close(building)
+		<-release
+		return json.RawMessage(`{}`), nil
+	}
+	built := make(chan error, 1)
+	go func() {
+		_, err := o.StartKeyedSessionSandbox(context.Background(), "builder", "task-2", keyedSpec, setup, "")
+		built <- err
+	}()
+	<-building
+	waiting := make(chan struct{}, 2)
+	owner.SetTemplateWaitHook(o, func() { waiting <- struct{}{} })
+	defer owner.SetTemplateWaitHook(o, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	left := make(chan error, 2)
+	for i := range 2 {
+		go func() {
+			_, err := o.StartKeyedSessionSandbox(ctx, fmt.Sprintf("waiter-%d", i), "task-2", keyedSpec, setup, "")
+			left <- err
+		}()
+	}
+	<-waiting
+	<-waiting
+	cancel()
+	for range 2 {
+		if err := <-left; !errors.Is(err, context.Canceled) {
+			t.Errorf("a waiter whose context ended: %v, want context.Canceled", err)
+		}
+	}
+	close(release)
+	if err := <-built; err != nil {
+		t.Fatal(err)
+	}
+	if told, cancelled := x.counts(); told != 5+3 || cancelled != 5+2 {
+		t.Fatalf("two waiters left, the builder forked: %d starts told, %d cancelled in all; want 8, 7", told, cancelled)
 	}
 }
 

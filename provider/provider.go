@@ -206,13 +206,17 @@ type Leaser interface {
 	Renew(ctx context.Context, h Handle, expiresAt time.Time) error
 }
 
-// StartsExpecter is told that about n starts (or forks) will come soon
-// and at once: seeds waiting for their template's build, each to fork it
-// once it is built. It may make ahead, meanwhile, what each start would
-// make on its own. A hint: starts that never come cost at most what the
-// provider keeps ready.
+// StartsExpecter is told that about n more starts (or forks) will come
+// soon and at once: seeds waiting for their template's build, each to fork
+// it once it is built. It may make ahead, meanwhile, what each start would
+// make on its own. A hint, told again for each seed that joins, and taken
+// back by StartsCancelled for each told of that will not start (its seed
+// cancelled or failed, or served by a warm pool): what was made for starts
+// that never come is given back then, or after a bound of time the
+// provider keeps, and never outlives the provider.
 type StartsExpecter interface {
 	ExpectStarts(n int)
+	StartsCancelled(n int)
 }
 
 // SandboxInfo is one listed sandbox.

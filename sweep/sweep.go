@@ -89,6 +89,18 @@ type Report struct {
 	// because a fork stands on them (not a failure: a later sweep retries).
 	Stopped, Deleted, InUse []string
 	Failed                  map[string]string
+	// MadeAhead are what the provider had made ahead for starts that a
+	// server which died left (the local provider's directories, disks
+	// mounted: see MadeAheadSweeper), removed by Reap.
+	MadeAhead []string
+}
+
+// MadeAheadSweeper is a provider that makes ahead, outside its listings,
+// what starts need (the local provider: sandbox directories, disks
+// mounted) and can remove what a server which died left; while a server
+// runs on it, it removes nothing of that server's.
+type MadeAheadSweeper interface {
+	SweepMadeAhead() ([]string, error)
 }
 
 // Held is what a running server's sessions hold that the index may not
@@ -239,8 +251,16 @@ func reap(ctx context.Context, opts Options, rep Report) (Report, error) {
 		})
 		maps.Copy(rep.Failed, failed)
 	}
+	removals := len(rep.Snapshots) + len(rep.Sandboxes)
+	if m, ok := opts.Provider.(MadeAheadSweeper); ok {
+		var err error
+		removals++
+		if rep.MadeAhead, err = m.SweepMadeAhead(); err != nil {
+			rep.Failed["made ahead"] = err.Error()
+		}
+	}
 	if len(rep.Failed) > 0 {
-		return rep, fmt.Errorf("sweep: %d of %d removals failed", len(rep.Failed), len(rep.Snapshots)+len(rep.Sandboxes))
+		return rep, fmt.Errorf("sweep: %d of %d removals failed", len(rep.Failed), removals)
 	}
 	return rep, nil
 }

@@ -383,3 +383,43 @@ func TestSweepKeepsRecordedTemplates(t *testing.T) {
 		t.Fatal("the template's snapshot is gone")
 	}
 }
+
+// aheadSweeper is a fake that also made ahead, outside its listings, what
+// a server which died left (as the local provider's directories).
+type aheadSweeper struct {
+	*fake.Provider
+	left  []string
+	err   error
+	calls int
+}
+
+func (a *aheadSweeper) SweepMadeAhead() ([]string, error) {
+	a.calls++
+	removed := a.left
+	a.left = nil
+	return removed, a.err
+}
+
+// A sweep with Reap has the provider remove what a server which died made
+// ahead, and reports it (a failure among the removals); without Reap it
+// asks nothing.
+func TestSweepRemovesWhatWasMadeAhead(t *testing.T) {
+	fk, dir, _, _ := crashed(t)
+	idx := open(t, dir)
+	a := &aheadSweeper{Provider: fk, left: []string{"sb-1", "sb-2"}}
+	if _, err := sweep.Run(context.Background(), sweep.Options{Owner: "notes", Provider: a, Index: idx}); err != nil || a.calls != 0 {
+		t.Fatalf("a sweep that only reports: %v, %d calls to remove what was made ahead", err, a.calls)
+	}
+	rep, err := sweep.Run(context.Background(), sweep.Options{Owner: "notes", Provider: a, Index: idx, Reap: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff([]string{"sb-1", "sb-2"}, rep.MadeAhead); d != "" {
+		t.Errorf("made ahead, removed (-want +got):\n%s", d)
+	}
+	a.err = errors.New("umount: busy")
+	rep, err = sweep.Run(context.Background(), sweep.Options{Owner: "notes", Provider: a, Index: idx, Reap: true})
+	if err == nil || rep.Failed["made ahead"] != "umount: busy" {
+		t.Errorf("a failed removal of what was made ahead: %v, failed %v", err, rep.Failed)
+	}
+}

@@ -83,7 +83,8 @@ func (p *Provider) Reap(ctx context.Context) ([]string, error) {
 			errs = append(errs, removeSandboxDir(filepath.Join(p.trashDir(), e.Name())))
 		}
 	}
-	errs = append(errs, p.removeReadyDirs())
+	_, rerr := p.removeReadyDirs()
+	errs = append(errs, rerr)
 	if err := p.collect(ctx); err != nil {
 		errs = append(errs, err)
 	}

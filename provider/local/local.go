@@ -211,7 +211,8 @@ type Options struct {
 	// when negative (nor the further ids kept with only their uids and
 	// namespaces made, see readyNamespaces). They are made once a first sandbox started, and
 	// given back by Close; the directories a crashed server left are
-	// removed by the next exclusive provider's New and by Reap.
+	// removed by the next exclusive provider's New, by Reap and by
+	// SweepMadeAhead (server sweep -reap).
 	ReadyIDs int
 	// Exclusive locks Root for this provider until Close (or the process
 	// ends): New fails with ErrRootLocked while another holds it, naming
@@ -501,7 +502,7 @@ func New(opts Options) (_ *Provider, err error) {
 			_ = os.RemoveAll(dir)
 		}
 		// So are the sandbox directories they made ahead.
-		if err := p.removeReadyDirs(); err != nil {
+		if _, err := p.removeReadyDirs(); err != nil {
 			p.log.WithError(err).Warn("local: remove the sandbox directories a previous server made ahead (Reap retries)")
 		}
 	}

@@ -7,9 +7,14 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/flock"
 
 	"github.com/sandboxowner/owner/provider/local/uidrange"
 )
@@ -78,15 +83,22 @@ type readyIDs struct {
 	ready []readyID
 	// want is how many a fill keeps ready: for readyNS up to max,
 	// raised by demand (see take and expect); for those made in full,
-	// max, and more for as many takes as starts were expected (see
-	// expect).
+	// max or, when more starts are expected, expected (see expect).
 	want int
+	// expected counts, for those made in full, the starts told of (see
+	// ExpectStarts) that neither came nor were cancelled.
+	expected int
 	// making counts the ids the fill's workers are making, workers the
 	// workers that run.
 	making, workers int
 	fill            chan struct{} // closed when the fill that runs ends; nil: none runs
 	made            bool          // a fill has made one
 	closed          bool
+	// expiry gives back, for those made in full, what expected starts
+	// that never came were kept for, once expectedBy passed with none
+	// coming (see expect); nil: none armed.
+	expiry     clock.Timer
+	expectedBy time.Time
 
 	// taken, when set by a test, runs in a fill once it took a uid,
 	// before it makes the namespace; settling before settle waits.
@@ -104,7 +116,7 @@ func newReadyIDs(p *Provider, max int, nsOnly bool) *readyIDs {
 	return r
 }
 
-// ExpectStarts: n starts will come soon (seeds waiting for their
+// ExpectStarts: n more starts will come soon (seeds waiting for their
 // template's build, each to fork it once it is built). Up to n are made
 // ahead while they wait, several at once, so that the first group of a
 // fresh provider finds what each start needs made, as later groups do.
@@ -112,11 +124,15 @@ func newReadyIDs(p *Provider, max int, nsOnly bool) *readyIDs {
 // Where sandboxes have disks, those are ids made in full (directory,
 // disk mounted, views; a fork's disk mount is otherwise the slowest step
 // left on its own path), made once: each start that takes one lowers the
-// number kept back towards the usual few, and what no start takes is
-// given back at Close (its directory is under the ready directory: after
-// a crash the next server's New removes it). Without disks they are
-// namespaces, kept ready from then on (see readyNamespaces). A provider
-// that makes nothing ahead makes nothing.
+// number kept back towards the usual few. What was made for starts that
+// will not come is given back (directory removed, disk unmounted) as
+// soon as it is known: when StartsCancelled says so, when no start was
+// expected for expectedStartsTTL of the provider's clock (a hint that
+// outlived its seeds), at Close; after a crash the next server's New, its
+// Reap and the sweep remove the directories (see SweepMadeAhead). Without
+// disks they are namespaces, kept ready from then on (see
+// readyNamespaces: a uid and a little kernel memory each, in memory
+// only). A provider that makes nothing ahead makes nothing.
 func (p *Provider) ExpectStarts(n int) {
 	if p.disks != nil {
 		p.ready.expect(n)
@@ -124,6 +140,23 @@ func (p *Provider) ExpectStarts(n int) {
 	}
 	p.readyNS.expect(n)
 }
+
+// StartsCancelled: n of the starts ExpectStarts told of will not come
+// (their seeds were cancelled or failed, or found a sandbox elsewhere).
+// Where sandboxes have disks, the ids made in full for them beyond the
+// usual few are given back at once.
+func (p *Provider) StartsCancelled(n int) {
+	if p.disks != nil {
+		p.ready.cancelExpected(n)
+	}
+}
+
+// expectedStartsTTL bounds how long ids made in full for expected starts
+// are kept when none of those starts comes (nor another expectation):
+// longer than a template's build takes, most of the time, so that a group
+// finds its forks' disks made; a bound on a hint whose seeds went without
+// a word.
+const expectedStartsTTL = 10 * time.Minute
 
 // nsFillParallel is how many namespaces a fill of readyNS asks the
 // helper for at once.
@@ -198,8 +231,17 @@ func (r *readyIDs) take(fill bool) (got readyID, ok, outran bool) {
 	if ok {
 		got = r.ready[0]
 		r.ready = r.ready[1:]
-		// An expected start came (see expect): one fewer is kept, never
-		// fewer than max; a want within max stays as it is.
+	}
+	switch {
+	case fill && !r.nsOnly:
+		// A start came, an expected one as far as a hint can tell,
+		// whether or not one was ready for it: one fewer is kept for
+		// those, never fewer than max.
+		r.expected = max(0, r.expected-1)
+		r.want = max(r.max, r.expected)
+	case ok:
+		// One fewer is kept, never fewer than max; a want within max
+		// stays as it is.
 		r.want = max(min(r.want, r.max), r.want-1)
 	}
 	outran = !ok && r.made
@@ -212,9 +254,11 @@ func (r *readyIDs) take(fill bool) (got readyID, ok, outran bool) {
 	return got, ok, outran
 }
 
-// expect keeps at least n ready and starts making what is missing:
-// readyNS up to max, from now on; those made in full up to
-// maxReadyNamespaces, each beyond max until a take (see take).
+// expect: n more starts will come. readyNS keeps at least n ready, up to
+// max, from now on; those made in full count them (expected, up to
+// maxReadyNamespaces) and keep that many ready, or max, until starts take
+// them, they are cancelled or expectedStartsTTL passes with no more told
+// (see ExpectStarts). It starts making what is missing.
 func (r *readyIDs) expect(n int) {
 	if r == nil {
 		return
@@ -224,12 +268,75 @@ func (r *readyIDs) expect(n int) {
 	if r.closed {
 		return
 	}
-	limit := r.max
-	if !r.nsOnly {
-		limit = max(r.max, maxReadyNamespaces)
+	if r.nsOnly {
+		r.want = max(r.want, min(n, r.max))
+		r.topUpLocked()
+		return
 	}
-	r.want = max(r.want, min(n, limit))
+	r.expected = min(r.expected+n, maxReadyNamespaces)
+	r.want = max(r.max, r.expected)
 	r.topUpLocked()
+	if r.expected > 0 {
+		r.expectedBy = r.p.clk.Now().Add(expectedStartsTTL)
+		if r.expiry == nil {
+			r.expiry = r.p.clk.AfterFunc(expectedStartsTTL, r.expire)
+		}
+	}
+}
+
+// cancelExpected: n expected starts will not come; what was kept for them
+// beyond max is given back (see ExpectStarts).
+func (r *readyIDs) cancelExpected(n int) {
+	if r == nil || r.nsOnly {
+		return
+	}
+	r.mu.Lock()
+	r.expected = max(0, r.expected-n)
+	r.want = max(r.max, r.expected)
+	surplus := r.surplusLocked()
+	r.mu.Unlock()
+	giveBackAll(r.p, surplus)
+}
+
+// expire runs when expectedBy may have passed: then no expected start
+// came for expectedStartsTTL, and what was kept for them is given back;
+// otherwise it waits for the rest.
+func (r *readyIDs) expire() {
+	r.mu.Lock()
+	r.expiry = nil
+	if r.closed || r.expected == 0 {
+		r.mu.Unlock()
+		return
+	}
+	if left := r.expectedBy.Sub(r.p.clk.Now()); left > 0 {
+		r.expiry = r.p.clk.AfterFunc(left, r.expire)
+		r.mu.Unlock()
+		return
+	}
+	r.expected, r.want = 0, r.max
+	surplus := r.surplusLocked()
+	r.mu.Unlock()
+	if len(surplus) > 0 {
+		r.p.log.WithField("ids", len(surplus)).Info("local: sandbox ids made ahead for starts that did not come given back")
+	}
+	giveBackAll(r.p, surplus)
+}
+
+// surplusLocked takes out of ready what is beyond want, to be given back.
+func (r *readyIDs) surplusLocked() []readyID {
+	if len(r.ready) <= r.want {
+		return nil
+	}
+	surplus := slices.Clone(r.ready[r.want:])
+	r.ready = r.ready[:r.want]
+	return surplus
+}
+
+// giveBackAll gives back each of ids.
+func giveBackAll(p *Provider, ids []readyID) {
+	for _, got := range ids {
+		got.giveBack(p)
+	}
 }
 
 // topUpLocked starts the workers that make what is missing of want, up
@@ -265,6 +372,13 @@ func (r *readyIDs) fillUp() {
 			break
 		}
 		r.ready, r.made = append(r.ready, got), true
+		if surplus := r.surplusLocked(); len(surplus) > 0 {
+			// Expected starts cancelled while it was made: given back
+			// before the fill ends (settle waits for it).
+			r.mu.Unlock()
+			giveBackAll(r.p, surplus)
+			r.mu.Lock()
+		}
 	}
 	r.workers--
 	if r.workers == 0 {
@@ -355,23 +469,50 @@ func (got readyID) giveBack(p *Provider) {
 
 // removeReadyDirs removes the directories under the ready directory that
 // no id made ahead by this provider holds: what a server that died had
-// made ahead, or a start failed to clean.
-func (p *Provider) removeReadyDirs() error {
+// made ahead, or a start failed to clean. It returns their ids.
+func (p *Provider) removeReadyDirs() ([]string, error) {
 	entries, err := os.ReadDir(p.readyDir())
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil
+			return nil, nil
 		}
-		return err
+		return nil, err
 	}
+	var removed []string
 	var errs []error
 	for _, e := range entries {
 		if p.isPending(e.Name()) {
 			continue
 		}
-		errs = append(errs, removeSandboxDir(filepath.Join(p.readyDir(), e.Name())))
+		if err := removeSandboxDir(filepath.Join(p.readyDir(), e.Name())); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, e.Name())
 	}
-	return errors.Join(errs...)
+	return removed, errors.Join(errs...)
+}
+
+// SweepMadeAhead removes the directories made ahead (disks mounted) that
+// a server which died left under the root, and returns their ids: the
+// sweep's part after a crash, with no server on the root. While a server
+// holds the root (its lock, Options.Exclusive) it removes nothing: they
+// are that server's, whose Reap removes what it does not hold.
+func (p *Provider) SweepMadeAhead() ([]string, error) {
+	p.mu.Lock()
+	held := p.lock != nil
+	p.mu.Unlock()
+	if !held {
+		f, err := lockRoot(p.root)
+		if errors.Is(err, ErrRootLocked) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		defer flock.Release(f)
+	}
+	return p.removeReadyDirs()
 }
 
 // settle waits for the fill that runs, if one does, and reports whether
@@ -401,6 +542,10 @@ func (r *readyIDs) close() {
 	}
 	r.mu.Lock()
 	r.closed = true
+	if r.expiry != nil {
+		r.expiry.Stop()
+		r.expiry = nil
+	}
 	r.mu.Unlock()
 	r.cancel()
 	r.settle()
@@ -408,7 +553,5 @@ func (r *readyIDs) close() {
 	ready := r.ready
 	r.ready = nil
 	r.mu.Unlock()
-	for _, got := range ready {
-		got.giveBack(r.p)
-	}
+	giveBackAll(r.p, ready)
 }

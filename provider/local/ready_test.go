@@ -14,6 +14,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/clock"
+	"github.com/sandboxowner/owner/internal/flock"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local/localtest"
 	"github.com/sandboxowner/owner/provider/local/uidrange"
@@ -505,4 +507,130 @@ func TestExpectedStartsAreMadeSeveralAtOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// madeAhead counts the directories made ahead under p's root and the
+// mounts under them (a disk each, and its views in overlay mode), after
+// the fill that runs.
+func madeAhead(t *testing.T, p *Provider) (ready, dirs, mounts int) {
+	t.Helper()
+	return len(readyNow(p)), len(readyDirs(t, p)), len(localtest.MountsUnder(t, p.readyDir()))
+}
+
+// Ids made in full for expected starts that will not come (their seeds
+// cancelled or failed) are given back when the provider is told so:
+// directory removed, disk unmounted; the usual DefaultReadyIDs stay. A
+// cancellation while they are being made gives back what is made after
+// it too.
+func TestCancelledStartsGiveTheirDisksBack(t *testing.T) {
+	p := newDiskProvider(t, overlayContainer, Limits{DiskMB: 8})
+	const n = DefaultReadyIDs + 3
+	p.ExpectStarts(n)
+	ready, dirs, mounts := madeAhead(t, p)
+	if ready != n || dirs != n || mounts < n {
+		t.Fatalf("for %d expected starts: %d ready, %d directories, %d mounts", n, ready, dirs, mounts)
+	}
+	perID := mounts / n
+	p.StartsCancelled(3)
+	if ready, dirs, mounts := madeAhead(t, p); ready != DefaultReadyIDs || dirs != DefaultReadyIDs || mounts != DefaultReadyIDs*perID {
+		t.Errorf("3 of %d expected starts cancelled: %d ready, %d directories, %d mounts; want %d, %d, %d",
+			n, ready, dirs, mounts, DefaultReadyIDs, DefaultReadyIDs, DefaultReadyIDs*perID)
+	}
+	p.StartsCancelled(n - 3) // the rest, whose ids were the usual ones
+
+	// Cancelled as they are made.
+	p.ExpectStarts(n)
+	p.StartsCancelled(n)
+	if ready, dirs, mounts := madeAhead(t, p); ready != DefaultReadyIDs || dirs != DefaultReadyIDs || mounts != DefaultReadyIDs*perID {
+		t.Errorf("%d expected starts cancelled at once: %d ready, %d directories, %d mounts; want %d, %d, %d",
+			n, ready, dirs, mounts, DefaultReadyIDs, DefaultReadyIDs, DefaultReadyIDs*perID)
+	}
+	// A start that came took one and lowered what is kept for the rest.
+	p.ExpectStarts(n)
+	readyNow(p)
+	start(t, p, provider.Spec{})
+	p.StartsCancelled(1)
+	if ready, dirs, _ := madeAhead(t, p); ready != n-2 || dirs != n-2 {
+		t.Errorf("one of %d expected starts came, one cancelled: %d ready, %d directories; want %d", n, ready, dirs, n-2)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	noneMadeAhead(t, p, "Close")
+}
+
+// Ids made in full for expected starts that neither come nor are
+// cancelled (a hint that outlived its seeds) are given back once
+// expectedStartsTTL of the provider's clock passed since the last start
+// was expected.
+func TestExpectedStartsThatNeverComeAreGivenBack(t *testing.T) {
+	clk := clock.NewManual(time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC))
+	p := newProvider(t, overlayContainer, Options{Limits: Limits{DiskMB: 8}, Clock: clk})
+	if p.disks == nil {
+		t.Skipf("SKIP: the disk limit is not enforced here: %v", p.diskErr)
+	}
+	p.ExpectStarts(3)
+	if ready, dirs, _ := madeAhead(t, p); ready != 3 || dirs != 3 {
+		t.Fatalf("for 3 expected starts: %d ready, %d directories", ready, dirs)
+	}
+	clk.Advance(expectedStartsTTL - time.Second)
+	p.ExpectStarts(1) // the bound runs from here
+	if ready, dirs, _ := madeAhead(t, p); ready != 4 || dirs != 4 {
+		t.Fatalf("for 4 expected starts: %d ready, %d directories", ready, dirs)
+	}
+	clk.Advance(2 * time.Second)
+	if ready, dirs, _ := madeAhead(t, p); ready != 4 || dirs != 4 {
+		t.Fatalf("within the bound of the last expected start: %d ready, %d directories, want 4", ready, dirs)
+	}
+	clk.Advance(expectedStartsTTL)
+	if ready, dirs, mounts := madeAhead(t, p); ready != DefaultReadyIDs || dirs != DefaultReadyIDs || mounts == 0 {
+		t.Errorf("past the bound: %d ready, %d directories, %d mounts; want the usual %d", ready, dirs, mounts, DefaultReadyIDs)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	noneMadeAhead(t, p, "Close")
+}
+
+// A server that died with ids made ahead for expected starts left their
+// directories, disks mounted: the sweep (no server on the root) removes
+// them; while the server holds the root it removes nothing of its.
+func TestTheSweepRemovesWhatADeadServerMadeAhead(t *testing.T) {
+	server := newProvider(t, overlayContainer, Options{Limits: Limits{DiskMB: 8}, Exclusive: true})
+	if server.disks == nil {
+		t.Skipf("SKIP: the disk limit is not enforced here: %v", server.diskErr)
+	}
+	server.ExpectStarts(DefaultReadyIDs + 2)
+	readyNow(server)
+	left := readyDirs(t, server)
+	if len(left) != DefaultReadyIDs+2 {
+		t.Fatalf("%d directories made ahead, want %d", len(left), DefaultReadyIDs+2)
+	}
+	sweeper := newProvider(t, overlayContainer, Options{Root: server.root, Limits: Limits{DiskMB: 8}})
+	if removed, err := sweeper.SweepMadeAhead(); err != nil || len(removed) != 0 {
+		t.Fatalf("the sweep while the server holds the root: removed %v, %v; want nothing", removed, err)
+	}
+	if d := cmp.Diff(left, readyDirs(t, server)); d != "" {
+		t.Fatalf("the server's directories after the sweep (-before +after):\n%s", d)
+	}
+	// The server dies: its lock goes with it, and nothing is given back.
+	server.mu.Lock()
+	lock := server.lock
+	server.lock = nil
+	server.mu.Unlock()
+	if err := flock.Release(lock); err != nil {
+		t.Fatal(err)
+	}
+	server.ready.mu.Lock()
+	server.ready.ready = nil
+	server.ready.mu.Unlock()
+
+	removed, err := sweeper.SweepMadeAhead()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(left, removed); d != "" {
+		t.Errorf("removed by the sweep (-left by the dead server +removed):\n%s", d)
+	}
+	noneMadeAhead(t, server, "the sweep")
 }
