@@ -4,20 +4,20 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/sandboxowner/owner/internal/lazyctx"
 )
 
 // WithDeadline is context.WithDeadline on clk: the context ends with
 // context.DeadlineExceeded once clk reaches at. On the wall clock it is
-// context.WithDeadline's context made lazily (see wallDeadline); on a
-// Manual clock it ends when the test moves the clock there.
+// context.WithDeadline's context made lazily (lazyctx: a bound most calls
+// never wait on, such as a session's stop's, arms no timer and takes no
+// lock of its parent's); on a Manual clock it ends when the test moves the
+// clock there.
 func WithDeadline(parent context.Context, clk Clock, at time.Time) (context.Context, context.CancelFunc) {
 	if _, ok := clk.(Real); ok {
-		if cur, ok := parent.Deadline(); ok && cur.Before(at) {
-			// The parent ends first: what context.WithDeadline returns.
-			return context.WithCancel(parent)
-		}
-		c := &wallDeadline{parent: parent, at: at}
-		return c, c.cancel
+		c := lazyctx.WithDeadline(parent, at)
+		return c, c.Cancel
 	}
 	ctx, cancel := context.WithCancelCause(parent)
 	c := &deadlineCtx{Context: ctx}
@@ -67,93 +67,4 @@ func (c *deadlineCtx) Err() error {
 		return context.DeadlineExceeded
 	}
 	return err
-}
-
-// wallDeadline is context.WithDeadline(parent, at) that arms nothing until
-// someone waits on its Done: a bound most calls never reach (a session's
-// stop, two minutes) cost a timer armed and stopped, a registration with
-// the parent under the parent's lock (the owner's, shared by every
-// session) and three allocations, for calls that only read Err. Err reads
-// the parent and the wall clock instead; the first Done arms the timer and
-// the parent's AfterFunc, as context.WithDeadline does at once.
-type wallDeadline struct {
-	parent context.Context
-	at     time.Time
-	mu     sync.Mutex
-	// err is set once, when the context is found or made ended, and
-	// never changes; done is made by the first Done and closed with err.
-	err  error
-	done chan struct{}
-	// timer and unhook undo what the first Done armed.
-	timer  *time.Timer
-	unhook func() bool
-}
-
-func (c *wallDeadline) Deadline() (time.Time, bool) { return c.at, true }
-
-func (c *wallDeadline) Value(key any) any { return c.parent.Value(key) }
-
-func (c *wallDeadline) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.check()
-}
-
-// check ends the context if its parent or its deadline has (the parent's
-// error when both have by the first look), and returns its error. Under
-// mu.
-func (c *wallDeadline) check() error {
-	if c.err != nil {
-		return c.err
-	}
-	if err := c.parent.Err(); err != nil {
-		c.endLocked(err)
-	} else if !time.Now().Before(c.at) {
-		c.endLocked(context.DeadlineExceeded)
-	}
-	return c.err
-}
-
-func (c *wallDeadline) Done() <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.done != nil {
-		return c.done
-	}
-	c.done = make(chan struct{})
-	if c.err != nil {
-		// Found ended by an Err before.
-		close(c.done)
-		return c.done
-	}
-	if c.check() != nil {
-		return c.done // closed as it ended
-	}
-	c.timer = time.AfterFunc(time.Until(c.at), func() { c.end(context.DeadlineExceeded) })
-	c.unhook = context.AfterFunc(c.parent, func() { c.end(c.parent.Err()) })
-	return c.done
-}
-
-func (c *wallDeadline) cancel() { c.end(context.Canceled) }
-
-func (c *wallDeadline) end(err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.endLocked(err)
-}
-
-// endLocked ends the context with err unless it has ended already, and
-// undoes what a Done armed. Under mu.
-func (c *wallDeadline) endLocked(err error) {
-	if c.err != nil {
-		return
-	}
-	c.err = err
-	if c.done != nil {
-		close(c.done)
-	}
-	if c.timer != nil {
-		c.timer.Stop()
-		c.unhook()
-	}
 }

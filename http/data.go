@@ -151,8 +151,8 @@ func (s *Server) serveData(ctx *fasthttp.RequestCtx, route string, ep *control.E
 	ctx.SetUserValue(sessionValue, id)
 	sess := s.newDataRequest(id, RequestID(ctx), episode, hasEpisode)
 
-	rctx, cancel := s.requestContext(ctx)
-	defer cancel()
+	rctx := s.requestContext(ctx)
+	defer rctx.Cancel()
 	if s.part != nil {
 		leave, err := s.part.Admit(rctx, kind.admission(), sess)
 		if err != nil {

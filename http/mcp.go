@@ -175,8 +175,8 @@ func (s *Server) mcpCall(ctx *fasthttp.RequestCtx, req rpcRequest) {
 		ctx.SetUserValue(captureKeyValue, sess.Episode.CaptureKey())
 	}
 	sess.Log = s.requestLog(ctx)
-	rctx, cancel := s.requestContext(ctx)
-	defer cancel()
+	rctx := s.requestContext(ctx)
+	defer rctx.Cancel()
 	if s.part != nil {
 		leave, err := s.part.Admit(rctx, participant.Tool, sess)
 		if err != nil {

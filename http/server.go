@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxowner/owner/control"
 	"github.com/sandboxowner/owner/internal/envelope"
 	"github.com/sandboxowner/owner/internal/fifo"
+	"github.com/sandboxowner/owner/internal/lazyctx"
 	"github.com/sandboxowner/owner/internal/logs"
 	"github.com/sandboxowner/owner/metrics"
 	"github.com/sandboxowner/owner/owner"
@@ -456,12 +457,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 const contextShards = 64
 
 // requestContext is a data request's context: ended when the request is
-// answered (cancel) or when the server stops, carrying its request id.
-func (s *Server) requestContext(ctx *fasthttp.RequestCtx) (context.Context, context.CancelFunc) {
+// answered (its Cancel) or when the server stops, carrying its request id.
+// One allocation, and no registration with its parent unless a wait asks
+// for its Done: most requests are answered without one.
+func (s *Server) requestContext(ctx *fasthttp.RequestCtx) *lazyctx.Ctx {
 	id := ctx.ID()
 	parent := s.shards[(id^id>>32)%contextShards]
 	// The id's user value is boxed already: the context keeps that box.
-	return context.WithCancel(logs.WithBoxedRequestID(parent, ctx.UserValue(requestIDValue)))
+	return logs.RequestContext(parent, ctx.UserValue(requestIDValue))
 }
 
 // Handler is the request handler, panics included: a panic is logged with

@@ -8,6 +8,8 @@ import (
 	"io"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/sandboxowner/owner/internal/lazyctx"
 )
 
 // Field keys every component uses for the things it logs about.
@@ -33,15 +35,17 @@ func WithRequestID(ctx context.Context, id string) context.Context {
 	return context.WithValue(ctx, requestKey{}, id)
 }
 
-// WithBoxedRequestID is WithRequestID for an id held in an interface value
-// already (a string; anything else, or "", leaves ctx as it is): the
-// context keeps it without boxing it again. The HTTP server boxes each
-// request's id once, for its user value and its context alike.
-func WithBoxedRequestID(ctx context.Context, id any) context.Context {
+// RequestContext is a context carrying the request id held in an
+// interface value already (a string; anything else, or "", carries none),
+// ended by its Cancel or its parent's end: the HTTP server boxes each
+// request's id once, for its user value and its context alike. It is made
+// in one allocation and registered with its parent only if someone waits
+// on it (lazyctx).
+func RequestContext(parent context.Context, id any) *lazyctx.Ctx {
 	if s, _ := id.(string); s == "" {
-		return ctx
+		return lazyctx.WithCancel(parent)
 	}
-	return context.WithValue(ctx, requestKey{}, id)
+	return lazyctx.WithValue(parent, requestKey{}, id)
 }
 
 // RequestIDOf is the request id ctx carries, or "".

@@ -1,0 +1,212 @@
+package lazyctx_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sandboxowner/owner/internal/lazyctx"
+	"github.com/sandboxowner/owner/internal/racebuild"
+)
+
+func waitDone(t *testing.T, ctx context.Context) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("the context never ended")
+	}
+}
+
+// deadline is lazyctx.WithDeadline with its Cancel, as
+// context.WithDeadline returns them.
+func deadline(parent context.Context, at time.Time) (context.Context, context.CancelFunc) {
+	c := lazyctx.WithDeadline(parent, at)
+	return c, c.Cancel
+}
+
+func deadlineIn(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return deadline(parent, time.Now().Add(d))
+}
+
+// TestDeadlineEndsAtItsDeadline: a context ends with
+// DeadlineExceeded once its deadline passes, read through Err alone (no
+// Done ever asked for) or waited for on Done, and reports that deadline.
+func TestDeadlineEndsAtItsDeadline(t *testing.T) {
+	past, cancel := deadlineIn(context.Background(), -time.Second)
+	defer cancel()
+	if !errors.Is(past.Err(), context.DeadlineExceeded) {
+		t.Fatalf("a deadline passed: err = %v, want DeadlineExceeded", past.Err())
+	}
+	select {
+	case <-past.Done():
+	default:
+		t.Fatal("a context found ended by Err has an open Done")
+	}
+
+	at := time.Now().Add(20 * time.Millisecond)
+	ctx, cancel2 := deadline(context.Background(), at)
+	defer cancel2()
+	if d, ok := ctx.Deadline(); !ok || !d.Equal(at) {
+		t.Fatalf("deadline = %v, %v, want %v", d, ok, at)
+	}
+	if err := ctx.Err(); err != nil {
+		t.Fatalf("err = %v before the deadline", err)
+	}
+	waitDone(t, ctx)
+	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		t.Fatalf("err = %v once Done closed, want DeadlineExceeded", ctx.Err())
+	}
+	if time.Now().Before(at) {
+		t.Fatal("Done closed before the deadline")
+	}
+
+	// Read through Err alone, without Done.
+	ctx3, cancel3 := deadlineIn(context.Background(), time.Millisecond)
+	defer cancel3()
+	for ctx3.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	if !errors.Is(ctx3.Err(), context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want DeadlineExceeded", ctx3.Err())
+	}
+}
+
+// TestDeadlineFollowsItsParent: the parent's end ends the context with
+// the parent's error, whether or not Done was asked for before; a parent
+// with an earlier deadline gives its own; values are the parent's.
+func TestDeadlineFollowsItsParent(t *testing.T) {
+	type key struct{}
+	for _, armed := range []bool{false, true} {
+		parent, pcancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
+		ctx, cancel := deadlineIn(parent, time.Hour)
+		if armed {
+			_ = ctx.Done()
+		}
+		if got := ctx.Value(key{}); got != "v" {
+			t.Fatalf("value = %v, want the parent's", got)
+		}
+		pcancel()
+		waitDone(t, ctx)
+		if !errors.Is(ctx.Err(), context.Canceled) {
+			t.Fatalf("armed %v: err = %v after the parent's cancel, want Canceled", armed, ctx.Err())
+		}
+		cancel()
+	}
+
+	early := time.Now().Add(time.Minute)
+	parent, pcancel := context.WithDeadline(context.Background(), early)
+	defer pcancel()
+	ctx, cancel := deadlineIn(parent, time.Hour)
+	defer cancel()
+	if d, _ := ctx.Deadline(); !d.Equal(early) {
+		t.Fatalf("deadline = %v under a parent ending at %v", d, early)
+	}
+}
+
+// TestDeadlineCancel: cancel ends the context with Canceled, armed or
+// not, and its error does not change when the parent or the deadline end
+// later; a child made from it ends with it.
+func TestDeadlineCancel(t *testing.T) {
+	for _, armed := range []bool{false, true} {
+		parent, pcancel := context.WithCancel(context.Background())
+		ctx, cancel := deadlineIn(parent, 10*time.Millisecond)
+		child, ccancel := context.WithCancel(ctx)
+		if armed {
+			_ = ctx.Done()
+		}
+		cancel()
+		waitDone(t, ctx)
+		waitDone(t, child)
+		if !errors.Is(ctx.Err(), context.Canceled) || !errors.Is(child.Err(), context.Canceled) {
+			t.Fatalf("armed %v: err = %v, child's %v after cancel, want Canceled", armed, ctx.Err(), child.Err())
+		}
+		pcancel()
+		time.Sleep(20 * time.Millisecond) // past the deadline: nothing may change
+		if !errors.Is(ctx.Err(), context.Canceled) {
+			t.Fatalf("armed %v: err changed to %v", armed, ctx.Err())
+		}
+		ccancel()
+	}
+}
+
+// TestValueAndItsParents: a context carries its one value and its
+// parent's, and the parent's deadline when it has none of its own.
+func TestValueAndItsParents(t *testing.T) {
+	type k1 struct{}
+	type k2 struct{}
+	at := time.Now().Add(time.Hour)
+	parent, pcancel := context.WithDeadline(context.WithValue(context.Background(), k1{}, "parent's"), at)
+	defer pcancel()
+	c := lazyctx.WithValue(parent, k2{}, "own")
+	defer c.Cancel()
+	if got, want := [2]any{c.Value(k1{}), c.Value(k2{})}, [2]any{"parent's", "own"}; got != want {
+		t.Fatalf("values = %v, want %v", got, want)
+	}
+	if d, ok := c.Deadline(); !ok || !d.Equal(at) {
+		t.Fatalf("deadline = %v, %v, want the parent's %v", d, ok, at)
+	}
+	if d, ok := lazyctx.WithCancel(context.Background()).Deadline(); ok {
+		t.Fatalf("a context without a deadline reports %v", d)
+	}
+}
+
+// TestEndsWithItsParentOrItsCancel: the parent's end ends it with the
+// parent's error, and Cancel with Canceled, whether Done was asked for
+// before or not; a child made from it ends with it; its error never
+// changes after.
+func TestEndsWithItsParentOrItsCancel(t *testing.T) {
+	for _, armed := range []bool{false, true} {
+		parent, pcancel := context.WithCancel(context.Background())
+		c := lazyctx.WithCancel(parent)
+		if armed {
+			_ = c.Done()
+		}
+		pcancel()
+		waitDone(t, c)
+		if !errors.Is(c.Err(), context.Canceled) {
+			t.Fatalf("armed %v: err = %v after the parent's end", armed, c.Err())
+		}
+
+		parent2, pcancel2 := context.WithTimeout(context.Background(), time.Hour)
+		c2 := lazyctx.WithCancel(parent2)
+		child, ccancel := context.WithCancel(c2)
+		if armed {
+			_ = c2.Done()
+		}
+		c2.Cancel()
+		waitDone(t, c2)
+		waitDone(t, child)
+		pcancel2()
+		if !errors.Is(c2.Err(), context.Canceled) || !errors.Is(child.Err(), context.Canceled) {
+			t.Fatalf("armed %v: err = %v, child's %v after Cancel", armed, c2.Err(), child.Err())
+		}
+		ccancel()
+	}
+}
+
+// TestArmsNothingUnlessWaitedOn: a context nobody waits on is one
+// allocation, carrying a value or not; context.WithCancel over
+// context.WithValue, with the registration with a cancellable parent, is
+// three.
+func TestArmsNothingUnlessWaitedOn(t *testing.T) {
+	if racebuild.Enabled {
+		t.Skip("allocation counts differ under -race")
+	}
+	type key struct{}
+	var id any = "request-1"
+	parent, pcancel := context.WithCancel(context.Background())
+	defer pcancel()
+	_ = parent.Done()
+	allocs := testing.AllocsPerRun(100, func() {
+		c := lazyctx.WithValue(parent, key{}, id)
+		if c.Err() != nil || c.Value(key{}) != id {
+			t.Fatal("ended at once, or lost its value")
+		}
+		c.Cancel()
+	})
+	if allocs > 1 {
+		t.Fatalf("%v allocations, want 1", allocs)
+	}
+}
