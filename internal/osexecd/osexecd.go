@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -34,6 +33,7 @@ import (
 	"time"
 
 	"github.com/sandboxowner/owner/internal/diewith"
+	"github.com/sandboxowner/owner/internal/freeport"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
 	"github.com/sandboxowner/owner/provider/opensandbox/opensandboxtest"
@@ -119,17 +119,25 @@ func (e *Execd) Stop() { _ = syscall.Kill(-e.pgid, syscall.SIGKILL) }
 // inside bubblewrap with tree bound at workdir (the rest of the host
 // read-only, a private /tmp), so that the sandbox it serves sees tree where
 // a container would have its workdir. It waits until execd answers /ping.
+//
+// execd takes a port, not 0, and a port found free stays free only until
+// another process's bind: an execd that could not listen on its port (an
+// exit saying so) is started again on another, a few times.
 func Start(ctx context.Context, bin, tree, workdir, token string) (*Execd, error) {
+	return start(ctx, bin, tree, workdir, token, freeport.Loopback)
+}
+
+// portTries bounds the starts of one execd whose port was taken.
+const portTries = 3
+
+// errPortTaken: execd exited because its port was taken meanwhile.
+var errPortTaken = errors.New("osexecd: execd's port was taken before it listened")
+
+func start(ctx context.Context, bin, tree, workdir, token string, port func() (int, error)) (*Execd, error) {
 	bwrap, err := exec.LookPath("bwrap")
 	if err != nil {
 		return nil, fmt.Errorf("%w: bubblewrap is not installed", ErrNoExecd)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
 	args := []string{"--tmpfs", "/"}
 	entries, err := os.ReadDir("/")
 	if err != nil {
@@ -151,7 +159,22 @@ func Start(ctx context.Context, bin, tree, workdir, token string) (*Execd, error
 	}
 	args = append(args, "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--bind", tree, workdir,
 		"--ro-bind", bin, "/tmp/execd", "--chdir", workdir, "--setenv", "EXECD_ACCESS_TOKEN", token, "--setenv", "TMPDIR", "/tmp",
-		"--", "/tmp/execd", "--port", strconv.Itoa(port), "--log-level", "2")
+		"--", "/tmp/execd", "--log-level", "2", "--port")
+	for try := 1; ; try++ {
+		p, err := port()
+		if err != nil {
+			return nil, err
+		}
+		e, err := startOn(ctx, bwrap, append(args[:len(args):len(args)], strconv.Itoa(p)), p, token)
+		if !errors.Is(err, errPortTaken) || try == portTries {
+			return e, err
+		}
+	}
+}
+
+// startOn runs bwrap with args (execd's on port last) and waits until
+// execd answers /ping on port, or exits.
+func startOn(ctx context.Context, bwrap string, args []string, port int, token string) (*Execd, error) {
 	// Dies with the test binary that starts it, killed mid-run or not:
 	// bwrap by the parent-death signal, execd with bwrap.
 	cmd := exec.Command(bwrap, append([]string{"--die-with-parent"}, args...)...)
@@ -170,12 +193,29 @@ func Start(ctx context.Context, bin, tree, workdir, token string) (*Execd, error
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	go func() { _ = cmd.Wait() }()
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
 	e := &Execd{Endpoint: fmt.Sprintf("127.0.0.1:%d", port), Token: token, pgid: cmd.Process.Pid}
 	for deadline := time.Now().Add(time.Minute); ; {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.Endpoint+"/ping", nil)
+		select {
+		case <-exited:
+			// Nothing answering on the port now is this execd. Its log
+			// loses the error it exits with: whether another socket
+			// holds the port says why.
+			log, _ := os.ReadFile(out.Name())
+			if freeport.Held(port) {
+				return nil, fmt.Errorf("%w: %s", errPortTaken, log)
+			}
+			return nil, fmt.Errorf("execd on %s exited: %s", e.Endpoint, log)
+		default:
+		}
+		// Each ping bounded: what took the port may never answer.
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		req, _ := http.NewRequestWithContext(pctx, http.MethodGet, "http://"+e.Endpoint+"/ping", nil)
 		req.Header.Set(opensandboxtest.ExecdTokenHeader, token)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp, err := http.DefaultClient.Do(req)
+		cancel()
+		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return e, nil

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/sandboxowner/owner/internal/diewith"
 	"github.com/sandboxowner/owner/internal/flock"
+	"github.com/sandboxowner/owner/internal/freeport"
 )
 
 // Stack is the real OpenSandbox (its lifecycle server from source, Docker
@@ -206,7 +206,7 @@ func (s Stack) OwnServer(tb testing.TB) Stack {
 	// tries, each with another.
 	for range 3 {
 		var port int
-		if port, err = freePort(); err != nil {
+		if port, err = freeport.Loopback(); err != nil {
 			break
 		}
 		own.env = append(os.Environ(), "OSSTACK_DIR="+own.Dir, fmt.Sprintf("OSSTACK_PORT=%d", port))
@@ -216,16 +216,6 @@ func (s Stack) OwnServer(tb testing.TB) Stack {
 	}
 	tb.Fatalf("a lifecycle server of the test's own: %v", err)
 	return Stack{}
-}
-
-// freePort is a loopback TCP port nothing listens on now.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // hold opens one of the stack's lock files and flocks it (LOCK_SH or

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -25,6 +24,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/internal/diewith"
+	"github.com/sandboxowner/owner/internal/freeport"
 	"github.com/sandboxowner/owner/internal/osexecd"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/local"
@@ -120,8 +120,56 @@ func realExecd(t *testing.T) execdUnderTest {
 	if err := os.Symlink(bin, filepath.Join(dir, "execd")); err != nil {
 		t.Fatal(err)
 	}
-	port := freePort(t)
 	const token = "contract-token"
+	// execd takes a port, not 0: one found free may be taken before execd
+	// binds it, and then the script fails with the port held by another
+	// socket. It is started again on another, a few times.
+	var port int
+	for try := 1; ; try++ {
+		if port, err = freeport.Loopback(); err != nil {
+			t.Fatal(err)
+		}
+		err = startExecd(t, script, dir, port, token)
+		if err == nil {
+			break
+		}
+		if try == 3 || !freeport.Held(port) {
+			t.Fatal(err)
+		}
+		t.Logf("port %d was taken before execd listened: started again on another", port)
+	}
+	workdir := filepath.Join(dir, "sandbox")
+	if err := os.Mkdir(workdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const id = "real-execd"
+	// The lifecycle server as far as the provider needs it for execd calls.
+	stub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case fmt.Sprintf("/v1/sandboxes/%s/endpoints/%d", id, opensandbox.ExecdPort):
+			_ = json.NewEncoder(w).Encode(map[string]any{"endpoint": fmt.Sprintf("127.0.0.1:%d", port),
+				"headers": map[string]string{"X-EXECD-ACCESS-TOKEN": token}})
+		case "/v1/sandboxes/" + id:
+			_ = json.NewEncoder(w).Encode(map[string]any{"id": id, "status": map[string]any{"state": "Running"}})
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(stub.Close)
+	p, err := opensandbox.New(opensandbox.Options{Domain: strings.TrimPrefix(stub.URL, "http://")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Wait)
+	desc, _ := json.Marshal(map[string]string{"sandbox_id": id, "workdir": workdir})
+	return execdUnderTest{p: p, h: provider.Handle{SandboxID: id, Provider: opensandbox.Name, Descriptor: desc}, workdir: workdir, bulk: 40 << 20, file: 40 << 20, frame: opensandbox.MaxFrame}
+}
+
+// startExecd runs execd.sh start on port in dir; the execd it leaves is
+// killed with its process group at the test's end (or the test binary's,
+// killed mid-run). It returns the script's failure with its output.
+func startExecd(t *testing.T, script, dir string, port int, token string) error {
+	t.Helper()
 	start := exec.Command(script, "start", dir, strconv.Itoa(port))
 	start.Env = append(os.Environ(), "EXECD_TOKEN="+token)
 	// A file, not a pipe: the shell that backgrounds execd keeps the
@@ -151,43 +199,9 @@ func realExecd(t *testing.T) execdUnderTest {
 	})
 	if err != nil {
 		out, _ := os.ReadFile(log.Name())
-		t.Fatalf("execd.sh start: %v\n%s", err, out)
+		return fmt.Errorf("execd.sh start on port %d: %w\n%s", port, err, out)
 	}
-	workdir := filepath.Join(dir, "sandbox")
-	if err := os.Mkdir(workdir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	const id = "real-execd"
-	// The lifecycle server as far as the provider needs it for execd calls.
-	stub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case fmt.Sprintf("/v1/sandboxes/%s/endpoints/%d", id, opensandbox.ExecdPort):
-			_ = json.NewEncoder(w).Encode(map[string]any{"endpoint": fmt.Sprintf("127.0.0.1:%d", port),
-				"headers": map[string]string{"X-EXECD-ACCESS-TOKEN": token}})
-		case "/v1/sandboxes/" + id:
-			_ = json.NewEncoder(w).Encode(map[string]any{"id": id, "status": map[string]any{"state": "Running"}})
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	t.Cleanup(stub.Close)
-	p, err := opensandbox.New(opensandbox.Options{Domain: strings.TrimPrefix(stub.URL, "http://")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Wait)
-	desc, _ := json.Marshal(map[string]string{"sandbox_id": id, "workdir": workdir})
-	return execdUnderTest{p: p, h: provider.Handle{SandboxID: id, Provider: opensandbox.Name, Descriptor: desc}, workdir: workdir, bulk: 40 << 20, file: 40 << 20, frame: opensandbox.MaxFrame}
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return nil
 }
 
 // wire is what of a command's output execd's stream can carry: it sends
