@@ -21,13 +21,17 @@ import (
 
 // sweepServer is a server on a fake provider and a manual clock whose own
 // sweep passes every minute; pass advances the clock by a minute and
-// returns the pass it made.
+// returns the pass it made. The sweep's timer is the clock's only one (no
+// lease ticker), so the wait for one pending timer is the wait for the
+// sweep's: with the ticker's too, whichever goroutine armed first ended
+// it, and a pass that advanced the clock before the sweep armed its timer
+// would wait for a pass a minute later, for ever.
 func sweepServer(t *testing.T, orphans time.Duration) (*app.App, *fake.Provider, func() sweep.Pass) {
 	t.Helper()
 	clk := clock.NewManual(time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC))
 	fk := fake.New(fake.Options{Clock: clk})
 	passes := make(chan sweep.Pass, 1)
-	a, _, _ := startFake(t, t.TempDir(), fk, app.Deps{Clock: clk, OnSweep: func(p sweep.Pass) { passes <- p }}, func(c *app.Config) {
+	a, _, _ := startFake(t, t.TempDir(), fk, app.Deps{Clock: clk, LeaseTick: -1, OnSweep: func(p sweep.Pass) { passes <- p }}, func(c *app.Config) {
 		c.Sweep.Interval, c.Sweep.Retention.Orphans, c.Sweep.Retention.PendingDeletes = time.Minute, orphans, 0
 		c.Sweep.Retention.Templates = 2 * time.Minute
 	})
