@@ -37,6 +37,8 @@ type Gate struct {
 
 	changed  *broadcast.Broadcast
 	onChange func()
+	// tickets are the admitted requests' tickets, reused (see Enter).
+	tickets sync.Pool
 }
 
 // gateShards is how many locks the sessions' counts are spread over.
@@ -130,8 +132,35 @@ func (g *Gate) Enter(ctx context.Context, e Entry) (leave func(), err error) {
 		}
 	}
 	g.changed.Fire()
-	var once sync.Once
-	return func() { once.Do(func() { g.leave(e) }) }, nil
+	// A ticket kept between requests and a closure that names its turn:
+	// one allocation, where a sync.Once and its closure were two. A leave
+	// counts only while the ticket is still on the turn it was handed out
+	// for, so a second call, or one after the ticket went to another
+	// request, counts nothing.
+	t, _ := g.tickets.Get().(*ticket)
+	if t == nil {
+		t = &ticket{g: g}
+	}
+	t.e = e
+	turn := t.turn.Load()
+	return func() { t.leave(turn) }, nil
+}
+
+// ticket is an admitted request's place in the counts, reused once left.
+type ticket struct {
+	g    *Gate
+	e    Entry
+	turn atomic.Uint64
+}
+
+func (t *ticket) leave(turn uint64) {
+	if !t.turn.CompareAndSwap(turn, turn+1) {
+		return
+	}
+	e := t.e
+	t.e = Entry{}
+	t.g.tickets.Put(t)
+	t.g.leave(e)
 }
 
 // await waits, counted as waiting, until the gate is open again (or

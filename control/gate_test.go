@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxowner/owner/control"
+	"github.com/sandboxowner/owner/internal/racebuild"
 )
 
 // waitUntil blocks until cond holds, woken by the gate's changes.
@@ -187,5 +188,41 @@ func TestGateAdmitsNothingOnceAClosedGateDrained(t *testing.T) {
 	wg.Wait()
 	if n := bad.Load(); n != 0 {
 		t.Fatalf("%d requests were admitted after the closed gate drained", n)
+	}
+}
+
+// TestGateStaleLeaveCountsNothing: a request's leave called again after
+// its ticket went to later requests leaves none of theirs; entering and
+// leaving is one allocation.
+func TestGateStaleLeaveCountsNothing(t *testing.T) {
+	g := control.NewGate(nil)
+	ctx := context.Background()
+	stale, err := g.Enter(ctx, control.Entry{Session: "s1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale()
+	for i := range 100 {
+		leave, err := g.Enter(ctx, control.Entry{Session: "s2"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stale()
+		if n := g.InflightOf("s2"); n != 1 {
+			t.Fatalf("entry %d: s2 has %d in flight after a stale leave, want 1", i, n)
+		}
+		leave()
+	}
+	if g.Inflight() != 0 {
+		t.Fatalf("inflight %d after every leave", g.Inflight())
+	}
+	if racebuild.Enabled {
+		return // allocation counts differ under -race
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		leave, _ := g.Enter(ctx, control.Entry{Session: "s3", Label: "r3"})
+		leave()
+	}); n > 1 {
+		t.Fatalf("%v allocations to enter and leave, want 1", n)
 	}
 }
