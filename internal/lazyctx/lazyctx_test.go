@@ -171,18 +171,35 @@ func TestEndsWithItsParentOrItsCancel(t *testing.T) {
 
 		parent2, pcancel2 := context.WithTimeout(context.Background(), time.Hour)
 		c2 := lazyctx.WithCancel(parent2)
-		child, ccancel := context.WithCancel(c2)
 		if armed {
 			_ = c2.Done()
 		}
 		c2.Cancel()
-		waitDone(t, c2)
-		waitDone(t, child)
-		pcancel2()
-		if !errors.Is(c2.Err(), context.Canceled) || !errors.Is(child.Err(), context.Canceled) {
-			t.Fatalf("armed %v: err = %v, child's %v after Cancel", armed, c2.Err(), child.Err())
+		if !errors.Is(c2.Err(), context.Canceled) {
+			t.Fatalf("armed %v: err = %v after Cancel", armed, c2.Err())
 		}
-		ccancel()
+		waitDone(t, c2)
+		pcancel2()
+		if !errors.Is(c2.Err(), context.Canceled) {
+			t.Fatalf("armed %v: err = %v after Cancel, then the parent's end", armed, c2.Err())
+		}
+	}
+
+	// A child made from it (which waits on its Done) ends with it.
+	c := lazyctx.WithCancel(context.Background())
+	child, ccancel := context.WithCancel(c)
+	defer ccancel()
+	c.Cancel()
+	waitDone(t, child)
+
+	// Found past its deadline, it stays so when cancelled after.
+	late := lazyctx.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	if !errors.Is(late.Err(), context.DeadlineExceeded) {
+		t.Fatalf("err = %v past the deadline", late.Err())
+	}
+	late.Cancel()
+	if !errors.Is(late.Err(), context.DeadlineExceeded) {
+		t.Fatalf("err = %v after a Cancel that came later than the deadline", late.Err())
 	}
 }
 
