@@ -262,9 +262,13 @@ func (c *client) do(ctx context.Context, pid *actor.PID, fn sandbox.DoFunc) (*me
 // stop asks a session to stop its sandbox for reason (an idle stop only
 // if the session has been unused since idleSince).
 func (c *client) stop(ctx context.Context, pid *actor.PID, reason messages.StopReason, idleSince time.Time) (*messages.StopReply, error) {
-	return ask[*messages.StopReply](ctx, c, pid, func(r messages.ReplyTo) any {
-		return &messages.StopSandbox{Reason: reason, IdleSince: idleSince, Reply: r}
-	})
+	// Not through ask: its build closure was an allocation of every close.
+	r := c.slot()
+	v, err := c.call(ctx, pid, &messages.StopSandbox{Reason: reason, IdleSince: idleSince, Reply: r}, r)
+	if err != nil {
+		return nil, err
+	}
+	return v.(*messages.StopReply), nil
 }
 
 // round hands a round to the coordinator and waits for its result.

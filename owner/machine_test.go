@@ -13,6 +13,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/sandboxowner/owner/actors"
+	"github.com/sandboxowner/owner/internal/racebuild"
 	"github.com/sandboxowner/owner/internal/script"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
@@ -510,6 +511,27 @@ func seedInput(c *script.Case) (input, bool) {
 		return inStartReply{Ref: ref, Rep: rep}, true
 	}
 	return nil, false
+}
+
+// A seed's steps reuse one effects buffer: its spawn's effect is the one
+// allocation of a seed that starts at the first attempt (two slices and a
+// boxed effDone were three more).
+func TestSeedStepsReuseTheirBuffer(t *testing.T) {
+	if racebuild.Enabled {
+		t.Skip("allocation counts differ under -race")
+	}
+	var start, reply input = inStart{}, inStartReply{Ref: &messages.SessionRef{PID: "a", Spawned: true}, Rep: &messages.StartReply{}}
+	m := newSeeding("s1", 0, messages.StartSandbox{})
+	n := testing.AllocsPerRun(100, func() {
+		*m = seeding{sessionID: "s1"}
+		m.step(start)
+		if es := m.step(reply); len(es) != 1 || es[0] != (effDone{}) {
+			t.Fatalf("effects %v, want done", es)
+		}
+	})
+	if n > 1 {
+		t.Fatalf("%v allocations a seed, want 1", n)
+	}
 }
 
 // A seed that finds the session's actor on its way out every time gives

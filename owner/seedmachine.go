@@ -29,6 +29,10 @@ type seeding struct {
 	ref     *messages.SessionRef
 	phase   seedPhase
 	sb      sandbox.Sandbox
+	// out holds the effects of a step: the shell performs them before the
+	// next step, which reuses it (a slice of each step's own was two of a
+	// seed's allocations).
+	out [2]effect
 }
 
 // seedPhase is what the machine waits for.
@@ -127,10 +131,14 @@ func (m *seeding) step(in input) []effect {
 func (m *seeding) spawn() []effect {
 	m.attempt++
 	m.phase = sdStarted
-	return []effect{effSpawnStart{SessionID: m.sessionID, Limit: m.limit, Msg: m.start}}
+	return append(m.out[:0], effSpawnStart{SessionID: m.sessionID, Limit: m.limit, Msg: m.start})
 }
 
 func (m *seeding) done(err error) []effect {
 	m.phase = sdDone
-	return []effect{effDone{Err: err}}
+	if err == nil {
+		// A zero effDone is boxed without an allocation.
+		return append(m.out[:0], effDone{})
+	}
+	return append(m.out[:0], effDone{Err: err})
 }
