@@ -45,14 +45,19 @@ func TestDeadlineEndsAtItsDeadline(t *testing.T) {
 		t.Fatal("a context found ended by Err has an open Done")
 	}
 
+	// Not ended before its deadline: one an hour away, so that no
+	// machine is slow enough to reach it first.
+	later, cancelLater := deadlineIn(context.Background(), time.Hour)
+	defer cancelLater()
+	if err := later.Err(); err != nil {
+		t.Fatalf("err = %v an hour before the deadline", err)
+	}
+
 	at := time.Now().Add(20 * time.Millisecond)
 	ctx, cancel2 := deadline(context.Background(), at)
 	defer cancel2()
 	if d, ok := ctx.Deadline(); !ok || !d.Equal(at) {
 		t.Fatalf("deadline = %v, %v, want %v", d, ok, at)
-	}
-	if err := ctx.Err(); err != nil {
-		t.Fatalf("err = %v before the deadline", err)
 	}
 	waitDone(t, ctx)
 	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -108,27 +113,54 @@ func TestDeadlineFollowsItsParent(t *testing.T) {
 // TestDeadlineCancel: cancel ends the context with Canceled, armed or
 // not, and its error does not change when the parent or the deadline end
 // later; a child made from it ends with it.
+//
+// The deadline is near, so that the test sees it pass after the cancel;
+// a try whose deadline passed before its cancel returned (a loaded
+// machine: a context ended by its deadline is DeadlineExceeded, as
+// context.WithDeadline's is) shows nothing and is made again. Only a
+// context whose cancel never comes first in a minute of tries fails.
 func TestDeadlineCancel(t *testing.T) {
 	for _, armed := range []bool{false, true} {
-		parent, pcancel := context.WithCancel(context.Background())
-		ctx, cancel := deadlineIn(parent, 10*time.Millisecond)
-		child, ccancel := context.WithCancel(ctx)
-		if armed {
-			_ = ctx.Done()
+		for bound := time.Now().Add(time.Minute); ; {
+			if cancelledFirst(t, armed) {
+				break
+			}
+			if time.Now().After(bound) {
+				t.Fatalf("armed %v: no cancel came before a deadline 10 ms away in a minute of tries", armed)
+			}
 		}
-		cancel()
-		waitDone(t, ctx)
-		waitDone(t, child)
-		if !errors.Is(ctx.Err(), context.Canceled) || !errors.Is(child.Err(), context.Canceled) {
-			t.Fatalf("armed %v: err = %v, child's %v after cancel, want Canceled", armed, ctx.Err(), child.Err())
-		}
-		pcancel()
-		time.Sleep(20 * time.Millisecond) // past the deadline: nothing may change
-		if !errors.Is(ctx.Err(), context.Canceled) {
-			t.Fatalf("armed %v: err changed to %v", armed, ctx.Err())
-		}
-		ccancel()
 	}
+}
+
+// cancelledFirst is one try of TestDeadlineCancel: false when the
+// deadline passed before the cancel returned, and so the try shows
+// nothing.
+func cancelledFirst(t *testing.T, armed bool) bool {
+	t.Helper()
+	parent, pcancel := context.WithCancel(context.Background())
+	defer pcancel()
+	at := time.Now().Add(10 * time.Millisecond)
+	ctx, cancel := deadline(parent, at)
+	child, ccancel := context.WithCancel(ctx)
+	defer ccancel()
+	if armed {
+		_ = ctx.Done()
+	}
+	cancel()
+	if !time.Now().Before(at) {
+		return false
+	}
+	waitDone(t, ctx)
+	waitDone(t, child)
+	if !errors.Is(ctx.Err(), context.Canceled) || !errors.Is(child.Err(), context.Canceled) {
+		t.Fatalf("armed %v: err = %v, child's %v after cancel, want Canceled", armed, ctx.Err(), child.Err())
+	}
+	pcancel()
+	time.Sleep(time.Until(at) + 10*time.Millisecond) // past the deadline: nothing may change
+	if !errors.Is(ctx.Err(), context.Canceled) {
+		t.Fatalf("armed %v: err changed to %v", armed, ctx.Err())
+	}
+	return true
 }
 
 // TestValueAndItsParents: a context carries its one value and its
