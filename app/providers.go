@@ -191,7 +191,7 @@ type withoutSnapshots struct{ provider.Provider }
 // sandboxes.
 func (w withoutSnapshots) Capabilities() provider.Capabilities {
 	c := w.Provider.Capabilities()
-	return provider.Capabilities{RegularFiles: c.RegularFiles, HostTools: c.HostTools}
+	return provider.Capabilities{RegularFiles: c.RegularFiles, HostTools: c.HostTools, HostMounts: c.HostMounts}
 }
 
 // hidden lists the non-empty paths.

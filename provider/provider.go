@@ -269,6 +269,13 @@ type Capabilities struct {
 	// start from directories on it (Spec.Image names a directory or
 	// template), so a caller sets their environment up from the host's.
 	HostTools bool
+	// HostMounts, where sandboxes mount host directories (the local
+	// provider's mounts option), says where what stands on them is
+	// recorded, so that a caller that deletes such directories can tell
+	// which are in use, also by other servers on this machine (the local
+	// provider: local.Users as JSON, which local.HostsInUse reads); empty:
+	// nothing says.
+	HostMounts string
 }
 
 // Flags is which capabilities c has, for logs and tests.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -330,6 +331,7 @@ type Provider struct {
 
 	mu        sync.Mutex
 	lock      *os.File            // Options.Exclusive: the locked file, until Close
+	users     string              // Capabilities' HostMounts: Users as JSON
 	sandboxes map[string]*sandbox // loaded sandboxes, by id
 	pending   map[string]int      // ids of sandboxes and snapshots being made, and snapshots being read by a fork
 	// imageMu serialises the making of images' owned layers.
@@ -355,7 +357,7 @@ var (
 // calls refuse what is not a regular file, and its sandboxes see this
 // machine's tools.
 func (p *Provider) Capabilities() provider.Capabilities {
-	return provider.Capabilities{Snapshotter: p, Leaser: p, Lister: p, FileOpener: p, StartsExpecter: p, RegularFiles: true, HostTools: true}
+	return provider.Capabilities{Snapshotter: p, Leaser: p, Lister: p, FileOpener: p, StartsExpecter: p, RegularFiles: true, HostTools: true, HostMounts: p.users}
 }
 
 // New makes the root's directories, probes containers and overlayfs as the
@@ -481,6 +483,8 @@ func New(opts Options) (_ *Provider, err error) {
 		}
 		p.cacheDirs[name] = abs
 	}
+	users, _ := json.Marshal(p.Users())
+	p.users = string(users)
 	for _, d := range []string{p.sandboxesDir(), p.snapshotsDir(), p.snapshotTrashDir(), p.trashDir(), p.emptyDir(), p.imagesDir(), p.readyDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("local: make root: %w", err)

@@ -40,6 +40,12 @@ type snapshotMeta struct {
 	// Deleted: DeleteSnapshot was called; the layer stays while a sandbox
 	// or another snapshot stands on it.
 	Deleted bool `json:"deleted,omitempty"`
+	// Hosts are the host directories the sandbox's mounts stood on (see
+	// HostsInUse): a fork of the snapshot from a checkpoint names them
+	// again. HostsRecorded tells an empty list from a snapshot taken
+	// before they were recorded.
+	Hosts         []string `json:"hosts,omitempty"`
+	HostsRecorded bool     `json:"hosts_recorded,omitempty"`
 }
 
 func (p *Provider) snapshotMetaPath(id string) string {
@@ -74,6 +80,12 @@ func (p *Provider) Snapshot(ctx context.Context, h provider.Handle, name string)
 	meta, err := p.copySandbox(ctx, s, id)
 	if err == nil {
 		meta.Name = name
+		s.mu.Lock()
+		meta.Hosts, err = mountHosts(s.meta.Spec)
+		s.mu.Unlock()
+		meta.HostsRecorded = true
+	}
+	if err == nil {
 		if p.durable {
 			syscall.Sync() // the layer's blocks, before the record that names it
 		}

@@ -35,9 +35,10 @@ import (
 // eval's purge (which takes what changed since the eval began for its own
 // writes) ever sees another's refresh or addition. The kernel bounds an
 // overlay's layers: a chain that would grow past maxCacheChain is squashed
-// into a full generation that the next chain starts from. A generation is
-// kept as long as the environment: a sandbox, or a fork of it from a
-// checkpoint, names the chain it stands on in its spec.
+// into a full generation that the next chain starts from. A generation
+// off the current chain is deleted once nothing stands on it (cachegc.go):
+// a sandbox, or a fork of it from a checkpoint, names the chain it stands
+// on in its spec.
 const (
 	cacheGensSuffix  = ".gens"
 	cacheGenDigits   = 8
@@ -308,11 +309,14 @@ func (e *Environment) cacheBase(name string) string { return filepath.Join(e.Dir
 
 // cacheDir is the template's directory of the named cache that sandboxes
 // mount: its newest generation (over the rest of its chain: cacheChain).
-func (e *Environment) cacheDir(name string) string {
-	dir, _ := currentCacheGen(e.cacheBase(name))
-	return dir
-}
+func (e *Environment) cacheDir(name string) string { return e.cacheChain(name)[0] }
 
 // cacheChain is the chain of layers of the template's named cache that
-// sandboxes stand on, the newest first.
-func (e *Environment) cacheChain(name string) []string { return cacheChain(e.cacheBase(name)) }
+// sandboxes stand on, the newest first: the one pinned for this copy of
+// the template, or the current one.
+func (e *Environment) cacheChain(name string) []string {
+	if chain, ok := e.chains[name]; ok {
+		return chain
+	}
+	return cacheChain(e.cacheBase(name))
+}

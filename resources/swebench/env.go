@@ -60,6 +60,9 @@ type Environment struct {
 	// harvest is the directory a validation copies what it added to the
 	// writable caches into (harvestDir).
 	harvest string
+	// chains are, in a copy for one sandbox's start, its caches' chains
+	// as pinned (pinCaches); nil: read from disk.
+	chains map[string][]string
 }
 
 // Environment step sources.
@@ -291,7 +294,10 @@ func stampBuildCache(dir string) error {
 // copies the work tree out when the step changed it. It fills env's
 // outcome and returns the step's output.
 func (s *Server) runEnvStep(ctx context.Context, p provider.Provider, row Row, cloneDir, staging string, env *Environment) (string, error) {
-	spec := s.spec(p, cloneDir, row, roleEnv, &Environment{Dir: staging})
+	spec, _, err := s.spec(p, cloneDir, row, roleEnv, &Environment{Dir: staging})
+	if err != nil {
+		return "", err
+	}
 	h, ctx, stop, err := s.startSandbox(ctx, p, spec, "environment step")
 	if err != nil {
 		return "", fmt.Errorf("%w: start the environment step's sandbox: %w", ErrTemplate, err)

@@ -292,7 +292,12 @@ func (s *Server) seed(ctx context.Context, own *owner.Owner, sessionID string, b
 	if s.cfg.ForkSeeds {
 		key = row.InstanceID
 	}
-	sb, err := own.StartKeyedSessionSandbox(ctx, sessionID, key, s.spec(p, r.image, row, roleAgent, r.env), s.setup(row, r.image, log), s.cfg.Workdir)
+	spec, started, err := s.spec(p, r.image, row, roleAgent, r.env)
+	if err != nil {
+		return SeedResult{}, fmt.Errorf("swebench: seed %s: %w", row.InstanceID, err)
+	}
+	sb, err := own.StartKeyedSessionSandbox(ctx, sessionID, key, spec, s.setup(row, r.image, log), s.cfg.Workdir)
+	started()
 	if errors.Is(err, sandbox.ErrExists) {
 		sb, err = own.RequireSessionSandbox(ctx, sessionID)
 	}
@@ -417,8 +422,12 @@ func (s *Server) image(ctx context.Context, p provider.Provider, row Row, pr *pr
 // roleValidation, roleEnv) started from image. Agent and grading sandboxes
 // are built alike, as upstream's; on the local provider with a template
 // (env), the template's caches are mounted as localMounts says, and every
-// role but the environment step runs Go offline against them.
-func (s *Server) spec(p provider.Provider, image string, row Row, role string, env *Environment) provider.Spec {
+// role but the environment step runs Go offline against them. The
+// generations of the template's caches it mounts are pinned until done,
+// which the caller calls once the sandbox started (or did not): then
+// those nothing else stands on any more are deleted (collectCacheGens).
+func (s *Server) spec(p provider.Provider, image string, row Row, role string, env *Environment) (_ provider.Spec, done func(), _ error) {
+	done = func() {}
 	sc := s.cfg.SandboxConfig
 	md := map[string]string{}
 	for k, v := range sc.Metadata {
@@ -451,6 +460,17 @@ func (s *Server) spec(p provider.Provider, image string, row Row, role string, e
 		}
 	}
 	if p.Capabilities().HostTools && env != nil {
+		if role != roleEnv && role != roleStdlib { // the template's, not a staging directory
+			pinned, unpin, err := s.pinCaches(env, p.Capabilities().HostMounts)
+			if err != nil {
+				return provider.Spec{}, nil, fmt.Errorf("%w: %w", ErrTemplate, err)
+			}
+			done = func() {
+				unpin()
+				s.collectCacheGens(env, s.log)
+			}
+			env = pinned
+		}
 		mounts, vars := s.localMounts(env, role)
 		for k, v := range vars {
 			env0[k] = v
@@ -482,7 +502,7 @@ func (s *Server) spec(p provider.Provider, image string, row Row, role string, e
 		Image: image, Workdir: s.cfg.Workdir, Env: env0, Metadata: md,
 		TTLSeconds: sc.TTLSeconds, ReadyTimeoutSeconds: sc.ReadyTimeoutSeconds,
 		Resources: sc.Resources.provider(), Network: network, ProviderOptions: opts,
-	}
+	}, done, nil
 }
 
 // stopSandbox stops a sandbox this server started for itself (environment
@@ -796,7 +816,13 @@ func (s *Server) grade(ctx context.Context, p provider.Provider, r readiness, pr
 	}
 	defer release()
 	t := time.Now()
-	h, ctx, stop, err := s.startSandbox(ctx, p, s.spec(p, r.image, row, roleGrading, r.env), "grading")
+	spec, started, err := s.spec(p, r.image, row, roleGrading, r.env)
+	if err != nil {
+		infra("pin the template's caches", err)
+		return
+	}
+	h, ctx, stop, err := s.startSandbox(ctx, p, spec, "grading")
+	started()
 	res.EvalSandboxStartTimeTaken = time.Since(t).Seconds()
 	if err != nil {
 		infra("start the grading sandbox", err)

@@ -165,7 +165,12 @@ func (s *Server) seedStdLayer(ctx context.Context, p provider.Provider, row Row,
 		return
 	}
 	defer unlock()
-	h, wctx, stop, err := s.startSandbox(ctx, p, s.spec(p, image, row, roleStdlib, &Environment{Dir: staging, stdDir: layer}), "standard-library")
+	spec, _, err := s.spec(p, image, row, roleStdlib, &Environment{Dir: staging, stdDir: layer})
+	if err != nil {
+		fail("its sandbox's spec", err)
+		return
+	}
+	h, wctx, stop, err := s.startSandbox(ctx, p, spec, "standard-library")
 	if err != nil {
 		fail("start its sandbox", err)
 		return

@@ -268,7 +268,12 @@ func (s *Server) runValidation(ctx context.Context, p provider.Provider, row Row
 		env = &e
 	}
 	outer := ctx // the sandbox's ends with it
-	h, ctx, stop, err := s.startSandbox(ctx, p, s.spec(p, image, row, roleValidation, env), "validation")
+	spec, started, err := s.spec(p, image, row, roleValidation, env)
+	if err != nil {
+		return nil, fmt.Errorf("%w: start the validation sandbox: %w", ErrGrading, err)
+	}
+	h, ctx, stop, err := s.startSandbox(ctx, p, spec, "validation")
+	started()
 	if err != nil {
 		return nil, fmt.Errorf("%w: start the validation sandbox: %w", ErrGrading, err)
 	}
