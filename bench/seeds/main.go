@@ -7,7 +7,11 @@
 //
 // Each cell seeds N sessions at once on a fresh owner and reports the time
 // until the last one is seeded, beside one seed alone (the first row of its
-// kind) and N times that. The kinds:
+// kind) and N times that. A seeded sandbox has run no command yet, and on
+// the local provider its init starts at its first (a fork's too): for the
+// local kinds the cell also reports the time until every seed's sandbox
+// ran one (true, through Exec), which an agent's first tool call pays. The
+// kinds:
 //
 //   - local notes: the notes setup (a token written) on the local provider,
 //     no template: every seed starts a sandbox; the baseline.
@@ -53,6 +57,9 @@ type row struct {
 	n     int
 	group time.Duration
 	one   time.Duration
+	// first and oneFirst: until every seed's sandbox ran its first
+	// command (0: not measured, a provider whose fake runs no shell).
+	first, oneFirst time.Duration
 	// setups counts the setups run for the group.
 	setups int64
 }
@@ -107,7 +114,7 @@ func run() (err error) {
 		if !slices.Contains(strings.Split(*kinds, ","), k.name) {
 			continue
 		}
-		var one time.Duration
+		var one, oneFirst time.Duration
 		for _, n := range append([]int{1}, ns...) {
 			prov, done, err := k.prov()
 			if err != nil {
@@ -119,11 +126,11 @@ func run() (err error) {
 				return fmt.Errorf("%s, N=%d: %w", k.name, n, err)
 			}
 			if one == 0 {
-				one = r.group // the first cell is one seed alone
+				one, oneFirst = r.group, r.first // the first cell is one seed alone
 				continue
 			}
-			r.kind, r.one = k.name, one
-			fmt.Fprintf(os.Stderr, "%-18s N=%-3d group %9v  one %9v  ratio %.2fx  setups %d\n", r.kind, n, r.group.Round(time.Millisecond), one.Round(time.Millisecond), ratio(r.group, one), r.setups)
+			r.kind, r.one, r.oneFirst = k.name, one, oneFirst
+			fmt.Fprintf(os.Stderr, "%-18s N=%-3d group %9v  one %9v  ratio %.2fx  setups %d  first command run: group %9v  one %9v\n", r.kind, n, r.group.Round(time.Millisecond), one.Round(time.Millisecond), ratio(r.group, one), r.setups, r.first.Round(time.Millisecond), oneFirst.Round(time.Millisecond))
 			rows = append(rows, r)
 		}
 	}
@@ -211,17 +218,29 @@ func group(ctx context.Context, prov provider.Provider, dir string, keyed bool, 
 	runtime.GC()
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
+	seeded := make([]time.Duration, n)
+	first := prov.Capabilities().HostTools
 	t0 := time.Now()
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			sid := fmt.Sprintf("s-%03d", i)
+			var sb sandbox.Sandbox
 			var err error
 			if keyed {
-				_, err = o.StartKeyedSessionSandbox(ctx, sid, "bench__task-1", provider.Spec{Image: "swe"}, sweSetup, "")
+				sb, err = o.StartKeyedSessionSandbox(ctx, sid, "bench__task-1", provider.Spec{Image: "swe"}, sweSetup, "")
 			} else {
-				_, err = o.StartSessionSandbox(ctx, sid, provider.Spec{Image: "notes"}, notesSetup, "")
+				sb, err = o.StartSessionSandbox(ctx, sid, provider.Spec{Image: "notes"}, notesSetup, "")
+			}
+			seeded[i] = time.Since(t0)
+			if err == nil && first {
+				// The agent's first tool call: the sandbox's init starts.
+				var res provider.ExecResult
+				res, err = prov.Exec(ctx, sb.Handle, provider.ExecRequest{Command: "true", Timeout: time.Minute})
+				if err == nil && res.ExitCode != 0 {
+					err = fmt.Errorf("the first command exited %d: %s", res.ExitCode, res.Stderr)
+				}
 			}
 			errs <- err
 		}()
@@ -238,7 +257,11 @@ func group(ctx context.Context, prov provider.Provider, dir string, keyed bool, 
 	if !keyed {
 		setups = int64(n) // each seed its own
 	}
-	return row{n: n, group: took, setups: setups}, nil
+	r := row{n: n, group: slices.Max(seeded), setups: setups}
+	if first {
+		r.first = took
+	}
+	return r, nil
 }
 
 // poolHit measures keyed seeds that claim a fork their template's warm
@@ -284,12 +307,17 @@ func markdown(rows []row, hits []time.Duration, lat time.Duration, isolation str
 		"OpenSandbox: its fake server in process, L = %v per create and per capture. "+
 		"\"one\" is one seed alone on a fresh owner; a group is N seeds of the same task at once on a fresh owner; "+
 		"notes has no template (each seed starts a sandbox and runs its setup), keyed runs its setup once into a template "+
-		"that every seed forks. Goal: a group of 64 within 2× one seed.\n\n",
+		"that every seed forks. Goal: a group of 64 within 2× one seed. A seeded sandbox has run no command: on the local "+
+		"provider its init starts at its first, which the last two columns add (every seed's sandbox ran `true`).\n\n",
 		runtime.GOOS+"/"+runtime.GOARCH, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"), isolation, lat)
-	b.WriteString("| kind | N | group | one | N × one | group / one | setups |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| kind | N | group | one | N × one | group / one | setups | group, first command run | / one's |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %d | %v | %v | %v | %.2f× | %d |\n", r.kind, r.n, r.group.Round(time.Millisecond),
-			r.one.Round(time.Millisecond), (time.Duration(r.n) * r.one).Round(time.Millisecond), ratio(r.group, r.one), r.setups)
+		firstCols := "— | —"
+		if r.first > 0 && r.oneFirst > 0 {
+			firstCols = fmt.Sprintf("%v | %.2f×", r.first.Round(time.Millisecond), ratio(r.first, r.oneFirst))
+		}
+		fmt.Fprintf(&b, "| %s | %d | %v | %v | %v | %.2f× | %d | %s |\n", r.kind, r.n, r.group.Round(time.Millisecond),
+			r.one.Round(time.Millisecond), (time.Duration(r.n) * r.one).Round(time.Millisecond), ratio(r.group, r.one), r.setups, firstCols)
 	}
 	if len(hits) > 0 {
 		s := slices.Clone(hits)
