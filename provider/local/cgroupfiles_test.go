@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -116,6 +117,27 @@ func TestOnlyLimitsSetAreWritten(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(swapped, "memory.memsw.limit_in_bytes")); string(b) != strconv.Itoa(1<<20) {
 		t.Errorf("memsw limit %q, want the memory limit", b)
 	}
+	// v2: no swap where the host has a swap.max; none made where not.
+	v2 := fakeCgroups(t, "memory")
+	v2.v2 = true
+	swapped = filepath.Join(v2.dirs["memory"], sandboxPrefix+"swap")
+	if err := os.Mkdir(swapped, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(swapped, "memory.swap.max"), []byte("max"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"swap", "noswap"} {
+		if _, err := v2.create(sandboxPrefix+id, Limits{MemoryMB: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(swapped, "memory.swap.max")); string(b) != "0" {
+		t.Errorf("v2 swap limit %q, want 0", b)
+	}
+	if _, err := os.Stat(filepath.Join(v2.dirs["memory"], sandboxPrefix+"noswap", "memory.swap.max")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a v2 swap limit written where the host has none: %v", err)
+	}
 }
 
 // The cpu parent's weight: left alone with no weight per sandbox (its
@@ -172,5 +194,56 @@ func TestAFreezeTheKernelNeverConfirms(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(dir, "cgroup.freeze")); string(b) != "1" {
 		t.Errorf("cgroup.freeze %q, want 1", b)
+	}
+}
+
+// On a v2 kernel without cgroup.kill (before 5.14) a kill round freezes
+// the cgroup and signals what it lists then. On files of the test's own,
+// as the kernel would have them (a cgroup.kill that cannot be written, a
+// freeze the kernel confirms), with a real process listed in it, which the
+// hook takes out of the list as the kernel would once it dies.
+func TestAV2KillWithoutCgroupKillFreezesFirst(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "cgroup.kill"), 0o755); err != nil { // not writable as a file
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.events"), []byte("populated 1\nfrozen 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sleep := exec.Command("sleep", "600")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- sleep.Wait() }()
+	t.Cleanup(func() { _ = sleep.Process.Kill() })
+	procs := filepath.Join(dir, "cgroup.procs")
+	if err := os.WriteFile(procs, []byte(strconv.Itoa(sleep.Process.Pid)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := &sandboxCgroup{v2: true, dirs: map[string]string{"freezer": dir}}
+	var during []string
+	g.beforeKill = func() {
+		b, _ := os.ReadFile(filepath.Join(dir, "cgroup.freeze"))
+		during = append(during, string(b))
+		_ = os.WriteFile(procs, nil, 0o644)
+	}
+	found, rounds := g.kill()
+	if found != 1 || rounds != 1 {
+		t.Errorf("the kill found %d processes in %d rounds, want 1 in 1", found, rounds)
+	}
+	if diff := cmp.Diff([]string{"1"}, during); diff != "" {
+		t.Errorf("cgroup.freeze as the signals went (-want +got):\n%s", diff)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "cgroup.freeze")); string(b) != "0" {
+		t.Errorf("cgroup.freeze after the kill: %q, want 0 (thawed)", b)
+	}
+	select {
+	case err := <-waited:
+		if err == nil || !strings.Contains(err.Error(), "killed") {
+			t.Errorf("the listed process ended with %v, want killed", err)
+		}
+	case <-time.After(time.Minute): // a hang guard
+		t.Error("the listed process outlived the kill")
 	}
 }
