@@ -461,6 +461,9 @@ type sandboxCgroup struct {
 	// beforeKill, when a test in this package sets it, runs as a kill
 	// round is about to send its signals.
 	beforeKill func()
+	// roundEvery, when a test in this package sets it, is the wait
+	// before another kill round instead of killRoundEvery.
+	roundEvery time.Duration
 }
 
 // create makes (or finds again, after a restart) the sandbox's cgroups and
@@ -754,6 +757,10 @@ const killRoundEvery = time.Second
 func (g *sandboxCgroup) kill() (found, rounds int) {
 	seen := map[int]bool{}
 	deadline := time.Now().Add(killLimit)
+	every := killRoundEvery
+	if g.roundEvery > 0 {
+		every = g.roundEvery
+	}
 	var next time.Time
 	for {
 		pids := g.pids()
@@ -767,7 +774,7 @@ func (g *sandboxCgroup) kill() (found, rounds int) {
 		if !now.Before(next) {
 			g.killRound(pids, deadline)
 			rounds++
-			next = now.Add(killRoundEvery)
+			next = now.Add(every)
 		}
 		time.Sleep(pollEvery)
 	}

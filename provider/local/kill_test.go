@@ -16,7 +16,7 @@ import (
 )
 
 // A sandbox whose processes fork as fast as they can is killed whole, in
-// one round: the kernel's cgroup.kill (v2), or a freeze before the kills
+// one round (the test allows no other): the kernel's cgroup.kill (v2), or a freeze before the kills
 // (v1), leaves none a fork could save. Where the pids limit holds the
 // storm is a fork bomb at the limit (every process forking two copies of
 // itself forever, each slot a kill frees taken again at once); elsewhere
@@ -60,6 +60,13 @@ func TestAForkingSandboxIsKilledWhole(t *testing.T) {
 		}
 		// Asked before the kill: once the init is gone its cgroup may be too.
 		_, noKill := os.Stat(filepath.Join(g.dirs["freezer"], "cgroup.kill"))
+		// One round, however long its processes take to die: they die
+		// as the scheduler runs them, which a loaded machine did later
+		// than the second after which kill makes another round, and a
+		// second round then failed the test though the first had killed
+		// them all. What the round leaves alive keeps forking in the
+		// cgroup, and the wait below never ends.
+		g.roundEvery = time.Hour
 		found, rounds := g.kill()
 		want := []string{"FROZEN"}
 		switch {
@@ -74,14 +81,14 @@ func TestAForkingSandboxIsKilledWhole(t *testing.T) {
 			t.Errorf("the signals went to processes %q, want %q", during, want)
 		}
 		t.Logf("the kill found %d processes, in %d rounds", found, rounds)
-		if rounds != 1 {
-			t.Errorf("the kill took %d rounds, want 1", rounds)
-		}
 		if found == 0 {
 			t.Error("the kill found no process")
 		}
-		if left := g.pids(); len(left) > 0 {
-			t.Errorf("processes left in the sandbox's cgroups: %v", left)
+		for bound := time.Now().Add(time.Minute); len(g.pids()) > 0; time.Sleep(pollEvery) {
+			if time.Now().After(bound) { // a hang guard
+				t.Errorf("processes left in the sandbox's cgroups a minute after its kill round: %v", g.pids())
+				break
+			}
 		}
 		if left := procsWith([]string{mark}); len(left) > 0 {
 			t.Errorf("storm processes outlived the kill: %v", left)
