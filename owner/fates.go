@@ -42,7 +42,7 @@ func (f *fateMemory) get(sandboxID string) sandbox.Fate {
 func (o *Owner) liveSnapshots() map[string]bool {
 	out := map[string]bool{}
 	for _, h := range o.dir.Holdings() {
-		if from := h.Sandbox.FromSnapshot; from != "" {
+		if from := h.FromSnapshot; from != "" {
 			out[from] = true
 		}
 	}
@@ -71,7 +71,7 @@ func (o *Owner) onEnded(sessionID string, stopped *provider.Handle, reason messa
 // or unknown.
 func (o *Owner) SandboxFate(sandboxID string) (sessionID string, h provider.Handle, fate sandbox.Fate) {
 	if held, ok := o.dir.Holder(sandboxID); ok {
-		return held.SessionID, held.Sandbox.Handle, sandbox.FateLive
+		return held.SessionID, held.Handle, sandbox.FateLive
 	}
 	return "", provider.Handle{}, o.fates.get(sandboxID)
 }

@@ -44,7 +44,7 @@ func (o *Owner) holdings() (Holdings, error) {
 		h.Sessions[id] = true
 	}
 	for _, held := range o.dir.Holdings() {
-		h.Sandboxes[held.Sandbox.Handle.SandboxID] = true
+		h.Sandboxes[held.Handle.SandboxID] = true
 	}
 	o.holdTemplates(&h)
 	o.holdPools(&h)

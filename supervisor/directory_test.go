@@ -6,6 +6,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/internal/racebuild"
 	"github.com/sandboxowner/owner/messages"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/sandbox"
@@ -61,9 +62,9 @@ func TestDirectoryHoldingsGoWithTheirSession(t *testing.T) {
 	holdings := func() map[string]held {
 		out := map[string]held{}
 		for _, x := range dir.Holdings() {
-			out[x.Sandbox.Handle.SandboxID] = held{x.SessionID, x.Sandbox.Handle.SandboxID, x.Sandbox.FromSnapshot, x.Lost}
-			if got, ok := dir.Holder(x.Sandbox.Handle.SandboxID); !ok || got.SessionID != x.SessionID {
-				t.Errorf("Holder(%s) = %+v, %v; Holdings says %s", x.Sandbox.Handle.SandboxID, got, ok, x.SessionID)
+			out[x.Handle.SandboxID] = held{x.SessionID, x.Handle.SandboxID, x.FromSnapshot, x.Lost}
+			if got, ok := dir.Holder(x.Handle.SandboxID); !ok || got.SessionID != x.SessionID {
+				t.Errorf("Holder(%s) = %+v, %v; Holdings says %s", x.Handle.SandboxID, got, ok, x.SessionID)
 			}
 		}
 		return out
@@ -93,5 +94,34 @@ func TestDirectoryHoldingsGoWithTheirSession(t *testing.T) {
 	}
 	if _, ok := dir.Holder("fork1"); ok {
 		t.Error("a forgotten session's fork is still held")
+	}
+}
+
+// TestDirectoryHoldWithoutAnAllocation: a seed's Hold keeps only what the
+// directory answers with (its session, handle and fork), small enough to
+// live in the map itself: no allocation of its own, where a whole
+// sandbox.Sandbox (over 128 bytes) was one.
+func TestDirectoryHoldWithoutAnAllocation(t *testing.T) {
+	if racebuild.Enabled {
+		t.Skip("allocation counts differ under -race")
+	}
+	h := newHarness(t)
+	dir := supervisor.NewDirectory()
+	sup := h.sys.Root.Spawn(supervisor.PropsWithDirectory(h.props, dir))
+	t.Cleanup(func() { _ = h.sys.Root.PoisonFuture(sup).Wait() })
+	h.ask(t, sup, &messages.SpawnSession{SessionID: "s1"})
+	sbs := [2]sandbox.Sandbox{
+		{Handle: provider.Handle{SandboxID: "sb1", Provider: "fake"}, Workdir: "/w", Data: []byte("{}")},
+		{Handle: provider.Handle{SandboxID: "sb2", Provider: "fake"}, Workdir: "/w", Data: []byte("{}")},
+	}
+	i := 0
+	if n := testing.AllocsPerRun(100, func() {
+		i++
+		dir.Hold("s1", sbs[i%2]) // replaces the one held before
+	}); n != 0 {
+		t.Fatalf("%v allocations a Hold, want 0", n)
+	}
+	if got, ok := dir.Holder(sbs[i%2].Handle.SandboxID); !ok || got.SessionID != "s1" || got.Handle.SandboxID != sbs[i%2].Handle.SandboxID {
+		t.Fatalf("Holder = %+v, %v", got, ok)
 	}
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/messages"
+	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/sandbox"
 )
 
@@ -108,10 +109,16 @@ type Directory struct {
 	heldBy map[string]string
 }
 
-// Holding is a sandbox a session holds.
+// Holding is a sandbox a session holds: what the directory keeps of it
+// (the session's view has the rest). Kept small: a map value over 128
+// bytes (a whole sandbox.Sandbox) is an allocation of its own on every
+// seed's Hold, and every request's read copies it.
 type Holding struct {
 	SessionID string
-	Sandbox   sandbox.Sandbox
+	Handle    provider.Handle
+	// FromSnapshot is the snapshot the sandbox was forked from, if any
+	// (a copy-on-write fork may stand on it).
+	FromSnapshot string
 	// Lost: found gone behind the owner's back; the session has not ended.
 	Lost bool
 }
@@ -136,7 +143,7 @@ func (d *Directory) Hold(sessionID string, sb sandbox.Sandbox) {
 
 func (d *Directory) holdLocked(sessionID string, sb sandbox.Sandbox) {
 	d.dropLocked(sessionID)
-	d.held[sb.Handle.SandboxID] = Holding{SessionID: sessionID, Sandbox: sb}
+	d.held[sb.Handle.SandboxID] = Holding{SessionID: sessionID, Handle: sb.Handle, FromSnapshot: sb.FromSnapshot}
 	d.heldBy[sessionID] = sb.Handle.SandboxID
 }
 
