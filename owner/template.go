@@ -152,7 +152,8 @@ func (o *Owner) launchFork(ctx context.Context, tkey string, spec, labelled prov
 // template is key's template: ready, built by this call, or built by the
 // call in flight this one waited for. expected: the provider was told to
 // expect this seed's fork (see StartsExpecter); a seed that will not fork
-// after all tells it so, here when it fails or leaves.
+// after all tells it so, here when it fails or leaves (then expected means
+// nothing more).
 func (o *Owner) template(ctx context.Context, tkey string, spec provider.Spec, setup sandbox.SetupFunc, workdir string) (_ tmplReady, expected bool, _ error) {
 	t := o.tmpl
 	t.mu.Lock()
@@ -167,7 +168,7 @@ func (o *Owner) template(ctx context.Context, tkey string, spec provider.Spec, s
 		// Every seed waiting forks once the build ends, and so does the
 		// one building (told of by the first to wait): the provider makes
 		// ahead meanwhile what each fork would make on its own.
-		tell = 1
+		expected, tell = true, 1
 		if !t.told[d.Flight] {
 			t.told[d.Flight], tell = true, 2
 		}
@@ -201,7 +202,6 @@ func (o *Owner) template(ctx context.Context, tkey string, spec provider.Spec, s
 		}
 		return r, told, err
 	}
-	expected = tell > 0
 	o.rt.Await(ctx, func() bool { return sched.Closed(ch) }) // Await itself returns once ctx is done
 	select {
 	case <-ch:
@@ -220,7 +220,7 @@ func (o *Owner) template(ctx context.Context, tkey string, spec provider.Spec, s
 	if w.Err != nil && expected {
 		o.startsCancelled(1)
 	}
-	return w.Ready, expected && w.Err == nil, w.Err
+	return w.Ready, expected, w.Err
 }
 
 // startsCancelled tells the provider that n forks it was told to expect

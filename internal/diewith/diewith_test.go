@@ -94,3 +94,17 @@ func TestRunStopsNowAndOnce(t *testing.T) {
 		t.Errorf("a failing stop command: %v, want its exit status and output", err)
 	}
 }
+
+// Parent sets the signal and keeps what the command's SysProcAttr holds.
+func TestParentKeepsTheProcessAttributes(t *testing.T) {
+	bare, grouped := exec.Command("true"), exec.Command("true")
+	grouped.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	Parent(bare, syscall.SIGTERM)
+	Parent(grouped, syscall.SIGKILL)
+	if a := bare.SysProcAttr; a == nil || a.Pdeathsig != syscall.SIGTERM {
+		t.Errorf("a bare command's attributes: %+v", a)
+	}
+	if a := grouped.SysProcAttr; !a.Setpgid || a.Pdeathsig != syscall.SIGKILL {
+		t.Errorf("a grouped command's attributes: %+v", a)
+	}
+}
