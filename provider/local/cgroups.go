@@ -89,6 +89,9 @@ type cgroups struct {
 	dirs map[string]string
 	// weight sizes the cpu parent's weight by its sandboxes (see weigh).
 	weight cpuWeight
+	// leaf is the v2 cgroup the probe moved the processes of the server's
+	// cgroup into (see delegateV2), empty when it moved none.
+	leaf string
 }
 
 // cpuWeight is how much CPU weight the sandboxes' cpu parent carries
@@ -213,7 +216,7 @@ func probeControllers(parent string, controllers []string) (*cgroups, []string) 
 	v2Own = v2Base(v2Own)
 	var v2Refused map[string]error
 	if !v1 && okMnt && okOwn {
-		v2Refused = delegateV2(filepath.Join(v2Mnt, v2Own), controllers)
+		v2Refused, cg.leaf = delegateV2(filepath.Join(v2Mnt, v2Own), controllers)
 	}
 	for _, c := range controllers {
 		mnt, ok := mounts[c]
@@ -300,7 +303,8 @@ func v2Base(own string) string {
 
 // delegateV2 enables, for the children of the v2 cgroup dir, each of
 // controllers that dir has but does not yet enable for them, and returns
-// why each one it cannot give them is not given ("freezer" is built in).
+// why each one it cannot give them is not given ("freezer" is built in),
+// and the leaf it moved dir's processes into, if it did.
 // The kernel enables a controller for a cgroup's children only while the
 // cgroup holds no process (the root aside), so a server in a cgroup of its
 // own (a systemd unit with Delegate=yes, a container's cgroup namespace)
@@ -309,8 +313,8 @@ func v2Base(own string) string {
 // expect of a delegated cgroup, and the enabling is tried again. Nothing
 // is undone after: the processes stay in the leaf and the controllers
 // enabled (other servers there may rely on them).
-func delegateV2(dir string, controllers []string) map[string]error {
-	refused := map[string]error{}
+func delegateV2(dir string, controllers []string) (refused map[string]error, leaf string) {
+	refused = map[string]error{}
 	has, err1 := cgroupList(filepath.Join(dir, "cgroup.controllers"))
 	enabled, err2 := cgroupList(filepath.Join(dir, "cgroup.subtree_control"))
 	if err := errors.Join(err1, err2); err != nil {
@@ -318,7 +322,7 @@ func delegateV2(dir string, controllers []string) map[string]error {
 		for _, c := range controllers {
 			refused[c] = err
 		}
-		return refused
+		return refused, ""
 	}
 	moved := false
 	for _, c := range controllers {
@@ -333,6 +337,7 @@ func delegateV2(dir string, controllers []string) map[string]error {
 		if errors.Is(err, syscall.EBUSY) && !moved {
 			moved = true
 			if err = moveToLeaf(dir); err == nil {
+				leaf = filepath.Join(dir, serverLeaf)
 				err = enableV2(dir, c)
 			}
 		}
@@ -340,7 +345,7 @@ func delegateV2(dir string, controllers []string) map[string]error {
 			refused[c] = err
 		}
 	}
-	return refused
+	return refused, leaf
 }
 
 // enableV2 enables controller c for the children of v2 cgroup dir.

@@ -327,10 +327,13 @@ func testTheServerMovesIntoALeaf(t *testing.T, own string) {
 	}
 	root := t.TempDir()
 	parent := filepath.Join(ownDir, cgroupParent(root))
-	for range 2 { // from the cgroup, then from the leaf
+	for i := range 2 { // from the cgroup, then from the leaf
 		cg, why := probeControllers(cgroupParent(root), []string{c, "freezer"})
 		if cg == nil || !cg.v2 || len(why) > 0 {
 			t.Fatalf("the probe of %s: %+v, %v; want v2, nothing refused", c, cg, why)
+		}
+		if wantLeaf := []string{filepath.Join(ownDir, serverLeaf), ""}[i]; cg.leaf != wantLeaf {
+			t.Errorf("probe %d says it moved the processes into %q, want %q", i, cg.leaf, wantLeaf)
 		}
 		if diff := cmp.Diff(map[string]string{c: parent, "freezer": parent}, cg.dirs); diff != "" {
 			t.Errorf("the parents (-want +got):\n%s", diff)
@@ -722,7 +725,11 @@ func TestDelegateV2EnablesWhatTheCgroupHas(t *testing.T) {
 	}
 	got := map[string]string{}
 	for _, d := range []string{dir, bare} {
-		for c, err := range delegateV2(d, cgroupControllers) {
+		refused, leaf := delegateV2(d, cgroupControllers)
+		if leaf != "" {
+			t.Errorf("%s: moved into %q, with nothing refusing", d, leaf)
+		}
+		for c, err := range refused {
 			got[filepath.Base(d)+" "+c] = fmt.Sprint(errors.Is(err, errNotOffered))
 		}
 	}

@@ -762,6 +762,9 @@ func (p *Provider) chooseOverlay(mode string) error {
 func (p *Provider) chooseCgroups() {
 	cg, why := probeCgroups(cgroupParent(p.root))
 	p.cg = cg
+	if cg != nil && cg.leaf != "" {
+		p.log.WithField("cgroup", cg.leaf).Info("local provider: moved the processes of the server's cgroup into a leaf of it, so that the kernel lets its sandboxes' cgroups have controllers")
+	}
 	// A limit the kernel does not enforce is not claimed: each is probed
 	// over a tiny limit in a throwaway cgroup.
 	for _, probe := range []struct {
