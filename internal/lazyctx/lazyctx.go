@@ -35,6 +35,9 @@ type Ctx struct {
 	// nil), which Err and Done follow from then on.
 	inner       context.Context
 	cancelInner context.CancelFunc
+	// derived is inner when inner is made from the parent (not when it is
+	// only a closed channel for a context that had ended already).
+	derived context.Context
 }
 
 // WithCancel returns a context ended by its Cancel or by parent's end.
@@ -64,10 +67,21 @@ func (c *Ctx) Deadline() (time.Time, bool) {
 	return c.parent.Deadline()
 }
 
-// Value is the value it carries under key, or its parent's.
+// Value is the value it carries under key, or its parent's. Once a Done
+// made the standard context it stands for, that context answers the
+// others: the context package finds a cancellable ancestor through Value,
+// so that a context made from this one registers with that standard
+// context, cancelled with it at once, instead of a goroutine of its own
+// waiting on Done.
 func (c *Ctx) Value(key any) any {
 	if c.key != nil && key == c.key {
 		return c.val
+	}
+	c.mu.Lock()
+	in := c.derived
+	c.mu.Unlock()
+	if in != nil {
+		return in.Value(key)
 	}
 	return c.parent.Value(key)
 }
@@ -110,8 +124,10 @@ func (c *Ctx) Done() <-chan struct{} {
 			c.cancelInner()
 		case c.at.IsZero():
 			c.inner, c.cancelInner = context.WithCancel(c.parent)
+			c.derived = c.inner
 		default:
 			c.inner, c.cancelInner = context.WithDeadline(c.parent, c.at)
+			c.derived = c.inner
 		}
 	}
 	return c.inner.Done()
@@ -121,12 +137,14 @@ func (c *Ctx) Done() <-chan struct{} {
 // releases what a Done made.
 func (c *Ctx) Cancel() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.inner != nil {
-		c.cancelInner()
-		return
-	}
-	if c.err == nil {
+	cancelInner := c.cancelInner
+	if cancelInner == nil && c.err == nil {
 		c.err = context.Canceled
+	}
+	c.mu.Unlock()
+	// Outside the lock: the standard contexts made from this one reach
+	// it (Value) as they go.
+	if cancelInner != nil {
+		cancelInner()
 	}
 }

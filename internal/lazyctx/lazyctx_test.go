@@ -3,6 +3,7 @@ package lazyctx_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
 
@@ -257,5 +258,35 @@ func TestArmsNothingUnlessWaitedOn(t *testing.T) {
 	})
 	if allocs > 1 {
 		t.Fatalf("%v allocations, want 1", allocs)
+	}
+}
+
+// TestChildrenRegisterWithoutAGoroutine: contexts made from a Ctx (as a
+// provider call makes its own from a request's) are cancelled with it at
+// once, and start no goroutine each to wait on its Done, as the context
+// package does for a parent it does not know; they see its values.
+func TestChildrenRegisterWithoutAGoroutine(t *testing.T) {
+	type key struct{}
+	parent := context.WithValue(context.Background(), key{}, "parent's")
+	for _, c := range []*lazyctx.Ctx{lazyctx.WithCancel(parent), lazyctx.WithDeadline(parent, time.Now().Add(time.Hour))} {
+		before := runtime.NumGoroutine()
+		var children []context.Context
+		for range 200 {
+			child, cancel := context.WithCancel(c)
+			defer cancel()
+			children = append(children, child)
+		}
+		if n := runtime.NumGoroutine() - before; n > 50 {
+			t.Fatalf("%d goroutines more for 200 children", n)
+		}
+		if got := children[0].Value(key{}); got != "parent's" {
+			t.Fatalf("a child sees %v, want the parent's value", got)
+		}
+		c.Cancel()
+		for i, child := range children {
+			if !errors.Is(child.Err(), context.Canceled) {
+				t.Fatalf("child %d: err = %v right after the Cancel", i, child.Err())
+			}
+		}
 	}
 }
