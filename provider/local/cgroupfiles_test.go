@@ -247,3 +247,29 @@ func TestAV2KillWithoutCgroupKillFreezesFirst(t *testing.T) {
 		t.Error("the listed process outlived the kill")
 	}
 }
+
+// A process a kill round cannot end (here one the list names and no
+// process is: the kernel's list of a cgroup whose process sits in an
+// uninterruptible sleep behaves alike) is killed again a round every
+// killRoundEvery, not at every look, and the kill gives up at killLimit.
+func TestAKillThatCannotEndAProcessGivesUp(t *testing.T) {
+	b, err := os.ReadFile("/proc/sys/kernel/pid_max")
+	if err != nil {
+		t.Skip("SKIP: no pid_max here")
+	}
+	dir := t.TempDir()
+	// No pid reaches pid_max; no freezer: the round only signals.
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strings.TrimSpace(string(b))+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := &sandboxCgroup{dirs: map[string]string{"pids": dir}}
+	began := time.Now()
+	found, rounds := g.kill()
+	took := time.Since(began)
+	if most := int(killLimit/killRoundEvery) + 1; found != 1 || rounds < 1 || rounds > most {
+		t.Errorf("the kill found %d processes in %d rounds, want 1 in 1 to %d", found, rounds, most)
+	}
+	if took < killLimit {
+		t.Errorf("the kill gave up after %v, before killLimit (%v)", took, killLimit)
+	}
+}
