@@ -1,6 +1,7 @@
 // Package freeport hands out loopback ports for programs a test starts
 // that take a port number rather than 0 (OpenSandbox's execd and lifecycle
-// server), and tells a start that failed because its port was taken.
+// server), tells a start that failed because its port was taken, and holds
+// a port that refuses every connection.
 //
 // A port found free is free only until another process's bind: under load
 // the program's own bind comes long after, so a start that failed with its
@@ -32,4 +33,25 @@ func Held(port int) bool {
 	}
 	l.Close()
 	return false
+}
+
+// Refusing is a loopback TCP port that refuses every connection until
+// release: a socket bound to it that does not listen holds it, so no other
+// socket can take it and listen there meanwhile, as one closed at once
+// could be.
+func Refusing() (port int, release func(), err error) {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		syscall.Close(fd)
+		return 0, nil, err
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		syscall.Close(fd)
+		return 0, nil, err
+	}
+	return sa.(*syscall.SockaddrInet4).Port, func() { syscall.Close(fd) }, nil
 }

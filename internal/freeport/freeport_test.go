@@ -28,3 +28,26 @@ func TestLoopbackAndHeld(t *testing.T) {
 		t.Errorf("port %d is held after its listener closed", p)
 	}
 }
+
+// A refusing port refuses a connection, and no listener can take it, until
+// it is released; then it can be listened on.
+func TestRefusing(t *testing.T) {
+	p, release, err := Refusing()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
+	if c, err := net.Dial("tcp", addr); err == nil {
+		c.Close()
+		t.Fatalf("a connection to refusing port %d was accepted", p)
+	}
+	if !Held(p) {
+		t.Errorf("refusing port %d is not held", p)
+	}
+	release()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("port %d after its release: %v", p, err)
+	}
+	l.Close()
+}

@@ -10,10 +10,10 @@ import (
 	"errors"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -21,6 +21,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxowner/owner/internal/freeport"
 	"github.com/sandboxowner/owner/provider"
 	"github.com/sandboxowner/owner/provider/fake"
 	"github.com/sandboxowner/owner/provider/opensandbox"
@@ -286,16 +287,17 @@ func TestAMovedEndpointIsResolvedAgain(t *testing.T) {
 	})
 }
 
-// closedPort is the URL of a loopback port nothing listens on.
+// closedPort is the URL of a loopback port that refuses connections for
+// the rest of the test (a port merely closed could be listened on again by
+// any process meanwhile).
 func closedPort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, release, err := freeport.Refusing()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	l.Close()
-	return "http://" + addr
+	t.Cleanup(release)
+	return "http://127.0.0.1:" + strconv.Itoa(p)
 }
 
 // A sandbox that ended (as every one does when the runtime restarts) and
