@@ -594,24 +594,38 @@ var statements = []statement{
 	{name: "SWEBenchMultilingualFixups", section: "4.2, 4.4", text: "SWE-bench Multilingual's per-instance resource overrides, post-start patch hook and eval-script fixups (timeout 10s → 120s, mvnd → mvn)", na: "not built: the local provider's instances here are Go repositories; the fixups are listed in the issue as still to do"},
 }
 
-// ck is a checkpoint directory of the test's own, named after name.
+// ck is a checkpoint directory of the test's own, named after name: the
+// same one each time this run of the test asks (each run of a test, as
+// go test -count makes, is a T of its own; its name was the key, and the
+// second run committed into the first's directory: "already holds a
+// different commit").
 func ck(t *testing.T, name string) string {
 	t.Helper()
 	dirs.Lock()
 	defer dirs.Unlock()
-	key := t.Name() + name
+	key := ckKey{t, name}
 	if d, ok := dirs.m[key]; ok {
 		return d
 	}
 	d := filepath.Join(t.TempDir(), strings.ReplaceAll(strings.TrimPrefix(name, "/"), "/", "-"))
 	dirs.m[key] = d
+	t.Cleanup(func() {
+		dirs.Lock()
+		defer dirs.Unlock()
+		delete(dirs.m, key)
+	})
 	return d
+}
+
+type ckKey struct {
+	t    *testing.T
+	name string
 }
 
 var dirs = struct {
 	sync.Mutex
-	m map[string]string
-}{m: map[string]string{}}
+	m map[ckKey]string
+}{m: map[ckKey]string{}}
 
 // snapshotsIn counts the snapshots the server's index references, from
 // /metrics.
