@@ -479,9 +479,15 @@ func ValidateSessionData(data json.RawMessage) (json.RawMessage, error) {
 }
 
 // WorkdirOf is the sandbox's working directory: its pwd, bounded by the
-// command's own timeout as well as ctx.
+// command's own timeout as well as ctx. pwd changes nothing, so one the
+// provider answered unavailable (a remote execd's stream cut short, say) is
+// run once more.
 func WorkdirOf(ctx context.Context, p provider.Provider, h provider.Handle) (string, error) {
-	res, err := p.Exec(ctx, h, provider.ExecRequest{Command: "pwd", Timeout: 30 * time.Second})
+	req := provider.ExecRequest{Command: "pwd", Timeout: 30 * time.Second}
+	res, err := p.Exec(ctx, h, req)
+	if errors.Is(err, provider.ErrUnavailable) && ctx.Err() == nil {
+		res, err = p.Exec(ctx, h, req)
+	}
 	if err != nil {
 		return "", fmt.Errorf("find workdir: %w", err)
 	}
