@@ -27,8 +27,11 @@
 // (a create refused so is provider.ErrInvalidSpec) and {detail: "..."}. A create or snapshot retried
 // after a failure that may have taken effect first looks for what the first
 // attempt made (by a token in its metadata or name), so nothing is made
-// twice. A command is never sent twice. Creates and snapshots in flight are
-// bounded; the rest queue in the client, so that the server's two capture
+// twice. A command is never sent twice: one whose stream ended without its
+// final event is waited for through execd's status of it and answered
+// provider.ErrUnavailable (its output may be cut anywhere); only the
+// provider's own idempotent commands are run again. Creates and snapshots
+// in flight are bounded; the rest queue in the client, so that the server's two capture
 // workers are never handed more than they can finish before a deadline.
 //
 // A sandbox that is gone (deleted, its lease ran out, or its entrypoint

@@ -491,10 +491,12 @@ func literal(what, name string) error {
 	return nil
 }
 
-// streamOutcome is how a command stream ended.
+// streamOutcome is how a command stream ended; id is the command's, when
+// its init event came.
 type streamOutcome struct {
 	res provider.ExecResult
 	err error
+	id  string
 }
 
 // Exec runs one command through execd's POST /command. A command is sent
@@ -538,18 +540,115 @@ func (p *Provider) Exec(ctx context.Context, h provider.Handle, req provider.Exe
 		callTimeout = req.Timeout + time.Minute
 	}
 	b, _ := json.Marshal(body)
+	bound := p.clk.Now().Add(callTimeout)
 	o, ok := p.runCommand(ctx, ep, b, req.Timeout, callTimeout)
 	if ok && refusedUnrun(o.err) {
 		// Not this sandbox's execd, or none: the command never ran, so it
 		// is sent once more where the sandbox is now, if that moved.
 		if nep, moved := p.reresolve(ctx, id, ep); moved {
+			ep = nep
 			o, ok = p.runCommand(ctx, nep, b, req.Timeout, callTimeout)
 		}
 	}
 	if !ok {
 		return provider.ExecResult{}, fmt.Errorf("opensandbox: run command: %w", ctx.Err())
 	}
+	if errors.Is(o.err, errNoFinalEvent) {
+		return provider.ExecResult{}, p.settle(ctx, ep, o.id, bound)
+	}
 	return p.execOutcome(ctx, id, o)
+}
+
+// probe runs one of the provider's own commands, which are idempotent: one
+// whose stream ended without its final event (see settle) has ended by the
+// time settle answers, and is run once more.
+func (p *Provider) probe(ctx context.Context, h provider.Handle, req provider.ExecRequest) (provider.ExecResult, error) {
+	res, err := p.Exec(ctx, h, req)
+	if errors.Is(err, errNoFinalEvent) && ctx.Err() == nil {
+		p.log.WithError(err).WithField("sandbox_id", h.SandboxID).Info("opensandbox: a probe's stream was cut; running it again")
+		res, err = p.Exec(ctx, h, req)
+	}
+	return res, err
+}
+
+// commandStatus is execd's GET /command/status/{id}.
+type commandStatus struct {
+	Running  bool   `json:"running"`
+	ExitCode *int   `json:"exit_code"`
+	Error    string `json:"error"`
+}
+
+// settle answers a command whose stream ended cleanly without its final
+// event. execd writes no event once it takes the request's context for
+// done, and still runs the command to its end and ends the stream as usual;
+// so the stream's events are a prefix of the command's, and how much of its
+// output is missing cannot be told. execd keeps no output of a foreground
+// command that a client can read (GET /command/{id}/logs refuses one that
+// is not a background command), only its status. So the command is waited
+// for, through its status, until it ends or bound passes (it is never sent
+// again: it ran), and the answer is an error wrapping
+// provider.ErrUnavailable (a 503 to callers) that names how it ended. A
+// caller that goes away meanwhile has the command interrupted, as Exec
+// does. Without the command's id (its init event was lost too) nothing can
+// be asked about it.
+func (p *Provider) settle(ctx context.Context, ep endpoint, cmd string, bound time.Time) error {
+	if cmd == "" {
+		return fmt.Errorf("opensandbox: run command: %w, before its init event: whether the command ran is unknown, and it is not sent again: %w", errNoFinalEvent, provider.ErrUnavailable)
+	}
+	st, err := p.awaitCommand(ctx, ep, cmd, bound)
+	if ctx.Err() != nil || err == nil && st.Running {
+		p.background.Add(1)
+		go func() {
+			defer p.background.Done()
+			p.interrupt(ep, cmd)
+		}()
+	}
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("opensandbox: run command: %w", ctx.Err())
+	case err != nil:
+		if gerr := p.gone(ctx, ep.sandbox, err); errors.Is(gerr, provider.ErrSandboxNotFound) {
+			return fmt.Errorf("opensandbox: run command: %w: %w", errNoFinalEvent, gerr)
+		}
+		return fmt.Errorf("opensandbox: run command: %w, and the status of command %s is unknown: %v: %w", errNoFinalEvent, cmd, err, provider.ErrUnavailable)
+	case st.Running:
+		return fmt.Errorf("opensandbox: run command: %w, and command %s still ran at the call's bound (it is interrupted): %w", errNoFinalEvent, cmd, provider.ErrUnavailable)
+	}
+	how := "without an exit code"
+	if st.ExitCode != nil {
+		how = "with exit code " + strconv.Itoa(*st.ExitCode)
+	}
+	if st.Error != "" {
+		how += " (" + st.Error + ")"
+	}
+	return fmt.Errorf("opensandbox: run command: %w: command %s ended %s, and execd keeps none of its output to read: %w", errNoFinalEvent, cmd, how, provider.ErrUnavailable)
+}
+
+// awaitCommand polls execd's status of command cmd until it has ended, bound
+// passes (the last status, still running) or ctx ends.
+func (p *Provider) awaitCommand(ctx context.Context, ep endpoint, cmd string, bound time.Time) (commandStatus, error) {
+	poll := p.poller("", bound)
+	for {
+		req := p.execdRequest(ep, "command status", http.MethodGet, "/command/status/"+url.PathEscape(cmd))
+		req.retry = true
+		resp, err := p.do(ctx, req)
+		if err != nil {
+			return commandStatus{}, err
+		}
+		if !resp.ok() {
+			return commandStatus{}, resp.apiError("command status")
+		}
+		var st commandStatus
+		if err := json.Unmarshal(resp.body, &st); err != nil {
+			return commandStatus{}, fmt.Errorf("opensandbox: command status: %w", err)
+		}
+		if !st.Running || !p.clk.Now().Before(bound) {
+			return st, nil
+		}
+		if err := poll.wait(ctx); err != nil {
+			return st, err
+		}
+	}
 }
 
 // runCommand sends a command to the execd at ep and returns how its stream
@@ -573,8 +672,10 @@ func (p *Provider) runCommand(ctx context.Context, ep endpoint, body []byte, tim
 	start := p.clk.Now()
 	ids := make(chan string, 1)
 	done := make(chan streamOutcome, 1)
+	var cmdID string // the stream's goroutine's own
 	hooks := streamHooks{
 		init: func(cmd string) {
+			cmdID = cmd
 			select {
 			case ids <- cmd:
 			default:
@@ -598,7 +699,7 @@ func (p *Provider) runCommand(ctx context.Context, ep endpoint, body []byte, tim
 			return
 		}
 		out, err := parseFrames(res.Body, p.opts.OutputCap, p.frameCap, hooks)
-		done <- streamOutcome{res: out, err: err}
+		done <- streamOutcome{res: out, err: err, id: cmdID}
 		if err == nil {
 			// Read to the end, so that the connection closes on execd's
 			// side first (and goes back to the pool).
@@ -727,13 +828,7 @@ func (p *Provider) interruptCommand(ep endpoint, ids <-chan string, done <-chan 
 	defer scancel()
 	select {
 	case cmd := <-ids:
-		ctx, cancel := context.WithTimeout(context.Background(), p.opts.RequestTimeout)
-		req := p.execdRequest(ep, "interrupt command", http.MethodDelete, "/command?"+url.Values{"id": {cmd}}.Encode())
-		if resp, err := p.once(ctx, req); err != nil || !resp.ok() {
-			// It may have ended meanwhile (execd then answers 500).
-			p.log.WithError(err).WithField("command", cmd).Debug("opensandbox: interrupt command")
-		}
-		cancel()
+		p.interrupt(ep, cmd)
 	case <-done:
 		return
 	case <-bound.C:
@@ -742,6 +837,17 @@ func (p *Provider) interruptCommand(ep endpoint, ids <-chan string, done <-chan 
 	select {
 	case <-done:
 	case <-bound.C:
+	}
+}
+
+// interrupt asks execd to interrupt command cmd.
+func (p *Provider) interrupt(ep endpoint, cmd string) {
+	ctx, cancel := context.WithTimeout(context.Background(), p.opts.RequestTimeout)
+	defer cancel()
+	req := p.execdRequest(ep, "interrupt command", http.MethodDelete, "/command?"+url.Values{"id": {cmd}}.Encode())
+	if resp, err := p.once(ctx, req); err != nil || !resp.ok() {
+		// It may have ended meanwhile (execd then answers 500).
+		p.log.WithError(err).WithField("command", cmd).Debug("opensandbox: interrupt command")
 	}
 }
 

@@ -1,12 +1,15 @@
 package opensandbox_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -54,6 +57,12 @@ type execdUnderTest struct {
 	// the same way (a line over 16 MiB through the fake costs half a
 	// minute under -race).
 	frame int
+	// cut makes the next command stream of the provider and sandbox it
+	// returns end cleanly after its first keep events, as execd ends one
+	// once it takes its request's context for done (the fake does so
+	// itself, the real execd behind a proxy that does it); sent counts the
+	// commands that provider has sent.
+	cut func(t *testing.T, keep int) (p *opensandbox.Provider, h provider.Handle, sent func() int)
 }
 
 // TestExecdContract runs the execd behaviours the provider relies on
@@ -100,7 +109,25 @@ func fakeExecd(t *testing.T) execdUnderTest {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return execdUnderTest{p: p, h: h, workdir: workdir, bulk: 3 << 20, file: 3 << 19, frame: frame}
+	cut := func(t *testing.T, keep int) (*opensandbox.Provider, provider.Handle, func() int) {
+		srv.CutNextCommandStreams(1, keep)
+		return p, h, func() int { return commandsSent(srv) }
+	}
+	return execdUnderTest{p: p, h: h, workdir: workdir, bulk: 3 << 20, file: 3 << 19, frame: frame, cut: cut}
+}
+
+// commandsSent counts the POST /command requests the fake's execd got.
+func commandsSent(srv *opensandboxtest.Server) int {
+	n := 0
+	for _, route := range []string{"execd (direct)", "execd (proxy)"} {
+		for _, b := range srv.Requests(route) {
+			var body map[string]any
+			if json.Unmarshal(b, &body) == nil && body["command"] != nil {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // realExecd builds (once per source, cached) and starts OpenSandbox's execd
@@ -143,11 +170,33 @@ func realExecd(t *testing.T) execdUnderTest {
 		t.Fatal(err)
 	}
 	const id = "real-execd"
-	// The lifecycle server as far as the provider needs it for execd calls.
+	h := provider.Handle{SandboxID: id, Provider: opensandbox.Name}
+	h.Descriptor, _ = json.Marshal(map[string]string{"sandbox_id": id, "workdir": workdir})
+	execd := fmt.Sprintf("127.0.0.1:%d", port)
+	var once sync.Once
+	var cp *opensandbox.Provider
+	var c *cutter
+	outer := t
+	cut := func(_ *testing.T, keep int) (*opensandbox.Provider, provider.Handle, func() int) {
+		once.Do(func() {
+			c = newCutter(outer, execd)
+			cp = stubbedProvider(outer, id, c.addr, token)
+		})
+		c.arm(keep)
+		return cp, h, c.sent
+	}
+	return execdUnderTest{p: stubbedProvider(t, id, execd, token), h: h, workdir: workdir, bulk: 40 << 20, file: 40 << 20, frame: opensandbox.MaxFrame, cut: cut}
+}
+
+// stubbedProvider is a provider whose lifecycle server is a stub, as far as
+// the provider needs one for execd calls: sandbox id runs, and its execd is
+// at endpoint, with token.
+func stubbedProvider(t *testing.T, id, endpoint, token string) *opensandbox.Provider {
+	t.Helper()
 	stub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case fmt.Sprintf("/v1/sandboxes/%s/endpoints/%d", id, opensandbox.ExecdPort):
-			_ = json.NewEncoder(w).Encode(map[string]any{"endpoint": fmt.Sprintf("127.0.0.1:%d", port),
+			_ = json.NewEncoder(w).Encode(map[string]any{"endpoint": endpoint,
 				"headers": map[string]string{"X-EXECD-ACCESS-TOKEN": token}})
 		case "/v1/sandboxes/" + id:
 			_ = json.NewEncoder(w).Encode(map[string]any{"id": id, "status": map[string]any{"state": "Running"}})
@@ -161,8 +210,109 @@ func realExecd(t *testing.T) execdUnderTest {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Wait)
-	desc, _ := json.Marshal(map[string]string{"sandbox_id": id, "workdir": workdir})
-	return execdUnderTest{p: p, h: provider.Handle{SandboxID: id, Provider: opensandbox.Name, Descriptor: desc}, workdir: workdir, bulk: 40 << 20, file: 40 << 20, frame: opensandbox.MaxFrame}
+	return p
+}
+
+// cutter is a proxy in front of the real execd that ends the command
+// streams it is armed for after their first keep events, cleanly, as execd
+// itself ends a stream once it takes its request's context for done. It
+// reads the rest of execd's stream to its end (a connection dropped
+// mid-stream would have execd pass SIGPIPE to its commands) and only then
+// ends the one it answers.
+type cutter struct {
+	addr      string
+	upstream  string
+	mu        sync.Mutex
+	cuts      []int
+	commands  int
+	transport *http.Transport
+}
+
+func newCutter(t *testing.T, upstream string) *cutter {
+	// A connection of its own for each call.
+	c := &cutter{upstream: upstream, transport: &http.Transport{DisableKeepAlives: true}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		keep := -1
+		if r.Method == http.MethodPost && r.URL.Path == "/command" {
+			c.mu.Lock()
+			c.commands++
+			if len(c.cuts) > 0 {
+				keep, c.cuts = c.cuts[0], c.cuts[1:]
+			}
+			c.mu.Unlock()
+		}
+		c.forward(t, w, r, keep)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(c.transport.CloseIdleConnections)
+	c.addr = strings.TrimPrefix(srv.URL, "http://")
+	return c
+}
+
+// forward passes a call on to execd and its answer back, a line at a time;
+// of a command stream (keep >= 0), only the first keep events.
+func (c *cutter) forward(t *testing.T, w http.ResponseWriter, r *http.Request, keep int) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	// The call goes on to its end whatever the client does, as the
+	// provider's own would.
+	req, err := http.NewRequestWithContext(context.Background(), r.Method, "http://"+c.upstream+r.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	req.Header = r.Header.Clone()
+	res, err := c.transport.RoundTrip(req)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer res.Body.Close()
+	cut := keep >= 0 && res.StatusCode == http.StatusOK
+	if !cut {
+		maps.Copy(w.Header(), res.Header)
+		w.WriteHeader(res.StatusCode)
+	}
+	br := bufio.NewReader(res.Body)
+	for sent := 0; !cut || sent < keep; {
+		line, err := br.ReadBytes('\n')
+		if len(line) > 0 && (!cut || len(bytes.TrimSpace(line)) > 0) {
+			if cut && sent == 0 {
+				w.Header().Set("Content-Type", res.Header.Get("Content-Type"))
+				w.WriteHeader(http.StatusOK)
+			}
+			if cut {
+				line = append(line, '\n')
+				sent++
+			}
+			_, _ = w.Write(line)
+			w.(http.Flusher).Flush()
+		}
+		if err != nil {
+			return
+		}
+	}
+	// As execd, the stream ends when the command has: execd runs it to
+	// its end before it ends the stream. Read to the end: a connection
+	// dropped mid-stream would have execd pass SIGPIPE to its commands.
+	_, _ = io.Copy(io.Discard, br)
+}
+
+// arm cuts the next command stream after keep events.
+func (c *cutter) arm(keep int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cuts = append(c.cuts, keep)
+}
+
+// sent counts the commands that came through.
+func (c *cutter) sent() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.commands
 }
 
 // startExecd runs execd.sh start on port in dir; the execd it leaves is
@@ -393,6 +543,70 @@ func runContract(t *testing.T, e execdUnderTest) {
 	})
 	t.Run("a caller that hangs up", func(t *testing.T) {
 		callerHangsUp(t, e)
+	})
+	t.Run("a stream that ends without its final event", func(t *testing.T) {
+		streamCut(t, e)
+	})
+}
+
+// streamCut: a command whose stream ends cleanly without its final event is
+// never sent again; once its init event came (keep >= 1), Exec waits for it
+// to end, through execd's status of it, and names its exit code; either way
+// the answer is provider.ErrUnavailable, since how much of its output was
+// lost cannot be told.
+func streamCut(t *testing.T, e execdUnderTest) {
+	for _, keep := range []int{0, 1, 2} {
+		t.Run(fmt.Sprintf("after %d events", keep), func(t *testing.T) {
+			p, h, sent := e.cut(t, keep)
+			before := sent()
+			name := fmt.Sprintf("cut-%d", keep)
+			_, err := p.Exec(context.Background(), h, provider.ExecRequest{Command: "echo started; sleep 0.5; echo ran >> " + name + "; exit 3", Timeout: time.Minute})
+			if !errors.Is(err, provider.ErrUnavailable) {
+				t.Fatalf("Exec = %v, want ErrUnavailable", err)
+			}
+			if keep > 0 {
+				if !strings.Contains(err.Error(), "exit code 3") {
+					t.Errorf("Exec = %v, want it to name exit code 3", err)
+				}
+				// It had ended when Exec answered.
+				if got, err := p.ReadFile(context.Background(), h, name); err != nil || string(got) != "ran\n" {
+					t.Errorf("%s = %q, %v, want one run", name, got, err)
+				}
+			} else {
+				waitFile(t, execdUnderTest{p: p, h: h}, name)
+			}
+			if n := sent() - before; n != 1 {
+				t.Errorf("the command was sent %d times, want once", n)
+			}
+			// The next command's stream is whole.
+			if got := run(t, execdUnderTest{p: p, h: h}, provider.ExecRequest{Command: "cat " + name}); got.Stdout != "ran\n" {
+				t.Errorf("after the cut: %+v", got)
+			}
+		})
+	}
+	t.Run("a caller that goes away meanwhile", func(t *testing.T) {
+		p, h, _ := e.cut(t, 1)
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := p.Exec(ctx, h, provider.ExecRequest{Timeout: 2 * time.Minute, Command: `echo $$ > cut-pid; while :; do sleep 0.05; done`})
+			errc <- err
+		}()
+		eh := execdUnderTest{p: p, h: h}
+		pid := strings.TrimSpace(string(waitFile(t, eh, "cut-pid")))
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Errorf("Exec = %v, want context.Canceled", err)
+		}
+		// It is interrupted, not left running (hangGuard is a bound).
+		for deadline := time.Now().Add(hangGuard); ; time.Sleep(20 * time.Millisecond) {
+			if res := run(t, eh, provider.ExecRequest{Command: "kill -0 " + pid + " 2>/dev/null"}); res.ExitCode != 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the command of a caller that went away still runs")
+			}
+		}
 	})
 }
 

@@ -532,7 +532,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, sourceKey str
 	if sourceKey == "image" {
 		// Commands run in the workdir, which an image may not have. Best
 		// effort: a shell without mkdir leaves it to the image.
-		res, err := p.Exec(ctx, h, provider.ExecRequest{Command: "mkdir -p " + shellQuote(workdir), Cwd: "/", Timeout: p.opts.RequestTimeout})
+		res, err := p.probe(ctx, h, provider.ExecRequest{Command: "mkdir -p " + shellQuote(workdir), Cwd: "/", Timeout: p.opts.RequestTimeout})
 		if err != nil {
 			return fail(fmt.Errorf("opensandbox: make the workdir %s: %w", workdir, err))
 		}

@@ -51,6 +51,8 @@
 //     ending, "\n" for an empty line, "\r" ending a line too, a killing
 //     signal or timeout as evalue -1; a missing cwd is 400
 //     INVALID_REQUEST_BODY; DELETE /command?id= interrupts a command;
+//     GET /command/status/{id} says whether it runs and how it ended
+//     (CutNextCommandStreams ends streams early, as execd may);
 //     /files/upload takes multipart metadata/file pairs, /files/download,
 //     /ping. Like the real execd, it expands $NAME and ${NAME} in paths
 //     and cwd (HOME is /root; an undefined name is refused).

@@ -68,7 +68,12 @@ func (s *Server) execd(w http.ResponseWriter, r *http.Request) {
 		unauthorized(w, ExecdTokenHeader)
 		return
 	}
-	switch op := r.Method + " " + r.PathValue("path"); op {
+	op := r.Method + " " + r.PathValue("path")
+	if id, ok := strings.CutPrefix(op, "GET command/status/"); ok {
+		s.commandStatus(w, id)
+		return
+	}
+	switch op {
 	case "GET ping":
 		w.WriteHeader(http.StatusOK)
 	case "POST command":
@@ -246,9 +251,21 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 	id := newID("cmd-")
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	defer cancel()
-	defer s.commands.add(id, cancel)()
+	start := s.clk.Now()
+	defer s.commands.add(id, er.Command, start, cancel)()
 	flusher, _ := w.(http.Flusher)
+	// As execd, headers go with the first event, and a cut stream writes
+	// nothing past its cut (see CutNextCommandStreams).
+	keep, sent := s.nextCut(), 0
 	send := func(f frame) {
+		if keep >= 0 && sent >= keep {
+			return
+		}
+		if sent == 0 {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+		}
+		sent++
 		f.Timestamp = s.clk.Now().UnixMilli()
 		b, _ := json.Marshal(f)
 		_, _ = w.Write(append(b, '\n', '\n'))
@@ -257,17 +274,19 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 		}
 	}
 	begin := func() {
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.WriteHeader(http.StatusOK)
 		send(frame{Type: "init", Text: id})
 		send(frame{Type: "ping", Text: "pong"})
 	}
 	if live {
 		begin()
 	}
-	start := s.clk.Now()
 	res, err := s.backend.Exec(ctx, sb.backend, er)
 	interrupted := ctx.Err() != nil
+	if err != nil && !interrupted {
+		// It did not start (or, for the in-memory backend, its cwd is
+		// refused below): execd keeps no status of it.
+		s.commands.forget(id)
+	}
 	if !live {
 		switch {
 		case err != nil && !interrupted && errors.Is(err, fs.ErrNotExist):
@@ -282,6 +301,17 @@ func (s *Server) command(w http.ResponseWriter, r *http.Request, sb *sandbox) {
 	if err != nil && !interrupted {
 		send(frame{Type: "error", Error: &frameError{EName: "CommandExecError", EValue: err.Error(), Traceback: []string{err.Error()}}})
 		return
+	}
+	// execd records how the command ended before its final event.
+	switch {
+	case interrupted:
+		s.commands.finish(id, -1, "signal: terminated", s.clk.Now())
+	case res.TimedOut:
+		s.commands.finish(id, -1, "signal: killed", s.clk.Now())
+	case res.ExitCode != 0:
+		s.commands.finish(id, res.ExitCode, fmt.Sprintf("exit status %d", res.ExitCode), s.clk.Now())
+	default:
+		s.commands.finish(id, 0, "", s.clk.Now())
 	}
 	for _, c := range lines(res.Stdout) {
 		send(frame{Type: "stdout", Text: c})
@@ -362,25 +392,78 @@ func isName(s string) bool {
 	return s != ""
 }
 
-// runningCommands are the commands running in every sandbox, by id.
-type runningCommands struct {
-	mu sync.Mutex
-	m  map[string]context.CancelFunc
+// commandStatus answers GET /command/status/{id} as execd does: 404 for a
+// command it does not know (it never started), else its status.
+func (s *Server) commandStatus(w http.ResponseWriter, id string) {
+	st, ok := s.commands.status(id)
+	if !ok {
+		writeError(w, http.StatusNotFound, "INVALID_REQUEST_BODY", "command not found: %s", id)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
 }
 
-// add registers a running command; the func returned removes it.
-func (c *runningCommands) add(id string, cancel context.CancelFunc) func() {
+// statusDoc is execd's command status.
+type statusDoc struct {
+	ID         string     `json:"id"`
+	Content    string     `json:"content,omitempty"`
+	Running    bool       `json:"running"`
+	ExitCode   *int       `json:"exit_code,omitempty"`
+	Error      string     `json:"error,omitempty"`
+	StartedAt  time.Time  `json:"started_at"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+}
+
+// runningCommands are the commands of every sandbox, by id: the running
+// ones can be interrupted, and every one has a status (execd keeps them all).
+type runningCommands struct {
+	mu       sync.Mutex
+	m        map[string]context.CancelFunc
+	statuses map[string]*statusDoc
+}
+
+// add registers a running command; the func returned makes it not
+// interruptible any more.
+func (c *runningCommands) add(id, content string, at time.Time, cancel context.CancelFunc) func() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
-		c.m = map[string]context.CancelFunc{}
+		c.m, c.statuses = map[string]context.CancelFunc{}, map[string]*statusDoc{}
 	}
 	c.m[id] = cancel
+	c.statuses[id] = &statusDoc{ID: id, Content: content, Running: true, StartedAt: at}
 	return func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		delete(c.m, id)
 	}
+}
+
+// finish records how command id ended.
+func (c *runningCommands) finish(id string, code int, msg string, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st, ok := c.statuses[id]; ok {
+		st.Running, st.ExitCode, st.Error, st.FinishedAt = false, &code, msg, &at
+	}
+}
+
+// forget drops command id, which never started.
+func (c *runningCommands) forget(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.statuses, id)
+}
+
+// status is a copy of command id's status.
+func (c *runningCommands) status(id string) (statusDoc, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st, ok := c.statuses[id]
+	if !ok {
+		return statusDoc{}, false
+	}
+	return *st, true
 }
 
 // cancel ends a running command; false when none has that id.

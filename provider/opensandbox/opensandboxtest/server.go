@@ -144,6 +144,7 @@ type Server struct {
 	commands   runningCommands
 	failCreate int
 	failSnap   int
+	cuts       []int
 	faults     []*Fault
 	stats      Stats
 	bodies     map[string][][]byte
@@ -247,6 +248,32 @@ func (s *Server) FailNextCreates(n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.failCreate += n
+}
+
+// CutNextCommandStreams makes the next n command streams end after their
+// first keep events (init is the first, a ping the second), cleanly and
+// without the rest (output, the final event), as the real execd ends a
+// stream once it takes its request's context for done: it writes no event
+// after that, headers included when none was written yet, and still runs
+// the command to its end. GET /command/status/{id} says how it ended.
+func (s *Server) CutNextCommandStreams(n, keep int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		s.cuts = append(s.cuts, keep)
+	}
+}
+
+// nextCut is how many events the next command stream keeps (-1: all).
+func (s *Server) nextCut() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.cuts) == 0 {
+		return -1
+	}
+	keep := s.cuts[0]
+	s.cuts = s.cuts[1:]
+	return keep
 }
 
 // FailNextSnapshots makes the next n snapshots end Failed.
