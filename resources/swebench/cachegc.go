@@ -127,11 +127,27 @@ func registerCacheUser(env *Environment, hostMounts string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	tmp := fmt.Sprintf("%s.tmp-%d", path, os.Getpid())
-	if err := os.WriteFile(tmp, []byte(hostMounts), 0o644); err != nil {
+	// A temporary name of its own: the sandboxes of one server start
+	// concurrently, and a name per process let one start's rename take
+	// another's file from under it (ENOENT, and the start failed).
+	f, err := os.CreateTemp(dir, filepath.Base(path)+".tmp-*")
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	_, err = f.WriteString(hostMounts)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+	}
+	return err
 }
 
 // hostsInUse are the host directories the sandboxes and snapshots of

@@ -2,6 +2,8 @@ package swebench
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -271,5 +273,51 @@ func TestASpecPinsItsGenerationsUntilItsStartIsDone(t *testing.T) {
 	done()
 	if d := cmp.Diff([]string{squash}, f.generations(t)); d != "" {
 		t.Errorf("generations once the start is done (-want +got):\n%s", d)
+	}
+}
+
+// TestConcurrentStartsRecordACacheUserOnce: the sandboxes of one server
+// start concurrently and each records its provider as a user of the
+// template's caches. With one temporary name per process, one start's
+// rename took the file another had just written (ENOENT, and the start
+// failed: TestValidationMakesABrokenInstanceUnavailable under load). A file
+// at that name, as another writer's would be, now stops no one, and many
+// writers at once leave one record and no temporary file.
+func TestConcurrentStartsRecordACacheUserOnce(t *testing.T) {
+	env := &Environment{Dir: t.TempDir()}
+	const user = `{"sandboxes":"/srv/sandboxes","snapshots":"/srv/snapshots"}`
+	dir := filepath.Join(env.Dir, envCaches, cacheUsersDir)
+	sum := sha256.Sum256([]byte(user))
+	record := filepath.Join(dir, hex.EncodeToString(sum[:8])+".json")
+	writeFiles(t, fmt.Sprintf("%s.tmp-%d", record, os.Getpid()), map[string]string{"another-writer": "x"})
+	errs := make(chan error, 16)
+	for range cap(errs) {
+		go func() { errs <- registerCacheUser(env, user) }()
+	}
+	for range cap(errs) {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if b, err := os.ReadFile(record); err != nil || string(b) != user {
+		t.Fatalf("the record: %q, %v", b, err)
+	}
+	// Readable by another server's collection, as os.WriteFile made it.
+	if fi, err := os.Stat(record); err != nil {
+		t.Fatal(err)
+	} else if fi.Mode().Perm() != 0o644 {
+		t.Errorf("the record's mode is %v, want -rw-r--r--", fi.Mode())
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	want := []string{filepath.Base(record), filepath.Base(record) + fmt.Sprintf(".tmp-%d", os.Getpid())}
+	if d := cmp.Diff(want, names); d != "" {
+		t.Errorf("the users' directory (-want +got):\n%s", d)
 	}
 }
