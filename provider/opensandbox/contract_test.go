@@ -172,9 +172,12 @@ func (s *server) call(t *testing.T, method, path string, body any, hdr ...string
 // send does req and reads its answer. The real server answers a list or a
 // get with a bare 500 when a container's image is deleted while it reads
 // it (another test's snapshot going): a safe request that gets one is
-// sent again, as the provider's client does, a few times.
+// sent again, as the provider's client does, until the deletes let it
+// through (on a loaded machine a run of them outlasted five tries) or
+// hangGuard passes.
 func (s *server) send(t *testing.T, req *http.Request) (*http.Response, []byte) {
 	t.Helper()
+	bound := time.Now().Add(hangGuard)
 	for attempt := 1; ; attempt++ {
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -183,11 +186,11 @@ func (s *server) send(t *testing.T, req *http.Request) (*http.Response, []byte) 
 		b, _ := io.ReadAll(res.Body)
 		res.Body.Close()
 		racedDelete := req.Method == http.MethodGet && res.StatusCode == http.StatusInternalServerError && !json.Valid(b)
-		if !racedDelete || attempt == 5 {
+		if !racedDelete || time.Now().After(bound) {
 			return res, b
 		}
 		t.Logf("%s %s: a bare 500 (attempt %d), sent again", req.Method, req.URL.Path, attempt)
-		time.Sleep(time.Duration(attempt) * 200 * time.Millisecond)
+		time.Sleep(time.Duration(min(attempt, 5)) * 200 * time.Millisecond)
 	}
 }
 
@@ -643,16 +646,18 @@ func (s *server) waitStatus(t *testing.T, path string, status int) {
 // list answers GET /v1/sandboxes?q. The real server answers 500
 // DOCKER::SANDBOX_QUERY_FAILED when a container it lists is removed while it
 // reads it (another test's delete on the shared stack); the provider retries
-// a 500 after its backoff, and so does this, up to four times: a storm of
-// deletes passes while it waits.
+// a 500 after its backoff, and so does this, until a storm of deletes has
+// passed (a loaded machine's can outlast the provider's four retries) or
+// hangGuard passes.
 func (s *server) list(t *testing.T, q url.Values) (int, map[string]any) {
 	t.Helper()
+	bound := time.Now().Add(hangGuard)
 	for retry := 0; ; retry++ {
 		st, m, _ := s.call(t, http.MethodGet, "/v1/sandboxes?"+q.Encode(), nil)
-		if st != http.StatusInternalServerError || m["code"] != "DOCKER::SANDBOX_QUERY_FAILED" || retry == 4 {
+		if st != http.StatusInternalServerError || m["code"] != "DOCKER::SANDBOX_QUERY_FAILED" || time.Now().After(bound) {
 			return st, m
 		}
-		time.Sleep(opensandbox.Backoff(retry))
+		time.Sleep(opensandbox.Backoff(min(retry, 4)))
 	}
 }
 
