@@ -10,13 +10,16 @@ package diewithtest
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // env names, in the child, the file it writes its words to.
@@ -88,14 +91,26 @@ func Kill(t *testing.T, child string, guard time.Duration) []string {
 
 // Gone waits, up to two minutes (a hang guard), until none of pids runs
 // (a zombie does not: it waits only for its reaping), and fails the test
-// naming those that still do, which it then kills.
+// naming those that still do, which it then kills. A process at one of the
+// pids that started after Gone began is another's that took a freed pid:
+// it counts as gone, and is never killed.
 func Gone(t *testing.T, names map[int]string) {
+	t.Helper()
+	began, err := uptimeTicks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	goneSince(t, names, began)
+}
+
+// goneSince is Gone for processes started by began (ticks since boot).
+func goneSince(t *testing.T, names map[int]string, began uint64) {
 	t.Helper()
 	for end := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
 		var left []string
 		var pids []int
 		for pid, name := range names {
-			if Running(pid) {
+			if started, ok := running(pid); ok && started <= began {
 				left, pids = append(left, fmt.Sprintf("%s (%d)", name, pid)), append(pids, pid)
 			}
 		}
@@ -104,7 +119,13 @@ func Gone(t *testing.T, names map[int]string) {
 		}
 		if time.Now().After(end) {
 			for _, pid := range pids {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
+				// Still the one it was: a pidfd names the process, not the pid.
+				if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+					if started, ok := running(pid); ok && started <= began {
+						_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+					}
+					unix.Close(fd)
+				}
 			}
 			t.Fatalf("left running after the test binary was killed: %s", strings.Join(left, ", "))
 		}
@@ -113,10 +134,45 @@ func Gone(t *testing.T, names map[int]string) {
 
 // Running: pid runs (a zombie does not).
 func Running(pid int) bool {
+	_, ok := running(pid)
+	return ok
+}
+
+// running reports whether pid runs (a zombie does not), and when it
+// started, in clock ticks since boot.
+func running(pid int) (uint64, bool) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return false
+		return 0, false
 	}
 	_, rest, _ := strings.Cut(string(b), ") ")
-	return !strings.HasPrefix(rest, "Z")
+	if strings.HasPrefix(rest, "Z") {
+		return 0, false
+	}
+	// After the command: state is field 3, starttime field 22.
+	fields := strings.Fields(rest)
+	if len(fields) < 20 {
+		return 0, false
+	}
+	started, err := strconv.ParseUint(fields[19], 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return started, true
+}
+
+// uptimeTicks is the time since boot in clock ticks (USER_HZ, 100 on
+// Linux), rounded up: a process started before now has a starttime no
+// later.
+func uptimeTicks() (uint64, error) {
+	b, err := os.ReadFile("/proc/uptime")
+	if err != nil {
+		return 0, err
+	}
+	up, _, _ := strings.Cut(string(b), " ")
+	secs, err := strconv.ParseFloat(up, 64)
+	if err != nil {
+		return 0, fmt.Errorf("/proc/uptime: %w", err)
+	}
+	return uint64(math.Ceil(secs*100)) + 1, nil
 }
