@@ -83,7 +83,9 @@ func (p *Provider) Reap(ctx context.Context) ([]string, error) {
 			errs = append(errs, removeSandboxDir(filepath.Join(p.trashDir(), e.Name())))
 		}
 	}
-	_, rerr := p.removeReadyDirs()
+	// What no id of this provider holds, only while it holds the root or
+	// no server does: another server's on the same root are its own.
+	_, rerr := p.SweepMadeAhead()
 	errs = append(errs, rerr)
 	if err := p.collect(ctx); err != nil {
 		errs = append(errs, err)

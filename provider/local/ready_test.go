@@ -613,6 +613,13 @@ func TestTheSweepRemovesWhatADeadServerMadeAhead(t *testing.T) {
 	if d := cmp.Diff(left, readyDirs(t, server)); d != "" {
 		t.Fatalf("the server's directories after the sweep (-before +after):\n%s", d)
 	}
+	// Nor does another provider's reap on the root.
+	if _, err := sweeper.Reap(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(left, readyDirs(t, server)); d != "" {
+		t.Fatalf("the server's directories after another provider's reap (-before +after):\n%s", d)
+	}
 	// The server dies: its lock goes with it, and nothing is given back.
 	server.mu.Lock()
 	lock := server.lock
