@@ -260,6 +260,62 @@ func TestSeedsThatWillNotForkCancelTheirExpectedStarts(t *testing.T) {
 	}
 }
 
+// A seed that waited for the build, and then claims a fork from the
+// template's warm pool instead of forking, cancels the start the provider
+// was told to expect of it: the pool's fork was made without it. A seed
+// the pool serves that never waited cancels nothing.
+func TestASeedThePoolServesAfterWaitingCancelsItsExpectedStart(t *testing.T) {
+	e := newEnv(t)
+	x := &expecting{Provider: e.fk}
+	o := e.open(func(c *owner.Config) { c.Provider = x }, pool(2, 2, 0))
+	poolWait := poolStarts(o)
+	var runs atomic.Int64
+	release := make(chan struct{})
+	building := make(chan struct{})
+	setup := func(ctx context.Context, p provider.Provider, sb sandbox.Sandbox) (json.RawMessage, error) {
+		close(building)
+		return keyedSetup("task-1", &runs, release, nil)(ctx, p, sb)
+	}
+	built := make(chan error, 1)
+	go func() {
+		_, err := o.StartKeyedSessionSandbox(context.Background(), "builder", "task-1", keyedSpec, setup, "")
+		built <- err
+	}()
+	<-building
+	// The waiter, once it waits, lets the build end and holds on until the
+	// builder forked (a pool miss) and the pool filled behind it; then it
+	// wakes to a pool with forks ready.
+	owner.SetTemplateWaitHook(o, func() {
+		close(release)
+		if err := <-built; err != nil {
+			t.Error(err)
+		}
+		poolWait(2)
+	})
+	defer owner.SetTemplateWaitHook(o, nil)
+	sb, err := o.StartKeyedSessionSandbox(context.Background(), "waiter", "task-1", keyedSpec, setup, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := o.PoolStats(); st.Hits != 1 || st.Misses != 1 || string(sb.Data) != `{"task":"task-1"}` {
+		t.Fatalf("the waiter: %+v, pool %+v; want a pool hit after the builder's miss", sb, st)
+	}
+	if told, cancelled := x.counts(); told != 2 || cancelled != 1 {
+		t.Fatalf("the builder forked, the waiter claimed: %d starts told, %d cancelled; want 2, 1", told, cancelled)
+	}
+	// A seed of the built template claims from the pool without waiting:
+	// it was never expected, and cancels nothing.
+	if _, err := seedTask(o, "late", &runs, ""); err != nil {
+		t.Fatal(err)
+	}
+	if st := o.PoolStats(); st.Hits != 2 {
+		t.Fatalf("the late seed: pool %+v; want a second hit", st)
+	}
+	if told, cancelled := x.counts(); told != 2 || cancelled != 1 {
+		t.Fatalf("a late seed the pool served: %d starts told, %d cancelled; want 2, 1", told, cancelled)
+	}
+}
+
 // seedTask seeds sid with task-1's keyed setup, which does not wait,
 // counting its runs in runs.
 func seedTask(o *owner.Owner, sid string, runs *atomic.Int64, workdir string) (sandbox.Sandbox, error) {
