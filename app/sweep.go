@@ -84,6 +84,15 @@ func sweepCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		fmt.Fprintf(stderr, "server sweep: %v\n", err)
 		return 2
 	}
+	if c, ok := prov.(io.Closer); ok {
+		// The local provider's New makes cgroup parents under this
+		// process's cgroup; its Close removes them, and what else it holds.
+		defer func() {
+			if err := c.Close(); err != nil {
+				fmt.Fprintf(stderr, "server sweep: close the provider: %v\n", err)
+			}
+		}()
+	}
 	swOpts.Provider = prov
 	rep, err := sweep.Run(ctx, swOpts)
 	verb := "would stop"

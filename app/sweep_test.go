@@ -2,9 +2,12 @@ package app_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -152,5 +155,81 @@ func TestSweepRetainFrom(t *testing.T) {
 	}
 	if len(snaps) != 1 || snaps[0].ID != snapshotOf["c2"] {
 		t.Fatalf("snapshots left %+v, want only c2's %s", snaps, snapshotOf["c2"])
+	}
+}
+
+// cgroupParentsOf are the cgroup directories a local provider on root made
+// under this process's cgroups and left: one per hierarchy, named after the
+// root (as provider/local's cgroupParent names them).
+func cgroupParentsOf(t *testing.T, root string) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Skipf("SKIP: no cgroups to read: %v", err)
+	}
+	sum := sha256.Sum256([]byte(root))
+	name := "sandboxowner-" + hex.EncodeToString(sum[:6])
+	var found []string
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		dirs := []string{filepath.Join("/sys/fs/cgroup", f[2]), filepath.Join("/sys/fs/cgroup/unified", f[2])}
+		for _, c := range strings.Split(f[1], ",") {
+			if c != "" && !strings.HasPrefix(c, "name=") {
+				dirs = append(dirs, filepath.Join("/sys/fs/cgroup", c, f[2]))
+			}
+		}
+		for _, d := range dirs {
+			if p := filepath.Join(d, name); !slices.Contains(found, p) {
+				if _, err := os.Stat(p); err == nil {
+					found = append(found, p)
+				}
+			}
+		}
+	}
+	return found
+}
+
+// `server sweep` closes the provider it built: the local provider's cgroup
+// parents, which its New makes under the process's cgroup, are gone once
+// the command returns (on a host that lets it make any).
+func TestSweepCommandClosesItsProvider(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	root := filepath.Join(dir, "sandboxes")
+	// A provider on the root shows where its parents go, and that Close
+	// removes them.
+	lg := logrus.New()
+	lg.SetLevel(logrus.ErrorLevel)
+	p, err := local.New(local.Options{Root: root, Templates: map[string]string{"notes": ""}, Isolation: "none", Overlay: "off", Logger: lg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	made := cgroupParentsOf(t, root)
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, d := range cgroupParentsOf(t, root) {
+			_ = os.Remove(d)
+		}
+	})
+	if len(made) == 0 {
+		t.Skip("SKIP: the host lets a provider make no cgroup parent here")
+	}
+	if left := cgroupParentsOf(t, root); len(left) != 0 {
+		t.Fatalf("a closed provider left %v", left)
+	}
+	args := []string{"sweep", "-sandbox.provider", "local", "-sandbox.local.root", root, "-sandbox.local.isolation", "none",
+		"-sandbox.local.overlay", "off", "-checkpoint.enabled", "-checkpoint.state_dir", filepath.Join(dir, "state"),
+		"-checkpoint.control_auth_token", "tok", "-log-level", "error"}
+	var out, errOut strings.Builder
+	if code := app.Run(context.Background(), args, &out, &errOut); code != 0 {
+		t.Fatalf("sweep: exit %d, stderr %q", code, errOut.String())
+	}
+	if left := cgroupParentsOf(t, root); len(left) != 0 {
+		t.Errorf("after the sweep, its provider's cgroup parents %v are left: it was not closed", left)
 	}
 }
