@@ -72,6 +72,13 @@ func (x *cutExecd) commandCalls() []string {
 // onCutExecd is a provider, on a manual clock, of one sandbox served by x.
 func onCutExecd(t *testing.T, x *cutExecd) (*opensandbox.Provider, provider.Handle) {
 	t.Helper()
+	return onCutExecdSleeping(t, x, func() {})
+}
+
+// onCutExecdSleeping is onCutExecd whose provider calls slept each time it
+// waits.
+func onCutExecdSleeping(t *testing.T, x *cutExecd, slept func()) (*opensandbox.Provider, provider.Handle) {
+	t.Helper()
 	hangguard.Arm(t)
 	execd := httptest.NewServer(x)
 	t.Cleanup(execd.Close)
@@ -89,7 +96,7 @@ func onCutExecd(t *testing.T, x *cutExecd) (*opensandbox.Provider, provider.Hand
 	t.Cleanup(stub.Close)
 	clk := clock.NewManual(t0)
 	p, err := opensandbox.New(opensandbox.Options{Domain: strings.TrimPrefix(stub.URL, "http://"), Clock: clk, PollInterval: time.Second,
-		Sleep: func(ctx context.Context, d time.Duration) error { clk.Advance(d); return ctx.Err() }})
+		Sleep: func(ctx context.Context, d time.Duration) error { clk.Advance(d); slept(); return ctx.Err() }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,6 +120,8 @@ func TestExecStreamCutWaitsForTheCommand(t *testing.T) {
 	if !errors.Is(err, provider.ErrUnavailable) || !strings.Contains(err.Error(), "exit code 3 (exit status 3)") {
 		t.Fatalf("Exec = %v, want ErrUnavailable naming exit code 3", err)
 	}
+	p.Wait()
+	// Ended, it is not interrupted.
 	want := []string{"POST /command", "GET /command/status/cmd-1", "GET /command/status/cmd-1", "GET /command/status/cmd-1"}
 	if diff := cmp.Diff(want, x.commandCalls()); diff != "" {
 		t.Errorf("execd calls (-want +got):\n%s", diff)
@@ -167,5 +176,27 @@ func TestStartProbeRunsAgainAfterACutStream(t *testing.T) {
 	e.start(t, provider.Spec{Image: "img", TTLSeconds: 600})
 	if n := commandsSent(e.srv); n != 2 {
 		t.Errorf("%d commands sent, want the mkdir twice", n)
+	}
+}
+
+// A caller that goes away while Exec waits for a cut stream's command has
+// the command interrupted, as one that goes away mid-stream.
+func TestExecStreamCutCallerGone(t *testing.T) {
+	x := &cutExecd{statuses: []string{running}}
+	ctx, cancel := context.WithCancel(context.Background())
+	sleeps := 0
+	p, h := onCutExecdSleeping(t, x, func() {
+		if sleeps++; sleeps == 2 {
+			cancel()
+		}
+	})
+	_, err := p.Exec(ctx, h, provider.ExecRequest{Command: "make test", Timeout: time.Minute})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Exec = %v, want context.Canceled", err)
+	}
+	p.Wait()
+	want := []string{"POST /command", "GET /command/status/cmd-1", "GET /command/status/cmd-1", "DELETE /command"}
+	if diff := cmp.Diff(want, x.commandCalls()); diff != "" {
+		t.Errorf("execd calls (-want +got):\n%s", diff)
 	}
 }
