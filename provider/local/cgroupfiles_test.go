@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -198,29 +199,54 @@ func TestAFreezeTheKernelNeverConfirms(t *testing.T) {
 }
 
 // On a v2 kernel without cgroup.kill (before 5.14) a kill round freezes
-// the cgroup and signals what it lists then. On files of the test's own,
-// as the kernel would have them (a cgroup.kill that cannot be written, a
-// freeze the kernel confirms), with a real process listed in it, which the
-// hook takes out of the list as the kernel would once it dies.
+// the cgroup and signals what it lists then, a process forked before the
+// freeze took included. On files of the test's own, as the kernel would
+// have them (a cgroup.kill that cannot be written), with real processes
+// listed: the second joins the list as the freeze is awaited (the test
+// answers the read of cgroup.events through a FIFO), and the hook takes
+// them out of the list as the kernel would once they die.
 func TestAV2KillWithoutCgroupKillFreezesFirst(t *testing.T) {
 	dir := t.TempDir()
 	if err := os.Mkdir(filepath.Join(dir, "cgroup.kill"), 0o755); err != nil { // not writable as a file
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.events"), []byte("populated 1\nfrozen 1\n"), 0o644); err != nil {
+	events := filepath.Join(dir, "cgroup.events")
+	if err := syscall.Mkfifo(events, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sleep := exec.Command("sleep", "600")
-	if err := sleep.Start(); err != nil {
-		t.Fatal(err)
+	var waited []chan error
+	var pids []string
+	for range 2 {
+		sleep := exec.Command("sleep", "600")
+		if err := sleep.Start(); err != nil {
+			t.Fatal(err)
+		}
+		w := make(chan error, 1)
+		go func() { w <- sleep.Wait() }()
+		t.Cleanup(func() { _ = sleep.Process.Kill() })
+		waited = append(waited, w)
+		pids = append(pids, strconv.Itoa(sleep.Process.Pid))
 	}
-	waited := make(chan error, 1)
-	go func() { waited <- sleep.Wait() }()
-	t.Cleanup(func() { _ = sleep.Process.Kill() })
 	procs := filepath.Join(dir, "cgroup.procs")
-	if err := os.WriteFile(procs, []byte(strconv.Itoa(sleep.Process.Pid)+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(procs, []byte(pids[0]+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	frozen := make(chan error, 1)
+	go func() {
+		f, err := os.OpenFile(events, os.O_WRONLY, 0) // once the freeze reads it
+		if err == nil {
+			err = os.WriteFile(procs, []byte(pids[0]+"\n"+pids[1]+"\n"), 0o644)
+			_, _ = f.WriteString("populated 1\nfrozen 1\n")
+			f.Close()
+		}
+		frozen <- err
+	}()
+	t.Cleanup(func() {
+		// A freeze that never read it: the writer's open ends.
+		if f, err := os.OpenFile(events, os.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+	})
 	g := &sandboxCgroup{v2: true, dirs: map[string]string{"freezer": dir}}
 	var during []string
 	g.beforeKill = func() {
@@ -228,9 +254,13 @@ func TestAV2KillWithoutCgroupKillFreezesFirst(t *testing.T) {
 		during = append(during, string(b))
 		_ = os.WriteFile(procs, nil, 0o644)
 	}
+	g.roundEvery = time.Hour
 	found, rounds := g.kill()
-	if found != 1 || rounds != 1 {
-		t.Errorf("the kill found %d processes in %d rounds, want 1 in 1", found, rounds)
+	if err := <-frozen; err != nil {
+		t.Fatal(err)
+	}
+	if found != 2 || rounds != 1 {
+		t.Errorf("the kill found %d processes in %d rounds, want 2 in 1", found, rounds)
 	}
 	if diff := cmp.Diff([]string{"1"}, during); diff != "" {
 		t.Errorf("cgroup.freeze as the signals went (-want +got):\n%s", diff)
@@ -238,13 +268,15 @@ func TestAV2KillWithoutCgroupKillFreezesFirst(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(dir, "cgroup.freeze")); string(b) != "0" {
 		t.Errorf("cgroup.freeze after the kill: %q, want 0 (thawed)", b)
 	}
-	select {
-	case err := <-waited:
-		if err == nil || !strings.Contains(err.Error(), "killed") {
-			t.Errorf("the listed process ended with %v, want killed", err)
+	for i, w := range waited {
+		select {
+		case err := <-w:
+			if err == nil || !strings.Contains(err.Error(), "killed") {
+				t.Errorf("listed process %d ended with %v, want killed", i, err)
+			}
+		case <-time.After(time.Minute): // a hang guard
+			t.Errorf("listed process %d outlived the kill", i)
 		}
-	case <-time.After(time.Minute): // a hang guard
-		t.Error("the listed process outlived the kill")
 	}
 }
 

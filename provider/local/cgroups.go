@@ -777,7 +777,9 @@ func (g *sandboxCgroup) kill() (found, rounds int) {
 			break
 		}
 		if !now.Before(next) {
-			g.killRound(pids, deadline)
+			for _, pid := range g.killRound(pids, deadline) {
+				seen[pid] = true
+			}
 			rounds++
 			next = now.Add(every)
 		}
@@ -795,8 +797,9 @@ func (g *sandboxCgroup) kill() (found, rounds int) {
 // stops every process first (a frozen process cannot fork, and one forking
 // as it is frozen has its child frozen too), the list taken again is
 // complete, each gets SIGKILL while frozen and dies at the thaw (v1) or at
-// once (v2); with no freezer, what is listed gets SIGKILL.
-func (g *sandboxCgroup) killRound(pids []int, deadline time.Time) {
+// once (v2); with no freezer, what is listed gets SIGKILL. It returns
+// the processes it killed, as far as it knows them.
+func (g *sandboxCgroup) killRound(pids []int, deadline time.Time) []int {
 	if g.v2 {
 		done := map[string]bool{}
 		for _, dir := range g.dirs {
@@ -805,7 +808,7 @@ func (g *sandboxCgroup) killRound(pids []int, deadline time.Time) {
 			}
 		}
 		if len(done) > 0 {
-			return
+			return pids
 		}
 	}
 	frozen := g.canFreeze() && g.freeze(context.Background(), true, time.Until(deadline)) == nil
@@ -821,6 +824,7 @@ func (g *sandboxCgroup) killRound(pids []int, deadline time.Time) {
 	if g.canFreeze() {
 		_ = g.freeze(context.Background(), false, 0) // a frozen v1 process cannot die
 	}
+	return pids
 }
 
 // remove kills what is left in the sandbox's cgroups and removes them.
