@@ -52,6 +52,10 @@ var (
 	// ErrUnavailable: the provider's backend (a remote server) cannot be
 	// reached; the call may succeed later.
 	ErrUnavailable = errors.New("provider: unavailable")
+	// ErrOutcomeLost, beside ErrUnavailable: a command was sent and may
+	// have run (or did), but its outcome did not come back. Running it
+	// again runs it twice.
+	ErrOutcomeLost = errors.New("provider: the command's outcome was lost")
 	// ErrInjected marks a failure injected by a fault-injecting provider, so
 	// tests can tell it from a real one.
 	ErrInjected = errors.New("provider: injected fault")

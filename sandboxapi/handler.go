@@ -347,6 +347,12 @@ func (h *Handler) providerError(ctx *fasthttp.RequestCtx, sandboxID string, err 
 		status, code, detail = fasthttp.StatusBadRequest, "path_escape", "the path leaves the sandbox"
 	case errors.Is(err, provider.ErrSandboxNotFound):
 		status, code, detail = fasthttp.StatusNotFound, "sandbox_not_found", "the sandbox is gone"
+	case errors.Is(err, provider.ErrOutcomeLost):
+		// Made, or maybe made, and its outcome lost (an execd stream cut
+		// before its final event): retryable as any 503, but the agent is
+		// told that a retry may run its command twice.
+		status, code, detail = fasthttp.StatusServiceUnavailable, "provider_unavailable", "the command was sent and may have run, but its outcome was lost; a retry runs it again"
+		ctx.Response.Header.Set("Retry-After", unavailableRetryAfter)
 	case errors.Is(err, provider.ErrUnavailable):
 		// Not made, and worth making again: the provider's backend gave no
 		// answer (an OpenSandbox lifecycle server asked whether the sandbox

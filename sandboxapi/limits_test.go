@@ -2,8 +2,10 @@ package sandboxapi
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -191,5 +193,39 @@ func TestAnUnavailableProviderIsARetryable503(t *testing.T) {
 		if ra := string(ctx.Response.Header.Peek("Retry-After")); got != errReply(503, "provider_unavailable") || ra != "5" {
 			t.Errorf("%s %s: %+v with Retry-After %q, want 503 provider_unavailable with 5", c.method, c.uri, got, ra)
 		}
+	}
+}
+
+// outcomeLostProvider's Exec sent its command and lost its outcome (an
+// execd stream cut before its final event).
+type outcomeLostProvider struct{ provider.Provider }
+
+func (outcomeLostProvider) Exec(context.Context, provider.Handle, provider.ExecRequest) (provider.ExecResult, error) {
+	return provider.ExecResult{}, fmt.Errorf("exec: %w (%w)", provider.ErrUnavailable, provider.ErrOutcomeLost)
+}
+
+// TestAnExecWhoseOutcomeWasLostSaysARetryRunsItAgain: still a retryable
+// 503 provider_unavailable, but its detail does not claim that nothing
+// ran: a retry runs the command a second time.
+func TestAnExecWhoseOutcomeWasLostSaysARetryRunsItAgain(t *testing.T) {
+	w := newWorld(t)
+	id, token := w.sandbox(t)
+	w.h.Provider = outcomeLostProvider{w.p}
+	var ctx fasthttp.RequestCtx
+	ctx.Request.Header.SetMethod("POST")
+	ctx.Request.SetRequestURI("/sandboxes/" + id + "/exec")
+	ctx.Request.Header.Set("Authorization", "Bearer "+token)
+	ctx.Request.SetBody([]byte(`{"command":"true"}`))
+	w.h.Serve(&ctx)
+	var body struct {
+		Error struct{ Code, Detail string } `json:"error"`
+	}
+	if err := json.Unmarshal(ctx.Response.Body(), &body); err != nil {
+		t.Fatal(err)
+	}
+	got := []string{strconv.Itoa(ctx.Response.StatusCode()), body.Error.Code, body.Error.Detail, string(ctx.Response.Header.Peek("Retry-After"))}
+	want := []string{"503", "provider_unavailable", "the command was sent and may have run, but its outcome was lost; a retry runs it again", "5"}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("the reply (-want +got):\n%s", d)
 	}
 }

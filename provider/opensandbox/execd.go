@@ -587,13 +587,14 @@ type commandStatus struct {
 // is not a background command), only its status. So the command is waited
 // for, through its status, until it ends or bound passes (it is never sent
 // again: it ran), and the answer is an error wrapping
-// provider.ErrUnavailable (a 503 to callers) that names how it ended. A
+// provider.ErrUnavailable (a 503 to callers) and provider.ErrOutcomeLost
+// (so that a caller can say it may have run) that names how it ended. A
 // caller that goes away meanwhile has the command interrupted, as Exec
 // does. Without the command's id (its init event was lost too) nothing can
 // be asked about it.
 func (p *Provider) settle(ctx context.Context, ep endpoint, cmd string, bound time.Time) error {
 	if cmd == "" {
-		return fmt.Errorf("opensandbox: run command: %w, before its init event: whether the command ran is unknown, and it is not sent again: %w", errNoFinalEvent, provider.ErrUnavailable)
+		return fmt.Errorf("opensandbox: run command: %w, before its init event: whether the command ran is unknown, and it is not sent again: %w (%w)", errNoFinalEvent, provider.ErrUnavailable, provider.ErrOutcomeLost)
 	}
 	st, err := p.awaitCommand(ctx, ep, cmd, bound)
 	if ctx.Err() != nil || err == nil && st.Running {
@@ -610,9 +611,9 @@ func (p *Provider) settle(ctx context.Context, ep endpoint, cmd string, bound ti
 		if gerr := p.gone(ctx, ep.sandbox, err); errors.Is(gerr, provider.ErrSandboxNotFound) {
 			return fmt.Errorf("opensandbox: run command: %w: %w", errNoFinalEvent, gerr)
 		}
-		return fmt.Errorf("opensandbox: run command: %w, and the status of command %s is unknown: %v: %w", errNoFinalEvent, cmd, err, provider.ErrUnavailable)
+		return fmt.Errorf("opensandbox: run command: %w, and the status of command %s is unknown: %v: %w (%w)", errNoFinalEvent, cmd, err, provider.ErrUnavailable, provider.ErrOutcomeLost)
 	case st.Running:
-		return fmt.Errorf("opensandbox: run command: %w, and command %s still ran at the call's bound (it is interrupted): %w", errNoFinalEvent, cmd, provider.ErrUnavailable)
+		return fmt.Errorf("opensandbox: run command: %w, and command %s still ran at the call's bound (it is interrupted): %w (%w)", errNoFinalEvent, cmd, provider.ErrUnavailable, provider.ErrOutcomeLost)
 	}
 	how := "without an exit code"
 	if st.ExitCode != nil {
@@ -621,7 +622,7 @@ func (p *Provider) settle(ctx context.Context, ep endpoint, cmd string, bound ti
 	if st.Error != "" {
 		how += " (" + st.Error + ")"
 	}
-	return fmt.Errorf("opensandbox: run command: %w: command %s ended %s, and execd keeps none of its output to read: %w", errNoFinalEvent, cmd, how, provider.ErrUnavailable)
+	return fmt.Errorf("opensandbox: run command: %w: command %s ended %s, and execd keeps none of its output to read: %w (%w)", errNoFinalEvent, cmd, how, provider.ErrUnavailable, provider.ErrOutcomeLost)
 }
 
 // awaitCommand polls execd's status of command cmd until it has ended, bound

@@ -117,7 +117,7 @@ func TestExecStreamCutWaitsForTheCommand(t *testing.T) {
 	x := &cutExecd{statuses: []string{running, running, exited3}}
 	p, h := onCutExecd(t, x)
 	_, err := p.Exec(context.Background(), h, provider.ExecRequest{Command: "make test", Timeout: time.Minute})
-	if !errors.Is(err, provider.ErrUnavailable) || !strings.Contains(err.Error(), "exit code 3 (exit status 3)") {
+	if !errors.Is(err, provider.ErrUnavailable) || !errors.Is(err, provider.ErrOutcomeLost) || !strings.Contains(err.Error(), "exit code 3 (exit status 3)") {
 		t.Fatalf("Exec = %v, want ErrUnavailable naming exit code 3", err)
 	}
 	p.Wait()
@@ -134,8 +134,8 @@ func TestExecStreamCutBeforeInit(t *testing.T) {
 	x := &cutExecd{noInit: true, statuses: []string{exited3}}
 	p, h := onCutExecd(t, x)
 	_, err := p.Exec(context.Background(), h, provider.ExecRequest{Command: "make test"})
-	if !errors.Is(err, provider.ErrUnavailable) {
-		t.Fatalf("Exec = %v, want ErrUnavailable", err)
+	if !errors.Is(err, provider.ErrUnavailable) || !errors.Is(err, provider.ErrOutcomeLost) {
+		t.Fatalf("Exec = %v, want ErrUnavailable and ErrOutcomeLost", err)
 	}
 	if diff := cmp.Diff([]string{"POST /command"}, x.commandCalls()); diff != "" {
 		t.Errorf("execd calls (-want +got):\n%s", diff)
@@ -147,7 +147,7 @@ func TestExecStreamCutStatusUnknown(t *testing.T) {
 	x := &cutExecd{statuses: []string{""}}
 	p, h := onCutExecd(t, x)
 	_, err := p.Exec(context.Background(), h, provider.ExecRequest{Command: "make test"})
-	if !errors.Is(err, provider.ErrUnavailable) || !strings.Contains(err.Error(), "status of command cmd-1 is unknown") {
+	if !errors.Is(err, provider.ErrUnavailable) || !errors.Is(err, provider.ErrOutcomeLost) || !strings.Contains(err.Error(), "status of command cmd-1 is unknown") {
 		t.Fatalf("Exec = %v, want ErrUnavailable saying the status is unknown", err)
 	}
 }
@@ -158,7 +158,7 @@ func TestExecStreamCutPastTheBound(t *testing.T) {
 	x := &cutExecd{statuses: []string{running}}
 	p, h := onCutExecd(t, x)
 	_, err := p.Exec(context.Background(), h, provider.ExecRequest{Command: "sleep 1000", Timeout: time.Second})
-	if !errors.Is(err, provider.ErrUnavailable) || !strings.Contains(err.Error(), "still ran at the call's bound") {
+	if !errors.Is(err, provider.ErrUnavailable) || !errors.Is(err, provider.ErrOutcomeLost) || !strings.Contains(err.Error(), "still ran at the call's bound") {
 		t.Fatalf("Exec = %v, want ErrUnavailable saying it still ran", err)
 	}
 	p.Wait()
