@@ -559,6 +559,38 @@ func TestCancelledStartsGiveTheirDisksBack(t *testing.T) {
 	noneMadeAhead(t, p, "Close")
 }
 
+// An id a fill was making when its expected start was cancelled is given
+// back as soon as it is made (directory removed, disk unmounted), before
+// the fill ends: the usual DefaultReadyIDs stay.
+func TestAnIDMadeAfterItsStartWasCancelledIsGivenBack(t *testing.T) {
+	p := newDiskProvider(t, overlayContainer, Limits{DiskMB: 8})
+	p.ExpectStarts(DefaultReadyIDs)
+	if ready, dirs, _ := madeAhead(t, p); ready != DefaultReadyIDs || dirs != DefaultReadyIDs {
+		t.Fatalf("for %d expected starts: %d ready, %d directories", DefaultReadyIDs, ready, dirs)
+	}
+	_, _, mounts := madeAhead(t, p)
+	// The one more made for the next expected start is held once it took
+	// its uid until that start was cancelled.
+	taken, release := make(chan struct{}), make(chan struct{})
+	p.ready.taken = func() {
+		close(taken)
+		<-release
+	}
+	p.ExpectStarts(1)
+	<-taken
+	p.StartsCancelled(1)
+	close(release)
+	if ready, dirs, got := madeAhead(t, p); ready != DefaultReadyIDs || dirs != DefaultReadyIDs || got != mounts {
+		t.Errorf("the expected start cancelled while its id was made: %d ready, %d directories, %d mounts; want %d, %d, %d",
+			ready, dirs, got, DefaultReadyIDs, DefaultReadyIDs, mounts)
+	}
+	p.ready.taken = nil
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	noneMadeAhead(t, p, "Close")
+}
+
 // Ids made in full for expected starts that neither come nor are
 // cancelled (a hint that outlived its seeds) are given back once
 // expectedStartsTTL of the provider's clock passed since the last start
