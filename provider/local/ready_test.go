@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxowner/owner/clock"
 	"github.com/sandboxowner/owner/internal/flock"
@@ -585,6 +586,38 @@ func TestAnIDMadeAfterItsStartWasCancelledIsGivenBack(t *testing.T) {
 			ready, dirs, got, DefaultReadyIDs, DefaultReadyIDs, mounts)
 	}
 	p.ready.taken = nil
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	noneMadeAhead(t, p, "Close")
+}
+
+// An id made in full with a namespace of its own has its views made
+// ahead too (a start then only adds its image's); given back, its
+// namespace's descriptor is closed.
+func TestAnIDMadeAheadHasItsViewsAndGivesBackItsNamespace(t *testing.T) {
+	p := newDiskProvider(t, overlayContainer, Limits{DiskMB: 8})
+	if p.uids == nil || !p.overlay {
+		t.Skip("SKIP: sandboxes here get no namespace of their own")
+	}
+	p.ExpectStarts(DefaultReadyIDs + 1)
+	ready := readyNow(p)
+	if len(ready) != DefaultReadyIDs+1 {
+		t.Fatalf("%d ready for %d expected starts", len(ready), DefaultReadyIDs+1)
+	}
+	for _, r := range ready {
+		if r.nsfd < 0 {
+			t.Fatalf("%s made ahead without a namespace", r.id)
+		}
+		if views := localtest.MountsUnder(t, filepath.Join(p.readyDir(), r.id, viewsDirName)); len(views) == 0 {
+			t.Errorf("%s made ahead without its views", r.id)
+		}
+	}
+	last := ready[len(ready)-1]
+	p.StartsCancelled(1)
+	if _, err := unix.FcntlInt(uintptr(last.nsfd), unix.F_GETFD, 0); !errors.Is(err, unix.EBADF) {
+		t.Errorf("the namespace of %s, given back: fcntl of its descriptor %d: %v, want EBADF (closed)", last.id, last.nsfd, err)
+	}
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
