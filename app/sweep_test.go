@@ -30,6 +30,9 @@ func localOwner(t *testing.T, root, stateDir string) (*local.Provider, *owner.Ow
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The test plays a crashed server and never closes it: its cgroups
+	// (under the host's hierarchies) would outlive the test.
+	t.Cleanup(func() { _ = p.Close() })
 	o, err := owner.New(context.Background(), owner.Config{Name: "notes", Provider: p, Logger: lg,
 		Checkpoint: owner.CheckpointConfig{Enabled: true, StateDir: stateDir}})
 	if err != nil {
